@@ -1,0 +1,74 @@
+"""Typed errors. Every failure grammar_mlx reports is a `GrammarError`."""
+
+from __future__ import annotations
+
+
+class GrammarError(Exception):
+    """Base class of every error raised by grammar_mlx."""
+
+
+class InvalidSchemaError(GrammarError, ValueError):
+    """The schema is not valid JSON, or not a valid JSON Schema."""
+
+
+class UnsupportedSchemaError(GrammarError, ValueError):
+    """The schema uses a keyword that cannot be enforced (strict mode).
+
+    `keyword` names the keyword and `pointer` its JSON pointer in the schema.
+    """
+
+    def __init__(self, message: str, *, keyword: str | None = None, pointer: str | None = None):
+        super().__init__(message)
+        self.keyword = keyword
+        self.pointer = pointer
+
+
+class InvalidRegexError(GrammarError, ValueError):
+    """The regex does not parse. `position` is the offending offset when known."""
+
+    def __init__(self, message: str, *, position: int | None = None):
+        super().__init__(message)
+        self.position = position
+
+
+class EmptyLanguageError(GrammarError, ValueError):
+    """The grammar accepts no string at all."""
+
+
+class VocabularyMismatchError(GrammarError, ValueError):
+    """The grammar needs text that no sequence of the vocabulary's tokens can produce."""
+
+
+class TokenizerError(GrammarError, ValueError):
+    """The tokenizer cannot be read or is of a kind grammar_mlx does not understand."""
+
+
+class GrammarTooLargeError(GrammarError, ValueError):
+    """The grammar exceeds a documented size or time limit (see `limits`)."""
+
+
+class GrammarViolationError(GrammarError):
+    """A token the grammar forbids was pushed (e.g. a caller forced it)."""
+
+    def __init__(self, message: str, *, position: int, token_id: int, text: str, num_allowed: int):
+        super().__init__(message)
+        self.position = position
+        self.token_id = token_id
+        self.text = text
+        self.num_allowed = num_allowed
+
+
+class KernelError(GrammarError, ValueError):
+    """Bad shapes, dtypes or row ids given to the masking kernels."""
+
+
+class ModelLoadError(GrammarError):
+    """A model file cannot be read, or an optional model package is missing."""
+
+
+class GenerationError(GrammarError):
+    """Generation ended before the grammar completed (e.g. token budget). `text` holds the raw output."""
+
+    def __init__(self, message: str, *, text: str = ""):
+        super().__init__(message)
+        self.text = text
