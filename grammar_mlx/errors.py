@@ -58,6 +58,17 @@ class GrammarViolationError(GrammarError):
         self.num_allowed = num_allowed
 
 
+class StateStackError(GrammarError, ValueError):
+    """A state stack was asked to pop below empty, truncate past its depth, or restore a stale
+    snapshot (one whose history has since been overwritten) or another stack's snapshot."""
+
+
+class HistoryError(GrammarError, ValueError):
+    """A logits processor got a token history it cannot follow: shorter than the context of its
+    first call (reuse across requests without `reset()`), a batch size that changed, or token and
+    logits shapes that do not match."""
+
+
 class KernelError(GrammarError, ValueError):
     """Bad shapes, dtypes or row ids given to the masking kernels."""
 
