@@ -1,0 +1,105 @@
+"""Small automata with the CompiledGrammar interface, for testing the stack and processors
+without the compiler, plus an oracle that replays a whole history from scratch."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import numpy as np
+
+
+class FakeGrammar:
+    """A token-level DFA with CompiledGrammar's interface (masks, mask_id, terminal state, EOS).
+
+    `transitions[state][token] = next` for non-EOS tokens; EOS from an accepting state goes to the
+    terminal state (added as the last state), which allows only EOS.
+    """
+
+    def __init__(self, transitions, initial_state, accepting, eos_token_ids, logits_width, texts=None):
+        n = len(transitions)
+        self.num_states = n + 1
+        self.initial_state = initial_state
+        self.terminal_state = n
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.logits_width = logits_width
+        self._texts = texts or {}
+        self.accepting = np.zeros(self.num_states, dtype=bool)
+        for s in accepting:
+            self.accepting[s] = True
+        self._next = [dict(transitions[s]) for s in range(n)] + [{}]
+        for s in range(n):
+            if self.accepting[s]:
+                for e in self.eos_token_ids:
+                    self._next[s][e] = n
+        for e in self.eos_token_ids:
+            self._next[n][e] = n
+        words = (logits_width + 31) // 32
+        rows, index = [], {}
+        self.mask_id = np.zeros(self.num_states, dtype=np.int32)
+        for s in range(self.num_states):
+            bits = np.zeros(words * 32, dtype=bool)
+            bits[list(self._next[s])] = True
+            packed = np.packbits(bits.reshape(-1, 8)[:, ::-1]).view("<u4")
+            key = packed.tobytes()
+            if key not in index:
+                index[key] = len(rows)
+                rows.append(packed)
+            self.mask_id[s] = index[key]
+        self.masks = np.stack(rows).astype(np.uint32)
+        self._device = None
+
+    def is_accepting(self, state: int) -> bool:
+        return bool(self.accepting[state])
+
+    def next_state(self, state: int, token_id: int) -> int:
+        return self._next[state].get(token_id, -1)
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        return np.array(sorted(self._next[state]), dtype=np.int32)
+
+    def device_masks(self) -> mx.array:
+        if self._device is None:
+            self._device = mx.array(self.masks)
+        return self._device
+
+    def token_text(self, token_id: int) -> str:
+        return self._texts.get(token_id, f"t{token_id}")
+
+
+def random_grammar(seed: int, *, num_states: int = 10, vocab: int = 48, eos: int = 47, fanout: int = 5):
+    """A random DFA over tokens 0..vocab-2 (eos = vocab-1 by default); every state has a way on."""
+    rng = random.Random(seed)
+    transitions = []
+    for _ in range(num_states):
+        allowed = rng.sample([t for t in range(vocab) if t != eos], rng.randint(1, fanout))
+        transitions.append({t: rng.randrange(num_states) for t in allowed})
+    accepting = [s for s in range(num_states) if rng.random() < 0.4] or [0]
+    return FakeGrammar(transitions, 0, accepting, (eos,), vocab)
+
+
+def replay(grammar, tokens) -> int:
+    """The oracle: the state after `tokens` from scratch, or -1 - i when token i is forbidden."""
+    state = grammar.initial_state
+    for i, t in enumerate(tokens):
+        state = grammar.next_state(state, int(t))
+        if state < 0:
+            return -1 - i
+    return state
+
+
+def expected_masked(grammar, state: int, logits: np.ndarray) -> np.ndarray:
+    """Logits with everything the state forbids set to -inf, computed on the host."""
+    out = np.full_like(logits, -np.inf)
+    allowed = grammar.allowed_tokens(state)
+    allowed = allowed[allowed < logits.shape[-1]]
+    out[..., allowed] = logits[..., allowed]
+    return out
+
+
+def hash_step(state: int, token: int) -> int:
+    """A transition whose state depends on the entire history (any drift changes it), forbidding
+    token 0 in states divisible by 7 so violations happen too."""
+    if token == 0 and state % 7 == 0:
+        return -1
+    return (state * 1_000_003 + token + 1) % 2_147_483_647
