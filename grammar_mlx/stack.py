@@ -150,7 +150,10 @@ class StateStack:
     def push(self, token: int) -> int:
         """Push one token and return the new state. A forbidden token raises
         GrammarViolationError and leaves the stack unchanged."""
-        token = _as_index(token)
+        try:
+            token = _as_index(token)
+        except TypeError:
+            raise StateStackError(f"token ids are integers, got {token!r}") from None
         d = self._depth
         if d < self._top and self._tokens[d] == token:
             # Redo: the slot already holds this token and the state it leads to.

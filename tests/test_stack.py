@@ -67,7 +67,7 @@ def test_violation_reports_position_token_text_and_allowed_and_keeps_valid_prefi
     assert s.depth == 5 and s.state == state  # left at the last valid depth
     with pytest.raises(GrammarViolationError):
         s.push(-3)  # negative ids are forbidden, not an IndexError
-    with pytest.raises(TypeError):
+    with pytest.raises(StateStackError, match="integers"):
         s.push(1.5)
 
 
