@@ -13,7 +13,9 @@ later position (e.g. speculative verification past the end) allows only EOS, and
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
+from .kernels import apply_token_bitmask
 from .stack import StateStack
 from .stateful import DEFAULT_OVERLAP, StatefulProcessor
 
@@ -32,9 +34,8 @@ class GrammarProcessor(StatefulProcessor):
     def __init__(self, compiled, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
         super().__init__(overlap=overlap)
         self.compiled = compiled
-        self._mask_id: list[int] = [int(r) for r in compiled.mask_id]
+        self._mask_id: list[int] = np.asarray(compiled.mask_id).tolist()
         self._table: mx.array | None = None
-        self._row_arrays: dict[int, mx.array] = {}  # one-row index arrays, made once per mask row
 
     def _make_target(self, context) -> StateStack:
         return StateStack.for_grammar(self.compiled)
@@ -43,14 +44,9 @@ class GrammarProcessor(StatefulProcessor):
         table = self._table
         if table is None:
             table = self._table = self.compiled.device_masks()
-        if len(stacks) == 1:
-            row = self._mask_id[stacks[0].state]
-            rows = self._row_arrays.get(row)
-            if rows is None:
-                rows = self._row_arrays[row] = mx.array([row], dtype=mx.int32)
-        else:
-            rows = mx.array([self._mask_id[s.state] for s in stacks], dtype=mx.int32)
-        return _apply_mask(logits, table, rows)
+        mask_id = self._mask_id
+        rows = [mask_id[s.state] for s in stacks]
+        return apply_token_bitmask(logits, table, rows)
 
     # -- inspection ------------------------------------------------------------------------------
 
@@ -75,27 +71,3 @@ class GrammarProcessor(StatefulProcessor):
         """The row's tracked generated tokens (the history after its context)."""
         stacks = self.targets
         return stacks[row].tokens() if stacks else []
-
-
-# -- masking -----------------------------------------------------------------------------------------
-# Simple, correct stand-in until grammar_mlx.kernels.apply_token_bitmask lands; the one call site
-# above switches over then.
-
-_column_cache: dict[int, tuple[mx.array, mx.array]] = {}
-
-
-def _apply_mask(logits: mx.array, table: mx.array, rows: mx.array) -> mx.array:
-    vocab = logits.shape[-1]
-    width = table.shape[1] * 32
-    cols = _column_cache.get(vocab)
-    if cols is None:
-        ids = mx.arange(min(vocab, width), dtype=mx.uint32)
-        cols = _column_cache[vocab] = (ids // 32, ids % 32)
-    word, bit = cols
-    words = table[rows]  # (B, W)
-    allowed = ((words[:, word] >> bit) & 1).astype(mx.bool_)
-    if vocab > width:  # columns the table does not cover are never allowed
-        allowed = mx.concatenate(
-            [allowed, mx.zeros((allowed.shape[0], vocab - width), dtype=mx.bool_)], axis=1
-        )
-    return mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
