@@ -2,8 +2,9 @@
 
 The header is parsed here in plain Python rather than through `mx.load`, because `mx.load` also
 reads every tensor: building the tokenizer of a 7B model should not read 4 GB of weights, and a file
-that is not GGUF, or holds tensor types MLX cannot read, should fail with a clear message before
-anything heavy happens. `models.load_gguf` reads the weights with `mx.load`.
+that is not GGUF or not a supported model should fail with a clear message before anything heavy
+happens. The tensor table also tells which tensors `mx.load` could not keep quantized (it returns
+them as float16) or not read at all. `models.load_gguf` reads the weights with `mx.load`.
 
 The tokenizer is rebuilt as a Hugging Face `tokenizers.Tokenizer` that behaves like llama.cpp's
 tokenizer for the same file (llama.cpp is the reference for what a GGUF vocabulary means):
@@ -24,16 +25,20 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ModelLoadError, TokenizerError
 
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
 GGUF_MAGIC = b"GGUF"
 
 # GGUF metadata value types.
-_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
+(_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32,
+ _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64) = range(13)  # fmt: skip
 _SCALAR_FORMATS = {
     _UINT8: "<B", _INT8: "<b", _UINT16: "<H", _INT16: "<h", _UINT32: "<I", _INT32: "<i",
     _FLOAT32: "<f", _BOOL: "<?", _UINT64: "<Q", _INT64: "<q", _FLOAT64: "<d",
@@ -217,9 +222,9 @@ _QWEN35 = (
     _CONTRACTIONS
     + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
-_FALCON = [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"]
-_STARCODER = [r"\p{N}", _GPT2]
+_DEEPSEEK_CODER = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}")
+_FALCON = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]")
+_STARCODER = (r"\p{N}", _GPT2)  # digits one by one, then GPT-2
 
 
 @dataclass(frozen=True)
@@ -227,7 +232,6 @@ class _PreTokenizer:
     regexes: tuple[str, ...]
     ignore_merges: bool = False  # llama-3 style: a word already in the vocabulary is one token
     add_bos: bool = False  # llama.cpp's default when the file does not say
-    clean_spaces: bool = True  # decode-time cleanup of " ." etc.
 
 
 _LLAMA3_PRE = _PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
@@ -245,24 +249,25 @@ PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "falcon3": _LLAMA3_PRE,
     "dbrx": _PreTokenizer((_LLAMA3,)),
     "smaug-bpe": _PreTokenizer((_LLAMA3,)),
-    "qwen2": _PreTokenizer((_QWEN2,), clean_spaces=False),
-    "deepseek-r1-qwen": _PreTokenizer((_QWEN2,), clean_spaces=False),
+    "qwen2": _PreTokenizer((_QWEN2,)),
+    "deepseek-r1-qwen": _PreTokenizer((_QWEN2,)),
     "stablelm2": _PreTokenizer((_QWEN2,)),
     "megrez": _PreTokenizer((_QWEN2,)),
-    "qwen35": _PreTokenizer((_QWEN35,), clean_spaces=False),
-    "starcoder": _PreTokenizer(tuple(_STARCODER)),
-    "refact": _PreTokenizer(tuple(_STARCODER)),
-    "codeshell": _PreTokenizer(tuple(_STARCODER)),
-    "command-r": _PreTokenizer(tuple(_STARCODER), clean_spaces=False),
-    "smollm": _PreTokenizer(tuple(_STARCODER), clean_spaces=False),
-    "falcon": _PreTokenizer(tuple(_FALCON)),
-    "deepseek-coder": _PreTokenizer(tuple(_DEEPSEEK_CODER), clean_spaces=False),
+    "qwen35": _PreTokenizer((_QWEN35,)),
+    "starcoder": _PreTokenizer(_STARCODER),
+    "refact": _PreTokenizer(_STARCODER),
+    "codeshell": _PreTokenizer(_STARCODER),
+    "command-r": _PreTokenizer(_STARCODER),
+    "smollm": _PreTokenizer(_STARCODER),
+    "falcon": _PreTokenizer(_FALCON),
+    "deepseek-coder": _PreTokenizer(_DEEPSEEK_CODER),
 }
 
-# Control tokens llama.cpp also treats as end of generation when their text is one of these.
+# llama.cpp ends generation at the eos/eot/eom tokens and at any token with one of these texts
+# (llama-vocab.cpp, special_eog_ids); SmolLM2's <|im_end|> and <|endoftext|> are two of them.
 _END_OF_GENERATION_TEXTS = frozenset(
-    ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-     "<｜end▁of▁sentence｜>", "<|end_of_text|>"]
+    ["<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+     "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>"]
 )  # fmt: skip
 
 
@@ -283,7 +288,6 @@ class GGUFVocab:
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
-    clean_spaces: bool
     chat_template: str | None
     end_of_generation_ids: tuple[int, ...]
 
@@ -295,6 +299,8 @@ def read_vocab(header: GGUFHeader) -> GGUFVocab:
     tokens = header.get("tokenizer.ggml.tokens")
     if model is None or tokens is None:
         raise TokenizerError(f"{where} has no embedded tokenizer (tokenizer.ggml.model/tokens missing)")
+    if not isinstance(tokens, list) or not tokens:
+        raise TokenizerError(f"{where}: tokenizer.ggml.tokens is not a list of strings")
     if model not in ("gpt2", "llama"):
         raise TokenizerError(
             f"{where}: tokenizer.ggml.model {model!r} is not supported (supported: 'gpt2' byte-level BPE, "
@@ -316,13 +322,12 @@ def read_vocab(header: GGUFHeader) -> GGUFVocab:
                 f"{where}: pre-tokenizer tokenizer.ggml.pre={pre!r} is not supported "
                 f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
             )
-        pre_info = PRE_TOKENIZERS[pre]
-        default_bos, clean_spaces = pre_info.add_bos, pre_info.clean_spaces
+        default_bos = PRE_TOKENIZERS[pre].add_bos
         defaults = {"bos": 11, "eos": 11, "unk": None}
     else:
         if scores is None or len(scores) != n:
             raise TokenizerError(f"{where}: a 'llama' (SentencePiece) tokenizer needs one score per token")
-        default_bos, clean_spaces = True, True
+        default_bos = True
         defaults = {"bos": 1, "eos": 2, "unk": 0}
 
     def token_id(key: str, default: int | None) -> int | None:
@@ -336,7 +341,7 @@ def read_vocab(header: GGUFHeader) -> GGUFVocab:
     bos_id, eos_id = token_id("bos", defaults["bos"]), token_id("eos", defaults["eos"])
     unk_id, pad_id = token_id("unknown", defaults["unk"]), token_id("padding", None)
     eog = {i for i in (eos_id, token_id("eot", None), token_id("eom", None)) if i is not None}
-    eog |= {i for i, t in enumerate(tokens) if types[i] == TOKEN_CONTROL and t in _END_OF_GENERATION_TEXTS}
+    eog |= {i for i, t in enumerate(tokens) if t in _END_OF_GENERATION_TEXTS}
     return GGUFVocab(
         model=model,
         pre=pre,
@@ -351,7 +356,6 @@ def read_vocab(header: GGUFHeader) -> GGUFVocab:
         add_bos=bool(scalar(header, "tokenizer.ggml.add_bos_token", default_bos)),
         add_eos=bool(scalar(header, "tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=bool(scalar(header, "tokenizer.ggml.add_space_prefix", model == "llama")),
-        clean_spaces=clean_spaces,
         chat_template=header.get("tokenizer.chat_template"),
         end_of_generation_ids=tuple(sorted(eog)),
     )
@@ -368,7 +372,7 @@ def _split_merge(merge: str) -> tuple[str, str]:
     # llama.cpp splits at the first space after the first character (a piece may itself be " ").
     cut = merge.find(" ", 1)
     if cut < 0:
-        raise ValueError(merge)
+        raise ValueError(f"merge {merge!r} is not two pieces separated by a space")
     return merge[:cut], merge[cut + 1 :]
 
 
@@ -421,9 +425,7 @@ def build_tokenizers_object(vocab: GGUFVocab) -> Any:
             if vocab.add_space_prefix:
                 steps.append(decoders.Strip(" ", 1, 0))
             tokenizer.decoder = decoders.Sequence(steps)
-    except ValueError as e:
-        raise TokenizerError(f"the GGUF vocabulary does not form a valid tokenizer: {e}") from e
-    except Exception as e:  # tokenizers raises its own exception types for bad merges
+    except Exception as e:  # tokenizers raises its own exception types (e.g. a merge of unknown pieces)
         raise TokenizerError(f"the GGUF vocabulary does not form a valid tokenizer: {e}") from e
 
     # Control and user-defined tokens match as whole pieces of the raw text, before pre-tokenization.
@@ -446,7 +448,7 @@ def build_tokenizers_object(vocab: GGUFVocab) -> Any:
     return tokenizer
 
 
-def wrap_tokenizer(vocab: GGUFVocab, tokenizer: Any) -> Any:
+def wrap_tokenizer(vocab: GGUFVocab, tokenizer: Any) -> TokenizerWrapper:
     """Wrap as mlx-lm does a Hugging Face checkpoint: `TokenizerWrapper(PreTrainedTokenizerFast)`."""
     from functools import partial
 
@@ -463,7 +465,9 @@ def wrap_tokenizer(vocab: GGUFVocab, tokenizer: Any) -> Any:
         unk_token=text(vocab.unk_id),
         pad_token=text(vocab.pad_id),
         chat_template=vocab.chat_template,
-        clean_up_tokenization_spaces=vocab.clean_spaces,
+        # Decoding gives back exactly the text the tokens stand for (llama.cpp can also drop the
+        # space before punctuation; transformers refuses that for BPE, and mlx-lm never does it).
+        clean_up_tokenization_spaces=False,
     )
     if vocab.model == "gpt2":
         detokenizer = BPEStreamingDetokenizer
@@ -472,11 +476,11 @@ def wrap_tokenizer(vocab: GGUFVocab, tokenizer: Any) -> Any:
     return TokenizerWrapper(hf, detokenizer, eos_token_ids=list(vocab.end_of_generation_ids))
 
 
-def tokenizer_from_gguf(path: str | Path) -> Any:
+def tokenizer_from_gguf(path: str | Path) -> TokenizerWrapper:
     """The tokenizer embedded in a GGUF file (a vocab-only file is enough), as mlx-lm's `TokenizerWrapper`.
 
-    Its `eos_token_ids` hold every end-of-generation token llama.cpp would stop at (the file's
-    eos/eot/eom ids and control tokens such as `<|im_end|>`). Raises `ModelLoadError` for a file that
+    Its `eos_token_ids` are the end-of-generation tokens llama.cpp stops at: the file's eos/eot/eom ids
+    and tokens such as `<|im_end|>` or `<|eot_id|>`. Raises `ModelLoadError` for a file that
     cannot be read and `TokenizerError` for a tokenizer kind or pre-tokenizer that is not supported.
     """
     vocab = read_vocab(read_gguf_header(path))

