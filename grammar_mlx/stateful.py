@@ -283,15 +283,18 @@ class ThinkingBudgetProcessor(StatefulProcessor):
         self.think_start_id = None if think_start_id is None else int(think_start_id)
         self.budget = budget
         self.starts_thinking = starts_thinking
-        # States: 0 before thinking, 1 + c while thinking with c tokens so far, budget + 2 after.
-        self._done = budget + 2
+        # States: 0 before thinking; 1 + c while thinking with c tokens so far (c <= budget);
+        # budget + 2 + c once thinking ended after c tokens.
         self._forced = budget + 1
+        self._ended = budget + 2
 
     def _step(self, state: int, token: int) -> int:
         if state == 0:
             return 1 if token == self.think_start_id else 0
-        if state == self._done or token == self.think_end_id:
-            return self._done
+        if state >= self._ended:
+            return state
+        if token == self.think_end_id:
+            return self._ended + state - 1
         return state + 1 if state < self._forced else state
 
     def _make_target(self, context) -> StateStack:
@@ -303,7 +306,11 @@ class ThinkingBudgetProcessor(StatefulProcessor):
     def thinking_tokens(self, row: int = 0) -> int:
         """Thinking tokens generated so far in `row` (0 before thinking starts)."""
         state = self.targets[row].state
-        return self.budget if state == self._done else max(0, state - 1)
+        return state - self._ended if state >= self._ended else max(0, state - 1)
+
+    def has_ended(self, row: int = 0) -> bool:
+        """Whether `row` closed its thinking block."""
+        return self.targets[row].state >= self._ended
 
     def is_forcing(self, row: int = 0) -> bool:
         return self.targets[row].state == self._forced
