@@ -24,7 +24,8 @@ Paths
   only B row ids cross to the device per call. Each kernel object is built once.
 * ``cpu-fused``: MLX's CPU backend. Rows are unpacked once into int8 rows (0 = disallowed,
   -1 = allowed) kept in a bounded LRU shared by all tables (`set_row_cache_limit`), then one
-  `mx.compile`d ``where(mask, logits, -inf)`` runs as a single fused loop. MLX generates that loop
+  `mx.compile`d ``where(mask, logits, -inf)`` runs as a single fused loop. Memory: the cache
+  bound (64 MiB by default) plus one staging buffer as large as the largest B x V batch seen. MLX generates that loop
   as C++ and builds it with ``g++`` at run time (once per dtype/layout, cached on disk).
 * ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse and an unfused `mx.where` is about
   20x slower than a copy, so the logits are masked through their integer view instead:
@@ -61,6 +62,7 @@ __all__ = [
     "apply_token_bitmask",
     "available_paths",
     "clear_row_cache",
+    "cpu_jit_available",
     "default_path",
     "kernel_source",
     "launch_geometry",
@@ -81,6 +83,9 @@ PATHS = ("metal", "cuda", "cpu-fused", "cpu-bitwise")
 # per row, so 64 MiB keeps about 441 rows of a 151,936-wide vocabulary.
 DEFAULT_ROW_CACHE_BYTES = 64 << 20
 
+# Where the sources sit: package data under grammar_mlx/ in a wheel (pyproject maps the repository's
+# top-level kernels/ there), the repository's kernels/ in a source checkout.
+_PACKAGE_DATA_DIR = "kernels"
 _REPO_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
 
@@ -94,7 +99,7 @@ def kernel_source(backend: str) -> str:
         name = SOURCE_FILES[backend]
     except KeyError:
         raise KernelError(f"no kernel source for backend {backend!r}; expected one of {sorted(SOURCE_FILES)}") from None
-    installed = resources.files("grammar_mlx").joinpath("kernels").joinpath(name)
+    installed = resources.files("grammar_mlx").joinpath(_PACKAGE_DATA_DIR).joinpath(name)
     if installed.is_file():
         return installed.read_text(encoding="utf-8")
     checkout = _REPO_KERNELS / name
@@ -123,6 +128,8 @@ def apply_token_bitmask(
         return logits
     path = path or default_path()
     if path in ("metal", "cuda"):
+        if not (_metal_available() if path == "metal" else _cuda_available()):
+            raise KernelError(f"path {path!r} needs an MLX build with the {path} backend; this one has none")
         return _apply_gpu(path, logits, mask_table, row_ids)
     if path == "cpu-fused":
         return _fused_where(_ROW_CACHE.masks(mask_table, row_ids, logits.shape[1]), logits)

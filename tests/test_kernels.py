@@ -240,9 +240,14 @@ def test_words_may_cover_vocab_plus_padding_bits_only():
     _call(table=mx.zeros((3, 1), dtype=mx.uint32))
 
 
-def test_unknown_path_and_backend():
+def test_unknown_or_unavailable_path_and_backend(monkeypatch):
     with pytest.raises(KernelError, match="unknown path"):
         K.apply_token_bitmask(mx.zeros((1, 32)), mx.zeros((1, 1), dtype=mx.uint32), [0], path="tpu")
+    monkeypatch.setattr(K, "_metal_available", lambda: False)
+    monkeypatch.setattr(K, "_cuda_available", lambda: False)
+    for backend in ("metal", "cuda"):
+        with pytest.raises(KernelError, match="backend"):
+            K.apply_token_bitmask(mx.zeros((1, 32)), mx.zeros((1, 1), dtype=mx.uint32), [0], path=backend)
     with pytest.raises(KernelError, match="no kernel source"):
         K.kernel_source("vulkan")
 
@@ -340,6 +345,7 @@ class FakeKernelFactory:
 def test_gpu_dispatch_builds_once_and_passes_rows_not_masks(monkeypatch, backend, factory_name):
     factory = FakeKernelFactory()
     monkeypatch.setattr(mx.fast, factory_name, factory)
+    monkeypatch.setattr(K, f"_{backend}_available", lambda: True)
     K._gpu_kernel.cache_clear()
     try:
         table = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
