@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -150,6 +151,8 @@ def main() -> None:
         "rounds": args.rounds,
         "iters_per_round": args.iters,
         "seconds": round(time.perf_counter() - started, 1),
+        "load_average_1min": round(os.getloadavg()[0], 2),  # other work on the machine skews µs more than ratios
+        "cpu_count": os.cpu_count(),
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
