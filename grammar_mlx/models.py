@@ -69,15 +69,16 @@ class FactorRoPE(nn.Module):
     (theta_i = pos * base^(-2i/d) / factor_i); `mx.fast.rope` takes the wavelengths directly.
     """
 
-    def __init__(self, dims: int, base: float, factors: mx.array):
+    def __init__(self, dims: int, base: float, factors: mx.array, scale: float = 1.0):
         super().__init__()
         self.dims = dims
+        self.scale = scale  # linear position scaling, if the file also asks for it
         wavelengths = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
         self._freqs = wavelengths * factors.astype(mx.float32)
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         return mx.fast.rope(
-            x, self.dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._freqs
+            x, self.dims, traditional=False, base=None, scale=self.scale, offset=offset, freqs=self._freqs
         )
 
 
@@ -209,8 +210,9 @@ def build_llama(args: Any, weights: dict[str, mx.array], quantization: dict[str,
     if quantization:
         nn.quantize(model, class_predicate=lambda path, _: quantization.get(path, False))
     if rope_factors is not None:
+        scale = 1.0 / args.rope_scaling["factor"] if args.rope_scaling else 1.0  # only "linear" gets here
         for layer in model.model.layers:
-            layer.self_attn.rope = FactorRoPE(args.head_dim, args.rope_theta, rope_factors)
+            layer.self_attn.rope = FactorRoPE(args.head_dim, args.rope_theta, rope_factors, scale)
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:

@@ -81,7 +81,8 @@ def q8_0(weight: np.ndarray) -> tuple[bytes, np.ndarray]:
 
 def llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
     # convert_hf_to_gguf.py's LlamaModel.permute: Hugging Face rotate-half rows -> interleaved pairs.
-    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    split = weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
+    return split.swapaxes(1, 2).reshape(weight.shape)
 
 
 def llama3_rope_factors(base, dims, factor, low, high, old_context) -> np.ndarray:
@@ -99,8 +100,9 @@ def llama3_rope_factors(base, dims, factor, low, high, old_context) -> np.ndarra
     return np.array(factors, np.float32)
 
 
-BYTE_CHARS = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + [chr(c) for c in range(174, 256)]
-BYTE_CHARS += [chr(256 + i) for i in range(256 - len(BYTE_CHARS))]  # the other bytes, GPT-2's mapping order
+# GPT-2's byte-to-character map: printable bytes stand for themselves, the others for chr(256 + n).
+BYTE_CHARS = [chr(c) for c in [*range(33, 127), *range(161, 173), *range(174, 256)]]
+BYTE_CHARS += [chr(256 + i) for i in range(256 - len(BYTE_CHARS))]
 TINY = dict(hidden=64, layers=3, heads=4, kv_heads=2, ffn=96, head_dim=16, base=10000.0)
 ROPE = dict(factor=8.0, low=1.0, high=4.0, old_context=64)
 
@@ -120,7 +122,7 @@ def tiny_vocab_metadata() -> dict:
 
 
 def tiny_llama(tmp_path: Path, *, quantized: bool, drop: str | None = None, arch: str = "llama",
-               extra: dict | None = None, retype: dict | None = None):  # fmt: skip
+               extra: dict | None = None, retype: dict | None = None, rope: str = "llama3"):  # fmt: skip
     """A random llama in Hugging Face layout, written as llama.cpp would write it.
 
     Returns (path, reference mlx-lm model built from the HF-layout weights the file decodes to).
@@ -153,8 +155,8 @@ def tiny_llama(tmp_path: Path, *, quantized: bool, drop: str | None = None, arch
     add("output_norm.weight", "model.norm.weight", rng.uniform(0.5, 1.5, t["hidden"]), matrix=False)
     for i in range(t["layers"]):
         blk, hf = f"blk.{i}", f"model.layers.{i}"
-        add(f"{blk}.attn_norm.weight", f"{hf}.input_layernorm.weight", rng.uniform(0.5, 1.5, t["hidden"]), matrix=False)
-        add(f"{blk}.ffn_norm.weight", f"{hf}.post_attention_layernorm.weight", rng.uniform(0.5, 1.5, t["hidden"]), matrix=False)
+        for name, hf_name in [("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")]:
+            add(f"{blk}.{name}.weight", f"{hf}.{hf_name}.weight", rng.uniform(0.5, 1.5, t["hidden"]), matrix=False)
         for name, hf_name, rows, cols, heads in [
             ("attn_q", "self_attn.q_proj", q_out, t["hidden"], t["heads"]),
             ("attn_k", "self_attn.k_proj", kv_out, t["hidden"], t["kv_heads"]),
@@ -167,8 +169,14 @@ def tiny_llama(tmp_path: Path, *, quantized: bool, drop: str | None = None, arch
             add(f"{blk}.{name}.weight", f"{hf}.{hf_name}.weight", rng.normal(0, 0.3, (rows, cols)), heads)
             if name.startswith("attn"):
                 add(f"{blk}.{name}.bias", f"{hf}.{hf_name}.bias", rng.normal(0, 0.1, rows), heads, matrix=False)
-    factors = llama3_rope_factors(t["base"], t["head_dim"], **ROPE)
-    tensors["rope_freqs.weight"] = (F32, factors.shape, factors.tobytes())
+    if rope == "llama3":
+        factors = llama3_rope_factors(t["base"], t["head_dim"], **ROPE)
+        tensors["rope_freqs.weight"] = (F32, factors.shape, factors.tobytes())
+        rope_scaling = {"rope_type": "llama3", "factor": ROPE["factor"], "low_freq_factor": ROPE["low"],
+                        "high_freq_factor": ROPE["high"], "original_max_position_embeddings": ROPE["old_context"]}
+    else:
+        extra = {f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": 4.0, **(extra or {})}
+        rope_scaling = {"type": "linear", "factor": 4.0}
     if drop:
         del tensors[drop]
     for name, kind in (retype or {}).items():
@@ -195,9 +203,7 @@ def tiny_llama(tmp_path: Path, *, quantized: bool, drop: str | None = None, arch
         model_type="llama", hidden_size=t["hidden"], num_hidden_layers=t["layers"], intermediate_size=t["ffn"],
         num_attention_heads=t["heads"], num_key_value_heads=t["kv_heads"], head_dim=t["head_dim"],
         rms_norm_eps=1e-5, vocab_size=n_vocab, rope_theta=t["base"], tie_word_embeddings=False,
-        attention_bias=True, max_position_embeddings=256,
-        rope_scaling={"rope_type": "llama3", "factor": ROPE["factor"], "low_freq_factor": ROPE["low"],
-                      "high_freq_factor": ROPE["high"], "original_max_position_embeddings": ROPE["old_context"]},
+        attention_bias=True, max_position_embeddings=256, rope_scaling=rope_scaling,
     )  # fmt: skip
     ref = Model(args)
     ref.load_weights(list(reference.items()), strict=True)
@@ -215,7 +221,8 @@ def test_synthetic_llama_matches_mlx_lm_reference(tmp_path, quantized):
     expected, got = reference(TOKENS), model(TOKENS)
     attn = model.model.layers[0].self_attn
     if quantized:
-        assert isinstance(attn.q_proj, nn.QuantizedLinear) and (attn.q_proj.bits, attn.q_proj.group_size) == (8, 32)
+        assert isinstance(attn.q_proj, nn.QuantizedLinear)
+        assert (attn.q_proj.bits, attn.q_proj.group_size) == (8, 32)
         assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
         # Q8_0 scales are float16, so the quantized model computes partly in float16 ...
         assert mx.allclose(got, expected, atol=0.1).item(), mx.abs(got - expected).max()
@@ -226,6 +233,13 @@ def test_synthetic_llama_matches_mlx_lm_reference(tmp_path, quantized):
     assert isinstance(attn.rope, models.FactorRoPE)
     assert tokenizer.encode(" t t") == [256, 256]
     assert tokenizer.eos_token_ids == {257}
+
+
+def test_linear_rope_scaling(tmp_path):
+    path, reference = tiny_llama(tmp_path, quantized=False, rope="linear")
+    model, _ = load_gguf(path)
+    assert model.args.rope_scaling == {"type": "linear", "factor": 4.0}
+    assert mx.allclose(model(TOKENS), reference(TOKENS), atol=1e-4, rtol=1e-4).item()
 
 
 def test_without_undoing_the_permutation_the_logits_differ(tmp_path):
@@ -334,7 +348,8 @@ REFERENCE_VOCABS = [
 
 def reference_cases(directory: Path, name: str) -> list[tuple[str, list[int]]]:
     # llama.cpp's test-tokenizer-0 format: inputs separated by a marker line, one line of ids each.
-    inputs = (directory / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    inputs = (directory / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8")
+    inputs = inputs.split("\n__ggml_vocab_test__\n")
     outputs = (directory / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
     assert inputs[-1] == "" and outputs[-1] == "" and len(inputs) == len(outputs)
     return [(text, [int(i) for i in ids.split()]) for text, ids in zip(inputs[:-1], outputs[:-1])]
@@ -383,7 +398,8 @@ def test_smollm_tokenizer(smollm_path):
         assert tokenizer.decode(tokenizer.encode(text)) == text
     assert tokenizer.eos_token_ids == {0, 2}  # <|im_end|> ends a turn; <|endoftext|> ends a document
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.bos_token == "<|im_start|>"
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+    chat = [{"role": "user", "content": "Hi"}]
+    prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -458,7 +474,9 @@ def test_truncated_draft_speculative_equals_greedy(smollm, paris_prompt, paris_g
 
     model, tokenizer = smollm
     draft = truncated_draft(model, 24)
-    speculative = list(stream_generate(model, tokenizer, paris_prompt, max_tokens=12, draft_model=draft, num_draft_tokens=3))
+    speculative = list(
+        stream_generate(model, tokenizer, paris_prompt, max_tokens=12, draft_model=draft, num_draft_tokens=3)
+    )
     assert [r.token for r in speculative] == [r.token for r in paris_greedy]
     accepted = sum(r.from_draft for r in speculative)
     assert 0 < accepted < len(speculative), accepted  # a realistic draft: some tokens, not all
