@@ -1,0 +1,49 @@
+"""grammar-mlx: grammar-constrained decoding for MLX-LM that stays correct under speculative decoding.
+
+Data path: vocabulary → schema/regex → compiler → stack → processor → kernels.
+"""
+
+from ._version import __version__
+from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .errors import (
+    EmptyLanguageError,
+    GenerationError,
+    GrammarError,
+    GrammarTooLargeError,
+    GrammarViolationError,
+    InvalidRegexError,
+    InvalidSchemaError,
+    KernelError,
+    ModelLoadError,
+    TokenizerError,
+    UnsupportedSchemaError,
+    VocabularyMismatchError,
+)
+from .models import default_model, load_gguf, load_model, tokenizer_from_gguf, truncated_draft
+from .vocabulary import Vocabulary, vocabulary_of
+
+__all__ = [
+    "__version__",
+    "CompiledGrammar",
+    "compile_json_schema",
+    "compile_regex",
+    "Vocabulary",
+    "vocabulary_of",
+    "default_model",
+    "load_gguf",
+    "load_model",
+    "tokenizer_from_gguf",
+    "truncated_draft",
+    "GrammarError",
+    "EmptyLanguageError",
+    "GenerationError",
+    "GrammarTooLargeError",
+    "GrammarViolationError",
+    "InvalidRegexError",
+    "InvalidSchemaError",
+    "KernelError",
+    "ModelLoadError",
+    "TokenizerError",
+    "UnsupportedSchemaError",
+    "VocabularyMismatchError",
+]
