@@ -5,12 +5,15 @@ For V in {32,000, 128,256, 151,936} x B in {1, 8} x {float32, bfloat16}: microse
 in the same run. Variants are timed in interleaved rounds (floor, path, floor, path, ...) and the
 median round is reported, so background load hits floor and paths alike.
 
-Variants on the CPU device:
-  cpu-fused            the default when g++ is present (rows from the warm row cache)
-  cpu-bitwise          the default without g++
-  cpu-fused/cold-rows  cpu-fused with the row cache off: every call unpacks its rows
+Variants on the CPU device, each on a warm cache (first-use costs are printed separately):
+  cpu-fused/whole      the default when g++ is present; a 64-row table, small enough to be
+                       cached unpacked whole (a batch is one gather)
+  cpu-fused/rows       the same path on a 2,048-row table, too large for that: hot rows are
+                       cached one by one and a batch is staged through numpy
+  cpu-bitwise/whole    the default without g++, same two tables
+  cpu-bitwise/rows
   np-unpack+where      the issue's reference point: np.unpackbits per call, then a compiled where
-On a GPU device: metal or cuda.
+On a GPU device: metal or cuda (the 2,048-row table; the kernel reads it in place).
 
     python bench/kernels.py [--rounds N] [--iters N] [--out bench/results/kernels.json]
 """
@@ -37,7 +40,8 @@ from grammar_mlx import kernels as K  # noqa: E402
 VOCABS = (32_000, 128_256, 151_936)
 BATCHES = (1, 8)
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
-NUM_ROWS = 256
+SMALL_TABLE_ROWS = 64
+LARGE_TABLE_ROWS = 2048
 
 
 @mx.compile
@@ -51,29 +55,34 @@ def np_unpack_where(logits: mx.array, table_np: np.ndarray, rows: list[int]) -> 
     return _np_unpack_where(mx.array(bits), logits)
 
 
-def variants(device: str, logits: mx.array, table: mx.array, table_np: np.ndarray, rows: list[int]):
+def variants(device: str, logits: mx.array, tables: dict[str, tuple[mx.array, np.ndarray]], rows: list[int]):
     """(name, zero-argument callable returning an unevaluated result) for `device`."""
     out = [("floor", lambda: logits + 0)]
+    large, large_np = tables["rows"]
     if device == "gpu":
         for path in K.available_paths():
             if path in ("metal", "cuda"):
-                out.append((path, lambda p=path: K.apply_token_bitmask(logits, table, rows, path=p)))
+                out.append((path, lambda p=path: K.apply_token_bitmask(logits, large, rows, path=p)))
         return out
     for path in K.available_paths():
         if path.startswith("cpu"):
-            out.append((path, lambda p=path: K.apply_token_bitmask(logits, table, rows, path=p)))
+            for layout, (table, _) in tables.items():
+                out.append(
+                    (f"{path}/{layout}", lambda p=path, t=table: K.apply_token_bitmask(logits, t, rows, path=p))
+                )
     if K.cpu_jit_available():
-        out.append(("cpu-fused/cold-rows", lambda: _cold(logits, table, rows)))
-        out.append(("np-unpack+where", lambda: np_unpack_where(logits, table_np, rows)))
+        out.append(("np-unpack+where", lambda: np_unpack_where(logits, large_np, rows)))
     return out
 
 
-def _cold(logits: mx.array, table: mx.array, rows: list[int]) -> mx.array:
-    K.set_row_cache_limit(0)
-    try:
-        return K.apply_token_bitmask(logits, table, rows, path="cpu-fused")
-    finally:
-        K.set_row_cache_limit(K.DEFAULT_ROW_CACHE_BYTES)
+def first_use_us(logits: mx.array, table: mx.array, rows: list[int], repeats: int = 5) -> float:
+    """A call that finds nothing cached: unpacking (whole table or rows) plus the masking."""
+    times = []
+    for _ in range(repeats):
+        K.clear_row_cache()
+        times.append(time_calls(lambda: K.apply_token_bitmask(logits, table, rows), 1))
+    K.clear_row_cache()
+    return statistics.median(times)
 
 
 def time_calls(fn, iters: int) -> float:
@@ -85,12 +94,15 @@ def time_calls(fn, iters: int) -> float:
 
 def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters: int) -> list[dict]:
     rng = np.random.default_rng([vocab, batch])
-    table_np = rng.integers(0, 2**32, (NUM_ROWS, -(-vocab // 32)), dtype=np.uint32)
-    table = mx.array(table_np)
+    tables = {}
+    for layout, num_rows in (("whole", SMALL_TABLE_ROWS), ("rows", LARGE_TABLE_ROWS)):
+        table_np = rng.integers(0, 2**32, (num_rows, -(-vocab // 32)), dtype=np.uint32)
+        tables[layout] = (mx.array(table_np), table_np)
     logits = mx.array(rng.standard_normal((batch, vocab)).astype(np.float32)).astype(DTYPES[dtype])
-    rows = rng.choice(NUM_ROWS, size=batch, replace=False).tolist()
-    mx.eval(table, logits)
-    cases = variants(device, logits, table, table_np, rows)
+    rows = rng.choice(SMALL_TABLE_ROWS, size=batch, replace=False).tolist()
+    mx.eval(logits, *(t for t, _ in tables.values()))
+    first_use = {layout: first_use_us(logits, t, rows) for layout, (t, _) in tables.items()} if device == "cpu" else {}
+    cases = variants(device, logits, tables, rows)
     for _, fn in cases:  # warm up: JIT builds, row cache fills
         time_calls(fn, 3)
     samples: dict[str, list[float]] = {name: [] for name, _ in cases}
@@ -110,6 +122,18 @@ def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters:
                 "variant": name,
                 "us_per_apply": round(statistics.median(times), 2),
                 "ratio_to_floor": round(statistics.median(ratios), 3),
+            }
+        )
+    for layout, us in first_use.items():
+        rows_out.append(
+            {
+                "device": device,
+                "vocab": vocab,
+                "batch": batch,
+                "dtype": dtype,
+                "variant": f"first-use/{layout}",
+                "us_per_apply": round(us, 2),
+                "ratio_to_floor": round(us / statistics.median(samples["floor"]), 3),
             }
         )
     return rows_out

@@ -22,10 +22,11 @@ Paths
   bodies, shipped inside the wheel) run through `mx.fast.metal_kernel` / `mx.fast.cuda_kernel`.
   The kernel reads the mask words straight from the device-resident table through the row ids, so
   only B row ids cross to the device per call. Each kernel object is built once.
-* ``cpu-fused``: MLX's CPU backend. Rows are unpacked once into int8 rows (0 = disallowed,
-  -1 = allowed) kept in a bounded LRU shared by all tables (`set_row_cache_limit`), then one
-  `mx.compile`d ``where(mask, logits, -inf)`` runs as a single fused loop. Memory: the cache
-  bound (64 MiB by default) plus one staging buffer as large as the largest B x V batch seen. MLX generates that loop
+* ``cpu-fused``: MLX's CPU backend. Masks are unpacked once into int8 rows (0 = disallowed,
+  -1 = allowed) held in a bounded LRU shared by all tables (`set_row_cache_limit`): a table of at
+  most a quarter of the bound whole (a batch is then one gather), a larger one row by row. Then
+  one `mx.compile`d ``where(mask, logits, -inf)`` runs as a single fused loop. Memory: the bound
+  (64 MiB by default) plus one staging buffer as large as the largest B x V batch staged. MLX generates that loop
   as C++ and builds it with ``g++`` at run time (once per dtype/layout, cached on disk).
 * ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse and an unfused `mx.where` is about
   20x slower than a copy, so the logits are masked through their integer view instead:
@@ -280,16 +281,20 @@ def cpu_jit_available() -> bool:
 
 
 class _RowCache:
-    """Unpacked mask rows for the CPU paths: int8 (0 = disallowed, -1 = allowed), logits-wide.
+    """Unpacked masks for the CPU paths: int8 (0 = disallowed, -1 = allowed), logits-wide.
 
-    One LRU across all tables, bounded by `max_bytes`; an entry is a (1, V) mx.array keyed by
-    (table id, V, row). Tables are tracked through weak references so a dead table's rows go and
-    a recycled id never serves stale rows.
+    One LRU across all tables, bounded by `max_bytes`. A table small enough (at most
+    `max_bytes // 4`, so several grammars fit side by side) is unpacked whole into one (U, V)
+    array, keyed (table id, V, None): a batch is then one gather inside MLX. A larger table caches
+    its hot rows one by one, keyed (table id, V, row), and a batch of them is staged through numpy.
+    Tables are tracked through weak references: a dead table's entries go, and a recycled id never
+    serves stale rows.
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._rows: OrderedDict[tuple[int, int, int], mx.array] = OrderedDict()
+        self.whole_table_bytes = max_bytes // 4
+        self._entries: OrderedDict[tuple[int, int, int | None], mx.array] = OrderedDict()
         self._bytes = 0
         self._tables: dict[int, weakref.ref] = {}
         self._lock = threading.RLock()  # RLock: a weakref callback may run inside a locked section
@@ -299,16 +304,22 @@ class _RowCache:
         """The (B, vocab) int8 masks of `row_ids`."""
         with self._lock:
             table_id = self._track(table)
+            whole = self._whole_table(table, table_id, vocab)
+            if whole is not None:
+                if len(row_ids) == 1:
+                    return whole[row_ids[0] : row_ids[0] + 1]
+                return mx.take(whole, mx.array(row_ids, dtype=mx.int32), axis=0)
             found = []
             for row in row_ids:
                 key = (table_id, vocab, row)
-                mask = self._rows.get(key)
+                mask = self._entries.get(key)
                 if mask is not None:
-                    self._rows.move_to_end(key)
+                    self._entries.move_to_end(key)
                 found.append(mask)
             if any(m is None for m in found):
                 missing = sorted({r for r, m in zip(row_ids, found) if m is None})
-                built = dict(zip(missing, self._unpack(table, missing, vocab)))
+                staged = _unpack(np.asarray(table)[missing], self._scratch_rows(len(missing), vocab))
+                built = {r: mx.array(staged[i : i + 1]) for i, r in enumerate(missing)}
                 found = [built.get(r) if m is None else m for r, m in zip(row_ids, found)]
                 for row, mask in built.items():
                     self._insert((table_id, vocab, row), mask)
@@ -319,15 +330,18 @@ class _RowCache:
             np.concatenate([np.asarray(m) for m in found], out=batch)
             return mx.array(batch)
 
-    def _unpack(self, table: mx.array, row_ids: list[int], vocab: int) -> list[mx.array]:
-        # np.asarray shares the table's memory (the CPU backend's arrays live in host memory).
-        words = np.asarray(table)[row_ids].astype("<u4", copy=False)
-        width = min(vocab, words.shape[1] * 32)
-        bits = np.unpackbits(words.view(np.uint8), axis=1, count=width, bitorder="little")
-        masks = self._scratch_rows(len(row_ids), vocab)
-        np.negative(bits.view(np.int8), out=masks[:, :width])
-        masks[:, width:] = 0  # columns past the table are disallowed
-        return [mx.array(masks[i : i + 1]) for i in range(len(row_ids))]
+    def _whole_table(self, table: mx.array, table_id: int, vocab: int) -> mx.array | None:
+        key = (table_id, vocab, None)
+        whole = self._entries.get(key)
+        if whole is not None:
+            self._entries.move_to_end(key)
+            return whole
+        if table.shape[0] * vocab > self.whole_table_bytes:
+            return None
+        # Built once per table: np.asarray shares the table's memory (CPU arrays live in host memory).
+        whole = mx.array(_unpack(np.asarray(table), np.empty((table.shape[0], vocab), dtype=np.int8)))
+        self._insert(key, whole)
+        return whole
 
     def _scratch_rows(self, count: int, vocab: int) -> np.ndarray:
         # Reused staging memory: a fresh multi-page numpy array per call costs page faults that
@@ -336,13 +350,16 @@ class _RowCache:
             self._scratch = np.empty(count * vocab, dtype=np.int8)
         return self._scratch[: count * vocab].reshape(count, vocab)
 
-    def _insert(self, key: tuple[int, int, int], mask: mx.array) -> None:
+    def _insert(self, key: tuple[int, int, int | None], mask: mx.array) -> None:
         if mask.nbytes > self.max_bytes:
             return
-        self._rows[key] = mask
+        self._entries[key] = mask
         self._bytes += mask.nbytes
+        self._evict()
+
+    def _evict(self) -> None:
         while self._bytes > self.max_bytes:
-            _, old = self._rows.popitem(last=False)
+            _, old = self._entries.popitem(last=False)
             self._bytes -= old.nbytes
 
     def _track(self, table: mx.array) -> int:
@@ -361,12 +378,12 @@ class _RowCache:
 
     def _forget(self, table_id: int) -> None:
         self._tables.pop(table_id, None)
-        for key in [k for k in self._rows if k[0] == table_id]:
-            self._bytes -= self._rows.pop(key).nbytes
+        for key in [k for k in self._entries if k[0] == table_id]:
+            self._bytes -= self._entries.pop(key).nbytes
 
     def clear(self) -> None:
         with self._lock:
-            self._rows.clear()
+            self._entries.clear()
             self._tables.clear()
             self._bytes = 0
             self._scratch = np.empty(0, dtype=np.int8)
@@ -374,13 +391,22 @@ class _RowCache:
     def resize(self, max_bytes: int) -> None:
         with self._lock:
             self.max_bytes = max_bytes
-            while self._bytes > self.max_bytes:
-                _, old = self._rows.popitem(last=False)
-                self._bytes -= old.nbytes
+            self.whole_table_bytes = max_bytes // 4
+            self._evict()
 
     @property
     def nbytes(self) -> int:
         return self._bytes
+
+
+def _unpack(words: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Write the int8 masks of packed rows `words` (M, W) into `out` (M, V) and return it."""
+    words = words.astype("<u4", copy=False)
+    width = min(out.shape[1], words.shape[1] * 32)
+    bits = np.unpackbits(words.view(np.uint8), axis=1, count=width, bitorder="little")
+    np.negative(bits.view(np.int8), out=out[:, :width])
+    out[:, width:] = 0  # columns past the table are disallowed
+    return out
 
 
 _ROW_CACHE = _RowCache(DEFAULT_ROW_CACHE_BYTES)

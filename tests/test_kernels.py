@@ -121,13 +121,21 @@ def fresh_row_cache():
     K.set_row_cache_limit(K.DEFAULT_ROW_CACHE_BYTES)
 
 
+@pytest.fixture(params=["whole-table", "row-by-row"])
+def cache_mode(request):
+    """The CPU paths' two cache layouts: small tables unpacked whole, large ones row by row."""
+    if request.param == "row-by-row":
+        K._ROW_CACHE.whole_table_bytes = 0
+    return request.param
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU paths
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("path", cpu_paths())
-def test_cpu_path_matches_reference_bit_for_bit(path, dtype):
+def test_cpu_path_matches_reference_bit_for_bit(path, dtype, cache_mode):
     neg_inf = DTYPES[dtype][2]
     for name, bits, table, rows in all_cases(dtype):
         out = K.apply_token_bitmask(to_mx(bits, dtype), mx.array(table), rows, path=path)
@@ -136,7 +144,7 @@ def test_cpu_path_matches_reference_bit_for_bit(path, dtype):
 
 
 @pytest.mark.parametrize("path", cpu_paths())
-def test_cpu_path_full_size_vocabulary(path):
+def test_cpu_path_full_size_vocabulary(path, cache_mode):
     # Qwen3: 151,669 tokens in the table, a model vocabulary padded to 151,936.
     rng = np.random.default_rng(7)
     table = make_table(rng, "random", 4, -(-151_669 // 32))
@@ -157,7 +165,7 @@ def test_default_path_on_this_machine_is_a_cpu_path():
 
 @pytest.mark.parametrize("path", cpu_paths())
 @pytest.mark.parametrize("layout", ["column-slice", "transposed", "row-step"])
-def test_non_contiguous_logits(path, layout):
+def test_non_contiguous_logits(path, layout, cache_mode):
     rng = np.random.default_rng(3)
     table = make_table(rng, "random", NUM_ROWS, 32)
     rows = [5, 1, 1, 0]
@@ -261,7 +269,7 @@ def test_row_cache_stays_within_its_bound_and_stays_correct():
     vocab = 1001
     table = make_table(rng, "random", 20, 32)
     table_mx = mx.array(table)
-    K.set_row_cache_limit(3 * vocab)
+    K.set_row_cache_limit(3 * vocab)  # 3 rows: the 20-row table is cached row by row
     for rows in ([0], [1, 2], [3, 4, 5, 6], [0], [7, 8, 9], [19]):
         bits = make_logit_bits(rng, "float32", len(rows), vocab)
         out = K.apply_token_bitmask(to_mx(bits, "float32"), table_mx, rows)
@@ -278,7 +286,7 @@ def test_row_cache_stays_within_its_bound_and_stays_correct():
         K.set_row_cache_limit(-1)
 
 
-def test_row_cache_drops_a_dead_tables_rows_and_never_serves_them_to_a_new_table():
+def test_row_cache_drops_a_dead_tables_rows_and_never_serves_them_to_a_new_table(cache_mode):
     rng = np.random.default_rng(12)
     bits = make_logit_bits(rng, "float32", 1, 300)
     for _ in range(5):  # new tables, often at a recycled id: each must be read afresh
@@ -286,10 +294,25 @@ def test_row_cache_drops_a_dead_tables_rows_and_never_serves_them_to_a_new_table
         table = mx.array(table_np)
         out = K.apply_token_bitmask(to_mx(bits, "float32"), table, [1])
         np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, [1], 0xFF800000))
-        assert K._ROW_CACHE.nbytes == 300
+        assert K._ROW_CACHE.nbytes == (3 if cache_mode == "whole-table" else 1) * 300
         del table, out
         gc.collect()
         assert K._ROW_CACHE.nbytes == 0
+
+
+def test_whole_tables_share_the_bound_with_rows_in_one_lru():
+    rng = np.random.default_rng(14)
+    vocab = 512
+    K.set_row_cache_limit(40 * vocab)  # whole tables up to 10 rows
+    tables = [make_table(rng, "random", 8, 16) for _ in range(6)]
+    tables_mx = [mx.array(t) for t in tables]
+    for rounds in range(2):
+        for table, table_mx in zip(tables, tables_mx):
+            bits = make_logit_bits(rng, "bfloat16", 3, vocab)
+            out = K.apply_token_bitmask(to_mx(bits, "bfloat16"), table_mx, [7, 0, 7])
+            np.testing.assert_array_equal(to_bits(out, "bfloat16"), reference(bits, table, [7, 0, 7], 0xFF80))
+            assert K._ROW_CACHE.nbytes <= 40 * vocab
+    assert K._ROW_CACHE.nbytes == 5 * 8 * vocab  # the five most recent tables, whole
 
 
 def test_row_cache_keys_on_the_logits_width():
