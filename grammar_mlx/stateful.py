@@ -14,21 +14,24 @@ prompt token under `speculative_generate_step`); it is never interpreted. On eac
 generated part `history[len(context):]` is diffed against the target: pop to the first difference,
 push the rest.
 
-Why comparing a window is exact for mlx-lm. Let d be the target's depth and m the number of
-generated tokens in the incoming history; the diff compares the generated tokens from
-`start = max(0, min(m, d) - overlap)` on and trusts the ones before. mlx-lm builds every history by
-cutting tokens off the END of the previous one and appending (generate_step and BatchGenerator
-only append; speculative_generate_step cuts at most `num_draft_tokens` between two consecutive
-calls: after drafting it rewinds k-1+|draft_y| and re-appends one token, after verification it cuts
-max(k - accepted, 1)). The target only ever holds a prefix of the previous call's generated history
-(all of it, or the part before a `GrammarViolationError`). So if each call cuts at most R <= overlap
-tokens, every generated token before min(m, d) - R is unchanged and the trusted part is exact. The
-context is fixed for a request, so it is never re-read at all. Each call therefore reads
-O(overlap + new tokens), independent of the history length.
+Why comparing a window is exact for mlx-lm. Let d be the target's depth, m the number of
+generated tokens in the incoming history and n = min(m, d); the diff compares the generated tokens
+from `start = max(0, n - overlap)` on and trusts the ones before. Write the incoming history as the
+row's previous history cut to P generated tokens plus `a` appended ones; the target holds a prefix
+(length d) of that previous history (all of it, or the part before a GrammarViolationError).
+The true first difference is at least min(P, d). If d <= P that is >= n, so nothing before n
+differs. If P < d, then n - overlap <= min(P + a, d) - overlap, which is <= P whenever a <= overlap
+or d - P <= overlap. So the trusted part is exact as long as every call either appends at most
+`overlap` tokens after its cut or cuts at most `overlap` of the tracked tokens. mlx-lm appends at
+most two per call: generate_step and BatchGenerator append one; speculative_generate_step appends
+one per draft and verification step, and the last prompt/draft token plus the correction (two)
+after a fully accepted draft, whatever num_draft_tokens is. The context is fixed for a request and
+never re-read. Each call therefore reads O(overlap + new tokens), independent of the history
+length.
 
-Outside that contract (a caller rewriting deeper than `overlap`), the diff notices whenever the
-first token of its window differs and then compares everything; `overlap=None` always compares
-everything (exact for any caller, O(history) per call).
+Outside that contract (a caller that cuts deep and appends many tokens in one call), the diff
+notices whenever the first token of its window differs and then compares everything;
+`overlap=None` always compares everything (exact for any caller, O(history) per call).
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ __all__ = [
     "PenaltyProcessor",
 ]
 
-# Far more than any practical num_draft_tokens; reading 64 ints costs about a microsecond.
-DEFAULT_OVERLAP = 64
+# mlx-lm needs 2 (see above); 16 leaves room for other callers at about a microsecond per call.
+DEFAULT_OVERLAP = 16
 
 _processor_ids = count(1)
 

@@ -252,8 +252,9 @@ def test_snapshot_and_restore_of_the_processor():
 
 
 class ProcessorMachine(RuleBasedStateMachine):
-    """Each step mutates every row's history (cut at most `overlap` tokens, then append), calls
-    the processor, and compares each row with a from-scratch replay. OVERLAP=None: any rewrite."""
+    """Each step mutates every row's history (cut, then append), calls the processor, and
+    compares each row with a from-scratch replay. Mutations keep to the diff's contract: a step
+    either cuts at most OVERLAP tokens or appends at most OVERLAP (OVERLAP=None: anything)."""
 
     BATCH = 1
     OVERLAP: int | None = 3
@@ -308,11 +309,11 @@ class ProcessorMachine(RuleBasedStateMachine):
         g = self.grammar
         for r in range(self.BATCH):
             gen = self.gen[r]
-            max_cut = len(gen) if self.OVERLAP is None else min(self.OVERLAP, len(gen))
-            cut = data.draw(st.integers(0, max_cut))
+            cut = data.draw(st.integers(0, len(gen)))
             if cut:
                 del gen[-cut:]
-            n = data.draw(st.integers(0, 4))
+            deep = self.OVERLAP is not None and cut > self.OVERLAP
+            n = data.draw(st.integers(0, self.OVERLAP if deep else 2 * (self.OVERLAP or 3)))
             state = replay(g, gen)
             for _ in range(n):
                 if state < 0 or data.draw(st.integers(0, 19)) == 0:
