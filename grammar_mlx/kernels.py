@@ -23,18 +23,20 @@ Paths
   The kernel reads the mask words straight from the device-resident table through the row ids, so
   only B row ids cross to the device per call. Each kernel object is built once.
 * ``cpu-fused``: MLX's CPU backend. Masks are unpacked once into int8 rows (0 = disallowed,
-  -1 = allowed) held in a bounded LRU shared by all tables (`set_row_cache_limit`): a table of at
-  most a quarter of the bound whole (a batch is then one gather), a larger one row by row. Then
-  one `mx.compile`d ``where(mask, logits, -inf)`` runs as a single fused loop. Memory: the bound
-  (64 MiB by default) plus one staging buffer as large as the largest B x V batch staged. MLX generates that loop
-  as C++ and builds it with ``g++`` at run time (once per dtype/layout, cached on disk).
+  -1 = allowed) held in a bounded LRU shared by all tables (`set_row_cache_limit`): a table of
+  at most a quarter of the bound is kept whole (a batch is then one gather), a larger one row by
+  row. Then one `mx.compile`d ``where(mask, logits, -inf)`` runs as a single fused loop, which
+  MLX generates as C++ and builds with ``g++`` at run time (once per dtype and layout, cached on
+  disk). Memory: the bound (64 MiB by default: a whole table of up to ~110 rows, or ~440 single
+  rows, at V = 151,936) plus one staging buffer as large as the largest B x V batch staged.
 * ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse and an unfused `mx.where` is about
   20x slower than a copy, so the logits are masked through their integer view instead:
   ``((x ^ NEG_INF) & mask) ^ NEG_INF`` (mask -1 keeps x, 0 gives the bits of -inf). Three
   vectorised elementwise ops, exact for every value.
 
-The row cache is keyed by the table *object* (held weakly; its rows are dropped when it dies), so a
-table must not be modified in place (``mask_table[i] = ...``) after it was first used here.
+The CPU cache is keyed by the table *object* (held weakly; its entries go when it dies), so a table
+must not be modified in place (``mask_table[i] = ...``) after it was first used here. Beyond four
+near-quarter-bound tables used in turn, whole tables evict each other and are rebuilt on use.
 """
 
 from __future__ import annotations
