@@ -179,6 +179,7 @@ class StatefulProcessor:
         self.overlap = overlap
         self._uid = next(_processor_ids)
         self._followers: list[HistoryFollower] | None = None
+        self._single: HistoryFollower | None = None  # the follower when B == 1 (fast path)
 
     # -- subclass hooks --------------------------------------------------------------------------
 
@@ -191,6 +192,16 @@ class StatefulProcessor:
     # -- the processor ---------------------------------------------------------------------------
 
     def __call__(self, tokens, logits: mx.array) -> mx.array:
+        single = self._single
+        if single is not None and type(tokens) is mx.array and type(logits) is mx.array:
+            # The per-token path of mlx-lm's loops: one row, a 1-D history, (1, V) logits.
+            history = np.asarray(tokens)
+            if history.ndim == 1 and history.dtype.kind in "iu" and logits.shape[0] == 1 and logits.ndim == 2:
+                single.sync(history)
+                return self._process(logits, [single.target])
+        return self._call(tokens, logits)
+
+    def _call(self, tokens, logits: mx.array) -> mx.array:
         if not isinstance(logits, mx.array) or logits.ndim not in (1, 2):
             raise HistoryError(
                 f"logits must be an mx.array of shape (B, V) or (V,), got "
@@ -206,6 +217,7 @@ class StatefulProcessor:
                 HistoryFollower(self._make_target(row), len(row), self.overlap) for row in rows
             ]
             targets = [f.target for f in self._followers]
+            self._single = self._followers[0] if len(self._followers) == 1 else None
         else:
             if len(rows) != len(followers):
                 raise HistoryError(
@@ -221,6 +233,7 @@ class StatefulProcessor:
     def reset(self) -> None:
         """Forget everything: the next call's history is a new context."""
         self._followers = None
+        self._single = None
 
     @property
     def targets(self) -> list:
