@@ -30,15 +30,21 @@ def send(stream, message) -> None:
     stream.flush()
 
 
+def _read_exact(stream, size: int) -> bytes:
+    # The parent reads an unbuffered pipe (so that select() sees every byte), where reads may be short.
+    chunks, left = [], size
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def receive(stream):
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        raise EOFError
-    (size,) = _HEADER.unpack(head)
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError
-    return pickle.loads(data)
+    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
+    return pickle.loads(_read_exact(stream, size))
 
 
 def classify_index_error(message: str) -> str:
@@ -52,50 +58,93 @@ def classify_index_error(message: str) -> str:
     return "GrammarError"
 
 
-def build_tables(index, eos_ids: list[int], logits_width: int, progress=lambda *a: None) -> tuple[dict, dict]:
-    """Dense tables from an outlines-core Index.
+# outlines-core 0.2.14 drops every token edge that leaves an accepting DFA state for a non-accepting
+# one (regex-automata reports matches one byte late, and its index mistakes "a match ended before this
+# byte" for "this edge ends in a match"): `0(x1)?` compiles to accept only "0", `(ab)?` only "". So we
+# never let the user's regex match before its end: we compile `(?:R)\x00` with one extra token, the
+# sentinel (a fake id whose bytes are "\x00"; real tokens containing NUL are left out, no valid JSON
+# or text grammar needs them). R's accepting states are exactly those whose sentinel edge reaches an
+# outlines final state; sentinel edges are then dropped.
+SENTINEL_ID = 2**31 - 1
+SENTINEL_BYTES = b"\x00"
 
-    States are renumbered 0..S-1 (sorted outlines ids), plus one terminal state S-1 entered by any EOS
-    from an accepting state, whose only allowed tokens are the EOS ids. Transitions are CSR:
-    `offsets[s]:offsets[s+1]` slices `tokens` (sorted) and `next`. Masks are deduplicated rows.
+
+def wrap_regex(regex: str) -> str:
+    return f"(?:{regex})\\x00"
+
+
+class BuildError(Exception):
+    """A build failure the parent turns into the named grammar_mlx error class."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def build_tables(index, eos_ids: list[int], logits_width: int, progress=lambda *a: None) -> tuple[dict, dict]:
+    """Dense tables from an outlines-core Index of `wrap_regex(R)`.
+
+    States reachable from the initial state are renumbered 0..S-2 (in outlines' id order), plus a
+    terminal state S-1 entered by any EOS from an accepting state, whose only allowed tokens are the
+    EOS ids. Transitions are CSR: `offsets[s]:offsets[s+1]` slices `tokens` (sorted) and `next`.
+    Masks are deduplicated rows.
     """
     transitions = index.get_transitions()
     finals = set(index.get_final_states())
     initial = index.get_initial_state()
-    outlines_ids = np.array(sorted(set(transitions) | finals | {initial}), dtype=np.int64)
+    eos = np.array(sorted(set(eos_ids)), dtype=np.int64)
+    empty = (np.empty(0, np.int64), np.empty(0, np.int64))
+
+    edges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    accepting_ids: set[int] = set()
+    for sid, row in transitions.items():
+        if row.get(SENTINEL_ID) in finals:
+            accepting_ids.add(sid)
+        tok = np.fromiter(row.keys(), dtype=np.int64, count=len(row))
+        nxt = np.fromiter(row.values(), dtype=np.int64, count=len(row))
+        keep = (tok != SENTINEL_ID) & (tok < logits_width) & ~np.isin(tok, eos)
+        edges[sid] = (tok[keep], nxt[keep])
+
+    reachable, frontier = {initial}, [initial]
+    while frontier:
+        sid = frontier.pop()
+        for n in np.unique(edges.get(sid, empty)[1]).tolist():
+            if n not in reachable:
+                reachable.add(n)
+                frontier.append(n)
+    if not reachable & accepting_ids:
+        raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
+    stuck = [s for s in reachable if s not in accepting_ids and len(edges.get(s, empty)[0]) == 0]
+    if stuck:
+        raise BuildError("VocabularyMismatchError",
+                         "the grammar needs text that no token can produce (e.g. a NUL character)")
+
+    outlines_ids = np.array(sorted(reachable), dtype=np.int64)
     num_states = len(outlines_ids) + 1
     terminal = num_states - 1
-    eos = np.array(sorted(set(eos_ids)), dtype=np.int32)
-    eos_set = set(int(e) for e in eos)
-
     accepting = np.zeros(num_states, dtype=bool)
-    accepting[np.searchsorted(outlines_ids, sorted(finals))] = True
+    accepting[np.searchsorted(outlines_ids, sorted(reachable & accepting_ids))] = True
     accepting[terminal] = True
 
     rows_tok, rows_next = [], []
     for i, sid in enumerate(outlines_ids.tolist()):
-        edges = transitions.get(sid, {})
-        tok = np.fromiter(edges.keys(), dtype=np.int32, count=len(edges))
-        nxt = np.fromiter(edges.values(), dtype=np.int64, count=len(edges))
-        keep = ~np.isin(tok, eos)  # outlines' own EOS edge is replaced by ours below
-        tok, nxt = tok[keep], np.searchsorted(outlines_ids, nxt[keep]).astype(np.int32)
+        tok, nxt = edges.get(sid, empty)
+        nxt = np.searchsorted(outlines_ids, nxt)
         if accepting[i]:
             tok = np.concatenate([tok, eos])
-            nxt = np.concatenate([nxt, np.full(len(eos), terminal, dtype=np.int32)])
+            nxt = np.concatenate([nxt, np.full(len(eos), terminal)])
         order = np.argsort(tok, kind="stable")
-        rows_tok.append(tok[order])
-        rows_next.append(nxt[order])
-    rows_tok.append(eos)
+        rows_tok.append(tok[order].astype(np.int32))
+        rows_next.append(nxt[order].astype(np.int32))
+    rows_tok.append(eos.astype(np.int32))
     rows_next.append(np.full(len(eos), terminal, dtype=np.int32))
     progress("tables", 1, 2)
 
     counts = np.array([len(r) for r in rows_tok], dtype=np.int64)
     offsets = np.zeros(num_states + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    tokens = np.concatenate(rows_tok).astype(np.int32)
-    nexts = np.concatenate(rows_next).astype(np.int32)
-    if len(tokens) and int(tokens.max()) >= logits_width:
-        raise ValueError(f"token id {int(tokens.max())} does not fit logits_width {logits_width}")
+    tokens = np.concatenate(rows_tok)
+    nexts = np.concatenate(rows_next)
 
     words = -(-logits_width // 32)
     mask_rows: dict[bytes, int] = {}
@@ -129,7 +178,6 @@ def build_tables(index, eos_ids: list[int], logits_width: int, progress=lambda *
         "num_transitions": int(len(tokens)),
         "mask_bytes_before_dedup": int(num_states * words * 4),
         "mask_bytes": int(masks.nbytes),
-        "eos_in_vocab": sorted(eos_set),
     }
     return arrays, meta
 
@@ -161,12 +209,14 @@ def serve(stdin, stdout) -> None:
         if message[0] == "vocab":
             _, fingerprint, eos_id, text_tokens = message
             vocabularies.clear()  # one live vocabulary at a time keeps the worker's memory bounded
+            text_tokens = {b: ids for b, ids in text_tokens.items() if SENTINEL_BYTES not in b}
+            text_tokens[SENTINEL_BYTES] = [SENTINEL_ID]
             vocabularies[fingerprint] = Vocabulary(eos_id, text_tokens)
             continue
         job = message[1]
         try:
             started = time.perf_counter()
-            index = Index(job["regex"], vocabularies[job["fingerprint"]])
+            index = Index(wrap_regex(job["regex"]), vocabularies[job["fingerprint"]])
             index_seconds = time.perf_counter() - started
             send(stdout, ("progress", "index", 1, 1))
             arrays, meta = build_tables(
@@ -176,6 +226,8 @@ def serve(stdin, stdout) -> None:
             meta["build_seconds"] = time.perf_counter() - started
             cache.write_tables(job["path"], job["key"], arrays, meta)
             send(stdout, ("done", meta))
+        except BuildError as exc:
+            send(stdout, ("error", exc.kind, str(exc)))
         except MemoryError:
             send(stdout, ("error", "GrammarTooLargeError", "the grammar's tables exceeded the compile memory limit"))
         except Exception as exc:  # reported to the parent, which raises the typed error

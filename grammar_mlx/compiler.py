@@ -137,6 +137,7 @@ class _Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-u", worker_protocol.__file__],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            bufsize=0,  # unbuffered: a message already read into a buffer would be invisible to select()
         )
         self.fingerprint: str | None = None
         self.memory_limit = memory_limit

@@ -77,6 +77,15 @@ class Vocabulary:
                 out.setdefault(b, []).append(i)
         return out
 
+    def with_eos(self, eos_token_ids) -> "Vocabulary":
+        """The same vocabulary with other EOS ids (which then stop being text)."""
+        eos = tuple(sorted(int(i) for i in eos_token_ids))
+        table = list(self.token_bytes)
+        for i in eos:
+            if 0 <= i < len(table):
+                table[i] = None
+        return Vocabulary(tuple(table), eos, self.encoding)
+
     def decode(self, ids) -> bytes:
         """The bytes of a token sequence; EOS and control tokens contribute nothing."""
         return b"".join(self.token_bytes[i] or b"" for i in ids if 0 <= i < len(self.token_bytes))
@@ -97,7 +106,7 @@ def vocabulary_of(tokenizer: Any, *, eos_token_ids: list[int] | tuple[int, ...] 
     """Build (or fetch) the Vocabulary of an mlx-lm TokenizerWrapper, a Hugging Face tokenizer,
     a `Vocabulary`, or a path to a tokenizer directory, `tokenizer.json` or `.gguf` file."""
     if isinstance(tokenizer, Vocabulary):
-        return tokenizer
+        return tokenizer if eos_token_ids is None else tokenizer.with_eos(eos_token_ids)
     if isinstance(tokenizer, (str, Path)):
         return vocabulary_of(_load_tokenizer_path(Path(tokenizer)), eos_token_ids=eos_token_ids)
     if eos_token_ids is None:
@@ -126,8 +135,10 @@ def _load_tokenizer_path(path: Path) -> Any:
     try:
         from transformers import PreTrainedTokenizerFast
 
-        if path.is_file():
+        if path.is_file() and not (path.parent / "tokenizer_config.json").exists():
             return PreTrainedTokenizerFast(tokenizer_file=str(path))
+        if path.is_file():
+            path = path.parent  # the config beside it names the special tokens (EOS among them)
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     except Exception as exc:  # transformers raises many unrelated types for unreadable files
         raise TokenizerError(f"cannot read a tokenizer from {path}: {exc}") from exc

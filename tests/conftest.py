@@ -5,15 +5,23 @@ Everything here is found offline. A fixture whose asset is missing skips the tes
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Tests never write to the user's cache; one directory per run lets tests share compiled tables.
+if "GRAMMAR_MLX_CACHE_DIR" not in os.environ:
+    os.environ["GRAMMAR_MLX_CACHE_DIR"] = tempfile.mkdtemp(prefix="grammar_mlx-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GRAMMAR_MLX_CACHE_DIR"], ignore_errors=True)
 SHARED = REPO.parent / "shared"
 CORPORA = SHARED / "corpora"
 
@@ -41,6 +49,15 @@ def llama_vocab_dir() -> Path | None:
         if candidate and (Path(candidate) / "ggml-vocab-gpt-2.gguf").exists():
             return Path(candidate)
     return None
+
+
+def llama_reference_cases(directory: Path, name: str) -> list[tuple[str, list[int]]]:
+    # llama.cpp's test-tokenizer-0 format: inputs separated by a marker line, one line of ids each.
+    inputs = (directory / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8")
+    inputs = inputs.split("\n__ggml_vocab_test__\n")
+    outputs = (directory / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
+    assert inputs[-1] == "" and outputs[-1] == "" and len(inputs) == len(outputs)
+    return [(text, [int(i) for i in ids.split()]) for text, ids in zip(inputs[:-1], outputs[:-1])]
 
 
 def read_corpus(name: str) -> list[dict]:

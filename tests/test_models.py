@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_map
 
+from conftest import llama_reference_cases
+
 from grammar_mlx import models
 from grammar_mlx.errors import ModelLoadError, TokenizerError
 from grammar_mlx.gguf import read_gguf_header, read_vocab, tokenizer_from_gguf
@@ -346,19 +348,10 @@ REFERENCE_VOCABS = [
 ]  # fmt: skip
 
 
-def reference_cases(directory: Path, name: str) -> list[tuple[str, list[int]]]:
-    # llama.cpp's test-tokenizer-0 format: inputs separated by a marker line, one line of ids each.
-    inputs = (directory / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8")
-    inputs = inputs.split("\n__ggml_vocab_test__\n")
-    outputs = (directory / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
-    assert inputs[-1] == "" and outputs[-1] == "" and len(inputs) == len(outputs)
-    return [(text, [int(i) for i in ids.split()]) for text, ids in zip(inputs[:-1], outputs[:-1])]
-
-
 @pytest.mark.parametrize("name", REFERENCE_VOCABS)
 def test_tokenizer_matches_llama_cpp_reference(llama_vocabs, name):
     tokenizer = tokenizer_from_gguf(llama_vocabs / f"ggml-vocab-{name}.gguf")
-    cases = reference_cases(llama_vocabs, name)
+    cases = llama_reference_cases(llama_vocabs, name)
     assert len(cases) >= 40
     mismatches = [(t, ids) for t, ids in cases if tokenizer.encode(t, add_special_tokens=False) != ids]
     assert not mismatches, mismatches[:3]
