@@ -19,7 +19,11 @@ from .errors import (
     UnsupportedSchemaError,
     VocabularyMismatchError,
 )
+from .kernels import apply_token_bitmask
 from .models import default_model, load_gguf, load_model, tokenizer_from_gguf, truncated_draft
+from .processor import GrammarProcessor
+from .stack import StateStack
+from .stateful import PenaltyProcessor, StatefulProcessor, ThinkingBudgetProcessor
 from .vocabulary import Vocabulary, vocabulary_of
 
 __all__ = [
@@ -27,6 +31,12 @@ __all__ = [
     "CompiledGrammar",
     "compile_json_schema",
     "compile_regex",
+    "GrammarProcessor",
+    "StateStack",
+    "StatefulProcessor",
+    "ThinkingBudgetProcessor",
+    "PenaltyProcessor",
+    "apply_token_bitmask",
     "Vocabulary",
     "vocabulary_of",
     "default_model",

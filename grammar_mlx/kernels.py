@@ -88,14 +88,14 @@ DEFAULT_ROW_CACHE_BYTES = 64 << 20
 
 # Where the sources sit: package data under grammar_mlx/ in a wheel (pyproject maps the repository's
 # top-level kernels/ there), the repository's kernels/ in a source checkout.
-_PACKAGE_DATA_DIR = "kernels"
+_PACKAGE_DATA_DIR = "kernel_sources"
 _REPO_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
 
 def kernel_source(backend: str) -> str:
     """The kernel body for "metal" or "cuda", exactly as handed to MLX.
 
-    An installed wheel carries it as package data in ``grammar_mlx/kernels/``; a source checkout
+    An installed wheel carries it as package data in ``grammar_mlx/kernel_sources/``; a source checkout
     reads the repository's top-level ``kernels/``.
     """
     try:

@@ -727,7 +727,7 @@ def test_kernel_sources_load_from_an_installed_package(tmp_path):
                             "--build-lib", str(lib)], cwd=src, capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-4000:]
     for name in K.SOURCE_FILES.values():
-        assert (lib / "grammar_mlx" / "kernels" / name).is_file(), f"{name} is not in the built package"
+        assert (lib / "grammar_mlx" / "kernel_sources" / name).is_file(), f"{name} is not in the built package"
     script = textwrap.dedent(
         """
         import sys
