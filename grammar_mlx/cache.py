@@ -11,7 +11,6 @@ same directory and are renamed into place, so readers never see half a file.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import tempfile
 import zlib
@@ -72,12 +71,13 @@ def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict
 def read_tables(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
     """The arrays and metadata stored under `key`, or None when the file is absent or not trustworthy.
 
-    Arrays are read-only views of a memory map: a warm load costs the CRC pass, not a copy.
+    The file is read into memory, not mapped: a mapped file that someone truncates or rewrites in
+    place would change (or crash, SIGBUS) grammars already in use. Arrays are read-only views of it.
     """
     try:
         with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # missing, unreadable, or empty (mmap of 0 bytes)
+            mm = f.read()
+    except OSError:
         return None
     try:
         if mm[: len(MAGIC)] != MAGIC:

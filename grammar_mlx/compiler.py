@@ -1,8 +1,8 @@
 """Regex or JSON Schema → `CompiledGrammar`: dense, device-ready token tables.
 
 The build runs in a worker process (see `_compile_worker`) so that a deadline and a memory limit can
-stop it, and it writes its tables straight into the on-disk cache, which the caller then maps. A warm
-compile is: translate the schema, hash the key, map the file, check it.
+stop it, and it writes its tables straight into the on-disk cache, which the caller then reads. A warm
+compile is: translate the schema, hash the key, read the file, check it.
 
 Limits (all overridable per call, or by environment variable):
 - `MAX_REGEX_LENGTH` characters of regex (`GRAMMAR_MLX_MAX_REGEX_LENGTH`);
@@ -374,7 +374,7 @@ def _build(key, regex, vocab: Vocabulary, width, eos, path, timeout, memory_limi
             report("done", 1, 1)
     loaded = read_tables(path, key)
     if tmpdir is not None:
-        tmpdir.cleanup()  # the arrays stay valid: they map a file that is now unlinked
+        tmpdir.cleanup()
     if loaded is None or not _valid(loaded[0], loaded[1], width):
         raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
     return loaded
