@@ -40,6 +40,9 @@ def _gpt2_byte_decoder() -> dict[str, int]:
 
 
 _BYTE_DECODER = _gpt2_byte_decoder()
+# str.translate + latin-1 decodes a whole byte-level token in C. Characters outside the byte alphabet
+# map to U+FFFF, which latin-1 cannot encode, so such tokens are rejected rather than misread.
+_BYTE_LEVEL_TABLE = {c: 0xFFFF for c in range(256)} | {ord(ch): b for ch, b in _BYTE_DECODER.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,9 +62,8 @@ class Vocabulary:
                 raise TokenizerError(f"EOS id {eos} is outside the vocabulary (size {len(self.token_bytes)})")
         h = hashlib.sha256()
         h.update(json.dumps([self.encoding, sorted(self.eos_token_ids), len(self.token_bytes)]).encode())
-        for i, b in enumerate(self.token_bytes):
-            if b is not None:
-                h.update(i.to_bytes(4, "little") + len(b).to_bytes(4, "little") + b)
+        # Length-prefixed, with None as a distinct marker, so no two tables serialize alike.
+        h.update(b"".join(b"\xff" if b is None else len(b).to_bytes(4, "little") + b for b in self.token_bytes))
         object.__setattr__(self, "fingerprint", h.hexdigest()[:32])
 
     @property
@@ -177,8 +179,8 @@ def _eos_ids(tokenizer: Any, hf: Any) -> tuple[int, ...]:
 def _encoding_of(hf: Any, vocab: dict[str, int]) -> str:
     decoder = None
     backend = getattr(hf, "backend_tokenizer", None)
-    if backend is not None:
-        decoder = json.loads(backend.to_str()).get("decoder")
+    if backend is not None and backend.decoder is not None:
+        decoder = json.loads(backend.decoder.__getstate__())  # the decoder alone, not the 11 MB tokenizer
     kinds = _decoder_kinds(decoder)
     if "ByteLevel" in kinds:
         return "byte-level"
@@ -201,8 +203,8 @@ def _decoder_kinds(decoder: dict | None) -> set[str]:
 def _token_to_bytes(token: str, encoding: str) -> bytes | None:
     if encoding == "byte-level":
         try:
-            return bytes(_BYTE_DECODER[c] for c in token)
-        except KeyError:
+            return token.translate(_BYTE_LEVEL_TABLE).encode("latin-1")
+        except UnicodeEncodeError:
             return None  # a character outside the byte alphabet: not a text token of this vocabulary
     if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
         try:
