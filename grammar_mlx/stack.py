@@ -19,7 +19,7 @@ import itertools
 from operator import index as _as_index
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from .errors import GrammarViolationError, StateStackError
+from .errors import GrammarError, GrammarViolationError, StateStackError
 
 __all__ = ["StateStack", "StackSnapshot", "TransitionMachine"]
 
@@ -85,7 +85,7 @@ class StateStack:
         def describe(state: int, token_id: int) -> tuple[str, int]:
             try:
                 text = grammar.token_text(token_id)
-            except Exception:  # an id outside the vocabulary has no text; the error still reports it
+            except (GrammarError, IndexError, KeyError, ValueError):  # an id outside the vocabulary
                 text = f"<token {token_id}>"
             return text, len(grammar.allowed_tokens(state))
 

@@ -270,3 +270,28 @@ def test_forced_forbidden_token_raises_with_context_and_recovers(grammars, qwen_
     assert e.num_allowed == len(g.allowed_tokens(replay_state(g, good))) > 0
     out = proc(mx.array(prompt + good), lg)
     assert np.isfinite(np.asarray(out[0])).sum() == e.num_allowed
+
+
+def test_eos_with_a_real_grammar_only_when_complete_then_only_eos(grammars, qwen_tokenizer):
+    g = grammars["date"]
+    eos = g.eos_token_ids[0]
+    proc = GrammarProcessor(g)
+    prompt = qwen_tokenizer.encode(PROMPTS["date"])
+    lg = mx.zeros((1, QWEN_LOGITS_WIDTH))
+    date = qwen_tokenizer.encode("2024-05-17")
+
+    def allowed(history):
+        return np.flatnonzero(np.isfinite(np.asarray(proc(mx.array(history), lg)[0])))
+
+    allowed(prompt)
+    for i in range(len(date)):
+        assert eos not in allowed(prompt + date[:i])  # incomplete: no EOS
+    ok = allowed(prompt + date)
+    assert eos in ok and proc.is_accepting()
+    assert ok.max() < 151_669  # the model's padding ids past the tokenizer are never allowed
+    for n in range(1, 4):  # after EOS only EOS, as often as a speculative verifier asks
+        assert allowed(prompt + date + [eos] * n).tolist() == [eos]
+        assert proc.is_terminated()
+    with pytest.raises(GrammarViolationError):
+        allowed(prompt + date + [eos, date[0]])
+    assert allowed(prompt + date + [eos]).tolist() == [eos]
