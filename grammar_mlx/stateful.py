@@ -196,7 +196,7 @@ class StatefulProcessor:
         if single is not None and type(tokens) is mx.array and type(logits) is mx.array:
             # The per-token path of mlx-lm's loops: one row, a 1-D history, (1, V) logits.
             history = np.asarray(tokens)
-            if history.ndim == 1 and history.dtype.kind in "iu" and logits.shape[0] == 1 and logits.ndim == 2:
+            if history.ndim == 1 and history.dtype.kind in "iu" and logits.ndim == 2 and logits.shape[0] == 1:
                 single.sync(history)
                 return self._process(logits, [single.target])
         return self._call(tokens, logits)

@@ -354,3 +354,11 @@ TestProcessorB1 = _B1.TestCase
 TestProcessorB3 = _B3.TestCase
 TestProcessorExact = _Exact.TestCase
 TestProcessorB1.settings = TestProcessorB3.settings = TestProcessorExact.settings = _settings
+
+
+def test_scalar_logits_after_the_first_call_raise_typed_error():
+    g = random_grammar(13)
+    proc = GrammarProcessor(g)
+    proc(mx.array([1]), mx.array(logits_for(1, g.logits_width)))
+    with pytest.raises(HistoryError):
+        proc(mx.array([1, 2]), mx.array(1.0))
