@@ -48,6 +48,7 @@ SCHEMA = {
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 4},
     },
     "required": ["name", "ok"],
+    "additionalProperties": False,
 }
 
 
