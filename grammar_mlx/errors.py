@@ -83,3 +83,14 @@ class GenerationError(GrammarError):
     def __init__(self, message: str, *, text: str = ""):
         super().__init__(message)
         self.text = text
+
+
+class InvalidRequestError(GrammarError, ValueError):
+    """A server request that cannot be served as given (e.g. a malformed `response_format`).
+
+    `param` names the offending request field (dotted, e.g. `response_format.json_schema.schema`).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.param = param
