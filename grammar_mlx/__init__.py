@@ -11,10 +11,12 @@ from .errors import (
     GrammarError,
     GrammarTooLargeError,
     GrammarViolationError,
+    HistoryError,
     InvalidRegexError,
     InvalidSchemaError,
     KernelError,
     ModelLoadError,
+    StateStackError,
     TokenizerError,
     UnsupportedSchemaError,
     VocabularyMismatchError,
@@ -23,7 +25,7 @@ from .kernels import apply_token_bitmask
 from .models import default_model, load_gguf, load_model, tokenizer_from_gguf, truncated_draft
 from .processor import GrammarProcessor
 from .stack import StateStack
-from .stateful import PenaltyProcessor, StatefulProcessor, ThinkingBudgetProcessor
+from .stateful import HistoryFollower, PenaltyProcessor, StatefulProcessor, ThinkingBudgetProcessor
 from .vocabulary import Vocabulary, vocabulary_of
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "GrammarProcessor",
     "StateStack",
     "StatefulProcessor",
+    "HistoryFollower",
     "ThinkingBudgetProcessor",
     "PenaltyProcessor",
     "apply_token_bitmask",
@@ -49,10 +52,12 @@ __all__ = [
     "GenerationError",
     "GrammarTooLargeError",
     "GrammarViolationError",
+    "HistoryError",
     "InvalidRegexError",
     "InvalidSchemaError",
     "KernelError",
     "ModelLoadError",
+    "StateStackError",
     "TokenizerError",
     "UnsupportedSchemaError",
     "VocabularyMismatchError",

@@ -13,6 +13,7 @@ Each one, when hit, raises `GrammarTooLargeError` and leaves nothing behind.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -90,8 +91,11 @@ class CompiledGrammar:
     def next_state(self, state: int, token_id: int) -> int:
         """The state after `token_id`, or -1 when the token is not allowed in `state`."""
         self._check_state(state)
+        if not 0 <= token_id < self.logits_width:
+            return -1
         lo, hi = self._row_start[state], self._row_start[state + 1]
-        i = lo + int(self.tokens[lo:hi].searchsorted(token_id))
+        # An int32 needle: a Python int would make numpy convert the whole row to int64 per call.
+        i = lo + int(self.tokens[lo:hi].searchsorted(np.int32(token_id)))
         if i < hi and self.tokens[i] == token_id:
             return int(self.next[i])
         return -1
@@ -147,7 +151,20 @@ class _Worker:
 
     def kill(self) -> None:
         self.proc.kill()
-        self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        """End the worker: closing its stdin is its signal to exit."""
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
     def _read(self, deadline: float):
         fd = self.proc.stdout
@@ -200,6 +217,12 @@ class _WorkerPool:
             self.release(None)
             raise
 
+    def close(self) -> None:
+        with self.cond:
+            idle, self.idle = self.idle, []
+        for w in idle:
+            w.close()
+
     def release(self, worker: _Worker | None) -> None:
         with self.cond:
             self.busy -= 1
@@ -209,6 +232,7 @@ class _WorkerPool:
 
 
 _POOL = _WorkerPool()
+atexit.register(_POOL.close)
 
 
 def _error_from_worker(kind: str, message: str, regex: str) -> GrammarError:
@@ -368,16 +392,20 @@ def _build(key, regex, vocab: Vocabulary, width, eos, path, timeout, memory_limi
             raise GrammarTooLargeError(
                 f"the compile worker died (exit {code}), most likely at the memory limit of "
                 f"{memory_limit / 2**30:.1f} GiB (memory_limit=, GRAMMAR_MLX_COMPILE_MEMORY)") from None
+        loaded = read_tables(path, key)
+        if loaded is None or not _valid(loaded[0], loaded[1], width):
+            raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
+        return loaded
     finally:
         _POOL.release(worker)
         if report is not None and progress is True:
             report("done", 1, 1)
-    loaded = read_tables(path, key)
-    if tmpdir is not None:
-        tmpdir.cleanup()
-    if loaded is None or not _valid(loaded[0], loaded[1], width):
-        raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
-    return loaded
+        if tmpdir is not None:
+            tmpdir.cleanup()
+        else:  # a worker killed mid-write leaves its temporary file beside the entry
+            for stray in Path(path).parent.glob(Path(path).name + ".*.tmp"):
+                if not worker.alive():
+                    stray.unlink(missing_ok=True)
 
 
 def _stderr_progress() -> Progress:
