@@ -1,0 +1,318 @@
+"""The value-shape graph (`schema_ir`) written as one regex over JSON text.
+
+Whitespace `W` (empty by default) may stand after `{`, `[`, `,` and `:` and before `}`, `]`, `,`
+and `:`. A `Ref` inside a cycle of the graph is unrolled at most `max_recursion_depth` times along any
+path; past that the branch is empty, so recursive structures are generated to bounded depth. Generic
+values (`{}`, `true`) nest containers at most `max_recursion_depth` deep.
+"""
+
+from __future__ import annotations
+
+from .errors import GrammarTooLargeError
+from .schema_ir import AnyValue, Array, Literal, Never, Number, Object, Ref, String, Union, dumps
+from .schema_numbers import NUMBER, range_regex
+from .schema_regex import escape_text, json_char_regex, json_text, to_regex
+
+MAX_REGEX_LENGTH = 500_000  # characters of regex text handed to outlines-core
+MAX_NESTING = 80  # group nesting depth (regex-automata's NFA compiler refuses deeper regexes)
+MAX_ANY_DEPTH = 2  # container nesting of generic values: each level multiplies the automaton by ~4
+
+# One character of a JSON string, any escape allowed; `\uXXXX` for BMP code points (surrogate-pair
+# escapes are left out: 8 DFA states per string; characters beyond the BMP are written as themselves).
+_HEX = "[0-9a-fA-F]"
+STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u(?:[0-9a-cA-CeEfF]' + _HEX + "{3}|[dD][0-7]" + _HEX + "{2})))"
+STRING = '"' + STRING_CHAR + '*"'
+
+
+class Emitter:
+    def __init__(self, table: dict, whitespace: str, max_recursion_depth: int):
+        self.table = table
+        self.ws = whitespace
+        self.max_depth = max_recursion_depth
+        self.cyclic = _cyclic_keys(table)
+        self.memo: dict = {}
+        self.any_memo: dict = {}
+
+    def emit(self, node, counts: tuple = ()) -> str | None:
+        """Regex text for `node` (safe to concatenate), or None when the node has no value within
+        the recursion bound. `counts`: (key, times entered) for the cyclic keys on the path."""
+        if isinstance(node, Ref):
+            key = node.key
+            if key in self.cyclic:
+                entered = dict(counts).get(key, 0)
+                if entered > self.max_depth:
+                    return None
+                counts = tuple(sorted({**dict(counts), key: entered + 1}.items(), key=repr))
+            memo_key = (key, counts)
+            if memo_key not in self.memo:
+                self.memo[memo_key] = None  # a cycle back here before completion is empty
+                self.memo[memo_key] = self.emit(self.table[key], counts)
+            return self.memo[memo_key]
+        text = self._emit(node, counts)
+        if text is not None and len(text) > MAX_REGEX_LENGTH:
+            raise GrammarTooLargeError(
+                f"the schema's regex exceeds {MAX_REGEX_LENGTH} characters (recursion or nesting too deep; "
+                "lower max_recursion_depth or simplify the schema)"
+            )
+        return text
+
+    def _emit(self, node, counts) -> str | None:
+        if isinstance(node, Never):
+            return None
+        if isinstance(node, AnyValue):
+            return self.any_value(min(self.max_depth, MAX_ANY_DEPTH))
+        if isinstance(node, Literal):
+            return _alternation([self.literal(v) for v in node.values])
+        if isinstance(node, Number):
+            return range_regex(node.lo, node.hi, integer=node.integer)
+        if isinstance(node, String):
+            if node.ast is None:
+                return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
+            return '"' + to_regex(node.ast, json_char_regex) + '"'
+        if isinstance(node, Union):
+            return _alternation([self.emit(item, counts) for item in node.items])
+        if isinstance(node, Array):
+            return self.array(node, counts)
+        if isinstance(node, Object):
+            return self.object(node, counts)
+        raise TypeError(node)
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def literal(self, v) -> str:
+        w = self.ws
+        if isinstance(v, list):
+            if not v:
+                return r"\[" + w + r"\]"
+            return r"\[" + w + (w + "," + w).join(self.literal(x) for x in v) + w + r"\]"
+        if isinstance(v, dict):
+            if not v:
+                return r"\{" + w + r"\}"
+            items = ['"' + escape_text(json_text(k)) + '"' + w + ":" + w + self.literal(x) for k, x in v.items()]
+            return r"\{" + w + (w + "," + w).join(items) + w + r"\}"
+        if isinstance(v, str):
+            return '"' + escape_text(json_text(v)) + '"'
+        return escape_text(dumps(v))
+
+    def any_value(self, depth: int) -> str:
+        if depth in self.any_memo:
+            return self.any_memo[depth]
+        scalar = f"(?:null|true|false|{NUMBER}|{STRING})"
+        if depth <= 0:
+            text = scalar
+        else:
+            inner = self.any_value(depth - 1)
+            w, sep = self.ws, self.ws + "," + self.ws
+            array = r"\[" + w + "(?:" + inner + "(?:" + sep + inner + ")*" + w + r")?\]"
+            member = STRING + w + ":" + w + inner
+            obj = r"\{" + w + "(?:" + member + "(?:" + sep + member + ")*" + w + r")?\}"
+            text = f"(?:{scalar[3:-1]}|{array}|{obj})"
+        self.any_memo[depth] = text
+        return text
+
+    def array(self, node: Array, counts) -> str | None:
+        w, sep = self.ws, self.ws + "," + self.ws
+        prefix = []
+        for item in node.prefix:
+            text = self.emit(item, counts)
+            if text is None:
+                break  # the array ends before an impossible position
+            prefix.append(text)
+        rest = self.emit(node.rest, counts) if node.rest is not None and len(prefix) == len(node.prefix) else None
+        hi = node.max_items
+        if rest is None:
+            hi = len(prefix) if hi is None else min(hi, len(prefix))
+        lo = node.min_items
+        if hi is not None and hi < lo:
+            return None
+        # tail(i): the items after the first i, given that i were written (i >= 1).
+        def tail(i: int) -> str:
+            if i < len(prefix):
+                if hi is not None and i >= hi:
+                    return ""
+                more = sep + prefix[i] + tail(i + 1)
+                return more if i < lo else "(?:" + more + ")?"
+            if rest is None or (hi is not None and i >= hi):
+                return ""
+            return _counted(sep + rest, max(lo - i, 0), None if hi is None else hi - i, group=True)
+
+        if prefix and (hi is None or hi >= 1):
+            body = prefix[0] + tail(1)
+        elif rest is not None and (hi is None or hi >= 1):
+            body = rest + _counted(sep + rest, max(lo - 1, 0), None if hi is None else hi - 1, group=True)
+        else:
+            body = None
+        if body is None:
+            return r"\[" + w + r"\]" if lo == 0 else None
+        if lo == 0:
+            return r"\[" + w + "(?:" + body + w + r")?\]"
+        return r"\[" + w + body + w + r"\]"
+
+    def object(self, node: Object, counts) -> str | None:
+        w, sep = self.ws, self.ws + "," + self.ws
+        props = []  # (text, required, may come first)
+        for i, prop in enumerate(node.properties):
+            value = self.emit(prop.value, counts)
+            if value is None:
+                if prop.required:
+                    return None
+                continue
+            key = '"' + escape_text(json_text(prop.name)) + '"'
+            first_ok = node.first_choices is None or i < node.first_choices or prop.required
+            props.append((key + w + ":" + w + value, prop.required, first_ok))
+        extra_items = []
+        for extra in node.extras:
+            value = self.emit(extra.value, counts)
+            if value is not None:
+                extra_items.append('"' + to_regex(extra.key.ast, json_char_regex) + '"' + w + ":" + w + value)
+        extra = _alternation(extra_items)
+        lo, hi = node.min_extra, node.max_extra
+        if extra is None:
+            if lo > 0:
+                return None
+            hi = 0
+
+        def after(i: int) -> str:
+            """Properties from i on, when something was written before (each led by a comma)."""
+            parts = []
+            for text, required, _ in props[i:]:
+                parts.append(sep + text if required else "(?:" + sep + text + ")?")
+            if hi != 0:
+                parts.append(_counted(sep + extra, lo, hi, group=True))
+            return "".join(parts)
+
+        # first(i): properties from i on when nothing was written yet; None when that may be empty.
+        alternatives = []
+        empty_ok = True
+        for i, (text, required, first_ok) in enumerate(props):
+            if first_ok:
+                alternatives.append(text + after(i + 1))
+            if required:
+                empty_ok = False
+                break
+        else:
+            if hi != 0:
+                alternatives.append(extra + _counted(sep + extra, max(lo - 1, 0), None if hi is None else hi - 1,
+                                                    group=True))
+            if lo > 0:
+                empty_ok = False
+        if node.nonempty:
+            empty_ok = False
+        body = _alternation(alternatives)
+        if body is None:
+            return r"\{" + w + r"\}" if empty_ok else None
+        if empty_ok:
+            return r"\{" + w + "(?:" + body + w + r")?\}"
+        return r"\{" + w + body + w + r"\}"
+
+
+def _alternation(parts: list) -> str | None:
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    unique = list(dict.fromkeys(parts))
+    return unique[0] if len(unique) == 1 else "(?:" + "|".join(unique) + ")"
+
+
+def _counted(atom: str, lo: int, hi: int | None, group: bool = False) -> str:
+    if hi == 0:
+        return ""
+    if group:
+        atom = "(?:" + atom + ")"
+    if (lo, hi) == (0, None):
+        return atom + "*"
+    if (lo, hi) == (1, None):
+        return atom + "+"
+    if (lo, hi) == (0, 1):
+        return atom + "?"
+    if (lo, hi) == (1, 1):
+        return atom
+    if hi is None:
+        return atom + f"{{{lo},}}"
+    return atom + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
+
+
+def _cyclic_keys(table: dict) -> set:
+    """Keys of the table that lie on a cycle of Ref edges (Tarjan's strongly connected components)."""
+    edges = {key: _refs(node) for key, node in table.items()}
+    index, low, on_stack, stack, cyclic = {}, {}, set(), [], set()
+    counter = [0]
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges.get(root, ())))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(edges.get(w, ()))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    component.append(x)
+                    if x == v:
+                        break
+                if len(component) > 1 or v in edges.get(v, ()):
+                    cyclic.update(component)
+    return cyclic
+
+
+def _refs(node) -> set:
+    """Keys referenced directly from a node (not through other Refs)."""
+    out, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Ref):
+            out.add(n.key)
+        elif isinstance(n, Union):
+            stack.extend(n.items)
+        elif isinstance(n, Array):
+            stack.extend(n.prefix)
+            if n.rest is not None:
+                stack.append(n.rest)
+        elif isinstance(n, Object):
+            stack.extend(p.value for p in n.properties)
+            stack.extend(e.value for e in n.extras)
+    return out
+
+
+def nesting_depth(regex: str) -> int:
+    """The deepest group nesting of a regex (classes and escapes skipped)."""
+    depth = best = 0
+    i, n, in_class = 0, len(regex), False
+    while i < n:
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+            best = max(best, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return best
