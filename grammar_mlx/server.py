@@ -1,0 +1,744 @@
+"""An OpenAI-compatible server with `response_format`, built on `mlx_lm.server`.
+
+    python -m grammar_mlx serve [--model PATH_OR_ID] [--draft-model PATH_OR_ID | --draft-layers N]
+                                [--num-draft-tokens K] [--host 127.0.0.1] [--port 8080]
+    python -m grammar_mlx.server ...            (the same options)
+
+`--model` takes a `.gguf` file, an MLX model directory or a Hugging Face id (`grammar_mlx.models.
+load_model`); without it the embedded SmolLM2-135M-Instruct (Q4_1) is served. `--draft-model` loads a
+draft for speculative decoding (same vocabulary), `--draft-layers N` uses the first N layers of the
+model as its draft (`truncated_draft`). `--port 0` picks a free port; the first line on stdout is
+`grammar-mlx server listening on http://HOST:PORT ...`.
+
+Endpoints are mlx_lm.server's: `POST /v1/chat/completions` (also `/chat/completions`) and
+`/v1/completions`, streamed (SSE) or not; `GET /health`; `GET /v1/models` lists the served model.
+The request's `model` is echoed back, never loaded: the server serves one model. `adapters` and a
+per-request `draft_model` are refused (400).
+
+`response_format` (both endpoints):
+
+- absent, null or `{"type": "text"}`: unconstrained.
+- `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": bool}}`: the output
+  is JSON valid against the schema, in `grammar_mlx.schema`'s canonical format (compact; object
+  properties in the schema's declaration order; see that module for what each keyword does).
+  `strict: true` maps to strict compilation: a keyword the grammar cannot enforce exactly is a 400
+  naming the keyword and its JSON pointer. `strict` false or absent compiles non-strictly: such
+  keywords are allowed and not enforced; the response lists them in an `X-Grammar-Unenforced` header
+  (a JSON list of `[keyword, pointer]`) and the server logs them. Unlike OpenAI's strict mode, no
+  `additionalProperties: false` or all-required rule is imposed: the schema means what it says.
+- `{"type": "json_object"}`: any JSON object, i.e. the schema `{"type": "object"}`: member values nest
+  arrays and objects at most 3 levels deep (`schema_to_regex`'s `max_recursion_depth`), a bound on
+  depth that every output still satisfies. The prompt need not mention JSON. This grammar is compiled
+  in the background at start (`--no-preload-json-object` skips that).
+- Extension `{"type": "regex", "regex": "..."}`: the whole output matches the regex (outlines-core /
+  Rust regex syntax, full match).
+- Extension `"whitespace": "<regex>"`, inside `json_schema` or beside `"type": "json_object"`: a
+  bounded JSON-whitespace pattern allowed between JSON tokens, e.g. `"[ \\n]{0,2}"`; default compact.
+
+The grammar covers the whole completion (nothing is added to the prompt: ask for what you want
+there); EOS is allowed exactly where the grammar is complete. A token budget (`max_tokens`,
+`max_completion_tokens`) that ends first gives `finish_reason: "length"` with the partial text. Stop
+sequences still apply and can end the text early, with `finish_reason: "stop"`. Unknown keys inside
+`response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained output.
+
+Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`, status 400 for a bad
+request: `invalid_response_format` (malformed `response_format`, unsupported request field),
+`invalid_schema`, `unsupported_schema_keyword` (with `keyword` and `pointer`), `invalid_regex` (with
+`position`), `empty_grammar`, `grammar_too_large` (size or `--compile-timeout`), `vocabulary_mismatch`.
+An unexpected failure is a 500 `server_error` in the same shape (mid-stream: an SSE `data:` event
+holding the error), never a dropped connection. mlx_lm.server's own checks of the other request
+fields (types and ranges of `max_tokens`, `temperature`, ...) keep its `{"error": "..."}` shape.
+
+Grammars are compiled in the request's own handler thread (other requests keep decoding; the compile
+runs in `grammar_mlx.compiler`'s worker processes) and kept in a `GrammarCache`: least recently used
+out, bounded in entries and bytes (`--grammar-cache-entries`, `--grammar-cache-mb`), keyed by (kind,
+schema as compact JSON with its key order kept - order is meaningful, it orders the output -, strict,
+whitespace). Concurrent requests for the same new grammar wait for one compile; compile errors are
+cached too. Tables also persist in the on-disk cache (`GRAMMAR_MLX_CACHE_DIR`).
+
+Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm decodes concurrent
+requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them
+one at a time through speculative decoding, which the processor follows through rejected drafts.
+
+Seams used in mlx_lm.server (0.32): `ModelProvider` (subclass: the models are loaded up front by
+`grammar_mlx.models`), `ResponseGenerator.generate` (subclass: the compiled grammar rides in the
+generation arguments), `APIHandler` (subclass: parses `response_format`, compiles, answers errors),
+and the module function `_make_logits_processors`, wrapped once so that arguments carrying a grammar
+get a `GrammarProcessor` last in their processor list (all other arguments are left unchanged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields
+from http.server import ThreadingHTTPServer
+from typing import Any, Callable, Hashable
+
+import mlx.core as mx
+from mlx_lm import server as mlx_server
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
+
+from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .errors import (
+    EmptyLanguageError,
+    GrammarError,
+    GrammarTooLargeError,
+    InvalidRegexError,
+    InvalidRequestError,
+    InvalidSchemaError,
+    ModelLoadError,
+    UnsupportedSchemaError,
+    VocabularyMismatchError,
+)
+from .processor import GrammarProcessor
+from .vocabulary import Vocabulary, vocabulary_of
+
+__all__ = [
+    "GrammarSpec",
+    "GrammarCache",
+    "Grammars",
+    "parse_response_format",
+    "error_response",
+    "install_logits_hook",
+    "GrammarAPIHandler",
+    "GrammarResponseGenerator",
+    "LoadedModelProvider",
+    "make_server",
+    "add_serve_arguments",
+    "serve_main",
+    "main",
+]
+
+JSON_OBJECT_SCHEMA = '{"type":"object"}'
+DEFAULT_CACHE_ENTRIES = 128
+DEFAULT_CACHE_MB = 512.0
+
+# Every request runs on the one served model: mlx-lm batches requests whose ModelDescription is equal.
+_SERVED = mlx_server.ModelDescription(model="default_model", draft="default_model", adapter=None)
+
+
+# --- response_format -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What to compile: `kind` "json_schema" (text = the schema as compact JSON) or "regex".
+
+    `origin` is the request field it came from (for error messages; not part of the cache key)."""
+
+    kind: str
+    text: str
+    strict: bool = False
+    whitespace: str | None = None
+    origin: str = field(default="response_format.json_schema", compare=False)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _check_keys(value: dict, allowed: set[str], param: str) -> None:
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise InvalidRequestError(
+            f"{param} has unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}",
+            param=param)
+
+
+def _whitespace(value: dict, param: str) -> str | None:
+    ws = value.get("whitespace")
+    if ws is not None and not isinstance(ws, str):
+        raise InvalidRequestError(f"{param}.whitespace must be a regex string, got {_json_type(ws)}",
+                                  param=f"{param}.whitespace")
+    return ws
+
+
+def parse_response_format(value: Any) -> GrammarSpec | None:
+    """The grammar a request's `response_format` asks for (None: unconstrained).
+
+    Raises `InvalidRequestError` (with `param`) for anything malformed; the schema or regex itself is
+    checked when it is compiled."""
+    param = "response_format"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(
+            f'response_format must be an object such as {{"type": "json_schema", "json_schema": {{...}}}}, '
+            f"got {_json_type(value)}", param=param)
+    kind = value.get("type")
+    if kind == "text":
+        _check_keys(value, {"type"}, param)
+        return None
+    if kind == "json_object":
+        _check_keys(value, {"type", "whitespace"}, param)
+        return GrammarSpec("json_schema", JSON_OBJECT_SCHEMA, False, _whitespace(value, param), origin=param)
+    if kind == "regex":
+        _check_keys(value, {"type", "regex"}, param)
+        regex = value.get("regex")
+        if not isinstance(regex, str):
+            raise InvalidRequestError(
+                f'response_format of type "regex" needs "regex": a regex string, got {_json_type(regex)}',
+                param=f"{param}.regex")
+        return GrammarSpec("regex", regex, origin=param)
+    if kind == "json_schema":
+        _check_keys(value, {"type", "json_schema"}, param)
+        spec = value.get("json_schema")
+        param = f"{param}.json_schema"
+        if not isinstance(spec, dict):
+            raise InvalidRequestError(
+                f'response_format of type "json_schema" needs "json_schema": {{"name": ..., "schema": {{...}}}}, '
+                f"got {_json_type(spec)}", param=param)
+        _check_keys(spec, {"name", "description", "schema", "strict", "whitespace"}, param)
+        for key in ("name", "description"):
+            if spec.get(key) is not None and not isinstance(spec[key], str):
+                raise InvalidRequestError(f"{param}.{key} must be a string, got {_json_type(spec[key])}",
+                                          param=f"{param}.{key}")
+        if "schema" not in spec:
+            raise InvalidRequestError(f"{param}.schema is required (the JSON Schema of the output)",
+                                      param=f"{param}.schema")
+        schema = spec["schema"]
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidRequestError(f"{param}.schema must be a JSON Schema object, got {_json_type(schema)}",
+                                      param=f"{param}.schema")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequestError(f"{param}.strict must be a boolean, got {_json_type(strict)}",
+                                      param=f"{param}.strict")
+        try:
+            text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (ValueError, RecursionError):
+            raise InvalidRequestError(f"{param}.schema must be plain JSON (no NaN or Infinity, bounded nesting)",
+                                      param=f"{param}.schema") from None
+        return GrammarSpec("json_schema", text, bool(strict), _whitespace(spec, param), origin=param)
+    raise InvalidRequestError(
+        f"response_format.type must be one of text, json_object, json_schema, regex; got {kind!r}",
+        param="response_format.type")
+
+
+# --- compiled grammars, cached ---------------------------------------------------------------------
+
+
+def grammar_nbytes(grammar: CompiledGrammar) -> int:
+    """Host tables plus the device copy of the masks (made on first use)."""
+    arrays = (grammar.offsets, grammar.tokens, grammar.next, grammar.accepting, grammar.masks, grammar.mask_id)
+    return sum(int(a.nbytes) for a in arrays) + int(grammar.masks.nbytes)
+
+
+def _fresh(error: BaseException) -> BaseException:
+    # A cached error is raised by many threads: give each its own object so tracebacks don't pile up.
+    try:
+        return copy.copy(error).with_traceback(None)
+    except Exception:
+        return GrammarError(str(error))
+
+
+class GrammarCache:
+    """Compiled grammars by key: least recently used out, bounded in entries and bytes; thread-safe.
+
+    `get(key, build)` returns the cached grammar, or waits for the build another thread has started
+    for that key, or builds it itself; only callers of one key wait for each other. A `GrammarError`
+    from a build is cached like a grammar (the same input fails the same way); other exceptions are
+    not. An entry larger than `max_bytes` is returned but not kept.
+    """
+
+    def __init__(self, *, max_entries: int = DEFAULT_CACHE_ENTRIES, max_bytes: int = int(DEFAULT_CACHE_MB * 2**20),
+                 nbytes: Callable[[Any], int] = grammar_nbytes) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("a grammar cache needs max_entries >= 1 and max_bytes >= 1")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._nbytes = nbytes
+        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._building: dict[Hashable, Future] = {}
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.waits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"entries": len(self._entries), "bytes": self.bytes, "hits": self.hits, "misses": self.misses,
+                    "waits": self.waits, "building": len(self._building)}
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+            else:
+                future = self._building.get(key)
+                owner = future is None
+                if owner:
+                    future = self._building[key] = Future()
+                    self.misses += 1
+                else:
+                    self.waits += 1
+        if entry is not None:
+            if isinstance(entry[0], BaseException):
+                raise _fresh(entry[0])
+            return entry[0]
+        if not owner:
+            try:
+                return future.result()
+            except BaseException as e:
+                raise _fresh(e) from None
+        try:
+            value = build()
+        except GrammarError as e:
+            value = e
+        except BaseException as e:
+            with self._lock:
+                del self._building[key]
+            future.set_exception(e)
+            raise
+        with self._lock:
+            del self._building[key]
+            self._insert(key, value)
+        if isinstance(value, GrammarError):
+            future.set_exception(value)
+            raise _fresh(value)
+        future.set_result(value)
+        return value
+
+    def _insert(self, key: Hashable, value: Any) -> None:
+        size = len(str(value)) + 256 if isinstance(value, BaseException) else self._nbytes(value)
+        if isinstance(key, GrammarSpec):
+            size += len(key.text) + len(key.whitespace or "")
+        if size > self.max_bytes:
+            return
+        self._entries[key] = (value, size)
+        self.bytes += size
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.bytes -= evicted
+
+
+class Grammars:
+    """Compiles `GrammarSpec`s for the served vocabulary and logits width, through a `GrammarCache`."""
+
+    def __init__(self, vocabulary: Vocabulary, logits_width: int, *, cache: GrammarCache | None = None,
+                 timeout: float | None = None) -> None:
+        self.vocabulary = vocabulary
+        self.logits_width = logits_width
+        self.cache = cache if cache is not None else GrammarCache()
+        self.timeout = timeout
+
+    def get(self, spec: GrammarSpec) -> CompiledGrammar:
+        return self.cache.get(spec, lambda: self._compile(spec))
+
+    def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        options = {"logits_width": self.logits_width, "timeout": self.timeout}
+        if spec.kind == "regex":
+            return compile_regex(spec.text, self.vocabulary, **options)
+        try:
+            return compile_json_schema(spec.text, self.vocabulary, whitespace=spec.whitespace, strict=spec.strict,
+                                       **options)
+        except RecursionError:
+            raise InvalidSchemaError("the schema is nested too deeply to translate") from None
+
+
+# --- errors, OpenAI-shaped -------------------------------------------------------------------------
+
+_CODES: tuple[tuple[type, str], ...] = (
+    (InvalidRequestError, "invalid_response_format"),
+    (UnsupportedSchemaError, "unsupported_schema_keyword"),
+    (InvalidSchemaError, "invalid_schema"),
+    (InvalidRegexError, "invalid_regex"),
+    (EmptyLanguageError, "empty_grammar"),
+    (GrammarTooLargeError, "grammar_too_large"),
+    (VocabularyMismatchError, "vocabulary_mismatch"),
+    (GrammarError, "invalid_grammar"),
+)
+
+
+def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tuple[int, dict]:
+    """(HTTP status, OpenAI-style error body) for an exception met while serving a request.
+
+    `spec` (the grammar being compiled, if any) says which request field a grammar error is about."""
+    if isinstance(error, RecursionError):
+        return 400, {"error": {"message": "the request body is nested too deeply", "type": "invalid_request_error",
+                               "param": None, "code": "invalid_request"}}
+    if not isinstance(error, GrammarError):
+        return 500, {"error": {"message": f"internal server error: {type(error).__name__}: {error}",
+                               "type": "server_error", "param": None, "code": "server_error"}}
+    code = next(c for cls, c in _CODES if isinstance(error, cls))
+    param = getattr(error, "param", None)
+    if param is None and spec is not None:
+        if spec.kind == "regex":
+            param = f"{spec.origin}.regex"
+        elif isinstance(error, InvalidRegexError) and spec.whitespace is not None:
+            param = f"{spec.origin}.whitespace"
+        elif spec.origin == "response_format":  # json_object: the request holds no schema
+            param = spec.origin
+        else:
+            param = f"{spec.origin}.schema"
+    body = {"message": str(error), "type": "invalid_request_error", "param": param, "code": code}
+    if isinstance(error, UnsupportedSchemaError):
+        body.update(keyword=error.keyword, pointer=error.pointer)
+    if isinstance(error, InvalidRegexError):
+        body.update(position=error.position)
+    return 400, {"error": body}
+
+
+# --- mlx_lm.server seams ---------------------------------------------------------------------------
+
+
+@dataclass
+class ConstrainedRequest(mlx_server.CompletionRequest):
+    grammar: CompiledGrammar | None = None
+
+
+@dataclass
+class ConstrainedGenerationArguments(mlx_server.GenerationArguments):
+    grammar: CompiledGrammar | None = None
+
+
+_hook_lock = threading.Lock()
+
+
+def install_logits_hook() -> None:
+    """Wrap mlx_lm.server's `_make_logits_processors` (once): generation arguments that carry a
+    grammar get a fresh `GrammarProcessor` after their other processors (so bias and penalties can
+    never revive a forbidden token); all other arguments get exactly what mlx-lm gives them."""
+    with _hook_lock:
+        original = getattr(mlx_server, "_make_logits_processors", None)
+        if original is None:
+            import mlx_lm
+
+            raise RuntimeError(f"mlx_lm.server {mlx_lm.__version__} has no _make_logits_processors; "
+                               "grammar_mlx.server is built against mlx-lm 0.32")
+        if getattr(original, "grammar_mlx_hook", False):
+            return
+
+        def make_logits_processors(args):
+            processors = original(args)
+            grammar = getattr(args, "grammar", None)
+            if grammar is not None:
+                processors = [*processors, GrammarProcessor(grammar)]
+            return processors
+
+        make_logits_processors.grammar_mlx_hook = True
+        mlx_server._make_logits_processors = make_logits_processors
+
+
+class LoadedModelProvider(mlx_server.ModelProvider):
+    """mlx-lm's model provider for one model (and draft) loaded up front by grammar_mlx.models.
+
+    Requests may name any model: the served one answers (mlx-lm would try to load the name)."""
+
+    def __init__(self, cli_args: argparse.Namespace, model, tokenizer, draft_model=None, *,
+                 model_id: str, draft_id: str | None = None) -> None:
+        super().__init__(cli_args)
+        self.served_id = model_id
+        self._served = (model, tokenizer, draft_model, (model_id, None, draft_id))
+        self.load()
+
+    def load(self, model_path=None, adapter_path=None, draft_model_path=None):
+        if self.model is None:  # first use, or after reset() at shutdown
+            model, tokenizer, draft_model, key = self._served
+            self.model_key = key
+            self.model, self.tokenizer, self.processor, self.draft_model = model, tokenizer, None, draft_model
+            # mlx-lm's rule: speculative decoding does not batch; every cache must merge to batch.
+            self.is_batchable = draft_model is None and all(hasattr(c, "merge") for c in make_prompt_cache(model))
+        return self.model, self.tokenizer
+
+    def load_default(self):
+        self.load()
+
+
+class GrammarResponseGenerator(mlx_server.ResponseGenerator):
+    """mlx-lm's response generator; a request's grammar rides in its generation arguments."""
+
+    def __init__(self, model_provider: mlx_server.ModelProvider, prompt_cache: LRUPromptCache,
+                 grammars: Grammars) -> None:
+        self.grammars = grammars
+        install_logits_hook()
+        super().__init__(model_provider, prompt_cache)  # starts the generation thread
+
+    def generate(self, request, generation_args, progress_callback=None):
+        values = {f.name: getattr(generation_args, f.name) for f in fields(mlx_server.GenerationArguments)}
+        values["model"] = _SERVED
+        args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None))
+        return super().generate(request, args, progress_callback)
+
+
+class GrammarAPIHandler(mlx_server.APIHandler):
+    """mlx-lm's request handler plus `response_format`, OpenAI-style errors and a safety net."""
+
+    response_generator: GrammarResponseGenerator
+
+    def send_response(self, code, message=None):
+        self._status_code = code
+        super().send_response(code, message)
+
+    def end_headers(self):
+        unenforced = getattr(self, "_unenforced", ())
+        if unenforced and getattr(self, "_status_code", None) == 200:
+            # JSON with ensure_ascii: a property name cannot smuggle a line break into the headers.
+            self.send_header("X-Grammar-Unenforced", json.dumps([[u.keyword, u.pointer] for u in unenforced]))
+        super().end_headers()
+        self._headers_sent = True
+
+    def do_POST(self):
+        self._headers_sent = False
+        self._unenforced = ()
+        self.stream = False
+        try:
+            super().do_POST()
+        except (BrokenPipeError, ConnectionResetError):
+            logging.info("client disconnected")
+        except Exception as e:
+            if not isinstance(e, RecursionError):
+                logging.exception("request failed")
+            self._send_error(*error_response(e))
+
+    def handle_completion(self, request, stop_words):
+        spec = None
+        try:
+            if self.body.get("adapters") is not None:
+                raise InvalidRequestError("adapters are not supported: the server serves one model",
+                                          param="adapters")
+            if self.body.get("draft_model", "default_model") != "default_model":
+                raise InvalidRequestError("draft_model cannot be chosen per request; start the server with "
+                                          "--draft-model or --draft-layers", param="draft_model")
+            spec = parse_response_format(self.body.get("response_format"))
+            grammar = self.response_generator.grammars.get(spec) if spec is not None else None
+        except Exception as e:
+            if not isinstance(e, GrammarError):
+                logging.exception("compiling the response format failed")
+            self._send_error(*error_response(e, spec))
+            return
+        if grammar is not None:
+            if grammar.unenforced:
+                self._unenforced = grammar.unenforced
+                logging.warning("response_format keywords not enforced: %s",
+                                ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in grammar.unenforced))
+            values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
+            request = ConstrainedRequest(**values, grammar=grammar)
+        super().handle_completion(request, stop_words)
+
+    def handle_models_request(self):
+        served = self.response_generator.model_provider.served_id
+        body = {"object": "list", "data": [{"id": served, "object": "model", "created": self.created,
+                                            "owned_by": "grammar-mlx"}]}
+        self._send_json(200, body)
+
+    def _send_json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self._set_completion_headers(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _send_error(self, status: int, body: dict) -> None:
+        try:
+            if not self._headers_sent:
+                self._headers_buffer = []  # drop a status line buffered but not sent (non-streaming path)
+                self._unenforced = ()
+                self._send_json(status, body)
+            elif self.stream:
+                self.wfile.write(f"data: {json.dumps(body)}\n\n".encode())
+                self.wfile.flush()
+        except OSError:
+            logging.info("client disconnected before the error could be sent")
+
+
+# --- the process -----------------------------------------------------------------------------------
+
+
+def logits_width(model) -> int:
+    """The model's output width (may exceed the tokenizer's size), from one token's forward pass."""
+    logits = model(mx.array([[0]]))
+    mx.eval(logits)
+    return int(logits.shape[-1])
+
+
+def served_vocabulary(tokenizer) -> Vocabulary:
+    """The tokenizer's Vocabulary, with exactly the EOS ids mlx-lm stops on: the grammar allows EOS
+    only where it is complete, and that must be the EOS that ends generation."""
+    vocab = vocabulary_of(tokenizer)
+    eos = sorted(tokenizer.eos_token_ids)
+    return vocab if sorted(vocab.eos_token_ids) == eos else vocabulary_of(tokenizer, eos_token_ids=eos)
+
+
+def load_served_models(model: str | None, draft_model: str | None, draft_layers: int | None):
+    """(model, tokenizer, draft or None, model id, draft id or None). Raises ModelLoadError."""
+    from . import models
+
+    if model is None:
+        main_model, tokenizer = models.default_model()
+        model_id = models.SMOLLM_FILE.removesuffix(".gguf")
+    else:
+        main_model, tokenizer = models.load_model(model)
+        model_id = str(model)
+    draft, draft_id = None, None
+    if draft_model is not None:
+        draft, draft_tokenizer = models.load_model(draft_model)
+        if draft_tokenizer.vocab_size != tokenizer.vocab_size:
+            raise ModelLoadError(f"the draft model's vocabulary ({draft_tokenizer.vocab_size} tokens) differs from "
+                                 f"the model's ({tokenizer.vocab_size}); speculative decoding needs the same one")
+        draft_id = str(draft_model)
+    elif draft_layers is not None:
+        draft = models.truncated_draft(main_model, draft_layers)
+        draft_id = f"{model_id} (first {draft_layers} layers)"
+    return main_model, tokenizer, draft, model_id, draft_id
+
+
+def mlx_cli_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The namespace mlx_lm.server reads: our options plus mlx-lm's defaults for the rest."""
+    return argparse.Namespace(
+        model=args.model, adapter_path=None, draft_model=args.draft_model, trust_remote_code=False,
+        chat_template="", use_default_chat_template=False, pipeline=False,
+        num_draft_tokens=args.num_draft_tokens, max_tokens=args.max_tokens, temp=args.temp, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, allowed_origins=args.allowed_origins,
+        chat_template_args=args.chat_template_args, decode_concurrency=args.decode_concurrency,
+        prompt_concurrency=8, prefill_step_size=2048, prompt_cache_size=args.prompt_cache_size,
+        prompt_cache_bytes=None, kv_bits=None, kv_group_size=64, quantized_kv_start=DEFAULT_QUANTIZED_KV_START,
+    )
+
+
+def make_server(host: str, port: int, response_generator: GrammarResponseGenerator) -> ThreadingHTTPServer:
+    """The stdlib threading HTTP server mlx_lm.server uses, with the grammar handler."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    fingerprint = mlx_server.get_system_fingerprint()
+
+    class Server(ThreadingHTTPServer):
+        address_family = family
+
+    return Server(address, lambda *a, **k: GrammarAPIHandler(response_generator, *a, system_fingerprint=fingerprint,
+                                                              **k))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `serve` command's options."""
+    parser.add_argument("--model", default=None,
+                        help="GGUF file, MLX model directory or Hugging Face id "
+                             "(default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    draft = parser.add_mutually_exclusive_group()
+    draft.add_argument("--draft-model", default=None, help="draft model for speculative decoding (same vocabulary)")
+    draft.add_argument("--draft-layers", type=_positive_int, default=None,
+                       help="use the model's first N layers as its draft")
+    parser.add_argument("--num-draft-tokens", type=_positive_int, default=3,
+                        help="tokens drafted per speculative step (default 3; a request's num_draft_tokens wins)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    parser.add_argument("--max-tokens", type=_positive_int, default=512, help="default token budget (512)")
+    parser.add_argument("--temp", type=float, default=0.0, help="default sampling temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="default nucleus sampling top-p (1.0)")
+    parser.add_argument("--top-k", type=int, default=0, help="default top-k (0: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="default min-p (0: off)")
+    parser.add_argument("--decode-concurrency", type=_positive_int, default=32,
+                        help="requests decoded together without a draft model (32)")
+    parser.add_argument("--prompt-cache-size", type=_positive_int, default=10, help="KV caches kept (10)")
+    parser.add_argument("--chat-template-args", type=json.loads, default={},
+                        help="JSON object of extra apply_chat_template arguments")
+    parser.add_argument("--allowed-origins", type=lambda s: s.split(","), default=["*"],
+                        help="comma-separated CORS origins (default *)")
+    parser.add_argument("--grammar-cache-entries", type=_positive_int, default=DEFAULT_CACHE_ENTRIES,
+                        help=f"compiled grammars kept in memory ({DEFAULT_CACHE_ENTRIES})")
+    parser.add_argument("--grammar-cache-mb", type=float, default=DEFAULT_CACHE_MB,
+                        help=f"memory for compiled grammars, MiB ({DEFAULT_CACHE_MB:g})")
+    parser.add_argument("--compile-timeout", type=float, default=None,
+                        help="seconds one grammar may take to compile (default: GRAMMAR_MLX_COMPILE_TIMEOUT or 60)")
+    parser.add_argument("--preload-json-object", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile the json_object grammar in the background at start (default on)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Run the server until SIGINT/SIGTERM. Returns the exit status (2: the model did not load)."""
+    logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
+    if args.grammar_cache_mb <= 0:
+        print("error: --grammar-cache-mb must be positive", file=sys.stderr)
+        return 2
+    try:
+        model, tokenizer, draft, model_id, draft_id = load_served_models(args.model, args.draft_model,
+                                                                         args.draft_layers)
+        width = logits_width(model)
+        if draft is not None and logits_width(draft) != width:
+            raise ModelLoadError("the draft model's output width differs from the model's")
+        vocabulary = served_vocabulary(tokenizer)
+    except GrammarError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
+    grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout)
+    provider = LoadedModelProvider(mlx_cli_args(args), model, tokenizer, draft, model_id=model_id, draft_id=draft_id)
+    generator = GrammarResponseGenerator(provider, LRUPromptCache(args.prompt_cache_size), grammars)
+    try:
+        httpd = make_server(args.host, args.port, generator)
+    except OSError as e:
+        generator.stop_and_join()
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    if args.preload_json_object:
+        threading.Thread(target=_preload, args=(grammars, GrammarSpec("json_schema", JSON_OBJECT_SCHEMA)),
+                         daemon=True, name="preload-json-object").start()
+    host, port = httpd.server_address[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"grammar-mlx server listening on http://{shown}:{port} (model {model_id}"
+          f"{f', draft {draft_id}' if draft_id else ''})", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+        generator.stop_and_join()
+    return 0
+
+
+def _preload(grammars: Grammars, spec: GrammarSpec) -> None:
+    try:
+        grammars.get(spec)
+    except Exception:
+        logging.exception("preloading the json_object grammar failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="grammar-mlx serve",
+                                     description="OpenAI-compatible server with response_format (mlx_lm.server)")
+    add_serve_arguments(parser)
+    return serve_main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,538 @@
+"""grammar_mlx.server: response_format parsing, the grammar cache and the mlx-lm hook in process; then
+two real servers (embedded SmolLM2, with and without a truncated draft) in subprocesses on free
+loopback ports, driven by the real `openai` client."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jsonschema
+import mlx.core as mx
+import pytest
+
+from fake_grammar import random_grammar
+from grammar_mlx import server
+from grammar_mlx.errors import (
+    EmptyLanguageError,
+    GrammarError,
+    InvalidRegexError,
+    InvalidRequestError,
+    InvalidSchemaError,
+    UnsupportedSchemaError,
+)
+from grammar_mlx.processor import GrammarProcessor
+from grammar_mlx.server import GrammarCache, GrammarSpec, error_response, parse_response_format
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --- response_format -------------------------------------------------------------------------------
+
+
+def test_parse_response_format_kinds():
+    assert parse_response_format(None) is None
+    assert parse_response_format({"type": "text"}) is None
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+    spec = parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    # Key order is kept: it is the order of the output's properties, so it belongs to the key.
+    assert spec == GrammarSpec("json_schema", '{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}',
+                               True, None)
+    assert parse_response_format({"type": "json_schema", "json_schema": {"schema": schema}}).strict is False
+    assert parse_response_format({"type": "json_schema", "json_schema": {"schema": schema, "strict": None}}).strict is False
+    assert parse_response_format({"type": "json_object"}) == GrammarSpec("json_schema", '{"type":"object"}')
+    assert parse_response_format({"type": "json_object", "whitespace": "[ ]?"}).whitespace == "[ ]?"
+    assert parse_response_format({"type": "regex", "regex": "a|b"}) == GrammarSpec("regex", "a|b")
+    ws = parse_response_format({"type": "json_schema", "json_schema": {"schema": schema, "whitespace": "[ \n]{0,2}"}})
+    assert ws.whitespace == "[ \n]{0,2}"
+
+
+@pytest.mark.parametrize("value, param, words", [
+    ("json", "response_format", "must be an object"),
+    ({"type": "xml"}, "response_format.type", "one of text, json_object, json_schema, regex"),
+    ({}, "response_format.type", "got None"),
+    ({"type": "json_schema"}, "response_format.json_schema", "needs \"json_schema\""),
+    ({"type": "json_schema", "schema": {"type": "object"}}, "response_format", "unknown field(s) 'schema'"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema", "is required"),
+    ({"type": "json_schema", "json_schema": {"schema": [1]}}, "response_format.json_schema.schema", "got array"),
+    ({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}, "response_format.json_schema.strict",
+     "must be a boolean"),
+    ({"type": "json_schema", "json_schema": {"schema": {}, "name": 3}}, "response_format.json_schema.name",
+     "must be a string"),
+    ({"type": "json_schema", "json_schema": {"schema": {}, "stric": True}}, "response_format.json_schema",
+     "unknown field(s) 'stric'"),
+    ({"type": "json_schema", "json_schema": {"schema": {"maximum": float("nan")}}},
+     "response_format.json_schema.schema", "no NaN"),
+    ({"type": "regex"}, "response_format.regex", "needs \"regex\""),
+    ({"type": "regex", "regex": "a", "x": 1}, "response_format", "unknown field(s) 'x'"),
+    ({"type": "text", "json_schema": {}}, "response_format", "unknown field(s) 'json_schema'"),
+    ({"type": "json_object", "whitespace": 2}, "response_format.whitespace", "must be a regex string"),
+])
+def test_parse_response_format_errors(value, param, words):
+    with pytest.raises(InvalidRequestError) as info:
+        parse_response_format(value)
+    assert info.value.param == param
+    assert words in str(info.value)
+
+
+def test_error_response_shapes():
+    spec = GrammarSpec("json_schema", '{"type":"array","uniqueItems":true}', True)
+    status, body = error_response(UnsupportedSchemaError("'uniqueItems' at /x", keyword="uniqueItems", pointer="/x"),
+                                  spec)
+    assert status == 400
+    assert body == {"error": {"message": "'uniqueItems' at /x", "type": "invalid_request_error",
+                              "param": "response_format.json_schema.schema", "code": "unsupported_schema_keyword",
+                              "keyword": "uniqueItems", "pointer": "/x"}}
+    status, body = error_response(InvalidRegexError("bad", position=3),
+                                  GrammarSpec("regex", "(a", origin="response_format"))
+    assert (status, body["error"]["code"], body["error"]["param"], body["error"]["position"]) == (
+        400, "invalid_regex", "response_format.regex", 3)
+    status, body = error_response(InvalidRegexError("ws"), GrammarSpec("json_schema", "{}", False, "\\s*"))
+    assert body["error"]["param"] == "response_format.json_schema.whitespace"
+    status, body = error_response(EmptyLanguageError("none"),
+                                  GrammarSpec("json_schema", '{"type":"object"}', origin="response_format"))
+    assert (status, body["error"]["code"], body["error"]["param"]) == (400, "empty_grammar", "response_format")
+    status, body = error_response(InvalidRequestError("no", param="adapters"))
+    assert (status, body["error"]["param"], body["error"]["code"]) == (400, "adapters", "invalid_response_format")
+    status, body = error_response(KeyError("boom"))
+    assert status == 500 and body["error"]["type"] == "server_error" and "boom" in body["error"]["message"]
+
+
+# --- the grammar cache -----------------------------------------------------------------------------
+
+
+class Sized:
+    def __init__(self, name, size):
+        self.name, self.size = name, size
+
+
+def sized_cache(**options):
+    return GrammarCache(nbytes=lambda value: value.size, **options)
+
+
+def test_cache_hits_and_lru_bounds():
+    cache = sized_cache(max_entries=2, max_bytes=100)
+    built = []
+
+    def build(name, size=10):
+        return lambda: built.append(name) or Sized(name, size)
+
+    a = cache.get("a", build("a"))
+    assert cache.get("a", build("a")) is a and built == ["a"]
+    cache.get("b", build("b"))
+    cache.get("a", build("a"))  # a is now the most recent
+    cache.get("c", build("c"))  # over 2 entries: b (least recent) goes
+    assert "a" in cache and "c" in cache and "b" not in cache
+    cache.get("d", build("d", 85))  # 10 + 85 + 10 > 100: evict least recent until it fits
+    assert "d" in cache and cache.bytes <= 100 and len(cache) <= 2
+    big = cache.get("big", build("big", 101))  # larger than the whole budget: returned, not kept
+    assert big.name == "big" and "big" not in cache and "d" in cache
+    assert cache.stats()["hits"] == 2
+
+
+def test_cache_concurrent_same_key_builds_once_and_other_keys_do_not_wait():
+    cache = sized_cache()
+    release = threading.Event()
+    started = threading.Event()
+    calls = []
+
+    def slow():
+        calls.append("slow")
+        started.set()
+        assert release.wait(10)
+        return Sized("slow", 1)
+
+    with ThreadPoolExecutor(6) as pool:
+        waiters = [pool.submit(cache.get, "k", slow) for _ in range(5)]
+        assert started.wait(10)
+        # An unrelated key is served while "k" is still compiling.
+        assert cache.get("other", lambda: Sized("other", 1)).name == "other"
+        assert not any(w.done() for w in waiters)
+        release.set()
+        results = [w.result(10) for w in waiters]
+    assert calls == ["slow"]
+    assert all(r is results[0] for r in results)
+    stats = cache.stats()
+    assert stats["misses"] == 2 and stats["waits"] + stats["hits"] == 4 and stats["building"] == 0
+
+
+def test_cache_keeps_grammar_errors_fresh_and_drops_other_failures():
+    cache = sized_cache()
+    calls = []
+
+    def bad():
+        calls.append(1)
+        raise UnsupportedSchemaError("'not' at /a", keyword="not", pointer="/a")
+
+    errors = []
+    for _ in range(3):
+        with pytest.raises(UnsupportedSchemaError) as info:
+            cache.get("bad", bad)
+        errors.append(info.value)
+    assert len(calls) == 1  # the same input fails the same way: compiled once
+    assert all(e.keyword == "not" and e.pointer == "/a" for e in errors)
+    assert errors[1] is not errors[2]  # each raise its own object (no shared, growing traceback)
+
+    def crash():
+        calls.append(2)
+        raise RuntimeError("worker crashed")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            cache.get("crash", crash)
+    assert calls.count(2) == 2 and "crash" not in cache and cache.stats()["building"] == 0
+
+
+def test_cache_waiters_get_the_builders_error():
+    cache = sized_cache()
+    release = threading.Event()
+
+    def bad():
+        assert release.wait(10)
+        raise InvalidSchemaError("no")
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(cache.get, "k", bad) for _ in range(3)]
+        time.sleep(0.1)
+        release.set()
+        for f in futures:
+            with pytest.raises(InvalidSchemaError):
+                f.result(10)
+
+
+# --- the mlx-lm hook -------------------------------------------------------------------------------
+
+
+def test_logits_hook_appends_a_fresh_processor_only_for_grammar_args():
+    from mlx_lm import server as mlx_server
+
+    server.install_logits_hook()
+    server.install_logits_hook()  # idempotent: wrapped once
+    hook = mlx_server._make_logits_processors
+    assert hook.grammar_mlx_hook
+
+    def args(grammar):
+        logits = mlx_server.LogitsProcessorArguments({5: 1.0}, 0.0, 20, 0.0, 20, 0.0, 20)
+        sampling = mlx_server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.1)
+        values = dict(model=server._SERVED, sampling=sampling, logits=logits, stop_words=[], max_tokens=5,
+                      num_draft_tokens=3, logprobs=False, top_logprobs=-1, seed=None, chat_template_kwargs=None)
+        if grammar is None:
+            return mlx_server.GenerationArguments(**values)
+        return server.ConstrainedGenerationArguments(**values, grammar=grammar)
+
+    plain = hook(args(None))
+    assert len(plain) == 1 and not any(isinstance(p, GrammarProcessor) for p in plain)
+    grammar = random_grammar(0)
+    first, second = hook(args(grammar)), hook(args(grammar))
+    assert isinstance(first[-1], GrammarProcessor) and first[-1].compiled is grammar
+    assert first[-1] is not second[-1]  # one processor per request
+    # The grammar mask comes last: a positive logit_bias cannot revive a forbidden token.
+    logits = mx.zeros((1, grammar.logits_width))
+    for p in first:
+        logits = p(mx.array([1, 2]), logits)
+    allowed = set(grammar.allowed_tokens(grammar.initial_state).tolist())
+    assert (5 in allowed) == bool(mx.isfinite(logits[0, 5]).item())
+
+
+# --- live servers ----------------------------------------------------------------------------------
+
+COLOR = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+         "required": ["color", "ok"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Reply with a JSON object: a color and whether it is ok."}]
+
+
+class Server:
+    def __init__(self, name: str, *options: str):
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile(prefix=f"grammar-mlx-{name}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grammar_mlx.server", "--host", "127.0.0.1", "--port", "0", "--max-tokens", "40",
+             "--log-level", "WARNING", *options],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=self.log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.url = None
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        line = b""
+        while not line.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.proc.poll() is not None:
+                self.fail(f"did not start: {line!r}")
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(remaining, 1.0))
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk and self.proc.poll() is not None:
+                    self.fail("exited")
+                line += chunk
+        match = re.search(rb"listening on (http://127\.0\.0\.1:\d+)", line)
+        if match is None:
+            self.fail(f"unexpected first line {line!r}")
+        self.url = match.group(1).decode()
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if json.load(r) == {"status": "ok"}:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.fail("/health never said ok")
+
+    def fail(self, why: str):
+        self.stop()
+        raise AssertionError(f"{self.name} server {why}; log:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-4000:]
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+@pytest.fixture(scope="module")
+def servers(smollm_path):
+    pytest.importorskip("openai", reason="the openai client is a test extra")
+    # Both start at once: model loads overlap.
+    plain = Server("plain")
+    draft = Server("draft", "--draft-layers", "24", "--num-draft-tokens", "2", "--no-preload-json-object")
+    try:
+        plain.wait_ready()
+        draft.wait_ready()
+        yield {"plain": plain, "draft": draft}
+    finally:
+        for s in (plain, draft):
+            if s.proc.poll() is not None and s.proc.returncode not in (0, -signal.SIGTERM):
+                print(s.tail())
+        plain.stop()
+        draft.stop()
+        # The server exits cleanly on SIGTERM (it does not just die).
+        assert plain.proc.returncode == 0 and draft.proc.returncode == 0
+
+
+def schema_format(schema, strict=True, name="out"):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
+
+
+def chat(client, response_format, *, max_tokens=40, messages=ASK, **kw):
+    return client.chat.completions.create(model="smollm", messages=messages, max_tokens=max_tokens,
+                                          response_format=response_format, **kw)
+
+
+def stream_chat(client, response_format, *, max_tokens=40, messages=ASK):
+    chunks = list(client.chat.completions.create(
+        model="smollm", messages=messages, max_tokens=max_tokens, response_format=response_format, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    usage = [c.usage for c in chunks if c.usage]
+    return text, finish, usage
+
+
+@pytest.mark.slow
+def test_json_schema_non_streaming(servers):
+    reply = chat(servers["plain"].client(), schema_format(COLOR))
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), COLOR)
+    assert reply.model == "smollm"  # echoed, not loaded
+    assert reply.usage.completion_tokens <= 40
+
+
+@pytest.mark.slow
+def test_json_schema_streaming(servers):
+    text, finish, usage = stream_chat(servers["plain"].client(), schema_format(COLOR, strict=False))
+    jsonschema.validate(json.loads(text), COLOR)
+    assert finish == ["stop"]
+    assert len(usage) == 1 and usage[0].completion_tokens >= 3
+
+
+@pytest.mark.slow
+def test_json_schema_with_draft_model(servers):
+    client = servers["draft"].client()
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "n": {"type": "integer",
+              "minimum": 0, "maximum": 9}}, "required": ["answer", "n"]}
+    reply = chat(client, schema_format(schema), extra_body={"num_draft_tokens": 3})  # overrides the CLI
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    text, finish, _ = stream_chat(client, schema_format(COLOR))
+    jsonschema.validate(json.loads(text), COLOR)
+    assert finish == ["stop"]
+
+
+@pytest.mark.slow
+def test_json_object(servers):
+    reply = chat(servers["plain"].client(), {"type": "json_object"}, max_tokens=40,
+                 messages=[{"role": "user", "content": "Give a JSON object with one short field."}])
+    choice = reply.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:  # an open-ended object may outrun the budget: then it says so, and the text is an object's prefix
+        assert choice.finish_reason == "length" and choice.message.content.startswith("{")
+
+
+@pytest.mark.slow
+def test_regex_extension_on_text_completions(servers):
+    client = servers["plain"].client()
+    reply = client.completions.create(model="smollm", prompt="Is the sky blue? Answer yes or no:", max_tokens=10,
+                                      extra_body={"response_format": {"type": "regex", "regex": "(yes|no)"}})
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].text in ("yes", "no")
+
+
+@pytest.mark.slow
+def test_text_format_is_unconstrained(servers):
+    reply = chat(servers["plain"].client(), {"type": "text"}, max_tokens=5)
+    assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens <= 5
+
+
+@pytest.mark.slow
+def test_budget_ending_before_the_grammar_says_length(servers):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 30, "maxLength": 40}},
+              "required": ["s"]}
+    reply = chat(servers["plain"].client(), schema_format(schema), max_tokens=4)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length"
+    assert reply.usage.completion_tokens == 4
+    head = '{"s":"'
+    assert choice.message.content[: len(head)] == head[: len(choice.message.content)]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(choice.message.content)
+    text, finish, _ = stream_chat(servers["plain"].client(), schema_format(schema), max_tokens=4)
+    assert finish == ["length"] and text[: len(head)] == head[: len(text)]
+
+
+NESTED_UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                           "maxItems": 2, "uniqueItems": True}}, "required": ["tags"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("response_format, code, param, words", [
+    (schema_format({"type": "objekt"}), "invalid_schema", "response_format.json_schema.schema", "objekt"),
+    (schema_format(NESTED_UNIQUE), "unsupported_schema_keyword", "response_format.json_schema.schema",
+     "'uniqueItems' at /properties/tags"),
+    (schema_format(False), "empty_grammar", "response_format.json_schema.schema", "no JSON value"),
+    ({"type": "json_schema", "schema": COLOR}, "invalid_response_format", "response_format", "'schema'"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "invalid_response_format",
+     "response_format.json_schema.schema", "is required"),
+    ({"type": "yaml"}, "invalid_response_format", "response_format.type", "'yaml'"),
+    ({"type": "regex", "regex": "(ab"}, "invalid_regex", "response_format.regex", "invalid regex"),
+    ({"type": "json_object", "whitespace": "\\s*"}, "invalid_regex", "response_format.whitespace", "unbounded"),
+])
+def test_bad_response_formats_are_openai_400s(servers, response_format, code, param, words):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(servers["plain"].client(), response_format, max_tokens=5)
+    assert info.value.status_code == 400
+    error = info.value.body
+    assert error["type"] == "invalid_request_error"
+    assert (error["code"], error["param"]) == (code, param)
+    assert words in error["message"]
+    if code == "unsupported_schema_keyword":
+        assert (error["keyword"], error["pointer"]) == ("uniqueItems", "/properties/tags")
+
+
+def post(url: str, body: bytes | dict, path: str = "/v1/chat/completions"):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, dict(r.headers), json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.load(e)
+
+
+@pytest.mark.slow
+def test_raw_error_shapes_and_refused_fields(servers):
+    url = servers["plain"].url
+    status, _, body = post(url, {"messages": ASK, "max_tokens": 5, "response_format": "json"})
+    assert status == 400 and set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    for field, value in (("adapters", "lora"), ("draft_model", "other")):
+        status, _, body = post(url, {"messages": ASK, "max_tokens": 5, field: value})
+        assert status == 400 and body["error"]["param"] == field
+    # A body nested past Python's recursion limit is a 400, not a dropped connection.
+    deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, _, body = post(url, deep)
+    assert status == 400 and "nested too deeply" in body["error"]["message"]
+
+
+@pytest.mark.slow
+def test_non_strict_schema_reports_unenforced_keywords(servers):
+    raw = servers["plain"].client().chat.completions.with_raw_response.create(
+        model="smollm", messages=ASK, max_tokens=12, response_format=schema_format(NESTED_UNIQUE, strict=False))
+    assert json.loads(raw.headers["x-grammar-unenforced"]) == [["uniqueItems", "/properties/tags"]]
+    choice = raw.parse().choices[0]
+    if choice.finish_reason == "stop":
+        instance = json.loads(choice.message.content)
+        assert set(instance) == {"tags"} and set(instance["tags"]) <= {"a", "b"}
+
+
+@pytest.mark.slow
+def test_concurrent_clients_with_different_schemas(servers):
+    plain = servers["plain"]
+    schemas = [{"type": "object", "properties": {f"k{i}": {"enum": [f"v{i}a", f"v{i}b"]}, "ok": {"type": "boolean"}},
+                "required": [f"k{i}", "ok"], "additionalProperties": False} for i in range(4)]
+    barrier = threading.Barrier(len(schemas) + 1)
+
+    def run(i):
+        client = plain.client()
+        barrier.wait(30)
+        if i % 2:
+            text, finish, _ = stream_chat(client, schema_format(schemas[i], name=f"s{i}"))
+            return text, finish[0]
+        reply = chat(client, schema_format(schemas[i], name=f"s{i}"))
+        return reply.choices[0].message.content, reply.choices[0].finish_reason
+
+    def bad():
+        import openai
+
+        barrier.wait(30)
+        with pytest.raises(openai.BadRequestError):
+            chat(plain.client(), schema_format({"type": "objekt"}))
+        return "bad"
+
+    with ThreadPoolExecutor(len(schemas) + 1) as pool:
+        futures = [pool.submit(run, i) for i in range(len(schemas))] + [pool.submit(bad)]
+        results = [f.result(170) for f in futures]
+    for i, (text, finish) in enumerate(results[:-1]):
+        assert finish == "stop", (i, text)
+        instance = json.loads(text)
+        jsonschema.validate(instance, schemas[i])  # its own schema: no state leaked from a neighbour
+    assert results[-1] == "bad"
+    # Still up and answering afterwards.
+    with urllib.request.urlopen(plain.url + "/health", timeout=5) as r:
+        assert json.load(r) == {"status": "ok"}
+    reply = chat(plain.client(), schema_format(schemas[0], name="s0"))
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schemas[0])
+
+
+@pytest.mark.slow
+def test_models_endpoint_lists_the_served_model(servers):
+    models = servers["plain"].client().models.list()
+    assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
