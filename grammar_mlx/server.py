@@ -235,9 +235,8 @@ def parse_response_format(value: Any) -> GrammarSpec | None:
 
 
 def grammar_nbytes(grammar: CompiledGrammar) -> int:
-    """Host tables plus the device copy of the masks (made on first use)."""
-    arrays = (grammar.offsets, grammar.tokens, grammar.next, grammar.accepting, grammar.masks, grammar.mask_id)
-    return sum(int(a.nbytes) for a in arrays) + int(grammar.masks.nbytes)
+    """The bytes a compiled grammar holds now (a lazy grammar grows as its states are visited)."""
+    return int(grammar.nbytes)
 
 
 def _fresh(error: BaseException) -> BaseException:
@@ -254,7 +253,8 @@ class GrammarCache:
     `get(key, build)` returns the cached grammar, or waits for the build another thread has started
     for that key, or builds it itself; only callers of one key wait for each other. A `GrammarError`
     from a build is cached like a grammar (the same input fails the same way); other exceptions are
-    not. An entry larger than `max_bytes` is returned but not kept.
+    not. An entry larger than `max_bytes` is returned but not kept. Sizes are measured when an entry
+    is stored and again on each hit, since lazily compiled grammars grow as they are used.
     """
 
     def __init__(self, *, max_entries: int = DEFAULT_CACHE_ENTRIES, max_bytes: int = int(DEFAULT_CACHE_MB * 2**20),
@@ -299,9 +299,11 @@ class GrammarCache:
                 else:
                     self.waits += 1
         if entry is not None:
-            if isinstance(entry[0], BaseException):
-                raise _fresh(entry[0])
-            return entry[0]
+            value = entry[0]
+            if isinstance(value, BaseException):
+                raise _fresh(value)
+            self._store(key, value, self._size(key, value))  # re-measured: it may have grown
+            return value
         if not owner:
             try:
                 return future.result()
@@ -316,26 +318,39 @@ class GrammarCache:
                 del self._building[key]
             future.set_exception(e)
             raise
+        size = self._size(key, value)
         with self._lock:
             del self._building[key]
-            self._insert(key, value)
+        self._store(key, value, size)
         if isinstance(value, GrammarError):
             future.set_exception(value)
             raise _fresh(value)
         future.set_result(value)
         return value
 
-    def _insert(self, key: Hashable, value: Any) -> None:
-        size = len(str(value)) + 256 if isinstance(value, BaseException) else self._nbytes(value)
+    def _size(self, key: Hashable, value: Any) -> int | None:
+        """Bytes of an entry, or None (not kept) when its size cannot be read."""
+        try:
+            size = len(str(value)) + 256 if isinstance(value, BaseException) else int(self._nbytes(value))
+        except Exception:
+            logging.exception("cannot measure a compiled grammar; it is not cached")
+            return None
         if isinstance(key, GrammarSpec):
             size += len(key.text) + len(key.whitespace or "")
-        if size > self.max_bytes:
-            return
-        self._entries[key] = (value, size)
-        self.bytes += size
-        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self.bytes -= evicted
+        return size
+
+    def _store(self, key: Hashable, value: Any, size: int | None) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            if size is None or size > self.max_bytes:
+                return
+            self._entries[key] = (value, size)
+            self.bytes += size
+            while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.bytes -= evicted
 
 
 class Grammars:

@@ -1,0 +1,248 @@
+"""Throughput and latency of `grammar_mlx.server` on loopback with the embedded SmolLM2.
+
+For each server (no draft; `--draft-layers N` truncated draft) and each number of concurrent clients,
+the same chat prompt is sent unconstrained and with a `json_schema` response_format, in alternating
+rounds (so that load from other processes hits both alike). Per cell: requests/s, p50/p95 latency,
+completion tokens/s, and the ratios constrained / unconstrained measured in the same run. Tokens/s
+is the fairer ratio: an unconstrained reply may be longer or shorter than the JSON one (both are
+capped by the same `--max-tokens`). Every constrained reply that finished is checked against its
+schema.
+
+Bounded: `--requests` per cell (split over `--rounds`), `--cell-seconds` per cell, `--total-seconds`
+for the whole run (cells past it are skipped and reported as such); servers are stopped at the end.
+
+    python bench/server.py [--clients 1,4] [--requests 8] [--max-tokens 32] [--draft-layers 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 12},
+        "color": {"enum": ["red", "green", "blue"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "color", "ok"],
+    "additionalProperties": False,
+}
+MESSAGES = [{"role": "user", "content": "Reply with a JSON object: a short name, a color and whether it is ok."}]
+MODES = ("unconstrained", "constrained")
+
+
+class Server:
+    def __init__(self, *options: str, max_tokens: int):
+        self.log = open(os.devnull, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grammar_mlx.server", "--host", "127.0.0.1", "--port", "0", "--log-level",
+             "WARNING", "--no-preload-json-object", "--max-tokens", str(max_tokens), *options],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=self.log)
+        deadline = time.monotonic() + 180
+        line = b""
+        while not line.endswith(b"\n"):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise SystemExit(f"server {options} did not start")
+            if select.select([self.proc.stdout], [], [], 1.0)[0]:
+                line += os.read(self.proc.stdout.fileno(), 4096)
+        self.url = re.search(rb"(http://127\.0\.0\.1:\d+)", line).group(1).decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def request(url: str, mode: str, max_tokens: int, timeout: float) -> dict:
+    body = {"model": "smollm", "messages": MESSAGES, "max_tokens": max_tokens}
+    if mode == "constrained":
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+    data = json.dumps(body).encode()
+    started = time.perf_counter()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        reply = json.load(r)
+    latency = time.perf_counter() - started
+    choice = reply["choices"][0]
+    return {"latency": latency, "tokens": reply["usage"]["completion_tokens"], "finish": choice["finish_reason"],
+            "text": choice["message"]["content"] or ""}
+
+
+def valid(text: str) -> bool:
+    try:
+        instance = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    try:
+        import jsonschema
+    except ImportError:
+        return isinstance(instance, dict) and set(instance) == set(SCHEMA["required"])
+    return jsonschema.Draft202012Validator(SCHEMA).is_valid(instance)
+
+
+def run_cell(url: str, mode: str, clients: int, count: int, deadline: float, max_tokens: int) -> tuple[list, float]:
+    """`count` requests over `clients` threads (each sends its next one when the last returns)."""
+    results: list[dict] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    issued = [0]
+
+    def client() -> None:
+        while True:
+            with lock:
+                if issued[0] >= count or time.monotonic() > deadline:
+                    return
+                issued[0] += 1
+            try:
+                r = request(url, mode, max_tokens, timeout=max(deadline - time.monotonic(), 1) + 60)
+            except (OSError, urllib.error.URLError) as e:
+                with lock:
+                    errors.append(str(e))
+                return
+            with lock:
+                results.append(r)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise SystemExit(f"requests failed: {errors[:3]}")
+    return results, wall
+
+
+def summarize(results: list[dict], wall: float) -> dict:
+    if not results:
+        return {"requests": 0}
+    latencies = sorted(r["latency"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, round(p * (len(latencies) - 1)))]
+
+    return {
+        "requests": len(results),
+        "seconds": wall,
+        "requests_per_s": len(results) / wall,
+        "p50_s": pct(0.50),
+        "p95_s": pct(0.95),
+        "tokens_per_s": tokens / wall,
+        "mean_tokens": tokens / len(results),
+        "finish": {f: sum(r["finish"] == f for r in results) for f in {r["finish"] for r in results}},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", default="1,4", help="comma-separated concurrent client counts (1,4)")
+    parser.add_argument("--requests", type=int, default=8, help="requests per cell (8)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell (2)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--draft-layers", type=int, default=24, help="truncated draft (24 of 30 layers); 0: no draft run")
+    parser.add_argument("--cell-seconds", type=float, default=120)
+    parser.add_argument("--total-seconds", type=float, default=900)
+    args = parser.parse_args()
+    clients_list = [int(c) for c in args.clients.split(",")]
+    run_started = time.monotonic()
+    configs = [("none", ())] + ([(f"{args.draft_layers} layers", ("--draft-layers", str(args.draft_layers)))]
+                                if args.draft_layers else [])
+    rows = []
+    invalid = 0
+    for draft_name, options in configs:
+        if time.monotonic() - run_started > args.total_seconds:
+            rows.append({"draft": draft_name, "skipped": "total time budget spent"})
+            continue
+        server = Server(*options, max_tokens=args.max_tokens)
+        try:
+            for mode in MODES:  # warm-up: grammar compile, prompt cache, first-use kernels
+                request(server.url, mode, args.max_tokens, timeout=300)
+            for clients in clients_list:
+                if time.monotonic() - run_started > args.total_seconds:
+                    rows.append({"draft": draft_name, "clients": clients, "skipped": "total time budget spent"})
+                    continue
+                deadline = time.monotonic() + args.cell_seconds
+                per_round = max(1, args.requests // args.rounds)
+                collected = {m: ([], 0.0) for m in MODES}
+                for _ in range(args.rounds):
+                    for mode in MODES:
+                        results, wall = run_cell(server.url, mode, clients, per_round, deadline, args.max_tokens)
+                        prior, prior_wall = collected[mode]
+                        collected[mode] = (prior + results, prior_wall + wall)
+                for mode in MODES:
+                    results, wall = collected[mode]
+                    if mode == "constrained":
+                        bad = [r["text"] for r in results if r["finish"] == "stop" and not valid(r["text"])]
+                        invalid += len(bad)
+                    rows.append({"draft": draft_name, "clients": clients, "mode": mode, **summarize(results, wall)})
+        finally:
+            server.stop()
+
+    def find(draft, clients, mode):
+        return next((r for r in rows if r.get("draft") == draft and r.get("clients") == clients
+                     and r.get("mode") == mode and r.get("requests")), None)
+
+    ratios = []
+    for draft_name, _ in configs:
+        for clients in clients_list:
+            u, c = find(draft_name, clients, "unconstrained"), find(draft_name, clients, "constrained")
+            if u and c:
+                ratios.append({"draft": draft_name, "clients": clients,
+                               "requests_per_s": c["requests_per_s"] / u["requests_per_s"],
+                               "tokens_per_s": c["tokens_per_s"] / u["tokens_per_s"],
+                               "p50": c["p50_s"] / u["p50_s"]})
+
+    print(f"{'draft':<10} {'clients':>7} {'mode':<14} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "
+          f"{'tok/s':>7} {'tok/req':>7}  finish")
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['draft']:<10} {r.get('clients', ''):>7} skipped: {r['skipped']}")
+            continue
+        print(f"{r['draft']:<10} {r['clients']:>7} {r['mode']:<14} {r['requests']:>4} {r['requests_per_s']:>7.3f} "
+              f"{r['p50_s']:>7.2f} {r['p95_s']:>7.2f} {r['tokens_per_s']:>7.2f} {r['mean_tokens']:>7.1f}  {r['finish']}")
+    print("\nconstrained / unconstrained (same run):")
+    for q in ratios:
+        print(f"  draft {q['draft']:<10} clients {q['clients']}: req/s x{q['requests_per_s']:.2f}, "
+              f"tok/s x{q['tokens_per_s']:.2f}, p50 latency x{q['p50']:.2f}")
+    print(f"constrained replies that finished but failed their schema: {invalid}")
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "server.json"
+    out.write_text(json.dumps({
+        "rows": rows, "ratios": ratios, "invalid_constrained": invalid, "args": vars(args),
+        "environment": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
+                        "platform": platform.platform()},
+        "seconds": time.monotonic() - run_started,
+    }, indent=2))
+    print(f"wrote {out}")
+    return 1 if invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
