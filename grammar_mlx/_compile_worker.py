@@ -1,14 +1,16 @@
-"""The compile worker: builds a grammar's token tables in a child process.
+"""The compile worker: builds a grammar's byte-level DFA, and eager token tables, in a child process.
 
-outlines-core builds its token index in Rust without a way to interrupt it, and pathological
-grammars (a `maxLength: 300` string over a 150k vocabulary) run for minutes or eat all memory. So the
-build runs here, in a separate process that the parent can kill at its deadline, under a memory
-limit, while the parent stays responsive. This file imports only numpy and outlines-core (no mlx,
-no grammar_mlx) so the worker starts in ~0.1 s; the parent runs it as a script.
+outlines-core builds its automata in Rust without a way to interrupt it, and pathological regexes
+(huge alternations, counted repetitions of wide classes) run for minutes or eat all memory; an eager
+table build walks every state. So both run here, in a separate process that the parent can kill at
+its deadline, under a memory limit, while the parent stays responsive. This file imports only numpy,
+outlines-core and two plain sibling modules (cache, token_index) — no mlx, no grammar_mlx — so the
+worker starts in ~0.1 s; the parent runs it as a script.
 
 Protocol over stdin/stdout: length-prefixed pickles. Parent → worker: `("vocab", fingerprint,
-eos_id, text_tokens)` once per vocabulary, then `("build", job)`. Worker → parent: any number of
-`("progress", stage, done, total)` then `("done", meta)` or `("error", kind, message)`.
+trie_arrays, width)` once per vocabulary (eager jobs only), then `("dfa", job)` or `("tables", job)`.
+Worker → parent: any number of `("progress", stage, done, total)` then `("done", meta)` or
+`("error", kind, message)`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ import sys
 import time
 
 import numpy as np
+
+# cache.py and token_index.py are plain modules without package-relative imports: the worker runs as
+# a script and loads them as sibling files; inside the package they are the package's modules.
+if __package__:
+    from . import cache, token_index
+else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cache  # type: ignore[no-redef]
+    import token_index  # type: ignore[no-redef]
 
 _HEADER = struct.Struct("<Q")
 
@@ -60,13 +71,15 @@ def classify_index_error(message: str) -> str:
 
 # outlines-core 0.2.14 drops every token edge that leaves an accepting DFA state for a non-accepting
 # one (regex-automata reports matches one byte late, and its index mistakes "a match ended before this
-# byte" for "this edge ends in a match"): `0(x1)?` compiles to accept only "0", `(ab)?` only "". So we
-# never let the user's regex match before its end: we compile `(?:R)\x00` with one extra token, the
-# sentinel (a fake id whose bytes are "\x00"; real tokens containing NUL are left out, no valid JSON
-# or text grammar needs them). R's accepting states are exactly those whose sentinel edge reaches an
-# outlines final state; sentinel edges are then dropped.
-SENTINEL_ID = 2**31 - 1
+# byte" for "this edge ends in a match"): `0(x1)?` compiles to accept only "0", `(ab)?` only "". The
+# same holds for an index over the 256 single bytes, which is how we get the byte-level DFA. So we
+# never let the user's regex match before its end: we compile `(?:R)\x00`, where NUL is a sentinel
+# byte. R's accepting states are exactly those whose NUL edge reaches an outlines final state; NUL
+# edges are then dropped, and so are real tokens containing NUL (no valid JSON or text grammar needs
+# them).
+SENTINEL_ID = 2**31 - 1  # the sentinel token's id in an outlines vocabulary of real tokens (tests, bench)
 SENTINEL_BYTES = b"\x00"
+_BYTE_EOS = 256
 
 
 def wrap_regex(regex: str) -> str:
@@ -81,64 +94,88 @@ class BuildError(Exception):
         self.kind = kind
 
 
-def build_tables(index, eos_ids: list[int], logits_width: int, progress=lambda *a: None) -> tuple[dict, dict]:
-    """Dense tables from an outlines-core Index of `wrap_regex(R)`.
+def byte_vocabulary():
+    """outlines-core's Vocabulary of the 256 single bytes (id = byte value)."""
+    from outlines_core import Vocabulary
 
-    States reachable from the initial state are renumbered 0..S-2 (in outlines' id order), plus a
-    terminal state S-1 entered by any EOS from an accepting state, whose only allowed tokens are the
-    EOS ids. Transitions are CSR: `offsets[s]:offsets[s+1]` slices `tokens` (sorted) and `next`.
-    Masks are deduplicated rows.
-    """
+    return Vocabulary(_BYTE_EOS, {bytes([b]): [b] for b in range(256)})
+
+
+def build_dfa(regex: str, max_states: int, byte_vocab=None) -> token_index.ByteDFA:
+    """The byte-level DFA of `regex` (full match), from outlines-core's index over single bytes."""
+    from outlines_core import Index
+
+    try:
+        index = Index(wrap_regex(regex), byte_vocab or byte_vocabulary())
+    except Exception as exc:
+        message = str(exc)
+        kind = classify_index_error(message)
+        if kind == "VocabularyMismatchError":  # every byte is a token: nothing to match at all
+            raise BuildError("EmptyLanguageError", f"the grammar accepts no string: {message}") from None
+        raise BuildError(kind, message) from None
     transitions = index.get_transitions()
-    finals = set(index.get_final_states())
-    initial = index.get_initial_state()
-    eos = np.array(sorted(set(eos_ids)), dtype=np.int64)
-    empty = (np.empty(0, np.int64), np.empty(0, np.int64))
+    if len(transitions) > max_states:
+        raise BuildError("GrammarTooLargeError",
+                         f"the regex's byte automaton has {len(transitions):,} states, over the limit of "
+                         f"{max_states:,} (GRAMMAR_MLX_MAX_DFA_STATES)")
+    return token_index.ByteDFA.from_transitions(transitions, index.get_initial_state(), index.get_final_states())
 
-    edges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    accepting_ids: set[int] = set()
-    for sid, row in transitions.items():
-        if row.get(SENTINEL_ID) in finals:
-            accepting_ids.add(sid)
-        tok = np.fromiter(row.keys(), dtype=np.int64, count=len(row))
-        nxt = np.fromiter(row.values(), dtype=np.int64, count=len(row))
-        keep = (tok != SENTINEL_ID) & (tok < logits_width) & ~np.isin(tok, eos)
-        edges[sid] = (tok[keep], nxt[keep])
 
-    reachable, frontier = {initial}, [initial]
-    while frontier:
-        sid = frontier.pop()
-        for n in np.unique(edges.get(sid, empty)[1]).tolist():
-            if n not in reachable:
-                reachable.add(n)
-                frontier.append(n)
-    if not reachable & accepting_ids:
+def check_language(dfa: token_index.ByteDFA) -> None:
+    """EmptyLanguageError unless some text (any bytes but NUL) leads to an accepting state."""
+    if not dfa.live_by(range(1, 256))[dfa.initial]:
         raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
-    stuck = [s for s in reachable if s not in accepting_ids and len(edges.get(s, empty)[0]) == 0]
+
+
+def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
+                 progress=lambda *a: None) -> tuple[dict, dict]:
+    """Dense token tables of every state reachable by tokens, walked with `token_index.walk`.
+
+    States are numbered in breadth-first order from the initial state (0), plus a terminal state
+    S-1 entered by any EOS from an accepting state, whose only allowed tokens are the EOS ids.
+    Transitions are CSR: `offsets[s]:offsets[s+1]` slices `tokens` (sorted) and `next`. Masks are
+    deduplicated rows.
+    """
+    eos = np.array(sorted(set(eos_ids)), dtype=np.int32)
+    number = np.full(dfa.num_states + 1, -1, dtype=np.int64)
+    number[dfa.initial] = 0
+    queue = [dfa.initial]
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    while len(rows) < len(queue):
+        q = queue[len(rows)]
+        tok, nxt = token_index.walk(trie, dfa, q)
+        rows.append((tok, nxt))
+        for n in np.unique(nxt).tolist():
+            if number[n] < 0:
+                number[n] = len(queue)
+                queue.append(n)
+        if len(rows) % 64 == 0:
+            progress("states", len(rows), len(queue))
+    progress("states", len(rows), len(queue))
+
+    accepting_dfa = dfa.accepting[queue]
+    stuck = [q for q, (tok, _), acc in zip(queue, rows, accepting_dfa) if len(tok) == 0 and not acc]
     if stuck:
         raise BuildError("VocabularyMismatchError",
-                         "the grammar needs text that no token can produce (e.g. a NUL character)")
+                         "the vocabulary is incompatible with the regex: the grammar needs text that no token can "
+                         f"produce (e.g. a NUL character), {len(stuck)} state(s) have no way forward")
+    if not accepting_dfa.any():
+        raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
 
-    outlines_ids = np.array(sorted(reachable), dtype=np.int64)
-    num_states = len(outlines_ids) + 1
+    num_states = len(queue) + 1
     terminal = num_states - 1
-    accepting = np.zeros(num_states, dtype=bool)
-    accepting[np.searchsorted(outlines_ids, sorted(reachable & accepting_ids))] = True
-    accepting[terminal] = True
-
+    accepting = np.append(accepting_dfa, True)
     rows_tok, rows_next = [], []
-    for i, sid in enumerate(outlines_ids.tolist()):
-        tok, nxt = edges.get(sid, empty)
-        nxt = np.searchsorted(outlines_ids, nxt)
+    for i, (tok, nxt) in enumerate(rows):
+        nxt = number[nxt].astype(np.int32)
         if accepting[i]:
-            tok = np.concatenate([tok, eos])
-            nxt = np.concatenate([nxt, np.full(len(eos), terminal)])
-        order = np.argsort(tok, kind="stable")
-        rows_tok.append(tok[order].astype(np.int32))
-        rows_next.append(nxt[order].astype(np.int32))
-    rows_tok.append(eos.astype(np.int32))
+            at = np.searchsorted(tok, eos)
+            tok = np.insert(tok, at, eos)
+            nxt = np.insert(nxt, at, np.int32(terminal))
+        rows_tok.append(tok.astype(np.int32))
+        rows_next.append(nxt)
+    rows_tok.append(eos)
     rows_next.append(np.full(len(eos), terminal, dtype=np.int32))
-    progress("tables", 1, 2)
 
     counts = np.array([len(r) for r in rows_tok], dtype=np.int64)
     offsets = np.zeros(num_states + 1, dtype=np.int64)
@@ -173,13 +210,18 @@ def build_tables(index, eos_ids: list[int], logits_width: int, progress=lambda *
         "mask_id": mask_id,
     }
     meta = {
-        "initial_state": int(np.searchsorted(outlines_ids, initial)),
+        "initial_state": 0,
         "terminal_state": terminal,
         "num_transitions": int(len(tokens)),
         "mask_bytes_before_dedup": int(num_states * words * 4),
         "mask_bytes": int(masks.nbytes),
+        "byte_states": int(dfa.num_states),
     }
     return arrays, meta
+
+
+def dfa_arrays(dfa: token_index.ByteDFA) -> tuple[dict, dict]:
+    return {"table": dfa.table, "accepting": dfa.accepting}, {"initial_state": dfa.initial}
 
 
 def _set_memory_limit(limit_bytes: int) -> None:
@@ -194,36 +236,32 @@ def _set_memory_limit(limit_bytes: int) -> None:
 
 
 def serve(stdin, stdout) -> None:
-    from outlines_core import Index, Vocabulary
-
-    # cache.py is a plain module without package-relative imports, so it loads as a sibling file.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import cache
-
-    vocabularies: dict[str, tuple] = {}
+    tries: dict[str, token_index.TokenTrie] = {}
+    byte_vocab = None
     while True:
         try:
             message = receive(stdin)
         except EOFError:
             return
         if message[0] == "vocab":
-            _, fingerprint, eos_id, text_tokens = message
-            vocabularies.clear()  # one live vocabulary at a time keeps the worker's memory bounded
-            text_tokens = {b: ids for b, ids in text_tokens.items() if SENTINEL_BYTES not in b}
-            text_tokens[SENTINEL_BYTES] = [SENTINEL_ID]
-            vocabularies[fingerprint] = Vocabulary(eos_id, text_tokens)
+            _, fingerprint, arrays, width = message
+            tries.clear()  # one live vocabulary at a time keeps the worker's memory bounded
+            tries[fingerprint] = token_index.TokenTrie(arrays, width)
             continue
-        job = message[1]
+        kind, job = message
         try:
             started = time.perf_counter()
-            index = Index(wrap_regex(job["regex"]), vocabularies[job["fingerprint"]])
-            index_seconds = time.perf_counter() - started
-            send(stdout, ("progress", "index", 1, 1))
-            arrays, meta = build_tables(
-                index, job["eos_ids"], job["logits_width"], lambda *a: send(stdout, ("progress", *a))
-            )
-            meta["index_seconds"] = index_seconds
-            meta["build_seconds"] = time.perf_counter() - started
+            if kind == "dfa":
+                byte_vocab = byte_vocab or byte_vocabulary()
+                dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
+                check_language(dfa)
+                arrays, meta = dfa_arrays(dfa)
+                meta["dfa_seconds"] = time.perf_counter() - started
+            else:
+                dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"])
+                arrays, meta = build_tables(dfa, tries[job["fingerprint"]], job["eos_ids"], job["logits_width"],
+                                            lambda *a: send(stdout, ("progress", *a)))
+                meta["index_seconds"] = time.perf_counter() - started
             cache.write_tables(job["path"], job["key"], arrays, meta)
             send(stdout, ("done", meta))
         except BuildError as exc:

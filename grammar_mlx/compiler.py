@@ -1,11 +1,21 @@
-"""Regex or JSON Schema → `CompiledGrammar`: dense, device-ready token tables.
+"""Regex or JSON Schema → `CompiledGrammar`: the token-level automaton the processor masks with.
 
-The build runs in a worker process (see `_compile_worker`) so that a deadline and a memory limit can
-stop it, and it writes its tables straight into the on-disk cache, which the caller then reads. A warm
-compile is: translate the schema, hash the key, read the file, check it.
+Compiling builds the regex's byte-level DFA (outlines-core over the 256 single bytes, in a worker
+process that a deadline and a memory limit can stop, cached on disk by regex alone), then one of:
+- *lazy* (`LazyGrammar`): each state's token row and mask are computed on its first visit
+  (`lazy.LazyIndex`, vectorized over the vocabulary's token trie), so the first mask is ready in
+  milliseconds whatever the grammar's size;
+- *eager* (`EagerGrammar`): every state reachable by tokens is walked up front, in the worker,
+  into dense CSR tables and deduplicated masks, written to the on-disk cache.
+`mode="auto"` (the default) picks eager when a complete cache file exists, when the DFA is small
+(at most `AUTO_EAGER_MAX_STATES` states: the full tables cost about one first visit), or when the lazy
+index cannot prove up front that every state has a way forward with this vocabulary (the eager build
+checks it state by state and raises `VocabularyMismatchError`); lazy otherwise. `stats["mode"]` and
+`stats["mode_reason"]` tell which and why. See docs/compiled-grammar.md.
 
 Limits (all overridable per call, or by environment variable):
 - `MAX_REGEX_LENGTH` characters of regex (`GRAMMAR_MLX_MAX_REGEX_LENGTH`);
+- `MAX_DFA_STATES` states of the byte DFA (`GRAMMAR_MLX_MAX_DFA_STATES`);
 - `DEFAULT_TIMEOUT` seconds of build time (`GRAMMAR_MLX_COMPILE_TIMEOUT`);
 - `DEFAULT_MEMORY_LIMIT` bytes of address space for the worker (`GRAMMAR_MLX_COMPILE_MEMORY`, Linux).
 Each one, when hit, raises `GrammarTooLargeError` and leaves nothing behind.
@@ -40,12 +50,18 @@ from .errors import (
     InvalidRegexError,
     VocabularyMismatchError,
 )
+from .lazy import LazyIndex
+from .token_index import ByteDFA, TokenTrie
 from .vocabulary import Vocabulary, vocabulary_of
 
 MAX_REGEX_LENGTH = int(os.environ.get("GRAMMAR_MLX_MAX_REGEX_LENGTH", 1_000_000))
+MAX_DFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_DFA_STATES", 250_000))
 DEFAULT_TIMEOUT = float(os.environ.get("GRAMMAR_MLX_COMPILE_TIMEOUT", 60))
 DEFAULT_MEMORY_LIMIT = int(os.environ.get("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30))
-_TABLE_FORMAT = 1
+AUTO_EAGER_MAX_STATES = int(os.environ.get("GRAMMAR_MLX_AUTO_EAGER_STATES", 8))
+MODES = ("auto", "eager", "lazy")
+_TABLE_FORMAT = 2
+_DFA_FORMAT = 1
 
 Progress = Callable[[str, int, int], None]
 
@@ -53,14 +69,82 @@ Progress = Callable[[str, int, int], None]
 class CompiledGrammar:
     """A grammar's token-level automaton for one vocabulary and logits width.
 
-    States are `0..num_states-1`. `terminal_state` is entered by an EOS from an accepting state and
-    allows only EOS, so "after EOS, only EOS" is part of the tables. `masks[mask_id[s]]` is state s's
-    allowed-token bitmask (bit `i % 32` of word `i // 32`; padding bits and ids past the tokenizer are
-    never set; EOS bits exactly in accepting states).
+    States are `0..num_states-1`; generation starts at `initial_state`. `terminal_state` is entered
+    by an EOS from an accepting state and allows only EOS, so "after EOS, only EOS" is part of the
+    automaton. A state's allowed-token mask is row `mask_row(state)` of the table `device_masks()`
+    (bit `i % 32` of word `i // 32`; padding bits and ids past the tokenizer are never set; EOS bits
+    exactly in accepting states). Two implementations: `EagerGrammar` (complete tables) and
+    `LazyGrammar` (rows computed on first visit); `mode` says which.
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], meta: dict, vocabulary: Vocabulary, *, regex: str,
-                 unenforced: tuple = (), logits_width: int, eos_token_ids: tuple[int, ...], stats: dict):
+    mode: str
+    num_states: int
+    initial_state: int
+    terminal_state: int
+
+    def __init__(self, vocabulary: Vocabulary, *, regex: str, unenforced: tuple, logits_width: int,
+                 eos_token_ids: tuple[int, ...], stats: dict):
+        self.vocabulary = vocabulary
+        self.regex = regex
+        self.unenforced = tuple(unenforced)
+        self.logits_width = logits_width
+        self.eos_token_ids = eos_token_ids
+        self._stats = stats
+
+    def _check_state(self, state: int) -> None:
+        if not 0 <= state < self.num_states:
+            raise GrammarError(f"state {state} is out of range 0..{self.num_states - 1}")
+
+    @property
+    def stats(self) -> dict:
+        """Compile statistics (`mode`, `mode_reason`, `cache_hit`, `compile_seconds`, …)."""
+        return self._stats
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id`, or -1 when the token is not allowed in `state`."""
+        raise NotImplementedError
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        """Sorted ids allowed in `state` (EOS ids included where accepting)."""
+        raise NotImplementedError
+
+    def is_accepting(self, state: int) -> bool:
+        raise NotImplementedError
+
+    def mask_row(self, state: int) -> int:
+        """The row of `device_masks()` that holds `state`'s allowed-token mask."""
+        raise NotImplementedError
+
+    def device_masks(self):
+        """The mask table as an `mx.array`, holding every row `mask_row` has returned so far."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes this grammar holds now (a lazy grammar grows as states are visited)."""
+        raise NotImplementedError
+
+    def token_text(self, token_id: int) -> str:
+        return self.vocabulary.token_text(token_id)
+
+    def matches(self, token_ids) -> bool:
+        """Whether the token sequence (EOS optional at the end) is a complete match."""
+        state = self.initial_state
+        for t in token_ids:
+            state = self.next_state(state, int(t))
+            if state < 0:
+                return False
+        return self.is_accepting(state)
+
+
+class EagerGrammar(CompiledGrammar):
+    """Complete tables: CSR transitions `tokens[offsets[s]:offsets[s+1]]` (sorted) / `next[...]`,
+    `accepting`, and the deduplicated mask table `masks[mask_id[s]]`."""
+
+    mode = "eager"
+
+    def __init__(self, arrays: dict[str, np.ndarray], meta: dict, vocabulary: Vocabulary, **kw):
+        super().__init__(vocabulary, **kw)
         self.offsets = arrays["offsets"]
         self.tokens = arrays["tokens"]
         self.next = arrays["next"]
@@ -70,26 +154,16 @@ class CompiledGrammar:
         self.num_states = len(self.accepting)
         self.initial_state = int(meta["initial_state"])
         self.terminal_state = int(meta["terminal_state"])
-        self.vocabulary = vocabulary
-        self.regex = regex
-        self.unenforced = tuple(unenforced)
-        self.logits_width = logits_width
-        self.eos_token_ids = eos_token_ids
-        self.stats = stats
         self._row_start = self.offsets.tolist()  # Python ints: the per-token lookup avoids numpy scalars
+        self._mask_rows = self.mask_id.tolist()
         self._device_masks = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return (f"CompiledGrammar(states={self.num_states}, masks={len(self.masks)}, "
+        return (f"EagerGrammar(states={self.num_states}, masks={len(self.masks)}, "
                 f"transitions={len(self.tokens)}, logits_width={self.logits_width})")
 
-    def _check_state(self, state: int) -> None:
-        if not 0 <= state < self.num_states:
-            raise GrammarError(f"state {state} is out of range 0..{self.num_states - 1}")
-
     def next_state(self, state: int, token_id: int) -> int:
-        """The state after `token_id`, or -1 when the token is not allowed in `state`."""
         self._check_state(state)
         if not 0 <= token_id < self.logits_width:
             return -1
@@ -105,9 +179,13 @@ class CompiledGrammar:
         return bool(self.accepting[state])
 
     def allowed_tokens(self, state: int) -> np.ndarray:
-        """Sorted ids allowed in `state` (EOS ids included where accepting)."""
         self._check_state(state)
         return self.tokens[self._row_start[state] : self._row_start[state + 1]]
+
+    def mask_row(self, state: int) -> int:
+        if not 0 <= state < self.num_states:
+            self._check_state(state)
+        return self._mask_rows[state]
 
     def device_masks(self):
         """The mask table as an `mx.array`, created once: no mask bytes move per token."""
@@ -119,17 +197,81 @@ class CompiledGrammar:
                     self._device_masks = mx.array(np.ascontiguousarray(self.masks))
         return self._device_masks
 
-    def token_text(self, token_id: int) -> str:
-        return self.vocabulary.token_text(token_id)
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.offsets, self.tokens, self.next, self.accepting, self.masks, self.mask_id)
+        return sum(int(a.nbytes) for a in arrays)
 
-    def matches(self, token_ids) -> bool:
-        """Whether the token sequence (EOS optional at the end) is a complete match."""
-        state = self.initial_state
-        for t in token_ids:
-            state = self.next_state(state, int(t))
-            if state < 0:
-                return False
+
+class LazyGrammar(CompiledGrammar):
+    """Rows computed on first visit (see `lazy.LazyIndex`). The eager-only tables (`offsets`,
+    `tokens`, `next`, `masks`, `mask_id`) do not exist: reading one raises `GrammarError` (compile
+    with `mode="eager"` for them). `accepting` is complete; `stats` includes the index's live counts."""
+
+    mode = "lazy"
+
+    def __init__(self, index: LazyIndex, vocabulary: Vocabulary, **kw):
+        super().__init__(vocabulary, **kw)
+        self.index = index
+        self.num_states = index.num_states
+        self.initial_state = index.dfa.initial
+        self.terminal_state = index.terminal
+        self.accepting = index.accepting
+
+    def __repr__(self) -> str:
+        s = self.index.stats()
+        return (f"LazyGrammar(states={self.num_states}, filled={s['states_filled']}, masks={s['num_masks']}, "
+                f"logits_width={self.logits_width})")
+
+    @property
+    def stats(self) -> dict:
+        return {**self._stats, **self.index.stats()}
+
+    def next_state(self, state: int, token_id: int) -> int:
+        self._check_state(state)
+        if not 0 <= token_id < self.logits_width:
+            return -1
+        tokens, nxt = self.index.row(state)
+        i = int(tokens.searchsorted(np.int32(token_id)))
+        if i < len(tokens) and tokens[i] == token_id:
+            return int(nxt[i])
+        return -1
+
+    def is_accepting(self, state: int) -> bool:
+        self._check_state(state)
         return bool(self.accepting[state])
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        self._check_state(state)
+        return self.index.row(state)[0]
+
+    def mask_row(self, state: int) -> int:
+        if not 0 <= state < self.num_states:
+            self._check_state(state)
+        return self.index.mask_row(state)
+
+    def device_masks(self):
+        """The mask rows computed so far, as an `mx.array` (a new object whenever rows were added)."""
+        return self.index.device_masks()
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes
+
+    def _eager_only(name: str):  # noqa: N805 - builds properties at class creation
+        def get(self):
+            raise GrammarError(
+                f"{name!r} is a table of eager grammars; this grammar is lazy (rows are computed per state "
+                "on first visit): use next_state / allowed_tokens / mask_row / device_masks, or compile "
+                "with mode='eager'")
+        return property(get)
+
+    offsets = _eager_only("offsets")
+    tokens = _eager_only("tokens")
+    next = _eager_only("next")
+    masks = _eager_only("masks")
+    mask_id = _eager_only("mask_id")
+    del _eager_only
 
 
 # --- the worker pool -------------------------------------------------------------------------------
@@ -174,13 +316,13 @@ class _Worker:
             raise TimeoutError
         return worker_protocol.receive(fd)
 
-    def build(self, job: dict, vocab_key: str, vocab_payload: Callable[[], tuple], timeout: float,
-              progress: Progress | None) -> dict:
-        if self.fingerprint != vocab_key:
-            worker_protocol.send(self.proc.stdin, ("vocab", vocab_key, *vocab_payload()))
-            self.fingerprint = vocab_key
-        worker_protocol.send(self.proc.stdin, ("build", job))
-        deadline = time.monotonic() + timeout
+    def build(self, kind: str, job: dict, vocab: tuple | None, deadline: float, progress: Progress | None) -> dict:
+        """Run one job ("dfa" or "tables") to its "done" metadata; `vocab` is (key, payload thunk)
+        for jobs that need the vocabulary's trie, sent once per worker and vocabulary."""
+        if vocab is not None and self.fingerprint != vocab[0]:
+            worker_protocol.send(self.proc.stdin, ("vocab", vocab[0], *vocab[1]()))
+            self.fingerprint = vocab[0]
+        worker_protocol.send(self.proc.stdin, (kind, job))
         while True:
             message = self._read(deadline)
             if message[0] == "progress":
@@ -189,7 +331,7 @@ class _Worker:
             elif message[0] == "done":
                 return message[1]
             else:
-                raise _error_from_worker(message[1], message[2], job["regex"])
+                raise _error_from_worker(message[1], message[2], job.get("regex", ""))
 
 
 class _WorkerPool:
@@ -263,6 +405,19 @@ def _regex_error_position(regex: str) -> int | None:
 # --- compiling -------------------------------------------------------------------------------------
 
 _LIVE: "weakref.WeakValueDictionary[str, CompiledGrammar]" = weakref.WeakValueDictionary()
+_TRIES: "weakref.WeakKeyDictionary[Vocabulary, dict[int, TokenTrie]]" = weakref.WeakKeyDictionary()
+_TRIES_LOCK = threading.Lock()
+
+
+def token_trie(vocab: Vocabulary, width: int) -> TokenTrie:
+    """The vocabulary's token trie for `width` (ids below it), built once per vocabulary object
+    (~0.5 s for 150k tokens) and shared by all its grammars."""
+    with _TRIES_LOCK:
+        per_width = _TRIES.setdefault(vocab, {})
+        trie = per_width.get(width)
+        if trie is None:
+            trie = per_width[width] = TokenTrie.build(vocab.text_tokens(), width)
+        return trie
 
 
 def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tuple[int, ...]]:
@@ -279,8 +434,9 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
     """Compile a regex (full match, outlines-core / Rust regex syntax) for `tokenizer`.
 
     `logits_width` is the model's output width (defaults to the tokenizer's size). Options:
-    `cache_dir`, `use_cache`, `timeout`, `memory_limit`, `progress` (True for a stderr progress line,
-    or a callable `(stage, done, total)`), `eos_token_ids` (override the tokenizer's).
+    `mode` ("auto", "eager" or "lazy"; see the module docstring), `cache_dir`, `use_cache`,
+    `timeout`, `memory_limit`, `progress` (True for a stderr progress line, or a callable
+    `(stage, done, total)`), `eos_token_ids` (override the tokenizer's).
     """
     if not isinstance(pattern, str):
         raise InvalidRegexError(f"a regex must be a str, got {type(pattern).__name__}")
@@ -302,45 +458,147 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
                     translated.unenforced, **options)
 
 
+def _digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
 def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int | None, unenforced: tuple, *,
-             cache_dir: str | Path | None = None, use_cache: bool = True, timeout: float | None = None,
-             memory_limit: int | None = None, progress: bool | Progress | None = None,
-             eos_token_ids=None) -> CompiledGrammar:
+             mode: str = "auto", cache_dir: str | Path | None = None, use_cache: bool = True,
+             timeout: float | None = None, memory_limit: int | None = None,
+             progress: bool | Progress | None = None, eos_token_ids=None) -> CompiledGrammar:
     started = time.perf_counter()
+    if mode not in MODES:
+        raise GrammarError(f"mode must be one of {MODES}, got {mode!r}")
     if len(regex) > MAX_REGEX_LENGTH:
         raise GrammarTooLargeError(
             f"the regex has {len(regex):,} characters, over the limit of {MAX_REGEX_LENGTH:,} "
             "(GRAMMAR_MLX_MAX_REGEX_LENGTH)")
     vocab = vocabulary_of(tokenizer, eos_token_ids=eos_token_ids)
     width, eos = _width_and_eos(vocab, logits_width)
-    key = hashlib.sha256(json.dumps(
-        {"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": text,
-         "vocab": vocab.fingerprint, "width": width, "eos": eos}, sort_keys=True).encode()).hexdigest()
-    live = _LIVE.get(key)
+    key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": text,
+                   "vocab": vocab.fingerprint, "width": width, "eos": eos})
+    live_key = f"{key}:{mode}"
+    live = _LIVE.get(live_key)
     if live is not None and use_cache:
         return live
 
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = entry_path(directory, key) if use_cache else None
-    loaded = read_tables(path, key) if path is not None else None
-    cache_hit = loaded is not None and _valid(loaded[0], loaded[1], width)
-    if not cache_hit:
-        loaded = _build(key, regex, vocab, width, eos, path, timeout, memory_limit, progress)
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
+    report = _stderr_progress() if progress is True else (progress or None)
+    common = dict(regex=regex, unenforced=unenforced, logits_width=width, eos_token_ids=eos)
+    jobs = _Jobs(timeout, memory_limit, report)
+    try:
+        tables_path = entry_path(directory, key) if use_cache else None
+        if mode != "lazy" and tables_path is not None:
+            loaded = read_tables(tables_path, key)
+            if loaded is not None and _valid(loaded[0], loaded[1], width):
+                grammar = _eager(loaded, vocab, common, started, cache_hit=True, dfa_seconds=None,
+                                 reason="complete tables in the cache")
+                _LIVE[live_key] = grammar
+                return grammar
+
+        deadline = time.monotonic() + timeout
+        dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, use_cache, deadline, jobs)
+        trie = token_trie(vocab, width)
+        chosen, reason = _choose_mode(mode, dfa, trie)
+        if chosen == "eager":
+            path = tables_path or jobs.scratch_path("tables.gmx")
+            job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
+                   "path": str(path), "key": key, "table": dfa.table, "accepting": dfa.accepting,
+                   "initial_state": dfa.initial, "regex": regex}
+            jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)), deadline)
+            loaded = read_tables(path, key)
+            if loaded is None or not _valid(loaded[0], loaded[1], width):
+                raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
+            grammar = _eager(loaded, vocab, common, started, cache_hit=False,
+                             dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason)
+        else:
+            index = LazyIndex(dfa, trie, eos, width)
+            stats = {
+                "mode": "lazy", "mode_reason": reason, "cache_hit": dfa_hit,
+                "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
+                "index_seconds": None, "byte_states": dfa.num_states,
+            }
+            grammar = LazyGrammar(index, vocab, stats=stats, **common)
+    finally:
+        jobs.close()
+        if report is not None and progress is True:
+            report("done", 1, 1)
+    if use_cache:
+        _LIVE[live_key] = grammar
+    return grammar
+
+
+def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason) -> EagerGrammar:
     arrays, meta = loaded
     stats = {
+        "mode": "eager",
+        "mode_reason": reason,
         "cache_hit": cache_hit,
         "compile_seconds": time.perf_counter() - started,
+        "dfa_seconds": dfa_seconds,
         "index_seconds": meta.get("index_seconds"),
+        "byte_states": meta.get("byte_states"),
         "num_transitions": meta.get("num_transitions"),
         "num_masks": int(len(arrays["masks"])),
         "mask_bytes": meta.get("mask_bytes"),
         "mask_bytes_before_dedup": meta.get("mask_bytes_before_dedup"),
     }
-    grammar = CompiledGrammar(arrays, meta, vocab, regex=regex, unenforced=unenforced, logits_width=width,
-                              eos_token_ids=eos, stats=stats)
-    if use_cache:
-        _LIVE[key] = grammar
-    return grammar
+    return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
+
+
+def _choose_mode(requested: str, dfa: ByteDFA, trie: TokenTrie) -> tuple[str, str]:
+    if requested == "eager":
+        return "eager", "requested"
+    # Sufficient for "every state the tokens reach has a way forward": every state reachable over
+    # any bytes can reach acceptance through single-byte tokens. Byte-level vocabularies (all 255
+    # non-NUL bytes are tokens) meet it for any grammar that needs no NUL.
+    live = dfa.live_by(trie.single_bytes) if trie.single_bytes else dfa.accepting.copy()
+    provable = bool(np.all(live[dfa.reachable()]))
+    if requested == "lazy":
+        if not provable:
+            raise VocabularyMismatchError(
+                "mode='lazy' cannot prove that every state has a way forward with this vocabulary (the "
+                "vocabulary is incompatible with the regex or lacks single-byte tokens); compile with "
+                "mode='eager', which checks each state")
+        return "lazy", "requested"
+    if not provable:
+        return "eager", "auto: the vocabulary lacks single-byte tokens this grammar needs; eager checks each state"
+    if dfa.num_states <= AUTO_EAGER_MAX_STATES:
+        return "eager", f"auto: {dfa.num_states} byte states <= {AUTO_EAGER_MAX_STATES} (full tables cost little)"
+    return "lazy", f"auto: {dfa.num_states} byte states > {AUTO_EAGER_MAX_STATES}"
+
+
+def _byte_dfa(regex: str, directory: Path, use_cache: bool, deadline: float, jobs: "_Jobs"):
+    """The regex's byte DFA: from the cache (keyed by the regex alone), else built by a worker."""
+    key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})
+    path = entry_path(directory, key) if use_cache else None
+    loaded = read_tables(path, key) if path is not None else None
+    hit = loaded is not None and _valid_dfa(*loaded)
+    if not hit:
+        path = path or jobs.scratch_path("dfa.gmx")
+        jobs.run("dfa", {"regex": regex, "max_states": MAX_DFA_STATES, "path": str(path), "key": key}, None, deadline)
+        loaded = read_tables(path, key)
+        if loaded is None or not _valid_dfa(*loaded):
+            raise GrammarError(f"the compile worker wrote an unreadable automaton at {path}")
+    arrays, meta = loaded
+    return ByteDFA(arrays["table"], arrays["accepting"], meta["initial_state"]), meta, hit
+
+
+def _valid_dfa(arrays: dict, meta: dict) -> bool:
+    """Structural checks on a byte DFA read from disk: a file that passes cannot index out of bounds."""
+    try:
+        table, accepting = arrays["table"], arrays["accepting"]
+        states = len(accepting)
+        return bool(
+            accepting.dtype == np.bool_ and accepting.ndim == 1 and table.dtype == np.int32
+            and table.shape == ((states + 1) * 256,) and 0 < states <= MAX_DFA_STATES
+            and table.min() >= 0 and table.max() <= states and np.all(table[states * 256:] == states)
+            and 0 <= int(meta["initial_state"]) < states
+        )
+    except (KeyError, ValueError, TypeError):
+        return False
 
 
 def _valid(arrays: dict, meta: dict, width: int) -> bool:
@@ -362,49 +620,53 @@ def _valid(arrays: dict, meta: dict, width: int) -> bool:
         return False
 
 
-def _build(key, regex, vocab: Vocabulary, width, eos, path, timeout, memory_limit, progress):
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
-    report = _stderr_progress() if progress is True else (progress or None)
-    tmpdir = None
-    if path is None:
-        tmpdir = tempfile.TemporaryDirectory(prefix="grammar_mlx-")
-        path = Path(tmpdir.name) / "tables.gmx"
-    job = {"regex": regex, "fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos),
-           "logits_width": width, "path": str(path), "key": key}
+class _Jobs:
+    """Runs a compile's worker jobs under one deadline; owns its scratch directory (use_cache=False)."""
 
-    def payload():
-        text = {b: [i for i in ids if i < width] for b, ids in vocab.text_tokens().items()}
-        return eos[0], {b: ids for b, ids in text.items() if ids}
+    def __init__(self, timeout: float, memory_limit: int, progress: Progress | None):
+        self.timeout = timeout
+        self.memory_limit = memory_limit
+        self.progress = progress
+        self._tmpdir: tempfile.TemporaryDirectory | None = None
 
-    worker = _POOL.acquire(memory_limit)
-    try:
+    def scratch_path(self, name: str) -> Path:
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="grammar_mlx-")
+        return Path(self._tmpdir.name) / name
+
+    def close(self) -> None:
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def run(self, kind: str, job: dict, vocab: tuple | None, deadline: float) -> dict:
+        worker = _POOL.acquire(self.memory_limit)
         try:
-            worker.build(job, job["fingerprint"], payload, timeout, report)
-        except TimeoutError:
-            worker.kill()
-            raise GrammarTooLargeError(
-                f"compiling the grammar took longer than {timeout:g} s (timeout=, GRAMMAR_MLX_COMPILE_TIMEOUT); "
-                "simplify the grammar (bounded lengths, fewer counted repetitions)") from None
-        except (EOFError, BrokenPipeError, OSError):
-            code = worker.proc.poll()
-            worker.kill()
-            raise GrammarTooLargeError(
-                f"the compile worker died (exit {code}), most likely at the memory limit of "
-                f"{memory_limit / 2**30:.1f} GiB (memory_limit=, GRAMMAR_MLX_COMPILE_MEMORY)") from None
-        loaded = read_tables(path, key)
-        if loaded is None or not _valid(loaded[0], loaded[1], width):
-            raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
-        return loaded
-    finally:
-        _POOL.release(worker)
-        if report is not None and progress is True:
-            report("done", 1, 1)
-        if tmpdir is not None:
-            tmpdir.cleanup()
-        else:  # a worker killed mid-write leaves its temporary file beside the entry
-            for stray in Path(path).parent.glob(Path(path).name + ".*.tmp"):
-                if not worker.alive():
+            try:
+                meta = worker.build(kind, job, vocab, deadline, self.progress)
+            except TimeoutError:
+                worker.kill()
+                raise GrammarTooLargeError(
+                    f"compiling the grammar took longer than {self.timeout:g} s (timeout=, "
+                    "GRAMMAR_MLX_COMPILE_TIMEOUT); simplify the grammar (bounded lengths, fewer counted "
+                    "repetitions)") from None
+            except (EOFError, BrokenPipeError, OSError):
+                try:
+                    code = worker.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    code = None
+                worker.kill()
+                raise GrammarTooLargeError(
+                    f"the compile worker died (exit {code}), most likely at the memory limit of "
+                    f"{self.memory_limit / 2**30:.1f} GiB (memory_limit=, GRAMMAR_MLX_COMPILE_MEMORY)") from None
+            if self.progress is not None:
+                self.progress(kind, 1, 1)
+            return meta
+        finally:
+            _POOL.release(worker)
+            if not worker.alive():  # a worker killed mid-write leaves its temporary file beside the entry
+                path = Path(job["path"])
+                for stray in path.parent.glob(path.name + ".*.tmp"):
                     stray.unlink(missing_ok=True)
 
 
@@ -417,7 +679,7 @@ def _stderr_progress() -> Progress:
         line = f"compiling grammar: {stage} {done}/{total} ({elapsed:.1f} s)"
         if tty:
             sys.stderr.write("\r" + line + ("\n" if stage == "done" else ""))
-        elif stage in ("index", "done"):
+        elif stage in ("dfa", "tables", "done"):
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
 

@@ -26,27 +26,28 @@ class GrammarProcessor(StatefulProcessor):
     """`processor(tokens, logits) -> logits` for mlx-lm, one `StateStack` per logits row.
 
     `compiled` is a CompiledGrammar (duck-typed: next_state, initial_state, allowed_tokens,
-    token_text, mask_id, device_masks, is_accepting, terminal_state). A token the grammar forbids
-    raises GrammarViolationError and leaves that row at its last valid depth. Use one processor
-    per request (or `reset()` between requests).
+    token_text, mask_row, device_masks, is_accepting, terminal_state; a grammar without `mask_row`
+    may give a complete `mask_id` array instead). A token the grammar forbids raises
+    GrammarViolationError and leaves that row at its last valid depth. Use one processor per
+    request (or `reset()` between requests); several processors may share one grammar across threads.
     """
 
     def __init__(self, compiled, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
         super().__init__(overlap=overlap)
         self.compiled = compiled
-        self._mask_id: list[int] = np.asarray(compiled.mask_id).tolist()
-        self._table: mx.array | None = None
+        mask_row = getattr(compiled, "mask_row", None)
+        self._mask_row = mask_row if mask_row is not None else np.asarray(compiled.mask_id).tolist().__getitem__
+        self._device_masks = compiled.device_masks
 
     def _make_target(self, context) -> StateStack:
         return StateStack.for_grammar(self.compiled)
 
     def _process(self, logits: mx.array, stacks: list[StateStack]) -> mx.array:
-        table = self._table
-        if table is None:
-            table = self._table = self.compiled.device_masks()
-        mask_id = self._mask_id
-        rows = [mask_id[s.state] for s in stacks]
-        return apply_token_bitmask(logits, table, rows)
+        # Rows first, then the table: a lazy grammar's first visit to a state adds its mask row, and
+        # the table it returns afterwards holds every row handed out.
+        mask_row = self._mask_row
+        rows = [mask_row(s.state) for s in stacks]
+        return apply_token_bitmask(logits, self._device_masks(), rows)
 
     # -- inspection ------------------------------------------------------------------------------
 

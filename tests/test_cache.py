@@ -1,4 +1,8 @@
-"""The on-disk cache: warm hits, and corrupt, truncated or foreign files are rebuilt, never trusted."""
+"""The on-disk cache: warm hits, and corrupt, truncated or foreign files are rebuilt, never trusted.
+
+Two kinds of entries: a regex's byte DFA (keyed by the regex alone, shared by every vocabulary) and
+an eager grammar's complete tables (keyed by grammar, vocabulary, width and EOS ids).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from grammar_mlx import compiler
 from grammar_mlx.cache import default_cache_dir, entry_path, read_tables, write_tables
 
 REGEX = r"[0-9]{1,3}(,[0-9]{3})*"
+ONE_234 = [16, 11, 17, 18, 19]  # "1,234" in Qwen3
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +27,18 @@ def fresh(regex, vocab, cache_dir, **kw):
     return compile_regex(regex, vocab, cache_dir=cache_dir, **kw)
 
 
-def only_entry(cache_dir):
-    files = [p for p in cache_dir.rglob("*") if p.is_file()]
+def entries(cache_dir) -> dict[str, list]:
+    """The cache's files by kind; anything else (a temporary file left behind) fails the test."""
+    found = {"dfa": [], "tables": []}
+    for path in (p for p in cache_dir.rglob("*") if p.is_file()):
+        assert path.suffix == ".gmx" and path.parent.name == path.stem[:2], path
+        arrays, _ = read_tables(path, path.stem)
+        found["tables" if "offsets" in arrays else "dfa"].append(path)
+    return found
+
+
+def only(cache_dir, kind):
+    files = entries(cache_dir)[kind]
     assert len(files) == 1, files
     return files[0]
 
@@ -33,78 +48,120 @@ def same_tables(a, b):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
 
 
-def test_warm_hit_and_no_temporary_files_left(vocab, tmp_path):
-    cold = fresh(REGEX, vocab, tmp_path)
+def same_rows(a, b):
+    assert a.num_states == b.num_states and a.initial_state == b.initial_state
+    for state in range(a.num_states):
+        assert np.array_equal(a.allowed_tokens(state), b.allowed_tokens(state))
+        assert a.is_accepting(state) == b.is_accepting(state)
+
+
+def test_eager_warm_hit_and_no_temporary_files_left(vocab, tmp_path):
+    cold = fresh(REGEX, vocab, tmp_path, mode="eager")
     assert not cold.stats["cache_hit"]
-    only_entry(tmp_path)  # exactly one file: the atomic write left no temporary behind
-    warm = fresh(REGEX, vocab, tmp_path)
+    found = entries(tmp_path)  # the DFA and the tables; the atomic writes left no temporary behind
+    assert len(found["dfa"]) == len(found["tables"]) == 1
+    warm = fresh(REGEX, vocab, tmp_path, mode="eager")
     assert warm.stats["cache_hit"]
     same_tables(cold, warm)
     assert warm.stats["compile_seconds"] < cold.stats["compile_seconds"]
 
 
+def test_lazy_warm_hit_reads_the_dfa(vocab, tmp_path):
+    cold = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    assert not cold.stats["cache_hit"] and cold.mode == "lazy"
+    only(tmp_path, "dfa")
+    assert entries(tmp_path)["tables"] == []  # a lazy grammar writes no tables
+    warm = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    assert warm.stats["cache_hit"]
+    same_rows(cold, warm)
+    assert warm.matches(ONE_234)
+
+
 def test_live_memo_returns_the_same_object(vocab, tmp_path):
-    a = fresh(REGEX, vocab, tmp_path)
-    assert compile_regex(REGEX, vocab, cache_dir=tmp_path) is a
+    for mode in ("auto", "eager", "lazy"):
+        a = fresh(REGEX, vocab, tmp_path, mode=mode)
+        assert compile_regex(REGEX, vocab, cache_dir=tmp_path, mode=mode) is a
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
-def test_damaged_files_are_rebuilt(vocab, tmp_path, damage):
-    good = fresh(REGEX, vocab, tmp_path)
-    path = only_entry(tmp_path)
+def damage_file(path, how):
     data = bytearray(path.read_bytes())
-    if damage == "flip":
+    if how == "flip":
         data[-100] ^= 0xFF
-    elif damage == "truncate":
+    elif how == "truncate":
         data = data[: len(data) // 2]
-    elif damage == "empty":
+    elif how == "empty":
         data = bytearray()
     else:
         data = bytearray(b"not a cache file" * 10)
     path.write_bytes(bytes(data))
-    rebuilt = fresh(REGEX, vocab, tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
+def test_damaged_tables_are_rebuilt(vocab, tmp_path, damage):
+    good = fresh(REGEX, vocab, tmp_path, mode="eager")
+    damage_file(only(tmp_path, "tables"), damage)
+    rebuilt = fresh(REGEX, vocab, tmp_path, mode="eager")
     assert not rebuilt.stats["cache_hit"]
     same_tables(good, rebuilt)
-    assert fresh(REGEX, vocab, tmp_path).stats["cache_hit"], "the rebuild rewrote a good file"
+    assert fresh(REGEX, vocab, tmp_path, mode="eager").stats["cache_hit"], "the rebuild rewrote a good file"
 
 
-def test_a_foreign_file_under_the_key_is_not_trusted(vocab, tmp_path):
-    other = fresh("(yes|no)", vocab, tmp_path)
-    other_path = only_entry(tmp_path)
-    mine = fresh(REGEX, vocab, tmp_path / "elsewhere")
-    key = only_entry(tmp_path / "elsewhere").stem
-    target = entry_path(tmp_path, key)
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
+def test_damaged_dfa_is_rebuilt(vocab, tmp_path, damage):
+    good = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    damage_file(only(tmp_path, "dfa"), damage)
+    rebuilt = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    assert not rebuilt.stats["cache_hit"]
+    same_rows(good, rebuilt)
+    assert fresh(REGEX, vocab, tmp_path, mode="lazy").stats["cache_hit"], "the rebuild rewrote a good file"
+
+
+@pytest.mark.parametrize("kind, mode", [("tables", "eager"), ("dfa", "lazy")])
+def test_a_foreign_file_under_the_key_is_not_trusted(vocab, tmp_path, kind, mode):
+    other = fresh("(yes|no|maybe|later)", vocab, tmp_path, mode=mode)
+    other_path = only(tmp_path, kind)
+    mine = fresh(REGEX, vocab, tmp_path / "elsewhere", mode=mode)
+    target = entry_path(tmp_path, only(tmp_path / "elsewhere", kind).stem)
     target.parent.mkdir(parents=True, exist_ok=True)
-    other_path.rename(target)  # another grammar's tables at this grammar's path
-    got = fresh(REGEX, vocab, tmp_path)
+    other_path.rename(target)  # another grammar's file at this grammar's path
+    got = fresh(REGEX, vocab, tmp_path, mode=mode)
     assert not got.stats["cache_hit"]
-    same_tables(mine, got)
+    same_rows(mine, got)
     assert other.num_states != got.num_states
 
 
-def test_tables_that_pass_the_crc_but_point_out_of_bounds_are_rejected(vocab, tmp_path):
-    good = fresh(REGEX, vocab, tmp_path)
-    path = only_entry(tmp_path)
+@pytest.mark.parametrize("kind, mode, array, value", [
+    ("tables", "eager", "next", 10**6),
+    ("dfa", "lazy", "table", 10**6),
+    ("dfa", "lazy", "table", -1),
+])
+def test_files_that_pass_the_crc_but_point_out_of_bounds_are_rejected(vocab, tmp_path, kind, mode, array, value):
+    good = fresh(REGEX, vocab, tmp_path, mode=mode)
+    path = only(tmp_path, kind)
     arrays, meta = read_tables(path, path.stem)
     bad = {k: np.array(v) for k, v in arrays.items()}
-    bad["next"][0] = 10**6
+    bad[array][0] = value
     write_tables(path, path.stem, bad, meta)  # a valid file (magic, key, CRC) with a wild state id
-    got = fresh(REGEX, vocab, tmp_path)
+    got = fresh(REGEX, vocab, tmp_path, mode=mode)
     assert not got.stats["cache_hit"]
-    same_tables(good, got)
+    same_rows(good, got)
 
 
-def test_key_covers_width_eos_and_grammar(vocab, tmp_path):
-    fresh(REGEX, vocab, tmp_path)
-    assert not fresh(REGEX, vocab, tmp_path, logits_width=vocab.size + 32).stats["cache_hit"]
-    assert not fresh(REGEX, vocab, tmp_path, eos_token_ids=[151643]).stats["cache_hit"]
-    assert not fresh(REGEX + "x", vocab, tmp_path).stats["cache_hit"]
-    assert len([p for p in tmp_path.rglob("*") if p.is_file()]) == 4
+def test_keys_cover_width_eos_and_grammar_and_the_dfa_is_shared(vocab, tmp_path):
+    fresh(REGEX, vocab, tmp_path, mode="eager")
+    assert not fresh(REGEX, vocab, tmp_path, mode="eager", logits_width=vocab.size + 32).stats["cache_hit"]
+    assert not fresh(REGEX, vocab, tmp_path, mode="eager", eos_token_ids=[151643]).stats["cache_hit"]
+    assert not fresh(REGEX + "x", vocab, tmp_path, mode="eager").stats["cache_hit"]
+    found = entries(tmp_path)
+    assert len(found["tables"]) == 4 and len(found["dfa"]) == 2  # the DFA depends on the regex alone
+    lazy = fresh(REGEX, vocab, tmp_path, mode="lazy", logits_width=vocab.size + 64)
+    assert lazy.stats["cache_hit"] and len(entries(tmp_path)["dfa"]) == 2
 
 
-def test_use_cache_false_writes_nothing(vocab, tmp_path):
-    grammar = fresh(REGEX, vocab, tmp_path, use_cache=False)
-    assert grammar.matches([16, 11, 17, 18, 19])  # "1,234"
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_use_cache_false_writes_nothing(vocab, tmp_path, mode):
+    grammar = fresh(REGEX, vocab, tmp_path, use_cache=False, mode=mode)
+    assert grammar.matches(ONE_234)
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
 
 
@@ -113,4 +170,4 @@ def test_environment_variable_sets_the_default_directory(vocab, tmp_path, monkey
     assert default_cache_dir() == tmp_path / "env"
     compiler._LIVE.clear()
     compile_regex(REGEX, vocab)
-    assert only_entry(tmp_path / "env").suffix == ".gmx"
+    assert entries(tmp_path / "env")["dfa"]

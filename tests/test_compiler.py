@@ -1,4 +1,5 @@
-"""The token FSM against independent oracles (Python `re`, interegular), tables, limits and errors."""
+"""The token FSM against independent oracles (Python `re`, interegular), in both modes (eager tables,
+lazy rows), tables, limits and errors. Exact equality with outlines-core's eager index: test_lazy.py."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from grammar_mlx import (
     compile_regex,
     vocabulary_of,
 )
-from grammar_mlx.compiler import CompiledGrammar
+from grammar_mlx.compiler import CompiledGrammar, EagerGrammar, LazyGrammar
 
 QWEN_WIDTH = 151_936
+MODES = ("eager", "lazy")
 
 # Full-match regexes in the common subset of outlines-core, Python `re` and interegular; several are
 # `pattern`s met in real-world schemas.
@@ -45,8 +47,8 @@ def qwen_vocab(qwen_hf_tokenizer) -> Vocabulary:
 
 
 @pytest.fixture(scope="module")
-def grammars(qwen_vocab) -> dict[str, CompiledGrammar]:
-    return {r: compile_regex(r, qwen_vocab, logits_width=QWEN_WIDTH) for r in REGEXES}
+def grammars(qwen_vocab) -> dict[tuple[str, str], CompiledGrammar]:
+    return {(r, m): compile_regex(r, qwen_vocab, logits_width=QWEN_WIDTH, mode=m) for r in REGEXES for m in MODES}
 
 
 def oracle_accepts(regex: str, text: str) -> bool:
@@ -60,9 +62,11 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("regex", REGEXES)
-def test_sampled_strings_are_accepted_and_mutants_match_the_oracle(regex, grammars, qwen_hf_tokenizer):
-    grammar = grammars[regex]
+def test_sampled_strings_are_accepted_and_mutants_match_the_oracle(regex, mode, grammars, qwen_hf_tokenizer):
+    grammar = grammars[regex, mode]
+    assert grammar.mode == mode == grammar.stats["mode"]
 
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(st.from_regex(regex, fullmatch=True), st.integers(0, 2**32 - 1))
@@ -79,9 +83,10 @@ def test_sampled_strings_are_accepted_and_mutants_match_the_oracle(regex, gramma
     check()
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("regex", REGEXES)
-def test_random_walks_decode_to_strings_the_oracle_accepts(regex, grammars):
-    grammar = grammars[regex]
+def test_random_walks_decode_to_strings_the_oracle_accepts(regex, mode, grammars):
+    grammar = grammars[regex, mode]
     rng = np.random.default_rng(0)
     eos = set(grammar.eos_token_ids)
     finished = 0
@@ -107,7 +112,8 @@ def test_random_walks_decode_to_strings_the_oracle_accepts(regex, grammars):
 
 
 def test_tables_layout_width_padding_and_eos(grammars, qwen_vocab):
-    grammar = grammars[REGEXES[0]]
+    grammar = grammars[REGEXES[0], "eager"]
+    assert isinstance(grammar, EagerGrammar)
     assert grammar.masks.dtype == np.uint32 and grammar.masks.shape[1] == QWEN_WIDTH // 32
     assert grammar.mask_id.shape == (grammar.num_states,)
     assert grammar.logits_width == QWEN_WIDTH and grammar.eos_token_ids == qwen_vocab.eos_token_ids
@@ -124,17 +130,49 @@ def test_tables_layout_width_padding_and_eos(grammars, qwen_vocab):
     assert grammar.next_state(terminal, eos[0]) == terminal
     assert grammar.next_state(terminal, 15) == -1
     assert grammar.stats["mask_bytes"] <= grammar.stats["mask_bytes_before_dedup"]
+    assert [grammar.mask_row(s) for s in range(grammar.num_states)] == grammar.mask_id.tolist()
+    assert np.array_equal(np.asarray(grammar.device_masks()), grammar.masks)
 
 
-def test_odd_logits_width_pads_the_last_word(qwen_vocab):
-    grammar = compile_regex("(yes|no)", qwen_vocab, logits_width=qwen_vocab.size + 5)
-    assert grammar.masks.shape[1] == -(-(qwen_vocab.size + 5) // 32)
-    bits = np.unpackbits(grammar.masks.view(np.uint8), axis=1, bitorder="little")
-    assert not bits[:, qwen_vocab.size:].any()
+def device_bits(grammar) -> np.ndarray:
+    table = np.asarray(grammar.device_masks())
+    return np.unpackbits(table.view(np.uint8), axis=1, bitorder="little").astype(bool)
 
 
-def test_several_eos_ids(qwen_hf_tokenizer):
-    grammar = compile_regex("(yes|no)", qwen_hf_tokenizer, eos_token_ids=[151643, 151645])
+def test_lazy_rows_masks_and_eager_only_tables(grammars, qwen_vocab):
+    grammar = grammars[REGEXES[0], "lazy"]
+    eager = grammars[REGEXES[0], "eager"]
+    assert isinstance(grammar, LazyGrammar) and grammar.logits_width == QWEN_WIDTH
+    eos = list(grammar.eos_token_ids)
+    for state in range(grammar.num_states):  # every byte state, mid-token ones included
+        row = grammar.mask_row(state)
+        bits = device_bits(grammar)
+        assert bits.shape[1] == QWEN_WIDTH and not bits[:, qwen_vocab.size:].any()
+        assert np.array_equal(np.flatnonzero(bits[row]), grammar.allowed_tokens(state)), "mask == transitions"
+        assert bits[row][eos].all() == grammar.is_accepting(state) == bits[row][eos].any()
+    terminal = grammar.terminal_state
+    assert grammar.allowed_tokens(terminal).tolist() == eos and grammar.next_state(terminal, eos[0]) == terminal
+    assert grammar.stats["num_masks"] == len(np.asarray(grammar.device_masks())) == len(eager.masks)
+    assert grammar.stats["states_filled"] == grammar.num_states
+    for name in ("masks", "mask_id", "offsets", "tokens", "next"):
+        with pytest.raises(GrammarError, match="mode='eager'"):
+            getattr(grammar, name)
+    assert grammar.nbytes > 0 and eager.nbytes > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_odd_logits_width_pads_the_last_word(qwen_vocab, mode):
+    grammar = compile_regex("(yes|no|maybe not)", qwen_vocab, logits_width=qwen_vocab.size + 5, mode=mode)
+    for state in range(grammar.num_states):
+        grammar.mask_row(state)
+    assert np.asarray(grammar.device_masks()).shape[1] == -(-(qwen_vocab.size + 5) // 32)
+    bits = device_bits(grammar)
+    assert bits.any() and not bits[:, qwen_vocab.size:].any()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_several_eos_ids(qwen_hf_tokenizer, mode):
+    grammar = compile_regex("(yes|no)", qwen_hf_tokenizer, eos_token_ids=[151643, 151645], mode=mode)
     yes = encode(qwen_hf_tokenizer, "yes")
     state = grammar.initial_state
     for t in yes:
@@ -144,11 +182,14 @@ def test_several_eos_ids(qwen_hf_tokenizer):
     assert grammar.next_state(grammar.initial_state, 151643) == -1, "EOS only in accepting states"
 
 
-def test_logits_width_narrower_than_the_tokenizer_drops_ids(qwen_vocab):
-    full = compile_regex("[a-z]{1,3}", qwen_vocab, eos_token_ids=[100])
-    assert full.tokens.max() >= 140_000
-    narrow = compile_regex("[a-z]{1,3}", qwen_vocab, eos_token_ids=[100], logits_width=140_000)
-    assert narrow.tokens.max() < 140_000 and narrow.masks.shape[1] == 140_000 // 32
+@pytest.mark.parametrize("mode", MODES)
+def test_logits_width_narrower_than_the_tokenizer_drops_ids(qwen_vocab, mode):
+    full = compile_regex("[a-z]{1,3}", qwen_vocab, eos_token_ids=[100], mode=mode)
+    assert full.allowed_tokens(full.initial_state).max() >= 140_000
+    narrow = compile_regex("[a-z]{1,3}", qwen_vocab, eos_token_ids=[100], logits_width=140_000, mode=mode)
+    narrow.mask_row(narrow.initial_state)
+    assert narrow.allowed_tokens(narrow.initial_state).max() < 140_000
+    assert np.asarray(narrow.device_masks()).shape[1] == 140_000 // 32
     with pytest.raises(GrammarError, match="no EOS id"):
         compile_regex("a", qwen_vocab, logits_width=100)
     with pytest.raises(GrammarError, match="positive"):
@@ -169,42 +210,78 @@ def test_error_classes(qwen_vocab):
         compile_regex(r"[^\x00-\U0010FFFF]", qwen_vocab)
     with pytest.raises(VocabularyMismatchError, match="incompatible"):
         compile_regex("ab", tiny_vocab(b"a", b"c"))
+    with pytest.raises(VocabularyMismatchError, match="mode='eager'"):
+        compile_regex("ab", tiny_vocab(b"a", b"c"), mode="lazy")  # lazy cannot prove a way forward
+    with pytest.raises(EmptyLanguageError):
+        compile_regex(r"\x00", qwen_vocab, mode="lazy")  # needs NUL, the sentinel: nothing to produce
+    with pytest.raises(GrammarError, match="mode must be one of"):
+        compile_regex("a", qwen_vocab, mode="fast")
     assert compile_regex("(ab)+", tiny_vocab(b"a", b"b", b"ab")).matches([2, 0, 1, 2])
+    assert compile_regex("(ab)+", tiny_vocab(b"a", b"b", b"ab"), mode="lazy").matches([2, 0, 1, 2])
 
 
-def test_regex_length_limit(qwen_vocab, monkeypatch):
+# A byte DFA of 2**20 states: regex-automata's determinization takes tens of seconds and GiBs.
+EXPLODING = r"(a|b)*a(a|b){20}"
+
+
+def test_size_limits(qwen_vocab, monkeypatch):
     from grammar_mlx import compiler
 
     monkeypatch.setattr(compiler, "MAX_REGEX_LENGTH", 100)
     with pytest.raises(GrammarTooLargeError, match="over the limit of 100"):
         compile_regex("a" * 101, qwen_vocab)
+    monkeypatch.setattr(compiler, "MAX_DFA_STATES", 1000)
+    with pytest.raises(GrammarTooLargeError, match="2,049 states, over the limit of 1,000"):
+        compile_regex(r"(a|b)*a(a|b){10}", qwen_vocab, use_cache=False)
 
 
-def test_time_limit_kills_the_build_and_the_next_compile_works(qwen_vocab):
+@pytest.mark.parametrize("regex, mode", [(EXPLODING, "lazy"), ('"[^"]{0,400}"', "eager")])
+def test_time_limit_kills_the_build_and_the_next_compile_works(qwen_vocab, regex, mode):
     started = time.monotonic()
     with pytest.raises(GrammarTooLargeError, match="longer than 1.5 s"):
-        compile_regex('"[^"]{0,400}"', qwen_vocab, timeout=1.5, use_cache=False)
+        compile_regex(regex, qwen_vocab, timeout=1.5, use_cache=False, mode=mode)
     assert time.monotonic() - started < 15
     assert compile_regex("(yes|no)", qwen_vocab, use_cache=False).matches([9693])
 
 
 def test_memory_limit_is_a_typed_error(qwen_vocab):
     with pytest.raises(GrammarTooLargeError, match="memory"):
-        compile_regex('"[a-z ]{0,60}"', qwen_vocab, memory_limit=400 << 20, use_cache=False, timeout=60)
+        compile_regex(EXPLODING, qwen_vocab, memory_limit=400 << 20, use_cache=False, timeout=60)
 
 
-def test_state_out_of_range(grammars):
-    grammar = grammars[REGEXES[0]]
+@pytest.mark.parametrize("mode", MODES)
+def test_state_out_of_range(grammars, mode):
+    grammar = grammars[REGEXES[0], mode]
     with pytest.raises(GrammarError, match="out of range"):
         grammar.next_state(grammar.num_states, 0)
     with pytest.raises(GrammarError, match="out of range"):
         grammar.allowed_tokens(-1)
+    with pytest.raises(GrammarError, match="out of range"):
+        grammar.mask_row(grammar.num_states)
     assert grammar.next_state(grammar.initial_state, 10**9) == -1
+
+
+def test_auto_mode_and_its_reasons(qwen_vocab, tmp_path):
+    small = compile_regex("(yes|no)", qwen_vocab, cache_dir=tmp_path)
+    assert small.mode == "eager" and "byte states" in small.stats["mode_reason"]
+    big = compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path)
+    assert big.mode == "lazy" and big.stats["byte_states"] > 8
+    compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path, mode="eager")
+    from grammar_mlx import compiler
+
+    compiler._LIVE.clear()
+    again = compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path)
+    assert again.mode == "eager" and again.stats["mode_reason"] == "complete tables in the cache"
+    vocab = tiny_vocab(b"abcdefghij", b"abcde", b"fghij")  # no single bytes: lazy cannot prove a way on
+    fallback = compile_regex("(abcdefghij)+", vocab, cache_dir=tmp_path)
+    assert fallback.mode == "eager" and "single-byte" in fallback.stats["mode_reason"]
+    assert fallback.matches([0, 1, 2, 3]) and not fallback.matches([1])
 
 
 def test_progress_reports(qwen_vocab, capsys):
     seen = []
-    compile_regex("[0-9]{1,3}x", qwen_vocab, use_cache=False, progress=lambda *a: seen.append(a))
-    assert ("index", 1, 1) in seen and any(stage == "masks" for stage, *_ in seen)
+    compile_regex("[0-9]{1,3}x", qwen_vocab, use_cache=False, progress=lambda *a: seen.append(a), mode="eager")
+    assert ("dfa", 1, 1) in seen and ("tables", 1, 1) in seen
+    assert any(stage == "states" for stage, *_ in seen) and any(stage == "masks" for stage, *_ in seen)
     compile_regex("[0-9]{1,3}y", qwen_vocab, use_cache=False, progress=True)
     assert "compiling grammar" in capsys.readouterr().err

@@ -1,0 +1,229 @@
+"""`LazyIndex`: a grammar's token rows and masks, each computed on its state's first visit.
+
+Compiling a lazy grammar builds only the byte-level DFA (`token_index.ByteDFA`). The first time a
+state is asked for (`row`, `mask_row`), its token row is walked over the vocabulary's trie
+(`token_index.walk`: ~0.1 ms for a restrictive state, a few ms when nearly every token is allowed,
+at V = 151,936) and kept; its mask is packed, deduplicated against the rows seen so far and appended
+to the mask table. A generation visits a small fraction of the states, so it pays for those only.
+
+Memory bounds (per grammar, overridable):
+- token rows (sorted allowed ids + next states, 8 bytes per allowed token) are kept up to
+  `max_row_bytes` (`GRAMMAR_MLX_LAZY_ROW_BYTES`, 256 MiB); past it, rows not used since the last
+  sweep are dropped (second-chance clock) and recomputed on their next visit;
+- mask rows are append-only (their ids are handed out to the processor) up to `max_mask_bytes`
+  (`GRAMMAR_MLX_LAZY_MASK_BYTES`, 1 GiB: ~55,000 distinct masks at V = 151,936); one more distinct
+  mask raises `GrammarTooLargeError`.
+
+Threads: one grammar serves concurrent requests. Reads of filled states take no lock; a fill runs
+under the index's lock (a state is filled once even when several threads ask at the same time).
+
+The mask table the kernels read (`device_masks()`) is an `mx.array` of the rows so far. The kernels
+cache unpacked rows per table *object* and require tables never to change in place, so a table that
+gained rows is a new object: one per new distinct mask, which a generation meets a few dozen times.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from .errors import GrammarError, GrammarTooLargeError
+from .token_index import ByteDFA, TokenTrie, walk, walk_mlx
+
+DEFAULT_MAX_ROW_BYTES = int(os.environ.get("GRAMMAR_MLX_LAZY_ROW_BYTES", 256 << 20))
+DEFAULT_MAX_MASK_BYTES = int(os.environ.get("GRAMMAR_MLX_LAZY_MASK_BYTES", 1 << 30))
+BACKENDS = ("numpy", "mlx")
+
+
+def default_backend() -> str:
+    """MLX on a GPU (Metal, CUDA), numpy on the CPU, where it is the faster of the two."""
+    try:
+        import mlx.core as mx
+
+        return "mlx" if mx.default_device().type == mx.DeviceType.gpu else "numpy"
+    except ImportError:  # pragma: no cover - mlx is a core dependency
+        return "numpy"
+
+
+class LazyIndex:
+    """Token rows and deduplicated masks of a byte DFA's states, filled on first use.
+
+    States are the DFA's `0 .. dfa.num_states - 1` plus `terminal` (= dfa.num_states), entered by
+    EOS from an accepting state and allowing only EOS.
+    """
+
+    def __init__(self, dfa: ByteDFA, trie: TokenTrie, eos_token_ids: tuple[int, ...], logits_width: int, *,
+                 max_row_bytes: int | None = None, max_mask_bytes: int | None = None,
+                 backend: str | None = None):
+        backend = backend or default_backend()
+        if backend not in BACKENDS:
+            raise GrammarError(f"unknown lazy index backend {backend!r}; expected one of {BACKENDS}")
+        if trie.width != logits_width:
+            raise GrammarError(f"token trie of width {trie.width} for logits width {logits_width}")
+        self.dfa = dfa
+        self.trie = trie
+        self.backend = backend
+        self._walk = walk if backend == "numpy" else walk_mlx
+        self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
+        self.width = int(logits_width)
+        self.words = -(-self.width // 32)
+        self.terminal = dfa.num_states
+        self.num_states = dfa.num_states + 1
+        self.accepting = np.append(dfa.accepting, True)
+        self.max_row_bytes = DEFAULT_MAX_ROW_BYTES if max_row_bytes is None else int(max_row_bytes)
+        self.max_mask_bytes = DEFAULT_MAX_MASK_BYTES if max_mask_bytes is None else int(max_mask_bytes)
+
+        self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * self.num_states
+        self._mask_of: list[int] = [-1] * self.num_states
+        self._used = bytearray(self.num_states)  # second-chance bits for row eviction
+        self._filled_order: list[int] = []  # states holding a row, oldest first (clock order)
+        self._row_bytes = 0
+        self._masks = np.zeros((4, self.words), dtype=np.uint32)
+        self._num_masks = 0
+        self._mask_index: dict[bytes, int] = {}
+        self._device: tuple[int, object] | None = None  # (rows in it, mx.array)
+        self._lock = threading.RLock()
+        self._bits = np.zeros(self.words * 32, dtype=bool)
+        self.fills = 0
+        self.fill_seconds = 0.0
+        self.fill_seconds_max = 0.0
+        self.rows_evicted = 0
+        self.states_seen: set[int] = set()
+
+    # -- the per-token path ------------------------------------------------------------------------
+
+    def row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted allowed ids, next state of each) of a valid state, EOS included where accepting."""
+        entry = self._rows[state]
+        if entry is None:
+            entry = self._fill(state)
+        else:
+            self._used[state] = 1
+        return entry
+
+    def mask_row(self, state: int) -> int:
+        """The id of `state`'s row in the mask table (filling the state on its first visit)."""
+        row = self._mask_of[state]
+        if row < 0:
+            self._fill(state)
+            row = self._mask_of[state]
+        return row
+
+    def device_masks(self):
+        """The mask table as an `mx.array` holding at least every row id handed out so far."""
+        dev = self._device
+        if dev is not None and dev[0] == self._num_masks:
+            return dev[1]
+        import mlx.core as mx
+
+        with self._lock:
+            dev = self._device
+            if dev is None or dev[0] != self._num_masks:
+                dev = self._device = (self._num_masks, mx.array(self._masks[: max(self._num_masks, 1)]))
+            return dev[1]
+
+    # -- filling -----------------------------------------------------------------------------------
+
+    def _fill(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            entry = self._rows[state]
+            if entry is not None:  # another thread filled it while this one waited
+                return entry
+            started = time.perf_counter()
+            if state == self.terminal:
+                tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
+            else:
+                tokens, nxt = self._walk(self.trie, self.dfa, state)
+                if self.accepting[state]:
+                    at = np.searchsorted(tokens, self.eos)
+                    tokens = np.insert(tokens, at, self.eos)
+                    nxt = np.insert(nxt, at, np.int32(self.terminal))
+            tokens.setflags(write=False)
+            nxt.setflags(write=False)
+            if self._mask_of[state] < 0:
+                self._mask_of[state] = self._add_mask(tokens)
+            entry = (tokens, nxt)
+            self._store(state, entry)
+            elapsed = time.perf_counter() - started
+            self.fills += 1
+            self.fill_seconds += elapsed
+            self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
+            self.states_seen.add(state)
+            return entry
+
+    def _add_mask(self, tokens: np.ndarray) -> int:
+        bits = self._bits
+        bits[:] = False
+        bits[tokens] = True
+        packed = np.packbits(bits, bitorder="little").view("<u4")
+        key = packed.tobytes()
+        row = self._mask_index.get(key)
+        if row is not None:
+            return row
+        row = self._num_masks
+        if (row + 1) * self.words * 4 > self.max_mask_bytes:
+            raise GrammarTooLargeError(
+                f"the lazy grammar's mask table reached its limit of {self.max_mask_bytes / 2**20:.0f} MiB "
+                f"({row:,} distinct masks; GRAMMAR_MLX_LAZY_MASK_BYTES)")
+        if row == len(self._masks):  # grow geometrically: amortized O(1) copies per row
+            grown = np.zeros((2 * len(self._masks), self.words), dtype=np.uint32)
+            grown[:row] = self._masks[:row]
+            self._masks = grown
+        self._masks[row] = packed
+        self._mask_index[key] = row
+        self._num_masks = row + 1  # last: readers see a row only once it is written
+        return row
+
+    def _store(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
+        size = entry[0].nbytes + entry[1].nbytes
+        self._rows[state] = entry
+        self._used[state] = 1
+        self._filled_order.append(state)
+        self._row_bytes += size
+        if self._row_bytes > self.max_row_bytes:
+            self._evict(keep=state)
+
+    def _evict(self, keep: int) -> None:
+        """Drop rows until under the bound: the clock passes each state once, sparing (and
+        clearing) those used since its last pass, and never drops `keep` (being returned)."""
+        order, kept = self._filled_order, []
+        i = 0
+        while self._row_bytes > self.max_row_bytes and i < len(order):
+            state = order[i]
+            i += 1
+            if state == keep or self._used[state]:
+                self._used[state] = 0
+                kept.append(state)
+                continue
+            tokens, nxt = self._rows[state]
+            self._rows[state] = None
+            self._row_bytes -= tokens.nbytes + nxt.nbytes
+            self.rows_evicted += 1
+        self._filled_order = order[i:] + kept
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held: rows, masks, the DFA (the trie is shared by the vocabulary's grammars)."""
+        return self._row_bytes + self._num_masks * self.words * 4 + self.dfa.nbytes
+
+    def stats(self) -> dict:
+        with self._lock:
+            rows = [r for r in self._rows if r is not None]
+            return {
+                "states_filled": len(self.states_seen),
+                "fills": self.fills,
+                "fill_seconds": self.fill_seconds,
+                "fill_seconds_max": self.fill_seconds_max,
+                "rows_evicted": self.rows_evicted,
+                "row_bytes": self._row_bytes,
+                "num_transitions": int(sum(len(r[0]) for r in rows)),
+                "num_masks": self._num_masks,
+                "mask_bytes": self._num_masks * self.words * 4,
+                "mask_bytes_before_dedup": len(self.states_seen) * self.words * 4,
+                "backend": self.backend,
+            }

@@ -1,0 +1,350 @@
+"""Token transitions of a byte-level DFA, one state at a time, vectorized over the vocabulary.
+
+A grammar is compiled to a DFA over UTF-8 bytes (`ByteDFA`, built by outlines-core from a vocabulary
+of the 256 single bytes: milliseconds where the eager token index takes seconds). The token-level
+automaton then follows by definition: from byte state `q`, token `t` is allowed iff walking its bytes
+from `q` never reaches the dead state, and it leads to the state where the walk ends. This is exactly
+outlines-core's token semantics (its eager `Index` walks each token's bytes through the same DFA), so
+`walk(trie, dfa, q)` reproduces one row of the eager index, for any state, on demand.
+
+The walk is vectorized over the vocabulary's token trie (`TokenTrie`), stored level by level:
+level j holds the distinct token prefixes of j+1 bytes, in lexicographic order, so the children of a
+node are a contiguous range of the next level. A walk starts *sparse* (only live nodes, expanding
+the children of live nodes level by level: dead branches cost nothing, which makes a restrictive
+state such as "after `{`" cost ~0.1 ms) and turns *dense* at the first level where most nodes are
+alive (every node of the level in one gather, no compaction: a "inside a string" state, where almost
+every token is allowed, costs ~3 ms at V = 151,936 with numpy). `walk_mlx` is the dense walk as MLX
+ops, for a GPU.
+
+This module imports only numpy (MLX lazily, in `walk_mlx`) and nothing of grammar_mlx, so the
+compile worker loads it as a plain sibling file.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+# A token containing NUL is never allowed: NUL is the compile sentinel (see _compile_worker.wrap_regex).
+NUL = 0
+
+
+class TokenTrie:
+    """The text tokens of a vocabulary (ids below `width`, without NUL) as a level-ordered trie.
+
+    Node arrays are global (levels concatenated, `level_start[j]:level_start[j+1]` is level j):
+    `byte` (the node's last byte), `parent` (global index of the node one byte shorter; -1 at
+    level 0), `child_start`/`child_count` (the node's children: a contiguous global range).
+    `token_node[t]` is the node where token t's bytes end, or `num_nodes` for ids that are never
+    text (EOS, special tokens, NUL tokens, ids without bytes). `end_first[n]` is the smallest id
+    ending at node n (-1 if none) and `end_more` lists the other ids sharing a node's bytes.
+    """
+
+    ARRAYS = ("byte", "parent", "child_start", "child_count", "level_start", "token_node", "end_first",
+              "end_more_node", "end_more_id")
+
+    def __init__(self, arrays: dict[str, np.ndarray], width: int):
+        for name in self.ARRAYS:
+            setattr(self, name, arrays[name])
+        self.width = int(width)
+        self.num_nodes = len(self.byte)
+        self.num_levels = len(self.level_start) - 1
+        self.level_size = np.diff(self.level_start)
+        # Per-level views, so the walk's Python loop does no slicing arithmetic.
+        self._levels = [(int(a), int(b)) for a, b in zip(self.level_start[:-1], self.level_start[1:])]
+        self.single_bytes = frozenset(int(self.byte[n]) for n in range(int(self.level_start[1]))
+                                      if self.end_first[n] >= 0)
+        self._scratch = threading.local()
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in self.ARRAYS}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays().values())
+
+    @classmethod
+    def build(cls, token_bytes: dict[bytes, list[int]], width: int) -> "TokenTrie":
+        """`token_bytes`: bytes -> the ids that produce them (several ids may share bytes)."""
+        groups: dict[bytes, list[int]] = {}
+        for b, ids in token_bytes.items():
+            if ids[-1] >= width or ids[0] < 0 or len(ids) > 1:
+                ids = sorted(i for i in ids if 0 <= i < width)
+            if ids and b and NUL not in b:
+                groups[b] = ids
+        keys = sorted(groups)
+        n = len(keys)
+        if n == 0:
+            empty = np.zeros(0, np.int32)
+            return cls({"byte": empty, "parent": empty, "child_start": empty, "child_count": empty,
+                        "level_start": np.zeros(1, np.int64), "token_node": np.zeros(width, np.int32),
+                        "end_first": empty, "end_more_node": empty, "end_more_id": empty}, width)
+        id_lists = [groups[k] for k in keys]
+        first_id = np.fromiter((ids[0] for ids in id_lists), dtype=np.int32, count=n)
+        lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+        flat = np.frombuffer(b"".join(keys), dtype=np.uint8)
+        starts = np.cumsum(lens) - lens
+        # lcp[i]: bytes token i shares with token i-1 (sorted), found by comparing a growing window.
+        lcp = np.zeros(n, dtype=np.int64)
+        open_ = np.arange(1, n)  # pairs whose common prefix may still grow
+        j = 0
+        while len(open_):
+            ok = (lens[open_] > j) & (lens[open_ - 1] > j)
+            open_ = open_[ok]
+            same = flat[starts[open_] + j] == flat[starts[open_ - 1] + j]
+            open_ = open_[same]
+            lcp[open_] += 1
+            j += 1
+
+        # Level by level over the tokens still long enough: token i opens a new node at level j
+        # iff lcp[i] <= j < lens[i] (sorted order makes equal prefixes adjacent).
+        active = np.arange(n)
+        node_of = np.zeros(n, dtype=np.int64)  # node index of each active token at the previous level
+        level_start = [0]
+        bytes_, parents, end_first = [], [], []
+        end_node = np.zeros(n, dtype=np.int64)
+        total = 0
+        j = 0
+        while len(active):
+            new = lcp[active] <= j
+            local = np.cumsum(new) - 1
+            count = int(local[-1]) + 1
+            opened = active[new]
+            bytes_.append(flat[starts[opened] + j].astype(np.int32))
+            parents.append((node_of[opened] if j else np.full(len(opened), -1)).astype(np.int32))
+            node_of[active] = total + local
+            ends = lens[active] == j + 1
+            firsts = np.full(count, -1, dtype=np.int32)
+            firsts[local[ends]] = first_id[active[ends]]
+            end_first.append(firsts)
+            end_node[active[ends]] = node_of[active[ends]]
+            total += count
+            level_start.append(total)
+            active = active[~ends]
+            j += 1
+        byte = np.concatenate(bytes_)
+        parent = np.concatenate(parents)
+        # Children of level-j nodes are a sorted run of level j+1's parents: search level by level.
+        child_start = np.zeros(total, dtype=np.int32)
+        child_count = np.zeros(total, dtype=np.int32)
+        for lv in range(len(level_start) - 2):
+            a, b, c = level_start[lv], level_start[lv + 1], level_start[lv + 2]
+            kids = parent[b:c]
+            ids = np.arange(a, b)
+            lo = np.searchsorted(kids, ids, side="left")
+            hi = np.searchsorted(kids, ids, side="right")
+            child_start[a:b] = b + lo
+            child_count[a:b] = hi - lo
+        token_node = np.full(width, total, dtype=np.int32)
+        token_node[first_id] = end_node
+        more = [(i, extra) for i, ids in enumerate(id_lists) if len(ids) > 1 for extra in ids[1:]]
+        more_key = np.array([i for i, _ in more], dtype=np.int64)
+        more_id = np.array([e for _, e in more], dtype=np.int32)
+        token_node[more_id] = end_node[more_key]
+        more_node = end_node[more_key].astype(np.int32)
+        return cls({
+            "byte": byte, "parent": parent, "child_start": child_start, "child_count": child_count,
+            "level_start": np.array(level_start, dtype=np.int64), "token_node": token_node,
+            "end_first": np.concatenate(end_first),
+            "end_more_node": more_node, "end_more_id": more_id,
+        }, width)
+
+    def scratch(self) -> tuple[np.ndarray, np.ndarray]:
+        """Two node-sized int32 buffers, one pair per thread."""
+        s = getattr(self._scratch, "bufs", None)
+        if s is None:
+            s = self._scratch.bufs = (np.empty(self.num_nodes + 1, np.int32), np.empty(self.num_nodes + 1, np.int32))
+        return s
+
+
+class ByteDFA:
+    """A DFA over bytes: `table[q * 256 + b]` is the state after byte b from q, `dead` (= num_states)
+    when the text can no longer match. The dead row is part of the table and loops to itself, so a
+    walk needs no branch. `accepting[q]`: the regex matched exactly at q. Byte 0 (NUL) always leads
+    to the dead state (it is the compile sentinel)."""
+
+    def __init__(self, table: np.ndarray, accepting: np.ndarray, initial: int):
+        self.table = np.ascontiguousarray(table, dtype=np.int32)
+        self.accepting = np.asarray(accepting, dtype=bool)
+        self.num_states = len(self.accepting)
+        self.dead = self.num_states
+        self.initial = int(initial)
+        if self.table.shape != ((self.num_states + 1) * 256,):
+            raise ValueError(f"byte table of shape {self.table.shape} for {self.num_states} states")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes + self.accepting.nbytes)
+
+    @classmethod
+    def from_transitions(cls, transitions: dict, initial: int, finals, sentinel: int = NUL) -> "ByteDFA":
+        """From outlines-core's `Index((?:R)\\x00, <256 single bytes>).get_transitions()`.
+
+        States are renumbered in breadth-first order from the initial state over bytes other than
+        the sentinel (states reachable only through it, such as the final state, are dropped).
+        A state accepts iff its sentinel edge reaches an outlines final state."""
+        finals = set(finals)
+        order = {initial: 0}
+        frontier = [initial]
+        while frontier:
+            nxt = []
+            for s in frontier:
+                for b, t in transitions.get(s, {}).items():
+                    if b != sentinel and b < 256 and t not in order:
+                        order[t] = len(order)
+                        nxt.append(t)
+            frontier = nxt
+        count = len(order)
+        table = np.full((count + 1) * 256, count, dtype=np.int32)
+        accepting = np.zeros(count, dtype=bool)
+        for s, q in order.items():
+            row = transitions.get(s, {})
+            accepting[q] = row.get(sentinel) in finals
+            base = q * 256
+            for b, t in row.items():
+                if b != sentinel and b < 256:
+                    table[base + b] = order[t]
+        return cls(table, accepting, 0)
+
+    def live_by(self, alphabet) -> np.ndarray:
+        """States from which some string over `alphabet` (bytes) reaches an accepting state."""
+        alpha = np.array(sorted(alphabet), dtype=np.int64)
+        table = self.table.reshape(-1, 256)[: self.num_states][:, alpha]
+        live = self.accepting.copy()
+        while True:  # backward fixpoint: a state is live when a byte leads to a live state
+            grown = live | np.any(np.append(live, False)[table], axis=1)
+            if np.array_equal(grown, live):
+                return live
+            live = grown
+
+    def reachable(self) -> np.ndarray:
+        """States reachable from the initial state over any bytes."""
+        seen = np.zeros(self.num_states + 1, dtype=bool)
+        seen[self.initial] = True
+        frontier = np.array([self.initial])
+        table = self.table.reshape(-1, 256)
+        while len(frontier):
+            succ = np.unique(table[frontier])
+            succ = succ[~seen[succ]]
+            seen[succ] = True
+            frontier = succ
+        return seen[: self.num_states]
+
+
+# A walk stays sparse while at most this share of a level's nodes is alive; denser levels are
+# cheaper as one gather over the whole level than as an expansion of live nodes.
+DENSE_SHARE = 0.25
+
+
+def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token row of byte state `state`: (sorted allowed token ids, the state after each), int32.
+
+    EOS is not included (the caller adds it where `dfa.accepting[state]`)."""
+    table, dead = dfa.table, dfa.dead
+    if trie.num_nodes == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    levels = trie._levels
+    a, b = levels[0]
+    st = table[state * 256 + trie.byte[a:b]]
+    idx = np.flatnonzero(st != dead).astype(np.int32) + a
+    st = st[idx - a]
+    seen_idx, seen_st = [idx], [st]
+    j = 1
+    dense_from = None
+    while j < len(levels) and len(idx):
+        a, b = levels[j]
+        if len(idx) > DENSE_SHARE * (b - a):
+            dense_from = j
+            break
+        counts = trie.child_count[idx]
+        total = int(counts.sum())
+        if total == 0:
+            break
+        ends = np.cumsum(counts)
+        child = np.arange(total, dtype=np.int32) + np.repeat(trie.child_start[idx] - (ends - counts), counts)
+        nst = table[(np.repeat(st, counts) << 8) | trie.byte[child]]
+        keep = nst != dead
+        idx, st = child[keep], nst[keep]
+        seen_idx.append(idx)
+        seen_st.append(st)
+        j += 1
+    if dense_from is None:
+        nodes = np.concatenate(seen_idx)
+        states = np.concatenate(seen_st)
+        first = trie.end_first[nodes]
+        has = first >= 0
+        tokens, nxt = first[has], states[has]
+        if len(trie.end_more_node):
+            alive = np.zeros(trie.num_nodes, dtype=bool)
+            alive[nodes] = True
+            node_state = dict(zip(nodes.tolist(), states.tolist()))
+            more = alive[trie.end_more_node]
+            if more.any():
+                tokens = np.concatenate([tokens, trie.end_more_id[more]])
+                nxt = np.concatenate([nxt, [node_state[n] for n in trie.end_more_node[more].tolist()]]).astype(np.int32)
+        order = np.argsort(tokens, kind="stable")
+        return tokens[order].astype(np.int32), nxt[order].astype(np.int32)
+
+    # Dense from level `dense_from`: every node's state, dead ones included (dead loops to dead).
+    node_st, buf = trie.scratch()
+    node_st[: trie.level_start[dense_from]].fill(dead)
+    for i, s in zip(seen_idx, seen_st):
+        node_st[i] = s
+    parent, byte = trie.parent, trie.byte
+    for j in range(dense_from, len(levels)):
+        a, b = levels[j]
+        ib = buf[a:b]
+        np.take(node_st, parent[a:b], out=ib)
+        np.left_shift(ib, 8, out=ib)
+        np.bitwise_or(ib, byte[a:b], out=ib)
+        np.take(table, ib, out=node_st[a:b])
+    node_st[trie.num_nodes] = dead
+    per_token = np.take(node_st, trie.token_node)
+    tokens = np.flatnonzero(per_token != dead).astype(np.int32)
+    return tokens, per_token[tokens]
+
+
+def walk_mlx(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
+    """`walk` as MLX ops on the default device: the dense walk (one gather per level, no
+    data-dependent shapes), for a GPU where a whole level costs about what one node does."""
+    import mlx.core as mx
+
+    if trie.num_nodes == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    dev = _device_trie(trie)
+    table = mx.array(dfa.table)
+    dead = dfa.dead
+    levels = [mx.take(table, dev["byte0"] + state * 256)]
+    for parent, byte in dev["levels"]:
+        levels.append(mx.take(table, (mx.take(levels[-1], parent) << 8) | byte))
+    node_st = mx.concatenate(levels + [mx.array([dead], dtype=mx.int32)])
+    per_token = np.array(mx.take(node_st, dev["token_node"]))
+    tokens = np.flatnonzero(per_token != dead).astype(np.int32)
+    return tokens, per_token[tokens]
+
+
+_DEVICE_TRIES: dict[int, tuple[TokenTrie, dict]] = {}
+_DEVICE_LOCK = threading.Lock()
+
+
+def _device_trie(trie: TokenTrie) -> dict:
+    """The trie's level arrays as MLX arrays (parent indices local to the previous level), once."""
+    import mlx.core as mx
+
+    with _DEVICE_LOCK:
+        hit = _DEVICE_TRIES.get(id(trie))
+        if hit is not None and hit[0] is trie:
+            return hit[1]
+        starts = trie.level_start
+        level_arrays = []
+        for j in range(1, trie.num_levels):
+            a, b = int(starts[j]), int(starts[j + 1])
+            local_parent = trie.parent[a:b] - int(starts[j - 1])
+            level_arrays.append((mx.array(local_parent.astype(np.int32)), mx.array(trie.byte[a:b])))
+        dev = {"byte0": mx.array(trie.byte[: int(starts[1])]), "levels": level_arrays,
+               "token_node": mx.array(trie.token_node)}
+        if len(_DEVICE_TRIES) > 4:
+            _DEVICE_TRIES.clear()
+        _DEVICE_TRIES[id(trie)] = (trie, dev)
+        return dev
