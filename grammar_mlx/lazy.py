@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class LazyIndex:
         self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * self.num_states
         self._mask_of: list[int] = [-1] * self.num_states
         self._used = bytearray(self.num_states)  # second-chance bits for row eviction
-        self._filled_order: list[int] = []  # states holding a row, oldest first (clock order)
+        self._filled_order: deque[int] = deque()  # states holding a row, in clock order
         self._row_bytes = 0
         self._masks = np.zeros((4, self.words), dtype=np.uint32)
         self._num_masks = 0
@@ -187,22 +188,21 @@ class LazyIndex:
             self._evict(keep=state)
 
     def _evict(self, keep: int) -> None:
-        """Drop rows until under the bound: the clock passes each state once, sparing (and
-        clearing) those used since its last pass, and never drops `keep` (being returned)."""
-        order, kept = self._filled_order, []
-        i = 0
-        while self._row_bytes > self.max_row_bytes and i < len(order):
-            state = order[i]
-            i += 1
+        """Drop rows until under the bound, second-chance clock: the hand passes states oldest first,
+        spares (and clears) those used since its last pass, and never drops `keep` (being returned)."""
+        order = self._filled_order
+        for _ in range(2 * len(order)):  # two passes at most: the second finds every bit cleared
+            if self._row_bytes <= self.max_row_bytes or len(order) <= 1:
+                break
+            state = order.popleft()
             if state == keep or self._used[state]:
                 self._used[state] = 0
-                kept.append(state)
+                order.append(state)
                 continue
             tokens, nxt = self._rows[state]
             self._rows[state] = None
             self._row_bytes -= tokens.nbytes + nxt.nbytes
             self.rows_evicted += 1
-        self._filled_order = order[i:] + kept
 
     # -- reporting -------------------------------------------------------------------------------
 

@@ -53,8 +53,8 @@ class TokenTrie:
         self.level_size = np.diff(self.level_start)
         # Per-level views, so the walk's Python loop does no slicing arithmetic.
         self._levels = [(int(a), int(b)) for a, b in zip(self.level_start[:-1], self.level_start[1:])]
-        self.single_bytes = frozenset(int(self.byte[n]) for n in range(int(self.level_start[1]))
-                                      if self.end_first[n] >= 0)
+        level0 = int(self.level_start[1]) if self.num_levels else 0
+        self.single_bytes = frozenset(int(self.byte[n]) for n in range(level0) if self.end_first[n] >= 0)
         self._scratch = threading.local()
 
     def arrays(self) -> dict[str, np.ndarray]:

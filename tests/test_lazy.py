@@ -1,0 +1,352 @@
+"""The lazy token index against outlines-core's eager `Index` (the reference), exactly.
+
+For each grammar: states of the lazy grammar and of outlines-core's index of the same sentinel-wrapped
+regex over the same vocabulary are paired by walking the same tokens from the initial states; at every
+state reached (random walks, real JSON instances) the allowed sets are equal, EOS is allowed exactly
+where outlines says the regex matched, and the next states of *all* allowed tokens pair up
+consistently (the pairing is a bijection). A large sample runs in bench/lazy_equality.py.
+
+Also: the trie and walk on small vocabularies against a brute-force byte walk (sparse and dense
+paths, shared bytes, NUL tokens, ids past the width), the MLX walk, threads, eviction, limits, and a
+GrammarProcessor over a lazy grammar whose mask table grows mid-generation.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import read_corpus
+from grammar_mlx import GrammarTooLargeError, Vocabulary, compile_json_schema, compile_regex, vocabulary_of
+from grammar_mlx import token_index
+from grammar_mlx._compile_worker import SENTINEL_BYTES, SENTINEL_ID, build_dfa, wrap_regex
+from grammar_mlx.lazy import LazyIndex
+from grammar_mlx.processor import GrammarProcessor
+from grammar_mlx.schema import canonical_json
+from grammar_mlx.token_index import ByteDFA, TokenTrie, walk, walk_mlx
+
+QWEN_WIDTH = 151_936
+
+
+class OutlinesReference:
+    """outlines-core's eager Index of `(?:R)\\x00` over the vocabulary (NUL tokens out, the sentinel
+    in), read with our conventions: a state accepts iff its sentinel edge reaches a final state, and
+    then allows our EOS ids."""
+
+    def __init__(self, regex: str, vocab: Vocabulary, width: int, eos: tuple[int, ...]):
+        from outlines_core import Index, Vocabulary as OutlinesVocabulary
+
+        text = {b: [i for i in ids if i < width] for b, ids in vocab.text_tokens().items() if SENTINEL_BYTES not in b}
+        text = {b: ids for b, ids in text.items() if ids}
+        text[SENTINEL_BYTES] = [SENTINEL_ID]
+        self.eos = np.array(sorted(eos), dtype=np.int64)
+        self.index = Index(wrap_regex(regex), OutlinesVocabulary(self.eos[0], text))
+        self.finals = set(self.index.get_final_states())
+        self.initial = self.index.get_initial_state()
+
+    def row(self, state: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(sorted allowed ids with EOS where accepting, next state of each (-1 for EOS), accepting)."""
+        index = self.index
+        allowed = [t for t in index.get_allowed_tokens(state) if t != SENTINEL_ID and t not in self.eos]
+        accepting = index.get_next_state(state, SENTINEL_ID) in self.finals
+        tokens = np.array(sorted(allowed) + (self.eos.tolist() if accepting else []), dtype=np.int64)
+        nxt = np.array([index.get_next_state(state, t) for t in tokens[: len(allowed)].tolist()]
+                       + [-1] * (len(tokens) - len(allowed)), dtype=np.int64)
+        order = np.argsort(tokens, kind="stable")
+        return tokens[order], nxt[order], accepting
+
+
+class Pairing:
+    """Lazy state <-> reference state, which must stay a bijection."""
+
+    def __init__(self, lazy, ref: OutlinesReference):
+        self.lazy, self.ref = lazy, ref
+        self.forward: dict[int, int] = {}
+        self.backward: dict[int, int] = {}
+        self.checked: set[int] = set()
+        self.pair(lazy.initial_state, ref.initial)
+
+    def pair(self, q: int, r: int) -> None:
+        assert self.forward.setdefault(q, r) == r, f"lazy state {q} pairs with {self.forward[q]} and {r}"
+        assert self.backward.setdefault(r, q) == q, f"reference state {r} pairs with {self.backward[r]} and {q}"
+
+    def check(self, q: int) -> None:
+        """Row of lazy state q == row of its reference state; pairs every successor."""
+        if q in self.checked:
+            return
+        lazy, r = self.lazy, self.forward[q]
+        tokens, nxt, accepting = self.ref.row(r)
+        got = lazy.allowed_tokens(q)
+        assert np.array_equal(got, tokens), (
+            f"state {q}: {len(got)} allowed vs outlines {len(tokens)}; "
+            f"only lazy {np.setdiff1d(got, tokens)[:10]}, only outlines {np.setdiff1d(tokens, got)[:10]}")
+        assert lazy.is_accepting(q) == accepting
+        lazy_next = np.array([lazy.next_state(q, t) for t in got.tolist()]) if len(got) < 64 else \
+            lazy.index.row(q)[1].astype(np.int64)
+        text = nxt >= 0
+        assert np.all(lazy_next[~text] == lazy.terminal_state), "EOS leads to the terminal state"
+        pairs = np.unique(np.stack([lazy_next[text], nxt[text]]), axis=1)
+        for a, b in pairs.T.tolist():
+            self.pair(a, b)
+        self.checked.add(q)
+
+
+def walk_and_check(pairing: Pairing, token_ids) -> tuple[int, bool]:
+    """Follow `token_ids` from the initial state, checking each state; (tokens taken, completed)."""
+    lazy, q = pairing.lazy, pairing.lazy.initial_state
+    for i, t in enumerate(token_ids):
+        pairing.check(q)
+        q = lazy.next_state(q, int(t))
+        if q < 0:
+            return i, False
+    pairing.check(q)
+    return len(token_ids), lazy.is_accepting(q)
+
+
+def random_walks(pairing: Pairing, rng: random.Random, walks: int, steps: int) -> None:
+    """Walks that pick a random *next state* first, then a token leading there: uniform over
+    tokens would stay in the states that most tokens lead to (inside strings, whitespace)."""
+    lazy = pairing.lazy
+    for _ in range(walks):
+        q = lazy.initial_state
+        for _ in range(steps):
+            pairing.check(q)
+            tokens, nxt = lazy.index.row(q)
+            text = nxt != lazy.terminal_state
+            if not text.any() or (lazy.is_accepting(q) and rng.random() < 0.2):
+                break
+            target = rng.choice(np.unique(nxt[text]).tolist())
+            q = lazy.next_state(q, rng.choice(tokens[nxt == target].tolist()))
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab(qwen_hf_tokenizer):
+    return vocabulary_of(qwen_hf_tokenizer)
+
+
+# outlines-core's own bug cases (edges out of accepting states), UTF-8 ranges of 2, 3 and 4 bytes
+# (tokens end mid-character), JSON strings and numbers, whitespace.
+REGEXES = [
+    r"0(x1)?",
+    r"(ab)?c?",
+    r'\{"name": "[a-zé中文 ]{0,12}", "ok": (true|false)\}',
+    r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"',
+    r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?",
+    r"[\u0400-\u04FF]{1,3}( [\U0001F600-\U0001F64F]+)?",
+    r"[ \t\n]*\[[ \t\n]*(1|22|333)([ \t\n]*,[ \t\n]*(1|22|333))*[ \t\n]*\]",
+]
+
+
+@pytest.mark.parametrize("regex", REGEXES)
+def test_rows_equal_outlines_core_on_random_walks(regex, qwen_vocab):
+    lazy = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    pairing = Pairing(lazy, OutlinesReference(regex, qwen_vocab, QWEN_WIDTH, lazy.eos_token_ids))
+    random_walks(pairing, random.Random(regex), walks=12, steps=40)
+    assert len(pairing.checked) >= min(3, lazy.num_states - 1)
+
+
+# Small real-world schemas (outlines-core's eager index builds each in about a second).
+SCHEMA_IDS = ["BFCL_simple_10.json", "Github_trivial---o10069.json", "JME_0.json", "Snowplow---sp_11_Normalized.json"]
+
+
+@pytest.fixture(scope="module")
+def corpus_rows(corpora):
+    rows = {row["id"]: row for row in read_corpus("maskbench-public.jsonl.gz") if row["id"] in SCHEMA_IDS}
+    assert set(rows) == set(SCHEMA_IDS), f"schemas gone from the corpus: {set(SCHEMA_IDS) - set(rows)}"
+    return rows
+
+
+@pytest.mark.parametrize("schema_id", SCHEMA_IDS)
+def test_rows_equal_outlines_core_on_corpus_schemas(schema_id, corpus_rows, qwen_vocab, qwen_hf_tokenizer):
+    schema = corpus_rows[schema_id]["schema"]
+    lazy = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    pairing = Pairing(lazy, OutlinesReference(lazy.regex, qwen_vocab, QWEN_WIDTH, lazy.eos_token_ids))
+    completed = 0
+    for test in corpus_rows[schema_id]["tests"]:
+        text = canonical_json(test["data"], schema)
+        ids = qwen_hf_tokenizer.encode(text, add_special_tokens=False)
+        _, done = walk_and_check(pairing, ids)
+        completed += done
+    assert completed >= 1, "a valid instance walks to an accepting state"
+    random_walks(pairing, random.Random(schema_id), walks=6, steps=60)
+
+
+# -- the trie and the walk on small vocabularies -------------------------------------------------------
+
+
+def brute_force(dfa: ByteDFA, token_bytes: list[bytes | None], width: int, state: int):
+    tokens, nxt = [], []
+    for t, b in enumerate(token_bytes[:width]):
+        if not b or 0 in b:
+            continue
+        q = state
+        for byte in b:
+            q = int(dfa.table[q * 256 + byte])
+        if q != dfa.dead:
+            tokens.append(t)
+            nxt.append(q)
+    return np.array(tokens, dtype=np.int32), np.array(nxt, dtype=np.int32)
+
+
+SMALL_REGEXES = [r"[a-c]{0,4}", r"(ab|ba)*c", r"é+|e", r"\[(0|1)(,(0|1))*\]", r"x?"]
+ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b",", b"x", b"\x00"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    tokens=st.lists(st.one_of(st.none(), st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=5).map(b"".join)),
+                    min_size=1, max_size=40),
+    regex=st.sampled_from(SMALL_REGEXES),
+    cut=st.integers(0, 5),
+    share=st.sampled_from([0.0, token_index.DENSE_SHARE, 2.0]),
+)
+def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share):
+    width = max(1, len(tokens) - cut)  # ids at or past the width are never allowed
+    groups: dict[bytes, list[int]] = {}
+    for i, b in enumerate(tokens):
+        if b is not None:
+            groups.setdefault(b, []).append(i)  # equal bytes under several ids
+    trie = TokenTrie.build(groups, width)
+    dfa = build_dfa(regex, 10_000)
+    old = token_index.DENSE_SHARE
+    token_index.DENSE_SHARE = share  # 0: dense from level 1; 2: always sparse
+    try:
+        for state in range(dfa.num_states):
+            want = brute_force(dfa, tokens, width, state)
+            got = walk(trie, dfa, state)
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (state, got, want)
+            assert got[0].dtype == got[1].dtype == np.int32
+    finally:
+        token_index.DENSE_SHARE = old
+
+
+def test_trie_levels_are_consistent(qwen_vocab):
+    trie = TokenTrie.build(qwen_vocab.text_tokens(), QWEN_WIDTH)
+    text = [i for i, b in enumerate(qwen_vocab.token_bytes) if b and 0 not in b]
+    assert np.all(trie.token_node[text] < trie.num_nodes)
+    assert np.all(trie.token_node[list(qwen_vocab.eos_token_ids)] == trie.num_nodes)
+    rng = np.random.default_rng(0)
+    for t in rng.choice(text, 200, replace=False).tolist():  # each token's node spells its bytes
+        node, spelled = int(trie.token_node[t]), []
+        while node >= 0:
+            spelled.append(int(trie.byte[node]))
+            node = int(trie.parent[node])
+        assert bytes(reversed(spelled)) == qwen_vocab.token_bytes[t]
+    level = np.searchsorted(trie.level_start, np.arange(trie.num_nodes), side="right") - 1
+    assert np.all(level[trie.parent[trie.level_start[1]:]] == level[trie.level_start[1]:] - 1)
+    has = trie.child_count > 0
+    assert np.all(trie.parent[trie.child_start[has]] == np.flatnonzero(has))
+    assert trie.single_bytes == frozenset(range(1, 256)), "Qwen3 has every non-NUL byte as a token"
+
+
+def test_mlx_walk_equals_numpy(qwen_vocab):
+    trie = TokenTrie.build(qwen_vocab.text_tokens(), QWEN_WIDTH)
+    dfa = build_dfa(REGEXES[3], 10_000)
+    for state in range(dfa.num_states):
+        got, want = walk_mlx(trie, dfa, state), walk(trie, dfa, state)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    mlx_index = LazyIndex(dfa, trie, qwen_vocab.eos_token_ids, QWEN_WIDTH, backend="mlx")
+    np_index = LazyIndex(dfa, trie, qwen_vocab.eos_token_ids, QWEN_WIDTH, backend="numpy")
+    for state in range(mlx_index.num_states):
+        assert np.array_equal(mlx_index.row(state)[0], np_index.row(state)[0])
+    assert np.array_equal(np.asarray(mlx_index.device_masks()), np.asarray(np_index.device_masks()))
+
+
+# -- the index: threads, memory bounds, the processor ---------------------------------------------------
+
+
+def test_threads_fill_each_state_once_and_agree(qwen_vocab):
+    regex = REGEXES[2]
+    reference = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="eager", use_cache=False)
+    shared = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    seqs = []
+    rng = random.Random(3)
+    for _ in range(8):
+        state, seq = reference.initial_state, []
+        for _ in range(12):
+            text = [t for t in reference.allowed_tokens(state).tolist() if t not in reference.eos_token_ids]
+            if not text:
+                break
+            seq.append(rng.choice(text))
+            state = reference.next_state(state, seq[-1])
+        seqs.append(seq)
+    barrier, errors = threading.Barrier(8), []
+
+    def run(seq):
+        try:
+            barrier.wait()
+            q, r = shared.initial_state, reference.initial_state
+            for t in seq:
+                row = shared.mask_row(q)
+                table = np.asarray(shared.device_masks())
+                assert row < len(table)
+                bits = np.unpackbits(table[row].view(np.uint8), bitorder="little")[:QWEN_WIDTH]
+                assert np.array_equal(np.flatnonzero(bits), reference.allowed_tokens(r))
+                q, r = shared.next_state(q, t), reference.next_state(r, t)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in seqs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    stats = shared.stats
+    assert stats["fills"] == stats["states_filled"], "no state was filled twice"
+
+
+def test_row_memory_is_bounded_and_evicted_rows_come_back_equal(qwen_vocab):
+    regex = REGEXES[3]  # JSON strings: rows of ~150k tokens (1.2 MB)
+    grammar = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    index = grammar.index
+    first = {s: index.row(s)[0].copy() for s in range(grammar.num_states)}
+    total = index.stats()["row_bytes"]
+    bound = total // 3
+    small = LazyIndex(index.dfa, index.trie, grammar.eos_token_ids, QWEN_WIDTH, max_row_bytes=bound)
+    for _ in range(2):
+        for s in range(grammar.num_states):
+            assert np.array_equal(small.row(s)[0], first[s])
+            assert small.stats()["row_bytes"] <= bound + 2 * first[s].nbytes  # the current row is kept
+    stats = small.stats()
+    assert stats["rows_evicted"] > 0 and stats["fills"] > stats["states_filled"]
+    assert stats["num_masks"] == index.stats()["num_masks"], "masks are never dropped"
+
+
+def test_mask_table_limit_is_a_typed_error(qwen_vocab):
+    grammar = compile_regex(REGEXES[2], qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    words = -(-QWEN_WIDTH // 32)
+    tight = LazyIndex(grammar.index.dfa, grammar.index.trie, grammar.eos_token_ids, QWEN_WIDTH,
+                      max_mask_bytes=2 * words * 4)
+    with pytest.raises(GrammarTooLargeError, match="mask table reached its limit"):
+        for state in range(tight.num_states):
+            tight.mask_row(state)
+    assert tight.stats()["num_masks"] == 2
+
+
+def test_processor_over_a_lazy_grammar_masks_exactly_while_the_table_grows(qwen_vocab, qwen_hf_tokenizer):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items":
+              {"type": "string", "enum": ["x", "yz"]}}}, "required": ["name", "tags"]}
+    lazy = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    eager = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="eager", use_cache=False)
+    ids = qwen_hf_tokenizer.encode(canonical_json({"name": "Ada \u00e9", "tags": ["yz", "x"]}, schema),
+                                   add_special_tokens=False)
+    assert eager.matches(ids)
+    proc = GrammarProcessor(lazy)
+    logits = mx.array(np.random.default_rng(0).normal(size=(1, QWEN_WIDTH)).astype(np.float32))
+    prompt, tables = [1, 2, 3], set()
+    q = eager.initial_state
+    for n in range(len(ids) + 1):
+        out = np.asarray(proc(mx.array(prompt + ids[:n]), logits))[0]
+        tables.add(id(lazy.device_masks()))
+        assert np.array_equal(np.flatnonzero(np.isfinite(out)), eager.allowed_tokens(q)), n
+        if n < len(ids):
+            q = eager.next_state(q, ids[n])
+    assert eager.is_accepting(q) and proc.is_accepting()
+    assert 1 < len(tables) <= lazy.stats["num_masks"], "a new table object only when rows were added"
