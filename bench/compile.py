@@ -1,31 +1,49 @@
-"""Compile cost on real-world schemas with the genuine Qwen3 tokenizer.
+"""Time to first constrained token on real-world schemas, genuine Qwen3 vocabulary (V = 151,936).
 
-For a fixed sample of `../shared/corpora/maskbench-public.jsonl.gz` schemas, in the same run:
-- raw: outlines-core's `Index(regex, vocabulary)` alone, on the regex our schema front end emits,
-  with the outlines `Vocabulary` built beforehand (the floor: what any outlines-core user pays);
-- ours (cold): `compile_json_schema(..., use_cache=False)`: translation, index, dense tables,
-  deduplicated masks, file write and read-back, in the compile worker;
-- ours (warm): the same call with the on-disk cache warm, in-process memo cleared;
-- mask-table bytes before and after deduplication; failures by error class.
-Targets: ours / raw ≤ 1.25 at p50; warm ≤ 20 ms.
+For a fixed sample of `../shared/corpora/maskbench-public.jsonl.gz` schemas, in the same run, the
+regex our schema front end emits, compiled by:
 
-    python bench/compile.py [--n 24] [--timeout 10] [--seed 0]
+  outlines    outlines-core's eager `Index(regex, vocabulary)` (the floor every outlines-core user
+              pays; its vocabulary is built beforehand), in a forked child stopped at --timeout
+  eager       ours, mode="eager": byte DFA + every state walked, in the compile worker
+  lazy        ours, mode="lazy": byte DFA only; each state's row on first visit
+  lazy warm   the same, the byte DFA read from the on-disk cache (in-process memo cleared)
+  xgrammar    `GrammarCompiler.compile_json_schema` (cache off) + one `fill_next_token_bitmask`
+  llguidance  `LLMatcher.grammar_from_json_schema` + matcher + one `fill_next_token_bitmask`
+(peers: optional, `pip install --no-deps xgrammar apache-tvm-ffi llguidance`; xgrammar's package
+imports torch only for its tensor helpers, so a stand-in module is installed when torch is absent;
+masks are filled into numpy arrays; each peer runs in a forked child stopped at --timeout.)
+
+Measured per schema:
+- time to first mask: compile + the initial state's mask (ours: `mask_row` + `device_masks()`);
+- first visit to a state (lazy): the `mask_row` call that fills a state, p50/p90 over all visits;
+- index cost over a full generation: the token sequence of a valid corpus instance written by
+  `canonical_json` (or, when none fits, a seeded random walk to an accepting state), followed token
+  by token with the mask computed at each step: lazy = DFA + all first visits; eager/outlines = the
+  whole build; peers = compile + every per-step mask fill (up to the first token they reject).
+Targets: lazy time to first mask p50 <= 15 ms and p90 <= 0.5 s, both >= 10x faster than outlines;
+first visit p50 <= 5 ms; no timeout where outlines times out unless a size limit says why.
+
+    python bench/compile.py [--n 40] [--timeout 20] [--seed 0] [--no-peers]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.machinery
 import json
 import multiprocessing as mp
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
+import types
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -34,10 +52,11 @@ sys.path.insert(0, str(REPO / "tests"))
 import grammar_mlx as gm  # noqa: E402
 from grammar_mlx import compiler  # noqa: E402
 from grammar_mlx._compile_worker import SENTINEL_BYTES  # noqa: E402
-from grammar_mlx.schema import schema_to_regex  # noqa: E402
+from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 CORPUS = REPO.parent / "shared" / "corpora" / "maskbench-public.jsonl.gz"
 QWEN_WIDTH = 151_936
+SYSTEMS = ("outlines", "eager", "lazy", "lazy_warm", "xgrammar", "llguidance")
 
 
 def sample(n: int, seed: int) -> list[dict]:
@@ -55,21 +74,29 @@ def sample(n: int, seed: int) -> list[dict]:
     return picked
 
 
-def _raw_child(regex: str, conn) -> None:
-    from outlines_core import Index
-
-    started = time.perf_counter()
-    try:
-        Index(regex, _OUTLINES_VOCAB)
-        conn.send(("ok", time.perf_counter() - started))
-    except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"[:200]))
+def pct(values, q: float):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
 
 
-def raw_build(regex: str, timeout: float) -> tuple[str, float | str]:
-    """outlines-core alone, in a forked child so a runaway build can be stopped at the deadline."""
+# --- forked children: outlines-core and the peers -------------------------------------------------
+
+_G: dict = {}  # set in the parent before forking: outlines vocabulary, peer tokenizers
+
+
+def in_child(fn, args, timeout: float):
+    """fn(*args) in a forked child: ("ok", value) / ("error", text) / ("timeout", None)."""
     parent, child = mp.Pipe()
-    proc = mp.get_context("fork").Process(target=_raw_child, args=(regex, child))
+
+    def run():
+        try:
+            child.send(("ok", fn(*args)))
+        except Exception as exc:  # reported, not raised: the bench records failures by kind
+            child.send(("error", f"{type(exc).__name__}: {exc}"[:200]))
+
+    proc = mp.get_context("fork").Process(target=run)
     proc.start()
     if parent.poll(timeout):
         result = parent.recv()
@@ -77,22 +104,159 @@ def raw_build(regex: str, timeout: float) -> tuple[str, float | str]:
         return result
     proc.kill()
     proc.join()
-    return ("timeout", f">{timeout:g} s")
+    return ("timeout", None)
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
+def outlines_first_mask(regex: str) -> dict:
+    from outlines_core import Index
+
+    started = time.perf_counter()
+    index = Index(regex, _G["outlines_vocab"])
+    index.get_allowed_tokens(index.get_initial_state())
+    return {"first_mask_s": time.perf_counter() - started}
+
+
+def xgrammar_run(schema_text: str, tokens: list[int]) -> dict:
+    xgr = _G["xgr"]
+    started = time.perf_counter()
+    compiled = _G["xgr_compiler"].compile_json_schema(schema_text, any_whitespace=False)
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = np.zeros((1, -(-QWEN_WIDTH // 32)), dtype=np.int32)
+    matcher.fill_next_token_bitmask(bitmask, 0)
+    first = time.perf_counter() - started
+    fills, walked = 0.0, 0
+    for t in tokens:
+        if not matcher.accept_token(t):
+            break
+        walked += 1
+        t0 = time.perf_counter()
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        fills += time.perf_counter() - t0
+    return {"first_mask_s": first, "generation_s": first + fills, "walked": walked}
+
+
+def llguidance_run(schema_text: str, tokens: list[int]) -> dict:
+    import llguidance
+    import llguidance.numpy as lnp
+
+    started = time.perf_counter()
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, defaults={"whitespace_flexible": False})
+    matcher = llguidance.LLMatcher(_G["llg_tokenizer"], grammar)
+    bitmask = lnp.allocate_token_bitmask(1, _G["llg_tokenizer"].vocab_size)
+    lnp.fill_next_token_bitmask(matcher, bitmask, 0)
+    first = time.perf_counter() - started
+    if matcher.is_error():
+        raise RuntimeError(matcher.get_error()[:150])
+    fills, walked = 0.0, 0
+    for t in tokens:
+        if not matcher.consume_token(t):
+            break
+        walked += 1
+        t0 = time.perf_counter()
+        lnp.fill_next_token_bitmask(matcher, bitmask, 0)
+        fills += time.perf_counter() - t0
+    return {"first_mask_s": first, "generation_s": first + fills, "walked": walked}
+
+
+def load_peers(tokenizer) -> list[str]:
+    loaded = []
+    try:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            import tvm_ffi  # noqa: F401 - before the stand-in, so it sees no torch
+
+            sys.modules["torch"] = _torch_stand_in()
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=QWEN_WIDTH)
+        _G["xgr"], _G["xgr_compiler"] = xgr, xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        loaded.append("xgrammar")
+    except Exception as exc:  # an optional peer: report and go on
+        print(f"xgrammar unavailable: {type(exc).__name__}: {exc}"[:200])
+    try:
+        import llguidance.hf
+
+        _G["llg_tokenizer"] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=QWEN_WIDTH)
+        loaded.append("llguidance")
+    except Exception as exc:
+        print(f"llguidance unavailable: {type(exc).__name__}: {exc}"[:200])
+    return loaded
+
+
+def _torch_stand_in() -> types.ModuleType:
+    """Enough of a `torch` module for `import xgrammar` (its tensor helpers are never called here)."""
+
+    class StandIn(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            value = (lambda *a, **k: None) if name.islower() else type(name, (), {})
+            setattr(self, name, value)
+            return value
+
+    torch = StandIn("torch")
+    torch.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    return torch
+
+
+# --- ours, in process -----------------------------------------------------------------------------
+
+
+def ours_first_mask(schema, tokenizer, mode: str, cache_dir: Path, timeout: float, use_cache: bool):
+    started = time.perf_counter()
+    grammar = gm.compile_json_schema(schema, tokenizer, logits_width=QWEN_WIDTH, mode=mode, cache_dir=cache_dir,
+                                     use_cache=use_cache, timeout=timeout)
+    grammar.mask_row(grammar.initial_state)
+    grammar.device_masks()
+    return grammar, time.perf_counter() - started
+
+
+def generation_tokens(grammar, row, tokenizer, rng: random.Random) -> tuple[list[int], str]:
+    for test in row["tests"]:
+        if test.get("valid"):
+            try:
+                ids = tokenizer.encode(canonical_json(test["data"], row["schema"]), add_special_tokens=False)
+            except Exception:  # an instance the serializer cannot write: try the next one
+                continue
+            if grammar.matches(ids):
+                return ids, "instance"
+    state, ids = grammar.initial_state, []
+    eos = set(grammar.eos_token_ids)
+    for _ in range(300):  # a random walk that prefers reaching acceptance
+        if grammar.is_accepting(state) and (len(ids) > 20 or rng.random() < 0.1):
+            break
+        text = [t for t in grammar.allowed_tokens(state).tolist() if t not in eos]
+        if not text:
+            break
+        ids.append(rng.choice(text))
+        state = grammar.next_state(state, ids[-1])
+    return ids, "random walk"
+
+
+def follow(grammar, tokens: list[int]) -> list[float]:
+    """Step through `tokens` as the processor would (mask row + table per step); the seconds of
+    each call that visited a state for the first time."""
+    firsts, state, seen = [], grammar.initial_state, set()
+    for t in [None, *tokens]:
+        if t is not None:
+            state = grammar.next_state(state, t)
+        new = state not in seen
+        started = time.perf_counter()
+        grammar.mask_row(state)
+        grammar.device_masks()
+        if new:
+            firsts.append(time.perf_counter() - started)
+            seen.add(state)
+    return firsts
 
 
 def main() -> None:
-    global _OUTLINES_VOCAB
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=24)
-    parser.add_argument("--timeout", type=float, default=10.0)
+    parser.add_argument("--n", type=int, default=40)
+    parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-peers", action="store_true")
     args = parser.parse_args()
     if not CORPUS.exists():
         sys.exit(f"corpus absent: {CORPUS}")
@@ -104,74 +268,126 @@ def main() -> None:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(qwen_tokenizer_dir()))
     vocab = gm.vocabulary_of(tokenizer)
     text = vocab.text_tokens()
-    _OUTLINES_VOCAB = OutlinesVocabulary(vocab.eos_token_ids[0], {b: i for b, i in text.items() if SENTINEL_BYTES not in b})
+    _G["outlines_vocab"] = OutlinesVocabulary(vocab.eos_token_ids[0],
+                                              {b: i for b, i in text.items() if SENTINEL_BYTES not in b})
+    peers = [] if args.no_peers else load_peers(tokenizer)
     cache_dir = Path(tempfile.mkdtemp(prefix="grammar_mlx-bench-"))
-    gm.compile_regex("(warm|up)", tokenizer, logits_width=QWEN_WIDTH, cache_dir=cache_dir)  # start the worker
+    started = time.perf_counter()
+    gm.compile_regex("(warm|up)", vocab, logits_width=QWEN_WIDTH, cache_dir=cache_dir, mode="eager")
+    print(f"set-up (worker start, trie {compiler.token_trie(vocab, QWEN_WIDTH).num_nodes:,} nodes, vocabulary "
+          f"sent): {time.perf_counter() - started:.2f} s; peers: {', '.join(peers) or 'none'}")
 
-    results, failures = [], Counter()
-    print(f"{'id':<38} {'raw s':>8} {'ours s':>8} {'ratio':>6} {'warm ms':>8} {'masks':>6} {'dedup':>6}")
+    results, failures = [], {s: Counter() for s in SYSTEMS}
+    first_visits: list[float] = []
+    head = (f"{'id':<34} {'bytes':>6} | {'outlines':>9} {'eager':>8} {'lazy':>7} {'warm':>6} {'xgr':>7} "
+            f"{'llg':>7} | {'visit p50':>9} | {'gen lazy':>8} {'gen xgr':>8} {'gen llg':>8}")
+    print("time to first mask (ms), first visit (ms), index cost over a generation (ms)")
+    print(head)
+    rng = random.Random(args.seed)
     for row in sample(args.n, args.seed):
-        entry = {"id": row["id"], "subset": row["subset"]}
+        entry: dict = {"id": row["id"], "subset": row["subset"]}
+        results.append(entry)
         try:
             regex = schema_to_regex(row["schema"]).regex
         except gm.GrammarError as exc:
-            failures[type(exc).__name__] += 1
             entry["error"] = type(exc).__name__
-            results.append(entry)
+            for s in SYSTEMS:
+                failures[s]["schema:" + type(exc).__name__] += 1
+            print(f"{row['id'][:34]:<34} schema not translated: {type(exc).__name__}")
             continue
-        status, raw = raw_build(regex, args.timeout)
-        entry["raw_status"], entry["raw_seconds"] = status, raw if status == "ok" else None
-        try:
-            started = time.perf_counter()
-            grammar = gm.compile_json_schema(row["schema"], tokenizer, logits_width=QWEN_WIDTH, cache_dir=cache_dir,
-                                             timeout=args.timeout)
-            entry["ours_seconds"] = time.perf_counter() - started
-            compiler._LIVE.clear()
-            started = time.perf_counter()
-            warm = gm.compile_json_schema(row["schema"], tokenizer, logits_width=QWEN_WIDTH, cache_dir=cache_dir)
-            entry["warm_ms"] = (time.perf_counter() - started) * 1e3
-            assert warm.stats["cache_hit"]
-            entry.update(states=grammar.num_states, masks=int(len(grammar.masks)),
-                         mask_bytes=grammar.stats["mask_bytes"],
-                         mask_bytes_before_dedup=grammar.stats["mask_bytes_before_dedup"])
-        except gm.GrammarError as exc:
-            failures[type(exc).__name__] += 1
-            entry["error"] = type(exc).__name__
-        results.append(entry)
-        ratio = entry["ours_seconds"] / raw if status == "ok" and "ours_seconds" in entry else None
-        entry["ratio"] = ratio
-        print(f"{row['id'][:38]:<38} {raw if status != 'ok' else f'{raw:.3f}':>8} "
-              f"{entry.get('ours_seconds', float('nan')):>8.3f} {ratio or float('nan'):>6.2f} "
-              f"{entry.get('warm_ms', float('nan')):>8.1f} {entry.get('masks', 0):>6} "
-              f"{entry.get('mask_bytes_before_dedup', 0) / max(entry.get('mask_bytes', 1), 1):>5.1f}x", flush=True)
+        entry["regex_chars"] = len(regex)
+        schema_text = row["schema"] if isinstance(row["schema"], str) else json.dumps(row["schema"])
 
-    ratios = [e["ratio"] for e in results if e.get("ratio")]
-    warm = [e["warm_ms"] for e in results if "warm_ms" in e]
-    before = sum(e.get("mask_bytes_before_dedup", 0) for e in results)
-    after = sum(e.get("mask_bytes", 0) for e in results)
-    summary = {
-        "schemas": len(results),
-        "compiled": sum("ours_seconds" in e for e in results),
-        "raw_timeouts": sum(e.get("raw_status") == "timeout" for e in results),
-        "ratio_p50": pct(ratios, 0.5), "ratio_p90": pct(ratios, 0.9),
-        "raw_p50_s": pct([e["raw_seconds"] for e in results if e.get("raw_seconds")], 0.5),
-        "ours_p50_s": pct([e["ours_seconds"] for e in results if "ours_seconds" in e], 0.5),
-        "warm_p50_ms": pct(warm, 0.5), "warm_max_ms": max(warm) if warm else None,
-        "mask_bytes_before_dedup": before, "mask_bytes_after_dedup": after,
-        "failures": dict(failures),
-        "targets": {"ratio_p50": 1.25, "warm_ms": 20},
-        "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
+        status, value = in_child(outlines_first_mask, (regex,), args.timeout)
+        entry["outlines"] = value["first_mask_s"] if status == "ok" else None
+        if status != "ok":
+            failures["outlines"][status if status == "timeout" else value.split(":")[0]] += 1
+
+        lazy = None
+        for system, mode, use_cache in (("lazy", "lazy", True), ("eager", "eager", False)):
+            compiler._LIVE.clear()
+            try:
+                grammar, seconds = ours_first_mask(row["schema"], vocab, mode, cache_dir, args.timeout, use_cache)
+                entry[system] = seconds
+                if system == "lazy":
+                    lazy = grammar
+                    entry["byte_states"] = grammar.stats["byte_states"]
+                    entry["dfa_seconds"] = grammar.stats["dfa_seconds"]
+            except gm.GrammarError as exc:
+                entry[system] = None
+                failures[system][type(exc).__name__] += 1
+                entry[system + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        if lazy is not None:
+            compiler._LIVE.clear()
+            _, entry["lazy_warm"] = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout, True)
+            tokens, source = generation_tokens(lazy, row, tokenizer, rng)
+            fresh_lazy, _ = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout, False)
+            visits = follow(fresh_lazy, tokens)
+            first_visits.extend(visits[1:])  # the initial state's visit is part of the first mask
+            entry.update(generation=source, generation_tokens=len(tokens),
+                         visits=len(visits), visit_p50=pct(visits[1:], 0.5), visit_max=max(visits[1:], default=None),
+                         gen_lazy=fresh_lazy.stats["dfa_seconds"] + fresh_lazy.stats["fill_seconds"])
+        else:
+            tokens = []
+        entry["gen_eager"] = entry.get("eager")
+        for peer, fn in (("xgrammar", xgrammar_run), ("llguidance", llguidance_run)):
+            if peer not in peers:
+                continue
+            status, value = in_child(fn, (schema_text, tokens), args.timeout)
+            if status == "ok":
+                entry[peer] = value["first_mask_s"]
+                entry["gen_" + peer] = value["generation_s"]
+                entry[peer + "_walked"] = value["walked"]
+            else:
+                entry[peer] = None
+                failures[peer][status if status == "timeout" else value.split(":")[0]] += 1
+
+        def ms(key, width, digits=1):
+            v = entry.get(key)
+            return f"{'-' if v is None else f'{v * 1e3:.{digits}f}':>{width}}"
+
+        print(f"{row['id'][:34]:<34} {entry.get('byte_states', '-'):>6} | {ms('outlines', 9)} {ms('eager', 8)} "
+              f"{ms('lazy', 7)} {ms('lazy_warm', 6)} {ms('xgrammar', 7)} {ms('llguidance', 7)} | "
+              f"{ms('visit_p50', 9, 2)} | {ms('gen_lazy', 8)} {ms('gen_xgrammar', 8)} {ms('gen_llguidance', 8)}",
+              flush=True)
+
+    def col(key):
+        return [e.get(key) for e in results if e.get(key) is not None]
+
+    summary: dict = {"schemas": len(results), "peers": peers, "timeout_s": args.timeout}
+    for s in SYSTEMS:
+        summary[s] = {"ok": len(col(s)), "first_mask_p50_ms": _ms(pct(col(s), 0.5)),
+                      "first_mask_p90_ms": _ms(pct(col(s), 0.9)), "first_mask_max_ms": _ms(max(col(s), default=None)),
+                      "failures": dict(failures[s])}
+    both = [(e["outlines"], e["lazy"]) for e in results if e.get("outlines") and e.get("lazy")]
+    summary["outlines_over_lazy"] = {
+        "p50": _ratio(pct([o for o, _ in both], 0.5), pct([lz for _, lz in both], 0.5)),
+        "p90": _ratio(pct([o for o, _ in both], 0.9), pct([lz for _, lz in both], 0.9)),
     }
+    summary["first_visit_ms"] = {"count": len(first_visits), "p50": _ms(pct(first_visits, 0.5)),
+                                 "p90": _ms(pct(first_visits, 0.9)), "max": _ms(max(first_visits, default=None))}
+    summary["generation_ms_p50"] = {k: _ms(pct(col("gen_" + k), 0.5)) for k in ("lazy", "eager", "xgrammar", "llguidance")}
+    summary["generation_ms_p90"] = {k: _ms(pct(col("gen_" + k), 0.9)) for k in ("lazy", "eager", "xgrammar", "llguidance")}
+    summary["outlines_timeouts_lazy_ok"] = sum(1 for e in results if e.get("outlines") is None and e.get("lazy"))
+    summary["targets"] = {"lazy_first_mask_p50_ms": 15, "lazy_first_mask_p90_ms": 500, "outlines_over_lazy": 10,
+                          "first_visit_p50_ms": 5}
+    summary["cpu_count"], summary["load_average"] = os.cpu_count(), os.getloadavg()
     print("\nsummary")
     for k, v in summary.items():
-        print(f"  {k:<24} {v}")
+        print(f"  {k:<26} {v}")
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compile.json").write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    (out / "compile.json").write_text(json.dumps({"summary": summary, "results": results}, indent=1, default=str))
     print(f"wrote {out / 'compile.json'}")
 
 
-_OUTLINES_VOCAB = None
+def _ms(v):
+    return None if v is None else round(v * 1e3, 3)
+
+
+def _ratio(a, b):
+    return None if not a or not b else round(a / b, 1)
+
 
 if __name__ == "__main__":
     main()

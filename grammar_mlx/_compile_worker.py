@@ -121,10 +121,14 @@ def build_dfa(regex: str, max_states: int, byte_vocab=None) -> token_index.ByteD
     return token_index.ByteDFA.from_transitions(transitions, index.get_initial_state(), index.get_final_states())
 
 
-def check_language(dfa: token_index.ByteDFA) -> None:
-    """EmptyLanguageError unless some text (any bytes but NUL) leads to an accepting state."""
-    if not dfa.live_by(range(1, 256))[dfa.initial]:
+def check_language(dfa: token_index.ByteDFA) -> bool:
+    """EmptyLanguageError unless some text (any bytes but NUL) leads to an accepting state; returns
+    whether every state that text reaches can still reach one (what a lazy index needs, given a
+    vocabulary with every non-NUL byte as a token)."""
+    live = dfa.live_by(range(1, 256))
+    if not live[dfa.initial]:
         raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
+    return bool(live[dfa.reachable()].all())
 
 
 def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
@@ -254,8 +258,9 @@ def serve(stdin, stdout) -> None:
             if kind == "dfa":
                 byte_vocab = byte_vocab or byte_vocabulary()
                 dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
-                check_language(dfa)
+                every_state_live = check_language(dfa)
                 arrays, meta = dfa_arrays(dfa)
+                meta["every_state_live"] = every_state_live
                 meta["dfa_seconds"] = time.perf_counter() - started
             else:
                 dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"])

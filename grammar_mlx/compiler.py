@@ -61,7 +61,7 @@ DEFAULT_MEMORY_LIMIT = int(os.environ.get("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30)
 AUTO_EAGER_MAX_STATES = int(os.environ.get("GRAMMAR_MLX_AUTO_EAGER_STATES", 8))
 MODES = ("auto", "eager", "lazy")
 _TABLE_FORMAT = 2
-_DFA_FORMAT = 1
+_DFA_FORMAT = 2
 
 Progress = Callable[[str, int, int], None]
 
@@ -501,7 +501,7 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
         deadline = time.monotonic() + timeout
         dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, use_cache, deadline, jobs)
         trie = token_trie(vocab, width)
-        chosen, reason = _choose_mode(mode, dfa, trie)
+        chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
         if chosen == "eager":
             path = tables_path or jobs.scratch_path("tables.gmx")
             job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
@@ -548,14 +548,21 @@ def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason) ->
     return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
 
 
-def _choose_mode(requested: str, dfa: ByteDFA, trie: TokenTrie) -> tuple[str, str]:
+_ALL_TEXT_BYTES = frozenset(range(1, 256))
+
+
+def _choose_mode(requested: str, dfa: ByteDFA, dfa_meta: dict, trie: TokenTrie) -> tuple[str, str]:
     if requested == "eager":
         return "eager", "requested"
-    # Sufficient for "every state the tokens reach has a way forward": every state reachable over
-    # any bytes can reach acceptance through single-byte tokens. Byte-level vocabularies (all 255
-    # non-NUL bytes are tokens) meet it for any grammar that needs no NUL.
-    live = dfa.live_by(trie.single_bytes) if trie.single_bytes else dfa.accepting.copy()
-    provable = bool(np.all(live[dfa.reachable()]))
+    # Sufficient for "every state the tokens reach has a way forward": every state that text
+    # reaches can reach acceptance through single-byte tokens. Byte-level vocabularies (every
+    # non-NUL byte is a token) meet it for any grammar that needs no NUL; the worker computed that
+    # case with the DFA, so a warm compile does not repeat it.
+    if trie.single_bytes >= _ALL_TEXT_BYTES and "every_state_live" in dfa_meta:
+        provable = bool(dfa_meta["every_state_live"])
+    else:
+        live = dfa.live_by(trie.single_bytes) if trie.single_bytes else dfa.accepting.copy()
+        provable = bool(np.all(live[dfa.reachable()]))
     if requested == "lazy":
         if not provable:
             raise VocabularyMismatchError(

@@ -22,6 +22,7 @@ compile worker loads it as a plain sibling file.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -181,55 +182,81 @@ class ByteDFA:
     def from_transitions(cls, transitions: dict, initial: int, finals, sentinel: int = NUL) -> "ByteDFA":
         """From outlines-core's `Index((?:R)\\x00, <256 single bytes>).get_transitions()`.
 
-        States are renumbered in breadth-first order from the initial state over bytes other than
-        the sentinel (states reachable only through it, such as the final state, are dropped).
-        A state accepts iff its sentinel edge reaches an outlines final state."""
-        finals = set(finals)
-        order = {initial: 0}
-        frontier = [initial]
-        while frontier:
-            nxt = []
-            for s in frontier:
-                for b, t in transitions.get(s, {}).items():
-                    if b != sentinel and b < 256 and t not in order:
-                        order[t] = len(order)
-                        nxt.append(t)
-            frontier = nxt
-        count = len(order)
+        States are the ones text (bytes other than NUL) reaches from the initial state, numbered in
+        outlines' id order. A state accepts iff its sentinel edge reaches an outlines final state;
+        sentinel edges (and the EOS id 256) are dropped."""
+        keys = np.fromiter(transitions.keys(), dtype=np.int64, count=len(transitions))
+        rows = list(transitions.values())
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        total = int(lens.sum())
+        byte = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
+        dst_ids = np.fromiter(itertools.chain.from_iterable(r.values() for r in rows), dtype=np.int64, count=total)
+        # A state without edges may be no key of the dict: number every id seen anywhere.
+        ids = np.unique(np.concatenate([keys, dst_ids, [initial]]))
+        count = len(ids)
+        src = np.repeat(np.searchsorted(ids, keys), lens)
+        dst = np.searchsorted(ids, dst_ids)
+        keep = (byte != sentinel) & (byte < 256)
         table = np.full((count + 1) * 256, count, dtype=np.int32)
+        table[src[keep] * 256 + byte[keep]] = dst[keep]
         accepting = np.zeros(count, dtype=bool)
-        for s, q in order.items():
-            row = transitions.get(s, {})
-            accepting[q] = row.get(sentinel) in finals
-            base = q * 256
-            for b, t in row.items():
-                if b != sentinel and b < 256:
-                    table[base + b] = order[t]
-        return cls(table, accepting, 0)
+        final = np.isin(dst_ids, np.fromiter(finals, dtype=np.int64)) & (byte == sentinel)
+        accepting[src[final]] = True
+        full = cls(table, accepting, int(np.searchsorted(ids, initial)))
+        # Keep the states text reaches (the final state and others behind a NUL are not).
+        keep = full.reachable()
+        if keep.all():
+            return full
+        number = np.full(count + 1, -1, dtype=np.int64)
+        number[np.flatnonzero(keep)] = np.arange(int(keep.sum()))
+        number[count] = int(keep.sum())  # the dead state stays last
+        rows = np.append(np.flatnonzero(keep), count)
+        compact = number[table.reshape(-1, 256)[rows]].astype(np.int32).ravel()
+        return cls(compact, accepting[keep], int(number[full.initial]))
+
+    def _edges(self, alphabet) -> tuple[list[int], list[int]]:
+        """(state, next state) pairs over bytes of `alphabet`, dead state left out, one per run of
+        equal entries along the byte axis (byte classes are mostly ranges): a few per state where
+        the table has 256, without a sort. Pairs may repeat; a search does not mind."""
+        alpha = np.array(sorted(alphabet), dtype=np.int64)
+        n = self.num_states
+        dst = self.table.reshape(-1, 256)[:n][:, alpha]
+        change = np.ones(dst.shape, dtype=bool)
+        np.not_equal(dst[:, 1:], dst[:, :-1], out=change[:, 1:])
+        change &= dst < n
+        src, col = np.nonzero(change)
+        return src.tolist(), dst[src, col].tolist()
+
+    @staticmethod
+    def _search(starts, adjacency: list[list[int]], n: int) -> np.ndarray:
+        seen = np.zeros(n, dtype=bool)
+        seen[starts] = True
+        stack = list(np.flatnonzero(seen).tolist())
+        mark = seen.tolist()
+        while stack:
+            for t in adjacency[stack.pop()]:
+                if not mark[t]:
+                    mark[t] = True
+                    stack.append(t)
+        return np.array(mark, dtype=bool)
 
     def live_by(self, alphabet) -> np.ndarray:
         """States from which some string over `alphabet` (bytes) reaches an accepting state."""
-        alpha = np.array(sorted(alphabet), dtype=np.int64)
-        table = self.table.reshape(-1, 256)[: self.num_states][:, alpha]
-        live = self.accepting.copy()
-        while True:  # backward fixpoint: a state is live when a byte leads to a live state
-            grown = live | np.any(np.append(live, False)[table], axis=1)
-            if np.array_equal(grown, live):
-                return live
-            live = grown
+        n = self.num_states
+        backward: list[list[int]] = [[] for _ in range(n)]
+        for a, b in zip(*self._edges(alphabet)):
+            backward[b].append(a)
+        return self._search(self.accepting, backward, n)
 
     def reachable(self) -> np.ndarray:
-        """States reachable from the initial state over any bytes."""
-        seen = np.zeros(self.num_states + 1, dtype=bool)
-        seen[self.initial] = True
-        frontier = np.array([self.initial])
-        table = self.table.reshape(-1, 256)
-        while len(frontier):
-            succ = np.unique(table[frontier])
-            succ = succ[~seen[succ]]
-            seen[succ] = True
-            frontier = succ
-        return seen[: self.num_states]
+        """States reachable from the initial state over bytes other than NUL (text)."""
+        n = self.num_states
+        forward: list[list[int]] = [[] for _ in range(n)]
+        for a, b in zip(*self._edges(range(1, 256))):
+            forward[a].append(b)
+        start = np.zeros(n, dtype=bool)
+        start[self.initial] = True
+        return self._search(start, forward, n)
 
 
 # A walk stays sparse while at most this share of a level's nodes is alive; denser levels are
