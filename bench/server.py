@@ -11,7 +11,7 @@ schema.
 Bounded: `--requests` per cell (split over `--rounds`), `--cell-seconds` per cell, `--total-seconds`
 for the whole run (cells past it are skipped and reported as such); servers are stopped at the end.
 
-    python bench/server.py [--clients 1,4] [--requests 8] [--max-tokens 32] [--draft-layers 24]
+    python bench/server.py [--clients 1,4] [--requests 4] [--max-tokens 24] [--draft-layers 24]
 """
 
 from __future__ import annotations
@@ -84,8 +84,11 @@ def request(url: str, mode: str, max_tokens: int, timeout: float) -> dict:
     data = json.dumps(body).encode()
     started = time.perf_counter()
     req = urllib.request.Request(url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        reply = json.load(r)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            reply = json.load(r)
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"HTTP {e.code}: {e.read()[:500].decode(errors='replace')}") from None
     latency = time.perf_counter() - started
     choice = reply["choices"][0]
     return {"latency": latency, "tokens": reply["usage"]["completion_tokens"], "finish": choice["finish_reason"],
@@ -119,7 +122,7 @@ def run_cell(url: str, mode: str, clients: int, count: int, deadline: float, max
                 issued[0] += 1
             try:
                 r = request(url, mode, max_tokens, timeout=max(deadline - time.monotonic(), 1) + 60)
-            except (OSError, urllib.error.URLError) as e:
+            except (OSError, RuntimeError) as e:
                 with lock:
                     errors.append(str(e))
                 return
@@ -162,16 +165,18 @@ def summarize(results: list[dict], wall: float) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,4", help="comma-separated concurrent client counts (1,4)")
-    parser.add_argument("--requests", type=int, default=8, help="requests per cell (8)")
+    parser.add_argument("--requests", type=int, default=4, help="requests per cell and mode (4)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell (2)")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--draft-layers", type=int, default=24, help="truncated draft (24 of 30 layers); 0: no draft run")
-    parser.add_argument("--cell-seconds", type=float, default=120)
-    parser.add_argument("--total-seconds", type=float, default=900)
+    parser.add_argument("--num-draft-tokens", type=int, default=2)
+    parser.add_argument("--cell-seconds", type=float, default=120, help="time for one cell, both modes (120)")
+    parser.add_argument("--total-seconds", type=float, default=600, help="time for the whole run (600)")
     args = parser.parse_args()
     clients_list = [int(c) for c in args.clients.split(",")]
     run_started = time.monotonic()
-    configs = [("none", ())] + ([(f"{args.draft_layers} layers", ("--draft-layers", str(args.draft_layers)))]
+    configs = [("none", ())] + ([(f"{args.draft_layers} layers", ("--draft-layers", str(args.draft_layers),
+                                                                  "--num-draft-tokens", str(args.num_draft_tokens)))]
                                 if args.draft_layers else [])
     rows = []
     invalid = 0
@@ -187,11 +192,13 @@ def main() -> int:
                 if time.monotonic() - run_started > args.total_seconds:
                     rows.append({"draft": draft_name, "clients": clients, "skipped": "total time budget spent"})
                     continue
-                deadline = time.monotonic() + args.cell_seconds
                 per_round = max(1, args.requests // args.rounds)
+                # Each (round, mode) slice gets its share of the cell's time, so neither mode starves the other.
+                slice_seconds = args.cell_seconds / (args.rounds * len(MODES))
                 collected = {m: ([], 0.0) for m in MODES}
                 for _ in range(args.rounds):
                     for mode in MODES:
+                        deadline = time.monotonic() + slice_seconds
                         results, wall = run_cell(server.url, mode, clients, per_round, deadline, args.max_tokens)
                         prior, prior_wall = collected[mode]
                         collected[mode] = (prior + results, prior_wall + wall)
@@ -221,8 +228,9 @@ def main() -> int:
     print(f"{'draft':<10} {'clients':>7} {'mode':<14} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "
           f"{'tok/s':>7} {'tok/req':>7}  finish")
     for r in rows:
-        if "skipped" in r:
-            print(f"{r['draft']:<10} {r.get('clients', ''):>7} skipped: {r['skipped']}")
+        if "skipped" in r or not r["requests"]:
+            print(f"{r['draft']:<10} {r.get('clients', ''):>7} {r.get('mode', ''):<14} "
+                  f"skipped: {r.get('skipped', 'no request finished within the cell time')}")
             continue
         print(f"{r['draft']:<10} {r['clients']:>7} {r['mode']:<14} {r['requests']:>4} {r['requests_per_s']:>7.3f} "
               f"{r['p50_s']:>7.2f} {r['p95_s']:>7.2f} {r['tokens_per_s']:>7.2f} {r['mean_tokens']:>7.1f}  {r['finish']}")
