@@ -40,6 +40,8 @@ there); EOS is allowed exactly where the grammar is complete. A token budget (`m
 `max_completion_tokens`) that ends first gives `finish_reason: "length"` with the partial text. Stop
 sequences still apply and can end the text early, with `finish_reason: "stop"`. Unknown keys inside
 `response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained output.
+Reasoning models: the grammar starts at the first generated token, so turn thinking off for
+constrained requests (e.g. `"chat_template_kwargs": {"enable_thinking": false}`).
 
 Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`, status 400 for a bad
 request: `invalid_response_format` (malformed `response_format`, unsupported request field),
@@ -54,7 +56,7 @@ runs in `grammar_mlx.compiler`'s worker processes) and kept in a `GrammarCache`:
 out, bounded in entries and bytes (`--grammar-cache-entries`, `--grammar-cache-mb`), keyed by (kind,
 schema as compact JSON with its key order kept - order is meaningful, it orders the output -, strict,
 whitespace). Concurrent requests for the same new grammar wait for one compile; compile errors are
-cached too. Tables also persist in the on-disk cache (`GRAMMAR_MLX_CACHE_DIR`).
+cached too. Tables also persist in the on-disk cache (`--cache-dir`, default `GRAMMAR_MLX_CACHE_DIR`).
 
 Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm decodes concurrent
 requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them
@@ -357,17 +359,18 @@ class Grammars:
     """Compiles `GrammarSpec`s for the served vocabulary and logits width, through a `GrammarCache`."""
 
     def __init__(self, vocabulary: Vocabulary, logits_width: int, *, cache: GrammarCache | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, cache_dir: str | None = None) -> None:
         self.vocabulary = vocabulary
         self.logits_width = logits_width
         self.cache = cache if cache is not None else GrammarCache()
         self.timeout = timeout
+        self.cache_dir = cache_dir
 
     def get(self, spec: GrammarSpec) -> CompiledGrammar:
         return self.cache.get(spec, lambda: self._compile(spec))
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        options = {"logits_width": self.logits_width, "timeout": self.timeout}
+        options = {"logits_width": self.logits_width, "timeout": self.timeout, "cache_dir": self.cache_dir}
         if spec.kind == "regex":
             return compile_regex(spec.text, self.vocabulary, **options)
         try:
@@ -538,7 +541,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             if self.body.get("adapters") is not None:
                 raise InvalidRequestError("adapters are not supported: the server serves one model",
                                           param="adapters")
-            if self.body.get("draft_model", "default_model") != "default_model":
+            if self.body.get("draft_model") not in (None, "default_model"):
                 raise InvalidRequestError("draft_model cannot be chosen per request; start the server with "
                                           "--draft-model or --draft-layers", param="draft_model")
             spec = parse_response_format(self.body.get("response_format"))
@@ -688,6 +691,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"memory for compiled grammars, MiB ({DEFAULT_CACHE_MB:g})")
     parser.add_argument("--compile-timeout", type=float, default=None,
                         help="seconds one grammar may take to compile (default: GRAMMAR_MLX_COMPILE_TIMEOUT or 60)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="on-disk cache of compiled tables (default: $GRAMMAR_MLX_CACHE_DIR or ~/.cache/grammar_mlx)")
     parser.add_argument("--preload-json-object", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the json_object grammar in the background at start (default on)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
@@ -714,7 +719,7 @@ def serve_main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
-    grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout)
+    grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir)
     provider = LoadedModelProvider(mlx_cli_args(args), model, tokenizer, draft, model_id=model_id, draft_id=draft_id)
     generator = GrammarResponseGenerator(provider, LRUPromptCache(args.prompt_cache_size), grammars)
     try:

@@ -507,6 +507,8 @@ def test_raw_error_shapes_and_refused_fields(servers):
     for field, value in (("adapters", "lora"), ("draft_model", "other")):
         status, _, body = post(url, {"messages": ASK, "max_tokens": 5, field: value})
         assert status == 400 and body["error"]["param"] == field
+    status, _, body = post(url, {"messages": ASK, "max_tokens": 2, "adapters": None, "draft_model": None})
+    assert status == 200 and body["usage"]["completion_tokens"] <= 2
     # A body nested past Python's recursion limit is a 400, not a dropped connection.
     deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, _, body = post(url, deep)
@@ -567,3 +569,12 @@ def test_concurrent_clients_with_different_schemas(servers):
 def test_models_endpoint_lists_the_served_model(servers):
     models = servers["plain"].client().models.list()
     assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
+
+
+def test_a_model_that_does_not_load_exits_with_a_message(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    run = subprocess.run([sys.executable, "-m", "grammar_mlx.server", "--port", "0", "--model", str(missing)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.startswith("error: ") and "missing.gguf" in run.stderr
+    assert "listening" not in run.stdout
