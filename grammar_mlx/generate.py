@@ -1,0 +1,588 @@
+"""Structured generation: a JSON Schema or a regex in, text the grammar accepts out.
+
+Everything runs through mlx-lm's own `stream_generate` (plain, or speculative with `draft_model`):
+this module only prepares the prompt, compiles the grammar, adds a fresh `GrammarProcessor` to the
+logits processors, and reads the tokens mlx-lm yields. The processor is stateful and follows one
+request, so every call builds a new one.
+
+Completion. The compiled grammar allows EOS exactly where the text so far is a complete match, so a
+generation that ends with EOS is complete. One that ends on the token budget (`max_tokens`) is
+complete only if its text happens to be a complete match already; otherwise `GenerationError` is
+raised with the raw text in `.text`.
+
+Validation. `generate_json` parses the output and validates it with `jsonschema` (the draft the
+schema names, else the first of 2020-12, 7, 4 whose metaschema accepts it, with format checks), then
+with the Pydantic model when one was given. The grammar already enforces every keyword it does not
+report as unenforced, and `strict=True` (the default) refuses schemas with unenforced keywords, so
+validation is a check, not a filter. When `jsonschema` is not installed, the JSON Schema validation is
+skipped (Pydantic validation still runs): `jsonschema_available()` says which.
+
+Statistics (`GenerationStats`): `generated_tokens` counts every token mlx-lm produced, the final EOS
+included; `draft_tokens` counts those that were proposed by the draft model and accepted by the model
+(mlx-lm's `GenerationResponse.from_draft`); the draft acceptance rate is `draft_tokens /
+generated_tokens`, the share of the output that came from the draft. Decoding speed is tokens after
+the first divided by the time after the first (the first token's time is prompt processing).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generator, Union
+
+import mlx.core as mx
+
+from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .errors import GenerationError, GrammarViolationError
+from .processor import GrammarProcessor
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_NUM_DRAFT_TOKENS",
+    "GenerationStats",
+    "StructuredOutput",
+    "generate_json",
+    "generate_regex",
+    "generate_structured",
+    "json_logits_processor",
+    "jsonschema_available",
+    "logits_width_of",
+    "regex_logits_processor",
+    "stream_json",
+    "stream_regex",
+]
+
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_NUM_DRAFT_TOKENS = 2  # mlx-lm's default
+
+Schema = Union[Mapping[str, Any], bool, str, bytes, type]
+Prompt = Union[str, Sequence[Mapping[str, Any]], Sequence[int], mx.array]
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What one generation cost. See the module docstring for the definitions."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    draft_tokens: int
+    prompt_seconds: float  # until the first token arrived (prompt processing + first step)
+    generation_seconds: float  # from the first token to the last
+    finish_reason: str  # "stop": EOS after a complete match; "length": the token budget ran out
+    num_draft_tokens: int | None  # None without a draft model
+    compile_seconds: float | None = None
+    cache_hit: bool | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Share of generated tokens that came from the draft (None without a draft model)."""
+        if self.num_draft_tokens is None or self.generated_tokens == 0:
+            return None
+        return self.draft_tokens / self.generated_tokens
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.generated_tokens < 2 or self.generation_seconds <= 0:
+            return None
+        return (self.generated_tokens - 1) / self.generation_seconds
+
+    @property
+    def prompt_tokens_per_second(self) -> float | None:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else None
+
+    def summary(self) -> str:
+        """One line for humans (the CLI prints it on stderr)."""
+        parts = []
+        if self.compile_seconds is not None:
+            hit = "cache hit" if self.cache_hit else "cache miss"
+            parts.append(f"compile {self.compile_seconds:.2f} s ({hit})")
+        pps = self.prompt_tokens_per_second
+        parts.append(f"prompt {self.prompt_tokens} tok" + (f" @ {pps:.1f} tok/s" if pps else ""))
+        tps = self.tokens_per_second
+        parts.append(f"generated {self.generated_tokens} tok" + (f" @ {tps:.2f} tok/s" if tps else ""))
+        rate = self.acceptance_rate
+        if rate is not None:
+            parts.append(f"draft acceptance {rate:.0%} ({self.draft_tokens}/{self.generated_tokens}, "
+                         f"k={self.num_draft_tokens})")
+        parts.append(f"finish {self.finish_reason}")
+        return " | ".join(parts)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A completed generation: the text, its parsed value, the token ids (EOS included), which of them
+    came from the draft model, and stats.
+
+    `value` is the parsed JSON (a Pydantic instance when the schema was a Pydantic model) for a schema,
+    and the text for a regex or a precompiled grammar.
+    """
+
+    text: str
+    value: Any
+    token_ids: list[int]
+    from_draft: list[bool]
+    stats: GenerationStats
+
+
+# --- helpers shared by the entry points -----------------------------------------------------------
+
+
+def logits_width_of(model: Any) -> int:
+    """The width of `model`'s logits (its output vocabulary, which can exceed the tokenizer's)."""
+    width = getattr(getattr(model, "args", None), "vocab_size", None)
+    if isinstance(width, int) and not isinstance(width, bool) and width > 0:
+        return width
+    # No config to read: one forward pass on one token says it.
+    try:
+        out = model(mx.array([[0]]))
+    except Exception as exc:  # models raise many types; the caller needs one
+        raise GenerationError(
+            f"cannot tell the logits width of {type(model).__name__} (no args.vocab_size, and a forward "
+            f"pass failed: {exc}); pass logits_width="
+        ) from exc
+    return int(out.shape[-1])
+
+
+def jsonschema_available() -> bool:
+    """Whether `generate_json` validates outputs with `jsonschema` (a test extra)."""
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _wrapped(tokenizer: Any) -> Any:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    return tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+
+
+def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
+    """Token ids of the prompt; with `chat`, a str or message list goes through the chat template."""
+    if isinstance(prompt, mx.array):
+        return [int(t) for t in prompt.reshape(-1).tolist()]
+    if isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        if not prompt:
+            raise GenerationError("the prompt is empty")
+        return list(prompt)
+    if isinstance(prompt, str):
+        messages: list = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        messages = list(prompt)
+        if not chat:
+            raise GenerationError("a list of chat messages needs chat=True")
+    else:
+        raise GenerationError(
+            f"a prompt is a str, a list of chat messages, or token ids, not {type(prompt).__name__}")
+    if chat:
+        if not getattr(tokenizer, "has_chat_template", False):
+            raise GenerationError("the tokenizer has no chat template; pass chat=False to use the prompt as is")
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    bos = getattr(tokenizer, "bos_token", None)
+    # As mlx-lm does for a str prompt: add BOS unless the text already starts with it.
+    return list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
+
+
+def _check_draft(model: Any, draft_model: Any, num_draft_tokens: int) -> None:
+    if draft_model is None:
+        return
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise GenerationError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
+    model_width, draft_width = logits_width_of(model), logits_width_of(draft_model)
+    if model_width != draft_width:
+        raise GenerationError(
+            f"the draft model's logits width ({draft_width}) differs from the model's ({model_width}); "
+            "a draft must share the model's vocabulary")
+
+
+def _check_budget(max_tokens: int) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise GenerationError(f"max_tokens must be a positive int, got {max_tokens!r}")
+
+
+# --- the one loop: mlx-lm's stream_generate, read token by token -----------------------------------
+
+
+@dataclass
+class _Finished:
+    text: str
+    token_ids: list[int]
+    from_draft: list[bool]
+    stats: GenerationStats
+
+
+def _stream(model: Any, tokenizer: Any, prompt: Prompt, grammar: CompiledGrammar, *, draft_model: Any,
+            num_draft_tokens: int, sampler: Sampler | None, max_tokens: int, chat: bool,
+            logits_processors: Sequence[LogitsProcessor] | None,
+            prompt_cache: Any = None) -> Generator[str, None, _Finished]:
+    """Yield text chunks as mlx-lm produces tokens; return the finished generation.
+
+    Raises GenerationError (with the raw text) when the budget ran out before the grammar completed.
+    """
+    from mlx_lm.generate import stream_generate
+
+    _check_budget(max_tokens)
+    _check_draft(model, draft_model, num_draft_tokens)
+    wrapper = _wrapped(tokenizer)
+    prompt_ids = _prompt_ids(wrapper, prompt, chat)
+
+    # The grammar's mask goes last, so no other processor can re-enable a token it forbids.
+    processors = [*(logits_processors or ()), GrammarProcessor(grammar)]
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "sampler": sampler, "logits_processors": processors}
+    if prompt_cache is not None:
+        kwargs["prompt_cache"] = prompt_cache
+    if draft_model is not None:
+        kwargs.update(draft_model=draft_model, num_draft_tokens=num_draft_tokens)
+
+    token_bytes = grammar.vocabulary.token_bytes
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    chunks: list[str] = []
+    token_ids: list[int] = []
+    from_draft: list[bool] = []
+    state = grammar.initial_state
+    finish = "length"
+    started = time.perf_counter()
+    first = None
+    responses = stream_generate(model, wrapper, mx.array(prompt_ids), **kwargs)
+    try:
+        for response in responses:
+            if first is None:
+                first = time.perf_counter()
+            token = int(response.token)
+            token_ids.append(token)
+            from_draft.append(bool(response.from_draft))
+            nxt = grammar.next_state(state, token)
+            if nxt < 0:
+                # Only a sampler that ignores -inf or a processor outside ours can get here.
+                text = "".join(chunks) + decoder.decode(b"", final=True)
+                raise GrammarViolationError(
+                    f"mlx-lm produced token {token} ({grammar.token_text(token)!r}), which the grammar "
+                    f"forbids after {text!r}", position=len(token_ids) - 1, token_id=token, text=text,
+                    num_allowed=len(grammar.allowed_tokens(state)))
+            state = nxt
+            if state == grammar.terminal_state:
+                finish = "stop"
+                break
+            piece = token_bytes[token] if token < len(token_bytes) else None
+            if piece:
+                chunk = decoder.decode(piece)
+                if chunk:
+                    chunks.append(chunk)
+                    yield chunk
+    finally:
+        responses.close()
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        chunks.append(tail)
+        yield tail
+    ended = time.perf_counter()
+    text = "".join(chunks)
+    if first is None:
+        first = ended
+    stats = GenerationStats(
+        prompt_tokens=len(prompt_ids), generated_tokens=len(token_ids), draft_tokens=sum(from_draft),
+        prompt_seconds=first - started, generation_seconds=ended - first, finish_reason=finish,
+        num_draft_tokens=num_draft_tokens if draft_model is not None else None,
+        compile_seconds=grammar.stats.get("compile_seconds"), cache_hit=grammar.stats.get("cache_hit"))
+    if finish != "stop" and not grammar.is_accepting(state):
+        raise GenerationError(
+            f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens, before the "
+            f"grammar completed; raise max_tokens or bound the output (maxLength, maxItems). Text so far: "
+            f"{_clip(text)}", text=text)
+    return _Finished(text, token_ids, from_draft, stats)
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def _drain(chunks: Generator[str, None, _Finished]) -> _Finished:
+    while True:
+        try:
+            next(chunks)
+        except StopIteration as stop:
+            return stop.value
+
+
+# --- JSON: parse and validate ----------------------------------------------------------------------
+
+_VALIDATORS: dict[str, Any] = {}
+
+
+def _validator(doc: Any) -> Any:
+    """A jsonschema validator for `doc`, read as the grammar reads it (see the module docstring)."""
+    key = json.dumps(doc, sort_keys=True)
+    cached = _VALIDATORS.get(key)
+    if cached is not None:
+        return cached
+    import jsonschema
+    from jsonschema import validators
+
+    if isinstance(doc, dict) and "$schema" in doc:
+        cls = validators.validator_for(doc, default=jsonschema.Draft202012Validator)
+    else:
+        candidates = [jsonschema.Draft202012Validator, jsonschema.Draft7Validator, jsonschema.Draft4Validator]
+        cls = next((c for c in candidates if c(c.META_SCHEMA).is_valid(doc)), candidates[0])
+    validator = cls(doc, format_checker=cls.FORMAT_CHECKER)
+    if len(_VALIDATORS) > 256:
+        _VALIDATORS.clear()
+    _VALIDATORS[key] = validator
+    return validator
+
+
+def _parse_and_validate(text: str, doc: Any, model_class: type | None, validate: bool) -> Any:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GenerationError(f"the output is not valid JSON ({exc}): {_clip(text)}", text=text) from None
+    if validate and jsonschema_available():
+        from jsonschema.exceptions import best_match
+
+        error = best_match(_validator(doc).iter_errors(value))
+        if error is not None:
+            where = "/" + "/".join(str(p) for p in error.absolute_path)
+            raise GenerationError(
+                f"the output does not validate against the schema at {where}: {error.message}", text=text)
+    if model_class is not None:
+        try:
+            return model_class.model_validate(value)
+        except Exception as exc:  # pydantic.ValidationError, or a model's own validator raising
+            raise GenerationError(f"the output does not validate as {model_class.__name__}: {exc}",
+                                  text=text) from exc
+    return value
+
+
+def _pydantic_class(schema: Any) -> type | None:
+    return schema if isinstance(schema, type) and hasattr(schema, "model_validate") else None
+
+
+def _compile_json(schema: Schema, tokenizer: Any, model: Any, strict: bool, whitespace: str | None,
+                  compile_options: dict) -> tuple[CompiledGrammar, Any]:
+    from .schema import load_schema
+
+    doc = load_schema(schema)
+    grammar = compile_json_schema(doc, tokenizer, logits_width=logits_width_of(model), whitespace=whitespace,
+                                  strict=strict, **compile_options)
+    return grammar, doc
+
+
+# --- public entry points ---------------------------------------------------------------------------
+
+
+def generate_structured(
+    model: Any,
+    tokenizer: Any,
+    prompt: Prompt,
+    *,
+    schema: Schema | None = None,
+    regex: str | None = None,
+    grammar: CompiledGrammar | None = None,
+    draft_model: Any = None,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    sampler: Sampler | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    chat: bool = True,
+    strict: bool = True,
+    whitespace: str | None = None,
+    validate: bool = True,
+    logits_processors: Sequence[LogitsProcessor] | None = None,
+    prompt_cache: Any = None,
+    **compile_options: Any,
+) -> StructuredOutput:
+    """Generate under exactly one of `schema` (JSON Schema dict / JSON text / Pydantic model class),
+    `regex` (full match, outlines-core syntax) or `grammar` (a precompiled `CompiledGrammar`, whose
+    logits width must be the model's).
+
+    `model`, `tokenizer`: an mlx-lm model and its tokenizer (TokenizerWrapper or Hugging Face).
+    `prompt`: a str (sent as one user message through the chat template when `chat`, else encoded as
+    is), a list of chat messages, or token ids (used as is). `draft_model`: a draft for mlx-lm's
+    speculative decoding (e.g. `truncated_draft(model, n)`), proposing `num_draft_tokens` per step.
+    `sampler`: an mlx-lm sampler (`mlx_lm.sample_utils.make_sampler`); None is greedy.
+    `strict` (schemas): raise `UnsupportedSchemaError` for keywords the grammar cannot enforce exactly;
+    `strict=False` accepts them (listed in the grammar's `.unenforced`; validation may then fail).
+    `validate` (schemas): parse and validate as described in the module docstring.
+    `logits_processors` run before the grammar's mask. `prompt_cache` goes to mlx-lm.
+    Other keyword arguments go to the compiler (`cache_dir`, `use_cache`, `timeout`, `memory_limit`,
+    `progress`).
+
+    Raises `GenerationError` (with `.text`) when the budget ran out before the grammar completed or
+    the output fails validation, and the compiler's errors for bad schemas or regexes.
+    """
+    if sum(x is not None for x in (schema, regex, grammar)) != 1:
+        raise GenerationError("give exactly one of schema=, regex= or grammar=")
+    doc = None
+    if schema is not None:
+        grammar, doc = _compile_json(schema, tokenizer, model, strict, whitespace, compile_options)
+    elif regex is not None:
+        grammar = compile_regex(regex, tokenizer, logits_width=logits_width_of(model), **compile_options)
+    elif not isinstance(grammar, CompiledGrammar):
+        raise GenerationError(f"grammar= must be a CompiledGrammar, not {type(grammar).__name__}")
+    finished = _drain(_stream(model, tokenizer, prompt, grammar, draft_model=draft_model,
+                              num_draft_tokens=num_draft_tokens, sampler=sampler, max_tokens=max_tokens,
+                              chat=chat, logits_processors=logits_processors, prompt_cache=prompt_cache))
+    value: Any = finished.text
+    if schema is not None:
+        value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), validate)
+    return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats)
+
+
+def generate_json(
+    model: Any,
+    tokenizer: Any,
+    prompt: Prompt,
+    schema: Schema,
+    *,
+    draft_model: Any = None,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    sampler: Sampler | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    chat: bool = True,
+    strict: bool = True,
+    whitespace: str | None = None,
+    validate: bool = True,
+    logits_processors: Sequence[LogitsProcessor] | None = None,
+    **compile_options: Any,
+) -> Any:
+    """Generate one JSON value that satisfies `schema`; return it parsed and validated.
+
+    Pydantic model class in, instance of it out. Strict by default: a schema with keywords the grammar
+    cannot enforce exactly raises `UnsupportedSchemaError` (pass `strict=False` to accept them).
+    Raises `GenerationError` (raw text in `.text`) when `max_tokens` ran out before the JSON was
+    complete. Arguments as for `generate_structured`.
+    """
+    return generate_structured(
+        model, tokenizer, prompt, schema=schema, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+        sampler=sampler, max_tokens=max_tokens, chat=chat, strict=strict, whitespace=whitespace,
+        validate=validate, logits_processors=logits_processors, **compile_options).value
+
+
+def generate_regex(
+    model: Any,
+    tokenizer: Any,
+    prompt: Prompt,
+    pattern: str,
+    *,
+    draft_model: Any = None,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    sampler: Sampler | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    chat: bool = True,
+    logits_processors: Sequence[LogitsProcessor] | None = None,
+    **compile_options: Any,
+) -> str:
+    """Generate text that fully matches `pattern`; return it.
+
+    Raises `GenerationError` (raw text in `.text`) when `max_tokens` ran out before a complete match.
+    Arguments as for `generate_structured`.
+    """
+    return generate_structured(
+        model, tokenizer, prompt, regex=pattern, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+        sampler=sampler, max_tokens=max_tokens, chat=chat, logits_processors=logits_processors,
+        **compile_options).text
+
+
+def stream_json(
+    model: Any,
+    tokenizer: Any,
+    prompt: Prompt,
+    schema: Schema,
+    *,
+    draft_model: Any = None,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    sampler: Sampler | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    chat: bool = True,
+    strict: bool = True,
+    whitespace: str | None = None,
+    validate: bool = True,
+    logits_processors: Sequence[LogitsProcessor] | None = None,
+    **compile_options: Any,
+) -> Iterator[str]:
+    """Yield the JSON text in chunks as it is generated (the chunks join to the whole text).
+
+    The schema is compiled before the first chunk. After the last chunk the text is parsed and
+    validated as in `generate_json`; an incomplete or invalid output raises `GenerationError` then.
+    """
+    grammar, doc = _compile_json(schema, tokenizer, model, strict, whitespace, compile_options)
+    finished = yield from _stream(
+        model, tokenizer, prompt, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+        sampler=sampler, max_tokens=max_tokens, chat=chat, logits_processors=logits_processors)
+    _parse_and_validate(finished.text, doc, None, validate)
+
+
+def stream_regex(
+    model: Any,
+    tokenizer: Any,
+    prompt: Prompt,
+    pattern: str,
+    *,
+    draft_model: Any = None,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    sampler: Sampler | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    chat: bool = True,
+    logits_processors: Sequence[LogitsProcessor] | None = None,
+    **compile_options: Any,
+) -> Iterator[str]:
+    """Yield text matching `pattern` in chunks; `GenerationError` after the last one if incomplete."""
+    grammar = compile_regex(pattern, tokenizer, logits_width=logits_width_of(model), **compile_options)
+    yield from _stream(
+        model, tokenizer, prompt, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+        sampler=sampler, max_tokens=max_tokens, chat=chat, logits_processors=logits_processors)
+
+
+# --- processor factories for callers of mlx-lm -----------------------------------------------------
+
+
+def _width(model: Any, logits_width: int | None) -> int | None:
+    if logits_width is not None:
+        return logits_width
+    return logits_width_of(model) if model is not None else None
+
+
+def json_logits_processor(
+    schema: Schema,
+    tokenizer: Any,
+    *,
+    model: Any = None,
+    logits_width: int | None = None,
+    strict: bool = True,
+    whitespace: str | None = None,
+    **compile_options: Any,
+) -> GrammarProcessor:
+    """A fresh `GrammarProcessor` for `schema`, to pass in mlx-lm's `logits_processors=[...]`.
+
+    Give `model` (or `logits_width`) so the mask matches the model's logits, which can be wider than
+    the tokenizer. Build one per generation: the processor follows one request. Compiling again is
+    cheap (the tables are cached in memory and on disk).
+    """
+    grammar = compile_json_schema(schema, tokenizer, logits_width=_width(model, logits_width), strict=strict,
+                                  whitespace=whitespace, **compile_options)
+    return GrammarProcessor(grammar)
+
+
+def regex_logits_processor(
+    pattern: str,
+    tokenizer: Any,
+    *,
+    model: Any = None,
+    logits_width: int | None = None,
+    **compile_options: Any,
+) -> GrammarProcessor:
+    """A fresh `GrammarProcessor` for `pattern` (full match); see `json_logits_processor`."""
+    grammar = compile_regex(pattern, tokenizer, logits_width=_width(model, logits_width), **compile_options)
+    return GrammarProcessor(grammar)

@@ -1,0 +1,156 @@
+"""Drop-in replacements for Outlines' `JSONLogitsProcessor` and `RegexLogitsProcessor` on MLX.
+
+LM Studio's mlx-engine (`mlx_engine/generate.py`) builds its structured-output processor as
+
+    from outlines.processors.structured import JSONLogitsProcessor
+    JSONLogitsProcessor(json_schema, OutlinesTransformerTokenizer(model_kit.tokenizer._tokenizer),
+                        tensor_library_name="mlx")
+
+and hands it to mlx-lm's `stream_generate(..., logits_processors=[...], draft_model=...)`. Outlines
+keys its state on the generated tokens and advances by one token per call, which speculative decoding
+breaks (rejected drafts, histories that grow by two). Replacing the import with
+
+    from grammar_mlx.outlines import JSONLogitsProcessor
+
+gives a processor with the same constructor and call convention that follows any history mlx-lm
+passes (a `GrammarProcessor` underneath). The tokenizer may be an Outlines `TransformerTokenizer`
+(anything with the Hugging Face tokenizer in `.tokenizer`), an mlx-lm `TokenizerWrapper`, or a
+Hugging Face tokenizer.
+
+Differences from Outlines, on purpose:
+- `whitespace_pattern=None` means compact JSON (no whitespace between tokens); Outlines' default
+  allows unbounded whitespace, which lets a model emit whitespace until its budget runs out. A pattern
+  must be bounded (e.g. `[ \\n]{0,2}`); an unbounded one raises `InvalidRegexError`.
+- The grammar is compiled at construction when `logits_width=` is given, otherwise at the first call,
+  where the logits give the model's output width (which can exceed the tokenizer's size). Schema
+  errors are raised at construction either way. Compiled tables are cached in memory and on disk.
+- Only `tensor_library_name="mlx"` is supported.
+- Schemas are translated by `grammar_mlx.schema` (not strict by default, like Outlines: keywords it
+  cannot enforce are listed in `.unenforced`; `strict=True` raises `UnsupportedSchemaError`).
+
+Calls: `processor(input_ids, logits)` with `input_ids` the token history (1-D, or (B, L) for B rows;
+mlx-lm passes the history including the prompt, older mlx-engine code only the generated part) and
+`logits` of shape (V,) or (B, V); returns masked logits of the same shape. The first call's history
+is the request's context. One processor follows one request: use `copy()` (Outlines' API) or
+`reset()` for the next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .errors import GrammarError
+from .processor import GrammarProcessor
+
+__all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
+
+_SUPPORTED_LIBRARIES = ("mlx",)
+
+
+def _unwrap(tokenizer: Any) -> Any:
+    """The object to read the vocabulary from: an Outlines TransformerTokenizer's Hugging Face tokenizer.
+
+    Outlines' wrapper hashes by fingerprinting the whole tokenizer (through `datasets`, which may not
+    be installed); the tokenizer inside is the same vocabulary and hashes by identity.
+    """
+    inner = getattr(tokenizer, "tokenizer", None)
+    if (not hasattr(tokenizer, "all_special_ids") and inner is not None
+            and hasattr(inner, "get_vocab") and hasattr(inner, "all_special_ids")):
+        return inner
+    return tokenizer
+
+
+class RegexLogitsProcessor:
+    """Outlines-compatible processor for a regex (full match, outlines-core syntax)."""
+
+    def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "mlx", *,
+                 logits_width: int | None = None, **compile_options: Any) -> None:
+        self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options)
+
+    def _init(self, regex: str, tokenizer: Any, tensor_library_name: str, logits_width: int | None,
+              unenforced: tuple, compile_options: dict) -> None:
+        if tensor_library_name not in _SUPPORTED_LIBRARIES:
+            hint = ""
+            if isinstance(tensor_library_name, str) and any(c in tensor_library_name for c in "[]\\*?{"):
+                hint = " (it looks like a regex: pass whitespace_pattern= by keyword)"
+            raise GrammarError(
+                f"tensor_library_name={tensor_library_name!r} is not supported; grammar_mlx masks MLX "
+                f"arrays only (use 'mlx'){hint}")
+        self.tensor_library_name = tensor_library_name
+        self.regex = regex
+        self.unenforced = unenforced
+        self._tokenizer = _unwrap(tokenizer)
+        self._compile_options = compile_options
+        self._processor: GrammarProcessor | None = None
+        if logits_width is not None:
+            self._processor = GrammarProcessor(self._compile(logits_width))
+
+    def _compile(self, logits_width: int) -> CompiledGrammar:
+        return compile_regex(self.regex, self._tokenizer, logits_width=logits_width, **self._compile_options)
+
+    def __call__(self, input_ids: Any, logits: mx.array) -> mx.array:
+        processor = self._processor
+        if processor is None:
+            if not isinstance(logits, mx.array) or logits.ndim not in (1, 2):
+                raise GrammarError(
+                    f"logits must be an mx.array of shape (V,) or (B, V), got {type(logits).__name__} "
+                    f"{getattr(logits, 'shape', '')}")
+            processor = self._processor = GrammarProcessor(self._compile(int(logits.shape[-1])))
+        return processor(input_ids, logits)
+
+    # -- Outlines' API ---------------------------------------------------------------------------
+
+    def copy(self) -> "RegexLogitsProcessor":
+        """A fresh processor for the same grammar (Outlines copies one per sequence)."""
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        if self._processor is not None:
+            twin._processor = GrammarProcessor(self._processor.compiled)
+        return twin
+
+    def reset(self) -> None:
+        """Forget the request: the next call's history is a new context."""
+        if self._processor is not None:
+            self._processor.reset()
+
+    # -- inspection ------------------------------------------------------------------------------
+
+    @property
+    def compiled(self) -> CompiledGrammar | None:
+        """The compiled grammar (None until the first call when no logits_width was given)."""
+        return None if self._processor is None else self._processor.compiled
+
+    def is_accepting(self, row: int = 0) -> bool:
+        """Whether the row's generated text is a complete match (False before the first call)."""
+        return self._processor is not None and self._processor.is_accepting(row)
+
+    def is_terminated(self, row: int = 0) -> bool:
+        return self._processor is not None and self._processor.is_terminated(row)
+
+    def generated_tokens(self, row: int = 0) -> list[int]:
+        return [] if self._processor is None else self._processor.generated_tokens(row)
+
+
+class JSONLogitsProcessor(RegexLogitsProcessor):
+    """Outlines-compatible processor for a JSON Schema (dict, JSON text, or Pydantic model class)."""
+
+    def __init__(self, schema: Any, tokenizer: Any, tensor_library_name: str = "mlx",
+                 whitespace_pattern: str | None = None, *, logits_width: int | None = None,
+                 strict: bool = False, **compile_options: Any) -> None:
+        from .schema import schema_to_regex
+
+        translated = schema_to_regex(schema, whitespace=whitespace_pattern, strict=strict)
+        self.schema = translated.schema
+        self.whitespace_pattern = whitespace_pattern
+        self.strict = strict
+        self._init(translated.regex, tokenizer, tensor_library_name, logits_width, translated.unenforced,
+                   compile_options)
+
+    def _compile(self, logits_width: int) -> CompiledGrammar:
+        # Through the schema compiler (not the regex one), so the cache entry is the one generate_json
+        # and `grammar-mlx compile --schema` use.
+        return compile_json_schema(self.schema, self._tokenizer, logits_width=logits_width,
+                                   whitespace=self.whitespace_pattern, strict=self.strict, **self._compile_options)

@@ -1,0 +1,304 @@
+"""Structured generation end to end with the real SmolLM2 and a truncated draft.
+
+The core check: under a grammar, mlx-lm's speculative loop (which calls the processor on draft tokens
+it later rejects, and rewinds) gives, greedy, the same tokens as the plain loop, for k in {2, 4}, on
+schemas from examples/ and the shared corpora; every output parses and validates; a sampled run
+validates too. Outputs are short (bounded schemas, max_tokens <= 48) to keep the real-model time low.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import mlx.core as mx
+import pytest
+from mlx_lm.sample_utils import make_sampler
+from pydantic import BaseModel, Field
+
+from conftest import read_corpus
+from grammar_mlx.errors import (
+    GenerationError,
+    GrammarViolationError,
+    InvalidRegexError,
+    UnsupportedSchemaError,
+)
+from grammar_mlx.generate import (
+    GenerationStats,
+    _parse_and_validate,
+    generate_json,
+    generate_regex,
+    generate_structured,
+    json_logits_processor,
+    logits_width_of,
+    regex_logits_processor,
+    stream_json,
+    stream_regex,
+)
+from grammar_mlx.models import default_model, truncated_draft
+from grammar_mlx.processor import GrammarProcessor
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "schemas"
+DRAFT_LAYERS = 24
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path):
+    return default_model()
+
+
+@pytest.fixture(scope="module")
+def draft(smollm):
+    return truncated_draft(smollm[0], DRAFT_LAYERS)
+
+
+# --- the speculative / plain equivalence matrix ----------------------------------------------------
+
+# (name, source, prompt): source "examples:<file>" or "maskbench:<id>". Raw prompts (chat=False) keep
+# the prefill short; each was checked to finish, greedy, well within the budget.
+CASES = [
+    ("answer", "examples:answer.json", "Is Paris in France?\nJSON: "),
+    ("review", "examples:review.json", "Great quality, slow delivery. 4 stars.\nJSON: "),
+    ("version", "maskbench:Github_trivial---o82284.json", "JSON: "),
+    ("increment", "maskbench:Github_trivial---o83326.json", "JSON: "),
+    ("language", "maskbench:Github_trivial---o84263.json", "JSON: "),
+    ("zip-code", "maskbench:Github_trivial---o83739.json", "Write the JSON:\n"),
+    ("snowplow", "maskbench:Snowplow---sp_380_Normalized.json", "Write the JSON:\n"),
+    ("string-list", "maskbench:Github_trivial---o53905.json", "Write the JSON:\n"),
+]
+MAX_TOKENS = 48
+
+
+def load_case_schema(source: str, request) -> dict:
+    kind, name = source.split(":", 1)
+    if kind == "examples":
+        return json.loads((EXAMPLES / name).read_text())
+    request.getfixturevalue("corpora")  # skips when the shared corpora are absent
+    rows = [row for row in read_corpus("maskbench-public.jsonl.gz") if row["id"] == name]
+    assert rows, f"{name} is not in the corpus"
+    return rows[0]["schema"]
+
+
+def validate(value, schema) -> None:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls(schema, format_checker=cls.FORMAT_CHECKER).validate(value)
+
+
+def rejections(from_draft: list[bool], k: int) -> int:
+    """Verification rounds that rejected a draft token: mlx-lm yields the accepted draft tokens, then
+    one token of the model's own; fewer than k accepted before it means one was rejected."""
+    count = run = 0
+    for i, drafted in enumerate(from_draft):
+        if drafted:
+            run += 1
+            continue
+        if run < k and i < len(from_draft) - 1:  # the last round can be cut short by the end
+            count += 1
+        run = 0
+    return count
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,source,prompt", CASES, ids=[c[0] for c in CASES])
+def test_speculative_output_is_token_identical_and_valid(name, source, prompt, smollm, draft, request):
+    model, tokenizer = smollm
+    schema = load_case_schema(source, request)
+    run = dict(schema=schema, max_tokens=MAX_TOKENS, chat=False)
+    plain = generate_structured(model, tokenizer, prompt, **run)
+    assert plain.stats.finish_reason == "stop" and plain.token_ids[-1] in tokenizer.eos_token_ids
+    assert plain.stats.num_draft_tokens is None and not any(plain.from_draft)
+    validate(json.loads(plain.text), schema)
+    assert plain.value == json.loads(plain.text)
+
+    rejected = 0
+    for k in (2, 4):
+        spec = generate_structured(model, tokenizer, prompt, draft_model=draft, num_draft_tokens=k, **run)
+        assert spec.token_ids == plain.token_ids, f"k={k}: {spec.text!r} != {plain.text!r}"
+        assert spec.text == plain.text
+        assert spec.stats.draft_tokens == sum(spec.from_draft) > 0
+        assert spec.stats.acceptance_rate == spec.stats.draft_tokens / spec.stats.generated_tokens
+        rejected += rejections(spec.from_draft, k)
+    assert rejected > 0, "the draft never disagreed: the rollback path was not exercised"
+
+    # Sampled (fixed seed): through the speculative loop for the first case (rejections under
+    # sampling), the plain loop for the others (cheaper on a CPU).
+    mx.random.seed(7)
+    draft_options = dict(draft_model=draft, num_draft_tokens=2) if name == CASES[0][0] else {}
+    sampled = generate_structured(model, tokenizer, prompt, sampler=make_sampler(temp=0.7), **draft_options, **run)
+    validate(json.loads(sampled.text), schema)
+
+
+# --- behaviour of the entry points -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_chat_prompt_pydantic_in_instance_out_and_stream_matches(smollm):
+    model, tokenizer = smollm
+
+    class Answer(BaseModel):
+        answer: bool
+        confidence: int = Field(ge=0, le=9)
+
+    # A short system message keeps the prompt (and its prefill) small.
+    messages = [{"role": "system", "content": "Reply in JSON."}, {"role": "user", "content": "Is the sky blue?"}]
+    out = generate_structured(model, tokenizer, messages, schema=Answer, max_tokens=24)
+    assert isinstance(out.value, Answer) and out.value == Answer.model_validate_json(out.text)
+    assert out.stats.prompt_tokens == len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    chunks = list(stream_json(model, tokenizer, messages, Answer, max_tokens=24))
+    assert len(chunks) > 1 and "".join(chunks) == out.text
+
+
+@pytest.mark.slow
+def test_regex_stops_at_a_complete_match_even_on_the_last_budgeted_token(smollm):
+    model, tokenizer = smollm
+    # One digit is one token for SmolLM2 (digits are split), so one token completes the match and the
+    # budget ends before EOS: still a complete output, returned, with finish_reason "length".
+    out = generate_structured(model, tokenizer, "Pick a digit: ", regex="[0-9]", max_tokens=1, chat=False)
+    assert len(out.text) == 1 and out.text.isdigit() and out.stats.finish_reason == "length"
+    text = generate_regex(model, tokenizer, "Year of the Moon landing: ", "(19|20)[0-9]{2}", max_tokens=8, chat=False)
+    assert len(text) == 4 and text[:2] in ("19", "20")
+    assert "".join(stream_regex(model, tokenizer, "Year of the Moon landing: ", "(19|20)[0-9]{2}", max_tokens=8,
+                                chat=False)) == text
+
+
+@pytest.mark.slow
+def test_budget_exhaustion_raises_with_the_raw_text(smollm):
+    model, tokenizer = smollm
+    schema = {"type": "object", "properties": {"story": {"type": "string", "minLength": 40}}, "required": ["story"]}
+    with pytest.raises(GenerationError, match="max_tokens=6") as info:
+        generate_json(model, tokenizer, "A story: ", schema, max_tokens=6, chat=False)
+    text = info.value.text
+    assert text.startswith('{"st') and text in info.value.args[0]  # what the 6 tokens spelled, raw
+    chunks = []
+    with pytest.raises(GenerationError) as streamed:
+        for chunk in stream_json(model, tokenizer, "A story: ", schema, max_tokens=6, chat=False):
+            chunks.append(chunk)
+    assert "".join(chunks) == streamed.value.text == text
+
+
+@pytest.mark.slow
+def test_strict_is_the_default(smollm):
+    model, tokenizer = smollm
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 2}
+    with pytest.raises(UnsupportedSchemaError) as info:
+        generate_json(model, tokenizer, "Numbers:", schema)
+    assert info.value.keyword == "uniqueItems"
+    value = generate_json(model, tokenizer, "Two different small numbers as a JSON array: ", schema, strict=False,
+                          chat=False, max_tokens=16)
+    assert isinstance(value, list) and len(value) <= 2
+
+
+@pytest.mark.slow
+def test_a_sampler_that_ignores_the_mask_is_caught(smollm):
+    model, tokenizer = smollm
+    forbidden = tokenizer.encode("x", add_special_tokens=False)[0]
+
+    def stubborn(logprobs):
+        return mx.array([forbidden], dtype=mx.uint32)
+
+    with pytest.raises(GrammarViolationError) as info:
+        generate_regex(model, tokenizer, "Digits: ", "[0-9]+", sampler=stubborn, max_tokens=4, chat=False)
+    assert info.value.token_id == forbidden and info.value.position == 0
+
+
+@pytest.mark.slow
+def test_processor_factories_drive_mlx_lm_directly(smollm):
+    from mlx_lm.generate import stream_generate
+
+    model, tokenizer = smollm
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    processor = json_logits_processor(schema, tokenizer, model=model)
+    assert isinstance(processor, GrammarProcessor) and processor.compiled.logits_width == model.args.vocab_size
+    prompt = tokenizer.encode("Is water wet? JSON: ")
+    tokens = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=16, logits_processors=[processor])]
+    reference = generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=16, chat=False)
+    assert tokens == reference.token_ids and processor.is_terminated()
+    regex_processor = regex_logits_processor("[a-z]{3}", tokenizer, logits_width=model.args.vocab_size)
+    assert regex_processor.compiled.logits_width == model.args.vocab_size
+    with pytest.raises(InvalidRegexError):
+        regex_logits_processor("(", tokenizer, model=model)
+
+
+@pytest.mark.slow
+def test_bad_arguments_are_typed_errors(smollm, draft):
+    model, tokenizer = smollm
+    schema = {"type": "boolean"}
+    with pytest.raises(GenerationError, match="exactly one"):
+        generate_structured(model, tokenizer, "x", schema=schema, regex="a")
+    with pytest.raises(GenerationError, match="exactly one"):
+        generate_structured(model, tokenizer, "x")
+    with pytest.raises(GenerationError, match="CompiledGrammar"):
+        generate_structured(model, tokenizer, "x", grammar="a")
+    with pytest.raises(GenerationError, match="max_tokens"):
+        generate_json(model, tokenizer, "x", schema, max_tokens=0)
+    with pytest.raises(GenerationError, match="num_draft_tokens"):
+        generate_json(model, tokenizer, "x", schema, draft_model=draft, num_draft_tokens=0)
+    with pytest.raises(GenerationError, match="prompt"):
+        generate_json(model, tokenizer, 3.5, schema)
+    with pytest.raises(GenerationError, match="empty"):
+        generate_json(model, tokenizer, [], schema)
+    with pytest.raises(GenerationError, match="chat=True"):
+        generate_json(model, tokenizer, [{"role": "user", "content": "hi"}], schema, chat=False)
+
+
+def test_logits_width_of_reads_args_or_probes():
+    class WithArgs:
+        class args:
+            vocab_size = 1234
+
+    class Probe:
+        def __call__(self, tokens):
+            return mx.zeros((1, tokens.shape[1], 77))
+
+    class Broken:
+        def __call__(self, tokens):
+            raise RuntimeError("no")
+
+    assert logits_width_of(WithArgs()) == 1234
+    assert logits_width_of(Probe()) == 77
+    with pytest.raises(GenerationError, match="logits_width"):
+        logits_width_of(Broken())
+
+
+def test_parse_and_validate():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]}
+    assert _parse_and_validate('{"n":2}', schema, None, True) == {"n": 2}
+    with pytest.raises(GenerationError, match="/n") as info:
+        _parse_and_validate('{"n":5}', schema, None, True)
+    assert info.value.text == '{"n":5}'
+    assert _parse_and_validate('{"n":5}', schema, None, False) == {"n": 5}
+    with pytest.raises(GenerationError, match="not valid JSON"):
+        _parse_and_validate('{"n":', schema, None, True)
+
+    class N(BaseModel):
+        n: int = Field(le=1)
+
+    assert _parse_and_validate('{"n":1}', N.model_json_schema(), N, True) == N(n=1)
+    with pytest.raises(GenerationError, match="as N"):
+        _parse_and_validate('{"n":2}', {"type": "object"}, N, True)
+    # Draft-4 style (boolean exclusiveMaximum) without $schema is read as draft 4.
+    d4 = {"type": "integer", "maximum": 3, "exclusiveMaximum": True}
+    with pytest.raises(GenerationError):
+        _parse_and_validate("3", d4, None, True)
+    assert _parse_and_validate("2", d4, None, True) == 2
+
+
+def test_validation_is_skipped_without_jsonschema(monkeypatch):
+    import grammar_mlx.generate as gen
+
+    monkeypatch.setattr(gen, "jsonschema_available", lambda: False)
+    assert _parse_and_validate('{"n":5}', {"properties": {"n": {"maximum": 3}}}, None, True) == {"n": 5}
+
+
+def test_stats_definitions():
+    stats = GenerationStats(prompt_tokens=10, generated_tokens=11, draft_tokens=4, prompt_seconds=2.0,
+                            generation_seconds=5.0, finish_reason="stop", num_draft_tokens=2,
+                            compile_seconds=0.5, cache_hit=True)
+    assert stats.acceptance_rate == 4 / 11 and stats.tokens_per_second == 2.0
+    assert stats.prompt_tokens_per_second == 5.0
+    line = stats.summary()
+    assert "draft acceptance 36% (4/11, k=2)" in line and "cache hit" in line and "\n" not in line
+    plain = GenerationStats(10, 1, 0, 1.0, 0.0, "length", None)
+    assert plain.acceptance_rate is None and plain.tokens_per_second is None
+    assert "draft" not in plain.summary()
