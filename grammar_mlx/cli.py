@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Sequence
@@ -153,8 +154,33 @@ def _model_path(args: argparse.Namespace) -> str | Path:
     return args.model
 
 
-def _compile_options(args: argparse.Namespace) -> dict:
-    options: dict[str, Any] = {"progress": not args.no_progress}
+class _ProgressBar:
+    """Progress while a grammar builds: a bar redrawn in place on a terminal, one line per finished
+    stage otherwise. Nothing at all when the tables come from the cache (no stage reports)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        self.shown = True
+        elapsed = time.monotonic() - self.started
+        if self.tty:
+            filled = int(24 * done / total) if total else 24
+            sys.stderr.write(f"\rcompiling grammar [{'#' * filled:<24}] {stage} {done}/{total} ({elapsed:.1f} s)\x1b[K")
+        elif done >= total:
+            sys.stderr.write(f"compiling grammar: {stage} done ({elapsed:.1f} s)\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _compile_options(args: argparse.Namespace, progress: _ProgressBar | None) -> dict:
+    options: dict[str, Any] = {"progress": progress}
     if args.cache_dir is not None:
         options["cache_dir"] = args.cache_dir
     if args.timeout is not None:
@@ -192,10 +218,16 @@ def _generate(args: argparse.Namespace) -> int:
     if args.seed is not None:
         mx.random.seed(args.seed)
     sampler = make_sampler(temp=args.temp, top_p=args.top_p) if args.temp > 0 else None
-    out = generate_structured(
-        model, tokenizer, prompt, schema=schema, regex=args.regex, draft_model=draft,
-        num_draft_tokens=args.num_draft_tokens, sampler=sampler, max_tokens=args.max_tokens,
-        chat=not args.no_chat, strict=not args.no_strict, whitespace=args.whitespace, **_compile_options(args))
+    progress = None if args.no_progress else _ProgressBar()
+    try:
+        out = generate_structured(
+            model, tokenizer, prompt, schema=schema, regex=args.regex, draft_model=draft,
+            num_draft_tokens=args.num_draft_tokens, sampler=sampler, max_tokens=args.max_tokens,
+            chat=not args.no_chat, strict=not args.no_strict, whitespace=args.whitespace,
+            **_compile_options(args, progress))
+    finally:
+        if progress is not None:
+            progress.close()
     sys.stdout.write(out.text + "\n")
     sys.stdout.flush()
     if not args.quiet:
@@ -231,12 +263,17 @@ def _compile(args: argparse.Namespace) -> int:
 
     schema = _load_schema(args, strict=args.strict) if args.schema is not None else None
     tokenizer, width = _tokenizer_and_width(args)
-    options = _compile_options(args)
-    if schema is not None:
-        grammar = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
-                                      strict=args.strict, **options)
-    else:
-        grammar = compile_regex(args.regex, tokenizer, logits_width=width, **options)
+    progress = None if args.no_progress else _ProgressBar()
+    options = _compile_options(args, progress)
+    try:
+        if schema is not None:
+            grammar = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
+                                          strict=args.strict, **options)
+        else:
+            grammar = compile_regex(args.regex, tokenizer, logits_width=width, **options)
+    finally:
+        if progress is not None:
+            progress.close()
     s = grammar.stats
     report = {
         "grammar": f"schema {args.schema}" if schema is not None else f"regex {args.regex!r}",
