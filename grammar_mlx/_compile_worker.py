@@ -122,13 +122,12 @@ def build_dfa(regex: str, max_states: int, byte_vocab=None) -> token_index.ByteD
 
 
 def check_language(dfa: token_index.ByteDFA) -> bool:
-    """EmptyLanguageError unless some text (any bytes but NUL) leads to an accepting state; returns
-    whether every state that text reaches can still reach one (what a lazy index needs, given a
-    vocabulary with every non-NUL byte as a token)."""
-    live = dfa.live_by(range(1, 256))
-    if not live[dfa.initial]:
+    """EmptyLanguageError unless some text (any bytes but NUL) is accepted; returns whether every
+    state that does not accept has an edge on some text byte: then, with a vocabulary that has
+    every non-NUL byte as a token, no token-level state can be stuck (what a lazy index needs)."""
+    if not dfa.accepts_text():
         raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
-    return bool(live[dfa.reachable()].all())
+    return not bool(dfa.stuck(range(1, 256)).any())
 
 
 def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
@@ -258,9 +257,9 @@ def serve(stdin, stdout) -> None:
             if kind == "dfa":
                 byte_vocab = byte_vocab or byte_vocabulary()
                 dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
-                every_state_live = check_language(dfa)
+                no_stuck_state = check_language(dfa)
                 arrays, meta = dfa_arrays(dfa)
-                meta["every_state_live"] = every_state_live
+                meta["no_stuck_state"] = no_stuck_state
                 meta["dfa_seconds"] = time.perf_counter() - started
             else:
                 dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"])

@@ -61,7 +61,7 @@ DEFAULT_MEMORY_LIMIT = int(os.environ.get("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30)
 AUTO_EAGER_MAX_STATES = int(os.environ.get("GRAMMAR_MLX_AUTO_EAGER_STATES", 8))
 MODES = ("auto", "eager", "lazy")
 _TABLE_FORMAT = 2
-_DFA_FORMAT = 2
+_DFA_FORMAT = 3
 
 Progress = Callable[[str, int, int], None]
 
@@ -370,6 +370,13 @@ class _WorkerPool:
             self.busy -= 1
             if worker is not None and worker.alive():
                 self.idle.append(worker)
+            elif worker is not None and len(self.idle) + self.busy < self.size:
+                # Killed at a limit: start its replacement now, so that the next compile does not
+                # wait for a Python start (~0.2 s). Popen returns at once; the child starts meanwhile.
+                try:
+                    self.idle.append(_Worker(worker.memory_limit))
+                except OSError:
+                    pass
             self.cond.notify()
 
 
@@ -554,15 +561,15 @@ _ALL_TEXT_BYTES = frozenset(range(1, 256))
 def _choose_mode(requested: str, dfa: ByteDFA, dfa_meta: dict, trie: TokenTrie) -> tuple[str, str]:
     if requested == "eager":
         return "eager", "requested"
-    # Sufficient for "every state the tokens reach has a way forward": every state that text
-    # reaches can reach acceptance through single-byte tokens. Byte-level vocabularies (every
-    # non-NUL byte is a token) meet it for any grammar that needs no NUL; the worker computed that
-    # case with the DFA, so a warm compile does not repeat it.
-    if trie.single_bytes >= _ALL_TEXT_BYTES and "every_state_live" in dfa_meta:
-        provable = bool(dfa_meta["every_state_live"])
+    # An eager build raises when a state tokens reach allows nothing. The lazy index must rule that
+    # out up front. With every non-NUL byte a token (byte-level vocabularies), a state that does not
+    # accept and has an edge on some text byte allows at least that byte's token: the worker checked
+    # this with the DFA, so a warm compile does not repeat it. Other vocabularies need the stronger
+    # condition that every state reaches acceptance through their single-byte tokens.
+    if trie.single_bytes >= _ALL_TEXT_BYTES and "no_stuck_state" in dfa_meta:
+        provable = bool(dfa_meta["no_stuck_state"])
     else:
-        live = dfa.live_by(trie.single_bytes) if trie.single_bytes else dfa.accepting.copy()
-        provable = bool(np.all(live[dfa.reachable()]))
+        provable = bool(trie.single_bytes) and bool(dfa.live_by(trie.single_bytes).all())
     if requested == "lazy":
         if not provable:
             raise VocabularyMismatchError(

@@ -200,63 +200,61 @@ class ByteDFA:
         table = np.full((count + 1) * 256, count, dtype=np.int32)
         table[src[keep] * 256 + byte[keep]] = dst[keep]
         accepting = np.zeros(count, dtype=bool)
-        final = np.isin(dst_ids, np.fromiter(finals, dtype=np.int64)) & (byte == sentinel)
-        accepting[src[final]] = True
-        full = cls(table, accepting, int(np.searchsorted(ids, initial)))
-        # Keep the states text reaches (the final state and others behind a NUL are not).
-        keep = full.reachable()
-        if keep.all():
-            return full
-        number = np.full(count + 1, -1, dtype=np.int64)
-        number[np.flatnonzero(keep)] = np.arange(int(keep.sum()))
-        number[count] = int(keep.sum())  # the dead state stays last
-        rows = np.append(np.flatnonzero(keep), count)
-        compact = number[table.reshape(-1, 256)[rows]].astype(np.int32).ravel()
-        return cls(compact, accepting[keep], int(number[full.initial]))
+        is_final = np.isin(ids, np.fromiter(finals, dtype=np.int64))
+        accepting[src[is_final[dst] & (byte == sentinel)]] = True
+        initial_pos = int(np.searchsorted(ids, initial))
+        # Final states sit behind the sentinel, where no text leads: drop them when only sentinel
+        # edges enter them (so that every state is one text reaches, for the checks below).
+        text_into_final = is_final[dst] & keep  # keep: the text bytes
+        if is_final.any() and not text_into_final.any() and not is_final[initial_pos]:
+            number = np.cumsum(~is_final) - 1
+            number = np.append(np.where(is_final, -1, number), count - int(is_final.sum()))
+            rows = np.append(np.flatnonzero(~is_final), count)
+            table = number[table.reshape(-1, 256)[rows]].astype(np.int32).ravel()
+            table[table < 0] = len(rows) - 1  # sentinel edges, already dead
+            return cls(table, accepting[~is_final], int(number[initial_pos]))
+        return cls(table, accepting, initial_pos)
 
-    def _edges(self, alphabet) -> tuple[list[int], list[int]]:
-        """(state, next state) pairs over bytes of `alphabet`, dead state left out, one per run of
-        equal entries along the byte axis (byte classes are mostly ranges): a few per state where
-        the table has 256, without a sort. Pairs may repeat; a search does not mind."""
+    def stuck(self, alphabet) -> np.ndarray:
+        """States that do not accept and have no edge on a byte of `alphabet`: a token-level
+        state there would allow nothing at all (what an eager build reports)."""
         alpha = np.array(sorted(alphabet), dtype=np.int64)
-        n = self.num_states
-        dst = self.table.reshape(-1, 256)[:n][:, alpha]
-        change = np.ones(dst.shape, dtype=bool)
-        np.not_equal(dst[:, 1:], dst[:, :-1], out=change[:, 1:])
-        change &= dst < n
-        src, col = np.nonzero(change)
-        return src.tolist(), dst[src, col].tolist()
+        table = self.table.reshape(-1, 256)[: self.num_states]
+        return ~self.accepting & ~np.any(table[:, alpha] != self.dead, axis=1)
 
-    @staticmethod
-    def _search(starts, adjacency: list[list[int]], n: int) -> np.ndarray:
-        seen = np.zeros(n, dtype=bool)
-        seen[starts] = True
-        stack = list(np.flatnonzero(seen).tolist())
-        mark = seen.tolist()
-        while stack:
-            for t in adjacency[stack.pop()]:
-                if not mark[t]:
-                    mark[t] = True
-                    stack.append(t)
-        return np.array(mark, dtype=bool)
+    def accepts_text(self) -> bool:
+        """Whether some text (bytes other than NUL) leads from the initial state to acceptance:
+        a breadth-first search that stops at the first accepting state."""
+        seen = np.zeros(self.num_states + 1, dtype=bool)
+        seen[self.dead] = True
+        frontier = np.array([self.initial])
+        seen[frontier] = True
+        table = self.table.reshape(-1, 256)
+        while len(frontier):
+            if self.accepting[frontier].any():
+                return True
+            succ = np.unique(table[frontier, 1:])
+            frontier = succ[~seen[succ]]
+            seen[frontier] = True
+        return False
 
     def live_by(self, alphabet) -> np.ndarray:
-        """States from which some string over `alphabet` (bytes) reaches an accepting state."""
+        """States from which some string over `alphabet` (bytes) reaches an accepting state
+        (a backward search; meant for small automata and unusual vocabularies)."""
+        alpha = np.array(sorted(alphabet), dtype=np.int64)
         n = self.num_states
+        table = self.table.reshape(-1, 256)[:n][:, alpha]
         backward: list[list[int]] = [[] for _ in range(n)]
-        for a, b in zip(*self._edges(alphabet)):
-            backward[b].append(a)
-        return self._search(self.accepting, backward, n)
-
-    def reachable(self) -> np.ndarray:
-        """States reachable from the initial state over bytes other than NUL (text)."""
-        n = self.num_states
-        forward: list[list[int]] = [[] for _ in range(n)]
-        for a, b in zip(*self._edges(range(1, 256))):
-            forward[a].append(b)
-        start = np.zeros(n, dtype=bool)
-        start[self.initial] = True
-        return self._search(start, forward, n)
+        for a, b in zip(*np.nonzero(table != self.dead)):
+            backward[int(table[a, b])].append(int(a))
+        mark = self.accepting.tolist()
+        stack = [q for q in range(n) if mark[q]]
+        while stack:
+            for p in backward[stack.pop()]:
+                if not mark[p]:
+                    mark[p] = True
+                    stack.append(p)
+        return np.array(mark, dtype=bool)
 
 
 # A walk stays sparse while at most this share of a level's nodes is alive; denser levels are
@@ -290,7 +288,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
             break
         ends = np.cumsum(counts)
         child = np.arange(total, dtype=np.int32) + np.repeat(trie.child_start[idx] - (ends - counts), counts)
-        nst = table[(np.repeat(st, counts) << 8) | trie.byte[child]]
+        nst = table.take((np.repeat(st, counts) << 8) | trie.byte.take(child, mode="clip"), mode="clip")
         keep = nst != dead
         idx, st = child[keep], nst[keep]
         seen_idx.append(idx)
@@ -319,15 +317,17 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
     for i, s in zip(seen_idx, seen_st):
         node_st[i] = s
     parent, byte = trie.parent, trie.byte
+    take, shift, bor = node_st.take, np.left_shift, np.bitwise_or
+    # mode="clip": indices are in range by construction, and numpy skips its bounds errors (~1.5x).
     for j in range(dense_from, len(levels)):
         a, b = levels[j]
         ib = buf[a:b]
-        np.take(node_st, parent[a:b], out=ib)
-        np.left_shift(ib, 8, out=ib)
-        np.bitwise_or(ib, byte[a:b], out=ib)
-        np.take(table, ib, out=node_st[a:b])
+        take(parent[a:b], out=ib, mode="clip")
+        shift(ib, 8, out=ib)
+        bor(ib, byte[a:b], out=ib)
+        table.take(ib, out=node_st[a:b], mode="clip")
     node_st[trie.num_nodes] = dead
-    per_token = np.take(node_st, trie.token_node)
+    per_token = node_st.take(trie.token_node, mode="clip")
     tokens = np.flatnonzero(per_token != dead).astype(np.int32)
     return tokens, per_token[tokens]
 
