@@ -129,6 +129,25 @@ def test_speculative_output_is_token_identical_and_valid(name, source, prompt, s
     validate(json.loads(sampled.text), schema)
 
 
+@pytest.mark.slow
+def test_a_truncated_draft_shares_the_prompt_prefill_and_changes_nothing(smollm, draft, smollm_path):
+    """A truncated draft gets copies of the model's prompt caches (one prefill instead of two); a draft
+    with its own weights prefills itself inside mlx-lm. Same tokens, same draft acceptances."""
+    from grammar_mlx.generate import _shared_prefix_layers
+    from grammar_mlx.models import load_gguf
+
+    model, tokenizer = smollm
+    separate = truncated_draft(load_gguf(smollm_path)[0], DRAFT_LAYERS)
+    assert _shared_prefix_layers(model, draft) == DRAFT_LAYERS
+    assert _shared_prefix_layers(model, separate) == 0 and _shared_prefix_layers(model, model) == 0
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    prompt = "Is Paris in France? Think about it.\nJSON: "
+    run = dict(schema=schema, max_tokens=MAX_TOKENS, chat=False, num_draft_tokens=2)
+    shared = generate_structured(model, tokenizer, prompt, draft_model=draft, **run)
+    own = generate_structured(model, tokenizer, prompt, draft_model=separate, **run)
+    assert shared.token_ids == own.token_ids and shared.from_draft == own.from_draft
+
+
 # --- behaviour of the entry points -----------------------------------------------------------------
 
 
