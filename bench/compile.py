@@ -119,7 +119,7 @@ def outlines_first_mask(regex: str) -> dict:
 def xgrammar_run(schema_text: str, tokens: list[int]) -> dict:
     xgr = _G["xgr"]
     started = time.perf_counter()
-    compiled = _G["xgr_compiler"].compile_json_schema(schema_text, any_whitespace=False)
+    compiled = _G["xgr_compiler"].compile_json_schema(schema_text, any_whitespace=False, separators=(",", ":"))
     matcher = xgr.GrammarMatcher(compiled)
     bitmask = np.zeros((1, -(-QWEN_WIDTH // 32)), dtype=np.int32)
     matcher.fill_next_token_bitmask(bitmask, 0)

@@ -224,7 +224,7 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
 
 
 def dfa_arrays(dfa: token_index.ByteDFA) -> tuple[dict, dict]:
-    return {"table": dfa.table, "accepting": dfa.accepting}, {"initial_state": dfa.initial}
+    return {"table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes}, {"initial_state": dfa.initial}
 
 
 def _set_memory_limit(limit_bytes: int) -> None:
@@ -262,7 +262,7 @@ def serve(stdin, stdout) -> None:
                 meta["no_stuck_state"] = no_stuck_state
                 meta["dfa_seconds"] = time.perf_counter() - started
             else:
-                dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"])
+                dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"], job["classes"])
                 arrays, meta = build_tables(dfa, tries[job["fingerprint"]], job["eos_ids"], job["logits_width"],
                                             lambda *a: send(stdout, ("progress", *a)))
                 meta["index_seconds"] = time.perf_counter() - started

@@ -61,7 +61,7 @@ DEFAULT_MEMORY_LIMIT = int(os.environ.get("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30)
 AUTO_EAGER_MAX_STATES = int(os.environ.get("GRAMMAR_MLX_AUTO_EAGER_STATES", 8))
 MODES = ("auto", "eager", "lazy")
 _TABLE_FORMAT = 2
-_DFA_FORMAT = 3
+_DFA_FORMAT = 4
 
 Progress = Callable[[str, int, int], None]
 
@@ -513,7 +513,7 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
             path = tables_path or jobs.scratch_path("tables.gmx")
             job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
                    "path": str(path), "key": key, "table": dfa.table, "accepting": dfa.accepting,
-                   "initial_state": dfa.initial, "regex": regex}
+                   "classes": dfa.classes, "initial_state": dfa.initial, "regex": regex}
             jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)), deadline)
             loaded = read_tables(path, key)
             if loaded is None or not _valid(loaded[0], loaded[1], width):
@@ -597,19 +597,21 @@ def _byte_dfa(regex: str, directory: Path, use_cache: bool, deadline: float, job
         if loaded is None or not _valid_dfa(*loaded):
             raise GrammarError(f"the compile worker wrote an unreadable automaton at {path}")
     arrays, meta = loaded
-    return ByteDFA(arrays["table"], arrays["accepting"], meta["initial_state"]), meta, hit
+    return ByteDFA(arrays["table"], arrays["accepting"], meta["initial_state"], arrays["classes"]), meta, hit
 
 
 def _valid_dfa(arrays: dict, meta: dict) -> bool:
     """Structural checks on a byte DFA read from disk: a file that passes cannot index out of bounds."""
     try:
-        table, accepting = arrays["table"], arrays["accepting"]
+        table, accepting, classes = arrays["table"], arrays["accepting"], arrays["classes"]
         states = len(accepting)
+        width = int(classes.max()) + 1
         return bool(
             accepting.dtype == np.bool_ and accepting.ndim == 1 and table.dtype == np.int32
-            and table.shape == ((states + 1) * 256,) and 0 < states <= MAX_DFA_STATES
-            and table.min() >= 0 and table.max() <= states and np.all(table[states * 256:] == states)
-            and 0 <= int(meta["initial_state"]) < states
+            and classes.dtype == np.int32 and classes.shape == (256,) and classes.min() == 0 and classes[0] == 0
+            and table.shape == ((states + 1) * width,) and 0 < states <= MAX_DFA_STATES
+            and table.min() >= 0 and table.max() <= states and np.all(table[states * width:] == states)
+            and np.all(table[0::width] == states) and 0 <= int(meta["initial_state"]) < states
         )
     except (KeyError, ValueError, TypeError):
         return False

@@ -160,80 +160,106 @@ class TokenTrie:
 
 
 class ByteDFA:
-    """A DFA over bytes: `table[q * 256 + b]` is the state after byte b from q, `dead` (= num_states)
-    when the text can no longer match. The dead row is part of the table and loops to itself, so a
-    walk needs no branch. `accepting[q]`: the regex matched exactly at q. Byte 0 (NUL) always leads
-    to the dead state (it is the compile sentinel)."""
+    """A DFA over bytes, stored by byte class: `table[q * num_classes + classes[b]]` is the state
+    after byte b from q, `dead` (= num_states) when the text can no longer match. Bytes that every
+    state treats alike share a class (a JSON grammar has ~70), so the table is several times smaller
+    than one column per byte. The dead row is part of the table and loops to itself, so a walk needs
+    no branch. `accepting[q]`: the regex matched exactly at q. Byte 0 (NUL, the compile sentinel)
+    always leads to the dead state."""
 
-    def __init__(self, table: np.ndarray, accepting: np.ndarray, initial: int):
+    def __init__(self, table: np.ndarray, accepting: np.ndarray, initial: int, classes: np.ndarray):
         self.table = np.ascontiguousarray(table, dtype=np.int32)
         self.accepting = np.asarray(accepting, dtype=bool)
+        self.classes = np.ascontiguousarray(classes, dtype=np.int32)
         self.num_states = len(self.accepting)
+        self.num_classes = int(self.classes.max()) + 1 if len(self.classes) else 1
         self.dead = self.num_states
         self.initial = int(initial)
-        if self.table.shape != ((self.num_states + 1) * 256,):
-            raise ValueError(f"byte table of shape {self.table.shape} for {self.num_states} states")
+        if self.classes.shape != (256,) or self.table.shape != ((self.num_states + 1) * self.num_classes,):
+            raise ValueError(f"byte table of shape {self.table.shape} for {self.num_states} states and "
+                             f"{self.num_classes} byte classes")
+        self._node_classes: tuple[TokenTrie, np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.table.nbytes + self.accepting.nbytes)
+        return int(self.table.nbytes + self.accepting.nbytes + self.classes.nbytes)
+
+    def next(self, state: int, byte: int) -> int:
+        return int(self.table[state * self.num_classes + self.classes[byte]])
+
+    def rows(self) -> np.ndarray:
+        """The table as (states + 1, classes)."""
+        return self.table.reshape(-1, self.num_classes)
+
+    def node_classes(self, trie: TokenTrie) -> np.ndarray:
+        """The byte class of every trie node (the walk's column index), computed once per trie."""
+        cached = self._node_classes
+        if cached is None or cached[0] is not trie:
+            cached = self._node_classes = (trie, self.classes.take(trie.byte))
+        return cached[1]
 
     @classmethod
     def from_transitions(cls, transitions: dict, initial: int, finals, sentinel: int = NUL) -> "ByteDFA":
         """From outlines-core's `Index((?:R)\\x00, <256 single bytes>).get_transitions()`.
 
-        States are the ones text (bytes other than NUL) reaches from the initial state, numbered in
-        outlines' id order. A state accepts iff its sentinel edge reaches an outlines final state;
-        sentinel edges (and the EOS id 256) are dropped."""
+        States are numbered in outlines' id order. A state accepts iff its sentinel edge reaches an
+        outlines final state; sentinel edges (and the EOS id 256) are dropped. Final states, which
+        only the sentinel enters, are dropped too."""
         keys = np.fromiter(transitions.keys(), dtype=np.int64, count=len(transitions))
         rows = list(transitions.values())
         lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         total = int(lens.sum())
         byte = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
         dst_ids = np.fromiter(itertools.chain.from_iterable(r.values() for r in rows), dtype=np.int64, count=total)
-        # A state without edges may be no key of the dict: number every id seen anywhere.
-        ids = np.unique(np.concatenate([keys, dst_ids, [initial]]))
-        count = len(ids)
+        ids = np.unique(np.append(keys, initial))
+        dst = np.searchsorted(ids, dst_ids).clip(max=len(ids) - 1)
+        if not np.array_equal(ids[dst], dst_ids):  # a state without edges may be no key of the dict
+            ids = np.unique(np.concatenate([ids, dst_ids]))
+            dst = np.searchsorted(ids, dst_ids)
         src = np.repeat(np.searchsorted(ids, keys), lens)
-        dst = np.searchsorted(ids, dst_ids)
-        keep = (byte != sentinel) & (byte < 256)
-        table = np.full((count + 1) * 256, count, dtype=np.int32)
-        table[src[keep] * 256 + byte[keep]] = dst[keep]
-        accepting = np.zeros(count, dtype=bool)
         is_final = np.isin(ids, np.fromiter(finals, dtype=np.int64))
+        accepting = np.zeros(len(ids), dtype=bool)
         accepting[src[is_final[dst] & (byte == sentinel)]] = True
+        text = (byte != sentinel) & (byte < 256)
+        src, byte, dst = src[text], byte[text], dst[text]
         initial_pos = int(np.searchsorted(ids, initial))
-        # Final states sit behind the sentinel, where no text leads: drop them when only sentinel
-        # edges enter them (so that every state is one text reaches, for the checks below).
-        text_into_final = is_final[dst] & keep  # keep: the text bytes
-        if is_final.any() and not text_into_final.any() and not is_final[initial_pos]:
-            number = np.cumsum(~is_final) - 1
-            number = np.append(np.where(is_final, -1, number), count - int(is_final.sum()))
-            rows = np.append(np.flatnonzero(~is_final), count)
-            table = number[table.reshape(-1, 256)[rows]].astype(np.int32).ravel()
-            table[table < 0] = len(rows) - 1  # sentinel edges, already dead
-            return cls(table, accepting[~is_final], int(number[initial_pos]))
-        return cls(table, accepting, initial_pos)
+
+        # Renumber without the final states when only the sentinel enters them.
+        keep = np.ones(len(ids), dtype=bool)
+        if is_final.any() and not is_final[dst].any() and not is_final[initial_pos]:
+            keep = ~is_final
+        number = np.cumsum(keep) - 1
+        count = int(keep.sum())
+        mine = keep[src]
+        src, byte, dst = number[src[mine]], byte[mine], number[dst[mine]]
+
+        classes, reps = _byte_classes(src, byte, dst, count)
+        table = np.full((count + 1) * len(reps), count, dtype=np.int32)
+        of_class = np.full(256, -1, dtype=np.int64)
+        of_class[reps] = np.arange(len(reps))
+        is_rep = of_class[byte] >= 0
+        table[src[is_rep] * len(reps) + of_class[byte[is_rep]]] = dst[is_rep]
+        return cls(table, accepting[keep], int(number[initial_pos]), classes)
 
     def stuck(self, alphabet) -> np.ndarray:
         """States that do not accept and have no edge on a byte of `alphabet`: a token-level
         state there would allow nothing at all (what an eager build reports)."""
-        alpha = np.array(sorted(alphabet), dtype=np.int64)
-        table = self.table.reshape(-1, 256)[: self.num_states]
-        return ~self.accepting & ~np.any(table[:, alpha] != self.dead, axis=1)
+        cols = np.unique(self.classes[np.array(sorted(alphabet), dtype=np.int64)])
+        return ~self.accepting & ~np.any(self.rows()[: self.num_states][:, cols] != self.dead, axis=1)
 
     def accepts_text(self) -> bool:
         """Whether some text (bytes other than NUL) leads from the initial state to acceptance:
         a breadth-first search that stops at the first accepting state."""
+        cols = np.unique(self.classes[1:])
+        table = self.rows()[:, cols]
         seen = np.zeros(self.num_states + 1, dtype=bool)
         seen[self.dead] = True
         frontier = np.array([self.initial])
         seen[frontier] = True
-        table = self.table.reshape(-1, 256)
         while len(frontier):
             if self.accepting[frontier].any():
                 return True
-            succ = np.unique(table[frontier, 1:])
+            succ = np.unique(table[frontier])
             frontier = succ[~seen[succ]]
             seen[frontier] = True
         return False
@@ -241,9 +267,9 @@ class ByteDFA:
     def live_by(self, alphabet) -> np.ndarray:
         """States from which some string over `alphabet` (bytes) reaches an accepting state
         (a backward search; meant for small automata and unusual vocabularies)."""
-        alpha = np.array(sorted(alphabet), dtype=np.int64)
+        cols = np.unique(self.classes[np.array(sorted(alphabet), dtype=np.int64)])
         n = self.num_states
-        table = self.table.reshape(-1, 256)[:n][:, alpha]
+        table = self.rows()[:n][:, cols]
         backward: list[list[int]] = [[] for _ in range(n)]
         for a, b in zip(*np.nonzero(table != self.dead)):
             backward[int(table[a, b])].append(int(a))
@@ -257,6 +283,42 @@ class ByteDFA:
         return np.array(mark, dtype=bool)
 
 
+def _byte_classes(src: np.ndarray, byte: np.ndarray, dst: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes with the same edges in every state share a class. Returns (class of each byte, the
+    representative byte of each class); class 0 holds the bytes no state has an edge on (NUL
+    among them). Bytes are grouped by a 64-bit hash of their edges, then checked edge for edge:
+    a stable sort by byte keeps each byte's edges in the one order edges were listed in, so equal
+    edge sets are equal sequences."""
+    order = np.argsort(byte.astype(np.uint8), kind="stable")  # a radix sort
+    src, byte, dst = src[order], byte[order], dst[order]
+    bounds = np.searchsorted(byte, np.arange(257))
+    rng = np.random.default_rng(0x6D6C78)
+    a, b = rng.integers(1, 2**62, size=2, dtype=np.int64) | 1
+    with np.errstate(over="ignore"):
+        mixed = (src * a) ^ (dst * b + (dst >> 7))
+        sums = np.add.reduceat(np.append(mixed, 0), bounds[:-1]) if len(mixed) else np.zeros(256, np.int64)
+    sums = np.where(bounds[1:] > bounds[:-1], sums, 0)
+    classes = np.zeros(256, dtype=np.int32)
+    reps: list[int] = [0]
+    members: dict[int, list[int]] = {}
+    for b_ in range(256):
+        lo, hi = bounds[b_], bounds[b_ + 1]
+        if lo == hi:
+            classes[b_] = 0
+            continue
+        for c in members.setdefault(int(sums[b_]), []):
+            r = reps[c]
+            if (bounds[r + 1] - bounds[r] == hi - lo and np.array_equal(src[bounds[r]:bounds[r + 1]], src[lo:hi])
+                    and np.array_equal(dst[bounds[r]:bounds[r + 1]], dst[lo:hi])):
+                classes[b_] = c
+                break
+        else:
+            classes[b_] = len(reps)
+            members[int(sums[b_])].append(len(reps))
+            reps.append(b_)
+    return classes, np.array(reps, dtype=np.int64)
+
+
 # A walk stays sparse while at most this share of a level's nodes is alive; denser levels are
 # cheaper as one gather over the whole level than as an expansion of live nodes.
 DENSE_SHARE = 0.25
@@ -266,12 +328,13 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
     """Token row of byte state `state`: (sorted allowed token ids, the state after each), int32.
 
     EOS is not included (the caller adds it where `dfa.accepting[state]`)."""
-    table, dead = dfa.table, dfa.dead
+    table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     if trie.num_nodes == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    column = dfa.node_classes(trie)  # the byte class of every node
     levels = trie._levels
     a, b = levels[0]
-    st = table[state * 256 + trie.byte[a:b]]
+    st = table[state * width + column[a:b]]
     idx = np.flatnonzero(st != dead).astype(np.int32) + a
     st = st[idx - a]
     seen_idx, seen_st = [idx], [st]
@@ -288,7 +351,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
             break
         ends = np.cumsum(counts)
         child = np.arange(total, dtype=np.int32) + np.repeat(trie.child_start[idx] - (ends - counts), counts)
-        nst = table.take((np.repeat(st, counts) << 8) | trie.byte.take(child, mode="clip"), mode="clip")
+        nst = table.take(np.repeat(st, counts) * width + column.take(child, mode="clip"), mode="clip")
         keep = nst != dead
         idx, st = child[keep], nst[keep]
         seen_idx.append(idx)
@@ -316,15 +379,15 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
     node_st[: trie.level_start[dense_from]].fill(dead)
     for i, s in zip(seen_idx, seen_st):
         node_st[i] = s
-    parent, byte = trie.parent, trie.byte
-    take, shift, bor = node_st.take, np.left_shift, np.bitwise_or
+    parent = trie.parent
+    take, mul, add = node_st.take, np.multiply, np.add
     # mode="clip": indices are in range by construction, and numpy skips its bounds errors (~1.5x).
     for j in range(dense_from, len(levels)):
         a, b = levels[j]
         ib = buf[a:b]
         take(parent[a:b], out=ib, mode="clip")
-        shift(ib, 8, out=ib)
-        bor(ib, byte[a:b], out=ib)
+        mul(ib, width, out=ib)
+        add(ib, column[a:b], out=ib)
         table.take(ib, out=node_st[a:b], mode="clip")
     node_st[trie.num_nodes] = dead
     per_token = node_st.take(trie.token_node, mode="clip")
@@ -341,10 +404,11 @@ def walk_mlx(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
     dev = _device_trie(trie)
     table = mx.array(dfa.table)
-    dead = dfa.dead
-    levels = [mx.take(table, dev["byte0"] + state * 256)]
+    dead, width = dfa.dead, dfa.num_classes
+    classes = mx.array(dfa.classes)
+    levels = [mx.take(table, mx.take(classes, dev["byte0"]) + state * width)]
     for parent, byte in dev["levels"]:
-        levels.append(mx.take(table, (mx.take(levels[-1], parent) << 8) | byte))
+        levels.append(mx.take(table, mx.take(levels[-1], parent) * width + mx.take(classes, byte)))
     node_st = mx.concatenate(levels + [mx.array([dead], dtype=mx.int32)])
     per_token = np.array(mx.take(node_st, dev["token_node"]))
     tokens = np.flatnonzero(per_token != dead).astype(np.int32)

@@ -187,7 +187,7 @@ def brute_force(dfa: ByteDFA, token_bytes: list[bytes | None], width: int, state
             continue
         q = state
         for byte in b:
-            q = int(dfa.table[q * 256 + byte])
+            q = dfa.next(q, byte)
         if q != dfa.dead:
             tokens.append(t)
             nxt.append(q)
@@ -224,6 +224,37 @@ def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share):
             assert got[0].dtype == got[1].dtype == np.int32
     finally:
         token_index.DENSE_SHARE = old
+
+
+@pytest.mark.parametrize("regex", REGEXES + SMALL_REGEXES)
+def test_byte_dfa_with_classes_is_outlines_core_byte_index(regex):
+    """Every (state, byte) edge of the class-compressed DFA against outlines-core's index over the
+    256 single bytes, states paired breadth-first from the initial ones."""
+    from outlines_core import Index
+
+    from grammar_mlx._compile_worker import byte_vocabulary
+
+    dfa = build_dfa(regex, 100_000)
+    index = Index(wrap_regex(regex), byte_vocabulary())
+    finals = set(index.get_final_states())
+    pair = {dfa.initial: index.get_initial_state()}
+    todo = [dfa.initial]
+    while todo:
+        q = todo.pop()
+        r = pair[q]
+        assert dfa.accepting[q] == (index.get_next_state(r, 0) in finals)
+        assert dfa.next(q, 0) == dfa.dead, "NUL (the sentinel) leads nowhere"
+        for byte in range(1, 256):
+            want, got = index.get_next_state(r, byte), dfa.next(q, byte)
+            assert (want is None) == (got == dfa.dead), (q, byte)
+            if want is None:
+                continue
+            if got not in pair:
+                todo.append(got)
+            assert pair.setdefault(got, want) == want, (q, byte)
+    assert len(pair) == dfa.num_states, "every state is reached by text"
+    assert len(set(pair.values())) == len(pair), "the pairing is a bijection"
+    assert dfa.num_classes < 256
 
 
 def test_trie_levels_are_consistent(qwen_vocab):
