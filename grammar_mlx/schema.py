@@ -68,6 +68,7 @@ __all__ = [
     "MAX_REGEX_LENGTH",
     "MAX_NESTING",
     "MAX_WHITESPACE",
+    "byte_automaton",
 ]
 
 MAX_WHITESPACE = 64  # longest run of whitespace a `whitespace` pattern may allow
@@ -178,13 +179,10 @@ def whitespace_regex(whitespace: str | None) -> str:
         return ""
     if not isinstance(whitespace, str):
         raise InvalidRegexError(f"whitespace must be a regex string, not {type(whitespace).__name__}")
-    from outlines_core import Index, Vocabulary
-
     try:
-        index = Index(whitespace, Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+        start, transitions, accepting = byte_automaton(whitespace)
     except Exception as e:  # outlines-core raises ValueError/BaseException subclasses from Rust
         raise InvalidRegexError(f"whitespace pattern {whitespace!r} does not compile: {e}") from None
-    transitions = index.get_transitions()
     allowed = {9, 10, 13, 32}
     # Longest path from the start; a cycle means unbounded whitespace.
     longest: dict[int, int] = {}
@@ -197,21 +195,37 @@ def whitespace_regex(whitespace: str | None) -> str:
             raise InvalidRegexError(f"whitespace pattern {whitespace!r} is unbounded; bound it, e.g. [ \\n]{{0,4}}")
         visiting.add(state)
         best = 0
-        for token, nxt in transitions.get(state, {}).items():
-            if token == 256:
-                continue
-            if token not in allowed:
+        for byte, nxt in transitions.get(state, {}).items():
+            if byte not in allowed:
                 raise InvalidRegexError(
-                    f"whitespace pattern {whitespace!r} matches {bytes([token])!r}, which is not JSON whitespace"
+                    f"whitespace pattern {whitespace!r} matches {bytes([byte])!r}, which is not JSON whitespace"
                 )
             best = max(best, 1 + walk(nxt))
         visiting.discard(state)
         longest[state] = best
         return best
 
-    if walk(index.get_initial_state()) > MAX_WHITESPACE:
+    if walk(start) > MAX_WHITESPACE:
         raise InvalidRegexError(f"whitespace pattern {whitespace!r} allows more than {MAX_WHITESPACE} characters")
     return "(?:" + whitespace + ")"
+
+
+def byte_automaton(regex: str) -> tuple[int, dict[int, dict[int, int]], set[int]]:
+    """outlines-core's byte-level DFA of a full-match regex: (start, {state: {byte: next}}, accepting).
+
+    outlines-core 0.2.14 drops edges that leave an accepting state, so the regex is compiled with a
+    trailing NUL sentinel (as `compiler` does): a state accepts when its NUL edge reaches a final
+    state, and NUL edges are then removed. Regexes of JSON text never match a raw NUL."""
+    from outlines_core import Index, Vocabulary
+
+    index = Index(f"(?:{regex})\\x00", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    finals = set(index.get_final_states())
+    transitions, accepting = {}, set()
+    for state, row in index.get_transitions().items():
+        if row.get(0) in finals:
+            accepting.add(state)
+        transitions[state] = {b: nxt for b, nxt in row.items() if 0 < b < 256}
+    return index.get_initial_state(), transitions, accepting
 
 
 @lru_cache(maxsize=64)

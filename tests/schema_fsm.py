@@ -1,0 +1,117 @@
+"""Test helpers for the schema front end: outlines-core byte-level automata and a jsonschema oracle.
+
+`ByteDFA` walks a regex's byte DFA (what the token FSM is built from) to check acceptance and to
+sample outputs: a random walk that picks uniformly among the distinct next states (then among the
+bytes leading there), stops at accepting states with probability 1/3, and after `soft_limit` bytes
+only takes steps that bring it closer to acceptance, so every walk ends.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from decimal import Decimal
+from fractions import Fraction
+
+from grammar_mlx.schema import byte_automaton
+
+
+class ByteDFA:
+    def __init__(self, regex: str):
+        self.start, self.trans, self.accepting = byte_automaton(regex)
+        reverse: dict[int, list[int]] = {}
+        for state, row in self.trans.items():
+            for nxt in row.values():
+                reverse.setdefault(nxt, []).append(state)
+        self.distance = {s: 0 for s in self.accepting}
+        queue = deque(self.accepting)
+        while queue:
+            s = queue.popleft()
+            for p in reverse.get(s, ()):
+                if p not in self.distance:
+                    self.distance[p] = self.distance[s] + 1
+                    queue.append(p)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.trans)
+
+    def accepts(self, text: str) -> bool:
+        state = self.start
+        for b in text.encode("utf-8"):
+            state = self.trans.get(state, {}).get(b)
+            if state is None:
+                return False
+        return state in self.accepting
+
+    def sample(self, rng: random.Random, soft_limit: int = 120) -> str:
+        state, out = self.start, bytearray()
+        while True:
+            row = self.trans.get(state, {})
+            if state in self.accepting and (not row or rng.random() < 1 / 3 or len(out) > soft_limit):
+                return out.decode("utf-8")
+            by_next: dict[int, list[int]] = {}
+            for b, nxt in row.items():
+                if nxt in self.distance:
+                    by_next.setdefault(nxt, []).append(b)
+            if len(out) > soft_limit:
+                here = self.distance[state]
+                by_next = {n: bs for n, bs in by_next.items() if self.distance[n] < here} or by_next
+            if not by_next:
+                raise AssertionError(f"stuck in a non-accepting state after {bytes(out)!r}")
+            nxt = rng.choice(sorted(by_next))
+            out.append(rng.choice(sorted(by_next[nxt])))
+            state = nxt
+
+
+def oracle(schema):
+    """A jsonschema validator for `schema`, as `grammar_mlx.schema` reads it: `$schema`'s draft, or
+    the first of 2020-12, 7, 4 whose metaschema accepts it; formats checked; `multipleOf` exact
+    (jsonschema divides floats: 0.07 is not a multiple of 0.01 there)."""
+    import jsonschema
+    from jsonschema import validators
+
+    if isinstance(schema, dict) and "$schema" in schema:
+        cls = validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    else:
+        cls = jsonschema.Draft202012Validator
+        for candidate in (jsonschema.Draft202012Validator, jsonschema.Draft7Validator, jsonschema.Draft4Validator):
+            if candidate(candidate.META_SCHEMA).is_valid(schema):
+                cls = candidate
+                break
+    exact = validators.extend(cls, {"multipleOf": _exact_multiple_of, "divisibleBy": _exact_multiple_of})
+    return exact(schema, format_checker=format_checker(cls))
+
+
+def format_checker(cls):
+    """The draft's format checker, with `relative-json-pointer` by the spec (jsonschema 4.26 rejects
+    "309" and "1": it reads any digit after a 0 as a leading zero, and an empty rest as invalid)."""
+    import jsonschema
+
+    checker = jsonschema.FormatChecker()
+    checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
+    checker.checkers["relative-json-pointer"] = (_relative_json_pointer, ())
+    return checker
+
+
+def _relative_json_pointer(instance) -> bool:
+    return not isinstance(instance, str) or re.fullmatch(r"(0|[1-9][0-9]*)(#|(/([^/~]|~[01])*)*)", instance) is not None
+
+
+def _exact_multiple_of(validator, step, instance, schema):
+    import jsonschema
+
+    if not validator.is_type(instance, "number") or isinstance(instance, bool):
+        return
+    quotient = _fraction(instance) / _fraction(step)
+    if quotient.denominator != 1:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {step}")
+
+
+def _fraction(x) -> Fraction:
+    return Fraction(Decimal(x) if isinstance(x, int) else Decimal(repr(x)))
+
+
+def seeded(seed: int) -> random.Random:
+    return random.Random(seed)
