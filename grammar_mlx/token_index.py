@@ -286,36 +286,21 @@ class ByteDFA:
 def _byte_classes(src: np.ndarray, byte: np.ndarray, dst: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     """Bytes with the same edges in every state share a class. Returns (class of each byte, the
     representative byte of each class); class 0 holds the bytes no state has an edge on (NUL
-    among them). Bytes are grouped by a 64-bit hash of their edges, then checked edge for edge:
-    a stable sort by byte keeps each byte's edges in the one order edges were listed in, so equal
-    edge sets are equal sequences."""
+    among them). A stable sort by byte keeps each byte's edges in the one order they were listed
+    in, so equal edge sets are equal byte strings: the grouping is exact."""
     order = np.argsort(byte.astype(np.uint8), kind="stable")  # a radix sort
-    src, byte, dst = src[order], byte[order], dst[order]
-    bounds = np.searchsorted(byte, np.arange(257))
-    rng = np.random.default_rng(0x6D6C78)
-    a, b = rng.integers(1, 2**62, size=2, dtype=np.int64) | 1
-    with np.errstate(over="ignore"):
-        mixed = (src * a) ^ (dst * b + (dst >> 7))
-        sums = np.add.reduceat(np.append(mixed, 0), bounds[:-1]) if len(mixed) else np.zeros(256, np.int64)
-    sums = np.where(bounds[1:] > bounds[:-1], sums, 0)
+    pairs = np.stack([src[order], dst[order]], axis=1)
+    bounds = np.searchsorted(byte[order], np.arange(257)).tolist()
     classes = np.zeros(256, dtype=np.int32)
-    reps: list[int] = [0]
-    members: dict[int, list[int]] = {}
-    for b_ in range(256):
-        lo, hi = bounds[b_], bounds[b_ + 1]
-        if lo == hi:
-            classes[b_] = 0
-            continue
-        for c in members.setdefault(int(sums[b_]), []):
-            r = reps[c]
-            if (bounds[r + 1] - bounds[r] == hi - lo and np.array_equal(src[bounds[r]:bounds[r + 1]], src[lo:hi])
-                    and np.array_equal(dst[bounds[r]:bounds[r + 1]], dst[lo:hi])):
-                classes[b_] = c
-                break
-        else:
-            classes[b_] = len(reps)
-            members[int(sums[b_])].append(len(reps))
-            reps.append(b_)
+    reps = [0]
+    seen: dict[bytes, int] = {b"": 0}
+    for b in range(256):
+        key = pairs[bounds[b] : bounds[b + 1]].tobytes()
+        c = seen.get(key)
+        if c is None:
+            c = seen[key] = len(reps)
+            reps.append(b)
+        classes[b] = c
     return classes, np.array(reps, dtype=np.int64)
 
 
