@@ -179,6 +179,7 @@ class ByteDFA:
             raise ValueError(f"byte table of shape {self.table.shape} for {self.num_states} states and "
                              f"{self.num_classes} byte classes")
         self._node_classes: tuple[TokenTrie, np.ndarray] | None = None
+        self._device = None  # (table, classes) as MLX arrays, made by walk_mlx
 
     @property
     def nbytes(self) -> int:
@@ -388,9 +389,10 @@ def walk_mlx(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.
     if trie.num_nodes == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
     dev = _device_trie(trie)
-    table = mx.array(dfa.table)
+    if dfa._device is None:  # the table and classes on the device, once per DFA
+        dfa._device = (mx.array(dfa.table), mx.array(dfa.classes))
+    table, classes = dfa._device
     dead, width = dfa.dead, dfa.num_classes
-    classes = mx.array(dfa.classes)
     levels = [mx.take(table, mx.take(classes, dev["byte0"]) + state * width)]
     for parent, byte in dev["levels"]:
         levels.append(mx.take(table, mx.take(levels[-1], parent) * width + mx.take(classes, byte)))
