@@ -59,13 +59,13 @@ def draft(smollm):
 # the prefill short; each was checked to finish, greedy, well within the budget.
 CASES = [
     ("answer", "examples:answer.json", "Is Paris in France?\nJSON: "),
-    ("review", "examples:review.json", "Great quality, slow delivery. 4 stars.\nJSON: "),
     ("version", "maskbench:Github_trivial---o82284.json", "JSON: "),
     ("increment", "maskbench:Github_trivial---o83326.json", "JSON: "),
     ("language", "maskbench:Github_trivial---o84263.json", "JSON: "),
     ("zip-code", "maskbench:Github_trivial---o83739.json", "Write the JSON:\n"),
-    ("snowplow", "maskbench:Snowplow---sp_380_Normalized.json", "Write the JSON:\n"),
-    ("string-list", "maskbench:Github_trivial---o53905.json", "Write the JSON:\n"),
+    ("literal-any-of", "maskbench:Github_trivial---o75595.json", "JSON: "),
+    ("retention", "maskbench:Github_easy---o47063.json", "JSON: "),
+    ("top-level-enum", "maskbench:Github_trivial---o48762.json", "Write the JSON:\n"),
 ]
 MAX_TOKENS = 48
 
