@@ -173,6 +173,8 @@ def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
     """Token ids of the prompt; with `chat`, a str or message list goes through the chat template."""
     if isinstance(prompt, mx.array):
         return [int(t) for t in prompt.reshape(-1).tolist()]
+    if type(prompt).__module__ == "numpy" and hasattr(prompt, "tolist"):
+        prompt = prompt.reshape(-1).tolist()
     if isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
     ):
@@ -486,6 +488,10 @@ def generate_structured(
         grammar = compile_regex(regex, tokenizer, logits_width=logits_width_of(model), **compile_options)
     elif not isinstance(grammar, CompiledGrammar):
         raise GenerationError(f"grammar= must be a CompiledGrammar, not {type(grammar).__name__}")
+    elif grammar.logits_width != logits_width_of(model):
+        raise GenerationError(
+            f"the grammar was compiled for logits width {grammar.logits_width}, the model's is "
+            f"{logits_width_of(model)}; compile with logits_width=logits_width_of(model)")
     finished = _drain(_stream(model, tokenizer, prompt, grammar, draft_model=draft_model,
                               num_draft_tokens=num_draft_tokens, sampler=sampler, max_tokens=max_tokens,
                               chat=chat, logits_processors=logits_processors, prompt_cache=prompt_cache))
@@ -570,13 +576,14 @@ def stream_json(
     """Yield the JSON text in chunks as it is generated (the chunks join to the whole text).
 
     The schema is compiled before the first chunk. After the last chunk the text is parsed and
-    validated as in `generate_json`; an incomplete or invalid output raises `GenerationError` then.
+    validated as in `generate_json` (Pydantic validators included); an incomplete or invalid output
+    raises `GenerationError` then.
     """
     grammar, doc = _compile_json(schema, tokenizer, model, strict, whitespace, compile_options)
     finished = yield from _stream(
         model, tokenizer, prompt, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
         sampler=sampler, max_tokens=max_tokens, chat=chat, logits_processors=logits_processors)
-    _parse_and_validate(finished.text, doc, None, validate)
+    _parse_and_validate(finished.text, doc, _pydantic_class(schema), validate)
 
 
 def stream_regex(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.sample_utils import make_sampler
 from pydantic import BaseModel, Field
@@ -259,6 +260,15 @@ def test_bad_arguments_are_typed_errors(smollm, draft):
         generate_json(model, tokenizer, [], schema)
     with pytest.raises(GenerationError, match="chat=True"):
         generate_json(model, tokenizer, [{"role": "user", "content": "hi"}], schema, chat=False)
+    from grammar_mlx import compile_json_schema
+
+    other_width = compile_json_schema(schema, tokenizer, logits_width=model.args.vocab_size + 64)
+    with pytest.raises(GenerationError, match="logits width"):
+        generate_structured(model, tokenizer, "x", grammar=other_width)
+    wide = compile_json_schema(schema, tokenizer, logits_width=logits_width_of(model))
+    out = generate_structured(model, tokenizer, np.array(tokenizer.encode("Yes or no: ")), grammar=wide,
+                              max_tokens=4)
+    assert out.text in ("true", "false") and out.value == out.text
 
 
 def test_logits_width_of_reads_args_or_probes():
