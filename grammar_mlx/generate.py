@@ -32,6 +32,7 @@ from __future__ import annotations
 import codecs
 import json
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generator, Union
@@ -163,10 +164,23 @@ def jsonschema_available() -> bool:
     return True
 
 
+_WRAPPERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
 def _wrapped(tokenizer: Any) -> Any:
+    """mlx-lm's TokenizerWrapper of a Hugging Face tokenizer, built once per tokenizer (building its
+    streaming detokenizer reads the whole vocabulary)."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-    return tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+    if isinstance(tokenizer, TokenizerWrapper):
+        return tokenizer
+    try:
+        wrapper = _WRAPPERS.get(tokenizer)
+        if wrapper is None:
+            wrapper = _WRAPPERS[tokenizer] = TokenizerWrapper(tokenizer)
+        return wrapper
+    except TypeError:  # not weak-referenceable
+        return TokenizerWrapper(tokenizer)
 
 
 def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:

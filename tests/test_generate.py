@@ -234,6 +234,9 @@ def test_processor_factories_drive_mlx_lm_directly(smollm):
     tokens = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=16, logits_processors=[processor])]
     reference = generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=16, chat=False)
     assert tokens == reference.token_ids and processor.is_terminated()
+    # A bare Hugging Face tokenizer works too (wrapped as mlx-lm would; its EOS set may be smaller).
+    assert generate_structured(model, tokenizer._tokenizer, prompt, schema=schema, max_tokens=16,
+                               chat=False).text == reference.text
     regex_processor = regex_logits_processor("[a-z]{3}", tokenizer, logits_width=model.args.vocab_size)
     assert regex_processor.compiled.logits_width == model.args.vocab_size
     with pytest.raises(InvalidRegexError):
