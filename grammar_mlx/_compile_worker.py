@@ -276,7 +276,24 @@ def serve(stdin, stdout) -> None:
             send(stdout, ("error", classify_index_error(str(exc)), str(exc)))
 
 
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker when its parent dies, so that an orphan does not
+    finish a long build nobody waits for (elsewhere the worker ends at its next read of stdin)."""
+    parent = int(os.environ.get("GRAMMAR_MLX_PARENT_PID", os.getppid()))
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(0)
+
+
 if __name__ == "__main__":
+    if sys.platform.startswith("linux"):
+        _die_with_parent()
     _set_memory_limit(int(os.environ.get("GRAMMAR_MLX_WORKER_MEMORY", "0")))
     # The protocol owns the original stdout; anything a library prints goes to stderr instead.
     protocol_out = os.fdopen(os.dup(1), "wb")

@@ -279,7 +279,7 @@ class LazyGrammar(CompiledGrammar):
 
 class _Worker:
     def __init__(self, memory_limit: int):
-        env = dict(os.environ, GRAMMAR_MLX_WORKER_MEMORY=str(memory_limit))
+        env = dict(os.environ, GRAMMAR_MLX_WORKER_MEMORY=str(memory_limit), GRAMMAR_MLX_PARENT_PID=str(os.getpid()))
         self.proc = subprocess.Popen(
             [sys.executable, "-u", worker_protocol.__file__],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,

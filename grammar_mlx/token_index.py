@@ -1,7 +1,7 @@
 """Token transitions of a byte-level DFA, one state at a time, vectorized over the vocabulary.
 
 A grammar is compiled to a DFA over UTF-8 bytes (`ByteDFA`, built by outlines-core from a vocabulary
-of the 256 single bytes: milliseconds where the eager token index takes seconds). The token-level
+of the 256 single bytes: milliseconds for most schemas, where its eager token index takes seconds). The token-level
 automaton then follows by definition: from byte state `q`, token `t` is allowed iff walking its bytes
 from `q` never reaches the dead state, and it leads to the state where the walk ends. This is exactly
 outlines-core's token semantics (its eager `Index` walks each token's bytes through the same DFA), so
@@ -12,8 +12,8 @@ level j holds the distinct token prefixes of j+1 bytes, in lexicographic order, 
 node are a contiguous range of the next level. A walk starts *sparse* (only live nodes, expanding
 the children of live nodes level by level: dead branches cost nothing, which makes a restrictive
 state such as "after `{`" cost ~0.1 ms) and turns *dense* at the first level where most nodes are
-alive (every node of the level in one gather, no compaction: a "inside a string" state, where almost
-every token is allowed, costs ~3 ms at V = 151,936 with numpy). `walk_mlx` is the dense walk as MLX
+alive (every node of the level in one gather, no compaction: an "inside a string" state, where almost
+every token is allowed, costs ~2 ms at V = 151,936 with numpy). `walk_mlx` is the dense walk as MLX
 ops, for a GPU.
 
 This module imports only numpy (MLX lazily, in `walk_mlx`) and nothing of grammar_mlx, so the
@@ -51,7 +51,6 @@ class TokenTrie:
         self.width = int(width)
         self.num_nodes = len(self.byte)
         self.num_levels = len(self.level_start) - 1
-        self.level_size = np.diff(self.level_start)
         # Per-level views, so the walk's Python loop does no slicing arithmetic.
         self._levels = [(int(a), int(b)) for a, b in zip(self.level_start[:-1], self.level_start[1:])]
         level0 = int(self.level_start[1]) if self.num_levels else 0

@@ -4,7 +4,10 @@ lazy rows), tables, limits and errors. Exact equality with outlines-core's eager
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import interegular
 import numpy as np
@@ -285,3 +288,53 @@ def test_progress_reports(qwen_vocab, capsys):
     assert any(stage == "states" for stage, *_ in seen) and any(stage == "masks" for stage, *_ in seen)
     compile_regex("[0-9]{1,3}y", qwen_vocab, use_cache=False, progress=True)
     assert "compiling grammar" in capsys.readouterr().err
+
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+    return kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux-only")
+def test_a_worker_dies_with_its_parent_mid_build(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
+        "from grammar_mlx import Vocabulary, compile_regex\n"
+        "v = Vocabulary((b'a', b'b', None), (2,), 'byte-level')\n"
+        f"threading.Thread(target=compile_regex, args=({EXPLODING!r}, v), kwargs={{'use_cache': False}}).start()\n"
+        "print('building', flush=True)\n"
+        "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "building"
+        deadline = time.monotonic() + 10
+        while not (workers := _children(parent.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert workers, "the compile started a worker"
+        time.sleep(0.5)  # the worker is in its (minutes-long) DFA build now
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_running, workers)), "an orphaned worker kept building"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a killed orphan may wait as a zombie for a reaper
