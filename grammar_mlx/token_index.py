@@ -13,8 +13,8 @@ node are a contiguous range of the next level. A walk starts *sparse* (only live
 the children of live nodes level by level: dead branches cost nothing, which makes a restrictive
 state such as "after `{`" cost ~0.1 ms) and turns *dense* at the first level where most nodes are
 alive (every node of the level in one gather, no compaction: an "inside a string" state, where almost
-every token is allowed, costs ~2 ms at V = 151,936 with numpy). `walk_mlx` is the dense walk as MLX
-ops, for a GPU.
+every token is allowed, costs ~2 ms at V = 151,936 with numpy). `walk_mlx` runs the dense levels as
+MLX ops, for a GPU.
 
 This module imports only numpy (MLX lazily, in `walk_mlx`) and nothing of grammar_mlx, so the
 compile worker loads it as a plain sibling file.
@@ -309,10 +309,12 @@ def _byte_classes(src: np.ndarray, byte: np.ndarray, dst: np.ndarray, count: int
 DENSE_SHARE = 0.25
 
 
-def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
+def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
     """Token row of byte state `state`: (sorted allowed token ids, the state after each), int32.
 
-    EOS is not included (the caller adds it where `dfa.accepting[state]`)."""
+    EOS is not included (the caller adds it where `dfa.accepting[state]`). The sparse levels always
+    run in numpy (few live nodes: a GPU would only add launches); `backend="mlx"` runs the dense
+    levels as MLX ops on the default device (a GPU gathers a whole level at once)."""
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     if trie.num_nodes == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
@@ -343,62 +345,71 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
         seen_st.append(st)
         j += 1
     if dense_from is None:
-        nodes = np.concatenate(seen_idx)
-        states = np.concatenate(seen_st)
-        first = trie.end_first[nodes]
-        has = first >= 0
-        tokens, nxt = first[has], states[has]
-        if len(trie.end_more_node):
-            alive = np.zeros(trie.num_nodes, dtype=bool)
-            alive[nodes] = True
-            node_state = dict(zip(nodes.tolist(), states.tolist()))
-            more = alive[trie.end_more_node]
-            if more.any():
-                tokens = np.concatenate([tokens, trie.end_more_id[more]])
-                nxt = np.concatenate([nxt, [node_state[n] for n in trie.end_more_node[more].tolist()]]).astype(np.int32)
-        order = np.argsort(tokens, kind="stable")
-        return tokens[order].astype(np.int32), nxt[order].astype(np.int32)
+        return _sparse_row(trie, np.concatenate(seen_idx), np.concatenate(seen_st))
 
     # Dense from level `dense_from`: every node's state, dead ones included (dead loops to dead).
     node_st, buf = trie.scratch()
     node_st[: trie.level_start[dense_from]].fill(dead)
     for i, s in zip(seen_idx, seen_st):
         node_st[i] = s
-    parent = trie.parent
-    take, mul, add = node_st.take, np.multiply, np.add
-    # mode="clip": indices are in range by construction, and numpy skips its bounds errors (~1.5x).
-    for j in range(dense_from, len(levels)):
-        a, b = levels[j]
-        ib = buf[a:b]
-        take(parent[a:b], out=ib, mode="clip")
-        mul(ib, width, out=ib)
-        add(ib, column[a:b], out=ib)
-        table.take(ib, out=node_st[a:b], mode="clip")
-    node_st[trie.num_nodes] = dead
-    per_token = node_st.take(trie.token_node, mode="clip")
+    if backend == "mlx":
+        per_token = _dense_mlx(trie, dfa, node_st[: trie.level_start[dense_from]], dense_from)
+    else:
+        parent = trie.parent
+        take, mul, add = node_st.take, np.multiply, np.add
+        # mode="clip": indices are in range by construction, and numpy skips its bounds errors (~1.5x).
+        for j in range(dense_from, len(levels)):
+            a, b = levels[j]
+            ib = buf[a:b]
+            take(parent[a:b], out=ib, mode="clip")
+            mul(ib, width, out=ib)
+            add(ib, column[a:b], out=ib)
+            table.take(ib, out=node_st[a:b], mode="clip")
+        node_st[trie.num_nodes] = dead
+        per_token = node_st.take(trie.token_node, mode="clip")
     tokens = np.flatnonzero(per_token != dead).astype(np.int32)
     return tokens, per_token[tokens]
 
 
-def walk_mlx(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
-    """`walk` as MLX ops on the default device: the dense walk (one gather per level, no
-    data-dependent shapes), for a GPU where a whole level costs about what one node does."""
+def _sparse_row(trie: TokenTrie, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    first = trie.end_first[nodes]
+    has = first >= 0
+    tokens, nxt = first[has], states[has]
+    if len(trie.end_more_node):
+        alive = np.zeros(trie.num_nodes, dtype=bool)
+        alive[nodes] = True
+        more = alive[trie.end_more_node]
+        if more.any():
+            node_state = dict(zip(nodes.tolist(), states.tolist()))
+            tokens = np.concatenate([tokens, trie.end_more_id[more]])
+            nxt = np.concatenate([nxt, [node_state[n] for n in trie.end_more_node[more].tolist()]])
+    order = np.argsort(tokens, kind="stable")
+    return tokens[order].astype(np.int32), nxt[order].astype(np.int32)
+
+
+def _dense_mlx(trie: TokenTrie, dfa: ByteDFA, shallow: np.ndarray, dense_from: int) -> np.ndarray:
+    """The state after each token (dead where not allowed), the levels from `dense_from` on as MLX
+    ops; `shallow` holds the states of every node above them."""
     import mlx.core as mx
 
-    if trie.num_nodes == 0:
-        return np.zeros(0, np.int32), np.zeros(0, np.int32)
     dev = _device_trie(trie)
     if dfa._device is None:  # the table and classes on the device, once per DFA
         dfa._device = (mx.array(dfa.table), mx.array(dfa.classes))
     table, classes = dfa._device
-    dead, width = dfa.dead, dfa.num_classes
-    levels = [mx.take(table, mx.take(classes, dev["byte0"]) + state * width)]
-    for parent, byte in dev["levels"]:
-        levels.append(mx.take(table, mx.take(levels[-1], parent) * width + mx.take(classes, byte)))
-    node_st = mx.concatenate(levels + [mx.array([dead], dtype=mx.int32)])
-    per_token = np.array(mx.take(node_st, dev["token_node"]))
-    tokens = np.flatnonzero(per_token != dead).astype(np.int32)
-    return tokens, per_token[tokens]
+    width = dfa.num_classes
+    start = int(trie.level_start[dense_from - 1])
+    parts = [mx.array(shallow)]
+    level = mx.array(shallow[start:])
+    for parent, byte in dev["levels"][dense_from - 1 :]:
+        level = mx.take(table, mx.take(level, parent) * width + mx.take(classes, byte))
+        parts.append(level)
+    parts.append(mx.array([dfa.dead], dtype=mx.int32))
+    return np.array(mx.take(mx.concatenate(parts), dev["token_node"]))
+
+
+def walk_mlx(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
+    """`walk` with its dense levels as MLX ops (what `LazyIndex` uses where MLX has a GPU)."""
+    return walk(trie, dfa, state, backend="mlx")
 
 
 _DEVICE_TRIES: dict[int, tuple[TokenTrie, dict]] = {}
@@ -419,8 +430,7 @@ def _device_trie(trie: TokenTrie) -> dict:
             a, b = int(starts[j]), int(starts[j + 1])
             local_parent = trie.parent[a:b] - int(starts[j - 1])
             level_arrays.append((mx.array(local_parent.astype(np.int32)), mx.array(trie.byte[a:b])))
-        dev = {"byte0": mx.array(trie.byte[: int(starts[1])]), "levels": level_arrays,
-               "token_node": mx.array(trie.token_node)}
+        dev = {"levels": level_arrays, "token_node": mx.array(trie.token_node)}
         if len(_DEVICE_TRIES) > 4:
             _DEVICE_TRIES.clear()
         _DEVICE_TRIES[id(trie)] = (trie, dev)

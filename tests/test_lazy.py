@@ -205,8 +205,9 @@ ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b"
     regex=st.sampled_from(SMALL_REGEXES),
     cut=st.integers(0, 5),
     share=st.sampled_from([0.0, token_index.DENSE_SHARE, 2.0]),
+    backend=st.sampled_from(["numpy", "mlx"]),
 )
-def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share):
+def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend):
     width = max(1, len(tokens) - cut)  # ids at or past the width are never allowed
     groups: dict[bytes, list[int]] = {}
     for i, b in enumerate(tokens):
@@ -219,7 +220,7 @@ def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share):
     try:
         for state in range(dfa.num_states):
             want = brute_force(dfa, tokens, width, state)
-            got = walk(trie, dfa, state)
+            got = walk(trie, dfa, state, backend=backend)
             assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (state, got, want)
             assert got[0].dtype == got[1].dtype == np.int32
     finally:
@@ -276,9 +277,10 @@ def test_trie_levels_are_consistent(qwen_vocab):
     assert trie.single_bytes == frozenset(range(1, 256)), "Qwen3 has every non-NUL byte as a token"
 
 
-def test_mlx_walk_equals_numpy(qwen_vocab):
+def test_mlx_walk_equals_numpy(qwen_vocab, monkeypatch):
     trie = TokenTrie.build(qwen_vocab.text_tokens(), QWEN_WIDTH)
     dfa = build_dfa(REGEXES[3], 10_000)
+    monkeypatch.setattr(token_index, "DENSE_SHARE", 0.0)  # every state dense from level 1 on
     for state in range(dfa.num_states):
         got, want = walk_mlx(trie, dfa, state), walk(trie, dfa, state)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
