@@ -21,6 +21,18 @@ from .errors import (
     UnsupportedSchemaError,
     VocabularyMismatchError,
 )
+from .generate import (
+    GenerationStats,
+    StructuredOutput,
+    generate_json,
+    generate_regex,
+    generate_structured,
+    json_logits_processor,
+    logits_width_of,
+    regex_logits_processor,
+    stream_json,
+    stream_regex,
+)
 from .kernels import apply_token_bitmask
 from .models import default_model, load_gguf, load_model, tokenizer_from_gguf, truncated_draft
 from .processor import GrammarProcessor
@@ -41,6 +53,16 @@ __all__ = [
     "PenaltyProcessor",
     "apply_token_bitmask",
     "Vocabulary",
+    "generate_json",
+    "generate_regex",
+    "generate_structured",
+    "stream_json",
+    "stream_regex",
+    "json_logits_processor",
+    "regex_logits_processor",
+    "logits_width_of",
+    "StructuredOutput",
+    "GenerationStats",
     "vocabulary_of",
     "default_model",
     "load_gguf",

@@ -1,4 +1,4 @@
-"""`python -m grammar_mlx generate|compile`: see `grammar_mlx.cli`."""
+"""`python -m grammar_mlx generate|compile|serve`: see `grammar_mlx.cli`."""
 
 import sys
 

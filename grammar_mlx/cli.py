@@ -80,7 +80,7 @@ def _add_grammar_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="grammar-mlx", description="Grammar-constrained generation for MLX-LM.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,compile}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,compile,serve}", parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate JSON (or text) that satisfies a schema (or regex)",
                          description="Generate JSON that satisfies a JSON Schema, or text that matches a "
@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--logits-width", type=_positive_int, metavar="N",
                       help="the model's logits width (default: read from the model)")
     comp.add_argument("--json", action="store_true", help="print the statistics as JSON")
+
+    # Listed for --help only: main() hands `serve ...` to grammar_mlx.server, which parses its own
+    # options and imports mlx_lm.server (~1 s), a cost the other commands should not pay.
+    serve = sub.add_parser("serve", add_help=False, help="OpenAI-compatible server with response_format "
+                           "(json_schema, json_object, regex); `serve --help` lists its options")
     return parser
 
 
@@ -342,6 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (never raises, except SystemExit from --help)."""
     debug = os.environ.get("GRAMMAR_MLX_DEBUG") not in (None, "", "0")
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if argv[:1] == ["serve"]:
+            from . import server
+
+            return server.main(argv[1:])
         args = build_parser().parse_args(argv)
         return _generate(args) if args.command == "generate" else _compile(args)
     except _UsageError as exc:

@@ -114,7 +114,7 @@ def vocabulary_of(tokenizer: Any, *, eos_token_ids: list[int] | tuple[int, ...] 
     if eos_token_ids is None:
         try:
             cached = _CACHE.get(tokenizer)
-        except TypeError:  # not weak-referenceable
+        except Exception:  # not weak-referenceable or unhashable (Outlines' __hash__ imports `datasets`)
             cached = None
         if cached is not None:
             return cached
@@ -122,7 +122,7 @@ def vocabulary_of(tokenizer: Any, *, eos_token_ids: list[int] | tuple[int, ...] 
     if eos_token_ids is None:
         try:
             _CACHE[tokenizer] = vocab
-        except TypeError:
+        except Exception:
             pass
     return vocab
 

@@ -143,3 +143,14 @@ def test_compile_warms_the_cache_that_generate_uses(capsys, tmp_path, smollm_pat
     code, out, err = run_main(capsys, "generate", "--regex", "[0-9]{3}", "--prompt", "Digits: ", "--no-chat",
                               "--temp", "0.8", "--seed", "3", "--cache-dir", cache, "--no-progress", "--quiet")
     assert code == 0 and len(out.strip()) == 3 and out.strip().isdigit() and err == ""
+
+
+def test_serve_is_dispatched_to_the_server_with_its_own_options(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--help"])
+    assert info.value.code == 0
+    assert "--draft-layers" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--port", "not-a-port"])
+    assert info.value.code == 2
+    assert "--port" in capsys.readouterr().err
