@@ -56,7 +56,7 @@ from functools import lru_cache
 from .errors import EmptyLanguageError, GrammarTooLargeError, InvalidRegexError, InvalidSchemaError
 from .schema_emit import MAX_NESTING, MAX_REGEX_LENGTH, Emitter, nesting_depth
 from .schema_ir import serialize
-from .schema_normalize import MAX_REPEAT, Normalizer, Unenforced, draft_of
+from .schema_normalize import MAX_REPEAT, Normalizer, Unenforced
 
 __all__ = [
     "SchemaRegex",
@@ -69,6 +69,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_WHITESPACE",
     "byte_automaton",
+    "whitespace_regex",
 ]
 
 MAX_WHITESPACE = 64  # longest run of whitespace a `whitespace` pattern may allow
@@ -243,5 +244,3 @@ def canonical_json(instance, schema) -> str:
     nz = _normalized(json.dumps(doc, sort_keys=False))
     return serialize(nz.root_node, instance, nz.table)
 
-
-__all__ += ["whitespace_regex", "draft_of"]

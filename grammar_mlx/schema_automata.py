@@ -10,13 +10,12 @@ so and the caller reports the constraint as unenforced instead of hanging.
 
 from __future__ import annotations
 
+from .schema_charset import ANY, CharSet
 from .schema_regex import (
-    ANY,
     EMPTY,
     NEVER,
     Alt,
     Chars,
-    CharSet,
     Repeat,
     Seq,
     alt,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from .errors import GrammarTooLargeError
 from .schema_ir import AnyValue, Array, Literal, Never, Number, Object, Ref, String, Union, dumps
 from .schema_numbers import NUMBER, range_regex
-from .schema_regex import escape_text, json_char_regex, json_text, to_regex
+from .schema_charset import escape_text, json_char_regex, json_text
+from .schema_regex import to_regex
 
 MAX_REGEX_LENGTH = 500_000  # characters of regex text handed to outlines-core
 MAX_NESTING = 80  # group nesting depth (regex-automata's NFA compiler refuses deeper regexes)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .schema_regex import full_language, parse_ecma
+from .schema_ecma import parse_ecma
+from .schema_regex import full_language
 
 _D = "[0-9]"
 _YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"  # 0001-9999

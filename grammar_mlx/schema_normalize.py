@@ -13,7 +13,6 @@ violation and is documented in `grammar_mlx.schema`, not reported.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -29,12 +28,10 @@ from .schema_ir import (
     NULL,
     AnyValue,
     Array,
-    Extra,
     Literal,
     Never,
     Number,
     Object,
-    Property,
     Ref,
     String,
     Union,
@@ -44,16 +41,8 @@ from .schema_ir import (
 )
 from .schema_numbers import Bound, to_decimal
 from .schema_objects import build_object
-from .schema_regex import (
-    MAX_REPEAT,
-    PatternError,
-    alt,
-    literal,
-    max_count,
-    parse_ecma,
-    restrict_length,
-    search_language,
-)
+from .schema_ecma import parse_ecma
+from .schema_regex import MAX_REPEAT, PatternError, alt, max_count, restrict_length, search_language
 
 MAX_ENUMERATED = 1_000  # multipleOf over a bounded range is enumerated up to this many values
 MAX_UNION_BRANCHES = 1_000  # anyOf/oneOf distributed over allOf: total branches per schema
@@ -789,11 +778,3 @@ def _ranges_disjoint(a: Number, b: Number) -> bool:
             if lo.value > hi.value or (lo.value == hi.value and (lo.exclusive or hi.exclusive)):
                 return True
     return False
-
-
-def names_language(names) -> object:
-    """The AST of a finite set of strings."""
-    return alt(*(literal(n) for n in names)) if names else alt()
-
-
-__all__ = ["Normalizer", "Unenforced", "Loc", "MAX_REPEAT", "union", "names_language", "re"]

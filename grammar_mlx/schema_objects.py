@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from . import schema_automata as fa
 from .errors import InvalidSchemaError
-from .schema_ir import ANY, NEVER, AnyValue, Extra, Literal, Never, Object, Property, Ref, String, Union
-from .schema_regex import ANY as ANY_CHAR
-from .schema_regex import JSON_SPECIAL, MAX_REPEAT, NEVER as NO_STRING, Chars, CharSet, alt, literal, repeat, restrict_length, seq
+from .schema_ir import NEVER, AnyValue, Extra, Literal, Never, Object, Property, Ref, String, Union
+from .schema_charset import ANY as ANY_CHAR
+from .schema_charset import JSON_SPECIAL, CharSet
+from .schema_regex import MAX_REPEAT, Chars, alt, literal, repeat, restrict_length, seq
+from .schema_regex import NEVER as NO_STRING
 
 MAX_KEY_REGIONS = 64
 MAX_FIRST_CHOICE_COST = 48  # properties x leading optional choices kept exact (see _first_choices)
@@ -329,5 +331,3 @@ def _count(v, keyword, atom) -> int:
         raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'} must be a non-negative integer")
     return int(v)
 
-
-__all__ = ["build_object", "minus_names", "string_language", "ANY"]

@@ -8,6 +8,7 @@ only takes steps that bring it closer to acceptance, so every walk ends.
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import re
 from collections import deque
@@ -18,8 +19,8 @@ from grammar_mlx.schema import byte_automaton
 
 
 class ByteDFA:
-    def __init__(self, regex: str):
-        self.start, self.trans, self.accepting = byte_automaton(regex)
+    def __init__(self, regex: str, automaton=None):
+        self.start, self.trans, self.accepting = automaton if automaton is not None else byte_automaton(regex)
         reverse: dict[int, list[int]] = {}
         for state, row in self.trans.items():
             for nxt in row.values():
@@ -32,6 +33,30 @@ class ByteDFA:
                 if p not in self.distance:
                     self.distance[p] = self.distance[s] + 1
                     queue.append(p)
+
+    @classmethod
+    def within(cls, regex: str, seconds: float) -> ByteDFA | None:
+        """Build in a forked child, or None after `seconds`: outlines-core also determinizes an
+        unanchored automaton, which can take minutes (wide digit ranges or generic values at the top
+        level), and Rust code does not see Python's signals."""
+        ctx = multiprocessing.get_context("fork")
+        receiver, sender = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_send_automaton, args=(regex, sender), daemon=True)
+        child.start()
+        sender.close()
+        try:
+            if not receiver.poll(seconds):
+                return None
+            result = receiver.recv()
+        except EOFError:
+            result = None
+        finally:
+            child.kill()
+            child.join()
+            receiver.close()
+        if isinstance(result, BaseException):
+            raise result
+        return None if result is None else cls(regex, result)
 
     @property
     def num_states(self) -> int:
@@ -65,6 +90,13 @@ class ByteDFA:
             state = nxt
 
 
+def _send_automaton(regex: str, sender) -> None:
+    try:
+        sender.send(byte_automaton(regex))
+    except Exception as e:  # noqa: BLE001 - handed to the parent as is
+        sender.send(e)
+
+
 def oracle(schema):
     """A jsonschema validator for `schema`, as `grammar_mlx.schema` reads it: `$schema`'s draft, or
     the first of 2020-12, 7, 4 whose metaschema accepts it; formats checked; `multipleOf` exact
@@ -81,7 +113,18 @@ def oracle(schema):
                 cls = candidate
                 break
     exact = validators.extend(cls, {"multipleOf": _exact_multiple_of, "divisibleBy": _exact_multiple_of})
-    return exact(schema, format_checker=format_checker(cls))
+    return exact(schema, format_checker=format_checker(cls), registry=_offline_registry())
+
+
+def _offline_registry():
+    """Remote `$ref`s fail at once (jsonschema would otherwise fetch them over the network)."""
+    from referencing import Registry
+    from referencing.exceptions import NoSuchResource
+
+    def refuse(uri: str):
+        raise NoSuchResource(ref=uri)
+
+    return Registry(retrieve=refuse)
 
 
 def format_checker(cls):

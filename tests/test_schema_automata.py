@@ -8,7 +8,8 @@ import re
 import pytest
 
 from grammar_mlx import schema_automata as fa
-from grammar_mlx.schema_regex import alt, literal, parse_ecma, search_language, to_regex
+from grammar_mlx.schema_ecma import parse_ecma
+from grammar_mlx.schema_regex import alt, literal, search_language, to_regex
 
 WORDS = ["".join(p) for n in range(6) for p in itertools.product("ab_", repeat=n)]
 

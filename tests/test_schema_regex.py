@@ -9,21 +9,9 @@ import re
 import pytest
 from schema_fsm import ByteDFA
 
-from grammar_mlx.schema_regex import (
-    ANY,
-    DOT,
-    CharSet,
-    PatternError,
-    class_escape,
-    json_char_regex,
-    json_text,
-    length_range,
-    parse_ecma,
-    restrict_length,
-    search_language,
-    to_regex,
-    unicode_property,
-)
+from grammar_mlx.schema_charset import ANY, DOT, CharSet, class_escape, json_char_regex, json_text
+from grammar_mlx.schema_ecma import parse_ecma, unicode_property
+from grammar_mlx.schema_regex import PatternError, length_range, restrict_length, search_language, to_regex
 
 # Patterns on which ECMA-262 and Python `re` agree for strings over ALPHABET (no newline, ASCII).
 AGREEING = [

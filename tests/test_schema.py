@@ -1,0 +1,308 @@
+"""The schema front end's contract: inputs, errors, strict mode, the canonical format, keywords."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from schema_fsm import ByteDFA, oracle, seeded
+
+from grammar_mlx.errors import (
+    EmptyLanguageError,
+    GrammarTooLargeError,
+    InvalidRegexError,
+    InvalidSchemaError,
+    UnsupportedSchemaError,
+)
+from grammar_mlx.schema import MAX_REPEAT, SchemaRegex, Unenforced, canonical_json, load_schema, schema_to_regex
+
+
+def dfa(schema, **kw) -> ByteDFA:
+    return ByteDFA(schema_to_regex(schema, **kw).regex)
+
+
+def accepts(schema, *texts, **kw) -> list[bool]:
+    """Full matches by Python `re`: the emitted regexes are the common dialect of Rust regex-automata
+    and `re` (test_dialects_agree checks this on outlines-core itself), and outlines-core builds an
+    unanchored DFA too, which is slow for generic top-level values."""
+    compiled = re.compile(schema_to_regex(schema, **kw).regex)
+    return [compiled.fullmatch(t) is not None for t in texts]
+
+
+def reported(schema) -> list[tuple[str, str]]:
+    return [(u.keyword, u.pointer) for u in schema_to_regex(schema).unenforced]
+
+
+# -- inputs and errors -------------------------------------------------------------------------
+
+
+def test_inputs_dict_text_bytes_and_pydantic():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Point(pydantic.BaseModel):
+        x: int
+        label: str = "a"
+
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    text = json.dumps(schema)
+    assert schema_to_regex(schema).regex == schema_to_regex(text).regex == schema_to_regex(text.encode()).regex
+    result = schema_to_regex(Point)
+    assert isinstance(result, SchemaRegex) and result.schema == Point.model_json_schema()
+    d = ByteDFA(result.regex)
+    assert d.accepts('{"x":1}') and d.accepts('{"x":-5,"label":"b"}') and not d.accepts('{"label":"b","x":1}')
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["{not json", b"\xff\xfe", [1, 2], 3, {"type": "strng"}, {"type": "string", "pattern": "(a"},
+     {"$ref": "#/definitions/missing"}, {"minLength": -1}, {"required": "a"}, {"$ref": "#nowhere"}],
+)
+def test_invalid_schemas_raise_invalid_schema_error(bad):
+    with pytest.raises(InvalidSchemaError):
+        schema_to_regex(bad)
+
+
+def test_empty_languages_raise():
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex(False)
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex({"type": "object", "required": ["a"], "additionalProperties": False})
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex({"type": "integer", "minimum": 5, "maximum": 4})
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex({"allOf": [{"type": "string"}, {"type": "number"}]})
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        schema_to_regex({}, max_recursion_depth=-1)
+    with pytest.raises(InvalidRegexError):
+        schema_to_regex({}, whitespace="\\s*")
+
+
+def test_deterministic():
+    schema = {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"$ref": "#"}]}}}
+    assert schema_to_regex(schema).regex == schema_to_regex(json.loads(json.dumps(schema))).regex
+
+
+# -- strict mode and the report ----------------------------------------------------------------
+
+
+def test_unenforced_keywords_name_keyword_and_pointer():
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True},
+                                               "n": {"not": {"const": 3}}}}
+    result = schema_to_regex(schema)
+    assert all(isinstance(u, Unenforced) and u.reason for u in result.unenforced)
+    assert {(u.keyword, u.pointer) for u in result.unenforced} == {("uniqueItems", "/properties/tags"),
+                                                                 ("not", "/properties/n")}
+    with pytest.raises(UnsupportedSchemaError) as info:
+        schema_to_regex(schema, strict=True)
+    assert (info.value.keyword, info.value.pointer) in {("uniqueItems", "/properties/tags"), ("not", "/properties/n")}
+
+
+def test_exact_schemas_pass_strict_mode():
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8},
+                                               "b": {"oneOf": [{"type": "integer"}, {"type": "null"}]}},
+              "required": ["a"], "additionalProperties": False}
+    assert schema_to_regex(schema, strict=True).unenforced == ()
+
+
+def test_size_guards_relax_and_report_or_raise_in_strict_mode():
+    schema = {"type": "string", "maxLength": MAX_REPEAT + 1}
+    assert reported(schema) == [("maxLength", "")]
+    assert accepts(schema, '"' + "a" * (MAX_REPEAT + 5) + '"') == [True]
+    with pytest.raises(GrammarTooLargeError):
+        schema_to_regex(schema, strict=True)
+    assert reported({"type": "string", "maxLength": MAX_REPEAT}) == []
+
+
+def test_exponential_schemas_raise_grammar_too_large():
+    defs = {"l0": {"type": "string"}}
+    for i in range(1, 12):
+        defs[f"l{i}"] = {"type": "object", "properties": {k: {"$ref": f"#/$defs/l{i - 1}"} for k in "abcdef"},
+                         "required": list("abcdef")}
+    with pytest.raises(GrammarTooLargeError):
+        schema_to_regex({"$defs": defs, "$ref": "#/$defs/l11"})
+
+
+# -- the canonical format ----------------------------------------------------------------------
+
+
+def test_compact_declaration_order_and_canonical_json():
+    schema = {"type": "object", "properties": {"b": {"type": "number", "minimum": 0}, "a": {"type": "integer"},
+                                               "c": {"enum": [{"y": 1, "x": 2}]}},
+              "required": ["a"], "additionalProperties": {"type": "boolean"}}
+    instance = {"z": True, "a": 3.0, "c": {"x": 2, "y": 1}, "b": 1e-05}
+    text = canonical_json(instance, schema)
+    assert text == '{"b":0.00001,"a":3,"c":{"y":1,"x":2},"z":true}'
+    assert accepts(schema, text, json.dumps(instance)) == [True, False]
+
+
+def test_absent_additional_properties_means_declared_keys_only():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert accepts(schema, '{"a":1}', '{}', '{"a":1,"b":2}') == [True, True, False]
+    assert accepts({"type": "object"}, '{"x":[1,{"y":null}]}', "{}") == [True, True]
+
+
+def test_whitespace_policy():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+    pretty = '{\n  "a": [1, 2]\n}'
+    assert accepts(schema, pretty, '{"a":[1,2]}') == [False, True]
+    assert accepts(schema, pretty, '{"a":[1,2]}', '{ "a" : [ 1 , 2 ] }', whitespace="[ \\n]{0,3}") == [True] * 3
+    assert accepts(schema, '{    "a":[]}', whitespace="[ \\n]{0,3}") == [False]
+
+
+@pytest.mark.parametrize("bad", ["[ \\n]*", "\\s?", "x", "[ ]{0,100}", "("])
+def test_whitespace_must_be_bounded_json_whitespace(bad):
+    with pytest.raises(InvalidRegexError):
+        schema_to_regex({}, whitespace=bad)
+
+
+def test_strings_take_every_escape_and_count_code_points():
+    schema = {"type": "string", "minLength": 2, "maxLength": 3}
+    assert accepts(schema, '"ab"', '"a\\u00e9"', '"\\n\\t\\/"', '"é😀"', '"a"', '"abcd"', '"\\ud83d\\ude00"') == [
+        True, True, True, True, False, False, False]
+
+
+# -- keywords ----------------------------------------------------------------------------------
+
+
+def test_refs_local_recursive_and_by_id():
+    tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                               "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    d = dfa(tree, max_recursion_depth=2)
+    assert d.accepts('{"v":1,"kids":[{"v":2,"kids":[{"v":3}]}]}')
+    assert not d.accepts('{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{"v":4}]}]}]}')
+    by_id = {"$id": "https://x.test/root.json", "$defs": {"a": {"$id": "item.json", "type": "integer"},
+                                                         "b": {"$anchor": "flag", "type": "boolean"}},
+             "type": "array", "prefixItems": [{"$ref": "item.json"}, {"$ref": "#flag"}], "items": False}
+    assert accepts(by_id, "[1,true]", "[true,1]", "[1,true,2]") == [True, False, False]
+    assert reported({"$ref": "https://elsewhere.test/s.json"}) == [("$ref", "")]
+
+
+def test_draft7_ignores_ref_siblings_and_draft4_boolean_exclusive_bounds():
+    s7 = {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"i": {"type": "integer"}},
+          "$ref": "#/definitions/i", "maximum": 3}
+    assert accepts(s7, "5") == [True]
+    s2020 = dict(s7, **{"$schema": "https://json-schema.org/draft/2020-12/schema"})
+    assert accepts(s2020, "5", "3") == [False, True]
+    s4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "array",
+          "items": {"type": "integer", "minimum": 1, "exclusiveMinimum": True}}
+    assert accepts(s4, "[2]", "[1]") == [True, False]
+
+
+def test_all_of_merges_and_any_of_distributes():
+    schema = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]},
+                        {"properties": {"a": {"maximum": 9}, "b": {"type": "string"}}},
+                        {"anyOf": [{"required": ["b"]}, {"properties": {"a": {"const": 5}}}]}]}
+    assert accepts(schema, '{"a":3,"b":"x"}', '{"a":5}', '{"a":3}', '{"a":10,"b":"x"}') == [True, True, False, False]
+    # additionalProperties sees only its own schema's properties (none here): nothing is allowed.
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex(dict(schema, additionalProperties=False))
+    closed = dict(schema, unevaluatedProperties=False)
+    assert accepts(closed, '{"a":5}', '{"a":5,"c":1}') == [True, False]
+
+
+def test_one_of_exact_when_disjoint_reported_otherwise():
+    assert reported({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == []
+    assert reported({"oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]}) == []
+    disc = {"oneOf": [{"type": "object", "properties": {"k": {"const": "x"}, "v": {"type": "integer"}}, "required": ["k"]},
+                      {"type": "object", "properties": {"k": {"const": "y"}}, "required": ["k"]}]}
+    assert reported(disc) == []
+    assert reported({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}) == [("oneOf", "")]
+
+
+def test_types_enums_and_untyped_keywords():
+    assert accepts({"type": ["integer", "null"]}, "1", "null", "1.5") == [True, True, False]
+    assert accepts({"enum": ["a", 1, None, [1, {"b": True}]]}, '"a"', "1", "null", '[1,{"b":true}]', "2") == [
+        True, True, True, True, False]
+    # Keywords without `type` constrain only their own type; other types stay allowed.
+    assert accepts({"minLength": 2}, '"ab"', '"a"', "1", "true", "[]") == [True, False, True, True, True]
+    assert accepts({"type": "string", "enum": ["a", 1]}, '"a"', "1") == [True, False]
+
+
+def test_integer_ranges_and_multiples():
+    assert accepts({"type": "integer", "exclusiveMinimum": -3, "maximum": 12}, "-2", "12", "-3", "13", "0") == [
+        True, True, False, False, True]
+    assert accepts({"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 20}, "15", "7", "25") == [
+        True, False, False]
+    assert reported({"type": "integer", "multipleOf": 7}) == [("multipleOf", "")]
+    assert accepts({"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 2}, "1.5", "1.25") == [True, False]
+
+
+def test_strings_patterns_and_formats_intersect():
+    schema = {"type": "string", "pattern": "^2020", "format": "date", "maxLength": 10}
+    assert accepts(schema, '"2020-02-29"', '"2021-01-01"', '"2020-13-01"') == [True, False, False]
+    assert accepts({"type": "string", "pattern": "b"}, '"abc"', '"b"', '"ac"') == [True, True, False]
+    assert reported({"type": "string", "pattern": "(?=a)b"}) == [("pattern", "")]
+
+
+def test_arrays():
+    schema = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"},
+              "minItems": 2, "maxItems": 3}
+    assert accepts(schema, '["a",1]', '["a",1,2]', '["a"]', '["a",1,2,3]', "[1,2]") == [True, True, False, False, False]
+    assert accepts({"type": "array", "items": False}, "[]", "[1]") == [True, False]
+
+
+def test_objects():
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}},
+              "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": {"type": "boolean"}}
+    assert accepts(schema, '{"id":1,"x-a":"s","b":true}', '{"x-a":true}', '{"b":"s"}', '{"id":1,"id":2}') == [
+        True, False, False, False]
+    assert accepts({"type": "object", "minProperties": 1, "properties": {"a": {}, "b": {}}},
+                   '{"a":1}', '{"b":1}', "{}") == [True, True, False]
+    assert accepts({"type": "object", "maxProperties": 1, "additionalProperties": {"type": "integer"}},
+                   "{}", '{"a":1}', '{"a":1,"b":2}') == [True, True, False]
+    names = {"type": "object", "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 3}}
+    assert accepts(names, '{"ab":1}', '{"abcd":1}', '{"A":1}') == [True, False, False]
+
+
+def test_sampled_outputs_validate():
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "email": {"type": "string", "format": "email"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+        "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "when": {"type": "string", "format": "date-time"}},
+        "required": ["name", "age"], "additionalProperties": {"type": "null"}}
+    d, check = dfa(schema), oracle(schema)
+    rng = seeded(3)
+    for _ in range(200):
+        text = d.sample(rng)
+        assert check.is_valid(json.loads(text)), text
+
+
+def test_load_schema_checks_shape():
+    assert load_schema('{"type": "string"}') == {"type": "string"}
+    assert load_schema(True) is True
+    with pytest.raises(InvalidSchemaError):
+        load_schema(None)
+
+
+DIALECT_SCHEMAS = [
+    {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[\\w.-]+@\\S+$"},
+                                      "e": {"enum": ["a\"b", "\\", "é\n"]}}, "required": ["s", "e"]},
+    {"type": "array", "items": {"type": "number", "minimum": -2.5, "maximum": 1e3}, "maxItems": 4},
+    {"type": "object", "patternProperties": {"^[a-z]{1,3}$": {"type": "integer"}}, "additionalProperties": False},
+    {"type": "string", "format": "uri"},
+    {"type": "string", "minLength": 1, "maxLength": 4},
+    {"type": "object", "properties": {"v": {"type": "object", "additionalProperties": {"type": "string"}}},
+     "required": ["v"]},
+]
+
+
+@pytest.mark.parametrize("schema", DIALECT_SCHEMAS, ids=range(len(DIALECT_SCHEMAS)))
+def test_dialects_agree(schema):
+    """outlines-core's byte automaton and Python `re` read the emitted regex the same way."""
+    regex = schema_to_regex(schema).regex
+    d, compiled, check = ByteDFA(regex), re.compile(regex), oracle(schema)
+    rng = seeded(5)
+    for _ in range(100):
+        text = d.sample(rng)
+        assert compiled.fullmatch(text), text
+        assert check.is_valid(json.loads(text)), text
+        broken = text[: rng.randrange(len(text))] + rng.choice('"\\{}[],:a1é ') + text[rng.randrange(len(text)):]
+        assert d.accepts(broken) == (compiled.fullmatch(broken) is not None), broken
