@@ -134,6 +134,7 @@ def test_a_foreign_file_under_the_key_is_not_trusted(vocab, tmp_path, kind, mode
     ("tables", "eager", "next", 10**6),
     ("dfa", "lazy", "table", 10**6),
     ("dfa", "lazy", "table", -1),
+    ("dfa", "lazy", "classes", 300),  # a byte class past the table's columns
 ])
 def test_files_that_pass_the_crc_but_point_out_of_bounds_are_rejected(vocab, tmp_path, kind, mode, array, value):
     good = fresh(REGEX, vocab, tmp_path, mode=mode)
