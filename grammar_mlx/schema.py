@@ -54,15 +54,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .errors import EmptyLanguageError, GrammarTooLargeError, InvalidRegexError, InvalidSchemaError
-from .schema_emit import MAX_NESTING, MAX_REGEX_LENGTH, Emitter, nesting_depth
-from .schema_ir import serialize
-from .schema_normalize import MAX_REPEAT, Normalizer, Unenforced
+from .schema_emit import MAX_ANY_DEPTH, MAX_NESTING, MAX_REGEX_LENGTH, Emitter, cyclic_keys, nesting_depth
+from .schema_ir import Bounds, conforms, serialize
+from .schema_normalize import Normalizer, Unenforced
+from .schema_regex import MAX_REPEAT
 
 __all__ = [
     "SchemaRegex",
     "Unenforced",
     "schema_to_regex",
     "canonical_json",
+    "in_grammar",
     "load_schema",
     "MAX_REPEAT",
     "MAX_REGEX_LENGTH",
@@ -146,7 +148,7 @@ def schema_to_regex(
     try:
         nz = Normalizer(doc, strict=strict)
         root = nz.node([nz.root_loc])
-        regex = _emit_within_limits(nz, root, ws, max_recursion_depth)
+        regex, _ = _emit_within_limits(nz, root, ws, max_recursion_depth)
     except RecursionError:
         raise GrammarTooLargeError("the schema is nested too deeply to translate") from None
     finally:
@@ -162,16 +164,17 @@ def schema_to_regex(
     return SchemaRegex(regex, unenforced, doc)
 
 
-def _emit_within_limits(nz: Normalizer, root, ws: str, max_recursion_depth: int) -> str | None:
+def _emit_within_limits(nz: Normalizer, root, ws: str, max_recursion_depth: int) -> tuple[str | None, int]:
     """Emit at `max_recursion_depth`, or at the largest lower depth whose regex fits MAX_REGEX_LENGTH
-    (recursive schemas that reference themselves many times grow exponentially with depth)."""
+    (recursive schemas that reference themselves many times grow exponentially with depth).
+    Returns (regex, the depth used)."""
     for depth in range(max_recursion_depth, -1, -1):
         try:
-            return Emitter(nz.table, ws, depth).emit(root)
+            return Emitter(nz.table, ws, depth).emit(root), depth
         except GrammarTooLargeError:
             if depth == 0:
                 raise
-    return None
+    raise AssertionError("unreachable")
 
 
 def whitespace_regex(whitespace: str | None) -> str:
@@ -181,7 +184,7 @@ def whitespace_regex(whitespace: str | None) -> str:
     if not isinstance(whitespace, str):
         raise InvalidRegexError(f"whitespace must be a regex string, not {type(whitespace).__name__}")
     try:
-        start, transitions, accepting = byte_automaton(whitespace)
+        start, transitions, _ = byte_automaton(whitespace)
     except Exception as e:  # outlines-core raises ValueError/BaseException subclasses from Rust
         raise InvalidRegexError(f"whitespace pattern {whitespace!r} does not compile: {e}") from None
     allowed = {9, 10, 13, 32}
@@ -214,19 +217,35 @@ def whitespace_regex(whitespace: str | None) -> str:
 def byte_automaton(regex: str) -> tuple[int, dict[int, dict[int, int]], set[int]]:
     """outlines-core's byte-level DFA of a full-match regex: (start, {state: {byte: next}}, accepting).
 
-    outlines-core 0.2.14 drops edges that leave an accepting state, so the regex is compiled with a
-    trailing NUL sentinel (as `compiler` does): a state accepts when its NUL edge reaches a final
-    state, and NUL edges are then removed. Regexes of JSON text never match a raw NUL."""
+    Compiled as `\\x01(?:R)\\x00`, two sentinels no JSON text contains:
+    - the trailing NUL works around outlines-core 0.2.14 dropping edges that leave an accepting state
+      (as `compiler` does): a state accepts when its NUL edge reaches a final state;
+    - the leading \\x01 keeps regex-automata's unanchored DFA (outlines-core builds it too) linear:
+      a match can only start right after a \\x01, so at most one thread is alive. Without it, a
+      generic value or a wide digit range at the top level takes seconds to minutes to determinize.
+    The start is the state after \\x01; sentinel edges are removed."""
+    start, rows, finals = _sentinel_index(regex)
+    transitions, accepting = {}, set()
+    for state, row in rows.items():
+        if _ends(row.get(0), rows, finals):
+            accepting.add(state)
+        transitions[state] = {b: nxt for b, nxt in row.items() if not (b == 0 and _ends(nxt, rows, finals))}
+    return start, transitions, accepting
+
+
+def _sentinel_index(regex: str) -> tuple[int, dict, set]:
     from outlines_core import Index, Vocabulary
 
-    index = Index(f"(?:{regex})\\x00", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
-    finals = set(index.get_final_states())
-    transitions, accepting = {}, set()
-    for state, row in index.get_transitions().items():
-        if row.get(0) in finals:
-            accepting.add(state)
-        transitions[state] = {b: nxt for b, nxt in row.items() if 0 < b < 256}
-    return index.get_initial_state(), transitions, accepting
+    index = Index(f"\\x01(?:{regex})\\x00", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    rows = {s: {b: n for b, n in row.items() if b < 256} for s, row in index.get_transitions().items()}
+    initial = index.get_initial_state()
+    start = rows.pop(initial)[1]
+    return start, rows, set(index.get_final_states())
+
+
+def _ends(state, rows: dict, finals: set) -> bool:
+    """Is `state` the end of the trailing NUL sentinel (final, nothing after)?"""
+    return state in finals and not rows.get(state)
 
 
 @lru_cache(maxsize=64)
@@ -244,3 +263,22 @@ def canonical_json(instance, schema) -> str:
     nz = _normalized(json.dumps(doc, sort_keys=False))
     return serialize(nz.root_node, instance, nz.table)
 
+
+def in_grammar(instance, schema, *, max_recursion_depth: int = 3) -> bool:
+    """Does the regex of `schema_to_regex(schema, max_recursion_depth=...)` accept
+    `canonical_json(instance, schema)`? False for instances outside the schema, and for valid ones
+    the documented narrowings leave out (nesting and recursion depth, property names with escaped
+    characters, absent `additionalProperties`, the first-property limit of wide optional objects).
+    Decided on the normalized schema, not the regex (compact grammar): tests hold the two against
+    each other."""
+    doc = load_schema(schema)
+    nz = _normalized(json.dumps(doc, sort_keys=False))
+    depth = _emitted_depth(json.dumps(doc, sort_keys=False), max_recursion_depth)
+    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, min(depth, MAX_ANY_DEPTH))
+    return conforms(nz.root_node, instance, nz.table, bounds)
+
+
+@lru_cache(maxsize=64)
+def _emitted_depth(schema_text: str, max_recursion_depth: int) -> int:
+    nz = _normalized(schema_text)
+    return _emit_within_limits(nz, nz.root_node, "", max_recursion_depth)[1]

@@ -30,7 +30,7 @@ class Emitter:
         self.table = table
         self.ws = whitespace
         self.max_depth = max_recursion_depth
-        self.cyclic = _cyclic_keys(table)
+        self.cyclic = cyclic_keys(table)
         self.memo: dict = {}
         self.any_memo: dict = {}
 
@@ -233,7 +233,7 @@ def _counted(atom: str, lo: int, hi: int | None, group: bool = False) -> str:
     return atom + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
 
 
-def _cyclic_keys(table: dict) -> set:
+def cyclic_keys(table: dict) -> set:
     """Keys of the table that lie on a cycle of Ref edges (Tarjan's strongly connected components)."""
     edges = {key: _refs(node) for key, node in table.items()}
     index, low, on_stack, stack, cyclic = {}, {}, set(), [], set()

@@ -4,8 +4,9 @@ Each pattern accepts only strings valid for its format (RFC 3339 dates and times
 days and no leap seconds, RFC 3986 URIs, RFC 4291 IPv6, ...); where a format's full language is not
 regular or not worth its automaton, the pattern is a documented subset:
 
-- `email`, `idn-email`: dot-atom local part and a hostname domain (no quoted local parts, no address
-  literals); `hostname`: at most 4 labels (total length <= 253 holds by construction);
+- `email`: dot-atom local part and a hostname domain (no quoted local parts, no address literals);
+- `hostname`: at most 4 labels (total length <= 253 holds by construction), none an IDNA A-label
+  (`xn--...`: its Punycode and IDNA 2008 rules are not regular);
 - `uri`, `uri-reference`, `iri`, `iri-reference`: no IPvFuture host literals.
 
 Formats outside the JSON Schema vocabulary that users meet in the wild (OpenAPI's `int32`, `byte`, ...)
@@ -51,9 +52,20 @@ IPV6 = "(?:" + "|".join([
     f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}",
     f"(?:(?:{_H16}:){{0,6}}{_H16})?::",
 ]) + ")"
-_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9\\-]{0,61}[A-Za-z0-9])?"
-_LAST_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9\\-]{0,59}[A-Za-z0-9])?"  # 3 * 64 + 61 = 253
-HOSTNAME = f"(?:{_LABEL}\\.){{0,3}}{_LAST_LABEL}"
+_LD, _LDH = "[A-Za-z0-9]", "[A-Za-z0-9\\-]"
+
+
+def _label(longest: int) -> str:
+    """An LDH label of 1..longest characters without "--" in positions 3-4 (RFC 5891 reserves that
+    for A-labels, whose Punycode a regex cannot check: `xn--` labels are left out)."""
+    short = f"{_LD}(?:{_LDH}{{0,2}}{_LD})?"
+    long = f"{_LD}{_LDH}(?:{_LD}{_LDH}|\\-{_LD}){_LDH}{{0,{longest - 5}}}{_LD}"
+    return f"(?:{short}|{long})"
+
+
+_LABEL = _label(63)
+# At most 4 labels, total length <= 253: a fourth label leaves 61 characters for the last one.
+HOSTNAME = f"(?:(?:{_LABEL}\\.){{0,2}}{_LABEL}|(?:{_LABEL}\\.){{3}}{_label(61)})"
 _ATEXT = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~\\-]"
 EMAIL = f"{_ATEXT}+(?:\\.{_ATEXT}+)*@(?:{_LABEL}\\.)*{_LABEL}"
 UUID = "[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"

@@ -15,8 +15,23 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 
-from .schema_numbers import Bound, to_decimal
 from .schema_regex import to_regex
+
+
+@dataclass(frozen=True)
+class Bound:
+    value: Decimal
+    exclusive: bool
+
+
+def to_decimal(x: int | float | Decimal) -> Decimal:
+    """The decimal a JSON number means (floats by their shortest repr: 0.1 is 0.1)."""
+    if isinstance(x, Decimal):
+        return x
+    if isinstance(x, bool):
+        raise TypeError("a boolean is not a number")
+    return Decimal(x) if isinstance(x, int) else Decimal(repr(x))
+
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,20 +153,39 @@ def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def conforms(node, x, table: dict) -> bool:
+@dataclass(frozen=True)
+class Bounds:
+    """The emitter's bounds, for membership in the regex's language rather than the schema's:
+    `cyclic` Refs entered at most 1 + `max_depth` times on a path, generic values nesting at most
+    `any_depth` containers."""
+
+    cyclic: frozenset
+    max_depth: int
+    any_depth: int
+
+
+def conforms(node, x, table: dict, bounds: Bounds | None = None, counts: tuple = ()) -> bool:
+    """Is `x` a member of `node` (within `bounds` when given)?"""
     if isinstance(node, Ref):
         target = table[node.key]
-        # None: still being built (an enum filtered against a schema that recurses into itself);
-        # assumed satisfied.
-        return True if target is None else conforms(target, x, table)
+        if target is None:
+            # Still being built (an enum filtered against a schema that recurses into itself):
+            # assumed satisfied.
+            return True
+        if bounds is not None and node.key in bounds.cyclic:
+            entered = dict(counts).get(node.key, 0)
+            if entered > bounds.max_depth:
+                return False
+            counts = tuple(sorted({**dict(counts), node.key: entered + 1}.items(), key=repr))
+        return conforms(target, x, table, bounds, counts)
     if isinstance(node, AnyValue):
-        return True
+        return bounds is None or nesting(x) <= bounds.any_depth
     if isinstance(node, Never):
         return False
     if isinstance(node, Literal):
         return any(json_equal(v, x) for v in node.values)
     if isinstance(node, Union):
-        return any(conforms(item, x, table) for item in node.items)
+        return any(conforms(item, x, table, bounds, counts) for item in node.items)
     if isinstance(node, Number):
         if not is_number(x) or (isinstance(x, float) and not math.isfinite(x)):
             return False
@@ -171,7 +205,7 @@ def conforms(node, x, table: dict) -> bool:
             return False
         for i, item in enumerate(x):
             sub = node.prefix[i] if i < len(node.prefix) else node.rest
-            if sub is None or not conforms(sub, item, table):
+            if sub is None or not conforms(sub, item, table, bounds, counts):
                 return False
         return True
     if isinstance(node, Object):
@@ -183,12 +217,12 @@ def conforms(node, x, table: dict) -> bool:
         extra = 0
         for key, value in x.items():
             if key in declared:
-                if not conforms(declared[key].value, value, table):
+                if not conforms(declared[key].value, value, table, bounds, counts):
                     return False
                 continue
             extra += 1
             entry = _extra_for(node, key)
-            if entry is None or not conforms(entry.value, value, table):
+            if entry is None or not conforms(entry.value, value, table, bounds, counts):
                 return False
         if extra < node.min_extra or (node.max_extra is not None and extra > node.max_extra):
             return False
@@ -198,6 +232,15 @@ def conforms(node, x, table: dict) -> bool:
                 return False
         return not (node.nonempty and not x)
     raise TypeError(node)
+
+
+def nesting(x) -> int:
+    """How many containers deep a JSON value is (a scalar: 0)."""
+    if isinstance(x, list):
+        return 1 + max((nesting(v) for v in x), default=0)
+    if isinstance(x, dict):
+        return 1 + max((nesting(v) for v in x.values()), default=0)
+    return 0
 
 
 def _extra_for(node: Object, key: str) -> Extra | None:

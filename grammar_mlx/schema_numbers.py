@@ -8,26 +8,16 @@ grows with the number of digits of the bounds, not with the width of the range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from decimal import Decimal
+from fractions import Fraction
+
+from .errors import InvalidSchemaError
+from .schema_formats import INTEGER_FORMATS
+from .schema_ir import NEVER, Bound, Literal, Number, is_number, to_decimal
 
 INTEGER = r"(?:0|-?[1-9][0-9]*)"
 NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
-
-
-@dataclass(frozen=True)
-class Bound:
-    value: Decimal
-    exclusive: bool
-
-
-def to_decimal(x: int | float | Decimal) -> Decimal:
-    """The decimal a JSON number means (floats by their shortest repr: 0.1 is 0.1)."""
-    if isinstance(x, Decimal):
-        return x
-    if isinstance(x, bool):
-        raise TypeError("a boolean is not a number")
-    return Decimal(x) if isinstance(x, int) else Decimal(repr(x))
 
 
 def range_regex(lo: Bound | None, hi: Bound | None, *, integer: bool) -> str | None:
@@ -276,3 +266,84 @@ def _magnitudes(lo: Bound, hi: Bound | None) -> str | None:
             elif absent_ok:
                 branches.append(str(b_int))
     return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+# minimum / maximum / exclusive* / multipleOf / integer formats of a conjunction -> a node.
+
+MAX_ENUMERATED = 1_000  # multipleOf over a bounded range is enumerated up to this many values
+
+
+def build_number(nz, integer: bool, atoms) -> object:
+    lo = hi = None
+    multiples = []
+    for atom in atoms:
+        for kw, is_lo in (("minimum", True), ("maximum", False), ("exclusiveMinimum", True),
+                          ("exclusiveMaximum", False)):
+            v = atom.get(kw)
+            if v is None or isinstance(v, bool):
+                continue
+            if not is_number(v):
+                raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a number")
+            exclusive = kw.startswith("exclusive") or atom.get(
+                "exclusiveMinimum" if is_lo else "exclusiveMaximum") is True
+            b = Bound(to_decimal(v), exclusive)
+            if is_lo:
+                lo = b if lo is None or _tighter_lo(b, lo) else lo
+            else:
+                hi = b if hi is None or _tighter_hi(b, hi) else hi
+        fmt = atom.get("format")
+        if integer and fmt in INTEGER_FORMATS:
+            a, b = INTEGER_FORMATS[fmt]
+            lo = Bound(Decimal(a), False) if lo is None or _tighter_lo(Bound(Decimal(a), False), lo) else lo
+            hi = Bound(Decimal(b), False) if hi is None or _tighter_hi(Bound(Decimal(b), False), hi) else hi
+        m = atom.get("multipleOf", atom.get("divisibleBy") if nz.draft == 3 else None)
+        if m is not None:
+            if not is_number(m) or m <= 0:
+                raise InvalidSchemaError(f"multipleOf at {atom.pointer or '/'} must be a positive number")
+            multiples.append((Fraction(to_decimal(m)), atom))
+    if not multiples:
+        return Number(integer, lo, hi)
+    step = multiples[0][0]
+    for m, _ in multiples[1:]:
+        step = _lcm(step, m)
+    if step.denominator == 1:
+        integer = True
+        if step == 1:
+            return Number(integer, lo, hi)
+    values = _enumerate_multiples(step, lo, hi)
+    if values is not None:
+        return Literal(tuple(values)) if values else NEVER
+    for _, atom in multiples:
+        nz.report("multipleOf", atom, "multipleOf over an unbounded or wide range is not enforced")
+    return Number(integer, lo, hi)
+
+
+def _tighter_lo(a: Bound, b: Bound) -> bool:
+    return a.value > b.value or (a.value == b.value and a.exclusive)
+
+
+def _tighter_hi(a: Bound, b: Bound) -> bool:
+    return a.value < b.value or (a.value == b.value and a.exclusive)
+
+
+def _lcm(a: Fraction, b: Fraction) -> Fraction:
+    num = a.numerator * b.numerator // math.gcd(a.numerator, b.numerator)
+    return Fraction(num, math.gcd(a.denominator, b.denominator))
+
+
+def _enumerate_multiples(step: Fraction, lo: Bound | None, hi: Bound | None) -> list | None:
+    if lo is None or hi is None:
+        return None
+    first = math.ceil(Fraction(lo.value) / step)
+    last = math.floor(Fraction(hi.value) / step)
+    if last - first + 1 > MAX_ENUMERATED:
+        return None
+    values = []
+    for k in range(first, last + 1):
+        v = k * step
+        d = Decimal(v.numerator) / Decimal(v.denominator)
+        if (lo.exclusive and d == lo.value) or (hi.exclusive and d == hi.value):
+            continue
+        values.append(int(v) if v.denominator == 1 else float(d))
+    return values

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from . import schema_automata as fa
 from .errors import InvalidSchemaError
+from .schema_loc import in_scope
+from .schema_strings import pattern_language
 from .schema_ir import NEVER, AnyValue, Extra, Literal, Never, Object, Property, Ref, String, Union
 from .schema_charset import ANY as ANY_CHAR
 from .schema_charset import JSON_SPECIAL, CharSet
@@ -70,7 +72,7 @@ def _info(nz, atom) -> dict:
         raise InvalidSchemaError(f"required at {atom.pointer or '/'} must be an array of strings")
     compiled = []
     for pattern in patterns:
-        ast = nz._pattern(pattern, atom, "patternProperties")
+        ast = pattern_language(nz, pattern, atom, "patternProperties")
         if ast is not None:
             compiled.append((ast, atom.child("patternProperties", pattern)))
     return {
@@ -91,7 +93,7 @@ def _value_locs(infos, name: str | None = None, matched: frozenset = frozenset()
         info["additional"] is not None or info["unevaluated"] is not None for info in infos
     ):
         return [False]
-    locs, evaluated = [], False
+    locs, hits = [], []
     for i, info in enumerate(infos):
         hit = False
         if name is not None and name in info["props"]:
@@ -104,9 +106,13 @@ def _value_locs(infos, name: str | None = None, matched: frozenset = frozenset()
         if not hit and info["additional"] is not None:
             locs.append(info["additional"])
             hit = True
-        evaluated |= hit
-    if not evaluated:
-        locs.extend(info["unevaluated"] for info in infos if info["unevaluated"] is not None)
+        hits.append(hit)
+    for info in infos:
+        # unevaluatedProperties sees what its own schema and its in-place subschemas evaluate.
+        if info["unevaluated"] is not None and not any(
+            hit for hit, other in zip(hits, infos) if in_scope(other["atom"], info["atom"])
+        ):
+            locs.append(info["unevaluated"])
     return locs
 
 
@@ -153,8 +159,8 @@ def _extras(nz, infos, names: list[str], key_filter, closed: bool) -> tuple:
         except fa.AutomatonTooLarge:
             return ()  # narrowing: no extra properties
     try:
-        keys = EXTRA_KEY if key_filter is None else fa.intersect([EXTRA_KEY, key_filter])
-        regions = [(fa.to_dfa(keys), frozenset())]
+        keys = fa.to_dfa(EXTRA_KEY if key_filter is None else fa.intersect([EXTRA_KEY, key_filter]))
+        regions = [] if keys.is_empty() else [(keys, frozenset())]
         for i, j, ast in patterns:
             dfa = fa.to_dfa(ast)
             split = []

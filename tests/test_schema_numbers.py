@@ -9,7 +9,8 @@ from decimal import Decimal
 import pytest
 from schema_fsm import ByteDFA
 
-from grammar_mlx.schema_numbers import INTEGER, NUMBER, Bound, range_regex, to_decimal
+from grammar_mlx.schema_ir import Bound, to_decimal
+from grammar_mlx.schema_numbers import INTEGER, NUMBER, range_regex
 
 CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]*")
 POSITIONAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
