@@ -49,7 +49,6 @@ nothing (JSON Schema's own rule), so they are not reported.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -57,6 +56,7 @@ from .errors import EmptyLanguageError, GrammarTooLargeError, InvalidRegexError,
 from .schema_emit import MAX_ANY_DEPTH, MAX_NESTING, MAX_REGEX_LENGTH, Emitter, cyclic_keys, nesting_depth
 from .schema_ir import Bounds, conforms, serialize
 from .schema_normalize import Normalizer, Unenforced
+from .schema_objects import MAX_FIRST_CHOICE_COST
 from .schema_regex import MAX_REPEAT
 
 __all__ = [
@@ -143,16 +143,7 @@ def schema_to_regex(
         raise ValueError(f"max_recursion_depth must be a non-negative integer, not {max_recursion_depth!r}")
     doc = load_schema(schema)
     ws = whitespace_regex(whitespace)
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 5_000))  # deeply nested schemas recurse deeply; bounded below
-    try:
-        nz = Normalizer(doc, strict=strict)
-        root = nz.node([nz.root_loc])
-        regex, _ = _emit_within_limits(nz, root, ws, max_recursion_depth)
-    except RecursionError:
-        raise GrammarTooLargeError("the schema is nested too deeply to translate") from None
-    finally:
-        sys.setrecursionlimit(limit)
+    nz, regex, _ = _translate(doc, ws, strict, max_recursion_depth)
     if regex is None:
         raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
     depth = nesting_depth(regex)
@@ -164,16 +155,23 @@ def schema_to_regex(
     return SchemaRegex(regex, unenforced, doc)
 
 
-def _emit_within_limits(nz: Normalizer, root, ws: str, max_recursion_depth: int) -> tuple[str | None, int]:
-    """Emit at `max_recursion_depth`, or at the largest lower depth whose regex fits MAX_REGEX_LENGTH
-    (recursive schemas that reference themselves many times grow exponentially with depth).
-    Returns (regex, the depth used)."""
-    for depth in range(max_recursion_depth, -1, -1):
-        try:
-            return Emitter(nz.table, ws, depth).emit(root), depth
-        except GrammarTooLargeError:
-            if depth == 0:
-                raise
+def _translate(doc, ws: str, strict: bool, max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
+    """Normalize and emit within MAX_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
+    depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
+    objects starting at their first property (their regex is then linear, not quadratic).
+    Returns (the normalizer, the regex, the depth used)."""
+    try:
+        for cost in (MAX_FIRST_CHOICE_COST, 0):
+            nz = Normalizer(doc, strict=strict, first_choice_cost=cost)
+            root = nz.node([nz.root_loc])
+            for depth in range(max_recursion_depth, -1, -1):
+                try:
+                    return nz, Emitter(nz.table, ws, depth).emit(root), depth
+                except GrammarTooLargeError:
+                    if depth == 0 and cost == 0:
+                        raise
+    except RecursionError:
+        raise GrammarTooLargeError("the schema (or a const/enum value in it) is nested too deeply") from None
     raise AssertionError("unreachable")
 
 
@@ -255,6 +253,14 @@ def _normalized(schema_text: str) -> Normalizer:
     return nz
 
 
+@lru_cache(maxsize=64)
+def _compact(schema_text: str, max_recursion_depth: int) -> tuple[Normalizer, int]:
+    """The normalizer and depth of the compact grammar `schema_to_regex` emits."""
+    nz, _, depth = _translate(json.loads(schema_text), "", False, max_recursion_depth)
+    nz.root_node = nz.node([nz.root_loc])
+    return nz, depth
+
+
 def canonical_json(instance, schema) -> str:
     """`instance` written in the grammar's format: compact, keys in the schema's order, numbers and
     literals spelled as the regex of `schema_to_regex(schema)` expects. An instance outside the
@@ -272,13 +278,6 @@ def in_grammar(instance, schema, *, max_recursion_depth: int = 3) -> bool:
     Decided on the normalized schema, not the regex (compact grammar): tests hold the two against
     each other."""
     doc = load_schema(schema)
-    nz = _normalized(json.dumps(doc, sort_keys=False))
-    depth = _emitted_depth(json.dumps(doc, sort_keys=False), max_recursion_depth)
+    nz, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth)
     bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, min(depth, MAX_ANY_DEPTH))
     return conforms(nz.root_node, instance, nz.table, bounds)
-
-
-@lru_cache(maxsize=64)
-def _emitted_depth(schema_text: str, max_recursion_depth: int) -> int:
-    nz = _normalized(schema_text)
-    return _emit_within_limits(nz, nz.root_node, "", max_recursion_depth)[1]

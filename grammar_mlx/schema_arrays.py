@@ -12,7 +12,7 @@ def build_array(nz, atoms: list[Loc]) -> object:
     min_items, max_items = 0, None
     prefixes: list[list[Loc]] = []  # position -> schemas
     rests: list[tuple[int, Loc]] = []  # (first position, schema for it and every later one)
-    own = {}  # atom pointer -> (prefix length, has a rest schema)
+    own = {}  # atom key -> (prefix length, has a rest schema)
     for atom in atoms:
         v = atom.get("minItems")
         if v is not None:
@@ -28,8 +28,7 @@ def build_array(nz, atoms: list[Loc]) -> object:
             prefixes[i].append(loc)
         if rest is not None:
             rests.append((len(prefix), rest))
-        own[atom.pointer] = (max(len(prefix), own.get(atom.pointer, (0, False))[0]),
-                             rest is not None or own.get(atom.pointer, (0, False))[1])
+        own[atom.key] = (len(prefix), rest is not None)
         if atom.get("uniqueItems") is True:
             nz.report("uniqueItems", atom, "item uniqueness is not enforced")
         if atom.has("contains"):
@@ -37,12 +36,12 @@ def build_array(nz, atoms: list[Loc]) -> object:
     for atom in atoms:
         if atom.has("unevaluatedItems"):
             # Items past those its own in-place subschemas evaluate.
-            scope = [a for a in atoms if in_scope(a, atom)]
-            if any(own[a.pointer][1] for a in scope):
+            scope = [a for a in atoms if a.evaluates and in_scope(a, atom)]
+            if any(own[a.key][1] for a in scope):
                 continue
             if any(a.has("contains") for a in scope):
                 nz.report("unevaluatedItems", atom, "items evaluated by contains are not tracked")
-            rests.append((max(own[a.pointer][0] for a in scope), atom.child("unevaluatedItems")))
+            rests.append((max((own[a.key][0] for a in scope), default=0), atom.child("unevaluatedItems")))
     closed_at = min((start for start, loc in rests if loc.schema is False), default=None)
     if closed_at is not None:
         max_items = closed_at if max_items is None else min(max_items, closed_at)

@@ -38,14 +38,16 @@ class Loc:
     # within the current conjunction: what `unevaluated*` may see (its own in-place subschemas).
     origin: tuple = ()
     legacy_ref: bool = False  # draft <= 7: a `$ref` makes sibling keywords, `$id` included, inert
+    tag: str = ""  # schemas built by the front end (negations) sit at their keyword's pointer, tagged
+    evaluates: bool = True  # False under `not` (and built negations): no annotations for unevaluated*
 
     @property
     def key(self) -> tuple:
-        return (self.pointer, self.dropped)
+        return (self.pointer, self.dropped, self.tag)
 
     def below(self, parent: Loc) -> Loc:
         """This schema, reached in place from `parent`."""
-        return replace(self, origin=parent.origin + (parent.pointer,))
+        return replace(self, origin=parent.origin + (parent.pointer,), evaluates=self.evaluates and parent.evaluates)
 
     def has(self, keyword: str) -> bool:
         return keyword not in self.dropped and keyword in self.schema
@@ -61,7 +63,13 @@ class Loc:
         for part in path:
             node = node[part]
             pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
-        return Loc(node, pointer, rebase(self.base, node, self.legacy_ref), legacy_ref=self.legacy_ref)
+        return Loc(node, pointer, rebase(self.base, node, self.legacy_ref), legacy_ref=self.legacy_ref, tag=self.tag)
+
+    def built(self, schema, tag: str, evaluates: bool = True) -> Loc:
+        """A schema the front end built for a keyword of this one, in place below it. `evaluates`:
+        whether its properties/items count as evaluated for unevaluated* (not for negations)."""
+        return Loc(schema, self.pointer, self.base, legacy_ref=self.legacy_ref, tag=f"{self.tag}#{tag}",
+                   origin=self.origin + (self.pointer,), evaluates=self.evaluates and evaluates)
 
 
 def rebase(base: str, node, legacy_ref: bool = False) -> str:
@@ -85,6 +93,15 @@ def _join(base: str, ref: str) -> str:
 def in_scope(atom: Loc, of: Loc) -> bool:
     """Is `atom` `of` itself or one of its in-place subschemas (what `of`'s unevaluated* sees)?"""
     return atom.pointer == of.pointer or of.pointer in atom.origin
+
+
+# Where subschemas live (an `$id` anywhere else, e.g. inside an unknown keyword, names nothing).
+SCHEMA_VALUED = frozenset({"additionalItems", "additionalProperties", "contains", "contentSchema", "else", "if",
+                           "items", "not", "propertyNames", "then", "unevaluatedItems", "unevaluatedProperties",
+                           "extends"})
+SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"})
+SCHEMA_MAPS = frozenset({"$defs", "definitions", "properties", "patternProperties", "dependentSchemas",
+                         "dependencies"})
 
 
 class Resources:
@@ -112,10 +129,10 @@ class Resources:
                 if isinstance(node.get(key), str):
                     self._resources.setdefault(urldefrag(cur.base)[0] + "#" + node[key], cur)
             for key, value in node.items():
-                if key in ("enum", "const", "examples", "default", "example"):
-                    continue
-                if isinstance(value, (dict, list)):
+                if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):
                     stack.append(cur.child(key))
+                elif key in SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend(cur.child(key, name) for name in value)
 
     def resolve(self, loc: Loc, keyword: str = "$ref") -> Loc | None:
         ref = loc.get(keyword)

@@ -15,15 +15,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
+from . import schema_automata as fa
 from .schema_arrays import build_array
+from .schema_charset import ANY as ANY_CHAR
 from .schema_exclusive import TYPES, disjoint, union
-from .schema_ir import ANY, BOOLEAN, NEVER, NULL, AnyValue, Literal, Never, Ref, conforms, is_number, json_equal
+from .schema_ir import (
+    ANY,
+    BOOLEAN,
+    NEVER,
+    NULL,
+    AnyValue,
+    Bound,
+    Literal,
+    Never,
+    Number,
+    Ref,
+    String,
+    conforms,
+    is_number,
+    json_equal,
+    to_decimal,
+)
 from .schema_loc import ROOT_URI, Loc, Resources, draft_of, rebase
+from .schema_logic import INERT as ANNOTATIONS
+from .schema_logic import alternatives, negation
 from .schema_numbers import build_number
-from .schema_objects import build_object
+from .schema_objects import MAX_FIRST_CHOICE_COST, build_object, minus_names
+from .schema_regex import Chars, repeat
 from .schema_strings import build_string
 
-MAX_UNION_BRANCHES = 1_000  # anyOf/oneOf distributed over allOf: total branches per schema
+MAX_UNION_BRANCHES = 1_000  # anyOf/oneOf/if/not/dependencies distributed: total branches per schema
+MAX_LOGIC_ALTERNATIVES = 64  # one `if`/`not`/dependencies keyword as at most this many alternatives
 
 
 @dataclass(frozen=True)
@@ -35,15 +57,6 @@ class Unenforced:
     reason: str
 
 
-# Keywords that only annotate, or that other keywords read (`then`/`else` with `if`).
-ANNOTATIONS = frozenset({
-    "$schema", "$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$defs", "definitions",
-    "$comment", "$vocabulary", "title", "description", "default", "examples", "example", "readOnly",
-    "writeOnly", "deprecated", "contentEncoding", "contentMediaType", "contentSchema", "then", "else",
-    "minContains", "maxContains",
-})
-
-
 CONTENT = frozenset({"contentEncoding", "contentMediaType"})  # assertions in draft 7
 
 
@@ -52,6 +65,7 @@ class Normalizer:
     root: object
     strict: bool = False
     open_objects: bool = False  # absent additionalProperties next to properties: allow extra keys
+    first_choice_cost: int = MAX_FIRST_CHOICE_COST  # see schema_objects._first_choices
     draft: int = 2020
     table: dict = field(default_factory=dict)
     unenforced: dict = field(default_factory=dict)
@@ -149,17 +163,46 @@ class Normalizer:
                     if not isinstance(branches, list) or not branches:
                         raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a non-empty array")
                     rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
-                    self._branches += len(branches)
-                    if self._branches > MAX_UNION_BRANCHES:
-                        raise GrammarTooLargeError(
-                            f"anyOf/oneOf distributed over allOf exceed {MAX_UNION_BRANCHES} branches "
-                            f"(at {atom.pointer or '/'})"
-                        )
+                    self._spend(len(branches), atom)
                     nodes = [self.node(rest + [atom.child(kw, j).below(atom)]) for j in range(len(branches))]
                     if kw == "oneOf":
                         self._check_exclusive(atom, nodes)
                     return union(nodes, self.table)
+        for i, atom in enumerate(atoms):
+            for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
+                if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
+                    continue
+                if kw == "not":
+                    neg = negation(atom.get(kw), self._resolver(atom))
+                    alts = None if neg is None else [[(n, False)] for n in neg]
+                else:
+                    alts = alternatives(kw, atom.get(kw), atom.schema, self._resolver(atom), MAX_LOGIC_ALTERNATIVES)
+                if alts is None or len(alts) > MAX_LOGIC_ALTERNATIVES:
+                    continue  # left for _flat, which reports it
+                self._spend(len(alts), atom)
+                rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
+                nodes = [self.node(rest + [atom.built(s, f"{kw}{j}.{k}", evaluates)
+                                           for k, (s, evaluates) in enumerate(alt)])
+                         for j, alt in enumerate(alts)]
+                return union(nodes, self.table)
         return self._flat(atoms)
+
+    def _spend(self, branches: int, atom: Loc) -> None:
+        self._branches += branches
+        if self._branches > MAX_UNION_BRANCHES:
+            raise GrammarTooLargeError(
+                f"anyOf/oneOf/if/not/dependencies distributed over allOf exceed {MAX_UNION_BRANCHES} branches "
+                f"(at {atom.pointer or '/'})"
+            )
+
+    def _resolver(self, atom: Loc):
+        """`$ref` -> the schema it names, from `atom`'s base URI (for `negation`)."""
+
+        def resolve(ref):
+            target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
+            return None if target is None else target.schema
+
+        return resolve
 
     def _check_exclusive(self, atom: Loc, nodes: list) -> None:
         """oneOf is anyOf when no value can satisfy two branches; otherwise report it."""
@@ -180,12 +223,13 @@ class Normalizer:
                 self.report("disallow", atom, "draft 3 is not supported")
         if "number" in types:
             types.discard("integer")  # number already holds the integers
+        excluded: list = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
         for atom in atoms:
             if atom.has("not"):
-                types = self._apply_not(atom, types, atoms)
+                types = self._apply_not(atom, types, excluded)
             for kw in ("if", "dependencies", "dependentRequired", "dependentSchemas"):
-                if atom.has(kw):
-                    self._object_dependency(atom, kw)
+                if atom.has(kw) and atom.get(kw):
+                    self.report(kw, atom, "not expressible as a union here (or too many alternatives)")
         values = None
         for atom in atoms:
             for kw in ("enum", "const"):
@@ -199,8 +243,19 @@ class Normalizer:
         parts = []
         for t in TYPES:
             if t in types:
-                parts.append(self._typed(t, atoms))
+                parts.append(self._excluding(self._typed(t, atoms), excluded, atoms))
         return union(parts, self.table)
+
+    def _excluding(self, node, excluded: list, atoms: list[Loc]) -> object:
+        if not excluded:
+            return node
+        try:
+            return exclude(node, excluded)
+        except fa.AutomatonTooLarge as e:
+            for atom in atoms:
+                if atom.has("not"):
+                    self.report("not", atom, f"excluding the listed strings is too large ({e})")
+            return node
 
     def _types(self, atom: Loc) -> set:
         t = atom.get("type")
@@ -226,32 +281,29 @@ class Normalizer:
         kept = [v for v in values if _has_type(v, types) and conforms(rest_node, v, self.table)]
         return Literal(tuple(kept)) if kept else NEVER
 
-    def _apply_not(self, atom: Loc, types: set, atoms: list[Loc]) -> set:
-        """`not`: exact where it removes whole types or is `{}`; otherwise reported."""
+    def _apply_not(self, atom: Loc, types: set, excluded: list) -> set:
+        """`not` where it removes whole types or listed values; other forms were distributed as a
+        union by `_conjunction`, or are reported here."""
         neg = atom.get("not")
         if neg is True or neg == {}:
             return set()
         if neg is False:
             return types
-        if isinstance(neg, dict) and set(neg) - ANNOTATIONS <= {"type"} and "type" in neg:
-            removed = self._types(atom.child("not"))
-            out = types - removed
-            if "number" in removed:
-                out.discard("integer")
-            if "integer" in removed and "number" in types and "number" not in removed:
-                self.report("not", atom, "excluding integers from numbers is not enforced")
-                return types
-            return out
-        self.report("not", atom, "negated schemas are not enforced")
+        if _native_not(neg):
+            if "type" in neg:
+                removed = self._types(atom.child("not"))
+                if "integer" in removed and "number" in types and "number" not in removed:
+                    self.report("not", atom, "excluding integers from numbers is not enforced")
+                    return types
+                types = types - removed
+                if "number" in removed:
+                    types.discard("integer")
+            for kw in ("enum", "const"):
+                if kw in neg:
+                    excluded.extend(neg[kw] if kw == "enum" else [neg[kw]])
+            return types
+        self.report("not", atom, "this negated schema is not expressible as a union of schemas")
         return types
-
-    def _object_dependency(self, atom: Loc, kw: str) -> None:
-        if kw == "if":
-            self.report("if", atom, "if/then/else is not enforced")
-            return
-        deps = atom.get(kw)
-        if isinstance(deps, dict) and deps:
-            self.report(kw, atom, "property dependencies are not enforced")
 
     # -- types --------------------------------------------------------------------------------
 
@@ -267,6 +319,43 @@ class Normalizer:
         if t == "array":
             return build_array(self, atoms)
         return build_object(self, atoms)
+
+
+def _native_not(neg) -> bool:
+    """`not` forms `_flat` applies directly: booleans, `{}`, `{type}`, `{enum}`/`{const}` of scalars."""
+    if isinstance(neg, bool):
+        return True
+    if not isinstance(neg, dict):
+        return False
+    keys = set(neg) - ANNOTATIONS
+    if not keys <= {"type", "enum", "const"} or len(keys) > 1:
+        return False
+    values = neg.get("enum", []) if "enum" in neg else [neg.get("const")] if "const" in neg else []
+    return isinstance(values, list) and all(not isinstance(v, (list, dict)) for v in values)
+
+
+def exclude(node, values: list) -> object:
+    """`node` without the listed scalar values."""
+    if isinstance(node, Literal):
+        kept = tuple(v for v in node.values if not any(json_equal(v, x) for x in values))
+        return Literal(kept) if kept else NEVER
+    if isinstance(node, String):
+        names = [v for v in values if isinstance(v, str)]
+        if not names:
+            return node
+        base = node.ast if node.ast is not None else repeat(Chars(ANY_CHAR), node.min_len, node.max_len)
+        return String(minus_names(base, names))  # AutomatonTooLarge: the caller reports `not`
+    if isinstance(node, Number):
+        cuts = sorted({to_decimal(v) for v in values if is_number(v)})
+        pieces, lo = [], node.lo
+        for cut in cuts:
+            if node.integer and cut != cut.to_integral_value():
+                continue
+            pieces.append(Number(node.integer, lo, Bound(cut, True)))
+            lo = Bound(cut, True)
+        pieces.append(Number(node.integer, lo, node.hi))
+        return union(pieces, {})
+    return node
 
 
 def _conjunction_key(atoms: list[Loc]) -> tuple:

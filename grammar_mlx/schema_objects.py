@@ -20,7 +20,7 @@ from .schema_regex import MAX_REPEAT, Chars, alt, literal, repeat, restrict_leng
 from .schema_regex import NEVER as NO_STRING
 
 MAX_KEY_REGIONS = 64
-MAX_FIRST_CHOICE_COST = 48  # properties x leading optional choices kept exact (see _first_choices)
+MAX_FIRST_CHOICE_COST = 256  # properties x leading optional choices kept exact (see _first_choices)
 MIN_FIRST_CHOICES = 2
 # Extra property names never hold characters JSON must escape (quote, backslash, controls): a
 # narrowing that keeps each character class of a key language one regex class.
@@ -110,7 +110,7 @@ def _value_locs(infos, name: str | None = None, matched: frozenset = frozenset()
     for info in infos:
         # unevaluatedProperties sees what its own schema and its in-place subschemas evaluate.
         if info["unevaluated"] is not None and not any(
-            hit for hit, other in zip(hits, infos) if in_scope(other["atom"], info["atom"])
+            hit for hit, other in zip(hits, infos) if other["atom"].evaluates and in_scope(other["atom"], info["atom"])
         ):
             locs.append(info["unevaluated"])
     return locs
@@ -310,20 +310,21 @@ def _counted(nz, atoms, infos, properties: list, extras: tuple) -> object:
         min_extra = MAX_REPEAT
     if not extras and min_extra:
         return NEVER
-    return Object(tuple(properties), extras, min_extra, max_extra, nonempty, _first_choices(properties))
+    return Object(tuple(properties), extras, min_extra, max_extra, nonempty,
+                  _first_choices(properties, nz.first_choice_cost))
 
 
-def _first_choices(properties: list) -> int | None:
+def _first_choices(properties: list, cost: int) -> int | None:
     """How many leading optional properties may be the first one written (None: all).
 
     Each choice repeats the rest of the object in the regex, and outlines-core does not minimize its
-    DFA, so n free choices make n^2 states. Up to MAX_FIRST_CHOICE_COST = n * choices is exact;
-    beyond, objects must start with one of the first few properties (a narrowing)."""
+    DFA, so n free choices make n^2 states. Up to `cost` = n * choices is exact; beyond, objects
+    must start with one of the first few properties (a narrowing; cost 0: the first one)."""
     leading = next((i for i, p in enumerate(properties) if p.required), len(properties))
     n = len(properties)
-    if leading * n <= MAX_FIRST_CHOICE_COST:
+    if leading <= 1 or leading * n <= cost:
         return None
-    return max(MIN_FIRST_CHOICES, MAX_FIRST_CHOICE_COST // max(n, 1))
+    return max(MIN_FIRST_CHOICES if cost else 1, cost // max(n, 1))
 
 
 def _report(nz, atoms, keyword: str, reason: str) -> None:

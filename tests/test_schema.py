@@ -15,7 +15,15 @@ from grammar_mlx.errors import (
     InvalidSchemaError,
     UnsupportedSchemaError,
 )
-from grammar_mlx.schema import MAX_REPEAT, SchemaRegex, Unenforced, canonical_json, load_schema, schema_to_regex
+from grammar_mlx.schema import (
+    MAX_REPEAT,
+    SchemaRegex,
+    Unenforced,
+    canonical_json,
+    in_grammar,
+    load_schema,
+    schema_to_regex,
+)
 
 
 def dfa(schema, **kw) -> ByteDFA:
@@ -91,7 +99,7 @@ def test_deterministic():
 
 def test_unenforced_keywords_name_keyword_and_pointer():
     schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True},
-                                               "n": {"not": {"const": 3}}}}
+                                               "n": {"not": {"pattern": "^a"}}}}
     result = schema_to_regex(schema)
     assert all(isinstance(u, Unenforced) and u.reason for u in result.unenforced)
     assert {(u.keyword, u.pointer) for u in result.unenforced} == {("uniqueItems", "/properties/tags"),
@@ -306,3 +314,45 @@ def test_dialects_agree(schema):
         assert check.is_valid(json.loads(text)), text
         broken = text[: rng.randrange(len(text))] + rng.choice('"\\{}[],:a1é ') + text[rng.randrange(len(text)):]
         assert d.accepts(broken) == (compiled.fullmatch(broken) is not None), broken
+
+
+def test_not_if_and_dependencies_become_unions():
+    schema = {"type": "object", "properties": {"kind": {"enum": ["x", "y"]}, "n": {"type": "integer"}},
+              "required": ["kind"], "if": {"properties": {"kind": {"const": "x"}}},
+              "then": {"required": ["n"]}, "else": {"properties": {"n": False}}}
+    assert reported(schema) == []
+    assert accepts(schema, '{"kind":"x","n":1}', '{"kind":"x"}', '{"kind":"y"}', '{"kind":"y","n":1}') == [
+        True, False, True, False]
+    assert accepts({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
+                   '{"a":1,"b":2}', '{"a":1}', '{"b":2}') == [True, False, True]
+    assert accepts({"type": "string", "not": {"enum": ["a", "bc"]}}, '"a"', '"b"', '"bc"', '""') == [
+        False, True, False, True]
+    assert accepts({"type": "integer", "minimum": 0, "maximum": 5, "not": {"const": 3}}, "3", "2", "4") == [
+        False, True, True]
+    assert accepts({"not": {"type": "string", "minLength": 2}}, '"a"', '"ab"', "1") == [True, False, True]
+    assert accepts({"type": "object", "properties": {"a": {}}, "not": {"required": ["a"]}}, "{}", '{"a":1}') == [
+        True, False]
+
+
+def test_unevaluated_keywords_see_only_their_own_subschemas():
+    sibling = {"type": "object", "allOf": [{"properties": {"foo": {}}, "unevaluatedProperties": False}],
+               "properties": {"bar": {}}}
+    assert accepts(sibling, '{"foo":1}', '{"foo":1,"bar":2}') == [True, False]
+    own = {"type": "object", "allOf": [{"properties": {"foo": {}}}], "unevaluatedProperties": False}
+    assert accepts(own, '{"foo":1}', '{"baz":1}') == [True, False]
+    items = {"prefixItems": [{"type": "string"}], "unevaluatedItems": {"type": "integer"}}
+    assert accepts(items, '["a",1,2]', '["a","b"]') == [True, False]
+
+
+def test_wide_optional_objects_start_with_a_leading_property():
+    props = {f"p{i:02}": {"type": "boolean"} for i in range(40)}
+    schema = {"type": "object", "properties": props, "additionalProperties": False}
+    first, late = {"p00": True, "p39": False}, {"p39": True}
+    assert accepts(schema, canonical_json(first, schema), canonical_json(late, schema)) == [True, False]
+    assert in_grammar(first, schema) and not in_grammar(late, schema)
+
+
+def test_top_level_generic_values_build_fast():
+    # outlines-core also builds an unanchored DFA; the start sentinel keeps it linear.
+    d = ByteDFA.within(schema_to_regex({"minLength": 2}).regex, 5.0)
+    assert d is not None and d.accepts('[{"a":[1]},"xy"]') and not d.accepts('"x"')
