@@ -223,8 +223,9 @@ def print_table(table: dict) -> None:
     print("viol*/fa*: ours over schemas with an empty `unenforced` report (must be 0).")
     all_ = table.get("ALL", {})
     if "ours" in all_ and "outlines" in all_ and all_["outlines"]["coverage"]:
-        print(f"coverage ratio ours/outlines: {all_['ours']['coverage'] / all_['outlines']['coverage']:.3f}; "
-              f"valid acceptance ratio: {(all_['ours']['valid_acceptance'] or 0) / (all_['outlines']['valid_acceptance'] or 1):.3f}")
+        ours, theirs = all_["ours"], all_["outlines"]
+        print(f"coverage ratio ours/outlines: {ours['coverage'] / theirs['coverage']:.3f}; valid acceptance "
+              f"ratio: {(ours['valid_acceptance'] or 0) / (theirs['valid_acceptance'] or 1):.3f}")
 
 
 def _warm_up() -> None:

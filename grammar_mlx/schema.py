@@ -1,49 +1,70 @@
 """JSON Schema -> the regex outlines-core compiles, with a report of what it does not enforce.
 
     >>> r = schema_to_regex({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}}})
-    >>> r.regex, r.unenforced
+    >>> r.regex, r.unenforced          # ('\\{(?:"a":[1-9][0-9]*)?\\}', ())
+    >>> canonical_json({"a": 2.0}, schema)   # '{"a":2}': any valid instance in the grammar's format
 
-Output format (what the regex accepts; `canonical_json` writes any valid instance in it):
+The contract: an output the regex accepts is valid against the schema unless `unenforced` names a
+keyword (keyword + JSON pointer of the subschema holding it) that explains it. The regex may accept
+fewer documents than the schema: those narrowings are listed below, never reported, and never make
+an output invalid. `strict=True` (the default of `generate_json`) raises `UnsupportedSchemaError`
+for the first unenforced keyword instead.
+
+Output format (`canonical_json(instance, schema)` writes any valid instance this way; `in_grammar`
+says whether the regex accepts it):
 
 - Compact JSON: no whitespace, `,` and `:` separators, unless `whitespace` is given: a regex that
-  matches only bounded runs of JSON whitespace (` `, `\\t`, `\\n`, `\\r`), e.g. `[ \\t\\n]{0,4}`, which
-  may then stand after `{ [ , :` and before `} ] , :`. An unbounded pattern (`\\s*`) is refused: it
-  lets a model emit whitespace forever.
-- Object properties in declaration order: the schema's `properties` (then names only `required`),
-  each optional unless required, then any other properties (`additionalProperties`,
-  `patternProperties`) in any order. Allowing every order of n properties costs n! paths, so the order
-  is fixed; `canonical_json` reorders an instance's keys to match.
-- Strings: unconstrained strings accept every JSON escape (`\\n`, `\\/`, `\\uXXXX`, surrogate pairs as
-  one character). Strings under `pattern`, `format`, `enum`/`const`, and property names, are written
-  as `json.dumps(..., ensure_ascii=False)` writes them (the minimal escapes), so that the regex can
-  enforce the decoded text exactly. Lengths count code points, as JSON Schema does.
-- Numbers: integers without leading zeros or `-0`; numbers with `minimum`/`maximum` positionally
-  (`0.00001`, no exponent), with exact digit-by-digit range regexes; other numbers in any JSON form.
-  A float-valued instance of an integer schema (`1.0`) is written as `1`.
-- `enum`/`const` values exactly as listed in the schema (key order and number spelling included).
+  matches only bounded runs (<= MAX_WHITESPACE) of JSON whitespace, e.g. `[ \\t\\n]{0,4}`; it may
+  stand after `{ [ , :` and before `} ] , :`. Unbounded patterns (`\\s*`) are refused: they let a
+  model emit whitespace forever.
+- Object properties in declaration order: the schema's `properties` (then names only in
+  `required`), each optional unless required, then the other properties (`additionalProperties`,
+  `patternProperties`) in any order. Every order of n properties would be n! paths.
+- Strings: unconstrained strings take every JSON escape (`\\n`, `\\/`, `\\u00e9`; `\\uXXXX` for the
+  Basic Multilingual Plane: other characters are written as themselves). Strings under `pattern`,
+  `format`, `enum`/`const`, and property names are written as `json.dumps(..., ensure_ascii=False)`
+  writes them, so the regex can check the decoded text. Lengths count code points.
+- Numbers: integers without leading zeros or `-0`; bounded numbers positionally (`0.00001`, no
+  exponent), through exact digit-by-digit range regexes; other numbers in any JSON form. An
+  integral float under an integer schema (`1.0`) is written `1`.
+- `enum`/`const` values exactly as the schema lists them (key order and number spelling included).
 
-Semantics (JSON Schema 2020-12 by default; `$schema` selects draft 4/6/7/2019-09 readings of
-`items`, `exclusiveMinimum`, and `$ref` siblings):
+Semantics: JSON Schema 2020-12 unless `$schema` names draft 4, 6, 7 or 2019-09 (boolean exclusive
+bounds, `$ref` siblings ignored up to draft 7, `items` arrays, `dependencies`, draft-7 content
+assertions). `$ref` (pointers, `$id`s, anchors; recursion), `$defs`/`definitions`, `allOf` (merged
+keyword by keyword), `anyOf`/`oneOf` (distributed; `oneOf` exact when its branches are provably
+disjoint), `not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
+unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts),
+`enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds and
+small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics; a class
+is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]`), `format` (see
+`schema_formats`), `pattern` x `format` x lengths intersected by automata, `prefixItems`/`items`,
+`minItems`/`maxItems`, `properties`/`required`/`additionalProperties`/`patternProperties`/
+`propertyNames` with key languages split by automata (extra keys never repeat a declared name),
+`minProperties`/`maxProperties` where the object's shape fixes the count, `unevaluatedProperties`/
+`unevaluatedItems` (seeing their own in-place subschemas only).
 
-- `pattern` has ECMA-262 search semantics (unanchored unless `^`/`$`); a character class means the
-  intersection of its ECMA-262 and Python `re` readings (`\\d` is `[0-9]`). Lookaround and
-  back-references cannot be expressed and are reported.
-- `pattern`, `format` and `minLength`/`maxLength` on one string are intersected exactly (automata).
-- `allOf` members and `$ref` targets are merged keyword by keyword; `anyOf`/`oneOf` distribute over
-  them. `oneOf` is exact when its branches are provably disjoint (types, literals, required
-  discriminating properties, ranges, string languages), and reported otherwise.
-- Recursive `$ref`s unroll `max_recursion_depth` times; generic values (`{}`) nest containers that
-  deep. Both are narrowings: every output is still valid.
+Narrowings (valid documents the regex leaves out; outputs stay valid):
+- absent `additionalProperties` next to `properties`/`patternProperties` admits no other keys (an
+  explicit `true` or schema does; a bare `{"type": "object"}` admits any);
+- recursive `$ref`s unroll `max_recursion_depth` times, lowered as far as needed to fit
+  MAX_REGEX_LENGTH; generic values (`{}`, `true`) nest at most min(that, MAX_ANY_DEPTH) containers;
+- objects with many optional properties before the first required one must start with one of the
+  first few (`schema_objects.MAX_FIRST_CHOICE_COST`; outlines-core does not minimize its DFA, and
+  every allowed first property repeats the rest of the object); if the regex is still too large,
+  with the first one;
+- extra property names hold no character JSON must escape; `hostname` has at most 4 labels and no
+  IDNA A-labels; `time`/`date-time` have no leap second; `email` has no quoted local part;
+  surrogate-pair escapes are not generated.
 
-What is reported in `unenforced` (and raises `UnsupportedSchemaError` when `strict`, the default for
-`generate_json`): every keyword whose constraint an output might violate, e.g. `not` (other than
-excluding types), `if`, `dependencies`/`dependent*`, `uniqueItems`, `contains`, `multipleOf` over
-wide ranges, non-disjoint `oneOf`, `format: regex`/`idn-*`, lookaround in `pattern`, counts the
-object shape cannot express (`minProperties` over optional properties). Size guards: a counted
-repetition above `MAX_REPEAT` (e.g. `maxLength: 65535`) is relaxed to unbounded and reported (strict:
-`GrammarTooLargeError`); a regex over `MAX_REGEX_LENGTH` characters or `MAX_NESTING` group levels
-raises `GrammarTooLargeError`. Unknown keywords and unknown `format`s are annotations and constrain
-nothing (JSON Schema's own rule), so they are not reported.
+Reported in `unenforced`: `uniqueItems`, `contains`, `multipleOf` over wide ranges, non-disjoint
+`oneOf`, `not`/`if` of schemas without a union form (`pattern`, `items`, ...), `format: regex` and
+`idn-*`, lookaround/back-references/word boundaries in `pattern`, counts the object shape cannot
+express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above MAX_REPEAT
+(`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); a regex
+over MAX_REGEX_LENGTH characters at depth 0, or nesting over MAX_NESTING groups, raises
+`GrammarTooLargeError`; every automaton step has a budget, so nothing hangs. Unknown keywords and
+unknown `format`s constrain nothing (JSON Schema's rule) and are not reported.
 """
 
 from __future__ import annotations

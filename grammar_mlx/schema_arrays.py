@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 from .schema_ir import NEVER, Array, Never
-from .schema_loc import Loc, in_scope
+from .schema_loc import Loc, count_bounds, in_scope
 from .schema_regex import MAX_REPEAT
-from .schema_strings import _count
 
 
 def build_array(nz, atoms: list[Loc]) -> object:
-    min_items, max_items = 0, None
     prefixes: list[list[Loc]] = []  # position -> schemas
     rests: list[tuple[int, Loc]] = []  # (first position, schema for it and every later one)
     own = {}  # atom key -> (prefix length, has a rest schema)
+    min_items, max_items = count_bounds(atoms, "minItems", "maxItems")
     for atom in atoms:
-        v = atom.get("minItems")
-        if v is not None:
-            min_items = max(min_items, _count(v, "minItems", atom))
-        v = atom.get("maxItems")
-        if v is not None:
-            n = _count(v, "maxItems", atom)
-            max_items = n if max_items is None else min(max_items, n)
         prefix, rest = _item_schemas(nz, atom)
         for i, loc in enumerate(prefix):
             while len(prefixes) <= i:

@@ -145,7 +145,8 @@ def _collect(test) -> CharSet:
 
 
 def class_escape(letter: str) -> CharSet:
-    """`\\d \\D \\w \\W \\s \\S`: positive classes are ECMA ∩ Python, negated ones the complement of ECMA ∪ Python."""
+    """`\\d \\D \\w \\W \\s \\S`: positive classes are ECMA ∩ Python, negated ones the complement
+    of ECMA ∪ Python."""
     if letter == "d":
         return DIGIT
     if letter == "D":

@@ -282,7 +282,8 @@ class _Parser:
             if self.peek() == "{":
                 end = self.src.find("}", self.pos)
                 digits = self.src[self.pos + 1 : end] if end > 0 else ""
-                if not digits or any(d not in "0123456789abcdefABCDEF" for d in digits) or int(digits, 16) > MAX_CODE_POINT:
+                hexadecimal = bool(digits) and all(d in "0123456789abcdefABCDEF" for d in digits)
+                if not hexadecimal or int(digits, 16) > MAX_CODE_POINT:
                     raise self.error("bad \\u{...} escape")
                 self.pos = end + 1
                 return Chars(CharSet.of(int(digits, 16)))

@@ -90,6 +90,23 @@ def _join(base: str, ref: str) -> str:
     return urljoin(base, ref)
 
 
+def count_bounds(atoms, low: str, high: str) -> tuple[int, int | None]:
+    """The tightest `low` / `high` count keywords (minLength / maxLength, ...) over a conjunction."""
+    lo, hi = 0, None
+    for atom in atoms:
+        for keyword in (low, high):
+            v = atom.get(keyword)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+                raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'} must be a non-negative integer")
+            if keyword == low:
+                lo = max(lo, int(v))
+            else:
+                hi = int(v) if hi is None else min(hi, int(v))
+    return lo, hi
+
+
 def in_scope(atom: Loc, of: Loc) -> bool:
     """Is `atom` `of` itself or one of its in-place subschemas (what `of`'s unevaluated* sees)?"""
     return atom.pointer == of.pointer or of.pointer in atom.origin

@@ -106,6 +106,10 @@ def _top_level_bars(text: str) -> int:
 
 
 def _natural_range(lo: int, hi: int | None) -> str:
+    if hi is None and lo > 0 and str(lo) == "1" + "0" * (len(str(lo)) - 1):
+        return _counted_digits(len(str(lo)) - 1)  # every number of at least len(lo) digits
+    if hi is None and lo == 0:
+        return "(?:0|[1-9][0-9]*)"
     parts = []
     top_len = len(str(hi)) if hi is not None else len(str(lo))
     for n in range(len(str(lo)), top_len + 1):
@@ -117,6 +121,11 @@ def _natural_range(lo: int, hi: int | None) -> str:
         n = len(str(lo))
         parts.append(f"[1-9][0-9]{{{n},}}")
     return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+
+def _counted_digits(at_least: int) -> str:
+    tail = {0: "*", 1: "+"}.get(at_least, f"{{{at_least},}}")
+    return "[1-9][0-9]" + tail
 
 
 def _digits(a: int, b: int) -> str:

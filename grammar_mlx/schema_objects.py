@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from . import schema_automata as fa
 from .errors import InvalidSchemaError
-from .schema_loc import in_scope
-from .schema_strings import pattern_language
-from .schema_ir import NEVER, AnyValue, Extra, Literal, Never, Object, Property, Ref, String, Union
 from .schema_charset import ANY as ANY_CHAR
 from .schema_charset import JSON_SPECIAL, CharSet
+from .schema_ir import NEVER, AnyValue, Extra, Literal, Never, Object, Property, Ref, String, Union
+from .schema_loc import count_bounds, in_scope
 from .schema_regex import MAX_REPEAT, Chars, alt, literal, repeat, restrict_length, seq
 from .schema_regex import NEVER as NO_STRING
+from .schema_strings import pattern_language
 
 MAX_KEY_REGIONS = 64
 MAX_FIRST_CHOICE_COST = 256  # properties x leading optional choices kept exact (see _first_choices)
@@ -266,15 +266,7 @@ def _names_complement(names: list[str], chars) -> object:
 
 def _counted(nz, atoms, infos, properties: list, extras: tuple) -> object:
     """minProperties / maxProperties: exact where the count is known from the shape, else reported."""
-    min_p, max_p = 0, None
-    for atom in atoms:
-        v = atom.get("minProperties")
-        if v is not None:
-            min_p = max(min_p, _count(v, "minProperties", atom))
-        v = atom.get("maxProperties")
-        if v is not None:
-            n = _count(v, "maxProperties", atom)
-            max_p = n if max_p is None else min(max_p, n)
+    min_p, max_p = count_bounds(atoms, "minProperties", "maxProperties")
     n_required = sum(p.required for p in properties)
     n_optional = len(properties) - n_required
     min_extra, max_extra, nonempty = 0, None, False
@@ -332,9 +324,4 @@ def _report(nz, atoms, keyword: str, reason: str) -> None:
         if atom.has(keyword):
             nz.report(keyword, atom, reason)
 
-
-def _count(v, keyword, atom) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-        raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'} must be a non-negative integer")
-    return int(v)
 

@@ -6,22 +6,15 @@ from . import schema_automata as fa
 from .errors import InvalidSchemaError
 from .schema_ecma import parse_ecma
 from .schema_formats import STRING_FORMATS, UNENFORCED_FORMATS, format_language
-from .schema_ir import NEVER, String, is_number
-from .schema_loc import Loc
+from .schema_ir import NEVER, String
+from .schema_loc import Loc, count_bounds
 from .schema_regex import MAX_REPEAT, Alt, PatternError, Repeat, Seq, alt, max_count, restrict_length, search_language
 
 
 def build_string(nz, atoms: list[Loc]) -> object:
-    min_len, max_len = 0, None
+    min_len, max_len = count_bounds(atoms, "minLength", "maxLength")
     languages = []  # (AST, keyword, atom)
     for atom in atoms:
-        v = atom.get("minLength")
-        if v is not None:
-            min_len = max(min_len, _count(v, "minLength", atom))
-        v = atom.get("maxLength")
-        if v is not None:
-            n = _count(v, "maxLength", atom)
-            max_len = n if max_len is None else min(max_len, n)
         pattern = atom.get("pattern")
         if pattern is not None:
             ast = pattern_language(nz, pattern, atom)
@@ -113,9 +106,3 @@ def _relax_counts(node):
     if isinstance(node, Alt):
         return Alt(tuple(_relax_counts(i) for i in node.items))
     return node
-
-
-def _count(v, keyword: str, atom: Loc) -> int:
-    if isinstance(v, bool) or not is_number(v) or v < 0 or (isinstance(v, float) and not v.is_integer()):
-        raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'} must be a non-negative integer")
-    return int(v)

@@ -177,8 +177,8 @@ def test_strings_take_every_escape_and_count_code_points():
 
 
 def test_refs_local_recursive_and_by_id():
-    tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+    kids = {"type": "array", "items": {"$ref": "#/$defs/node"}}
+    tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": kids},
                                "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
     d = dfa(tree, max_recursion_depth=2)
     assert d.accepts('{"v":1,"kids":[{"v":2,"kids":[{"v":3}]}]}')
@@ -216,7 +216,8 @@ def test_all_of_merges_and_any_of_distributes():
 def test_one_of_exact_when_disjoint_reported_otherwise():
     assert reported({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == []
     assert reported({"oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]}) == []
-    disc = {"oneOf": [{"type": "object", "properties": {"k": {"const": "x"}, "v": {"type": "integer"}}, "required": ["k"]},
+    disc = {"oneOf": [{"type": "object", "properties": {"k": {"const": "x"}, "v": {"type": "integer"}},
+                       "required": ["k"]},
                       {"type": "object", "properties": {"k": {"const": "y"}}, "required": ["k"]}]}
     assert reported(disc) == []
     assert reported({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}) == [("oneOf", "")]

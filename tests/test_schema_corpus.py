@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from conftest import read_corpus
 from schema_fsm import ByteDFA, oracle, seeded
@@ -101,3 +102,41 @@ def test_json_schema_test_suite(corpora, draft):
             schema = {"$schema": DRAFT_URIS[draft], **schema}  # the suite's schemas mean their draft
         _check_schema(schema, group["tests"], f"{group['file']}: {group['description']}", report)
     _assert_clean(report, min_acceptance=0.8)
+
+
+TOKEN_SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer",
+     "minimum": 0, "maximum": 120}, "email": {"type": "string", "format": "email"},
+     "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}}, "required": ["name"]},
+    {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"},
+     "score": {"type": "number", "minimum": -1, "maximum": 1}, "note": {"type": ["string", "null"]}},
+     "required": ["when", "score"], "additionalProperties": {"type": "boolean"}},
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(TOKEN_SCHEMAS)))
+def test_token_level_random_walks_validate(qwen_tokenizer, index, tmp_path):
+    """Uniform random walks over the allowed tokens of the real Qwen3 token FSM, decoded and validated."""
+    from grammar_mlx import compile_json_schema
+
+    schema = TOKEN_SCHEMAS[index]
+    grammar = compile_json_schema(schema, qwen_tokenizer, strict=True, cache_dir=tmp_path)
+    check = oracle(schema)
+    rng = seeded(index)
+    eos = np.array(grammar.eos_token_ids)
+    for _ in range(15):
+        state, ids = grammar.initial_state, []
+        while True:
+            allowed = grammar.allowed_tokens(state)
+            is_eos = np.isin(allowed, eos)
+            choices = allowed[~is_eos]
+            # At an accepting state, stop with probability 1/2 (always after 400 tokens).
+            if is_eos.any() and (not len(choices) or rng.random() < 0.5 or len(ids) > 400):
+                break
+            token = int(choices[rng.randrange(len(choices))])
+            ids.append(token)
+            state = grammar.next_state(state, token)
+            assert state >= 0
+        text = grammar.vocabulary.decode(ids).decode("utf-8")
+        assert check.is_valid(json.loads(text)), text
