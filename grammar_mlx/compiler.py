@@ -50,16 +50,19 @@ from .errors import (
     InvalidRegexError,
     VocabularyMismatchError,
 )
+from .byte_nfa import LazyDFA, Unsupported, build_nfa
 from .lazy import LazyIndex
 from .token_index import ByteDFA, TokenTrie
 from .vocabulary import Vocabulary, vocabulary_of
 
 MAX_REGEX_LENGTH = int(os.environ.get("GRAMMAR_MLX_MAX_REGEX_LENGTH", 1_000_000))
 MAX_DFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_DFA_STATES", 250_000))
+MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 1_000_000))
 DEFAULT_TIMEOUT = float(os.environ.get("GRAMMAR_MLX_COMPILE_TIMEOUT", 60))
 DEFAULT_MEMORY_LIMIT = int(os.environ.get("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30))
 AUTO_EAGER_MAX_STATES = int(os.environ.get("GRAMMAR_MLX_AUTO_EAGER_STATES", 8))
 MODES = ("auto", "eager", "lazy")
+ENGINES = ("auto", "nfa", "outlines")
 _TABLE_FORMAT = 2
 _DFA_FORMAT = 4
 
@@ -213,10 +216,19 @@ class LazyGrammar(CompiledGrammar):
     def __init__(self, index: LazyIndex, vocabulary: Vocabulary, **kw):
         super().__init__(vocabulary, **kw)
         self.index = index
-        self.num_states = index.num_states
         self.initial_state = index.dfa.initial
         self.terminal_state = index.terminal
-        self.accepting = index.accepting
+
+    @property
+    def num_states(self) -> int:
+        """States so far: all of the byte DFA's (engine "outlines"), or those discovered by the walks
+        so far (engine "nfa": the DFA is determinized on demand); ids never change."""
+        return self.index.num_states
+
+    @property
+    def accepting(self) -> np.ndarray:
+        """Whether each of the `num_states` states so far accepts."""
+        return self.index.accepting
 
     def __repr__(self) -> str:
         s = self.index.stats()
@@ -239,7 +251,7 @@ class LazyGrammar(CompiledGrammar):
 
     def is_accepting(self, state: int) -> bool:
         self._check_state(state)
-        return bool(self.accepting[state])
+        return self.index.is_accepting(state)
 
     def allowed_tokens(self, state: int) -> np.ndarray:
         self._check_state(state)
@@ -441,7 +453,8 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
     """Compile a regex (full match, outlines-core / Rust regex syntax) for `tokenizer`.
 
     `logits_width` is the model's output width (defaults to the tokenizer's size). Options:
-    `mode` ("auto", "eager" or "lazy"; see the module docstring), `cache_dir`, `use_cache`,
+    `mode` ("auto", "eager" or "lazy"; see the module docstring), `engine` ("auto", "nfa" or
+    "outlines": which builds the byte automaton of a lazy grammar, see the module docstring), `cache_dir`, `use_cache`,
     `timeout`, `memory_limit`, `progress` (True for a stderr progress line, or a callable
     `(stage, done, total)`), `eos_token_ids` (override the tokenizer's).
     """
@@ -472,10 +485,15 @@ def _digest(fields: dict) -> str:
 def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int | None, unenforced: tuple, *,
              mode: str = "auto", cache_dir: str | Path | None = None, use_cache: bool = True,
              timeout: float | None = None, memory_limit: int | None = None,
-             progress: bool | Progress | None = None, eos_token_ids=None) -> CompiledGrammar:
+             progress: bool | Progress | None = None, eos_token_ids=None, engine: str = "auto") -> CompiledGrammar:
     started = time.perf_counter()
     if mode not in MODES:
         raise GrammarError(f"mode must be one of {MODES}, got {mode!r}")
+    if engine not in ENGINES:
+        raise GrammarError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "nfa" and mode == "eager":
+        raise GrammarError("engine='nfa' determinizes on demand, for lazy grammars; eager tables are built from "
+                           "outlines-core's complete DFA (engine='auto' or 'outlines')")
     if len(regex) > MAX_REGEX_LENGTH:
         raise GrammarTooLargeError(
             f"the regex has {len(regex):,} characters, over the limit of {MAX_REGEX_LENGTH:,} "
@@ -484,7 +502,7 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
     width, eos = _width_and_eos(vocab, logits_width)
     key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": text,
                    "vocab": vocab.fingerprint, "width": width, "eos": eos})
-    live_key = f"{key}:{mode}"
+    live_key = f"{key}:{mode}:{engine}"
     live = _LIVE.get(live_key)
     if live is not None and use_cache:
         return live
@@ -506,28 +524,53 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
                 return grammar
 
         deadline = time.monotonic() + timeout
-        dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, use_cache, deadline, jobs)
         trie = token_trie(vocab, width)
-        chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
-        if chosen == "eager":
-            path = tables_path or jobs.scratch_path("tables.gmx")
-            job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
-                   "path": str(path), "key": key, "table": dfa.table, "accepting": dfa.accepting,
-                   "classes": dfa.classes, "initial_state": dfa.initial, "regex": regex}
-            jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)), deadline)
-            loaded = read_tables(path, key)
-            if loaded is None or not _valid(loaded[0], loaded[1], width):
-                raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
-            grammar = _eager(loaded, vocab, common, started, cache_hit=False,
-                             dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason)
-        else:
-            index = LazyIndex(dfa, trie, eos, width)
-            stats = {
-                "mode": "lazy", "mode_reason": reason, "cache_hit": dfa_hit,
-                "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
-                "index_seconds": None, "byte_states": dfa.num_states,
-            }
-            grammar = LazyGrammar(index, vocab, stats=stats, **common)
+        grammar, dfa, engine_note = None, None, ""
+        if mode != "eager" and engine != "outlines":
+            lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
+            if lazy_dfa is None and engine == "nfa":
+                raise GrammarError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
+            if lazy_dfa is not None:
+                small = None if mode == "lazy" else _complete_if_small(lazy_dfa, AUTO_EAGER_MAX_STATES)
+                if small is None:
+                    reason = ("requested" if mode == "lazy" else "auto") + f"; {engine_note}"
+                    stats = {"mode": "lazy", "engine": "nfa", "mode_reason": reason, "cache_hit": False,
+                             "compile_seconds": time.perf_counter() - started, "dfa_seconds": None,
+                             "index_seconds": None, "byte_states": None, **nfa_meta}
+                    grammar = LazyGrammar(LazyIndex(lazy_dfa, trie, eos, width), vocab, stats=stats, **common)
+                else:
+                    dfa, dfa_meta, dfa_hit, built_by = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, False, "nfa"
+                    chosen, reason = "eager", (f"auto: {dfa.num_states} byte states <= {AUTO_EAGER_MAX_STATES} "
+                                               "(full tables cost little)")
+        if grammar is None:
+            if dfa is None:
+                dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, use_cache, deadline, jobs)
+                built_by = "outlines"
+                chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
+                if engine == "outlines":
+                    reason += "; engine outlines-core (requested)"
+                elif engine_note and mode != "eager":
+                    reason += f"; engine outlines-core: {engine_note}"
+            if chosen == "eager":
+                path = tables_path or jobs.scratch_path("tables.gmx")
+                job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
+                       "path": str(path), "key": key, "table": dfa.table, "accepting": dfa.accepting,
+                       "classes": dfa.classes, "initial_state": dfa.initial, "regex": regex}
+                jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)), deadline)
+                loaded = read_tables(path, key)
+                if loaded is None or not _valid(loaded[0], loaded[1], width):
+                    raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
+                grammar = _eager(loaded, vocab, common, started, cache_hit=False,
+                                 dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason)
+                grammar._stats["engine"] = built_by
+            else:
+                index = LazyIndex(dfa, trie, eos, width)
+                stats = {
+                    "mode": "lazy", "engine": "outlines", "mode_reason": reason, "cache_hit": dfa_hit,
+                    "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
+                    "index_seconds": None, "byte_states": dfa.num_states,
+                }
+                grammar = LazyGrammar(index, vocab, stats=stats, **common)
     finally:
         jobs.close()
         if report is not None and progress is True:
@@ -541,6 +584,7 @@ def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason) ->
     arrays, meta = loaded
     stats = {
         "mode": "eager",
+        "engine": None,  # the engine that built the byte DFA, when this compile built it
         "mode_reason": reason,
         "cache_hit": cache_hit,
         "compile_seconds": time.perf_counter() - started,
@@ -556,6 +600,39 @@ def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason) ->
 
 
 _ALL_TEXT_BYTES = frozenset(range(1, 256))
+
+
+def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[LazyDFA | None, dict, str]:
+    """The regex's byte NFA with a DFA determinized on demand (`byte_nfa`), built in-process in
+    linear time, or None and why outlines-core's complete DFA is needed instead.
+
+    The lazy index must know up front that no state it may meet is stuck (see `_choose_mode`). Here
+    that holds by construction when every non-NUL byte is a token: every NFA state lies on a path to
+    the match (a class left empty — the only way to break this — is `Unsupported`), so a DFA state
+    that does not accept has an edge on some non-NUL byte, whose token is allowed."""
+    if not trie.single_bytes >= _ALL_TEXT_BYTES:
+        return None, {}, "the vocabulary lacks single-byte tokens, so an on-demand DFA cannot prove a way forward"
+    started = time.perf_counter()
+    try:
+        nfa = build_nfa(regex, MAX_NFA_STATES)
+        dfa = LazyDFA(nfa, MAX_DFA_STATES)
+    except Unsupported as exc:
+        return None, {}, f"the regex uses what the byte NFA does not reproduce exactly ({exc})"
+    seconds = time.perf_counter() - started
+    return dfa, {"nfa_seconds": seconds, "nfa_states": len(nfa), "byte_classes": dfa.num_classes}, (
+        f"engine nfa: byte NFA of {len(nfa):,} states, its DFA determinized on demand")
+
+
+def _complete_if_small(dfa: LazyDFA, limit: int) -> ByteDFA | None:
+    """The complete DFA when it has at most `limit` states (an eager grammar costs little then),
+    else None; `dfa` keeps the rows computed meanwhile."""
+    q = 1
+    while q < dfa.num_states:
+        if dfa.num_states - 1 > limit:
+            return None
+        dfa.ensure_rows([q])
+        q += 1
+    return None if dfa.num_states - 1 > limit else dfa.to_byte_dfa()
 
 
 def _choose_mode(requested: str, dfa: ByteDFA, dfa_meta: dict, trie: TokenTrie) -> tuple[str, str]:

@@ -52,8 +52,11 @@ def default_backend() -> str:
 class LazyIndex:
     """Token rows and deduplicated masks of a byte DFA's states, filled on first use.
 
-    States are the DFA's `0 .. dfa.num_states - 1` plus `terminal` (= dfa.num_states), entered by
-    EOS from an accepting state and allowing only EOS.
+    The DFA is either complete (`token_index.ByteDFA`, from outlines-core) or determinized on demand
+    (`byte_nfa.LazyDFA`, which gains states as walks reach them). Grammar states are the DFA's state
+    ids, except that the id of the DFA's dead state — never a grammar state, as a forbidden token has
+    no next state — is the `terminal` state, entered by EOS from an accepting state and allowing
+    only EOS: `dfa.num_states` for a ByteDFA, 0 for a LazyDFA. Ids are stable ints either way.
     """
 
     def __init__(self, dfa: ByteDFA, trie: TokenTrie, eos_token_ids: tuple[int, ...], logits_width: int, *,
@@ -71,15 +74,14 @@ class LazyIndex:
         self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
-        self.terminal = dfa.num_states
-        self.num_states = dfa.num_states + 1
-        self.accepting = np.append(dfa.accepting, True)
+        self.terminal = int(dfa.dead)
+        self._growing = bool(getattr(dfa, "lazy", False))
         self.max_row_bytes = DEFAULT_MAX_ROW_BYTES if max_row_bytes is None else int(max_row_bytes)
         self.max_mask_bytes = DEFAULT_MAX_MASK_BYTES if max_mask_bytes is None else int(max_mask_bytes)
 
-        self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * self.num_states
-        self._mask_of: list[int] = [-1] * self.num_states
-        self._used = bytearray(self.num_states)  # second-chance bits for row eviction
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._mask_of: dict[int, int] = {}
+        self._used: dict[int, int] = {}  # second-chance bits for row eviction
         self._filled_order: deque[int] = deque()  # states holding a row, in clock order
         self._row_bytes = 0
         self._masks = np.zeros((4, self.words), dtype=np.uint32)
@@ -94,11 +96,28 @@ class LazyIndex:
         self.rows_evicted = 0
         self.states_seen: set[int] = set()
 
+    @property
+    def num_states(self) -> int:
+        """States so far (ids 0 .. num_states - 1): fixed for a ByteDFA, growing for a LazyDFA."""
+        return self.dfa.num_states if self._growing else self.dfa.num_states + 1
+
+    @property
+    def accepting(self) -> np.ndarray:
+        """Whether each state so far accepts (a copy: a growing DFA's array is replaced as it grows)."""
+        accepting = self.dfa.accepting[: self.dfa.num_states].copy()
+        if self._growing:
+            accepting[self.terminal] = True
+            return accepting
+        return np.append(accepting, True)
+
+    def is_accepting(self, state: int) -> bool:
+        return state == self.terminal or bool(self.dfa.accepting[state])
+
     # -- the per-token path ------------------------------------------------------------------------
 
     def row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(sorted allowed ids, next state of each) of a valid state, EOS included where accepting."""
-        entry = self._rows[state]
+        entry = self._rows.get(state)
         if entry is None:
             entry = self._fill(state)
         else:
@@ -107,7 +126,7 @@ class LazyIndex:
 
     def mask_row(self, state: int) -> int:
         """The id of `state`'s row in the mask table (filling the state on its first visit)."""
-        row = self._mask_of[state]
+        row = self._mask_of.get(state, -1)
         if row < 0:
             self._fill(state)
             row = self._mask_of[state]
@@ -130,7 +149,7 @@ class LazyIndex:
 
     def _fill(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         with self._lock:
-            entry = self._rows[state]
+            entry = self._rows.get(state)
             if entry is not None:  # another thread filled it while this one waited
                 return entry
             started = time.perf_counter()
@@ -138,13 +157,13 @@ class LazyIndex:
                 tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
             else:
                 tokens, nxt = self._walk(self.trie, self.dfa, state)
-                if self.accepting[state]:
+                if self.dfa.accepting[state]:
                     at = np.searchsorted(tokens, self.eos)
                     tokens = np.insert(tokens, at, self.eos)
                     nxt = np.insert(nxt, at, np.int32(self.terminal))
             tokens.setflags(write=False)
             nxt.setflags(write=False)
-            if self._mask_of[state] < 0:
+            if state not in self._mask_of:
                 self._mask_of[state] = self._add_mask(tokens)
             entry = (tokens, nxt)
             self._store(state, entry)
@@ -199,8 +218,7 @@ class LazyIndex:
                 self._used[state] = 0
                 order.append(state)
                 continue
-            tokens, nxt = self._rows[state]
-            self._rows[state] = None
+            tokens, nxt = self._rows.pop(state)
             self._row_bytes -= tokens.nbytes + nxt.nbytes
             self.rows_evicted += 1
 
@@ -213,7 +231,7 @@ class LazyIndex:
 
     def stats(self) -> dict:
         with self._lock:
-            rows = [r for r in self._rows if r is not None]
+            rows = list(self._rows.values())
             return {
                 "states_filled": len(self.states_seen),
                 "fills": self.fills,
@@ -226,4 +244,5 @@ class LazyIndex:
                 "mask_bytes": self._num_masks * self.words * 4,
                 "mask_bytes_before_dedup": len(self.states_seen) * self.words * 4,
                 "backend": self.backend,
+                "byte_states_built": int(self.dfa.num_states - (1 if self._growing else 0)),
             }

@@ -315,9 +315,14 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
     EOS is not included (the caller adds it where `dfa.accepting[state]`). The sparse levels always
     run in numpy (few live nodes: a GPU would only add launches); `backend="mlx"` runs the dense
     levels as MLX ops on the default device (a GPU gathers a whole level at once)."""
-    table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     if trie.num_nodes == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    # A lazily determinized DFA (byte_nfa.LazyDFA) holds UNKNOWN (-1) in rows not computed yet: a
+    # level that meets one computes the missing rows (one batch per level) and is gathered again.
+    lazy = getattr(dfa, "lazy", False)
+    if lazy:
+        dfa.ensure_rows([state])
+    table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     column = dfa.node_classes(trie)  # the byte class of every node
     levels = trie._levels
     a, b = levels[0]
@@ -338,7 +343,12 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
             break
         ends = np.cumsum(counts)
         child = np.arange(total, dtype=np.int32) + np.repeat(trie.child_start[idx] - (ends - counts), counts)
-        nst = table.take(np.repeat(st, counts) * width + column.take(child, mode="clip"), mode="clip")
+        at = np.repeat(st, counts) * width + column.take(child, mode="clip")
+        nst = table.take(at, mode="clip")
+        if lazy and len(nst) and nst.min() < 0:
+            dfa.ensure_rows(at[nst < 0] // width)
+            table = dfa.table
+            nst = table.take(at, mode="clip")
         keep = nst != dead
         idx, st = child[keep], nst[keep]
         seen_idx.append(idx)
@@ -352,7 +362,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
     node_st[: trie.level_start[dense_from]].fill(dead)
     for i, s in zip(seen_idx, seen_st):
         node_st[i] = s
-    if backend == "mlx":
+    if backend == "mlx" and not lazy:  # a lazy DFA's table grows mid-walk: its dense levels run in numpy
         per_token = _dense_mlx(trie, dfa, node_st[: trie.level_start[dense_from]], dense_from)
     else:
         parent = trie.parent
@@ -365,6 +375,10 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
             mul(ib, width, out=ib)
             add(ib, column[a:b], out=ib)
             table.take(ib, out=node_st[a:b], mode="clip")
+            if lazy and node_st[a:b].min() < 0:
+                dfa.ensure_rows(ib[node_st[a:b] < 0] // width)
+                table = dfa.table
+                table.take(ib, out=node_st[a:b], mode="clip")
         node_st[trie.num_nodes] = dead
         per_token = node_st.take(trie.token_node, mode="clip")
     tokens = np.flatnonzero(per_token != dead).astype(np.int32)

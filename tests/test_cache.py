@@ -23,6 +23,8 @@ def vocab(qwen_hf_tokenizer):
 
 
 def fresh(regex, vocab, cache_dir, **kw):
+    if kw.get("mode") == "lazy":  # a lazy grammar's DFA file is outlines-core's; the byte NFA engine writes none
+        kw.setdefault("engine", "outlines")
     compiler._LIVE.clear()  # the in-process memo would otherwise answer before the disk is read
     return compile_regex(regex, vocab, cache_dir=cache_dir, **kw)
 
@@ -67,20 +69,38 @@ def test_eager_warm_hit_and_no_temporary_files_left(vocab, tmp_path):
 
 
 def test_lazy_warm_hit_reads_the_dfa(vocab, tmp_path):
-    cold = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    cold = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")
     assert not cold.stats["cache_hit"] and cold.mode == "lazy"
     only(tmp_path, "dfa")
     assert entries(tmp_path)["tables"] == []  # a lazy grammar writes no tables
-    warm = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    warm = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")
     assert warm.stats["cache_hit"]
     same_rows(cold, warm)
     assert warm.matches(ONE_234)
 
 
 def test_live_memo_returns_the_same_object(vocab, tmp_path):
-    for mode in ("auto", "eager", "lazy"):
-        a = fresh(REGEX, vocab, tmp_path, mode=mode)
-        assert compile_regex(REGEX, vocab, cache_dir=tmp_path, mode=mode) is a
+    for mode, engine in (("auto", "auto"), ("eager", "auto"), ("lazy", "outlines"), ("lazy", "nfa"), ("lazy", "auto")):
+        a = fresh(REGEX, vocab, tmp_path, mode=mode, engine=engine)
+        assert compile_regex(REGEX, vocab, cache_dir=tmp_path, mode=mode, engine=engine) is a
+
+
+def test_the_byte_nfa_engine_writes_nothing_and_reads_no_stale_file(vocab, tmp_path):
+    outlines = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")
+    before = sorted(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    nfa = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="nfa")
+    assert nfa.stats["engine"] == "nfa" and not nfa.stats["cache_hit"]
+    assert sorted(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()) == before
+    assert nfa.matches(ONE_234) and outlines.matches(ONE_234)
+    for text in ("1", "12,345,678", "1234", ",123", "1,23"):
+        ids = vocab_encode(vocab, text)
+        assert nfa.matches(ids) == outlines.matches(ids), text
+
+
+def vocab_encode(vocab, text: str) -> list[int]:
+    """One token per character (every ASCII character is a single-byte token in Qwen3)."""
+    ids = {b: i for i, b in enumerate(vocab.token_bytes) if b is not None and len(b) == 1}
+    return [ids[c.encode()] for c in text]
 
 
 def damage_file(path, how):
@@ -108,12 +128,12 @@ def test_damaged_tables_are_rebuilt(vocab, tmp_path, damage):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
 def test_damaged_dfa_is_rebuilt(vocab, tmp_path, damage):
-    good = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    good = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")
     damage_file(only(tmp_path, "dfa"), damage)
-    rebuilt = fresh(REGEX, vocab, tmp_path, mode="lazy")
+    rebuilt = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")
     assert not rebuilt.stats["cache_hit"]
     same_rows(good, rebuilt)
-    assert fresh(REGEX, vocab, tmp_path, mode="lazy").stats["cache_hit"], "the rebuild rewrote a good file"
+    assert fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines").stats["cache_hit"], "the rebuild rewrote a good file"
 
 
 @pytest.mark.parametrize("kind, mode", [("tables", "eager"), ("dfa", "lazy")])
@@ -155,7 +175,7 @@ def test_keys_cover_width_eos_and_grammar_and_the_dfa_is_shared(vocab, tmp_path)
     assert not fresh(REGEX + "x", vocab, tmp_path, mode="eager").stats["cache_hit"]
     found = entries(tmp_path)
     assert len(found["tables"]) == 4 and len(found["dfa"]) == 2  # the DFA depends on the regex alone
-    lazy = fresh(REGEX, vocab, tmp_path, mode="lazy", logits_width=vocab.size + 64)
+    lazy = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines", logits_width=vocab.size + 64)
     assert lazy.stats["cache_hit"] and len(entries(tmp_path)["dfa"]) == 2
 
 
@@ -170,5 +190,5 @@ def test_environment_variable_sets_the_default_directory(vocab, tmp_path, monkey
     monkeypatch.setenv("GRAMMAR_MLX_CACHE_DIR", str(tmp_path / "env"))
     assert default_cache_dir() == tmp_path / "env"
     compiler._LIVE.clear()
-    compile_regex(REGEX, vocab)
+    compile_regex(REGEX, vocab, engine="outlines")
     assert entries(tmp_path / "env")["dfa"]

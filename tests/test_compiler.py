@@ -235,21 +235,33 @@ def test_size_limits(qwen_vocab, monkeypatch):
         compile_regex("a" * 101, qwen_vocab)
     monkeypatch.setattr(compiler, "MAX_DFA_STATES", 1000)
     with pytest.raises(GrammarTooLargeError, match="2,049 states, over the limit of 1,000"):
-        compile_regex(r"(a|b)*a(a|b){10}", qwen_vocab, use_cache=False)
+        compile_regex(r"(a|b)*a(a|b){10}", qwen_vocab, use_cache=False, engine="outlines")
+    # The on-demand DFA compiles at once and raises when a generation's walks pass the cap.
+    lazy = compile_regex(r"(a|b)*a(a|b){10}", qwen_vocab, use_cache=False)
+    assert lazy.stats["engine"] == "nfa" and lazy.num_states < 1000
+    ab = qwen_vocab.token_bytes.index(b"a"), qwen_vocab.token_bytes.index(b"b")
+    rng, state = np.random.default_rng(0), lazy.initial_state
+    with pytest.raises(GrammarTooLargeError, match="reached 1,000 states"):
+        for _ in range(10_000):
+            lazy.mask_row(state)
+            state = lazy.next_state(state, int(rng.choice(ab)))
+    monkeypatch.setattr(compiler, "MAX_NFA_STATES", 500)
+    with pytest.raises(GrammarTooLargeError, match="byte NFA needs over 500 states"):
+        compile_regex(r"[a-z]{1,600}", qwen_vocab, use_cache=False)
 
 
 @pytest.mark.parametrize("regex, mode", [(EXPLODING, "lazy"), ('"[^"]{0,400}"', "eager")])
 def test_time_limit_kills_the_build_and_the_next_compile_works(qwen_vocab, regex, mode):
     started = time.monotonic()
     with pytest.raises(GrammarTooLargeError, match="longer than 1.5 s"):
-        compile_regex(regex, qwen_vocab, timeout=1.5, use_cache=False, mode=mode)
+        compile_regex(regex, qwen_vocab, timeout=1.5, use_cache=False, mode=mode, engine="outlines")
     assert time.monotonic() - started < 15
     assert compile_regex("(yes|no)", qwen_vocab, use_cache=False).matches([9693])
 
 
 def test_memory_limit_is_a_typed_error(qwen_vocab):
     with pytest.raises(GrammarTooLargeError, match="memory"):
-        compile_regex(EXPLODING, qwen_vocab, memory_limit=400 << 20, use_cache=False, timeout=60)
+        compile_regex(EXPLODING, qwen_vocab, memory_limit=400 << 20, use_cache=False, timeout=60, engine="outlines")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -267,8 +279,20 @@ def test_state_out_of_range(grammars, mode):
 def test_auto_mode_and_its_reasons(qwen_vocab, tmp_path):
     small = compile_regex("(yes|no)", qwen_vocab, cache_dir=tmp_path)
     assert small.mode == "eager" and "byte states" in small.stats["mode_reason"]
+    assert small.stats["engine"] == "nfa"  # the on-demand DFA, complete after 3 rows, turned into tables
     big = compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path)
-    assert big.mode == "lazy" and big.stats["byte_states"] > 8
+    assert big.mode == "lazy" and big.stats["engine"] == "nfa" and "determinized on demand" in big.stats["mode_reason"]
+    assert big.stats["byte_states_built"] > 8
+    by_outlines = compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path, engine="outlines")
+    assert by_outlines.mode == "lazy" and by_outlines.stats["byte_states"] > 8
+    assert "engine outlines-core (requested)" in by_outlines.stats["mode_reason"]
+    fallback_engine = compile_regex(r"\d{2,40}x", qwen_vocab, cache_dir=tmp_path)  # Unicode \d: outlines-core
+    assert fallback_engine.stats["engine"] == "outlines"
+    assert "does not reproduce exactly" in fallback_engine.stats["mode_reason"]
+    with pytest.raises(GrammarError, match="engine='nfa' cannot compile"):
+        compile_regex(r"\d{2,40}x", qwen_vocab, cache_dir=tmp_path, engine="nfa")
+    with pytest.raises(GrammarError, match="engine must be one of"):
+        compile_regex("a", qwen_vocab, engine="fast")
     compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path, mode="eager")
     from grammar_mlx import compiler
 

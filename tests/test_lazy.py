@@ -63,24 +63,43 @@ class OutlinesReference:
 
 
 class Pairing:
-    """Lazy state <-> reference state, which must stay a bijection."""
+    """Lazy state ~ reference state: the pairs that walks of the same tokens reach.
+
+    Rows must be equal for every pair (so the two token automata accept the same token sequences
+    with the same masks at every step: a bisimulation). With outlines-core's own DFA underneath
+    (engine "outlines") the relation must moreover be a bijection; the on-demand DFA of the byte
+    NFA (engine "nfa") may split a state of regex-automata's DFA into several equal ones, or merge."""
 
     def __init__(self, lazy, ref: OutlinesReference):
         self.lazy, self.ref = lazy, ref
-        self.forward: dict[int, int] = {}
-        self.backward: dict[int, int] = {}
-        self.checked: set[int] = set()
+        self.bijective = lazy.stats.get("engine") == "outlines"
+        self.forward: dict[int, set[int]] = {}
+        self.backward: dict[int, set[int]] = {}
+        self.checked_pairs: set[tuple[int, int]] = set()
+        self.checked: set[int] = set()  # lazy states with every pair checked so far
         self.pair(lazy.initial_state, ref.initial)
 
     def pair(self, q: int, r: int) -> None:
-        assert self.forward.setdefault(q, r) == r, f"lazy state {q} pairs with {self.forward[q]} and {r}"
-        assert self.backward.setdefault(r, q) == q, f"reference state {r} pairs with {self.backward[r]} and {q}"
+        fwd, bwd = self.forward.setdefault(q, set()), self.backward.setdefault(r, set())
+        fwd.add(r)
+        bwd.add(q)
+        if self.bijective:
+            assert len(fwd) == 1, f"lazy state {q} pairs with {sorted(fwd)}"
+            assert len(bwd) == 1, f"reference state {r} pairs with {sorted(bwd)}"
+        if (q, r) not in self.checked_pairs:
+            self.checked.discard(q)
 
     def check(self, q: int) -> None:
-        """Row of lazy state q == row of its reference state; pairs every successor."""
-        if q in self.checked:
-            return
-        lazy, r = self.lazy, self.forward[q]
+        """Row of lazy state q == the row of every reference state paired with it; pairs every successor."""
+        while q not in self.checked:
+            self.checked.add(q)
+            for r in sorted(self.forward[q]):
+                if (q, r) not in self.checked_pairs:
+                    self.checked_pairs.add((q, r))
+                    self._check_pair(q, r)
+
+    def _check_pair(self, q: int, r: int) -> None:
+        lazy = self.lazy
         tokens, nxt, accepting = self.ref.row(r)
         got = lazy.allowed_tokens(q)
         assert np.array_equal(got, tokens), (
@@ -94,7 +113,6 @@ class Pairing:
         pairs = np.unique(np.stack([lazy_next[text], nxt[text]]), axis=1)
         for a, b in pairs.T.tolist():
             self.pair(a, b)
-        self.checked.add(q)
 
 
 def walk_and_check(pairing: Pairing, token_ids) -> tuple[int, bool]:
@@ -339,7 +357,10 @@ def test_row_memory_is_bounded_and_evicted_rows_come_back_equal(qwen_vocab):
     regex = REGEXES[3]  # JSON strings: rows of ~150k tokens (1.2 MB)
     grammar = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
     index = grammar.index
-    first = {s: index.row(s)[0].copy() for s in range(grammar.num_states)}
+    first, s = {}, 0
+    while s < grammar.num_states:  # an on-demand DFA gains states as rows are computed
+        first[s] = index.row(s)[0].copy()
+        s += 1
     total = index.stats()["row_bytes"]
     bound = total // 3
     small = LazyIndex(index.dfa, index.trie, grammar.eos_token_ids, QWEN_WIDTH, max_row_bytes=bound)
@@ -358,8 +379,10 @@ def test_mask_table_limit_is_a_typed_error(qwen_vocab):
     tight = LazyIndex(grammar.index.dfa, grammar.index.trie, grammar.eos_token_ids, QWEN_WIDTH,
                       max_mask_bytes=2 * words * 4)
     with pytest.raises(GrammarTooLargeError, match="mask table reached its limit"):
-        for state in range(tight.num_states):
+        state = 0
+        while state < tight.num_states:  # an on-demand DFA gains states as rows are computed
             tight.mask_row(state)
+            state += 1
     assert tight.stats()["num_masks"] == 2
 
 

@@ -1,0 +1,613 @@
+"""Regex → UTF-8 byte NFA (Thompson), and a DFA over it determinized on demand (`LazyDFA`).
+
+outlines-core determinizes a whole regex before the first mask can be computed: seconds for
+10^4–10^5-state JSON grammars, never for some. Here the regex is parsed and compiled in linear time
+into a Thompson NFA over bytes, and DFA states (epsilon-closed sets of NFA states) are created only
+when a token walk reaches them: the automaton costs what a generation visits.
+
+Semantics are Rust regex-automata's in its default (Unicode) mode, what outlines-core compiles:
+full match, every character class a set of Unicode scalar values matched as its UTF-8 encodings
+(surrogates never match; `.` is any scalar but `\\n`), counted repetitions expanded. NUL (byte 0)
+never matches: it is the compile sentinel of the outlines-core path (tokens holding it are never
+allowed), so both engines give the same rows. Whatever this module does not reproduce exactly —
+flags, anchors and look-around, Unicode classes (`\\d`, `\\w`, `\\s`, `\\p{..}` outside the
+`[\\s\\S]` idiom), nested or set-operation classes, `{,n}`, octal, a class left empty (e.g. only
+NUL) — raises `Unsupported`, and the compiler falls back to outlines-core's DFA (its `stats`
+`mode_reason` says so). Invalid regexes also raise `Unsupported`: outlines-core reports them with
+its own message and position.
+
+Limits: `MAX_NFA_STATES` NFA states (`GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions included) and
+`max_states` DFA states per automaton (the compiler passes `MAX_DFA_STATES`); each raises
+`GrammarTooLargeError`. DFA states are never discarded: their ids are held by the processors using
+the grammar (unlike regex-automata's hybrid cache, which may clear itself), so the cap is a typed
+error, raised by the first visit that would pass it.
+
+The table layout matches `token_index.ByteDFA` (one int32 per state and byte class, dead state
+looping to itself) with two differences a walk must know (`lazy = True`): the dead state is 0, and
+rows not computed yet hold `UNKNOWN`; `ensure_rows` computes them. Byte classes are the intervals
+between the NFA's range boundaries, NUL alone in class 0 (always dead).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+import numpy as np
+
+from .errors import GrammarTooLargeError
+
+MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 4_000_000))
+UNKNOWN = -1
+MAX_CP = 0x10FFFF
+_DOT = ((1, 9), (11, MAX_CP))  # any scalar but \n (NUL never matches, see the module docstring)
+_ANY = ((1, MAX_CP),)
+
+
+class Unsupported(Exception):
+    """A construct this engine does not reproduce exactly (or an invalid regex): use outlines-core."""
+
+
+# --- parsing --------------------------------------------------------------------------------------
+# AST: ("set", ranges) one character of a set of code point ranges; ("str", bytes) a literal;
+# ("cat", items); ("alt", items); ("rep", node, lo, hi or None).
+
+_SET, _STR, _CAT, _ALT, _REP = "set", "str", "cat", "alt", "rep"
+_LITERAL_RUN = re.compile(r"[^\\\[\](){}|*+?.^$]+")
+_COUNTED = re.compile(r"\{(\d+)(,(\d*))?\}")
+_HEX = "0123456789abcdefABCDEF"
+_SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "a": 7}
+_PERL = frozenset("dDwWsS")
+
+
+def _escapable(c: str) -> bool:
+    """Rust regex-syntax: any ASCII character but [0-9A-Za-z<>] may be escaped to stand for itself."""
+    return c.isascii() and not c.isalnum() and c not in "<>"
+
+
+def _code_point(cp: int) -> int:
+    if 0xD800 <= cp <= 0xDFFF or cp > MAX_CP:
+        raise Unsupported(f"code point {cp:#x} is no Unicode scalar value")
+    return cp
+
+
+def _escape(pattern: str, i: int) -> tuple[object, int]:
+    """The escape at pattern[i] == '\\': (code point or perl-class letter, next index)."""
+    if i + 1 >= len(pattern):
+        raise Unsupported("trailing backslash")
+    c = pattern[i + 1]
+    if c in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[c], i + 2
+    if c in "xuU":
+        if i + 2 < len(pattern) and pattern[i + 2] == "{":
+            end = pattern.find("}", i + 3)
+            digits = pattern[i + 3 : end] if end > 0 else ""
+            if not digits or len(digits) > 8 or any(d not in _HEX for d in digits):
+                raise Unsupported("bad hex escape")
+            return _code_point(int(digits, 16)), end + 1
+        n = {"x": 2, "u": 4, "U": 8}[c]
+        digits = pattern[i + 2 : i + 2 + n]
+        if len(digits) != n or any(d not in _HEX for d in digits):
+            raise Unsupported("bad hex escape")
+        return _code_point(int(digits, 16)), i + 2 + n
+    if c in _PERL:
+        return c, i + 2
+    if _escapable(c):
+        return ord(c), i + 2
+    raise Unsupported(f"escape \\{c}")
+
+
+def _normalize(ranges) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged, without NUL (which never matches)."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        lo = max(lo, 1)
+        if lo > hi:
+            continue
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((a, b) for a, b in out)
+
+
+def _negate(ranges) -> tuple[tuple[int, int], ...]:
+    out, nxt = [], 0
+    for lo, hi in ranges:
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CP:
+        out.append((nxt, MAX_CP))
+    return _normalize(out)
+
+
+def _class(pattern: str, i: int) -> tuple[tuple, int]:
+    """The bracket class at pattern[i] == '[': (("set", ranges), next index)."""
+    n = len(pattern)
+    j = i + 1
+    negated = j < n and pattern[j] == "^"
+    if negated:
+        j += 1
+    ranges: list[tuple[int, int]] = []
+    perl: set[str] = set()
+    first = True
+    while True:
+        if j >= n:
+            raise Unsupported("unclosed class")
+        c = pattern[j]
+        if c == "]" and not first:
+            j += 1
+            break
+        first = False
+        if c == "[" or (c in "&-~" and j + 1 < n and pattern[j + 1] == c):
+            raise Unsupported("nested class or class set operation")
+        if c == "\\":
+            lo, j = _escape(pattern, j)
+            if isinstance(lo, str):
+                perl.add(lo)
+                continue
+        else:
+            lo, j = ord(c), j + 1
+        if j + 1 < n and pattern[j] == "-" and pattern[j + 1] != "]":
+            c = pattern[j + 1]
+            if c == "[" or c == "-":
+                raise Unsupported("class range")
+            if c == "\\":
+                hi, j = _escape(pattern, j + 1)
+                if isinstance(hi, str):
+                    raise Unsupported("class range ending in a perl class")
+            else:
+                hi, j = ord(c), j + 2
+            if hi < lo:
+                raise Unsupported("class range out of order")
+            ranges.append((lo, hi))
+        else:
+            ranges.append((lo, lo))
+    if perl:
+        # Only the idiom "everything": a perl class with its own complement ([\s\S], [\d\D], ...).
+        if not any(p.lower() in perl and p.upper() in perl for p in perl):
+            raise Unsupported("Unicode perl classes (\\d, \\w, \\s) are outside this engine's tables")
+        ranges = [(0, MAX_CP)]
+    for lo, hi in ranges:
+        if lo <= 0xDFFF and hi >= 0xD800 and (lo >= 0xD800 or hi <= 0xDFFF):
+            raise Unsupported("surrogate in a class")
+    out = _negate(_normalize(ranges)) if negated else _normalize(ranges)
+    return (_SET, out), j
+
+
+def parse(pattern: str):
+    """The AST of `pattern` (Rust regex syntax, the subset described in the module docstring)."""
+    n = len(pattern)
+    stack: list[tuple[list, list]] = []
+    alts: list[list] = []
+    seq: list = []
+    quantified = False  # whether seq[-1] already carries a quantifier
+    i = 0
+    match_run = _LITERAL_RUN.match
+    while i < n:
+        c = pattern[i]
+        if c in "*+?{":
+            if not seq or quantified:
+                raise Unsupported("repetition without an operand")
+            if c == "{":
+                m = _COUNTED.match(pattern, i)
+                if m is None:
+                    raise Unsupported("counted repetition")
+                lo = int(m.group(1))
+                hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) else None)
+                if hi is not None and hi < lo:
+                    raise Unsupported("counted repetition out of order")
+                i = m.end()
+            else:
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+                i += 1
+            if i < n and pattern[i] == "?":  # non-greedy: the same language
+                i += 1
+            seq[-1] = (_REP, seq[-1], lo, hi)
+            quantified = True
+            continue
+        quantified = False
+        if c == "(":
+            if pattern.startswith("(?:", i):
+                i += 3
+            elif pattern.startswith("(?P<", i) or pattern.startswith("(?<", i):
+                end = pattern.find(">", i)
+                name = pattern[pattern.index("<", i) + 1 : end] if end > 0 else ""
+                if not name or not all(ch.isalnum() or ch in "_.[]" for ch in name):
+                    raise Unsupported("group name")
+                i = end + 1
+            elif pattern.startswith("(?", i):
+                raise Unsupported("flags or look-around")
+            else:
+                i += 1
+            stack.append((alts, seq))
+            alts, seq = [], []
+        elif c == ")":
+            if not stack:
+                raise Unsupported("unopened group")
+            node = _alternation(alts, seq)
+            alts, seq = stack.pop()
+            seq.append(node)
+            i += 1
+        elif c == "|":
+            alts.append(seq)
+            seq = []
+            i += 1
+        elif c == "[":
+            node, i = _class(pattern, i)
+            seq.append(node)
+        elif c == "\\":
+            cp, i = _escape(pattern, i)
+            if isinstance(cp, str):
+                raise Unsupported("Unicode perl classes (\\d, \\w, \\s) are outside this engine's tables")
+            seq.append(_literal(chr(cp)))
+        elif c == ".":
+            seq.append((_SET, _DOT))
+            i += 1
+        elif c in "^$]}":
+            raise Unsupported("anchors" if c in "^$" else f"unbalanced {c}")
+        else:
+            m = match_run(pattern, i)
+            run = m.group(0)
+            end = m.end()
+            if end < n and pattern[end] in "*+?{" and len(run) > 1:
+                run = run[:-1]  # a quantifier applies to the last character only
+            seq.append(_literal(run))
+            i += len(run)
+    if stack:
+        raise Unsupported("unclosed group")
+    return _alternation(alts, seq)
+
+
+def _literal(text: str):
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unsupported("surrogate in a literal") from None
+    if b"\x00" in data:
+        raise Unsupported("NUL in a literal")
+    return (_STR, data)
+
+
+def _alternation(alts: list, seq: list):
+    branches = [*alts, seq]
+    nodes = [b[0] if len(b) == 1 else (_CAT, tuple(b)) for b in branches]
+    return nodes[0] if len(nodes) == 1 else (_ALT, tuple(nodes))
+
+
+# --- UTF-8 ----------------------------------------------------------------------------------------
+
+
+def utf8_sequences(lo: int, hi: int) -> list[tuple[tuple[int, int], ...]]:
+    """The scalar values lo..hi as UTF-8 byte-range sequences (regex-automata's Utf8Sequences):
+    each a tuple of (lo, hi) byte ranges, one per byte, whose product is exactly a part of the range."""
+    out = []
+    stack = [(lo, hi)]
+    while stack:
+        lo, hi = stack.pop()
+        if lo > hi:
+            continue
+        if lo <= 0xDFFF and hi >= 0xD800:  # surrogates are no scalar values
+            stack.append((0xE000, hi))
+            stack.append((lo, 0xD7FF))
+            continue
+        split = False
+        for bound in (0x7F, 0x7FF, 0xFFFF):  # one encoded length per piece
+            if lo <= bound < hi:
+                stack.append((bound + 1, hi))
+                stack.append((lo, bound))
+                split = True
+                break
+        if split:
+            continue
+        if hi <= 0x7F:
+            out.append(((lo, hi),))
+            continue
+        for i in (1, 2, 3):  # continuation bytes must span whole ranges
+            m = (1 << (6 * i)) - 1
+            if lo & ~m != hi & ~m:
+                if lo & m:
+                    stack.append(((lo | m) + 1, hi))
+                    stack.append((lo, lo | m))
+                    split = True
+                    break
+                if hi & m != m:
+                    stack.append((hi & ~m, hi))
+                    stack.append((lo, (hi & ~m) - 1))
+                    split = True
+                    break
+        if split:
+            continue
+        a, b = chr(lo).encode(), chr(hi).encode()
+        out.append(tuple(zip(a, b)))
+    return out
+
+
+# --- the NFA --------------------------------------------------------------------------------------
+
+
+class ByteNFA:
+    """A Thompson NFA over bytes. State q is a byte state (`trans[q]`: list of (lo, hi, target)
+    byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets) or the match state."""
+
+    def __init__(self, max_states: int = MAX_NFA_STATES):
+        self.trans: list[list | None] = []
+        self.eps: list[list | None] = []
+        self.max_states = int(max_states)
+        self.bounds = bytearray(257)  # bytes where a range starts or ends: the class boundaries
+        self.bounds[1] = 1  # NUL alone in class 0
+        self._templates: dict[tuple, list] = {}
+        self.match = self._split([])
+        self.eps[self.match] = None
+        self.start = -1
+
+    def __len__(self) -> int:
+        return len(self.trans)
+
+    def _check(self, more: int) -> None:
+        if len(self.trans) + more > self.max_states:
+            raise GrammarTooLargeError(
+                f"the regex's byte NFA needs over {self.max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); "
+                "counted repetitions are expanded: use smaller bounds")
+
+    def _split(self, targets: list) -> int:
+        self.trans.append(None)
+        self.eps.append(targets)
+        return len(self.trans) - 1
+
+    def _byte(self, ranges: list) -> int:
+        self.trans.append(ranges)
+        self.eps.append(None)
+        return len(self.trans) - 1
+
+    def _set(self, ranges: tuple, nxt: int) -> int:
+        """One character of the code point set: a suffix-shared byte trie ending at `nxt`,
+        instantiated from a per-set template (relative state numbers, -1 = `nxt`)."""
+        template = self._templates.get(ranges)
+        if template is None:
+            template = self._templates[ranges] = self._template(ranges)
+        self._check(len(template))
+        base = len(self.trans) - 1  # template states are numbered from 1; the first is the start
+        trans, eps = self.trans, self.eps
+        for rows in template:
+            trans.append([(lo, hi, nxt if t < 0 else base + t) for lo, hi, t in rows])
+            eps.append(None)
+        return base + 1
+
+    def _template(self, ranges: tuple) -> list:
+        seqs = [s for lo, hi in ranges for s in utf8_sequences(lo, hi)]
+        if not seqs:
+            raise Unsupported("an empty character class (or one of NUL only)")
+        states: list[list] = [[]]  # states[0]: the start, a sparse state of every first byte range
+        shared: dict[tuple, int] = {}
+        bounds = self.bounds
+        for seq in seqs:
+            target = -1
+            for lo, hi in reversed(seq[1:]):
+                key = (lo, hi, target)
+                t = shared.get(key)
+                if t is None:
+                    states.append([(lo, hi, target)])
+                    t = shared[key] = len(states)  # 1-based: relative to base
+                target = t
+            states[0].append((seq[0][0], seq[0][1], target))
+            for lo, hi in seq:
+                bounds[lo] = bounds[hi + 1] = 1
+        return states
+
+    def _chain(self, data: bytes, nxt: int) -> int:
+        self._check(len(data))
+        bounds = self.bounds
+        for b in reversed(data):
+            bounds[b] = bounds[b + 1] = 1
+            nxt = self._byte([(b, b, nxt)])
+        return nxt
+
+    def compile(self, node, nxt: int) -> int:
+        """Start state of `node`, continuing at `nxt` (built back to front: nothing to patch)."""
+        kind = node[0]
+        if kind is _STR:
+            return self._chain(node[1], nxt)
+        if kind is _SET:
+            return self._set(node[1], nxt)
+        if kind is _CAT:
+            for item in reversed(node[1]):
+                nxt = self.compile(item, nxt)
+            return nxt
+        if kind is _ALT:
+            self._check(1)
+            return self._split([self.compile(b, nxt) for b in node[1]])
+        _, item, lo, hi = node
+        if hi is None:
+            self._check(1)
+            loop = self._split([])
+            self.eps[loop] = [self.compile(item, loop), nxt]
+            start = loop
+        else:
+            start = nxt
+            for _ in range(hi - lo):  # x{0,k} as (x(x(...)?)?)?
+                self._check(1)
+                split = self._split([])
+                self.eps[split] = [self.compile(item, start), nxt]
+                start = split
+        for _ in range(lo):
+            start = self.compile(item, start)
+        return start
+
+
+def build_nfa(pattern: str, max_states: int = MAX_NFA_STATES) -> ByteNFA:
+    """Parse and compile `pattern`; `Unsupported` for what outlines-core must handle,
+    `GrammarTooLargeError` past `max_states`."""
+    nfa = ByteNFA(max_states)
+    try:
+        nfa.start = nfa.compile(parse(pattern), nfa.match)
+    except RecursionError:
+        raise Unsupported("nesting too deep") from None
+    return nfa
+
+
+# --- on-demand determinization ----------------------------------------------------------------
+
+
+class LazyDFA:
+    """Subset construction on demand. State 0 is dead, 1 the initial state; a state's row (its
+    successor per byte class) is computed by `ensure_rows` when a walk first needs it, creating
+    the successor states (sets only, rows `UNKNOWN`). States are never discarded (see the module
+    docstring); `max_states` bounds them."""
+
+    lazy = True
+
+    def __init__(self, nfa: ByteNFA, max_states: int):
+        self.nfa = nfa
+        self.max_states = int(max_states)
+        starts = np.flatnonzero(np.frombuffer(bytes(nfa.bounds[:256]), dtype=np.uint8))
+        classes = np.zeros(256, dtype=np.int32)
+        classes[starts] = 1
+        classes[0] = 0
+        self.classes = np.cumsum(classes, dtype=np.int32)  # byte -> class: intervals between bounds
+        self.num_classes = int(self.classes[-1]) + 1
+        self._class_start = [0] * self.num_classes  # first byte of each class
+        for b in range(255, -1, -1):
+            self._class_start[int(self.classes[b])] = b
+        self.dead = 0
+        self._closure: dict[int, tuple] = {}
+        self._class_trans: dict[int, tuple] = {}
+        self._sets: list[tuple | None] = [None]  # NFA states of each DFA state (None once its row is done)
+        self._ids: dict[frozenset, int] = {}
+        self._lock = threading.RLock()
+        self.table = np.zeros(16 * self.num_classes, dtype=np.int32)
+        self.table[self.num_classes :] = UNKNOWN
+        self.accepting = np.zeros(16, dtype=bool)
+        self.num_states = 1
+        self.rows_computed = 1
+        self._node_classes = None
+        self._device = None
+        self.initial = self._state(frozenset(self._closure_of(nfa.start)))
+
+    # The walk's interface shared with token_index.ByteDFA.
+    def node_classes(self, trie) -> np.ndarray:
+        cached = self._node_classes
+        if cached is None or cached[0] is not trie:
+            cached = self._node_classes = (trie, self.classes.take(trie.byte))
+        return cached[1]
+
+    @property
+    def nbytes(self) -> int:
+        # Table and flags as allocated, plus ~8 bytes per NFA state id in the sets kept for deduplication.
+        return int(self.table.nbytes + self.accepting.nbytes + 8 * sum(map(len, self._ids)))
+
+    def _closure_of(self, q: int) -> tuple:
+        """Byte states and the match state reachable from q by epsilon moves (memoized)."""
+        hit = self._closure.get(q)
+        if hit is not None:
+            return hit
+        eps, seen, out, stack = self.nfa.eps, {q}, [], [q]
+        while stack:
+            s = stack.pop()
+            targets = eps[s]
+            if targets is None:  # a byte state, or the match state
+                out.append(s)
+                continue
+            for t in targets:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        result = self._closure[q] = tuple(out)
+        return result
+
+    def _transitions(self, q: int) -> tuple:
+        """q's byte ranges as (first class, last class, target)."""
+        hit = self._class_trans.get(q)
+        if hit is None:
+            cls = self.classes
+            hit = self._class_trans[q] = tuple((int(cls[lo]), int(cls[hi]), t) for lo, hi, t in self.nfa.trans[q])
+        return hit
+
+    def _state(self, nfa_set: frozenset) -> int:
+        sid = self._ids.get(nfa_set)
+        if sid is not None:
+            return sid
+        sid = self.num_states
+        if sid > self.max_states:
+            raise GrammarTooLargeError(
+                f"the lazily built byte DFA reached {self.max_states:,} states (GRAMMAR_MLX_MAX_DFA_STATES); "
+                "the grammar's automaton is too large for this generation")
+        if sid == len(self.accepting):
+            self._grow()
+        self._ids[nfa_set] = sid
+        self._sets.append(tuple(nfa_set))
+        self.accepting[sid] = self.nfa.match in nfa_set
+        self.num_states = sid + 1  # last: a reader never sees a state without its set
+        return sid
+
+    def _grow(self) -> None:
+        # New arrays, never resized in place: a walk holding the old table reads consistent values.
+        size = 2 * len(self.accepting)
+        table = np.full(size * self.num_classes, UNKNOWN, dtype=np.int32)
+        table[: len(self.table)] = self.table
+        accepting = np.zeros(size, dtype=bool)
+        accepting[: len(self.accepting)] = self.accepting
+        self.table, self.accepting = table, accepting
+
+    def ensure_rows(self, states) -> None:
+        """Compute the rows of `states` (ids of existing states) that are still UNKNOWN."""
+        with self._lock:
+            for q in np.unique(np.asarray(states)).tolist():
+                if self._sets[q] is not None:
+                    self._compute_row(q)
+
+    def _compute_row(self, q: int) -> None:
+        width = self.num_classes
+        buckets: list[list | None] = [None] * width
+        transitions, closure_of = self._transitions, self._closure_of
+        for s in self._sets[q]:
+            if self.nfa.trans[s] is None:  # the match state
+                continue
+            for clo, chi, t in transitions(s):
+                for c in range(clo, chi + 1):
+                    b = buckets[c]
+                    if b is None:
+                        buckets[c] = [t]
+                    else:
+                        b.append(t)
+        row = np.zeros(width, dtype=np.int32)
+        by_targets: dict[tuple, int] = {}
+        for c in range(1, width):
+            targets = buckets[c]
+            if targets is None:
+                continue
+            key = tuple(targets)
+            sid = by_targets.get(key)
+            if sid is None:
+                if len(targets) == 1:
+                    nfa_set = frozenset(closure_of(targets[0]))
+                else:
+                    acc: set = set()
+                    for t in targets:
+                        acc.update(closure_of(t))
+                    nfa_set = frozenset(acc)
+                sid = by_targets[key] = self._state(nfa_set)
+            row[c] = sid
+        self.table[q * width : (q + 1) * width] = row
+        self._sets[q] = None
+        self.rows_computed += 1
+
+    def to_byte_dfa(self):
+        """The complete DFA (every row computed) as a `token_index.ByteDFA`: states renumbered
+        1..n -> 0..n-1, the dead state n."""
+        from .token_index import ByteDFA
+
+        n = self.num_states - 1
+        if any(s is not None for s in self._sets[1:]):
+            raise ValueError("to_byte_dfa needs every row computed")
+        rows = self.table[: self.num_states * self.num_classes].reshape(self.num_states, self.num_classes)
+        renumber = np.arange(-1, n, dtype=np.int32)
+        renumber[0] = n
+        table = np.concatenate([renumber[rows[1:]].ravel(), np.full(self.num_classes, n, dtype=np.int32)])
+        return ByteDFA(table, self.accepting[1 : n + 1].copy(), self.initial - 1, self.classes.copy())
+
+    def next(self, state: int, byte: int) -> int:
+        self.ensure_rows([state])
+        return int(self.table[state * self.num_classes + self.classes[byte]])
