@@ -1,0 +1,224 @@
+"""The byte NFA and its on-demand DFA (grammar_mlx/byte_nfa.py) against independent oracles.
+
+- Python `re.fullmatch` on random regexes of the dialect common to Rust regex and Python `re`
+  (hypothesis), over strings and over their UTF-8 bytes, every prefix's liveness included;
+- outlines-core's own byte DFA (regex-automata) on every byte string up to a length, and on random
+  ones, invalid UTF-8 included: the same accepted set and the same dead prefixes;
+- UTF-8 sequences against the encoder; constructs it must leave to outlines-core; limits.
+Token-level equality with outlines-core's eager index: tests/test_lazy.py (engine "nfa").
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grammar_mlx import GrammarTooLargeError
+from grammar_mlx._compile_worker import build_dfa
+from grammar_mlx.byte_nfa import LazyDFA, Unsupported, build_nfa, utf8_sequences
+
+
+def run(dfa: LazyDFA, data: bytes) -> tuple[bool, int]:
+    """(accepted, length of the longest live prefix)."""
+    q = dfa.initial
+    for i, b in enumerate(data):
+        q = dfa.next(q, b)
+        if q == dfa.dead:
+            return False, i
+    return bool(dfa.accepting[q]), len(data)
+
+
+def lazy(regex: str, max_states: int = 100_000) -> LazyDFA:
+    return LazyDFA(build_nfa(regex), max_states)
+
+
+# --- random regexes against Python re ------------------------------------------------------------
+
+ALPHABET = ["a", "b", "c", "-", "é", "ж", "中", "\U0001F600", '"', "\\", "\n", " ", "\x7f", "\u0080", "\uffff"]
+
+
+def escape(c: str, in_class: bool = False) -> str:
+    if c == "\n":
+        return "\\n"
+    if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F:
+        return f"\\x{ord(c):02x}"
+    if c in "\\.+*?()|[]{}^$#&-~" or c == " ":
+        return "\\" + c if c != " " else ("\\x20" if not in_class else " ")
+    return c
+
+
+@st.composite
+def char_class(draw) -> str:
+    items = []
+    for _ in range(draw(st.integers(1, 3))):
+        a, b = sorted(draw(st.sampled_from(ALPHABET)) for _ in range(2))
+        if draw(st.booleans()) and a != b:
+            items.append(f"{escape(a, True)}-{escape(b, True)}")
+        else:
+            items.append(escape(a, True))
+    return "[" + ("^" if draw(st.booleans()) else "") + "".join(items) + "]"
+
+
+def regexes(depth: int = 3):
+    atom = st.one_of(
+        st.sampled_from(ALPHABET).map(escape),
+        char_class(),
+        st.just("."),
+        st.just("[\\s\\S]"),
+    )
+    if depth == 0:
+        return atom
+    inner = regexes(depth - 1)
+    return st.one_of(
+        atom,
+        st.lists(inner, min_size=2, max_size=3).map("".join),
+        st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(?:" + "|".join(xs) + ")"),
+        st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{0,2}", "{1,3}", "{2,}", "*?"])).map(
+            lambda t: "(" + t[0] + ")" + t[1]),
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(regex=regexes(), texts=st.lists(st.lists(st.sampled_from(ALPHABET), max_size=6).map("".join), min_size=20,
+                                      max_size=40))
+def test_random_regexes_match_python_re(regex, texts):
+    dfa = lazy(regex)
+    compiled = re.compile(regex)
+    for text in texts:
+        data = text.encode()
+        accepted, _ = run(dfa, data)
+        assert accepted == (compiled.fullmatch(text) is not None), (regex, text)
+    # Dead prefixes (the walk's pruning) are compared with regex-automata's below.
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(regex=regexes(2), seed=st.integers(0, 2**32 - 1))
+def test_sampled_matches_are_accepted_and_their_bytes_stay_live(regex, seed):
+    """Generate matching strings by walking the DFA itself at random over byte classes, then check
+    them with `re` (no false accepts); mutate them a byte at a time (invalid UTF-8 included)."""
+    dfa = lazy(regex)
+    compiled = re.compile(regex)
+    rng = random.Random(seed)
+    reps = [int(np.flatnonzero(dfa.classes == c)[0]) for c in range(dfa.num_classes)]
+    for _ in range(10):
+        q, data = dfa.initial, bytearray()
+        for _ in range(12):
+            dfa.ensure_rows([q])
+            nexts = [(b, dfa.next(q, b)) for b in reps]
+            nexts = [(b, n) for b, n in nexts if n != dfa.dead]
+            if not nexts or (dfa.accepting[q] and rng.random() < 0.3):
+                break
+            b, q = rng.choice(nexts)
+            # any byte of the class: the class is one interval
+            members = np.flatnonzero(dfa.classes == dfa.classes[b])
+            data.append(int(rng.choice(members)))
+        accepted, _ = run(dfa, bytes(data))
+        try:
+            text = bytes(data).decode()
+        except UnicodeDecodeError:
+            assert not accepted, (regex, bytes(data))
+            continue
+        assert accepted == (compiled.fullmatch(text) is not None), (regex, text)
+
+
+# --- against regex-automata (outlines-core's byte DFA) ------------------------------------------
+
+RUST_REGEXES = [
+    r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"',
+    r"[\u0400-\u04FF]{1,3}( [\U0001F600-\U0001F64F]+)?",
+    r"\x{10FFFF}|[\x80-\x{7FF}]|.",
+    r"[^a-z]{2}|\xFF\u00e9",
+    r"(?P<x>a|b)*?c{2,}|()|\&\~\#\-",
+    r"[\s\S]{1,2}|[^\n]",
+    r"[]a]|[^]b]x",
+]
+
+
+@pytest.mark.parametrize("regex", RUST_REGEXES)
+def test_same_language_as_regex_automata_on_bytes(regex):
+    ref = build_dfa(regex, 100_000)  # outlines-core's DFA of the regex, NUL as its sentinel
+    mine = lazy(regex)
+
+    def ref_run(data: bytes) -> tuple[bool, int]:
+        q = ref.initial
+        for i, b in enumerate(data):
+            q = ref.next(q, b)
+            if q == ref.dead:
+                return False, i
+        return bool(ref.accepting[q]), len(data)
+
+    interesting = sorted({0x01, 0x0A, 0x20, 0x22, 0x5C, 0x61, 0x62, 0x63, 0x7F, 0x80, 0x8F, 0x90, 0xA9, 0xBF, 0xC2,
+                          0xC3, 0xD0, 0xDF, 0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF, 0x41, 0x5D, 0x26})
+    for n in range(3):
+        for data in itertools.product(interesting, repeat=n):
+            assert run(mine, bytes(data)) == ref_run(bytes(data)), (regex, bytes(data))
+    rng = random.Random(regex)
+    samples = ["a", "é", "中", "\U0001F600", "\U0010FFFF", "ÿ", '"', "\\", "u", "0", "\n", "x", "c", "&", "]"]
+    for _ in range(2000):
+        text = "".join(rng.choice(samples) for _ in range(rng.randrange(7))).encode()
+        if rng.random() < 0.2 and text:  # cut mid-character, or insert a stray byte
+            text = text[: rng.randrange(len(text))] + bytes([rng.randrange(1, 256)])
+        assert run(mine, text) == ref_run(text), (regex, text)
+
+
+# --- UTF-8 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lo, hi", [(1, 0x10FFFF), (0x7F, 0x80), (0x7FF, 0x800), (0xD7FF, 0xE000), (0xFFFF, 0x10000),
+                                    (0x3A9, 0x4E2D), (0x1F600, 0x1F64F), (0x10000, 0x10FFFF)])
+def test_utf8_sequences_are_exactly_the_encodings(lo, hi):
+    seqs = utf8_sequences(lo, hi)
+    scalars = [cp for cp in range(lo, hi + 1) if not 0xD800 <= cp <= 0xDFFF]
+    assert sum(int(np.prod([b - a + 1 for a, b in s])) for s in seqs) == len(scalars)
+    rng = random.Random(lo)
+    for cp in rng.sample(scalars, min(len(scalars), 3000)):
+        data = chr(cp).encode()
+        assert sum(len(s) == len(data) and all(a <= x <= b for x, (a, b) in zip(data, s)) for s in seqs) == 1
+    for s in rng.sample(seqs, min(len(seqs), 50)):  # every product member decodes into the range
+        data = bytes(rng.randint(a, b) for a, b in s)
+        assert lo <= ord(data.decode()) <= hi
+
+
+# --- what this engine leaves to outlines-core ----------------------------------------------------
+
+
+@pytest.mark.parametrize("regex", [
+    r"(?i)a", r"^a", r"a$", r"\d", r"[\w-]", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"a{,3}", r"\p{L}",
+    r"(?=a)", r"a**", r"\x{D800}", r"[^\x00-\U0010FFFF]", r"\x00", r"a\x00b", r"a{", r"(a", r"a)", r"\0", r"\k<x>",
+    "\ud800", r"[\ud800-\udbff]", "a{3,2}", r"\q",
+])
+def test_constructs_left_to_outlines_core(regex):
+    with pytest.raises(Unsupported):
+        build_nfa(regex)
+
+
+def test_limits_are_typed_errors():
+    with pytest.raises(GrammarTooLargeError, match="byte NFA needs over 1,000 states"):
+        build_nfa("(?:[a-z]{1,40}){1,40}", max_states=1000)
+    dfa = LazyDFA(build_nfa(r"(a|b)*a(a|b){12}"), max_states=300)
+    rng = random.Random(0)
+    with pytest.raises(GrammarTooLargeError, match="reached 300 states"):
+        q = dfa.initial
+        for _ in range(100_000):
+            q = dfa.next(q, rng.choice(b"ab"))
+    assert dfa.num_states <= 301
+
+
+def test_complete_dfa_converts_to_a_byte_dfa():
+    dfa = lazy("(yes|no)")
+    q = 1
+    while q < dfa.num_states:
+        dfa.ensure_rows([q])
+        q += 1
+    byte_dfa = dfa.to_byte_dfa()
+    for word, ok in ((b"yes", True), (b"no", True), (b"ye", False), (b"nos", False)):
+        s = byte_dfa.initial
+        for b in word:
+            s = byte_dfa.next(s, b)
+        assert (s != byte_dfa.dead and bool(byte_dfa.accepting[s])) == ok
