@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .kernels import apply_token_bitmask
+from .kernels import apply_token_bitmask, row_masker
 from .stack import StateStack
 from .stateful import DEFAULT_OVERLAP, StatefulProcessor
 
@@ -38,6 +38,10 @@ class GrammarProcessor(StatefulProcessor):
         mask_row = getattr(compiled, "mask_row", None)
         self._mask_row = mask_row if mask_row is not None else np.asarray(compiled.mask_id).tolist().__getitem__
         self._device_masks = compiled.device_masks
+        # The per-token path: kernels.row_masker bound to the last table seen (a lazy grammar's
+        # table is a new object whenever it gained rows; it is then bound anew).
+        self._bound_table = None
+        self._mask_one = None
 
     def _make_target(self, context) -> StateStack:
         return StateStack.for_grammar(self.compiled)
@@ -48,6 +52,14 @@ class GrammarProcessor(StatefulProcessor):
         mask_row = self._mask_row
         rows = [mask_row(s.state) for s in stacks]
         return apply_token_bitmask(logits, self._device_masks(), rows)
+
+    def _process_one(self, logits: mx.array, stack: StateStack) -> mx.array:
+        row = self._mask_row(stack.state)  # before the table, as in _process
+        table = self._device_masks()
+        if table is not self._bound_table:
+            self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
+            self._bound_table = table
+        return self._mask_one(logits, row)
 
     # -- inspection ------------------------------------------------------------------------------
 

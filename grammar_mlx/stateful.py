@@ -77,10 +77,14 @@ class RollbackTarget(Protocol):
     def restore(self, snapshot: Any) -> Any: ...
 
 
+# memoryview formats of integer buffers (an mx.array history is read through its buffer).
+_INT_FORMATS = frozenset("bBhHiIlLqQ")
+
+
 def _as_list(tokens) -> list[int]:
     if isinstance(tokens, list):
         return tokens
-    return tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
+    return tokens.tolist() if isinstance(tokens, (np.ndarray, memoryview)) else list(tokens)
 
 
 class HistoryFollower:
@@ -96,9 +100,9 @@ class HistoryFollower:
         self.overlap = overlap
 
     def sync(self, history) -> None:
-        """Bring the target to `history[context_len:]`. `history` is a 1-D integer numpy array or
-        a list. A token the target rejects propagates its error with the target at the last valid
-        depth, so a later, shorter history recovers."""
+        """Bring the target to `history[context_len:]`. `history` is a 1-D integer numpy array,
+        memoryview or a list. A token the target rejects propagates its error with the target at
+        the last valid depth, so a later, shorter history recovers."""
         ctx = self.context_len
         m = len(history) - ctx
         if m < 0:
@@ -189,16 +193,22 @@ class StatefulProcessor:
     def _process(self, logits: mx.array, targets: list) -> mx.array:
         raise NotImplementedError
 
+    def _process_one(self, logits: mx.array, target) -> mx.array:
+        """`_process` for one row, logits (1, V): the per-token path, overridable for speed."""
+        return self._process(logits, [target])
+
     # -- the processor ---------------------------------------------------------------------------
 
     def __call__(self, tokens, logits: mx.array) -> mx.array:
         single = self._single
         if single is not None and type(tokens) is mx.array and type(logits) is mx.array:
-            # The per-token path of mlx-lm's loops: one row, a 1-D history, (1, V) logits.
-            history = np.asarray(tokens)
-            if history.ndim == 1 and history.dtype.kind in "iu" and logits.ndim == 2 and logits.shape[0] == 1:
+            # The per-token path of mlx-lm's loops: one row, a 1-D history, (1, V) logits. The
+            # history is read through its buffer: a memoryview costs a third of np.asarray, and
+            # after each mask the caches are cold, which multiplies every step here.
+            history = memoryview(tokens)
+            if history.ndim == 1 and history.format in _INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
                 single.sync(history)
-                return self._process(logits, [single.target])
+                return self._process_one(logits, single.target)
         return self._call(tokens, logits)
 
     def _call(self, tokens, logits: mx.array) -> mx.array:

@@ -286,18 +286,137 @@ def test_row_cache_stays_within_its_bound_and_stays_correct():
         K.set_row_cache_limit(-1)
 
 
-def test_row_cache_drops_a_dead_tables_rows_and_never_serves_them_to_a_new_table(cache_mode):
+def test_row_cache_never_serves_a_dead_tables_rows_to_a_new_table(cache_mode):
     rng = np.random.default_rng(12)
-    bits = make_logit_bits(rng, "float32", 1, 300)
+    seen_rows = set()
     for _ in range(5):  # new tables, often at a recycled id: each must be read afresh
         table_np = make_table(rng, "random", 3, 10)
         table = mx.array(table_np)
-        out = K.apply_token_bitmask(to_mx(bits, "float32"), table, [1])
-        np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, [1], 0xFF800000))
-        assert K._ROW_CACHE.nbytes == (3 if cache_mode == "whole-table" else 1) * 300
+        for rows in ([1], [2, 0]):
+            bits = make_logit_bits(rng, "float32", len(rows), 300)
+            out = K.apply_token_bitmask(to_mx(bits, "float32"), table, rows)
+            np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, rows, 0xFF800000))
+        seen_rows.add(table_np[1].tobytes())
+        if cache_mode == "row-by-row":
+            seen_rows.update(table_np[r].tobytes() for r in (0, 2))
         del table, out
         gc.collect()
-        assert K._ROW_CACHE.nbytes == 0
+        # The dead table's index and whole-table entry are gone; single rows stay, keyed by content.
+        assert K._ROW_CACHE._tables == {}
+        assert all(len(key) == 2 for key in K._ROW_CACHE._lru)
+        assert {key[1] for key in K._ROW_CACHE._lru} == seen_rows
+        assert K._ROW_CACHE.nbytes == len(seen_rows) * (300 + 40)
+
+
+def test_rows_are_found_by_content_in_every_table_that_holds_them(monkeypatch):
+    # A lazy grammar hands out a new, longer table whenever it gains a row: rows it had must not be
+    # unpacked again, a row of another content at the same id must be.
+    unpacked = []
+    real_unpack = K._unpack
+    monkeypatch.setattr(K, "_unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    rng = np.random.default_rng(15)
+    grown = make_table(rng, "random", 4, 10)
+    other = grown.copy()
+    other[1] ^= 0x10
+    bits = make_logit_bits(rng, "bfloat16", 1, 300)
+    tables = [mx.array(grown[:2]), mx.array(grown[:3]), mx.array(grown), mx.array(other)]
+    for table_mx, table_np, expected in zip(tables, [grown[:2], grown[:3], grown, other], [1, 0, 0, 1]):
+        before = len(unpacked)
+        for _ in range(2):
+            out = K.apply_token_bitmask(to_mx(bits, "bfloat16"), table_mx, [1])
+            np.testing.assert_array_equal(to_bits(out, "bfloat16"), reference(bits, table_np, [1], 0xFF80))
+        assert len(unpacked) - before == expected
+    assert K._ROW_CACHE.nbytes == 2 * (300 + 40)
+
+
+def test_a_tables_row_index_keeps_no_mask_alive():
+    rng = np.random.default_rng(16)
+    vocab = 640
+    table_np = make_table(rng, "random", 12, 20)
+    table = mx.array(table_np)
+    K.set_row_cache_limit(3 * (vocab + 80))
+    mask = K.row_masker(table, vocab, mx.float32)
+    for row in list(range(12)) * 2:
+        bits = make_logit_bits(rng, "float32", 1, vocab)
+        np.testing.assert_array_equal(
+            to_bits(mask(to_mx(bits, "float32"), row), "float32"), reference(bits, table_np, [row], 0xFF800000)
+        )
+        assert K._ROW_CACHE.nbytes <= 3 * (vocab + 80)
+    gc.collect()
+    (index,) = (v for _, per_width in K._ROW_CACHE._tables.values() for v in per_width.values())
+    alive = [row for row, (_, ref) in index.items() if ref() is not None]
+    assert len(index) == 12 and sorted(alive) == [9, 10, 11]
+
+
+# ---------------------------------------------------------------------------------------------
+# row_masker: the per-token path
+
+
+@pytest.mark.parametrize("path", cpu_paths())
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_row_masker_matches_reference(path, dtype):
+    rng = np.random.default_rng(17)
+    for vocab, words in SHAPES:
+        table_np = make_table(rng, "random", NUM_ROWS, words)
+        mask = K.row_masker(mx.array(table_np), vocab, DTYPES[dtype][0], path=path)
+        for row in (0, 5, 3, 5, np.int32(2)):
+            bits = make_logit_bits(rng, dtype, 1, vocab)
+            out = mask(to_mx(bits, dtype), row)
+            assert out.dtype == DTYPES[dtype][0] and out.shape == (1, vocab)
+            np.testing.assert_array_equal(
+                to_bits(out, dtype), reference(bits, table_np, [int(row)], DTYPES[dtype][2]), err_msg=f"{vocab}/{row}"
+            )
+
+
+def test_row_masker_takes_other_logits_through_the_general_path():
+    rng = np.random.default_rng(18)
+    table_np = make_table(rng, "random", 4, 32)
+    mask = K.row_masker(mx.array(table_np), 1001, mx.float32)
+    # Another dtype, a non-contiguous view, a narrower width: handled like apply_token_bitmask.
+    bits16 = make_logit_bits(rng, "float16", 1, 1001)
+    np.testing.assert_array_equal(to_bits(mask(to_mx(bits16, "float16"), 2), "float16"),
+                                  reference(bits16, table_np, [2], 0xFC00))
+    base = make_logit_bits(rng, "float32", 1, 1010)
+    np.testing.assert_array_equal(to_bits(mask(to_mx(base, "float32")[:, 3:1004], 1), "float32"),
+                                  reference(np.ascontiguousarray(base[:, 3:1004]), table_np, [1], 0xFF800000))
+    bits = make_logit_bits(rng, "float32", 1, 993)
+    np.testing.assert_array_equal(to_bits(mask(to_mx(bits, "float32"), 3), "float32"),
+                                  reference(bits, table_np, [3], 0xFF800000))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m(mx.zeros((1, 1001)), 4), "out of range"),
+        (lambda m: m(mx.zeros((1, 1001)), -1), "out of range"),
+        (lambda m: m(mx.zeros((1, 1001)), "1"), "sequence of ints"),
+        (lambda m: m(mx.zeros((1, 1001)), None), "sequence of ints"),
+        (lambda m: m(mx.zeros((1, 1001), dtype=mx.int32), 0), "float32, bfloat16 or float16"),
+        (lambda m: m(np.zeros((1, 1001), dtype=np.float32), 0), "mx.array"),
+        (lambda m: m(mx.zeros((2, 1001)), 0), "1 row ids for 2 rows"),
+        (lambda m: m(mx.zeros((1, 64)), 0), "larger vocabulary"),
+    ],
+)
+def test_row_masker_bad_calls_raise_kernel_error(call, message):
+    mask = K.row_masker(mx.zeros((4, 32), dtype=mx.uint32), 1001, mx.float32)
+    with pytest.raises(KernelError, match=message):
+        call(mask)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((mx.zeros((4, 33), dtype=mx.uint32), 1001, mx.float32), {}, "larger vocabulary"),
+        ((mx.zeros((4, 32), dtype=mx.int32), 1001, mx.float32), {}, "uint32"),
+        ((np.zeros((4, 32), dtype=np.uint32), 1001, mx.float32), {}, "mx.array"),
+        ((mx.zeros((4, 32), dtype=mx.uint32), 1001, mx.int32), {}, "float32, bfloat16 or float16"),
+        ((mx.zeros((4, 32), dtype=mx.uint32), 0, mx.float32), {}, "positive int"),
+        ((mx.zeros((4, 32), dtype=mx.uint32), 1001, mx.float32), {"path": "tpu"}, "unknown path"),
+    ],
+)
+def test_row_masker_bad_bindings_raise_kernel_error(args, kwargs, message):
+    with pytest.raises(KernelError, match=message):
+        K.row_masker(*args, **kwargs)
 
 
 def test_whole_tables_share_the_bound_with_rows_in_one_lru():
