@@ -17,7 +17,7 @@ import numpy as np
 
 from .kernels import apply_token_bitmask, row_masker
 from .stack import StateStack
-from .stateful import DEFAULT_OVERLAP, StatefulProcessor
+from .stateful import DEFAULT_OVERLAP, INT_FORMATS, StatefulProcessor
 
 __all__ = ["GrammarProcessor"]
 
@@ -53,13 +53,22 @@ class GrammarProcessor(StatefulProcessor):
         rows = [mask_row(s.state) for s in stacks]
         return apply_token_bitmask(logits, self._device_masks(), rows)
 
-    def _process_one(self, logits: mx.array, stack: StateStack) -> mx.array:
-        row = self._mask_row(stack.state)  # before the table, as in _process
-        table = self._device_masks()
-        if table is not self._bound_table:
-            self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
-            self._bound_table = table
-        return self._mask_one(logits, row)
+    def __call__(self, tokens, logits: mx.array) -> mx.array:
+        follower = self._single
+        if follower is not None and type(tokens) is mx.array and type(logits) is mx.array:
+            # The per-token path of mlx-lm's loops (one row, a 1-D history, (1, V) logits), flat:
+            # after each mask the CPU caches are cold, so every call and lookup here costs several
+            # times what it does in isolation. Anything else goes through StatefulProcessor.
+            history = memoryview(tokens)  # a third of np.asarray's cost
+            if history.ndim == 1 and history.format in INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
+                follower.sync(history)
+                row = self._mask_row(follower.target.state)  # before the table, as in _process
+                table = self._device_masks()
+                if table is not self._bound_table:
+                    self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
+                    self._bound_table = table
+                return self._mask_one(logits, row)
+        return self._call(tokens, logits)
 
     # -- inspection ------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ notices whenever the first token of its window differs and then compares everyth
 
 from __future__ import annotations
 
-from itertools import count, islice
+from itertools import count
 from typing import Any, NamedTuple, Protocol, Sequence
 
 import mlx.core as mx
@@ -78,7 +78,7 @@ class RollbackTarget(Protocol):
 
 
 # memoryview formats of integer buffers (an mx.array history is read through its buffer).
-_INT_FORMATS = frozenset("bBhHiIlLqQ")
+INT_FORMATS = frozenset("bBhHiIlLqQ")
 
 
 def _as_list(tokens) -> list[int]:
@@ -113,10 +113,12 @@ class HistoryFollower:
         target = self.target
         d = target.depth
         n = m if m < d else d
-        start = 0 if self.overlap is None or n <= self.overlap else n - self.overlap
-        new = _as_list(history[ctx + start :])
+        w = self.overlap
+        start = n - w if w is not None and n > w else 0
+        new = history[ctx + start :]
+        new = new if type(new) is list else _as_list(new)
         p = target.common_prefix(new, start)
-        if p == start and start < n and start > 0:
+        if p == start and 0 < start < n:
             # The window's first token already differs, so the rewrite may reach further back
             # than the window: compare the whole generated history.
             start = 0
@@ -124,7 +126,7 @@ class HistoryFollower:
             p = target.common_prefix(new, 0)
         if p < d:
             target.truncate(p)
-        for token in islice(new, p - start, None):
+        for token in new[p - start :]:
             target.push(token)
 
 
@@ -193,22 +195,17 @@ class StatefulProcessor:
     def _process(self, logits: mx.array, targets: list) -> mx.array:
         raise NotImplementedError
 
-    def _process_one(self, logits: mx.array, target) -> mx.array:
-        """`_process` for one row, logits (1, V): the per-token path, overridable for speed."""
-        return self._process(logits, [target])
-
     # -- the processor ---------------------------------------------------------------------------
 
     def __call__(self, tokens, logits: mx.array) -> mx.array:
         single = self._single
         if single is not None and type(tokens) is mx.array and type(logits) is mx.array:
             # The per-token path of mlx-lm's loops: one row, a 1-D history, (1, V) logits. The
-            # history is read through its buffer: a memoryview costs a third of np.asarray, and
-            # after each mask the caches are cold, which multiplies every step here.
+            # history is read through its buffer (a memoryview costs a third of np.asarray).
             history = memoryview(tokens)
-            if history.ndim == 1 and history.format in _INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
+            if history.ndim == 1 and history.format in INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
                 single.sync(history)
-                return self._process_one(logits, single.target)
+                return self._process(logits, [single.target])
         return self._call(tokens, logits)
 
     def _call(self, tokens, logits: mx.array) -> mx.array:
