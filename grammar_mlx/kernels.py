@@ -179,6 +179,7 @@ def row_masker(
     keep = _fused_where if path == "cpu-fused" else _bitwise_where
     cache = _ROW_CACHE
     index = cache.row_index(mask_table, logits_width)
+    move_to_end = cache._lru.move_to_end  # the LRU object lives as long as the cache
 
     def mask_cpu(logits: mx.array, row: int) -> mx.array:
         try:
@@ -187,7 +188,15 @@ def row_masker(
             fast = False
         if not fast:
             return general(logits, row)
-        return keep(cache.row(mask_table, index, logits_width, operator.index(row)), logits)
+        hit = index.get(row)  # _RowCache.row, inlined: this runs once per generated token
+        mask = hit[1]() if hit is not None else None
+        if mask is None:
+            return keep(cache.row(mask_table, index, logits_width, operator.index(row)), logits)
+        try:
+            move_to_end(hit[0])
+        except KeyError:  # evicted while alive elsewhere: take it back
+            cache.touch(hit[0], mask)
+        return keep(mask, logits)
 
     return mask_cpu
 
@@ -385,13 +394,17 @@ class _RowCache:
         if hit is not None:
             mask = hit[1]()
             if mask is not None:
-                try:
-                    self._lru.move_to_end(hit[0])
-                except KeyError:  # evicted, but still alive in someone's graph: take it back
-                    with self._lock:
-                        self._admit(hit[0], mask)
+                self.touch(hit[0], mask)
                 return mask
         return self._load_row(table, index, vocab, row)
+
+    def touch(self, key: tuple, mask: mx.array) -> None:
+        """Mark a row entry found through an index as recently used."""
+        try:
+            self._lru.move_to_end(key)
+        except KeyError:  # evicted, but still alive in someone's graph: take it back
+            with self._lock:
+                self._admit(key, mask)
 
     def _load_row(self, table: mx.array, index: dict, vocab: int, row: int) -> mx.array:
         with self._lock:

@@ -90,7 +90,7 @@ def _as_list(tokens) -> list[int]:
 class HistoryFollower:
     """Keeps one target in step with one row's history (see the module docstring)."""
 
-    __slots__ = ("target", "context_len", "overlap")
+    __slots__ = ("target", "context_len", "overlap", "_stack")
 
     def __init__(self, target: RollbackTarget, context_len: int, overlap: int | None = DEFAULT_OVERLAP):
         if overlap is not None and overlap < 1:
@@ -98,6 +98,9 @@ class HistoryFollower:
         self.target = target
         self.context_len = context_len
         self.overlap = overlap
+        # A StateStack target's common case (the window matches, tokens appended) is handled on its
+        # lists directly: this runs once per generated token, after a mask that left caches cold.
+        self._stack = target if type(target) is StateStack else None
 
     def sync(self, history) -> None:
         """Bring the target to `history[context_len:]`. `history` is a 1-D integer numpy array,
@@ -117,6 +120,15 @@ class HistoryFollower:
         start = n - w if w is not None and n > w else 0
         new = history[ctx + start :]
         new = new if type(new) is list else _as_list(new)
+        stack = self._stack
+        if stack is not None and new[: n - start] == stack._tokens[start:n]:
+            # The whole window matches: keep n tokens, push the rest (what the general path below
+            # does when common_prefix returns n).
+            if n < d:
+                stack.truncate(n)
+            for token in new[n - start :]:
+                stack.push(token)
+            return
         p = target.common_prefix(new, start)
         if p == start and 0 < start < n:
             # The window's first token already differs, so the rewrite may reach further back
