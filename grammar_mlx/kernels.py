@@ -45,6 +45,7 @@ row index and whole-table entry are keyed by the table object (held weakly; they
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import shutil
 import threading
@@ -136,6 +137,10 @@ def apply_token_bitmask(
     if path in ("metal", "cuda"):
         return _apply_gpu(path, logits, mask_table, mx.array(row_ids, dtype=mx.uint32))
     keep = _fused_where if path == "cpu-fused" else _bitwise_where
+    if len(row_ids) == 1:
+        cache, vocab = _ROW_CACHE, logits.shape[1]
+        kind, array = cache.row(mask_table, cache.row_index(mask_table, vocab), vocab, row_ids[0])
+        return _apply_row(kind, array, logits, keep)
     return keep(_ROW_CACHE.masks(mask_table, row_ids, logits.shape[1]), logits)
 
 
@@ -189,14 +194,16 @@ def row_masker(
         if not fast:
             return general(logits, row)
         hit = index.get(row)  # _RowCache.row, inlined: this runs once per generated token
-        mask = hit[1]() if hit is not None else None
-        if mask is None:
-            return keep(cache.row(mask_table, index, logits_width, operator.index(row)), logits)
-        try:
-            move_to_end(hit[0])
-        except KeyError:  # evicted while alive elsewhere: take it back
-            cache.touch(hit[0], mask)
-        return keep(mask, logits)
+        array = hit[2]() if hit is not None else None
+        if array is None:
+            kind, array = cache.row(mask_table, index, logits_width, operator.index(row))
+        else:
+            kind = hit[1]
+            try:
+                move_to_end(hit[0])
+            except KeyError:  # evicted while alive elsewhere: take it back
+                cache.touch(hit[0], (kind, array))
+        return _apply_row(kind, array, logits, keep)
 
     return mask_cpu
 
@@ -355,81 +362,120 @@ def cpu_jit_available() -> bool:
     return True
 
 
+# How a cached row is applied to one row of logits (see _apply_row).
+_DENSE, _ALLOWED, _BLOCKED = 0, 1, 2
+# A row allowing at most V / 64 tokens is kept as their ids (a fill of -inf plus a gather and a
+# scatter of the allowed logits); one forbidding at most V / 24 as the forbidden ids (a copy plus a
+# scatter of -inf). Both beat the dense mask below these counts (bench/kernels.py, "forms"): at
+# V = 151,936 about 1.0x and 1.1x the floor against 1.2x. JSON structure states allow a handful of
+# tokens, string states forbid a few thousand; both forms are also far smaller to cache.
+SPARSE_ALLOWED_FRACTION = 64
+SPARSE_BLOCKED_FRACTION = 24
+
+
+def _apply_row(kind: int, array: mx.array, logits: mx.array, keep) -> mx.array:
+    """Mask (1, V) logits by one cached row. Every form copies logit bits or writes -inf, never
+    computes with them: exact for NaN payloads, -0.0 and infinities."""
+    if kind == _DENSE:
+        return keep(array, logits)
+    if kind == _ALLOWED:
+        kept = mx.take_along_axis(logits, array, axis=1)
+        return mx.put_along_axis(mx.full(logits.shape, -math.inf, logits.dtype), array, kept, axis=1)
+    return mx.put_along_axis(logits, array, _NEG_INF[logits.dtype], axis=1)
+
+
+_NEG_INF = {dtype: mx.array(-math.inf, dtype=dtype) for dtype in LOGIT_DTYPES}
+
+
+def _row_form(dense: np.ndarray) -> tuple[int, mx.array]:
+    """The cheapest form of one unpacked int8 row (1, V)."""
+    vocab = dense.shape[1]
+    allowed = int(np.count_nonzero(dense))
+    if allowed <= vocab // SPARSE_ALLOWED_FRACTION:
+        return _ALLOWED, mx.array(np.flatnonzero(dense[0]).astype(np.int32)[None])
+    if vocab - allowed <= vocab // SPARSE_BLOCKED_FRACTION:
+        return _BLOCKED, mx.array(np.flatnonzero(dense[0] == 0).astype(np.int32)[None])
+    return _DENSE, mx.array(dense)
+
+
 class _RowCache:
-    """Unpacked masks for the CPU paths: int8 (0 = disallowed, -1 = allowed), logits-wide.
+    """Unpacked masks for the CPU paths, in one LRU bounded by `max_bytes`. Entries:
 
-    One LRU, bounded by `max_bytes`, holds two kinds of entries:
+    * single rows (per-token masking, B = 1), keyed ``("row", V, packed row bytes)``: the row in its
+      cheapest form (`_row_form`: allowed ids, forbidden ids, or a dense int8 mask: 0 = disallowed,
+      -1 = allowed), costing the array's bytes plus 4 W for the key.
+    * dense rows for batches of a large table, keyed ``("dense", V, packed row bytes)``.
+    * whole tables for batches (B > 1), when the table has at most ``max_bytes // 4`` unpacked bytes
+      (so several fit side by side), keyed ``("whole", table id, V)`` and dropped with the table: a
+      batch is then one gather inside MLX.
 
-    * single rows, keyed by their *content* ``(V, packed row bytes)`` and costing V + 4 W bytes.
-      Content keys make a row valid for every table that holds it: a lazy grammar hands out a new
-      table object whenever it gains a row, and the rows it already had are found again without
-      unpacking; equal rows of different grammars share one entry. Each table keeps an index
-      ``V -> row id -> (content key, weak ref to the mask)`` so that the per-token lookup is two
-      dict reads and no hashing of row bytes; the index goes when the table dies (a recycled id
-      never finds it) and holds no mask alive (an evicted mask's weak ref is dead: a miss).
-    * whole tables (for batches B > 1, when the table has at most ``max_bytes // 4`` unpacked bytes,
-      so several fit side by side), keyed by ``("whole", table id, V)`` and dropped with the table:
-      a batch is then one gather inside MLX. A larger table's batch is staged from single rows.
+    Content keys make a row valid for every table that holds it: a lazy grammar hands out a new table
+    object whenever it gains a row, and the rows it already had are found again without unpacking;
+    equal rows of different grammars share one entry. Each table keeps an index
+    ``(V, dense) -> row id -> (key, form, weak ref to the array)`` so that the per-token lookup is a
+    dict read and no hashing of row bytes; the index goes when the table dies (a recycled id never
+    finds it) and holds no array alive (an evicted one's weak ref is dead: a miss).
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.whole_table_bytes = max_bytes // 4
-        self._lru: OrderedDict[tuple, mx.array] = OrderedDict()
+        self._lru: OrderedDict[tuple, tuple[int, mx.array]] = OrderedDict()
         self._bytes = 0
-        self._tables: dict[int, tuple[weakref.ref, dict[int, dict[int, tuple[tuple, weakref.ref]]]]] = {}
+        self._tables: dict[int, tuple[weakref.ref, dict[tuple[int, bool], dict]]] = {}
         self._lock = threading.RLock()  # RLock: a weakref callback may run inside a locked section
         self._scratch = np.empty(0, dtype=np.int8)  # staging for unpacking and batching, see _scratch_rows
 
     # -- single rows -----------------------------------------------------------------------------
 
-    def row_index(self, table: mx.array, vocab: int) -> dict[int, tuple[tuple, weakref.ref]]:
-        """The table's ``row id -> (content key, weak mask)`` index at width `vocab`."""
+    def row_index(self, table: mx.array, vocab: int, dense: bool = False) -> dict[int, tuple]:
+        """The table's ``row id -> (key, form, weak array)`` index at width `vocab`."""
         with self._lock:
-            return self._track(table).setdefault(vocab, {})
+            return self._track(table).setdefault((vocab, dense), {})
 
-    def row(self, table: mx.array, index: dict, vocab: int, row: int) -> mx.array:
-        """The (1, vocab) mask of `row` (index: `row_index(table, vocab)`)."""
+    def row(self, table: mx.array, index: dict, vocab: int, row: int, dense: bool = False) -> tuple[int, mx.array]:
+        """(form, array) of `row` (index: `row_index(table, vocab, dense)`); `dense` forces the int8 mask."""
         hit = index.get(row)
         if hit is not None:
-            mask = hit[1]()
-            if mask is not None:
-                self.touch(hit[0], mask)
-                return mask
-        return self._load_row(table, index, vocab, row)
+            array = hit[2]()
+            if array is not None:
+                self.touch(hit[0], (hit[1], array))
+                return hit[1], array
+        return self._load_row(table, index, vocab, row, dense)
 
-    def touch(self, key: tuple, mask: mx.array) -> None:
-        """Mark a row entry found through an index as recently used."""
+    def touch(self, key: tuple, entry: tuple[int, mx.array]) -> None:
+        """Mark an entry found through an index as recently used."""
         try:
             self._lru.move_to_end(key)
         except KeyError:  # evicted, but still alive in someone's graph: take it back
             with self._lock:
-                self._admit(key, mask)
+                self._admit(key, entry)
 
-    def _load_row(self, table: mx.array, index: dict, vocab: int, row: int) -> mx.array:
+    def _load_row(self, table: mx.array, index: dict, vocab: int, row: int, dense: bool) -> tuple[int, mx.array]:
         with self._lock:
-            key = (vocab, np.asarray(table)[row].tobytes())
-            mask = self._lru.get(key)
-            if mask is None:
-                mask = mx.array(_unpack(np.asarray(table)[row : row + 1], self._scratch_rows(1, vocab)))
-                self._admit(key, mask)
+            words = np.asarray(table)[row : row + 1]
+            key = ("dense" if dense else "row", vocab, words.tobytes())
+            entry = self._lru.get(key)
+            if entry is None:
+                unpacked = _unpack(words, self._scratch_rows(1, vocab))
+                entry = (_DENSE, mx.array(unpacked)) if dense else _row_form(unpacked)
+                self._admit(key, entry)
             else:
                 self._lru.move_to_end(key)
-            index[row] = (key, weakref.ref(mask))
-            return mask
+            index[row] = (key, entry[0], weakref.ref(entry[1]))
+            return entry
 
     # -- batches ---------------------------------------------------------------------------------
 
     def masks(self, table: mx.array, row_ids: list[int], vocab: int) -> mx.array:
-        """The (B, vocab) int8 masks of `row_ids`."""
-        index = self.row_index(table, vocab)
-        if len(row_ids) == 1:
-            return self.row(table, index, vocab, row_ids[0])
+        """The (B, vocab) dense int8 masks of `row_ids`."""
         with self._lock:
+            self._track(table)  # the whole table's entry is keyed by the table's id: drop it with the table
             whole = self._whole_table(table, vocab)
             if whole is not None:
                 return mx.take(whole, mx.array(row_ids, dtype=mx.int32), axis=0)
-            found = [self.row(table, index, vocab, r) for r in row_ids]
+            index = self.row_index(table, vocab, dense=True)
+            found = [self.row(table, index, vocab, r, dense=True)[1] for r in row_ids]
             # mx.concatenate copies element by element on the CPU; numpy then one mx.array copy is 5x faster.
             batch = self._scratch_rows(len(found), vocab)
             np.concatenate([np.asarray(m) for m in found], out=batch)
@@ -437,15 +483,15 @@ class _RowCache:
 
     def _whole_table(self, table: mx.array, vocab: int) -> mx.array | None:
         key = ("whole", id(table), vocab)
-        whole = self._lru.get(key)
-        if whole is not None:
+        entry = self._lru.get(key)
+        if entry is not None:
             self._lru.move_to_end(key)
-            return whole
+            return entry[1]
         if table.shape[0] * vocab > self.whole_table_bytes:
             return None
         # Built once per table: np.asarray shares the table's memory (CPU arrays live in host memory).
         whole = mx.array(_unpack(np.asarray(table), np.empty((table.shape[0], vocab), dtype=np.int8)))
-        self._admit(key, whole)
+        self._admit(key, (_DENSE, whole))
         return whole
 
     def _scratch_rows(self, count: int, vocab: int) -> np.ndarray:
@@ -458,17 +504,17 @@ class _RowCache:
     # -- the bound -------------------------------------------------------------------------------
 
     @staticmethod
-    def _cost(key: tuple, mask: mx.array) -> int:
-        return mask.nbytes + (len(key[1]) if len(key) == 2 else 0)
+    def _cost(key: tuple, entry: tuple[int, mx.array]) -> int:
+        return entry[1].nbytes + (len(key[2]) if key[0] != "whole" else 0)
 
-    def _admit(self, key: tuple, mask: mx.array) -> None:
+    def _admit(self, key: tuple, entry: tuple[int, mx.array]) -> None:
         if key in self._lru:
             self._lru.move_to_end(key)
             return
-        cost = self._cost(key, mask)
+        cost = self._cost(key, entry)
         if cost > self.max_bytes:
             return
-        self._lru[key] = mask
+        self._lru[key] = entry
         self._bytes += cost
         self._evict()
 
@@ -479,7 +525,7 @@ class _RowCache:
 
     # -- table lifetimes -------------------------------------------------------------------------
 
-    def _track(self, table: mx.array) -> dict[int, dict[int, tuple[tuple, weakref.ref]]]:
+    def _track(self, table: mx.array) -> dict[tuple[int, bool], dict]:
         table_id = id(table)
         tracked = self._tables.get(table_id)
         if tracked is None or tracked[0]() is not table:
@@ -498,14 +544,15 @@ class _RowCache:
     def _forget(self, table_id: int) -> None:
         # Row entries stay (content-keyed, still valid for other tables); whole-table entries go.
         self._tables.pop(table_id, None)
-        for key in [k for k in self._lru if len(k) == 3 and k[1] == table_id]:
+        for key in [k for k in self._lru if k[0] == "whole" and k[1] == table_id]:
             self._bytes -= self._cost(key, self._lru.pop(key))
 
     def clear(self) -> None:
         with self._lock:
             self._lru.clear()
-            for _, index in self._tables.values():
-                index.clear()  # bound maskers hold these dicts: they must not keep serving old rows
+            for _, indexes in self._tables.values():
+                for index in indexes.values():
+                    index.clear()  # bound maskers hold these dicts: they must not keep serving old rows
             self._tables.clear()
             self._bytes = 0
             self._scratch = np.empty(0, dtype=np.int8)

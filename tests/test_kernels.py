@@ -289,23 +289,23 @@ def test_row_cache_stays_within_its_bound_and_stays_correct():
 def test_row_cache_never_serves_a_dead_tables_rows_to_a_new_table(cache_mode):
     rng = np.random.default_rng(12)
     seen_rows = set()
-    for _ in range(5):  # new tables, often at a recycled id: each must be read afresh
+    for i in range(6):  # new tables, often at a recycled id: each must be read afresh
         table_np = make_table(rng, "random", 3, 10)
         table = mx.array(table_np)
-        for rows in ([1], [2, 0]):
+        for rows in (([1], [2, 0]), ([2, 0],), ([1],))[i % 3]:  # a table may only ever see batches
             bits = make_logit_bits(rng, "float32", len(rows), 300)
             out = K.apply_token_bitmask(to_mx(bits, "float32"), table, rows)
             np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, rows, 0xFF800000))
-        seen_rows.add(table_np[1].tobytes())
-        if cache_mode == "row-by-row":
-            seen_rows.update(table_np[r].tobytes() for r in (0, 2))
+        if i % 3 != 1:
+            seen_rows.add(("row", 300, table_np[1].tobytes()))
+        if cache_mode == "row-by-row" and i % 3 != 2:  # the batch's rows, dense
+            seen_rows.update(("dense", 300, table_np[r].tobytes()) for r in (0, 2))
         del table, out
         gc.collect()
         # The dead table's index and whole-table entry are gone; single rows stay, keyed by content.
         assert K._ROW_CACHE._tables == {}
-        assert all(len(key) == 2 for key in K._ROW_CACHE._lru)
-        assert {key[1] for key in K._ROW_CACHE._lru} == seen_rows
-        assert K._ROW_CACHE.nbytes == len(seen_rows) * (300 + 40)
+        assert set(K._ROW_CACHE._lru) == seen_rows
+        assert K._ROW_CACHE.nbytes == len(seen_rows) * (300 + 40)  # random rows are dense
 
 
 def test_rows_are_found_by_content_in_every_table_that_holds_them(monkeypatch):
@@ -344,7 +344,7 @@ def test_a_tables_row_index_keeps_no_mask_alive():
         assert K._ROW_CACHE.nbytes <= 3 * (vocab + 80)
     gc.collect()
     (index,) = (v for _, per_width in K._ROW_CACHE._tables.values() for v in per_width.values())
-    alive = [row for row, (_, ref) in index.items() if ref() is not None]
+    alive = [row for row, (_, _, ref) in index.items() if ref() is not None]
     assert len(index) == 12 and sorted(alive) == [9, 10, 11]
 
 
@@ -365,6 +365,54 @@ def test_row_masker_matches_reference(path, dtype):
             assert out.dtype == DTYPES[dtype][0] and out.shape == (1, vocab)
             np.testing.assert_array_equal(
                 to_bits(out, dtype), reference(bits, table_np, [int(row)], DTYPES[dtype][2]), err_msg=f"{vocab}/{row}"
+            )
+
+
+def _row_with(vocab: int, words: int, allowed: np.ndarray) -> np.ndarray:
+    bits = np.zeros(words * 32, dtype=np.uint8)
+    bits[allowed] = 1
+    return np.packbits(bits, bitorder="little").view("<u4").astype(np.uint32)
+
+
+@pytest.mark.parametrize("path", cpu_paths())
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_every_row_form_matches_reference(path, dtype):
+    # One row per form, at the thresholds and past them, through both single-row entry points.
+    vocab, words = 4200, 132  # 32 W = 4224 > V: padding bits set in some rows must be ignored
+    few, many = vocab // K.SPARSE_ALLOWED_FRACTION, vocab // K.SPARSE_BLOCKED_FRACTION
+    rng = np.random.default_rng(19)
+    rows = {
+        "none allowed": (np.array([], dtype=np.int64), K._ALLOWED),
+        "one allowed": (np.array([4199]), K._ALLOWED),
+        "allowed at threshold": (rng.choice(vocab, few, replace=False), K._ALLOWED),
+        "allowed past threshold": (rng.choice(vocab, few + 1, replace=False), K._DENSE),
+        "half": (rng.choice(vocab, vocab // 2, replace=False), K._DENSE),
+        "blocked past threshold": (np.delete(np.arange(vocab), rng.choice(vocab, many + 1, replace=False)), K._DENSE),
+        "blocked at threshold": (np.delete(np.arange(vocab), rng.choice(vocab, many, replace=False)), K._BLOCKED),
+        "all allowed, padding set": (np.arange(words * 32), K._BLOCKED),
+    }
+    table_np = np.stack([_row_with(vocab, words, allowed) for allowed, _ in rows.values()])
+    table = mx.array(table_np)
+    for r, (name, (_, form)) in enumerate(rows.items()):
+        unpacked = K._unpack(table_np[r : r + 1], np.empty((1, vocab), dtype=np.int8))
+        assert K._row_form(unpacked)[0] == form, name
+    mask = K.row_masker(table, vocab, DTYPES[dtype][0], path=path)
+    for r, name in enumerate(rows):
+        for apply, layout in itertools.product(
+            (lambda x: mask(x, r), lambda x: K.apply_token_bitmask(x, table, [r], path=path)),
+            ("contiguous", "column-slice", "transposed"),
+        ):
+            bits = make_logit_bits(rng, dtype, 1, vocab)
+            if layout == "contiguous":
+                logits = to_mx(bits, dtype)
+            elif layout == "column-slice":
+                logits = to_mx(np.concatenate([bits, bits], axis=1), dtype)[:, vocab:]
+            else:
+                logits = to_mx(np.ascontiguousarray(bits.T), dtype).T
+            out = apply(logits)
+            assert out.dtype == DTYPES[dtype][0] and out.shape == (1, vocab), name
+            np.testing.assert_array_equal(
+                to_bits(out, dtype), reference(bits, table_np, [r], DTYPES[dtype][2]), err_msg=name
             )
 
 
