@@ -5,9 +5,12 @@ regex our schema front end emits, compiled by:
 
   outlines    outlines-core's eager `Index(regex, vocabulary)` (the floor every outlines-core user
               pays; its vocabulary is built beforehand), in a forked child stopped at --timeout
-  eager       ours, mode="eager": byte DFA + every state walked, in the compile worker
-  lazy        ours, mode="lazy": byte DFA only; each state's row on first visit
-  lazy warm   the same, the byte DFA read from the on-disk cache (in-process memo cleared)
+  eager       ours, mode="eager": outlines-core's byte DFA + every state walked, in the compile worker
+  lazy        ours, mode="lazy", engine="auto": the byte NFA built in-process, its DFA determinized on
+              demand (engine "nfa"; outlines-core's byte DFA where the NFA does not apply: see `engine`)
+  lazy/oc     ours, mode="lazy", engine="outlines": outlines-core's complete byte DFA (worker), rows
+              on first visit (the lazy path before the byte NFA), cold cache
+  lazy/oc warm the same, the byte DFA read from the on-disk cache (in-process memo cleared)
   xgrammar    `GrammarCompiler.compile_json_schema` (cache off) + one `fill_next_token_bitmask`
   llguidance  `LLMatcher.grammar_from_json_schema` + matcher + one `fill_next_token_bitmask`
 (peers: optional, `pip install --no-deps xgrammar apache-tvm-ffi llguidance`; xgrammar's package
@@ -56,7 +59,7 @@ from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 CORPUS = REPO.parent / "shared" / "corpora" / "maskbench-public.jsonl.gz"
 QWEN_WIDTH = 151_936
-SYSTEMS = ("outlines", "eager", "lazy", "lazy_warm", "xgrammar", "llguidance")
+SYSTEMS = ("outlines", "eager", "lazy", "lazy_outlines", "lazy_outlines_warm", "xgrammar", "llguidance")
 
 
 def sample(n: int, seed: int) -> list[dict]:
@@ -203,10 +206,11 @@ def _torch_stand_in() -> types.ModuleType:
 # --- ours, in process -----------------------------------------------------------------------------
 
 
-def ours_first_mask(schema, tokenizer, mode: str, cache_dir: Path, timeout: float, use_cache: bool):
+def ours_first_mask(schema, tokenizer, mode: str, cache_dir: Path, timeout: float, use_cache: bool,
+                    engine: str = "auto"):
     started = time.perf_counter()
     grammar = gm.compile_json_schema(schema, tokenizer, logits_width=QWEN_WIDTH, mode=mode, cache_dir=cache_dir,
-                                     use_cache=use_cache, timeout=timeout)
+                                     use_cache=use_cache, timeout=timeout, engine=engine)
     grammar.mask_row(grammar.initial_state)
     grammar.device_masks()
     return grammar, time.perf_counter() - started
@@ -279,8 +283,11 @@ def main() -> None:
 
     results, failures = [], {s: Counter() for s in SYSTEMS}
     first_visits: list[float] = []
-    head = (f"{'id':<34} {'bytes':>6} | {'outlines':>9} {'eager':>8} {'lazy':>7} {'warm':>6} {'xgr':>7} "
-            f"{'llg':>7} | {'visit p50':>9} | {'gen lazy':>8} {'gen xgr':>8} {'gen llg':>8}")
+    first_visits_oc: list[float] = []
+    engines: Counter = Counter()
+    head = (f"{'id':<34} {'chars':>7} {'eng':>3} | {'outlines':>9} {'eager':>8} {'lazy':>7} {'lazy/oc':>8} "
+            f"{'warm':>6} {'xgr':>7} {'llg':>7} | {'visit p50':>9} {'oc':>5} | {'gen lazy':>8} {'gen xgr':>8} "
+            f"{'gen llg':>8}")
     print("time to first mask (ms), first visit (ms), index cost over a generation (ms)")
     print(head)
     rng = random.Random(args.seed)
@@ -303,32 +310,50 @@ def main() -> None:
         if status != "ok":
             failures["outlines"][status if status == "timeout" else value.split(":")[0]] += 1
 
-        lazy = None
-        for system, mode, use_cache in (("lazy", "lazy", True), ("eager", "eager", False)):
+        lazy = lazy_oc = None
+        for system, mode, engine, use_cache in (("lazy", "lazy", "auto", False),
+                                                ("lazy_outlines", "lazy", "outlines", True),
+                                                ("eager", "eager", "auto", False)):
             compiler._LIVE.clear()
             try:
-                grammar, seconds = ours_first_mask(row["schema"], vocab, mode, cache_dir, args.timeout, use_cache)
+                grammar, seconds = ours_first_mask(row["schema"], vocab, mode, cache_dir, args.timeout, use_cache,
+                                                   engine)
                 entry[system] = seconds
                 if system == "lazy":
                     lazy = grammar
+                    entry["engine"] = grammar.stats["engine"]
+                    engines[grammar.stats["engine"]] += 1
+                    entry["nfa_states"] = grammar.stats.get("nfa_states")
+                    entry["automaton_seconds"] = grammar.stats.get("nfa_seconds") or grammar.stats["dfa_seconds"]
+                elif system == "lazy_outlines":
+                    lazy_oc = grammar
                     entry["byte_states"] = grammar.stats["byte_states"]
                     entry["dfa_seconds"] = grammar.stats["dfa_seconds"]
             except gm.GrammarError as exc:
                 entry[system] = None
                 failures[system][type(exc).__name__] += 1
                 entry[system + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
-        if lazy is not None:
+        if lazy_oc is not None:
             compiler._LIVE.clear()
-            _, entry["lazy_warm"] = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout, True)
-            tokens, source = generation_tokens(lazy, row, tokenizer, rng)
-            fresh_lazy, _ = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout, False)
+            _, entry["lazy_outlines_warm"] = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout,
+                                                             True, "outlines")
+        tokens: list[int] = []
+        if lazy is not None or lazy_oc is not None:
+            tokens, source = generation_tokens(lazy or lazy_oc, row, tokenizer, rng)
+            entry.update(generation=source, generation_tokens=len(tokens))
+        for grammar_engine, key, sink in (("auto", "", first_visits), ("outlines", "_oc", first_visits_oc)):
+            if (lazy if grammar_engine == "auto" else lazy_oc) is None:
+                continue
+            compiler._LIVE.clear()
+            fresh_lazy, _ = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout, False,
+                                            grammar_engine)
             visits = follow(fresh_lazy, tokens)
-            first_visits.extend(visits[1:])  # the initial state's visit is part of the first mask
-            entry.update(generation=source, generation_tokens=len(tokens),
-                         visits=len(visits), visit_p50=pct(visits[1:], 0.5), visit_max=max(visits[1:], default=None),
-                         gen_lazy=fresh_lazy.stats["dfa_seconds"] + fresh_lazy.stats["fill_seconds"])
-        else:
-            tokens = []
+            sink.extend(visits[1:])  # the initial state's visit is part of the first mask
+            stats = fresh_lazy.stats
+            entry.update({"visits" + key: len(visits), "visit_p50" + key: pct(visits[1:], 0.5),
+                          "visit_max" + key: max(visits[1:], default=None),
+                          "gen_lazy" + key: (stats.get("nfa_seconds") or stats["dfa_seconds"] or 0.0)
+                          + stats["fill_seconds"]})
         entry["gen_eager"] = entry.get("eager")
         for peer, fn in (("xgrammar", xgrammar_run), ("llguidance", llguidance_run)):
             if peer not in peers:
@@ -346,10 +371,11 @@ def main() -> None:
             v = entry.get(key)
             return f"{'-' if v is None else f'{v * 1e3:.{digits}f}':>{width}}"
 
-        print(f"{row['id'][:34]:<34} {entry.get('byte_states', '-'):>6} | {ms('outlines', 9)} {ms('eager', 8)} "
-              f"{ms('lazy', 7)} {ms('lazy_warm', 6)} {ms('xgrammar', 7)} {ms('llguidance', 7)} | "
-              f"{ms('visit_p50', 9, 2)} | {ms('gen_lazy', 8)} {ms('gen_xgrammar', 8)} {ms('gen_llguidance', 8)}",
-              flush=True)
+        print(f"{row['id'][:34]:<34} {entry.get('regex_chars', '-'):>7} {entry.get('engine', '-')[:3]:>3} | "
+              f"{ms('outlines', 9)} {ms('eager', 8)} {ms('lazy', 7)} {ms('lazy_outlines', 8)} "
+              f"{ms('lazy_outlines_warm', 6)} {ms('xgrammar', 7)} {ms('llguidance', 7)} | "
+              f"{ms('visit_p50', 9, 2)} {ms('visit_p50_oc', 5, 2)} | {ms('gen_lazy', 8)} {ms('gen_xgrammar', 8)} "
+              f"{ms('gen_llguidance', 8)}", flush=True)
 
     def col(key):
         return [e.get(key) for e in results if e.get(key) is not None]
@@ -364,10 +390,18 @@ def main() -> None:
         "p50": _ratio(pct([o for o, _ in both], 0.5), pct([lz for _, lz in both], 0.5)),
         "p90": _ratio(pct([o for o, _ in both], 0.9), pct([lz for _, lz in both], 0.9)),
     }
-    summary["first_visit_ms"] = {"count": len(first_visits), "p50": _ms(pct(first_visits, 0.5)),
-                                 "p90": _ms(pct(first_visits, 0.9)), "max": _ms(max(first_visits, default=None))}
-    summary["generation_ms_p50"] = {k: _ms(pct(col("gen_" + k), 0.5)) for k in ("lazy", "eager", "xgrammar", "llguidance")}
-    summary["generation_ms_p90"] = {k: _ms(pct(col("gen_" + k), 0.9)) for k in ("lazy", "eager", "xgrammar", "llguidance")}
+    both = [(e["lazy_outlines"], e["lazy"]) for e in results if e.get("lazy_outlines") and e.get("lazy")]
+    summary["lazy_outlines_over_lazy"] = {
+        "p50": _ratio(pct([o for o, _ in both], 0.5), pct([lz for _, lz in both], 0.5)),
+        "p90": _ratio(pct([o for o, _ in both], 0.9), pct([lz for _, lz in both], 0.9)),
+    }
+    summary["lazy_engines"] = dict(engines)
+    for name, visits in (("first_visit_ms", first_visits), ("first_visit_ms_outlines_engine", first_visits_oc)):
+        summary[name] = {"count": len(visits), "p50": _ms(pct(visits, 0.5)), "p90": _ms(pct(visits, 0.9)),
+                         "max": _ms(max(visits, default=None))}
+    gens = ("lazy", "lazy_oc", "eager", "xgrammar", "llguidance")
+    summary["generation_ms_p50"] = {k: _ms(pct(col("gen_" + k), 0.5)) for k in gens}
+    summary["generation_ms_p90"] = {k: _ms(pct(col("gen_" + k), 0.9)) for k in gens}
     summary["outlines_timeouts_lazy_ok"] = sum(1 for e in results if e.get("outlines") is None and e.get("lazy"))
     summary["targets"] = {"lazy_first_mask_p50_ms": 15, "lazy_first_mask_p90_ms": 500, "outlines_over_lazy": 10,
                           "first_visit_p50_ms": 5}

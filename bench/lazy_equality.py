@@ -9,7 +9,12 @@ walking the same tokens from the initial states; at every state reached by the c
 there), the allowed sets, EOS and the pairing of *all* successors must agree. Prints a table and
 writes bench/results/lazy_equality.json; any mismatch is a bug and exits non-zero.
 
-    python bench/lazy_equality.py [--n 120] [--timeout 60] [--walks 20] [--steps 80] [--seed 1]
+`--engine` picks the lazy grammar's byte automaton: "auto" (default: the byte NFA determinized on
+demand wherever it applies), "nfa" or "outlines" (outlines-core's complete byte DFA). With the NFA
+engine, states are compared pair by pair (a lazy state may pair with several reference states whose
+rows are all equal: `Pairing`), so "checked" counts lazy states and "pairs" the pairs compared.
+
+    python bench/lazy_equality.py [--n 120] [--timeout 60] [--walks 20] [--steps 80] [--seed 1] [--engine auto]
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from test_lazy import OutlinesReference, Pairing, random_walks, walk_and_check  
 _G: dict = {}
 
 
-def compare(row: dict, walks: int, steps: int, seed: int) -> dict:
+def compare(row: dict, walks: int, steps: int, seed: int, engine: str) -> dict:
     vocab, tokenizer = _G["vocab"], _G["tokenizer"]
-    lazy = gm.compile_json_schema(row["schema"], vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    lazy = gm.compile_json_schema(row["schema"], vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False,
+                                  engine=engine)
     started = time.perf_counter()
     ref = OutlinesReference(lazy.regex, vocab, QWEN_WIDTH, lazy.eos_token_ids)
     reference_seconds = time.perf_counter() - started
@@ -52,7 +58,8 @@ def compare(row: dict, walks: int, steps: int, seed: int) -> dict:
         instances += 1
         accepted += walk_and_check(pairing, ids)[1]
     random_walks(pairing, random.Random(seed), walks=walks, steps=steps)
-    return {"states_checked": len(pairing.checked), "byte_states": lazy.num_states - 1, "instances": instances,
+    return {"states_checked": len(pairing.checked), "pairs_checked": len(pairing.checked_pairs),
+            "byte_states": lazy.num_states - 1, "engine": lazy.stats["engine"], "instances": instances,
             "instances_accepted": accepted, "outlines_seconds": reference_seconds}
 
 
@@ -61,7 +68,7 @@ def in_child(row, args):
 
     def run():
         try:
-            child.send(("ok", compare(row, args.walks, args.steps, args.seed)))
+            child.send(("ok", compare(row, args.walks, args.steps, args.seed, args.engine)))
         except AssertionError as exc:
             child.send(("MISMATCH", str(exc)[:500]))
         except Exception as exc:  # a schema or regex error: recorded by kind
@@ -85,6 +92,7 @@ def main() -> None:
     parser.add_argument("--walks", type=int, default=20)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--engine", choices=("auto", "nfa", "outlines"), default="auto")
     args = parser.parse_args()
     if not CORPUS.exists():
         sys.exit(f"corpus absent: {CORPUS}")
@@ -96,7 +104,8 @@ def main() -> None:
     gm.compiler.token_trie(_G["vocab"], QWEN_WIDTH)  # built once, shared by the children
 
     results, outcomes = [], Counter()
-    print(f"{'id':<40} {'outcome':>9} {'states':>7} {'checked':>7} {'inst':>5} {'ok':>4} {'outlines s':>10}")
+    print(f"{'id':<40} {'outcome':>9} {'eng':>3} {'states':>7} {'checked':>7} {'pairs':>6} {'inst':>5} {'ok':>4} "
+          f"{'outlines s':>10}")
     for row in sample(args.n, args.seed):
         try:
             schema_to_regex(row["schema"])
@@ -108,15 +117,17 @@ def main() -> None:
         entry = {"id": row["id"], "outcome": status}
         if status == "ok":
             entry.update(value)
-            print(f"{row['id'][:40]:<40} {status:>9} {value['byte_states']:>7} {value['states_checked']:>7} "
-                  f"{value['instances']:>5} {value['instances_accepted']:>4} {value['outlines_seconds']:>10.2f}",
-                  flush=True)
+            print(f"{row['id'][:40]:<40} {status:>9} {value['engine'][:3]:>3} {value['byte_states']:>7} "
+                  f"{value['states_checked']:>7} {value['pairs_checked']:>6} {value['instances']:>5} "
+                  f"{value['instances_accepted']:>4} {value['outlines_seconds']:>10.2f}", flush=True)
         else:
             entry["detail"] = value
             print(f"{row['id'][:40]:<40} {status:>9} {value or ''}"[:160], flush=True)
         results.append(entry)
     checked = sum(e.get("states_checked", 0) for e in results)
-    summary = {"schemas": len(results), "outcomes": dict(outcomes), "states_checked": checked,
+    summary = {"schemas": len(results), "engine": args.engine, "outcomes": dict(outcomes), "states_checked": checked,
+               "pairs_checked": sum(e.get("pairs_checked", 0) for e in results),
+               "engines": dict(Counter(e["engine"] for e in results if "engine" in e)),
                "mismatches": outcomes.get("MISMATCH", 0)}
     print("\nsummary", summary)
     out = REPO / "bench" / "results"

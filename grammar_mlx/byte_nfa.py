@@ -40,6 +40,7 @@ from .errors import GrammarTooLargeError
 
 MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 4_000_000))
 UNKNOWN = -1
+NFA_STATE_BYTES = 260  # per NFA state, as CPython stores its lists and tuples (measured with tracemalloc)
 MAX_CP = 0x10FFFF
 _DOT = ((1, 9), (11, MAX_CP))  # any scalar but \n (NUL never matches, see the module docstring)
 _ANY = ((1, MAX_CP),)
@@ -55,6 +56,7 @@ class Unsupported(Exception):
 
 _SET, _STR, _CAT, _ALT, _REP = "set", "str", "cat", "alt", "rep"
 _LITERAL_RUN = re.compile(r"[^\\\[\](){}|*+?.^$]+")
+_CLASS_TEXT = re.compile(r"\[\^?\]?(?:\\.|[^\\\]])*\]")  # a bracket class's text, for the memo
 _COUNTED = re.compile(r"\{(\d+)(,(\d*))?\}")
 _HEX = "0123456789abcdefABCDEF"
 _SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "a": 7}
@@ -186,6 +188,8 @@ def parse(pattern: str):
     quantified = False  # whether seq[-1] already carries a quantifier
     i = 0
     match_run = _LITERAL_RUN.match
+    match_class = _CLASS_TEXT.match
+    classes: dict[str, tuple] = {}
     while i < n:
         c = pattern[i]
         if c in "*+?{":
@@ -236,7 +240,17 @@ def parse(pattern: str):
             seq = []
             i += 1
         elif c == "[":
-            node, i = _class(pattern, i)
+            # Schema regexes repeat the same few classes thousands of times: parse each text once.
+            m = match_class(pattern, i)
+            text = m.group(0) if m is not None else None
+            node = classes.get(text) if text is not None else None
+            if node is None:
+                node, end = _class(pattern, i)
+                if text is not None and end == m.end():
+                    classes[text] = node
+            else:
+                end = m.end()
+            i = end
             seq.append(node)
         elif c == "\\":
             cp, i = _escape(pattern, i)
@@ -399,10 +413,12 @@ class ByteNFA:
 
     def _chain(self, data: bytes, nxt: int) -> int:
         self._check(len(data))
-        bounds = self.bounds
+        bounds, trans, eps = self.bounds, self.trans, self.eps
         for b in reversed(data):
             bounds[b] = bounds[b + 1] = 1
-            nxt = self._byte([(b, b, nxt)])
+            trans.append([(b, b, nxt)])
+            eps.append(None)
+            nxt = len(trans) - 1
         return nxt
 
     def compile(self, node, nxt: int) -> int:
@@ -476,6 +492,7 @@ class LazyDFA:
         self._class_trans: dict[int, tuple] = {}
         self._sets: list[tuple | None] = [None]  # NFA states of each DFA state (None once its row is done)
         self._ids: dict[frozenset, int] = {}
+        self._set_ids = 0
         self._lock = threading.RLock()
         self.table = np.zeros(16 * self.num_classes, dtype=np.int32)
         self.table[self.num_classes :] = UNKNOWN
@@ -495,8 +512,9 @@ class LazyDFA:
 
     @property
     def nbytes(self) -> int:
-        # Table and flags as allocated, plus ~8 bytes per NFA state id in the sets kept for deduplication.
-        return int(self.table.nbytes + self.accepting.nbytes + 8 * sum(map(len, self._ids)))
+        """Host bytes, estimated: the table and flags as allocated, ~8 bytes per NFA state id in the
+        sets kept for deduplication, and the NFA's Python lists (~260 bytes per state)."""
+        return int(self.table.nbytes + self.accepting.nbytes + 8 * self._set_ids + NFA_STATE_BYTES * len(self.nfa))
 
     def _closure_of(self, q: int) -> tuple:
         """Byte states and the match state reachable from q by epsilon moves (memoized)."""
@@ -538,6 +556,7 @@ class LazyDFA:
             self._grow()
         self._ids[nfa_set] = sid
         self._sets.append(tuple(nfa_set))
+        self._set_ids += len(nfa_set)
         self.accepting[sid] = self.nfa.match in nfa_set
         self.num_states = sid + 1  # last: a reader never sees a state without its set
         return sid

@@ -1,24 +1,34 @@
 """Regex or JSON Schema → `CompiledGrammar`: the token-level automaton the processor masks with.
 
-Compiling builds the regex's byte-level DFA (outlines-core over the 256 single bytes, in a worker
-process that a deadline and a memory limit can stop, cached on disk by regex alone), then one of:
+Two modes behind one interface:
 - *lazy* (`LazyGrammar`): each state's token row and mask are computed on its first visit
   (`lazy.LazyIndex`, vectorized over the vocabulary's token trie), so the first mask is ready in
-  milliseconds whatever the grammar's size;
-- *eager* (`EagerGrammar`): every state reachable by tokens is walked up front, in the worker,
+  milliseconds;
+- *eager* (`EagerGrammar`): every state reachable by tokens is walked up front, in a worker process,
   into dense CSR tables and deduplicated masks, written to the on-disk cache.
+
+Two engines build the byte automaton a lazy grammar walks (`engine=`, `stats["engine"]`):
+- "nfa" (`byte_nfa`): the regex's UTF-8 byte NFA, built in-process in linear time, its DFA
+  determinized on demand as walks reach states: no worker round trip, nothing cached, and the cost
+  of a 10^5-state grammar is what a generation visits. Used wherever it applies (`engine="auto"`);
+- "outlines": outlines-core's complete byte DFA (over the 256 single bytes), in a worker process
+  that a deadline and a memory limit can stop, cached on disk by regex alone. Used for eager tables,
+  for regexes with constructs the NFA does not reproduce exactly (flags, anchors, Unicode perl
+  classes, ...; `mode_reason` names it) and for vocabularies without every single byte as a token.
 `mode="auto"` (the default) picks eager when a complete cache file exists, when the DFA is small
 (at most `AUTO_EAGER_MAX_STATES` states: the full tables cost about one first visit), or when the lazy
 index cannot prove up front that every state has a way forward with this vocabulary (the eager build
-checks it state by state and raises `VocabularyMismatchError`); lazy otherwise. `stats["mode"]` and
-`stats["mode_reason"]` tell which and why. See docs/compiled-grammar.md.
+checks it state by state and raises `VocabularyMismatchError`); lazy otherwise. `stats["mode"]`,
+`stats["engine"]` and `stats["mode_reason"]` tell which and why. See docs/compiled-grammar.md.
 
 Limits (all overridable per call, or by environment variable):
 - `MAX_REGEX_LENGTH` characters of regex (`GRAMMAR_MLX_MAX_REGEX_LENGTH`);
-- `MAX_DFA_STATES` states of the byte DFA (`GRAMMAR_MLX_MAX_DFA_STATES`);
-- `DEFAULT_TIMEOUT` seconds of build time (`GRAMMAR_MLX_COMPILE_TIMEOUT`);
+- `MAX_DFA_STATES` states of the byte DFA (`GRAMMAR_MLX_MAX_DFA_STATES`), complete or built on demand;
+- `MAX_NFA_STATES` states of the byte NFA (`GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions expanded);
+- `DEFAULT_TIMEOUT` seconds of worker build time (`GRAMMAR_MLX_COMPILE_TIMEOUT`);
 - `DEFAULT_MEMORY_LIMIT` bytes of address space for the worker (`GRAMMAR_MLX_COMPILE_MEMORY`, Linux).
-Each one, when hit, raises `GrammarTooLargeError` and leaves nothing behind.
+Each one, when hit, raises `GrammarTooLargeError` and leaves nothing behind (an on-demand DFA
+reaching `MAX_DFA_STATES` raises from the visit that would pass it).
 """
 
 from __future__ import annotations
@@ -526,7 +536,16 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
         deadline = time.monotonic() + timeout
         trie = token_trie(vocab, width)
         grammar, dfa, engine_note = None, None, ""
-        if mode != "eager" and engine != "outlines":
+        if mode != "eager" and engine == "auto" and use_cache:
+            # outlines-core's complete DFA, already on disk, costs a file read and walks faster than
+            # rows determinized on demand: use it when a previous compile left it.
+            cached = _byte_dfa(regex, directory, use_cache, deadline, jobs, build=False)
+            if cached is not None:
+                dfa, dfa_meta, dfa_hit = cached
+                built_by = "outlines"
+                chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
+                reason += "; engine outlines-core: its byte DFA is in the cache"
+        if dfa is None and mode != "eager" and engine != "outlines":
             lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
             if lazy_dfa is None and engine == "nfa":
                 raise GrammarError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
@@ -661,12 +680,15 @@ def _choose_mode(requested: str, dfa: ByteDFA, dfa_meta: dict, trie: TokenTrie) 
     return "lazy", f"auto: {dfa.num_states} byte states > {AUTO_EAGER_MAX_STATES}"
 
 
-def _byte_dfa(regex: str, directory: Path, use_cache: bool, deadline: float, jobs: "_Jobs"):
-    """The regex's byte DFA: from the cache (keyed by the regex alone), else built by a worker."""
+def _byte_dfa(regex: str, directory: Path, use_cache: bool, deadline: float, jobs: "_Jobs", build: bool = True):
+    """The regex's byte DFA: from the cache (keyed by the regex alone), else built by a worker
+    (or None when `build` is False)."""
     key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})
     path = entry_path(directory, key) if use_cache else None
     loaded = read_tables(path, key) if path is not None else None
     hit = loaded is not None and _valid_dfa(*loaded)
+    if not hit and not build:
+        return None
     if not hit:
         path = path or jobs.scratch_path("dfa.gmx")
         jobs.run("dfa", {"regex": regex, "max_states": MAX_DFA_STATES, "path": str(path), "key": key}, None, deadline)

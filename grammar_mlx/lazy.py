@@ -1,6 +1,8 @@
 """`LazyIndex`: a grammar's token rows and masks, each computed on its state's first visit.
 
-Compiling a lazy grammar builds only the byte-level DFA (`token_index.ByteDFA`). The first time a
+Compiling a lazy grammar builds only a byte-level automaton: outlines-core's complete DFA
+(`token_index.ByteDFA`) or the byte NFA's DFA determinized on demand (`byte_nfa.LazyDFA`, which
+computes the DFA rows a walk needs as it goes). The first time a
 state is asked for (`row`, `mask_row`), its token row is walked over the vocabulary's trie
 (`token_index.walk`: ~0.1 ms for a restrictive state, a few ms when nearly every token is allowed,
 at V = 151,936) and kept; its mask is packed, deduplicated against the rows seen so far and appended

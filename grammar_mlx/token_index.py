@@ -1,7 +1,9 @@
 """Token transitions of a byte-level DFA, one state at a time, vectorized over the vocabulary.
 
 A grammar is compiled to a DFA over UTF-8 bytes (`ByteDFA`, built by outlines-core from a vocabulary
-of the 256 single bytes: milliseconds for most schemas, where its eager token index takes seconds). The token-level
+of the 256 single bytes: milliseconds for most schemas, where its eager token index takes seconds; or
+`byte_nfa.LazyDFA`, determinized on demand: `walk` computes the rows it meets, a batch per trie
+level, and runs its dense levels in numpy). The token-level
 automaton then follows by definition: from byte state `q`, token `t` is allowed iff walking its bytes
 from `q` never reaches the dead state, and it leads to the state where the walk ends. This is exactly
 outlines-core's token semantics (its eager `Index` walks each token's bytes through the same DFA), so

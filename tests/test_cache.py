@@ -97,6 +97,16 @@ def test_the_byte_nfa_engine_writes_nothing_and_reads_no_stale_file(vocab, tmp_p
         assert nfa.matches(ids) == outlines.matches(ids), text
 
 
+def test_auto_uses_outlines_cores_dfa_when_the_cache_has_it(vocab, tmp_path):
+    assert fresh(REGEX, vocab, tmp_path, mode="lazy", engine="auto").stats["engine"] == "nfa"  # nothing on disk yet
+    fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")  # writes the byte DFA
+    warm = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="auto")
+    assert warm.stats["engine"] == "outlines" and warm.stats["cache_hit"]
+    assert "byte DFA is in the cache" in warm.stats["mode_reason"]
+    assert warm.matches(ONE_234)
+    assert fresh(REGEX, vocab, tmp_path, mode="lazy", engine="nfa").stats["engine"] == "nfa"
+
+
 def vocab_encode(vocab, text: str) -> list[int]:
     """One token per character (every ASCII character is a single-byte token in Qwen3)."""
     ids = {b: i for i, b in enumerate(vocab.token_bytes) if b is not None and len(b) == 1}
