@@ -136,11 +136,11 @@ def apply_token_bitmask(
     path = _checked_path(path)
     if path in ("metal", "cuda"):
         return _apply_gpu(path, logits, mask_table, mx.array(row_ids, dtype=mx.uint32))
-    keep = _fused_where if path == "cpu-fused" else _bitwise_where
     if len(row_ids) == 1:
         cache, vocab = _ROW_CACHE, logits.shape[1]
         kind, array = cache.row(mask_table, cache.row_index(mask_table, vocab), vocab, row_ids[0])
-        return _apply_row(kind, array, logits, keep)
+        return _row_appliers(path, logits.dtype)[kind](array, logits)
+    keep = _fused_where if path == "cpu-fused" else _bitwise_where
     return keep(_ROW_CACHE.masks(mask_table, row_ids, logits.shape[1]), logits)
 
 
@@ -181,7 +181,7 @@ def row_masker(
 
         return mask_gpu
 
-    keep = _fused_where if path == "cpu-fused" else _bitwise_where
+    appliers = _row_appliers(path, dtype)
     cache = _ROW_CACHE
     index = cache.row_index(mask_table, logits_width)
     move_to_end = cache._lru.move_to_end  # the LRU object lives as long as the cache
@@ -203,7 +203,7 @@ def row_masker(
                 move_to_end(hit[0])
             except KeyError:  # evicted while alive elsewhere: take it back
                 cache.touch(hit[0], (kind, array))
-        return _apply_row(kind, array, logits, keep)
+        return appliers[kind](array, logits)
 
     return mask_cpu
 
@@ -362,7 +362,7 @@ def cpu_jit_available() -> bool:
     return True
 
 
-# How a cached row is applied to one row of logits (see _apply_row).
+# How a cached row is applied to one row of logits (see _row_appliers).
 _DENSE, _ALLOWED, _BLOCKED = 0, 1, 2
 # A row allowing at most V / 64 tokens is kept as their ids (a fill of -inf plus a gather and a
 # scatter of the allowed logits); one forbidding at most V / 24 as the forbidden ids (a copy plus a
@@ -373,18 +373,22 @@ SPARSE_ALLOWED_FRACTION = 64
 SPARSE_BLOCKED_FRACTION = 24
 
 
-def _apply_row(kind: int, array: mx.array, logits: mx.array, keep) -> mx.array:
-    """Mask (1, V) logits by one cached row. Every form copies logit bits or writes -inf, never
-    computes with them: exact for NaN payloads, -0.0 and infinities."""
-    if kind == _DENSE:
-        return keep(array, logits)
-    if kind == _ALLOWED:
-        kept = mx.take_along_axis(logits, array, axis=1)
-        return mx.put_along_axis(mx.full(logits.shape, -math.inf, logits.dtype), array, kept, axis=1)
-    return mx.put_along_axis(logits, array, _NEG_INF[logits.dtype], axis=1)
+@functools.cache
+def _row_appliers(path: str, dtype: mx.Dtype) -> tuple[Callable[[mx.array, mx.array], mx.array], ...]:
+    """``appliers[form](array, logits)`` masks (1, V) logits of `dtype` by one cached row. Every
+    form copies logit bits or writes -inf, never computes with them: exact for NaN payloads, -0.0
+    and infinities."""
+    neg_inf = mx.array(-math.inf, dtype=dtype)
 
+    def allowed(ids: mx.array, logits: mx.array) -> mx.array:
+        kept = mx.take_along_axis(logits, ids, axis=1)
+        return mx.put_along_axis(mx.full(logits.shape, neg_inf), ids, kept, axis=1)
 
-_NEG_INF = {dtype: mx.array(-math.inf, dtype=dtype) for dtype in LOGIT_DTYPES}
+    def blocked(ids: mx.array, logits: mx.array) -> mx.array:
+        return mx.put_along_axis(logits, ids, neg_inf, axis=1)
+
+    dense = _fused_where if path == "cpu-fused" else _bitwise_where
+    return dense, allowed, blocked
 
 
 def _row_form(dense: np.ndarray) -> tuple[int, mx.array]:
