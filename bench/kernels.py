@@ -13,6 +13,10 @@ Variants on the CPU device, each on a warm cache (first-use costs are printed se
   cpu-bitwise/whole    the default without g++, same two tables
   cpu-bitwise/rows
   np-unpack+where      the issue's reference point: np.unpackbits per call, then a compiled where
+  form/...             B = 1 only: the forms a cached row takes on the CPU (kernels._row_form): the
+                       allowed ids (fill -inf, gather, scatter), the forbidden ids (copy, scatter
+                       -inf), at the size thresholds that choose them, and the dense int8 mask
+  row_masker/3 forms   B = 1 only: the bound per-token path cycling through one row of each form
 On a GPU device: metal or cuda (the 2,048-row table; the kernel reads it in place).
 
     python bench/kernels.py [--rounds N] [--iters N] [--out bench/results/kernels.json]
@@ -21,6 +25,7 @@ On a GPU device: metal or cuda (the 2,048-row table; the kernel reads it in plac
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -72,6 +77,44 @@ def variants(device: str, logits: mx.array, tables: dict[str, tuple[mx.array, np
                 )
     if K.cpu_jit_available():
         out.append(("np-unpack+where", lambda: np_unpack_where(logits, large_np, rows)))
+    if logits.shape[0] == 1:
+        out.extend(form_variants(logits))
+    return out
+
+
+def form_variants(logits: mx.array):
+    """B = 1: the forms a cached row takes (kernels._row_form) at their size thresholds, applied
+    directly, and the bound per-token path (kernels.row_masker) on a table with one row per form."""
+    vocab = logits.shape[1]
+    path = K.default_path()
+    appliers = K._row_appliers(path, logits.dtype)
+    rng = np.random.default_rng(vocab)
+    few, many = vocab // K.SPARSE_ALLOWED_FRACTION, vocab // K.SPARSE_BLOCKED_FRACTION
+    ids = {
+        "allowed k=16": (K._ALLOWED, rng.choice(vocab, 16, replace=False)),
+        "allowed k=V/64": (K._ALLOWED, rng.choice(vocab, few, replace=False)),
+        "blocked k=V/64": (K._BLOCKED, rng.choice(vocab, few, replace=False)),
+        "blocked k=V/24": (K._BLOCKED, rng.choice(vocab, many, replace=False)),
+    }
+    out = []
+    for name, (kind, chosen) in ids.items():
+        array = mx.array(np.sort(chosen).astype(np.int32)[None])
+        mx.eval(array)
+        out.append((f"form/{name}", lambda k=kind, a=array: appliers[k](a, logits)))
+    dense = mx.array(np.where(rng.random((1, vocab)) < 0.5, -1, 0).astype(np.int8))
+    mx.eval(dense)
+    out.append(("form/dense", lambda: appliers[K._DENSE](dense, logits)))
+    # One table row per form; the masker cycles through them (a replay's mix of forms).
+    table_rows = []
+    for allowed in (ids["allowed k=16"][1], np.delete(np.arange(vocab), ids["blocked k=V/24"][1]),
+                    rng.choice(vocab, vocab // 2, replace=False)):
+        bits = np.zeros(-(-vocab // 32) * 32, dtype=np.uint8)
+        bits[allowed] = 1
+        table_rows.append(np.packbits(bits, bitorder="little").view("<u4"))
+    table = mx.array(np.stack(table_rows).astype(np.uint32))
+    masker = K.row_masker(table, vocab, logits.dtype, path=path)
+    cycle = itertools.cycle(range(len(table_rows)))
+    out.append(("row_masker/3 forms", lambda: masker(logits, next(cycle))))
     return out
 
 
