@@ -5,6 +5,10 @@ reads only a short tail, exact under mlx-lm's plain, speculative and batched loo
 first difference, push the new tokens, pick the mask row of the current state, apply it. The first
 call's history is the context and gets the initial state's mask.
 
+One row (B = 1, mlx-lm's per-token path) takes a flat route: the history is read through its
+buffer, and the mask goes through `kernels.row_masker`, bound once per mask table (a lazy grammar's
+table is a new object whenever it gained rows; it is bound anew). bench/processor.py measures it.
+
 End of generation needs nothing special here: the compiled grammar sets EOS bits exactly in
 accepting states and sends EOS to a terminal state that allows only EOS, so after an EOS every
 later position (e.g. speculative verification past the end) allows only EOS, and never crashes.
@@ -38,8 +42,7 @@ class GrammarProcessor(StatefulProcessor):
         mask_row = getattr(compiled, "mask_row", None)
         self._mask_row = mask_row if mask_row is not None else np.asarray(compiled.mask_id).tolist().__getitem__
         self._device_masks = compiled.device_masks
-        # The per-token path: kernels.row_masker bound to the last table seen (a lazy grammar's
-        # table is a new object whenever it gained rows; it is then bound anew).
+        # The per-token path: kernels.row_masker bound to the last table seen.
         self._bound_table = None
         self._mask_one = None
 
@@ -51,7 +54,16 @@ class GrammarProcessor(StatefulProcessor):
         # the table it returns afterwards holds every row handed out.
         mask_row = self._mask_row
         rows = [mask_row(s.state) for s in stacks]
-        return apply_token_bitmask(logits, self._device_masks(), rows)
+        table = self._device_masks()
+        if len(rows) == 1:  # e.g. the first call: bind the per-token path here already
+            if table is not self._bound_table:
+                self._bind(table, logits)
+            return self._mask_one(logits, rows[0])
+        return apply_token_bitmask(logits, table, rows)
+
+    def _bind(self, table, logits: mx.array) -> None:
+        self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
+        self._bound_table = table
 
     def __call__(self, tokens, logits: mx.array) -> mx.array:
         follower = self._single
@@ -65,8 +77,7 @@ class GrammarProcessor(StatefulProcessor):
                 row = self._mask_row(follower.target.state)  # before the table, as in _process
                 table = self._device_masks()
                 if table is not self._bound_table:
-                    self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
-                    self._bound_table = table
+                    self._bind(table, logits)
                 return self._mask_one(logits, row)
         return self._call(tokens, logits)
 

@@ -348,6 +348,25 @@ def test_a_tables_row_index_keeps_no_mask_alive():
     assert len(index) == 12 and sorted(alive) == [9, 10, 11]
 
 
+def test_row_masker_hits_keep_a_row_recent(monkeypatch):
+    # Recency is refreshed on one hit in TOUCH_EVERY: a row in steady use survives a stream of
+    # new rows through a cache that holds three.
+    unpacked = []
+    real_unpack = K._unpack
+    monkeypatch.setattr(K, "_unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    rng = np.random.default_rng(20)
+    vocab = 640
+    table_np = make_table(rng, "random", 12, 20)
+    K.set_row_cache_limit(3 * (vocab + 80))
+    mask = K.row_masker(mx.array(table_np), vocab, mx.float32)
+    bits = make_logit_bits(rng, "float32", 1, vocab)
+    for new_row in range(1, 12):
+        for row in [0] * K.TOUCH_EVERY + [new_row]:
+            out = mask(to_mx(bits, "float32"), row)
+            np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, [row], 0xFF800000))
+    assert len(unpacked) == 12  # row 0 once, each new row once
+
+
 # ---------------------------------------------------------------------------------------------
 # row_masker: the per-token path
 
