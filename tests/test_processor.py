@@ -161,6 +161,25 @@ def test_bad_inputs_raise_typed_errors():
     assert issubclass(HistoryError, GrammarError)
 
 
+@pytest.mark.parametrize("dtype", [mx.int8, mx.uint8, mx.int16, mx.uint16, mx.int32, mx.uint32, mx.int64, mx.uint64])
+def test_histories_of_every_integer_dtype_and_layout(dtype):
+    g = random_grammar(10)
+    rng = random.Random(3)
+    proc = GrammarProcessor(g)
+    history = [1, 2]
+    check(proc, g, history, 2)
+    for i, t in enumerate(walk(g, 20, rng)):
+        history.append(t)
+        lg = logits_for(1, g.logits_width, i)
+        tokens = mx.array(history, dtype=dtype)
+        if i % 2:  # a strided view, as a slice of a longer array would be
+            tokens = mx.array([x for t in history for x in (t, 0)], dtype=dtype)[::2]
+        out = np.asarray(proc(tokens, mx.array(lg)))
+        np.testing.assert_array_equal(out, expected_masked(g, replay(g, history[2:]), lg))
+    with pytest.raises(HistoryError, match="integers"):
+        proc(mx.array([True] * len(history)), mx.array(logits_for(1, g.logits_width)))
+
+
 def test_one_dimensional_logits_and_wider_logits_than_the_table():
     g = random_grammar(8, vocab=40, eos=39)  # table covers 64 columns
     proc = GrammarProcessor(g)

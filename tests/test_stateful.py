@@ -114,6 +114,34 @@ def test_follower_pops_to_first_difference_and_pushes_the_rest():
         HistoryFollower(target, 0, overlap=0)
 
 
+@pytest.mark.parametrize("overlap", [2, 16, None])
+def test_a_statestack_target_ends_where_the_general_protocol_does(overlap):
+    # A StateStack target takes a direct path when the diff window matches; a Recorder (same
+    # stack behind the protocol) takes the general one. Histories come as lists, numpy arrays,
+    # and memoryviews of mx arrays (contiguous and strided), as the processor passes them. Within
+    # the contract (every call cuts at most `overlap`) both must follow exactly; with overlap=None
+    # some calls also rewrite everything from position 1 (only a full comparison finds that).
+    rng = random.Random(overlap or 0)
+    context = [5, 6, 7]
+    direct, general = StateStack(hash_step, 0), Recorder()
+    fd, fg = HistoryFollower(direct, 3, overlap), HistoryFollower(general, 3, overlap)
+    forms = [
+        lambda h: h,
+        lambda h: np.array(h, dtype=np.int32),
+        lambda h: memoryview(mx.array(h, dtype=mx.uint32)),
+        lambda h: memoryview(mx.array([x for t in h for x in (t, -1)], dtype=mx.int64)[::2]),
+    ]
+    max_cut = min(6, overlap or 6)
+    for i, gen in enumerate(random_histories(rng, 300, max_cut, list(range(1, 12)))):  # 0 may be forbidden
+        if overlap is None and i % 17 == 0 and len(gen) > 4:
+            gen[1:] = [t % 11 + 1 for t in gen[1:]]
+        history = context + gen
+        fd.sync(forms[i % len(forms)](history))
+        fg.sync(list(history))
+        assert direct.tokens() == gen and general.stack.tokens() == gen
+        assert direct.state == general.stack.state
+
+
 # -- thinking budget --------------------------------------------------------------------------------
 
 
