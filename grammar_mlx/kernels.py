@@ -31,12 +31,20 @@ Paths
 * ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse (an unfused `mx.where` is about 20x
   slower than a copy), so the same three integer ops run as three vectorised passes.
 
+On both CPU paths a single row (B = 1) takes the cheapest of three forms (`_row_form`): a row that
+allows at most V/64 tokens keeps their ids (the output is a fill of -inf with those logits scattered
+in), one that forbids at most V/24 keeps the forbidden ids (a copy of the logits with -inf scattered
+in), any other the dense mask above. The forms copy bits and never compute with them, so they are
+exact too; JSON structure states allow a handful of tokens and string states forbid a few
+thousand, and both forms cost less than the dense mask (bench/kernels.py, "form/...").
+
 The CPU row cache (`_RowCache`) keys single rows by their content, so a row is found again in every
 table that holds it (a lazy grammar's table grows as a new object; equal rows of different grammars
 share an entry); a table of at most a quarter of the bound is also unpacked whole for batches (one
-gather). Memory: the bound (64 MiB by default: ~390 rows at V = 151,936, each V + 4 W bytes) plus
-one staging buffer as large as the largest B x V batch staged. The per-token path is `row_masker`:
-a table bound once to a logits width and dtype, then two dict reads and the fused op per call.
+gather). Memory: the bound (64 MiB by default: ~390 dense rows at V = 151,936, each V + 4 W bytes;
+far more in the id forms) plus one staging buffer as large as the largest B x V batch staged. The
+per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read
+and the row's op(s) per call.
 
 A table must not be modified in place (``mask_table[i] = ...``) after it was first used here: its
 row index and whole-table entry are keyed by the table object (held weakly; they go when it dies).
