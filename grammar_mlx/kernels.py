@@ -158,9 +158,10 @@ def row_masker(
     """``mask(logits, row)``: `apply_token_bitmask(logits, mask_table, [row])` for the per-token path.
 
     Binds one table to logits of shape (1, `logits_width`) and `dtype`, checked here once (raising
-    `KernelError` as `apply_token_bitmask` would). Each call then checks only the logits' shape and
-    dtype and the row's range; anything else (another shape or dtype, a bad row) goes through
-    `apply_token_bitmask`, which handles it or raises. The returned function holds the table.
+    `KernelError` as `apply_token_bitmask` would). Each call then checks only that the row is an int
+    in range and the logits' shape and dtype; anything else (another shape or dtype, a numpy int, a
+    bad row) goes through `apply_token_bitmask`, which handles it or raises. The returned function
+    holds the table.
     """
     if not isinstance(logits_width, int) or logits_width < 1:
         raise KernelError(f"logits_width must be a positive int, got {logits_width!r}")
@@ -176,15 +177,11 @@ def row_masker(
         row_arrays: dict[int, mx.array] = {}  # one tiny device array per row id, made once
 
         def mask_gpu(logits: mx.array, row: int) -> mx.array:
-            try:
-                fast = logits.shape == shape and logits.dtype == dtype and 0 <= row < num_rows
-            except TypeError:
-                fast = False
-            if not fast:
+            if not (type(row) is int and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
                 return general(logits, row)
             rows = row_arrays.get(row)
             if rows is None:
-                rows = row_arrays[row] = mx.array([operator.index(row)], dtype=mx.uint32)
+                rows = row_arrays[row] = mx.array([row], dtype=mx.uint32)
             return _apply_gpu(path, logits, mask_table, rows)
 
         return mask_gpu
@@ -196,16 +193,12 @@ def row_masker(
 
     def mask_cpu(logits: mx.array, row: int) -> mx.array:
         nonlocal hits
-        try:
-            fast = logits.shape == shape and logits.dtype == dtype and 0 <= row < num_rows
-        except TypeError:
-            fast = False
-        if not fast:
-            return general(logits, row)
+        if not (type(row) is int and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
+            return general(logits, row)  # numpy ints work there too; anything bad raises there
         hit = index.get(row)  # _RowCache.row, inlined: this runs once per generated token
         array = hit[2]() if hit is not None else None
         if array is None:
-            kind, array = cache.row(mask_table, index, logits_width, operator.index(row))
+            kind, array = cache.row(mask_table, index, logits_width, row)
             return appliers[kind](array, logits)
         # Recency is refreshed on one hit in TOUCH_EVERY: on the cold memory a mask leaves behind,
         # OrderedDict.move_to_end costs ~1.3 us per call (bench/processor.py), a third of the Python

@@ -458,6 +458,7 @@ def test_row_masker_takes_other_logits_through_the_general_path():
         (lambda m: m(mx.zeros((1, 1001)), -1), "out of range"),
         (lambda m: m(mx.zeros((1, 1001)), "1"), "sequence of ints"),
         (lambda m: m(mx.zeros((1, 1001)), None), "sequence of ints"),
+        (lambda m: m(mx.zeros((1, 1001)), 1.0), "sequence of ints"),
         (lambda m: m(mx.zeros((1, 1001), dtype=mx.int32), 0), "float32, bfloat16 or float16"),
         (lambda m: m(np.zeros((1, 1001), dtype=np.float32), 0), "mx.array"),
         (lambda m: m(mx.zeros((2, 1001)), 0), "1 row ids for 2 rows"),
