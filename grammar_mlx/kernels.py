@@ -158,9 +158,9 @@ def row_masker(
     """``mask(logits, row)``: `apply_token_bitmask(logits, mask_table, [row])` for the per-token path.
 
     Binds one table to logits of shape (1, `logits_width`) and `dtype`, checked here once (raising
-    `KernelError` as `apply_token_bitmask` would). Each call then checks only that the row is an int
-    in range and the logits' shape and dtype; anything else (another shape or dtype, a numpy int, a
-    bad row) goes through `apply_token_bitmask`, which handles it or raises. The returned function
+    `KernelError` as `apply_token_bitmask` would). Each call then checks only that the row is an
+    integer in range and the logits' shape and dtype; anything else (another shape or dtype, a bad
+    row) goes through `apply_token_bitmask`, which handles it or raises. The returned function
     holds the table.
     """
     if not isinstance(logits_width, int) or logits_width < 1:
@@ -177,8 +177,9 @@ def row_masker(
         row_arrays: dict[int, mx.array] = {}  # one tiny device array per row id, made once
 
         def mask_gpu(logits: mx.array, row: int) -> mx.array:
-            if not (type(row) is int and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
-                return general(logits, row)
+            given, row = row, row if type(row) is int else _int_or_none(row)
+            if not (row is not None and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
+                return general(logits, given)
             rows = row_arrays.get(row)
             if rows is None:
                 rows = row_arrays[row] = mx.array([row], dtype=mx.uint32)
@@ -193,8 +194,9 @@ def row_masker(
 
     def mask_cpu(logits: mx.array, row: int) -> mx.array:
         nonlocal hits
-        if not (type(row) is int and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
-            return general(logits, row)  # numpy ints work there too; anything bad raises there
+        given, row = row, row if type(row) is int else _int_or_none(row)  # numpy ints become ints
+        if not (row is not None and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
+            return general(logits, given)  # raises the typed error for anything bad
         hit = index.get(row)  # _RowCache.row, inlined: this runs once per generated token
         array = hit[2]() if hit is not None else None
         if array is None:
@@ -209,6 +211,13 @@ def row_masker(
         return appliers[hit[1]](array, logits)
 
     return mask_cpu
+
+
+def _int_or_none(row) -> int | None:
+    try:
+        return operator.index(row)
+    except TypeError:
+        return None
 
 
 def default_path() -> str:

@@ -582,6 +582,28 @@ def test_gpu_dispatch_builds_once_and_passes_rows_not_masks(monkeypatch, backend
         K._gpu_kernel.cache_clear()
 
 
+@pytest.mark.parametrize("backend, factory_name", [("metal", "metal_kernel"), ("cuda", "cuda_kernel")])
+def test_gpu_row_masker_passes_one_cached_row_id(monkeypatch, backend, factory_name):
+    factory = FakeKernelFactory()
+    monkeypatch.setattr(mx.fast, factory_name, factory)
+    monkeypatch.setattr(K, f"_{backend}_available", lambda: True)
+    K._gpu_kernel.cache_clear()
+    try:
+        table = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
+        mask = K.row_masker(table, 100, mx.bfloat16, path=backend)
+        logits = mx.zeros((1, 100), dtype=mx.bfloat16)
+        for row in (2, 2, np.int32(1)):
+            out = mask(logits, row)
+            assert out.shape == (1, 100) and out.dtype == mx.bfloat16
+        first, second, third = (call["inputs"] for call in factory.calls)
+        assert first[1] is table and first[2].tolist() == [2] and second[2] is first[2]  # made once
+        assert third[2].tolist() == [1] and third[2].dtype == mx.uint32
+        with pytest.raises(KernelError, match="out of range"):
+            mask(logits, 3)
+    finally:
+        K._gpu_kernel.cache_clear()
+
+
 def test_default_path_follows_the_backend(monkeypatch):
     monkeypatch.setattr(K.mx, "default_device", lambda: mx.Device(mx.gpu))
     monkeypatch.setattr(K, "_metal_available", lambda: True)
