@@ -26,6 +26,7 @@ from conftest import read_corpus
 from grammar_mlx import GrammarTooLargeError, Vocabulary, compile_json_schema, compile_regex, vocabulary_of
 from grammar_mlx import token_index
 from grammar_mlx._compile_worker import SENTINEL_BYTES, SENTINEL_ID, build_dfa, wrap_regex
+from grammar_mlx.byte_nfa import LazyDFA, build_nfa
 from grammar_mlx.lazy import LazyIndex
 from grammar_mlx.processor import GrammarProcessor
 from grammar_mlx.schema import canonical_json
@@ -216,7 +217,7 @@ SMALL_REGEXES = [r"[a-c]{0,4}", r"(ab|ba)*c", r"é+|e", r"\[(0|1)(,(0|1))*\]", r
 ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b",", b"x", b"\x00"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     tokens=st.lists(st.one_of(st.none(), st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=5).map(b"".join)),
                     min_size=1, max_size=40),
@@ -224,23 +225,28 @@ ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b"
     cut=st.integers(0, 5),
     share=st.sampled_from([0.0, token_index.DENSE_SHARE, 2.0]),
     backend=st.sampled_from(["numpy", "mlx"]),
+    engine=st.sampled_from(["outlines", "nfa"]),
 )
-def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend):
+def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend, engine):
+    """Also with an on-demand DFA (engine "nfa"), fresh per example: the walk meets rows not yet
+    computed in its sparse and dense levels and must fill them before the brute force does."""
     width = max(1, len(tokens) - cut)  # ids at or past the width are never allowed
     groups: dict[bytes, list[int]] = {}
     for i, b in enumerate(tokens):
         if b is not None:
             groups.setdefault(b, []).append(i)  # equal bytes under several ids
     trie = TokenTrie.build(groups, width)
-    dfa = build_dfa(regex, 10_000)
+    dfa = build_dfa(regex, 10_000) if engine == "outlines" else LazyDFA(build_nfa(regex), 10_000)
     old = token_index.DENSE_SHARE
     token_index.DENSE_SHARE = share  # 0: dense from level 1; 2: always sparse
     try:
-        for state in range(dfa.num_states):
-            want = brute_force(dfa, tokens, width, state)
+        state = 0 if engine == "outlines" else 1  # a LazyDFA's state 0 is its dead state
+        while state < dfa.num_states:  # a LazyDFA gains states as rows are computed
             got = walk(trie, dfa, state, backend=backend)
+            want = brute_force(dfa, tokens, width, state)
             assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (state, got, want)
             assert got[0].dtype == got[1].dtype == np.int32
+            state += 1
     finally:
         token_index.DENSE_SHARE = old
 
