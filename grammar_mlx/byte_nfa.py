@@ -9,12 +9,14 @@ Semantics are Rust regex-automata's in its default (Unicode) mode, what outlines
 full match, every character class a set of Unicode scalar values matched as its UTF-8 encodings
 (surrogates never match; `.` is any scalar but `\\n`), counted repetitions expanded. NUL (byte 0)
 never matches: it is the compile sentinel of the outlines-core path (tokens holding it are never
-allowed), so both engines give the same rows. Whatever this module does not reproduce exactly —
-flags, anchors and look-around, Unicode classes (`\\d`, `\\w`, `\\s`, `\\p{..}` outside the
-`[\\s\\S]` idiom), nested or set-operation classes, `{,n}`, octal, a class left empty (e.g. only
-NUL) — raises `Unsupported`, and the compiler falls back to outlines-core's DFA (its `stats`
-`mode_reason` says so). Invalid regexes also raise `Unsupported`: outlines-core reports them with
-its own message and position.
+allowed), so both engines give the same rows. Classes that need Unicode tables (`\\d`, `\\w`,
+`\\s`, `\\p{..}`, alone or inside brackets) take their bytes from regex-automata itself: the class
+alone is compiled by outlines-core (milliseconds, in-process) and its byte DFA spliced in, so the
+tables are regex-automata's, not Python's (`_oracle_template`). Whatever this module does not
+reproduce exactly — flags, anchors and look-around, nested or set-operation classes, `{,n}`, octal,
+a class left empty (e.g. only NUL) — raises `Unsupported`, and the compiler falls back to
+outlines-core's DFA (its `stats` `mode_reason` says so). Invalid regexes also raise `Unsupported`:
+outlines-core reports them with its own message and position.
 
 Limits: `MAX_NFA_STATES` NFA states (`GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions included) and
 `max_states` DFA states per automaton (the compiler passes `MAX_DFA_STATES`); each raises
@@ -50,11 +52,16 @@ class Unsupported(Exception):
     """A construct this engine does not reproduce exactly (or an invalid regex): use outlines-core."""
 
 
+class _ByOracle(Exception):
+    """Internal: a class whose code points come from Unicode tables (perl or property classes)."""
+
+
 # --- parsing --------------------------------------------------------------------------------------
 # AST: ("set", ranges) one character of a set of code point ranges; ("str", bytes) a literal;
-# ("cat", items); ("alt", items); ("rep", node, lo, hi or None).
+# ("cat", items); ("alt", items); ("rep", node, lo, hi or None); ("oracle", text) one character of a
+# class that needs Unicode tables (`\d`, `[\w.-]`, `\p{Greek}`): its bytes come from regex-automata.
 
-_SET, _STR, _CAT, _ALT, _REP = "set", "str", "cat", "alt", "rep"
+_SET, _STR, _CAT, _ALT, _REP, _ORACLE = "set", "str", "cat", "alt", "rep", "oracle"
 _LITERAL_RUN = re.compile(r"[^\\\[\](){}|*+?.^$]+")
 _CLASS_TEXT = re.compile(r"\[\^?\]?(?:\\.|[^\\\]])*\]")  # a bracket class's text, for the memo
 _COUNTED = re.compile(r"\{(\d+)(,(\d*))?\}")
@@ -94,7 +101,16 @@ def _escape(pattern: str, i: int) -> tuple[object, int]:
             raise Unsupported("bad hex escape")
         return _code_point(int(digits, 16)), i + 2 + n
     if c in _PERL:
-        return c, i + 2
+        return "\\" + c, i + 2
+    if c in "pP":  # a Unicode property class: \pL or \p{Greek}
+        if i + 2 < len(pattern) and pattern[i + 2] == "{":
+            end = pattern.find("}", i + 3)
+            if end < 0:
+                raise Unsupported("unclosed \\p{")
+            return pattern[i : end + 1], end + 1
+        if i + 2 < len(pattern) and pattern[i + 2].isalpha():
+            return pattern[i : i + 3], i + 3
+        raise Unsupported("bad \\p escape")
     if _escapable(c):
         return ord(c), i + 2
     raise Unsupported(f"escape \\{c}")
@@ -168,9 +184,10 @@ def _class(pattern: str, i: int) -> tuple[tuple, int]:
         else:
             ranges.append((lo, lo))
     if perl:
-        # Only the idiom "everything": a perl class with its own complement ([\s\S], [\d\D], ...).
-        if not any(p.lower() in perl and p.upper() in perl for p in perl):
-            raise Unsupported("Unicode perl classes (\\d, \\w, \\s) are outside this engine's tables")
+        # The idiom "everything" — a perl class with its own complement ([\s\S], [\d\D], ...) — is
+        # known without tables; other classes take their code points from regex-automata (`_oracle`).
+        if not any(p.lower() in perl and p.upper() in perl for p in perl if len(p) == 2):
+            raise _ByOracle
         ranges = [(0, MAX_CP)]
     for lo, hi in ranges:
         if lo <= 0xDFFF and hi >= 0xD800 and (lo >= 0xD800 or hi <= 0xDFFF):
@@ -245,7 +262,10 @@ def parse(pattern: str):
             text = m.group(0) if m is not None else None
             node = classes.get(text) if text is not None else None
             if node is None:
-                node, end = _class(pattern, i)
+                try:
+                    node, end = _class(pattern, i)
+                except _ByOracle:  # no nested class (that raised first): the text is the whole class
+                    node, end = (_ORACLE, text), m.end()
                 if text is not None and end == m.end():
                     classes[text] = node
             else:
@@ -254,9 +274,7 @@ def parse(pattern: str):
             seq.append(node)
         elif c == "\\":
             cp, i = _escape(pattern, i)
-            if isinstance(cp, str):
-                raise Unsupported("Unicode perl classes (\\d, \\w, \\s) are outside this engine's tables")
-            seq.append(_literal(chr(cp)))
+            seq.append((_ORACLE, cp) if isinstance(cp, str) else _literal(chr(cp)))
         elif c == ".":
             seq.append((_SET, _DOT))
             i += 1
@@ -382,6 +400,19 @@ class ByteNFA:
         template = self._templates.get(ranges)
         if template is None:
             template = self._templates[ranges] = self._template(ranges)
+        return self._instantiate(template, nxt)
+
+    def _oracle(self, text: str, nxt: int) -> int:
+        """One character of a class that needs Unicode tables, from regex-automata's DFA of it."""
+        template = self._templates.get(text)
+        if template is None:
+            template = self._templates[text] = _oracle_template(text)
+            for rows in template:
+                for lo, hi, _ in rows:
+                    self.bounds[lo] = self.bounds[hi + 1] = 1
+        return self._instantiate(template, nxt)
+
+    def _instantiate(self, template: list, nxt: int) -> int:
         self._check(len(template))
         base = len(self.trans) - 1  # template states are numbered from 1; the first is the start
         trans, eps = self.trans, self.eps
@@ -428,6 +459,8 @@ class ByteNFA:
             return self._chain(node[1], nxt)
         if kind is _SET:
             return self._set(node[1], nxt)
+        if kind is _ORACLE:
+            return self._oracle(node[1], nxt)
         if kind is _CAT:
             for item in reversed(node[1]):
                 nxt = self.compile(item, nxt)
@@ -451,6 +484,56 @@ class ByteNFA:
         for _ in range(lo):
             start = self.compile(item, start)
         return start
+
+
+_ORACLE_TEMPLATES: dict[str, list] = {}
+
+
+def _oracle_template(text: str) -> list:
+    """The byte trie of one character of the class `text` (`\\d`, `[^\\w-]`, `\\p{L}`, ...), read
+    off regex-automata's own DFA of it (outlines-core over single bytes, in-process: one character
+    class is a DFA of at most a few hundred states, built in milliseconds), as a template: state
+    lists of (lo, hi, relative target), -1 for the end of the character. Exact by construction:
+    the code points are regex-automata's Unicode tables, not Python's."""
+    hit = _ORACLE_TEMPLATES.get(text)
+    if hit is not None:
+        return hit
+    from ._compile_worker import BuildError, build_dfa
+
+    try:
+        dfa = build_dfa(text, 100_000)
+    except BuildError as exc:
+        raise Unsupported(f"the class {text[:40]!r}: {exc}") from None
+    n = dfa.num_states
+    rows = dfa.rows()
+    byte_class = dfa.classes.tolist()
+    edges: list[list] = []
+    for q in range(n):
+        targets = [int(rows[q, byte_class[b]]) for b in range(256)]
+        ranges, b = [], 1  # NUL never matches
+        while b < 256:
+            t = targets[b]
+            if t == dfa.dead:
+                b += 1
+                continue
+            lo = b
+            while b + 1 < 256 and targets[b + 1] == t:
+                b += 1
+            ranges.append((lo, b, t))
+            b += 1
+        edges.append(ranges)
+    if dfa.accepting[dfa.initial] or any(dfa.accepting[q] and edges[q] for q in range(n)):
+        raise Unsupported(f"the class {text[:40]!r} does not match exactly one character")
+    if any(not dfa.accepting[q] and not edges[q] for q in range(n)):
+        raise Unsupported(f"the class {text[:40]!r} matches nothing")
+    # Relative numbering, 1-based, the initial state first; accepting states are the end (-1).
+    order = [dfa.initial] + [q for q in range(n) if q != dfa.initial and not dfa.accepting[q]]
+    number = {q: i + 1 for i, q in enumerate(order)}
+    template = [[(lo, hi, -1 if dfa.accepting[t] else number[t]) for lo, hi, t in edges[q]] for q in order]
+    if len(_ORACLE_TEMPLATES) > 256:
+        _ORACLE_TEMPLATES.clear()
+    _ORACLE_TEMPLATES[text] = template
+    return template
 
 
 def build_nfa(pattern: str, max_states: int = MAX_NFA_STATES) -> ByteNFA:

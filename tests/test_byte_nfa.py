@@ -5,6 +5,8 @@
 - outlines-core's own byte DFA (regex-automata) on every byte string up to a length, and on random
   ones, invalid UTF-8 included: the same accepted set and the same dead prefixes;
 - UTF-8 sequences against the encoder; constructs it must leave to outlines-core; limits.
+Unicode classes (`\\d`, `\\w`, `\\s`, `\\p{..}`) are regex-automata's own tables spliced in, so they are
+checked against regex-automata only (Python's `re` and Unicode version differ).
 Token-level equality with outlines-core's eager index: tests/test_lazy.py (engine "nfa").
 """
 
@@ -137,6 +139,9 @@ RUST_REGEXES = [
     r"(?P<x>a|b)*?c{2,}|()|\&\~\#\-",
     r"[\s\S]{1,2}|[^\n]",
     r"[]a]|[^]b]x",
+    r"\d{1,3}\w?\s*",  # Unicode classes: regex-automata's tables, spliced in (`_oracle_template`)
+    r"[\w.-]+@[^\s\d]|\D",
+    r"\p{Greek}\P{L}|\pN|[\p{Han}\d]",
 ]
 
 
@@ -159,7 +164,8 @@ def test_same_language_as_regex_automata_on_bytes(regex):
         for data in itertools.product(interesting, repeat=n):
             assert run(mine, bytes(data)) == ref_run(bytes(data)), (regex, bytes(data))
     rng = random.Random(regex)
-    samples = ["a", "é", "中", "\U0001F600", "\U0010FFFF", "ÿ", '"', "\\", "u", "0", "\n", "x", "c", "&", "]"]
+    samples = ["a", "é", "中", "\U0001F600", "\U0010FFFF", "ÿ", '"', "\\", "u", "0", "\n", "x", "c", "&", "]", "٣",
+               "α", "\u3000", "_", "@", ".", "\u2028", "Ⅻ", "\U0001D7D8"]
     for _ in range(2000):
         text = "".join(rng.choice(samples) for _ in range(rng.randrange(7))).encode()
         if rng.random() < 0.2 and text:  # cut mid-character, or insert a stray byte
@@ -189,7 +195,7 @@ def test_utf8_sequences_are_exactly_the_encodings(lo, hi):
 
 
 @pytest.mark.parametrize("regex", [
-    r"(?i)a", r"^a", r"a$", r"\d", r"[\w-]", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"a{,3}", r"\p{L}",
+    r"(?i)a", r"^a", r"a$", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"a{,3}", r"\p{NoSuchClass}", r"\p",
     r"(?=a)", r"a**", r"\x{D800}", r"[^\x00-\U0010FFFF]", r"\x00", r"a\x00b", r"a{", r"(a", r"a)", r"\0", r"\k<x>",
     "\ud800", r"[\ud800-\udbff]", "a{3,2}", r"\q",
 ])

@@ -286,11 +286,13 @@ def test_auto_mode_and_its_reasons(qwen_vocab, tmp_path):
     by_outlines = compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path, engine="outlines")
     assert by_outlines.mode == "lazy" and by_outlines.stats["byte_states"] > 8
     assert "engine outlines-core (requested)" in by_outlines.stats["mode_reason"]
-    fallback_engine = compile_regex(r"\d{2,40}x", qwen_vocab, cache_dir=tmp_path)  # Unicode \d: outlines-core
+    fallback_engine = compile_regex(r"(?i)ab{2,40}", qwen_vocab, cache_dir=tmp_path)  # flags: outlines-core
     assert fallback_engine.stats["engine"] == "outlines"
     assert "does not reproduce exactly" in fallback_engine.stats["mode_reason"]
     with pytest.raises(GrammarError, match="engine='nfa' cannot compile"):
-        compile_regex(r"\d{2,40}x", qwen_vocab, cache_dir=tmp_path, engine="nfa")
+        compile_regex(r"(?i)ab{2,40}", qwen_vocab, cache_dir=tmp_path, engine="nfa")
+    unicode = compile_regex(r"\d{2,40}x", qwen_vocab, cache_dir=tmp_path)  # \d: regex-automata's table, spliced
+    assert unicode.stats["engine"] == "nfa" and unicode.matches([16, 17, 87])  # "1", "2", "x"
     with pytest.raises(GrammarError, match="engine must be one of"):
         compile_regex("a", qwen_vocab, engine="fast")
     compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path, mode="eager")

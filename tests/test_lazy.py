@@ -159,6 +159,7 @@ REGEXES = [
     r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?",
     r"[\u0400-\u04FF]{1,3}( [\U0001F600-\U0001F64F]+)?",
     r"[ \t\n]*\[[ \t\n]*(1|22|333)([ \t\n]*,[ \t\n]*(1|22|333))*[ \t\n]*\]",
+    r"[\w.-]{1,8}@\d{2}\s?\p{Greek}",  # Unicode tables: regex-automata's, spliced into the byte NFA
 ]
 
 
