@@ -12,6 +12,7 @@ from .errors import GrammarTooLargeError
 from .schema_ir import AnyValue, Array, Literal, Never, Number, Object, Ref, String, Union, dumps
 from .schema_numbers import NUMBER, range_regex
 from .schema_charset import escape_text, json_char_regex, json_text
+from .schema_regex import NEVER as NO_NAME
 from .schema_regex import to_regex
 
 MAX_REGEX_LENGTH = 500_000  # characters of regex text handed to outlines-core
@@ -163,6 +164,8 @@ class Emitter:
             props.append((key + w + ":" + w + value, prop.required, first_ok))
         extra_items = []
         for extra in node.extras:
+            if extra.key.ast == NO_NAME:  # every name is declared or excluded: no such property
+                continue
             value = self.emit(extra.value, counts)
             if value is not None:
                 extra_items.append('"' + to_regex(extra.key.ast, json_char_regex) + '"' + w + ":" + w + value)

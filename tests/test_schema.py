@@ -153,6 +153,14 @@ def test_absent_additional_properties_means_declared_keys_only():
     assert accepts({"type": "object"}, '{"x":[1,{"y":null}]}', "{}") == [True, True]
 
 
+def test_pattern_properties_matching_only_declared_names_add_no_keys():
+    # The pattern's names minus the declared ones is the empty language: no extra key to write
+    # (this raised a bare ValueError from the regex emitter; JsonSchemaStore---ansible.json).
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "patternProperties": {"^a$": {"type": "integer"}}, "additionalProperties": False}
+    assert accepts(schema, '{"a":1}', "{}", '{"b":1}', '{"a":1,"a":2}') == [True, True, False, False]
+
+
 def test_whitespace_policy():
     schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
     pretty = '{\n  "a": [1, 2]\n}'
