@@ -3,7 +3,7 @@
 A grammar is compiled to a DFA over UTF-8 bytes (`ByteDFA`, built by outlines-core from a vocabulary
 of the 256 single bytes: milliseconds for most schemas, where its eager token index takes seconds; or
 `byte_nfa.LazyDFA`, determinized on demand: `walk` computes the rows it meets, a batch per trie
-level, and runs its dense levels in numpy). The token-level
+level, in numpy or MLX alike). The token-level
 automaton then follows by definition: from byte state `q`, token `t` is allowed iff walking its bytes
 from `q` never reaches the dead state, and it leads to the state where the walk ends. This is exactly
 outlines-core's token semantics (its eager `Index` walks each token's bytes through the same DFA), so
@@ -364,7 +364,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
     node_st[: trie.level_start[dense_from]].fill(dead)
     for i, s in zip(seen_idx, seen_st):
         node_st[i] = s
-    if backend == "mlx" and not lazy:  # a lazy DFA's table grows mid-walk: its dense levels run in numpy
+    if backend == "mlx":
         per_token = _dense_mlx(trie, dfa, node_st[: trie.level_start[dense_from]], dense_from)
     else:
         parent = trie.parent
@@ -405,19 +405,34 @@ def _sparse_row(trie: TokenTrie, nodes: np.ndarray, states: np.ndarray) -> tuple
 
 def _dense_mlx(trie: TokenTrie, dfa: ByteDFA, shallow: np.ndarray, dense_from: int) -> np.ndarray:
     """The state after each token (dead where not allowed), the levels from `dense_from` on as MLX
-    ops; `shallow` holds the states of every node above them."""
+    ops; `shallow` holds the states of every node above them. A lazily determinized DFA may meet
+    rows not computed yet (UNKNOWN, negative): such a level is checked on the host, the missing rows
+    are computed (`ensure_rows`), the device table refreshed and the level gathered again."""
     import mlx.core as mx
 
     dev = _device_trie(trie)
-    if dfa._device is None:  # the table and classes on the device, once per DFA
-        dfa._device = (mx.array(dfa.table), mx.array(dfa.classes))
-    table, classes = dfa._device
+    lazy = getattr(dfa, "lazy", False)
     width = dfa.num_classes
+
+    def device_table():
+        # The table on the device, once per DFA; a lazy DFA's again after it computed rows.
+        version = (dfa.table.ctypes.data, len(dfa.table), getattr(dfa, "rows_computed", 0))
+        if dfa._device is None or dfa._device[2] != version:
+            dfa._device = (mx.array(dfa.table), mx.array(dfa.classes), version)
+        return dfa._device[0], dfa._device[1]
+
+    table, classes = device_table()
     start = int(trie.level_start[dense_from - 1])
     parts = [mx.array(shallow)]
     level = mx.array(shallow[start:])
     for parent, byte in dev["levels"][dense_from - 1 :]:
-        level = mx.take(table, mx.take(level, parent) * width + mx.take(classes, byte))
+        at = mx.take(level, parent) * width + mx.take(classes, byte)
+        level = mx.take(table, at)
+        if lazy and mx.min(level).item() < 0:
+            at_host, level_host = np.array(at), np.array(level)
+            dfa.ensure_rows(np.unique(at_host[level_host < 0] // width))
+            table, classes = device_table()
+            level = mx.take(table, at)
         parts.append(level)
     parts.append(mx.array([dfa.dead], dtype=mx.int32))
     return np.array(mx.take(mx.concatenate(parts), dev["token_node"]))

@@ -7,7 +7,7 @@ where outlines says the regex matched, and the next states of *all* allowed toke
 consistently (the pairing is a bijection). A large sample runs in bench/lazy_equality.py.
 
 Also: the trie and walk on small vocabularies against a brute-force byte walk (sparse and dense
-paths, shared bytes, NUL tokens, ids past the width), the MLX walk, threads, eviction, limits, and a
+paths, shared bytes, NUL tokens, ids past the width), the MLX walk (also filling an on-demand DFA), threads, eviction, limits, and a
 GrammarProcessor over a lazy grammar whose mask table grows mid-generation.
 """
 
@@ -314,6 +314,24 @@ def test_mlx_walk_equals_numpy(qwen_vocab, monkeypatch):
     for state in range(mlx_index.num_states):
         assert np.array_equal(mlx_index.row(state)[0], np_index.row(state)[0])
     assert np.array_equal(np.asarray(mlx_index.device_masks()), np.asarray(np_index.device_masks()))
+
+
+@pytest.mark.parametrize("regex", [REGEXES[3], REGEXES[5]])
+def test_mlx_walk_fills_an_on_demand_dfa(qwen_vocab, monkeypatch, regex):
+    """The MLX dense levels over a fresh on-demand DFA: they meet rows not computed yet, compute them
+    and refresh the device table; the numpy walk on the same DFA then gives the same rows."""
+    trie = TokenTrie.build(qwen_vocab.text_tokens(), QWEN_WIDTH)
+    dfa = LazyDFA(build_nfa(regex), 10_000)
+    monkeypatch.setattr(token_index, "DENSE_SHARE", 0.0)  # every state dense from level 1 on
+    state, filled_by_mlx = 1, 0
+    while state < dfa.num_states:
+        before = dfa.rows_computed
+        got = walk_mlx(trie, dfa, state)
+        filled_by_mlx += dfa.rows_computed - before
+        want = walk(trie, dfa, state)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), state
+        state += 1
+    assert filled_by_mlx > dfa.num_states // 2, "the MLX levels computed the rows they met"
 
 
 # -- the index: threads, memory bounds, the processor ---------------------------------------------------
