@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 import weakref
+from bisect import bisect_left
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,6 +72,10 @@ MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 1_000_000))
 DEFAULT_TIMEOUT = float(os.environ.get("GRAMMAR_MLX_COMPILE_TIMEOUT", 60))
 DEFAULT_MEMORY_LIMIT = int(os.environ.get("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30))
 AUTO_EAGER_MAX_STATES = int(os.environ.get("GRAMMAR_MLX_AUTO_EAGER_STATES", 8))
+# next_state's per-state lookups (see CompiledGrammar.next_state), per grammar:
+SMALL_ROW = 64  # a row of at most this many tokens: a dict
+MAX_FORBIDDEN = 8192  # a row allowing all but at most this many ids: the forbidden ids, bisected
+MAX_LOOKUP_BYTES = int(os.environ.get("GRAMMAR_MLX_LOOKUP_BYTES", 64 << 20))
 MODES = ("auto", "eager", "lazy")
 ENGINES = ("auto", "nfa", "outlines")
 _TABLE_FORMAT = 2
@@ -103,6 +108,8 @@ class CompiledGrammar:
         self.logits_width = logits_width
         self.eos_token_ids = eos_token_ids
         self._stats = stats
+        self._lookups: dict[int, Any] = {}  # state -> its next_state lookup (built on first use)
+        self._lookup_bytes = 0
 
     def _check_state(self, state: int) -> None:
         if not 0 <= state < self.num_states:
@@ -114,8 +121,57 @@ class CompiledGrammar:
         return self._stats
 
     def next_state(self, state: int, token_id: int) -> int:
-        """The state after `token_id`, or -1 when the token is not allowed in `state`."""
+        """The state after `token_id`, or -1 when the token is not allowed in `state`.
+
+        This runs for every generated token, right after a mask has left the CPU caches cold, where
+        a binary search in a numpy row costs 3+ µs. So each state gets a lookup on its first call:
+        a dict for a row of few tokens (structure: after `{`, a key, `":`), the sorted forbidden ids
+        for a row allowing nearly everything (inside a string: a token's place among the allowed
+        is its id minus the forbidden ids below it), the numpy row otherwise. Lookups are kept up to
+        `MAX_LOOKUP_BYTES` per grammar; past it new states are searched in their rows."""
+        entry = self._lookups.get(state)
+        if entry is None:
+            self._check_state(state)
+            entry = self._lookup(state)
+        if type(entry) is dict:
+            return entry.get(token_id, -1)
+        if not 0 <= token_id < self.logits_width:
+            return -1
+        ids, nxt = entry
+        if type(ids) is list:  # the forbidden ids
+            j = bisect_left(ids, token_id)
+            if j < len(ids) and ids[j] == token_id:
+                return -1
+            return nxt.item(token_id - j)
+        # An int32 needle: a Python int would make numpy convert the whole row to int64 per call.
+        i = int(ids.searchsorted(np.int32(token_id)))
+        if i < len(ids) and ids[i] == token_id:
+            return int(nxt[i])
+        return -1
+
+    def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted allowed ids, the state after each) of a valid state."""
         raise NotImplementedError
+
+    def _lookup(self, state: int):
+        tokens, nxt = self._row(state)
+        n, width = len(tokens), self.logits_width
+        if self._lookup_bytes >= MAX_LOOKUP_BYTES:
+            return tokens, nxt
+        if n <= SMALL_ROW:
+            entry, cost = dict(zip(tokens.tolist(), nxt.tolist())), 100 * n
+        elif width - n <= MAX_FORBIDDEN:
+            allowed = np.zeros(width, dtype=bool)
+            allowed[tokens] = True
+            forbidden = np.flatnonzero(~allowed).tolist()
+            # The place arithmetic needs the row to be exactly the complement: unique ids below width.
+            entry = (forbidden, nxt) if len(forbidden) + n == width else (tokens, nxt)
+            cost = 40 * len(forbidden) + nxt.nbytes
+        else:
+            entry, cost = (tokens, nxt), tokens.nbytes + nxt.nbytes
+        self._lookups[state] = entry
+        self._lookup_bytes += cost
+        return entry
 
     def allowed_tokens(self, state: int) -> np.ndarray:
         """Sorted ids allowed in `state` (EOS ids included where accepting)."""
@@ -176,16 +232,9 @@ class EagerGrammar(CompiledGrammar):
         return (f"EagerGrammar(states={self.num_states}, masks={len(self.masks)}, "
                 f"transitions={len(self.tokens)}, logits_width={self.logits_width})")
 
-    def next_state(self, state: int, token_id: int) -> int:
-        self._check_state(state)
-        if not 0 <= token_id < self.logits_width:
-            return -1
+    def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = self._row_start[state], self._row_start[state + 1]
-        # An int32 needle: a Python int would make numpy convert the whole row to int64 per call.
-        i = lo + int(self.tokens[lo:hi].searchsorted(np.int32(token_id)))
-        if i < hi and self.tokens[i] == token_id:
-            return int(self.next[i])
-        return -1
+        return self.tokens[lo:hi], self.next[lo:hi]
 
     def is_accepting(self, state: int) -> bool:
         self._check_state(state)
@@ -249,15 +298,8 @@ class LazyGrammar(CompiledGrammar):
     def stats(self) -> dict:
         return {**self._stats, **self.index.stats()}
 
-    def next_state(self, state: int, token_id: int) -> int:
-        self._check_state(state)
-        if not 0 <= token_id < self.logits_width:
-            return -1
-        tokens, nxt = self.index.row(state)
-        i = int(tokens.searchsorted(np.int32(token_id)))
-        if i < len(tokens) and tokens[i] == token_id:
-            return int(nxt[i])
-        return -1
+    def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.row(state)
 
     def is_accepting(self, state: int) -> bool:
         self._check_state(state)

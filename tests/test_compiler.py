@@ -364,3 +364,35 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"  # a killed orphan may wait as a zombie for a reaper
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_next_state_lookups_equal_a_search_in_the_row(qwen_vocab, mode, monkeypatch):
+    """next_state's three per-state lookups (a dict for few tokens, bisected forbidden ids for a row
+    allowing nearly all, the numpy row otherwise) against a plain search in the row, on allowed,
+    forbidden and out-of-range ids; and the same answers once the lookup budget is spent."""
+    from grammar_mlx import compiler
+
+    # A JSON string (its inside allows all but ~5k ids), then lowercase words (a middle-sized row).
+    regex = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*" [a-z]{1,30}'
+    rng = np.random.default_rng(0)
+    for budget in (compiler.MAX_LOOKUP_BYTES, 0):
+        monkeypatch.setattr(compiler, "MAX_LOOKUP_BYTES", budget)
+        grammar = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode=mode)
+        grammar._lookups, grammar._lookup_bytes = {}, 0  # compile_regex hands out one object per grammar
+        forms, state, todo, seen = set(), grammar.initial_state, [grammar.initial_state], set()
+        while todo:
+            state = todo.pop()
+            if state in seen:
+                continue
+            seen.add(state)
+            allowed = grammar.allowed_tokens(state)
+            reference = dict(zip(allowed.tolist(), grammar._row(state)[1].tolist()))
+            probes = np.concatenate([rng.choice(allowed, min(200, len(allowed)), replace=False),
+                                     rng.integers(0, QWEN_WIDTH, 300), [0, QWEN_WIDTH - 1, QWEN_WIDTH, -1, 10**9]])
+            for t in probes.tolist():
+                assert grammar.next_state(state, t) == reference.get(t, -1), (state, t)
+            entry = grammar._lookups.get(state)
+            forms.add("none" if entry is None else "dict" if type(entry) is dict else type(entry[0]).__name__)
+            todo.extend(set(reference.values()) - seen)
+        assert forms == ({"dict", "list", "ndarray"} if budget else {"none"}), forms
