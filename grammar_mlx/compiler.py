@@ -277,6 +277,7 @@ class LazyGrammar(CompiledGrammar):
         self.index = index
         self.initial_state = index.dfa.initial
         self.terminal_state = index.terminal
+        self._known_mask_row = index.mask_of.get  # mask_row's per-token path: a filled state's row
 
     @property
     def num_states(self) -> int:
@@ -310,8 +311,10 @@ class LazyGrammar(CompiledGrammar):
         return self.index.row(state)[0]
 
     def mask_row(self, state: int) -> int:
-        if not 0 <= state < self.num_states:
-            self._check_state(state)
+        row = self._known_mask_row(state, -1)
+        if row >= 0:
+            return row
+        self._check_state(state)
         return self.index.mask_row(state)
 
     def device_masks(self):

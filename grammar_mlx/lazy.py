@@ -82,7 +82,7 @@ class LazyIndex:
         self.max_mask_bytes = DEFAULT_MAX_MASK_BYTES if max_mask_bytes is None else int(max_mask_bytes)
 
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._mask_of: dict[int, int] = {}
+        self.mask_of: dict[int, int] = {}  # state -> its mask row, for every filled state (read-only outside)
         self._used: dict[int, int] = {}  # second-chance bits for row eviction
         self._filled_order: deque[int] = deque()  # states holding a row, in clock order
         self._row_bytes = 0
@@ -128,10 +128,10 @@ class LazyIndex:
 
     def mask_row(self, state: int) -> int:
         """The id of `state`'s row in the mask table (filling the state on its first visit)."""
-        row = self._mask_of.get(state, -1)
+        row = self.mask_of.get(state, -1)
         if row < 0:
             self._fill(state)
-            row = self._mask_of[state]
+            row = self.mask_of[state]
         return row
 
     def device_masks(self):
@@ -165,8 +165,8 @@ class LazyIndex:
                     nxt = np.insert(nxt, at, np.int32(self.terminal))
             tokens.setflags(write=False)
             nxt.setflags(write=False)
-            if state not in self._mask_of:
-                self._mask_of[state] = self._add_mask(tokens)
+            if state not in self.mask_of:
+                self.mask_of[state] = self._add_mask(tokens)
             entry = (tokens, nxt)
             self._store(state, entry)
             elapsed = time.perf_counter() - started
