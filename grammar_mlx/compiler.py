@@ -580,7 +580,7 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
 
         deadline = time.monotonic() + timeout
         trie = token_trie(vocab, width)
-        grammar, dfa, engine_note = None, None, ""
+        dfa, engine_note, nfa_meta = None, "", {}
         if mode != "eager" and engine == "auto" and use_cache:
             # outlines-core's complete DFA, already on disk, costs a file read and walks faster than
             # rows determinized on demand: use it when a previous compile left it.
@@ -595,46 +595,41 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
             if lazy_dfa is None and engine == "nfa":
                 raise GrammarError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
             if lazy_dfa is not None:
+                built_by, dfa_hit = "nfa", False
                 small = None if mode == "lazy" else _complete_if_small(lazy_dfa, AUTO_EAGER_MAX_STATES)
                 if small is None:
+                    dfa, dfa_meta, chosen = lazy_dfa, {"dfa_seconds": None}, "lazy"
                     reason = ("requested" if mode == "lazy" else "auto") + f"; {engine_note}"
-                    stats = {"mode": "lazy", "engine": "nfa", "mode_reason": reason, "cache_hit": False,
-                             "compile_seconds": time.perf_counter() - started, "dfa_seconds": None,
-                             "index_seconds": None, "byte_states": None, **nfa_meta}
-                    grammar = LazyGrammar(LazyIndex(lazy_dfa, trie, eos, width), vocab, stats=stats, **common)
                 else:
-                    dfa, dfa_meta, dfa_hit, built_by = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, False, "nfa"
-                    chosen, reason = "eager", (f"auto: {dfa.num_states} byte states <= {AUTO_EAGER_MAX_STATES} "
-                                               "(full tables cost little)")
-        if grammar is None:
-            if dfa is None:
-                dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, use_cache, deadline, jobs)
-                built_by = "outlines"
-                chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
-                if engine == "outlines":
-                    reason += "; engine outlines-core (requested)"
-                elif engine_note and mode != "eager":
-                    reason += f"; engine outlines-core: {engine_note}"
-            if chosen == "eager":
-                path = tables_path or jobs.scratch_path("tables.gmx")
-                job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
-                       "path": str(path), "key": key, "table": dfa.table, "accepting": dfa.accepting,
-                       "classes": dfa.classes, "initial_state": dfa.initial, "regex": regex}
-                jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)), deadline)
-                loaded = read_tables(path, key)
-                if loaded is None or not _valid(loaded[0], loaded[1], width):
-                    raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
-                grammar = _eager(loaded, vocab, common, started, cache_hit=False,
-                                 dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason)
-                grammar._stats["engine"] = built_by
-            else:
-                index = LazyIndex(dfa, trie, eos, width)
-                stats = {
-                    "mode": "lazy", "engine": "outlines", "mode_reason": reason, "cache_hit": dfa_hit,
-                    "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
-                    "index_seconds": None, "byte_states": dfa.num_states,
-                }
-                grammar = LazyGrammar(index, vocab, stats=stats, **common)
+                    dfa, dfa_meta, chosen = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
+                    reason = f"auto: {dfa.num_states} byte states <= {AUTO_EAGER_MAX_STATES} (full tables cost little)"
+        if dfa is None:
+            dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, use_cache, deadline, jobs)
+            built_by = "outlines"
+            chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
+            if engine == "outlines":
+                reason += "; engine outlines-core (requested)"
+            elif engine_note and mode != "eager":
+                reason += f"; engine outlines-core: {engine_note}"
+        if chosen == "eager":
+            path = tables_path or jobs.scratch_path("tables.gmx")
+            job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
+                   "path": str(path), "key": key, "table": dfa.table, "accepting": dfa.accepting,
+                   "classes": dfa.classes, "initial_state": dfa.initial, "regex": regex}
+            jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)), deadline)
+            loaded = read_tables(path, key)
+            if loaded is None or not _valid(loaded[0], loaded[1], width):
+                raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
+            grammar = _eager(loaded, vocab, common, started, cache_hit=False,
+                             dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason, engine=built_by)
+        else:
+            growing = built_by == "nfa"  # an on-demand DFA has no final state count
+            stats = {
+                "mode": "lazy", "engine": built_by, "mode_reason": reason, "cache_hit": dfa_hit,
+                "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
+                "index_seconds": None, "byte_states": None if growing else dfa.num_states, **nfa_meta,
+            }
+            grammar = LazyGrammar(LazyIndex(dfa, trie, eos, width), vocab, stats=stats, **common)
     finally:
         jobs.close()
         if report is not None and progress is True:
@@ -644,11 +639,11 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
     return grammar
 
 
-def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason) -> EagerGrammar:
+def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason, engine=None) -> EagerGrammar:
     arrays, meta = loaded
     stats = {
         "mode": "eager",
-        "engine": None,  # the engine that built the byte DFA, when this compile built it
+        "engine": engine,  # the engine that built the byte DFA, when this compile built it
         "mode_reason": reason,
         "cache_hit": cache_hit,
         "compile_seconds": time.perf_counter() - started,
