@@ -120,26 +120,25 @@ def speculative_histories(prompt, tokens, k=4):
     return calls
 
 
+def time_each(items, fn) -> list[int]:
+    """ns per `mx.eval(fn(item))`, each timed alone."""
+    pc = time.perf_counter_ns
+    times = []
+    for item in items:
+        t0 = pc()
+        mx.eval(fn(item))
+        times.append(pc() - t0)
+    return times
+
+
 def time_round(histories, logits, make_proc) -> list[int]:
     """ns per call, each timed alone (a fresh processor: its first call, the context, included)."""
     proc = make_proc()
-    pc = time.perf_counter_ns
-    times = []
-    for h in histories:
-        t0 = pc()
-        mx.eval(proc(h, logits))
-        times.append(pc() - t0)
-    return times
+    return time_each(histories, lambda h: proc(h, logits))
 
 
 def time_floor(histories, logits) -> list[int]:
-    pc = time.perf_counter_ns
-    times = []
-    for _ in histories:
-        t0 = pc()
-        mx.eval(logits + 0)
-        times.append(pc() - t0)
-    return times
+    return time_each(histories, lambda _: logits + 0)
 
 
 def time_sync_only(views, grammar, context_len) -> list[int]:
@@ -156,13 +155,7 @@ def time_sync_only(views, grammar, context_len) -> list[int]:
 
 def time_kernel_only(rows, logits, mask) -> list[int]:
     """The mask alone: the rows the replay selects, through the bound per-token path."""
-    pc = time.perf_counter_ns
-    times = []
-    for row in rows:
-        t0 = pc()
-        mx.eval(mask(logits, row))
-        times.append(pc() - t0)
-    return times
+    return time_each(rows, lambda row: mask(logits, row))
 
 
 def replay_rows(grammar, histories, logits):

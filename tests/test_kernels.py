@@ -551,57 +551,55 @@ class FakeKernelFactory:
         return kernel
 
 
-@pytest.mark.parametrize("backend, factory_name", [("metal", "metal_kernel"), ("cuda", "cuda_kernel")])
-def test_gpu_dispatch_builds_once_and_passes_rows_not_masks(monkeypatch, backend, factory_name):
+@pytest.fixture(params=[("metal", "metal_kernel"), ("cuda", "cuda_kernel")], ids=["metal", "cuda"])
+def fake_gpu(request, monkeypatch):
+    """(backend, a FakeKernelFactory standing in for mx.fast's kernel factory of that backend)."""
+    backend, factory_name = request.param
     factory = FakeKernelFactory()
     monkeypatch.setattr(mx.fast, factory_name, factory)
     monkeypatch.setattr(K, f"_{backend}_available", lambda: True)
     K._gpu_kernel.cache_clear()
-    try:
-        table = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
-        for batch, dtype in ((1, mx.float32), (3, mx.bfloat16), (2, mx.float16)):
-            logits = mx.zeros((batch, 100), dtype=dtype)
-            out = K.apply_token_bitmask(logits, table, np.arange(batch) % 3, path=backend)
-            assert out.shape == (batch, 100) and out.dtype == dtype and out[0, 0].item() == 7.0
-        assert factory.built == [
-            {
-                "name": K.KERNEL_NAME,
-                "input_names": list(K.INPUT_NAMES),
-                "output_names": list(K.OUTPUT_NAMES),
-                "source": K.kernel_source(backend),
-            }
-        ]
-        for call, (batch, dtype) in zip(factory.calls, ((1, mx.float32), (3, mx.bfloat16), (2, mx.float16))):
-            logits_in, table_in, rows_in = call["inputs"]
-            assert table_in is table  # the device-resident table itself, no per-call mask data
-            assert rows_in.dtype == mx.uint32 and rows_in.tolist() == [i % 3 for i in range(batch)]
-            assert call["template"] == [("T", dtype)]
-            assert (call["grid"], call["threadgroup"]) == K.launch_geometry(batch, 100)
-            assert call["output_shapes"] == [(batch, 100)] and call["output_dtypes"] == [dtype]
-    finally:
-        K._gpu_kernel.cache_clear()
-
-
-@pytest.mark.parametrize("backend, factory_name", [("metal", "metal_kernel"), ("cuda", "cuda_kernel")])
-def test_gpu_row_masker_passes_one_cached_row_id(monkeypatch, backend, factory_name):
-    factory = FakeKernelFactory()
-    monkeypatch.setattr(mx.fast, factory_name, factory)
-    monkeypatch.setattr(K, f"_{backend}_available", lambda: True)
+    yield backend, factory
     K._gpu_kernel.cache_clear()
-    try:
-        table = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
-        mask = K.row_masker(table, 100, mx.bfloat16, path=backend)
-        logits = mx.zeros((1, 100), dtype=mx.bfloat16)
-        for row in (2, 2, np.int32(1)):
-            out = mask(logits, row)
-            assert out.shape == (1, 100) and out.dtype == mx.bfloat16
-        first, second, third = (call["inputs"] for call in factory.calls)
-        assert first[1] is table and first[2].tolist() == [2] and second[2] is first[2]  # made once
-        assert third[2].tolist() == [1] and third[2].dtype == mx.uint32
-        with pytest.raises(KernelError, match="out of range"):
-            mask(logits, 3)
-    finally:
-        K._gpu_kernel.cache_clear()
+
+
+def test_gpu_dispatch_builds_once_and_passes_rows_not_masks(fake_gpu):
+    backend, factory = fake_gpu
+    table = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
+    for batch, dtype in ((1, mx.float32), (3, mx.bfloat16), (2, mx.float16)):
+        logits = mx.zeros((batch, 100), dtype=dtype)
+        out = K.apply_token_bitmask(logits, table, np.arange(batch) % 3, path=backend)
+        assert out.shape == (batch, 100) and out.dtype == dtype and out[0, 0].item() == 7.0
+    assert factory.built == [
+        {
+            "name": K.KERNEL_NAME,
+            "input_names": list(K.INPUT_NAMES),
+            "output_names": list(K.OUTPUT_NAMES),
+            "source": K.kernel_source(backend),
+        }
+    ]
+    for call, (batch, dtype) in zip(factory.calls, ((1, mx.float32), (3, mx.bfloat16), (2, mx.float16))):
+        logits_in, table_in, rows_in = call["inputs"]
+        assert table_in is table  # the device-resident table itself, no per-call mask data
+        assert rows_in.dtype == mx.uint32 and rows_in.tolist() == [i % 3 for i in range(batch)]
+        assert call["template"] == [("T", dtype)]
+        assert (call["grid"], call["threadgroup"]) == K.launch_geometry(batch, 100)
+        assert call["output_shapes"] == [(batch, 100)] and call["output_dtypes"] == [dtype]
+
+
+def test_gpu_row_masker_passes_one_cached_row_id(fake_gpu):
+    backend, factory = fake_gpu
+    table = mx.array(np.arange(12, dtype=np.uint32).reshape(3, 4))
+    mask = K.row_masker(table, 100, mx.bfloat16, path=backend)
+    logits = mx.zeros((1, 100), dtype=mx.bfloat16)
+    for row in (2, 2, np.int32(1)):
+        out = mask(logits, row)
+        assert out.shape == (1, 100) and out.dtype == mx.bfloat16
+    first, second, third = (call["inputs"] for call in factory.calls)
+    assert first[1] is table and first[2].tolist() == [2] and second[2] is first[2]  # made once
+    assert third[2].tolist() == [1] and third[2].dtype == mx.uint32
+    with pytest.raises(KernelError, match="out of range"):
+        mask(logits, 3)
 
 
 def test_default_path_follows_the_backend(monkeypatch):
