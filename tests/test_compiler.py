@@ -295,6 +295,8 @@ def test_auto_mode_and_its_reasons(qwen_vocab, tmp_path):
     assert unicode.stats["engine"] == "nfa" and unicode.matches([16, 17, 87])  # "1", "2", "x"
     with pytest.raises(GrammarError, match="engine must be one of"):
         compile_regex("a", qwen_vocab, engine="fast")
+    with pytest.raises(GrammarError, match="engine='nfa' determinizes on demand"):
+        compile_regex(REGEXES[3], qwen_vocab, mode="eager", engine="nfa")
     compile_regex(REGEXES[3], qwen_vocab, cache_dir=tmp_path, mode="eager")
     from grammar_mlx import compiler
 
