@@ -1,10 +1,25 @@
-"""Typed errors. Every failure grammar_mlx reports is a `GrammarError`."""
+"""Typed errors. Every failure grammar_mlx reports is a `GrammarError`; each kind has its own class.
+
+Which failures are facts about the input and which are accidents of one attempt matters to anyone
+who caches results (the server's grammar cache, a caller's own memo): `transient` is False for the
+first kind (an invalid schema, an empty language, a grammar over a size rule: the same input fails
+the same way every time, so the error may be cached) and True for the second (a compile worker that
+was killed or crashed, a deadline that passed on a loaded machine: retrying may succeed, so such an
+error must never be cached).
+"""
 
 from __future__ import annotations
 
 
 class GrammarError(Exception):
     """Base class of every error raised by grammar_mlx."""
+
+    transient: bool = False  # True: may not recur on retry (never cache it); see the module docstring
+
+
+class InvalidArgumentError(GrammarError, ValueError):
+    """An argument of a grammar_mlx function or constructor has the wrong type or value (a negative
+    budget, an unknown mode, a non-positive size). The message names the argument and what it got."""
 
 
 class InvalidSchemaError(GrammarError, ValueError):
@@ -44,7 +59,27 @@ class TokenizerError(GrammarError, ValueError):
 
 
 class GrammarTooLargeError(GrammarError, ValueError):
-    """The grammar exceeds a documented size or time limit (see `limits`)."""
+    """The grammar exceeds a documented size limit (see `grammar_mlx.limits`)."""
+
+
+class CompileTimeoutError(GrammarTooLargeError):
+    """Compiling (schema translation included) passed its deadline (`timeout=`,
+    `GRAMMAR_MLX_COMPILE_TIMEOUT`). Transient: a loaded machine may finish in time on a retry.
+    A subclass of `GrammarTooLargeError`, which it was reported as before it had its own class."""
+
+    transient = True
+
+
+class CompileWorkerError(GrammarError):
+    """A compile worker process died or misbehaved for a reason outside the grammar (killed by a
+    signal, crashed, unreadable reply), even after one retry on a fresh worker. Transient.
+    `exit_code` is the worker's exit status (negative: the signal) when known."""
+
+    transient = True
+
+    def __init__(self, message: str, *, exit_code: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class GrammarViolationError(GrammarError):
@@ -89,8 +124,11 @@ class InvalidRequestError(GrammarError, ValueError):
     """A server request that cannot be served as given (e.g. a malformed `response_format`).
 
     `param` names the offending request field (dotted, e.g. `response_format.json_schema.schema`).
+    `status` is the HTTP status the server answers with (400, or 413 for a body over the limit).
     """
 
-    def __init__(self, message: str, *, param: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
         self.param = param
+        self.status = status
+        self.code = code
