@@ -1,4 +1,6 @@
-"""Time to first constrained token on real-world schemas, genuine Qwen3 vocabulary (V = 151,936).
+"""Time to first constrained token on real-world schemas, with a real vocabulary: the genuine Qwen3
+tokenizer (V = 151,936, every byte a token; the default) or `--vocab smollm2`, the embedded model's
+(V = 49,152; 21 single bytes are no tokens, so liveness needs the vocabulary: see grammar_mlx/lazy.py).
 
 For a fixed sample of `../shared/corpora/maskbench-public.jsonl.gz` schemas, in the same run, the
 regex our schema front end emits, compiled by:
@@ -27,7 +29,7 @@ Measured per schema:
 Targets: lazy time to first mask p50 <= 15 ms and p90 <= 0.5 s, both >= 10x faster than outlines;
 first visit p50 <= 5 ms; no timeout where outlines times out unless a size limit says why.
 
-    python bench/compile.py [--n 40] [--timeout 20] [--seed 0] [--no-peers]
+    python bench/compile.py [--n 40] [--timeout 20] [--seed 0] [--no-peers] [--vocab qwen|smollm2]
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 CORPUS = REPO.parent / "shared" / "corpora" / "maskbench-public.jsonl.gz"
 QWEN_WIDTH = 151_936
+WIDTH = QWEN_WIDTH  # the logits width of the vocabulary in use (main sets it)
 SYSTEMS = ("outlines", "eager", "lazy", "lazy_outlines", "lazy_outlines_warm", "xgrammar", "llguidance")
 
 
@@ -75,6 +78,24 @@ def sample(n: int, seed: int) -> list[dict]:
             if len(picked) < n and by_subset[name]:
                 picked.append(by_subset[name].pop(rng.randrange(len(by_subset[name]))))
     return picked
+
+
+VOCABULARIES = ("qwen", "smollm2")
+
+
+def load_vocabulary(name: str):
+    """(Hugging Face tokenizer, grammar_mlx Vocabulary) of "qwen" (Qwen3) or "smollm2" (the embedded model)."""
+    if name == "qwen":
+        from conftest import qwen_tokenizer_dir
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(qwen_tokenizer_dir()))
+        return tokenizer, gm.vocabulary_of(tokenizer)
+    from conftest import smollm_gguf_path
+    from grammar_mlx.models import tokenizer_from_gguf
+
+    wrapper = tokenizer_from_gguf(smollm_gguf_path())
+    return wrapper._tokenizer, gm.vocabulary_of(wrapper)
 
 
 def pct(values, q: float):
@@ -124,7 +145,7 @@ def xgrammar_run(schema_text: str, tokens: list[int]) -> dict:
     started = time.perf_counter()
     compiled = _G["xgr_compiler"].compile_json_schema(schema_text, any_whitespace=False, separators=(",", ":"))
     matcher = xgr.GrammarMatcher(compiled)
-    bitmask = np.zeros((1, -(-QWEN_WIDTH // 32)), dtype=np.int32)
+    bitmask = np.zeros((1, -(-WIDTH // 32)), dtype=np.int32)
     matcher.fill_next_token_bitmask(bitmask, 0)
     first = time.perf_counter() - started
     fills, walked = 0.0, 0
@@ -172,7 +193,7 @@ def load_peers(tokenizer) -> list[str]:
             sys.modules["torch"] = _torch_stand_in()
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=QWEN_WIDTH)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=WIDTH)
         _G["xgr"], _G["xgr_compiler"] = xgr, xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         loaded.append("xgrammar")
     except Exception as exc:  # an optional peer: report and go on
@@ -180,7 +201,7 @@ def load_peers(tokenizer) -> list[str]:
     try:
         import llguidance.hf
 
-        _G["llg_tokenizer"] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=QWEN_WIDTH)
+        _G["llg_tokenizer"] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=WIDTH)
         loaded.append("llguidance")
     except Exception as exc:
         print(f"llguidance unavailable: {type(exc).__name__}: {exc}"[:200])
@@ -209,7 +230,7 @@ def _torch_stand_in() -> types.ModuleType:
 def ours_first_mask(schema, tokenizer, mode: str, cache_dir: Path, timeout: float, use_cache: bool,
                     engine: str = "auto"):
     started = time.perf_counter()
-    grammar = gm.compile_json_schema(schema, tokenizer, logits_width=QWEN_WIDTH, mode=mode, cache_dir=cache_dir,
+    grammar = gm.compile_json_schema(schema, tokenizer, logits_width=WIDTH, mode=mode, cache_dir=cache_dir,
                                      use_cache=use_cache, timeout=timeout, engine=engine)
     grammar.mask_row(grammar.initial_state)
     grammar.device_masks()
@@ -261,24 +282,24 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--vocab", choices=VOCABULARIES, default="qwen")
     args = parser.parse_args()
     if not CORPUS.exists():
         sys.exit(f"corpus absent: {CORPUS}")
 
-    from conftest import qwen_tokenizer_dir
     from outlines_core import Vocabulary as OutlinesVocabulary
-    from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(qwen_tokenizer_dir()))
-    vocab = gm.vocabulary_of(tokenizer)
+    global WIDTH
+    tokenizer, vocab = load_vocabulary(args.vocab)
+    WIDTH = vocab.size
     text = vocab.text_tokens()
     _G["outlines_vocab"] = OutlinesVocabulary(vocab.eos_token_ids[0],
                                               {b: i for b, i in text.items() if SENTINEL_BYTES not in b})
     peers = [] if args.no_peers else load_peers(tokenizer)
     cache_dir = Path(tempfile.mkdtemp(prefix="grammar_mlx-bench-"))
     started = time.perf_counter()
-    gm.compile_regex("(warm|up)", vocab, logits_width=QWEN_WIDTH, cache_dir=cache_dir, mode="eager")
-    print(f"set-up (worker start, trie {compiler.token_trie(vocab, QWEN_WIDTH).num_nodes:,} nodes, vocabulary "
+    gm.compile_regex("(warm|up)", vocab, logits_width=WIDTH, cache_dir=cache_dir, mode="eager")
+    print(f"set-up (worker start, trie {compiler.token_trie(vocab, WIDTH).num_nodes:,} nodes, vocabulary "
           f"sent): {time.perf_counter() - started:.2f} s; peers: {', '.join(peers) or 'none'}")
 
     results, failures = [], {s: Counter() for s in SYSTEMS}
@@ -380,7 +401,8 @@ def main() -> None:
     def col(key):
         return [e.get(key) for e in results if e.get(key) is not None]
 
-    summary: dict = {"schemas": len(results), "peers": peers, "timeout_s": args.timeout}
+    summary: dict = {"schemas": len(results), "vocab": args.vocab, "width": WIDTH, "peers": peers,
+                     "timeout_s": args.timeout}
     for s in SYSTEMS:
         summary[s] = {"ok": len(col(s)), "first_mask_p50_ms": _ms(pct(col(s), 0.5)),
                       "first_mask_p90_ms": _ms(pct(col(s), 0.9)), "first_mask_max_ms": _ms(max(col(s), default=None)),
@@ -411,8 +433,9 @@ def main() -> None:
         print(f"  {k:<26} {v}")
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compile.json").write_text(json.dumps({"summary": summary, "results": results}, indent=1, default=str))
-    print(f"wrote {out / 'compile.json'}")
+    name = "compile.json" if args.vocab == "qwen" else f"compile-{args.vocab}.json"
+    (out / name).write_text(json.dumps({"summary": summary, "results": results}, indent=1, default=str))
+    print(f"wrote {out / name}")
 
 
 def _ms(v):

@@ -123,8 +123,8 @@ def build_dfa(regex: str, max_states: int, byte_vocab=None) -> token_index.ByteD
 
 def check_language(dfa: token_index.ByteDFA) -> bool:
     """EmptyLanguageError unless some text (any bytes but NUL) is accepted; returns whether every
-    state that does not accept has an edge on some text byte: then, with a vocabulary that has
-    every non-NUL byte as a token, no token-level state can be stuck (what a lazy index needs)."""
+    state that does not accept has an edge on some text byte (kept in the DFA's metadata; no longer
+    needed to choose a mode, since both modes prune dead ends for any vocabulary)."""
     if not dfa.accepts_text():
         raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
     return not bool(dfa.stuck(range(1, 256)).any())
@@ -132,12 +132,16 @@ def check_language(dfa: token_index.ByteDFA) -> bool:
 
 def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
                  progress=lambda *a: None) -> tuple[dict, dict]:
-    """Dense token tables of every state reachable by tokens, walked with `token_index.walk`.
+    """Dense token tables of every state reachable by tokens from which tokens can reach
+    acceptance, walked with `token_index.walk`.
 
-    States are numbered in breadth-first order from the initial state (0), plus a terminal state
-    S-1 entered by any EOS from an accepting state, whose only allowed tokens are the EOS ids.
-    Transitions are CSR: `offsets[s]:offsets[s+1]` slices `tokens` (sorted) and `next`. Masks are
-    deduplicated rows.
+    Every state the tokens reach is walked first; a state from which no token sequence reaches an
+    accepting state (a dead end: its text needs bytes no token spells) is then dropped, with every
+    token into it, so each kept state has a way forward (what the lazy index computes on demand:
+    lazy.py). `VocabularyMismatchError` when the initial state is such a dead end. Kept states are
+    numbered in breadth-first order from the initial state (0), plus a terminal state S-1 entered by
+    any EOS from an accepting state, whose only allowed tokens are the EOS ids. Transitions are CSR:
+    `offsets[s]:offsets[s+1]` slices `tokens` (sorted) and `next`. Masks are deduplicated rows.
     """
     eos = np.array(sorted(set(eos_ids)), dtype=np.int32)
     number = np.full(dfa.num_states + 1, -1, dtype=np.int64)
@@ -156,21 +160,48 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
             progress("states", len(rows), len(queue))
     progress("states", len(rows), len(queue))
 
+    # Live states: backward from the accepting ones over the token edges (breadth-first numbering).
     accepting_dfa = dfa.accepting[queue]
-    stuck = [q for q, (tok, _), acc in zip(queue, rows, accepting_dfa) if len(tok) == 0 and not acc]
-    if stuck:
+    src = np.concatenate([np.full(len(nxt), i, dtype=np.int64) for i, (_, nxt) in enumerate(rows)] or [np.zeros(0, np.int64)])
+    dst = number[np.concatenate([nxt for _, nxt in rows] or [np.zeros(0, np.int32)])]
+    pairs = np.unique(dst * len(queue) + src)
+    by_dst, preds = pairs // len(queue), pairs % len(queue)
+    first = np.searchsorted(by_dst, np.arange(len(queue) + 1))
+    live = accepting_dfa.copy()
+    frontier = np.flatnonzero(live)
+    while len(frontier):
+        counts = first[frontier + 1] - first[frontier]
+        ends = np.cumsum(counts)
+        found = preds[np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(first[frontier] - (ends - counts), counts)]
+        frontier = np.unique(found[~live[found]])
+        live[frontier] = True
+    if not live[0]:
+        if not dfa.accepts_text():
+            raise BuildError("EmptyLanguageError", "the grammar accepts no string at all")
         raise BuildError("VocabularyMismatchError",
                          "the vocabulary is incompatible with the regex: the grammar needs text that no token can "
-                         f"produce (e.g. a NUL character), {len(stuck)} state(s) have no way forward")
-    if not accepting_dfa.any():
-        raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
+                         "produce (e.g. a NUL character, or bytes the vocabulary lacks): no sequence of its tokens "
+                         "spells a string the grammar accepts")
+    dead_ends = int(len(queue) - np.count_nonzero(live))
+    if dead_ends:  # renumber the live states, in their breadth-first order
+        kept = np.flatnonzero(live)
+        renumber = np.full(len(queue), -1, dtype=np.int64)
+        renumber[kept] = np.arange(len(kept))
+        number = np.where(number >= 0, renumber[np.maximum(number, 0)], -1)
+        rows = [rows[i] for i in kept.tolist()]
+        queue = [queue[i] for i in kept.tolist()]
+        accepting_dfa = accepting_dfa[kept]
 
     num_states = len(queue) + 1
     terminal = num_states - 1
     accepting = np.append(accepting_dfa, True)
     rows_tok, rows_next = [], []
     for i, (tok, nxt) in enumerate(rows):
-        nxt = number[nxt].astype(np.int32)
+        nxt = number[nxt]
+        if dead_ends:
+            into_live = nxt >= 0
+            tok, nxt = tok[into_live], nxt[into_live]
+        nxt = nxt.astype(np.int32)
         if accepting[i]:
             at = np.searchsorted(tok, eos)
             tok = np.insert(tok, at, eos)
@@ -219,6 +250,7 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
         "mask_bytes_before_dedup": int(num_states * words * 4),
         "mask_bytes": int(masks.nbytes),
         "byte_states": int(dfa.num_states),
+        "dead_end_states": dead_ends,
     }
     return arrays, meta
 

@@ -15,8 +15,8 @@ alone is compiled by outlines-core (milliseconds, in-process) and its byte DFA s
 tables are regex-automata's, not Python's (`_oracle_template`). Whatever this module does not
 reproduce exactly — flags, anchors and look-around, nested or set-operation classes, `{,n}`, octal,
 a class left empty (e.g. only NUL) — raises `Unsupported`, and the compiler falls back to
-outlines-core's DFA (its `stats` `mode_reason` says so). Invalid regexes also raise `Unsupported`:
-outlines-core reports them with its own message and position.
+outlines-core's DFA (its `stats` `mode_reason` says so). An invalid regex raises `InvalidRegexError`
+naming the problem and its position, whether or not it also uses such constructs (`parse`).
 
 Limits: `MAX_NFA_STATES` NFA states (`GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions included) and
 `max_states` DFA states per automaton (the compiler passes `MAX_DFA_STATES`); each raises
@@ -28,46 +28,75 @@ The table layout matches `token_index.ByteDFA` (one int32 per state and byte cla
 looping to itself) with two differences a walk must know (`lazy = True`): the dead state is 0, and
 rows not computed yet hold `UNKNOWN`; `ensure_rows` computes them. Byte classes are the intervals
 between the NFA's range boundaries, NUL alone in class 0 (always dead).
+
+Liveness over an alphabet (`LazyDFA(..., alphabet=)`, the vocabulary's single-byte tokens): `live[q]`
+says whether some string of those bytes leads from DFA state q to acceptance. Decided exactly at the
+NFA level, without determinizing: a DFA state is such a set of NFA states, so it is live iff one of
+them is, and the NFA states that reach the match over the alphabet are one backward pass over the
+NFA (`_nfa_liveness`, once per grammar). Every NFA state reaches the match over all text bytes (a
+class left empty is `Unsupported`), so where every byte class holds a byte of the alphabet — JSON
+grammars with any real vocabulary — every state is live (`all_live`) and the pass is skipped.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
+from array import array
 
 import numpy as np
 
-from .errors import GrammarTooLargeError
+from .errors import GrammarTooLargeError, InvalidArgumentError, InvalidRegexError
+from .limits import check_deadline
 
 MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 4_000_000))
 UNKNOWN = -1
 NFA_STATE_BYTES = 260  # per NFA state, as CPython stores its lists and tuples (measured with tracemalloc)
+DICT_SLOT_BYTES = 72  # a dict entry at its worst load: hash index, (hash, key, value) entry, overallocation
 MAX_CP = 0x10FFFF
 _DOT = ((1, 9), (11, MAX_CP))  # any scalar but \n (NUL never matches, see the module docstring)
 _ANY = ((1, MAX_CP),)
 
 
 class Unsupported(Exception):
-    """A construct this engine does not reproduce exactly (or an invalid regex): use outlines-core."""
+    """A construct of a valid regex that this engine does not reproduce exactly: use outlines-core."""
 
 
-class _ByOracle(Exception):
-    """Internal: a class whose code points come from Unicode tables (perl or property classes)."""
+class _OracleError(Exception):
+    """Internal: regex-automata rejects a class (e.g. an unknown Unicode property name)."""
 
 
 # --- parsing --------------------------------------------------------------------------------------
 # AST: ("set", ranges) one character of a set of code point ranges; ("str", bytes) a literal;
 # ("cat", items); ("alt", items); ("rep", node, lo, hi or None); ("oracle", text) one character of a
 # class that needs Unicode tables (`\d`, `[\w.-]`, `\p{Greek}`): its bytes come from regex-automata.
+#
+# Syntax is Rust regex-syntax's, checked here in full: a syntax error is an `InvalidRegexError`
+# naming the problem and its position (a character offset), even in a regex that also uses what
+# this engine leaves to outlines-core (`Unsupported`, raised once the whole regex was checked).
+# Only the `x` and `-u` flags change the syntax itself; after one of them the rest is left to
+# outlines-core unchecked.
 
 _SET, _STR, _CAT, _ALT, _REP, _ORACLE = "set", "str", "cat", "alt", "rep", "oracle"
 _LITERAL_RUN = re.compile(r"[^\\\[\](){}|*+?.^$]+")
-_CLASS_TEXT = re.compile(r"\[\^?\]?(?:\\.|[^\\\]])*\]")  # a bracket class's text, for the memo
-_COUNTED = re.compile(r"\{(\d+)(,(\d*))?\}")
+_CLASS_TEXT = re.compile(r"\[\^?\]?(?:\\.|[^\\\]\[])*\]")  # a flat bracket class's text, for the memo
+_SPACE = "[ \t\n\r\f\v]*"  # regex-syntax allows whitespace inside a counted repetition
+_COUNTED = re.compile(r"\{" + _SPACE + r"(\d+)" + _SPACE + r"(," + _SPACE + r"(\d*)" + _SPACE + r")?\}")
+_COUNT_START = re.compile(r"\{" + _SPACE + r"\d")
+_MAX_COUNT = 2**32 - 1  # regex-syntax reads counts as u32
 _HEX = "0123456789abcdefABCDEF"
 _SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "a": 7}
 _PERL = frozenset("dDwWsS")
+_ASSERTIONS = frozenset("bBAz<>")  # \b \B \A \z \< \>: valid, but anchors (outlines-core's)
+_WORD_BOUNDARIES = ("start", "end", "start-half", "end-half")  # \b{start} ...
+_FLAGS = frozenset("imsUuxR")
+_CHECK_EVERY = 1 << 14  # parse steps (and NFA states) between two deadline checks
+
+
+def _error(problem: str, position: int) -> InvalidRegexError:
+    return InvalidRegexError(f"invalid regex at position {position}: {problem}", position=position)
 
 
 def _escapable(c: str) -> bool:
@@ -75,45 +104,62 @@ def _escapable(c: str) -> bool:
     return c.isascii() and not c.isalnum() and c not in "<>"
 
 
-def _code_point(cp: int) -> int:
+def _code_point(cp: int, at: int) -> int:
     if 0xD800 <= cp <= 0xDFFF or cp > MAX_CP:
-        raise Unsupported(f"code point {cp:#x} is no Unicode scalar value")
+        raise _error(f"escape \\x{{{cp:X}}} is no Unicode scalar value", at)
     return cp
 
 
-def _escape(pattern: str, i: int) -> tuple[object, int]:
-    """The escape at pattern[i] == '\\': (code point or perl-class letter, next index)."""
+def _escape(pattern: str, i: int, in_class: bool = False) -> tuple[object, int]:
+    """The escape at pattern[i] == '\\': (code point, or the text of a perl / property class
+    (a str starting with a backslash), or None for an assertion; next index)."""
     if i + 1 >= len(pattern):
-        raise Unsupported("trailing backslash")
+        raise _error("trailing backslash: nothing to escape", i)
     c = pattern[i + 1]
     if c in _SIMPLE_ESCAPES:
         return _SIMPLE_ESCAPES[c], i + 2
     if c in "xuU":
         if i + 2 < len(pattern) and pattern[i + 2] == "{":
             end = pattern.find("}", i + 3)
-            digits = pattern[i + 3 : end] if end > 0 else ""
+            if end < 0:
+                raise _error(f"unclosed \\{c}{{: no '}}'", i)
+            digits = pattern[i + 3 : end]
             if not digits or len(digits) > 8 or any(d not in _HEX for d in digits):
-                raise Unsupported("bad hex escape")
-            return _code_point(int(digits, 16)), end + 1
+                raise _error(f"invalid hexadecimal escape \\{c}{{{digits[:10]}}}", i)
+            return _code_point(int(digits, 16), i), end + 1
         n = {"x": 2, "u": 4, "U": 8}[c]
         digits = pattern[i + 2 : i + 2 + n]
         if len(digits) != n or any(d not in _HEX for d in digits):
-            raise Unsupported("bad hex escape")
-        return _code_point(int(digits, 16)), i + 2 + n
+            raise _error(f"invalid hexadecimal escape: \\{c} takes {n} hex digits (or {{...}})", i)
+        return _code_point(int(digits, 16), i), i + 2 + n
     if c in _PERL:
         return "\\" + c, i + 2
-    if c in "pP":  # a Unicode property class: \pL or \p{Greek}
+    if c in "pP":  # a Unicode property class: \pL or \p{Greek} (names are checked against the tables)
         if i + 2 < len(pattern) and pattern[i + 2] == "{":
             end = pattern.find("}", i + 3)
             if end < 0:
-                raise Unsupported("unclosed \\p{")
+                raise _error(f"unclosed \\{c}{{: no '}}'", i)
+            if not pattern[i + 3 : end].strip():
+                raise _error(f"empty Unicode class name \\{c}{{}}", i)
             return pattern[i : end + 1], end + 1
-        if i + 2 < len(pattern) and pattern[i + 2].isalpha():
+        if i + 2 < len(pattern) and pattern[i + 2] not in "\\[]{}()":
             return pattern[i : i + 3], i + 3
-        raise Unsupported("bad \\p escape")
+        raise _error(f"\\{c} needs a Unicode class name (\\{c}L or \\{c}{{Greek}})", i)
+    if c in _ASSERTIONS and not in_class:
+        if c == "b" and pattern.startswith("{", i + 2) and not _COUNT_START.match(pattern, i + 2):
+            # \b{start} is a word boundary; \b{2} a repetition of \b
+            end = pattern.find("}", i + 3)
+            if end < 0 or pattern[i + 3 : end] not in _WORD_BOUNDARIES:
+                raise _error(f"invalid word boundary \\b{{...}}: expected one of {', '.join(_WORD_BOUNDARIES)}", i)
+            return None, end + 1
+        return None, i + 2
     if _escapable(c):
         return ord(c), i + 2
-    raise Unsupported(f"escape \\{c}")
+    if c.isdigit():
+        raise _error(f"invalid escape \\{c}: backreferences and octal escapes are not supported", i)
+    if c in _ASSERTIONS:
+        raise _error(f"invalid escape \\{c} in a class: assertions do not match characters", i)
+    raise _error(f"invalid escape \\{c}", i)
 
 
 def _normalize(ranges) -> tuple[tuple[int, int], ...]:
@@ -141,8 +187,47 @@ def _negate(ranges) -> tuple[tuple[int, int], ...]:
     return _normalize(out)
 
 
-def _class(pattern: str, i: int) -> tuple[tuple, int]:
-    """The bracket class at pattern[i] == '[': (("set", ranges), next index)."""
+def _class_item(pattern: str, j: int) -> tuple[object, int]:
+    """One class member at pattern[j]: (code point or class text, next index)."""
+    c = pattern[j]
+    if c == "\\":
+        return _escape(pattern, j, in_class=True)
+    return ord(c), j + 1
+
+
+def _skip_class(pattern: str, i: int) -> int:
+    """The index after the bracket class opening at pattern[i] == '[', nested classes and set
+    operations included (their members' escapes are checked; the set itself is outlines-core's)."""
+    n, j, depth = len(pattern), i, 0
+    while True:
+        if j >= n:
+            raise _error("unclosed character class: '[' has no ']'", i)
+        c = pattern[j]
+        if c == "[":
+            depth += 1
+            j += 1
+            if j < n and pattern[j] == "^":
+                j += 1
+            if j < n and pattern[j] == "]":  # a ']' first is a literal
+                j += 1
+            continue
+        if c == "]":
+            depth -= 1
+            j += 1
+            if depth == 0:
+                return j
+            continue
+        if c in "&-~" and pattern.startswith(c, j + 1):  # a set operator: &&, --, ~~
+            j += 2
+            continue
+        j = _class_item(pattern, j)[1]
+        if j + 1 < n and pattern[j] == "-" and pattern[j + 1] not in "]-":  # a range's end: '[' is a literal there
+            j = _class_item(pattern, j + 1)[1]
+
+
+def _class(pattern: str, i: int) -> tuple[tuple, int, str | None]:
+    """The bracket class at pattern[i] == '[': (("set", ranges), next index, why the engine cannot
+    reproduce it or None). Nested classes and set operations are skipped (`_skip_class`)."""
     n = len(pattern)
     j = i + 1
     negated = j < n and pattern[j] == "^"
@@ -153,103 +238,166 @@ def _class(pattern: str, i: int) -> tuple[tuple, int]:
     first = True
     while True:
         if j >= n:
-            raise Unsupported("unclosed class")
+            raise _error("unclosed character class: '[' has no ']'", i)
         c = pattern[j]
         if c == "]" and not first:
             j += 1
             break
-        first = False
         if c == "[" or (c in "&-~" and j + 1 < n and pattern[j + 1] == c):
-            raise Unsupported("nested class or class set operation")
-        if c == "\\":
-            lo, j = _escape(pattern, j)
-            if isinstance(lo, str):
-                perl.add(lo)
-                continue
-        else:
-            lo, j = ord(c), j + 1
+            return (_SET, ()), _skip_class(pattern, i), "nested class or class set operation"
+        first = False
+        at = j
+        lo, j = _class_item(pattern, j)
         if j + 1 < n and pattern[j] == "-" and pattern[j + 1] != "]":
-            c = pattern[j + 1]
-            if c == "[" or c == "-":
-                raise Unsupported("class range")
-            if c == "\\":
-                hi, j = _escape(pattern, j + 1)
-                if isinstance(hi, str):
-                    raise Unsupported("class range ending in a perl class")
-            else:
-                hi, j = ord(c), j + 2
+            if pattern[j + 1] == "-":  # a--b: set difference (a range may end at '[', a literal there)
+                return (_SET, ()), _skip_class(pattern, i), "nested class or class set operation"
+            if isinstance(lo, str):
+                raise _error(f"invalid class range: {lo} is a class, not a character", at)
+            hi, j = _class_item(pattern, j + 1)
+            if isinstance(hi, str):
+                raise _error(f"invalid class range: {hi} is a class, not a character", at)
             if hi < lo:
-                raise Unsupported("class range out of order")
+                raise _error(f"invalid class range {chr(lo)!r}-{chr(hi)!r}: the start is above the end", at)
             ranges.append((lo, hi))
+        elif isinstance(lo, str):
+            perl.add(lo)
         else:
             ranges.append((lo, lo))
     if perl:
         # The idiom "everything" — a perl class with its own complement ([\s\S], [\d\D], ...) — is
         # known without tables; other classes take their code points from regex-automata (`_oracle`).
         if not any(p.lower() in perl and p.upper() in perl for p in perl if len(p) == 2):
-            raise _ByOracle
+            return (_ORACLE, pattern[i:j]), j, None
         ranges = [(0, MAX_CP)]
-    for lo, hi in ranges:
-        if lo <= 0xDFFF and hi >= 0xD800 and (lo >= 0xD800 or hi <= 0xDFFF):
-            raise Unsupported("surrogate in a class")
     out = _negate(_normalize(ranges)) if negated else _normalize(ranges)
-    return (_SET, out), j
+    return (_SET, out), j, None
+
+
+def _group_name(pattern: str, i: int, names: set) -> int:
+    """Check the group name starting at pattern[i] (after '<'); the index after its '>'."""
+    end = pattern.find(">", i)
+    if end < 0:
+        raise _error("unclosed group name: '<' has no '>'", i - 1)
+    name = pattern[i:end]
+    if not name:
+        raise _error("empty group name", i)
+    if not (name[0] == "_" or name[0].isalpha()) or not all(ch.isalnum() or ch in "_.[]" for ch in name):
+        raise _error(f"invalid group name {name!r}: a letter or '_' first, then letters, digits, '_', '.', '[', ']'",
+                     i)
+    if name in names:
+        raise _error(f"duplicate group name {name!r}", i)
+    names.add(name)
+    return end + 1
+
+
+def _flags(pattern: str, i: int) -> tuple[str, int, bool]:
+    """The flag group at pattern[i] == '(' followed by '?' and a flag or '-': (the flags, the index
+    after them, whether a ':' opens a group)."""
+    n, j = len(pattern), i + 2
+    seen: set[str] = set()
+    negated = False
+    while j < n and pattern[j] not in ":)":
+        c = pattern[j]
+        if c == "-":
+            if negated:
+                raise _error("repeated '-' in a flag group", j)
+            negated = True
+        elif c not in _FLAGS:
+            raise _error(f"unknown flag {c!r} (flags are i, m, s, U, u, x, R)" if c.isalnum() else
+                         f"invalid group syntax '(?{c}' (look-around, comments and back-references are not "
+                         "supported)", j)
+        elif c in seen:
+            raise _error(f"repeated flag {c!r}", j)
+        else:
+            seen.add(c)
+        j += 1
+    if j >= n:
+        raise _error("unclosed flag group: '(?' has no ')'", i)
+    if pattern[j - 1] == "-":
+        raise _error("a flag group cannot end with '-'", j - 1)
+    if j == i + 2:
+        raise _error("empty flag group '(?)'", i)
+    return pattern[i + 2 : j], j + 1, pattern[j] == ":"
 
 
 def parse(pattern: str):
-    """The AST of `pattern` (Rust regex syntax, the subset described in the module docstring)."""
+    """The AST of `pattern` (Rust regex syntax). Raises `InvalidRegexError` for a syntax error
+    (the first in reading order), else `Unsupported` for the first construct this engine leaves
+    to outlines-core (see the module docstring)."""
     n = len(pattern)
-    stack: list[tuple[list, list]] = []
+    stack: list[tuple[list, list, int]] = []
     alts: list[list] = []
     seq: list = []
-    quantified = False  # whether seq[-1] already carries a quantifier
     i = 0
     match_run = _LITERAL_RUN.match
     match_class = _CLASS_TEXT.match
     classes: dict[str, tuple] = {}
+    names: set[str] = set()
+    unsupported: str | None = None
+    opened = -1  # where the innermost open group starts
+    steps = 0
+    after_flags = False  # the last thing read was a flag group like (?i): nothing to repeat
+
+    def leave(why: str) -> None:  # a construct for outlines-core: remember the first, keep checking
+        nonlocal unsupported
+        if unsupported is None:
+            unsupported = why
+
     while i < n:
+        steps += 1
+        if steps % _CHECK_EVERY == 0:
+            check_deadline("parsing the regex")
         c = pattern[i]
         if c in "*+?{":
-            if not seq or quantified:
-                raise Unsupported("repetition without an operand")
+            if not seq or after_flags:
+                what = f"'{c}'" if c != "{" else "a counted repetition '{'"
+                raise _error(f"nothing to repeat before {what}", i)
             if c == "{":
                 m = _COUNTED.match(pattern, i)
                 if m is None:
-                    raise Unsupported("counted repetition")
+                    end = pattern.find("}", i)
+                    text = pattern[i : end + 1] if end > 0 else pattern[i : i + 10]
+                    raise _error(f"invalid counted repetition {text!r}: expected {{n}}, {{n,}} or {{n,m}}", i)
                 lo = int(m.group(1))
                 hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) else None)
+                if lo > _MAX_COUNT or (hi is not None and hi > _MAX_COUNT):
+                    raise _error(f"counted repetition {m.group(0)!r} is over {_MAX_COUNT:,}", i)
                 if hi is not None and hi < lo:
-                    raise Unsupported("counted repetition out of order")
+                    raise _error(f"invalid counted repetition {m.group(0)!r}: the minimum is above the maximum", i)
                 i = m.end()
             else:
                 lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
                 i += 1
             if i < n and pattern[i] == "?":  # non-greedy: the same language
                 i += 1
-            seq[-1] = (_REP, seq[-1], lo, hi)
-            quantified = True
+            seq[-1] = (_REP, seq[-1], lo, hi)  # a repetition of a repetition is one too (a** is (a*)*)
             continue
-        quantified = False
+        after_flags = False
         if c == "(":
-            if pattern.startswith("(?:", i):
-                i += 3
-            elif pattern.startswith("(?P<", i) or pattern.startswith("(?<", i):
-                end = pattern.find(">", i)
-                name = pattern[pattern.index("<", i) + 1 : end] if end > 0 else ""
-                if not name or not all(ch.isalnum() or ch in "_.[]" for ch in name):
-                    raise Unsupported("group name")
-                i = end + 1
-            elif pattern.startswith("(?", i):
-                raise Unsupported("flags or look-around")
+            start = i
+            if pattern.startswith("(?", i):
+                if pattern.startswith("(?:", i):
+                    i += 3
+                elif pattern.startswith("(?P<", i) or (pattern.startswith("(?<", i) and pattern[i + 3 : i + 4] not in "=!"):
+                    i = _group_name(pattern, pattern.index("<", i) + 1, names)
+                else:
+                    flags, i, scoped = _flags(pattern, i)
+                    if "x" in flags or "u" in flags.partition("-")[2]:
+                        # Verbose mode and non-Unicode mode change what the rest means: outlines-core's.
+                        raise Unsupported(f"the flags (?{flags})")
+                    leave(f"the flags (?{flags})")
+                    if not scoped:
+                        after_flags = True  # (?i) sets flags for the rest of the group: no operand
+                        continue
             else:
                 i += 1
-            stack.append((alts, seq))
-            alts, seq = [], []
+            stack.append((alts, seq, opened))
+            alts, seq, opened = [], [], start
         elif c == ")":
             if not stack:
-                raise Unsupported("unopened group")
+                raise _error("unbalanced ')': no group is open", i)
             node = _alternation(alts, seq)
-            alts, seq = stack.pop()
+            alts, seq, opened = stack.pop()
             seq.append(node)
             i += 1
         elif c == "|":
@@ -260,46 +408,73 @@ def parse(pattern: str):
             # Schema regexes repeat the same few classes thousands of times: parse each text once.
             m = match_class(pattern, i)
             text = m.group(0) if m is not None else None
-            node = classes.get(text) if text is not None else None
-            if node is None:
-                try:
-                    node, end = _class(pattern, i)
-                except _ByOracle:  # no nested class (that raised first): the text is the whole class
-                    node, end = (_ORACLE, text), m.end()
+            hit = classes.get(text) if text is not None else None
+            if hit is None:
+                node, end, why = _class(pattern, i)
+                if node[0] is _ORACLE:
+                    _check_oracle(node[1], i)
+                hit = (node, why)
                 if text is not None and end == m.end():
-                    classes[text] = node
+                    classes[text] = hit
             else:
                 end = m.end()
+            node, why = hit
+            if why is not None:
+                leave(why)
             i = end
             seq.append(node)
         elif c == "\\":
+            at = i
             cp, i = _escape(pattern, i)
-            seq.append((_ORACLE, cp) if isinstance(cp, str) else _literal(chr(cp)))
+            if cp is None:
+                leave(f"the assertion {pattern[at:i]}")
+                seq.append((_STR, b""))
+            elif isinstance(cp, str):
+                _check_oracle(cp, at)
+                seq.append((_ORACLE, cp))
+            else:
+                seq.append(_literal(chr(cp), at, leave))
         elif c == ".":
             seq.append((_SET, _DOT))
             i += 1
-        elif c in "^$]}":
-            raise Unsupported("anchors" if c in "^$" else f"unbalanced {c}")
+        elif c in "^$":
+            leave("anchors")
+            seq.append((_STR, b""))
+            i += 1
         else:
             m = match_run(pattern, i)
-            run = m.group(0)
-            end = m.end()
-            if end < n and pattern[end] in "*+?{" and len(run) > 1:
-                run = run[:-1]  # a quantifier applies to the last character only
-            seq.append(_literal(run))
+            if m is None:  # ']' and '}' outside a class stand for themselves
+                run = c
+            else:
+                run = m.group(0)
+                end = m.end()
+                if end < n and pattern[end] in "*+?{" and len(run) > 1:
+                    run = run[:-1]  # a quantifier applies to the last character only
+            seq.append(_literal(run, i, leave))
             i += len(run)
     if stack:
-        raise Unsupported("unclosed group")
+        raise _error("unclosed group: '(' has no ')'", opened)
+    if unsupported is not None:
+        raise Unsupported(unsupported)
     return _alternation(alts, seq)
 
 
-def _literal(text: str):
+def _check_oracle(text: str, at: int) -> None:
+    """A class that needs Unicode tables: regex-automata checks its name (`\\p{NoSuch}`) now."""
+    try:
+        _oracle_template(text)
+    except _OracleError as exc:
+        raise _error(f"invalid class {text[:60]}: {exc}", at) from None
+
+
+def _literal(text: str, at: int, leave):
     try:
         data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise Unsupported("surrogate in a literal") from None
+    except UnicodeEncodeError as exc:
+        where = at + exc.start
+        raise _error(f"lone surrogate U+{ord(text[exc.start]):04X} (not a Unicode scalar value)", where) from None
     if b"\x00" in data:
-        raise Unsupported("NUL in a literal")
+        leave("NUL in a literal")
     return (_STR, data)
 
 
@@ -379,6 +554,8 @@ class ByteNFA:
         return len(self.trans)
 
     def _check(self, more: int) -> None:
+        if len(self.trans) // _CHECK_EVERY != (len(self.trans) + more) // _CHECK_EVERY:
+            check_deadline("building the byte NFA")
         if len(self.trans) + more > self.max_states:
             raise GrammarTooLargeError(
                 f"the regex's byte NFA needs over {self.max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); "
@@ -503,6 +680,8 @@ def _oracle_template(text: str) -> list:
     try:
         dfa = build_dfa(text, 100_000)
     except BuildError as exc:
+        if exc.kind == "InvalidRegexError":
+            raise _OracleError("regex-automata rejects it (e.g. an unknown Unicode property name)") from None
         raise Unsupported(f"the class {text[:40]!r}: {exc}") from None
     n = dfa.num_states
     rows = dfa.rows()
@@ -537,8 +716,9 @@ def _oracle_template(text: str) -> list:
 
 
 def build_nfa(pattern: str, max_states: int = MAX_NFA_STATES) -> ByteNFA:
-    """Parse and compile `pattern`; `Unsupported` for what outlines-core must handle,
-    `GrammarTooLargeError` past `max_states`."""
+    """Parse and compile `pattern`; `InvalidRegexError` for a syntax error, `Unsupported` for what
+    outlines-core must handle, `GrammarTooLargeError` past `max_states`, `CompileTimeoutError` past
+    the compile deadline in force (`grammar_mlx.limits`)."""
     nfa = ByteNFA(max_states)
     try:
         nfa.start = nfa.compile(parse(pattern), nfa.match)
@@ -554,11 +734,15 @@ class LazyDFA:
     """Subset construction on demand. State 0 is dead, 1 the initial state; a state's row (its
     successor per byte class) is computed by `ensure_rows` when a walk first needs it, creating
     the successor states (sets only, rows `UNKNOWN`). States are never discarded (see the module
-    docstring); `max_states` bounds them."""
+    docstring); `max_states` bounds them.
+
+    `alphabet`: the bytes that `live` is computed over (the vocabulary's single-byte tokens; None:
+    every byte but NUL). `live[q]` for each state so far: some string of those bytes leads from q to
+    acceptance (see the module docstring); `all_live` when that holds for every state but the dead one."""
 
     lazy = True
 
-    def __init__(self, nfa: ByteNFA, max_states: int):
+    def __init__(self, nfa: ByteNFA, max_states: int, alphabet=None):
         self.nfa = nfa
         self.max_states = int(max_states)
         starts = np.flatnonzero(np.frombuffer(bytes(nfa.bounds[:256]), dtype=np.uint8))
@@ -575,15 +759,20 @@ class LazyDFA:
         self._class_trans: dict[int, tuple] = {}
         self._sets: list[tuple | None] = [None]  # NFA states of each DFA state (None once its row is done)
         self._ids: dict[frozenset, int] = {}
-        self._set_ids = 0
         self._lock = threading.RLock()
         self.table = np.zeros(16 * self.num_classes, dtype=np.int32)
         self.table[self.num_classes :] = UNKNOWN
         self.accepting = np.zeros(16, dtype=bool)
+        self.live = np.zeros(16, dtype=bool)
         self.num_states = 1
         self.rows_computed = 1
         self._node_classes = None
         self._device = None
+        self.alphabet = frozenset(range(1, 256)) if alphabet is None else frozenset(alphabet) - {0}
+        self._nfa_live = self._nfa_liveness()
+        self.all_live = self._nfa_live is None
+        # Python objects held by the memos (sets, closures, transitions), in bytes: see `nbytes`.
+        self._py_bytes = sys.getsizeof(self._sets) + 3 * sys.getsizeof({})
         self.initial = self._state(frozenset(self._closure_of(nfa.start)))
 
     # The walk's interface shared with token_index.ByteDFA.
@@ -595,9 +784,53 @@ class LazyDFA:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes, estimated: the table and flags as allocated, ~8 bytes per NFA state id in the
-        sets kept for deduplication, and the NFA's Python lists (~260 bytes per state)."""
-        return int(self.table.nbytes + self.accepting.nbytes + 8 * self._set_ids + NFA_STATE_BYTES * len(self.nfa))
+        """Host bytes held: the table and flags as allocated, the memos' Python objects (counted by
+        `sys.getsizeof` as they are made, `DICT_SLOT_BYTES` per dict entry), the NFA's lists
+        (`NFA_STATE_BYTES` per state, measured) and its liveness flags."""
+        live = len(self._nfa_live) + 56 if self._nfa_live is not None else 0
+        arrays = self.table.nbytes + self.accepting.nbytes + self.live.nbytes
+        return int(arrays + self._py_bytes + live + NFA_STATE_BYTES * len(self.nfa))
+
+    def _nfa_liveness(self) -> bytearray | None:
+        """Which NFA states reach the match over `alphabet` (a backward pass over the NFA's edges
+        whose byte range holds a byte of it), or None when all do: every byte class holds a byte
+        of the alphabet, so every edge can be taken (see the module docstring)."""
+        usable = np.zeros(256, dtype=bool)
+        usable[sorted(self.alphabet)] = True
+        if np.unique(self.classes[usable]).size == self.num_classes - 1:  # every class but NUL's
+            return None
+        prefix = np.concatenate([[0], np.cumsum(usable)]).tolist()  # usable bytes below b: prefix[b]
+        trans, eps = self.nfa.trans, self.nfa.eps
+        src, dst = array("i"), array("i")
+        for q in range(len(trans)):
+            if q % _CHECK_EVERY == 0:
+                check_deadline("the byte NFA's liveness")
+            ranges = trans[q]
+            if ranges is not None:
+                for lo, hi, t in ranges:
+                    if prefix[hi + 1] > prefix[lo]:
+                        src.append(q)
+                        dst.append(t)
+            elif eps[q]:
+                for t in eps[q]:
+                    src.append(q)
+                    dst.append(t)
+        n = len(trans)
+        to = np.frombuffer(dst, dtype=np.int32)
+        order = np.argsort(to, kind="stable")
+        preds = array("i", np.frombuffer(src, dtype=np.int32)[order].tobytes())
+        first = array("q", np.searchsorted(to[order], np.arange(n + 1)).astype(np.int64).tobytes())
+        live = bytearray(n)
+        live[self.nfa.match] = 1
+        stack = [self.nfa.match]
+        while stack:
+            t = stack.pop()
+            for k in range(first[t], first[t + 1]):
+                q = preds[k]
+                if not live[q]:
+                    live[q] = 1
+                    stack.append(q)
+        return live
 
     def _closure_of(self, q: int) -> tuple:
         """Byte states and the match state reachable from q by epsilon moves (memoized)."""
@@ -616,6 +849,7 @@ class LazyDFA:
                     seen.add(t)
                     stack.append(t)
         result = self._closure[q] = tuple(out)
+        self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(result)
         return result
 
     def _transitions(self, q: int) -> tuple:
@@ -624,6 +858,7 @@ class LazyDFA:
         if hit is None:
             cls = self.classes
             hit = self._class_trans[q] = tuple((int(cls[lo]), int(cls[hi]), t) for lo, hi, t in self.nfa.trans[q])
+            self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(hit) + 64 * len(hit)  # 3-tuples of shared ints
         return hit
 
     def _state(self, nfa_set: frozenset) -> int:
@@ -637,10 +872,13 @@ class LazyDFA:
                 "the grammar's automaton is too large for this generation")
         if sid == len(self.accepting):
             self._grow()
+        members = tuple(nfa_set)
         self._ids[nfa_set] = sid
-        self._sets.append(tuple(nfa_set))
-        self._set_ids += len(nfa_set)
+        self._sets.append(members)
+        self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(nfa_set) + 32 + 8 + sys.getsizeof(members)
         self.accepting[sid] = self.nfa.match in nfa_set
+        live = self._nfa_live
+        self.live[sid] = live is None or any(map(live.__getitem__, members))
         self.num_states = sid + 1  # last: a reader never sees a state without its set
         return sid
 
@@ -651,7 +889,10 @@ class LazyDFA:
         table[: len(self.table)] = self.table
         accepting = np.zeros(size, dtype=bool)
         accepting[: len(self.accepting)] = self.accepting
-        self.table, self.accepting = table, accepting
+        live = np.zeros(size, dtype=bool)
+        live[: len(self.live)] = self.live
+        self.table, self.accepting, self.live = table, accepting, live
+        self._py_bytes += 8 * (size - len(self._sets))  # the set list's slots grow alike
 
     def ensure_rows(self, states) -> None:
         """Compute the rows of `states` (ids of existing states) that are still UNKNOWN."""
@@ -693,6 +934,7 @@ class LazyDFA:
                 sid = by_targets[key] = self._state(nfa_set)
             row[c] = sid
         self.table[q * width : (q + 1) * width] = row
+        self._py_bytes -= sys.getsizeof(self._sets[q])
         self._sets[q] = None
         self.rows_computed += 1
 
@@ -703,7 +945,7 @@ class LazyDFA:
 
         n = self.num_states - 1
         if any(s is not None for s in self._sets[1:]):
-            raise ValueError("to_byte_dfa needs every row computed")
+            raise InvalidArgumentError("to_byte_dfa needs every row computed (ensure_rows on every state first)")
         rows = self.table[: self.num_states * self.num_classes].reshape(self.num_states, self.num_classes)
         renumber = np.arange(-1, n, dtype=np.int32)
         renumber[0] = n

@@ -13,12 +13,13 @@ Two engines build the byte automaton a lazy grammar walks (`engine=`, `stats["en
   of a 10^5-state grammar is what a generation visits. Used wherever it applies (`engine="auto"`);
 - "outlines": outlines-core's complete byte DFA (over the 256 single bytes), in a worker process
   that a deadline and a memory limit can stop, cached on disk by regex alone. Used for eager tables,
-  for regexes with constructs the NFA does not reproduce exactly (flags, anchors, Unicode perl
-  classes, ...; `mode_reason` names it) and for vocabularies without every single byte as a token.
-`mode="auto"` (the default) picks eager when a complete cache file exists, when the DFA is small
-(at most `AUTO_EAGER_MAX_STATES` states: the full tables cost about one first visit), or when the lazy
-index cannot prove up front that every state has a way forward with this vocabulary (the eager build
-checks it state by state and raises `VocabularyMismatchError`); lazy otherwise. `stats["mode"]`,
+  for regexes with constructs the NFA does not reproduce exactly (flags, anchors, ...; `mode_reason`
+  names it).
+Both modes are exact for every vocabulary: a token is allowed iff tokens can go on from where it
+leads to a match, whatever single bytes the vocabulary lacks (lazy.py; eager: `build_tables`);
+`VocabularyMismatchError` when no token sequence matches at all.
+`mode="auto"` (the default) picks eager when a complete cache file exists or when the DFA is small
+(at most `AUTO_EAGER_MAX_STATES` states: the full tables cost about one first visit); lazy otherwise. `stats["mode"]`,
 `stats["engine"]` and `stats["mode_reason"]` tell which and why. See docs/compiled-grammar.md.
 
 Limits (all overridable per call, or by environment variable):
@@ -153,24 +154,30 @@ class CompiledGrammar:
         """(sorted allowed ids, the state after each) of a valid state."""
         raise NotImplementedError
 
+    # Bytes a lookup adds besides the row arrays it shares with the grammar: the dict form's ints
+    # past the small-int cache (a key and a value each), the forbidden ids' ints, a slot in `_lookups`.
+    _INT_BYTES = 32
+    _SLOT_BYTES = 72 + 32 + 56  # dict entry, the state int, the entry's tuple
+
     def _lookup(self, state: int):
         tokens, nxt = self._row(state)
         n, width = len(tokens), self.logits_width
         if self._lookup_bytes >= MAX_LOOKUP_BYTES:
             return tokens, nxt
         if n <= SMALL_ROW:
-            entry, cost = dict(zip(tokens.tolist(), nxt.tolist())), 100 * n
+            entry = dict(zip(tokens.tolist(), nxt.tolist()))
+            cost = sys.getsizeof(entry) + 2 * self._INT_BYTES * n
         elif width - n <= MAX_FORBIDDEN:
             allowed = np.zeros(width, dtype=bool)
             allowed[tokens] = True
             forbidden = np.flatnonzero(~allowed).tolist()
             # The place arithmetic needs the row to be exactly the complement: unique ids below width.
             entry = (forbidden, nxt) if len(forbidden) + n == width else (tokens, nxt)
-            cost = 40 * len(forbidden) + nxt.nbytes
+            cost = sys.getsizeof(forbidden) + self._INT_BYTES * len(forbidden) + 2 * 112  # + array views
         else:
-            entry, cost = (tokens, nxt), tokens.nbytes + nxt.nbytes
+            entry, cost = (tokens, nxt), 2 * 112
         self._lookups[state] = entry
-        self._lookup_bytes += cost
+        self._lookup_bytes += cost + self._SLOT_BYTES
         return entry
 
     def allowed_tokens(self, state: int) -> np.ndarray:
@@ -190,7 +197,10 @@ class CompiledGrammar:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes this grammar holds now (a lazy grammar grows as states are visited)."""
+        """Bytes this grammar holds now, host and device (a lazy grammar grows as states are visited):
+        its tables, the mask table on the device, `next_state`'s lookups and the Python lists and
+        dicts behind them (counted per entry at upper-ish CPython sizes). The vocabulary and its
+        token trie, shared by every grammar of the vocabulary, are not counted."""
         raise NotImplementedError
 
     def token_text(self, token_id: int) -> str:
@@ -225,6 +235,8 @@ class EagerGrammar(CompiledGrammar):
         self.terminal_state = int(meta["terminal_state"])
         self._row_start = self.offsets.tolist()  # Python ints: the per-token lookup avoids numpy scalars
         self._mask_rows = self.mask_id.tolist()
+        self._list_bytes = (self._int_list_bytes(self._row_start, self.offsets)
+                            + self._int_list_bytes(self._mask_rows, self.mask_id))
         self._device_masks = None
         self._lock = threading.Lock()
 
@@ -262,7 +274,14 @@ class EagerGrammar(CompiledGrammar):
     @property
     def nbytes(self) -> int:
         arrays = (self.offsets, self.tokens, self.next, self.accepting, self.masks, self.mask_id)
-        return sum(int(a.nbytes) for a in arrays)
+        device = self._device_masks.nbytes if self._device_masks is not None else 0
+        return sum(int(a.nbytes) for a in arrays) + self._list_bytes + device + self._lookup_bytes
+
+    @staticmethod
+    def _int_list_bytes(values: list, array: np.ndarray) -> int:
+        """A list of Python ints made by `array.tolist()`: its slots and the int objects past the
+        small-int cache (-5..256, shared)."""
+        return sys.getsizeof(values) + 32 * int(np.count_nonzero((array < -5) | (array > 256)))
 
 
 class LazyGrammar(CompiledGrammar):
@@ -274,10 +293,19 @@ class LazyGrammar(CompiledGrammar):
 
     def __init__(self, index: LazyIndex, vocabulary: Vocabulary, **kw):
         super().__init__(vocabulary, **kw)
+        index.check_initial()  # VocabularyMismatchError: no token sequence reaches acceptance
         self.index = index
         self.initial_state = index.dfa.initial
         self.terminal_state = index.terminal
         self._known_mask_row = index.mask_of.get  # mask_row's per-token path: a filled state's row
+        # A lookup shares its row's arrays with the index; once the index drops the row, the lookup
+        # alone keeps them, and they count here (weakly bound: no cycle keeps the grammar alive).
+        index.on_evict = weakref.WeakMethod(self._row_dropped)
+
+    def _row_dropped(self, state: int, tokens: np.ndarray, nxt: np.ndarray) -> None:
+        entry = self._lookups.get(state)
+        if entry is not None and type(entry) is not dict and entry[1] is nxt:
+            self._lookup_bytes += nxt.nbytes + (tokens.nbytes if entry[0] is tokens else 0)
 
     @property
     def num_states(self) -> int:
@@ -318,12 +346,13 @@ class LazyGrammar(CompiledGrammar):
         return self.index.mask_row(state)
 
     def device_masks(self):
-        """The mask rows computed so far, as an `mx.array` (a new object whenever rows were added)."""
+        """The mask table as an `mx.array`: every row `mask_row` has returned so far, and room for
+        more (rows past those are not written yet; a full table is replaced by one twice as large)."""
         return self.index.device_masks()
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes
+        return self.index.nbytes + self._lookup_bytes
 
     def _eager_only(name: str):  # noqa: N805 - builds properties at class creation
         def get(self):
@@ -658,23 +687,17 @@ def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason, en
     return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
 
 
-_ALL_TEXT_BYTES = frozenset(range(1, 256))
-
-
 def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[LazyDFA | None, dict, str]:
     """The regex's byte NFA with a DFA determinized on demand (`byte_nfa`), built in-process in
-    linear time, or None and why outlines-core's complete DFA is needed instead.
+    linear time, or None and why outlines-core's complete DFA is needed instead (a construct the
+    NFA does not reproduce). Raises `InvalidRegexError` for a syntax error.
 
-    The lazy index must know up front that no state it may meet is stuck (see `_choose_mode`). Here
-    that holds by construction when every non-NUL byte is a token: every NFA state lies on a path to
-    the match (a class left empty — the only way to break this — is `Unsupported`), so a DFA state
-    that does not accept has an edge on some non-NUL byte, whose token is allowed."""
-    if not trie.single_bytes >= _ALL_TEXT_BYTES:
-        return None, {}, "the vocabulary lacks single-byte tokens, so an on-demand DFA cannot prove a way forward"
+    Any vocabulary: the DFA's liveness is computed over the vocabulary's single-byte tokens, and the
+    lazy index keeps only tokens into states from which tokens can reach acceptance (lazy.py)."""
     started = time.perf_counter()
     try:
         nfa = build_nfa(regex, MAX_NFA_STATES)
-        dfa = LazyDFA(nfa, MAX_DFA_STATES)
+        dfa = LazyDFA(nfa, MAX_DFA_STATES, alphabet=trie.single_bytes)
     except Unsupported as exc:
         return None, {}, f"the regex uses what the byte NFA does not reproduce exactly ({exc})"
     seconds = time.perf_counter() - started
@@ -695,26 +718,10 @@ def _complete_if_small(dfa: LazyDFA, limit: int) -> ByteDFA | None:
 
 
 def _choose_mode(requested: str, dfa: ByteDFA, dfa_meta: dict, trie: TokenTrie) -> tuple[str, str]:
-    if requested == "eager":
-        return "eager", "requested"
-    # An eager build raises when a state tokens reach allows nothing. The lazy index must rule that
-    # out up front. With every non-NUL byte a token (byte-level vocabularies), a state that does not
-    # accept and has an edge on some text byte allows at least that byte's token: the worker checked
-    # this with the DFA, so a warm compile does not repeat it. Other vocabularies need the stronger
-    # condition that every state reaches acceptance through their single-byte tokens.
-    if trie.single_bytes >= _ALL_TEXT_BYTES and "no_stuck_state" in dfa_meta:
-        provable = bool(dfa_meta["no_stuck_state"])
-    else:
-        provable = bool(trie.single_bytes) and bool(dfa.live_by(trie.single_bytes).all())
-    if requested == "lazy":
-        if not provable:
-            raise VocabularyMismatchError(
-                "mode='lazy' cannot prove that every state has a way forward with this vocabulary (the "
-                "vocabulary is incompatible with the regex or lacks single-byte tokens); compile with "
-                "mode='eager', which checks each state")
-        return "lazy", "requested"
-    if not provable:
-        return "eager", "auto: the vocabulary lacks single-byte tokens this grammar needs; eager checks each state"
+    # Both modes are exact for every vocabulary (dead ends pruned: lazy.py, _compile_worker.build_tables),
+    # so only the cost decides.
+    if requested != "auto":
+        return requested, "requested"
     if dfa.num_states <= AUTO_EAGER_MAX_STATES:
         return "eager", f"auto: {dfa.num_states} byte states <= {AUTO_EAGER_MAX_STATES} (full tables cost little)"
     return "lazy", f"auto: {dfa.num_states} byte states > {AUTO_EAGER_MAX_STATES}"

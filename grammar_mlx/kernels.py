@@ -39,15 +39,20 @@ exact too; JSON structure states allow a handful of tokens and string states for
 thousand, and both forms cost less than the dense mask (bench/kernels.py, "form/...").
 
 The CPU row cache (`_RowCache`) keys single rows by their content, so a row is found again in every
-table that holds it (a lazy grammar's table grows as a new object; equal rows of different grammars
-share an entry); a table of at most a quarter of the bound is also unpacked whole for batches (one
-gather). Memory: the bound (64 MiB by default: ~390 dense rows at V = 151,936, each V + 4 W bytes;
-far more in the id forms) plus one staging buffer as large as the largest B x V batch staged. The
-per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read
-and the row's op(s) per call.
+table that holds it (a lazy grammar's table, copied into a larger one when full; equal rows of
+different grammars share an entry); a table of at most a quarter of the bound also gets a
+whole-table entry for batches, an unpacked copy filled a row at a time on the first batch that
+uses the row (then a batch is one gather). Memory: the bound (64 MiB by default: ~390 dense rows at
+V = 151,936, each V + 4 W bytes; far more in the id forms) plus one staging buffer as large as the
+largest B x V batch staged. The per-token path is `row_masker`: a table bound once to a logits width
+and dtype, then a dict read and the row's op(s) per call.
 
-A table must not be modified in place (``mask_table[i] = ...``) after it was first used here: its
-row index and whole-table entry are keyed by the table object (held weakly; they go when it dies).
+Tables may grow in place. A table may hold rows not written yet (a lazy grammar's table has room
+for more rows than it has handed out, and writes each new row in place, through `shared_array`,
+before handing out its id: lazy.py). The rule: a row id may be passed here only once its row is
+written, and a row, once passed, never changes. Rows past those are never read, so a table's
+per-table caches (its row index and whole-table entry, keyed by the table object, held weakly and
+dropped when it dies) stay valid while it grows.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ __all__ = [
     "launch_geometry",
     "row_masker",
     "set_row_cache_limit",
+    "shared_array",
 ]
 
 # The exact arguments given to mx.fast.{metal,cuda}_kernel; tests/kernel_harness mirrors them.
@@ -236,6 +242,53 @@ def available_paths() -> list[str]:
     if cpu_jit_available():
         paths.append("cpu-fused")
     return paths + ["cpu-bitwise"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays that numpy writes into in place
+
+
+def shared_array(shape: tuple[int, ...], dtype) -> tuple[mx.array, np.ndarray] | None:
+    """A zeroed `mx.array` and a numpy view of its memory: writing the view changes the array in
+    place, as every MLX op on the default device then reads it. None where that does not hold
+    (checked once per process, `_host_writes_visible`): then the caller copies instead. Write only
+    parts no MLX op has been given yet (see the module docstring's rule), after `before_host_write`."""
+    if not _host_writes_visible():
+        return None
+    array = mx.array(np.zeros(shape, dtype=dtype))
+    view = np.array(array, copy=False)
+    if not view.flags.writeable or view.shape != tuple(shape):
+        return None
+    return array, view
+
+
+def before_host_write() -> None:
+    """Call before writing into a `shared_array` view: on a GPU, wait for the work queued so far, so
+    the host never writes memory (unified, or CUDA managed) while a kernel may be reading it."""
+    if mx.default_device().type == mx.DeviceType.gpu:
+        mx.synchronize()
+
+
+@functools.cache
+def _host_writes_visible() -> bool:
+    """Whether `np.array(a, copy=False)` of an evaluated `mx.array` aliases its memory as MLX ops on
+    the default device read it: true for the CPU backend and Apple's unified memory (MLX's CPU arrays
+    and Metal buffers are host memory) and for CUDA managed memory; probed rather than assumed, since
+    an MLX build may keep arrays in device memory and hand numpy a copy."""
+    try:
+        probe = mx.array(np.zeros((2, 8), dtype=np.uint32))
+        view = np.array(probe, copy=False)
+        if not view.flags.writeable:
+            return False
+        rows = mx.array([1], dtype=mx.int32)
+        for value in (0xDEADBEEF, 0x01234567):  # twice: the second read must not be a cached result
+            before_host_write()
+            view[1, 3] = value
+            if int(np.array(mx.take(probe, rows, axis=0))[0, 3]) != value:
+                return False
+        return True
+    except (ValueError, TypeError, RuntimeError, BufferError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,11 +478,13 @@ class _RowCache:
     * dense rows for batches of a large table, keyed ``("dense", V, packed row bytes)``.
     * whole tables for batches (B > 1), when the table has at most ``max_bytes // 4`` unpacked bytes
       (so several fit side by side), keyed ``("whole", table id, V)`` and dropped with the table: a
-      batch is then one gather inside MLX.
+      `shared_array` of the table's shape, a row unpacked into it in place on the first batch that
+      passes its id (a table that grows in place adds rows later: module docstring), so a batch is
+      one gather inside MLX. Where arrays cannot be shared, batches take the per-row path.
 
-    Content keys make a row valid for every table that holds it: a lazy grammar hands out a new table
-    object whenever it gains a row, and the rows it already had are found again without unpacking;
-    equal rows of different grammars share one entry. Each table keeps an index
+    Content keys make a row valid for every table that holds it: a lazy grammar copies its rows into
+    a larger table object when one fills up, and they are found again without unpacking; equal rows
+    of different grammars share one entry. Each table keeps an index
     ``(V, dense) -> row id -> (key, form, weak ref to the array)`` so that the per-token lookup is a
     dict read and no hashing of row bytes; the index goes when the table dies (a recycled id never
     finds it) and holds no array alive (an evicted one's weak ref is dead: a miss).
@@ -491,7 +546,14 @@ class _RowCache:
             self._track(table)  # the whole table's entry is keyed by the table's id: drop it with the table
             whole = self._whole_table(table, vocab)
             if whole is not None:
-                return mx.take(whole, mx.array(row_ids, dtype=mx.int32), axis=0)
+                _, array, view, unpacked = whole
+                new = [r for r in dict.fromkeys(row_ids) if not unpacked[r]]
+                if new:  # rows this entry has not seen (handed out since, or never batched): unpack them in place
+                    words = np.asarray(table)
+                    for r in new:
+                        _unpack(words[r : r + 1], view[r : r + 1])
+                        unpacked[r] = 1
+                return mx.take(array, mx.array(row_ids, dtype=mx.int32), axis=0)
             index = self.row_index(table, vocab, dense=True)
             found = [self.row(table, index, vocab, r, dense=True)[1] for r in row_ids]
             # mx.concatenate copies element by element on the CPU; numpy then one mx.array copy is 5x faster.
@@ -499,18 +561,21 @@ class _RowCache:
             np.concatenate([np.asarray(m) for m in found], out=batch)
             return mx.array(batch)
 
-    def _whole_table(self, table: mx.array, vocab: int) -> mx.array | None:
+    def _whole_table(self, table: mx.array, vocab: int) -> tuple | None:
+        """(form, unpacked array, its numpy view, bytearray: 1 where the row is unpacked) or None."""
         key = ("whole", id(table), vocab)
         entry = self._lru.get(key)
         if entry is not None:
             self._lru.move_to_end(key)
-            return entry[1]
+            return entry
         if table.shape[0] * vocab > self.whole_table_bytes:
             return None
-        # Built once per table: np.asarray shares the table's memory (CPU arrays live in host memory).
-        whole = mx.array(_unpack(np.asarray(table), np.empty((table.shape[0], vocab), dtype=np.int8)))
-        self._admit(key, (_DENSE, whole))
-        return whole
+        shared = shared_array((table.shape[0], vocab), np.int8)  # zeros: every token disallowed until unpacked
+        if shared is None:
+            return None
+        entry = (_DENSE, shared[0], shared[1], bytearray(table.shape[0]))
+        self._admit(key, entry)
+        return entry if key in self._lru else None
 
     def _scratch_rows(self, count: int, vocab: int) -> np.ndarray:
         # Reused staging memory: a fresh multi-page numpy array per call costs page faults that

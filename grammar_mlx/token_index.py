@@ -18,8 +18,8 @@ alive (every node of the level in one gather, no compaction: an "inside a string
 every token is allowed, costs ~2 ms at V = 151,936 with numpy). `walk_mlx` runs the dense levels as
 MLX ops, for a GPU.
 
-This module imports only numpy (MLX lazily, in `walk_mlx`) and nothing of grammar_mlx, so the
-compile worker loads it as a plain sibling file.
+This module imports only numpy (MLX lazily, in `walk_mlx`) and, of grammar_mlx, the dependency-free
+errors module, so the compile worker loads it as a plain sibling file.
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ import itertools
 import threading
 
 import numpy as np
+
+# Inside the package the package's error classes; run as the compile worker's sibling file, errors.py
+# (which imports nothing) loaded the same way.
+if __package__:
+    from .errors import InvalidArgumentError
+else:
+    from errors import InvalidArgumentError  # type: ignore[no-redef]
 
 # A token containing NUL is never allowed: NUL is the compile sentinel (see _compile_worker.wrap_regex).
 NUL = 0
@@ -177,7 +184,7 @@ class ByteDFA:
         self.dead = self.num_states
         self.initial = int(initial)
         if self.classes.shape != (256,) or self.table.shape != ((self.num_states + 1) * self.num_classes,):
-            raise ValueError(f"byte table of shape {self.table.shape} for {self.num_states} states and "
+            raise InvalidArgumentError(f"byte table of shape {self.table.shape} for {self.num_states} states and "
                              f"{self.num_classes} byte classes")
         self._node_classes: tuple[TokenTrie, np.ndarray] | None = None
         self._device = None  # (table, classes) as MLX arrays, made by walk_mlx
@@ -267,22 +274,35 @@ class ByteDFA:
         return False
 
     def live_by(self, alphabet) -> np.ndarray:
-        """States from which some string over `alphabet` (bytes) reaches an accepting state
-        (a backward search; meant for small automata and unusual vocabularies)."""
+        """States from which some string over `alphabet` (bytes) reaches an accepting state: a
+        backward breadth-first search over the distinct (state, successor) pairs, a frontier at a
+        time in numpy (the dead state is not live and is not part of the result)."""
         cols = np.unique(self.classes[np.array(sorted(alphabet), dtype=np.int64)])
         n = self.num_states
+        live = self.accepting.copy()
+        if n == 0 or not len(cols):
+            return live
         table = self.rows()[:n][:, cols]
-        backward: list[list[int]] = [[] for _ in range(n)]
-        for a, b in zip(*np.nonzero(table != self.dead)):
-            backward[int(table[a, b])].append(int(a))
-        mark = self.accepting.tolist()
-        stack = [q for q in range(n) if mark[q]]
-        while stack:
-            for p in backward[stack.pop()]:
-                if not mark[p]:
-                    mark[p] = True
-                    stack.append(p)
-        return np.array(mark, dtype=bool)
+        src = np.repeat(np.arange(n, dtype=np.int64), len(cols))
+        dst = table.ravel().astype(np.int64)
+        edge = dst != self.dead
+        pairs = np.unique(dst[edge] * n + src[edge])  # by successor, then predecessor; duplicates out
+        by_dst, preds = pairs // n, pairs % n
+        first = np.searchsorted(by_dst, np.arange(n + 1))
+        frontier = np.flatnonzero(live)
+        while len(frontier):
+            lo, hi = first[frontier], first[frontier + 1]
+            counts = hi - lo
+            total = int(counts.sum())
+            if total == 0:
+                break
+            ends = np.cumsum(counts)
+            at = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
+            found = preds[at]
+            found = np.unique(found[~live[found]])
+            live[found] = True
+            frontier = found
+        return live
 
 
 def _byte_classes(src: np.ndarray, byte: np.ndarray, dst: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

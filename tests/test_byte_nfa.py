@@ -15,14 +15,15 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import time
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grammar_mlx import GrammarTooLargeError
-from grammar_mlx._compile_worker import build_dfa
+from grammar_mlx import CompileTimeoutError, GrammarTooLargeError, InvalidRegexError
+from grammar_mlx._compile_worker import BuildError, build_dfa
 from grammar_mlx.byte_nfa import LazyDFA, Unsupported, build_nfa, utf8_sequences
 
 
@@ -183,17 +184,99 @@ def test_utf8_sequences_are_exactly_the_encodings(lo, hi):
         assert lo <= ord(data.decode()) <= hi
 
 
-# --- what this engine leaves to outlines-core ----------------------------------------------------
+# --- what this engine leaves to outlines-core, and syntax errors ----------------------------------
 
 
 @pytest.mark.parametrize("regex", [
-    r"(?i)a", r"^a", r"a$", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"a{,3}", r"\p{NoSuchClass}", r"\p",
-    r"(?=a)", r"a**", r"\x{D800}", r"[^\x00-\U0010FFFF]", r"\x00", r"a\x00b", r"a{", r"(a", r"a)", r"\0", r"\k<x>",
-    "\ud800", r"[\ud800-\udbff]", "a{3,2}", r"\q",
+    r"(?i)a", r"^a", r"a$", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"\p{Greek}(?m)x", r"\Ax\z", r"(?i:a)b",
+    r"[^\x00-\U0010FFFF]", r"\x00", r"a\x00b", r"[[:alpha:]]", r"\b{start}a", r"(?x) a", r"(?-u:a)",
 ])
 def test_constructs_left_to_outlines_core(regex):
+    """Valid regexes (regex-automata builds each, or reports an empty language or an anchor) that
+    this engine does not reproduce exactly."""
     with pytest.raises(Unsupported):
         build_nfa(regex)
+    try:
+        build_dfa(regex, 10_000)
+    except BuildError as exc:
+        assert exc.kind != "InvalidRegexError" or "unsupported regex feature" in str(exc), exc
+
+
+# (regex, position, words the message must hold): one per kind of syntax error.
+SYNTAX_ERRORS = [
+    ("(", 0, "unclosed group"), ("ab(c|d", 2, "unclosed group"), ("a)", 1, "unbalanced ')'"),
+    ("*a", 0, "nothing to repeat"), ("ab|+", 3, "nothing to repeat"), ("(?:*)", 3, "nothing to repeat"),
+    ("{1}", 0, "nothing to repeat"), ("a{", 1, "counted repetition"), ("a{,3}", 1, "counted repetition"),
+    ("a{3,2}", 1, "minimum is above the maximum"), ("a{4294967296}", 1, "over"), (r"\q", 0, r"invalid escape \q"),
+    (r"x\1", 1, "backreferences"), (r"\k<x>", 0, r"invalid escape \k"), ("a\\", 1, "trailing backslash"),
+    (r"\x{D800}", 0, "no Unicode scalar value"), (r"\xZ1", 0, "hexadecimal"), (r"\u{}", 0, "hexadecimal"),
+    (r"\p{NoSuchClass}", 0, "invalid class"), (r"[\pL\p{Nope}]", 0, "invalid class"), (r"\p", 0, "class name"),
+    ("[", 0, "unclosed character class"), ("[]", 0, "unclosed character class"), ("a[^]", 1, "unclosed"),
+    ("[z-a]", 1, "start is above the end"), (r"[a-\d]", 1, "is a class"), (r"[\b]", 1, "assertions"),
+    ("(?z)a", 2, "unknown flag"), ("(?i-)a", 3, "cannot end with '-'"), ("(?ii)a", 3, "repeated flag"),
+    ("(?)", 0, "empty flag group"), ("(?=a)", 2, "look-around"), ("(?P<1x>a)", 4, "invalid group name"),
+    ("(?P<x>a)(?<x>b)", 11, "duplicate group name"), ("(?P<x", 3, "unclosed group name"),
+    ("\ud800", 0, "lone surrogate"), ("ab\udc00", 2, "lone surrogate"), ("(?i)a(", 5, "unclosed group"),
+    (r"[[a]]\q", 5, r"invalid escape \q"), (r"\b{begin}", 0, "word boundary"),
+]
+
+
+@pytest.mark.parametrize("regex, position, words", SYNTAX_ERRORS)
+def test_syntax_errors_name_the_problem_and_its_position(regex, position, words):
+    with pytest.raises(InvalidRegexError) as info:
+        build_nfa(regex)
+    assert info.value.position == position and words in str(info.value), str(info.value)
+    assert f"position {position}" in str(info.value)
+    if "\ud800" <= regex[-1] <= "\udfff" or "\ud800" <= regex[0] <= "\udfff":
+        return  # a lone surrogate cannot even reach outlines-core (no UTF-8 string)
+    assert regex_automata_verdict(regex) == "invalid", "regex-automata rejects it too"
+
+
+def regex_automata_verdict(regex: str) -> str:
+    """"invalid" where regex-automata rejects the regex's syntax, else "ok". The regex is given
+    as it is, not wrapped as `build_dfa` wraps it: `(?:R)\x00` would balance `)(`."""
+    from outlines_core import Index
+
+    from grammar_mlx._compile_worker import byte_vocabulary, classify_index_error
+
+    try:
+        Index(regex, byte_vocabulary())
+    except Exception as exc:  # noqa: BLE001 - classified below
+        message = str(exc)
+        if classify_index_error(message) == "InvalidRegexError" and "unsupported regex feature" not in message:
+            return "invalid"
+    return "ok"
+
+
+# Pieces of Rust regex syntax, valid and not, glued at random: our verdict (syntax error or not)
+# must be regex-automata's.
+PIECES = ["a", "b", "(", ")", "(?:", "(?i)", "(?P<n>", "|", "*", "+", "?", "{2}", "{1,}", "{,2}", "{", "}", "[", "]",
+          "[a-c]", "[^a]", "-", "^", "$", ".", r"\d", r"\w", r"\q", r"\x41", r"\x{10FFFF}", r"\u{D800}", r"\pL",
+          r"\p{Greek}", r"\b", "\\", "[[a]]", "[a&&b]", "é", " "]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=7).map("".join))
+def test_syntax_verdicts_agree_with_regex_automata(regex):
+    try:
+        build_nfa(regex, max_states=100_000)
+        ours = "ok"
+    except InvalidRegexError:
+        ours = "invalid"
+    except Unsupported:
+        ours = "ok"  # valid, left to outlines-core
+    except GrammarTooLargeError:
+        return
+    assert ours == regex_automata_verdict(regex), regex
+
+
+def test_deadline_stops_the_nfa_build():
+    from grammar_mlx.limits import Deadline, deadline_scope
+
+    deadline = Deadline(0.05)
+    time.sleep(0.06)
+    with deadline_scope(deadline), pytest.raises(CompileTimeoutError, match="byte NFA|parsing"):
+        build_nfa("(?:[a-z]{1,40}|x){1,400}")
 
 
 def test_limits_are_typed_errors():
