@@ -765,7 +765,7 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
         raise InvalidRegexError(f"a regex must be a str, got {type(pattern).__name__}")
     opts = _options(**options)
     with deadline_scope(opts.deadline):
-        return _compile("regex", pattern, tokenizer, logits_width, (), opts, started)
+        return _compile("regex", pattern, _target(tokenizer, logits_width, opts), (), opts, started)
 
 
 def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
@@ -782,24 +782,31 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
     started = time.perf_counter()
     opts = _options(**options)
     with deadline_scope(opts.deadline):
+        target = _target(tokenizer, logits_width, opts)  # argument mistakes before a long translation
         translated = schema_to_regex(schema, whitespace=whitespace, strict=strict)
         opts.deadline.check("translating the schema")
-        return _compile("json_schema", translated.regex, tokenizer, logits_width, translated.unenforced, opts, started)
+        return _compile("json_schema", translated.regex, target, translated.unenforced, opts, started)
 
 
 def _digest(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def _compile(kind: str, regex: str, tokenizer: Any, logits_width: int | None, unenforced: tuple, opts: _Options,
-             started: float) -> CompiledGrammar:
-    """The grammar of `regex`, run under `opts.deadline` (the caller's `deadline_scope`)."""
+def _target(tokenizer: Any, logits_width: int | None, opts: _Options) -> tuple[Vocabulary, int, tuple[int, ...]]:
+    """(vocabulary, logits width, EOS ids below it) a grammar is compiled for."""
+    vocab = vocabulary_of(tokenizer, eos_token_ids=opts.eos_token_ids)
+    return (vocab, *_width_and_eos(vocab, logits_width))
+
+
+def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ...]], unenforced: tuple,
+             opts: _Options, started: float) -> CompiledGrammar:
+    """The grammar of `regex` for `target` (see `_target`), run under `opts.deadline` (the caller's
+    `deadline_scope`)."""
     if len(regex) > MAX_REGEX_LENGTH:
         raise GrammarTooLargeError(
             f"the regex has {len(regex):,} characters, over the limit of {MAX_REGEX_LENGTH:,} "
             "(GRAMMAR_MLX_MAX_REGEX_LENGTH)")
-    vocab = vocabulary_of(tokenizer, eos_token_ids=opts.eos_token_ids)
-    width, eos = _width_and_eos(vocab, logits_width)
+    vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
     key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": regex,
                    "vocab": vocab.fingerprint, "width": width, "eos": eos})

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from grammar_mlx import CompileWorkerError, GrammarTooLargeError, Vocabulary, compile_regex
+from grammar_mlx import CompileTimeoutError, CompileWorkerError, GrammarTooLargeError, Vocabulary, compile_regex
 from grammar_mlx import compiler
 from grammar_mlx.limits import Deadline
 
@@ -148,6 +148,29 @@ def test_a_failure_inside_the_worker_is_a_compile_worker_error(pool):
     (worker,) = pool.idle
     assert worker.alive(), "the worker answered the job, so it stays in the pool"
     assert compile_regex("(ab)+", VOCAB, use_cache=False, mode="eager").matches(ids("abab"))
+
+
+def test_waiting_for_a_free_worker_counts_against_the_deadline(pool):
+    """With every worker busy, a compile waits for one only until its own deadline."""
+    busy = {}
+
+    def long_build():
+        try:
+            compile_regex(EXPLODING, VOCAB, timeout=4, use_cache=False, engine="outlines")
+        except CompileTimeoutError as exc:
+            busy["error"] = exc
+
+    thread = threading.Thread(target=long_build)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not pool.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.busy, "the long build holds the pool's one worker"
+    with pytest.raises(CompileTimeoutError, match="waiting for a free compile worker"):
+        compile_regex("(ab)+", VOCAB, timeout=0.5, use_cache=False, engine="outlines")
+    thread.join(60)
+    assert "error" in busy and not thread.is_alive()
+    assert compile_regex("(ab)+", VOCAB, use_cache=False, engine="outlines").matches(ids("ab"))
 
 
 def test_memory_exhaustion_is_grammar_too_large_not_transient():

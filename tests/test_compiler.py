@@ -386,8 +386,8 @@ def test_argument_mistakes_are_invalid_argument_errors(qwen_vocab, options):
     with pytest.raises(InvalidArgumentError, match=name if name != "logits_width" or options[name] != 100 else "EOS"):
         compile_regex("a", qwen_vocab, use_cache=False, **options) if name != "use_cache" else \
             compile_regex("a", qwen_vocab, **options)
-    with pytest.raises(InvalidArgumentError):  # checked before the schema is translated
-        compile_json_schema({"type": "integer"}, qwen_vocab, **options)
+    with pytest.raises(InvalidArgumentError):  # checked before the schema is translated: `false`
+        compile_json_schema(False, qwen_vocab, **options)  # would raise EmptyLanguageError there
 
 
 # A 5 MB schema: translating it took minutes before the compile deadline covered translation.
