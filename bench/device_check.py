@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import platform
 import statistics
 import sys

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from fake_grammar import hash_step, random_grammar, replay
 from grammar_mlx.errors import GrammarError, GrammarViolationError, InvalidArgumentError, StateStackError
