@@ -66,6 +66,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number > 0, got 0")
+    return value
+
+
 def _add_grammar_options(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--schema", metavar="FILE", help="JSON Schema file ('-' reads stdin)")
@@ -76,7 +83,7 @@ def _add_grammar_options(p: argparse.ArgumentParser) -> None:
                    help="bounded JSON whitespace allowed between tokens, e.g. '[ \\n]{0,2}' (default: none)")
     p.add_argument("--cache-dir", metavar="DIR", help="compiled-table cache (default: $GRAMMAR_MLX_CACHE_DIR "
                    "or ~/.cache/grammar_mlx)")
-    p.add_argument("--timeout", type=_non_negative_float, metavar="SECONDS",
+    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="give up compiling after this long (default: 60, GRAMMAR_MLX_COMPILE_TIMEOUT)")
     p.add_argument("--mode", choices=("auto", "eager", "lazy"),
                    help="table building: eager (all states now), lazy (states on first visit), or auto "

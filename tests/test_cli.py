@@ -41,6 +41,7 @@ def assert_one_error_line(err: str, *fragments: str) -> None:
     (["generate", "--schema", ANSWER, "--prompt", "x", "--draft-layers", "2", "--draft-model", "d"], "not allowed"),
     (["generate", "--schema", ANSWER, "--prompt", "  "], "prompt is empty"),
     (["compile", "--regex", "a", "--logits-width", "x"], "positive integer"),
+    (["compile", "--regex", "a", "--timeout", "0"], "number > 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
     code, out, err = run_main(capsys, *argv)
