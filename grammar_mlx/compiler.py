@@ -35,11 +35,15 @@ reaching `MAX_DFA_STATES` raises from the visit that would pass it).
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import json
+import operator
 import os
+import pickle
 import re
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +51,7 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,16 +59,20 @@ import numpy as np
 
 from . import _compile_worker as worker_protocol
 from ._version import __version__
-from .cache import default_cache_dir, entry_path, read_tables
+from . import cache
+from .cache import default_cache_dir
 from .errors import (
+    CompileWorkerError,
     EmptyLanguageError,
     GrammarError,
     GrammarTooLargeError,
+    InvalidArgumentError,
     InvalidRegexError,
     VocabularyMismatchError,
 )
 from .byte_nfa import LazyDFA, Unsupported, build_nfa
 from .lazy import LazyIndex
+from .limits import Deadline, deadline_scope
 from .token_index import ByteDFA, TokenTrie
 from .vocabulary import Vocabulary, vocabulary_of
 
@@ -372,108 +381,297 @@ class LazyGrammar(CompiledGrammar):
 
 # --- the worker pool -------------------------------------------------------------------------------
 
+_STDERR_TAIL = 4096  # bytes of a dead worker's stderr quoted in its error
+
+
+class _WorkerDied(Exception):
+    """A worker ended mid-job: `code` its exit status (negative: the signal), `stderr` its last words."""
+
+    def __init__(self, code: int | None, stderr: str):
+        super().__init__(code, stderr)
+        self.code = code
+        self.stderr = stderr
+
+    @property
+    def out_of_memory(self) -> bool:
+        # Rust aborts on a failed allocation ("memory allocation of N bytes failed", SIGABRT); Python
+        # raises MemoryError, which the worker reports as an error unless the report itself fails.
+        return any(s in self.stderr for s in ("memory allocation of", "MemoryError", "bad_alloc"))
+
+    def describe(self) -> str:
+        if self.code is None:
+            how = "stopped answering"
+        elif self.code < 0:
+            try:
+                how = f"was killed by signal {-self.code} ({signal.Signals(-self.code).name})"
+            except ValueError:
+                how = f"was killed by signal {-self.code}"
+        else:
+            how = f"exited with status {self.code}"
+        last = self.stderr.strip().splitlines()[-3:]
+        return f"the compile worker {how}" + (f"; its last output: {' | '.join(last)}" if last else "")
+
+
+class _TimedOut(Exception):
+    """The compile's deadline passed while a worker job ran."""
+
 
 class _Worker:
+    """One worker process; used by one compile at a time (the pool hands it out)."""
+
     def __init__(self, memory_limit: int):
-        env = dict(os.environ, GRAMMAR_MLX_WORKER_MEMORY=str(memory_limit), GRAMMAR_MLX_PARENT_PID=str(os.getpid()))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", worker_protocol.__file__],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            bufsize=0,  # unbuffered: a message already read into a buffer would be invisible to select()
-        )
-        self.fingerprint: str | None = None
         self.memory_limit = memory_limit
+        self.fingerprint: str | None = None  # the vocabulary whose trie the worker holds
+        self.jobs_done = 0
+        self.in_job = False  # a job was sent and its reply not read yet: never reuse the worker then
+        self._closed = False
+        # stderr goes to an unnamed file (a pipe nobody reads would fill and stall the worker), read
+        # back only to say why a worker died. O_APPEND: the parent truncates it per job while the
+        # worker keeps writing through the same file description. Where no temporary file can be
+        # made (a read-only /tmp), the worker still runs, and a death is reported without its words.
+        try:
+            self._stderr = tempfile.TemporaryFile(prefix="grammar_mlx-worker-")
+            err = self._stderr.fileno()
+            fcntl.fcntl(err, fcntl.F_SETFL, fcntl.fcntl(err, fcntl.F_GETFL) | os.O_APPEND)
+        except OSError:
+            self._stderr = open(os.devnull, "wb")
+        self._lifeline = -1
+        try:
+            err = self._stderr.fileno()
+            # The worker exits at EOF of this pipe, when this process is gone (see _compile_worker).
+            # Both ends are close-on-exec: no other child inherits the write end and outlives us with it.
+            lifeline_in, self._lifeline = os.pipe()
+            try:
+                env = dict(os.environ, **{worker_protocol.MEMORY_ENV: str(memory_limit),
+                                          worker_protocol.LIFELINE_ENV: str(lifeline_in)})
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-u", worker_protocol.__file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=err, env=env, pass_fds=(lifeline_in,), bufsize=0)
+            finally:
+                os.close(lifeline_in)
+        except BaseException:
+            if self._lifeline >= 0:
+                os.close(self._lifeline)
+            self._stderr.close()
+            raise
+        self._out = self.proc.stdout.fileno()
+        self._in = self.proc.stdin.fileno()
+        os.set_blocking(self._in, False)  # a write waits in poll(), under the deadline, never in write()
+        self._readable, self._writable = select.poll(), select.poll()
+        self._readable.register(self._out, select.POLLIN)
+        self._writable.register(self._in, select.POLLOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        self.proc.kill()
+        if self.proc.poll() is None:
+            self.proc.kill()
         self.close()
 
     def close(self) -> None:
-        """End the worker: closing its stdin is its signal to exit."""
+        """End the worker: EOF on its stdin and its lifeline is its signal to exit. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
+        os.close(self._lifeline)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._stderr.close()
 
-    def _read(self, deadline: float):
-        fd = self.proc.stdout
-        remaining = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(remaining, 0))
-        if not ready:
-            raise TimeoutError
-        return worker_protocol.receive(fd)
+    def _died(self, *, unreadable: bool = False) -> _WorkerDied:
+        """What became of a worker whose pipe broke (or, `unreadable`, whose reply made no sense):
+        its exit status and the tail of its stderr. The worker is dead or killed afterwards."""
+        if unreadable:
+            self.proc.kill()
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # its stdout closed, yet it lives on: no use either way
+            code = None
+        try:
+            size = os.fstat(self._stderr.fileno()).st_size
+            tail = os.pread(self._stderr.fileno(), _STDERR_TAIL, max(size - _STDERR_TAIL, 0))
+        except OSError:
+            tail = b""
+        self.kill()
+        stderr = tail.decode("utf-8", "replace")
+        if unreadable:
+            stderr += "\n(it wrote a reply that is not of the compile protocol)"
+        return _WorkerDied(None if unreadable else code, stderr)
 
-    def build(self, kind: str, job: dict, vocab: tuple | None, deadline: float, progress: Progress | None) -> dict:
-        """Run one job ("dfa" or "tables") to its "done" metadata; `vocab` is (key, payload thunk)
-        for jobs that need the vocabulary's trie, sent once per worker and vocabulary."""
+    @staticmethod
+    def _wait(poller, deadline: Deadline) -> None:
+        left = deadline.remaining()
+        if not poller.poll(None if left == float("inf") else int(left * 1000) + 1):
+            raise _TimedOut
+
+    def _send(self, message, deadline: Deadline) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            for view in (memoryview(worker_protocol.HEADER.pack(len(data))), memoryview(data)):
+                while view:
+                    self._wait(self._writable, deadline)
+                    try:
+                        view = view[os.write(self._in, view):]
+                    except BlockingIOError:
+                        continue
+        except OSError:  # EPIPE: the worker is gone
+            raise self._died() from None
+
+    def _read_exact(self, size: int, deadline: Deadline) -> bytearray:
+        buf = bytearray(size)
+        view, filled = memoryview(buf), 0
+        while filled < size:
+            self._wait(self._readable, deadline)
+            n = os.readv(self._out, [view[filled:]])
+            if n == 0:
+                raise EOFError
+            filled += n
+        return buf
+
+    def _receive(self, deadline: Deadline) -> tuple:
+        try:
+            (size,) = worker_protocol.HEADER.unpack(self._read_exact(worker_protocol.HEADER.size, deadline))
+            if size > 1 << 40:  # not a length this protocol writes: the stream is garbage
+                raise self._died(unreadable=True)
+            data = self._read_exact(size, deadline)
+        except (EOFError, OSError):
+            raise self._died() from None
+        try:
+            message = pickle.loads(data)
+        except Exception:
+            message = None
+        if not (type(message) is tuple and message and message[0] in ("progress", "done", "error")
+                and len(message) == (4 if message[0] == "progress" else 3)):
+            raise self._died(unreadable=True)
+        return message
+
+    def build(self, kind: str, job: dict, vocab: tuple | None, deadline: Deadline,
+              progress: Progress | None) -> tuple[dict, dict]:
+        """Run one job ("dfa" or "tables") to its (arrays, meta); `vocab` is (key, payload thunk) for
+        jobs that need the vocabulary's trie, sent once per worker and vocabulary.
+
+        Raises the grammar's error for a job the worker reports as failed, `_TimedOut` at the
+        deadline, `_WorkerDied` when the worker ends mid-job. Whatever escapes (those, a raising
+        `progress`, KeyboardInterrupt) leaves `in_job` set: the pool then kills the worker rather
+        than hand the next compile a stream with this job's replies still in it."""
+        self.in_job = True
+        try:
+            os.ftruncate(self._stderr.fileno(), 0)
+        except OSError:  # /dev/null
+            pass
         if vocab is not None and self.fingerprint != vocab[0]:
-            worker_protocol.send(self.proc.stdin, ("vocab", vocab[0], *vocab[1]()))
+            self.fingerprint = None
+            self._send(("vocab", vocab[0], *vocab[1]()), deadline)
             self.fingerprint = vocab[0]
-        worker_protocol.send(self.proc.stdin, (kind, job))
+        self._send((kind, job), deadline)
         while True:
-            message = self._read(deadline)
+            message = self._receive(deadline)
             if message[0] == "progress":
                 if progress is not None:
                     progress(*message[1:])
-            elif message[0] == "done":
-                return message[1]
-            else:
-                raise _error_from_worker(message[1], message[2], job.get("regex", ""))
+                continue
+            self.in_job = False
+            self.jobs_done += 1
+            if message[0] == "done":
+                return message[1], message[2]
+            raise _error_from_worker(message[1], message[2], job.get("regex", ""))
 
 
 class _WorkerPool:
-    """A few long-lived workers: the first compile pays the start (~0.2 s), later ones don't."""
+    """A few long-lived workers: the first compile pays the start (~0.2 s), later ones don't.
+
+    Workers belong to the process, not to the thread that started them (see _compile_worker), so any
+    thread may use any idle worker. A worker goes back to the pool only between jobs."""
 
     def __init__(self, size: int = 2):
         self.size = size
         self.idle: list[_Worker] = []
-        self.busy = 0
+        self.busy: set[_Worker] = set()
+        self._starting = 0
         self.cond = threading.Condition()
 
-    def acquire(self, memory_limit: int) -> _Worker:
+    def acquire(self, memory_limit: int, deadline: Deadline, *, fresh: bool = False) -> _Worker:
+        """An idle worker with this memory limit, or a new one (`fresh`: one that has run no job),
+        once fewer than `size` are busy; `CompileTimeoutError` if none frees up by the deadline."""
+        stale = []
         with self.cond:
-            while not self.idle and self.busy >= self.size:
-                self.cond.wait()
-            self.busy += 1
-            while self.idle:
-                w = self.idle.pop()
-                if w.alive() and w.memory_limit == memory_limit:
-                    return w
-                w.kill()
+            while len(self.busy) + self._starting >= self.size:
+                if not self.cond.wait(timeout=min(deadline.remaining(), 3600)) and deadline.expired:
+                    raise deadline.error("waiting for a free compile worker")
+            worker = None
+            for w in list(self.idle):
+                if not w.alive() or w.memory_limit != memory_limit:
+                    self.idle.remove(w)
+                    stale.append(w)
+                elif worker is None and (w.jobs_done == 0 or not fresh):
+                    worker = w
+            if worker is not None:
+                self.idle.remove(worker)
+                self.busy.add(worker)
+            else:
+                self._starting += 1
+        for w in stale:
+            w.kill()
+        if worker is not None:
+            return worker
         try:
-            return _Worker(memory_limit)
-        except BaseException:
-            self.release(None)
-            raise
+            worker = _Worker(memory_limit)
+        except OSError as exc:  # out of processes, file descriptors or memory: not the grammar's fault
+            raise CompileWorkerError(f"cannot start a compile worker: {exc}") from None
+        finally:
+            with self.cond:
+                self._starting -= 1
+                if worker is not None:
+                    self.busy.add(worker)
+                self.cond.notify()
+        return worker
+
+    def release(self, worker: _Worker) -> None:
+        """Back to the pool if it is alive and between jobs; killed otherwise (and replaced ahead of
+        the next compile, so that it does not wait for a Python start)."""
+        with self.cond:
+            self.busy.discard(worker)
+            keep = not worker.in_job and worker.alive() and len(self.idle) < self.size
+            if keep:
+                self.idle.append(worker)
+            self.cond.notify()
+        if keep:
+            return
+        worker.kill()
+        with self.cond:
+            if len(self.idle) + len(self.busy) + self._starting >= self.size:
+                return
+            self._starting += 1
+        spare = None
+        try:
+            spare = _Worker(worker.memory_limit)  # Popen returns at once; the child starts meanwhile
+        except OSError:
+            pass
+        finally:
+            with self.cond:
+                self._starting -= 1
+                if spare is not None:
+                    self.idle.append(spare)
+                self.cond.notify()
 
     def close(self) -> None:
         with self.cond:
             idle, self.idle = self.idle, []
         for w in idle:
             w.close()
-
-    def release(self, worker: _Worker | None) -> None:
-        with self.cond:
-            self.busy -= 1
-            if worker is not None and worker.alive():
-                self.idle.append(worker)
-            elif worker is not None and len(self.idle) + self.busy < self.size:
-                # Killed at a limit: start its replacement now, so that the next compile does not
-                # wait for a Python start (~0.2 s). Popen returns at once; the child starts meanwhile.
-                try:
-                    self.idle.append(_Worker(worker.memory_limit))
-                except OSError:
-                    pass
-            self.cond.notify()
 
 
 _POOL = _WorkerPool()
@@ -493,7 +691,8 @@ def _error_from_worker(kind: str, message: str, regex: str) -> GrammarError:
         return EmptyLanguageError(message)
     if kind == "GrammarTooLargeError":
         return GrammarTooLargeError(message)
-    return GrammarError(f"compiling the grammar failed: {message}")
+    # "internal": an exception in the worker's own code, not a property of the grammar.
+    return CompileWorkerError(f"the compile worker failed: {message.strip()}")
 
 
 def _regex_error_position(regex: str) -> int | None:
@@ -524,13 +723,61 @@ def token_trie(vocab: Vocabulary, width: int) -> TokenTrie:
 
 
 def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tuple[int, ...]]:
-    width = vocab.size if logits_width is None else int(logits_width)
-    if width <= 0:
-        raise GrammarError(f"logits_width must be positive, got {logits_width}")
+    if logits_width is None:
+        width = vocab.size
+    else:
+        try:
+            width = operator.index(logits_width)  # an int (numpy's included), not a float or a bool
+        except TypeError:
+            width = None
+        if width is None or isinstance(logits_width, bool) or width <= 0:
+            raise InvalidArgumentError(f"logits_width must be a positive integer, got {logits_width!r}")
     eos = tuple(i for i in vocab.eos_token_ids if i < width)
     if not eos:
-        raise GrammarError(f"no EOS id of {vocab.eos_token_ids} fits logits_width {width}")
+        raise InvalidArgumentError(f"no EOS id of {vocab.eos_token_ids} fits logits_width {width}")
     return width, eos
+
+
+@dataclass(frozen=True)
+class _Options:
+    mode: str
+    engine: str
+    cache_dir: Path | None  # None: the cache is off (use_cache=False)
+    deadline: Deadline
+    memory_limit: int
+    progress: Progress | None
+    progress_line: bool  # progress=True: the stderr line, ended by a "done"
+    eos_token_ids: Any
+
+
+def _options(*, mode: str = "auto", engine: str = "auto", cache_dir: str | os.PathLike | None = None,
+             use_cache: bool = True, timeout: float | None = None, memory_limit: int | None = None,
+             progress: bool | Progress | None = None, eos_token_ids=None) -> _Options:
+    """The compile options, checked (`InvalidArgumentError`); the deadline starts here."""
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode must be one of {MODES}, got {mode!r}")
+    if engine not in ENGINES:
+        raise InvalidArgumentError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "nfa" and mode == "eager":
+        raise InvalidArgumentError(
+            "engine='nfa' determinizes on demand, for lazy grammars; eager tables are built from outlines-core's "
+            "complete DFA (engine='auto' or 'outlines')")
+    if not isinstance(use_cache, bool):
+        raise InvalidArgumentError(f"use_cache must be True or False, got {use_cache!r}")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise InvalidArgumentError(f"cache_dir must be a path or None, got {type(cache_dir).__name__}")
+    if memory_limit is None:
+        memory_limit = DEFAULT_MEMORY_LIMIT
+    elif isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, np.integer)) or memory_limit < 0:
+        raise InvalidArgumentError(f"memory_limit must be a number of bytes (0: none), got {memory_limit!r}")
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise InvalidArgumentError(f"progress must be True, False, None or a callable, got {progress!r}")
+    deadline = Deadline(DEFAULT_TIMEOUT if timeout is None else timeout)  # InvalidArgumentError if not > 0
+    return _Options(
+        mode=mode, engine=engine, deadline=deadline, memory_limit=int(memory_limit),
+        cache_dir=(Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None,
+        progress=_stderr_progress() if progress is True else (progress or None), progress_line=progress is True,
+        eos_token_ids=eos_token_ids)
 
 
 def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = None, **options) -> CompiledGrammar:
@@ -539,12 +786,15 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
     `logits_width` is the model's output width (defaults to the tokenizer's size). Options:
     `mode` ("auto", "eager" or "lazy"; see the module docstring), `engine` ("auto", "nfa" or
     "outlines": which builds the byte automaton of a lazy grammar, see the module docstring), `cache_dir`, `use_cache`,
-    `timeout`, `memory_limit`, `progress` (True for a stderr progress line, or a callable
-    `(stage, done, total)`), `eos_token_ids` (override the tokenizer's).
+    `timeout` (seconds for the whole compile), `memory_limit`, `progress` (True for a stderr progress line,
+    or a callable `(stage, done, total)`), `eos_token_ids` (override the tokenizer's).
     """
+    started = time.perf_counter()
     if not isinstance(pattern, str):
         raise InvalidRegexError(f"a regex must be a str, got {type(pattern).__name__}")
-    return _compile("regex", pattern, pattern, tokenizer, logits_width, (), **options)
+    opts = _options(**options)
+    with deadline_scope(opts.deadline):
+        return _compile("regex", pattern, _target(tokenizer, logits_width, opts), (), opts, started)
 
 
 def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
@@ -553,67 +803,69 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
 
     The grammar produces JSON in `grammar_mlx.schema`'s canonical format (compact by default).
     `strict=True` raises `UnsupportedSchemaError` for any keyword that cannot be enforced exactly;
-    otherwise those keywords are listed in `.unenforced`. Other options as for `compile_regex`.
+    otherwise those keywords are listed in `.unenforced`. Other options as for `compile_regex`;
+    `timeout` covers the schema's translation too.
     """
     from .schema import schema_to_regex
 
-    translated = schema_to_regex(schema, whitespace=whitespace, strict=strict)
-    return _compile("json_schema", translated.regex, translated.regex, tokenizer, logits_width,
-                    translated.unenforced, **options)
+    started = time.perf_counter()
+    opts = _options(**options)
+    with deadline_scope(opts.deadline):
+        target = _target(tokenizer, logits_width, opts)  # argument mistakes before a long translation
+        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict)
+        opts.deadline.check("translating the schema")
+        return _compile("json_schema", translated.regex, target, translated.unenforced, opts, started)
 
 
 def _digest(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int | None, unenforced: tuple, *,
-             mode: str = "auto", cache_dir: str | Path | None = None, use_cache: bool = True,
-             timeout: float | None = None, memory_limit: int | None = None,
-             progress: bool | Progress | None = None, eos_token_ids=None, engine: str = "auto") -> CompiledGrammar:
-    started = time.perf_counter()
-    if mode not in MODES:
-        raise GrammarError(f"mode must be one of {MODES}, got {mode!r}")
-    if engine not in ENGINES:
-        raise GrammarError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if engine == "nfa" and mode == "eager":
-        raise GrammarError("engine='nfa' determinizes on demand, for lazy grammars; eager tables are built from "
-                           "outlines-core's complete DFA (engine='auto' or 'outlines')")
+def _target(tokenizer: Any, logits_width: int | None, opts: _Options) -> tuple[Vocabulary, int, tuple[int, ...]]:
+    """(vocabulary, logits width, EOS ids below it) a grammar is compiled for."""
+    vocab = vocabulary_of(tokenizer, eos_token_ids=opts.eos_token_ids)
+    return (vocab, *_width_and_eos(vocab, logits_width))
+
+
+def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ...]], unenforced: tuple,
+             opts: _Options, started: float) -> CompiledGrammar:
+    """The grammar of `regex` for `target` (see `_target`), run under `opts.deadline` (the caller's
+    `deadline_scope`)."""
     if len(regex) > MAX_REGEX_LENGTH:
         raise GrammarTooLargeError(
             f"the regex has {len(regex):,} characters, over the limit of {MAX_REGEX_LENGTH:,} "
             "(GRAMMAR_MLX_MAX_REGEX_LENGTH)")
-    vocab = vocabulary_of(tokenizer, eos_token_ids=eos_token_ids)
-    width, eos = _width_and_eos(vocab, logits_width)
-    key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": text,
+    vocab, width, eos = target
+    mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
+    key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": regex,
                    "vocab": vocab.fingerprint, "width": width, "eos": eos})
-    live_key = f"{key}:{mode}:{engine}"
-    live = _LIVE.get(live_key)
-    if live is not None and use_cache:
-        return live
+    # The live memo hands out the very object: its key holds everything the object is, beyond the
+    # tables the disk key covers (an `unenforced` report differs between schemas of the same regex).
+    live_key = _digest({"tables": key, "unenforced": [repr(u) for u in unenforced], "mode": mode,
+                        "engine": engine, "max_dfa_states": MAX_DFA_STATES})
+    if directory is not None:
+        live = _LIVE.get(live_key)
+        if live is not None:
+            return live
 
-    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
-    report = _stderr_progress() if progress is True else (progress or None)
     common = dict(regex=regex, unenforced=unenforced, logits_width=width, eos_token_ids=eos)
-    jobs = _Jobs(timeout, memory_limit, report)
+    jobs = _Jobs(opts.deadline, opts.memory_limit, opts.progress)
     try:
-        tables_path = entry_path(directory, key) if use_cache else None
-        if mode != "lazy" and tables_path is not None:
-            loaded = read_tables(tables_path, key)
+        if mode != "lazy" and directory is not None:
+            loaded = cache.load(directory, key)
             if loaded is not None and _valid(loaded[0], loaded[1], width):
                 grammar = _eager(loaded, vocab, common, started, cache_hit=True, dfa_seconds=None,
                                  reason="complete tables in the cache")
                 _LIVE[live_key] = grammar
                 return grammar
 
-        deadline = time.monotonic() + timeout
         trie = token_trie(vocab, width)
+        opts.deadline.check("indexing the vocabulary")
         dfa, engine_note, nfa_meta = None, "", {}
-        if mode != "eager" and engine == "auto" and use_cache:
+        if mode != "eager" and engine == "auto" and directory is not None:
             # outlines-core's complete DFA, already on disk, costs a file read and walks faster than
             # rows determinized on demand: use it when a previous compile left it.
-            cached = _byte_dfa(regex, directory, use_cache, deadline, jobs, build=False)
+            cached = _byte_dfa(regex, directory, jobs, build=False)
             if cached is not None:
                 dfa, dfa_meta, dfa_hit = cached
                 built_by = "outlines"
@@ -622,7 +874,7 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
         if dfa is None and mode != "eager" and engine != "outlines":
             lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
             if lazy_dfa is None and engine == "nfa":
-                raise GrammarError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
+                raise InvalidArgumentError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
             if lazy_dfa is not None:
                 built_by, dfa_hit = "nfa", False
                 small = None if mode == "lazy" else _complete_if_small(lazy_dfa, AUTO_EAGER_MAX_STATES)
@@ -633,7 +885,7 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
                     dfa, dfa_meta, chosen = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
                     reason = f"auto: {dfa.num_states} byte states <= {AUTO_EAGER_MAX_STATES} (full tables cost little)"
         if dfa is None:
-            dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, use_cache, deadline, jobs)
+            dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, jobs)
             built_by = "outlines"
             chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
             if engine == "outlines":
@@ -641,15 +893,15 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
             elif engine_note and mode != "eager":
                 reason += f"; engine outlines-core: {engine_note}"
         if chosen == "eager":
-            path = tables_path or jobs.scratch_path("tables.gmx")
             job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
-                   "path": str(path), "key": key, "table": dfa.table, "accepting": dfa.accepting,
-                   "classes": dfa.classes, "initial_state": dfa.initial, "regex": regex}
-            jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)), deadline)
-            loaded = read_tables(path, key)
-            if loaded is None or not _valid(loaded[0], loaded[1], width):
-                raise GrammarError(f"the compile worker wrote unreadable tables at {path}")
-            grammar = _eager(loaded, vocab, common, started, cache_hit=False,
+                   "table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes,
+                   "initial_state": dfa.initial, "regex": regex}
+            built = jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)))
+            if not _valid(built[0], built[1], width):
+                raise CompileWorkerError("the compile worker returned token tables that fail their checks")
+            if directory is not None:
+                cache.store(directory, key, *built)
+            grammar = _eager(built, vocab, common, started, cache_hit=False,
                              dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason, engine=built_by)
         else:
             growing = built_by == "nfa"  # an on-demand DFA has no final state count
@@ -660,11 +912,10 @@ def _compile(kind: str, text: str, regex: str, tokenizer: Any, logits_width: int
             }
             grammar = LazyGrammar(LazyIndex(dfa, trie, eos, width), vocab, stats=stats, **common)
     finally:
-        jobs.close()
-        if report is not None and progress is True:
-            report("done", 1, 1)
-    if use_cache:
-        _LIVE[live_key] = grammar
+        if opts.progress_line:
+            opts.progress("done", 1, 1)
+    if directory is not None:
+        _LIVE[live_key] = grammar  # successes only: a failure is raised, never remembered here
     return grammar
 
 
@@ -727,21 +978,20 @@ def _choose_mode(requested: str, dfa: ByteDFA, dfa_meta: dict, trie: TokenTrie) 
     return "lazy", f"auto: {dfa.num_states} byte states > {AUTO_EAGER_MAX_STATES}"
 
 
-def _byte_dfa(regex: str, directory: Path, use_cache: bool, deadline: float, jobs: "_Jobs", build: bool = True):
-    """The regex's byte DFA: from the cache (keyed by the regex alone), else built by a worker
-    (or None when `build` is False)."""
+def _byte_dfa(regex: str, directory: Path | None, jobs: "_Jobs", build: bool = True):
+    """The regex's byte DFA: from the cache (keyed by the regex alone; `directory` None: no cache),
+    else built by a worker (or None when `build` is False)."""
     key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})
-    path = entry_path(directory, key) if use_cache else None
-    loaded = read_tables(path, key) if path is not None else None
+    loaded = cache.load(directory, key) if directory is not None else None
     hit = loaded is not None and _valid_dfa(*loaded)
     if not hit and not build:
         return None
     if not hit:
-        path = path or jobs.scratch_path("dfa.gmx")
-        jobs.run("dfa", {"regex": regex, "max_states": MAX_DFA_STATES, "path": str(path), "key": key}, None, deadline)
-        loaded = read_tables(path, key)
-        if loaded is None or not _valid_dfa(*loaded):
-            raise GrammarError(f"the compile worker wrote an unreadable automaton at {path}")
+        loaded = jobs.run("dfa", {"regex": regex, "max_states": MAX_DFA_STATES}, None)
+        if not _valid_dfa(*loaded):
+            raise CompileWorkerError("the compile worker returned a byte automaton that fails its checks")
+        if directory is not None:
+            cache.store(directory, key, *loaded)
     arrays, meta = loaded
     return ByteDFA(arrays["table"], arrays["accepting"], meta["initial_state"], arrays["classes"]), meta, hit
 
@@ -782,54 +1032,53 @@ def _valid(arrays: dict, meta: dict, width: int) -> bool:
         return False
 
 
-class _Jobs:
-    """Runs a compile's worker jobs under one deadline; owns its scratch directory (use_cache=False)."""
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
-    def __init__(self, timeout: float, memory_limit: int, progress: Progress | None):
-        self.timeout = timeout
+
+_STAGES = {"dfa": "building the byte DFA in a compile worker", "tables": "building the token tables in a compile worker"}
+
+
+class _Jobs:
+    """Runs a compile's worker jobs under its one deadline."""
+
+    def __init__(self, deadline: Deadline, memory_limit: int, progress: Progress | None):
+        self.deadline = deadline
         self.memory_limit = memory_limit
         self.progress = progress
-        self._tmpdir: tempfile.TemporaryDirectory | None = None
 
-    def scratch_path(self, name: str) -> Path:
-        if self._tmpdir is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="grammar_mlx-")
-        return Path(self._tmpdir.name) / name
-
-    def close(self) -> None:
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
-
-    def run(self, kind: str, job: dict, vocab: tuple | None, deadline: float) -> dict:
-        worker = _POOL.acquire(self.memory_limit)
-        try:
+    def run(self, kind: str, job: dict, vocab: tuple | None) -> tuple[dict, dict]:
+        """The job's (arrays, meta), read-only. A worker that dies mid-job is replaced and the job
+        run once more on a fresh worker; a second death is a `CompileWorkerError`. Running out of
+        memory is a property of the grammar (`GrammarTooLargeError`) when it happens on a fresh worker."""
+        first: _WorkerDied | None = None
+        while True:
+            worker = _POOL.acquire(self.memory_limit, self.deadline, fresh=first is not None)
+            fresh = worker.jobs_done == 0
             try:
-                meta = worker.build(kind, job, vocab, deadline, self.progress)
-            except TimeoutError:
-                worker.kill()
-                raise GrammarTooLargeError(
-                    f"compiling the grammar took longer than {self.timeout:g} s (timeout=, "
-                    "GRAMMAR_MLX_COMPILE_TIMEOUT); simplify the grammar (bounded lengths, fewer counted "
-                    "repetitions)") from None
-            except (EOFError, BrokenPipeError, OSError):
-                try:
-                    code = worker.proc.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    code = None
-                worker.kill()
-                raise GrammarTooLargeError(
-                    f"the compile worker died (exit {code}), most likely at the memory limit of "
-                    f"{self.memory_limit / 2**30:.1f} GiB (memory_limit=, GRAMMAR_MLX_COMPILE_MEMORY)") from None
+                arrays, meta = worker.build(kind, job, vocab, self.deadline, self.progress)
+            except _TimedOut:
+                raise self.deadline.error(_STAGES[kind]) from None
+            except _WorkerDied as died:
+                if died.out_of_memory and fresh:
+                    raise GrammarTooLargeError(
+                        f"{_STAGES[kind]} exceeded the compile memory limit of {_size(self.memory_limit)} "
+                        f"(memory_limit=, GRAMMAR_MLX_COMPILE_MEMORY): {died.describe()}") from None
+                if first is not None or self.deadline.expired:
+                    again = f"; the first try ended the same way: {first.describe()}" if first is not None else ""
+                    raise CompileWorkerError(
+                        f"{died.describe()} while {_STAGES[kind]}{again}. This is not a property of the grammar "
+                        "(something outside grammar_mlx ended the worker, or it crashed): a retry may succeed",
+                        exit_code=died.code) from None
+                first = died
+                continue
+            finally:
+                _POOL.release(worker)
+            for arr in arrays.values():
+                arr.flags.writeable = False  # like arrays read from the cache: a grammar's tables never change
             if self.progress is not None:
                 self.progress(kind, 1, 1)
-            return meta
-        finally:
-            _POOL.release(worker)
-            if not worker.alive():  # a worker killed mid-write leaves its temporary file beside the entry
-                path = Path(job["path"])
-                for stray in path.parent.glob(path.name + ".*.tmp"):
-                    stray.unlink(missing_ok=True)
+            return arrays, meta
 
 
 def _stderr_progress() -> Progress:

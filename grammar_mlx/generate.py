@@ -40,7 +40,7 @@ from typing import Any, Generator, Union
 import mlx.core as mx
 
 from .compiler import CompiledGrammar, compile_json_schema, compile_regex
-from .errors import GenerationError, GrammarViolationError
+from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
 from .processor import GrammarProcessor
 
 __all__ = [
@@ -148,9 +148,9 @@ def logits_width_of(model: Any) -> int:
     try:
         out = model(mx.array([[0]]))
     except Exception as exc:  # models raise many types; the caller needs one
-        raise GenerationError(
-            f"cannot tell the logits width of {type(model).__name__} (no args.vocab_size, and a forward "
-            f"pass failed: {exc}); pass logits_width="
+        raise InvalidArgumentError(
+            f"model: cannot tell the logits width of a {type(model).__name__} (no args.vocab_size, and a "
+            f"forward pass failed: {exc}); pass logits_width="
         ) from exc
     return int(out.shape[-1])
 
@@ -193,44 +193,63 @@ def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
     ):
         if not prompt:
-            raise GenerationError("the prompt is empty")
+            raise InvalidArgumentError("prompt is empty (no token ids)")
         return list(prompt)
     if isinstance(prompt, str):
         messages: list = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
         messages = list(prompt)
+        if not messages:
+            raise InvalidArgumentError("prompt is empty (no chat messages)")
         if not chat:
-            raise GenerationError("a list of chat messages needs chat=True")
+            raise InvalidArgumentError("prompt: a list of chat messages needs chat=True")
     else:
-        raise GenerationError(
-            f"a prompt is a str, a list of chat messages, or token ids, not {type(prompt).__name__}")
+        raise InvalidArgumentError(
+            f"prompt must be a str, a list of chat messages, or token ids, not {type(prompt).__name__}")
     if chat:
         if not getattr(tokenizer, "has_chat_template", False):
-            raise GenerationError("the tokenizer has no chat template; pass chat=False to use the prompt as is")
+            raise InvalidArgumentError("chat=True, but the tokenizer has no chat template; pass chat=False to "
+                                       "use the prompt as is")
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         if isinstance(ids, Mapping):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
     bos = getattr(tokenizer, "bos_token", None)
     # As mlx-lm does for a str prompt: add BOS unless the text already starts with it.
-    return list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
+    ids = list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
+    if not ids:
+        raise InvalidArgumentError("prompt is empty (it encodes to no tokens)")
+    return ids
 
 
 def _check_draft(model: Any, draft_model: Any, num_draft_tokens: int) -> None:
     if draft_model is None:
         return
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise GenerationError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
+        raise InvalidArgumentError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
     model_width, draft_width = logits_width_of(model), logits_width_of(draft_model)
     if model_width != draft_width:
-        raise GenerationError(
-            f"the draft model's logits width ({draft_width}) differs from the model's ({model_width}); "
+        raise InvalidArgumentError(
+            f"draft_model: its logits width ({draft_width}) differs from the model's ({model_width}); "
             "a draft must share the model's vocabulary")
 
 
-def _check_budget(max_tokens: int) -> None:
+def _check_arguments(model: Any, draft_model: Any, num_draft_tokens: int, max_tokens: int,
+                     sampler: Sampler | None, logits_processors: Sequence[LogitsProcessor] | None,
+                     on_text: Callable[[str], Any] | None = None) -> None:
+    """Every argument mistake a generation can make, raised before anything is compiled or run."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise GenerationError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        raise InvalidArgumentError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if sampler is not None and not callable(sampler):
+        raise InvalidArgumentError(f"sampler must be callable (logprobs -> tokens) or None, got {sampler!r:.80}")
+    if logits_processors is not None and (
+            isinstance(logits_processors, (str, bytes)) or not isinstance(logits_processors, Sequence)
+            or not all(callable(p) for p in logits_processors)):
+        raise InvalidArgumentError(
+            f"logits_processors must be a list of callables (tokens, logits) -> logits, got {logits_processors!r:.80}")
+    if on_text is not None and not callable(on_text):
+        raise InvalidArgumentError(f"on_text must be callable (text chunk) or None, got {on_text!r:.80}")
+    _check_draft(model, draft_model, num_draft_tokens)
 
 
 # --- the one loop: mlx-lm's stream_generate, read token by token -----------------------------------
@@ -291,20 +310,26 @@ class _Finished:
     stats: GenerationStats
 
 
-def _stream(model: Any, tokenizer: Any, prompt: Prompt, grammar: CompiledGrammar, *, draft_model: Any,
-            num_draft_tokens: int, sampler: Sampler | None, max_tokens: int, chat: bool,
+def _prepared(model: Any, tokenizer: Any, prompt: Prompt, chat: bool, draft_model: Any, num_draft_tokens: int,
+              max_tokens: int, sampler: Sampler | None, logits_processors: Sequence[LogitsProcessor] | None,
+              on_text: Callable[[str], Any] | None = None) -> tuple[Any, list[int]]:
+    """Check the arguments and tokenize the prompt (before any compile): (mlx-lm wrapper, prompt ids)."""
+    _check_arguments(model, draft_model, num_draft_tokens, max_tokens, sampler, logits_processors, on_text)
+    wrapper = _wrapped(tokenizer)
+    return wrapper, _prompt_ids(wrapper, prompt, chat)
+
+
+def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGrammar, *, draft_model: Any,
+            num_draft_tokens: int, sampler: Sampler | None, max_tokens: int,
             logits_processors: Sequence[LogitsProcessor] | None,
             prompt_cache: Any = None) -> Generator[str, None, _Finished]:
-    """Yield text chunks as mlx-lm produces tokens; return the finished generation.
+    """Yield text chunks as mlx-lm produces tokens; return the finished generation. The arguments
+    were checked by `_prepared`.
 
     Raises GenerationError (with the raw text) when the budget ran out before the grammar completed.
     """
     from mlx_lm.generate import stream_generate
 
-    _check_budget(max_tokens)
-    _check_draft(model, draft_model, num_draft_tokens)
-    wrapper = _wrapped(tokenizer)
-    prompt_ids = _prompt_ids(wrapper, prompt, chat)
 
     # The grammar's mask goes last, so no other processor can re-enable a token it forbids.
     processors = [*(logits_processors or ()), GrammarProcessor(grammar)]
@@ -381,12 +406,14 @@ def _clip(text: str, limit: int = 200) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
-def _drain(chunks: Generator[str, None, _Finished]) -> _Finished:
+def _drain(chunks: Generator[str, None, _Finished], on_text: Callable[[str], Any] | None) -> _Finished:
     while True:
         try:
-            next(chunks)
+            chunk = next(chunks)
         except StopIteration as stop:
             return stop.value
+        if on_text is not None:
+            on_text(chunk)
 
 
 # --- JSON: parse and validate ----------------------------------------------------------------------
@@ -472,6 +499,7 @@ def generate_structured(
     validate: bool = True,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     prompt_cache: Any = None,
+    on_text: Callable[[str], Any] | None = None,
     **compile_options: Any,
 ) -> StructuredOutput:
     """Generate under exactly one of `schema` (JSON Schema dict / JSON text / Pydantic model class),
@@ -486,29 +514,33 @@ def generate_structured(
     `strict` (schemas): raise `UnsupportedSchemaError` for keywords the grammar cannot enforce exactly;
     `strict=False` accepts them (listed in the grammar's `.unenforced`; validation may then fail).
     `validate` (schemas): parse and validate as described in the module docstring.
-    `logits_processors` run before the grammar's mask. `prompt_cache` goes to mlx-lm.
+    `logits_processors` run before the grammar's mask. `prompt_cache` goes to mlx-lm. `on_text` is
+    called with each chunk of text as it is generated (the chunks join to `.text`; e.g. to print it).
     Other keyword arguments go to the compiler (`cache_dir`, `use_cache`, `timeout`, `memory_limit`,
     `progress`).
 
-    Raises `GenerationError` (with `.text`) when the budget ran out before the grammar completed or
-    the output fails validation, and the compiler's errors for bad schemas or regexes.
+    Raises `InvalidArgumentError` for argument mistakes (before compiling anything), `GenerationError`
+    (with `.text`) when the budget ran out before the grammar completed or the output fails
+    validation, and the compiler's errors for bad schemas or regexes.
     """
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
-        raise GenerationError("give exactly one of schema=, regex= or grammar=")
+        raise InvalidArgumentError("give exactly one of schema=, regex= or grammar=")
+    if grammar is not None and not isinstance(grammar, CompiledGrammar):
+        raise InvalidArgumentError(f"grammar= must be a CompiledGrammar, not {type(grammar).__name__}")
+    if grammar is not None and grammar.logits_width != logits_width_of(model):
+        raise InvalidArgumentError(
+            f"grammar= was compiled for logits width {grammar.logits_width}, the model's is "
+            f"{logits_width_of(model)}; compile with logits_width=logits_width_of(model)")
+    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, chat, draft_model, num_draft_tokens, max_tokens,
+                                    sampler, logits_processors, on_text)
     doc = None
     if schema is not None:
         grammar, doc = _compile_json(schema, tokenizer, model, strict, whitespace, compile_options)
     elif regex is not None:
         grammar = compile_regex(regex, tokenizer, logits_width=logits_width_of(model), **compile_options)
-    elif not isinstance(grammar, CompiledGrammar):
-        raise GenerationError(f"grammar= must be a CompiledGrammar, not {type(grammar).__name__}")
-    elif grammar.logits_width != logits_width_of(model):
-        raise GenerationError(
-            f"the grammar was compiled for logits width {grammar.logits_width}, the model's is "
-            f"{logits_width_of(model)}; compile with logits_width=logits_width_of(model)")
-    finished = _drain(_stream(model, tokenizer, prompt, grammar, draft_model=draft_model,
+    finished = _drain(_stream(model, wrapper, prompt_ids, grammar, draft_model=draft_model,
                               num_draft_tokens=num_draft_tokens, sampler=sampler, max_tokens=max_tokens,
-                              chat=chat, logits_processors=logits_processors, prompt_cache=prompt_cache))
+                              logits_processors=logits_processors, prompt_cache=prompt_cache), on_text)
     value: Any = finished.text
     if schema is not None:
         value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), validate)
@@ -593,10 +625,12 @@ def stream_json(
     validated as in `generate_json` (Pydantic validators included); an incomplete or invalid output
     raises `GenerationError` then.
     """
+    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, chat, draft_model, num_draft_tokens, max_tokens,
+                                    sampler, logits_processors)
     grammar, doc = _compile_json(schema, tokenizer, model, strict, whitespace, compile_options)
     finished = yield from _stream(
-        model, tokenizer, prompt, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
-        sampler=sampler, max_tokens=max_tokens, chat=chat, logits_processors=logits_processors)
+        model, wrapper, prompt_ids, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+        sampler=sampler, max_tokens=max_tokens, logits_processors=logits_processors)
     _parse_and_validate(finished.text, doc, _pydantic_class(schema), validate)
 
 
@@ -615,10 +649,12 @@ def stream_regex(
     **compile_options: Any,
 ) -> Iterator[str]:
     """Yield text matching `pattern` in chunks; `GenerationError` after the last one if incomplete."""
+    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, chat, draft_model, num_draft_tokens, max_tokens,
+                                    sampler, logits_processors)
     grammar = compile_regex(pattern, tokenizer, logits_width=logits_width_of(model), **compile_options)
     yield from _stream(
-        model, tokenizer, prompt, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
-        sampler=sampler, max_tokens=max_tokens, chat=chat, logits_processors=logits_processors)
+        model, wrapper, prompt_ids, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+        sampler=sampler, max_tokens=max_tokens, logits_processors=logits_processors)
 
 
 # --- processor factories for callers of mlx-lm -----------------------------------------------------

@@ -92,6 +92,9 @@ class GGUFHeader:
 _U64 = struct.Struct("<Q")
 
 
+_MAX_ARRAY_NESTING = 16
+
+
 class _Reader:
     def __init__(self, buf: mmap.mmap | bytes, path: Path):
         self.buf = buf
@@ -134,7 +137,7 @@ class _Reader:
         self.pos = pos
         return out
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind in _SCALAR_FORMATS:
             return self.take(_SCALAR_FORMATS[kind])
         if kind == _STRING:
@@ -153,7 +156,10 @@ class _Reader:
             if item_kind == _STRING:
                 return self.strings(n)
             if item_kind == _ARRAY:
-                return [self.value(_ARRAY) for _ in range(n)]
+                if depth >= _MAX_ARRAY_NESTING:  # real files nest at most once; a crafted one could recurse away
+                    raise ModelLoadError(f"{self.path}: GGUF arrays nested deeper than {_MAX_ARRAY_NESTING} (at byte "
+                                         f"{self.pos})")
+                return [self.value(_ARRAY, depth + 1) for _ in range(n)]
             raise ModelLoadError(f"{self.path}: unknown GGUF array item type {item_kind}")
         raise ModelLoadError(f"{self.path}: unknown GGUF metadata value type {kind}")
 
@@ -164,13 +170,18 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
     Raises `ModelLoadError` when the file is missing, is not GGUF, or is truncated.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a directory, not a GGUF file")
     if not path.is_file():
         raise ModelLoadError(f"no such model file: {path}")
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
-        f.seek(0)
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                raise ModelLoadError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
+            f.seek(0)
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:  # permissions, an I/O error, a file that shrank under us
+        raise ModelLoadError(f"cannot read the model file {path}: {exc.strerror or exc}") from exc
     try:
         return _parse_header(_Reader(buf, path), path)
     finally:
@@ -372,7 +383,7 @@ def _split_merge(merge: str) -> tuple[str, str]:
     # llama.cpp splits at the first space after the first character (a piece may itself be " ").
     cut = merge.find(" ", 1)
     if cut < 0:
-        raise ValueError(f"merge {merge!r} is not two pieces separated by a space")
+        raise TokenizerError(f"tokenizer.ggml.merges: merge {merge!r} is not two pieces separated by a space")
     return merge[:cut], merge[cut + 1 :]
 
 
@@ -425,6 +436,8 @@ def build_tokenizers_object(vocab: GGUFVocab) -> Any:
             if vocab.add_space_prefix:
                 steps.append(decoders.Strip(" ", 1, 0))
             tokenizer.decoder = decoders.Sequence(steps)
+    except TokenizerError:
+        raise
     except Exception as e:  # tokenizers raises its own exception types (e.g. a merge of unknown pieces)
         raise TokenizerError(f"the GGUF vocabulary does not form a valid tokenizer: {e}") from e
 

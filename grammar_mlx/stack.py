@@ -19,7 +19,7 @@ import itertools
 from operator import index as _as_index
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from .errors import GrammarError, GrammarViolationError, StateStackError
+from .errors import GrammarError, GrammarViolationError, InvalidArgumentError, StateStackError
 
 __all__ = ["StateStack", "StackSnapshot", "TransitionMachine"]
 
@@ -38,6 +38,15 @@ class StackSnapshot(NamedTuple):
     owner: int  # id of the stack that took it
     depth: int
     stamp: int  # stamp of slot depth-1 when taken (0 for the empty history)
+
+
+def _index_arg(name: str, value) -> int:
+    try:
+        if not isinstance(value, bool):
+            return _as_index(value)
+    except TypeError:
+        pass
+    raise InvalidArgumentError(f"{name} must be an int, got {value!r:.80}")
 
 
 def _describe_none(state: int, token_id: int) -> tuple[str, int]:
@@ -64,13 +73,18 @@ class StateStack:
         describe: Callable[[int, int], tuple[str, int]] | None = None,
         capacity: int = 256,
     ) -> None:
-        cap = max(1, int(capacity))
+        if not callable(next_state):
+            raise InvalidArgumentError(f"next_state must be callable (state, token) -> state, got {next_state!r:.80}")
+        if describe is not None and not callable(describe):
+            raise InvalidArgumentError(f"describe must be callable or None, got {describe!r:.80}")
+        initial_state = _index_arg("initial_state", initial_state)
+        cap = max(1, _index_arg("capacity", capacity))
         self._next_state = next_state
         self._describe = describe or _describe_none
         self._id = next(_stack_ids)
         self._tokens: list[int] = [0] * cap
         self._states: list[int] = [0] * (cap + 1)
-        self._states[0] = int(initial_state)
+        self._states[0] = initial_state
         self._stamps: list[int] = [0] * cap
         self._cap = cap
         self._depth = 0
@@ -112,12 +126,16 @@ class StateStack:
 
     def token_at(self, i: int) -> int:
         """The token at 0-based position `i` (< depth)."""
+        if type(i) is not int:  # a numpy int is converted; a bool, float, ... raises
+            i = _index_arg("i", i)
         if not 0 <= i < self._depth:
             raise StateStackError(f"token_at({i}) outside the live history of depth {self._depth}")
         return self._tokens[i]
 
     def state_at(self, depth: int) -> int:
         """The state after the first `depth` tokens (0 <= depth <= self.depth)."""
+        if type(depth) is not int:  # a numpy int is converted; a bool, float, ... raises
+            depth = _index_arg("depth", depth)
         if not 0 <= depth <= self._depth:
             raise StateStackError(f"state_at({depth}) outside 0..{self._depth}")
         return self._states[depth]
@@ -153,7 +171,7 @@ class StateStack:
         try:
             token = _as_index(token)
         except TypeError:
-            raise StateStackError(f"token ids are integers, got {token!r}") from None
+            raise InvalidArgumentError(f"token must be an int (a token id), got {token!r:.80}") from None
         d = self._depth
         if d < self._top and self._tokens[d] == token:
             # Redo: the slot already holds this token and the state it leads to.
@@ -189,6 +207,8 @@ class StateStack:
 
     def pop(self, k: int = 1) -> int:
         """Pop k tokens in O(1) and return the new state."""
+        if type(k) is not int:  # a numpy int is converted; a bool, float, ... raises
+            k = _index_arg("k", k)
         if not 0 <= k <= self._depth:
             raise StateStackError(f"cannot pop {k} tokens from a stack of depth {self._depth}")
         self._depth -= k
@@ -196,6 +216,8 @@ class StateStack:
 
     def truncate(self, depth: int) -> int:
         """Pop down to `depth` tokens (0 <= depth <= self.depth) and return the new state."""
+        if type(depth) is not int:  # a numpy int is converted; a bool, float, ... raises
+            depth = _index_arg("depth", depth)
         if not 0 <= depth <= self._depth:
             raise StateStackError(f"cannot truncate a stack of depth {self._depth} to {depth}")
         self._depth = depth
@@ -217,6 +239,8 @@ class StateStack:
 
     def is_valid(self, snapshot: StackSnapshot) -> bool:
         """Whether `restore(snapshot)` would succeed."""
+        if not isinstance(snapshot, StackSnapshot):
+            raise InvalidArgumentError(f"snapshot must be a StackSnapshot (from snapshot()), got {snapshot!r:.80}")
         owner, d, stamp = snapshot
         if owner != self._id or not 0 <= d <= self._top:
             return False

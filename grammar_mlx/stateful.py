@@ -36,13 +36,15 @@ notices whenever the first token of its window differs and then compares everyth
 
 from __future__ import annotations
 
+import math
+import operator
 from itertools import count
 from typing import Any, NamedTuple, Protocol, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from .errors import HistoryError, StateStackError
+from .errors import HistoryError, InvalidArgumentError, StateStackError
 from .stack import StackSnapshot, StateStack
 
 __all__ = [
@@ -81,6 +83,27 @@ class RollbackTarget(Protocol):
 INT_FORMATS = frozenset("bBhHiIlLqQ")
 
 
+def int_at_least(name: str, value: Any, minimum: int, *, none_ok: bool = False) -> int | None:
+    """`value` as an int when it is an integer (numpy ints too, not bools) >= `minimum`, or None when
+    `none_ok`; else `InvalidArgumentError` naming the argument."""
+    if value is None and none_ok:
+        return None
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum:
+        also = " or None" if none_ok else ""
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}{also}, got {value!r}")
+    return number
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def _as_list(tokens) -> list[int]:
     if isinstance(tokens, list):
         return tokens
@@ -93,11 +116,9 @@ class HistoryFollower:
     __slots__ = ("target", "context_len", "overlap", "_stack")
 
     def __init__(self, target: RollbackTarget, context_len: int, overlap: int | None = DEFAULT_OVERLAP):
-        if overlap is not None and overlap < 1:
-            raise HistoryError(f"overlap must be >= 1 or None, got {overlap}")
         self.target = target
-        self.context_len = context_len
-        self.overlap = overlap
+        self.context_len = int_at_least("context_len", context_len, 0)
+        self.overlap = int_at_least("overlap", overlap, 1, none_ok=True)
         # A StateStack target's common case (the window matches, tokens appended) is handled on its
         # lists directly: this runs once per generated token, after a mask that left caches cold.
         self._stack = target if type(target) is StateStack else None
@@ -192,9 +213,7 @@ class StatefulProcessor:
     """
 
     def __init__(self, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
-        if overlap is not None and (not isinstance(overlap, int) or overlap < 1):
-            raise HistoryError(f"overlap must be a positive int or None, got {overlap!r}")
-        self.overlap = overlap
+        self.overlap = int_at_least("overlap", overlap, 1, none_ok=True)
         self._uid = next(_processor_ids)
         self._followers: list[HistoryFollower] | None = None
         self._single: HistoryFollower | None = None  # the follower when B == 1 (fast path)
@@ -222,7 +241,7 @@ class StatefulProcessor:
 
     def _call(self, tokens, logits: mx.array) -> mx.array:
         if not isinstance(logits, mx.array) or logits.ndim not in (1, 2):
-            raise HistoryError(
+            raise InvalidArgumentError(
                 f"logits must be an mx.array of shape (B, V) or (V,), got "
                 f"{type(logits).__name__} {getattr(logits, 'shape', '')}"
             )
@@ -312,12 +331,11 @@ class ThinkingBudgetProcessor(StatefulProcessor):
         overlap: int | None = DEFAULT_OVERLAP,
     ) -> None:
         super().__init__(overlap=overlap)
-        if not isinstance(budget, int) or budget < 0:
-            raise HistoryError(f"thinking budget must be a non-negative int, got {budget!r}")
-        self.think_end_id = int(think_end_id)
-        self.think_start_id = None if think_start_id is None else int(think_start_id)
+        budget = int_at_least("budget", budget, 0)
+        self.think_end_id = int_at_least("think_end_id", think_end_id, 0)
+        self.think_start_id = int_at_least("think_start_id", think_start_id, 0, none_ok=True)
         self.budget = budget
-        self.starts_thinking = starts_thinking
+        self.starts_thinking = bool(starts_thinking)
         # States: 0 before thinking; 1 + c while thinking with c tokens so far (c <= budget);
         # budget + 2 + c once thinking ended after c tokens.
         self._forced = budget + 1
@@ -449,13 +467,12 @@ class PenaltyProcessor(StatefulProcessor):
         overlap: int | None = DEFAULT_OVERLAP,
     ) -> None:
         super().__init__(overlap=overlap)
-        if not repetition_penalty > 0:
-            raise HistoryError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise HistoryError(f"window must be a positive int or None, got {window!r}")
+        if not _finite("repetition_penalty", repetition_penalty) > 0:
+            raise InvalidArgumentError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
+        window = int_at_least("window", window, 1, none_ok=True)
         self.repetition_penalty = float(repetition_penalty)
-        self.presence_penalty = float(presence_penalty)
-        self.frequency_penalty = float(frequency_penalty)
+        self.presence_penalty = _finite("presence_penalty", presence_penalty)
+        self.frequency_penalty = _finite("frequency_penalty", frequency_penalty)
         self.window = window
 
     def _make_target(self, context) -> _CountingRow:

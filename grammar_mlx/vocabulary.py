@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import TokenizerError
+from .errors import InvalidArgumentError, TokenizerError
 
 _SPM_SPACE = "\u2581"
 
@@ -81,11 +82,10 @@ class Vocabulary:
 
     def with_eos(self, eos_token_ids) -> "Vocabulary":
         """The same vocabulary with other EOS ids (which then stop being text)."""
-        eos = tuple(sorted(int(i) for i in eos_token_ids))
+        eos = _explicit_eos(eos_token_ids, len(self.token_bytes))
         table = list(self.token_bytes)
         for i in eos:
-            if 0 <= i < len(table):
-                table[i] = None
+            table[i] = None
         return Vocabulary(tuple(table), eos, self.encoding)
 
     def decode(self, ids) -> bytes:
@@ -164,6 +164,25 @@ def _hf_of(tokenizer: Any) -> Any:
     )
 
 
+def _explicit_eos(eos_token_ids: Any, size: int) -> tuple[int, ...]:
+    """A caller's `eos_token_ids`, checked: a non-empty collection of token ids below `size`."""
+    if isinstance(eos_token_ids, (str, bytes, int)) or not hasattr(eos_token_ids, "__iter__"):
+        raise InvalidArgumentError(f"eos_token_ids must be a list of token ids, got {eos_token_ids!r:.80}")
+    ids = []
+    for value in eos_token_ids:
+        try:
+            i = None if isinstance(value, bool) else operator.index(value)  # numpy ints too
+        except TypeError:
+            i = None
+        if i is None or not 0 <= i < size:
+            raise InvalidArgumentError(
+                f"eos_token_ids must be a non-empty list of token ids; {value!r:.40} is not a token id in 0..{size - 1}")
+        ids.append(i)
+    if not ids:
+        raise InvalidArgumentError("eos_token_ids must be a non-empty list of token ids; it is empty")
+    return tuple(sorted(set(ids)))
+
+
 def _eos_ids(tokenizer: Any, hf: Any) -> tuple[int, ...]:
     ids: set[int] = set()
     for source in (tokenizer, hf):
@@ -232,7 +251,7 @@ def _build(tokenizer: Any, eos_override) -> Vocabulary:
             continue
         b = _token_to_bytes(token, encoding)
         table[i] = b if b else None  # an empty token would let the grammar loop without progress
-    eos = tuple(sorted(int(i) for i in eos_override)) if eos_override is not None else _eos_ids(tokenizer, hf)
+    eos = _explicit_eos(eos_override, size) if eos_override is not None else _eos_ids(tokenizer, hf)
     for i in eos:
         if 0 <= i < size:
             table[i] = None

@@ -1,4 +1,6 @@
-"""The on-disk cache: warm hits, and corrupt, truncated or foreign files are rebuilt, never trusted.
+"""The on-disk cache: warm hits; corrupt, truncated or foreign files are rebuilt, never trusted; and a
+cache that cannot be used (read-only, full, a FIFO or a directory in an entry's place, a file in the
+directory's) is an optimization lost, with one warning, never a failed or hung compile.
 
 Two kinds of entries: a regex's byte DFA (keyed by the regex alone, shared by every vocabulary) and
 an eager grammar's complete tables (keyed by grammar, vocabulary, width and EOS ids).
@@ -6,12 +8,17 @@ an eager grammar's complete tables (keyed by grammar, vocabulary, width and EOS 
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+import threading
+
 import numpy as np
 import pytest
 
-from grammar_mlx import compile_regex, vocabulary_of
+from grammar_mlx import compile_json_schema, compile_regex, vocabulary_of
 from grammar_mlx import compiler
-from grammar_mlx.cache import default_cache_dir, entry_path, read_tables, write_tables
+from grammar_mlx.cache import default_cache_dir, entry_path, load, read_tables, store, write_tables
 
 REGEX = r"[0-9]{1,3}(,[0-9]{3})*"
 ONE_234 = [16, 11, 17, 18, 19]  # "1,234" in Qwen3
@@ -202,3 +209,191 @@ def test_environment_variable_sets_the_default_directory(vocab, tmp_path, monkey
     compiler._LIVE.clear()
     compile_regex(REGEX, vocab, engine="outlines")
     assert entries(tmp_path / "env")["dfa"]
+
+
+# --- a cache directory that cannot be used: the compile goes on without it, warns once, never hangs ---
+
+HANG_BOUND = 120  # seconds: "it did not hang" (a compile here takes about a second)
+
+
+def compile_bounded(regex, vocab, cache_dir, schema=None, **kw):
+    """`fresh` (or compile_json_schema of `schema`) in a thread, joined with a bound: a compile
+    blocked on a cache path fails the test instead of hanging it."""
+    result = {}
+
+    def run():
+        try:
+            if schema is not None:
+                compiler._LIVE.clear()
+                result["grammar"] = compile_json_schema(schema, vocab, cache_dir=cache_dir, **kw)
+            else:
+                result["grammar"] = fresh(regex, vocab, cache_dir, **kw)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_BOUND)
+    assert not thread.is_alive(), f"the compile hung on the cache at {cache_dir}"
+    if "error" in result:
+        raise result["error"]
+    return result["grammar"]
+
+
+def cache_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "grammar_mlx.cache"]
+
+
+def entry_names(vocab, tmp_path, regex=REGEX) -> list[str]:
+    """The relative paths of `regex`'s eager cache entries (its byte DFA and its tables)."""
+    scratch = tmp_path / "names"
+    fresh(regex, vocab, scratch, mode="eager")
+    return sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*.gmx"))
+
+
+@pytest.fixture
+def read_only(tmp_path, monkeypatch):
+    """A cache directory that refuses every write: by its mode bits, or, where they do not bind
+    (root), by EROFS from the os calls that would create or replace a file in it."""
+    path = tmp_path / "ro"
+    path.mkdir()
+    path.chmod(0o555)
+    probe = path / "probe"
+    try:
+        probe.touch()
+    except PermissionError:
+        yield path
+        path.chmod(0o755)
+        return
+    probe.unlink()
+    inside = str(path) + os.sep
+
+    def refuse(name):
+        def call(target, *args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(target))
+        return call
+
+    real_open = os.open
+
+    def open_(file, flags, *args, **kwargs):
+        if str(file).startswith(inside) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    for name in ("mkdir", "replace", "rename"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, (lambda real, refused: lambda target, *a, **k: (
+            refused(target) if str(target).startswith(inside) else real(target, *a, **k)))(real, refuse(name)))
+    monkeypatch.setattr(os, "open", open_)
+    yield path
+
+
+def test_a_read_only_cache_directory(vocab, read_only, caplog):
+    grammar = compile_bounded(REGEX, vocab, read_only, mode="eager")
+    assert grammar.matches(ONE_234) and not grammar.stats["cache_hit"]
+    warned = cache_warnings(caplog)
+    assert len(warned) == 1 and "cannot write" in warned[0], warned
+    again = compile_bounded(REGEX + "x", vocab, read_only, mode="eager")
+    assert again.matches(ONE_234 + [87])
+    assert cache_warnings(caplog) == warned, "one warning per directory and kind of failure"
+    assert not list(read_only.rglob("*"))
+
+
+def test_json_object_compiles_on_a_read_only_cache_directory(vocab, read_only):
+    """What the server compiles for `response_format: json_object`."""
+    grammar = compile_bounded(None, vocab, read_only, schema={"type": "object"})
+    assert grammar.matches(vocab_encode(vocab, '{"a":[1,true]}')) and not grammar.matches(vocab_encode(vocab, "[1]"))
+
+
+def test_a_full_disk(vocab, tmp_path, monkeypatch, caplog):
+    """ENOSPC from every write to a file, as on a full disk (pipes to the workers still work)."""
+    real_write = os.write
+
+    def write(fd, data):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    grammar = compile_bounded(REGEX, vocab, tmp_path, mode="eager")
+    assert grammar.matches(ONE_234)
+    warned = cache_warnings(caplog)
+    assert len(warned) == 1 and "No space left on device" in warned[0], warned
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], "no partial or temporary file is left"
+    compile_bounded(REGEX + "x", vocab, tmp_path, mode="eager")
+    assert cache_warnings(caplog) == warned
+    monkeypatch.setattr(os, "write", real_write)
+    compile_bounded(REGEX, vocab, tmp_path, mode="eager")
+    assert fresh(REGEX, vocab, tmp_path, mode="eager").stats["cache_hit"], "space again: cached again"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_entry_that_is_not_a_regular_file(vocab, tmp_path, caplog, kind):
+    """A FIFO at an entry's path hung the compile forever (open() waits for a writer); a directory
+    there fails the read and the write."""
+    cache_dir = tmp_path / "cache"
+    names = entry_names(vocab, tmp_path)
+    for name in names:
+        path = cache_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.mkdir()
+            (path / "inside").write_bytes(b"x")
+    try:
+        grammar = compile_bounded(REGEX, vocab, cache_dir, mode="eager")
+        assert grammar.matches(ONE_234) and not grammar.stats["cache_hit"]
+        warned = cache_warnings(caplog)
+        assert any("not a regular file" in w for w in warned), warned
+        assert compile_bounded(REGEX, vocab, cache_dir, mode="eager").matches(ONE_234)
+        assert cache_warnings(caplog) == warned, "warned once"
+    finally:
+        for name in names:  # unblock a reader stuck in open() (the bug this test is about)
+            path = cache_dir / name
+            if path.exists() and stat.S_ISFIFO(path.stat().st_mode):
+                try:
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
+    if kind == "fifo":  # the FIFO was replaced by the new entry: the next compile reads it
+        assert fresh(REGEX, vocab, cache_dir, mode="eager").stats["cache_hit"]
+
+
+def test_a_file_where_the_cache_directory_should_be(vocab, tmp_path, caplog):
+    not_a_dir = tmp_path / "cache"
+    not_a_dir.write_bytes(b"a file")
+    grammar = compile_bounded(REGEX, vocab, not_a_dir, mode="eager")
+    assert grammar.matches(ONE_234)
+    warned = cache_warnings(caplog)
+    assert len(warned) == 2 and any("cannot read" in w for w in warned) and any("cannot write" in w for w in warned)
+    compile_bounded(REGEX + "x", vocab, not_a_dir, mode="eager")
+    assert cache_warnings(caplog) == warned and not_a_dir.read_bytes() == b"a file"
+
+
+def test_a_symbolic_link_at_an_entry_is_not_followed(vocab, tmp_path, caplog):
+    cache_dir = tmp_path / "cache"
+    good = fresh(REGEX, vocab, cache_dir, mode="eager")
+    tables = only(cache_dir, "tables")
+    target = tmp_path / "elsewhere.gmx"
+    tables.rename(target)
+    tables.symlink_to(target)
+    got = compile_bounded(REGEX, vocab, cache_dir, mode="eager")
+    assert not got.stats["cache_hit"]
+    same_tables(good, got)
+    assert any("symbolic link" in w for w in cache_warnings(caplog))
+
+
+def test_read_tables_never_blocks_and_never_raises(tmp_path):
+    fifo = tmp_path / "fifo.gmx"
+    os.mkfifo(fifo)
+    assert read_tables(fifo, "fifo") is None
+    assert read_tables(tmp_path, "dir") is None
+    assert read_tables(tmp_path / "missing" / "x.gmx", "x") is None
+    (tmp_path / "file").write_bytes(b"")
+    assert read_tables(tmp_path / "file" / "x.gmx", "x") is None  # ENOTDIR
+    assert store(tmp_path / "file", "ab" * 8, {"a": np.zeros(3)}, {}) is False
+    assert store(tmp_path / "ok", "ab" * 8, {"a": np.arange(3), "b": np.ones((2, 2), bool)}, {"m": 1}) is True
+    arrays, meta = load(tmp_path / "ok", "ab" * 8)
+    assert arrays["a"].tolist() == [0, 1, 2] and arrays["b"].all() and meta == {"m": 1}
+    assert not arrays["a"].flags.writeable

@@ -41,6 +41,7 @@ def assert_one_error_line(err: str, *fragments: str) -> None:
     (["generate", "--schema", ANSWER, "--prompt", "x", "--draft-layers", "2", "--draft-model", "d"], "not allowed"),
     (["generate", "--schema", ANSWER, "--prompt", "  "], "prompt is empty"),
     (["compile", "--regex", "a", "--logits-width", "x"], "positive integer"),
+    (["compile", "--regex", "a", "--timeout", "0"], "number > 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
     code, out, err = run_main(capsys, *argv)
@@ -73,9 +74,58 @@ def test_unreadable_and_invalid_inputs_exit_1_before_loading_a_model(capsys, tmp
     assert code == 1
     assert_one_error_line(err, "cannot read --prompt-file")
 
-    code, _, err = run_main(capsys, "generate", "--schema", ANSWER, "--prompt", "x", "--model", str(tmp_path / "m.gguf"))
-    assert code == 1
-    assert_one_error_line(err, "cannot read --model")
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fails the test if anything loads a model (argument mistakes must be reported before)."""
+    from grammar_mlx import models
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    for name in ("load_model", "load_gguf", "default_model"):
+        monkeypatch.setattr(models, name, loaded)
+
+
+def test_model_and_prompt_mistakes_exit_2_before_any_model_loads(capsys, tmp_path, no_model_loads):
+    for command in (["generate", "--prompt", "x"], ["compile"]):
+        for missing in ("/nonexistent/dir", str(tmp_path / "m.gguf"), "./not-here"):
+            code, out, err = run_main(capsys, *command, "--schema", ANSWER, "--model", missing)
+            assert code == 2 and out == ""
+            assert_one_error_line(err, f"--model {missing}: no such file or directory")
+    (tmp_path / "empty-dir").mkdir()
+    code, _, err = run_main(capsys, "generate", "--schema", ANSWER, "--prompt", "x", "--model", str(tmp_path / "empty-dir"))
+    assert code == 2
+    assert_one_error_line(err, "--model", "without a config.json")
+    code, _, err = run_main(capsys, "generate", "--schema", ANSWER, "--prompt", "x", "--draft-model", "/nonexistent/d")
+    assert code == 2
+    assert_one_error_line(err, "--draft-model /nonexistent/d: no such file or directory")
+    (tmp_path / "empty.txt").write_text(" \n")
+    for prompt in (["--prompt", ""], ["--prompt", " \t"], ["--prompt-file", str(tmp_path / "empty.txt")]):
+        code, _, err = run_main(capsys, "generate", "--schema", ANSWER, *prompt)
+        assert code == 2
+        assert_one_error_line(err, "the prompt is empty")
+
+
+def test_draft_layers_past_the_model_exit_2_naming_the_flag_and_the_layer_count(capsys, smollm_path, no_model_loads):
+    # Read from the GGUF header, before the weights load.
+    code, out, err = run_main(capsys, "generate", "--schema", ANSWER, "--prompt", "x", "--draft-layers", "100")
+    assert code == 2 and out == ""
+    assert_one_error_line(err, "--draft-layers 100: the model has 30 layers, so the draft can have 1 to 29")
+    assert "num_layers" not in err
+
+
+def test_draft_layers_checked_after_loading_when_only_the_model_says(capsys, tmp_path, monkeypatch):
+    # A model directory whose config.json does not give the layer count: checked on the loaded model.
+    from grammar_mlx import models
+    from tiny_models import tiny_llama
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(models, "load_model", lambda location: (tiny_llama(0), None))
+    code, _, err = run_main(capsys, "generate", "--regex", "a", "--prompt", "x", "--model", str(tmp_path),
+                            "--draft-layers", "2")
+    assert code == 2
+    assert_one_error_line(err, "--draft-layers 2: the model has 2 layers, so the draft can have 1 to 1")
 
 
 def test_unexpected_errors_are_one_line_too(capsys, monkeypatch):
@@ -154,3 +204,117 @@ def test_serve_is_dispatched_to_the_server_with_its_own_options(capsys):
         main(["serve", "--port", "not-a-port"])
     assert info.value.code == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_compile_reports_what_a_lazy_grammar_holds_and_eager_gives_complete_tables(capsys, tmp_path, monkeypatch,
+                                                                                    qwen_tokenizer):
+    import grammar_mlx.cli as cli
+
+    monkeypatch.setattr(cli, "_tokenizer_and_width", lambda args: (qwen_tokenizer, 151_936))
+    cache = str(tmp_path / "cache")
+    email = "[a-z]{1,40}@[a-z]{1,30}\\.(com|org)"  # an on-demand DFA with Qwen3 (every byte is a token)
+    code, out, err = run_main(capsys, "compile", "--regex", email, "--cache-dir", cache, "--mode", "lazy",
+                              "--no-progress")
+    assert code == 0, err
+    lines = dict(line.split("  ", 1) for line in out.splitlines() if "  " in line)
+    assert lines["mode"].strip().startswith("lazy (requested")
+    assert "byte NFA of" in lines["byte automaton"] and "so far" in lines["byte automaton"]
+    assert "discovered so far" in lines["states"]
+    assert lines["filled so far"].strip().startswith("1 state, 1 mask, ")
+    assert "--mode eager" in lines["full tables"]
+    assert not any(key.strip() in ("masks", "transitions", "mask bytes") for key in lines), out
+
+    code, out, _ = run_main(capsys, "compile", "--regex", email, "--cache-dir", cache, "--mode", "lazy",
+                            "--no-progress", "--json")
+    report = json.loads(out)
+    assert report["tables_complete"] is False and report["engine"] == "nfa"
+    assert report["masks"] is None and report["transitions"] is None and report["mask_bytes"] is None
+    filled = report["filled_so_far"]
+    assert filled["states_filled"] >= 1 and filled["masks"] >= 1 and filled["transitions"] > 0
+    assert report["first_step_allowed_tokens"] > 0 and report["nbytes"] > filled["mask_bytes"] > 0
+
+    code, out, _ = run_main(capsys, "compile", "--regex", "(yes|no)", "--cache-dir", cache, "--mode", "eager",
+                            "--no-progress", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["tables_complete"] is True and "filled_so_far" not in report
+    assert report["masks"] > 0 and report["transitions"] > 0 and report["mask_bytes"] > 0
+    assert report["states"] > 0 and report["nbytes"] >= report["mask_bytes"]
+
+
+class _Recorder:
+    """A stdout that writes through to `target` and records, for each write, how many forward
+    passes the model had run by then."""
+
+    def __init__(self, target, model_calls: list):
+        self.target, self.model_calls, self.writes = target, model_calls, []
+
+    def write(self, text: str) -> int:
+        self.writes.append((text, len(self.model_calls)))
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return self.target.isatty()
+
+
+@pytest.mark.slow
+def test_generate_streams_on_a_terminal_and_writes_one_document_into_a_pipe(capsys, monkeypatch, smollm_path):
+    """On a pty the JSON appears chunk by chunk while the model is still generating; into a pipe it
+    is written once, whole, after generation (one clean JSON document for scripts)."""
+    import pty
+    import tty
+
+    from grammar_mlx import models
+
+    model, tokenizer = models.default_model()
+    calls: list = []
+
+    class Counting:  # the model, counting its forward passes
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, *args, **kwargs):
+            calls.append(1)
+            return model(*args, **kwargs)
+
+    monkeypatch.setattr(models, "load_model", lambda location: (Counting(), tokenizer))
+    argv = ["generate", "--schema", ANSWER, "--prompt", "Is Paris in France?", "--no-chat", "--max-tokens", "32",
+            "--no-progress", "--quiet"]
+
+    master, slave = pty.openpty()
+    tty.setraw(slave)  # no \n -> \r\n translation: read back exactly what was written
+    terminal = os.fdopen(slave, "w", encoding="utf-8")
+    try:
+        recorder = _Recorder(terminal, calls)
+        monkeypatch.setattr(sys, "stdout", recorder)
+        assert main(argv) == 0
+        terminal.flush()
+        shown = b""
+        while not shown.endswith(b"\n"):
+            shown += os.read(master, 4096)
+    finally:
+        monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+        terminal.close()
+        os.close(master)
+    text = "".join(t for t, _ in recorder.writes)
+    value = json.loads(text)
+    assert value["answer"] in ("yes", "no", "unsure") and shown.decode() == text
+    before_the_end = [t for t, n in recorder.writes if n < len(calls)]
+    assert len(before_the_end) >= 2, recorder.writes  # chunks shown while the model was still running
+
+    calls.clear()
+    read_end, write_end = os.pipe()
+    piped = os.fdopen(write_end, "w", encoding="utf-8")
+    recorder = _Recorder(piped, calls)
+    monkeypatch.setattr(sys, "stdout", recorder)
+    try:
+        assert main(argv) == 0
+    finally:
+        monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+        piped.close()
+    with os.fdopen(read_end, encoding="utf-8") as f:
+        document = f.read()
+    assert len(recorder.writes) == 1 and recorder.writes[0][1] == len(calls)  # once, after the last pass
+    assert json.loads(document) == value and document.endswith("}\n")

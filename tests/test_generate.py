@@ -22,6 +22,7 @@ from conftest import read_corpus
 from grammar_mlx.errors import (
     GenerationError,
     GrammarViolationError,
+    InvalidArgumentError,
     InvalidRegexError,
     UnsupportedSchemaError,
 )
@@ -162,11 +163,12 @@ def test_chat_prompt_pydantic_in_instance_out_and_stream_matches(smollm):
 
     # A short system message keeps the prompt (and its prefill) small.
     messages = [{"role": "system", "content": "Reply in JSON."}, {"role": "user", "content": "Is the sky blue?"}]
-    out = generate_structured(model, tokenizer, messages, schema=Answer, max_tokens=24)
+    seen: list[str] = []
+    out = generate_structured(model, tokenizer, messages, schema=Answer, max_tokens=24, on_text=seen.append)
     assert isinstance(out.value, Answer) and out.value == Answer.model_validate_json(out.text)
     assert out.stats.prompt_tokens == len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     chunks = list(stream_json(model, tokenizer, messages, Answer, max_tokens=24))
-    assert len(chunks) > 1 and "".join(chunks) == out.text
+    assert len(chunks) > 1 and "".join(chunks) == out.text and chunks == seen
 
 
 @pytest.mark.slow
@@ -244,30 +246,49 @@ def test_processor_factories_drive_mlx_lm_directly(smollm):
 
 
 @pytest.mark.slow
-def test_bad_arguments_are_typed_errors(smollm, draft):
+def test_argument_mistakes_are_invalid_argument_errors_raised_before_compiling(smollm, draft, monkeypatch):
+    import grammar_mlx.generate as gen
+    from grammar_mlx import compile_json_schema
+    from mlx_lm.models.llama import Model
+    from tiny_models import tiny_args
+
     model, tokenizer = smollm
     schema = {"type": "boolean"}
-    with pytest.raises(GenerationError, match="exactly one"):
-        generate_structured(model, tokenizer, "x", schema=schema, regex="a")
-    with pytest.raises(GenerationError, match="exactly one"):
-        generate_structured(model, tokenizer, "x")
-    with pytest.raises(GenerationError, match="CompiledGrammar"):
-        generate_structured(model, tokenizer, "x", grammar="a")
-    with pytest.raises(GenerationError, match="max_tokens"):
-        generate_json(model, tokenizer, "x", schema, max_tokens=0)
-    with pytest.raises(GenerationError, match="num_draft_tokens"):
-        generate_json(model, tokenizer, "x", schema, draft_model=draft, num_draft_tokens=0)
-    with pytest.raises(GenerationError, match="prompt"):
-        generate_json(model, tokenizer, 3.5, schema)
-    with pytest.raises(GenerationError, match="empty"):
-        generate_json(model, tokenizer, [], schema)
-    with pytest.raises(GenerationError, match="chat=True"):
-        generate_json(model, tokenizer, [{"role": "user", "content": "hi"}], schema, chat=False)
-    from grammar_mlx import compile_json_schema
-
     other_width = compile_json_schema(schema, tokenizer, logits_width=model.args.vocab_size + 64)
-    with pytest.raises(GenerationError, match="logits width"):
-        generate_structured(model, tokenizer, "x", grammar=other_width)
+    narrow_draft = Model(tiny_args(1000))
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("an argument mistake must be raised before anything is compiled")
+
+    monkeypatch.setattr(gen, "compile_json_schema", no_compile)
+    monkeypatch.setattr(gen, "compile_regex", no_compile)
+    cases = [
+        (lambda: generate_structured(model, tokenizer, "x", schema=schema, regex="a"), "give exactly one of schema="),
+        (lambda: generate_structured(model, tokenizer, "x"), "give exactly one of schema="),
+        (lambda: generate_structured(model, tokenizer, "x", grammar="a"), "grammar= must be a CompiledGrammar"),
+        (lambda: generate_structured(model, tokenizer, "x", grammar=other_width), "grammar= was compiled for"),
+        (lambda: generate_json(model, tokenizer, "x", schema, max_tokens=0), "max_tokens must be"),
+        (lambda: generate_json(model, tokenizer, "x", schema, max_tokens=2.0), "max_tokens must be"),
+        (lambda: generate_json(model, tokenizer, "x", schema, draft_model=draft, num_draft_tokens=0),
+         "num_draft_tokens must be"),
+        (lambda: generate_json(model, tokenizer, "x", schema, draft_model=narrow_draft), "draft_model: its logits"),
+        (lambda: generate_json(model, tokenizer, 3.5, schema), "prompt must be a str"),
+        (lambda: generate_json(model, tokenizer, [], schema), "prompt is empty"),
+        (lambda: generate_json(model, tokenizer, "", schema, chat=False), "prompt is empty"),
+        (lambda: generate_json(model, tokenizer, [{"role": "user", "content": "hi"}], schema, chat=False),
+         "prompt: a list of chat messages needs chat=True"),
+        (lambda: generate_json(model, tokenizer, "x", schema, sampler="greedy"), "sampler must be callable"),
+        (lambda: generate_json(model, tokenizer, "x", schema, logits_processors=[1]), "logits_processors must be"),
+        (lambda: generate_structured(model, tokenizer, "x", schema=schema, on_text="print"), "on_text must be"),
+        (lambda: next(stream_json(model, tokenizer, "x", schema, max_tokens=-1)), "max_tokens must be"),
+        (lambda: next(stream_regex(model, tokenizer, "", "a", chat=False)), "prompt is empty"),
+    ]
+    for call, message in cases:
+        with pytest.raises(InvalidArgumentError) as info:
+            call()
+        assert str(info.value).startswith(message), (message, str(info.value))
+        assert not isinstance(info.value, GenerationError)  # the intended API change: not a generation outcome
+    monkeypatch.undo()
     wide = compile_json_schema(schema, tokenizer, logits_width=logits_width_of(model))
     out = generate_structured(model, tokenizer, np.array(tokenizer.encode("Yes or no: ")), grammar=wide,
                               max_tokens=4)
@@ -289,7 +310,7 @@ def test_logits_width_of_reads_args_or_probes():
 
     assert logits_width_of(WithArgs()) == 1234
     assert logits_width_of(Probe()) == 77
-    with pytest.raises(GenerationError, match="logits_width"):
+    with pytest.raises(InvalidArgumentError, match="^model: cannot tell the logits width.*logits_width="):
         logits_width_of(Broken())
 
 

@@ -16,7 +16,7 @@ from mlx.utils import tree_map
 from conftest import llama_reference_cases
 
 from grammar_mlx import models
-from grammar_mlx.errors import ModelLoadError, TokenizerError
+from grammar_mlx.errors import InvalidArgumentError, ModelLoadError, TokenizerError
 from grammar_mlx.gguf import read_gguf_header, read_vocab, tokenizer_from_gguf
 from grammar_mlx.models import (
     build_llama,
@@ -304,6 +304,21 @@ def test_bad_files(tmp_path):
         load_gguf(cut)
     with pytest.raises(ModelLoadError, match="not a GGUF file"):
         tokenizer_from_gguf(text)
+    with pytest.raises(ModelLoadError, match="is a directory, not a GGUF file"):
+        read_gguf_header(tmp_path)
+    # Arrays of arrays nested past any real file's depth: a typed error, not a RecursionError.
+    nested = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 0, 1)) + _gguf_string("deep")
+    nested += struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQ", 4, 0)
+    (tmp_path / "nested.gguf").write_bytes(bytes(nested))
+    with pytest.raises(ModelLoadError, match="nested deeper than 16"):
+        read_gguf_header(tmp_path / "nested.gguf")
+
+
+def test_a_merge_without_a_space_is_a_tokenizer_error(tmp_path):
+    metadata = {**tiny_vocab_metadata(), "tokenizer.ggml.merges": ["Ġt"]}
+    path = write_gguf(tmp_path / "vocab.gguf", metadata, {})
+    with pytest.raises(TokenizerError, match="merge 'Ġt' is not two pieces separated by a space"):
+        tokenizer_from_gguf(path)
 
 
 def test_vocab_only_file_is_not_a_model(llama_vocabs):
@@ -326,9 +341,9 @@ def test_truncated_draft_shares_modules_and_rejects_bad_sizes(tmp_path):
     expected = model.lm_head(model.model.norm(h))
     assert mx.allclose(draft(TOKENS), expected, atol=1e-4).item()
     for bad in (0, 3, 4, -1, True, 1.5, "2"):
-        with pytest.raises(ModelLoadError, match="num_layers"):
+        with pytest.raises(InvalidArgumentError, match=r"^num_layers must be an int in 1\.\.2 \(the model has 3 layers\)"):
             truncated_draft(model, bad)
-    with pytest.raises(ModelLoadError, match="cannot truncate"):
+    with pytest.raises(InvalidArgumentError, match="^model: cannot truncate a Linear"):
         truncated_draft(nn.Linear(2, 2), 1)
 
 
@@ -423,8 +438,41 @@ def test_load_model_dispatches_gguf_files(tmp_path):
     path, reference = tiny_llama(tmp_path, quantized=False)
     model, tokenizer = models.load_model(path)
     assert mx.allclose(model(TOKENS), reference(TOKENS), atol=1e-4).item()
-    with pytest.raises(ModelLoadError, match="no such model file"):
+    with pytest.raises(ModelLoadError, match="absent.gguf: no such file or directory"):
         models.load_model(tmp_path / "absent.gguf")
+
+
+def test_model_location_never_sends_a_local_path_to_the_hub(tmp_path, monkeypatch):
+    import mlx_lm
+
+    def hub(*args, **kwargs):
+        raise AssertionError("mlx_lm.load was called")
+
+    monkeypatch.setattr(mlx_lm, "load", hub)
+    for missing in ("/nonexistent/dir", str(tmp_path / "gone"), "./not-here", "../not-here", "~/not-here-either",
+                    "a/b/c", tmp_path / "absent"):
+        with pytest.raises(ModelLoadError, match="no such file or directory"):
+            models.load_model(missing)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="without a config.json"):
+        models.load_model(tmp_path / "empty")
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(ModelLoadError, match="not a .gguf file"):
+        models.load_model(str(tmp_path / "weights.bin"))
+    for bad in (None, 3, ""):
+        with pytest.raises(InvalidArgumentError, match="^model must be a path or a hub id"):
+            models.model_location(bad)
+    # What can be a hub id stays one; an existing directory is local whatever its spelling.
+    assert models.model_location("mlx-community/SmolLM2-135M-Instruct") == "mlx-community/SmolLM2-135M-Instruct"
+    model_dir = tmp_path / "owner" / "name"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text('{"num_hidden_layers": 5}')
+    monkeypatch.chdir(tmp_path)
+    assert models.model_location("owner/name") == Path("owner/name")
+    assert models.num_hidden_layers(models.model_location("owner/name")) == 5
+    assert models.num_hidden_layers("mlx-community/SmolLM2-135M-Instruct") is None
+    path, _ = tiny_llama(tmp_path, quantized=False)
+    assert models.num_hidden_layers(models.model_location(str(path))) == TINY["layers"]
 
 
 @pytest.mark.slow

@@ -8,7 +8,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from grammar_mlx.errors import GrammarError, InvalidRegexError, InvalidSchemaError, UnsupportedSchemaError
+from grammar_mlx.errors import (
+    GrammarError,
+    InvalidArgumentError,
+    InvalidRegexError,
+    InvalidSchemaError,
+    UnsupportedSchemaError,
+)
 from grammar_mlx.outlines import JSONLogitsProcessor, RegexLogitsProcessor
 from grammar_mlx.vocabulary import vocabulary_of
 
@@ -132,10 +138,13 @@ def test_copy_and_reset_start_a_new_request(qwen_hf_tokenizer):
 
 
 def test_errors_are_typed(qwen_hf_tokenizer):
-    with pytest.raises(GrammarError, match="tensor_library_name='torch'"):
+    with pytest.raises(InvalidArgumentError, match="^tensor_library_name='torch'"):
         JSONLogitsProcessor(SCHEMA, qwen_hf_tokenizer, "torch")
-    with pytest.raises(GrammarError, match="whitespace_pattern= by keyword"):
+    with pytest.raises(InvalidArgumentError, match="whitespace_pattern= by keyword"):
         JSONLogitsProcessor(SCHEMA, qwen_hf_tokenizer, r"[\n ]?")
+    for width in (0, 2.5, "151936"):
+        with pytest.raises(InvalidArgumentError, match="^logits_width must be"):
+            RegexLogitsProcessor("a", qwen_hf_tokenizer, logits_width=width)
     with pytest.raises(InvalidSchemaError):
         JSONLogitsProcessor("{not json", qwen_hf_tokenizer)
     with pytest.raises(InvalidRegexError, match="unbounded"):
@@ -144,8 +153,9 @@ def test_errors_are_typed(qwen_hf_tokenizer):
     assert [u.keyword for u in JSONLogitsProcessor(unique, qwen_hf_tokenizer).unenforced] == ["uniqueItems"]
     with pytest.raises(UnsupportedSchemaError):
         JSONLogitsProcessor(unique, qwen_hf_tokenizer, strict=True)
-    with pytest.raises(GrammarError, match="logits must be"):
+    with pytest.raises(InvalidArgumentError, match="^logits must be"):
         RegexLogitsProcessor("a", qwen_hf_tokenizer)([1], np.zeros(10))
+    assert issubclass(InvalidArgumentError, GrammarError)
 
 
 @pytest.mark.slow

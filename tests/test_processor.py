@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from fake_grammar import FakeGrammar, expected_masked, random_grammar, replay
-from grammar_mlx.errors import GrammarError, GrammarViolationError, HistoryError
+from grammar_mlx.errors import GrammarError, GrammarViolationError, HistoryError, InvalidArgumentError
 from grammar_mlx.processor import GrammarProcessor
 
 
@@ -143,7 +143,7 @@ def test_bad_inputs_raise_typed_errors():
     g = random_grammar(7)
     proc = GrammarProcessor(g)
     lg = mx.array(logits_for(1, g.logits_width))
-    with pytest.raises(HistoryError):
+    with pytest.raises(InvalidArgumentError, match="^logits must be an mx.array"):
         proc(mx.array([1, 2]), np.zeros((1, g.logits_width)))  # numpy logits
     with pytest.raises(HistoryError):
         proc(mx.array([1.0, 2.0]), lg)  # float history
@@ -151,8 +151,12 @@ def test_bad_inputs_raise_typed_errors():
         proc(mx.array([[1, 2], [3, 4]]), lg)  # 2 rows of history, 1 of logits
     with pytest.raises(HistoryError):
         proc(mx.array([1, 2]), mx.array(logits_for(2, g.logits_width)))  # 1 history, 2 rows
-    with pytest.raises(HistoryError):
-        GrammarProcessor(g, overlap=0)
+    for overlap in (0, 2.0, True, "16"):
+        with pytest.raises(InvalidArgumentError, match="^overlap must be an int >= 1 or None"):
+            GrammarProcessor(g, overlap=overlap)
+    for not_a_grammar in (None, "[a-z]+", {"type": "string"}):
+        with pytest.raises(InvalidArgumentError, match="^compiled must be a CompiledGrammar"):
+            GrammarProcessor(not_a_grammar)
     proc(mx.array([1, 2, 3]), lg)
     with pytest.raises(HistoryError, match="shorter than this processor's context"):
         proc(mx.array([1, 2]), lg)
@@ -379,5 +383,5 @@ def test_scalar_logits_after_the_first_call_raise_typed_error():
     g = random_grammar(13)
     proc = GrammarProcessor(g)
     proc(mx.array([1]), mx.array(logits_for(1, g.logits_width)))
-    with pytest.raises(HistoryError):
+    with pytest.raises(InvalidArgumentError, match="^logits must be"):
         proc(mx.array([1, 2]), mx.array(1.0))

@@ -30,3 +30,17 @@ def test_main_job_names_files_that_exist():
     words = shlex.split(readme_commands()[0])
     schema = words[words.index("--schema") + 1]
     assert (REPO / schema).is_file(), schema
+
+
+def test_every_concept_page_exists_and_names_files_that_exist():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    pages = re.findall(r"\]\((docs/[^)]+\.md)\)", text)
+    assert len(pages) >= 6, pages
+    for page in pages:
+        assert (REPO / page).is_file(), page
+    for page in sorted((REPO / "docs").glob("*.md")):
+        body = page.read_text(encoding="utf-8")
+        for link in re.findall(r"\]\(([^)#:]+\.md)\)", body):
+            assert (page.parent / link).is_file(), (page.name, link)
+        for path in re.findall(r"`((?:grammar_mlx|tests|bench|kernels|examples)/[\w./-]+\.(?:py|md|metal|cu))`", body):
+            assert (REPO / path).is_file(), (page.name, path)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from fake_grammar import hash_step, random_grammar, replay
-from grammar_mlx.errors import GrammarError, GrammarViolationError, StateStackError
+from grammar_mlx.errors import GrammarError, GrammarViolationError, InvalidArgumentError, StateStackError
 from grammar_mlx.stack import StackSnapshot, StateStack
 
 
@@ -47,6 +48,24 @@ def test_bad_sizes_raise_typed_errors_and_change_nothing():
     assert issubclass(StateStackError, GrammarError)
 
 
+def test_argument_mistakes_are_invalid_argument_errors_naming_the_argument():
+    s = StateStack(hash_step, 0)
+    s.extend([1, 2, 3])
+    cases = [
+        (lambda: s.pop(1.0), "k"), (lambda: s.pop(True), "k"), (lambda: s.truncate("1"), "depth"),
+        (lambda: s.token_at(None), "i"), (lambda: s.state_at(0.5), "depth"), (lambda: s.push("7"), "token"),
+        (lambda: s.restore((s._id, 1, 1)), "snapshot"), (lambda: s.is_valid(None), "snapshot"),
+        (lambda: StateStack(3, 0), "next_state"), (lambda: StateStack(hash_step, "0"), "initial_state"),
+        (lambda: StateStack(hash_step, 0, capacity=2.5), "capacity"),
+        (lambda: StateStack(hash_step, 0, describe="x"), "describe"),
+    ]
+    for bad, name in cases:
+        with pytest.raises(InvalidArgumentError, match=rf"^{name} must be"):
+            bad()
+    assert s.tokens() == [1, 2, 3] and s.truncate(np.int64(2)) == s.state_at(np.int32(2))
+    assert issubclass(InvalidArgumentError, ValueError) and not issubclass(InvalidArgumentError, StateStackError)
+
+
 def test_violation_reports_position_token_text_and_allowed_and_keeps_valid_prefix():
     g = random_grammar(3)
     s = StateStack.for_grammar(g)
@@ -67,8 +86,9 @@ def test_violation_reports_position_token_text_and_allowed_and_keeps_valid_prefi
     assert s.depth == 5 and s.state == state  # left at the last valid depth
     with pytest.raises(GrammarViolationError):
         s.push(-3)  # negative ids are forbidden, not an IndexError
-    with pytest.raises(StateStackError, match="integers"):
+    with pytest.raises(InvalidArgumentError, match="token must be an int"):
         s.push(1.5)
+    assert s.depth == 5
 
 
 def test_redo_push_reuses_slot_without_calling_transition():

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fake_grammar import hash_step
-from grammar_mlx.errors import GrammarViolationError, HistoryError, StateStackError
+from grammar_mlx.errors import GrammarViolationError, HistoryError, InvalidArgumentError, StateStackError
 from grammar_mlx.stack import StateStack
 from grammar_mlx.stateful import HistoryFollower, PenaltyProcessor, ThinkingBudgetProcessor
 
@@ -110,8 +110,10 @@ def test_follower_pops_to_first_difference_and_pushes_the_rest():
     assert target.stack.tokens() == [1]
     with pytest.raises(HistoryError):
         f.sync([7])
-    with pytest.raises(HistoryError):
+    with pytest.raises(InvalidArgumentError, match="^overlap must be"):
         HistoryFollower(target, 0, overlap=0)
+    with pytest.raises(InvalidArgumentError, match="^context_len must be"):
+        HistoryFollower(target, -1)
 
 
 @pytest.mark.parametrize("overlap", [2, 16, None])
@@ -186,8 +188,13 @@ def test_context_ending_in_think_start_counts_from_generation_start():
     zero = ThinkingBudgetProcessor(END, 0, starts_thinking=True)
     out = np.asarray(zero(mx.array([3]), lg))
     assert np.isinf(np.delete(out[0], END)).all()
-    with pytest.raises(HistoryError):
-        ThinkingBudgetProcessor(END, -1)
+    for kwargs, name in [({"budget": -1}, "budget"), ({"budget": 2.5}, "budget"), ({"budget": True}, "budget"),
+                         ({"think_end_id": "</think>"}, "think_end_id"), ({"think_end_id": -2}, "think_end_id"),
+                         ({"think_start_id": 1.0}, "think_start_id"), ({"overlap": 0}, "overlap")]:
+        args = {"think_end_id": END, "budget": 2, **kwargs}
+        with pytest.raises(InvalidArgumentError, match=f"^{name} must be an int"):
+            ThinkingBudgetProcessor(args.pop("think_end_id"), args.pop("budget"), **args)
+    assert ThinkingBudgetProcessor(np.int64(END), np.int32(3)).budget == 3
 
 
 @pytest.mark.parametrize("budget", [1, 7, 200])
@@ -251,10 +258,14 @@ def test_penalties_leave_callers_logits_alone_and_handle_rows_and_bf16():
     bf(mx.array([0]), mx.array(lg[:1]).astype(mx.bfloat16))
     out = bf(mx.array([0, 7]), mx.array(lg[:1]).astype(mx.bfloat16))
     assert out.dtype == mx.bfloat16
-    with pytest.raises(HistoryError):
-        PenaltyProcessor(repetition_penalty=0.0)
-    with pytest.raises(HistoryError):
-        PenaltyProcessor(window=0)
+    for kwargs, name in [({"repetition_penalty": 0.0}, "repetition_penalty"),
+                         ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+                         ({"repetition_penalty": "1.2"}, "repetition_penalty"),
+                         ({"presence_penalty": float("inf")}, "presence_penalty"),
+                         ({"frequency_penalty": None}, "frequency_penalty"),
+                         ({"window": 0}, "window"), ({"window": 1.5}, "window"), ({"overlap": -1}, "overlap")]:
+        with pytest.raises(InvalidArgumentError, match=f"^{name} must be"):
+            PenaltyProcessor(**kwargs)
 
 
 def test_penalty_snapshot_restore_moves_counters_both_ways():

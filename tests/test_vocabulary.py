@@ -104,3 +104,19 @@ def test_vocabulary_needs_a_valid_eos():
         Vocabulary((b"a", b"b"), (), "byte-level")
     with pytest.raises(TokenizerError, match="outside the vocabulary"):
         Vocabulary((b"a", b"b"), (5,), "byte-level")
+
+
+def test_explicit_eos_ids_are_checked_as_an_argument():
+    import numpy as np
+
+    from grammar_mlx import InvalidArgumentError
+
+    vocab = Vocabulary((b"a", b"b", b"c"), (2,), "byte-level")
+    assert vocab.with_eos([np.int64(1), 1]).eos_token_ids == (1,)
+    assert vocab.with_eos((0,)).token_bytes == (None, b"b", b"c")
+    for bad, fragment in [([], "it is empty"), ([3], "3 is not a token id in 0..2"), ([-1], "-1 is not"),
+                          (["1"], "'1' is not"), ([True], "True is not"), (1, "list of token ids, got 1"),
+                          ("12", "list of token ids")]:
+        with pytest.raises(InvalidArgumentError, match="^eos_token_ids must be") as info:
+            vocabulary_of(vocab, eos_token_ids=bad)
+        assert fragment in str(info.value)
