@@ -38,27 +38,48 @@ QWEN_WIDTH = 151_936
 class OutlinesReference:
     """outlines-core's eager Index of `(?:R)\\x00` over the vocabulary (NUL tokens out, the sentinel
     in), read with our conventions: a state accepts iff its sentinel edge reaches a final state, and
-    then allows our EOS ids."""
+    then allows our EOS ids; a token is allowed iff it leads to a state from which a final state is
+    reachable (outlines-core keeps tokens into dead ends, which a vocabulary lacking some single
+    bytes has: we prune them, by a backward search over its transitions).
+
+    outlines-core refuses to build an index in which a reachable state has no token at all. So the
+    single bytes the vocabulary lacks are added as extra tokens (ids past `width`: they change no
+    other token's transitions) and their edges dropped before anything is read."""
 
     def __init__(self, regex: str, vocab: Vocabulary, width: int, eos: tuple[int, ...]):
         from outlines_core import Index, Vocabulary as OutlinesVocabulary
 
         text = {b: [i for i in ids if i < width] for b, ids in vocab.text_tokens().items() if SENTINEL_BYTES not in b}
         text = {b: ids for b, ids in text.items() if ids}
+        fillers = [bytes([b]) for b in range(1, 256) if bytes([b]) not in text]
+        for i, b in enumerate(fillers):
+            text[b] = [width + i]
         text[SENTINEL_BYTES] = [SENTINEL_ID]
         self.eos = np.array(sorted(eos), dtype=np.int64)
         self.index = Index(wrap_regex(regex), OutlinesVocabulary(self.eos[0], text))
         self.finals = set(self.index.get_final_states())
         self.initial = self.index.get_initial_state()
+        self.transitions = {src: {t: dst for t, dst in edges.items() if t < width or t == SENTINEL_ID}
+                            for src, edges in self.index.get_transitions().items()}
+        backward: dict[int, set[int]] = {}
+        for src, edges in self.transitions.items():
+            for dst in edges.values():
+                backward.setdefault(dst, set()).add(src)
+        self.live, todo = set(self.finals), list(self.finals)
+        while todo:
+            for src in backward.get(todo.pop(), ()):
+                if src not in self.live:
+                    self.live.add(src)
+                    todo.append(src)
 
     def row(self, state: int) -> tuple[np.ndarray, np.ndarray, bool]:
         """(sorted allowed ids with EOS where accepting, next state of each (-1 for EOS), accepting)."""
-        index = self.index
-        allowed = [t for t in index.get_allowed_tokens(state) if t != SENTINEL_ID and t not in self.eos]
-        accepting = index.get_next_state(state, SENTINEL_ID) in self.finals
-        tokens = np.array(sorted(allowed) + (self.eos.tolist() if accepting else []), dtype=np.int64)
-        nxt = np.array([index.get_next_state(state, t) for t in tokens[: len(allowed)].tolist()]
-                       + [-1] * (len(tokens) - len(allowed)), dtype=np.int64)
+        edges = self.transitions.get(state, {})
+        eos = set(self.eos.tolist())
+        allowed = sorted(t for t, nxt in edges.items() if t != SENTINEL_ID and t not in eos and nxt in self.live)
+        accepting = edges.get(SENTINEL_ID) in self.finals
+        tokens = np.array(allowed + (self.eos.tolist() if accepting else []), dtype=np.int64)
+        nxt = np.array([edges[t] for t in allowed] + [-1] * (len(tokens) - len(allowed)), dtype=np.int64)
         order = np.argsort(tokens, kind="stable")
         return tokens[order], nxt[order], accepting
 
@@ -108,7 +129,7 @@ class Pairing:
             f"only lazy {np.setdiff1d(got, tokens)[:10]}, only outlines {np.setdiff1d(tokens, got)[:10]}")
         assert lazy.is_accepting(q) == accepting
         lazy_next = np.array([lazy.next_state(q, t) for t in got.tolist()]) if len(got) < 64 else \
-            lazy.index.row(q)[1].astype(np.int64)
+            lazy._row(q)[1].astype(np.int64)  # eager or lazy
         text = nxt >= 0
         assert np.all(lazy_next[~text] == lazy.terminal_state), "EOS leads to the terminal state"
         pairs = np.unique(np.stack([lazy_next[text], nxt[text]]), axis=1)
@@ -136,7 +157,7 @@ def random_walks(pairing: Pairing, rng: random.Random, walks: int, steps: int) -
         q = lazy.initial_state
         for _ in range(steps):
             pairing.check(q)
-            tokens, nxt = lazy.index.row(q)
+            tokens, nxt = lazy._row(q)  # eager or lazy
             text = nxt != lazy.terminal_state
             if not text.any() or (lazy.is_accepting(q) and rng.random() < 0.2):
                 break
