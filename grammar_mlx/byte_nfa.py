@@ -784,11 +784,14 @@ class LazyDFA:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held: the table and flags as allocated, the memos' Python objects (counted by
-        `sys.getsizeof` as they are made, `DICT_SLOT_BYTES` per dict entry), the NFA's lists
-        (`NFA_STATE_BYTES` per state, measured) and its liveness flags."""
+        """Host bytes held: the table and flags as allocated, what walks cached on it (per-trie
+        classes, MLX copies), the memos' Python objects (counted by `sys.getsizeof` as they are
+        made, `DICT_SLOT_BYTES` per dict entry), the NFA's lists (`NFA_STATE_BYTES` per state,
+        measured) and its liveness flags."""
+        from .token_index import walk_copies_nbytes
+
         live = len(self._nfa_live) + 56 if self._nfa_live is not None else 0
-        arrays = self.table.nbytes + self.accepting.nbytes + self.live.nbytes
+        arrays = self.table.nbytes + self.accepting.nbytes + self.live.nbytes + walk_copies_nbytes(self)
         return int(arrays + self._py_bytes + live + NFA_STATE_BYTES * len(self.nfa))
 
     def _nfa_liveness(self) -> bytearray | None:

@@ -191,7 +191,8 @@ class ByteDFA:
 
     @property
     def nbytes(self) -> int:
-        return int(self.table.nbytes + self.accepting.nbytes + self.classes.nbytes)
+        """The arrays, and the per-trie and device copies the walks made of them."""
+        return int(self.table.nbytes + self.accepting.nbytes + self.classes.nbytes + walk_copies_nbytes(self))
 
     def next(self, state: int, byte: int) -> int:
         return int(self.table[state * self.num_classes + self.classes[byte]])
@@ -303,6 +304,19 @@ class ByteDFA:
             live[found] = True
             frontier = found
         return live
+
+
+def walk_copies_nbytes(dfa) -> int:
+    """Bytes of what walks cache on a DFA (ByteDFA or LazyDFA): the byte class of each trie node
+    (`node_classes`) and the MLX copies of the table and classes (`walk_mlx`)."""
+    total = 0
+    cached = dfa._node_classes
+    if cached is not None:
+        total += cached[1].nbytes
+    device = dfa._device
+    if device is not None:
+        total += device[0].nbytes + device[1].nbytes
+    return int(total)
 
 
 def _byte_classes(src: np.ndarray, byte: np.ndarray, dst: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -309,8 +309,8 @@ def test_row_cache_never_serves_a_dead_tables_rows_to_a_new_table(cache_mode):
 
 
 def test_rows_are_found_by_content_in_every_table_that_holds_them(monkeypatch):
-    # A lazy grammar hands out a new, longer table whenever it gains a row: rows it had must not be
-    # unpacked again, a row of another content at the same id must be.
+    # A lazy grammar copies its rows into a new, longer table when one is full: rows it had must not
+    # be unpacked again, a row of another content at the same id must be.
     unpacked = []
     real_unpack = K._unpack
     monkeypatch.setattr(K, "_unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
@@ -485,6 +485,43 @@ def test_row_masker_bad_calls_raise_kernel_error(call, message):
 def test_row_masker_bad_bindings_raise_kernel_error(args, kwargs, message):
     with pytest.raises(KernelError, match=message):
         K.row_masker(*args, **kwargs)
+
+
+def test_shared_arrays_alias_mlx_memory_on_this_machine():
+    """The CPU backend (this machine's) keeps arrays in host memory: a numpy write through the view
+    is what the next MLX op reads. Elsewhere `shared_array` may be None; then callers copy."""
+    shared = K.shared_array((3, 5), np.uint32)
+    assert shared is not None, "tables grow in place on the CPU backend"
+    table, view = shared
+    assert np.asarray(table).sum() == 0
+    for value in (7, 0xFFFFFFFF):
+        K.before_host_write()
+        view[2, 4] = value
+        assert int(mx.take(table, mx.array([2]), axis=0)[0, 4].item()) == value
+
+
+@pytest.mark.parametrize("path", cpu_paths())
+def test_a_table_growing_in_place_masks_exactly(path, cache_mode):
+    """A table with room for more rows, written a row at a time in place before its id is used (a
+    lazy grammar's table): single rows through one `row_masker` bound at the start, and batches,
+    whose whole-table entry (built on the first batch) unpacks the rows handed out since."""
+    rng = np.random.default_rng(21)
+    vocab, words, capacity = 1001, 32, 10
+    rows_np = np.concatenate([make_table(rng, MASK_KINDS[i % len(MASK_KINDS)], 1, words) for i in range(capacity)])
+    table, view = K.shared_array((capacity, words), np.uint32)
+    mask = K.row_masker(table, vocab, mx.bfloat16, path=path)
+    for n in range(1, capacity + 1):
+        K.before_host_write()
+        view[n - 1] = rows_np[n - 1]  # written, then handed out
+        handed = [n - 1, *rng.integers(0, n, 2).tolist()]
+        bits = make_logit_bits(rng, "bfloat16", 1, vocab)
+        out = mask(to_mx(bits, "bfloat16"), handed[0])
+        np.testing.assert_array_equal(to_bits(out, "bfloat16"), reference(bits, rows_np, handed[:1], 0xFF80))
+        bits = make_logit_bits(rng, "bfloat16", 3, vocab)
+        out = K.apply_token_bitmask(to_mx(bits, "bfloat16"), table, handed, path=path)
+        np.testing.assert_array_equal(to_bits(out, "bfloat16"), reference(bits, rows_np, handed, 0xFF80))
+    whole = [k for k in K._ROW_CACHE._lru if k[0] == "whole"]
+    assert len(whole) == (1 if cache_mode == "whole-table" else 0), "one entry for the table, however it grew"
 
 
 def test_whole_tables_share_the_bound_with_rows_in_one_lru():

@@ -13,6 +13,7 @@ GrammarProcessor over a lazy grammar whose mask table grows mid-generation.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 
@@ -451,4 +452,63 @@ def test_processor_over_a_lazy_grammar_masks_exactly_while_the_table_grows(qwen_
         if n < len(ids):
             q = eager.next_state(q, ids[n])
     assert eager.is_accepting(q) and proc.is_accepting()
-    assert 1 < len(tables) <= lazy.stats["num_masks"], "a new table object only when rows were added"
+    # Rows are added in place; a new table object only when one fills up (twice the rows each time).
+    masks = lazy.stats["num_masks"]
+    assert masks > 4 and len(tables) == lazy.stats["table_copies"] <= 1 + math.ceil(math.log2(masks / 4))
+
+
+def packed_rows(index: LazyIndex, states) -> dict[int, np.ndarray]:
+    """state -> its mask, packed as the kernels read it, from the index's own rows."""
+    out = {}
+    for s in states:
+        bits = np.zeros(index.words * 32, dtype=bool)
+        bits[index.row(s)[0]] = True
+        out[s] = np.packbits(bits, bitorder="little").view("<u4")
+    return out
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["in-place", "copy-per-row"])
+def test_the_mask_table_grows_geometrically_and_holds_every_row_handed_out(qwen_vocab, monkeypatch, shared):
+    """Over a walk that meets U distinct masks, the table is copied O(log U) times, and after each
+    new row the table in hand holds every row handed out so far, bit for bit, masking exactly on
+    the CPU paths (single rows through a masker bound to the table, and batches). Where numpy
+    cannot write into MLX memory (`shared_array` None), a copy per new row, as exact."""
+    from grammar_mlx import kernels
+
+    if not shared:
+        monkeypatch.setattr(kernels, "_host_writes_visible", lambda: False)
+    schema = {"type": "object", "properties": {f"k{i}": {"type": "integer", "maximum": 10 ** i} for i in range(6)},
+              "required": [f"k{i}" for i in range(6)]}
+    grammar = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    index = grammar.index
+    rng, q, seen, tables = random.Random(5), grammar.initial_state, [], []
+    logits = mx.array(np.random.default_rng(1).normal(size=(3, QWEN_WIDTH)).astype(np.float32))
+    for _ in range(120):
+        before = index.stats()["num_masks"]
+        row = grammar.mask_row(q)
+        seen.append(q)
+        table = grammar.device_masks()
+        if not tables or table is not tables[-1]:
+            tables.append(table)
+        if index.stats()["num_masks"] > before:  # a new row: the table in hand has every row so far
+            held = np.asarray(table)
+            for s, packed in packed_rows(index, set(seen)).items():
+                assert np.array_equal(held[index.mask_of[s]], packed)
+            batch = [row, index.mask_of[seen[0]], index.mask_of[rng.choice(seen)]]
+            out = np.asarray(kernels.apply_token_bitmask(logits, table, batch))
+            for b, r in enumerate(batch):
+                state = next(s for s in seen if index.mask_of[s] == r)
+                assert np.array_equal(np.flatnonzero(np.isfinite(out[b])), index.row(state)[0])
+        tokens = grammar.allowed_tokens(q)
+        text = tokens[~np.isin(tokens, grammar.eos_token_ids)]
+        if not len(text):
+            q = grammar.initial_state
+            continue
+        q = grammar.next_state(q, int(rng.choice(text.tolist())))
+    masks = index.stats()["num_masks"]
+    assert masks >= 16, "the walk met enough distinct masks to grow the table several times"
+    if shared:
+        assert index.stats()["table_copies"] == len(tables) <= 1 + math.ceil(math.log2(masks / 4))
+        assert index.stats()["table_rows"] < 2 * masks + 4
+    else:
+        assert index.stats()["table_copies"] == masks
