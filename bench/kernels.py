@@ -19,7 +19,13 @@ Variants on the CPU device, each on a warm cache (first-use costs are printed se
   row_masker/3 forms   B = 1 only: the bound per-token path cycling through one row of each form
 On a GPU device: metal or cuda (the 2,048-row table; the kernel reads it in place).
 
-    python bench/kernels.py [--rounds N] [--iters N] [--out bench/results/kernels.json]
+Table growth (a lazy grammar's mask table gaining U distinct rows one at a time, each row's table
+ready for the kernels before its id is used), at V = 151,936: "in place" (lazy.py: a table with room
+for more rows, `kernels.shared_array`, each row written into it, a full table copied into one of
+twice the rows) against "copy per row" (a new `mx.array` of all rows for each new row, what lazy.py
+did before and still does where numpy cannot write into MLX memory). Milliseconds for all U rows.
+
+    python bench/kernels.py [--rounds N] [--iters N] [--out bench/results/kernels.json] [--growth-only]
 """
 
 from __future__ import annotations
@@ -182,12 +188,76 @@ def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters:
     return rows_out
 
 
+GROWTH_ROWS = (64, 512, 2048)
+GROWTH_VOCAB = 151_936
+
+
+def grow_in_place(rows: np.ndarray) -> tuple[float, int]:
+    """(seconds, tables made) to add `rows` one at a time to a table that grows in place."""
+    words = rows.shape[1]
+    started = time.perf_counter()
+    table, view = K.shared_array((4, words), np.uint32)
+    tables = 1
+    for n in range(len(rows)):
+        if n == len(view):
+            bigger, bigger_view = K.shared_array((2 * n, words), np.uint32)
+            bigger_view[:n] = view[:n]
+            table, view = bigger, bigger_view
+            tables += 1
+        K.before_host_write()
+        view[n] = rows[n]
+        mx.eval(table)
+    return time.perf_counter() - started, tables
+
+
+def grow_by_copies(rows: np.ndarray) -> tuple[float, int]:
+    """The same with a new device table of all rows for each new row."""
+    host = np.zeros((4, rows.shape[1]), dtype=np.uint32)
+    started = time.perf_counter()
+    for n in range(len(rows)):
+        if n == len(host):
+            grown = np.zeros((2 * n, rows.shape[1]), dtype=np.uint32)
+            grown[:n] = host[:n]
+            host = grown
+        host[n] = rows[n]
+        mx.eval(mx.array(host[: n + 1]))
+    return time.perf_counter() - started, len(rows)
+
+
+def measure_growth() -> list[dict]:
+    out = []
+    if K.shared_array((1, 1), np.uint32) is None:
+        print("table growth: numpy cannot write into MLX arrays here; lazy grammars copy per row")
+        return out
+    rng = np.random.default_rng(7)
+    for count in GROWTH_ROWS:
+        rows = rng.integers(0, 2**32, (count, -(-GROWTH_VOCAB // 32)), dtype=np.uint32)
+        for name, fn in (("in place", grow_in_place), ("copy per row", grow_by_copies)):
+            seconds, tables = fn(rows)
+            out.append({"rows": count, "vocab": GROWTH_VOCAB, "strategy": name, "ms_total": round(seconds * 1e3, 1),
+                        "us_per_row": round(seconds / count * 1e6, 1), "tables": tables})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--iters", type=int, default=25)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "kernels.json")
+    parser.add_argument("--growth-only", action="store_true", help="only the table-growth measurement")
     args = parser.parse_args()
+
+    growth = measure_growth()
+    print(f"{'rows':>5} {'strategy':14} {'ms total':>9} {'us/row':>8} {'tables':>6}")
+    for g in growth:
+        print(f"{g['rows']:>5} {g['strategy']:14} {g['ms_total']:>9.1f} {g['us_per_row']:>8.1f} {g['tables']:>6}")
+    if args.growth_only:
+        out = args.out.with_name("kernels-growth.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"benchmark": "mask table growth", "mlx": mx.__version__,
+                                   "machine": platform.platform(), "results": growth}, indent=2) + "\n")
+        print(f"\nwrote {out}")
+        return
 
     devices = ["cpu"]
     if any(p in ("metal", "cuda") for p in K.available_paths()):
@@ -221,6 +291,7 @@ def main() -> None:
         "load_average_1min": round(os.getloadavg()[0], 2),  # other work on the machine skews µs more than ratios
         "cpu_count": os.cpu_count(),
         "results": results,
+        "table_growth": growth,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

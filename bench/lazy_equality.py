@@ -1,7 +1,9 @@
 """The lazy token index against outlines-core's eager `Index`, exactly, on a large corpus sample.
 
 tests/test_lazy.py runs this comparison on a handful of grammars; this script runs it on many
-MaskBench schemas and JSON-Schema-Test-Suite-free regexes with the genuine Qwen3 vocabulary. Per
+MaskBench schemas with the genuine Qwen3 vocabulary, or with `--vocab smollm2` the embedded model's
+(which lacks 21 single-byte tokens: the reference is then outlines-core's index with its dead ends
+pruned, test_lazy.OutlinesReference). Per
 schema, in a forked child stopped at --timeout (outlines-core's eager index can take minutes):
 outlines-core builds its eager index of the same sentinel-wrapped regex; states are paired by
 walking the same tokens from the initial states; at every state reached by the corpus's instances
@@ -15,6 +17,7 @@ engine, states are compared pair by pair (a lazy state may pair with several ref
 rows are all equal: `Pairing`), so "checked" counts lazy states and "pairs" the pairs compared.
 
     python bench/lazy_equality.py [--n 120] [--timeout 60] [--walks 20] [--steps 80] [--seed 1] [--engine auto]
+                                  [--vocab qwen|smollm2]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import grammar_mlx as gm  # noqa: E402
-from compile import CORPUS, QWEN_WIDTH, sample  # noqa: E402
+from compile import CORPUS, VOCABULARIES, load_vocabulary, sample  # noqa: E402
 from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 from test_lazy import OutlinesReference, Pairing, random_walks, walk_and_check  # noqa: E402
 
@@ -43,10 +46,9 @@ _G: dict = {}
 
 def compare(row: dict, walks: int, steps: int, seed: int, engine: str) -> dict:
     vocab, tokenizer = _G["vocab"], _G["tokenizer"]
-    lazy = gm.compile_json_schema(row["schema"], vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False,
-                                  engine=engine)
+    lazy = gm.compile_json_schema(row["schema"], vocab, mode="lazy", use_cache=False, engine=engine)
     started = time.perf_counter()
-    ref = OutlinesReference(lazy.regex, vocab, QWEN_WIDTH, lazy.eos_token_ids)
+    ref = OutlinesReference(lazy.regex, vocab, vocab.size, lazy.eos_token_ids)
     reference_seconds = time.perf_counter() - started
     pairing = Pairing(lazy, ref)
     instances = accepted = 0
@@ -58,7 +60,9 @@ def compare(row: dict, walks: int, steps: int, seed: int, engine: str) -> dict:
         instances += 1
         accepted += walk_and_check(pairing, ids)[1]
     random_walks(pairing, random.Random(seed), walks=walks, steps=steps)
+    stats = lazy.stats
     return {"states_checked": len(pairing.checked), "pairs_checked": len(pairing.checked_pairs),
+            "dead_end_tokens": stats["dead_end_tokens"], "liveness_searches": stats["liveness_searches"],
             "byte_states": lazy.num_states - 1, "engine": lazy.stats["engine"], "instances": instances,
             "instances_accepted": accepted, "outlines_seconds": reference_seconds}
 
@@ -93,15 +97,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--engine", choices=("auto", "nfa", "outlines"), default="auto")
+    parser.add_argument("--vocab", choices=VOCABULARIES, default="qwen")
     args = parser.parse_args()
     if not CORPUS.exists():
         sys.exit(f"corpus absent: {CORPUS}")
-    from conftest import qwen_tokenizer_dir
-    from transformers import PreTrainedTokenizerFast
-
-    _G["tokenizer"] = PreTrainedTokenizerFast.from_pretrained(str(qwen_tokenizer_dir()))
-    _G["vocab"] = gm.vocabulary_of(_G["tokenizer"])
-    gm.compiler.token_trie(_G["vocab"], QWEN_WIDTH)  # built once, shared by the children
+    _G["tokenizer"], _G["vocab"] = load_vocabulary(args.vocab)
+    gm.compiler.token_trie(_G["vocab"], _G["vocab"].size)  # built once, shared by the children
 
     results, outcomes = [], Counter()
     print(f"{'id':<40} {'outcome':>9} {'eng':>3} {'states':>7} {'checked':>7} {'pairs':>6} {'inst':>5} {'ok':>4} "
@@ -125,15 +126,18 @@ def main() -> None:
             print(f"{row['id'][:40]:<40} {status:>9} {value or ''}"[:160], flush=True)
         results.append(entry)
     checked = sum(e.get("states_checked", 0) for e in results)
-    summary = {"schemas": len(results), "engine": args.engine, "outcomes": dict(outcomes), "states_checked": checked,
+    summary = {"schemas": len(results), "vocab": args.vocab, "engine": args.engine, "outcomes": dict(outcomes),
+               "states_checked": checked,
+               "dead_end_tokens": sum(e.get("dead_end_tokens", 0) for e in results),
                "pairs_checked": sum(e.get("pairs_checked", 0) for e in results),
                "engines": dict(Counter(e["engine"] for e in results if "engine" in e)),
                "mismatches": outcomes.get("MISMATCH", 0)}
     print("\nsummary", summary)
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lazy_equality.json").write_text(json.dumps({"summary": summary, "results": results}, indent=1))
-    print(f"wrote {out / 'lazy_equality.json'}")
+    name = "lazy_equality.json" if args.vocab == "qwen" else f"lazy_equality-{args.vocab}.json"
+    (out / name).write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    print(f"wrote {out / name}")
     sys.exit(1 if outcomes.get("MISMATCH") else 0)
 
 

@@ -715,6 +715,19 @@ def _oracle_template(text: str) -> list:
     return template
 
 
+def check_syntax(pattern: str) -> None:
+    """`InvalidRegexError` (naming the problem and its position) if `pattern` is not valid Rust
+    regex syntax; nothing for a valid one, whichever engine will compile it. For paths that hand the
+    regex to outlines-core without building the NFA (engine "outlines", eager tables): its own
+    message says only "error building NFA", and its `(?:R)\\x00` wrapping balances a stray `)(`."""
+    try:
+        parse(pattern)
+    except Unsupported:
+        pass
+    except RecursionError:
+        pass  # nesting regex-automata judges (its own limit)
+
+
 def build_nfa(pattern: str, max_states: int = MAX_NFA_STATES) -> ByteNFA:
     """Parse and compile `pattern`; `InvalidRegexError` for a syntax error, `Unsupported` for what
     outlines-core must handle, `GrammarTooLargeError` past `max_states`, `CompileTimeoutError` past

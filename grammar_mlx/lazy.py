@@ -54,7 +54,7 @@ from collections import deque
 
 import numpy as np
 
-from .errors import GrammarError, GrammarTooLargeError, VocabularyMismatchError
+from .errors import GrammarTooLargeError, InvalidArgumentError, VocabularyMismatchError
 from .limits import check_deadline
 from .token_index import ByteDFA, TokenTrie, walk, walk_mlx
 
@@ -103,9 +103,9 @@ class LazyIndex:
                  backend: str | None = None, liveness_walks: int | None = None):
         backend = backend or default_backend()
         if backend not in BACKENDS:
-            raise GrammarError(f"unknown lazy index backend {backend!r}; expected one of {BACKENDS}")
+            raise InvalidArgumentError(f"unknown lazy index backend {backend!r}; expected one of {BACKENDS}")
         if trie.width != logits_width:
-            raise GrammarError(f"token trie of width {trie.width} for logits width {logits_width}")
+            raise InvalidArgumentError(f"token trie of width {trie.width} for logits width {logits_width}")
         self.dfa = dfa
         self.trie = trie
         self.backend = backend
@@ -122,7 +122,7 @@ class LazyIndex:
         # Liveness over the single-byte tokens (see the module docstring).
         if self._growing:
             if not dfa.alphabet <= trie.single_bytes:
-                raise GrammarError("the on-demand DFA's liveness alphabet has bytes that are no tokens of this "
+                raise InvalidArgumentError("the on-demand DFA's liveness alphabet has bytes that are no tokens of this "
                                    "vocabulary: build it with LazyDFA(nfa, max_states, alphabet=trie.single_bytes)")
             self._byte_live = None
             self._all_live = dfa.all_live

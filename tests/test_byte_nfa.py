@@ -166,6 +166,49 @@ def test_same_language_as_regex_automata_on_bytes(regex):
         assert run(mine, text) == run(ref, text), (regex, text)
 
 
+# --- liveness over an alphabet -------------------------------------------------------------------
+
+
+def live_by_brute_force(dfa, states, alphabet) -> dict[int, bool]:
+    """Whether each state reaches acceptance over bytes of `alphabet`: a forward search per state."""
+    out = {}
+    for start in states:
+        seen, todo = {start}, [start]
+        while todo and not out.get(start):
+            q = todo.pop()
+            if dfa.accepting[q]:
+                out[start] = True
+            for b in alphabet:
+                n = dfa.next(q, b)
+                if n != dfa.dead and n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        out.setdefault(start, False)
+    return out
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(regex=regexes(2), dropped=st.sets(st.sampled_from(sorted({b for c in ALPHABET for b in c.encode()})),
+                                         min_size=2, max_size=14))
+def test_liveness_over_an_alphabet_equals_a_forward_search(regex, dropped):
+    """`LazyDFA.live` (decided on the NFA) and `ByteDFA.live_by` (a vectorized backward search)
+    against a forward search per state, with some of the regex's bytes missing from the alphabet."""
+    alphabet = sorted(set(range(1, 256)) - dropped)
+    dfa = LazyDFA(build_nfa(regex), 100_000, alphabet=alphabet)
+    q = 1
+    while q < dfa.num_states and q < 300:
+        dfa.ensure_rows([q])
+        q += 1
+    states = list(range(1, min(dfa.num_states, 300)))
+    want = live_by_brute_force(dfa, states, alphabet)
+    assert [bool(dfa.live[s]) for s in states] == [want[s] for s in states], regex
+    if dfa.all_live:  # the shortcut (every byte class holds a byte of the alphabet) is sound
+        assert all(want.values()), regex
+    complete = build_dfa(regex, 100_000)
+    want = live_by_brute_force(complete, range(complete.num_states), alphabet)
+    assert complete.live_by(alphabet).tolist() == [want[s] for s in range(complete.num_states)], regex
+
+
 # --- UTF-8 ---------------------------------------------------------------------------------------
 
 
