@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from grammar_mlx import CompileTimeoutError, GrammarTooLargeError, InvalidRegexError
 from grammar_mlx._compile_worker import build_dfa
-from grammar_mlx.byte_nfa import LazyDFA, Unsupported, build_nfa, utf8_sequences
+from grammar_mlx.byte_nfa import LazyDFA, Unsupported, build_nfa, check_syntax, utf8_sequences
 
 
 def run(dfa, data: bytes) -> tuple[bool, int]:
@@ -309,6 +309,17 @@ def test_syntax_verdicts_agree_with_regex_automata(regex):
     except GrammarTooLargeError:
         return
     assert ours == regex_automata_verdict(regex), regex
+
+
+def test_check_syntax_rejects_what_regex_automata_rejects_unwrapped():
+    """For paths that give the regex to outlines-core directly: `(?:R)\\x00`, its wrapping, would
+    balance a stray `)(` into a valid regex of another language."""
+    for regex in ("a)|(b", ")(", r"(?i)a)"):
+        with pytest.raises(InvalidRegexError, match="unbalanced"):
+            check_syntax(regex)
+        assert regex_automata_verdict(regex) == "invalid"
+    for regex in (r"(?i)ab", r"^a$", r"[[a]]", r"\p{Greek}+", r"\x00"):  # valid, some outlines-core's only
+        check_syntax(regex)
 
 
 def test_deadline_stops_the_nfa_build():
