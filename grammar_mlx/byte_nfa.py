@@ -34,8 +34,9 @@ says whether some string of those bytes leads from DFA state q to acceptance. De
 NFA level, without determinizing: a DFA state is such a set of NFA states, so it is live iff one of
 them is, and the NFA states that reach the match over the alphabet are one backward pass over the
 NFA (`_nfa_liveness`, once per grammar). Every NFA state reaches the match over all text bytes (a
-class left empty is `Unsupported`), so where every byte class holds a byte of the alphabet — JSON
+class left empty is `Unsupported`), so where every edge's byte range holds a byte of the alphabet — JSON
 grammars with any real vocabulary — every state is live (`all_live`) and the pass is skipped.
+(Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not count.)
 """
 
 from __future__ import annotations
@@ -545,6 +546,10 @@ class ByteNFA:
         self.max_states = int(max_states)
         self.bounds = bytearray(257)  # bytes where a range starts or ends: the class boundaries
         self.bounds[1] = 1  # NUL alone in class 0
+        # Every byte range an edge has: single bytes of literals, and the ranges of class templates
+        # (what liveness over an alphabet needs to know: LazyDFA._nfa_liveness).
+        self.literal_bytes = bytearray(256)
+        self.ranges: set[tuple[int, int]] = set()
         self._templates: dict[tuple, list] = {}
         self.match = self._split([])
         self.eps[self.match] = None
@@ -587,6 +592,7 @@ class ByteNFA:
             for rows in template:
                 for lo, hi, _ in rows:
                     self.bounds[lo] = self.bounds[hi + 1] = 1
+                    self.ranges.add((lo, hi))
         return self._instantiate(template, nxt)
 
     def _instantiate(self, template: list, nxt: int) -> int:
@@ -617,13 +623,15 @@ class ByteNFA:
             states[0].append((seq[0][0], seq[0][1], target))
             for lo, hi in seq:
                 bounds[lo] = bounds[hi + 1] = 1
+            self.ranges.update(seq)
         return states
 
     def _chain(self, data: bytes, nxt: int) -> int:
         self._check(len(data))
-        bounds, trans, eps = self.bounds, self.trans, self.eps
+        bounds, trans, eps, literal = self.bounds, self.trans, self.eps, self.literal_bytes
         for b in reversed(data):
             bounds[b] = bounds[b + 1] = 1
+            literal[b] = 1
             trans.append([(b, b, nxt)])
             eps.append(None)
             nxt = len(trans) - 1
@@ -809,13 +817,14 @@ class LazyDFA:
 
     def _nfa_liveness(self) -> bytearray | None:
         """Which NFA states reach the match over `alphabet` (a backward pass over the NFA's edges
-        whose byte range holds a byte of it), or None when all do: every byte class holds a byte
+        whose byte range holds a byte of it), or None when all do: every edge's range holds a byte
         of the alphabet, so every edge can be taken (see the module docstring)."""
         usable = np.zeros(256, dtype=bool)
         usable[sorted(self.alphabet)] = True
-        if np.unique(self.classes[usable]).size == self.num_classes - 1:  # every class but NUL's
-            return None
         prefix = np.concatenate([[0], np.cumsum(usable)]).tolist()  # usable bytes below b: prefix[b]
+        literal = np.frombuffer(bytes(self.nfa.literal_bytes), dtype=np.uint8).astype(bool)
+        if usable[literal].all() and all(prefix[hi + 1] > prefix[lo] for lo, hi in self.nfa.ranges):
+            return None
         trans, eps = self.nfa.trans, self.nfa.eps
         src, dst = array("i"), array("i")
         for q in range(len(trans)):
