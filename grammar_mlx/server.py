@@ -65,8 +65,12 @@ one at a time through speculative decoding, which the processor follows through 
 Seams used in mlx_lm.server (0.32): `ModelProvider` (subclass: the models are loaded up front by
 `grammar_mlx.models`), `ResponseGenerator.generate` (subclass: the compiled grammar rides in the
 generation arguments), `APIHandler` (subclass: parses `response_format`, compiles, answers errors),
-and the module function `_make_logits_processors`, wrapped once so that arguments carrying a grammar
-get a `GrammarProcessor` last in their processor list (all other arguments are left unchanged).
+the module function `_make_logits_processors`, wrapped once so that arguments carrying a grammar
+get a `GrammarProcessor` last in their processor list (all other arguments are left unchanged), and
+`LRUPromptCache` (subclass `ExactPromptCache`: an entry is stored under exactly the tokens its KV
+cache holds, so that reusing it between requests is exact with a draft model too, and a prompt equal
+to a stored key still has a token to process). With it, a server with a draft answers, under greedy
+decoding, what it answers without one, whatever requests came before.
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ from typing import Any, Callable, Hashable
 import mlx.core as mx
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
-from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from .compiler import _POOL, CompiledGrammar, compile_json_schema, compile_regex
 from .errors import (
@@ -115,6 +119,7 @@ __all__ = [
     "install_logits_hook",
     "GrammarAPIHandler",
     "GrammarResponseGenerator",
+    "ExactPromptCache",
     "LoadedModelProvider",
     "make_server",
     "add_serve_arguments",
@@ -490,6 +495,54 @@ class LoadedModelProvider(mlx_server.ModelProvider):
         self.load()
 
 
+def tokens_held(prompt_cache: list) -> int | None:
+    """How many tokens every layer of a KV cache holds (the least of their offsets), or None when no
+    layer says (caches without a token offset, e.g. recurrent state)."""
+    offsets = [c.offset for c in prompt_cache if isinstance(getattr(c, "offset", None), int)]
+    return min(offsets) if offsets else None
+
+
+class ExactPromptCache(LRUPromptCache):
+    """mlx-lm's prompt cache, keeping every entry's key equal to the tokens its KV cache holds.
+
+    `LRUPromptCache` trusts that a cache stored under `tokens` holds exactly those tokens: a later
+    request's prefix is reused by trimming the entry to the common prefix and processing only the
+    rest. mlx-lm's speculative path breaks that trust: `ResponseGenerator._serve_single` stores
+    `prompt + every yielded token`, while `speculative_generate_step` has not fed the model the last
+    token it yielded when that token was the verifier's own (rejection or bonus) token, nor fed the
+    draft the last accepted draft token. Reusing such an entry silently drops a token from the next
+    request's context (and every such reuse drops one more), so answers drift from what the model
+    says without a draft. Here an entry is trimmed to the tokens all its layers (model and draft)
+    hold and stored under that prefix of its key.
+
+    An exact hit (a prompt equal to a stored key) leaves nothing to process, yet the first new
+    token needs the last prompt token's logits: one token is trimmed and processed again.
+    """
+
+    def insert_cache(self, model: Any, tokens: list[int], prompt_cache: list[Any], *,
+                     cache_type: str = "assistant") -> None:
+        held = tokens_held(prompt_cache)
+        if held is not None and held != len(tokens):
+            if held > len(tokens) or not can_trim_prompt_cache(prompt_cache):
+                return  # cannot be made to match its key: not reusable
+            for layer in prompt_cache:
+                if isinstance(getattr(layer, "offset", None), int) and layer.offset > held:
+                    layer.trim(layer.offset - held)
+            tokens = tokens[:held]
+        if not tokens:
+            return
+        super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
+
+    def fetch_nearest_cache(self, model: Any, tokens: list[int]):
+        cache, rest = super().fetch_nearest_cache(model, tokens)
+        if cache is not None and not rest:
+            if not tokens or not can_trim_prompt_cache(cache):
+                return None, tokens
+            trim_prompt_cache(cache, 1)
+            rest = tokens[-1:]
+        return cache, rest
+
+
 class GrammarResponseGenerator(mlx_server.ResponseGenerator):
     """mlx-lm's response generator; a request's grammar rides in its generation arguments."""
 
@@ -723,7 +776,7 @@ def serve_main(args: argparse.Namespace) -> int:
     cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
     grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir)
     provider = LoadedModelProvider(mlx_cli_args(args), model, tokenizer, draft, model_id=model_id, draft_id=draft_id)
-    generator = GrammarResponseGenerator(provider, LRUPromptCache(args.prompt_cache_size), grammars)
+    generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars)
     try:
         httpd = make_server(args.host, args.port, generator)
     except OSError as e:
