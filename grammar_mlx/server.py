@@ -325,8 +325,9 @@ class GrammarCache:
     for that key, or builds it itself; only callers of one key wait for each other. A `GrammarError`
     from a build that is not `transient` is cached like a grammar (the same input fails the same way);
     a transient one (a compile worker that died, a compile deadline) and any other exception go to
-    the caller and to the callers waiting on that build, and the next call builds again. An entry larger than `max_bytes` is returned but not kept. Sizes are measured when an entry
-    is stored and again on each hit, since lazily compiled grammars grow as they are used.
+    the caller and to the callers waiting on that build, and the next call builds again. An entry
+    larger than `max_bytes` is returned but not kept. Sizes (`nbytes`) are measured when an entry is
+    stored and again on each hit, since lazily compiled grammars grow as they are used.
     """
 
     def __init__(self, *, max_entries: int = DEFAULT_CACHE_ENTRIES, max_bytes: int = int(DEFAULT_CACHE_MB * 2**20),
@@ -616,17 +617,20 @@ class ExactPromptCache(LRUPromptCache):
     """mlx-lm's prompt cache, keeping every entry's key equal to the tokens its KV cache holds.
 
     `LRUPromptCache` trusts that a cache stored under `tokens` holds exactly those tokens: a later
-    request's prefix is reused by trimming the entry to the common prefix and processing only the
-    rest. mlx-lm's speculative path breaks that trust: `ResponseGenerator._serve_single` stores
-    `prompt + every yielded token`, while `speculative_generate_step` has not fed the model the last
-    token it yielded when that token was the verifier's own (rejection or bonus) token, nor fed the
-    draft the last accepted draft token. Reusing such an entry silently drops a token from the next
-    request's context (and every such reuse drops one more), so answers drift from what the model
-    says without a draft. Here an entry is trimmed to the tokens all its layers (model and draft)
-    hold and stored under that prefix of its key.
+    request reuses the entry by trimming it to the common prefix and processing only the rest. mlx-lm's
+    speculative path breaks that trust. `ResponseGenerator._serve_single` stores `prompt + every
+    yielded token`, but `speculative_generate_step` yields its verifier's own token (the correction
+    or bonus token) before feeding it to either model, and leaves the draft without the last draft
+    token when a step accepted them all; so its caches end one (the draft's up to two) tokens short
+    of that key. (`generate_step` feeds each token before yielding it: without a draft the key is
+    right.) Reusing such an entry silently drops a token from the next request's context, and every
+    reuse of an entry built on it drops one more, so answers drift from what the model says without
+    a draft. Here an entry is trimmed to the tokens all its layers (model and draft) hold and stored
+    under that prefix of its key.
 
     An exact hit (a prompt equal to a stored key) leaves nothing to process, yet the first new
-    token needs the last prompt token's logits: one token is trimmed and processed again.
+    token needs the last prompt token's logits (mlx-lm's batch path raises on the empty rest in its
+    generation thread, which dies): one token is trimmed and processed again.
     """
 
     def insert_cache(self, model: Any, tokens: list[int], prompt_cache: list[Any], *,

@@ -901,7 +901,7 @@ def in_process(smollm_path):
     model, tokenizer = models.default_model()
     grammars = server.Grammars(server.served_vocabulary(tokenizer), server.logits_width(model))
     provider = server.LoadedModelProvider(server.mlx_cli_args(args), model, tokenizer, model_id="smollm")
-    limits = server.ServerLimits(max_body_bytes=64 * 1024, context_length=100)
+    limits = server.ServerLimits(max_body_bytes=64 * 1024, context_length=48)
     generator = server.GrammarResponseGenerator(provider, None, grammars, limits)
     httpd = server.make_server("127.0.0.1", 0, generator)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -934,11 +934,42 @@ def test_a_transient_compile_failure_is_not_cached(in_process, monkeypatch):
     monkeypatch.setattr(server, "compile_json_schema", compile_once_failing)
     schema = {"type": "object", "properties": {"transient": {"type": "boolean"}}, "required": ["transient"],
               "additionalProperties": False}
+    short = [{"role": "user", "content": "Is it?"}]  # the in-process context is small
     with pytest.raises(openai.InternalServerError) as info:
-        chat(in_process.client, schema_format(schema), max_tokens=12)
+        chat(in_process.client, schema_format(schema), max_tokens=14, messages=short)
     assert info.value.status_code == 503 and info.value.body["code"] == "compile_worker_failed"
-    reply = chat(in_process.client, schema_format(schema), max_tokens=12)  # compiled again, not the cached error
+    reply = chat(in_process.client, schema_format(schema), max_tokens=14, messages=short)  # compiled again
     assert json.loads(reply.choices[0].message.content).keys() == {"transient"}
+
+
+@pytest.mark.slow
+def test_a_request_waiting_to_start_is_refused_once_the_server_stops(smollm_path):
+    # mlx-lm answers any exception from generate() as a 404; this one must reach the handler as a 503.
+    import argparse
+
+    from mlx_lm import server as mlx_server
+
+    from grammar_mlx import models
+
+    parser = argparse.ArgumentParser()
+    server.add_serve_arguments(parser)
+    model, tokenizer = models.default_model()
+    provider = server.LoadedModelProvider(server.mlx_cli_args(parser.parse_args([])), model, tokenizer, model_id="m")
+    generator = server.GrammarResponseGenerator(provider, None, grammars=None)
+    try:
+        generator.closing.set()
+        request = mlx_server.CompletionRequest("text", "hi", [], None, None)
+        args = mlx_server.GenerationArguments(
+            model=server._SERVED, sampling=mlx_server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.1),
+            logits=mlx_server.LogitsProcessorArguments(None, 0.0, 20, 0.0, 20, 0.0, 20), stop_words=[], max_tokens=1,
+            num_draft_tokens=3, logprobs=False, top_logprobs=-1, seed=None, chat_template_kwargs=None)
+        with pytest.raises(server._Refused) as info:
+            generator.generate(request, args)
+        assert not isinstance(info.value, Exception)
+        assert error_response(info.value.error)[0] == 503
+        assert info.value.error.code == "server_shutting_down"
+    finally:
+        assert generator.shutdown(30)
 
 
 @pytest.mark.slow
@@ -950,11 +981,14 @@ def test_in_process_limits_body_and_context(in_process):
         chat(client, None, messages=[{"role": "user", "content": "y" * 70_000}])
     assert info.value.status_code == 413 and "65536 bytes" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:
-        chat(client, None, max_tokens=30, messages=[{"role": "user", "content": "word " * 50}])
-    assert info.value.body["param"] == "max_tokens" and "context is 100 tokens" in info.value.body["message"]
+        chat(client, None, max_tokens=10, messages=[{"role": "user", "content": "word " * 8}])  # 39 + 10 > 48
+    assert info.value.body["param"] == "max_tokens" and "context is 48 tokens" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, None, messages=[{"role": "user", "content": "word " * 20}])
+    assert info.value.body["param"] == "messages" and "the prompt is 51 tokens" in info.value.body["message"]
     # Without an explicit budget, the default (16) shrinks to what the context leaves (the regex
     # keeps the model from stopping before it).
-    reply = client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "word " * 60}],
+    reply = client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "word " * 8}],
                                            extra_body={"response_format": {"type": "regex", "regex": "[0-9]{40}"}})
-    assert reply.usage.prompt_tokens + reply.usage.completion_tokens == 100
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens == 48
     assert reply.usage.completion_tokens < 16 and reply.choices[0].finish_reason == "length"
