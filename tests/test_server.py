@@ -792,12 +792,11 @@ def sse_events(raw: bytes) -> list[str]:
     return [block[len("data: "):] for block in raw.decode().split("\n\n") if block.startswith("data: ")]
 
 
-def raw_exchange(url: str, request: bytes, *, send_after: bytes = b"") -> bytes:
-    """Send `request` on a fresh connection, read the whole reply (the server closes), then try
-    to send `send_after`; returns the reply."""
-    host, port = url.removeprefix("http://").split(":")
+def raw_exchange(url: str, request: bytes) -> bytes:
+    """Send `request` on a fresh connection; the whole reply (the server closes the connection)."""
     import socket
 
+    host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=60) as sock:
         sock.sendall(request)
         reply = b""
