@@ -704,8 +704,8 @@ class _Refused(BaseException):
 
 
 class GrammarResponseGenerator(mlx_server.ResponseGenerator):
-    """mlx-lm's response generator; a request's grammar (and its prompt, tokenized in the request's
-    handler thread) rides in its generation arguments. Tracks the requests in flight, so that
+    """mlx-lm's response generator; a request's grammar rides in its generation arguments, and its
+    prompt, tokenized in the request's handler thread, in the request. Tracks the requests in flight, so that
     `shutdown()` can end each of them with an error instead of a dropped connection."""
 
     def __init__(self, model_provider: mlx_server.ModelProvider, prompt_cache: LRUPromptCache | None,
