@@ -154,6 +154,7 @@ from .errors import (
     GrammarViolationError,
     HistoryError,
     InvalidArgumentError,
+    ServerUnavailableError,
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
@@ -460,18 +461,6 @@ class Grammars:
 
 
 # --- errors, OpenAI-shaped -------------------------------------------------------------------------
-
-class ServerUnavailableError(GrammarError):
-    """The server cannot serve this request now (503): it is shutting down (`code` "server_shutting_down")
-    or its generation thread died ("generation_unavailable"). Transient: another server, or this one
-    restarted, can serve it."""
-
-    transient = True
-
-    def __init__(self, message: str, *, code: str):
-        super().__init__(message)
-        self.code = code
-
 
 # (class, HTTP status, code), most specific first: every GrammarError subclass has its own row (the
 # last row is only a net for a subclass added later). 4xx: the request can be fixed; 5xx: it cannot.
@@ -1022,7 +1011,8 @@ def served_vocabulary(tokenizer) -> Vocabulary:
 
 
 def load_served_models(model: str | None, draft_model: str | None, draft_layers: int | None):
-    """(model, tokenizer, draft or None, model id, draft id or None). Raises ModelLoadError."""
+    """(model, tokenizer, draft or None, model id, draft id or None). Raises ModelLoadError, or
+    InvalidArgumentError naming `--draft-layers` when the model has no more layers than that."""
     from . import models
 
     if model is None:
@@ -1039,6 +1029,10 @@ def load_served_models(model: str | None, draft_model: str | None, draft_layers:
                                  f"the model's ({tokenizer.vocab_size}); speculative decoding needs the same one")
         draft_id = str(draft_model)
     elif draft_layers is not None:
+        layers = getattr(getattr(main_model, "model", None), "layers", None)
+        if layers is not None and not draft_layers < len(layers):
+            raise InvalidArgumentError(f"--draft-layers {draft_layers}: the model has {len(layers)} layers, so the "
+                                       f"draft can have 1 to {len(layers) - 1}")
         draft = models.truncated_draft(main_model, draft_layers)
         draft_id = f"{model_id} (first {draft_layers} layers)"
     return main_model, tokenizer, draft, model_id, draft_id

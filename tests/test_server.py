@@ -784,6 +784,14 @@ def test_a_model_that_does_not_load_exits_with_a_message(tmp_path):
     assert "listening" not in run.stdout
 
 
+def test_draft_layers_past_the_model_exit_2_naming_the_flag():
+    run = subprocess.run([sys.executable, "-m", "grammar_mlx.server", "--port", "0", "--draft-layers", "100"],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("error: --draft-layers 100: the model has 30 layers"), run.stderr
+    assert "listening" not in run.stdout
+
+
 # --- faults: limits, refused bodies, shutdown, transient compile errors ------------------------------
 
 
