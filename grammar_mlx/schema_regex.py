@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .limits import check_deadline
 from .schema_charset import ANY, REGEX_META, CharSet, charset_regex
 
 MAX_REPEAT = 1_000  # counted repetitions (maxLength, maxItems, {m,n}) above this are relaxed and reported
@@ -31,29 +32,29 @@ class PatternError(Exception):
 # AST. `Seq(())` is the empty string, `Alt(())` the empty language.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Chars:
     chars: CharSet
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Seq:
     items: tuple
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Alt:
     items: tuple
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Repeat:
     item: object
     lo: int
     hi: int | None  # None: unbounded
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Anchor:
     end: bool  # False: `^`, True: `$`
 
@@ -288,6 +289,7 @@ def _emit(node, char_regex, memo) -> str:
     if isinstance(node, Alt):
         if not node.items:
             raise ValueError("the empty language has no regex")
+        check_deadline("translating the schema")  # per alternation: a key language may have thousands
         return "|".join(_emit(item, char_regex, memo) for item in node.items)
     if isinstance(node, Repeat):
         inner = _atomic(node.item, char_regex, memo, in_seq=False)
