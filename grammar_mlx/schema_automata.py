@@ -5,7 +5,8 @@ A regex has no intersection or complement, but JSON Schema needs both: `pattern`
 declared name (`additionalProperties`). These are built here on DFAs over code-point ranges (the
 alphabet is partitioned per state, so `\\p{L}` costs ranges, not characters), minimized, and converted
 back to an AST by state elimination. Every step has a size budget; over it, `AutomatonTooLarge` says
-so and the caller reports the constraint as unenforced instead of hanging.
+so and the caller reports the constraint as unenforced instead of hanging. Every step also checks the
+compile deadline (`grammar_mlx.limits`).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class _NFA:
                     cur = b
                 self.eps[cur].append(t)
         else:
-            raise TypeError(node)
+            raise AssertionError(f"not an AST node: {node!r}")
         return s, t
 
 

@@ -176,7 +176,7 @@ def class_escape(letter: str) -> CharSet:
         return ECMA_SPACE & _python_class("s")
     if letter == "S":
         return ~(ECMA_SPACE | _python_class("s"))
-    raise ValueError(letter)
+    raise AssertionError(f"not a class escape: {letter!r}")
 
 
 DOT = ANY - LINE_TERMINATORS

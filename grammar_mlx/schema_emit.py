@@ -76,15 +76,7 @@ class Emitter:
             self.bounded_any = True
             return self.any_value(min(self.max_depth, MAX_ANY_DEPTH))
         if isinstance(node, Literal):
-            texts, total = [], 0
-            for v in node.values:
-                check_deadline(STAGE)
-                text = self.literal(v)
-                total += len(text)
-                if total > MAX_REGEX_LENGTH:
-                    raise GrammarTooLargeError(TOO_LONG)
-                texts.append(text)
-            return _alternation(texts)
+            return self._distinct(self.literal(v) for v in node.values)
         if isinstance(node, Number):
             return range_regex(node.lo, node.hi, integer=node.integer)
         if isinstance(node, String):
@@ -92,21 +84,27 @@ class Emitter:
                 return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
             return '"' + self.json_string(node.ast) + '"'
         if isinstance(node, Union):
-            texts: dict[str, None] = {}  # distinct texts (the alternation keeps each once)
-            total = 0
-            for item in node.items:
-                text = self.emit(item, counts)
-                if text is not None and text not in texts:
-                    texts[text] = None
-                    total += len(text)
-                    if total > MAX_REGEX_LENGTH:  # the alternation holds them all
-                        raise GrammarTooLargeError(TOO_LONG)
-            return _alternation(list(texts))
+            return self._distinct(self.emit(item, counts) for item in node.items)
         if isinstance(node, Array):
             return self.array(node, counts)
         if isinstance(node, Object):
             return self.object(node, counts)
-        raise TypeError(node)
+        raise AssertionError(f"not an IR node: {node!r}")
+
+    @staticmethod
+    def _distinct(texts: Iterator[str | None]) -> str | None:
+        """The alternation of the distinct texts (None skipped), refused as soon as those exceed the
+        cap: the alternation holds each of them once."""
+        distinct: dict[str, None] = {}
+        total = 0
+        for text in texts:
+            check_deadline(STAGE)
+            if text is not None and text not in distinct:
+                distinct[text] = None
+                total += len(text)
+                if total > MAX_REGEX_LENGTH:
+                    raise GrammarTooLargeError(TOO_LONG)
+        return _alternation(list(distinct))
 
     def lower_depth(self) -> int | None:
         """After `emit` failed: the next lower max_recursion_depth whose text may differ, or None

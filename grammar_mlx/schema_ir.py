@@ -31,7 +31,8 @@ def to_decimal(x: int | float | Decimal) -> Decimal:
         return x
     if isinstance(x, bool):
         raise TypeError("a boolean is not a number")
-    return Decimal(x) if isinstance(x, int) else Decimal(repr(x))
+    # float.__repr__, not repr: a float subclass (numpy.float64) may spell itself otherwise.
+    return Decimal(int(x)) if isinstance(x, int) else Decimal(float.__repr__(x))
 
 
 
@@ -248,7 +249,7 @@ def conforms(node, x, table: dict, bounds: Bounds | None = None, counts: tuple =
             if first is not None and first >= node.first_choices and not node.properties[first].required:
                 return False
         return not (node.nonempty and not x)
-    raise TypeError(node)
+    raise AssertionError(f"not an IR node: {node!r}")
 
 
 def nesting(x) -> int:

@@ -133,7 +133,7 @@ def length_range(node) -> tuple[int, int | None]:
         if node.hi is None and b == 0:
             hi = 0
         return a * node.lo, hi
-    raise TypeError(node)
+    raise AssertionError(f"not an AST node: {node!r}")
 
 
 _INF = 1 << 62
@@ -197,7 +197,7 @@ def _anchor_forms(node) -> list[tuple[bool, bool, object]]:
             if len(forms) > MAX_ANCHOR_FORMS:
                 raise PatternError("too many anchor combinations", unsupported=True)
         return forms
-    raise TypeError(node)
+    raise AssertionError(f"not an AST node: {node!r}")
 
 
 def _dedupe(forms):
@@ -288,7 +288,7 @@ def _emit(node, char_regex, memo) -> str:
         return "".join(_atomic(item, char_regex, memo, in_seq=True) for item in node.items)
     if isinstance(node, Alt):
         if not node.items:
-            raise ValueError("the empty language has no regex")
+            raise AssertionError("the empty language has no regex (callers handle it first)")
         check_deadline("translating the schema")  # per alternation: a key language may have thousands
         return "|".join(_emit(item, char_regex, memo) for item in node.items)
     if isinstance(node, Repeat):
@@ -307,7 +307,7 @@ def _emit(node, char_regex, memo) -> str:
         else:
             suffix = f"{{{lo},{hi}}}"
         return inner + suffix
-    raise TypeError(node)
+    raise AssertionError(f"not an AST node: {node!r}")
 
 
 def _atomic(node, char_regex, memo, in_seq: bool) -> str:

@@ -592,3 +592,10 @@ def test_an_expired_deadline_stops_every_stage():
     with deadline_scope(expired), pytest.raises(CompileTimeoutError):
         Emitter(nz.table, "", 3).emit(root)
     assert schema_to_regex(schema).regex  # no deadline in force: translates
+
+
+def test_float_subclasses_read_by_value():
+    np = pytest.importorskip("numpy")
+    schema = {"type": "number", "minimum": np.float64(1.5), "maximum": 3}
+    assert accepts(schema, "1.5", "1.4", "3") == [True, False, True]
+    assert canonical_json(np.float64(2.0), {"type": "integer"}) == "2"
