@@ -6,7 +6,10 @@ rounds (so that load from other processes hits both alike). Per cell: requests/s
 completion tokens/s, and the ratios constrained / unconstrained measured in the same run. Tokens/s
 is the fairer ratio: an unconstrained reply may be longer or shorter than the JSON one (both are
 capped by the same `--max-tokens`). Every constrained reply that finished is checked against its
-schema.
+schema. With one client, the answers with the draft are compared with those without (greedy: they
+must be equal). Then, on the server without a draft: the time to refuse a 10 MB body, a small
+request's latency while such bodies are refused back to back vs alone, and the time from SIGTERM
+to exit with a stream in flight.
 
 Bounded: `--requests` per cell (split over `--rounds`), `--cell-seconds` per cell, `--total-seconds`
 for the whole run (cells past it are skipped and reported as such); servers are stopped at the end.
@@ -95,6 +98,62 @@ def request(url: str, mode: str, max_tokens: int, timeout: float) -> dict:
             "text": choice["message"]["content"] or ""}
 
 
+def post_raw(url: str, data: bytes, timeout: float = 120) -> int:
+    req = urllib.request.Request(url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        e.read()
+        return e.code
+
+
+def fault_figures(url: str, max_tokens: int) -> dict:
+    """A 10 MB body (over the embedded model's 1 MiB default limit): how long its 413 takes, and what
+    it does to a small request served meanwhile (latency with refusals sent back to back vs alone)."""
+    huge = json.dumps({"messages": [{"role": "user", "content": "x " * 5_000_000}]}).encode()
+    started = time.perf_counter()
+    status = post_raw(url, huge)
+    refuse_s = time.perf_counter() - started
+    alone = [request(url, "unconstrained", max_tokens, timeout=300)["latency"] for _ in range(2)]
+    stop = threading.Event()
+    refused = [0]
+
+    def hammer() -> None:
+        while not stop.is_set():
+            post_raw(url, huge)
+            refused[0] += 1
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        during = [request(url, "unconstrained", max_tokens, timeout=300)["latency"] for _ in range(2)]
+    finally:
+        stop.set()
+        thread.join()
+    return {"huge_body_status": status, "huge_body_bytes": len(huge), "refuse_s": refuse_s,
+            "small_alone_s": statistics.median(alone), "small_during_refusals_s": statistics.median(during),
+            "refusals_meanwhile": refused[0],
+            "during_over_alone": statistics.median(during) / statistics.median(alone)}
+
+
+def sigterm_seconds(server: Server, max_tokens: int) -> float:
+    """Seconds from SIGTERM to the process's exit with a streamed request in flight."""
+    body = json.dumps({"model": "smollm", "messages": MESSAGES, "max_tokens": max(max_tokens, 200),
+                       "stream": True}).encode()
+    req = urllib.request.Request(server.url + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        while b'"content"' not in r.readline():  # tokens are arriving
+            pass
+        started = time.perf_counter()
+        server.proc.send_signal(signal.SIGTERM)
+        r.read()
+        server.proc.wait(60)
+        return time.perf_counter() - started
+
+
 def valid(text: str) -> bool:
     try:
         instance = json.loads(text)
@@ -172,6 +231,8 @@ def main() -> int:
     parser.add_argument("--num-draft-tokens", type=int, default=2)
     parser.add_argument("--cell-seconds", type=float, default=120, help="time for one cell, both modes (120)")
     parser.add_argument("--total-seconds", type=float, default=600, help="time for the whole run (600)")
+    parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time a 10 MB body's refusal, a request served meanwhile, and SIGTERM (on)")
     args = parser.parse_args()
     clients_list = [int(c) for c in args.clients.split(",")]
     run_started = time.monotonic()
@@ -180,6 +241,8 @@ def main() -> int:
                                 if args.draft_layers else [])
     rows = []
     invalid = 0
+    answers: dict[str, list[str]] = {}  # single-client answers in order, per draft: greedy, so they must agree
+    faults: dict = {}
     for draft_name, options in configs:
         if time.monotonic() - run_started > args.total_seconds:
             rows.append({"draft": draft_name, "skipped": "total time budget spent"})
@@ -202,12 +265,17 @@ def main() -> int:
                         results, wall = run_cell(server.url, mode, clients, per_round, deadline, args.max_tokens)
                         prior, prior_wall = collected[mode]
                         collected[mode] = (prior + results, prior_wall + wall)
+                if clients == 1:
+                    answers[draft_name] = [r["text"] for m in MODES for r in collected[m][0]]
                 for mode in MODES:
                     results, wall = collected[mode]
                     if mode == "constrained":
                         bad = [r["text"] for r in results if r["finish"] == "stop" and not valid(r["text"])]
                         invalid += len(bad)
                     rows.append({"draft": draft_name, "clients": clients, "mode": mode, **summarize(results, wall)})
+            if args.faults and draft_name == "none":
+                faults = fault_figures(server.url, args.max_tokens)
+                faults["sigterm_to_exit_s"] = sigterm_seconds(server, args.max_tokens)
         finally:
             server.stop()
 
@@ -239,17 +307,28 @@ def main() -> int:
         print(f"  draft {q['draft']:<10} clients {q['clients']}: req/s x{q['requests_per_s']:.2f}, "
               f"tok/s x{q['tokens_per_s']:.2f}, p50 latency x{q['p50']:.2f}")
     print(f"constrained replies that finished but failed their schema: {invalid}")
+    exact = None
+    if len(answers) == 2:
+        plain, drafted = answers.values()
+        exact = {"equal": sum(a == b for a, b in zip(plain, drafted)), "compared": min(len(plain), len(drafted))}
+        print(f"single-client answers with the draft equal to those without: {exact['equal']}/{exact['compared']}")
+    if faults:
+        print(f"10 MB body: HTTP {faults['huge_body_status']} in {faults['refuse_s'] * 1000:.0f} ms; a small request "
+              f"{faults['small_alone_s']:.2f} s alone, {faults['small_during_refusals_s']:.2f} s while "
+              f"{faults['refusals_meanwhile']} such bodies were refused (x{faults['during_over_alone']:.2f}); "
+              f"SIGTERM with a stream in flight: exit in {faults['sigterm_to_exit_s']:.2f} s")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "server.json"
     out.write_text(json.dumps({
-        "rows": rows, "ratios": ratios, "invalid_constrained": invalid, "args": vars(args),
+        "rows": rows, "ratios": ratios, "invalid_constrained": invalid, "draft_exactness": exact, "faults": faults,
+        "args": vars(args),
         "environment": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
                         "platform": platform.platform()},
         "seconds": time.monotonic() - run_started,
     }, indent=2))
     print(f"wrote {out}")
-    return 1 if invalid else 0
+    return 1 if invalid or (exact and exact["equal"] != exact["compared"]) else 0
 
 
 if __name__ == "__main__":

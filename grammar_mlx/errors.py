@@ -132,3 +132,15 @@ class InvalidRequestError(GrammarError, ValueError):
         self.param = param
         self.status = status
         self.code = code
+
+
+class ServerUnavailableError(GrammarError):
+    """The server cannot serve this request now (503): it is shutting down (`code` "server_shutting_down")
+    or its generation thread died ("generation_unavailable"). Transient: another server, or this one
+    restarted, can serve it."""
+
+    transient = True
+
+    def __init__(self, message: str, *, code: str):
+        super().__init__(message)
+        self.code = code

@@ -63,21 +63,43 @@ Reported in `unenforced`: `uniqueItems`, `contains`, `multipleOf` over wide rang
 express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above MAX_REPEAT
 (`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); a regex
 over MAX_REGEX_LENGTH characters at depth 0, or nesting over MAX_NESTING groups, raises
-`GrammarTooLargeError`; every automaton step has a budget, so nothing hangs. Unknown keywords and
-unknown `format`s constrain nothing (JSON Schema's rule) and are not reported.
+`GrammarTooLargeError` (the cap is checked as the regex grows, so refusing a huge schema costs no
+more than translating one within it); every automaton step has a budget, so nothing hangs. Unknown
+keywords and unknown `format`s constrain nothing (JSON Schema's rule) and are not reported.
+
+Inputs no JSON document holds raise `InvalidSchemaError` naming where (a JSON pointer): NaN and
+Infinity (JSON text such as `1e400` reads as Infinity), integers over MAX_INTEGER_DIGITS digits, lone
+surrogates in strings or keys (not Unicode: no UTF-8 encoding), non-string keys, Python values of
+other types. A document nesting objects and arrays more than MAX_SCHEMA_DEPTH levels (const/enum
+values included) raises `GrammarTooLargeError`, as does a schema the translator cannot follow within
+Python's recursion limit (a long `$ref` chain). Translation checks the compile deadline in force
+(`grammar_mlx.limits.deadline_scope`; `compile_json_schema` sets it) at every step and raises
+`CompileTimeoutError` once it passes; it takes time linear in the schema's size.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .errors import EmptyLanguageError, GrammarTooLargeError, InvalidRegexError, InvalidSchemaError
+from .errors import (
+    CompileTimeoutError,
+    EmptyLanguageError,
+    GrammarError,
+    GrammarTooLargeError,
+    InvalidArgumentError,
+    InvalidRegexError,
+    InvalidSchemaError,
+)
+from .limits import check_deadline
 from .schema_emit import MAX_ANY_DEPTH, MAX_NESTING, MAX_REGEX_LENGTH, Emitter, cyclic_keys, nesting_depth
 from .schema_ir import Bounds, conforms, serialize
+from .schema_automata import memo_scope
 from .schema_normalize import Normalizer, Unenforced
-from .schema_objects import MAX_FIRST_CHOICE_COST
+from .schema_objects import MAX_FIRST_CHOICE_COST, first_property_narrowed
 from .schema_regex import MAX_REPEAT
 
 __all__ = [
@@ -90,12 +112,18 @@ __all__ = [
     "MAX_REPEAT",
     "MAX_REGEX_LENGTH",
     "MAX_NESTING",
+    "MAX_SCHEMA_DEPTH",
+    "MAX_INTEGER_DIGITS",
     "MAX_WHITESPACE",
     "byte_automaton",
     "whitespace_regex",
 ]
 
 MAX_WHITESPACE = 64  # longest run of whitespace a `whitespace` pattern may allow
+# Object/array nesting of a schema document (const/enum values included): the translator recurses
+# once or more per level, and the metaschema check about six frames per level.
+MAX_SCHEMA_DEPTH = 100
+MAX_INTEGER_DIGITS = 4300  # Python's default limit for int <-> str (json.loads refuses longer)
 
 
 @dataclass(frozen=True)
@@ -108,7 +136,10 @@ class SchemaRegex:
 def load_schema(schema) -> dict | bool:
     """A schema from a dict, JSON text (str/bytes) or a Pydantic v2 model class, checked for shape."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        schema = schema.model_json_schema()
+        try:
+            schema = schema.model_json_schema()
+        except Exception as e:  # noqa: BLE001 - Pydantic's own errors (a field type without a schema, ...)
+            raise InvalidSchemaError(f"{schema.__name__}.model_json_schema() failed: {e}") from None
     elif isinstance(schema, (bytes, bytearray)):
         try:
             schema = bytes(schema).decode("utf-8")
@@ -119,37 +150,147 @@ def load_schema(schema) -> dict | bool:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise InvalidSchemaError(f"schema is not valid JSON: {e}") from None
+        except ValueError as e:  # an integer past the interpreter's digit limit
+            raise InvalidSchemaError(f"schema JSON cannot be read: {e}") from None
+        except RecursionError:
+            raise _too_deep("the schema text") from None
     if not isinstance(schema, (dict, bool)):
         raise InvalidSchemaError(
             f"a schema is a JSON object or boolean (or JSON text, or a Pydantic model), not {type(schema).__name__}"
         )
-    _check_metaschema(schema)
+    _check_json_value(schema, "schema", InvalidSchemaError, text=True)
+    try:
+        _check_metaschema(schema)
+    except RecursionError:
+        raise _too_deep("the schema") from None
     return schema
+
+
+def _check_json_value(value, what: str, error: type, *, text: bool = False,
+                      too_deep: type = GrammarTooLargeError) -> None:
+    """Refuse what no JSON document holds, naming where (a JSON pointer): a non-finite number (NaN,
+    Infinity; JSON text such as 1e400 reads as Infinity), an integer past MAX_INTEGER_DIGITS, a key
+    that is not a string, a value of a non-JSON type, nesting deeper than MAX_SCHEMA_DEPTH, and with
+    `text` a lone surrogate in a string or key (not
+    Unicode: the regex could not be encoded as UTF-8). `error` is the class raised, `too_deep` the
+    one for the depth limit."""
+    big = _integer_limit()
+    stack = [(value, None, 1)]  # (value, path as (parent path, key), container depth)
+    while stack:
+        check_deadline("reading the schema")
+        item, path, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH and isinstance(item, (dict, list)):
+            raise too_deep(f"the {what} nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep (at "
+                           f"{_pointer(path, 120)}); the limit is MAX_SCHEMA_DEPTH = {MAX_SCHEMA_DEPTH}")
+        if isinstance(item, str):
+            if text and not item.isascii():
+                _check_unicode(item, path, what, "string", error)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise error(f"{what} at {_pointer(path)}: key {key!r} is not a string")
+                if text and not key.isascii():
+                    _check_unicode(key, (path, key), what, "key", error)
+                stack.append((child, (path, key), depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, (path, i), depth + 1) for i, child in enumerate(item))
+        elif item is None or isinstance(item, bool):
+            continue
+        elif isinstance(item, int):
+            if not -big < item < big:
+                raise error(f"{what} at {_pointer(path)}: an integer of more than {MAX_INTEGER_DIGITS} digits")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                spelled = "NaN" if item != item else "Infinity" if item > 0 else "-Infinity"
+                raise error(f"{what} at {_pointer(path)}: {spelled} is not a JSON number (NaN and Infinity are not "
+                            "JSON; a literal such as 1e400 is beyond the float range and reads as Infinity)")
+        else:
+            raise error(f"{what} at {_pointer(path)}: a Python {type(item).__name__} is not a JSON value")
+
+
+@lru_cache(maxsize=1)
+def _integer_limit() -> int:
+    return 10**MAX_INTEGER_DIGITS
+
+
+def _check_unicode(text: str, path, what: str, kind: str, error: type) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise error(f"{what} at {_pointer(path)}: the {kind} holds a lone surrogate U+{ord(text[e.start]):04X} "
+                    f"at index {e.start} (not Unicode text; it has no UTF-8 encoding)") from None
+
+
+def _pointer(path, limit: int | None = None) -> str:
+    parts = []
+    while path is not None:
+        path, key = path
+        parts.append(str(key).replace("~", "~0").replace("/", "~1"))
+    pointer = "/" + "/".join(reversed(parts)) if parts else "/"
+    if limit is not None and len(pointer) > limit:
+        pointer = pointer[:limit] + "..."
+    return pointer.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate as \\udXXX
+
+
+def _too_deep(what: str) -> GrammarTooLargeError:
+    return GrammarTooLargeError(
+        f"{what} nests too deeply for the translator (a long chain of $refs, recursion unrolled "
+        "max_recursion_depth times, or a deeply nested pattern or set of property names); lower "
+        "max_recursion_depth or flatten the schema")
 
 
 def _check_metaschema(schema) -> None:
     """Validate against the draft's metaschema when `jsonschema` is installed (a test extra).
 
     Without `$schema`, a schema valid under any of 2020-12, 7, 4 is accepted: real-world schemas omit
-    `$schema` and use older keyword forms (`items: [...]`, boolean `exclusiveMinimum`)."""
+    `$schema` and use older keyword forms (`items: [...]`, boolean `exclusiveMinimum`). Draft 7 is
+    tried first (its metaschema validates several times faster than 2020-12's dynamic references);
+    a schema valid under none is reported by its 2020-12 error."""
     try:
         import jsonschema
         from jsonschema import validators
     except ImportError:
         return
     if isinstance(schema, dict) and "$schema" in schema:
+        if not isinstance(schema["$schema"], str):
+            raise InvalidSchemaError(f"$schema must be a URI string, not {schema['$schema']!r}")
         cls = validators.validator_for(schema, default=None)
         candidates = [cls] if cls is not None else [jsonschema.Draft202012Validator]
+        reported = candidates[0]
     else:
-        candidates = [jsonschema.Draft202012Validator, jsonschema.Draft7Validator, jsonschema.Draft4Validator]
-    first = None
+        candidates = [jsonschema.Draft7Validator, jsonschema.Draft202012Validator, jsonschema.Draft4Validator]
+        reported = jsonschema.Draft202012Validator
+    errors = {}
     for cls in candidates:
-        error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(schema))
+        checked = _deadline_checked(cls)
+        try:
+            error = jsonschema.exceptions.best_match(checked(cls.META_SCHEMA).iter_errors(schema))
+        except (GrammarError, RecursionError):
+            raise
+        except Exception as e:  # noqa: BLE001 - jsonschema's own bugs on odd input (draft 3 `extends`)
+            errors[cls] = f"not a valid JSON Schema: the {cls.__name__} check fails on it ({type(e).__name__}: {e})"
+            continue
         if error is None:
             return
-        first = first or error
-    where = "/" + "/".join(str(p) for p in first.absolute_path)
-    raise InvalidSchemaError(f"not a valid JSON Schema at {where}: {first.message}")
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        errors[cls] = f"not a valid JSON Schema at {where}: {error.message}"
+    raise InvalidSchemaError(errors[reported])
+
+
+@lru_cache(maxsize=None)
+def _deadline_checked(cls):
+    """`cls` with the compile deadline checked before each keyword it evaluates: validating a wide
+    schema against its metaschema takes seconds, and must stop when the deadline passes."""
+    from jsonschema import validators
+
+    def checked(keyword):
+        def validate(validator, value, instance, schema):
+            check_deadline("checking the schema against its metaschema")
+            return keyword(validator, value, instance, schema)
+
+        return validate
+
+    return validators.extend(cls, {name: checked(fn) for name, fn in cls.VALIDATORS.items()})
 
 
 def schema_to_regex(
@@ -159,9 +300,16 @@ def schema_to_regex(
     strict: bool = False,
     max_recursion_depth: int = 3,
 ) -> SchemaRegex:
-    """Translate a JSON Schema to the regex of its canonical JSON texts (see the module docstring)."""
-    if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or max_recursion_depth < 0:
-        raise ValueError(f"max_recursion_depth must be a non-negative integer, not {max_recursion_depth!r}")
+    """Translate a JSON Schema to the regex of its canonical JSON texts (see the module docstring).
+
+    Checks the compile deadline in force (`grammar_mlx.limits.deadline_scope`) as it goes."""
+    if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
+            0 <= max_recursion_depth <= MAX_NESTING):
+        raise InvalidArgumentError(
+            f"max_recursion_depth must be an integer from 0 to {MAX_NESTING} (a deeper unrolling cannot fit the "
+            f"regex nesting limit), not {max_recursion_depth!r}")
+    if not isinstance(strict, bool):
+        raise InvalidArgumentError(f"strict must be True or False, not {strict!r}")
     doc = load_schema(schema)
     ws = whitespace_regex(whitespace)
     nz, regex, _ = _translate(doc, ws, strict, max_recursion_depth)
@@ -180,19 +328,40 @@ def _translate(doc, ws: str, strict: bool, max_recursion_depth: int) -> tuple[No
     """Normalize and emit within MAX_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
-    Returns (the normalizer, the regex, the depth used)."""
+    Returns (the normalizer, the regex, the depth used).
+
+    A retry that would write the same text is skipped: depths the failed attempt would write alike
+    (`Emitter.lower_depth`), cost 0 when no object's first-property limit depends on the cost."""
     try:
-        for cost in (MAX_FIRST_CHOICE_COST, 0):
+        with memo_scope():
+            return _translate_within_cap(doc, ws, strict, max_recursion_depth)
+    except RecursionError:
+        raise _too_deep("the schema") from None
+
+
+def _translate_within_cap(doc, ws: str, strict: bool, max_recursion_depth: int):
+    """`_translate`'s loop over first-choice costs and depths."""
+    nz = root = None
+    for cost in (MAX_FIRST_CHOICE_COST, 0):
+        table = None if nz is None else first_property_narrowed(nz.table)
+        if table is None:
             nz = Normalizer(doc, strict=strict, first_choice_cost=cost)
             root = nz.node([nz.root_loc])
-            for depth in range(max_recursion_depth, -1, -1):
-                try:
-                    return nz, Emitter(nz.table, ws, depth).emit(root), depth
-                except GrammarTooLargeError:
-                    if depth == 0 and cost == 0:
-                        raise
-    except RecursionError:
-        raise GrammarTooLargeError("the schema (or a const/enum value in it) is nested too deeply") from None
+        else:
+            nz = copy.copy(nz)
+            nz.table, nz.first_choice_cost = table, cost
+        cyclic = cyclic_keys(nz.table)
+        depth = max_recursion_depth
+        while depth is not None:
+            emitter = Emitter(nz.table, ws, depth, cyclic)
+            try:
+                return nz, emitter.emit(root), depth
+            except CompileTimeoutError:
+                raise
+            except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower
+                depth = emitter.lower_depth()
+                if depth is None and (cost == 0 or not nz.first_choices_narrowable):
+                    raise
     raise AssertionError("unreachable")
 
 
@@ -201,7 +370,7 @@ def whitespace_regex(whitespace: str | None) -> str:
     if whitespace is None or whitespace == "":
         return ""
     if not isinstance(whitespace, str):
-        raise InvalidRegexError(f"whitespace must be a regex string, not {type(whitespace).__name__}")
+        raise InvalidArgumentError(f"whitespace must be a regex string or None, not {type(whitespace).__name__}")
     try:
         start, transitions, _ = byte_automaton(whitespace)
     except Exception as e:  # outlines-core raises ValueError/BaseException subclasses from Rust
@@ -269,8 +438,9 @@ def _ends(state, rows: dict, finals: set) -> bool:
 
 @lru_cache(maxsize=64)
 def _normalized(schema_text: str) -> Normalizer:
-    nz = Normalizer(json.loads(schema_text), strict=False)
-    nz.root_node = nz.node([nz.root_loc])
+    with memo_scope():
+        nz = Normalizer(json.loads(schema_text), strict=False)
+        nz.root_node = nz.node([nz.root_loc])
     return nz
 
 
@@ -287,8 +457,15 @@ def canonical_json(instance, schema) -> str:
     literals spelled as the regex of `schema_to_regex(schema)` expects. An instance outside the
     schema is still written (compact, keys in the schema's order where they apply)."""
     doc = load_schema(schema)
-    nz = _normalized(json.dumps(doc, sort_keys=False))
-    return serialize(nz.root_node, instance, nz.table)
+    _check_instance(instance)
+    try:
+        nz = _normalized(json.dumps(doc, sort_keys=False))
+    except RecursionError:
+        raise _too_deep("the schema") from None
+    try:
+        return serialize(nz.root_node, instance, nz.table)
+    except RecursionError:
+        raise InvalidArgumentError("the instance nests too deeply to be written") from None
 
 
 def in_grammar(instance, schema, *, max_recursion_depth: int = 3) -> bool:
@@ -298,7 +475,20 @@ def in_grammar(instance, schema, *, max_recursion_depth: int = 3) -> bool:
     characters, absent `additionalProperties`, the first-property limit of wide optional objects).
     Decided on the normalized schema, not the regex (compact grammar): tests hold the two against
     each other."""
+    if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
+            0 <= max_recursion_depth <= MAX_NESTING):
+        raise InvalidArgumentError(f"max_recursion_depth must be an integer from 0 to {MAX_NESTING}, "
+                                   f"not {max_recursion_depth!r}")
     doc = load_schema(schema)
+    _check_instance(instance)
     nz, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth)
     bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, min(depth, MAX_ANY_DEPTH))
-    return conforms(nz.root_node, instance, nz.table, bounds)
+    try:
+        return conforms(nz.root_node, instance, nz.table, bounds)
+    except RecursionError:
+        raise InvalidArgumentError("the instance nests too deeply to be checked") from None
+
+
+def _check_instance(instance) -> None:
+    """An instance is a JSON value (finite numbers, string keys, bounded nesting)."""
+    _check_json_value(instance, "instance", InvalidArgumentError, too_deep=InvalidArgumentError)

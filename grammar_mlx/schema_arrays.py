@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .errors import InvalidSchemaError
 from .schema_ir import NEVER, Array, Never
 from .schema_loc import Loc, count_bounds, in_scope
 from .schema_regex import MAX_REPEAT
@@ -79,6 +80,8 @@ def _item_schemas(nz, atom: Loc) -> tuple[list[Loc], Loc | None]:
     items = atom.get("items")
     if not isinstance(items, list) and (nz.draft >= 2020 or atom.has("prefixItems")):
         prefix = atom.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise InvalidSchemaError(f"prefixItems at {atom.pointer or '/'} must be an array of schemas")
         locs = [atom.child("prefixItems", i) for i in range(len(prefix))]
         return locs, atom.child("items") if atom.has("items") else None
     if isinstance(items, list):

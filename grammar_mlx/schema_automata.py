@@ -5,11 +5,18 @@ A regex has no intersection or complement, but JSON Schema needs both: `pattern`
 declared name (`additionalProperties`). These are built here on DFAs over code-point ranges (the
 alphabet is partitioned per state, so `\\p{L}` costs ranges, not characters), minimized, and converted
 back to an AST by state elimination. Every step has a size budget; over it, `AutomatonTooLarge` says
-so and the caller reports the constraint as unenforced instead of hanging.
+so and the caller reports the constraint as unenforced instead of hanging. Every step also checks the
+compile deadline (`grammar_mlx.limits`).
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from .limits import check_deadline
 from .schema_charset import ANY, CharSet
 from .schema_regex import (
     EMPTY,
@@ -27,6 +34,7 @@ MAX_NFA_STATES = 20_000
 MAX_DFA_STATES = 4_000
 MAX_AST_NODES = 20_000
 MAX_AST_DEPTH = 60
+STAGE = "translating the schema"  # what a deadline that passes here names
 
 
 class AutomatonTooLarge(Exception):
@@ -108,36 +116,35 @@ class _NFA:
                     cur = b
                 self.eps[cur].append(t)
         else:
-            raise TypeError(node)
+            raise AssertionError(f"not an AST node: {node!r}")
         return s, t
 
 
 def _split(groups: list[tuple[CharSet, object]]) -> list[tuple[CharSet, frozenset]]:
-    """Refine overlapping (chars, label) pairs into disjoint sets, each with all labels it carries."""
-    points = set()
-    for chars, _ in groups:
+    """Refine overlapping (chars, label) pairs into disjoint sets, each with all labels it carries.
+
+    One sweep over the range endpoints, keeping the labels of the ranges that cover the current
+    interval (a count per label: two groups may carry the same label)."""
+    starts: dict[int, list] = {}
+    ends: dict[int, list] = {}
+    for chars, label in groups:
         for lo, hi in chars.ranges:
-            points.add(lo)
-            points.add(hi + 1)
-    cuts = sorted(points)
+            starts.setdefault(lo, []).append(label)
+            ends.setdefault(hi + 1, []).append(label)
+    cuts = sorted(starts.keys() | ends.keys())
+    active: dict = {}
     by_labels: dict[frozenset, list[tuple[int, int]]] = {}
     for lo, hi in zip(cuts, cuts[1:]):
-        labels = frozenset(label for chars, label in groups if _covers(chars, lo))
-        if labels:
-            by_labels.setdefault(labels, []).append((lo, hi - 1))
+        for label in ends.get(lo, ()):
+            if active[label] == 1:
+                del active[label]
+            else:
+                active[label] -= 1
+        for label in starts.get(lo, ()):
+            active[label] = active.get(label, 0) + 1
+        if active:
+            by_labels.setdefault(frozenset(active), []).append((lo, hi - 1))
     return [(CharSet.normalize(ranges), labels) for labels, ranges in by_labels.items()]
-
-
-def _covers(chars: CharSet, cp: int) -> bool:
-    ranges = chars.ranges
-    lo, hi = 0, len(ranges)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ranges[mid][1] < cp:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo < len(ranges) and ranges[lo][0] <= cp
 
 
 def to_dfa(node) -> DFA:
@@ -161,6 +168,7 @@ def to_dfa(node) -> DFA:
     accept = set()
     i = 0
     while i < len(order):
+        check_deadline(STAGE)
         current = order[i]
         if final in current:
             accept.add(i)
@@ -199,6 +207,7 @@ def product(a: DFA, b: DFA, mode: str) -> DFA:
     trans, accept = [], set()
     i = 0
     while i < len(order):
+        check_deadline(STAGE)
         x, y = order[i]
         in_a = x >= 0 and x in a.accept
         in_b = y >= 0 and y in b.accept
@@ -229,7 +238,7 @@ def product(a: DFA, b: DFA, mode: str) -> DFA:
 
 
 def minimize(dfa: DFA) -> DFA:
-    """Drop states that cannot reach acceptance, then merge equivalent states (Moore)."""
+    """Drop states that cannot reach acceptance, then merge equivalent states."""
     n = len(dfa.trans)
     reverse: list[list[int]] = [[] for _ in range(n)]
     for s, row in enumerate(dfa.trans):
@@ -244,17 +253,7 @@ def minimize(dfa: DFA) -> DFA:
     if 0 not in live:
         return DFA([[]], set())
     rows = {s: [(c, t) for c, t in dfa.trans[s] if t in live] for s in live}
-    block = {s: int(s in dfa.accept) for s in live}
-    while True:
-        signatures: dict[tuple, int] = {}
-        new_block = {}
-        for s in sorted(live):
-            sig = (block[s], tuple((c.ranges, b) for c, b in _merge_targets(rows[s], block)))
-            new_block[s] = signatures.setdefault(sig, len(signatures))
-        if len(signatures) == len(set(block.values())):
-            block = new_block
-            break
-        block = new_block
+    block = _equivalence_classes(rows, live, dfa.accept)
     # Renumber so the start state is 0, in breadth-first order (deterministic output).
     order, index = [0], {block[0]: 0}
     rep = {}
@@ -276,6 +275,70 @@ def minimize(dfa: DFA) -> DFA:
         trans.append(row)
         i += 1
     return DFA(trans, accept)
+
+
+def _equivalence_classes(rows: dict, live: set, accept: set) -> dict[int, int]:
+    """The coarsest partition of `live` into states with the same language, as state -> class id,
+    classes numbered in the order of their least state.
+
+    Hopcroft's refinement over symbolic transitions: a splitter block A separates two states of a
+    block when the characters that lead them into A differ; after a block splits, only the smaller
+    parts need to serve as splitters again (the largest is implied), so each transition is looked at
+    O(log n) times, not once per round as in Moore's algorithm (a chain of n states takes n rounds)."""
+    into: dict[int, list[tuple[int, tuple]]] = {s: [] for s in live}  # target -> [(source, ranges)]
+    for s, row in rows.items():
+        for chars, t in row:
+            into[t].append((s, chars.ranges))
+    finals = live & accept
+    others = live - accept
+    members: list[set[int]] = [b for b in (finals, others) if b]
+    block_of = {s: i for i, b in enumerate(members) for s in b}
+    pending = list(range(len(members)))
+    while pending:
+        check_deadline(STAGE)
+        splitter = pending.pop()
+        # The characters from each predecessor into the splitter block.
+        leads: dict[int, list] = {}
+        for t in members[splitter]:
+            for s, ranges in into[t]:
+                leads.setdefault(s, []).append(ranges)
+        touched: dict[int, dict[tuple, list[int]]] = {}
+        for s, parts in leads.items():
+            key = parts[0] if len(parts) == 1 else _union_ranges(parts)
+            touched.setdefault(block_of[s], {}).setdefault(key, []).append(s)
+        for b, groups in touched.items():
+            inside = sum(len(g) for g in groups.values())
+            pieces = list(groups.values())
+            if inside < len(members[b]):
+                hit = {s for g in pieces for s in g}
+                pieces.append([s for s in members[b] if s not in hit])
+            if len(pieces) == 1:
+                continue
+            pieces.sort(key=len, reverse=True)
+            members[b] = set(pieces[0])  # the largest part keeps the id
+            for piece in pieces[1:]:
+                new = len(members)
+                members.append(set(piece))
+                for s in piece:
+                    block_of[s] = new
+                # If b still waits to serve as splitter, it now waits with all its parts;
+                # otherwise its largest part is implied by b and the others.
+                pending.append(new)
+    order = sorted(range(len(members)), key=lambda b: min(members[b]))
+    rank = {b: i for i, b in enumerate(order)}
+    return {s: rank[b] for s, b in block_of.items()}
+
+
+def _union_ranges(parts: list[tuple]) -> tuple:
+    """The union of disjoint normalized range tuples, normalized (adjacent ranges joined)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(r for ranges in parts for r in ranges):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return tuple(out)
 
 
 def _merge_targets(row, block) -> list[tuple[CharSet, int]]:
@@ -309,25 +372,47 @@ def to_ast(dfa: DFA):
             add(s, t, Chars(chars))
         if s in dfa.accept:
             add(s, final, EMPTY)
+    def cost(x: int) -> tuple[int, int]:
+        """Paths through x (fewest first: keeps the regex small), then x itself for ties."""
+        return ((len(pred[x]) - (x in pred[x])) * (len(succ[x]) - (x in succ[x])), x)
+
     remaining = set(range(n))
+    heap = [cost(x) for x in range(n)]  # stale entries (a cost since changed) are skipped
+    heapq.heapify(heap)
+    sizes: dict[int, tuple[object, int, int]] = {}
     while remaining:
-        # Eliminate the state with the fewest paths through it (keeps the regex small).
-        q = min(remaining, key=lambda x: ((len(pred[x]) - (x in pred[x])) * (len(succ[x]) - (x in succ[x])), x))
+        check_deadline(STAGE)
+        while True:
+            entry = heapq.heappop(heap)
+            q = entry[1]
+            if q in remaining and entry == cost(q):
+                break
         remaining.discard(q)
         loop = succ[q].pop(q, None)
         pred[q].discard(q)
         middle = repeat(loop, 0, None) if loop is not None else EMPTY
         outs = list(succ[q].items())
-        for p in sorted(pred[q]):
+        preds = sorted(pred[q])
+        for p in preds:
+            check_deadline(STAGE)
             r_in = succ[p].pop(q)
             for t, r_out in outs:
                 add(p, t, seq(r_in, middle, r_out))
-                if _size(succ[p][t], MAX_AST_NODES) > MAX_AST_NODES:
+                size, deep = _measure(succ[p][t], sizes)
+                if size > MAX_AST_NODES:
                     raise AutomatonTooLarge(f"regex from automaton exceeds {MAX_AST_NODES} nodes")
+                if deep > MAX_AST_DEPTH + 1:
+                    # Every edge ends up inside the result, at most one level shallower (a nested
+                    # Seq/Alt is flattened once): the result will be too deep, so stop before a
+                    # very deep AST (a long counted chain) exhausts the recursion limit.
+                    raise AutomatonTooLarge(f"regex from automaton nests deeper than {MAX_AST_DEPTH}")
         for t, _ in outs:
             pred[t].discard(q)
         succ[q] = {}
         pred[q] = set()
+        for x in {*preds, *(t for t, _ in outs)}:
+            if x in remaining:
+                heapq.heappush(heap, cost(x))
     result = succ[start].get(final, NEVER)
     if depth(result, MAX_AST_DEPTH) > MAX_AST_DEPTH:
         raise AutomatonTooLarge(f"regex from automaton nests deeper than {MAX_AST_DEPTH}")
@@ -347,17 +432,27 @@ def depth(node, limit: int) -> int:
     return best
 
 
-def _size(node, limit: int) -> int:
-    """Tree size of the AST, counted up to just past `limit` (the AST shares subtrees)."""
-    total, stack = 0, [node]
-    while stack and total <= limit:
-        item = stack.pop()
-        total += 1
-        if isinstance(item, (Seq, Alt)):
-            stack.extend(item.items)
-        elif isinstance(item, Repeat):
-            stack.append(item.item)
-    return total
+def _measure(node, memo: dict[int, tuple[object, int, int]]) -> tuple[int, int]:
+    """Tree size (shared subtrees counted at each use) and nesting depth of the AST, memoized in
+    `memo` by node identity (each entry keeps its node alive, so an id is never reused while it is
+    cached): state elimination rebuilds edges from the same subtrees over and over."""
+    hit = memo.get(id(node))
+    if hit is not None:
+        return hit[1], hit[2]
+    stack = [(node, False)]
+    while stack:
+        item, ready = stack.pop()
+        if id(item) in memo:
+            continue
+        children = item.items if isinstance(item, (Seq, Alt)) else (item.item,) if isinstance(item, Repeat) else ()
+        if ready:
+            known = [memo[id(c)] for c in children]
+            memo[id(item)] = (item, 1 + sum(k[1] for k in known), 1 + max((k[2] for k in known), default=0))
+        else:
+            stack.append((item, True))
+            stack.extend((c, False) for c in children if id(c) not in memo)
+    _, size, deep = memo[id(node)]
+    return size, deep
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,6 +465,10 @@ def universal() -> object:
 
 def intersect(nodes) -> object:
     """The AST of the intersection of the languages of `nodes`."""
+    return _memoized(("and", *nodes), lambda: _intersect(nodes))
+
+
+def _intersect(nodes) -> object:
     dfa = to_dfa(nodes[0])
     for node in nodes[1:]:
         dfa = product(dfa, to_dfa(node), "and")
@@ -377,7 +476,42 @@ def intersect(nodes) -> object:
 
 
 def minus(node, removed) -> object:
-    return to_ast(product(to_dfa(node), to_dfa(removed), "minus"))
+    return _memoized(("minus", node, removed), lambda: to_ast(product(to_dfa(node), to_dfa(removed), "minus")))
+
+
+_MEMO: ContextVar[dict | None] = ContextVar("grammar_mlx_automata_memo", default=None)
+
+
+@contextmanager
+def memo_scope() -> Iterator[None]:
+    """Within the body, `intersect` and `minus` remember their results (budget failures included):
+    a schema distributes one pattern over many branches (anyOf, not, if) and intersects the same
+    languages again and again. The memo lives as long as the body: nothing is kept across schemas."""
+    if _MEMO.get() is not None:
+        yield
+        return
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _memoized(key: tuple, compute):
+    memo = _MEMO.get()
+    if memo is None:
+        return compute()
+    hit = memo.get(key)
+    if hit is None:
+        try:
+            hit = (True, compute())
+        except AutomatonTooLarge as e:
+            hit = (False, str(e))
+        memo[key] = hit
+    ok, value = hit
+    if not ok:
+        raise AutomatonTooLarge(value)
+    return value
 
 
 def is_empty(node) -> bool:

@@ -18,7 +18,7 @@ MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CharSet:
     ranges: tuple[tuple[int, int], ...]
 
@@ -37,8 +37,13 @@ class CharSet:
     @staticmethod
     def normalize(ranges) -> CharSet:
         out: list[list[int]] = []
+        s_lo, s_hi = SURROGATES
         for lo, hi in sorted(ranges):
-            for a, b in _minus_surrogates(lo, hi):
+            if hi < s_lo or lo > s_hi:
+                pieces = ((lo, hi),)  # the common case: no surrogate to cut out
+            else:
+                pieces = _minus_surrogates(lo, hi)
+            for a, b in pieces:
                 if out and a <= out[-1][1] + 1:
                     out[-1][1] = max(out[-1][1], b)
                 else:
@@ -52,7 +57,19 @@ class CharSet:
         return any(lo <= cp <= hi for lo, hi in self.ranges)
 
     def __or__(self, other: CharSet) -> CharSet:
-        return CharSet.normalize(self.ranges + other.ranges)
+        # Both sides are already normalized (sorted, disjoint, surrogate-free): a merge suffices.
+        if not other.ranges:
+            return self
+        if not self.ranges:
+            return other
+        out: list[tuple[int, int]] = []
+        for lo, hi in sorted(self.ranges + other.ranges):
+            if out and lo <= out[-1][1] + 1:
+                if hi > out[-1][1]:
+                    out[-1] = (out[-1][0], hi)
+            else:
+                out.append((lo, hi))
+        return CharSet(tuple(out))
 
     def __and__(self, other: CharSet) -> CharSet:
         out, i, j = [], 0, 0
@@ -159,7 +176,7 @@ def class_escape(letter: str) -> CharSet:
         return ECMA_SPACE & _python_class("s")
     if letter == "S":
         return ~(ECMA_SPACE | _python_class("s"))
-    raise ValueError(letter)
+    raise AssertionError(f"not a class escape: {letter!r}")
 
 
 DOT = ANY - LINE_TERMINATORS
@@ -214,6 +231,7 @@ def _class_body(chars: CharSet) -> str:
 _SHORT_ESCAPES = {0x22: '"', 0x5C: "\\", 8: "b", 12: "f", 10: "n", 13: "r", 9: "t"}
 
 
+@lru_cache(maxsize=4096)
 def json_char_regex(chars: CharSet) -> str:
     """A regex for one character of `chars` in canonical JSON-string form (json.dumps, ensure_ascii=False)."""
     raw = chars - JSON_SPECIAL

@@ -131,17 +131,17 @@ class _Parser:
         """`{n}`, `{n,}`, `{n,m}`; anything else is a literal `{` (ECMA-262 Annex B)."""
         src, i = self.src, self.pos + 1
         j = i
-        while j < len(src) and src[j].isdigit():
+        while j < len(src) and src[j] in _DIGITS:
             j += 1
         if j == i:
             return None
-        lo = int(src[i:j])
+        lo = _count(src[i:j])
         hi: int | None = lo
         if j < len(src) and src[j] == ",":
             k = j + 1
-            while k < len(src) and src[k].isdigit():
+            while k < len(src) and src[k] in _DIGITS:
                 k += 1
-            hi = int(src[j + 1 : k]) if k > j + 1 else None
+            hi = _count(src[j + 1 : k]) if k > j + 1 else None
             j = k
         if j >= len(src) or src[j] != "}":
             return None
@@ -268,9 +268,9 @@ class _Parser:
             raise self.error("word boundary \\b", unsupported=True)
         if c == "B":
             raise self.error("non-word-boundary \\B", unsupported=True)
-        if c == "0" and not (self.peek() or "").isdigit():
+        if c == "0" and (self.peek() or "") not in _DIGITS:
             return Chars(CharSet.of(0))
-        if c.isdigit():
+        if c in _DIGITS:
             raise self.error("back-reference", unsupported=True)
         if c == "c" and (self.peek() or "").isalpha() and self.peek().isascii():
             letter = self.src[self.pos]
@@ -320,6 +320,19 @@ class _Parser:
             raise self.error(f"expected {n} hex digits")
         self.pos += n
         return int(digits, 16)
+
+
+_DIGITS = frozenset("0123456789")  # ECMA-262 DecimalDigits (str.isdigit also takes other scripts' digits)
+_MAX_COUNT_DIGITS = 30  # a count this long is far past any repetition limit: kept comparable, not exact
+
+
+def _count(digits: str) -> int:
+    """A repetition count; absurdly long ones (no int conversion limit applies) keep their order:
+    more digits, larger count."""
+    digits = digits.lstrip("0") or "0"
+    if len(digits) <= _MAX_COUNT_DIGITS:
+        return int(digits)
+    return 10**_MAX_COUNT_DIGITS * min(len(digits), 10**6)
 
 
 def _as_set(item: int | CharSet) -> CharSet:

@@ -17,7 +17,7 @@ from .schema_ir import (
     Union,
     conforms,
     is_number,
-    json_equal,
+    json_key,
 )
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
@@ -82,7 +82,8 @@ def disjoint(a, b, table: dict) -> bool:
     if not (kinds(a, table) & kinds(b, table)):
         return True
     if isinstance(a, Literal) and isinstance(b, Literal):
-        return not any(json_equal(x, y) for x in a.values for y in b.values)
+        keys = {json_key(x) for x in a.values}
+        return not any(json_key(y) in keys for y in b.values)
     if isinstance(a, Literal):
         return not any(conforms(b, x, table) for x in a.values)
     if isinstance(b, Literal):

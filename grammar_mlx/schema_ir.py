@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 
+from .schema_regex import NEVER as NO_STRING
 from .schema_regex import to_regex
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Bound:
     value: Decimal
     exclusive: bool
@@ -30,28 +31,29 @@ def to_decimal(x: int | float | Decimal) -> Decimal:
         return x
     if isinstance(x, bool):
         raise TypeError("a boolean is not a number")
-    return Decimal(x) if isinstance(x, int) else Decimal(repr(x))
+    # float.__repr__, not repr: a float subclass (numpy.float64) may spell itself otherwise.
+    return Decimal(int(x)) if isinstance(x, int) else Decimal(float.__repr__(x))
 
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Never:
     """No value at all."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class AnyValue:
     """Every JSON value (the regex bounds container nesting)."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Literal:
     """One of finitely many values (`enum`, `const`, booleans, null), written as given."""
 
     values: tuple
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Number:
     integer: bool
     lo: Bound | None = None
@@ -62,7 +64,7 @@ class Number:
         return self.lo is not None or self.hi is not None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class String:
     """`ast` None: any string of `min_len`..`max_len` code points, every JSON escape allowed.
     Otherwise the strings of the character-level AST (lengths already folded in), canonically escaped."""
@@ -79,10 +81,12 @@ class String:
 
 @lru_cache(maxsize=4096)
 def _python_regex(ast) -> re.Pattern:
+    if ast == NO_STRING:
+        return re.compile("(?!)")  # the empty language (e.g. `propertyNames` no string satisfies)
     return re.compile(to_regex(ast))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Array:
     prefix: tuple  # positional item nodes
     rest: object  # node for items after the prefix; None: no more items
@@ -90,14 +94,14 @@ class Array:
     max_items: int | None = None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Property:
     name: str
     value: object
     required: bool
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Extra:
     """Properties beyond the declared ones: keys in `key` (a String node), values in `value`."""
 
@@ -105,7 +109,7 @@ class Extra:
     value: object
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Object:
     properties: tuple  # Property, in canonical (declaration) order
     extras: tuple  # Extra, with pairwise disjoint key languages that exclude the declared names
@@ -118,12 +122,12 @@ class Object:
     first_choices: int | None = None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Union:
     items: tuple
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Ref:
     """A named node of the table (a `$ref` target); where the schema recurses, the graph cycles here."""
 
@@ -149,11 +153,25 @@ def json_equal(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+def json_key(x) -> object:
+    """A hashable key equal for two values exactly when `json_equal` holds (for finite JSON values),
+    so value sets are intersected and filtered in linear time."""
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return (type(x).__name__, x)
+    if isinstance(x, (int, float)):
+        return ("number", x)  # 1 == 1.0 and hash(1) == hash(1.0)
+    if isinstance(x, list):
+        return ("array", tuple(json_key(v) for v in x))
+    if isinstance(x, dict):
+        return ("object", frozenset((k, json_key(v)) for k, v in x.items()))
+    return ("other", id(x))
+
+
 def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Bounds:
     """The emitter's bounds, for membership in the regex's language rather than the schema's:
     `cyclic` Refs entered at most 1 + `max_depth` times on a path, generic values nesting at most
@@ -231,7 +249,7 @@ def conforms(node, x, table: dict, bounds: Bounds | None = None, counts: tuple =
             if first is not None and first >= node.first_choices and not node.properties[first].required:
                 return False
         return not (node.nonempty and not x)
-    raise TypeError(node)
+    raise AssertionError(f"not an IR node: {node!r}")
 
 
 def nesting(x) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from urllib.parse import unquote, urldefrag, urljoin
 
 from .errors import InvalidSchemaError
+from .limits import check_deadline
 
 ROOT_URI = "urn:grammar-mlx:root"
 
@@ -26,7 +27,7 @@ def draft_of(schema) -> int:
     return 2020
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Loc:
     """A subschema, where it sits (JSON pointer), its base URI, and keywords already accounted for."""
 
@@ -129,12 +130,16 @@ class Resources:
         self._index(root)
 
     def _index(self, loc: Loc) -> None:
-        stack = [loc]
+        # (parent, path) pairs: a child is located when it is visited, so the deadline is checked
+        # between any two (a `properties` map may hold tens of thousands).
+        stack: list[tuple[Loc, tuple]] = [(loc, ())]
         while stack:
-            cur = stack.pop()
+            check_deadline("reading the schema's $ids and anchors")
+            parent, path = stack.pop()
+            cur = parent.child(*path) if path else parent
             node = cur.schema
             if isinstance(node, list):
-                stack.extend(cur.child(i) for i in range(len(node)))
+                stack.extend((cur, (i,)) for i in range(len(node)))
                 continue
             if not isinstance(node, dict):
                 continue
@@ -147,9 +152,9 @@ class Resources:
                     self._resources.setdefault(urldefrag(cur.base)[0] + "#" + node[key], cur)
             for key, value in node.items():
                 if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):
-                    stack.append(cur.child(key))
+                    stack.append((cur, (key,)))
                 elif key in SCHEMA_MAPS and isinstance(value, dict):
-                    stack.extend(cur.child(key, name) for name in value)
+                    stack.extend((cur, (key, name)) for name in value)
 
     def resolve(self, loc: Loc, keyword: str = "$ref") -> Loc | None:
         ref = loc.get(keyword)

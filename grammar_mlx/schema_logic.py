@@ -16,6 +16,7 @@ removes the values or types directly.
 
 from __future__ import annotations
 
+from .errors import InvalidSchemaError
 from .schema_exclusive import TYPES
 
 # Keywords with no validation meaning, and those read only next to another (`then` with `if`).
@@ -73,6 +74,8 @@ def negation(schema, resolve, depth: int = 0) -> list | None:
 
 def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list | None:
     if key == "type":
+        if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(t, str) for t in value)):
+            raise InvalidSchemaError("type must be a type name or an array of them")
         named = set(value) if isinstance(value, list) else {value}
         if "integer" in named and "number" not in named:
             return None  # the non-integer numbers have no schema of their own
@@ -86,8 +89,14 @@ def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list 
             return None  # excluding arrays or objects has no union here
         return [{"not": {key: value}}]
     if key == "required":
+        if isinstance(value, bool):  # draft 3's `required: true` on the property itself
+            return []
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            raise InvalidSchemaError("required must be an array of strings")
         return [{"type": "object", "properties": {name: False}} for name in value]
     if key == "properties":
+        if not isinstance(value, dict):
+            raise InvalidSchemaError("properties must be an object")
         out = []
         for name, sub in value.items():
             neg = negation(sub, resolve, depth + 1)
@@ -98,7 +107,9 @@ def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list 
         return out
     if key in _FLIP_COUNTS:
         kind, other, step = _FLIP_COUNTS[key]
-        n = value + step
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+            raise InvalidSchemaError(f"{key} must be a non-negative integer")
+        n = int(value) + step
         return [] if n < 0 else [{"type": kind, other: n}]
     if key in ("minimum", "maximum"):
         exclusive = schema.get("exclusiveMinimum" if key == "minimum" else "exclusiveMaximum") is True
@@ -109,6 +120,8 @@ def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list 
         return [{"type": "number", "maximum": value}]
     if key == "exclusiveMaximum":
         return [{"type": "number", "minimum": value}]
+    if key in ("allOf", "anyOf") and (not isinstance(value, list) or not value):
+        raise InvalidSchemaError(f"{key} must be a non-empty array")
     if key == "allOf":
         out = []
         for sub in value:
@@ -142,6 +155,8 @@ def alternatives(keyword: str, value, schema: dict, resolve, limit: int) -> list
         yes = [(value, True)] + ([(schema["then"], True)] if "then" in schema else [])
         no = [[(n, False)] + ([(schema["else"], True)] if "else" in schema else []) for n in neg]
         return [yes] + no
+    if not isinstance(value, dict):
+        raise InvalidSchemaError(f"{keyword} must be an object")
     out = [[]]
     for name, need in value.items():
         absent = ({"properties": {name: False}}, False)  # non-objects: the dependency does not apply

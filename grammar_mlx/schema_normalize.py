@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
+from .limits import check_deadline
 from . import schema_automata as fa
 from .schema_arrays import build_array
 from .schema_charset import ANY as ANY_CHAR
@@ -33,7 +34,7 @@ from .schema_ir import (
     String,
     conforms,
     is_number,
-    json_equal,
+    json_key,
     to_decimal,
 )
 from .schema_loc import ROOT_URI, Loc, Resources, draft_of, rebase
@@ -58,6 +59,7 @@ class Unenforced:
 
 
 CONTENT = frozenset({"contentEncoding", "contentMediaType"})  # assertions in draft 7
+STAGE = "translating the schema"  # what a deadline that passes here names
 
 
 @dataclass
@@ -69,6 +71,9 @@ class Normalizer:
     draft: int = 2020
     table: dict = field(default_factory=dict)
     unenforced: dict = field(default_factory=dict)
+    # Set when some object's first-property limit depends on first_choice_cost (schema_objects):
+    # only then does a retry with cost 0 write another regex.
+    first_choices_narrowable: bool = False
     _branches: int = 0
 
     def __post_init__(self):
@@ -97,6 +102,7 @@ class Normalizer:
 
     def node(self, locs) -> object:
         """The node for the conjunction of `locs` (named and memoized; cycles become `Ref`s)."""
+        check_deadline(STAGE)
         atoms = self._expand(locs)
         if atoms is None:
             return NEVER
@@ -117,6 +123,7 @@ class Normalizer:
         seen: set = set()
         stack = list(reversed(list(locs)))
         while stack:
+            check_deadline(STAGE)
             loc = stack.pop()
             if loc.key in seen:
                 continue  # A ∧ A = A (also ends $ref cycles through allOf)
@@ -172,11 +179,15 @@ class Normalizer:
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
                 if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
                     continue
-                if kw == "not":
-                    neg = negation(atom.get(kw), self._resolver(atom))
-                    alts = None if neg is None else [[(n, False)] for n in neg]
-                else:
-                    alts = alternatives(kw, atom.get(kw), atom.schema, self._resolver(atom), MAX_LOGIC_ALTERNATIVES)
+                try:
+                    if kw == "not":
+                        neg = negation(atom.get(kw), self._resolver(atom))
+                        alts = None if neg is None else [[(n, False)] for n in neg]
+                    else:
+                        alts = alternatives(kw, atom.get(kw), atom.schema, self._resolver(atom),
+                                            MAX_LOGIC_ALTERNATIVES)
+                except InvalidSchemaError as e:
+                    raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'}: {e}") from None
                 if alts is None or len(alts) > MAX_LOGIC_ALTERNATIVES:
                     continue  # left for _flat, which reports it
                 self._spend(len(alts), atom)
@@ -207,6 +218,7 @@ class Normalizer:
     def _check_exclusive(self, atom: Loc, nodes: list) -> None:
         """oneOf is anyOf when no value can satisfy two branches; otherwise report it."""
         for i in range(len(nodes)):
+            check_deadline(STAGE)
             for j in range(i + 1, len(nodes)):
                 if not disjoint(nodes[i], nodes[j], self.table):
                     self.report("oneOf", atom, f"branches {i} and {j} may both match one value")
@@ -237,7 +249,11 @@ class Normalizer:
                     new = atom.get(kw) if kw == "enum" else [atom.get(kw)]
                     if not isinstance(new, list):
                         raise InvalidSchemaError(f"enum at {atom.pointer or '/'} must be an array")
-                    values = new if values is None else [v for v in values if any(json_equal(v, w) for w in new)]
+                    if values is None:
+                        values = new
+                    else:
+                        allowed = {json_key(w) for w in new}
+                        values = [v for v in values if json_key(v) in allowed]
         if values is not None:
             return self._literal(values, atoms, types)
         parts = []
@@ -278,7 +294,11 @@ class Normalizer:
         """enum/const: the listed values that also satisfy every other keyword."""
         rest = [a.drop("enum", "const") for a in atoms]
         rest_node = self.node(rest)
-        kept = [v for v in values if _has_type(v, types) and conforms(rest_node, v, self.table)]
+        kept = []
+        for v in values:
+            check_deadline(STAGE)
+            if _has_type(v, types) and conforms(rest_node, v, self.table):
+                kept.append(v)
         return Literal(tuple(kept)) if kept else NEVER
 
     def _apply_not(self, atom: Loc, types: set, excluded: list) -> set:
@@ -337,7 +357,8 @@ def _native_not(neg) -> bool:
 def exclude(node, values: list) -> object:
     """`node` without the listed scalar values."""
     if isinstance(node, Literal):
-        kept = tuple(v for v in node.values if not any(json_equal(v, x) for x in values))
+        removed = {json_key(x) for x in values}
+        kept = tuple(v for v in node.values if json_key(v) not in removed)
         return Literal(kept) if kept else NEVER
     if isinstance(node, String):
         names = [v for v in values if isinstance(v, str)]

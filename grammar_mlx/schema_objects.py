@@ -9,8 +9,11 @@ language excludes the declared names (a key never appears twice from the grammar
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from . import schema_automata as fa
 from .errors import InvalidSchemaError
+from .limits import check_deadline
 from .schema_charset import ANY as ANY_CHAR
 from .schema_charset import JSON_SPECIAL, CharSet
 from .schema_ir import NEVER, AnyValue, Extra, Literal, Never, Object, Property, Ref, String, Union
@@ -20,6 +23,7 @@ from .schema_regex import NEVER as NO_STRING
 from .schema_strings import pattern_language
 
 MAX_KEY_REGIONS = 64
+STAGE = "translating the schema"  # what a deadline that passes here names
 MAX_FIRST_CHOICE_COST = 256  # properties x leading optional choices kept exact (see _first_choices)
 MIN_FIRST_CHOICES = 2
 # Extra property names never hold characters JSON must escape (quote, backslash, controls): a
@@ -30,18 +34,17 @@ EXTRA_KEY = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
 
 def build_object(nz, atoms) -> object:
     infos = [_info(nz, atom) for atom in atoms]
-    names: list[str] = []
-    for info in infos:
-        names.extend(n for n in info["props"] if n not in names)
-    required: list[str] = []
-    for info in infos:
-        required.extend(n for n in info["required"] if n not in required)
-    names.extend(n for n in required if n not in names)
+    # Declared names in order, then names only in `required` (dicts: ordered sets, so a wide
+    # object costs linear time, not a list search per name).
+    declared = dict.fromkeys(n for info in infos for n in info["props"])
+    required = dict.fromkeys(n for info in infos for n in info["required"])
+    names = list({**declared, **required})
 
     key_filter = _property_names(nz, infos)
 
     properties = []
     for name in names:
+        check_deadline(STAGE)
         if key_filter is not None and not String(key_filter).matches(name):
             value = NEVER
         else:
@@ -75,9 +78,13 @@ def _info(nz, atom) -> dict:
         ast = pattern_language(nz, pattern, atom, "patternProperties")
         if ast is not None:
             compiled.append((ast, atom.child("patternProperties", pattern)))
+    located = {}
+    for name in props:
+        check_deadline(STAGE)
+        located[name] = atom.child("properties", name)
     return {
         "atom": atom,
-        "props": {name: atom.child("properties", name) for name in props},
+        "props": located,
         "patterns": compiled,
         "additional": atom.child("additionalProperties") if atom.has("additionalProperties") else None,
         "unevaluated": atom.child("unevaluatedProperties") if atom.has("unevaluatedProperties") else None,
@@ -216,7 +223,8 @@ def _region_value(nz, infos, matched: frozenset, closed: bool):
 
 def minus_names(ast, names: list[str]):
     """`ast` without the given names."""
-    names = [n for n in names if String(ast).matches(n)]
+    language = String(ast)
+    names = [n for n in names if language.matches(n)]
     if not names:
         return ast
     if ast == EXTRA_KEY:
@@ -245,6 +253,7 @@ def _names_complement(names: list[str], chars) -> object:
     anything = repeat(Chars(chars), 0, None)
 
     def walk(node: dict) -> object:
+        check_deadline(STAGE)
         alts, prefix = [], ""
         while True:
             if None not in node:
@@ -302,8 +311,10 @@ def _counted(nz, atoms, infos, properties: list, extras: tuple) -> object:
         min_extra = MAX_REPEAT
     if not extras and min_extra:
         return NEVER
-    return Object(tuple(properties), extras, min_extra, max_extra, nonempty,
-                  _first_choices(properties, nz.first_choice_cost))
+    first_choices = _first_choices(properties, nz.first_choice_cost)
+    if first_choices != _first_choices(properties, 0):
+        nz.first_choices_narrowable = True  # a retry with cost 0 would write this object differently
+    return Object(tuple(properties), extras, min_extra, max_extra, nonempty, first_choices)
 
 
 def _first_choices(properties: list, cost: int) -> int | None:
@@ -317,6 +328,39 @@ def _first_choices(properties: list, cost: int) -> int | None:
     if leading <= 1 or leading * n <= cost:
         return None
     return max(MIN_FIRST_CHOICES if cost else 1, cost // max(n, 1))
+
+
+def first_property_narrowed(table: dict) -> dict | None:
+    """The table a normalizer with first_choice_cost 0 builds, derived from this one without
+    normalizing the schema again: every object with several leading optional properties starts
+    with its first one. None where that is not exact: membership (`conforms`) reads the limit, so
+    enum/const values holding objects may have been filtered by it."""
+
+    def narrowed(node):
+        check_deadline(STAGE)
+        if isinstance(node, Object):
+            return replace(node, first_choices=_first_choices(list(node.properties), 0))
+        if isinstance(node, Union):
+            return Union(tuple(narrowed(item) for item in node.items))
+        if isinstance(node, Literal) and any(_holds_object(v) for v in node.values):
+            raise LookupError
+        return node
+
+    try:
+        return {key: narrowed(node) for key, node in table.items()}
+    except LookupError:
+        return None
+
+
+def _holds_object(value) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            return True
+        if isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _report(nz, atoms, keyword: str, reason: str) -> None:

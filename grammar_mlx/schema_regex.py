@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .limits import check_deadline
 from .schema_charset import ANY, REGEX_META, CharSet, charset_regex
 
 MAX_REPEAT = 1_000  # counted repetitions (maxLength, maxItems, {m,n}) above this are relaxed and reported
@@ -31,29 +32,29 @@ class PatternError(Exception):
 # AST. `Seq(())` is the empty string, `Alt(())` the empty language.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Chars:
     chars: CharSet
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Seq:
     items: tuple
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Alt:
     items: tuple
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Repeat:
     item: object
     lo: int
     hi: int | None  # None: unbounded
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Anchor:
     end: bool  # False: `^`, True: `$`
 
@@ -132,7 +133,7 @@ def length_range(node) -> tuple[int, int | None]:
         if node.hi is None and b == 0:
             hi = 0
         return a * node.lo, hi
-    raise TypeError(node)
+    raise AssertionError(f"not an AST node: {node!r}")
 
 
 _INF = 1 << 62
@@ -196,7 +197,7 @@ def _anchor_forms(node) -> list[tuple[bool, bool, object]]:
             if len(forms) > MAX_ANCHOR_FORMS:
                 raise PatternError("too many anchor combinations", unsupported=True)
         return forms
-    raise TypeError(node)
+    raise AssertionError(f"not an AST node: {node!r}")
 
 
 def _dedupe(forms):
@@ -287,7 +288,8 @@ def _emit(node, char_regex, memo) -> str:
         return "".join(_atomic(item, char_regex, memo, in_seq=True) for item in node.items)
     if isinstance(node, Alt):
         if not node.items:
-            raise ValueError("the empty language has no regex")
+            raise AssertionError("the empty language has no regex (callers handle it first)")
+        check_deadline("translating the schema")  # per alternation: a key language may have thousands
         return "|".join(_emit(item, char_regex, memo) for item in node.items)
     if isinstance(node, Repeat):
         inner = _atomic(node.item, char_regex, memo, in_seq=False)
@@ -305,7 +307,7 @@ def _emit(node, char_regex, memo) -> str:
         else:
             suffix = f"{{{lo},{hi}}}"
         return inner + suffix
-    raise TypeError(node)
+    raise AssertionError(f"not an AST node: {node!r}")
 
 
 def _atomic(node, char_regex, memo, in_seq: bool) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from . import schema_automata as fa
 from .errors import InvalidSchemaError
 from .schema_ecma import parse_ecma
@@ -48,12 +50,18 @@ def build_string(nz, atoms: list[Loc]) -> object:
                 nz.report(kw, atom, f"intersection with another pattern/format too large ({e})")
     if min_len > 0 or max_len is not None:
         ast = _restrict_length(nz, ast, min_len, max_len, atoms)
-    if max_count(ast) > MAX_REPEAT:
+    if id(ast) not in _format_ids() and max_count(ast) > MAX_REPEAT:  # formats have small counts
         ast = _relax_counts(ast)
         for _, kw, atom in languages:
             nz.too_large(kw, atom, f"counted repetition above {MAX_REPEAT} relaxed to unbounded")
     return NEVER if ast == alt() else String(ast)
 
+
+
+@lru_cache(maxsize=1)
+def _format_ids() -> frozenset:
+    """Identities of the format ASTs (`format_language` keeps each one alive for good)."""
+    return frozenset(id(format_language(name)) for name in STRING_FORMATS)
 
 
 def _length_guard(nz, min_len: int, max_len: int | None, atoms: list[Loc]) -> tuple[int, int | None]:
@@ -87,12 +95,18 @@ def pattern_language(nz, pattern, atom: Loc, keyword: str = "pattern"):
     if not isinstance(pattern, str):
         raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'}: pattern must be a string")
     try:
-        return search_language(parse_ecma(pattern))
+        return _search_language(pattern)
     except PatternError as e:
         if not e.unsupported:
             raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'}: {e}") from None
         nz.report(keyword, atom, str(e))
         return None
+
+
+@lru_cache(maxsize=256)
+def _search_language(pattern: str):
+    """Parsed once per pattern: wide schemas repeat the same few patterns on many properties."""
+    return search_language(parse_ecma(pattern))
 
 
 def _relax_counts(node):

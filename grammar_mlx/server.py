@@ -2,6 +2,7 @@
 
     python -m grammar_mlx serve [--model PATH_OR_ID] [--draft-model PATH_OR_ID | --draft-layers N]
                                 [--num-draft-tokens K] [--host 127.0.0.1] [--port 8080]
+                                [--max-body-mb MB] [--context-length N] ...
     python -m grammar_mlx.server ...            (the same options)
 
 `--model` takes a `.gguf` file, an MLX model directory or a Hugging Face id (`grammar_mlx.models.
@@ -43,63 +44,124 @@ sequences still apply and can end the text early, with `finish_reason: "stop"`. 
 Reasoning models: the grammar starts at the first generated token, so turn thinking off for
 constrained requests (e.g. `"chat_template_kwargs": {"enable_thinking": false}`).
 
-Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`, status 400 for a bad
-request: `invalid_response_format` (malformed `response_format`, unsupported request field),
-`invalid_schema`, `unsupported_schema_keyword` (with `keyword` and `pointer`), `invalid_regex` (with
-`position`), `empty_grammar`, `grammar_too_large` (size or `--compile-timeout`), `vocabulary_mismatch`.
-An unexpected failure is a 500 `server_error` in the same shape (mid-stream: an SSE `data:` event
-holding the error), never a dropped connection. mlx_lm.server's own checks of the other request
-fields (types and ranges of `max_tokens`, `temperature`, ...) keep its `{"error": "..."}` shape.
+Limits, checked in the request's handler thread before any work reaches the generation thread (which
+all requests share), in this order:
+
+- The body: a `Content-Length` is required (411 `length_required`; chunked bodies are refused). One
+  larger than `--max-body-mb` is refused with 413 `request_too_large` before any of it is read; the
+  rest of it is then discarded unbuffered for at most a few seconds, so that a client still sending
+  it reads the 413 rather than a connection reset. Default: 64 bytes per token of the model's context,
+  at least 1 MiB (1 MiB for the embedded model's 8192 tokens); 8 MiB when the context is unknown. A
+  client that stops sending its body for 30 s gets 408 `request_timeout`.
+- The body must be UTF-8 JSON: an object, with `messages` a non-empty list of objects (chat) or
+  `prompt` a string (completions): else 400 `invalid_body` / `invalid_prompt`. `n` other than 1 is a
+  400 `unsupported_parameter` (one choice per request).
+- The prompt is tokenized (chat template applied) in the handler thread; a template that cannot
+  render the messages is a 400 `invalid_prompt`. Against the model's context (`--context-length`,
+  default the model config's `max_position_embeddings`; no check when neither says): a prompt that
+  leaves no room is a 400 `context_length_exceeded` naming both lengths, as is an explicit
+  `max_tokens` that does not fit; the default budget (`--max-tokens`) shrinks to what is left.
+
+Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; `type` is
+`invalid_request_error` for a 4xx, `server_error` for a 5xx. Each failure has a stable status and
+`code` (`error_status_and_code`):
+
+- 400 `invalid_response_format` (malformed `response_format`, unsupported request field),
+  `invalid_schema`, `unsupported_schema_keyword` (with `keyword` and `pointer`), `invalid_regex` (with
+  `position`), `empty_grammar`, `grammar_too_large` (a size rule), `compile_timeout`
+  (`--compile-timeout` passed; not cached, a retry may succeed), `vocabulary_mismatch`,
+  `invalid_argument`, `invalid_body`, `invalid_prompt`, `unsupported_parameter`,
+  `context_length_exceeded`; 408 `request_timeout`; 411 `length_required`; 413 `request_too_large`.
+- 503 `compile_worker_failed` (a compile worker died or misbehaved, even after a retry),
+  `server_shutting_down`, `generation_unavailable` (the generation thread died): transient, retry.
+- 500 for failures that are bugs or broken installs, never the request's fault: `tokenizer_error`,
+  `grammar_violation`, `state_stack_error`, `processor_history_error`, `kernel_error`,
+  `model_load_error`, `generation_error`, `grammar_error` (any other `GrammarError`), `server_error`
+  (any other exception).
+
+Mid-stream, an error is an SSE `data:` event holding the error, then `data: [DONE]`; never a dropped
+connection. mlx_lm.server's own checks of the other request fields (types and ranges of `max_tokens`,
+`temperature`, ...) keep its `{"error": "..."}` shape (status 400).
+
+SIGTERM or SIGINT stops the server within a few seconds (`SHUTDOWN_GRACE_SECONDS`), also with
+requests in flight: each ends with a 503 `server_shutting_down` (streamed: the error event, then
+`[DONE]`); a prompt still being processed is not waited for. The process exits with status 0.
 
 Grammars are compiled in the request's own handler thread (other requests keep decoding; the compile
 runs in `grammar_mlx.compiler`'s worker processes) and kept in a `GrammarCache`: least recently used
-out, bounded in entries and bytes (`--grammar-cache-entries`, `--grammar-cache-mb`), keyed by (kind,
-schema as compact JSON with its key order kept - order is meaningful, it orders the output -, strict,
-whitespace). Concurrent requests for the same new grammar wait for one compile; compile errors are
-cached too. Tables also persist in the on-disk cache (`--cache-dir`, default `GRAMMAR_MLX_CACHE_DIR`).
+out, bounded in entries and bytes (`--grammar-cache-entries`, `--grammar-cache-mb`, measured by each
+grammar's `nbytes`), keyed by (kind, schema as compact JSON with its key order kept - order is
+meaningful, it orders the output -, strict, whitespace). Concurrent requests for the same new grammar
+wait for one compile. A compile error that is a fact about the grammar (invalid, empty, over a size
+rule) is cached too; a transient one (`GrammarError.transient`: a compile worker that died, a
+deadline) is not: the next request compiles again. Tables also persist in the on-disk cache
+(`--cache-dir`, default `GRAMMAR_MLX_CACHE_DIR`).
 
 Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm decodes concurrent
 requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them
 one at a time through speculative decoding, which the processor follows through rejected drafts.
 
 Seams used in mlx_lm.server (0.32): `ModelProvider` (subclass: the models are loaded up front by
-`grammar_mlx.models`), `ResponseGenerator.generate` (subclass: the compiled grammar rides in the
-generation arguments), `APIHandler` (subclass: parses `response_format`, compiles, answers errors),
-and the module function `_make_logits_processors`, wrapped once so that arguments carrying a grammar
-get a `GrammarProcessor` last in their processor list (all other arguments are left unchanged).
+`grammar_mlx.models`), `ResponseGenerator` (subclass: the compiled grammar and the prompt tokenized
+in the handler thread ride in the request, `_tokenize` returns that prompt, `_await_response` ends a
+request when the server stops), `APIHandler` (subclass: reads the body within the limits, parses
+`response_format`, checks the prompt length, compiles, answers errors),
+the module function `_make_logits_processors`, wrapped once so that arguments carrying a grammar
+get a `GrammarProcessor` last in their processor list (all other arguments are left unchanged), and
+`LRUPromptCache` (subclass `ExactPromptCache`: an entry is stored under exactly the tokens its KV
+cache holds, so that reusing it between requests is exact with a draft model too, and a prompt equal
+to a stored key still has a token to process). With it, a server with a draft answers, under greedy
+decoding, what it answers without one, whatever requests came before.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import io
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from http.server import ThreadingHTTPServer
+from queue import Empty as QueueEmpty
+from types import SimpleNamespace
 from typing import Any, Callable, Hashable
 
 import mlx.core as mx
+from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
-from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from .compiler import _POOL, CompiledGrammar, compile_json_schema, compile_regex
 from .errors import (
+    CompileTimeoutError,
+    CompileWorkerError,
     EmptyLanguageError,
+    GenerationError,
     GrammarError,
     GrammarTooLargeError,
+    GrammarViolationError,
+    HistoryError,
+    InvalidArgumentError,
+    ServerUnavailableError,
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
+    KernelError,
     ModelLoadError,
+    StateStackError,
+    TokenizerError,
     UnsupportedSchemaError,
     VocabularyMismatchError,
 )
@@ -115,6 +177,12 @@ __all__ = [
     "install_logits_hook",
     "GrammarAPIHandler",
     "GrammarResponseGenerator",
+    "ExactPromptCache",
+    "ServerLimits",
+    "ServerUnavailableError",
+    "context_length_of",
+    "default_max_body_bytes",
+    "error_status_and_code",
     "LoadedModelProvider",
     "make_server",
     "add_serve_arguments",
@@ -125,6 +193,7 @@ __all__ = [
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
 DEFAULT_CACHE_ENTRIES = 128
 DEFAULT_CACHE_MB = 512.0
+SHUTDOWN_GRACE_SECONDS = 4.0  # SIGTERM: how long requests in flight and the generation thread get to stop
 
 # Every request runs on the one served model: mlx-lm batches requests whose ModelDescription is equal.
 _SERVED = mlx_server.ModelDescription(model="default_model", draft="default_model", adapter=None)
@@ -255,15 +324,18 @@ class GrammarCache:
 
     `get(key, build)` returns the cached grammar, or waits for the build another thread has started
     for that key, or builds it itself; only callers of one key wait for each other. A `GrammarError`
-    from a build is cached like a grammar (the same input fails the same way); other exceptions are
-    not. An entry larger than `max_bytes` is returned but not kept. Sizes are measured when an entry
-    is stored and again on each hit, since lazily compiled grammars grow as they are used.
+    from a build that is not `transient` is cached like a grammar (the same input fails the same way);
+    a transient one (a compile worker that died, a compile deadline) and any other exception go to
+    the caller and to the callers waiting on that build, and the next call builds again. An entry
+    larger than `max_bytes` is returned but not kept. Sizes (`nbytes`) are measured when an entry is
+    stored and again on each hit, since lazily compiled grammars grow as they are used.
     """
 
     def __init__(self, *, max_entries: int = DEFAULT_CACHE_ENTRIES, max_bytes: int = int(DEFAULT_CACHE_MB * 2**20),
                  nbytes: Callable[[Any], int] = grammar_nbytes) -> None:
         if max_entries < 1 or max_bytes < 1:
-            raise ValueError("a grammar cache needs max_entries >= 1 and max_bytes >= 1")
+            raise InvalidArgumentError(
+                f"a grammar cache needs max_entries >= 1 and max_bytes >= 1, got {max_entries} and {max_bytes}")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._nbytes = nbytes
@@ -315,11 +387,12 @@ class GrammarCache:
         try:
             value = build()
         except GrammarError as e:
+            if e.transient:  # a crash, a signal, a deadline on a loaded machine: the next try compiles again
+                self._abandon(key, future, e)
+                raise
             value = e
         except BaseException as e:
-            with self._lock:
-                del self._building[key]
-            future.set_exception(e)
+            self._abandon(key, future, e)
             raise
         size = self._size(key, value)
         with self._lock:
@@ -330,6 +403,12 @@ class GrammarCache:
             raise _fresh(value)
         future.set_result(value)
         return value
+
+    def _abandon(self, key: Hashable, future: Future, error: BaseException) -> None:
+        """End a build without caching it: its waiters get `error`, the next caller builds again."""
+        with self._lock:
+            del self._building[key]
+        future.set_exception(error)
 
     def _size(self, key: Hashable, value: Any) -> int | None:
         """Bytes of an entry, or None (not kept) when its size cannot be read."""
@@ -383,16 +462,43 @@ class Grammars:
 
 # --- errors, OpenAI-shaped -------------------------------------------------------------------------
 
-_CODES: tuple[tuple[type, str], ...] = (
-    (InvalidRequestError, "invalid_response_format"),
-    (UnsupportedSchemaError, "unsupported_schema_keyword"),
-    (InvalidSchemaError, "invalid_schema"),
-    (InvalidRegexError, "invalid_regex"),
-    (EmptyLanguageError, "empty_grammar"),
-    (GrammarTooLargeError, "grammar_too_large"),
-    (VocabularyMismatchError, "vocabulary_mismatch"),
-    (GrammarError, "invalid_grammar"),
+# (class, HTTP status, code), most specific first: every GrammarError subclass has its own row (the
+# last row is only a net for a subclass added later). 4xx: the request can be fixed; 5xx: it cannot.
+_ERRORS: tuple[tuple[type, int, str], ...] = (
+    (InvalidRequestError, 400, "invalid_response_format"),  # status and code: the error's own when set
+    (ServerUnavailableError, 503, "server_unavailable"),  # code: the error's own
+    (UnsupportedSchemaError, 400, "unsupported_schema_keyword"),
+    (InvalidSchemaError, 400, "invalid_schema"),
+    (InvalidRegexError, 400, "invalid_regex"),
+    (EmptyLanguageError, 400, "empty_grammar"),
+    (CompileTimeoutError, 400, "compile_timeout"),
+    (GrammarTooLargeError, 400, "grammar_too_large"),
+    (VocabularyMismatchError, 400, "vocabulary_mismatch"),
+    (InvalidArgumentError, 400, "invalid_argument"),
+    (CompileWorkerError, 503, "compile_worker_failed"),
+    (TokenizerError, 500, "tokenizer_error"),
+    (GrammarViolationError, 500, "grammar_violation"),
+    (StateStackError, 500, "state_stack_error"),
+    (HistoryError, 500, "processor_history_error"),
+    (KernelError, 500, "kernel_error"),
+    (ModelLoadError, 500, "model_load_error"),
+    (GenerationError, 500, "generation_error"),
+    (GrammarError, 500, "grammar_error"),
 )
+
+
+def error_status_and_code(error: GrammarError) -> tuple[int, str]:
+    """The HTTP status and stable `code` the server answers a GrammarError with."""
+    status, code = next((status, code) for cls, status, code in _ERRORS if isinstance(error, cls))
+    if isinstance(error, (InvalidRequestError, ServerUnavailableError)):
+        status = getattr(error, "status", status)
+        code = error.code or code
+    return status, code
+
+
+def _error_body(message: str, status: int, code: str, param: str | None = None) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tuple[int, dict]:
@@ -400,12 +506,10 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
 
     `spec` (the grammar being compiled, if any) says which request field a grammar error is about."""
     if isinstance(error, RecursionError):
-        return 400, {"error": {"message": "the request body is nested too deeply", "type": "invalid_request_error",
-                               "param": None, "code": "invalid_request"}}
+        return 400, _error_body("the request body is nested too deeply", 400, "invalid_request")
     if not isinstance(error, GrammarError):
-        return 500, {"error": {"message": f"internal server error: {type(error).__name__}: {error}",
-                               "type": "server_error", "param": None, "code": "server_error"}}
-    code = next(c for cls, c in _CODES if isinstance(error, cls))
+        return 500, _error_body(f"internal server error: {type(error).__name__}: {error}", 500, "server_error")
+    status, code = error_status_and_code(error)
     param = getattr(error, "param", None)
     if param is None and spec is not None:
         if spec.kind == "regex":
@@ -416,12 +520,12 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
             param = spec.origin
         else:
             param = f"{spec.origin}.schema"
-    body = {"message": str(error), "type": "invalid_request_error", "param": param, "code": code}
+    body = _error_body(str(error), status, code, param)
     if isinstance(error, UnsupportedSchemaError):
-        body.update(keyword=error.keyword, pointer=error.pointer)
+        body["error"].update(keyword=error.keyword, pointer=error.pointer)
     if isinstance(error, InvalidRegexError):
-        body.update(position=error.position)
-    return 400, {"error": body}
+        body["error"].update(position=error.position)
+    return status, body
 
 
 # --- mlx_lm.server seams ---------------------------------------------------------------------------
@@ -430,6 +534,7 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
 @dataclass
 class ConstrainedRequest(mlx_server.CompletionRequest):
     grammar: CompiledGrammar | None = None
+    tokenized: tuple | None = None  # ResponseGenerator._tokenize's result, computed in the handler thread
 
 
 @dataclass
@@ -449,8 +554,8 @@ def install_logits_hook() -> None:
         if original is None:
             import mlx_lm
 
-            raise RuntimeError(f"mlx_lm.server {mlx_lm.__version__} has no _make_logits_processors; "
-                               "grammar_mlx.server is built against mlx-lm 0.32")
+            raise ModelLoadError(f"mlx_lm.server {mlx_lm.__version__} has no _make_logits_processors; "
+                                 "grammar_mlx.server is built against mlx-lm 0.32")
         if getattr(original, "grammar_mlx_hook", False):
             return
 
@@ -490,24 +595,199 @@ class LoadedModelProvider(mlx_server.ModelProvider):
         self.load()
 
 
-class GrammarResponseGenerator(mlx_server.ResponseGenerator):
-    """mlx-lm's response generator; a request's grammar rides in its generation arguments."""
+def tokens_held(prompt_cache: list) -> int | None:
+    """How many tokens every layer of a KV cache holds (the least of their offsets), or None when no
+    layer says (caches without a token offset, e.g. recurrent state)."""
+    offsets = [c.offset for c in prompt_cache if isinstance(getattr(c, "offset", None), int)]
+    return min(offsets) if offsets else None
 
-    def __init__(self, model_provider: mlx_server.ModelProvider, prompt_cache: LRUPromptCache,
-                 grammars: Grammars) -> None:
+
+class ExactPromptCache(LRUPromptCache):
+    """mlx-lm's prompt cache, keeping every entry's key equal to the tokens its KV cache holds.
+
+    `LRUPromptCache` trusts that a cache stored under `tokens` holds exactly those tokens: a later
+    request reuses the entry by trimming it to the common prefix and processing only the rest. mlx-lm's
+    speculative path breaks that trust. `ResponseGenerator._serve_single` stores `prompt + every
+    yielded token`, but `speculative_generate_step` yields its verifier's own token (the correction
+    or bonus token) before feeding it to either model, and leaves the draft without the last draft
+    token when a step accepted them all; so its caches end one (the draft's up to two) tokens short
+    of that key. (`generate_step` feeds each token before yielding it: without a draft the key is
+    right.) Reusing such an entry silently drops a token from the next request's context, and every
+    reuse of an entry built on it drops one more, so answers drift from what the model says without
+    a draft. Here an entry is trimmed to the tokens all its layers (model and draft) hold and stored
+    under that prefix of its key.
+
+    An exact hit (a prompt equal to a stored key) leaves nothing to process, yet the first new
+    token needs the last prompt token's logits (mlx-lm's batch path raises on the empty rest in its
+    generation thread, which dies): one token is trimmed and processed again.
+    """
+
+    def insert_cache(self, model: Any, tokens: list[int], prompt_cache: list[Any], *,
+                     cache_type: str = "assistant") -> None:
+        held = tokens_held(prompt_cache)
+        if held is not None and held != len(tokens):
+            if held > len(tokens) or not can_trim_prompt_cache(prompt_cache):
+                return  # cannot be made to match its key: not reusable
+            for layer in prompt_cache:
+                if isinstance(getattr(layer, "offset", None), int) and layer.offset > held:
+                    layer.trim(layer.offset - held)
+            tokens = tokens[:held]
+        if not tokens:
+            return
+        super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
+
+    def fetch_nearest_cache(self, model: Any, tokens: list[int]):
+        cache, rest = super().fetch_nearest_cache(model, tokens)
+        if cache is not None and not rest:
+            if not tokens or not can_trim_prompt_cache(cache):
+                return None, tokens
+            trim_prompt_cache(cache, 1)
+            rest = tokens[-1:]
+        return cache, rest
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask of the server (see the module docstring, "Limits").
+
+    `max_body_bytes`: the largest request body read (413 above it). `context_length`: the model's
+    context in tokens, None when unknown (no prompt-length check then). `body_timeout`: seconds a
+    client may pause while sending its body (408 after)."""
+
+    max_body_bytes: int = 8 * 2**20
+    context_length: int | None = None
+    body_timeout: float = 30.0
+
+
+def context_length_of(model) -> int | None:
+    """The model's context in tokens, from its config (`max_position_embeddings` or the names other
+    architectures give it), or None when the config does not say."""
+    args = getattr(model, "args", None)
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
+                 "max_sequence_length"):
+        value = getattr(args, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def default_max_body_bytes(context_length: int | None) -> int:
+    """The default body limit: room for a prompt that fills the context (64 bytes a token, which
+    covers JSON-escaped text of any script) plus the rest of the request, at least 1 MiB; 8 MiB when
+    the context is unknown."""
+    if context_length is None:
+        return 8 * 2**20
+    return max(2**20, 64 * context_length)
+
+
+_POLL_SECONDS = 0.25  # how often a handler waiting for tokens looks whether the server is stopping
+
+
+class _Refused(BaseException):
+    """Carries a `ServerUnavailableError` raised while a request waits for generation to start out
+    of mlx-lm's `handle_completion`, which answers every `Exception` from `generate()` as a 404."""
+
+    def __init__(self, error: ServerUnavailableError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class GrammarResponseGenerator(mlx_server.ResponseGenerator):
+    """mlx-lm's response generator; a request's grammar rides in its generation arguments, and its
+    prompt, tokenized in the request's handler thread, in the request. Tracks the requests in flight, so that
+    `shutdown()` can end each of them with an error instead of a dropped connection."""
+
+    def __init__(self, model_provider: mlx_server.ModelProvider, prompt_cache: LRUPromptCache | None,
+                 grammars: Grammars, limits: ServerLimits | None = None) -> None:
         self.grammars = grammars
+        self.limits = limits if limits is not None else ServerLimits()
+        self.closing = threading.Event()
+        self._in_flight = 0
+        self._idle = threading.Condition()
         install_logits_hook()
+        prompt_cache = prompt_cache if prompt_cache is not None else ExactPromptCache()
         super().__init__(model_provider, prompt_cache)  # starts the generation thread
 
     def generate(self, request, generation_args, progress_callback=None):
         values = {f.name: getattr(generation_args, f.name) for f in fields(mlx_server.GenerationArguments)}
         values["model"] = _SERVED
         args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None))
-        return super().generate(request, args, progress_callback)
+        try:
+            return super().generate(request, args, progress_callback)
+        except ServerUnavailableError as e:
+            raise _Refused(e) from None
+
+    def check_available(self) -> None:
+        """Raise `ServerUnavailableError` when no request can be served now."""
+        if self.closing.is_set():
+            raise ServerUnavailableError("the server is shutting down", code="server_shutting_down")
+        if not self.generation_available():
+            raise ServerUnavailableError("the server's generation thread died (see its log); restart the server",
+                                         code="generation_unavailable")
+
+    def _await_response(self, response_queue):
+        # mlx-lm's wait, plus: a server that is stopping ends every request at its next token.
+        while True:
+            self.check_available()
+            try:
+                return response_queue.get(timeout=_POLL_SECONDS)
+            except QueueEmpty:
+                pass
+
+    def tokenize(self, request, chat_template_kwargs: dict | None) -> tuple:
+        """The request's prompt as mlx-lm tokenizes it (prompt, segments, segment types, initial state,
+        vision), computed in the caller's thread. Raises `InvalidRequestError` for messages the chat
+        template cannot render."""
+        tokenizer = self.model_provider.tokenizer
+        args = SimpleNamespace(chat_template_kwargs=chat_template_kwargs)  # the one field _tokenize reads
+        param = "messages" if request.request_type == "chat" else "prompt"
+        try:
+            return mlx_server.ResponseGenerator._tokenize(self, tokenizer, request, args)
+        except (TemplateError, TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+            raise InvalidRequestError(f"cannot build the prompt from {param}: {type(e).__name__}: {e}",
+                                      param=param, code="invalid_prompt") from None
+
+    def _tokenize(self, tokenizer, request, args):
+        # Called in the generation thread: the handler tokenized the prompt already (and checked its
+        # length); mlx-lm edits the lists it gets, so it gets copies.
+        tokenized = getattr(request, "tokenized", None)
+        if tokenized is None:
+            return super()._tokenize(tokenizer, request, args)
+        prompt, segments, segment_types, initial_state, vision = tokenized
+        return list(prompt), [list(s) for s in segments], list(segment_types), initial_state, vision
+
+    @contextmanager
+    def serving(self):
+        """Count a request in flight for as long as the body runs."""
+        with self._idle:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    def shutdown(self, grace: float) -> bool:
+        """Stop: requests in flight end with a `server_shutting_down` error (an SSE error event then
+        `[DONE]` mid-stream), then the generation thread stops. Waits at most `grace` seconds in all
+        (a long prompt being processed is not waited for); True when everything stopped in time."""
+        deadline = time.monotonic() + grace
+        self.closing.set()
+        with self._idle:
+            self._idle.wait_for(lambda: self._in_flight == 0, timeout=grace / 2)
+        self._stop = True
+        self._generation_thread.join(max(deadline - time.monotonic(), 0.0))
+        return not self._generation_thread.is_alive()
+
+
+_POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
+_DRAIN_SECONDS = 5.0  # how long the unread rest of a refused body is discarded, so the client reads the 413
 
 
 class GrammarAPIHandler(mlx_server.APIHandler):
-    """mlx-lm's request handler plus `response_format`, OpenAI-style errors and a safety net."""
+    """mlx-lm's request handler plus request limits, `response_format`, OpenAI-style errors and a
+    safety net."""
 
     response_generator: GrammarResponseGenerator
 
@@ -527,18 +807,88 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         self._headers_sent = False
         self._unenforced = ()
         self.stream = False
+        self._unread = 0
+        with self.response_generator.serving():
+            try:
+                if self.path not in _POST_PATHS:
+                    self.close_connection = True  # its body, if any, is not read
+                    self._send_json(404, _error_body(f"no such endpoint: POST {self.path}", 404, "not_found"))
+                    return
+                raw = self._read_body()
+                _check_body(raw, self.path)
+                socket_file, self.rfile = self.rfile, io.BytesIO(raw)  # mlx-lm reads the checked body
+                try:
+                    super().do_POST()
+                finally:
+                    self.rfile = socket_file
+            except (BrokenPipeError, ConnectionResetError):
+                logging.info("client disconnected")
+            except _Refused as e:
+                self._send_error(*error_response(e.error))
+            except Exception as e:
+                if not isinstance(e, (RecursionError, GrammarError)):
+                    logging.exception("request failed")
+                self._send_error(*error_response(e))
+            finally:
+                if self._unread:
+                    self._discard_unread()
+
+    def _read_body(self) -> bytes:
+        """The request body, at most `max_body_bytes` of it read; refused before reading when its
+        Content-Length says it is larger."""
+        limit = self.response_generator.limits.max_body_bytes
+        if self.headers.get("Transfer-Encoding") is not None:
+            self.close_connection = True
+            raise InvalidRequestError("chunked request bodies are not accepted; send a Content-Length",
+                                      status=411, code="length_required")
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            self.close_connection = True
+            raise InvalidRequestError("a Content-Length header is required", status=411, code="length_required")
+        if not re.fullmatch(r"[0-9]{1,20}", declared.strip()):
+            self.close_connection = True
+            raise InvalidRequestError(f"invalid Content-Length {declared[:40]!r}", code="invalid_body")
+        length = int(declared)
+        if length > limit:
+            self.close_connection = True
+            self._unread = length
+            raise InvalidRequestError(
+                f"the request body is {length} bytes; this server accepts at most {limit} bytes "
+                f"(--max-body-mb {limit / 2**20:g})", status=413, code="request_too_large")
+        self.connection.settimeout(self.response_generator.limits.body_timeout)
         try:
-            super().do_POST()
-        except (BrokenPipeError, ConnectionResetError):
-            logging.info("client disconnected")
-        except Exception as e:
-            if not isinstance(e, RecursionError):
-                logging.exception("request failed")
-            self._send_error(*error_response(e))
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True
+            raise InvalidRequestError("the client stopped sending the request body", status=408,
+                                      code="request_timeout") from None
+        finally:
+            self.connection.settimeout(None)
+        if len(raw) < length:
+            self.close_connection = True
+            raise ConnectionResetError("the client closed the connection before sending the whole body")
+        return raw
+
+    def _discard_unread(self) -> None:
+        # A client still sending a refused body reads the answer only once it has sent it all (it may
+        # get a connection reset otherwise): read the rest for a few seconds, keeping none of it.
+        deadline = time.monotonic() + _DRAIN_SECONDS
+        try:
+            self.connection.settimeout(1.0)
+            while self._unread > 0 and time.monotonic() < deadline:
+                chunk = self.rfile.read1(min(self._unread, 1 << 16))
+                if not chunk:
+                    break
+                self._unread -= len(chunk)
+        except OSError:
+            pass
+        self.close_connection = True
 
     def handle_completion(self, request, stop_words):
+        generator = self.response_generator
         spec = None
         try:
+            generator.check_available()
             if self.body.get("adapters") is not None:
                 raise InvalidRequestError("adapters are not supported: the server serves one model",
                                           param="adapters")
@@ -546,20 +896,38 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                 raise InvalidRequestError("draft_model cannot be chosen per request; start the server with "
                                           "--draft-model or --draft-layers", param="draft_model")
             spec = parse_response_format(self.body.get("response_format"))
-            grammar = self.response_generator.grammars.get(spec) if spec is not None else None
+            tokenized = generator.tokenize(request, self.chat_template_kwargs)
+            self._fit_context(len(tokenized[0]), "messages" if request.request_type == "chat" else "prompt")
+            grammar = generator.grammars.get(spec) if spec is not None else None
         except Exception as e:
             if not isinstance(e, GrammarError):
-                logging.exception("compiling the response format failed")
+                logging.exception("preparing the request failed")
             self._send_error(*error_response(e, spec))
             return
-        if grammar is not None:
-            if grammar.unenforced:
-                self._unenforced = grammar.unenforced
-                logging.warning("response_format keywords not enforced: %s",
-                                ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in grammar.unenforced))
-            values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
-            request = ConstrainedRequest(**values, grammar=grammar)
-        super().handle_completion(request, stop_words)
+        if grammar is not None and grammar.unenforced:
+            self._unenforced = grammar.unenforced
+            logging.warning("response_format keywords not enforced: %s",
+                            ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in grammar.unenforced))
+        values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
+        super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized), stop_words)
+
+    def _fit_context(self, prompt_tokens: int, param: str) -> None:
+        """Refuse a prompt that leaves no room in the model's context; fit the default token budget
+        into what is left (an explicit budget that does not fit is refused, as OpenAI does)."""
+        context = self.response_generator.limits.context_length
+        if context is None:
+            return
+        if prompt_tokens >= context:
+            raise InvalidRequestError(
+                f"the prompt is {prompt_tokens} tokens; the model's context is {context} tokens, and at least "
+                "one must be left to generate", param=param, code="context_length_exceeded")
+        explicit = any(self.body.get(k) is not None for k in ("max_completion_tokens", "max_tokens"))
+        if explicit and prompt_tokens + self.max_tokens > context:
+            raise InvalidRequestError(
+                f"the prompt ({prompt_tokens} tokens) plus max_tokens ({self.max_tokens}) is "
+                f"{prompt_tokens + self.max_tokens} tokens; the model's context is {context} tokens",
+                param="max_tokens", code="context_length_exceeded")
+        self.max_tokens = min(self.max_tokens, context - prompt_tokens)
 
     def handle_models_request(self):
         served = self.response_generator.model_provider.served_id
@@ -571,6 +939,8 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         data = json.dumps(body).encode()
         self._set_completion_headers(status)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
         self.wfile.flush()
@@ -582,10 +952,44 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                 self._unenforced = ()
                 self._send_json(status, body)
             elif self.stream:
-                self.wfile.write(f"data: {json.dumps(body)}\n\n".encode())
+                self.wfile.write(f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode())
                 self.wfile.flush()
         except OSError:
             logging.info("client disconnected before the error could be sent")
+
+
+def _check_body(raw: bytes, path: str) -> None:
+    """Refuse a body that is not a UTF-8 JSON object, lacks the endpoint's `messages` (a list of
+    objects) or `prompt` (a string), or asks for more than one choice."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequestError(f"the request body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",
+                                  code="invalid_body") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidRequestError(f"the request body is not valid JSON: {e}", code="invalid_body") from None
+    except RecursionError:
+        raise InvalidRequestError("the request body is nested too deeply", code="invalid_body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"the request body must be a JSON object, got {_json_type(body)}",
+                                  code="invalid_body")
+    if path == "/v1/completions":
+        if not isinstance(body.get("prompt"), str):
+            raise InvalidRequestError(f"prompt must be a string, got {_json_type(body.get('prompt'))}",
+                                      param="prompt", code="invalid_prompt")
+    else:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequestError("messages must be a non-empty list of message objects "
+                                      f"({{\"role\": ..., \"content\": ...}}), got {_json_type(messages)}",
+                                      param="messages", code="invalid_prompt")
+    n = body.get("n")
+    if n is not None and not (type(n) is int and n == 1):
+        raise InvalidRequestError(f"n must be 1: this server returns one choice per request (got {n!r})",
+                                  param="n", code="unsupported_parameter")
+
 
 
 # --- the process -----------------------------------------------------------------------------------
@@ -607,7 +1011,8 @@ def served_vocabulary(tokenizer) -> Vocabulary:
 
 
 def load_served_models(model: str | None, draft_model: str | None, draft_layers: int | None):
-    """(model, tokenizer, draft or None, model id, draft id or None). Raises ModelLoadError."""
+    """(model, tokenizer, draft or None, model id, draft id or None). Raises ModelLoadError, or
+    InvalidArgumentError naming `--draft-layers` when the model has no more layers than that."""
     from . import models
 
     if model is None:
@@ -624,6 +1029,10 @@ def load_served_models(model: str | None, draft_model: str | None, draft_layers:
                                  f"the model's ({tokenizer.vocab_size}); speculative decoding needs the same one")
         draft_id = str(draft_model)
     elif draft_layers is not None:
+        layers = getattr(getattr(main_model, "model", None), "layers", None)
+        if layers is not None and not draft_layers < len(layers):
+            raise InvalidArgumentError(f"--draft-layers {draft_layers}: the model has {len(layers)} layers, so the "
+                                       f"draft can have 1 to {len(layers) - 1}")
         draft = models.truncated_draft(main_model, draft_layers)
         draft_id = f"{model_id} (first {draft_layers} layers)"
     return main_model, tokenizer, draft, model_id, draft_id
@@ -694,6 +1103,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds one grammar may take to compile (default: GRAMMAR_MLX_COMPILE_TIMEOUT or 60)")
     parser.add_argument("--cache-dir", default=None,
                         help="on-disk cache of compiled tables (default: $GRAMMAR_MLX_CACHE_DIR or ~/.cache/grammar_mlx)")
+    parser.add_argument("--max-body-mb", type=float, default=None,
+                        help="largest request body, MiB (default: 64 bytes per token of the model's context, "
+                             "at least 1 MiB; 8 MiB when the context is unknown)")
+    parser.add_argument("--context-length", type=_positive_int, default=None,
+                        help="the model's context in tokens, for the prompt-length check (default: from the "
+                             "model's config, e.g. max_position_embeddings; no check when it has none)")
     parser.add_argument("--preload-json-object", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the json_object grammar in the background at start (default on)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
@@ -707,9 +1122,11 @@ def serve_main(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM, then end the process with status 0. Returns 2 when the
     model does not load or the address cannot be bound."""
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
-    if args.grammar_cache_mb <= 0:
-        print("error: --grammar-cache-mb must be positive", file=sys.stderr)
-        return 2
+    for name in ("grammar_cache_mb", "max_body_mb"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            print(f"error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
+            return 2
     try:
         model, tokenizer, draft, model_id, draft_id = load_served_models(args.model, args.draft_model,
                                                                          args.draft_layers)
@@ -723,7 +1140,10 @@ def serve_main(args: argparse.Namespace) -> int:
     cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
     grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir)
     provider = LoadedModelProvider(mlx_cli_args(args), model, tokenizer, draft, model_id=model_id, draft_id=draft_id)
-    generator = GrammarResponseGenerator(provider, LRUPromptCache(args.prompt_cache_size), grammars)
+    context = args.context_length if args.context_length is not None else context_length_of(model)
+    max_body = int(args.max_body_mb * 2**20) if args.max_body_mb is not None else default_max_body_bytes(context)
+    limits = ServerLimits(max_body_bytes=max_body, context_length=context)
+    generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars, limits)
     try:
         httpd = make_server(args.host, args.port, generator)
     except OSError as e:
@@ -743,8 +1163,11 @@ def serve_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the shutdown short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         httpd.server_close()
-        generator.stop_and_join()
+        if not generator.shutdown(SHUTDOWN_GRACE_SECONDS):
+            logging.warning("the generation thread was still busy after %g s; exiting anyway", SHUTDOWN_GRACE_SECONDS)
     # Past this point the interpreter's own teardown can abort ("terminate called without an active
     # exception": MLX objects collected on a non-main thread during exit). Everything is stopped and
     # flushed here, so the process leaves without it, with the status it means.

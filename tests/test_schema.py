@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import json
+import random
 import re
+import time
 
 import pytest
 from schema_fsm import ByteDFA, oracle, seeded
 
 from grammar_mlx.errors import (
+    CompileTimeoutError,
     EmptyLanguageError,
+    GrammarError,
     GrammarTooLargeError,
+    InvalidArgumentError,
     InvalidRegexError,
     InvalidSchemaError,
     UnsupportedSchemaError,
 )
+from grammar_mlx.limits import Deadline, deadline_scope
 from grammar_mlx.schema import (
+    MAX_NESTING,
     MAX_REPEAT,
+    MAX_SCHEMA_DEPTH,
     SchemaRegex,
     Unenforced,
     canonical_json,
@@ -82,11 +90,17 @@ def test_empty_languages_raise():
         schema_to_regex({"allOf": [{"type": "string"}, {"type": "number"}]})
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError):
-        schema_to_regex({}, max_recursion_depth=-1)
+@pytest.mark.parametrize("kwargs", [{"max_recursion_depth": -1}, {"max_recursion_depth": "3"},
+                                    {"max_recursion_depth": True}, {"max_recursion_depth": MAX_NESTING + 1},
+                                    {"strict": "yes"}, {"strict": 1}, {"whitespace": 3}, {"whitespace": b" "}])
+def test_bad_arguments_raise_invalid_argument_error(kwargs):
+    with pytest.raises(InvalidArgumentError) as info:
+        schema_to_regex({}, **kwargs)
+    assert isinstance(info.value, ValueError) and next(iter(kwargs)) in str(info.value)
     with pytest.raises(InvalidRegexError):
         schema_to_regex({}, whitespace="\\s*")
+    with pytest.raises(InvalidArgumentError):
+        in_grammar(1, {}, max_recursion_depth=-1)
 
 
 def test_deterministic():
@@ -365,3 +379,223 @@ def test_top_level_generic_values_build_fast():
     # outlines-core also builds an unanchored DFA; the start sentinel keeps it linear.
     d = ByteDFA.within(schema_to_regex({"minLength": 2}).regex, 5.0)
     assert d is not None and d.accepts('[{"a":[1]},"xy"]') and not d.accepts('"x"')
+
+
+# -- faults: what no input may do (an untyped error, a RecursionError, a hang) -----------------
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
+@pytest.mark.parametrize("where", ["minimum", "const", "enum"])
+def test_non_finite_numbers_raise_invalid_schema_error_naming_where(text, where):
+    body = {"minimum": f'{{"type": "number", "minimum": {text}}}', "const": f'{{"const": {text}}}',
+            "enum": f'{{"enum": [1, {text}]}}'}[where]
+    pointer = {"minimum": "/minimum", "const": "/const", "enum": "/enum/1"}[where]
+    for schema in (body, json.loads(body)):  # JSON text, and the dict Python's json makes of it
+        with pytest.raises(InvalidSchemaError, match=f"at {pointer}: .*not a JSON number"):
+            schema_to_regex(schema)
+        with pytest.raises(InvalidSchemaError):
+            canonical_json(1, schema)
+
+
+def _nested(kind: str, levels: int):
+    schema: object = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"object": {"type": "object", "properties": {"a": schema}, "required": ["a"]},
+                  "array": {"type": "array", "items": schema},
+                  "anyOf": {"anyOf": [schema, {"type": "null"}]},
+                  "allOf": {"allOf": [schema]},
+                  "not": {"not": schema}}[kind]
+    return schema
+
+
+def _deep_value(levels: int):
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+DEEP = [_nested(kind, 200) for kind in ("object", "array", "anyOf", "allOf", "not")] + [
+    {"const": _deep_value(200)}, {"enum": [1, {"a": _deep_value(200)}]}]
+
+
+@pytest.mark.parametrize("schema", DEEP, ids=["object", "array", "anyOf", "allOf", "not", "const", "enum"])
+def test_depth_200_is_a_typed_size_error(schema):
+    for translate in (schema_to_regex, lambda s: canonical_json({}, s), lambda s: in_grammar({}, s),
+                      lambda s: schema_to_regex(json.dumps(s))):
+        with pytest.raises(GrammarTooLargeError, match=f"more than {MAX_SCHEMA_DEPTH} levels"):
+            translate(schema)
+
+
+def test_nesting_up_to_the_limit_translates_or_fails_typed():
+    """At the depth limit (and below a caller already 150 frames deep) nothing recurses too far."""
+
+    def at_depth(frames: int):
+        if frames:
+            return at_depth(frames - 1)
+        outcomes = {}
+        for kind in ("object", "array", "anyOf", "allOf", "not"):
+            levels = {"object": 49, "array": 99, "anyOf": 49, "allOf": 49, "not": 99}[kind]
+            try:
+                outcomes[kind] = len(schema_to_regex(_nested(kind, levels)).regex)
+            except GrammarError as e:
+                outcomes[kind] = type(e).__name__
+        value = _deep_value(MAX_SCHEMA_DEPTH - 1)
+        outcomes["const"] = canonical_json(value, {"const": value}) == json.dumps(value, separators=(",", ":"))
+        return outcomes
+
+    outcomes = at_depth(150)
+    assert isinstance(outcomes["object"], int) and isinstance(outcomes["anyOf"], int) and outcomes["const"]
+    assert outcomes["array"] == "GrammarTooLargeError"  # each level doubles the regex: over the cap
+
+
+def test_ref_chains_past_the_recursion_limit_are_typed():
+    """$refs nest without nesting the document: the translator's own depth is caught too."""
+    defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["x"]}
+            for i in range(400)}
+    defs["d400"] = {"type": "integer"}
+    schema = {"$defs": defs, "$ref": "#/$defs/d0"}
+    for translate in (schema_to_regex, lambda s: canonical_json({}, s), lambda s: in_grammar({}, s)):
+        with pytest.raises(GrammarTooLargeError, match="nests too deeply"):
+            translate(schema)
+
+
+@pytest.mark.parametrize(("schema", "pointer"), [
+    ({"const": "a\ud800"}, "/const"),
+    ({"enum": ["ok", "\udfff"]}, "/enum/1"),
+    ({"type": "object", "properties": {"\ud800x": {"type": "integer"}}}, "/properties/\\ud800x"),
+    ({"type": "string", "pattern": "^\ud800$"}, "/pattern"),
+    ('{"type": "string", "pattern": "\\ud800"}', "/pattern"),
+    (b'{"const": "\\udc00"}', "/const"),
+])
+def test_lone_surrogates_raise_invalid_schema_error_naming_where(schema, pointer):
+    with pytest.raises(InvalidSchemaError, match="lone surrogate") as info:
+        schema_to_regex(schema)
+    assert f"at {pointer}:" in str(info.value)
+    str(info.value).encode("utf-8")  # the message itself is valid text (a server can send it)
+
+
+@pytest.mark.parametrize("schema", [
+    {"enum": ("a", "b")}, {"type": "string", "enum": {"a"}}, {1: {"type": "integer"}}, {"const": b"x"},
+    {"minimum": 10**5000}, '{"const": ' + "9" * 5000 + "}", "[" * 100_000, {"type": "object", "$schema": 7},
+], ids=["tuple", "set", "int key", "bytes", "huge int", "huge int text", "deep text", "$schema int"])
+def test_values_no_json_document_holds_raise_typed(schema):
+    with pytest.raises((InvalidSchemaError, GrammarTooLargeError)):
+        schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("instance", [float("nan"), float("inf"), {1: 2}, {"a": {1, 2}}, 10**5000, object(),
+                                      _deep_value(MAX_SCHEMA_DEPTH + 1)],
+                         ids=["nan", "inf", "int key", "set", "huge int", "object", "too deep"])
+def test_instances_that_are_not_json_raise_invalid_argument_error(instance):
+    for check in (canonical_json, in_grammar):
+        with pytest.raises(InvalidArgumentError):
+            check(instance, {"type": "array"})
+
+
+def test_malformed_keyword_values_raise_invalid_schema_error(monkeypatch):
+    """Without jsonschema (a test extra) the translator alone must refuse them, typed."""
+    import grammar_mlx.schema as schema_module
+
+    monkeypatch.setattr(schema_module, "_check_metaschema", lambda schema: None)
+    for schema in ({"not": {"minItems": [False]}}, {"not": {"required": "a"}}, {"not": {"type": {}}},
+                   {"type": "object", "dependentRequired": ["a"]}, {"not": {"properties": 3}},
+                   {"not": {"anyOf": {}}}, {"type": "string", "pattern": "a{" + "9" * 5000 + "}"}):
+        try:
+            schema_to_regex(schema)
+        except GrammarError:
+            pass
+    with pytest.raises(InvalidSchemaError, match="not at /: minItems"):
+        schema_to_regex({"not": {"minItems": [False]}})
+    # propertyNames that no string satisfies: no key at all, not a crash on the empty language
+    assert accepts({"type": "object", "propertyNames": {"type": "integer"}}, "{}", '{"a":1}') == [True, False]
+
+
+def test_random_json_values_as_schemas_raise_only_grammar_errors(monkeypatch):
+    """Seeded fuzz: keyword-shaped random documents, through every entry point, with and without
+    the metaschema check. Anything but a GrammarError is a bug."""
+    import grammar_mlx.schema as schema_module
+
+    rng = random.Random(12)
+    keywords = ["type", "properties", "required", "items", "prefixItems", "additionalProperties",
+                "patternProperties", "propertyNames", "enum", "const", "anyOf", "oneOf", "allOf", "not", "if",
+                "then", "else", "minimum", "maximum", "exclusiveMinimum", "multipleOf", "minLength", "maxLength",
+                "pattern", "format", "minItems", "maxItems", "minProperties", "maxProperties", "$ref", "$defs",
+                "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "$schema"]
+    atoms = [0, -1, 2, 2.5, 1e300, 2**70, True, False, None, "", "a", "^a+$", "(", "#", "#/$defs/a", "string",
+             "object", "integer", "date", "email", "[a-z]{2,4}", "(?=a)", "a{99999}"]
+
+    def value(depth: int):
+        roll = rng.random()
+        if depth <= 0 or roll < 0.4:
+            return rng.choice(atoms)
+        if roll < 0.6:
+            return [value(depth - 1) for _ in range(rng.randint(0, 3))]
+        if roll < 0.85:
+            return schema(depth - 1)
+        return {rng.choice("abx"): value(depth - 1) for _ in range(rng.randint(0, 2))}
+
+    def schema(depth: int):
+        return {rng.choice(keywords): value(depth) for _ in range(rng.randint(0, 4))}
+
+    cases = [schema(3) for _ in range(150)]
+    for with_metaschema in (True, False):
+        if not with_metaschema:
+            monkeypatch.setattr(schema_module, "_check_metaschema", lambda schema: None)
+        for case in cases:
+            for call in (lambda: schema_to_regex(case), lambda: schema_to_regex(case, strict=True),
+                         lambda: canonical_json(value(2), case), lambda: in_grammar(value(2), case)):
+                with deadline_scope(Deadline(10.0)):
+                    try:
+                        call()
+                    except GrammarError:
+                        pass
+
+
+def _wide(n: int) -> dict:
+    kinds = [{"type": "string", "description": "The value of a field of the record"},
+             {"type": "integer", "minimum": 0}, {"type": "array", "items": {"type": "string", "format": "email"}},
+             {"$ref": "#/$defs/item"}]
+    return {"type": "object", "properties": {f"field_{i:05d}": kinds[i % 4] for i in range(n)},
+            "required": [f"field_{i:05d}" for i in range(0, n, 7)],
+            "$defs": {"item": {"type": "object", "properties": {"id": {"type": "integer"}}}}}
+
+
+def test_a_55k_property_schema_stops_at_the_deadline():
+    """Untimed, translating this ~4 MB schema takes seconds and ends in GrammarTooLargeError (the regex
+    cap): under a 1 s deadline it must end in CompileTimeoutError, promptly. The bound is a 'did not
+    hang' check with a wide margin, not a timing claim (bench/schema_scaling.py measures it)."""
+    schema = _wide(55_000)
+    deadline = Deadline(1.0)
+    with deadline_scope(deadline), pytest.raises(CompileTimeoutError, match="translating|reading|checking") as info:
+        schema_to_regex(schema)
+    assert time.monotonic() - deadline.at < 10.0
+    assert info.value.transient and isinstance(info.value, GrammarTooLargeError)
+
+
+def test_an_expired_deadline_stops_every_stage():
+    """Each stage checks the deadline itself: the document walk, the metaschema check, $id indexing,
+    normalization, emission (here: a deadline that passed before the call)."""
+    from grammar_mlx.schema_emit import Emitter
+    from grammar_mlx.schema_normalize import Normalizer
+
+    schema = _wide(50)
+    expired = Deadline(1e-9)
+    time.sleep(0.01)
+    with deadline_scope(expired):
+        with pytest.raises(CompileTimeoutError):
+            schema_to_regex(schema)
+        with pytest.raises(CompileTimeoutError):
+            Normalizer(schema)
+    nz = Normalizer(schema)
+    root = nz.node([nz.root_loc])
+    with deadline_scope(expired), pytest.raises(CompileTimeoutError):
+        Emitter(nz.table, "", 3).emit(root)
+    assert schema_to_regex(schema).regex  # no deadline in force: translates
+
+
+def test_float_subclasses_read_by_value():
+    np = pytest.importorskip("numpy")
+    schema = {"type": "number", "minimum": np.float64(1.5), "maximum": 3}
+    assert accepts(schema, "1.5", "1.4", "3") == [True, False, True]
+    assert canonical_json(np.float64(2.0), {"type": "integer"}) == "2"

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import mlx.core as mx
@@ -107,6 +108,96 @@ def test_error_response_shapes():
     assert (status, body["error"]["param"], body["error"]["code"]) == (400, "adapters", "invalid_response_format")
     status, body = error_response(KeyError("boom"))
     assert status == 500 and body["error"]["type"] == "server_error" and "boom" in body["error"]["message"]
+
+
+def all_grammar_error_classes():
+    import grammar_mlx.errors as errors
+
+    return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, GrammarError)]
+
+
+def test_every_grammar_error_has_its_own_status_and_code():
+    rows = {}
+    for cls in all_grammar_error_classes() + [server.ServerUnavailableError]:
+        error = cls.__new__(cls)
+        Exception.__init__(error, "x")
+        for name, value in (("param", None), ("status", 400), ("code", None), ("keyword", None),
+                            ("pointer", None), ("position", None)):
+            if not hasattr(error, name):
+                setattr(error, name, value)
+        status, body = error_response(error)
+        rows[cls.__name__] = (status, body["error"]["code"], body["error"]["type"])
+    codes = [code for _, code, _ in rows.values()]
+    assert len(set(codes)) == len(codes), rows  # stable and distinct: a client can tell them apart
+    assert rows["GrammarError"][1] == "grammar_error"  # the net is used only by the base class itself
+    assert rows["CompileTimeoutError"] == (400, "compile_timeout", "invalid_request_error")
+    assert rows["GrammarTooLargeError"] == (400, "grammar_too_large", "invalid_request_error")
+    assert rows["CompileWorkerError"] == (503, "compile_worker_failed", "server_error")
+    assert rows["InvalidArgumentError"] == (400, "invalid_argument", "invalid_request_error")
+    assert all((status >= 500) == (kind == "server_error") for status, _, kind in rows.values())
+    too_large = InvalidRequestError("big", status=413, code="request_too_large")
+    assert error_response(too_large)[0] == 413 and error_response(too_large)[1]["error"]["code"] == "request_too_large"
+    shutting = server.ServerUnavailableError("stopping", code="server_shutting_down")
+    assert server.error_status_and_code(shutting) == (503, "server_shutting_down")
+
+
+@pytest.mark.parametrize("raw, path, param, code, words", [
+    (b'{"messages": "\xff"}', "/v1/chat/completions", None, "invalid_body", "not UTF-8"),
+    (b'{"messages": [', "/v1/chat/completions", None, "invalid_body", "not valid JSON"),
+    (b"[1]", "/v1/chat/completions", None, "invalid_body", "must be a JSON object, got array"),
+    (b"[" * 100_000 + b"]" * 100_000, "/v1/chat/completions", None, "invalid_body", "nested too deeply"),
+    (b'{"messages": "hi"}', "/v1/chat/completions", "messages", "invalid_prompt", "got string"),
+    (b'{"messages": []}', "/chat/completions", "messages", "invalid_prompt", "non-empty list"),
+    (b'{"messages": [1]}', "/v1/chat/completions", "messages", "invalid_prompt", "message objects"),
+    (b'{"prompt": ["a"]}', "/v1/completions", "prompt", "invalid_prompt", "got array"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', "/v1/chat/completions", "n",
+     "unsupported_parameter", "n must be 1"),
+    (b'{"prompt": "hi", "n": "1"}', "/v1/completions", "n", "unsupported_parameter", "got '1'"),
+])
+def test_check_body_refusals(raw, path, param, code, words):
+    with pytest.raises(InvalidRequestError) as info:
+        server._check_body(raw, path)
+    assert (info.value.param, info.value.code, info.value.status) == (param, code, 400)
+    assert words in str(info.value)
+
+
+def test_check_body_accepts_what_mlx_lm_serves():
+    server._check_body('{"messages": [{"role": "user", "content": "h\u00e9"}], "n": 1}'.encode(), "/v1/chat/completions")
+    server._check_body(b'{"prompt": "hi"}', "/v1/completions")
+
+
+def fit(body, max_tokens, prompt_tokens, context=100):
+    from types import SimpleNamespace
+
+    handler = SimpleNamespace(body=body, max_tokens=max_tokens, response_generator=SimpleNamespace(
+        limits=server.ServerLimits(context_length=context)))
+    server.GrammarAPIHandler._fit_context(handler, prompt_tokens, "messages")
+    return handler.max_tokens
+
+
+def test_prompt_length_against_the_context():
+    assert fit({}, 512, 90) == 10  # the server's default budget shrinks to what the context leaves
+    assert fit({}, 5, 90) == 5
+    assert fit({"max_tokens": 10}, 10, 90) == 10
+    for body, prompt, param, words in (({}, 100, "messages", "the prompt is 100 tokens; the model's context is 100"),
+                                       ({"max_tokens": 11}, 90, "max_tokens", "plus max_tokens (11) is 101 tokens")):
+        with pytest.raises(InvalidRequestError) as info:
+            fit(body, body.get("max_tokens", 512), prompt)
+        assert (info.value.code, info.value.param) == ("context_length_exceeded", param)
+        assert words in str(info.value)
+    assert fit({"max_tokens": 10**6}, 10**6, 10**5, context=None) == 10**6  # unknown context: no check
+
+
+def test_context_length_and_default_body_limit():
+    from types import SimpleNamespace
+
+    assert server.context_length_of(SimpleNamespace(args=SimpleNamespace(max_position_embeddings=8192))) == 8192
+    assert server.context_length_of(SimpleNamespace(args=SimpleNamespace(n_positions=1024))) == 1024
+    assert server.context_length_of(SimpleNamespace(args=SimpleNamespace(max_position_embeddings=None))) is None
+    assert server.context_length_of(object()) is None
+    assert server.default_max_body_bytes(8192) == 2**20
+    assert server.default_max_body_bytes(131072) == 8 * 2**20
+    assert server.default_max_body_bytes(None) == 8 * 2**20
 
 
 # --- the grammar cache -----------------------------------------------------------------------------
@@ -225,6 +316,40 @@ def test_cache_keeps_grammar_errors_fresh_and_drops_other_failures():
     assert calls.count(2) == 2 and "crash" not in cache and cache.stats()["building"] == 0
 
 
+def test_cache_does_not_keep_transient_errors():
+    from grammar_mlx.errors import CompileTimeoutError, CompileWorkerError
+
+    cache = sized_cache()
+    release, started = threading.Event(), threading.Event()
+    outcomes = iter([CompileWorkerError("worker killed", exit_code=-9), CompileTimeoutError("too slow")])
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        started.set()
+        assert release.wait(10)
+        error = next(outcomes, None)
+        if error is not None:
+            raise error
+        return Sized("ok", 1)
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(cache.get, "k", flaky)]
+        assert started.wait(10)
+        futures += [pool.submit(cache.get, "k", flaky) for _ in range(2)]  # wait on the same build
+        while cache.stats()["waits"] < 2:
+            time.sleep(0.01)
+        release.set()
+        for f in futures:
+            with pytest.raises(CompileWorkerError):  # the builder and both waiters
+                f.result(10)
+    assert "k" not in cache and cache.stats()["building"] == 0
+    with pytest.raises(CompileTimeoutError):  # the next call built again
+        cache.get("k", flaky)
+    assert cache.get("k", flaky).name == "ok" and len(calls) == 3
+    assert cache.get("k", flaky).name == "ok" and len(calls) == 3  # and a success is kept
+
+
 def test_cache_waiters_get_the_builders_error():
     cache = sized_cache()
     release = threading.Event()
@@ -240,6 +365,35 @@ def test_cache_waiters_get_the_builders_error():
         for f in futures:
             with pytest.raises(InvalidSchemaError):
                 f.result(10)
+
+
+# --- the prompt cache ------------------------------------------------------------------------------
+
+
+def kv_layers(*offsets):
+    from mlx_lm.models.cache import KVCache
+
+    layers = []
+    for n in offsets:
+        layer = KVCache()
+        layer.update_and_fetch(mx.zeros((1, 1, n, 2)), mx.zeros((1, 1, n, 2)))
+        layers.append(layer)
+    return layers
+
+
+def test_prompt_cache_stores_an_entry_under_the_tokens_its_layers_hold():
+    cache = server.ExactPromptCache(4)
+    # A speculative run's cache: the model's layers lack the last yielded token, the draft's two.
+    cache.insert_cache("m", [1, 2, 3, 4, 5], kv_layers(4, 4, 3))
+    entry, rest = cache.fetch_nearest_cache("m", [1, 2, 3, 4, 5, 6])
+    assert [layer.offset for layer in entry] == [3, 3, 3] and rest == [4, 5, 6]
+    # A prompt equal to a stored key: one token is processed again, for the next token's logits.
+    cache.insert_cache("m", [7, 8, 9], kv_layers(3, 3))
+    entry, rest = cache.fetch_nearest_cache("m", [7, 8, 9])
+    assert [layer.offset for layer in entry] == [2, 2] and rest == [9]
+    assert cache.fetch_nearest_cache("m", [7, 8, 9])[0][0].offset == 2  # the stored entry is untouched
+    cache.insert_cache("m", [5], kv_layers(0, 0))  # holds nothing: not stored
+    assert cache.fetch_nearest_cache("m", [5]) == (None, [5])
 
 
 # --- the mlx-lm hook -------------------------------------------------------------------------------
@@ -350,7 +504,9 @@ def servers(smollm_path):
     pytest.importorskip("openai", reason="the openai client is a test extra")
     # Both start at once: model loads overlap.
     plain = Server("plain")
-    draft = Server("draft", "--draft-layers", "24", "--num-draft-tokens", "2", "--no-preload-json-object")
+    # A shallow draft is often wrong: many answers end on the verifier's own token, which is what
+    # the draft/no-draft sequence test needs to meet (see server.ExactPromptCache).
+    draft = Server("draft", "--draft-layers", "8", "--num-draft-tokens", "3", "--no-preload-json-object")
     try:
         plain.wait_ready()
         draft.wait_ready()
@@ -413,6 +569,54 @@ def test_json_schema_with_draft_model(servers):
     text, finish, _ = stream_chat(client, schema_format(COLOR))
     jsonschema.validate(json.loads(text), COLOR)
     assert finish == ["stop"]
+
+
+NAME_AGE = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                            "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["name", "age"], "additionalProperties": False}
+COLORS = {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 3, "maxItems": 3}
+
+
+def answer_sequence(server) -> list[tuple]:
+    """The same mixed requests in the same order: per prompt two schemas and one unconstrained,
+    chat and completions, streamed and not (greedy; the server's default temperature is 0)."""
+    client = server.client()
+    answers = []
+    for topic in ("a coffee drink and an age", "three colors"):
+        messages = [{"role": "user", "content": f"Say {topic}, as JSON."}]
+        reply = chat(client, schema_format(NAME_AGE), max_tokens=10, messages=messages)
+        answers.append((reply.choices[0].message.content, reply.choices[0].finish_reason))
+        answers.append(stream_chat(client, schema_format(COLORS), max_tokens=10, messages=messages)[:2])
+        if topic == "three colors":
+            reply = client.completions.create(model="smollm", prompt=f"Say {topic}:", max_tokens=8)
+            answers.append((reply.choices[0].text, reply.choices[0].finish_reason))
+        else:
+            reply = chat(client, None, max_tokens=8, messages=messages)
+            answers.append((reply.choices[0].message.content, reply.choices[0].finish_reason))
+    return answers
+
+
+@pytest.mark.slow
+def test_draft_answers_exactly_what_no_draft_answers_across_a_request_sequence(servers):
+    # mlx-lm's speculative path stored prompt caches whose keys named tokens the KV cache did not
+    # hold; the next request reusing one lost a token of its context and answered differently.
+    plain, draft = answer_sequence(servers["plain"]), answer_sequence(servers["draft"])
+    for i, (a, b) in enumerate(zip(plain, draft)):
+        assert a == b, (i, a, b)
+    assert not any(text.startswith("<|im_start|>") for text, _ in draft)
+
+
+@pytest.mark.slow
+def test_a_prompt_equal_to_a_cached_prompt_and_answer_is_served(servers):
+    # Such a prompt is an exact prompt-cache hit with nothing left to process: mlx-lm's batch path
+    # killed its generation thread on it (every later request failed), its speculative path failed it.
+    for name in ("plain", "draft"):
+        client = servers[name].client()
+        first = client.completions.create(model="smollm", prompt="Once upon a time", max_tokens=4)
+        again = client.completions.create(model="smollm", prompt="Once upon a time" + first.choices[0].text,
+                                          max_tokens=4)
+        assert again.usage.completion_tokens == 4, name
+        assert chat(client, None, max_tokens=2).usage.completion_tokens <= 2  # still serving
 
 
 @pytest.mark.slow
@@ -578,3 +782,220 @@ def test_a_model_that_does_not_load_exits_with_a_message(tmp_path):
     assert run.returncode == 2
     assert run.stderr.startswith("error: ") and "missing.gguf" in run.stderr
     assert "listening" not in run.stdout
+
+
+def test_draft_layers_past_the_model_exit_2_naming_the_flag():
+    run = subprocess.run([sys.executable, "-m", "grammar_mlx.server", "--port", "0", "--draft-layers", "100"],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("error: --draft-layers 100: the model has 30 layers"), run.stderr
+    assert "listening" not in run.stdout
+
+
+# --- faults: limits, refused bodies, shutdown, transient compile errors ------------------------------
+
+
+def sse_events(raw: bytes) -> list[str]:
+    """The `data:` payloads of an SSE stream, in order (comments such as keepalives left out)."""
+    return [block[len("data: "):] for block in raw.decode().split("\n\n") if block.startswith("data: ")]
+
+
+def raw_exchange(url: str, request: bytes) -> bytes:
+    """Send `request` on a fresh connection; the whole reply (the server closes the connection)."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+        return reply
+
+
+@pytest.mark.slow
+def test_refused_bodies_do_not_disturb_a_client_being_served(servers):
+    import openai
+
+    plain = servers["plain"]
+    client = plain.client()
+    messages = [{"role": "user", "content": "Count from one to twenty in words."}]
+    stream = client.chat.completions.create(model="smollm", messages=messages, max_tokens=24, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)  # the stream is being served from here on
+    # The embedded model's default limit is 1 MiB: a 10 MB body is refused with 413, and fast enough
+    # that the client, which sends it whole before reading, gets the answer.
+    huge = json.dumps({"messages": [{"role": "user", "content": "x " * 5_000_000}]}).encode()
+    status, headers, body = post(plain.url, huge)
+    assert status == 413 and body["error"]["code"] == "request_too_large" and "1048576" in body["error"]["message"]
+    with pytest.raises(openai.APIStatusError) as info:  # the real client, too
+        client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "x " * 5_000_000}])
+    assert info.value.status_code == 413
+    # Refused on its Content-Length alone: the answer comes before a byte of the body is sent.
+    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                    b"Content-Length: 100000000\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.0 413") or reply.startswith(b"HTTP/1.1 413")
+    status, _, body = post(plain.url, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}')
+    assert (status, body["error"]["code"]) == (400, "invalid_body") and "not UTF-8" in body["error"]["message"]
+    status, _, body = post(plain.url, b'{"messages": [{"role": "user"')
+    assert (status, body["error"]["code"]) == (400, "invalid_body") and "not valid JSON" in body["error"]["message"]
+    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                    b"2\r\n{}\r\n0\r\n\r\n")
+    assert b" 411 " in reply.split(b"\r\n")[0] and b"length_required" in reply
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, None, max_tokens=2, n=3)
+    assert (info.value.body["code"], info.value.body["param"]) == ("unsupported_parameter", "n")
+    with pytest.raises(openai.BadRequestError) as info:  # about 9000 tokens; the context is 8192
+        chat(client, None, max_tokens=2, messages=[{"role": "user", "content": "word " * 9000}])
+    error = info.value.body
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+    assert "the model's context is 8192 tokens" in error["message"]
+    rest = list(chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
+    assert rest[-1].choices[0].finish_reason in ("stop", "length")
+    # The same request alone answers the same: nothing of the refused ones leaked into it.
+    alone = chat(client, None, max_tokens=24, messages=messages)
+    assert alone.choices[0].message.content == text
+
+
+@pytest.mark.slow
+def test_sigterm_ends_requests_in_flight_with_an_error_then_done_and_exits(smollm_path):
+    import http.client
+
+    s = Server("sigterm", "--no-preload-json-object")
+    try:
+        s.wait_ready()
+        host, port = s.url.removeprefix("http://").split(":")
+
+        def start(content, max_tokens):
+            conn = http.client.HTTPConnection(host, int(port), timeout=120)
+            conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                         body=json.dumps({"messages": [{"role": "user", "content": content}], "stream": True,
+                                          "max_tokens": max_tokens}))
+            response = conn.getresponse()
+            assert response.status == 200
+            return response
+
+        streaming = start("Tell a long story about a lighthouse.", 300)
+        head = b""
+        while b'"content"' not in head:  # tokens are arriving
+            head += streaming.read1(4096)
+        # A long prompt (one prefill step of 2048 tokens takes the generation thread a while): its
+        # stream's headers come once the generation thread has taken it.
+        prefilling = start("Summarize: " + "the sea was calm and the light was on. " * 250, 5)
+        s.proc.send_signal(signal.SIGTERM)
+        for response, before in ((streaming, head), (prefilling, b"")):
+            events = sse_events(before + response.read())
+            assert events[-1] == "[DONE]", events[-3:]
+            error = json.loads(events[-2])["error"]
+            assert (error["code"], error["type"]) == ("server_shutting_down", "server_error")
+        assert s.proc.wait(30) == 0  # a bound against hanging; the server allows itself a few seconds
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def in_process(smollm_path):
+    """The server in this process (so that a test can inject faults), with small limits."""
+    import argparse
+
+    from grammar_mlx import models
+
+    pytest.importorskip("openai", reason="the openai client is a test extra")
+    parser = argparse.ArgumentParser()
+    server.add_serve_arguments(parser)
+    args = parser.parse_args(["--max-tokens", "16"])
+    model, tokenizer = models.default_model()
+    grammars = server.Grammars(server.served_vocabulary(tokenizer), server.logits_width(model))
+    provider = server.LoadedModelProvider(server.mlx_cli_args(args), model, tokenizer, model_id="smollm")
+    limits = server.ServerLimits(max_body_bytes=64 * 1024, context_length=48)
+    generator = server.GrammarResponseGenerator(provider, None, grammars, limits)
+    httpd = server.make_server("127.0.0.1", 0, generator)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    import openai
+
+    yield SimpleNamespace(url=url, grammars=grammars,
+                          client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120))
+    httpd.shutdown()
+    httpd.server_close()
+    assert generator.shutdown(30)
+
+
+@pytest.mark.slow
+def test_a_transient_compile_failure_is_not_cached(in_process, monkeypatch):
+    import openai
+
+    from grammar_mlx.errors import CompileWorkerError
+
+    real = server.compile_json_schema
+    failures = []
+
+    def compile_once_failing(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise CompileWorkerError("the compile worker died (exit -9)", exit_code=-9)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(server, "compile_json_schema", compile_once_failing)
+    schema = {"type": "object", "properties": {"transient": {"type": "boolean"}}, "required": ["transient"],
+              "additionalProperties": False}
+    short = [{"role": "user", "content": "Is it?"}]  # the in-process context is small
+    with pytest.raises(openai.InternalServerError) as info:
+        chat(in_process.client, schema_format(schema), max_tokens=14, messages=short)
+    assert info.value.status_code == 503 and info.value.body["code"] == "compile_worker_failed"
+    reply = chat(in_process.client, schema_format(schema), max_tokens=14, messages=short)  # compiled again
+    assert json.loads(reply.choices[0].message.content).keys() == {"transient"}
+
+
+@pytest.mark.slow
+def test_a_request_waiting_to_start_is_refused_once_the_server_stops(smollm_path):
+    # mlx-lm answers any exception from generate() as a 404; this one must reach the handler as a 503.
+    import argparse
+
+    from mlx_lm import server as mlx_server
+
+    from grammar_mlx import models
+
+    parser = argparse.ArgumentParser()
+    server.add_serve_arguments(parser)
+    model, tokenizer = models.default_model()
+    provider = server.LoadedModelProvider(server.mlx_cli_args(parser.parse_args([])), model, tokenizer, model_id="m")
+    generator = server.GrammarResponseGenerator(provider, None, grammars=None)
+    try:
+        generator.closing.set()
+        request = mlx_server.CompletionRequest("text", "hi", [], None, None)
+        args = mlx_server.GenerationArguments(
+            model=server._SERVED, sampling=mlx_server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.1),
+            logits=mlx_server.LogitsProcessorArguments(None, 0.0, 20, 0.0, 20, 0.0, 20), stop_words=[], max_tokens=1,
+            num_draft_tokens=3, logprobs=False, top_logprobs=-1, seed=None, chat_template_kwargs=None)
+        with pytest.raises(server._Refused) as info:
+            generator.generate(request, args)
+        assert not isinstance(info.value, Exception)
+        assert error_response(info.value.error)[0] == 503
+        assert info.value.error.code == "server_shutting_down"
+    finally:
+        assert generator.shutdown(30)
+
+
+@pytest.mark.slow
+def test_in_process_limits_body_and_context(in_process):
+    import openai
+
+    client = in_process.client
+    with pytest.raises(openai.APIStatusError) as info:
+        chat(client, None, messages=[{"role": "user", "content": "y" * 70_000}])
+    assert info.value.status_code == 413 and "65536 bytes" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, None, max_tokens=10, messages=[{"role": "user", "content": "word " * 8}])  # 39 + 10 > 48
+    assert info.value.body["param"] == "max_tokens" and "context is 48 tokens" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, None, messages=[{"role": "user", "content": "word " * 20}])
+    assert info.value.body["param"] == "messages" and "the prompt is 51 tokens" in info.value.body["message"]
+    # Without an explicit budget, the default (16) shrinks to what the context leaves (the regex
+    # keeps the model from stopping before it).
+    reply = client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "word " * 8}],
+                                           extra_body={"response_format": {"type": "regex", "regex": "[0-9]{40}"}})
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens == 48
+    assert reply.usage.completion_tokens < 16 and reply.choices[0].finish_reason == "length"
