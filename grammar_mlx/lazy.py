@@ -49,7 +49,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 
 import numpy as np

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -175,8 +173,6 @@ def brute_force(regex: str, tokens: list[bytes], width: int):
 def test_rows_are_exactly_the_tokens_with_a_way_forward(tokens, regex, mode, engine):
     vocab = Vocabulary((*tokens, None), (len(tokens),), "byte-level")
     eos = len(tokens)
-    if engine == "auto" and mode == "eager":
-        engine = "auto"  # the NFA's DFA when small, turned into tables
     dfa, step, live = brute_force(regex, tokens, len(tokens))
     if dfa.initial not in live:
         with pytest.raises(VocabularyMismatchError):
