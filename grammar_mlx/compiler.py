@@ -70,7 +70,7 @@ from .errors import (
     InvalidRegexError,
     VocabularyMismatchError,
 )
-from .byte_nfa import LazyDFA, Unsupported, build_nfa
+from .byte_nfa import LazyDFA, Unsupported, build_nfa, check_syntax
 from .lazy import LazyIndex
 from .limits import Deadline, deadline_scope
 from .token_index import ByteDFA, TokenTrie
@@ -837,6 +837,10 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
             "(GRAMMAR_MLX_MAX_REGEX_LENGTH)")
     vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
+    if mode == "eager" or engine == "outlines":
+        # The NFA engine's parser checks syntax on its way; outlines-core's wrapping (?:R)\x00 would
+        # balance a stray ")(" and build a DFA for a regex that is not one.
+        check_syntax(regex)
     key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": regex,
                    "vocab": vocab.fingerprint, "width": width, "eos": eos})
     # The live memo hands out the very object: its key holds everything the object is, beyond the

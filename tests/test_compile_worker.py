@@ -218,7 +218,7 @@ def test_a_worker_dies_with_its_parent_mid_build(tmp_path):
         f"sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
         "from grammar_mlx import Vocabulary, compile_regex\n"
         "v = Vocabulary((b'a', b'b', None), (2,), 'byte-level')\n"
-        f"threading.Thread(target=compile_regex, args=({EXPLODING!r}, v), kwargs={{'use_cache': False}}).start()\n"
+        f"threading.Thread(target=compile_regex, args=({EXPLODING!r}, v), kwargs={{'use_cache': False, 'engine': 'outlines'}}).start()\n"
         "print('building', flush=True)\n"
         "time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
