@@ -73,6 +73,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _cache_line(report: dict) -> str:
+    where = report["cache_dir"]
+    if report["cache_hit"]:
+        return f"hit in {where}"
+    written = report.get("cache_written")
+    if written is None:
+        on_demand = report["mode"] == "lazy" and report["engine"] == "nfa"
+        return "not used" + (": the byte NFA is built in-process, nothing is cached" if on_demand else "")
+    return f"miss, written in {where}" if written else f"miss; could not write in {where} (see the warning above)"
+
+
 def _add_grammar_options(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--schema", metavar="FILE", help="JSON Schema file ('-' reads stdin)")
@@ -379,6 +390,7 @@ def compile_report(grammar: Any) -> dict:
         "nbytes": int(grammar.nbytes),
         "compile_seconds": round(float(s.get("compile_seconds") or 0.0), 3),
         "cache_hit": s.get("cache_hit"),
+        "cache_written": s.get("cache_written"),
         "unenforced": [{"keyword": u.keyword, "pointer": u.pointer, "reason": u.reason} for u in grammar.unenforced],
     }
     if lazy:
@@ -434,7 +446,7 @@ def _report_text(report: dict) -> str:
         ]
     rows += [
         ("compile time", f"{report['compile_seconds']:.2f} s"),
-        ("cache", ("hit" if report["cache_hit"] else "miss, written") + f" in {report['cache_dir']}"),
+        ("cache", _cache_line(report)),
     ]
     if report["unenforced"]:
         for i, u in enumerate(report["unenforced"]):

@@ -903,14 +903,14 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
             built = jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)))
             if not _valid(built[0], built[1], width):
                 raise CompileWorkerError("the compile worker returned token tables that fail their checks")
-            if directory is not None:
-                cache.store(directory, key, *built)
-            grammar = _eager(built, vocab, common, started, cache_hit=False,
+            written = cache.store(directory, key, *built) if directory is not None else None
+            grammar = _eager(built, vocab, common, started, cache_hit=False, cache_written=written,
                              dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason, engine=built_by)
         else:
             growing = built_by == "nfa"  # an on-demand DFA has no final state count
             stats = {
                 "mode": "lazy", "engine": built_by, "mode_reason": reason, "cache_hit": dfa_hit,
+                "cache_written": dfa_meta.get("cache_written"),
                 "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
                 "index_seconds": None, "byte_states": None if growing else dfa.num_states, **nfa_meta,
             }
@@ -923,13 +923,15 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
     return grammar
 
 
-def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason, engine=None) -> EagerGrammar:
+def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason, engine=None,
+           cache_written=None) -> EagerGrammar:
     arrays, meta = loaded
     stats = {
         "mode": "eager",
         "engine": engine,  # the engine that built the byte DFA, when this compile built it
         "mode_reason": reason,
         "cache_hit": cache_hit,
+        "cache_written": cache_written,  # True / False (could not write: logged) / None (nothing to write)
         "compile_seconds": time.perf_counter() - started,
         "dfa_seconds": dfa_seconds,
         "index_seconds": meta.get("index_seconds"),
@@ -994,9 +996,9 @@ def _byte_dfa(regex: str, directory: Path | None, jobs: "_Jobs", build: bool = T
         loaded = jobs.run("dfa", {"regex": regex, "max_states": MAX_DFA_STATES}, None)
         if not _valid_dfa(*loaded):
             raise CompileWorkerError("the compile worker returned a byte automaton that fails its checks")
-        if directory is not None:
-            cache.store(directory, key, *loaded)
+        written = cache.store(directory, key, *loaded) if directory is not None else None
     arrays, meta = loaded
+    meta = {**meta, "cache_written": None if hit else written}
     return ByteDFA(arrays["table"], arrays["accepting"], meta["initial_state"], arrays["classes"]), meta, hit
 
 

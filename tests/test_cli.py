@@ -241,6 +241,24 @@ def test_compile_reports_what_a_lazy_grammar_holds_and_eager_gives_complete_tabl
     assert report["states"] > 0 and report["nbytes"] >= report["mask_bytes"]
 
 
+def test_compile_says_what_became_of_the_cache(capsys, tmp_path, monkeypatch, qwen_tokenizer):
+    import grammar_mlx.cli as cli
+
+    monkeypatch.setattr(cli, "_tokenizer_and_width", lambda args: (qwen_tokenizer, 151_936))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a cache directory under a regular file: nothing can be written there
+    for regex, cache_dir, mode, line in (
+            ("(yes|no|maybe)", str(tmp_path / "cache"), "eager", "miss, written in"),
+            ("(yes|no|maybe)", str(tmp_path / "cache"), "eager", "hit in"),
+            ("(yes|no|maybe)", str(blocked / "cache"), "eager", "could not write"),
+            ("[a-z]{1,30}", str(tmp_path / "cache"), "lazy", "not used: the byte NFA is built in-process")):
+        code, out, err = run_main(capsys, "compile", "--regex", regex, "--cache-dir", cache_dir,
+                                  "--mode", mode, "--no-progress")
+        assert code == 0, err
+        lines = dict(row.split("  ", 1) for row in out.splitlines() if "  " in row)
+        assert line in lines["cache"], (cache_dir, mode, lines["cache"])
+
+
 class _Recorder:
     """A stdout that writes through to `target` and records, for each write, how many forward
     passes the model had run by then."""
