@@ -4,9 +4,10 @@ outlines-core builds its automata in Rust without a way to interrupt it, and pat
 (huge alternations, counted repetitions of wide classes) run for minutes or eat all memory; an eager
 table build walks every state. So both run here, in a separate process that the parent can kill at
 its deadline, under a memory limit, while the parent stays responsive. This file imports only numpy,
-outlines-core and one plain sibling module (token_index) — no mlx, no grammar_mlx — so the worker
-starts in ~0.1 s; the parent runs it as a script. It touches no file: results go back over the pipe,
-and the parent alone reads and writes the on-disk cache (which may be missing, read-only or full).
+outlines-core and plain sibling modules (token_index, and the errors module it imports) — no mlx,
+not the grammar_mlx package — so the worker starts fast; the parent runs it as a script. It touches
+no file: results go back over the pipe, and the parent alone reads and writes the on-disk cache
+(which may be missing, read-only or full).
 
 Protocol over stdin/stdout: length-prefixed pickles. Parent → worker: `("vocab", fingerprint,
 trie_arrays, width)` once per vocabulary (eager jobs only), then `("dfa", job)` or `("tables", job)`.

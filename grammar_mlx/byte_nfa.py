@@ -11,18 +11,23 @@ full match, every character class a set of Unicode scalar values matched as its 
 never matches: it is the compile sentinel of the outlines-core path (tokens holding it are never
 allowed), so both engines give the same rows. Classes that need Unicode tables (`\\d`, `\\w`,
 `\\s`, `\\p{..}`, alone or inside brackets) take their bytes from regex-automata itself: the class
-alone is compiled by outlines-core (milliseconds, in-process) and its byte DFA spliced in, so the
-tables are regex-automata's, not Python's (`_oracle_template`). Whatever this module does not
-reproduce exactly — flags, anchors and look-around, nested or set-operation classes, `{,n}`, octal,
-a class left empty (e.g. only NUL) — raises `Unsupported`, and the compiler falls back to
-outlines-core's DFA (its `stats` `mode_reason` says so). An invalid regex raises `InvalidRegexError`
-naming the problem and its position, whether or not it also uses such constructs (`parse`).
+alone is compiled by outlines-core (in-process) and its byte DFA spliced in, so the tables are
+regex-automata's, not Python's (`_oracle_template`). Whatever this module does not reproduce
+exactly — flags, anchors and look-around, nested or set-operation classes, NUL in a literal, a
+class left empty (e.g. only NUL), nesting past Python's recursion limit — raises `Unsupported`, and
+the compiler falls back to outlines-core's DFA (its `stats` `mode_reason` says so). An invalid
+regex raises `InvalidRegexError` naming the problem and its position, whether or not it also uses
+such constructs (`parse`; `check_syntax` for the paths that skip the NFA). What outlines-core's
+regex parser refuses is an `InvalidRegexError` here too: `{,n}`, octal escapes, back-references,
+`{n,m}` with n > m, an unbalanced parenthesis, ...
 
-Limits: `MAX_NFA_STATES` NFA states (`GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions included) and
-`max_states` DFA states per automaton (the compiler passes `MAX_DFA_STATES`); each raises
-`GrammarTooLargeError`. DFA states are never discarded: their ids are held by the processors using
-the grammar (unlike regex-automata's hybrid cache, which may clear itself), so the cap is a typed
-error, raised by the first visit that would pass it.
+Limits: `max_states` NFA states (`build_nfa`; the compiler passes its `MAX_NFA_STATES`,
+`GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions included) and `max_states` DFA states per
+automaton (`LazyDFA`; the compiler passes `MAX_DFA_STATES`); each raises `GrammarTooLargeError`.
+Parsing, building and the liveness pass check the compile deadline in force (`limits`) and raise
+`CompileTimeoutError` once it passes. DFA states are never discarded: their ids are held by the
+processors using the grammar (unlike regex-automata's hybrid cache, which may clear itself), so the
+cap is a typed error, raised by the first visit that would pass it.
 
 The table layout matches `token_index.ByteDFA` (one int32 per state and byte class, dead state
 looping to itself) with two differences a walk must know (`lazy = True`): the dead state is 0, and
@@ -34,9 +39,11 @@ says whether some string of those bytes leads from DFA state q to acceptance. De
 NFA level, without determinizing: a DFA state is such a set of NFA states, so it is live iff one of
 them is, and the NFA states that reach the match over the alphabet are one backward pass over the
 NFA (`_nfa_liveness`, once per grammar). Every NFA state reaches the match over all text bytes (a
-class left empty is `Unsupported`), so where every edge's byte range holds a byte of the alphabet — JSON
-grammars with any real vocabulary — every state is live (`all_live`) and the pass is skipped.
-(Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not count.)
+class left empty is `Unsupported`), so where every edge's byte range holds a byte of the alphabet
+— JSON grammars with any real vocabulary — every state is live (`all_live`) and the pass is
+skipped. (Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not count.)
+A state that is not live over single bytes may still be live over longer tokens: `lazy.LazyIndex`
+decides those.
 """
 
 from __future__ import annotations

@@ -1,17 +1,22 @@
-"""On-disk cache of compiled tables: one self-checking file per grammar.
+"""On-disk cache of compiled automata: one self-checking file per entry.
+
+The compiler keeps two kinds of entries here: outlines-core's byte DFA of a regex, and an eager
+grammar's complete tables. Only the compiling process reads and writes them; compile workers send
+their results back over their pipe and touch no file.
 
 Layout of a file: `MAGIC`, a little-endian u32 header length, a JSON header, then the arrays, each
 aligned to 64 bytes. The header names the cache key, each array's dtype/shape/offset, free-form
 metadata and a CRC-32 of everything after the header. A file is used only when its magic, key and
 CRC all match and its arrays have the declared sizes; anything else is treated as absent, so a
-corrupt, truncated or foreign file is rebuilt, never trusted. Writes go to a temporary file in the
-same directory and are renamed into place, so readers never see half a file.
+corrupt, truncated or foreign file is rebuilt, never trusted. Files are read into memory, not
+mapped. Writes go to a temporary file in the same directory and are renamed into place, so readers
+never see half a file.
 
 The cache is an optimization, never a requirement: `load` and `store` never raise and never block.
-A path that is not a regular file (a FIFO, a directory, a device, a symbolic link) is absent; a
-directory that cannot be read or written (read-only, full, permissions, a file where a directory
-should be) is logged once per directory and kind of failure (logger `grammar_mlx.cache`), and the
-compile goes on without it.
+A path that is not a regular file (a FIFO, a directory, a device, a symbolic link: opened with
+`O_NONBLOCK | O_NOFOLLOW`) is treated as absent; that, and a directory that cannot be read or
+written (read-only, full, permissions, a file where a directory should be), is logged once per
+directory and kind of failure (logger `grammar_mlx.cache`), and the compile goes on without it.
 """
 
 from __future__ import annotations

@@ -2,10 +2,16 @@
 
 Which failures are facts about the input and which are accidents of one attempt matters to anyone
 who caches results (the server's grammar cache, a caller's own memo): `transient` is False for the
-first kind (an invalid schema, an empty language, a grammar over a size rule: the same input fails
-the same way every time, so the error may be cached) and True for the second (a compile worker that
-was killed or crashed, a deadline that passed on a loaded machine: retrying may succeed, so such an
-error must never be cached).
+first kind (an invalid schema or regex, an empty language, a grammar over a size rule: the same
+input fails the same way every time, so the error may be cached) and True for the second, where
+retrying may succeed, so such an error must never be cached:
+
+- `CompileTimeoutError`: the compile's deadline passed (a loaded machine may finish in time);
+- `CompileWorkerError`: a compile worker could not start, or died or misbehaved (also on its one
+  retry) for a reason outside the grammar;
+- `ServerUnavailableError`: the server is shutting down, or its generation thread died.
+
+Argument mistakes are `InvalidArgumentError` (a `ValueError`, like the errors about the input).
 """
 
 from __future__ import annotations
@@ -59,7 +65,9 @@ class TokenizerError(GrammarError, ValueError):
 
 
 class GrammarTooLargeError(GrammarError, ValueError):
-    """The grammar exceeds a documented size limit (see `grammar_mlx.limits`)."""
+    """The grammar exceeds a documented size limit (`grammar_mlx.compiler`'s module docstring lists
+    them; the schema translator's are in `grammar_mlx.schema`), or a compile worker ran out of its
+    memory limit."""
 
 
 class CompileTimeoutError(GrammarTooLargeError):

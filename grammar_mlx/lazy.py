@@ -2,11 +2,10 @@
 
 Compiling a lazy grammar builds only a byte-level automaton: outlines-core's complete DFA
 (`token_index.ByteDFA`) or the byte NFA's DFA determinized on demand (`byte_nfa.LazyDFA`, which
-computes the DFA rows a walk needs as it goes). The first time a
-state is asked for (`row`, `mask_row`), its token row is walked over the vocabulary's trie
-(`token_index.walk`: ~0.1 ms for a restrictive state, a few ms when nearly every token is allowed,
-at V = 151,936) and kept; its mask is packed, deduplicated against the rows seen so far and appended
-to the mask table. A generation visits a small fraction of the states, so it pays for those only.
+computes the DFA rows a walk needs as it goes). The first time a state is asked for (`row`,
+`mask_row`), its token row is walked over the vocabulary's trie (`token_index.walk`) and kept; its
+mask is packed, deduplicated against the rows seen so far and appended to the mask table. A
+generation visits a small fraction of the states, so it pays for those only.
 
 Exact for every vocabulary: a token is allowed iff its bytes lead to a state from which *tokens of
 this vocabulary* can reach acceptance (a state is "live"), so every state a generation reaches has a
@@ -17,9 +16,11 @@ row walk meets:
   JSON grammars with real vocabularies (then nothing below runs);
 - any other state is searched breadth-first over its token successors (raw walks, memoized) until a
   live one is met (live: so is every state on the path), or none is left (dead: so are all states
-  searched), or `liveness_walks` row walks were spent (`GRAMMAR_MLX_LIVENESS_WALKS`): then it counts
-  as dead. That only narrows a row (stats `liveness_undecided`): a mask never admits a dead end, and
-  a state's verdict never changes, so a row recomputed after eviction equals its mask.
+  searched), or `liveness_walks` row walks were spent (`GRAMMAR_MLX_LIVENESS_WALKS`, 256): then it
+  counts as dead. That only narrows a row (stats `liveness_undecided`): a mask never admits a dead
+  end, and a state's verdict never changes, so a row recomputed after eviction equals its mask.
+  Stats `liveness_searches`, `liveness_walks` and `dead_end_tokens` (tokens dropped from rows) say
+  what it cost.
 The initial state must be live: `check_initial` raises `VocabularyMismatchError` otherwise.
 
 Memory bounds (per grammar, overridable):
@@ -27,8 +28,8 @@ Memory bounds (per grammar, overridable):
   `max_row_bytes` (`GRAMMAR_MLX_LAZY_ROW_BYTES`, 256 MiB); past it, rows not used since the last
   sweep are dropped (second-chance clock) and recomputed on their next visit;
 - mask rows are append-only (their ids are handed out to the processor) up to `max_mask_bytes`
-  (`GRAMMAR_MLX_LAZY_MASK_BYTES`, 1 GiB: ~55,000 distinct masks at V = 151,936); one more distinct
-  mask raises `GrammarTooLargeError`.
+  (`GRAMMAR_MLX_LAZY_MASK_BYTES`, 1 GiB: about 56,000 distinct masks at V = 151,936); one more
+  distinct mask raises `GrammarTooLargeError`.
 `nbytes` counts everything the index holds (see it); the vocabulary's trie is shared and not counted.
 
 Threads: one grammar serves concurrent requests. Reads of filled states take no lock; a fill runs
@@ -38,9 +39,9 @@ The mask table the kernels read (`device_masks()`) is one `mx.array` with room f
 it holds: a new row is written into it in place (through a numpy view of its memory,
 `kernels.shared_array`) before its id is handed out, and a full table is copied once into one of
 twice the rows, so a generation makes O(log U) tables for U distinct masks (`stats["table_copies"]`)
-and the kernels' per-table caches stay valid (kernels.py, "Mask layout", states the rule). Where numpy
-cannot write into an MLX array's memory (`kernels.shared_array` returns None), the table is copied
-for each new row instead.
+and the kernels' per-table caches stay valid (kernels.py, "Mask layout", states the rule). Where
+numpy cannot write into an MLX array's memory (`kernels.shared_array` returns None), the table is
+copied for each new row instead.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""JSON Schema -> the regex outlines-core compiles, with a report of what it does not enforce.
+"""JSON Schema -> the regex of its valid JSON texts, with a report of what that regex does not enforce.
 
     >>> r = schema_to_regex({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}}})
     >>> r.regex, r.unenforced          # ('\\{(?:"a":[1-9][0-9]*)?\\}', ())
@@ -47,8 +47,9 @@ is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]
 Narrowings (valid documents the regex leaves out; outputs stay valid):
 - absent `additionalProperties` next to `properties`/`patternProperties` admits no other keys (an
   explicit `true` or schema does; a bare `{"type": "object"}` admits any);
-- recursive `$ref`s unroll `max_recursion_depth` times, lowered as far as needed to fit
-  MAX_REGEX_LENGTH; generic values (`{}`, `true`) nest at most min(that, MAX_ANY_DEPTH) containers;
+- recursive `$ref`s unroll `max_recursion_depth` times (default 3; 0 to MAX_NESTING = 80, else
+  `InvalidArgumentError`), lowered as far as needed to fit MAX_REGEX_LENGTH; generic values (`{}`,
+  `true`) nest at most min(that, MAX_ANY_DEPTH = 2) containers;
 - objects with many optional properties before the first required one must start with one of the
   first few (`schema_objects.MAX_FIRST_CHOICE_COST`; outlines-core does not minimize its DFA, and
   every allowed first property repeats the rest of the object); if the regex is still too large,
@@ -70,11 +71,12 @@ keywords and unknown `format`s constrain nothing (JSON Schema's rule) and are no
 Inputs no JSON document holds raise `InvalidSchemaError` naming where (a JSON pointer): NaN and
 Infinity (JSON text such as `1e400` reads as Infinity), integers over MAX_INTEGER_DIGITS digits, lone
 surrogates in strings or keys (not Unicode: no UTF-8 encoding), non-string keys, Python values of
-other types. A document nesting objects and arrays more than MAX_SCHEMA_DEPTH levels (const/enum
-values included) raises `GrammarTooLargeError`, as does a schema the translator cannot follow within
-Python's recursion limit (a long `$ref` chain). Translation checks the compile deadline in force
-(`grammar_mlx.limits.deadline_scope`; `compile_json_schema` sets it) at every step and raises
-`CompileTimeoutError` once it passes; it takes time linear in the schema's size.
+other types. A document nesting objects and arrays more than MAX_SCHEMA_DEPTH (100) levels
+(const/enum values included) raises `GrammarTooLargeError`, as does a schema the translator cannot
+follow within Python's recursion limit (a long `$ref` chain). Translation checks the compile
+deadline in force (`grammar_mlx.limits.deadline_scope`; `compile_json_schema` sets it) at every
+step and raises `CompileTimeoutError` once it passes; it takes time linear in the schema's size
+(`bench/schema_scaling.py`).
 """
 
 from __future__ import annotations

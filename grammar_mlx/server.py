@@ -28,9 +28,10 @@ per-request `draft_model` are refused (400).
   (a JSON list of `[keyword, pointer]`) and the server logs them. Unlike OpenAI's strict mode, no
   `additionalProperties: false` or all-required rule is imposed: the schema means what it says.
 - `{"type": "json_object"}`: any JSON object, i.e. the schema `{"type": "object"}`: member values nest
-  arrays and objects at most 3 levels deep (`schema_to_regex`'s `max_recursion_depth`), a bound on
-  depth that every output still satisfies. The prompt need not mention JSON. This grammar is compiled
-  in the background at start (`--no-preload-json-object` skips that).
+  arrays and objects at most 2 levels deep (`grammar_mlx.schema`'s bound on generic values,
+  `MAX_ANY_DEPTH`), a bound on depth that every output still satisfies. The prompt need not
+  mention JSON. This grammar is compiled in the background at start (`--no-preload-json-object`
+  skips that).
 - Extension `{"type": "regex", "regex": "..."}`: the whole output matches the regex (outlines-core /
   Rust regex syntax, full match).
 - Extension `"whitespace": "<regex>"`, inside `json_schema` or beside `"type": "json_object"`: a
@@ -68,10 +69,12 @@ Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; `ty
 
 - 400 `invalid_response_format` (malformed `response_format`, unsupported request field),
   `invalid_schema`, `unsupported_schema_keyword` (with `keyword` and `pointer`), `invalid_regex` (with
-  `position`), `empty_grammar`, `grammar_too_large` (a size rule), `compile_timeout`
-  (`--compile-timeout` passed; not cached, a retry may succeed), `vocabulary_mismatch`,
-  `invalid_argument`, `invalid_body`, `invalid_prompt`, `unsupported_parameter`,
-  `context_length_exceeded`; 408 `request_timeout`; 411 `length_required`; 413 `request_too_large`.
+  `position`), `empty_grammar`, `grammar_too_large` (a size rule), `compile_timeout` (the whole
+  compile, schema translation included, passed `--compile-timeout`; not cached, a retry may
+  succeed), `vocabulary_mismatch`, `invalid_argument`, `invalid_body`, `invalid_prompt`,
+  `unsupported_parameter`, `context_length_exceeded`, `invalid_request` (a request nested too deeply
+  to process); 404 `not_found` (POST to another path); 408 `request_timeout`; 411
+  `length_required`; 413 `request_too_large`.
 - 503 `compile_worker_failed` (a compile worker died or misbehaved, even after a retry),
   `server_shutting_down`, `generation_unavailable` (the generation thread died): transient, retry.
 - 500 for failures that are bugs or broken installs, never the request's fault: `tokenizer_error`,
@@ -87,15 +90,18 @@ SIGTERM or SIGINT stops the server within a few seconds (`SHUTDOWN_GRACE_SECONDS
 requests in flight: each ends with a 503 `server_shutting_down` (streamed: the error event, then
 `[DONE]`); a prompt still being processed is not waited for. The process exits with status 0.
 
-Grammars are compiled in the request's own handler thread (other requests keep decoding; the compile
-runs in `grammar_mlx.compiler`'s worker processes) and kept in a `GrammarCache`: least recently used
-out, bounded in entries and bytes (`--grammar-cache-entries`, `--grammar-cache-mb`, measured by each
-grammar's `nbytes`), keyed by (kind, schema as compact JSON with its key order kept - order is
-meaningful, it orders the output -, strict, whitespace). Concurrent requests for the same new grammar
-wait for one compile. A compile error that is a fact about the grammar (invalid, empty, over a size
-rule) is cached too; a transient one (`GrammarError.transient`: a compile worker that died, a
-deadline) is not: the next request compiles again. Tables also persist in the on-disk cache
-(`--cache-dir`, default `GRAMMAR_MLX_CACHE_DIR`).
+Grammars are compiled in the request's own handler thread, so other requests keep decoding (the
+schema's translation and the byte NFA run there, outlines-core's DFA and eager tables in
+`grammar_mlx.compiler`'s worker processes; a lazy grammar's rows are computed as generation visits
+its states), and kept in a `GrammarCache`: least recently used out, bounded in entries and bytes
+(`--grammar-cache-entries`, `--grammar-cache-mb`, measured by each grammar's `nbytes`), keyed by
+(kind, schema as compact JSON with its key order kept - order is meaningful, it orders the output -,
+strict, whitespace). Concurrent requests for the same new grammar wait for one compile. A compile
+error that is a fact about the grammar (invalid, empty, over a size rule) is cached too; a transient
+one (`GrammarError.transient`: a compile worker that died, a deadline) is not: the next request
+compiles again. What the compiler caches on disk (eager tables, outlines-core's byte DFAs) goes to
+`--cache-dir` (default `$GRAMMAR_MLX_CACHE_DIR` or `~/.cache/grammar_mlx`); a cache directory that
+cannot be used is logged once and skipped, never an error.
 
 Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm decodes concurrent
 requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them

@@ -1,22 +1,24 @@
 """Token transitions of a byte-level DFA, one state at a time, vectorized over the vocabulary.
 
 A grammar is compiled to a DFA over UTF-8 bytes (`ByteDFA`, built by outlines-core from a vocabulary
-of the 256 single bytes: milliseconds for most schemas, where its eager token index takes seconds; or
-`byte_nfa.LazyDFA`, determinized on demand: `walk` computes the rows it meets, a batch per trie
-level, in numpy or MLX alike). The token-level
-automaton then follows by definition: from byte state `q`, token `t` is allowed iff walking its bytes
-from `q` never reaches the dead state, and it leads to the state where the walk ends. This is exactly
-outlines-core's token semantics (its eager `Index` walks each token's bytes through the same DFA), so
-`walk(trie, dfa, q)` reproduces one row of the eager index, for any state, on demand.
+of the 256 single bytes, which is far cheaper than its eager token index; or `byte_nfa.LazyDFA`,
+determinized on demand: `walk` computes the rows it meets, a batch per trie level, in numpy or MLX
+alike). The token-level automaton then follows by definition: from byte state `q`, token `t` is
+allowed iff walking its bytes from `q` never reaches the dead state, and it leads to the state where
+the walk ends. This is exactly outlines-core's token semantics (its eager `Index` walks each token's
+bytes through the same DFA), so `walk(trie, dfa, q)` reproduces one row of the eager index, for any
+state, on demand. That raw row may still hold tokens into dead ends (states from which this
+vocabulary's tokens cannot reach acceptance, when it lacks some single bytes): the grammar drops
+them (`lazy.LazyIndex`, and `_compile_worker.build_tables` for eager tables).
 
 The walk is vectorized over the vocabulary's token trie (`TokenTrie`), stored level by level:
 level j holds the distinct token prefixes of j+1 bytes, in lexicographic order, so the children of a
-node are a contiguous range of the next level. A walk starts *sparse* (only live nodes, expanding
-the children of live nodes level by level: dead branches cost nothing, which makes a restrictive
-state such as "after `{`" cost ~0.1 ms) and turns *dense* at the first level where most nodes are
-alive (every node of the level in one gather, no compaction: an "inside a string" state, where almost
-every token is allowed, costs ~2 ms at V = 151,936 with numpy). `walk_mlx` runs the dense levels as
-MLX ops, for a GPU.
+node are a contiguous range of the next level. A walk starts *sparse* (only the nodes whose bytes
+have not reached the dead state, expanding their children level by level: dead branches cost
+nothing, so a restrictive state such as "after `{`" is cheap) and turns *dense* at the first level
+where most nodes are still alive (every node of the level in one gather, no compaction: an "inside
+a string" state, where almost every token is allowed). `walk_mlx` runs the dense levels as MLX
+ops, for a GPU. `bench/compile.py` measures a state's first visit.
 
 This module imports only numpy (MLX lazily, in `walk_mlx`) and, of grammar_mlx, the dependency-free
 errors module, so the compile worker loads it as a plain sibling file.
