@@ -136,13 +136,10 @@ def build_dfa(regex: str, max_states: int, byte_vocab=None) -> token_index.ByteD
     return token_index.ByteDFA.from_transitions(transitions, index.get_initial_state(), index.get_final_states())
 
 
-def check_language(dfa: token_index.ByteDFA) -> bool:
-    """EmptyLanguageError unless some text (any bytes but NUL) is accepted; returns whether every
-    state that does not accept has an edge on some text byte (kept in the DFA's metadata; no longer
-    needed to choose a mode, since both modes prune dead ends for any vocabulary)."""
+def check_language(dfa: token_index.ByteDFA) -> None:
+    """EmptyLanguageError unless some text (any bytes but NUL) is accepted."""
     if not dfa.accepts_text():
         raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
-    return not bool(dfa.stuck(range(1, 256)).any())
 
 
 def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
@@ -290,9 +287,8 @@ def run_job(kind: str, job: dict, tries: dict, byte_vocab, progress) -> tuple[di
     started = time.perf_counter()
     if kind == "dfa":
         dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
-        no_stuck_state = check_language(dfa)
+        check_language(dfa)
         arrays, meta = dfa_arrays(dfa)
-        meta["no_stuck_state"] = no_stuck_state
         meta["dfa_seconds"] = time.perf_counter() - started
     else:
         dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"], job["classes"])

@@ -21,7 +21,7 @@ such constructs (`parse`; `check_syntax` for the paths that skip the NFA). What 
 regex parser refuses is an `InvalidRegexError` here too: `{,n}`, octal escapes, back-references,
 `{n,m}` with n > m, an unbalanced parenthesis, ...
 
-Limits: `max_states` NFA states (`build_nfa`; the compiler passes its `MAX_NFA_STATES`,
+Limits: `max_states` NFA states (`build_nfa`; default and the compiler's: `limits.MAX_NFA_STATES`,
 `GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions included) and `max_states` DFA states per
 automaton (`LazyDFA`; the compiler passes `MAX_DFA_STATES`); each raises `GrammarTooLargeError`.
 Parsing, building and the liveness pass check the compile deadline in force (`limits`) and raise
@@ -48,7 +48,6 @@ decides those.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
@@ -57,9 +56,8 @@ from array import array
 import numpy as np
 
 from .errors import GrammarTooLargeError, InvalidArgumentError, InvalidRegexError
-from .limits import check_deadline
+from .limits import MAX_NFA_STATES, check_deadline
 
-MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 4_000_000))
 UNKNOWN = -1
 NFA_STATE_BYTES = 260  # per NFA state, as CPython stores its lists and tuples (measured with tracemalloc)
 DICT_SLOT_BYTES = 72  # a dict entry at its worst load: hash index, (hash, key, value) entry, overallocation

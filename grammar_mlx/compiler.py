@@ -93,13 +93,12 @@ from .errors import (
 )
 from .byte_nfa import LazyDFA, Unsupported, build_nfa, check_syntax
 from .lazy import LazyIndex
-from .limits import Deadline, deadline_scope
+from .limits import MAX_NFA_STATES, Deadline, deadline_scope
 from .token_index import ByteDFA, TokenTrie
 from .vocabulary import Vocabulary, vocabulary_of
 
 MAX_REGEX_LENGTH = int(os.environ.get("GRAMMAR_MLX_MAX_REGEX_LENGTH", 1_000_000))
 MAX_DFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_DFA_STATES", 250_000))
-MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 1_000_000))
 DEFAULT_TIMEOUT = float(os.environ.get("GRAMMAR_MLX_COMPILE_TIMEOUT", 60))
 DEFAULT_MEMORY_LIMIT = int(os.environ.get("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30))
 AUTO_EAGER_MAX_STATES = int(os.environ.get("GRAMMAR_MLX_AUTO_EAGER_STATES", 8))
@@ -144,7 +143,7 @@ class CompiledGrammar:
 
     def _check_state(self, state: int) -> None:
         if not 0 <= state < self.num_states:
-            raise GrammarError(f"state {state} is out of range 0..{self.num_states - 1}")
+            raise InvalidArgumentError(f"state {state} is out of range 0..{self.num_states - 1}")
 
     @property
     def stats(self) -> dict:
@@ -894,7 +893,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
             if cached is not None:
                 dfa, dfa_meta, dfa_hit = cached
                 built_by = "outlines"
-                chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
+                chosen, reason = _choose_mode(mode, dfa)
                 reason += "; engine outlines-core: its byte DFA is in the cache"
         if dfa is None and mode != "eager" and engine != "outlines":
             lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
@@ -912,7 +911,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
         if dfa is None:
             dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, jobs)
             built_by = "outlines"
-            chosen, reason = _choose_mode(mode, dfa, dfa_meta, trie)
+            chosen, reason = _choose_mode(mode, dfa)
             if engine == "outlines":
                 reason += "; engine outlines-core (requested)"
             elif engine_note and mode != "eager":
@@ -995,7 +994,7 @@ def _complete_if_small(dfa: LazyDFA, limit: int) -> ByteDFA | None:
     return None if dfa.num_states - 1 > limit else dfa.to_byte_dfa()
 
 
-def _choose_mode(requested: str, dfa: ByteDFA, dfa_meta: dict, trie: TokenTrie) -> tuple[str, str]:
+def _choose_mode(requested: str, dfa: ByteDFA) -> tuple[str, str]:
     # Both modes are exact for every vocabulary (dead ends pruned: lazy.py, _compile_worker.build_tables),
     # so only the cost decides.
     if requested != "auto":

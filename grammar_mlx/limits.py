@@ -10,6 +10,7 @@ stage checks it without threading a parameter through every call.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,11 @@ from contextvars import ContextVar
 
 from .errors import CompileTimeoutError, InvalidArgumentError
 
-__all__ = ["Deadline", "check_deadline", "current_deadline", "deadline_scope"]
+__all__ = ["MAX_NFA_STATES", "Deadline", "check_deadline", "current_deadline", "deadline_scope"]
+
+# States of a regex's byte NFA, counted repetitions expanded (`byte_nfa.build_nfa`; the compiler's
+# limit too): GrammarTooLargeError past it.
+MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 1_000_000))
 
 
 class Deadline:

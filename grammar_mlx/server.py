@@ -67,7 +67,7 @@ Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; `ty
 `invalid_request_error` for a 4xx, `server_error` for a 5xx. Each failure has a stable status and
 `code` (`error_status_and_code`):
 
-- 400 `invalid_response_format` (malformed `response_format`, unsupported request field),
+- 400 `invalid_response_format` (malformed `response_format`),
   `invalid_schema`, `unsupported_schema_keyword` (with `keyword` and `pointer`), `invalid_regex` (with
   `position`), `empty_grammar`, `grammar_too_large` (a size rule), `compile_timeout` (the whole
   compile, schema translation included, passed `--compile-timeout`; not cached, a retry may
@@ -897,10 +897,11 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             generator.check_available()
             if self.body.get("adapters") is not None:
                 raise InvalidRequestError("adapters are not supported: the server serves one model",
-                                          param="adapters")
+                                          param="adapters", code="unsupported_parameter")
             if self.body.get("draft_model") not in (None, "default_model"):
                 raise InvalidRequestError("draft_model cannot be chosen per request; start the server with "
-                                          "--draft-model or --draft-layers", param="draft_model")
+                                          "--draft-model or --draft-layers", param="draft_model",
+                                          code="unsupported_parameter")
             spec = parse_response_format(self.body.get("response_format"))
             tokenized = generator.tokenize(request, self.chat_template_kwargs)
             self._fit_context(len(tokenized[0]), "messages" if request.request_type == "chat" else "prompt")

@@ -20,6 +20,7 @@ from grammar_mlx import (
     EmptyLanguageError,
     GrammarError,
     GrammarTooLargeError,
+    InvalidArgumentError,
     InvalidRegexError,
     Vocabulary,
     VocabularyMismatchError,
@@ -267,11 +268,11 @@ def test_time_limit_kills_the_build_and_the_next_compile_works(qwen_vocab, regex
 @pytest.mark.parametrize("mode", MODES)
 def test_state_out_of_range(grammars, mode):
     grammar = grammars[REGEXES[0], mode]
-    with pytest.raises(GrammarError, match="out of range"):
+    with pytest.raises(InvalidArgumentError, match="out of range"):
         grammar.next_state(grammar.num_states, 0)
-    with pytest.raises(GrammarError, match="out of range"):
+    with pytest.raises(InvalidArgumentError, match="out of range"):
         grammar.allowed_tokens(-1)
-    with pytest.raises(GrammarError, match="out of range"):
+    with pytest.raises(InvalidArgumentError, match="out of range"):
         grammar.mask_row(grammar.num_states)
     assert grammar.next_state(grammar.initial_state, 10**9) == -1
 

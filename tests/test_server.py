@@ -711,6 +711,7 @@ def test_raw_error_shapes_and_refused_fields(servers):
     for field, value in (("adapters", "lora"), ("draft_model", "other")):
         status, _, body = post(url, {"messages": ASK, "max_tokens": 5, field: value})
         assert status == 400 and body["error"]["param"] == field
+        assert body["error"]["code"] == "unsupported_parameter"
     status, _, body = post(url, {"messages": ASK, "max_tokens": 2, "adapters": None, "draft_model": None})
     assert status == 200 and body["usage"]["completion_tokens"] <= 2
     # A body nested past Python's recursion limit is a 400, not a dropped connection.
