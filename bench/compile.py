@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import grammar_mlx as gm  # noqa: E402
 from grammar_mlx import compiler  # noqa: E402
-from grammar_mlx._compile_worker import SENTINEL_BYTES  # noqa: E402
+from grammar_mlx.compiler.worker import SENTINEL_BYTES  # noqa: E402
 from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 CORPUS = REPO.parent / "shared" / "corpora" / "maskbench-public.jsonl.gz"
@@ -92,6 +92,7 @@ def load_vocabulary(name: str):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(qwen_tokenizer_dir()))
         return tokenizer, gm.vocabulary_of(tokenizer)
     from conftest import smollm_gguf_path
+
     from grammar_mlx.models import tokenizer_from_gguf
 
     wrapper = tokenizer_from_gguf(smollm_gguf_path())

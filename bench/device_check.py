@@ -264,10 +264,10 @@ def synthetic_token_bytes(size: int, seed: int) -> list[bytes]:
 
 
 def check_walk(device_name: str) -> tuple[list[dict], list[str]]:
-    from grammar_mlx import token_index
-    from grammar_mlx._compile_worker import build_dfa
-    from grammar_mlx.byte_nfa import LazyDFA, build_nfa
-    from grammar_mlx.token_index import TokenTrie, walk, walk_mlx
+    from grammar_mlx.automata.byte_nfa import LazyDFA, build_nfa
+    from grammar_mlx.compiler import token_index as token_index
+    from grammar_mlx.compiler.token_index import TokenTrie, walk, walk_mlx
+    from grammar_mlx.compiler.worker import build_dfa
 
     token_bytes = synthetic_token_bytes(WALK_VOCAB - 1, seed=1)  # the last id: EOS, not text
     text = {}
@@ -330,7 +330,7 @@ def synthetic_tokenizer(size: int, seed: int):
 def constrained_run(model, tokenizer, grammar, prompt_ids, draft=None, k: int = 2, max_tokens: int = 48):
     from mlx_lm.generate import stream_generate
 
-    from grammar_mlx.processor import GrammarProcessor
+    from grammar_mlx.runtime.processor import GrammarProcessor
 
     processor = GrammarProcessor(grammar)
     options = {"draft_model": draft, "num_draft_tokens": k} if draft is not None else {}
@@ -343,8 +343,9 @@ def constrained_run(model, tokenizer, grammar, prompt_ids, draft=None, k: int = 
 
 
 def check_speculative(device_name: str) -> tuple[list[dict], list[str], list[str]]:
-    from grammar_mlx import compile_json_schema
     from tiny_models import QWEN_LOGITS_WIDTH, BiasedModel, copy_of, tiny_llama
+
+    from grammar_mlx import compile_json_schema
 
     out, failures, skipped = [], [], []
     runs = []

@@ -7,7 +7,7 @@ way mlx-lm mutates them (grow by 1 or 2, cut up to k tokens and regrow, rewrite 
 B = 1 and B = 3 rows, with forced forbidden tokens now and then, and a full mask comparison every
 `--mask-every` calls.
 
-The oracle shares no code with grammar_mlx.stack: the state of a history is looked up in a trie
+The oracle shares no code with grammar_mlx.runtime.stack: the state of a history is looked up in a trie
 built from `next_state` alone, the redo tail and snapshot liveness are modelled on plain lists, and
 every 1,000 operations the current history is replayed from scratch.
 
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from grammar_mlx.errors import GrammarViolationError, StateStackError  # noqa: E402
-from grammar_mlx.processor import GrammarProcessor  # noqa: E402
-from grammar_mlx.stack import StateStack  # noqa: E402
+from grammar_mlx.runtime.processor import GrammarProcessor  # noqa: E402
+from grammar_mlx.runtime.stack import StateStack  # noqa: E402
 
 SCHEMA = {
     "type": "object",

@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grammar_mlx import kernels as K  # noqa: E402
+from grammar_mlx.kernels import dispatch as K  # noqa: E402
 
 VOCABS = (32_000, 128_256, 151_936)
 BATCHES = (1, 8)

@@ -1,6 +1,6 @@
 """The lazy token index against outlines-core's eager `Index`, exactly, on a large corpus sample.
 
-tests/test_lazy.py runs this comparison on a handful of grammars; this script runs it on many
+tests/compiler/test_lazy.py runs this comparison on a handful of grammars; this script runs it on many
 MaskBench schemas with the genuine Qwen3 vocabulary, or with `--vocab smollm2` the embedded model's
 (which lacks 21 single-byte tokens: the reference is then outlines-core's index with its dead ends
 pruned, test_lazy.OutlinesReference). Per
@@ -34,12 +34,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "compiler"))  # test_lazy.py
 sys.path.insert(0, str(REPO / "bench"))
 
-import grammar_mlx as gm  # noqa: E402
 from compile import CORPUS, VOCABULARIES, load_vocabulary, sample  # noqa: E402
-from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 from test_lazy import OutlinesReference, Pairing, random_walks, walk_and_check  # noqa: E402
+
+import grammar_mlx as gm  # noqa: E402
+from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 _G: dict = {}
 

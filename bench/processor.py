@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,9 +46,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from grammar_mlx import kernels  # noqa: E402
 from grammar_mlx.compiler import compile_json_schema  # noqa: E402
-from grammar_mlx.processor import GrammarProcessor  # noqa: E402
-from grammar_mlx.stack import StateStack  # noqa: E402
-from grammar_mlx.stateful import HistoryFollower  # noqa: E402
+from grammar_mlx.runtime.processor import GrammarProcessor  # noqa: E402
+from grammar_mlx.runtime.stack import StateStack  # noqa: E402
+from grammar_mlx.runtime.stateful import HistoryFollower  # noqa: E402
 
 WIDTH = 151_936
 SCHEMA = {

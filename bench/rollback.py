@@ -31,8 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grammar_mlx.stack import StateStack  # noqa: E402
-from grammar_mlx.stateful import HistoryFollower  # noqa: E402
+from grammar_mlx.runtime.stack import StateStack  # noqa: E402
+from grammar_mlx.runtime.stateful import HistoryFollower  # noqa: E402
 
 LENGTHS = (100, 1_000, 4_096, 16_384, 32_768)
 CYCLES = 2_000  # rollbacks per round

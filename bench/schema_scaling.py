@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from grammar_mlx import schema_emit  # noqa: E402
+from grammar_mlx import limits  # noqa: E402
 from grammar_mlx.errors import CompileTimeoutError, GrammarTooLargeError  # noqa: E402
 from grammar_mlx.limits import Deadline, deadline_scope  # noqa: E402
 from grammar_mlx.schema import schema_to_regex  # noqa: E402
@@ -79,12 +79,12 @@ def best(schema, repeat: int) -> tuple[float, str]:
 
 
 def uncapped(schema, repeat: int) -> tuple[float, str]:
-    saved = schema_emit.MAX_REGEX_LENGTH
-    schema_emit.MAX_REGEX_LENGTH = 10**12
+    saved = limits.SCHEMA_REGEX_LENGTH
+    limits.SCHEMA_REGEX_LENGTH = 10**12
     try:
         return best(schema, repeat)
     finally:
-        schema_emit.MAX_REGEX_LENGTH = saved
+        limits.SCHEMA_REGEX_LENGTH = saved
 
 
 def deadline_overshoot(n: int, seconds: float) -> dict:

@@ -1,6 +1,11 @@
 """grammar-mlx: grammar-constrained decoding for MLX-LM that stays correct under speculative decoding.
 
-Data path: vocabulary → schema/regex → compiler → stack → processor → kernels.
+The subpackages are the data path: `vocabulary` (tokenizer → token bytes) → `regex` / `automata` /
+`schema` (JSON Schema or regex → byte automaton) → `compiler` (→ token-level grammar) → `runtime`
+(state stack, history follower, logits processors) → `kernels` (masking on the device). The
+modules beside them serve users: `generate` (structured generation), `outlines` (the Outlines
+drop-in), `server` (OpenAI-compatible), `cli`, `models` (offline model loading); `errors` and
+`limits` are shared by all.
 """
 
 from ._version import __version__
@@ -40,9 +45,14 @@ from .generate import (
 )
 from .kernels import apply_token_bitmask
 from .models import default_model, load_gguf, load_model, tokenizer_from_gguf, truncated_draft
-from .processor import GrammarProcessor
-from .stack import StateStack
-from .stateful import HistoryFollower, PenaltyProcessor, StatefulProcessor, ThinkingBudgetProcessor
+from .runtime import (
+    GrammarProcessor,
+    HistoryFollower,
+    PenaltyProcessor,
+    StatefulProcessor,
+    StateStack,
+    ThinkingBudgetProcessor,
+)
 from .vocabulary import Vocabulary, vocabulary_of
 
 __all__ = [

@@ -321,8 +321,8 @@ def _tokenizer_and_width(args: argparse.Namespace) -> tuple[Any, int]:
     """The tokenizer and logits width, reading only the header of a GGUF file (no weights)."""
     path = _model_location("--model", args.model)
     if str(path).endswith(".gguf"):
-        from .gguf import read_gguf_header
         from .models import llama_args, tokenizer_from_gguf
+        from .vocabulary.gguf import read_gguf_header
 
         width = args.logits_width or llama_args(read_gguf_header(path)).vocab_size
         return tokenizer_from_gguf(path), width
@@ -334,8 +334,8 @@ def _tokenizer_and_width(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from .cache import default_cache_dir
     from .compiler import compile_json_schema, compile_regex
+    from .compiler.cache import default_cache_dir
 
     schema = _load_schema(args, strict=args.strict) if args.schema is not None else None
     tokenizer, width = _tokenizer_and_width(args)

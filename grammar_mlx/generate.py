@@ -41,7 +41,7 @@ import mlx.core as mx
 
 from .compiler import CompiledGrammar, compile_json_schema, compile_regex
 from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
-from .processor import GrammarProcessor
+from .runtime import GrammarProcessor
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

@@ -1,11 +1,56 @@
-"""The compile deadline: one clock for a whole compile, schema translation included.
+"""Every limit grammar_mlx enforces, with its default and environment variable, in one place.
 
-`compile_json_schema` / `compile_regex` start one `Deadline` (`timeout=`, `GRAMMAR_MLX_COMPILE_TIMEOUT`)
-and run every stage under it: translation and the in-process byte NFA check it cooperatively
-(`check_deadline()` in their loops, often enough to stop within a fraction of a second of it), and
-worker jobs are killed when it passes. Passing it raises `CompileTimeoutError` (a transient
-`GrammarTooLargeError`). The deadline in force is per thread (a `ContextVar`), so code deep in a
-stage checks it without threading a parameter through every call.
+Code reads them as `limits.NAME` when it needs them, so a value set here (or patched in a test)
+takes effect everywhere. A limit that is hit raises `GrammarTooLargeError` (a passed deadline: its
+subclass `CompileTimeoutError`), never a hang or an untyped error; schema keywords past a
+translation cap are relaxed and reported in `unenforced` where the docstring of the limit says so.
+An environment variable that is not a number is refused at import with `InvalidArgumentError`.
+
+Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / `memory_limit=`):
+
+| name | default | environment variable | bounds |
+|---|---|---|---|
+| `COMPILE_TIMEOUT` | 60 s | `GRAMMAR_MLX_COMPILE_TIMEOUT` | the whole compile, schema translation included |
+| `COMPILE_MEMORY` | 8 GiB | `GRAMMAR_MLX_COMPILE_MEMORY` | a compile worker's address space (Linux; 0: none) |
+| `MAX_REGEX_LENGTH` | 1,000,000 | `GRAMMAR_MLX_MAX_REGEX_LENGTH` | characters of a regex given to the compiler |
+| `MAX_NFA_STATES` | 1,000,000 | `GRAMMAR_MLX_MAX_NFA_STATES` | states of a byte NFA, counted repetitions expanded |
+| `MAX_DFA_STATES` | 250,000 | `GRAMMAR_MLX_MAX_DFA_STATES` | states of a byte DFA, complete or built on demand |
+| `AUTO_EAGER_MAX_STATES` | 8 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` builds eager tables up to this many byte states |
+
+A compiled grammar's memory (per grammar):
+
+| name | default | environment variable | bounds |
+|---|---|---|---|
+| `LOOKUP_BYTES` | 64 MiB | `GRAMMAR_MLX_LOOKUP_BYTES` | `next_state`'s per-state lookups (past it: a search per call) |
+| `LAZY_ROW_BYTES` | 256 MiB | `GRAMMAR_MLX_LAZY_ROW_BYTES` | a lazy grammar's token rows (past it: least used dropped, recomputed) |
+| `LAZY_MASK_BYTES` | 1 GiB | `GRAMMAR_MLX_LAZY_MASK_BYTES` | a lazy grammar's mask table (past it: `GrammarTooLargeError`) |
+| `LIVENESS_WALKS` | 256 | `GRAMMAR_MLX_LIVENESS_WALKS` | row walks to settle whether tokens can go on from a state (past it: treated as a dead end) |
+
+Masking: `ROW_CACHE_BYTES` (64 MiB, `GRAMMAR_MLX_ROW_CACHE_BYTES`), unpacked mask rows the CPU
+paths keep, all grammars together (`kernels.set_row_cache_limit` changes it at run time).
+
+JSON Schema translation (fixed; see docs/json-schema.md for what each relaxes or refuses):
+
+| name | value | bounds |
+|---|---|---|
+| `SCHEMA_REGEX_LENGTH` | 500,000 | characters of the regex a schema translates to |
+| `MAX_REGEX_NESTING` | 80 | group nesting of that regex |
+| `MAX_SCHEMA_DEPTH` | 100 | object/array nesting of a schema document (const/enum values included) |
+| `MAX_INTEGER_DIGITS` | 4,300 | digits of an integer in a schema (Python's int/str limit) |
+| `MAX_REPEAT` | 1,000 | counted repetitions (maxLength, maxItems, {m,n}) kept exact; above: relaxed, reported |
+| `MAX_UNION_BRANCHES` | 1,000 | anyOf/oneOf/if/not/dependencies branches distributed per schema |
+| `MAX_LOGIC_ALTERNATIVES` | 64 | alternatives one if/not/dependencies keyword becomes |
+| `MAX_ENUMERATED` | 1,000 | values a bounded multipleOf range is enumerated into |
+| `MAX_ANY_DEPTH` | 2 | container nesting of generic values (`{}`, `true`, json_object members) |
+| `MAX_WHITESPACE` | 64 | characters of whitespace a `whitespace=` pattern may allow in one run |
+| `CHAR_NFA_STATES`, `CHAR_DFA_STATES` | 20,000, 4,000 | the character automata of `pattern`/`format` intersections |
+| `CHAR_AST_NODES`, `CHAR_AST_DEPTH` | 20,000, 60 | the regexes those automata are written back as |
+
+The compile deadline: `compile_json_schema` / `compile_regex` start one `Deadline` and run every
+stage under it: translation and the in-process byte NFA check it cooperatively (`check_deadline()`
+in their loops, often enough to stop within a fraction of a second of it), worker jobs are killed
+when it passes. The deadline in force is per thread (a `ContextVar`), so code deep in a stage checks
+it without threading a parameter through every call.
 """
 
 from __future__ import annotations
@@ -18,11 +63,70 @@ from contextvars import ContextVar
 
 from .errors import CompileTimeoutError, InvalidArgumentError
 
-__all__ = ["MAX_NFA_STATES", "Deadline", "check_deadline", "current_deadline", "deadline_scope"]
+__all__ = [
+    "COMPILE_TIMEOUT", "COMPILE_MEMORY", "MAX_REGEX_LENGTH", "MAX_NFA_STATES", "MAX_DFA_STATES",
+    "AUTO_EAGER_MAX_STATES", "LOOKUP_BYTES", "LAZY_ROW_BYTES", "LAZY_MASK_BYTES", "LIVENESS_WALKS",
+    "ROW_CACHE_BYTES", "SCHEMA_REGEX_LENGTH", "MAX_REGEX_NESTING", "MAX_SCHEMA_DEPTH", "MAX_INTEGER_DIGITS",
+    "MAX_REPEAT", "MAX_UNION_BRANCHES", "MAX_LOGIC_ALTERNATIVES", "MAX_ENUMERATED", "MAX_ANY_DEPTH",
+    "MAX_WHITESPACE", "CHAR_NFA_STATES", "CHAR_DFA_STATES", "CHAR_AST_NODES", "CHAR_AST_DEPTH",
+    "Deadline", "check_deadline", "current_deadline", "deadline_scope",
+]
 
-# States of a regex's byte NFA, counted repetitions expanded (`byte_nfa.build_nfa`; the compiler's
-# limit too): GrammarTooLargeError past it.
-MAX_NFA_STATES = int(os.environ.get("GRAMMAR_MLX_MAX_NFA_STATES", 1_000_000))
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={text!r} is not an integer") from None
+    if value < 0:
+        raise InvalidArgumentError(f"{name}={text!r} must not be negative")
+    return value
+
+
+def _env_seconds(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={text!r} is not a number of seconds") from None
+    if not value > 0:  # also refuses nan
+        raise InvalidArgumentError(f"{name}={text!r} must be a positive number of seconds")
+    return value
+
+
+COMPILE_TIMEOUT = _env_seconds("GRAMMAR_MLX_COMPILE_TIMEOUT", 60.0)
+COMPILE_MEMORY = _env_int("GRAMMAR_MLX_COMPILE_MEMORY", 8 << 30)
+MAX_REGEX_LENGTH = _env_int("GRAMMAR_MLX_MAX_REGEX_LENGTH", 1_000_000)
+MAX_NFA_STATES = _env_int("GRAMMAR_MLX_MAX_NFA_STATES", 1_000_000)
+MAX_DFA_STATES = _env_int("GRAMMAR_MLX_MAX_DFA_STATES", 250_000)
+AUTO_EAGER_MAX_STATES = _env_int("GRAMMAR_MLX_AUTO_EAGER_STATES", 8)
+
+LOOKUP_BYTES = _env_int("GRAMMAR_MLX_LOOKUP_BYTES", 64 << 20)
+LAZY_ROW_BYTES = _env_int("GRAMMAR_MLX_LAZY_ROW_BYTES", 256 << 20)
+LAZY_MASK_BYTES = _env_int("GRAMMAR_MLX_LAZY_MASK_BYTES", 1 << 30)
+LIVENESS_WALKS = _env_int("GRAMMAR_MLX_LIVENESS_WALKS", 256)
+
+ROW_CACHE_BYTES = _env_int("GRAMMAR_MLX_ROW_CACHE_BYTES", 64 << 20)
+
+SCHEMA_REGEX_LENGTH = 500_000
+MAX_REGEX_NESTING = 80  # regex-automata's NFA compiler refuses deeper regexes
+MAX_SCHEMA_DEPTH = 100  # the translator recurses once or more per level, the metaschema check ~6 frames
+MAX_INTEGER_DIGITS = 4300  # Python's default int <-> str limit (json.loads refuses longer)
+MAX_REPEAT = 1_000
+MAX_UNION_BRANCHES = 1_000
+MAX_LOGIC_ALTERNATIVES = 64
+MAX_ENUMERATED = 1_000
+MAX_ANY_DEPTH = 2  # each level of generic nesting multiplies the automaton
+MAX_WHITESPACE = 64
+CHAR_NFA_STATES = 20_000
+CHAR_DFA_STATES = 4_000
+CHAR_AST_NODES = 20_000
+CHAR_AST_DEPTH = 60
 
 
 class Deadline:

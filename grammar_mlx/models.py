@@ -28,8 +28,17 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import InvalidArgumentError, ModelLoadError
-from .gguf import GGUFHeader, build_tokenizers_object, read_gguf_header, read_vocab, scalar, wrap_tokenizer
-from .gguf import tokenizer_from_gguf as tokenizer_from_gguf  # re-exported: part of this module's API
+from .vocabulary.gguf import (
+    GGUFHeader,
+    build_tokenizers_object,
+    read_gguf_header,
+    read_vocab,
+    scalar,
+    wrap_tokenizer,
+)
+from .vocabulary.gguf import (
+    tokenizer_from_gguf as tokenizer_from_gguf,  # re-exported: part of this module's API
+)
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper

@@ -43,7 +43,7 @@ import mlx.core as mx
 
 from .compiler import CompiledGrammar, compile_json_schema, compile_regex
 from .errors import InvalidArgumentError
-from .processor import GrammarProcessor
+from .runtime import GrammarProcessor
 
 __all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
 

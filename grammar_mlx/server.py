@@ -147,9 +147,15 @@ import mlx.core as mx
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    LRUPromptCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
-from .compiler import _POOL, CompiledGrammar, compile_json_schema, compile_regex
+from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .compiler.pool import _POOL
 from .errors import (
     CompileTimeoutError,
     CompileWorkerError,
@@ -160,18 +166,18 @@ from .errors import (
     GrammarViolationError,
     HistoryError,
     InvalidArgumentError,
-    ServerUnavailableError,
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
     KernelError,
     ModelLoadError,
+    ServerUnavailableError,
     StateStackError,
     TokenizerError,
     UnsupportedSchemaError,
     VocabularyMismatchError,
 )
-from .processor import GrammarProcessor
+from .runtime import GrammarProcessor
 from .vocabulary import Vocabulary, vocabulary_of
 
 __all__ = [

@@ -117,8 +117,9 @@ def test_draft_layers_past_the_model_exit_2_naming_the_flag_and_the_layer_count(
 
 def test_draft_layers_checked_after_loading_when_only_the_model_says(capsys, tmp_path, monkeypatch):
     # A model directory whose config.json does not give the layer count: checked on the loaded model.
-    from grammar_mlx import models
     from tiny_models import tiny_llama
+
+    from grammar_mlx import models
 
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setattr(models, "load_model", lambda location: (tiny_llama(0), None))

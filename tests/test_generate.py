@@ -15,10 +15,10 @@ import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import read_corpus
 from mlx_lm.sample_utils import make_sampler
 from pydantic import BaseModel, Field
 
-from conftest import read_corpus
 from grammar_mlx.errors import (
     GenerationError,
     GrammarViolationError,
@@ -39,7 +39,7 @@ from grammar_mlx.generate import (
     stream_regex,
 )
 from grammar_mlx.models import default_model, truncated_draft
-from grammar_mlx.processor import GrammarProcessor
+from grammar_mlx.runtime.processor import GrammarProcessor
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "schemas"
 DRAFT_LAYERS = 24
@@ -247,10 +247,11 @@ def test_processor_factories_drive_mlx_lm_directly(smollm):
 
 @pytest.mark.slow
 def test_argument_mistakes_are_invalid_argument_errors_raised_before_compiling(smollm, draft, monkeypatch):
-    import grammar_mlx.generate as gen
-    from grammar_mlx import compile_json_schema
     from mlx_lm.models.llama import Model
     from tiny_models import tiny_args
+
+    import grammar_mlx.generate as gen
+    from grammar_mlx import compile_json_schema
 
     model, tokenizer = smollm
     schema = {"type": "boolean"}

@@ -11,21 +11,23 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx.utils import tree_map
-
 from conftest import llama_reference_cases
+from mlx.utils import tree_map
 
 from grammar_mlx import models
 from grammar_mlx.errors import InvalidArgumentError, ModelLoadError, TokenizerError
-from grammar_mlx.gguf import read_gguf_header, read_vocab, tokenizer_from_gguf
 from grammar_mlx.models import (
     build_llama,
     default_model,
     llama_args,
     load_gguf,
     mlx_weights,
-    smollm_path,
     truncated_draft,
+)
+from grammar_mlx.vocabulary.gguf import (
+    read_gguf_header,
+    read_vocab,
+    tokenizer_from_gguf,
 )
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from grammar_mlx.errors import (
     UnsupportedSchemaError,
 )
 from grammar_mlx.outlines import JSONLogitsProcessor, RegexLogitsProcessor
-from grammar_mlx.vocabulary import vocabulary_of
+from grammar_mlx.vocabulary.token_bytes import vocabulary_of
 
 QWEN_LOGITS_WIDTH = 151_936  # wider than the tokenizer's 151,669 ids
 

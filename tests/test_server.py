@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import jsonschema
 import mlx.core as mx
 import pytest
-
 from fake_grammar import random_grammar
+
 from grammar_mlx import server
 from grammar_mlx.errors import (
     EmptyLanguageError,
@@ -33,8 +33,13 @@ from grammar_mlx.errors import (
     InvalidSchemaError,
     UnsupportedSchemaError,
 )
-from grammar_mlx.processor import GrammarProcessor
-from grammar_mlx.server import GrammarCache, GrammarSpec, error_response, parse_response_format
+from grammar_mlx.runtime.processor import GrammarProcessor
+from grammar_mlx.server import (
+    GrammarCache,
+    GrammarSpec,
+    error_response,
+    parse_response_format,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 

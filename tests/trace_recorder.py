@@ -5,7 +5,7 @@ tests/trace_recorder.py` runs mlx-lm's unmodified loops (generate_step, speculat
 for k = 1..5 with a disagreeing draft and with an identical one, BatchGenerator with three
 sequences and different grammars) on tiny random-weight models with the genuine Qwen3 tokenizer,
 each constrained by a GrammarProcessor, and writes one JSON file per run to
-tests/fixtures/traces/. tests/test_speculative.py replays them.
+tests/fixtures/traces/. tests/runtime/test_speculative.py replays them.
 
 Fixture format: {"mlx_lm": version, "loop": "generate_step" | "speculative_generate_step" |
 "BatchGenerator", "num_draft_tokens": k | null, "draft": "biased" | "identical" | null,
@@ -65,7 +65,7 @@ MAX_TOKENS = 64
 
 def compile_spec(spec: dict, tokenizer, logits_width: int = 151_936):
     """Compile a fixture's grammar spec for the tiny models' logits width."""
-    from grammar_mlx import compiler
+    import grammar_mlx.compiler as compiler
 
     if spec["kind"] == "regex":
         return compiler.compile_regex(spec["pattern"], tokenizer, logits_width=logits_width)
@@ -125,9 +125,9 @@ def run_batch(model, prompts, processor_lists, *, eos_ids, max_tokens=MAX_TOKENS
 
 def record_all(tokenizer, out_dir: Path = FIXTURES) -> list[Path]:
     import mlx_lm
-
-    from grammar_mlx.processor import GrammarProcessor
     from tiny_models import BiasedModel, copy_of, tiny_llama
+
+    from grammar_mlx.runtime.processor import GrammarProcessor
 
     main = tiny_llama(0)
     drafts = {"biased": BiasedModel(main, seed=1), "identical": copy_of(main)}

@@ -1,5 +1,5 @@
 // What an mx.fast.cuda_kernel body sees, defined for the host so g++ compiles the exact text
-// of kernels/*.cu inside the signature MLX generates (see tests/test_kernels.py). The launch loop
+// of grammar_mlx/kernels/*.cu inside the signature MLX generates (see tests/kernels/test_dispatch.py). The launch loop
 // in driver.h sets the thread-index builtins before running each simulated thread.
 #pragma once
 

@@ -1,5 +1,5 @@
 // What an mx.fast.metal_kernel body sees, defined for the host so g++ compiles the exact text
-// of kernels/*.metal inside the signature MLX generates (see tests/test_kernels.py).
+// of grammar_mlx/kernels/*.metal inside the signature MLX generates (see tests/kernels/test_dispatch.py).
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,519 @@
+"""Character-level finite automata: what a regex cannot say directly, computed and written back.
+
+A regex has no intersection or complement, but JSON Schema needs both: `pattern` and `format` and
+`minLength` on one string, and property names that match no `patternProperties` pattern and no
+declared name (`additionalProperties`). These are built here on DFAs over code-point ranges (the
+alphabet is partitioned per state, so `\\p{L}` costs ranges, not characters), minimized, and converted
+back to an AST by state elimination. Every step has a size budget; over it, `AutomatonTooLarge` says
+so and the caller reports the constraint as unenforced instead of hanging. Every step also checks the
+compile deadline (`grammar_mlx.limits`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from .. import limits
+from ..limits import check_deadline
+from ..regex.charset import ANY, CharSet
+from ..regex.syntax import (
+    EMPTY,
+    NEVER,
+    Alt,
+    Chars,
+    Repeat,
+    Seq,
+    alt,
+    repeat,
+    seq,
+)
+
+STAGE = "translating the schema"  # what a deadline that passes here names
+
+
+class AutomatonTooLarge(Exception):
+    """Internal: a construction exceeded its budget."""
+
+
+class DFA:
+    """States 0..n-1, start 0; `trans[s]` is a list of (CharSet, target) with disjoint sets."""
+
+    def __init__(self, trans: list[list[tuple[CharSet, int]]], accept: set[int]):
+        self.trans = trans
+        self.accept = accept
+
+    def is_empty(self) -> bool:
+        return not self.accept
+
+    def accepts(self, text: str) -> bool:
+        state = 0
+        for c in text:
+            cp = ord(c)
+            for chars, target in self.trans[state]:
+                if cp in chars:
+                    state = target
+                    break
+            else:
+                return False
+        return state in self.accept
+
+
+# ---------------------------------------------------------------------------------------------
+# AST -> NFA -> DFA.
+
+
+class _NFA:
+    def __init__(self):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[CharSet, int]]] = []
+
+    def state(self) -> int:
+        if len(self.eps) >= limits.CHAR_NFA_STATES:
+            raise AutomatonTooLarge(f"more than {limits.CHAR_NFA_STATES} NFA states")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def build(self, node) -> tuple[int, int]:
+        s, t = self.state(), self.state()
+        if isinstance(node, Chars):
+            if node.chars:
+                self.edges[s].append((node.chars, t))
+        elif isinstance(node, Seq):
+            cur = s
+            for item in node.items:
+                a, b = self.build(item)
+                self.eps[cur].append(a)
+                cur = b
+            self.eps[cur].append(t)
+        elif isinstance(node, Alt):
+            for item in node.items:
+                a, b = self.build(item)
+                self.eps[s].append(a)
+                self.eps[b].append(t)
+        elif isinstance(node, Repeat):
+            cur = s
+            for _ in range(node.lo):
+                a, b = self.build(node.item)
+                self.eps[cur].append(a)
+                cur = b
+            if node.hi is None:
+                a, b = self.build(node.item)
+                self.eps[cur].append(a)
+                self.eps[b].append(cur)
+                self.eps[cur].append(t)
+            else:
+                for _ in range(node.hi - node.lo):
+                    self.eps[cur].append(t)
+                    a, b = self.build(node.item)
+                    self.eps[cur].append(a)
+                    cur = b
+                self.eps[cur].append(t)
+        else:
+            raise AssertionError(f"not an AST node: {node!r}")
+        return s, t
+
+
+def _split(groups: list[tuple[CharSet, object]]) -> list[tuple[CharSet, frozenset]]:
+    """Refine overlapping (chars, label) pairs into disjoint sets, each with all labels it carries.
+
+    One sweep over the range endpoints, keeping the labels of the ranges that cover the current
+    interval (a count per label: two groups may carry the same label)."""
+    starts: dict[int, list] = {}
+    ends: dict[int, list] = {}
+    for chars, label in groups:
+        for lo, hi in chars.ranges:
+            starts.setdefault(lo, []).append(label)
+            ends.setdefault(hi + 1, []).append(label)
+    cuts = sorted(starts.keys() | ends.keys())
+    active: dict = {}
+    by_labels: dict[frozenset, list[tuple[int, int]]] = {}
+    for lo, hi in zip(cuts, cuts[1:]):
+        for label in ends.get(lo, ()):
+            if active[label] == 1:
+                del active[label]
+            else:
+                active[label] -= 1
+        for label in starts.get(lo, ()):
+            active[label] = active.get(label, 0) + 1
+        if active:
+            by_labels.setdefault(frozenset(active), []).append((lo, hi - 1))
+    return [(CharSet.normalize(ranges), labels) for labels, ranges in by_labels.items()]
+
+
+def to_dfa(node) -> DFA:
+    nfa = _NFA()
+    start, final = nfa.build(node)
+    closures: dict[int, frozenset] = {}
+
+    def closure(states) -> frozenset:
+        out, stack = set(states), list(states)
+        while stack:
+            for nxt in nfa.eps[stack.pop()]:
+                if nxt not in out:
+                    out.add(nxt)
+                    stack.append(nxt)
+        return frozenset(out)
+
+    first = closure([start])
+    index = {first: 0}
+    order = [first]
+    trans: list[list[tuple[CharSet, int]]] = []
+    accept = set()
+    i = 0
+    while i < len(order):
+        check_deadline(STAGE)
+        current = order[i]
+        if final in current:
+            accept.add(i)
+        groups = [(chars, target) for s in current for chars, target in nfa.edges[s]]
+        row = []
+        for chars, targets in _split(groups):
+            key = closures.get(targets)
+            if key is None:
+                key = closures[targets] = closure(targets)
+            if key not in index:
+                if len(order) >= limits.CHAR_DFA_STATES:
+                    raise AutomatonTooLarge(f"more than {limits.CHAR_DFA_STATES} DFA states")
+                index[key] = len(order)
+                order.append(key)
+            row.append((chars, index[key]))
+        trans.append(_merge_row(row))
+        i += 1
+    return minimize(DFA(trans, accept))
+
+
+def _merge_row(row: list[tuple[CharSet, int]]) -> list[tuple[CharSet, int]]:
+    by_target: dict[int, CharSet] = {}
+    for chars, target in row:
+        by_target[target] = by_target[target] | chars if target in by_target else chars
+    return [(chars, target) for target, chars in by_target.items()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Products and minimization.
+
+
+def product(a: DFA, b: DFA, mode: str) -> DFA:
+    """`mode`: "and" (a ∩ b), "minus" (a − b), "or" (a ∪ b). -1 stands for a side's dead state."""
+    index = {(0, 0): 0}
+    order = [(0, 0)]
+    trans, accept = [], set()
+    i = 0
+    while i < len(order):
+        check_deadline(STAGE)
+        x, y = order[i]
+        in_a = x >= 0 and x in a.accept
+        in_b = y >= 0 and y in b.accept
+        if (mode == "and" and in_a and in_b) or (mode == "minus" and in_a and not in_b) or (
+            mode == "or" and (in_a or in_b)
+        ):
+            accept.add(i)
+        groups = [(c, ("a", t)) for c, t in (a.trans[x] if x >= 0 else [])]
+        groups += [(c, ("b", t)) for c, t in (b.trans[y] if y >= 0 else [])]
+        row = []
+        for chars, labels in _split(groups):
+            nx = next((t for side, t in labels if side == "a"), -1)
+            ny = next((t for side, t in labels if side == "b"), -1)
+            if nx < 0 and (mode != "or" or ny < 0):
+                continue
+            if mode == "and" and ny < 0:
+                continue
+            key = (nx, ny)
+            if key not in index:
+                if len(order) >= limits.CHAR_DFA_STATES:
+                    raise AutomatonTooLarge(f"more than {limits.CHAR_DFA_STATES} product states")
+                index[key] = len(order)
+                order.append(key)
+            row.append((chars, index[key]))
+        trans.append(_merge_row(row))
+        i += 1
+    return minimize(DFA(trans, accept))
+
+
+def minimize(dfa: DFA) -> DFA:
+    """Drop states that cannot reach acceptance, then merge equivalent states."""
+    n = len(dfa.trans)
+    reverse: list[list[int]] = [[] for _ in range(n)]
+    for s, row in enumerate(dfa.trans):
+        for _, t in row:
+            reverse[t].append(s)
+    live, stack = set(dfa.accept), list(dfa.accept)
+    while stack:
+        for p in reverse[stack.pop()]:
+            if p not in live:
+                live.add(p)
+                stack.append(p)
+    if 0 not in live:
+        return DFA([[]], set())
+    rows = {s: [(c, t) for c, t in dfa.trans[s] if t in live] for s in live}
+    block = _equivalence_classes(rows, live, dfa.accept)
+    # Renumber so the start state is 0, in breadth-first order (deterministic output).
+    order, index = [0], {block[0]: 0}
+    rep = {}
+    for s in sorted(live):
+        rep.setdefault(block[s], s)
+    trans, accept = [], set()
+    i = 0
+    while i < len(order):
+        b = order[i]
+        s = rep[b]
+        if s in dfa.accept:
+            accept.add(i)
+        row = []
+        for chars, target_block in _merge_targets(rows[s], block):
+            if target_block not in index:
+                index[target_block] = len(order)
+                order.append(target_block)
+            row.append((chars, index[target_block]))
+        trans.append(row)
+        i += 1
+    return DFA(trans, accept)
+
+
+def _equivalence_classes(rows: dict, live: set, accept: set) -> dict[int, int]:
+    """The coarsest partition of `live` into states with the same language, as state -> class id,
+    classes numbered in the order of their least state.
+
+    Hopcroft's refinement over symbolic transitions: a splitter block A separates two states of a
+    block when the characters that lead them into A differ; after a block splits, only the smaller
+    parts need to serve as splitters again (the largest is implied), so each transition is looked at
+    O(log n) times, not once per round as in Moore's algorithm (a chain of n states takes n rounds)."""
+    into: dict[int, list[tuple[int, tuple]]] = {s: [] for s in live}  # target -> [(source, ranges)]
+    for s, row in rows.items():
+        for chars, t in row:
+            into[t].append((s, chars.ranges))
+    finals = live & accept
+    others = live - accept
+    members: list[set[int]] = [b for b in (finals, others) if b]
+    block_of = {s: i for i, b in enumerate(members) for s in b}
+    pending = list(range(len(members)))
+    while pending:
+        check_deadline(STAGE)
+        splitter = pending.pop()
+        # The characters from each predecessor into the splitter block.
+        leads: dict[int, list] = {}
+        for t in members[splitter]:
+            for s, ranges in into[t]:
+                leads.setdefault(s, []).append(ranges)
+        touched: dict[int, dict[tuple, list[int]]] = {}
+        for s, parts in leads.items():
+            key = parts[0] if len(parts) == 1 else _union_ranges(parts)
+            touched.setdefault(block_of[s], {}).setdefault(key, []).append(s)
+        for b, groups in touched.items():
+            inside = sum(len(g) for g in groups.values())
+            pieces = list(groups.values())
+            if inside < len(members[b]):
+                hit = {s for g in pieces for s in g}
+                pieces.append([s for s in members[b] if s not in hit])
+            if len(pieces) == 1:
+                continue
+            pieces.sort(key=len, reverse=True)
+            members[b] = set(pieces[0])  # the largest part keeps the id
+            for piece in pieces[1:]:
+                new = len(members)
+                members.append(set(piece))
+                for s in piece:
+                    block_of[s] = new
+                # If b still waits to serve as splitter, it now waits with all its parts;
+                # otherwise its largest part is implied by b and the others.
+                pending.append(new)
+    order = sorted(range(len(members)), key=lambda b: min(members[b]))
+    rank = {b: i for i, b in enumerate(order)}
+    return {s: rank[b] for s, b in block_of.items()}
+
+
+def _union_ranges(parts: list[tuple]) -> tuple:
+    """The union of disjoint normalized range tuples, normalized (adjacent ranges joined)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(r for ranges in parts for r in ranges):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _merge_targets(row, block) -> list[tuple[CharSet, int]]:
+    by_block: dict[int, CharSet] = {}
+    for chars, t in row:
+        b = block[t]
+        by_block[b] = by_block[b] | chars if b in by_block else chars
+    return sorted(((c, b) for b, c in by_block.items()), key=lambda item: (item[1], item[0].ranges))
+
+
+# ---------------------------------------------------------------------------------------------
+# DFA -> AST by state elimination.
+
+
+def to_ast(dfa: DFA):
+    if dfa.is_empty():
+        return NEVER
+    n = len(dfa.trans)
+    start, final = n, n + 1
+    succ: dict[int, dict[int, object]] = {q: {} for q in range(n + 2)}
+    pred: dict[int, set[int]] = {q: set() for q in range(n + 2)}
+
+    def add(p: int, t: int, node) -> None:
+        old = succ[p].get(t)
+        succ[p][t] = node if old is None else alt(old, node)
+        pred[t].add(p)
+
+    add(start, 0, EMPTY)
+    for s, row in enumerate(dfa.trans):
+        for chars, t in row:
+            add(s, t, Chars(chars))
+        if s in dfa.accept:
+            add(s, final, EMPTY)
+    def cost(x: int) -> tuple[int, int]:
+        """Paths through x (fewest first: keeps the regex small), then x itself for ties."""
+        return ((len(pred[x]) - (x in pred[x])) * (len(succ[x]) - (x in succ[x])), x)
+
+    remaining = set(range(n))
+    heap = [cost(x) for x in range(n)]  # stale entries (a cost since changed) are skipped
+    heapq.heapify(heap)
+    sizes: dict[int, tuple[object, int, int]] = {}
+    while remaining:
+        check_deadline(STAGE)
+        while True:
+            entry = heapq.heappop(heap)
+            q = entry[1]
+            if q in remaining and entry == cost(q):
+                break
+        remaining.discard(q)
+        loop = succ[q].pop(q, None)
+        pred[q].discard(q)
+        middle = repeat(loop, 0, None) if loop is not None else EMPTY
+        outs = list(succ[q].items())
+        preds = sorted(pred[q])
+        for p in preds:
+            check_deadline(STAGE)
+            r_in = succ[p].pop(q)
+            for t, r_out in outs:
+                add(p, t, seq(r_in, middle, r_out))
+                size, deep = _measure(succ[p][t], sizes)
+                if size > limits.CHAR_AST_NODES:
+                    raise AutomatonTooLarge(f"regex from automaton exceeds {limits.CHAR_AST_NODES} nodes")
+                if deep > limits.CHAR_AST_DEPTH + 1:
+                    # Every edge ends up inside the result, at most one level shallower (a nested
+                    # Seq/Alt is flattened once): the result will be too deep, so stop before a
+                    # very deep AST (a long counted chain) exhausts the recursion limit.
+                    raise AutomatonTooLarge(f"regex from automaton nests deeper than {limits.CHAR_AST_DEPTH}")
+        for t, _ in outs:
+            pred[t].discard(q)
+        succ[q] = {}
+        pred[q] = set()
+        for x in {*preds, *(t for t, _ in outs)}:
+            if x in remaining:
+                heapq.heappush(heap, cost(x))
+    result = succ[start].get(final, NEVER)
+    if depth(result, limits.CHAR_AST_DEPTH) > limits.CHAR_AST_DEPTH:
+        raise AutomatonTooLarge(f"regex from automaton nests deeper than {limits.CHAR_AST_DEPTH}")
+    return result
+
+
+def depth(node, limit: int) -> int:
+    """Nesting depth of the AST, counted up to just past `limit`."""
+    best, stack = 0, [(node, 1)]
+    while stack and best <= limit:
+        item, d = stack.pop()
+        best = max(best, d)
+        if isinstance(item, (Seq, Alt)):
+            stack.extend((x, d + 1) for x in item.items)
+        elif isinstance(item, Repeat):
+            stack.append((item.item, d + 1))
+    return best
+
+
+def _measure(node, memo: dict[int, tuple[object, int, int]]) -> tuple[int, int]:
+    """Tree size (shared subtrees counted at each use) and nesting depth of the AST, memoized in
+    `memo` by node identity (each entry keeps its node alive, so an id is never reused while it is
+    cached): state elimination rebuilds edges from the same subtrees over and over."""
+    hit = memo.get(id(node))
+    if hit is not None:
+        return hit[1], hit[2]
+    stack = [(node, False)]
+    while stack:
+        item, ready = stack.pop()
+        if id(item) in memo:
+            continue
+        children = item.items if isinstance(item, (Seq, Alt)) else (item.item,) if isinstance(item, Repeat) else ()
+        if ready:
+            known = [memo[id(c)] for c in children]
+            memo[id(item)] = (item, 1 + sum(k[1] for k in known), 1 + max((k[2] for k in known), default=0))
+        else:
+            stack.append((item, True))
+            stack.extend((c, False) for c in children if id(c) not in memo)
+    _, size, deep = memo[id(node)]
+    return size, deep
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations on ASTs.
+
+
+def universal() -> object:
+    return Repeat(Chars(ANY), 0, None)
+
+
+def intersect(nodes) -> object:
+    """The AST of the intersection of the languages of `nodes`."""
+    return _memoized(("and", *nodes), lambda: _intersect(nodes))
+
+
+def _intersect(nodes) -> object:
+    dfa = to_dfa(nodes[0])
+    for node in nodes[1:]:
+        dfa = product(dfa, to_dfa(node), "and")
+    return to_ast(dfa)
+
+
+def minus(node, removed) -> object:
+    return _memoized(("minus", node, removed), lambda: to_ast(product(to_dfa(node), to_dfa(removed), "minus")))
+
+
+_MEMO: ContextVar[dict | None] = ContextVar("grammar_mlx_automata_memo", default=None)
+
+
+@contextmanager
+def memo_scope() -> Iterator[None]:
+    """Within the body, `intersect` and `minus` remember their results (budget failures included):
+    a schema distributes one pattern over many branches (anyOf, not, if) and intersects the same
+    languages again and again. The memo lives as long as the body: nothing is kept across schemas."""
+    if _MEMO.get() is not None:
+        yield
+        return
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _memoized(key: tuple, compute):
+    memo = _MEMO.get()
+    if memo is None:
+        return compute()
+    hit = memo.get(key)
+    if hit is None:
+        try:
+            hit = (True, compute())
+        except AutomatonTooLarge as e:
+            hit = (False, str(e))
+        memo[key] = hit
+    ok, value = hit
+    if not ok:
+        raise AutomatonTooLarge(value)
+    return value
+
+
+def is_empty(node) -> bool:
+    return to_dfa(node).is_empty()
+
+
+def length_language(lo: int, hi: int | None) -> object:
+    return repeat(Chars(ANY), lo, hi)

@@ -1,0 +1,391 @@
+"""Compiling: a regex or JSON Schema, a tokenizer and options → a `CompiledGrammar` (see the
+package docstring for modes, engines, the cache and the live memo)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import limits
+from .._version import __version__
+from ..automata.byte_nfa import LazyDFA, Unsupported, build_nfa, check_syntax
+from ..errors import (
+    CompileWorkerError,
+    GrammarTooLargeError,
+    InvalidArgumentError,
+    InvalidRegexError,
+)
+from ..limits import Deadline, deadline_scope
+from ..vocabulary.token_bytes import Vocabulary, vocabulary_of
+from . import cache
+from .cache import default_cache_dir
+from .grammar import CompiledGrammar, EagerGrammar, LazyGrammar
+from .lazy import LazyIndex
+from .pool import Progress, _Jobs
+from .token_index import ByteDFA, TokenTrie
+
+MODES = ("auto", "eager", "lazy")
+ENGINES = ("auto", "nfa", "outlines")
+_TABLE_FORMAT = 2
+_DFA_FORMAT = 4
+
+
+# --- compiling -------------------------------------------------------------------------------------
+
+_LIVE: "weakref.WeakValueDictionary[str, CompiledGrammar]" = weakref.WeakValueDictionary()
+_TRIES: "weakref.WeakKeyDictionary[Vocabulary, dict[int, TokenTrie]]" = weakref.WeakKeyDictionary()
+_TRIES_LOCK = threading.Lock()
+
+
+def token_trie(vocab: Vocabulary, width: int) -> TokenTrie:
+    """The vocabulary's token trie for `width` (ids below it), built once per vocabulary object
+    (~0.5 s for 150k tokens) and shared by all its grammars."""
+    with _TRIES_LOCK:
+        per_width = _TRIES.setdefault(vocab, {})
+        trie = per_width.get(width)
+        if trie is None:
+            trie = per_width[width] = TokenTrie.build(vocab.text_tokens(), width)
+        return trie
+
+
+def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tuple[int, ...]]:
+    if logits_width is None:
+        width = vocab.size
+    else:
+        try:
+            width = operator.index(logits_width)  # an int (numpy's included), not a float or a bool
+        except TypeError:
+            width = None
+        if width is None or isinstance(logits_width, bool) or width <= 0:
+            raise InvalidArgumentError(f"logits_width must be a positive integer, got {logits_width!r}")
+    eos = tuple(i for i in vocab.eos_token_ids if i < width)
+    if not eos:
+        raise InvalidArgumentError(f"no EOS id of {vocab.eos_token_ids} fits logits_width {width}")
+    return width, eos
+
+
+@dataclass(frozen=True)
+class _Options:
+    mode: str
+    engine: str
+    cache_dir: Path | None  # None: the cache is off (use_cache=False)
+    deadline: Deadline
+    memory_limit: int
+    progress: Progress | None
+    progress_line: bool  # progress=True: the stderr line, ended by a "done"
+    eos_token_ids: Any
+
+
+def _options(*, mode: str = "auto", engine: str = "auto", cache_dir: str | os.PathLike | None = None,
+             use_cache: bool = True, timeout: float | None = None, memory_limit: int | None = None,
+             progress: bool | Progress | None = None, eos_token_ids=None) -> _Options:
+    """The compile options, checked (`InvalidArgumentError`); the deadline starts here."""
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode must be one of {MODES}, got {mode!r}")
+    if engine not in ENGINES:
+        raise InvalidArgumentError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "nfa" and mode == "eager":
+        raise InvalidArgumentError(
+            "engine='nfa' determinizes on demand, for lazy grammars; eager tables are built from outlines-core's "
+            "complete DFA (engine='auto' or 'outlines')")
+    if not isinstance(use_cache, bool):
+        raise InvalidArgumentError(f"use_cache must be True or False, got {use_cache!r}")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise InvalidArgumentError(f"cache_dir must be a path or None, got {type(cache_dir).__name__}")
+    if memory_limit is None:
+        memory_limit = limits.COMPILE_MEMORY
+    elif isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, np.integer)) or memory_limit < 0:
+        raise InvalidArgumentError(f"memory_limit must be a number of bytes (0: none), got {memory_limit!r}")
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise InvalidArgumentError(f"progress must be True, False, None or a callable, got {progress!r}")
+    deadline = Deadline(limits.COMPILE_TIMEOUT if timeout is None else timeout)  # InvalidArgumentError if not > 0
+    return _Options(
+        mode=mode, engine=engine, deadline=deadline, memory_limit=int(memory_limit),
+        cache_dir=(Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None,
+        progress=_stderr_progress() if progress is True else (progress or None), progress_line=progress is True,
+        eos_token_ids=eos_token_ids)
+
+
+def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = None, **options) -> CompiledGrammar:
+    """Compile a regex (full match, outlines-core / Rust regex syntax) for `tokenizer`.
+
+    `logits_width` is the model's output width (defaults to the tokenizer's size). Options:
+    `mode` ("auto", "eager" or "lazy"; see the module docstring), `engine` ("auto", "nfa" or
+    "outlines": which builds the byte automaton of a lazy grammar, see the module docstring), `cache_dir`, `use_cache`,
+    `timeout` (seconds for the whole compile), `memory_limit`, `progress` (True for a stderr progress line,
+    or a callable `(stage, done, total)`), `eos_token_ids` (override the tokenizer's).
+    """
+    started = time.perf_counter()
+    if not isinstance(pattern, str):
+        raise InvalidRegexError(f"a regex must be a str, got {type(pattern).__name__}")
+    opts = _options(**options)
+    with deadline_scope(opts.deadline):
+        return _compile("regex", pattern, _target(tokenizer, logits_width, opts), (), opts, started)
+
+
+def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
+                        whitespace: str | None = None, strict: bool = False, **options) -> CompiledGrammar:
+    """Compile a JSON Schema (dict, JSON text, or Pydantic model class) for `tokenizer`.
+
+    The grammar produces JSON in `grammar_mlx.schema`'s canonical format (compact by default).
+    `strict=True` raises `UnsupportedSchemaError` for any keyword that cannot be enforced exactly;
+    otherwise those keywords are listed in `.unenforced`. Other options as for `compile_regex`;
+    `timeout` covers the schema's translation too.
+    """
+    from ..schema.translate import schema_to_regex
+
+    started = time.perf_counter()
+    opts = _options(**options)
+    with deadline_scope(opts.deadline):
+        target = _target(tokenizer, logits_width, opts)  # argument mistakes before a long translation
+        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict)
+        opts.deadline.check("translating the schema")
+        return _compile("json_schema", translated.regex, target, translated.unenforced, opts, started)
+
+
+def _digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _target(tokenizer: Any, logits_width: int | None, opts: _Options) -> tuple[Vocabulary, int, tuple[int, ...]]:
+    """(vocabulary, logits width, EOS ids below it) a grammar is compiled for."""
+    vocab = vocabulary_of(tokenizer, eos_token_ids=opts.eos_token_ids)
+    return (vocab, *_width_and_eos(vocab, logits_width))
+
+
+def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ...]], unenforced: tuple,
+             opts: _Options, started: float) -> CompiledGrammar:
+    """The grammar of `regex` for `target` (see `_target`), run under `opts.deadline` (the caller's
+    `deadline_scope`)."""
+    if len(regex) > limits.MAX_REGEX_LENGTH:
+        raise GrammarTooLargeError(
+            f"the regex has {len(regex):,} characters, over the limit of {limits.MAX_REGEX_LENGTH:,} "
+            "(GRAMMAR_MLX_MAX_REGEX_LENGTH)")
+    vocab, width, eos = target
+    mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
+    if mode == "eager" or engine == "outlines":
+        # The NFA engine's parser checks syntax on its way; outlines-core's wrapping (?:R)\x00 would
+        # balance a stray ")(" and build a DFA for a regex that is not one.
+        check_syntax(regex)
+    key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": regex,
+                   "vocab": vocab.fingerprint, "width": width, "eos": eos})
+    # The live memo hands out the very object: its key holds everything the object is, beyond the
+    # tables the disk key covers (an `unenforced` report differs between schemas of the same regex).
+    live_key = _digest({"tables": key, "unenforced": [repr(u) for u in unenforced], "mode": mode,
+                        "engine": engine, "max_dfa_states": limits.MAX_DFA_STATES})
+    if directory is not None:
+        live = _LIVE.get(live_key)
+        if live is not None:
+            return live
+
+    common = dict(regex=regex, unenforced=unenforced, logits_width=width, eos_token_ids=eos)
+    jobs = _Jobs(opts.deadline, opts.memory_limit, opts.progress)
+    try:
+        if mode != "lazy" and directory is not None:
+            loaded = cache.load(directory, key)
+            if loaded is not None and _valid(loaded[0], loaded[1], width):
+                grammar = _eager(loaded, vocab, common, started, cache_hit=True, dfa_seconds=None,
+                                 reason="complete tables in the cache")
+                _LIVE[live_key] = grammar
+                return grammar
+
+        trie = token_trie(vocab, width)
+        opts.deadline.check("indexing the vocabulary")
+        dfa, engine_note, nfa_meta = None, "", {}
+        if mode != "eager" and engine == "auto" and directory is not None:
+            # outlines-core's complete DFA, already on disk, costs a file read and walks faster than
+            # rows determinized on demand: use it when a previous compile left it.
+            cached = _byte_dfa(regex, directory, jobs, build=False)
+            if cached is not None:
+                dfa, dfa_meta, dfa_hit = cached
+                built_by = "outlines"
+                chosen, reason = _choose_mode(mode, dfa)
+                reason += "; engine outlines-core: its byte DFA is in the cache"
+        if dfa is None and mode != "eager" and engine != "outlines":
+            lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
+            if lazy_dfa is None and engine == "nfa":
+                raise InvalidArgumentError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
+            if lazy_dfa is not None:
+                built_by, dfa_hit = "nfa", False
+                small = None if mode == "lazy" else _complete_if_small(lazy_dfa, limits.AUTO_EAGER_MAX_STATES)
+                if small is None:
+                    dfa, dfa_meta, chosen = lazy_dfa, {"dfa_seconds": None}, "lazy"
+                    reason = ("requested" if mode == "lazy" else "auto") + f"; {engine_note}"
+                else:
+                    dfa, dfa_meta, chosen = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
+                    reason = f"auto: {dfa.num_states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+        if dfa is None:
+            dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, jobs)
+            built_by = "outlines"
+            chosen, reason = _choose_mode(mode, dfa)
+            if engine == "outlines":
+                reason += "; engine outlines-core (requested)"
+            elif engine_note and mode != "eager":
+                reason += f"; engine outlines-core: {engine_note}"
+        if chosen == "eager":
+            job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
+                   "table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes,
+                   "initial_state": dfa.initial, "regex": regex}
+            built = jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)))
+            if not _valid(built[0], built[1], width):
+                raise CompileWorkerError("the compile worker returned token tables that fail their checks")
+            written = cache.store(directory, key, *built) if directory is not None else None
+            grammar = _eager(built, vocab, common, started, cache_hit=False, cache_written=written,
+                             dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason, engine=built_by)
+        else:
+            growing = built_by == "nfa"  # an on-demand DFA has no final state count
+            stats = {
+                "mode": "lazy", "engine": built_by, "mode_reason": reason, "cache_hit": dfa_hit,
+                "cache_written": dfa_meta.get("cache_written"),
+                "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
+                "index_seconds": None, "byte_states": None if growing else dfa.num_states, **nfa_meta,
+            }
+            grammar = LazyGrammar(LazyIndex(dfa, trie, eos, width), vocab, stats=stats, **common)
+    finally:
+        if opts.progress_line:
+            opts.progress("done", 1, 1)
+    if directory is not None:
+        _LIVE[live_key] = grammar  # successes only: a failure is raised, never remembered here
+    return grammar
+
+
+def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason, engine=None,
+           cache_written=None) -> EagerGrammar:
+    arrays, meta = loaded
+    stats = {
+        "mode": "eager",
+        "engine": engine,  # the engine that built the byte DFA, when this compile built it
+        "mode_reason": reason,
+        "cache_hit": cache_hit,
+        "cache_written": cache_written,  # True / False (could not write: logged) / None (nothing to write)
+        "compile_seconds": time.perf_counter() - started,
+        "dfa_seconds": dfa_seconds,
+        "index_seconds": meta.get("index_seconds"),
+        "byte_states": meta.get("byte_states"),
+        "num_transitions": meta.get("num_transitions"),
+        "num_masks": int(len(arrays["masks"])),
+        "mask_bytes": meta.get("mask_bytes"),
+        "mask_bytes_before_dedup": meta.get("mask_bytes_before_dedup"),
+    }
+    return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
+
+
+def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[LazyDFA | None, dict, str]:
+    """The regex's byte NFA with a DFA determinized on demand (`byte_nfa`), built in-process in
+    linear time, or None and why outlines-core's complete DFA is needed instead (a construct the
+    NFA does not reproduce). Raises `InvalidRegexError` for a syntax error.
+
+    Any vocabulary: the DFA's liveness is computed over the vocabulary's single-byte tokens, and the
+    lazy index keeps only tokens into states from which tokens can reach acceptance (lazy.py)."""
+    started = time.perf_counter()
+    try:
+        nfa = build_nfa(regex, limits.MAX_NFA_STATES)
+        dfa = LazyDFA(nfa, limits.MAX_DFA_STATES, alphabet=trie.single_bytes)
+    except Unsupported as exc:
+        return None, {}, f"the regex uses what the byte NFA does not reproduce exactly ({exc})"
+    seconds = time.perf_counter() - started
+    return dfa, {"nfa_seconds": seconds, "nfa_states": len(nfa), "byte_classes": dfa.num_classes}, (
+        f"engine nfa: byte NFA of {len(nfa):,} states, its DFA determinized on demand")
+
+
+def _complete_if_small(dfa: LazyDFA, limit: int) -> ByteDFA | None:
+    """The complete DFA when it has at most `limit` states (an eager grammar costs little then),
+    else None; `dfa` keeps the rows computed meanwhile."""
+    q = 1
+    while q < dfa.num_states:
+        if dfa.num_states - 1 > limit:
+            return None
+        dfa.ensure_rows([q])
+        q += 1
+    return None if dfa.num_states - 1 > limit else dfa.to_byte_dfa()
+
+
+def _choose_mode(requested: str, dfa: ByteDFA) -> tuple[str, str]:
+    # Both modes are exact for every vocabulary (dead ends pruned: lazy.py, worker.build_tables),
+    # so only the cost decides.
+    if requested != "auto":
+        return requested, "requested"
+    if dfa.num_states <= limits.AUTO_EAGER_MAX_STATES:
+        return "eager", f"auto: {dfa.num_states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+    return "lazy", f"auto: {dfa.num_states} byte states > {limits.AUTO_EAGER_MAX_STATES}"
+
+
+def _byte_dfa(regex: str, directory: Path | None, jobs: "_Jobs", build: bool = True):
+    """The regex's byte DFA: from the cache (keyed by the regex alone; `directory` None: no cache),
+    else built by a worker (or None when `build` is False)."""
+    key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})
+    loaded = cache.load(directory, key) if directory is not None else None
+    hit = loaded is not None and _valid_dfa(*loaded)
+    if not hit and not build:
+        return None
+    if not hit:
+        loaded = jobs.run("dfa", {"regex": regex, "max_states": limits.MAX_DFA_STATES}, None)
+        if not _valid_dfa(*loaded):
+            raise CompileWorkerError("the compile worker returned a byte automaton that fails its checks")
+        written = cache.store(directory, key, *loaded) if directory is not None else None
+    arrays, meta = loaded
+    meta = {**meta, "cache_written": None if hit else written}
+    return ByteDFA(arrays["table"], arrays["accepting"], meta["initial_state"], arrays["classes"]), meta, hit
+
+
+def _valid_dfa(arrays: dict, meta: dict) -> bool:
+    """Structural checks on a byte DFA read from disk: a file that passes cannot index out of bounds."""
+    try:
+        table, accepting, classes = arrays["table"], arrays["accepting"], arrays["classes"]
+        states = len(accepting)
+        width = int(classes.max()) + 1
+        return bool(
+            accepting.dtype == np.bool_ and accepting.ndim == 1 and table.dtype == np.int32
+            and classes.dtype == np.int32 and classes.shape == (256,) and classes.min() == 0 and classes[0] == 0
+            and table.shape == ((states + 1) * width,) and 0 < states <= limits.MAX_DFA_STATES
+            and table.min() >= 0 and table.max() <= states and np.all(table[states * width:] == states)
+            and np.all(table[0::width] == states) and 0 <= int(meta["initial_state"]) < states
+        )
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+def _valid(arrays: dict, meta: dict, width: int) -> bool:
+    """Structural checks on tables read from disk: a file that passes cannot index out of bounds."""
+    try:
+        offsets, tokens, nxt = arrays["offsets"], arrays["tokens"], arrays["next"]
+        accepting, masks, mask_id = arrays["accepting"], arrays["masks"], arrays["mask_id"]
+        states = len(accepting)
+        return bool(
+            offsets.shape == (states + 1,) and offsets[0] == 0 and offsets[-1] == len(tokens)
+            and len(nxt) == len(tokens) and np.all(np.diff(offsets) >= 0)
+            and (len(tokens) == 0 or (tokens.min() >= 0 and tokens.max() < width
+                                      and nxt.min() >= 0 and nxt.max() < states))
+            and masks.ndim == 2 and masks.shape[1] == -(-width // 32) and masks.dtype == np.uint32
+            and mask_id.shape == (states,) and mask_id.min() >= 0 and mask_id.max() < len(masks)
+            and 0 <= int(meta["initial_state"]) < states and 0 <= int(meta["terminal_state"]) < states
+        )
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+def _stderr_progress() -> Progress:
+    started = time.monotonic()
+    tty = sys.stderr.isatty()
+
+    def report(stage: str, done: int, total: int) -> None:
+        elapsed = time.monotonic() - started
+        line = f"compiling grammar: {stage} {done}/{total} ({elapsed:.1f} s)"
+        if tty:
+            sys.stderr.write("\r" + line + ("\n" if stage == "done" else ""))
+        elif stage in ("dfa", "tables", "done"):
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    return report

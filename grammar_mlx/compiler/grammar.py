@@ -1,0 +1,313 @@
+"""The compiled grammar: a token-level automaton for one vocabulary and logits width.
+
+`CompiledGrammar` is the interface the processor masks with (`next_state`, `mask_row`,
+`device_masks`, `is_accepting`); `EagerGrammar` holds complete tables, `LazyGrammar` computes each
+state's row on its first visit (`lazy.LazyIndex`). See docs/compiled-grammar.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from bisect import bisect_left
+from typing import Any
+
+import numpy as np
+
+from .. import limits
+from ..errors import (
+    GrammarError,
+    InvalidArgumentError,
+)
+from ..vocabulary.token_bytes import Vocabulary
+from .lazy import LazyIndex
+
+# next_state's per-state lookups (see CompiledGrammar.next_state), per grammar:
+SMALL_ROW = 64  # a row of at most this many tokens: a dict
+MAX_FORBIDDEN = 8192  # a row allowing all but at most this many ids: the forbidden ids, bisected
+
+
+class CompiledGrammar:
+    """A grammar's token-level automaton for one vocabulary and logits width.
+
+    States are `0..num_states-1`; generation starts at `initial_state`. `terminal_state` is entered
+    by an EOS from an accepting state and allows only EOS, so "after EOS, only EOS" is part of the
+    automaton. A state's allowed-token mask is row `mask_row(state)` of the table `device_masks()`
+    (bit `i % 32` of word `i // 32`; padding bits and ids past the tokenizer are never set; EOS bits
+    exactly in accepting states). Two implementations: `EagerGrammar` (complete tables) and
+    `LazyGrammar` (rows computed on first visit); `mode` says which.
+    """
+
+    mode: str
+    num_states: int
+    initial_state: int
+    terminal_state: int
+
+    def __init__(self, vocabulary: Vocabulary, *, regex: str, unenforced: tuple, logits_width: int,
+                 eos_token_ids: tuple[int, ...], stats: dict):
+        self.vocabulary = vocabulary
+        self.regex = regex
+        self.unenforced = tuple(unenforced)
+        self.logits_width = logits_width
+        self.eos_token_ids = eos_token_ids
+        self._stats = stats
+        self._lookups: dict[int, Any] = {}  # state -> its next_state lookup (built on first use)
+        self._lookup_bytes = 0
+
+    def _check_state(self, state: int) -> None:
+        if not 0 <= state < self.num_states:
+            raise InvalidArgumentError(f"state {state} is out of range 0..{self.num_states - 1}")
+
+    @property
+    def stats(self) -> dict:
+        """Compile statistics (`mode`, `mode_reason`, `cache_hit`, `compile_seconds`, …)."""
+        return self._stats
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id`, or -1 when the token is not allowed in `state`.
+
+        This runs for every generated token, right after a mask has left the CPU caches cold, where
+        a binary search in a numpy row costs 3+ µs. So each state gets a lookup on its first call:
+        a dict for a row of few tokens (structure: after `{`, a key, `":`), the sorted forbidden ids
+        for a row allowing nearly everything (inside a string: a token's place among the allowed
+        is its id minus the forbidden ids below it), the numpy row otherwise. Lookups are kept up to
+        `limits.LOOKUP_BYTES` per grammar; past it new states are searched in their rows."""
+        entry = self._lookups.get(state)
+        if entry is None:
+            self._check_state(state)
+            entry = self._lookup(state)
+        if type(entry) is dict:
+            return entry.get(token_id, -1)
+        if not 0 <= token_id < self.logits_width:
+            return -1
+        ids, nxt = entry
+        if type(ids) is list:  # the forbidden ids
+            j = bisect_left(ids, token_id)
+            if j < len(ids) and ids[j] == token_id:
+                return -1
+            return nxt.item(token_id - j)
+        # An int32 needle: a Python int would make numpy convert the whole row to int64 per call.
+        i = int(ids.searchsorted(np.int32(token_id)))
+        if i < len(ids) and ids[i] == token_id:
+            return int(nxt[i])
+        return -1
+
+    def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted allowed ids, the state after each) of a valid state."""
+        raise NotImplementedError
+
+    # Bytes a lookup adds besides the row arrays it shares with the grammar: the dict form's ints
+    # past the small-int cache (a key and a value each), the forbidden ids' ints, a slot in `_lookups`.
+    _INT_BYTES = 32
+    _SLOT_BYTES = 72 + 32 + 56  # dict entry, the state int, the entry's tuple
+
+    def _lookup(self, state: int):
+        tokens, nxt = self._row(state)
+        n, width = len(tokens), self.logits_width
+        if self._lookup_bytes >= limits.LOOKUP_BYTES:
+            return tokens, nxt
+        if n <= SMALL_ROW:
+            entry = dict(zip(tokens.tolist(), nxt.tolist()))
+            cost = sys.getsizeof(entry) + 2 * self._INT_BYTES * n
+        elif width - n <= MAX_FORBIDDEN:
+            allowed = np.zeros(width, dtype=bool)
+            allowed[tokens] = True
+            forbidden = np.flatnonzero(~allowed).tolist()
+            # The place arithmetic needs the row to be exactly the complement: unique ids below width.
+            entry = (forbidden, nxt) if len(forbidden) + n == width else (tokens, nxt)
+            cost = sys.getsizeof(forbidden) + self._INT_BYTES * len(forbidden) + 2 * 112  # + array views
+        else:
+            entry, cost = (tokens, nxt), 2 * 112
+        self._lookups[state] = entry
+        self._lookup_bytes += cost + self._SLOT_BYTES
+        return entry
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        """Sorted ids allowed in `state` (EOS ids included where accepting)."""
+        raise NotImplementedError
+
+    def is_accepting(self, state: int) -> bool:
+        raise NotImplementedError
+
+    def mask_row(self, state: int) -> int:
+        """The row of `device_masks()` that holds `state`'s allowed-token mask."""
+        raise NotImplementedError
+
+    def device_masks(self):
+        """The mask table as an `mx.array`, holding every row `mask_row` has returned so far."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this grammar holds now, host and device (a lazy grammar grows as states are visited):
+        its tables, the mask table on the device, `next_state`'s lookups and the Python lists and
+        dicts behind them (counted per entry at upper-ish CPython sizes). The vocabulary and its
+        token trie, shared by every grammar of the vocabulary, are not counted."""
+        raise NotImplementedError
+
+    def token_text(self, token_id: int) -> str:
+        return self.vocabulary.token_text(token_id)
+
+    def matches(self, token_ids) -> bool:
+        """Whether the token sequence (EOS optional at the end) is a complete match."""
+        state = self.initial_state
+        for t in token_ids:
+            state = self.next_state(state, int(t))
+            if state < 0:
+                return False
+        return self.is_accepting(state)
+
+
+class EagerGrammar(CompiledGrammar):
+    """Complete tables: CSR transitions `tokens[offsets[s]:offsets[s+1]]` (sorted) / `next[...]`,
+    `accepting`, and the deduplicated mask table `masks[mask_id[s]]`."""
+
+    mode = "eager"
+
+    def __init__(self, arrays: dict[str, np.ndarray], meta: dict, vocabulary: Vocabulary, **kw):
+        super().__init__(vocabulary, **kw)
+        self.offsets = arrays["offsets"]
+        self.tokens = arrays["tokens"]
+        self.next = arrays["next"]
+        self.accepting = arrays["accepting"]
+        self.masks = arrays["masks"]
+        self.mask_id = arrays["mask_id"]
+        self.num_states = len(self.accepting)
+        self.initial_state = int(meta["initial_state"])
+        self.terminal_state = int(meta["terminal_state"])
+        self._row_start = self.offsets.tolist()  # Python ints: the per-token lookup avoids numpy scalars
+        self._mask_rows = self.mask_id.tolist()
+        self._list_bytes = (self._int_list_bytes(self._row_start, self.offsets)
+                            + self._int_list_bytes(self._mask_rows, self.mask_id))
+        self._device_masks = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"EagerGrammar(states={self.num_states}, masks={len(self.masks)}, "
+                f"transitions={len(self.tokens)}, logits_width={self.logits_width})")
+
+    def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self._row_start[state], self._row_start[state + 1]
+        return self.tokens[lo:hi], self.next[lo:hi]
+
+    def is_accepting(self, state: int) -> bool:
+        self._check_state(state)
+        return bool(self.accepting[state])
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        self._check_state(state)
+        return self.tokens[self._row_start[state] : self._row_start[state + 1]]
+
+    def mask_row(self, state: int) -> int:
+        if not 0 <= state < self.num_states:
+            self._check_state(state)
+        return self._mask_rows[state]
+
+    def device_masks(self):
+        """The mask table as an `mx.array`, created once: no mask bytes move per token."""
+        if self._device_masks is None:
+            with self._lock:
+                if self._device_masks is None:
+                    import mlx.core as mx
+
+                    self._device_masks = mx.array(np.ascontiguousarray(self.masks))
+        return self._device_masks
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.offsets, self.tokens, self.next, self.accepting, self.masks, self.mask_id)
+        device = self._device_masks.nbytes if self._device_masks is not None else 0
+        return sum(int(a.nbytes) for a in arrays) + self._list_bytes + device + self._lookup_bytes
+
+    @staticmethod
+    def _int_list_bytes(values: list, array: np.ndarray) -> int:
+        """A list of Python ints made by `array.tolist()`: its slots and the int objects past the
+        small-int cache (-5..256, shared)."""
+        return sys.getsizeof(values) + 32 * int(np.count_nonzero((array < -5) | (array > 256)))
+
+
+class LazyGrammar(CompiledGrammar):
+    """Rows computed on first visit (see `lazy.LazyIndex`). The eager-only tables (`offsets`,
+    `tokens`, `next`, `masks`, `mask_id`) do not exist: reading one raises `GrammarError` (compile
+    with `mode="eager"` for them). `accepting` is complete; `stats` includes the index's live counts."""
+
+    mode = "lazy"
+
+    def __init__(self, index: LazyIndex, vocabulary: Vocabulary, **kw):
+        super().__init__(vocabulary, **kw)
+        index.check_initial()  # VocabularyMismatchError: no token sequence reaches acceptance
+        self.index = index
+        self.initial_state = index.dfa.initial
+        self.terminal_state = index.terminal
+        self._known_mask_row = index.mask_of.get  # mask_row's per-token path: a filled state's row
+        # A lookup shares its row's arrays with the index; once the index drops the row, the lookup
+        # alone keeps them, and they count here (weakly bound: no cycle keeps the grammar alive).
+        index.on_evict = weakref.WeakMethod(self._row_dropped)
+
+    def _row_dropped(self, state: int, tokens: np.ndarray, nxt: np.ndarray) -> None:
+        entry = self._lookups.get(state)
+        if entry is not None and type(entry) is not dict and entry[1] is nxt:
+            self._lookup_bytes += nxt.nbytes + (tokens.nbytes if entry[0] is tokens else 0)
+
+    @property
+    def num_states(self) -> int:
+        """States so far: all of the byte DFA's (engine "outlines"), or those discovered by the walks
+        so far (engine "nfa": the DFA is determinized on demand); ids never change."""
+        return self.index.num_states
+
+    @property
+    def accepting(self) -> np.ndarray:
+        """Whether each of the `num_states` states so far accepts."""
+        return self.index.accepting
+
+    def __repr__(self) -> str:
+        s = self.index.stats()
+        return (f"LazyGrammar(states={self.num_states}, filled={s['states_filled']}, masks={s['num_masks']}, "
+                f"logits_width={self.logits_width})")
+
+    @property
+    def stats(self) -> dict:
+        return {**self._stats, **self.index.stats()}
+
+    def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.row(state)
+
+    def is_accepting(self, state: int) -> bool:
+        self._check_state(state)
+        return self.index.is_accepting(state)
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        self._check_state(state)
+        return self.index.row(state)[0]
+
+    def mask_row(self, state: int) -> int:
+        row = self._known_mask_row(state, -1)
+        if row >= 0:
+            return row
+        self._check_state(state)
+        return self.index.mask_row(state)
+
+    def device_masks(self):
+        """The mask table as an `mx.array`: every row `mask_row` has returned so far, and room for
+        more (rows past those are not written yet; a full table is replaced by one twice as large)."""
+        return self.index.device_masks()
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes + self._lookup_bytes
+
+    def _eager_only(name: str):  # noqa: N805 - builds properties at class creation
+        def get(self):
+            raise GrammarError(
+                f"{name!r} is a table of eager grammars; this grammar is lazy (rows are computed per state "
+                "on first visit): use next_state / allowed_tokens / mask_row / device_masks, or compile "
+                "with mode='eager'")
+        return property(get)
+
+    offsets = _eager_only("offsets")
+    tokens = _eager_only("tokens")
+    next = _eager_only("next")
+    masks = _eager_only("masks")
+    mask_id = _eager_only("mask_id")
+    del _eager_only

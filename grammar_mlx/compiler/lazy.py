@@ -1,0 +1,446 @@
+"""`LazyIndex`: a grammar's token rows and masks, each computed on its state's first visit.
+
+Compiling a lazy grammar builds only a byte-level automaton: outlines-core's complete DFA
+(`token_index.ByteDFA`) or the byte NFA's DFA determinized on demand (`byte_nfa.LazyDFA`, which
+computes the DFA rows a walk needs as it goes). The first time a state is asked for (`row`,
+`mask_row`), its token row is walked over the vocabulary's trie (`token_index.walk`) and kept; its
+mask is packed, deduplicated against the rows seen so far and appended to the mask table. A
+generation visits a small fraction of the states, so it pays for those only.
+
+Exact for every vocabulary: a token is allowed iff its bytes lead to a state from which *tokens of
+this vocabulary* can reach acceptance (a state is "live"), so every state a generation reaches has a
+way forward, whatever bytes the vocabulary lacks. Liveness is decided lazily, for the successors a
+row walk meets:
+- a state that reaches acceptance over the vocabulary's single-byte tokens is live (those tokens
+  spell the way): `ByteDFA.live_by` / `LazyDFA.live`, exact and cheap, and true of every state for
+  JSON grammars with real vocabularies (then nothing below runs);
+- any other state is searched breadth-first over its token successors (raw walks, memoized) until a
+  live one is met (live: so is every state on the path), or none is left (dead: so are all states
+  searched), or `liveness_walks` row walks were spent (`GRAMMAR_MLX_LIVENESS_WALKS`, 256): then it
+  counts as dead. That only narrows a row (stats `liveness_undecided`): a mask never admits a dead
+  end, and a state's verdict never changes, so a row recomputed after eviction equals its mask.
+  Stats `liveness_searches`, `liveness_walks` and `dead_end_tokens` (tokens dropped from rows) say
+  what it cost.
+The initial state must be live: `check_initial` raises `VocabularyMismatchError` otherwise.
+
+Memory bounds (per grammar, overridable):
+- token rows (sorted allowed ids + next states, 8 bytes per allowed token) are kept up to
+  `max_row_bytes` (`GRAMMAR_MLX_LAZY_ROW_BYTES`, 256 MiB); past it, rows not used since the last
+  sweep are dropped (second-chance clock) and recomputed on their next visit;
+- mask rows are append-only (their ids are handed out to the processor) up to `max_mask_bytes`
+  (`GRAMMAR_MLX_LAZY_MASK_BYTES`, 1 GiB: about 56,000 distinct masks at V = 151,936); one more
+  distinct mask raises `GrammarTooLargeError`.
+`nbytes` counts everything the index holds (see it); the vocabulary's trie is shared and not counted.
+
+Threads: one grammar serves concurrent requests. Reads of filled states take no lock; a fill runs
+under the index's lock (a state is filled once even when several threads ask at the same time).
+
+The mask table the kernels read (`device_masks()`) is one `mx.array` with room for more rows than
+it holds: a new row is written into it in place (through a numpy view of its memory,
+`kernels.shared_array`) before its id is handed out, and a full table is copied once into one of
+twice the rows, so a generation makes O(log U) tables for U distinct masks (`stats["table_copies"]`)
+and the kernels' per-table caches stay valid (the kernels package docstring, "Mask layout", states the rule). Where
+numpy cannot write into an MLX array's memory (`kernels.shared_array` returns None), the table is
+copied for each new row instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from .. import limits
+from ..errors import GrammarTooLargeError, InvalidArgumentError, VocabularyMismatchError
+from ..limits import check_deadline
+from .token_index import ByteDFA, TokenTrie, walk, walk_mlx
+
+BACKENDS = ("numpy", "mlx")
+# Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
+# an int object past the small-int cache, a numpy array header, a set entry.
+DICT_SLOT_BYTES = 72
+INT_BYTES = 32
+ARRAY_HEADER_BYTES = 112
+SET_SLOT_BYTES = 64
+# A held row: two array headers, its tuple, its slots in `_rows` and `_used`, the clock's deque slot.
+ROW_OVERHEAD_BYTES = 2 * ARRAY_HEADER_BYTES + 56 + 2 * DICT_SLOT_BYTES + 8 + INT_BYTES
+# A filled state: its `mask_of` slot (with the state and row ints) and its `states_seen` entry.
+STATE_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + SET_SLOT_BYTES
+# A distinct mask: its slot in the content index (hash int, row id, the list holding it).
+MASK_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + 64
+
+
+def default_backend() -> str:
+    """MLX on a GPU (Metal, CUDA), numpy on the CPU, where it is the faster of the two."""
+    try:
+        import mlx.core as mx
+
+        return "mlx" if mx.default_device().type == mx.DeviceType.gpu else "numpy"
+    except ImportError:  # pragma: no cover - mlx is a core dependency
+        return "numpy"
+
+
+class LazyIndex:
+    """Token rows and deduplicated masks of a byte DFA's states, filled on first use.
+
+    The DFA is either complete (`token_index.ByteDFA`, from outlines-core) or determinized on demand
+    (`byte_nfa.LazyDFA`, which gains states as walks reach them). Grammar states are the DFA's state
+    ids, except that the id of the DFA's dead state — never a grammar state, as a forbidden token has
+    no next state — is the `terminal` state, entered by EOS from an accepting state and allowing
+    only EOS: `dfa.num_states` for a ByteDFA, 0 for a LazyDFA. Ids are stable ints either way.
+    A state from which this vocabulary cannot reach acceptance (a dead end) is no grammar state
+    either: no row leads there, and asked for directly its row allows nothing.
+    """
+
+    def __init__(self, dfa: ByteDFA, trie: TokenTrie, eos_token_ids: tuple[int, ...], logits_width: int, *,
+                 max_row_bytes: int | None = None, max_mask_bytes: int | None = None,
+                 backend: str | None = None, liveness_walks: int | None = None):
+        backend = backend or default_backend()
+        if backend not in BACKENDS:
+            raise InvalidArgumentError(f"unknown lazy index backend {backend!r}; expected one of {BACKENDS}")
+        if trie.width != logits_width:
+            raise InvalidArgumentError(f"token trie of width {trie.width} for logits width {logits_width}")
+        self.dfa = dfa
+        self.trie = trie
+        self.backend = backend
+        self._walk = walk if backend == "numpy" else walk_mlx
+        self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
+        self.width = int(logits_width)
+        self.words = -(-self.width // 32)
+        self.terminal = int(dfa.dead)
+        self._growing = bool(getattr(dfa, "lazy", False))
+        self.max_row_bytes = limits.LAZY_ROW_BYTES if max_row_bytes is None else int(max_row_bytes)
+        self.max_mask_bytes = limits.LAZY_MASK_BYTES if max_mask_bytes is None else int(max_mask_bytes)
+        self.liveness_walks = limits.LIVENESS_WALKS if liveness_walks is None else int(liveness_walks)
+
+        # Liveness over the single-byte tokens (see the module docstring).
+        if self._growing:
+            if not dfa.alphabet <= trie.single_bytes:
+                raise InvalidArgumentError("the on-demand DFA's liveness alphabet has bytes that are no tokens of this "
+                                   "vocabulary: build it with LazyDFA(nfa, max_states, alphabet=trie.single_bytes)")
+            self._byte_live = None
+            self._all_live = dfa.all_live
+        else:
+            self._byte_live = np.append(dfa.live_by(trie.single_bytes), False)  # the dead state: never
+            self._all_live = bool(self._byte_live[:-1].all())
+        self._verdict: dict[int, bool] = {}  # token-level liveness of states that the bytes did not decide
+        self._cut_off: set[int] = set()  # states whose False verdict is the search budget's, not a proof
+        self._successors: dict[int, np.ndarray] = {}  # raw token successors, for the search
+        self._search_bytes = 0
+        self.liveness_searches = 0
+        self.liveness_walks_done = 0
+        self.liveness_undecided = 0
+        self.dead_end_tokens = 0
+
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.mask_of: dict[int, int] = {}  # state -> its mask row, for every filled state (read-only outside)
+        self._used: dict[int, int] = {}  # second-chance bits for row eviction
+        self._filled_order: deque[int] = deque()  # states holding a row, in clock order
+        self._row_bytes = 0
+        self.on_evict = None  # weakref.WeakMethod: called (state, tokens, nxt) when a row is dropped
+        self._num_masks = 0
+        self._mask_index: dict[int, list[int]] = {}  # hash of a packed row -> rows with those bytes
+        # The mask table: (mx.array or None, numpy array of the rows): the array's memory when shared
+        # (rows written in place), else a host copy that `device_masks` copies per new row.
+        self._table: tuple[object, np.ndarray] = (None, np.zeros((0, self.words), dtype=np.uint32))
+        self._copy: tuple[int, object] | None = None  # (rows in it, mx.array): the fallback's device copy
+        self._shared: bool | None = None  # whether tables are shared with numpy (decided on first use)
+        self.table_copies = 0
+        self._lock = threading.RLock()
+        self._bits = np.zeros(self.words * 32, dtype=bool)
+        self.fills = 0
+        self.fill_seconds = 0.0
+        self.fill_seconds_max = 0.0
+        self.rows_evicted = 0
+        self.states_seen: set[int] = set()
+
+    @property
+    def num_states(self) -> int:
+        """States so far (ids 0 .. num_states - 1): fixed for a ByteDFA, growing for a LazyDFA."""
+        return self.dfa.num_states if self._growing else self.dfa.num_states + 1
+
+    @property
+    def accepting(self) -> np.ndarray:
+        """Whether each state so far accepts (a copy: a growing DFA's array is replaced as it grows)."""
+        accepting = self.dfa.accepting[: self.dfa.num_states].copy()
+        if self._growing:
+            accepting[self.terminal] = True
+            return accepting
+        return np.append(accepting, True)
+
+    def is_accepting(self, state: int) -> bool:
+        return state == self.terminal or bool(self.dfa.accepting[state])
+
+    # -- the per-token path ------------------------------------------------------------------------
+
+    def row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted allowed ids, next state of each) of a valid state, EOS included where accepting."""
+        entry = self._rows.get(state)
+        if entry is None:
+            entry = self._fill(state)
+        else:
+            self._used[state] = 1
+        return entry
+
+    def mask_row(self, state: int) -> int:
+        """The id of `state`'s row in the mask table (filling the state on its first visit)."""
+        row = self.mask_of.get(state, -1)
+        if row < 0:
+            self._fill(state)
+            row = self.mask_of[state]
+        return row
+
+    def device_masks(self):
+        """The mask table as an `mx.array` holding at least every row id handed out so far: one
+        object until it fills up (rows are added in place), or, where tables cannot be shared with
+        numpy, a new object for each new row."""
+        table = self._table[0]
+        if table is not None:
+            return table
+        copy = self._copy
+        if copy is not None and copy[0] == self._num_masks:
+            return copy[1]
+        with self._lock:
+            if self._shared is None:  # no row yet: decide how tables are kept
+                self._grow(4)
+            if self._table[0] is not None:
+                return self._table[0]
+            copy = self._copy
+            if copy is None or copy[0] != self._num_masks:
+                import mlx.core as mx
+
+                copy = self._copy = (self._num_masks, mx.array(self._table[1][: max(self._num_masks, 1)]))
+                self.table_copies += 1
+            return copy[1]
+
+    # -- liveness ------------------------------------------------------------------------------------
+
+    def check_initial(self) -> None:
+        """`VocabularyMismatchError` unless tokens of this vocabulary can reach acceptance from the
+        initial state (what compiling a lazy grammar checks)."""
+        with self._lock:
+            if self._live(np.array([self.dfa.initial], dtype=np.int32))[0]:
+                return
+            undecided = self.dfa.initial in self._cut_off
+        detail = (f"no way was found within {self.liveness_walks} row walks (GRAMMAR_MLX_LIVENESS_WALKS)" if undecided
+                  else "no sequence of its tokens spells a string the grammar accepts")
+        raise VocabularyMismatchError(
+            "the vocabulary is incompatible with the regex: the grammar needs text that no token can produce "
+            f"(e.g. a NUL character, or bytes the vocabulary lacks): {detail}")
+
+    def _byte_live_of(self, states: np.ndarray) -> np.ndarray:
+        return self.dfa.live[states] if self._growing else self._byte_live[states]
+
+    def _live(self, states: np.ndarray) -> np.ndarray:
+        """Whether each state is live (a copy), deciding the states the bytes do not."""
+        live = self._byte_live_of(states)
+        if not live.all():
+            for s in np.unique(states[~live]).tolist():
+                if self._token_live(s):
+                    live[states == s] = True
+        return live
+
+    def _token_live(self, start: int) -> bool:
+        """Breadth-first over raw token successors from `start` (a state its bytes did not decide),
+        bounded by `liveness_walks` walks; see the module docstring."""
+        verdict = self._verdict.get(start)
+        if verdict is not None:
+            return verdict
+        self.liveness_searches += 1
+        parent = {start: -1}
+        queue, i, walks, exact = [start], 0, 0, True
+        while i < len(queue):
+            u = queue[i]
+            i += 1
+            succ = self._successors.get(u)
+            if succ is None:
+                if walks >= self.liveness_walks:
+                    self._verdict[start] = False
+                    self._cut_off.add(start)
+                    self.liveness_undecided += 1
+                    self._search_bytes += DICT_SLOT_BYTES + INT_BYTES + SET_SLOT_BYTES
+                    return False
+                check_deadline("the vocabulary's way to acceptance")
+                succ = np.unique(walk(self.trie, self.dfa, u)[1])
+                self._successors[u] = succ
+                self._search_bytes += succ.nbytes + ARRAY_HEADER_BYTES + DICT_SLOT_BYTES + INT_BYTES
+                walks += 1
+                self.liveness_walks_done += 1
+            byte_live = self._byte_live_of(succ)
+            for s, ok in zip(succ.tolist(), byte_live.tolist()):
+                if not ok:
+                    verdict = self._verdict.get(s)
+                    if verdict is False:
+                        exact = exact and s not in self._cut_off
+                        continue
+                    ok = bool(verdict)
+                if ok:
+                    while u != -1:  # a way forward through u: every state on the path has one
+                        self._verdict[u] = True
+                        u = parent[u]
+                    self._search_bytes += len(parent) * (DICT_SLOT_BYTES + INT_BYTES)
+                    return True
+                if s not in parent:
+                    parent[s] = u
+                    queue.append(s)
+        for u in queue:  # nothing searched reaches acceptance: all dead (exactly, unless a cut-off verdict fed it)
+            self._verdict[u] = False
+        if not exact:
+            self._cut_off.update(queue)
+            self.liveness_undecided += 1
+        self._search_bytes += len(queue) * (DICT_SLOT_BYTES + INT_BYTES + (0 if exact else SET_SLOT_BYTES))
+        return False
+
+    # -- filling -----------------------------------------------------------------------------------
+
+    def _fill(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            entry = self._rows.get(state)
+            if entry is not None:  # another thread filled it while this one waited
+                return entry
+            started = time.perf_counter()
+            if state == self.terminal:
+                tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
+            else:
+                tokens, nxt = self._walk(self.trie, self.dfa, state)
+                if not self._all_live and len(nxt):
+                    keep = self._live(nxt)
+                    if not keep.all():  # tokens into dead ends: never allowed
+                        self.dead_end_tokens += int(len(keep) - np.count_nonzero(keep))
+                        tokens, nxt = tokens[keep], nxt[keep]
+                if self.dfa.accepting[state]:
+                    at = np.searchsorted(tokens, self.eos)
+                    tokens = np.insert(tokens, at, self.eos)
+                    nxt = np.insert(nxt, at, np.int32(self.terminal))
+            tokens.setflags(write=False)
+            nxt.setflags(write=False)
+            if state not in self.mask_of:
+                self.mask_of[state] = self._add_mask(tokens)
+            entry = (tokens, nxt)
+            self._store(state, entry)
+            elapsed = time.perf_counter() - started
+            self.fills += 1
+            self.fill_seconds += elapsed
+            self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
+            self.states_seen.add(state)
+            return entry
+
+    def _add_mask(self, tokens: np.ndarray) -> int:
+        bits = self._bits
+        bits[:] = False
+        bits[tokens] = True
+        packed = np.packbits(bits, bitorder="little").view("<u4")
+        key = hash(packed.tobytes())
+        same = self._mask_index.get(key)
+        if same is not None:
+            for row in same:  # equal hashes: compare the rows themselves
+                if np.array_equal(self._table[1][row], packed):
+                    return row
+        row = self._num_masks
+        if (row + 1) * self.words * 4 > self.max_mask_bytes:
+            raise GrammarTooLargeError(
+                f"the lazy grammar's mask table reached its limit of {self.max_mask_bytes / 2**20:.0f} MiB "
+                f"({row:,} distinct masks; GRAMMAR_MLX_LAZY_MASK_BYTES)")
+        if row == len(self._table[1]):  # full: twice the rows, amortized O(1) copies per row
+            self._grow(max(4, 2 * row))
+        table, host = self._table
+        if table is not None:
+            from ..kernels.dispatch import before_host_write
+
+            before_host_write()
+        host[row] = packed  # in place: row ids from `row` on were never handed out
+        self._mask_index.setdefault(key, []).append(row)
+        self._num_masks = row + 1  # last: readers see a row only once it is written
+        return row
+
+    def _grow(self, rows: int) -> None:
+        """A table of `rows` rows (at most what `max_mask_bytes` allows) holding the rows so far."""
+        rows = max(min(rows, self.max_mask_bytes // (4 * self.words)), self._num_masks + 1)
+        old = self._table[1]
+        shared = None
+        if self._shared is not False:
+            from ..kernels.dispatch import shared_array
+
+            shared = shared_array((rows, self.words), np.uint32)
+            self._shared = shared is not None
+        table, host = shared if shared is not None else (None, np.zeros((rows, self.words), dtype=np.uint32))
+        host[: self._num_masks] = old[: self._num_masks]
+        self._table = (table, host)  # one assignment: readers see the old table or the whole new one
+        if table is not None:
+            self.table_copies += 1
+
+    def _store(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
+        size = entry[0].nbytes + entry[1].nbytes
+        self._rows[state] = entry
+        self._used[state] = 1
+        self._filled_order.append(state)
+        self._row_bytes += size
+        if self._row_bytes > self.max_row_bytes:
+            self._evict(keep=state)
+
+    def _evict(self, keep: int) -> None:
+        """Drop rows until under the bound, second-chance clock: the hand passes states oldest first,
+        spares (and clears) those used since its last pass, and never drops `keep` (being returned)."""
+        order = self._filled_order
+        for _ in range(2 * len(order)):  # two passes at most: the second finds every bit cleared
+            if self._row_bytes <= self.max_row_bytes or len(order) <= 1:
+                break
+            state = order.popleft()
+            if state == keep or self._used[state]:
+                self._used[state] = 0
+                order.append(state)
+                continue
+            tokens, nxt = self._rows.pop(state)
+            del self._used[state]
+            self._row_bytes -= tokens.nbytes + nxt.nbytes
+            self.rows_evicted += 1
+            callback = self.on_evict() if self.on_evict is not None else None
+            if callback is not None:
+                callback(state, tokens, nxt)
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Host (and device) bytes held: rows with their Python overhead, the mask table as
+        allocated (and the fallback's device copy), per-state and per-mask bookkeeping, the
+        liveness search's memos, and the DFA's own `nbytes`. Python containers are counted per
+        entry at upper-ish sizes (the constants above); the trie is shared and not counted."""
+        host = self._table[1]
+        copy = self._copy
+        return int(
+            self._row_bytes + len(self._rows) * ROW_OVERHEAD_BYTES
+            + host.nbytes + (copy[1].nbytes if copy is not None else 0)
+            + len(self.mask_of) * STATE_OVERHEAD_BYTES + self._num_masks * MASK_OVERHEAD_BYTES
+            + self._bits.nbytes + self._search_bytes
+            + (self._byte_live.nbytes if self._byte_live is not None else 0)
+            + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
+            + self.dfa.nbytes
+        )
+
+    def stats(self) -> dict:
+        with self._lock:
+            rows = list(self._rows.values())
+            return {
+                "states_filled": len(self.states_seen),
+                "fills": self.fills,
+                "fill_seconds": self.fill_seconds,
+                "fill_seconds_max": self.fill_seconds_max,
+                "rows_evicted": self.rows_evicted,
+                "row_bytes": self._row_bytes,
+                "num_transitions": int(sum(len(r[0]) for r in rows)),
+                "num_masks": self._num_masks,
+                "mask_bytes": self._num_masks * self.words * 4,
+                "mask_bytes_before_dedup": len(self.states_seen) * self.words * 4,
+                "table_rows": len(self._table[1]),
+                "table_copies": self.table_copies,
+                "backend": self.backend,
+                "byte_states_built": int(self.dfa.num_states - (1 if self._growing else 0)),
+                "liveness_searches": self.liveness_searches,
+                "liveness_walks": self.liveness_walks_done,
+                "liveness_undecided": self.liveness_undecided,
+                "dead_end_tokens": self.dead_end_tokens,
+            }

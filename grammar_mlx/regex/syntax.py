@@ -1,0 +1,353 @@
+"""Character-level regular expressions: the AST the schema front end reasons with.
+
+JSON Schema `pattern`s are ECMA-262 regexes over the *decoded* string, while outlines-core compiles a
+regex over the *JSON text*. Patterns (`regex.ecma`) and formats become this AST over Unicode code
+points (`Chars`, `Seq`, `Alt`, `Repeat`); here JSON Schema's search semantics are applied, lengths
+folded in, and the AST written either as a character-level regex or as the regex of its canonical
+JSON encoding (each character as `json.dumps(..., ensure_ascii=False)` writes it). Both are in the
+dialect common to Rust regex-automata and Python `re`, so tests can check them with `re.fullmatch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..limits import check_deadline
+from .charset import ANY, REGEX_META, CharSet, charset_regex
+
+
+class PatternError(Exception):
+    """Internal: a pattern that does not parse (`unsupported` False) or uses a construct a finite
+    automaton cannot express exactly (`unsupported` True: lookaround, back-reference, ...)."""
+
+    def __init__(self, message: str, *, position: int | None = None, unsupported: bool = False):
+        super().__init__(message)
+        self.position = position
+        self.unsupported = unsupported
+
+
+# ---------------------------------------------------------------------------------------------
+# AST. `Seq(())` is the empty string, `Alt(())` the empty language.
+
+
+@dataclass(frozen=True, slots=True)
+class Chars:
+    chars: CharSet
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    items: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    items: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    item: object
+    lo: int
+    hi: int | None  # None: unbounded
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    end: bool  # False: `^`, True: `$`
+
+
+EMPTY = Seq(())
+NEVER = Alt(())
+
+
+def literal(text: str) -> Seq:
+    return Seq(tuple(Chars(CharSet.of(c)) for c in text))
+
+
+def seq(*items) -> object:
+    flat = []
+    for item in items:
+        if item == NEVER:
+            return NEVER
+        flat.extend(item.items if isinstance(item, Seq) else (item,))
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items) -> object:
+    flat, chars = [], None
+    for item in items:
+        for sub in item.items if isinstance(item, Alt) else (item,):
+            if isinstance(sub, Chars):
+                # One class for all single characters: [ab] rather than a|b.
+                if chars is None:
+                    chars = len(flat)
+                    flat.append(sub)
+                else:
+                    flat[chars] = Chars(flat[chars].chars | sub.chars)
+            elif sub not in flat:
+                flat.append(sub)
+    if EMPTY in flat and len(flat) > 1:
+        rest = [x for x in flat if x != EMPTY]
+        inner = rest[0] if len(rest) == 1 else Alt(tuple(rest))
+        return inner if nullable(inner) else Repeat(inner, 0, 1)
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+
+
+def repeat(item, lo: int, hi: int | None) -> object:
+    if hi is not None and hi < lo:
+        return NEVER
+    if item == NEVER:
+        return EMPTY if lo == 0 else NEVER
+    if item == EMPTY or hi == 0:
+        return EMPTY
+    if lo == hi == 1:
+        return item
+    return Repeat(item, lo, hi)
+
+
+def length_range(node) -> tuple[int, int | None]:
+    """Shortest and longest match in code points (None: unbounded). The empty language gives (inf, 0)."""
+    if isinstance(node, Chars):
+        return (1, 1) if node.chars else (_INF, 0)
+    if isinstance(node, Anchor):
+        return 0, 0
+    if isinstance(node, Seq):
+        lo, hi = 0, 0
+        for item in node.items:
+            a, b = length_range(item)
+            lo += a
+            hi = None if hi is None or b is None else hi + b
+        return lo, hi
+    if isinstance(node, Alt):
+        if not node.items:
+            return _INF, 0
+        ranges = [length_range(item) for item in node.items]
+        his = [b for _, b in ranges]
+        return min(a for a, _ in ranges), None if None in his else max(his)
+    if isinstance(node, Repeat):
+        a, b = length_range(node.item)
+        hi = None if node.hi is None or b is None else b * node.hi
+        if node.hi is None and b == 0:
+            hi = 0
+        return a * node.lo, hi
+    raise AssertionError(f"not an AST node: {node!r}")
+
+
+_INF = 1 << 62
+
+
+def nullable(node) -> bool:
+    return length_range(node)[0] == 0
+
+
+def max_count(node) -> int:
+    """The largest counted repetition bound in the AST (what drives automaton size)."""
+    if isinstance(node, Repeat):
+        return max(node.lo, node.hi or 0, max_count(node.item))
+    if isinstance(node, (Seq, Alt)):
+        return max((max_count(item) for item in node.items), default=0)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Search semantics: JSON Schema `pattern` matches anywhere unless anchored.
+
+MAX_ANCHOR_FORMS = 64
+
+
+def _anchor_forms(node) -> list[tuple[bool, bool, object]]:
+    """Rewrite `node` as alternatives (starts_at_0, ends_at_end, anchor-free core)."""
+    if not _has_anchor(node):
+        return [(False, False, node)]
+    if isinstance(node, Anchor):
+        return [(not node.end, node.end, EMPTY)]
+    if isinstance(node, Chars):
+        return [(False, False, node)]
+    if isinstance(node, Alt):
+        return [form for item in node.items for form in _anchor_forms(item)]
+    if isinstance(node, Repeat):
+        if _has_anchor(node.item):
+            raise PatternError("anchor inside a repetition", unsupported=True)
+        return [(False, False, node)]
+    if isinstance(node, Seq):
+        forms = [(False, False, EMPTY)]
+        for item in node.items:
+            combined = []
+            for sa, ea, ca in forms:
+                for sb, eb, cb in _anchor_forms(item):
+                    if ea and not nullable(cb):
+                        continue  # text after `$`
+                    if ea:
+                        combined.append((sa, True, ca))
+                        continue
+                    if sb:
+                        if not nullable(ca):
+                            continue  # `^` after text
+                        if ca != EMPTY:
+                            # `ca` must match the empty string here; only that choice survives.
+                            combined.append((True, eb, cb))
+                            continue
+                        combined.append((True, eb, cb))
+                        continue
+                    combined.append((sa, eb, seq(ca, cb)))
+            forms = _dedupe(combined)
+            if len(forms) > MAX_ANCHOR_FORMS:
+                raise PatternError("too many anchor combinations", unsupported=True)
+        return forms
+    raise AssertionError(f"not an AST node: {node!r}")
+
+
+def _dedupe(forms):
+    out = []
+    for form in forms:
+        if form not in out:
+            out.append(form)
+    return out
+
+
+def _has_anchor(node) -> bool:
+    if isinstance(node, Anchor):
+        return True
+    if isinstance(node, (Seq, Alt)):
+        return any(_has_anchor(item) for item in node.items)
+    if isinstance(node, Repeat):
+        return _has_anchor(node.item)
+    return False
+
+
+def search_language(node):
+    """The anchor-free AST of strings in which `node` matches somewhere (ECMA-262 `RegExp.test`)."""
+    anything = Repeat(Chars(ANY), 0, None)
+    branches = []
+    for starts, ends, core in _anchor_forms(node):
+        branches.append(seq(EMPTY if starts else anything, core, EMPTY if ends else anything))
+    return alt(*branches) if branches else NEVER
+
+
+def full_language(node):
+    """The anchor-free AST of a pattern that must match the whole string (formats)."""
+    branches = [core for _, _, core in _anchor_forms(node)]
+    return alt(*branches) if branches else NEVER
+
+
+# ---------------------------------------------------------------------------------------------
+# Length restriction: `pattern` together with `minLength` / `maxLength`.
+
+
+def restrict_length(node, lo: int, hi: int | None):
+    """`node` ∩ {strings of length lo..hi}, or None when that is not expressible by this rewrite."""
+    a, b = length_range(node)
+    if a >= lo and (hi is None or (b is not None and b <= hi)):
+        return node
+    if (hi is not None and a > hi) or (b is not None and b < lo):
+        return NEVER
+    if isinstance(node, Alt):
+        parts = [restrict_length(item, lo, hi) for item in node.items]
+        return None if any(p is None for p in parts) else alt(*parts)
+    if isinstance(node, Seq):
+        ranges = [length_range(item) for item in node.items]
+        variable = [i for i, (x, y) in enumerate(ranges) if x != y]
+        if len(variable) != 1:
+            return None
+        k = variable[0]
+        fixed = sum(x for i, (x, _) in enumerate(ranges) if i != k)
+        inner = restrict_length(node.items[k], max(0, lo - fixed), None if hi is None else hi - fixed)
+        if inner is None:
+            return None
+        return seq(*node.items[:k], inner, *node.items[k + 1 :])
+    if isinstance(node, Repeat):
+        a1, b1 = length_range(node.item)
+        if a1 != b1 or a1 == 0:
+            return None
+        new_lo = max(node.lo, -(-lo // a1))
+        new_hi = hi // a1 if hi is not None else None
+        if node.hi is not None:
+            new_hi = node.hi if new_hi is None else min(new_hi, node.hi)
+        return repeat(node.item, new_lo, new_hi)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Emission.
+
+def to_regex(node, char_regex=charset_regex) -> str:
+    """Emit the AST; `char_regex` writes one character class (character level or JSON-encoded)."""
+    return _atomic(node, char_regex, {}, in_seq=True)
+
+
+def _emit(node, char_regex, memo) -> str:
+    if isinstance(node, Chars):
+        key = node.chars
+        if key not in memo:
+            memo[key] = char_regex(node.chars)
+        return memo[key]
+    if isinstance(node, Seq):
+        return "".join(_atomic(item, char_regex, memo, in_seq=True) for item in node.items)
+    if isinstance(node, Alt):
+        if not node.items:
+            raise AssertionError("the empty language has no regex (callers handle it first)")
+        check_deadline("translating the schema")  # per alternation: a key language may have thousands
+        return "|".join(_emit(item, char_regex, memo) for item in node.items)
+    if isinstance(node, Repeat):
+        inner = _atomic(node.item, char_regex, memo, in_seq=False)
+        lo, hi = node.lo, node.hi
+        if (lo, hi) == (0, None):
+            suffix = "*"
+        elif (lo, hi) == (1, None):
+            suffix = "+"
+        elif (lo, hi) == (0, 1):
+            suffix = "?"
+        elif hi is None:
+            suffix = f"{{{lo},}}"
+        elif lo == hi:
+            suffix = f"{{{lo}}}"
+        else:
+            suffix = f"{{{lo},{hi}}}"
+        return inner + suffix
+    raise AssertionError(f"not an AST node: {node!r}")
+
+
+def _atomic(node, char_regex, memo, in_seq: bool) -> str:
+    text = _emit(node, char_regex, memo)
+    if isinstance(node, Alt) and len(node.items) > 1:
+        return "(?:" + text + ")"
+    if in_seq or is_atom(text):
+        return text
+    return "(?:" + text + ")"
+
+
+def is_atom(text: str) -> bool:
+    """True when `text` is one regex atom (a quantifier after it applies to all of it)."""
+    if len(text) == 1 and text not in REGEX_META:
+        return True
+    if text.startswith("\\"):
+        return len(text) == 2 or (len(text) == 4 and text[1] == "x")
+    if text.startswith("[") or text.startswith("(?:"):
+        close = "]" if text[0] == "[" else ")"
+        return _closing_index(text) == len(text) - 1 and text[-1] == close
+    return False
+
+
+def _closing_index(text: str) -> int:
+    """Index of the character that closes the group or class opened at text[0]."""
+    depth, escaped, in_class = 0, False, False
+    for i, c in enumerate(text):
+        if escaped:
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif in_class:
+            if c == "]":
+                in_class = False
+                if text[0] == "[":
+                    return i
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1

@@ -1,0 +1,508 @@
+"""Rollback for stateful logits processors: follow a caller's token history by prefix diff.
+
+mlx-lm calls a logits processor as `processor(tokens, logits)` where `tokens` is the history the
+logits were computed from. A processor whose state depends on what was generated (a grammar, a
+thinking budget, repetition counters) must derive that state from the history it is given, not
+from how many times it was called: speculative decoding calls processors on draft tokens that are
+later rejected, restarts verification from a shorter history, and can grow the history by two
+tokens in one call (mlx_lm/generate.py, `speculative_generate_step`).
+
+The protocol here: a processor keeps one *target* per batch row (a `StateStack`, or anything with
+`depth`, `common_prefix`, `truncate`, `push`, `snapshot`, `restore`). The first call's history is
+the row's *context* (the whole prompt under `generate_step` and `BatchGenerator`, only the last
+prompt token under `speculative_generate_step`); it is never interpreted. On each later call the
+generated part `history[len(context):]` is diffed against the target: pop to the first difference,
+push the rest.
+
+Why comparing a window is exact for mlx-lm. Let d be the target's depth, m the number of
+generated tokens in the incoming history and n = min(m, d); the diff compares the generated tokens
+from `start = max(0, n - overlap)` on and trusts the ones before. Write the incoming history as the
+row's previous history cut to P generated tokens plus `a` appended ones; the target holds a prefix
+(length d) of that previous history (all of it, or the part before a GrammarViolationError).
+The true first difference is at least min(P, d). If d <= P that is >= n, so nothing before n
+differs. If P < d, then n - overlap <= min(P + a, d) - overlap, which is <= P whenever a <= overlap
+or d - P <= overlap. So the trusted part is exact as long as every call either appends at most
+`overlap` tokens after its cut or cuts at most `overlap` of the tracked tokens. mlx-lm appends at
+most two per call: generate_step and BatchGenerator append one; speculative_generate_step appends
+one per draft and verification step, and the last prompt/draft token plus the correction (two)
+after a fully accepted draft, whatever num_draft_tokens is. The context is fixed for a request and
+never re-read. Each call therefore reads O(overlap + new tokens), independent of the history
+length.
+
+Outside that contract (a caller that cuts deep and appends many tokens in one call), the diff
+notices whenever the first token of its window differs and then compares everything;
+`overlap=None` always compares everything (exact for any caller, O(history) per call).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from itertools import count
+from typing import Any, NamedTuple, Protocol, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import HistoryError, InvalidArgumentError, StateStackError
+from .stack import StackSnapshot, StateStack
+
+__all__ = [
+    "DEFAULT_OVERLAP",
+    "RollbackTarget",
+    "HistoryFollower",
+    "StatefulProcessor",
+    "ThinkingBudgetProcessor",
+    "PenaltyProcessor",
+]
+
+# mlx-lm needs 2 (see above); 16 leaves room for other callers at about a microsecond per call.
+DEFAULT_OVERLAP = 16
+
+_processor_ids = count(1)
+
+
+class RollbackTarget(Protocol):
+    """Per-row state a `StatefulProcessor` keeps in step with the history (StateStack satisfies it)."""
+
+    @property
+    def depth(self) -> int: ...
+
+    def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int: ...
+
+    def truncate(self, depth: int) -> Any: ...
+
+    def push(self, token: int) -> Any: ...
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, snapshot: Any) -> Any: ...
+
+
+# memoryview formats of integer buffers (an mx.array history is read through its buffer).
+INT_FORMATS = frozenset("bBhHiIlLqQ")
+
+
+def int_at_least(name: str, value: Any, minimum: int, *, none_ok: bool = False) -> int | None:
+    """`value` as an int when it is an integer (numpy ints too, not bools) >= `minimum`, or None when
+    `none_ok`; else `InvalidArgumentError` naming the argument."""
+    if value is None and none_ok:
+        return None
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum:
+        also = " or None" if none_ok else ""
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}{also}, got {value!r}")
+    return number
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _as_list(tokens) -> list[int]:
+    if isinstance(tokens, list):
+        return tokens
+    return tokens.tolist() if isinstance(tokens, (np.ndarray, memoryview)) else list(tokens)
+
+
+class HistoryFollower:
+    """Keeps one target in step with one row's history (see the module docstring)."""
+
+    __slots__ = ("target", "context_len", "overlap", "_stack")
+
+    def __init__(self, target: RollbackTarget, context_len: int, overlap: int | None = DEFAULT_OVERLAP):
+        self.target = target
+        self.context_len = int_at_least("context_len", context_len, 0)
+        self.overlap = int_at_least("overlap", overlap, 1, none_ok=True)
+        # A StateStack target's common case (the window matches, tokens appended) is handled on its
+        # lists directly: this runs once per generated token, after a mask that left caches cold.
+        self._stack = target if type(target) is StateStack else None
+
+    def sync(self, history) -> None:
+        """Bring the target to `history[context_len:]`. `history` is a 1-D integer numpy array,
+        memoryview or a list. A token the target rejects propagates its error with the target at
+        the last valid depth, so a later, shorter history recovers."""
+        ctx = self.context_len
+        m = len(history) - ctx
+        if m < 0:
+            raise HistoryError(
+                f"history of {len(history)} tokens is shorter than this processor's context of "
+                f"{ctx} tokens; a processor follows one request (call reset() to reuse it)"
+            )
+        target = self.target
+        d = target.depth
+        n = m if m < d else d
+        w = self.overlap
+        start = n - w if w is not None and n > w else 0
+        new = history[ctx + start :]
+        new = new if type(new) is list else _as_list(new)
+        stack = self._stack
+        if stack is not None and new[: n - start] == stack._tokens[start:n]:
+            # The whole window matches: keep n tokens, push the rest (what the general path below
+            # does when common_prefix returns n).
+            if n < d:
+                stack.truncate(n)
+            for token in new[n - start :]:
+                stack.push(token)
+            return
+        p = target.common_prefix(new, start)
+        if p == start and 0 < start < n:
+            # The window's first token already differs, so the rewrite may reach further back
+            # than the window: compare the whole generated history.
+            start = 0
+            new = _as_list(history[ctx:])
+            p = target.common_prefix(new, 0)
+        if p < d:
+            target.truncate(p)
+        for token in new[p - start :]:
+            target.push(token)
+
+
+class _ProcessorSnapshot(NamedTuple):
+    owner: int
+    rows: tuple[tuple[int, Any], ...] | None  # (context_len, target snapshot) per row
+
+
+def _split_rows(tokens, batch: int) -> list:
+    """One 1-D history per logits row. Accepts mx/numpy arrays (1-D for one row, (B, L) for B
+    rows) or a sequence of B per-row histories."""
+    if isinstance(tokens, mx.array):
+        tokens = np.asarray(tokens)  # zero-copy view; evaluates a lazy history
+    if isinstance(tokens, np.ndarray):
+        if tokens.dtype.kind not in "iu":
+            raise HistoryError(f"token history must hold integers, got dtype {tokens.dtype}")
+        if tokens.ndim == 1:
+            if batch != 1:
+                raise HistoryError(
+                    f"a 1-D history ({tokens.shape[0]} tokens) goes with one logits row, got {batch}"
+                )
+            return [tokens]
+        if tokens.ndim == 2 and tokens.shape[0] == batch:
+            return list(tokens)
+        raise HistoryError(f"token history of shape {tokens.shape} does not match {batch} logits rows")
+    if isinstance(tokens, (list, tuple)):
+        if len(tokens) == 0 or not isinstance(tokens[0], (list, tuple, np.ndarray, mx.array)):
+            if batch != 1:
+                raise HistoryError(f"one flat history given for {batch} logits rows")
+            return [tokens]  # sliced later; never copied whole
+        if len(tokens) != batch:
+            raise HistoryError(f"{len(tokens)} histories given for {batch} logits rows")
+        rows = []
+        for row in tokens:
+            if isinstance(row, mx.array):
+                row = np.asarray(row)
+            if isinstance(row, np.ndarray) and (row.ndim != 1 or row.dtype.kind not in "iu"):
+                raise HistoryError(f"each row's history must be 1-D integers, got {row.shape} {row.dtype}")
+            rows.append(row)
+        return rows
+    raise HistoryError(f"cannot read a token history of type {type(tokens).__name__}")
+
+
+class StatefulProcessor:
+    """Base of logits processors whose state is a function of the generated tokens.
+
+    Subclasses implement `_make_target(context)` (a fresh per-row target; `context` is the row's
+    first history) and `_process(logits, targets)` (logits (B, V) -> logits, with every target
+    synced to its row). `__call__` accepts logits (B, V) or (V,), and histories as described in
+    `_split_rows`; B is fixed by the first call.
+    """
+
+    def __init__(self, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
+        self.overlap = int_at_least("overlap", overlap, 1, none_ok=True)
+        self._uid = next(_processor_ids)
+        self._followers: list[HistoryFollower] | None = None
+        self._single: HistoryFollower | None = None  # the follower when B == 1 (fast path)
+
+    # -- subclass hooks --------------------------------------------------------------------------
+
+    def _make_target(self, context) -> RollbackTarget:
+        raise NotImplementedError
+
+    def _process(self, logits: mx.array, targets: list) -> mx.array:
+        raise NotImplementedError
+
+    # -- the processor ---------------------------------------------------------------------------
+
+    def __call__(self, tokens, logits: mx.array) -> mx.array:
+        single = self._single
+        if single is not None and type(tokens) is mx.array and type(logits) is mx.array:
+            # The per-token path of mlx-lm's loops: one row, a 1-D history, (1, V) logits. The
+            # history is read through its buffer (a memoryview costs a third of np.asarray).
+            history = memoryview(tokens)
+            if history.ndim == 1 and history.format in INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
+                single.sync(history)
+                return self._process(logits, [single.target])
+        return self._call(tokens, logits)
+
+    def _call(self, tokens, logits: mx.array) -> mx.array:
+        if not isinstance(logits, mx.array) or logits.ndim not in (1, 2):
+            raise InvalidArgumentError(
+                f"logits must be an mx.array of shape (B, V) or (V,), got "
+                f"{type(logits).__name__} {getattr(logits, 'shape', '')}"
+            )
+        flat = logits.ndim == 1
+        if flat:
+            logits = logits[None]
+        rows = _split_rows(tokens, logits.shape[0])
+        followers = self._followers
+        if followers is None:
+            self._followers = [
+                HistoryFollower(self._make_target(row), len(row), self.overlap) for row in rows
+            ]
+            targets = [f.target for f in self._followers]
+            self._single = self._followers[0] if len(self._followers) == 1 else None
+        else:
+            if len(rows) != len(followers):
+                raise HistoryError(
+                    f"batch size changed from {len(followers)} to {len(rows)} rows; "
+                    "call reset() before a new batch"
+                )
+            for follower, row in zip(followers, rows):
+                follower.sync(row)
+            targets = [f.target for f in followers]
+        out = self._process(logits, targets)
+        return out[0] if flat else out
+
+    def reset(self) -> None:
+        """Forget everything: the next call's history is a new context."""
+        self._followers = None
+        self._single = None
+
+    @property
+    def targets(self) -> list:
+        """The per-row targets (empty before the first call)."""
+        return [] if self._followers is None else [f.target for f in self._followers]
+
+    @property
+    def context_lengths(self) -> list[int]:
+        return [] if self._followers is None else [f.context_len for f in self._followers]
+
+    def snapshot(self) -> _ProcessorSnapshot:
+        """An O(rows) handle on every row's state (O(1) per row)."""
+        if self._followers is None:
+            return _ProcessorSnapshot(self._uid, None)
+        return _ProcessorSnapshot(
+            self._uid, tuple((f.context_len, f.target.snapshot()) for f in self._followers)
+        )
+
+    def restore(self, snapshot: _ProcessorSnapshot) -> None:
+        """Return every row to a snapshot taken from this processor."""
+        if not isinstance(snapshot, _ProcessorSnapshot) or snapshot.owner != self._uid:
+            raise StateStackError("snapshot was not taken from this processor")
+        if snapshot.rows is None:
+            self.reset()
+            return
+        followers = self._followers
+        if followers is None or len(followers) != len(snapshot.rows):
+            raise StateStackError("the processor was reset since this snapshot was taken")
+        for f, (context_len, handle) in zip(followers, snapshot.rows):
+            if f.context_len != context_len:
+                raise StateStackError("the processor was reset since this snapshot was taken")
+        for f, (_, handle) in zip(followers, snapshot.rows):
+            f.target.restore(handle)
+
+
+# -- thinking budget -------------------------------------------------------------------------------
+
+
+class ThinkingBudgetProcessor(StatefulProcessor):
+    """Forces the end-of-thinking token after `budget` thinking tokens.
+
+    Thinking starts at generation start when `starts_thinking` is true or the context's last token
+    is `think_start_id` (a prompt ending in "<think>"), else at the first generated
+    `think_start_id`. Thinking tokens are the generated tokens after that start and before
+    `think_end_id`; once `budget` of them exist, the next logits allow only `think_end_id`, and
+    keep doing so until it appears (if a caller overrides the mask). The count is read from the
+    history, so rejected speculative drafts never count.
+    """
+
+    def __init__(
+        self,
+        think_end_id: int,
+        budget: int,
+        *,
+        think_start_id: int | None = None,
+        starts_thinking: bool = False,
+        overlap: int | None = DEFAULT_OVERLAP,
+    ) -> None:
+        super().__init__(overlap=overlap)
+        budget = int_at_least("budget", budget, 0)
+        self.think_end_id = int_at_least("think_end_id", think_end_id, 0)
+        self.think_start_id = int_at_least("think_start_id", think_start_id, 0, none_ok=True)
+        self.budget = budget
+        self.starts_thinking = bool(starts_thinking)
+        # States: 0 before thinking; 1 + c while thinking with c tokens so far (c <= budget);
+        # budget + 2 + c once thinking ended after c tokens.
+        self._forced = budget + 1
+        self._ended = budget + 2
+
+    def _step(self, state: int, token: int) -> int:
+        if state == 0:
+            return 1 if token == self.think_start_id else 0
+        if state >= self._ended:
+            return state
+        if token == self.think_end_id:
+            return self._ended + state - 1
+        return state + 1 if state < self._forced else state
+
+    def _make_target(self, context) -> StateStack:
+        starts = self.starts_thinking or (
+            self.think_start_id is not None and len(context) > 0 and int(context[-1]) == self.think_start_id
+        )
+        return StateStack(self._step, 1 if starts else 0)
+
+    def thinking_tokens(self, row: int = 0) -> int:
+        """Thinking tokens generated so far in `row` (0 before thinking starts)."""
+        state = self.targets[row].state
+        return state - self._ended if state >= self._ended else max(0, state - 1)
+
+    def has_ended(self, row: int = 0) -> bool:
+        """Whether `row` closed its thinking block."""
+        return self.targets[row].state >= self._ended
+
+    def is_forcing(self, row: int = 0) -> bool:
+        return self.targets[row].state == self._forced
+
+    def _process(self, logits: mx.array, targets: list) -> mx.array:
+        forced = [t.state == self._forced for t in targets]
+        if not any(forced):
+            return logits
+        is_end = mx.arange(logits.shape[-1]) == self.think_end_id
+        keep = mx.logical_or(mx.logical_not(mx.array(forced))[:, None], is_end[None])
+        return mx.where(keep, logits, mx.array(-mx.inf, logits.dtype))
+
+
+# -- repetition / presence / frequency penalties ---------------------------------------------------
+
+
+def _stay(state: int, token: int) -> int:
+    return 0
+
+
+class _CountingRow:
+    """Token counts over the last `window` generated tokens (all when None), kept exact under
+    pops, pushes and snapshot restores by undoing/redoing each token's effect."""
+
+    __slots__ = ("stack", "counts", "window")
+
+    def __init__(self, window: int | None):
+        self.stack = StateStack(_stay, 0)
+        self.counts: dict[int, int] = {}
+        self.window = window
+
+    @property
+    def depth(self) -> int:
+        return self.stack.depth
+
+    def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
+        return self.stack.common_prefix(tokens, start)
+
+    def _add(self, token: int, delta: int) -> None:
+        c = self.counts.get(token, 0) + delta
+        if c:
+            self.counts[token] = c
+        else:
+            del self.counts[token]
+
+    def push(self, token: int) -> None:
+        d = self.stack.depth
+        self.stack.push(token)
+        self._add(self.stack.token_at(d), 1)
+        w = self.window
+        if w is not None and d >= w:
+            self._add(self.stack.token_at(d - w), -1)
+
+    def truncate(self, depth: int) -> None:
+        d = self.stack.depth
+        if not 0 <= depth <= d:
+            self.stack.truncate(depth)  # raises the typed error
+        w = self.window
+        lo = depth if w is None else max(0, depth - w)
+        live = self.stack.tokens(lo, d)
+        for i in range(d - 1, depth - 1, -1):
+            self._add(live[i - lo], -1)
+            if w is not None and i >= w:
+                self._add(live[i - w - lo], 1)
+        self.stack.truncate(depth)
+
+    def snapshot(self) -> StackSnapshot:
+        return self.stack.snapshot()
+
+    def restore(self, snapshot: StackSnapshot) -> None:
+        if not self.stack.is_valid(snapshot):
+            self.stack.restore(snapshot)  # raises the typed error
+        d = self.stack.depth
+        if snapshot.depth <= d:
+            self.truncate(snapshot.depth)
+            return
+        self.stack.restore(snapshot)  # forward through the redo tail, then redo the counts
+        redo = self.stack.tokens(d, snapshot.depth)
+        self.stack.truncate(d)
+        for token in redo:
+            self.push(token)
+
+
+class PenaltyProcessor(StatefulProcessor):
+    """Repetition (multiplicative, CTRL), presence and frequency penalties over the tokens this
+    request generated (the last `window` of them when given), with per-row counters that follow
+    speculative rollbacks exactly. The prompt is not counted: under speculative decoding mlx-lm
+    shows processors only its last token.
+
+    For each token t with count c > 0: logit /= repetition_penalty if positive else *= it, then
+    logit -= presence_penalty + frequency_penalty * c.
+    """
+
+    def __init__(
+        self,
+        *,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        window: int | None = None,
+        overlap: int | None = DEFAULT_OVERLAP,
+    ) -> None:
+        super().__init__(overlap=overlap)
+        if not _finite("repetition_penalty", repetition_penalty) > 0:
+            raise InvalidArgumentError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
+        window = int_at_least("window", window, 1, none_ok=True)
+        self.repetition_penalty = float(repetition_penalty)
+        self.presence_penalty = _finite("presence_penalty", presence_penalty)
+        self.frequency_penalty = _finite("frequency_penalty", frequency_penalty)
+        self.window = window
+
+    def _make_target(self, context) -> _CountingRow:
+        return _CountingRow(self.window)
+
+    def counts(self, row: int = 0) -> dict[int, int]:
+        """A copy of `row`'s token counts."""
+        return dict(self.targets[row].counts)
+
+    def _process(self, logits: mx.array, targets: list) -> mx.array:
+        vocab = logits.shape[-1]
+        ids, counts = [], []
+        for r, target in enumerate(targets):
+            if target.counts:
+                n = len(target.counts)
+                row_ids = np.fromiter(target.counts.keys(), dtype=np.int64, count=n)
+                row_counts = np.fromiter(target.counts.values(), dtype=np.float32, count=n)
+                inside = row_ids < vocab  # ids past the logits width cannot be sampled anyway
+                ids.append(row_ids[inside] + r * vocab)
+                counts.append(row_counts[inside])
+        if not ids:
+            return logits
+        index = mx.array(np.concatenate(ids))
+        flat = logits.reshape(-1)
+        picked = flat[index]
+        new = picked
+        if self.repetition_penalty != 1.0:
+            new = mx.where(new < 0, new * self.repetition_penalty, new / self.repetition_penalty)
+        if self.presence_penalty or self.frequency_penalty:
+            penalty = self.presence_penalty + self.frequency_penalty * np.concatenate(counts)
+            new = new - mx.array(penalty)
+        flat[index] = new.astype(logits.dtype)  # `flat` is our own array; the caller's is untouched
+        return flat.reshape(logits.shape)

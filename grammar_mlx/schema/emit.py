@@ -1,0 +1,426 @@
+"""The value-shape graph (`schema.ir`) written as one regex over JSON text.
+
+Whitespace `W` (empty by default) may stand after `{`, `[`, `,` and `:` and before `}`, `]`, `,`
+and `:`. A `Ref` inside a cycle of the graph is unrolled at most `max_recursion_depth` times along any
+path; past that the branch is empty, so recursive structures are generated to bounded depth. Generic
+values (`{}`, `true`) nest containers at most `max_recursion_depth` deep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .. import limits
+from ..errors import GrammarTooLargeError
+from ..limits import check_deadline
+from ..regex.charset import escape_text, json_char_regex, json_text
+from ..regex.syntax import NEVER as NO_NAME
+from ..regex.syntax import to_regex
+from .ir import (
+    AnyValue,
+    Array,
+    Literal,
+    Never,
+    Number,
+    Object,
+    Ref,
+    String,
+    Union,
+    dumps,
+)
+from .numbers import NUMBER, range_regex
+
+# One character of a JSON string, any escape allowed; `\uXXXX` for BMP code points (surrogate-pair
+# escapes are left out: 8 DFA states per string; characters beyond the BMP are written as themselves).
+_HEX = "[0-9a-fA-F]"
+STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u(?:[0-9a-cA-CeEfF]' + _HEX + "{3}|[dD][0-7]" + _HEX + "{2})))"
+STRING = '"' + STRING_CHAR + '*"'
+STAGE = "translating the schema"  # what a deadline that passes here names
+TOO_LONG = (f"the schema's regex exceeds {limits.SCHEMA_REGEX_LENGTH} characters (recursion or nesting too deep; "
+            "lower max_recursion_depth or simplify the schema)")
+
+
+class Emitter:
+    def __init__(self, table: dict, whitespace: str, max_recursion_depth: int, cyclic: set | None = None):
+        self.table = table
+        self.ws = whitespace
+        self.max_depth = max_recursion_depth
+        self.cyclic = cyclic_keys(table) if cyclic is None else cyclic
+        self.memo: dict = {}
+        self.any_memo: dict = {}
+        self.string_memo: dict = {}  # character-level AST -> its JSON-string regex
+        self.string_by_id: dict = {}  # id(AST) -> (AST, regex): the same object again needs no deep hash
+        # What the text so far read of max_recursion_depth: a cyclic Ref's bound, a generic value's
+        # (which reads min(depth, limits.MAX_ANY_DEPTH)). See `lower_depth`.
+        self.bounded_recursion = False
+        self.bounded_any = False
+
+    def emit(self, node, counts: tuple = ()) -> str | None:
+        """Regex text for `node` (safe to concatenate), or None when the node has no value within
+        the recursion bound. `counts`: (key, times entered) for the cyclic keys on the path."""
+        check_deadline(STAGE)
+        if isinstance(node, Ref):
+            key = node.key
+            if key in self.cyclic:
+                self.bounded_recursion = True
+                entered = dict(counts).get(key, 0)
+                if entered > self.max_depth:
+                    return None
+                counts = tuple(sorted({**dict(counts), key: entered + 1}.items(), key=repr))
+            memo_key = (key, counts)
+            if memo_key not in self.memo:
+                self.memo[memo_key] = None  # a cycle back here before completion is empty
+                self.memo[memo_key] = self.emit(self.table[key], counts)
+            return self.memo[memo_key]
+        text = self._emit(node, counts)
+        if text is not None and len(text) > limits.SCHEMA_REGEX_LENGTH:
+            raise GrammarTooLargeError(TOO_LONG)
+        return text
+
+    def _emit(self, node, counts) -> str | None:
+        if isinstance(node, Never):
+            return None
+        if isinstance(node, AnyValue):
+            self.bounded_any = True
+            return self.any_value(min(self.max_depth, limits.MAX_ANY_DEPTH))
+        if isinstance(node, Literal):
+            return self._distinct(self.literal(v) for v in node.values)
+        if isinstance(node, Number):
+            return range_regex(node.lo, node.hi, integer=node.integer)
+        if isinstance(node, String):
+            if node.ast is None:
+                return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
+            return '"' + self.json_string(node.ast) + '"'
+        if isinstance(node, Union):
+            return self._distinct(self.emit(item, counts) for item in node.items)
+        if isinstance(node, Array):
+            return self.array(node, counts)
+        if isinstance(node, Object):
+            return self.object(node, counts)
+        raise AssertionError(f"not an IR node: {node!r}")
+
+    @staticmethod
+    def _distinct(texts: Iterator[str | None]) -> str | None:
+        """The alternation of the distinct texts (None skipped), refused as soon as those exceed the
+        cap: the alternation holds each of them once."""
+        distinct: dict[str, None] = {}
+        total = 0
+        for text in texts:
+            check_deadline(STAGE)
+            if text is not None and text not in distinct:
+                distinct[text] = None
+                total += len(text)
+                if total > limits.SCHEMA_REGEX_LENGTH:
+                    raise GrammarTooLargeError(TOO_LONG)
+        return _alternation(list(distinct))
+
+    def lower_depth(self) -> int | None:
+        """After `emit` failed: the next lower max_recursion_depth whose text may differ, or None
+        when every lower depth writes what this one wrote (so fails the same way). The emitter is
+        deterministic, so a depth it never read up to the failure changes nothing before it."""
+        if self.bounded_recursion:
+            return self.max_depth - 1 if self.max_depth > 0 else None
+        if self.bounded_any:
+            lower = min(self.max_depth, limits.MAX_ANY_DEPTH) - 1
+            return lower if lower >= 0 else None
+        return None
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def json_string(self, ast) -> str:
+        """The regex of a string language's canonical JSON texts (many properties share one format
+        or pattern: written once)."""
+        hit = self.string_by_id.get(id(ast))
+        if hit is not None:
+            return hit[1]
+        text = self.string_memo.get(ast)
+        if text is None:
+            text = self.string_memo[ast] = to_regex(ast, json_char_regex)
+        self.string_by_id[id(ast)] = (ast, text)  # keeps ast alive, so its id is not reused
+        return text
+
+    def literal(self, v) -> str:
+        w = self.ws
+        if isinstance(v, list):
+            if not v:
+                return r"\[" + w + r"\]"
+            return r"\[" + w + _joined([self.literal(x) for x in v], w + "," + w) + w + r"\]"
+        if isinstance(v, dict):
+            if not v:
+                return r"\{" + w + r"\}"
+            items = ['"' + escape_text(json_text(k)) + '"' + w + ":" + w + self.literal(x) for k, x in v.items()]
+            return r"\{" + w + _joined(items, w + "," + w) + w + r"\}"
+        if isinstance(v, str):
+            return '"' + escape_text(json_text(v)) + '"'
+        return escape_text(dumps(v))
+
+    def any_value(self, depth: int) -> str:
+        if depth in self.any_memo:
+            return self.any_memo[depth]
+        scalar = f"(?:null|true|false|{NUMBER}|{STRING})"
+        if depth <= 0:
+            text = scalar
+        else:
+            inner = self.any_value(depth - 1)
+            w, sep = self.ws, self.ws + "," + self.ws
+            array = r"\[" + w + "(?:" + inner + "(?:" + sep + inner + ")*" + w + r")?\]"
+            member = STRING + w + ":" + w + inner
+            obj = r"\{" + w + "(?:" + member + "(?:" + sep + member + ")*" + w + r")?\}"
+            text = f"(?:{scalar[3:-1]}|{array}|{obj})"
+        self.any_memo[depth] = text
+        return text
+
+    def array(self, node: Array, counts) -> str | None:
+        w, sep = self.ws, self.ws + "," + self.ws
+        prefix = []
+        for item in node.prefix:
+            text = self.emit(item, counts)
+            if text is None:
+                break  # the array ends before an impossible position
+            prefix.append(text)
+        rest = self.emit(node.rest, counts) if node.rest is not None and len(prefix) == len(node.prefix) else None
+        hi = node.max_items
+        if rest is None:
+            hi = len(prefix) if hi is None else min(hi, len(prefix))
+        lo = node.min_items
+        if hi is not None and hi < lo:
+            return None
+        def tail(i: int) -> str:
+            """The items after the first i, given that i were written (i >= 1); each optional
+            position opens a group that closes after all later ones."""
+            parts, optional = [], 0
+            while i < len(prefix):
+                if hi is not None and i >= hi:
+                    return _joined(parts) + ")?" * optional
+                if i >= lo:
+                    parts.append("(?:")
+                    optional += 1
+                parts.append(sep + prefix[i])
+                i += 1
+            if rest is not None and (hi is None or i < hi):
+                parts.append(_counted(sep + rest, max(lo - i, 0), None if hi is None else hi - i, group=True))
+            return _joined(parts) + ")?" * optional
+
+        if prefix and (hi is None or hi >= 1):
+            body = prefix[0] + tail(1)
+        elif rest is not None and (hi is None or hi >= 1):
+            body = rest + _counted(sep + rest, max(lo - 1, 0), None if hi is None else hi - 1, group=True)
+        else:
+            body = None
+        if body is None:
+            return r"\[" + w + r"\]" if lo == 0 else None
+        if lo == 0:
+            return r"\[" + w + "(?:" + body + w + r")?\]"
+        return r"\[" + w + body + w + r"\]"
+
+    def object(self, node: Object, counts) -> str | None:
+        w, sep = self.ws, self.ws + "," + self.ws
+        props = []  # (text, required, may come first)
+        # The first alternative below holds every property text from the first one that may come
+        # first: once those exceed the cap, so does the object's regex, unless the object has no
+        # value at all (a required property or the extra properties have none). Only that is
+        # still decided, without keeping more text (memory stays bounded by the cap).
+        counted, too_long = 0, False
+        for i, prop in enumerate(node.properties):
+            if too_long and not prop.required:
+                continue
+            value = self.emit(prop.value, counts)
+            if value is None:
+                if prop.required:
+                    return None
+                continue
+            if too_long:
+                continue
+            key = '"' + escape_text(json_text(prop.name)) + '"'
+            first_ok = node.first_choices is None or i < node.first_choices or prop.required
+            text = key + w + ":" + w + value
+            if counted or first_ok:
+                counted += len(text)
+                if counted > limits.SCHEMA_REGEX_LENGTH:
+                    too_long, props = True, []
+                    continue
+            props.append((text, prop.required, first_ok))
+        extra_items, any_extra = [], False
+        for extra in node.extras:
+            if extra.key.ast == NO_NAME:  # every name is declared or excluded: no such property
+                continue
+            value = self.emit(extra.value, counts)
+            if value is not None:
+                any_extra = True
+                if not too_long:
+                    extra_items.append('"' + self.json_string(extra.key.ast) + '"' + w + ":" + w + value)
+        lo, hi = node.min_extra, node.max_extra
+        if too_long:
+            if not any_extra and lo > 0:
+                return None
+            raise GrammarTooLargeError(TOO_LONG)
+        extra = _alternation(extra_items)
+        if extra is None:
+            if lo > 0:
+                return None
+            hi = 0
+
+        def after(i: int) -> str:
+            """Properties from i on, when something was written before (each led by a comma)."""
+            parts = []
+            for text, required, _ in props[i:]:
+                parts.append(sep + text if required else "(?:" + sep + text + ")?")
+            if hi != 0:
+                parts.append(_counted(sep + extra, lo, hi, group=True))
+            return _joined(parts)
+
+        # first(i): properties from i on when nothing was written yet; None when that may be empty.
+        alternatives = []
+        empty_ok = True
+        for i, (text, required, first_ok) in enumerate(props):
+            if first_ok:
+                alternatives.append(text + after(i + 1))
+            if required:
+                empty_ok = False
+                break
+        else:
+            if hi != 0:
+                alternatives.append(extra + _counted(sep + extra, max(lo - 1, 0), None if hi is None else hi - 1,
+                                                    group=True))
+            if lo > 0:
+                empty_ok = False
+        if node.nonempty:
+            empty_ok = False
+        body = _alternation(alternatives)
+        if body is None:
+            return r"\{" + w + r"\}" if empty_ok else None
+        if empty_ok:
+            return r"\{" + w + "(?:" + body + w + r")?\}"
+        return r"\{" + w + body + w + r"\}"
+
+
+def _alternation(parts: list) -> str | None:
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    unique = list(dict.fromkeys(parts))
+    return unique[0] if len(unique) == 1 else "(?:" + _joined(unique, "|") + ")"
+
+
+def _joined(parts: list[str], separator: str = "") -> str:
+    """`separator.join(parts)`, refused before it is built when it would exceed limits.SCHEMA_REGEX_LENGTH:
+    every text joined here ends up in the regex (or in a node over the cap), so the cap holds while
+    the regex grows instead of after a huge string exists."""
+    total = sum(map(len, parts)) + len(separator) * max(len(parts) - 1, 0)
+    if total > limits.SCHEMA_REGEX_LENGTH:
+        raise GrammarTooLargeError(TOO_LONG)
+    return separator.join(parts)
+
+
+def _counted(atom: str, lo: int, hi: int | None, group: bool = False) -> str:
+    if hi == 0:
+        return ""
+    if group:
+        atom = "(?:" + atom + ")"
+    if (lo, hi) == (0, None):
+        return atom + "*"
+    if (lo, hi) == (1, None):
+        return atom + "+"
+    if (lo, hi) == (0, 1):
+        return atom + "?"
+    if (lo, hi) == (1, 1):
+        return atom
+    if hi is None:
+        return atom + f"{{{lo},}}"
+    return atom + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
+
+
+def cyclic_keys(table: dict) -> set:
+    """Keys of the table that lie on a cycle of Ref edges (Tarjan's strongly connected components).
+    A node's edges are read when the search first reaches it, not kept for the whole table."""
+
+    def edges(key) -> Iterator:
+        return iter(_refs(table[key]) if key in table else ())
+
+    index, low, on_stack, stack, cyclic, looped = {}, {}, set(), [], set(), set()
+    counter = 0
+    for root in table:
+        check_deadline(STAGE)
+        if root in index:
+            continue
+        work = [(root, edges(root))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            check_deadline(STAGE)
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w == v:
+                    looped.add(v)
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, edges(w)))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    component.append(x)
+                    if x == v:
+                        break
+                if len(component) > 1 or v in looped:
+                    cyclic.update(component)
+    return cyclic
+
+
+def _refs(node) -> tuple:
+    """Keys referenced directly from a node (not through other Refs); a tuple, not a set: a wide
+    schema has one per node, mostly of one key."""
+    out, stack = set(), [node]
+    while stack:
+        check_deadline(STAGE)
+        n = stack.pop()
+        if isinstance(n, Ref):
+            out.add(n.key)
+        elif isinstance(n, Union):
+            stack.extend(n.items)
+        elif isinstance(n, Array):
+            stack.extend(n.prefix)
+            if n.rest is not None:
+                stack.append(n.rest)
+        elif isinstance(n, Object):
+            stack.extend(p.value for p in n.properties)
+            stack.extend(e.value for e in n.extras)
+    return tuple(out)
+
+
+def nesting_depth(regex: str) -> int:
+    """The deepest group nesting of a regex (classes and escapes skipped)."""
+    depth = best = 0
+    i, n, in_class = 0, len(regex), False
+    while i < n:
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+            best = max(best, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return best

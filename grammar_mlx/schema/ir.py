@@ -1,0 +1,320 @@
+"""The normalized form of a JSON Schema: a small graph of value shapes, and its canonical JSON.
+
+`schema.normalize` builds it from a schema, `schema.emit` writes it as a regex. Every node stands for
+a set of JSON values; `Ref` nodes point into the table of named nodes and make the graph cyclic where
+the schema recurses. `conforms` decides membership (no recursion bound: instances are finite), and
+`serialize` writes a member in the one text form the regex accepts (see `grammar_mlx.schema`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import lru_cache
+
+from ..regex.syntax import NEVER as NO_STRING
+from ..regex.syntax import to_regex
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    value: Decimal
+    exclusive: bool
+
+
+def to_decimal(x: int | float | Decimal) -> Decimal:
+    """The decimal a JSON number means (floats by their shortest repr: 0.1 is 0.1)."""
+    if isinstance(x, Decimal):
+        return x
+    if isinstance(x, bool):
+        raise TypeError("a boolean is not a number")
+    # float.__repr__, not repr: a float subclass (numpy.float64) may spell itself otherwise.
+    return Decimal(int(x)) if isinstance(x, int) else Decimal(float.__repr__(x))
+
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Never:
+    """No value at all."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AnyValue:
+    """Every JSON value (the regex bounds container nesting)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Literal:
+    """One of finitely many values (`enum`, `const`, booleans, null), written as given."""
+
+    values: tuple
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Number:
+    integer: bool
+    lo: Bound | None = None
+    hi: Bound | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.lo is not None or self.hi is not None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class String:
+    """`ast` None: any string of `min_len`..`max_len` code points, every JSON escape allowed.
+    Otherwise the strings of the character-level AST (lengths already folded in), canonically escaped."""
+
+    ast: object = None
+    min_len: int = 0
+    max_len: int | None = None
+
+    def matches(self, text: str) -> bool:
+        if self.ast is None:
+            return self.min_len <= len(text) and (self.max_len is None or len(text) <= self.max_len)
+        return _python_regex(self.ast).fullmatch(text) is not None
+
+
+@lru_cache(maxsize=4096)
+def _python_regex(ast) -> re.Pattern:
+    if ast == NO_STRING:
+        return re.compile("(?!)")  # the empty language (e.g. `propertyNames` no string satisfies)
+    return re.compile(to_regex(ast))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Array:
+    prefix: tuple  # positional item nodes
+    rest: object  # node for items after the prefix; None: no more items
+    min_items: int = 0
+    max_items: int | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Property:
+    name: str
+    value: object
+    required: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Extra:
+    """Properties beyond the declared ones: keys in `key` (a String node), values in `value`."""
+
+    key: String
+    value: object
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Object:
+    properties: tuple  # Property, in canonical (declaration) order
+    extras: tuple  # Extra, with pairwise disjoint key languages that exclude the declared names
+    min_extra: int = 0  # how many extra properties, when the count matters
+    max_extra: int | None = None
+    nonempty: bool = False  # at least one property (minProperties: 1 over optional properties)
+    # The first property written must be one of the first `first_choices` declared ones (or the
+    # first required one, or an extra one when none is required). Each allowed first choice copies
+    # the rest of the object in the regex, so all n choices cost n^2 (see schema.objects).
+    first_choices: int | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Union:
+    items: tuple
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Ref:
+    """A named node of the table (a `$ref` target); where the schema recurses, the graph cycles here."""
+
+    key: object
+
+
+NEVER = Never()
+ANY = AnyValue()
+BOOLEAN = Literal((True, False))
+NULL = Literal((None,))
+
+
+def json_equal(a, b) -> bool:
+    """JSON Schema equality: numbers by value (1 == 1.0), booleans distinct from numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def json_key(x) -> object:
+    """A hashable key equal for two values exactly when `json_equal` holds (for finite JSON values),
+    so value sets are intersected and filtered in linear time."""
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return (type(x).__name__, x)
+    if isinstance(x, (int, float)):
+        return ("number", x)  # 1 == 1.0 and hash(1) == hash(1.0)
+    if isinstance(x, list):
+        return ("array", tuple(json_key(v) for v in x))
+    if isinstance(x, dict):
+        return ("object", frozenset((k, json_key(v)) for k, v in x.items()))
+    return ("other", id(x))
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The emitter's bounds, for membership in the regex's language rather than the schema's:
+    `cyclic` Refs entered at most 1 + `max_depth` times on a path, generic values nesting at most
+    `any_depth` containers."""
+
+    cyclic: frozenset
+    max_depth: int
+    any_depth: int
+
+
+def conforms(node, x, table: dict, bounds: Bounds | None = None, counts: tuple = ()) -> bool:
+    """Is `x` a member of `node` (within `bounds` when given)?"""
+    if isinstance(node, Ref):
+        target = table[node.key]
+        if target is None:
+            # Still being built (an enum filtered against a schema that recurses into itself):
+            # assumed satisfied.
+            return True
+        if bounds is not None and node.key in bounds.cyclic:
+            entered = dict(counts).get(node.key, 0)
+            if entered > bounds.max_depth:
+                return False
+            counts = tuple(sorted({**dict(counts), node.key: entered + 1}.items(), key=repr))
+        return conforms(target, x, table, bounds, counts)
+    if isinstance(node, AnyValue):
+        return bounds is None or nesting(x) <= bounds.any_depth
+    if isinstance(node, Never):
+        return False
+    if isinstance(node, Literal):
+        return any(json_equal(v, x) for v in node.values)
+    if isinstance(node, Union):
+        return any(conforms(item, x, table, bounds, counts) for item in node.items)
+    if isinstance(node, Number):
+        if not is_number(x) or (isinstance(x, float) and not math.isfinite(x)):
+            return False
+        d = to_decimal(x)
+        if node.integer and d != d.to_integral_value():
+            return False
+        lo, hi = node.lo, node.hi
+        if lo is not None and (d < lo.value or (lo.exclusive and d == lo.value)):
+            return False
+        return hi is None or not (d > hi.value or (hi.exclusive and d == hi.value))
+    if isinstance(node, String):
+        return isinstance(x, str) and node.matches(x)
+    if isinstance(node, Array):
+        if not isinstance(x, list) or len(x) < node.min_items:
+            return False
+        if node.max_items is not None and len(x) > node.max_items:
+            return False
+        for i, item in enumerate(x):
+            sub = node.prefix[i] if i < len(node.prefix) else node.rest
+            if sub is None or not conforms(sub, item, table, bounds, counts):
+                return False
+        return True
+    if isinstance(node, Object):
+        if not isinstance(x, dict):
+            return False
+        declared = {p.name: p for p in node.properties}
+        if any(p.required and p.name not in x for p in node.properties):
+            return False
+        extra = 0
+        for key, value in x.items():
+            if key in declared:
+                if not conforms(declared[key].value, value, table, bounds, counts):
+                    return False
+                continue
+            extra += 1
+            entry = _extra_for(node, key)
+            if entry is None or not conforms(entry.value, value, table, bounds, counts):
+                return False
+        if extra < node.min_extra or (node.max_extra is not None and extra > node.max_extra):
+            return False
+        if node.first_choices is not None:
+            first = next((i for i, p in enumerate(node.properties) if p.name in x), None)
+            if first is not None and first >= node.first_choices and not node.properties[first].required:
+                return False
+        return not (node.nonempty and not x)
+    raise AssertionError(f"not an IR node: {node!r}")
+
+
+def nesting(x) -> int:
+    """How many containers deep a JSON value is (a scalar: 0)."""
+    if isinstance(x, list):
+        return 1 + max((nesting(v) for v in x), default=0)
+    if isinstance(x, dict):
+        return 1 + max((nesting(v) for v in x.values()), default=0)
+    return 0
+
+
+def _extra_for(node: Object, key: str) -> Extra | None:
+    for entry in node.extras:
+        if entry.key.matches(key):
+            return entry
+    return None
+
+
+def serialize(node, x, table: dict) -> str:
+    """`x` (a member of `node`) in canonical compact form; values outside `node` as plain compact JSON."""
+    if isinstance(node, Ref):
+        return serialize(table[node.key], x, table)
+    if isinstance(node, Union):
+        for item in node.items:
+            if conforms(item, x, table):
+                return serialize(item, x, table)
+        return dumps(x)
+    if isinstance(node, Literal):
+        for v in node.values:
+            if json_equal(v, x):
+                return dumps(v)
+        return dumps(x)
+    if isinstance(node, Number) and is_number(x):
+        d = to_decimal(x)
+        if node.integer and d == d.to_integral_value():
+            return str(int(d))
+        if node.bounded:
+            return positional(d)
+        return dumps(x)
+    if isinstance(node, Array) and isinstance(x, list):
+        parts = []
+        for i, item in enumerate(x):
+            sub = node.prefix[i] if i < len(node.prefix) else node.rest
+            parts.append(serialize(sub if sub is not None else ANY, item, table))
+        return "[" + ",".join(parts) + "]"
+    if isinstance(node, Object) and isinstance(x, dict):
+        parts = []
+        declared = set()
+        for prop in node.properties:
+            declared.add(prop.name)
+            if prop.name in x:
+                parts.append(dumps(prop.name) + ":" + serialize(prop.value, x[prop.name], table))
+        for key, value in x.items():
+            if key not in declared:
+                entry = _extra_for(node, key)
+                parts.append(dumps(key) + ":" + serialize(entry.value if entry else ANY, value, table))
+        return "{" + ",".join(parts) + "}"
+    return dumps(x)
+
+
+def dumps(x) -> str:
+    return json.dumps(x, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def positional(d: Decimal) -> str:
+    """A decimal without exponent: 1e-05 -> 0.00001, 1E+2 -> 100."""
+    text = format(d, "f")
+    return "0" + text[text.index(".") :] if text.startswith(".") else text

@@ -1,0 +1,184 @@
+"""Located schemas: where a subschema sits (JSON pointer, base URI) and how `$ref`s find their target.
+
+Base URIs follow `$id` (`id` in draft 4); `$ref` resolves JSON pointers, `$anchor`s and draft 6/7
+`$id: "#name"` anchors against them. Only the document itself is searched: a remote reference is
+not fetched (the front end reports it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from urllib.parse import unquote, urldefrag, urljoin
+
+from ..errors import InvalidSchemaError
+from ..limits import check_deadline
+
+ROOT_URI = "urn:grammar-mlx:root"
+
+_DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019),
+           ("2020-12", 2020))
+
+
+def draft_of(schema) -> int:
+    uri = schema.get("$schema", "") if isinstance(schema, dict) else ""
+    for marker, draft in _DRAFTS:
+        if isinstance(uri, str) and marker in uri:
+            return draft
+    return 2020
+
+
+@dataclass(frozen=True, slots=True)
+class Loc:
+    """A subschema, where it sits (JSON pointer), its base URI, and keywords already accounted for."""
+
+    schema: object
+    pointer: str
+    base: str
+    dropped: frozenset = frozenset()
+    # Pointers of the schemas this one was reached from in place (`$ref`, `allOf`, `anyOf`, ...)
+    # within the current conjunction: what `unevaluated*` may see (its own in-place subschemas).
+    origin: tuple = ()
+    legacy_ref: bool = False  # draft <= 7: a `$ref` makes sibling keywords, `$id` included, inert
+    tag: str = ""  # schemas built by the front end (negations) sit at their keyword's pointer, tagged
+    evaluates: bool = True  # False under `not` (and built negations): no annotations for unevaluated*
+
+    @property
+    def key(self) -> tuple:
+        return (self.pointer, self.dropped, self.tag)
+
+    def below(self, parent: Loc) -> Loc:
+        """This schema, reached in place from `parent`."""
+        return replace(self, origin=parent.origin + (parent.pointer,), evaluates=self.evaluates and parent.evaluates)
+
+    def has(self, keyword: str) -> bool:
+        return keyword not in self.dropped and keyword in self.schema
+
+    def get(self, keyword: str, default=None):
+        return default if keyword in self.dropped else self.schema.get(keyword, default)
+
+    def drop(self, *keywords: str) -> Loc:
+        return replace(self, dropped=self.dropped | frozenset(keywords))
+
+    def child(self, *path) -> Loc:
+        node, pointer = self.schema, self.pointer
+        for part in path:
+            node = node[part]
+            pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
+        return Loc(node, pointer, rebase(self.base, node, self.legacy_ref), legacy_ref=self.legacy_ref, tag=self.tag)
+
+    def built(self, schema, tag: str, evaluates: bool = True) -> Loc:
+        """A schema the front end built for a keyword of this one, in place below it. `evaluates`:
+        whether its properties/items count as evaluated for unevaluated* (not for negations)."""
+        return Loc(schema, self.pointer, self.base, legacy_ref=self.legacy_ref, tag=f"{self.tag}#{tag}",
+                   origin=self.origin + (self.pointer,), evaluates=self.evaluates and evaluates)
+
+
+def rebase(base: str, node, legacy_ref: bool = False) -> str:
+    if isinstance(node, dict):
+        if legacy_ref and "$ref" in node:
+            return base
+        ident = node.get("$id", node.get("id"))
+        if isinstance(ident, str) and not ident.startswith("#"):
+            return _join(base, ident)
+    return base
+
+
+def _join(base: str, ref: str) -> str:
+    if ref.startswith("#"):
+        return urldefrag(base)[0] + ref
+    if base.startswith("urn:") and ":" not in ref.split("/")[0]:
+        return urljoin("https://grammar-mlx.invalid/", ref)
+    return urljoin(base, ref)
+
+
+def count_bounds(atoms, low: str, high: str) -> tuple[int, int | None]:
+    """The tightest `low` / `high` count keywords (minLength / maxLength, ...) over a conjunction."""
+    lo, hi = 0, None
+    for atom in atoms:
+        for keyword in (low, high):
+            v = atom.get(keyword)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+                raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'} must be a non-negative integer")
+            if keyword == low:
+                lo = max(lo, int(v))
+            else:
+                hi = int(v) if hi is None else min(hi, int(v))
+    return lo, hi
+
+
+def in_scope(atom: Loc, of: Loc) -> bool:
+    """Is `atom` `of` itself or one of its in-place subschemas (what `of`'s unevaluated* sees)?"""
+    return atom.pointer == of.pointer or of.pointer in atom.origin
+
+
+# Where subschemas live (an `$id` anywhere else, e.g. inside an unknown keyword, names nothing).
+SCHEMA_VALUED = frozenset({"additionalItems", "additionalProperties", "contains", "contentSchema", "else", "if",
+                           "items", "not", "propertyNames", "then", "unevaluatedItems", "unevaluatedProperties",
+                           "extends"})
+SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"})
+SCHEMA_MAPS = frozenset({"$defs", "definitions", "properties", "patternProperties", "dependentSchemas",
+                         "dependencies"})
+
+
+class Resources:
+    """Every schema resource of a document by URI (with `$id`s and anchors), for `$ref`."""
+
+    def __init__(self, root: Loc):
+        self._resources: dict[str, Loc] = {}
+        self._index(root)
+
+    def _index(self, loc: Loc) -> None:
+        # (parent, path) pairs: a child is located when it is visited, so the deadline is checked
+        # between any two (a `properties` map may hold tens of thousands).
+        stack: list[tuple[Loc, tuple]] = [(loc, ())]
+        while stack:
+            check_deadline("reading the schema's $ids and anchors")
+            parent, path = stack.pop()
+            cur = parent.child(*path) if path else parent
+            node = cur.schema
+            if isinstance(node, list):
+                stack.extend((cur, (i,)) for i in range(len(node)))
+                continue
+            if not isinstance(node, dict):
+                continue
+            self._resources.setdefault(urldefrag(cur.base)[0], cur)
+            ident = node.get("$id", node.get("id"))
+            if isinstance(ident, str) and ident.startswith("#") and len(ident) > 1:
+                self._resources.setdefault(_join(cur.base, ident), cur)
+            for key in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(key), str):
+                    self._resources.setdefault(urldefrag(cur.base)[0] + "#" + node[key], cur)
+            for key, value in node.items():
+                if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):
+                    stack.append((cur, (key,)))
+                elif key in SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend((cur, (key, name)) for name in value)
+
+    def resolve(self, loc: Loc, keyword: str = "$ref") -> Loc | None:
+        ref = loc.get(keyword)
+        if not isinstance(ref, str):
+            raise InvalidSchemaError(f"{keyword} at {loc.pointer or '/'} must be a string")
+        target = _join(loc.base, ref)
+        doc_uri, fragment = urldefrag(target)
+        fragment = unquote(fragment)
+        if fragment and not fragment.startswith("/"):
+            found = self._resources.get(doc_uri + "#" + fragment)
+            if found is None:
+                raise InvalidSchemaError(f"{keyword} {ref!r} at {loc.pointer or '/'}: no anchor {fragment!r}")
+            return found
+        doc = self._resources.get(doc_uri)
+        if doc is None:
+            return None
+        cur = doc
+        for part in fragment.split("/")[1:] if fragment else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = cur.schema
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                cur = cur.child(int(part))
+            elif isinstance(node, dict) and part in node:
+                cur = cur.child(part)
+            else:
+                raise InvalidSchemaError(f"{keyword} {ref!r} at {loc.pointer or '/'} points nowhere")
+        return cur

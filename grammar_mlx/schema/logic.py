@@ -1,0 +1,172 @@
+"""Boolean keywords as unions: `not`, `if`/`then`/`else`, and property dependencies.
+
+A regex has no negation, but many negated schemas are a union of plain ones (De Morgan over the
+keywords, each keyword negated within its own type): `not {required: [a]}` is `{properties: {a:
+false}}`, `not {minLength: 3}` is any non-string or a string of at most 2 characters, and so on.
+`negation` builds those schemas (None where a keyword has no such form: `pattern`, `items`, ...), and
+the normalizer distributes the conjunction over them like an `anyOf`:
+
+- `if I then T else E`  =  (I and T) or (not I and E);
+- `dependentRequired {p: [q]}`  =  p absent, or p, q present;
+- `dependentSchemas {p: S}` (and schema-valued `dependencies`)  =  p absent, or S.
+
+`not {enum: [...]}` / `not {const: v}` and `not {type: ...}` are left to the normalizer, which
+removes the values or types directly.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidSchemaError
+from .exclusive import TYPES
+
+# Keywords with no validation meaning, and those read only next to another (`then` with `if`).
+INERT = frozenset({
+    "$schema", "$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$defs", "definitions",
+    "$comment", "$vocabulary", "title", "description", "default", "examples", "example", "readOnly",
+    "writeOnly", "deprecated", "contentEncoding", "contentMediaType", "contentSchema", "then", "else",
+    "minContains", "maxContains",
+})
+# Validation keywords `negation` has no union for.
+_OPAQUE = frozenset({
+    "pattern", "format", "multipleOf", "divisibleBy", "items", "prefixItems", "additionalItems", "contains",
+    "uniqueItems", "unevaluatedItems", "additionalProperties", "patternProperties", "propertyNames",
+    "unevaluatedProperties", "dependencies", "dependentRequired", "dependentSchemas", "if", "oneOf",
+    "$dynamicRef", "$recursiveRef", "disallow", "extends",
+})
+_FLIP_COUNTS = {
+    "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
+}
+
+
+def negation(schema, resolve, depth: int = 0) -> list | None:
+    """Schemas whose union holds exactly the values `schema` rejects; None when not expressible.
+
+    `resolve(ref)` returns the schema a `$ref` names (None when it cannot)."""
+    if depth > 8:
+        return None
+    if schema is True:
+        return []
+    if schema is False:
+        return [{}]
+    if not isinstance(schema, dict):
+        return None
+    if "$ref" in schema:
+        target = resolve(schema["$ref"])
+        if target is None:
+            return None
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        parts = [negation(target, resolve, depth + 1), negation(rest, resolve, depth + 1)]
+        return None if None in parts else parts[0] + parts[1]
+    out: list = []
+    for key, value in schema.items():
+        if key in INERT or key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
+            continue
+        if key in _OPAQUE:
+            return None
+        part = _negate_keyword(key, value, schema, resolve, depth)
+        if part is None:
+            return None
+        out.extend(part)
+    return out
+
+
+def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list | None:
+    if key == "type":
+        if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(t, str) for t in value)):
+            raise InvalidSchemaError("type must be a type name or an array of them")
+        named = set(value) if isinstance(value, list) else {value}
+        if "integer" in named and "number" not in named:
+            return None  # the non-integer numbers have no schema of their own
+        if "number" in named:
+            named.add("integer")
+        rest = [t for t in TYPES if t not in named and not (t == "integer" and "number" not in named)]
+        return [{"type": rest}] if rest else []
+    if key in ("enum", "const"):
+        values = value if key == "enum" else [value]
+        if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
+            return None  # excluding arrays or objects has no union here
+        return [{"not": {key: value}}]
+    if key == "required":
+        if isinstance(value, bool):  # draft 3's `required: true` on the property itself
+            return []
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            raise InvalidSchemaError("required must be an array of strings")
+        return [{"type": "object", "properties": {name: False}} for name in value]
+    if key == "properties":
+        if not isinstance(value, dict):
+            raise InvalidSchemaError("properties must be an object")
+        out = []
+        for name, sub in value.items():
+            neg = negation(sub, resolve, depth + 1)
+            if neg is None:
+                return None
+            if neg:
+                out.append({"type": "object", "required": [name], "properties": {name: {"anyOf": neg}}})
+        return out
+    if key in _FLIP_COUNTS:
+        kind, other, step = _FLIP_COUNTS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+            raise InvalidSchemaError(f"{key} must be a non-negative integer")
+        n = int(value) + step
+        return [] if n < 0 else [{"type": kind, other: n}]
+    if key in ("minimum", "maximum"):
+        exclusive = schema.get("exclusiveMinimum" if key == "minimum" else "exclusiveMaximum") is True
+        flipped = ("maximum" if exclusive else "exclusiveMaximum") if key == "minimum" else (
+            "minimum" if exclusive else "exclusiveMinimum")
+        return [{"type": "number", flipped: value}]
+    if key == "exclusiveMinimum":
+        return [{"type": "number", "maximum": value}]
+    if key == "exclusiveMaximum":
+        return [{"type": "number", "minimum": value}]
+    if key in ("allOf", "anyOf") and (not isinstance(value, list) or not value):
+        raise InvalidSchemaError(f"{key} must be a non-empty array")
+    if key == "allOf":
+        out = []
+        for sub in value:
+            neg = negation(sub, resolve, depth + 1)
+            if neg is None:
+                return None
+            out.extend(neg)
+        return out
+    if key == "anyOf":
+        negs = [negation(sub, resolve, depth + 1) for sub in value]
+        if None in negs:
+            return None
+        if any(not n for n in negs):
+            return []  # some branch accepts everything
+        return [{"allOf": [{"anyOf": n} for n in negs]}]
+    if key == "not":
+        return [value]
+    return []  # an unknown keyword constrains nothing
+
+
+def alternatives(keyword: str, value, schema: dict, resolve, limit: int) -> list[list] | None:
+    """For `if`, `dependencies`, `dependentRequired`, `dependentSchemas`: the conjunction as a union,
+    each alternative a list of (schema, counts for unevaluated*) to add to it; None when not
+    expressible or over `limit` alternatives (then reported)."""
+    if keyword == "if":
+        if "then" not in schema and "else" not in schema:
+            return [[]]  # (the `if` annotations are then lost: harmless, unevaluated* narrows)
+        neg = negation(value, resolve)
+        if neg is None:
+            return None
+        yes = [(value, True)] + ([(schema["then"], True)] if "then" in schema else [])
+        no = [[(n, False)] + ([(schema["else"], True)] if "else" in schema else []) for n in neg]
+        return [yes] + no
+    if not isinstance(value, dict):
+        raise InvalidSchemaError(f"{keyword} must be an object")
+    out = [[]]
+    for name, need in value.items():
+        absent = ({"properties": {name: False}}, False)  # non-objects: the dependency does not apply
+        if isinstance(need, list):
+            present = ({"required": [name, *need]}, True)
+        elif isinstance(need, (dict, bool)):
+            present = ({"required": [name], "allOf": [need]}, True)
+        else:
+            return None
+        out = [alt + [choice] for alt in out for choice in (absent, present)]
+        if len(out) > limit:
+            return None
+    return out

@@ -1,0 +1,404 @@
+"""JSON Schema -> the value-shape graph of `schema.ir`, with the report of what is not enforced.
+
+A subschema is read as a conjunction of located schemas (`Loc`): `$ref` and `allOf` add members,
+`anyOf` / `oneOf` distribute the conjunction over their branches, and the remaining keywords of all
+members are combined per JSON type. Each distinct conjunction becomes one named node (`Ref`), so
+recursive schemas give a cyclic graph that the emitter unrolls to a depth bound.
+
+A keyword that the result does not guarantee is reported (`Unenforced`); in strict mode the first one
+raises. Narrowing (accepting fewer values than the schema allows, e.g. bounded nesting) is never a
+violation and is documented in `grammar_mlx.schema`, not reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import limits
+from ..automata import chars as fa
+from ..errors import GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
+from ..limits import check_deadline
+from ..regex.charset import ANY as ANY_CHAR
+from ..regex.syntax import Chars, repeat
+from .arrays import build_array
+from .exclusive import TYPES, disjoint, union
+from .ir import (
+    ANY,
+    BOOLEAN,
+    NEVER,
+    NULL,
+    AnyValue,
+    Bound,
+    Literal,
+    Never,
+    Number,
+    Ref,
+    String,
+    conforms,
+    is_number,
+    json_key,
+    to_decimal,
+)
+from .loc import ROOT_URI, Loc, Resources, draft_of, rebase
+from .logic import INERT as ANNOTATIONS
+from .logic import alternatives, negation
+from .numbers import build_number
+from .objects import MAX_FIRST_CHOICE_COST, build_object, minus_names
+from .strings import build_string
+
+
+@dataclass(frozen=True)
+class Unenforced:
+    """A keyword whose constraint an output may violate; `pointer` locates the schema holding it."""
+
+    keyword: str
+    pointer: str
+    reason: str
+
+
+CONTENT = frozenset({"contentEncoding", "contentMediaType"})  # assertions in draft 7
+STAGE = "translating the schema"  # what a deadline that passes here names
+
+
+@dataclass
+class Normalizer:
+    root: object
+    strict: bool = False
+    open_objects: bool = False  # absent additionalProperties next to properties: allow extra keys
+    first_choice_cost: int = MAX_FIRST_CHOICE_COST  # see schema.objects._first_choices
+    draft: int = 2020
+    table: dict = field(default_factory=dict)
+    unenforced: dict = field(default_factory=dict)
+    # Set when some object's first-property limit depends on first_choice_cost (schema.objects):
+    # only then does a retry with cost 0 write another regex.
+    first_choices_narrowable: bool = False
+    _branches: int = 0
+
+    def __post_init__(self):
+        self.draft = draft_of(self.root)
+        legacy = self.draft <= 7
+        self.root_loc = Loc(self.root, "", rebase(ROOT_URI, self.root, legacy), legacy_ref=legacy)
+        self.resources = Resources(self.root_loc)
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def report(self, keyword: str, loc: Loc | str, reason: str) -> None:
+        pointer = loc if isinstance(loc, str) else loc.pointer
+        if self.strict:
+            raise UnsupportedSchemaError(
+                f"{keyword!r} at {pointer or '/'} cannot be enforced: {reason}", keyword=keyword, pointer=pointer
+            )
+        self.unenforced.setdefault((keyword, pointer), reason)
+
+    def too_large(self, keyword: str, loc: Loc, reason: str) -> None:
+        """A size guard: relaxed and reported, or in strict mode a GrammarTooLargeError."""
+        if self.strict:
+            raise GrammarTooLargeError(f"{keyword!r} at {loc.pointer or '/'}: {reason}")
+        self.unenforced.setdefault((keyword, loc.pointer), reason)
+
+    # -- conjunctions -------------------------------------------------------------------------
+
+    def node(self, locs) -> object:
+        """The node for the conjunction of `locs` (named and memoized; cycles become `Ref`s)."""
+        check_deadline(STAGE)
+        atoms = self._expand(locs)
+        if atoms is None:
+            return NEVER
+        if not atoms:
+            return ANY
+        key = _conjunction_key(atoms)
+        if key not in self.table:
+            self.table[key] = None  # in progress: a cycle back to here is a Ref
+            self.table[key] = self._conjunction(atoms)
+        result = self.table[key]
+        if isinstance(result, (Never, AnyValue, Literal)) and result is not None:
+            return result
+        return Ref(key)
+
+    def _expand(self, locs) -> list[Loc] | None:
+        """Flatten `$ref` and `allOf` into atomic members; None when one is `false`."""
+        out: list[Loc] = []
+        seen: set = set()
+        stack = list(reversed(list(locs)))
+        while stack:
+            check_deadline(STAGE)
+            loc = stack.pop()
+            if loc.key in seen:
+                continue  # A ∧ A = A (also ends $ref cycles through allOf)
+            seen.add(loc.key)
+            schema = loc.schema
+            if schema is True:
+                continue
+            if schema is False:
+                return None
+            if not isinstance(schema, dict):
+                raise InvalidSchemaError(f"schema at {loc.pointer or '/'} must be an object or a boolean")
+            ref_kw = next((k for k in ("$ref", "$dynamicRef", "$recursiveRef") if loc.has(k)), None)
+            if ref_kw is not None:
+                if ref_kw != "$ref":
+                    self.report(ref_kw, loc, "dynamic scope is not tracked; resolved like $ref")
+                target = self.resources.resolve(loc, ref_kw)
+                siblings = [] if self.draft <= 7 else [loc.drop(ref_kw)]
+                target = target.below(loc) if target is not None else None
+                if target is None:
+                    self.report(ref_kw, loc, f"remote reference {loc.get(ref_kw)!r} is not resolved")
+                    stack.extend(reversed(siblings))
+                    continue
+                stack.extend(reversed([target] + siblings))
+                continue
+            if loc.has("allOf"):
+                members = loc.get("allOf")
+                if not isinstance(members, list) or not members:
+                    raise InvalidSchemaError(f"allOf at {loc.pointer or '/'} must be a non-empty array")
+                members = [loc.child("allOf", i).below(loc) for i in range(len(members))]
+                stack.extend(reversed(members + [loc.drop("allOf")]))
+                continue
+            if self.draft == 3 and loc.has("extends"):
+                self.report("extends", loc, "draft 3 is not supported")
+            annotations = ANNOTATIONS if self.draft > 7 else ANNOTATIONS - CONTENT
+            if any(k not in annotations for k in schema if k not in loc.dropped):
+                out.append(loc)
+        return out
+
+    def _conjunction(self, atoms: list[Loc]) -> object:
+        for i, atom in enumerate(atoms):
+            for kw in ("anyOf", "oneOf"):
+                if atom.has(kw):
+                    branches = atom.get(kw)
+                    if not isinstance(branches, list) or not branches:
+                        raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a non-empty array")
+                    rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
+                    self._spend(len(branches), atom)
+                    nodes = [self.node(rest + [atom.child(kw, j).below(atom)]) for j in range(len(branches))]
+                    if kw == "oneOf":
+                        self._check_exclusive(atom, nodes)
+                    return union(nodes, self.table)
+        for i, atom in enumerate(atoms):
+            for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
+                if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
+                    continue
+                try:
+                    if kw == "not":
+                        neg = negation(atom.get(kw), self._resolver(atom))
+                        alts = None if neg is None else [[(n, False)] for n in neg]
+                    else:
+                        alts = alternatives(kw, atom.get(kw), atom.schema, self._resolver(atom),
+                                            limits.MAX_LOGIC_ALTERNATIVES)
+                except InvalidSchemaError as e:
+                    raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'}: {e}") from None
+                if alts is None or len(alts) > limits.MAX_LOGIC_ALTERNATIVES:
+                    continue  # left for _flat, which reports it
+                self._spend(len(alts), atom)
+                rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
+                nodes = [self.node(rest + [atom.built(s, f"{kw}{j}.{k}", evaluates)
+                                           for k, (s, evaluates) in enumerate(alt)])
+                         for j, alt in enumerate(alts)]
+                return union(nodes, self.table)
+        return self._flat(atoms)
+
+    def _spend(self, branches: int, atom: Loc) -> None:
+        self._branches += branches
+        if self._branches > limits.MAX_UNION_BRANCHES:
+            raise GrammarTooLargeError(
+                f"anyOf/oneOf/if/not/dependencies distributed over allOf exceed {limits.MAX_UNION_BRANCHES} branches "
+                f"(at {atom.pointer or '/'})"
+            )
+
+    def _resolver(self, atom: Loc):
+        """`$ref` -> the schema it names, from `atom`'s base URI (for `negation`)."""
+
+        def resolve(ref):
+            target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
+            return None if target is None else target.schema
+
+        return resolve
+
+    def _check_exclusive(self, atom: Loc, nodes: list) -> None:
+        """oneOf is anyOf when no value can satisfy two branches; otherwise report it."""
+        for i in range(len(nodes)):
+            check_deadline(STAGE)
+            for j in range(i + 1, len(nodes)):
+                if not disjoint(nodes[i], nodes[j], self.table):
+                    self.report("oneOf", atom, f"branches {i} and {j} may both match one value")
+                    return
+
+    # -- one conjunction without anyOf/oneOf ----------------------------------------------------
+
+    def _flat(self, atoms: list[Loc]) -> object:
+        types = set(TYPES)
+        for atom in atoms:
+            if atom.has("type"):
+                types &= self._types(atom)
+            if self.draft == 3 and atom.has("disallow"):
+                self.report("disallow", atom, "draft 3 is not supported")
+        if "number" in types:
+            types.discard("integer")  # number already holds the integers
+        excluded: list = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
+        for atom in atoms:
+            if atom.has("not"):
+                types = self._apply_not(atom, types, excluded)
+            for kw in ("if", "dependencies", "dependentRequired", "dependentSchemas"):
+                if atom.has(kw) and atom.get(kw):
+                    self.report(kw, atom, "not expressible as a union here (or too many alternatives)")
+        values = None
+        for atom in atoms:
+            for kw in ("enum", "const"):
+                if atom.has(kw):
+                    new = atom.get(kw) if kw == "enum" else [atom.get(kw)]
+                    if not isinstance(new, list):
+                        raise InvalidSchemaError(f"enum at {atom.pointer or '/'} must be an array")
+                    if values is None:
+                        values = new
+                    else:
+                        allowed = {json_key(w) for w in new}
+                        values = [v for v in values if json_key(v) in allowed]
+        if values is not None:
+            return self._literal(values, atoms, types)
+        parts = []
+        for t in TYPES:
+            if t in types:
+                parts.append(self._excluding(self._typed(t, atoms), excluded, atoms))
+        return union(parts, self.table)
+
+    def _excluding(self, node, excluded: list, atoms: list[Loc]) -> object:
+        if not excluded:
+            return node
+        try:
+            return exclude(node, excluded)
+        except fa.AutomatonTooLarge as e:
+            for atom in atoms:
+                if atom.has("not"):
+                    self.report("not", atom, f"excluding the listed strings is too large ({e})")
+            return node
+
+    def _types(self, atom: Loc) -> set:
+        t = atom.get("type")
+        names = t if isinstance(t, list) else [t]
+        out = set()
+        for name in names:
+            if isinstance(name, dict) and self.draft == 3:
+                self.report("type", atom, "draft 3 schema-valued types are not supported")
+                return set(TYPES)
+            if name == "any" and self.draft == 3:
+                return set(TYPES)
+            if name not in TYPES:
+                raise InvalidSchemaError(f"type at {atom.pointer or '/'}: unknown type {name!r}")
+            out.add(name)
+            if name == "number":
+                out.add("integer")
+        return out
+
+    def _literal(self, values: list, atoms: list[Loc], types: set) -> object:
+        """enum/const: the listed values that also satisfy every other keyword."""
+        rest = [a.drop("enum", "const") for a in atoms]
+        rest_node = self.node(rest)
+        kept = []
+        for v in values:
+            check_deadline(STAGE)
+            if _has_type(v, types) and conforms(rest_node, v, self.table):
+                kept.append(v)
+        return Literal(tuple(kept)) if kept else NEVER
+
+    def _apply_not(self, atom: Loc, types: set, excluded: list) -> set:
+        """`not` where it removes whole types or listed values; other forms were distributed as a
+        union by `_conjunction`, or are reported here."""
+        neg = atom.get("not")
+        if neg is True or neg == {}:
+            return set()
+        if neg is False:
+            return types
+        if _native_not(neg):
+            if "type" in neg:
+                removed = self._types(atom.child("not"))
+                if "integer" in removed and "number" in types and "number" not in removed:
+                    self.report("not", atom, "excluding integers from numbers is not enforced")
+                    return types
+                types = types - removed
+                if "number" in removed:
+                    types.discard("integer")
+            for kw in ("enum", "const"):
+                if kw in neg:
+                    excluded.extend(neg[kw] if kw == "enum" else [neg[kw]])
+            return types
+        self.report("not", atom, "this negated schema is not expressible as a union of schemas")
+        return types
+
+    # -- types --------------------------------------------------------------------------------
+
+    def _typed(self, t: str, atoms: list[Loc]) -> object:
+        if t == "null":
+            return NULL
+        if t == "boolean":
+            return BOOLEAN
+        if t in ("integer", "number"):
+            return build_number(self, t == "integer", atoms)
+        if t == "string":
+            return build_string(self, atoms)
+        if t == "array":
+            return build_array(self, atoms)
+        return build_object(self, atoms)
+
+
+def _native_not(neg) -> bool:
+    """`not` forms `_flat` applies directly: booleans, `{}`, `{type}`, `{enum}`/`{const}` of scalars."""
+    if isinstance(neg, bool):
+        return True
+    if not isinstance(neg, dict):
+        return False
+    keys = set(neg) - ANNOTATIONS
+    if not keys <= {"type", "enum", "const"} or len(keys) > 1:
+        return False
+    values = neg.get("enum", []) if "enum" in neg else [neg.get("const")] if "const" in neg else []
+    return isinstance(values, list) and all(not isinstance(v, (list, dict)) for v in values)
+
+
+def exclude(node, values: list) -> object:
+    """`node` without the listed scalar values."""
+    if isinstance(node, Literal):
+        removed = {json_key(x) for x in values}
+        kept = tuple(v for v in node.values if json_key(v) not in removed)
+        return Literal(kept) if kept else NEVER
+    if isinstance(node, String):
+        names = [v for v in values if isinstance(v, str)]
+        if not names:
+            return node
+        base = node.ast if node.ast is not None else repeat(Chars(ANY_CHAR), node.min_len, node.max_len)
+        return String(minus_names(base, names))  # AutomatonTooLarge: the caller reports `not`
+    if isinstance(node, Number):
+        cuts = sorted({to_decimal(v) for v in values if is_number(v)})
+        pieces, lo = [], node.lo
+        for cut in cuts:
+            if node.integer and cut != cut.to_integral_value():
+                continue
+            pieces.append(Number(node.integer, lo, Bound(cut, True)))
+            lo = Bound(cut, True)
+        pieces.append(Number(node.integer, lo, node.hi))
+        return union(pieces, {})
+    return node
+
+
+def _conjunction_key(atoms: list[Loc]) -> tuple:
+    """Names a conjunction. Where `unevaluated*` is present, which atoms lie in place below which
+    matters too (as indices, so a recursive schema still meets its own key again)."""
+    if not any(a.has("unevaluatedProperties") or a.has("unevaluatedItems") for a in atoms):
+        return tuple(a.key for a in atoms)
+    return tuple((a.key, tuple(i for i, b in enumerate(atoms) if b is not a and b.pointer in a.origin))
+                 for a in atoms)
+
+
+def _has_type(v, types: set) -> bool:
+    if v is None:
+        return "null" in types
+    if isinstance(v, bool):
+        return "boolean" in types
+    if is_number(v):
+        if "number" in types:
+            return True
+        return "integer" in types and (isinstance(v, int) or float(v).is_integer())
+    if isinstance(v, str):
+        return "string" in types
+    if isinstance(v, list):
+        return "array" in types
+    return "object" in types
+
+

@@ -1,0 +1,358 @@
+"""Exact regexes for JSON numbers within bounds (`minimum`, `maximum`, `exclusive*`).
+
+Integers are written canonically (`0`, `-7`, `120`: no leading zeros, no `-0`). Bounded numbers are
+written positionally (`-12.50`: no exponent) with any number of fraction digits; unbounded numbers
+take every JSON number form. Ranges are built digit by digit, so a regex is exact for any bound and
+grows with the number of digits of the bounds, not with the width of the range.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+from .. import limits
+from ..errors import InvalidSchemaError
+from .formats import INTEGER_FORMATS
+from .ir import NEVER, Bound, Literal, Number, is_number, to_decimal
+
+INTEGER = r"(?:0|-?[1-9][0-9]*)"
+NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
+
+
+def range_regex(lo: Bound | None, hi: Bound | None, *, integer: bool) -> str | None:
+    """Regex for the numbers in [lo, hi] (either side open when None); None when the range is empty."""
+    if lo is None and hi is None:
+        return INTEGER if integer else NUMBER
+    if integer:
+        ilo = None if lo is None else _int_above(lo)
+        ihi = None if hi is None else _int_below(hi)
+        if ilo is not None and ihi is not None and ilo > ihi:
+            return None
+        return _integer_range(ilo, ihi)
+    if lo is not None and hi is not None:
+        if lo.value > hi.value or (lo.value == hi.value and (lo.exclusive or hi.exclusive)):
+            return None
+    branches = []
+    # Non-negative values: magnitudes from max(lo, 0).
+    if hi is None or hi.value > 0 or (hi.value == 0 and not hi.exclusive):
+        start = lo if lo is not None and lo.value >= 0 else Bound(Decimal(0), False)
+        branches.append(_magnitudes(start, hi))
+    # Negative values (never -0: zero belongs to the branch above).
+    if lo is None or lo.value < 0:
+        mag_lo = Bound(-hi.value, hi.exclusive) if hi is not None and hi.value < 0 else Bound(Decimal(0), True)
+        mag_hi = None if lo is None else Bound(-lo.value, lo.exclusive)
+        neg = _magnitudes(mag_lo, mag_hi)
+        if neg is not None:
+            branches.append("-" + _group(neg))
+    branches = [b for b in branches if b is not None]
+    if not branches:
+        return None
+    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+
+def _int_above(b: Bound) -> int:
+    """The least integer satisfying the lower bound."""
+    n = int(b.value.to_integral_value(rounding="ROUND_CEILING"))
+    return n + 1 if b.exclusive and n == b.value else n
+
+
+def _int_below(b: Bound) -> int:
+    n = int(b.value.to_integral_value(rounding="ROUND_FLOOR"))
+    return n - 1 if b.exclusive and n == b.value else n
+
+
+def _integer_range(lo: int | None, hi: int | None) -> str:
+    branches = []
+    if hi is None or hi >= 0:
+        branches.append(_natural_range(max(lo, 0) if lo is not None else 0, hi))
+    if lo is None or lo < 0:
+        neg_lo = max(-hi, 1) if hi is not None else 1
+        neg_hi = None if lo is None else -lo
+        if neg_hi is None or neg_lo <= neg_hi:
+            branches.append("-" + _group(_natural_range(neg_lo, neg_hi)))
+    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+
+def _group(text: str) -> str:
+    return text if _is_group(text) else "(?:" + text + ")"
+
+
+def _is_group(text: str) -> bool:
+    return ("|" not in text) or (text.startswith("(?:") and text.endswith(")") and _top_level_bars(text) == 0)
+
+
+def _top_level_bars(text: str) -> int:
+    depth, count, i = 0, 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0 and i != len(text) - 1:
+                return 1
+        elif c == "|" and depth == 0:
+            count += 1
+        i += 1
+    return count
+
+
+# ---------------------------------------------------------------------------------------------
+# Naturals (canonical digit strings) in [lo, hi].
+
+
+def _natural_range(lo: int, hi: int | None) -> str:
+    if hi is None and lo > 0 and str(lo) == "1" + "0" * (len(str(lo)) - 1):
+        return _counted_digits(len(str(lo)) - 1)  # every number of at least len(lo) digits
+    if hi is None and lo == 0:
+        return "(?:0|[1-9][0-9]*)"
+    parts = []
+    top_len = len(str(hi)) if hi is not None else len(str(lo))
+    for n in range(len(str(lo)), top_len + 1):
+        a = max(lo, 10 ** (n - 1) if n > 1 else 0)
+        b = 10**n - 1 if hi is None or n < len(str(hi)) else hi
+        if a <= b:
+            parts.append(_same_length(str(a), str(b)))
+    if hi is None:
+        n = len(str(lo))
+        parts.append(f"[1-9][0-9]{{{n},}}")
+    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+
+def _counted_digits(at_least: int) -> str:
+    tail = {0: "*", 1: "+"}.get(at_least, f"{{{at_least},}}")
+    return "[1-9][0-9]" + tail
+
+
+def _digits(a: int, b: int) -> str:
+    if a == b:
+        return str(a)
+    if a == 0 and b == 9:
+        return "[0-9]"
+    return f"[{a}-{b}]" if b > a + 1 else f"[{a}{b}]"
+
+
+def _any_digits(n: int) -> str:
+    return "" if n == 0 else "[0-9]" if n == 1 else f"[0-9]{{{n}}}"
+
+
+def _same_length(lo: str, hi: str) -> str:
+    """Digit strings of len(lo) == len(hi) between lo and hi, lexicographically (= numerically)."""
+    if not lo:
+        return ""
+    if lo[0] == hi[0]:
+        return lo[0] + _same_length(lo[1:], hi[1:])
+    rest = len(lo) - 1
+    low_full = lo[1:] == "0" * rest
+    high_full = hi[1:] == "9" * rest
+    first, last = int(lo[0]), int(hi[0])
+    branches = []
+    if not low_full:
+        branches.append(lo[0] + _group(_same_length(lo[1:], "9" * rest)))
+        first += 1
+    mid_hi = last if high_full else last - 1
+    if first <= mid_hi:
+        branches.append(_digits(first, mid_hi) + _any_digits(rest))
+    if not high_full:
+        branches.append(hi[0] + _group(_same_length("0" * rest, hi[1:])))
+    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-negative decimals: integer part, then an optional fraction `\.[0-9]+`.
+
+
+def _split(d: Decimal) -> tuple[int, str]:
+    """Integer part and fraction digits (trailing zeros dropped) of a non-negative decimal."""
+    whole = int(d)
+    frac = format(d - whole, "f")
+    frac = frac.split(".", 1)[1].rstrip("0") if "." in frac else ""
+    return whole, frac
+
+
+def _frac_ge(alpha: str, strict: bool, allow_empty: bool) -> str | None:
+    """Digit strings R (empty only if allow_empty) with 0.R >= 0.alpha (> when strict)."""
+    if alpha.strip("0") == "":
+        if strict:
+            return "[0-9]*[1-9][0-9]*"
+        return "[0-9]*" if allow_empty else "[0-9]+"
+    d, rest = int(alpha[0]), alpha[1:]
+    branches = []
+    if d < 9:
+        branches.append(_digits(d + 1, 9) + "[0-9]*")
+    tail = _frac_ge(rest, strict, True)
+    if tail is not None:
+        branches.append(str(d) + _group(tail) if tail else str(d))
+    return "(?:" + "|".join(branches) + ")" if len(branches) > 1 else branches[0]
+
+
+def _frac_le(beta: str, strict: bool, allow_empty: bool) -> str | None:
+    """Digit strings R (empty only if allow_empty) with 0.R <= 0.beta (< when strict)."""
+    if beta.strip("0") == "":
+        if strict:
+            return None
+        return "0*" if allow_empty else "0+"
+    d, rest = int(beta[0]), beta[1:]
+    branches = []
+    if d > 0:
+        branches.append(_digits(0, d - 1) + "[0-9]*")
+    tail = _frac_le(rest, strict, True)
+    if tail is not None:
+        branches.append(str(d) + (_group(tail) if tail else ""))
+    body = "(?:" + "|".join(branches) + ")"
+    return body + "?" if allow_empty else body
+
+
+def _frac_between(alpha: str, beta: str, lo_strict: bool, hi_strict: bool) -> str | None:
+    """Non-empty digit strings R with 0.alpha <= 0.R <= 0.beta (strictness per side), alpha < beta."""
+    n = max(len(alpha), len(beta))
+    alpha, beta = alpha.ljust(n, "0"), beta.ljust(n, "0")
+    i = 0
+    while alpha[i] == beta[i]:
+        i += 1
+    prefix = alpha[:i]
+    a, b = int(alpha[i]), int(beta[i])
+    branches = []
+    ge = _frac_ge(alpha[i + 1 :], lo_strict, True)
+    if ge is not None:
+        branches.append(str(a) + (_group(ge) if ge else ""))
+    if a + 1 <= b - 1:
+        branches.append(_digits(a + 1, b - 1) + "[0-9]*")
+    le = _frac_le(beta[i + 1 :], hi_strict, True)
+    if le is not None:
+        branches.append(str(b) + (_group(le) if le else ""))
+    body = "(?:" + "|".join(branches) + ")"
+    # The digits may stop inside the common prefix once the rest of alpha is zeros (0.R == 0.alpha).
+    stop = len(alpha.rstrip("0")) if not lo_strict else n + 1
+    stop = max(stop, 1)
+    tail = body + "?" if i >= stop else body
+    for j in range(i - 1, -1, -1):
+        tail = prefix[j] + tail
+        if j >= stop:
+            tail = "(?:" + tail + ")?"
+    return tail
+
+
+def _magnitudes(lo: Bound, hi: Bound | None) -> str | None:
+    """Positional non-negative decimals in [lo, hi] (lo.value >= 0)."""
+    if hi is not None and (lo.value > hi.value or (lo.value == hi.value and (lo.exclusive or hi.exclusive))):
+        return None
+    a_int, alpha = _split(lo.value)
+    branches = []
+    if hi is not None:
+        b_int, beta = _split(hi.value)
+    if hi is not None and a_int == b_int:
+        # Same integer part: the fraction lies between both bounds.
+        if alpha == "" and not lo.exclusive:
+            branches.append(str(a_int))  # the integer itself (fraction absent)
+        if alpha == beta:
+            frac = (alpha + "0*" if alpha else "0+") if not (lo.exclusive or hi.exclusive) else None
+        else:
+            frac = _frac_between(alpha, beta, lo.exclusive, hi.exclusive)
+        if frac is not None:
+            branches.append(str(a_int) + r"\." + _group(frac))
+    else:
+        # I == a_int: fraction >= alpha.
+        ge = _frac_ge(alpha, lo.exclusive, False)
+        head = str(a_int)
+        if alpha == "" and not lo.exclusive:
+            branches.append(head + r"(?:\." + ge + ")?")
+        else:
+            branches.append(head + r"\." + _group(ge))
+        # a_int < I < b_int: any fraction.
+        mid_hi = None if hi is None else b_int - 1
+        if mid_hi is None or a_int + 1 <= mid_hi:
+            branches.append(_group(_natural_range(a_int + 1, mid_hi)) + r"(?:\.[0-9]+)?")
+        if hi is not None:
+            le = _frac_le(beta, hi.exclusive, False)
+            absent_ok = beta != "" or not hi.exclusive
+            if le is not None:
+                branches.append(str(b_int) + (r"(?:\." + le + ")?" if absent_ok else r"\." + _group(le)))
+            elif absent_ok:
+                branches.append(str(b_int))
+    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+# minimum / maximum / exclusive* / multipleOf / integer formats of a conjunction -> a node.
+
+
+
+def build_number(nz, integer: bool, atoms) -> object:
+    lo = hi = None
+    multiples = []
+    for atom in atoms:
+        for kw, is_lo in (("minimum", True), ("maximum", False), ("exclusiveMinimum", True),
+                          ("exclusiveMaximum", False)):
+            v = atom.get(kw)
+            if v is None or isinstance(v, bool):
+                continue
+            if not is_number(v):
+                raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a number")
+            exclusive = kw.startswith("exclusive") or atom.get(
+                "exclusiveMinimum" if is_lo else "exclusiveMaximum") is True
+            b = Bound(to_decimal(v), exclusive)
+            if is_lo:
+                lo = b if lo is None or _tighter_lo(b, lo) else lo
+            else:
+                hi = b if hi is None or _tighter_hi(b, hi) else hi
+        fmt = atom.get("format")
+        if integer and fmt in INTEGER_FORMATS:
+            a, b = INTEGER_FORMATS[fmt]
+            lo = Bound(Decimal(a), False) if lo is None or _tighter_lo(Bound(Decimal(a), False), lo) else lo
+            hi = Bound(Decimal(b), False) if hi is None or _tighter_hi(Bound(Decimal(b), False), hi) else hi
+        m = atom.get("multipleOf", atom.get("divisibleBy") if nz.draft == 3 else None)
+        if m is not None:
+            if not is_number(m) or m <= 0:
+                raise InvalidSchemaError(f"multipleOf at {atom.pointer or '/'} must be a positive number")
+            multiples.append((Fraction(to_decimal(m)), atom))
+    if not multiples:
+        return Number(integer, lo, hi)
+    step = multiples[0][0]
+    for m, _ in multiples[1:]:
+        step = _lcm(step, m)
+    if step.denominator == 1:
+        integer = True
+        if step == 1:
+            return Number(integer, lo, hi)
+    values = _enumerate_multiples(step, lo, hi)
+    if values is not None:
+        return Literal(tuple(values)) if values else NEVER
+    for _, atom in multiples:
+        nz.report("multipleOf", atom, "multipleOf over an unbounded or wide range is not enforced")
+    return Number(integer, lo, hi)
+
+
+def _tighter_lo(a: Bound, b: Bound) -> bool:
+    return a.value > b.value or (a.value == b.value and a.exclusive)
+
+
+def _tighter_hi(a: Bound, b: Bound) -> bool:
+    return a.value < b.value or (a.value == b.value and a.exclusive)
+
+
+def _lcm(a: Fraction, b: Fraction) -> Fraction:
+    num = a.numerator * b.numerator // math.gcd(a.numerator, b.numerator)
+    return Fraction(num, math.gcd(a.denominator, b.denominator))
+
+
+def _enumerate_multiples(step: Fraction, lo: Bound | None, hi: Bound | None) -> list | None:
+    if lo is None or hi is None:
+        return None
+    first = math.ceil(Fraction(lo.value) / step)
+    last = math.floor(Fraction(hi.value) / step)
+    if last - first + 1 > limits.MAX_ENUMERATED:
+        return None
+    values = []
+    for k in range(first, last + 1):
+        v = k * step
+        d = Decimal(v.numerator) / Decimal(v.denominator)
+        if (lo.exclusive and d == lo.value) or (hi.exclusive and d == hi.value):
+            continue
+        values.append(int(v) if v.denominator == 1 else float(d))
+    return values

@@ -1,0 +1,383 @@
+"""Objects: declared properties in order, then extra properties by key language.
+
+Declared properties (`properties`, then names that are only `required`) come first, in declaration
+order, each optional unless required. The remaining keys are split into disjoint regions by which
+`patternProperties` patterns they match (automata in `automata.chars`); a region's values must meet
+every matching pattern's schema, or `additionalProperties` where none matches, and the region's key
+language excludes the declared names (a key never appears twice from the grammar's two sections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import limits
+from ..automata import chars as fa
+from ..errors import InvalidSchemaError
+from ..limits import check_deadline
+from ..regex.charset import ANY as ANY_CHAR
+from ..regex.charset import JSON_SPECIAL, CharSet
+from ..regex.syntax import NEVER as NO_STRING
+from ..regex.syntax import Chars, alt, literal, repeat, restrict_length, seq
+from .ir import (
+    NEVER,
+    AnyValue,
+    Extra,
+    Literal,
+    Never,
+    Object,
+    Property,
+    Ref,
+    String,
+    Union,
+)
+from .loc import count_bounds, in_scope
+from .strings import pattern_language
+
+MAX_KEY_REGIONS = 64
+STAGE = "translating the schema"  # what a deadline that passes here names
+MAX_FIRST_CHOICE_COST = 256  # properties x leading optional choices kept exact (see _first_choices)
+MIN_FIRST_CHOICES = 2
+# Extra property names never hold characters JSON must escape (quote, backslash, controls): a
+# narrowing that keeps each character class of a key language one regex class.
+EXTRA_KEY_CHARS = ANY_CHAR - JSON_SPECIAL
+EXTRA_KEY = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
+
+
+def build_object(nz, atoms) -> object:
+    infos = [_info(nz, atom) for atom in atoms]
+    # Declared names in order, then names only in `required` (dicts: ordered sets, so a wide
+    # object costs linear time, not a list search per name).
+    declared = dict.fromkeys(n for info in infos for n in info["props"])
+    required = dict.fromkeys(n for info in infos for n in info["required"])
+    names = list({**declared, **required})
+
+    key_filter = _property_names(nz, infos)
+
+    properties = []
+    for name in names:
+        check_deadline(STAGE)
+        if key_filter is not None and not String(key_filter).matches(name):
+            value = NEVER
+        else:
+            value = nz.node(_value_locs(infos, name=name))
+        if isinstance(_resolved(nz, value), Never):
+            if name in required:
+                return NEVER
+            continue
+        properties.append(Property(name, value, name in required))
+
+    # Absent additionalProperties next to properties/patternProperties: only those keys (see schema.translate).
+    closed = not nz.open_objects and bool(names or any(info["patterns"] for info in infos))
+    extras = _extras(nz, infos, names, key_filter, closed)
+    return _counted(nz, atoms, infos, properties, extras)
+
+
+def _info(nz, atom) -> dict:
+    props = atom.get("properties", {})
+    if not isinstance(props, dict):
+        raise InvalidSchemaError(f"properties at {atom.pointer or '/'} must be an object")
+    patterns = atom.get("patternProperties", {})
+    if not isinstance(patterns, dict):
+        raise InvalidSchemaError(f"patternProperties at {atom.pointer or '/'} must be an object")
+    required = atom.get("required", [])
+    if isinstance(required, bool):  # draft 3 puts `required: true` on the property itself
+        required = []
+    if not isinstance(required, list) or not all(isinstance(n, str) for n in required):
+        raise InvalidSchemaError(f"required at {atom.pointer or '/'} must be an array of strings")
+    compiled = []
+    for pattern in patterns:
+        ast = pattern_language(nz, pattern, atom, "patternProperties")
+        if ast is not None:
+            compiled.append((ast, atom.child("patternProperties", pattern)))
+    located = {}
+    for name in props:
+        check_deadline(STAGE)
+        located[name] = atom.child("properties", name)
+    return {
+        "atom": atom,
+        "props": located,
+        "patterns": compiled,
+        "additional": atom.child("additionalProperties") if atom.has("additionalProperties") else None,
+        "unevaluated": atom.child("unevaluatedProperties") if atom.has("unevaluatedProperties") else None,
+        "required": required,
+    }
+
+
+def _value_locs(infos, name: str | None = None, matched: frozenset = frozenset(), closed: bool = False) -> list:
+    """The schemas a property's value must meet: for a declared `name`, or for a key region whose
+    matching patterns are `matched` (indices per info as (i, j)). `closed`: no schema speaks for the
+    region's keys, so none are generated (absent `additionalProperties` next to declared ones)."""
+    if closed and name is None and not matched and not any(
+        info["additional"] is not None or info["unevaluated"] is not None for info in infos
+    ):
+        return [False]
+    locs, hits = [], []
+    for i, info in enumerate(infos):
+        hit = False
+        if name is not None and name in info["props"]:
+            locs.append(info["props"][name])
+            hit = True
+        for j, (ast, loc) in enumerate(info["patterns"]):
+            if (name is not None and String(ast).matches(name)) or (i, j) in matched:
+                locs.append(loc)
+                hit = True
+        if not hit and info["additional"] is not None:
+            locs.append(info["additional"])
+            hit = True
+        hits.append(hit)
+    for info in infos:
+        # unevaluatedProperties sees what its own schema and its in-place subschemas evaluate.
+        if info["unevaluated"] is not None and not any(
+            hit for hit, other in zip(hits, infos) if other["atom"].evaluates and in_scope(other["atom"], info["atom"])
+        ):
+            locs.append(info["unevaluated"])
+    return locs
+
+
+def _property_names(nz, infos):
+    """The key language of `propertyNames` (an AST), or None when keys are unconstrained."""
+    locs = [info["atom"].child("propertyNames") for info in infos if info["atom"].has("propertyNames")]
+    if not locs:
+        return None
+    return string_language(nz.node(locs), nz.table)
+
+
+def string_language(node, table, seen=None):
+    """The strings among a node's values, as an AST (None: every string)."""
+    seen = set() if seen is None else seen
+    if isinstance(node, Ref):
+        if node.key in seen:
+            return alt()
+        seen.add(node.key)
+        node = table[node.key]
+    if isinstance(node, AnyValue):
+        return None
+    if isinstance(node, String):
+        return node.ast if node.ast is not None else repeat(Chars(ANY_CHAR), node.min_len, node.max_len)
+    if isinstance(node, Literal):
+        return alt(*(literal(v) for v in node.values if isinstance(v, str)))
+    if isinstance(node, Union):
+        parts = [string_language(item, table, seen) for item in node.items]
+        return None if any(p is None for p in parts) else alt(*parts)
+    return alt()
+
+
+def _resolved(nz, node):
+    return nz.table.get(node.key) if isinstance(node, Ref) else node
+
+
+def _extras(nz, infos, names: list[str], key_filter, closed: bool) -> tuple:
+    patterns = [(i, j, ast) for i, info in enumerate(infos) for j, (ast, _) in enumerate(info["patterns"])]
+    if not patterns and key_filter is None:
+        value = _region_value(nz, infos, frozenset(), closed)
+        if isinstance(_resolved(nz, value), Never):
+            return ()
+        try:
+            return (Extra(String(minus_names(EXTRA_KEY, names)), value),)
+        except fa.AutomatonTooLarge:
+            return ()  # narrowing: no extra properties
+    try:
+        keys = fa.to_dfa(EXTRA_KEY if key_filter is None else fa.intersect([EXTRA_KEY, key_filter]))
+        regions = [] if keys.is_empty() else [(keys, frozenset())]
+        for i, j, ast in patterns:
+            dfa = fa.to_dfa(ast)
+            split = []
+            for region, matched in regions:
+                inside = fa.product(region, dfa, "and")
+                if not inside.is_empty():
+                    split.append((inside, matched | {(i, j)}))
+                outside = fa.product(region, dfa, "minus")
+                if not outside.is_empty():
+                    split.append((outside, matched))
+            regions = split
+            if len(regions) > MAX_KEY_REGIONS:
+                raise fa.AutomatonTooLarge(f"more than {MAX_KEY_REGIONS} key regions")
+    except fa.AutomatonTooLarge:
+        return _narrow_extras(nz, infos, names, patterns, closed)
+    extras = []
+    for region, matched in regions:
+        value = _region_value(nz, infos, matched, closed)
+        if isinstance(_resolved(nz, value), Never):
+            continue
+        try:
+            ast = fa.to_ast(region)
+            inside = [n for n in names if region.accepts(n)]
+            if inside:
+                ast = minus_names(ast, inside)
+        except fa.AutomatonTooLarge:
+            continue  # narrowing: keys of this region are not generated
+        extras.append(Extra(String(ast), value))
+    return tuple(extras)
+
+
+def _narrow_extras(nz, infos, names, patterns, closed: bool) -> tuple:
+    """Automata over budget: keep only pattern regions that need no complement (a narrowing)."""
+    extras = []
+    for i, j, ast in patterns:
+        others = [p for p in patterns if p[:2] != (i, j)]
+        if others:
+            continue
+        value = _region_value(nz, infos, frozenset({(i, j)}), closed)
+        if isinstance(_resolved(nz, value), Never):
+            continue
+        try:
+            extras.append(Extra(String(minus_names(ast, names)), value))
+        except fa.AutomatonTooLarge:
+            pass
+    return tuple(extras)
+
+
+def _region_value(nz, infos, matched: frozenset, closed: bool):
+    locs = _value_locs(infos, matched=matched, closed=closed)
+    return NEVER if locs == [False] else nz.node(locs)
+
+
+def minus_names(ast, names: list[str]):
+    """`ast` without the given names."""
+    language = String(ast)
+    names = [n for n in names if language.matches(n)]
+    if not names:
+        return ast
+    if ast == EXTRA_KEY:
+        return _names_complement(names, EXTRA_KEY_CHARS)
+    try:
+        return fa.minus(ast, alt(*(literal(n) for n in names)))
+    except fa.AutomatonTooLarge:
+        # Long keys (longer than every name) need no automaton; the short remainder is small.
+        longest = max(len(n) for n in names)
+        long = restrict_length(ast, longest + 1, None)
+        if long is None:
+            long = fa.intersect([ast, fa.length_language(longest + 1, None)])
+        short = fa.minus(fa.intersect([ast, fa.length_language(0, longest)]), alt(*(literal(n) for n in names)))
+        return long if short == NO_STRING else alt(long, short)
+
+
+def _names_complement(names: list[str], chars) -> object:
+    """Strings over `chars` that are none of `names`, read off their trie. Unbranched runs are
+    written flat (an alternative per stopping point) so the regex nests only where names branch."""
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[None] = True  # end of a name
+    anything = repeat(Chars(chars), 0, None)
+
+    def walk(node: dict) -> object:
+        check_deadline(STAGE)
+        alts, prefix = [], ""
+        while True:
+            if None not in node:
+                alts.append(literal(prefix))  # stopping here is not a name
+            kids = [c for c in node if c is not None]
+            other = chars - CharSet.of(*kids) if kids else chars
+            if other:
+                alts.append(seq(literal(prefix), Chars(other), anything))
+            if len(kids) == 1:
+                prefix += kids[0]
+                node = node[kids[0]]
+                continue
+            for c in kids:
+                alts.append(seq(literal(prefix + c), walk(node[c])))
+            return alt(*alts)
+
+    return walk(trie)
+
+
+def _counted(nz, atoms, infos, properties: list, extras: tuple) -> object:
+    """minProperties / maxProperties: exact where the count is known from the shape, else reported."""
+    min_p, max_p = count_bounds(atoms, "minProperties", "maxProperties")
+    n_required = sum(p.required for p in properties)
+    n_optional = len(properties) - n_required
+    min_extra, max_extra, nonempty = 0, None, False
+    if max_p is not None and max_p < n_required:
+        return NEVER
+    if min_p > n_required:
+        if not extras and min_p > len(properties):
+            return NEVER
+        if min_p == 1:
+            nonempty = True
+        elif n_optional == 0 and extras:
+            min_extra = min_p - n_required
+            _report(nz, atoms, "minProperties", "extra property names may repeat, so they may count less")
+        else:
+            _report(nz, atoms, "minProperties", "a count over optional properties is not enforced")
+    if max_p is not None and (extras or max_p < len(properties)):
+        if max_p == n_required:
+            properties = [p for p in properties if p.required]
+            extras = ()
+        elif n_optional == 0 and extras:
+            max_extra = max_p - n_required
+        else:
+            _report(nz, atoms, "maxProperties", "a count over optional properties is not enforced")
+    if max_extra is not None and max_extra > limits.MAX_REPEAT:
+        for atom in atoms:
+            if atom.has("maxProperties"):
+                nz.too_large("maxProperties", atom, "maxProperties above the repetition limit relaxed")
+        max_extra = None
+    if min_extra > limits.MAX_REPEAT:
+        for atom in atoms:
+            if atom.has("minProperties"):
+                nz.too_large("minProperties", atom, "minProperties above the repetition limit relaxed")
+        min_extra = limits.MAX_REPEAT
+    if not extras and min_extra:
+        return NEVER
+    first_choices = _first_choices(properties, nz.first_choice_cost)
+    if first_choices != _first_choices(properties, 0):
+        nz.first_choices_narrowable = True  # a retry with cost 0 would write this object differently
+    return Object(tuple(properties), extras, min_extra, max_extra, nonempty, first_choices)
+
+
+def _first_choices(properties: list, cost: int) -> int | None:
+    """How many leading optional properties may be the first one written (None: all).
+
+    Each choice repeats the rest of the object in the regex, and outlines-core does not minimize its
+    DFA, so n free choices make n^2 states. Up to `cost` = n * choices is exact; beyond, objects
+    must start with one of the first few properties (a narrowing; cost 0: the first one)."""
+    leading = next((i for i, p in enumerate(properties) if p.required), len(properties))
+    n = len(properties)
+    if leading <= 1 or leading * n <= cost:
+        return None
+    return max(MIN_FIRST_CHOICES if cost else 1, cost // max(n, 1))
+
+
+def first_property_narrowed(table: dict) -> dict | None:
+    """The table a normalizer with first_choice_cost 0 builds, derived from this one without
+    normalizing the schema again: every object with several leading optional properties starts
+    with its first one. None where that is not exact: membership (`conforms`) reads the limit, so
+    enum/const values holding objects may have been filtered by it."""
+
+    def narrowed(node):
+        check_deadline(STAGE)
+        if isinstance(node, Object):
+            return replace(node, first_choices=_first_choices(list(node.properties), 0))
+        if isinstance(node, Union):
+            return Union(tuple(narrowed(item) for item in node.items))
+        if isinstance(node, Literal) and any(_holds_object(v) for v in node.values):
+            raise LookupError
+        return node
+
+    try:
+        return {key: narrowed(node) for key, node in table.items()}
+    except LookupError:
+        return None
+
+
+def _holds_object(value) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            return True
+        if isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _report(nz, atoms, keyword: str, reason: str) -> None:
+    for atom in atoms:
+        if atom.has(keyword):
+            nz.report(keyword, atom, reason)
+
+

@@ -1,0 +1,132 @@
+"""Strings: `pattern`, `format`, `minLength` / `maxLength`, intersected into one character-level AST."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import limits
+from ..automata import chars as fa
+from ..errors import InvalidSchemaError
+from ..regex.ecma import parse_ecma
+from ..regex.syntax import (
+    Alt,
+    PatternError,
+    Repeat,
+    Seq,
+    alt,
+    max_count,
+    restrict_length,
+    search_language,
+)
+from .formats import STRING_FORMATS, UNENFORCED_FORMATS, format_language
+from .ir import NEVER, String
+from .loc import Loc, count_bounds
+
+
+def build_string(nz, atoms: list[Loc]) -> object:
+    min_len, max_len = count_bounds(atoms, "minLength", "maxLength")
+    languages = []  # (AST, keyword, atom)
+    for atom in atoms:
+        pattern = atom.get("pattern")
+        if pattern is not None:
+            ast = pattern_language(nz, pattern, atom)
+            if ast is not None:
+                languages.append((ast, "pattern", atom))
+        fmt = atom.get("format")
+        if isinstance(fmt, str):
+            if fmt in UNENFORCED_FORMATS:
+                nz.report("format", atom, UNENFORCED_FORMATS[fmt])
+            elif fmt in STRING_FORMATS:
+                languages.append((format_language(fmt), "format", atom))
+        if nz.draft <= 7:
+            # Draft 7 lets validators assert content; 2019-09 on, content* only annotate.
+            if atom.get("contentEncoding") == "base64":
+                languages.append((format_language("byte"), "contentEncoding", atom))
+            elif atom.has("contentEncoding"):
+                nz.report("contentEncoding", atom, "only base64 is enforced")
+            if atom.has("contentMediaType"):
+                nz.report("contentMediaType", atom, "the decoded content's media type is not enforced")
+    if max_len is not None and max_len < min_len:
+        return NEVER
+    min_len, max_len = _length_guard(nz, min_len, max_len, atoms)
+    if not languages:
+        return String(None, min_len, max_len)
+    ast = languages[0][0]
+    if len(languages) > 1:
+        try:
+            ast = fa.intersect([a for a, _, _ in languages])
+        except fa.AutomatonTooLarge as e:
+            for _, kw, atom in languages[1:]:
+                nz.report(kw, atom, f"intersection with another pattern/format too large ({e})")
+    if min_len > 0 or max_len is not None:
+        ast = _restrict_length(nz, ast, min_len, max_len, atoms)
+    if id(ast) not in _format_ids() and max_count(ast) > limits.MAX_REPEAT:  # formats have small counts
+        ast = _relax_counts(ast)
+        for _, kw, atom in languages:
+            nz.too_large(kw, atom, f"counted repetition above {limits.MAX_REPEAT} relaxed to unbounded")
+    return NEVER if ast == alt() else String(ast)
+
+
+
+@lru_cache(maxsize=1)
+def _format_ids() -> frozenset:
+    """Identities of the format ASTs (`format_language` keeps each one alive for good)."""
+    return frozenset(id(format_language(name)) for name in STRING_FORMATS)
+
+
+def _length_guard(nz, min_len: int, max_len: int | None, atoms: list[Loc]) -> tuple[int, int | None]:
+    if max_len is not None and max_len > limits.MAX_REPEAT:
+        for atom in atoms:
+            if atom.has("maxLength"):
+                nz.too_large("maxLength", atom, f"maxLength above {limits.MAX_REPEAT} relaxed to unbounded")
+        max_len = None
+    if min_len > limits.MAX_REPEAT:
+        for atom in atoms:
+            if atom.has("minLength"):
+                nz.too_large("minLength", atom, f"minLength above {limits.MAX_REPEAT} relaxed to {limits.MAX_REPEAT}")
+        min_len = limits.MAX_REPEAT
+    return min_len, max_len
+
+def _restrict_length(nz, ast, min_len: int, max_len: int | None, atoms: list[Loc]):
+    folded = restrict_length(ast, min_len, max_len)
+    if folded is not None:
+        return folded
+    try:
+        return fa.intersect([ast, fa.length_language(min_len, max_len)])
+    except fa.AutomatonTooLarge as e:
+        for atom in atoms:
+            for kw in ("minLength", "maxLength"):
+                if atom.has(kw):
+                    nz.report(kw, atom, f"length bound together with pattern/format too large ({e})")
+        return ast
+
+def pattern_language(nz, pattern, atom: Loc, keyword: str = "pattern"):
+    """The search language of an ECMA-262 pattern; None (reported) when it cannot be enforced."""
+    if not isinstance(pattern, str):
+        raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'}: pattern must be a string")
+    try:
+        return _search_language(pattern)
+    except PatternError as e:
+        if not e.unsupported:
+            raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'}: {e}") from None
+        nz.report(keyword, atom, str(e))
+        return None
+
+
+@lru_cache(maxsize=256)
+def _search_language(pattern: str):
+    """Parsed once per pattern: wide schemas repeat the same few patterns on many properties."""
+    return search_language(parse_ecma(pattern))
+
+
+def _relax_counts(node):
+    if isinstance(node, Repeat):
+        item = _relax_counts(node.item)
+        if max(node.lo, node.hi or 0) > limits.MAX_REPEAT:
+            return Repeat(item, min(node.lo, limits.MAX_REPEAT), None)
+        return Repeat(item, node.lo, node.hi)
+    if isinstance(node, Seq):
+        return Seq(tuple(_relax_counts(i) for i in node.items))
+    if isinstance(node, Alt):
+        return Alt(tuple(_relax_counts(i) for i in node.items))
+    return node

@@ -1,0 +1,487 @@
+"""JSON Schema -> the regex of its valid JSON texts, with a report of what that regex does not enforce.
+
+    >>> r = schema_to_regex({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}}})
+    >>> r.regex, r.unenforced          # ('\\{(?:"a":[1-9][0-9]*)?\\}', ())
+    >>> canonical_json({"a": 2.0}, schema)   # '{"a":2}': any valid instance in the grammar's format
+
+The contract: an output the regex accepts is valid against the schema unless `unenforced` names a
+keyword (keyword + JSON pointer of the subschema holding it) that explains it. The regex may accept
+fewer documents than the schema: those narrowings are listed below, never reported, and never make
+an output invalid. `strict=True` (the default of `generate_json`) raises `UnsupportedSchemaError`
+for the first unenforced keyword instead.
+
+Output format (`canonical_json(instance, schema)` writes any valid instance this way; `in_grammar`
+says whether the regex accepts it):
+
+- Compact JSON: no whitespace, `,` and `:` separators, unless `whitespace` is given: a regex that
+  matches only bounded runs (<= limits.MAX_WHITESPACE) of JSON whitespace, e.g. `[ \\t\\n]{0,4}`; it may
+  stand after `{ [ , :` and before `} ] , :`. Unbounded patterns (`\\s*`) are refused: they let a
+  model emit whitespace forever.
+- Object properties in declaration order: the schema's `properties` (then names only in
+  `required`), each optional unless required, then the other properties (`additionalProperties`,
+  `patternProperties`) in any order. Every order of n properties would be n! paths.
+- Strings: unconstrained strings take every JSON escape (`\\n`, `\\/`, `\\u00e9`; `\\uXXXX` for the
+  Basic Multilingual Plane: other characters are written as themselves). Strings under `pattern`,
+  `format`, `enum`/`const`, and property names are written as `json.dumps(..., ensure_ascii=False)`
+  writes them, so the regex can check the decoded text. Lengths count code points.
+- Numbers: integers without leading zeros or `-0`; bounded numbers positionally (`0.00001`, no
+  exponent), through exact digit-by-digit range regexes; other numbers in any JSON form. An
+  integral float under an integer schema (`1.0`) is written `1`.
+- `enum`/`const` values exactly as the schema lists them (key order and number spelling included).
+
+Semantics: JSON Schema 2020-12 unless `$schema` names draft 4, 6, 7 or 2019-09 (boolean exclusive
+bounds, `$ref` siblings ignored up to draft 7, `items` arrays, `dependencies`, draft-7 content
+assertions). `$ref` (pointers, `$id`s, anchors; recursion), `$defs`/`definitions`, `allOf` (merged
+keyword by keyword), `anyOf`/`oneOf` (distributed; `oneOf` exact when its branches are provably
+disjoint), `not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
+unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts),
+`enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds and
+small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics; a class
+is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]`), `format` (see
+`schema.formats`), `pattern` x `format` x lengths intersected by automata, `prefixItems`/`items`,
+`minItems`/`maxItems`, `properties`/`required`/`additionalProperties`/`patternProperties`/
+`propertyNames` with key languages split by automata (extra keys never repeat a declared name),
+`minProperties`/`maxProperties` where the object's shape fixes the count, `unevaluatedProperties`/
+`unevaluatedItems` (seeing their own in-place subschemas only).
+
+Narrowings (valid documents the regex leaves out; outputs stay valid):
+- absent `additionalProperties` next to `properties`/`patternProperties` admits no other keys (an
+  explicit `true` or schema does; a bare `{"type": "object"}` admits any);
+- recursive `$ref`s unroll `max_recursion_depth` times (default 3; 0 to limits.MAX_REGEX_NESTING = 80, else
+  `InvalidArgumentError`), lowered as far as needed to fit limits.SCHEMA_REGEX_LENGTH; generic values (`{}`,
+  `true`) nest at most min(that, limits.MAX_ANY_DEPTH = 2) containers;
+- objects with many optional properties before the first required one must start with one of the
+  first few (`schema.objects.MAX_FIRST_CHOICE_COST`; outlines-core does not minimize its DFA, and
+  every allowed first property repeats the rest of the object); if the regex is still too large,
+  with the first one;
+- extra property names hold no character JSON must escape; `hostname` has at most 4 labels and no
+  IDNA A-labels; `time`/`date-time` have no leap second; `email` has no quoted local part;
+  surrogate-pair escapes are not generated.
+
+Reported in `unenforced`: `uniqueItems`, `contains`, `multipleOf` over wide ranges, non-disjoint
+`oneOf`, `not`/`if` of schemas without a union form (`pattern`, `items`, ...), `format: regex` and
+`idn-*`, lookaround/back-references/word boundaries in `pattern`, counts the object shape cannot
+express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
+(`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); a regex
+over limits.SCHEMA_REGEX_LENGTH characters at depth 0, or nesting over limits.MAX_REGEX_NESTING groups, raises
+`GrammarTooLargeError` (the cap is checked as the regex grows, so refusing a huge schema costs no
+more than translating one within it); every automaton step has a budget, so nothing hangs. Unknown
+keywords and unknown `format`s constrain nothing (JSON Schema's rule) and are not reported.
+
+Inputs no JSON document holds raise `InvalidSchemaError` naming where (a JSON pointer): NaN and
+Infinity (JSON text such as `1e400` reads as Infinity), integers over limits.MAX_INTEGER_DIGITS digits, lone
+surrogates in strings or keys (not Unicode: no UTF-8 encoding), non-string keys, Python values of
+other types. A document nesting objects and arrays more than limits.MAX_SCHEMA_DEPTH (100) levels
+(const/enum values included) raises `GrammarTooLargeError`, as does a schema the translator cannot
+follow within Python's recursion limit (a long `$ref` chain). Translation checks the compile
+deadline in force (`grammar_mlx.limits.deadline_scope`; `compile_json_schema` sets it) at every
+step and raises `CompileTimeoutError` once it passes; it takes time linear in the schema's size
+(`bench/schema_scaling.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .. import limits
+from ..automata.chars import memo_scope
+from ..errors import (
+    CompileTimeoutError,
+    EmptyLanguageError,
+    GrammarError,
+    GrammarTooLargeError,
+    InvalidArgumentError,
+    InvalidRegexError,
+    InvalidSchemaError,
+)
+from ..limits import check_deadline
+from .emit import Emitter, cyclic_keys, nesting_depth
+from .ir import Bounds, conforms, serialize
+from .normalize import Normalizer, Unenforced
+from .objects import MAX_FIRST_CHOICE_COST, first_property_narrowed
+
+__all__ = [
+    "SchemaRegex",
+    "Unenforced",
+    "schema_to_regex",
+    "canonical_json",
+    "in_grammar",
+    "load_schema",
+    "byte_automaton",
+    "whitespace_regex",
+]
+
+# Object/array nesting of a schema document (const/enum values included): the translator recurses
+# once or more per level, and the metaschema check about six frames per level.
+
+
+@dataclass(frozen=True)
+class SchemaRegex:
+    regex: str  # the regex outlines-core compiles (Rust regex-automata syntax; full match)
+    unenforced: tuple[Unenforced, ...]  # keywords an output may violate
+    schema: dict | bool  # the schema as parsed (Pydantic models: model_json_schema())
+
+
+def load_schema(schema) -> dict | bool:
+    """A schema from a dict, JSON text (str/bytes) or a Pydantic v2 model class, checked for shape."""
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        try:
+            schema = schema.model_json_schema()
+        except Exception as e:  # noqa: BLE001 - Pydantic's own errors (a field type without a schema, ...)
+            raise InvalidSchemaError(f"{schema.__name__}.model_json_schema() failed: {e}") from None
+    elif isinstance(schema, (bytes, bytearray)):
+        try:
+            schema = bytes(schema).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidSchemaError(f"schema bytes are not UTF-8: {e}") from None
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise InvalidSchemaError(f"schema is not valid JSON: {e}") from None
+        except ValueError as e:  # an integer past the interpreter's digit limit
+            raise InvalidSchemaError(f"schema JSON cannot be read: {e}") from None
+        except RecursionError:
+            raise _too_deep("the schema text") from None
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidSchemaError(
+            f"a schema is a JSON object or boolean (or JSON text, or a Pydantic model), not {type(schema).__name__}"
+        )
+    _check_json_value(schema, "schema", InvalidSchemaError, text=True)
+    try:
+        _check_metaschema(schema)
+    except RecursionError:
+        raise _too_deep("the schema") from None
+    return schema
+
+
+def _check_json_value(value, what: str, error: type, *, text: bool = False,
+                      too_deep: type = GrammarTooLargeError) -> None:
+    """Refuse what no JSON document holds, naming where (a JSON pointer): a non-finite number (NaN,
+    Infinity; JSON text such as 1e400 reads as Infinity), an integer past limits.MAX_INTEGER_DIGITS, a key
+    that is not a string, a value of a non-JSON type, nesting deeper than limits.MAX_SCHEMA_DEPTH, and with
+    `text` a lone surrogate in a string or key (not
+    Unicode: the regex could not be encoded as UTF-8). `error` is the class raised, `too_deep` the
+    one for the depth limit."""
+    big = _integer_limit()
+    stack = [(value, None, 1)]  # (value, path as (parent path, key), container depth)
+    while stack:
+        check_deadline("reading the schema")
+        item, path, depth = stack.pop()
+        if depth > limits.MAX_SCHEMA_DEPTH and isinstance(item, (dict, list)):
+            raise too_deep(f"the {what} nests objects and arrays more than {limits.MAX_SCHEMA_DEPTH} levels deep (at "
+                           f"{_pointer(path, 120)}); the limit is limits.MAX_SCHEMA_DEPTH = {limits.MAX_SCHEMA_DEPTH}")
+        if isinstance(item, str):
+            if text and not item.isascii():
+                _check_unicode(item, path, what, "string", error)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise error(f"{what} at {_pointer(path)}: key {key!r} is not a string")
+                if text and not key.isascii():
+                    _check_unicode(key, (path, key), what, "key", error)
+                stack.append((child, (path, key), depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, (path, i), depth + 1) for i, child in enumerate(item))
+        elif item is None or isinstance(item, bool):
+            continue
+        elif isinstance(item, int):
+            if not -big < item < big:
+                raise error(f"{what} at {_pointer(path)}: an integer of more than {limits.MAX_INTEGER_DIGITS} digits")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                spelled = "NaN" if item != item else "Infinity" if item > 0 else "-Infinity"
+                raise error(f"{what} at {_pointer(path)}: {spelled} is not a JSON number (NaN and Infinity are not "
+                            "JSON; a literal such as 1e400 is beyond the float range and reads as Infinity)")
+        else:
+            raise error(f"{what} at {_pointer(path)}: a Python {type(item).__name__} is not a JSON value")
+
+
+@lru_cache(maxsize=1)
+def _integer_limit() -> int:
+    return 10**limits.MAX_INTEGER_DIGITS
+
+
+def _check_unicode(text: str, path, what: str, kind: str, error: type) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise error(f"{what} at {_pointer(path)}: the {kind} holds a lone surrogate U+{ord(text[e.start]):04X} "
+                    f"at index {e.start} (not Unicode text; it has no UTF-8 encoding)") from None
+
+
+def _pointer(path, limit: int | None = None) -> str:
+    parts = []
+    while path is not None:
+        path, key = path
+        parts.append(str(key).replace("~", "~0").replace("/", "~1"))
+    pointer = "/" + "/".join(reversed(parts)) if parts else "/"
+    if limit is not None and len(pointer) > limit:
+        pointer = pointer[:limit] + "..."
+    return pointer.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate as \\udXXX
+
+
+def _too_deep(what: str) -> GrammarTooLargeError:
+    return GrammarTooLargeError(
+        f"{what} nests too deeply for the translator (a long chain of $refs, recursion unrolled "
+        "max_recursion_depth times, or a deeply nested pattern or set of property names); lower "
+        "max_recursion_depth or flatten the schema")
+
+
+def _check_metaschema(schema) -> None:
+    """Validate against the draft's metaschema when `jsonschema` is installed (a test extra).
+
+    Without `$schema`, a schema valid under any of 2020-12, 7, 4 is accepted: real-world schemas omit
+    `$schema` and use older keyword forms (`items: [...]`, boolean `exclusiveMinimum`). Draft 7 is
+    tried first (its metaschema validates several times faster than 2020-12's dynamic references);
+    a schema valid under none is reported by its 2020-12 error."""
+    try:
+        import jsonschema
+        from jsonschema import validators
+    except ImportError:
+        return
+    if isinstance(schema, dict) and "$schema" in schema:
+        if not isinstance(schema["$schema"], str):
+            raise InvalidSchemaError(f"$schema must be a URI string, not {schema['$schema']!r}")
+        cls = validators.validator_for(schema, default=None)
+        candidates = [cls] if cls is not None else [jsonschema.Draft202012Validator]
+        reported = candidates[0]
+    else:
+        candidates = [jsonschema.Draft7Validator, jsonschema.Draft202012Validator, jsonschema.Draft4Validator]
+        reported = jsonschema.Draft202012Validator
+    errors = {}
+    for cls in candidates:
+        checked = _deadline_checked(cls)
+        try:
+            error = jsonschema.exceptions.best_match(checked(cls.META_SCHEMA).iter_errors(schema))
+        except (GrammarError, RecursionError):
+            raise
+        except Exception as e:  # noqa: BLE001 - jsonschema's own bugs on odd input (draft 3 `extends`)
+            errors[cls] = f"not a valid JSON Schema: the {cls.__name__} check fails on it ({type(e).__name__}: {e})"
+            continue
+        if error is None:
+            return
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        errors[cls] = f"not a valid JSON Schema at {where}: {error.message}"
+    raise InvalidSchemaError(errors[reported])
+
+
+@lru_cache(maxsize=None)
+def _deadline_checked(cls):
+    """`cls` with the compile deadline checked before each keyword it evaluates: validating a wide
+    schema against its metaschema takes seconds, and must stop when the deadline passes."""
+    from jsonschema import validators
+
+    def checked(keyword):
+        def validate(validator, value, instance, schema):
+            check_deadline("checking the schema against its metaschema")
+            return keyword(validator, value, instance, schema)
+
+        return validate
+
+    return validators.extend(cls, {name: checked(fn) for name, fn in cls.VALIDATORS.items()})
+
+
+def schema_to_regex(
+    schema: dict | str | bytes | type,
+    *,
+    whitespace: str | None = None,
+    strict: bool = False,
+    max_recursion_depth: int = 3,
+) -> SchemaRegex:
+    """Translate a JSON Schema to the regex of its canonical JSON texts (see the module docstring).
+
+    Checks the compile deadline in force (`grammar_mlx.limits.deadline_scope`) as it goes."""
+    if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
+            0 <= max_recursion_depth <= limits.MAX_REGEX_NESTING):
+        raise InvalidArgumentError(
+            f"max_recursion_depth must be an integer from 0 to {limits.MAX_REGEX_NESTING} (a deeper unrolling cannot fit the "
+            f"regex nesting limit), not {max_recursion_depth!r}")
+    if not isinstance(strict, bool):
+        raise InvalidArgumentError(f"strict must be True or False, not {strict!r}")
+    doc = load_schema(schema)
+    ws = whitespace_regex(whitespace)
+    nz, regex, _ = _translate(doc, ws, strict, max_recursion_depth)
+    if regex is None:
+        raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
+    depth = nesting_depth(regex)
+    if depth > limits.MAX_REGEX_NESTING:
+        raise GrammarTooLargeError(
+            f"the schema's regex nests {depth} groups deep (limit {limits.MAX_REGEX_NESTING}); the schema is nested too deeply"
+        )
+    unenforced = tuple(Unenforced(k, p, reason) for (k, p), reason in nz.unenforced.items())
+    return SchemaRegex(regex, unenforced, doc)
+
+
+def _translate(doc, ws: str, strict: bool, max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
+    """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
+    depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
+    objects starting at their first property (their regex is then linear, not quadratic).
+    Returns (the normalizer, the regex, the depth used).
+
+    A retry that would write the same text is skipped: depths the failed attempt would write alike
+    (`Emitter.lower_depth`), cost 0 when no object's first-property limit depends on the cost."""
+    try:
+        with memo_scope():
+            return _translate_within_cap(doc, ws, strict, max_recursion_depth)
+    except RecursionError:
+        raise _too_deep("the schema") from None
+
+
+def _translate_within_cap(doc, ws: str, strict: bool, max_recursion_depth: int):
+    """`_translate`'s loop over first-choice costs and depths."""
+    nz = root = None
+    for cost in (MAX_FIRST_CHOICE_COST, 0):
+        table = None if nz is None else first_property_narrowed(nz.table)
+        if table is None:
+            nz = Normalizer(doc, strict=strict, first_choice_cost=cost)
+            root = nz.node([nz.root_loc])
+        else:
+            nz = copy.copy(nz)
+            nz.table, nz.first_choice_cost = table, cost
+        cyclic = cyclic_keys(nz.table)
+        depth = max_recursion_depth
+        while depth is not None:
+            emitter = Emitter(nz.table, ws, depth, cyclic)
+            try:
+                return nz, emitter.emit(root), depth
+            except CompileTimeoutError:
+                raise
+            except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower
+                depth = emitter.lower_depth()
+                if depth is None and (cost == 0 or not nz.first_choices_narrowable):
+                    raise
+    raise AssertionError("unreachable")
+
+
+def whitespace_regex(whitespace: str | None) -> str:
+    """Check a whitespace pattern: JSON whitespace only, at most limits.MAX_WHITESPACE characters."""
+    if whitespace is None or whitespace == "":
+        return ""
+    if not isinstance(whitespace, str):
+        raise InvalidArgumentError(f"whitespace must be a regex string or None, not {type(whitespace).__name__}")
+    try:
+        start, transitions, _ = byte_automaton(whitespace)
+    except Exception as e:  # outlines-core raises ValueError/BaseException subclasses from Rust
+        raise InvalidRegexError(f"whitespace pattern {whitespace!r} does not compile: {e}") from None
+    allowed = {9, 10, 13, 32}
+    # Longest path from the start; a cycle means unbounded whitespace.
+    longest: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def walk(state: int) -> int:
+        if state in longest:
+            return longest[state]
+        if state in visiting:
+            raise InvalidRegexError(f"whitespace pattern {whitespace!r} is unbounded; bound it, e.g. [ \\n]{{0,4}}")
+        visiting.add(state)
+        best = 0
+        for byte, nxt in transitions.get(state, {}).items():
+            if byte not in allowed:
+                raise InvalidRegexError(
+                    f"whitespace pattern {whitespace!r} matches {bytes([byte])!r}, which is not JSON whitespace"
+                )
+            best = max(best, 1 + walk(nxt))
+        visiting.discard(state)
+        longest[state] = best
+        return best
+
+    if walk(start) > limits.MAX_WHITESPACE:
+        raise InvalidRegexError(f"whitespace pattern {whitespace!r} allows more than {limits.MAX_WHITESPACE} characters")
+    return "(?:" + whitespace + ")"
+
+
+def byte_automaton(regex: str) -> tuple[int, dict[int, dict[int, int]], set[int]]:
+    """outlines-core's byte-level DFA of a full-match regex: (start, {state: {byte: next}}, accepting).
+
+    Compiled as `\\x01(?:R)\\x00`, two sentinels no JSON text contains:
+    - the trailing NUL works around outlines-core 0.2.14 dropping edges that leave an accepting state
+      (as `compiler` does): a state accepts when its NUL edge reaches a final state;
+    - the leading \\x01 keeps regex-automata's unanchored DFA (outlines-core builds it too) linear:
+      a match can only start right after a \\x01, so at most one thread is alive. Without it, a
+      generic value or a wide digit range at the top level takes seconds to minutes to determinize.
+    The start is the state after \\x01; sentinel edges are removed."""
+    start, rows, finals = _sentinel_index(regex)
+    transitions, accepting = {}, set()
+    for state, row in rows.items():
+        if _ends(row.get(0), rows, finals):
+            accepting.add(state)
+        transitions[state] = {b: nxt for b, nxt in row.items() if not (b == 0 and _ends(nxt, rows, finals))}
+    return start, transitions, accepting
+
+
+def _sentinel_index(regex: str) -> tuple[int, dict, set]:
+    from outlines_core import Index, Vocabulary
+
+    index = Index(f"\\x01(?:{regex})\\x00", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    rows = {s: {b: n for b, n in row.items() if b < 256} for s, row in index.get_transitions().items()}
+    initial = index.get_initial_state()
+    start = rows.pop(initial)[1]
+    return start, rows, set(index.get_final_states())
+
+
+def _ends(state, rows: dict, finals: set) -> bool:
+    """Is `state` the end of the trailing NUL sentinel (final, nothing after)?"""
+    return state in finals and not rows.get(state)
+
+
+@lru_cache(maxsize=64)
+def _normalized(schema_text: str) -> Normalizer:
+    with memo_scope():
+        nz = Normalizer(json.loads(schema_text), strict=False)
+        nz.root_node = nz.node([nz.root_loc])
+    return nz
+
+
+@lru_cache(maxsize=64)
+def _compact(schema_text: str, max_recursion_depth: int) -> tuple[Normalizer, int]:
+    """The normalizer and depth of the compact grammar `schema_to_regex` emits."""
+    nz, _, depth = _translate(json.loads(schema_text), "", False, max_recursion_depth)
+    nz.root_node = nz.node([nz.root_loc])
+    return nz, depth
+
+
+def canonical_json(instance, schema) -> str:
+    """`instance` written in the grammar's format: compact, keys in the schema's order, numbers and
+    literals spelled as the regex of `schema_to_regex(schema)` expects. An instance outside the
+    schema is still written (compact, keys in the schema's order where they apply)."""
+    doc = load_schema(schema)
+    _check_instance(instance)
+    try:
+        nz = _normalized(json.dumps(doc, sort_keys=False))
+    except RecursionError:
+        raise _too_deep("the schema") from None
+    try:
+        return serialize(nz.root_node, instance, nz.table)
+    except RecursionError:
+        raise InvalidArgumentError("the instance nests too deeply to be written") from None
+
+
+def in_grammar(instance, schema, *, max_recursion_depth: int = 3) -> bool:
+    """Does the regex of `schema_to_regex(schema, max_recursion_depth=...)` accept
+    `canonical_json(instance, schema)`? False for instances outside the schema, and for valid ones
+    the documented narrowings leave out (nesting and recursion depth, property names with escaped
+    characters, absent `additionalProperties`, the first-property limit of wide optional objects).
+    Decided on the normalized schema, not the regex (compact grammar): tests hold the two against
+    each other."""
+    if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
+            0 <= max_recursion_depth <= limits.MAX_REGEX_NESTING):
+        raise InvalidArgumentError(f"max_recursion_depth must be an integer from 0 to {limits.MAX_REGEX_NESTING}, "
+                                   f"not {max_recursion_depth!r}")
+    doc = load_schema(schema)
+    _check_instance(instance)
+    nz, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth)
+    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, min(depth, limits.MAX_ANY_DEPTH))
+    try:
+        return conforms(nz.root_node, instance, nz.table, bounds)
+    except RecursionError:
+        raise InvalidArgumentError("the instance nests too deeply to be checked") from None
+
+
+def _check_instance(instance) -> None:
+    """An instance is a JSON value (finite numbers, string keys, bounded nesting)."""
+    _check_json_value(instance, "instance", InvalidArgumentError, too_deep=InvalidArgumentError)

@@ -1,0 +1,129 @@
+"""Character automata: intersection, difference and the regex written back, against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from grammar_mlx.automata import chars as fa
+from grammar_mlx.regex.ecma import parse_ecma
+from grammar_mlx.regex.syntax import alt, literal, search_language, to_regex
+
+WORDS = ["".join(p) for n in range(6) for p in itertools.product("ab_", repeat=n)]
+
+
+def _language(pattern: str):
+    return search_language(parse_ecma(pattern))
+
+
+def _strings(ast) -> set[str]:
+    compiled = re.compile(to_regex(ast))
+    return {w for w in WORDS if compiled.fullmatch(w)}
+
+
+@pytest.mark.parametrize(
+    ("left", "right"),
+    [("^a", "b$"), ("^[ab]+$", "^.{2,3}$"), ("a_", "^[^_]*$"), ("^(ab)*$", "^a*b*$"), ("^a$", "^b$")],
+)
+def test_intersection_and_difference_are_exact(left, right):
+    a, b = _language(left), _language(right)
+    assert _strings(fa.intersect([a, b])) == _strings(a) & _strings(b) if not fa.is_empty(fa.intersect([a, b])) else (
+        not (_strings(a) & _strings(b))
+    )
+    diff = fa.minus(a, b)
+    expected = _strings(a) - _strings(b)
+    assert (fa.is_empty(diff) and not expected) or _strings(diff) == expected
+
+
+def test_complement_of_names():
+    names = alt(literal("ab"), literal("a"), literal("b_a"))
+    rest = fa.minus(fa.universal(), names)
+    assert _strings(rest) == set(WORDS) - {"ab", "a", "b_a"}
+
+
+def test_dfa_accepts_and_minimizes():
+    dfa = fa.to_dfa(_language("^(a|ab)(c|bcd)$"))
+    assert dfa.accepts("abcd") and dfa.accepts("ac") and dfa.accepts("abc") and not dfa.accepts("ab")
+    assert len(dfa.trans) == 7  # the minimal DFA
+
+
+def test_budgets_raise_instead_of_hanging():
+    huge = _language("^[ab]{1,5000}$")
+    with pytest.raises(fa.AutomatonTooLarge):
+        fa.to_dfa(huge)
+    chain = _language("^[ab]{1,200}$")
+    with pytest.raises(fa.AutomatonTooLarge):
+        fa.minus(fa.universal(), chain)  # the regex of the complement nests too deep
+
+
+def _moore(dfa: fa.DFA) -> dict[int, int]:
+    """Reference: Moore's round-by-round refinement over live states, classes numbered by least state."""
+    reverse = {s: set() for s in range(len(dfa.trans))}
+    for s, row in enumerate(dfa.trans):
+        for _, t in row:
+            reverse[t].add(s)
+    live, stack = set(dfa.accept), list(dfa.accept)
+    while stack:
+        for p in reverse[stack.pop()] - live:
+            live.add(p)
+            stack.append(p)
+    block = {s: int(s in dfa.accept) for s in live}
+    while True:
+        signatures: dict = {}
+        new = {}
+        for s in sorted(live):
+            moves: dict = {}
+            for chars, t in dfa.trans[s]:
+                if t in live:
+                    moves[block[t]] = moves[block[t]] | chars if block[t] in moves else chars
+            sig = (block[s], tuple(sorted((b, c.ranges) for b, c in moves.items())))
+            new[s] = signatures.setdefault(sig, len(signatures))
+        if len(set(new.values())) == len(set(block.values())):
+            return new
+        block = new
+
+
+@pytest.mark.parametrize("pattern", ["^(a|ab)(c|bcd)$", "^[ab]{3,40}$", "^(a_|b)*a.{4}$", "a.*b", "^(ab|a)*$",
+                                     "^[^a]{2,9}_?$", "(a|b)(b|_)a", "^(?:[ab_]{2})*$"])
+def test_minimization_matches_moore_refinement(pattern, monkeypatch):
+    """Hopcroft's splitter refinement finds Moore's classes, numbered alike: the same DFA out."""
+    minimize = fa.minimize
+    monkeypatch.setattr(fa, "minimize", lambda dfa: dfa)  # to_dfa's subset construction, unminimized
+    raw = fa.to_dfa(_language(pattern))
+    monkeypatch.setattr(fa, "minimize", minimize)
+    live = _moore(raw)
+    rows = {s: [(c, t) for c, t in raw.trans[s] if t in live] for s in live}
+    assert fa._equivalence_classes(rows, set(live), raw.accept) == live
+    minimal = fa.minimize(raw)
+    assert len(minimal.trans) == len(set(live.values()))
+    assert all(minimal.accepts(w) == raw.accepts(w) for w in WORDS)
+
+
+def test_split_refines_overlapping_sets_exactly():
+    from grammar_mlx.regex.charset import CharSet
+
+    groups = [(CharSet.of((97, 110)), "x"), (CharSet.of((100, 120), 50), "y"), (CharSet.of((105, 106)), "x"),
+              (CharSet.of(50, (0xE000, 0xE010)), "z")]
+    parts = fa._split(groups)
+    for cp in [*range(40, 130), 0xE005, 0xD7FF, 0xE011]:
+        carried = frozenset(label for chars, label in groups if cp in chars)
+        owners = [labels for chars, labels in parts if cp in chars]
+        assert owners == ([carried] if carried else [])
+
+
+def test_every_automaton_stage_checks_the_deadline():
+    from grammar_mlx.errors import CompileTimeoutError
+    from grammar_mlx.limits import Deadline, deadline_scope
+
+    a, b = _language("^[ab]{2,30}$"), _language("a_")
+    da, db = fa.to_dfa(a), fa.to_dfa(b)
+    expired = Deadline(1e-9)
+    while not expired.expired:
+        pass
+    for stage in (lambda: fa.to_dfa(a), lambda: fa.product(da, db, "and"), lambda: fa.minimize(da),
+                  lambda: fa.to_ast(da), lambda: fa.intersect([a, b])):
+        with deadline_scope(expired), pytest.raises(CompileTimeoutError):
+            stage()
+    assert fa.to_ast(fa.product(da, db, "minus")) is not None  # no deadline in force: fine

@@ -1,0 +1,599 @@
+"""The schema front end's contract: inputs, errors, strict mode, the canonical format, keywords."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+
+import pytest
+from schema_fsm import ByteDFA, oracle, seeded
+
+from grammar_mlx.errors import (
+    CompileTimeoutError,
+    EmptyLanguageError,
+    GrammarError,
+    GrammarTooLargeError,
+    InvalidArgumentError,
+    InvalidRegexError,
+    InvalidSchemaError,
+    UnsupportedSchemaError,
+)
+from grammar_mlx.limits import MAX_REGEX_NESTING as MAX_NESTING
+from grammar_mlx.limits import MAX_REPEAT, MAX_SCHEMA_DEPTH, Deadline, deadline_scope
+from grammar_mlx.schema import (
+    SchemaRegex,
+    Unenforced,
+    canonical_json,
+    in_grammar,
+    load_schema,
+    schema_to_regex,
+)
+
+
+def dfa(schema, **kw) -> ByteDFA:
+    return ByteDFA(schema_to_regex(schema, **kw).regex)
+
+
+def accepts(schema, *texts, **kw) -> list[bool]:
+    """Full matches by Python `re`: the emitted regexes are the common dialect of Rust regex-automata
+    and `re` (test_dialects_agree checks this on outlines-core itself), and outlines-core builds an
+    unanchored DFA too, which is slow for generic top-level values."""
+    compiled = re.compile(schema_to_regex(schema, **kw).regex)
+    return [compiled.fullmatch(t) is not None for t in texts]
+
+
+def reported(schema) -> list[tuple[str, str]]:
+    return [(u.keyword, u.pointer) for u in schema_to_regex(schema).unenforced]
+
+
+# -- inputs and errors -------------------------------------------------------------------------
+
+
+def test_inputs_dict_text_bytes_and_pydantic():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Point(pydantic.BaseModel):
+        x: int
+        label: str = "a"
+
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    text = json.dumps(schema)
+    assert schema_to_regex(schema).regex == schema_to_regex(text).regex == schema_to_regex(text.encode()).regex
+    result = schema_to_regex(Point)
+    assert isinstance(result, SchemaRegex) and result.schema == Point.model_json_schema()
+    d = ByteDFA(result.regex)
+    assert d.accepts('{"x":1}') and d.accepts('{"x":-5,"label":"b"}') and not d.accepts('{"label":"b","x":1}')
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["{not json", b"\xff\xfe", [1, 2], 3, {"type": "strng"}, {"type": "string", "pattern": "(a"},
+     {"$ref": "#/definitions/missing"}, {"minLength": -1}, {"required": "a"}, {"$ref": "#nowhere"}],
+)
+def test_invalid_schemas_raise_invalid_schema_error(bad):
+    with pytest.raises(InvalidSchemaError):
+        schema_to_regex(bad)
+
+
+def test_empty_languages_raise():
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex(False)
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex({"type": "object", "required": ["a"], "additionalProperties": False})
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex({"type": "integer", "minimum": 5, "maximum": 4})
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex({"allOf": [{"type": "string"}, {"type": "number"}]})
+
+
+@pytest.mark.parametrize("kwargs", [{"max_recursion_depth": -1}, {"max_recursion_depth": "3"},
+                                    {"max_recursion_depth": True}, {"max_recursion_depth": MAX_NESTING + 1},
+                                    {"strict": "yes"}, {"strict": 1}, {"whitespace": 3}, {"whitespace": b" "}])
+def test_bad_arguments_raise_invalid_argument_error(kwargs):
+    with pytest.raises(InvalidArgumentError) as info:
+        schema_to_regex({}, **kwargs)
+    assert isinstance(info.value, ValueError) and next(iter(kwargs)) in str(info.value)
+    with pytest.raises(InvalidRegexError):
+        schema_to_regex({}, whitespace="\\s*")
+    with pytest.raises(InvalidArgumentError):
+        in_grammar(1, {}, max_recursion_depth=-1)
+
+
+def test_deterministic():
+    schema = {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"$ref": "#"}]}}}
+    assert schema_to_regex(schema).regex == schema_to_regex(json.loads(json.dumps(schema))).regex
+
+
+# -- strict mode and the report ----------------------------------------------------------------
+
+
+def test_unenforced_keywords_name_keyword_and_pointer():
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True},
+                                               "n": {"not": {"pattern": "^a"}}}}
+    result = schema_to_regex(schema)
+    assert all(isinstance(u, Unenforced) and u.reason for u in result.unenforced)
+    assert {(u.keyword, u.pointer) for u in result.unenforced} == {("uniqueItems", "/properties/tags"),
+                                                                 ("not", "/properties/n")}
+    with pytest.raises(UnsupportedSchemaError) as info:
+        schema_to_regex(schema, strict=True)
+    assert (info.value.keyword, info.value.pointer) in {("uniqueItems", "/properties/tags"), ("not", "/properties/n")}
+
+
+def test_exact_schemas_pass_strict_mode():
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8},
+                                               "b": {"oneOf": [{"type": "integer"}, {"type": "null"}]}},
+              "required": ["a"], "additionalProperties": False}
+    assert schema_to_regex(schema, strict=True).unenforced == ()
+
+
+def test_size_guards_relax_and_report_or_raise_in_strict_mode():
+    schema = {"type": "string", "maxLength": MAX_REPEAT + 1}
+    assert reported(schema) == [("maxLength", "")]
+    assert accepts(schema, '"' + "a" * (MAX_REPEAT + 5) + '"') == [True]
+    with pytest.raises(GrammarTooLargeError):
+        schema_to_regex(schema, strict=True)
+    assert reported({"type": "string", "maxLength": MAX_REPEAT}) == []
+
+
+def test_exponential_schemas_raise_grammar_too_large():
+    defs = {"l0": {"type": "string"}}
+    for i in range(1, 12):
+        defs[f"l{i}"] = {"type": "object", "properties": {k: {"$ref": f"#/$defs/l{i - 1}"} for k in "abcdef"},
+                         "required": list("abcdef")}
+    with pytest.raises(GrammarTooLargeError):
+        schema_to_regex({"$defs": defs, "$ref": "#/$defs/l11"})
+
+
+# -- the canonical format ----------------------------------------------------------------------
+
+
+def test_compact_declaration_order_and_canonical_json():
+    schema = {"type": "object", "properties": {"b": {"type": "number", "minimum": 0}, "a": {"type": "integer"},
+                                               "c": {"enum": [{"y": 1, "x": 2}]}},
+              "required": ["a"], "additionalProperties": {"type": "boolean"}}
+    instance = {"z": True, "a": 3.0, "c": {"x": 2, "y": 1}, "b": 1e-05}
+    text = canonical_json(instance, schema)
+    assert text == '{"b":0.00001,"a":3,"c":{"y":1,"x":2},"z":true}'
+    assert accepts(schema, text, json.dumps(instance)) == [True, False]
+
+
+def test_absent_additional_properties_means_declared_keys_only():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert accepts(schema, '{"a":1}', '{}', '{"a":1,"b":2}') == [True, True, False]
+    assert accepts({"type": "object"}, '{"x":[1,{"y":null}]}', "{}") == [True, True]
+
+
+def test_pattern_properties_matching_only_declared_names_add_no_keys():
+    # The pattern's names minus the declared ones is the empty language: no extra key to write
+    # (this raised a bare ValueError from the regex emitter; JsonSchemaStore---ansible.json).
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "patternProperties": {"^a$": {"type": "integer"}}, "additionalProperties": False}
+    assert accepts(schema, '{"a":1}', "{}", '{"b":1}', '{"a":1,"a":2}') == [True, True, False, False]
+
+
+def test_whitespace_policy():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+    pretty = '{\n  "a": [1, 2]\n}'
+    assert accepts(schema, pretty, '{"a":[1,2]}') == [False, True]
+    assert accepts(schema, pretty, '{"a":[1,2]}', '{ "a" : [ 1 , 2 ] }', whitespace="[ \\n]{0,3}") == [True] * 3
+    assert accepts(schema, '{    "a":[]}', whitespace="[ \\n]{0,3}") == [False]
+
+
+@pytest.mark.parametrize("bad", ["[ \\n]*", "\\s?", "x", "[ ]{0,100}", "("])
+def test_whitespace_must_be_bounded_json_whitespace(bad):
+    with pytest.raises(InvalidRegexError):
+        schema_to_regex({}, whitespace=bad)
+
+
+def test_strings_take_every_escape_and_count_code_points():
+    schema = {"type": "string", "minLength": 2, "maxLength": 3}
+    assert accepts(schema, '"ab"', '"a\\u00e9"', '"\\n\\t\\/"', '"é😀"', '"a"', '"abcd"', '"\\ud83d\\ude00"') == [
+        True, True, True, True, False, False, False]
+
+
+# -- keywords ----------------------------------------------------------------------------------
+
+
+def test_refs_local_recursive_and_by_id():
+    kids = {"type": "array", "items": {"$ref": "#/$defs/node"}}
+    tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": kids},
+                               "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    d = dfa(tree, max_recursion_depth=2)
+    assert d.accepts('{"v":1,"kids":[{"v":2,"kids":[{"v":3}]}]}')
+    assert not d.accepts('{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{"v":4}]}]}]}')
+    by_id = {"$id": "https://x.test/root.json", "$defs": {"a": {"$id": "item.json", "type": "integer"},
+                                                         "b": {"$anchor": "flag", "type": "boolean"}},
+             "type": "array", "prefixItems": [{"$ref": "item.json"}, {"$ref": "#flag"}], "items": False}
+    assert accepts(by_id, "[1,true]", "[true,1]", "[1,true,2]") == [True, False, False]
+    assert reported({"$ref": "https://elsewhere.test/s.json"}) == [("$ref", "")]
+
+
+def test_draft7_ignores_ref_siblings_and_draft4_boolean_exclusive_bounds():
+    s7 = {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"i": {"type": "integer"}},
+          "$ref": "#/definitions/i", "maximum": 3}
+    assert accepts(s7, "5") == [True]
+    s2020 = dict(s7, **{"$schema": "https://json-schema.org/draft/2020-12/schema"})
+    assert accepts(s2020, "5", "3") == [False, True]
+    s4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "array",
+          "items": {"type": "integer", "minimum": 1, "exclusiveMinimum": True}}
+    assert accepts(s4, "[2]", "[1]") == [True, False]
+
+
+def test_all_of_merges_and_any_of_distributes():
+    schema = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]},
+                        {"properties": {"a": {"maximum": 9}, "b": {"type": "string"}}},
+                        {"anyOf": [{"required": ["b"]}, {"properties": {"a": {"const": 5}}}]}]}
+    assert accepts(schema, '{"a":3,"b":"x"}', '{"a":5}', '{"a":3}', '{"a":10,"b":"x"}') == [True, True, False, False]
+    # additionalProperties sees only its own schema's properties (none here): nothing is allowed.
+    with pytest.raises(EmptyLanguageError):
+        schema_to_regex(dict(schema, additionalProperties=False))
+    closed = dict(schema, unevaluatedProperties=False)
+    assert accepts(closed, '{"a":5}', '{"a":5,"c":1}') == [True, False]
+
+
+def test_one_of_exact_when_disjoint_reported_otherwise():
+    assert reported({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == []
+    assert reported({"oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]}) == []
+    disc = {"oneOf": [{"type": "object", "properties": {"k": {"const": "x"}, "v": {"type": "integer"}},
+                       "required": ["k"]},
+                      {"type": "object", "properties": {"k": {"const": "y"}}, "required": ["k"]}]}
+    assert reported(disc) == []
+    assert reported({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}) == [("oneOf", "")]
+
+
+def test_types_enums_and_untyped_keywords():
+    assert accepts({"type": ["integer", "null"]}, "1", "null", "1.5") == [True, True, False]
+    assert accepts({"enum": ["a", 1, None, [1, {"b": True}]]}, '"a"', "1", "null", '[1,{"b":true}]', "2") == [
+        True, True, True, True, False]
+    # Keywords without `type` constrain only their own type; other types stay allowed.
+    assert accepts({"minLength": 2}, '"ab"', '"a"', "1", "true", "[]") == [True, False, True, True, True]
+    assert accepts({"type": "string", "enum": ["a", 1]}, '"a"', "1") == [True, False]
+
+
+def test_integer_ranges_and_multiples():
+    assert accepts({"type": "integer", "exclusiveMinimum": -3, "maximum": 12}, "-2", "12", "-3", "13", "0") == [
+        True, True, False, False, True]
+    assert accepts({"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 20}, "15", "7", "25") == [
+        True, False, False]
+    assert reported({"type": "integer", "multipleOf": 7}) == [("multipleOf", "")]
+    assert accepts({"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 2}, "1.5", "1.25") == [True, False]
+
+
+def test_strings_patterns_and_formats_intersect():
+    schema = {"type": "string", "pattern": "^2020", "format": "date", "maxLength": 10}
+    assert accepts(schema, '"2020-02-29"', '"2021-01-01"', '"2020-13-01"') == [True, False, False]
+    assert accepts({"type": "string", "pattern": "b"}, '"abc"', '"b"', '"ac"') == [True, True, False]
+    assert reported({"type": "string", "pattern": "(?=a)b"}) == [("pattern", "")]
+
+
+def test_arrays():
+    schema = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"},
+              "minItems": 2, "maxItems": 3}
+    assert accepts(schema, '["a",1]', '["a",1,2]', '["a"]', '["a",1,2,3]', "[1,2]") == [True, True, False, False, False]
+    assert accepts({"type": "array", "items": False}, "[]", "[1]") == [True, False]
+
+
+def test_objects():
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}},
+              "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": {"type": "boolean"}}
+    assert accepts(schema, '{"id":1,"x-a":"s","b":true}', '{"x-a":true}', '{"b":"s"}', '{"id":1,"id":2}') == [
+        True, False, False, False]
+    assert accepts({"type": "object", "minProperties": 1, "properties": {"a": {}, "b": {}}},
+                   '{"a":1}', '{"b":1}', "{}") == [True, True, False]
+    assert accepts({"type": "object", "maxProperties": 1, "additionalProperties": {"type": "integer"}},
+                   "{}", '{"a":1}', '{"a":1,"b":2}') == [True, True, False]
+    names = {"type": "object", "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 3}}
+    assert accepts(names, '{"ab":1}', '{"abcd":1}', '{"A":1}') == [True, False, False]
+
+
+def test_sampled_outputs_validate():
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "email": {"type": "string", "format": "email"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+        "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "when": {"type": "string", "format": "date-time"}},
+        "required": ["name", "age"], "additionalProperties": {"type": "null"}}
+    d, check = dfa(schema), oracle(schema)
+    rng = seeded(3)
+    for _ in range(200):
+        text = d.sample(rng)
+        assert check.is_valid(json.loads(text)), text
+
+
+def test_load_schema_checks_shape():
+    assert load_schema('{"type": "string"}') == {"type": "string"}
+    assert load_schema(True) is True
+    with pytest.raises(InvalidSchemaError):
+        load_schema(None)
+
+
+DIALECT_SCHEMAS = [
+    {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[\\w.-]+@\\S+$"},
+                                      "e": {"enum": ["a\"b", "\\", "é\n"]}}, "required": ["s", "e"]},
+    {"type": "array", "items": {"type": "number", "minimum": -2.5, "maximum": 1e3}, "maxItems": 4},
+    {"type": "object", "patternProperties": {"^[a-z]{1,3}$": {"type": "integer"}}, "additionalProperties": False},
+    {"type": "string", "format": "uri"},
+    {"type": "string", "minLength": 1, "maxLength": 4},
+    {"type": "object", "properties": {"v": {"type": "object", "additionalProperties": {"type": "string"}}},
+     "required": ["v"]},
+]
+
+
+@pytest.mark.parametrize("schema", DIALECT_SCHEMAS, ids=range(len(DIALECT_SCHEMAS)))
+def test_dialects_agree(schema):
+    """outlines-core's byte automaton and Python `re` read the emitted regex the same way."""
+    regex = schema_to_regex(schema).regex
+    d, compiled, check = ByteDFA(regex), re.compile(regex), oracle(schema)
+    rng = seeded(5)
+    for _ in range(100):
+        text = d.sample(rng)
+        assert compiled.fullmatch(text), text
+        assert check.is_valid(json.loads(text)), text
+        broken = text[: rng.randrange(len(text))] + rng.choice('"\\{}[],:a1é ') + text[rng.randrange(len(text)):]
+        assert d.accepts(broken) == (compiled.fullmatch(broken) is not None), broken
+
+
+def test_not_if_and_dependencies_become_unions():
+    schema = {"type": "object", "properties": {"kind": {"enum": ["x", "y"]}, "n": {"type": "integer"}},
+              "required": ["kind"], "if": {"properties": {"kind": {"const": "x"}}},
+              "then": {"required": ["n"]}, "else": {"properties": {"n": False}}}
+    assert reported(schema) == []
+    assert accepts(schema, '{"kind":"x","n":1}', '{"kind":"x"}', '{"kind":"y"}', '{"kind":"y","n":1}') == [
+        True, False, True, False]
+    assert accepts({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
+                   '{"a":1,"b":2}', '{"a":1}', '{"b":2}') == [True, False, True]
+    assert accepts({"type": "string", "not": {"enum": ["a", "bc"]}}, '"a"', '"b"', '"bc"', '""') == [
+        False, True, False, True]
+    assert accepts({"type": "integer", "minimum": 0, "maximum": 5, "not": {"const": 3}}, "3", "2", "4") == [
+        False, True, True]
+    assert accepts({"not": {"type": "string", "minLength": 2}}, '"a"', '"ab"', "1") == [True, False, True]
+    assert accepts({"type": "object", "properties": {"a": {}}, "not": {"required": ["a"]}}, "{}", '{"a":1}') == [
+        True, False]
+
+
+def test_unevaluated_keywords_see_only_their_own_subschemas():
+    sibling = {"type": "object", "allOf": [{"properties": {"foo": {}}, "unevaluatedProperties": False}],
+               "properties": {"bar": {}}}
+    assert accepts(sibling, '{"foo":1}', '{"foo":1,"bar":2}') == [True, False]
+    own = {"type": "object", "allOf": [{"properties": {"foo": {}}}], "unevaluatedProperties": False}
+    assert accepts(own, '{"foo":1}', '{"baz":1}') == [True, False]
+    items = {"prefixItems": [{"type": "string"}], "unevaluatedItems": {"type": "integer"}}
+    assert accepts(items, '["a",1,2]', '["a","b"]') == [True, False]
+
+
+def test_wide_optional_objects_start_with_a_leading_property():
+    props = {f"p{i:02}": {"type": "boolean"} for i in range(40)}
+    schema = {"type": "object", "properties": props, "additionalProperties": False}
+    first, late = {"p00": True, "p39": False}, {"p39": True}
+    assert accepts(schema, canonical_json(first, schema), canonical_json(late, schema)) == [True, False]
+    assert in_grammar(first, schema) and not in_grammar(late, schema)
+
+
+def test_top_level_generic_values_build_fast():
+    # outlines-core also builds an unanchored DFA; the start sentinel keeps it linear.
+    d = ByteDFA.within(schema_to_regex({"minLength": 2}).regex, 5.0)
+    assert d is not None and d.accepts('[{"a":[1]},"xy"]') and not d.accepts('"x"')
+
+
+# -- faults: what no input may do (an untyped error, a RecursionError, a hang) -----------------
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
+@pytest.mark.parametrize("where", ["minimum", "const", "enum"])
+def test_non_finite_numbers_raise_invalid_schema_error_naming_where(text, where):
+    body = {"minimum": f'{{"type": "number", "minimum": {text}}}', "const": f'{{"const": {text}}}',
+            "enum": f'{{"enum": [1, {text}]}}'}[where]
+    pointer = {"minimum": "/minimum", "const": "/const", "enum": "/enum/1"}[where]
+    for schema in (body, json.loads(body)):  # JSON text, and the dict Python's json makes of it
+        with pytest.raises(InvalidSchemaError, match=f"at {pointer}: .*not a JSON number"):
+            schema_to_regex(schema)
+        with pytest.raises(InvalidSchemaError):
+            canonical_json(1, schema)
+
+
+def _nested(kind: str, levels: int):
+    schema: object = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"object": {"type": "object", "properties": {"a": schema}, "required": ["a"]},
+                  "array": {"type": "array", "items": schema},
+                  "anyOf": {"anyOf": [schema, {"type": "null"}]},
+                  "allOf": {"allOf": [schema]},
+                  "not": {"not": schema}}[kind]
+    return schema
+
+
+def _deep_value(levels: int):
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+DEEP = [_nested(kind, 200) for kind in ("object", "array", "anyOf", "allOf", "not")] + [
+    {"const": _deep_value(200)}, {"enum": [1, {"a": _deep_value(200)}]}]
+
+
+@pytest.mark.parametrize("schema", DEEP, ids=["object", "array", "anyOf", "allOf", "not", "const", "enum"])
+def test_depth_200_is_a_typed_size_error(schema):
+    for translate in (schema_to_regex, lambda s: canonical_json({}, s), lambda s: in_grammar({}, s),
+                      lambda s: schema_to_regex(json.dumps(s))):
+        with pytest.raises(GrammarTooLargeError, match=f"more than {MAX_SCHEMA_DEPTH} levels"):
+            translate(schema)
+
+
+def test_nesting_up_to_the_limit_translates_or_fails_typed():
+    """At the depth limit (and below a caller already 150 frames deep) nothing recurses too far."""
+
+    def at_depth(frames: int):
+        if frames:
+            return at_depth(frames - 1)
+        outcomes = {}
+        for kind in ("object", "array", "anyOf", "allOf", "not"):
+            levels = {"object": 49, "array": 99, "anyOf": 49, "allOf": 49, "not": 99}[kind]
+            try:
+                outcomes[kind] = len(schema_to_regex(_nested(kind, levels)).regex)
+            except GrammarError as e:
+                outcomes[kind] = type(e).__name__
+        value = _deep_value(MAX_SCHEMA_DEPTH - 1)
+        outcomes["const"] = canonical_json(value, {"const": value}) == json.dumps(value, separators=(",", ":"))
+        return outcomes
+
+    outcomes = at_depth(150)
+    assert isinstance(outcomes["object"], int) and isinstance(outcomes["anyOf"], int) and outcomes["const"]
+    assert outcomes["array"] == "GrammarTooLargeError"  # each level doubles the regex: over the cap
+
+
+def test_ref_chains_past_the_recursion_limit_are_typed():
+    """$refs nest without nesting the document: the translator's own depth is caught too."""
+    defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["x"]}
+            for i in range(400)}
+    defs["d400"] = {"type": "integer"}
+    schema = {"$defs": defs, "$ref": "#/$defs/d0"}
+    for translate in (schema_to_regex, lambda s: canonical_json({}, s), lambda s: in_grammar({}, s)):
+        with pytest.raises(GrammarTooLargeError, match="nests too deeply"):
+            translate(schema)
+
+
+@pytest.mark.parametrize(("schema", "pointer"), [
+    ({"const": "a\ud800"}, "/const"),
+    ({"enum": ["ok", "\udfff"]}, "/enum/1"),
+    ({"type": "object", "properties": {"\ud800x": {"type": "integer"}}}, "/properties/\\ud800x"),
+    ({"type": "string", "pattern": "^\ud800$"}, "/pattern"),
+    ('{"type": "string", "pattern": "\\ud800"}', "/pattern"),
+    (b'{"const": "\\udc00"}', "/const"),
+])
+def test_lone_surrogates_raise_invalid_schema_error_naming_where(schema, pointer):
+    with pytest.raises(InvalidSchemaError, match="lone surrogate") as info:
+        schema_to_regex(schema)
+    assert f"at {pointer}:" in str(info.value)
+    str(info.value).encode("utf-8")  # the message itself is valid text (a server can send it)
+
+
+@pytest.mark.parametrize("schema", [
+    {"enum": ("a", "b")}, {"type": "string", "enum": {"a"}}, {1: {"type": "integer"}}, {"const": b"x"},
+    {"minimum": 10**5000}, '{"const": ' + "9" * 5000 + "}", "[" * 100_000, {"type": "object", "$schema": 7},
+], ids=["tuple", "set", "int key", "bytes", "huge int", "huge int text", "deep text", "$schema int"])
+def test_values_no_json_document_holds_raise_typed(schema):
+    with pytest.raises((InvalidSchemaError, GrammarTooLargeError)):
+        schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("instance", [float("nan"), float("inf"), {1: 2}, {"a": {1, 2}}, 10**5000, object(),
+                                      _deep_value(MAX_SCHEMA_DEPTH + 1)],
+                         ids=["nan", "inf", "int key", "set", "huge int", "object", "too deep"])
+def test_instances_that_are_not_json_raise_invalid_argument_error(instance):
+    for check in (canonical_json, in_grammar):
+        with pytest.raises(InvalidArgumentError):
+            check(instance, {"type": "array"})
+
+
+def test_malformed_keyword_values_raise_invalid_schema_error(monkeypatch):
+    """Without jsonschema (a test extra) the translator alone must refuse them, typed."""
+    import grammar_mlx.schema.translate as schema_module
+
+    monkeypatch.setattr(schema_module, "_check_metaschema", lambda schema: None)
+    for schema in ({"not": {"minItems": [False]}}, {"not": {"required": "a"}}, {"not": {"type": {}}},
+                   {"type": "object", "dependentRequired": ["a"]}, {"not": {"properties": 3}},
+                   {"not": {"anyOf": {}}}, {"type": "string", "pattern": "a{" + "9" * 5000 + "}"}):
+        try:
+            schema_to_regex(schema)
+        except GrammarError:
+            pass
+    with pytest.raises(InvalidSchemaError, match="not at /: minItems"):
+        schema_to_regex({"not": {"minItems": [False]}})
+    # propertyNames that no string satisfies: no key at all, not a crash on the empty language
+    assert accepts({"type": "object", "propertyNames": {"type": "integer"}}, "{}", '{"a":1}') == [True, False]
+
+
+def test_random_json_values_as_schemas_raise_only_grammar_errors(monkeypatch):
+    """Seeded fuzz: keyword-shaped random documents, through every entry point, with and without
+    the metaschema check. Anything but a GrammarError is a bug."""
+    import grammar_mlx.schema.translate as schema_module
+
+    rng = random.Random(12)
+    keywords = ["type", "properties", "required", "items", "prefixItems", "additionalProperties",
+                "patternProperties", "propertyNames", "enum", "const", "anyOf", "oneOf", "allOf", "not", "if",
+                "then", "else", "minimum", "maximum", "exclusiveMinimum", "multipleOf", "minLength", "maxLength",
+                "pattern", "format", "minItems", "maxItems", "minProperties", "maxProperties", "$ref", "$defs",
+                "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "$schema"]
+    atoms = [0, -1, 2, 2.5, 1e300, 2**70, True, False, None, "", "a", "^a+$", "(", "#", "#/$defs/a", "string",
+             "object", "integer", "date", "email", "[a-z]{2,4}", "(?=a)", "a{99999}"]
+
+    def value(depth: int):
+        roll = rng.random()
+        if depth <= 0 or roll < 0.4:
+            return rng.choice(atoms)
+        if roll < 0.6:
+            return [value(depth - 1) for _ in range(rng.randint(0, 3))]
+        if roll < 0.85:
+            return schema(depth - 1)
+        return {rng.choice("abx"): value(depth - 1) for _ in range(rng.randint(0, 2))}
+
+    def schema(depth: int):
+        return {rng.choice(keywords): value(depth) for _ in range(rng.randint(0, 4))}
+
+    cases = [schema(3) for _ in range(150)]
+    for with_metaschema in (True, False):
+        if not with_metaschema:
+            monkeypatch.setattr(schema_module, "_check_metaschema", lambda schema: None)
+        for case in cases:
+            for call in (lambda: schema_to_regex(case), lambda: schema_to_regex(case, strict=True),
+                         lambda: canonical_json(value(2), case), lambda: in_grammar(value(2), case)):
+                with deadline_scope(Deadline(10.0)):
+                    try:
+                        call()
+                    except GrammarError:
+                        pass
+
+
+def _wide(n: int) -> dict:
+    kinds = [{"type": "string", "description": "The value of a field of the record"},
+             {"type": "integer", "minimum": 0}, {"type": "array", "items": {"type": "string", "format": "email"}},
+             {"$ref": "#/$defs/item"}]
+    return {"type": "object", "properties": {f"field_{i:05d}": kinds[i % 4] for i in range(n)},
+            "required": [f"field_{i:05d}" for i in range(0, n, 7)],
+            "$defs": {"item": {"type": "object", "properties": {"id": {"type": "integer"}}}}}
+
+
+def test_a_55k_property_schema_stops_at_the_deadline():
+    """Untimed, translating this ~4 MB schema takes seconds and ends in GrammarTooLargeError (the regex
+    cap): under a 1 s deadline it must end in CompileTimeoutError, promptly. The bound is a 'did not
+    hang' check with a wide margin, not a timing claim (bench/schema_scaling.py measures it)."""
+    schema = _wide(55_000)
+    deadline = Deadline(1.0)
+    with deadline_scope(deadline), pytest.raises(CompileTimeoutError, match="translating|reading|checking") as info:
+        schema_to_regex(schema)
+    assert time.monotonic() - deadline.at < 10.0
+    assert info.value.transient and isinstance(info.value, GrammarTooLargeError)
+
+
+def test_an_expired_deadline_stops_every_stage():
+    """Each stage checks the deadline itself: the document walk, the metaschema check, $id indexing,
+    normalization, emission (here: a deadline that passed before the call)."""
+    from grammar_mlx.schema.emit import Emitter
+    from grammar_mlx.schema.normalize import Normalizer
+
+    schema = _wide(50)
+    expired = Deadline(1e-9)
+    time.sleep(0.01)
+    with deadline_scope(expired):
+        with pytest.raises(CompileTimeoutError):
+            schema_to_regex(schema)
+        with pytest.raises(CompileTimeoutError):
+            Normalizer(schema)
+    nz = Normalizer(schema)
+    root = nz.node([nz.root_loc])
+    with deadline_scope(expired), pytest.raises(CompileTimeoutError):
+        Emitter(nz.table, "", 3).emit(root)
+    assert schema_to_regex(schema).regex  # no deadline in force: translates
+
+
+def test_float_subclasses_read_by_value():
+    np = pytest.importorskip("numpy")
+    schema = {"type": "number", "minimum": np.float64(1.5), "maximum": 3}
+    assert accepts(schema, "1.5", "1.4", "3") == [True, False, True]
+    assert canonical_json(np.float64(2.0), {"type": "integer"}) == "2"
