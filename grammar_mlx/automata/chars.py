@@ -24,6 +24,7 @@ from ..regex.syntax import (
     NEVER,
     Alt,
     Chars,
+    Literal,
     Repeat,
     Seq,
     alt,
@@ -82,6 +83,13 @@ class _NFA:
         if isinstance(node, Chars):
             if node.chars:
                 self.edges[s].append((node.chars, t))
+        elif isinstance(node, Literal):
+            cur = s
+            for c in node.text:
+                nxt = self.state()
+                self.edges[cur].append((CharSet.of(c), nxt))
+                cur = nxt
+            self.eps[cur].append(t)
         elif isinstance(node, Seq):
             cur = s
             for item in node.items:

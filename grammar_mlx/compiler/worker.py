@@ -3,10 +3,10 @@
 outlines-core builds its automata in Rust without a way to interrupt it, and pathological regexes
 (huge alternations, counted repetitions of wide classes) run for minutes or eat all memory; an eager
 table build walks every state. So both run here, in a separate process that the parent can kill at
-its deadline, under a memory limit, while the parent stays responsive. This file imports only numpy,
-outlines-core and plain sibling modules (token_index, and the errors module it imports) — no mlx,
-not the grammar_mlx package — so the worker starts fast; the parent runs it as a script. It touches
-no file: results go back over the pipe, and the parent alone reads and writes the on-disk cache
+its deadline, under a memory limit, while the parent stays responsive. The parent runs this file as
+a script, which imports numpy, outlines-core and three modules of the package (errors,
+automata.byte_dfa, compiler.token_index) without the package's `__init__` files (`_bare_packages`):
+no mlx, nothing else of grammar_mlx, so the worker starts as fast as numpy imports. It touches no file: results go back over the pipe, and the parent alone reads and writes the on-disk cache
 (which may be missing, read-only or full).
 
 Protocol over stdin/stdout: length-prefixed pickles. Parent → worker: `("vocab", fingerprint,
@@ -32,16 +32,32 @@ import sys
 import threading
 import time
 import traceback
+import types
 
 import numpy as np
 
-# token_index.py is a plain module without package-relative imports: the worker runs as a script and
-# loads it as a sibling file; inside the package it is the package's module.
-if __package__:
-    from . import token_index
-else:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import token_index  # type: ignore[no-redef]
+
+def _bare_packages() -> None:
+    """Run as a script, the worker imports the package's modules it needs (errors, automata.byte_dfa,
+    compiler.token_index) as members of their packages, so they keep their ordinary relative imports,
+    but without running the packages' `__init__` files, which import mlx and the whole compiler."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == here:
+        del sys.path[0]  # this file's folder: its modules are reached through their package only
+    for name, path in (("grammar_mlx", root), ("grammar_mlx.automata", os.path.join(root, "automata")),
+                       ("grammar_mlx.compiler", os.path.join(root, "compiler"))):
+        package = types.ModuleType(name)
+        package.__path__ = [path]
+        sys.modules[name] = package
+
+
+if not __package__:
+    _bare_packages()
+
+from grammar_mlx.automata.byte_dfa import ByteDFA  # noqa: E402
+from grammar_mlx.compiler import token_index  # noqa: E402
+from grammar_mlx.errors import GrammarError  # noqa: E402
 
 HEADER = struct.Struct("<Q")
 LIFELINE_ENV = "GRAMMAR_MLX_LIFELINE_FD"
@@ -71,36 +87,6 @@ def receive(stream):
     return pickle.loads(_read_exact(stream, size))
 
 
-def classify_index_error(message: str) -> str:
-    """Map an outlines-core error message to the name of the grammar_mlx error class."""
-    if "incompatible with the regex" in message:
-        return "VocabularyMismatchError"
-    if "Failed to build DFA" in message or "regex" in message.lower() and "parse" in message.lower():
-        return "InvalidRegexError"
-    if "empty" in message.lower():
-        return "EmptyLanguageError"
-    # Any other failure of outlines-core's Index is a property of the regex (e.g. an anchor: "anchored
-    # universal start state doesn't exist"): the same regex fails the same way every time.
-    return "InvalidRegexError"
-
-
-# outlines-core 0.2.14 drops every token edge that leaves an accepting DFA state for a non-accepting
-# one (regex-automata reports matches one byte late, and its index mistakes "a match ended before this
-# byte" for "this edge ends in a match"): `0(x1)?` compiles to accept only "0", `(ab)?` only "". The
-# same holds for an index over the 256 single bytes, which is how we get the byte-level DFA. So we
-# never let the user's regex match before its end: we compile `(?:R)\x00`, where NUL is a sentinel
-# byte. R's accepting states are exactly those whose NUL edge reaches an outlines final state; NUL
-# edges are then dropped, and so are real tokens containing NUL (no valid JSON or text grammar needs
-# them).
-SENTINEL_ID = 2**31 - 1  # the sentinel token's id in an outlines vocabulary of real tokens (tests, bench)
-SENTINEL_BYTES = b"\x00"
-_BYTE_EOS = 256
-
-
-def wrap_regex(regex: str) -> str:
-    return f"(?:{regex})\\x00"
-
-
 class BuildError(Exception):
     """A build failure the parent turns into the named grammar_mlx error class."""
 
@@ -109,40 +95,21 @@ class BuildError(Exception):
         self.kind = kind
 
 
-def byte_vocabulary():
-    """outlines-core's Vocabulary of the 256 single bytes (id = byte value)."""
-    from outlines_core import Vocabulary
-
-    return Vocabulary(_BYTE_EOS, {bytes([b]): [b] for b in range(256)})
-
-
-def build_dfa(regex: str, max_states: int, byte_vocab=None) -> token_index.ByteDFA:
+def build_dfa(regex: str, max_states: int) -> ByteDFA:
     """The byte-level DFA of `regex` (full match), from outlines-core's index over single bytes."""
-    from outlines_core import Index
-
     try:
-        index = Index(wrap_regex(regex), byte_vocab or byte_vocabulary())
-    except Exception as exc:
-        message = str(exc)
-        kind = classify_index_error(message)
-        if kind == "VocabularyMismatchError":  # every byte is a token: nothing to match at all
-            raise BuildError("EmptyLanguageError", f"the grammar accepts no string: {message}") from None
-        raise BuildError(kind, message) from None
-    transitions = index.get_transitions()
-    if len(transitions) > max_states:
-        raise BuildError("GrammarTooLargeError",
-                         f"the regex's byte automaton has {len(transitions):,} states, over the limit of "
-                         f"{max_states:,} (GRAMMAR_MLX_MAX_DFA_STATES)")
-    return token_index.ByteDFA.from_transitions(transitions, index.get_initial_state(), index.get_final_states())
+        return ByteDFA.from_outlines(regex, max_states)
+    except GrammarError as exc:
+        raise BuildError(type(exc).__name__, str(exc)) from None
 
 
-def check_language(dfa: token_index.ByteDFA) -> None:
+def check_language(dfa: ByteDFA) -> None:
     """EmptyLanguageError unless some text (any bytes but NUL) is accepted."""
     if not dfa.accepts_text():
         raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
 
 
-def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
+def build_tables(dfa: ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
                  progress=lambda *a: None) -> tuple[dict, dict]:
     """Dense token tables of every state reachable by tokens from which tokens can reach
     acceptance, walked with `token_index.walk`.
@@ -267,10 +234,6 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
     return arrays, meta
 
 
-def dfa_arrays(dfa: token_index.ByteDFA) -> tuple[dict, dict]:
-    return {"table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes}, {"initial_state": dfa.initial}
-
-
 def _set_memory_limit(limit_bytes: int) -> None:
     if limit_bytes <= 0:
         return
@@ -282,16 +245,16 @@ def _set_memory_limit(limit_bytes: int) -> None:
         pass
 
 
-def run_job(kind: str, job: dict, tries: dict, byte_vocab, progress) -> tuple[dict, dict]:
+def run_job(kind: str, job: dict, tries: dict, progress) -> tuple[dict, dict]:
     """One job's (arrays, meta); raises BuildError for a grammar the job cannot build."""
     started = time.perf_counter()
     if kind == "dfa":
-        dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
+        dfa = build_dfa(job["regex"], job["max_states"])
         check_language(dfa)
-        arrays, meta = dfa_arrays(dfa)
+        arrays, meta = dfa.arrays()
         meta["dfa_seconds"] = time.perf_counter() - started
     else:
-        dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"], job["classes"])
+        dfa = ByteDFA.from_arrays(job, job)
         arrays, meta = build_tables(dfa, tries[job["fingerprint"]], job["eos_ids"], job["logits_width"], progress)
         meta["index_seconds"] = time.perf_counter() - started
     return arrays, meta
@@ -299,7 +262,6 @@ def run_job(kind: str, job: dict, tries: dict, byte_vocab, progress) -> tuple[di
 
 def serve(stdin, stdout) -> None:
     tries: dict[str, token_index.TokenTrie] = {}
-    byte_vocab = None
     while True:
         try:
             message = receive(stdin)
@@ -312,9 +274,7 @@ def serve(stdin, stdout) -> None:
             continue
         kind, job = message
         try:
-            if kind == "dfa" and byte_vocab is None:
-                byte_vocab = byte_vocabulary()
-            reply = ("done", *run_job(kind, job, tries, byte_vocab, lambda *a: send(stdout, ("progress", *a))))
+            reply = ("done", *run_job(kind, job, tries, lambda *a: send(stdout, ("progress", *a))))
         except BuildError as exc:
             reply = ("error", exc.kind, str(exc))
         except MemoryError:

@@ -2,7 +2,8 @@
 
 JSON Schema `pattern`s are ECMA-262 regexes over the *decoded* string, while outlines-core compiles a
 regex over the *JSON text*. Patterns (`regex.ecma`) and formats become this AST over Unicode code
-points (`Chars`, `Seq`, `Alt`, `Repeat`); here JSON Schema's search semantics are applied, lengths
+points (`Chars`, `Literal`, `Seq`, `Alt`, `Repeat`, `Anchor`; the Rust dialect, `regex.rust`, parses
+into it too, for the byte NFA); here JSON Schema's search semantics are applied, lengths
 folded in, and the AST written either as a character-level regex or as the regex of its canonical
 JSON encoding (each character as `json.dumps(..., ensure_ascii=False)` writes it). Both are in the
 dialect common to Rust regex-automata and Python `re`, so tests can check them with `re.fullmatch`.
@@ -33,6 +34,14 @@ class PatternError(Exception):
 @dataclass(frozen=True, slots=True)
 class Chars:
     chars: CharSet
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    """A run of characters: the `Seq` of one `Chars` per character, held as text (a parser's
+    literal runs; most of a schema regex is literal text)."""
+
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +119,8 @@ def length_range(node) -> tuple[int, int | None]:
     """Shortest and longest match in code points (None: unbounded). The empty language gives (inf, 0)."""
     if isinstance(node, Chars):
         return (1, 1) if node.chars else (_INF, 0)
+    if isinstance(node, Literal):
+        return len(node.text), len(node.text)
     if isinstance(node, Anchor):
         return 0, 0
     if isinstance(node, Seq):
@@ -162,7 +173,7 @@ def _anchor_forms(node) -> list[tuple[bool, bool, object]]:
         return [(False, False, node)]
     if isinstance(node, Anchor):
         return [(not node.end, node.end, EMPTY)]
-    if isinstance(node, Chars):
+    if isinstance(node, (Chars, Literal)):
         return [(False, False, node)]
     if isinstance(node, Alt):
         return [form for item in node.items for form in _anchor_forms(item)]
@@ -282,6 +293,8 @@ def _emit(node, char_regex, memo) -> str:
         if key not in memo:
             memo[key] = char_regex(node.chars)
         return memo[key]
+    if isinstance(node, Literal):
+        return "".join(_emit(Chars(CharSet.of(c)), char_regex, memo) for c in node.text)
     if isinstance(node, Seq):
         return "".join(_atomic(item, char_regex, memo, in_seq=True) for item in node.items)
     if isinstance(node, Alt):
