@@ -143,7 +143,6 @@ from queue import Empty as QueueEmpty
 from types import SimpleNamespace
 from typing import Any, Callable, Hashable
 
-import mlx.core as mx
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
@@ -154,7 +153,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .compiler.pool import _POOL
 from .errors import (
     CompileTimeoutError,
@@ -177,6 +176,7 @@ from .errors import (
     UnsupportedSchemaError,
     VocabularyMismatchError,
 )
+from .models import logits_width_of
 from .runtime import GrammarProcessor
 from .vocabulary import Vocabulary, vocabulary_of
 
@@ -462,12 +462,12 @@ class Grammars:
         return self.cache.get(spec, lambda: self._compile(spec))
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        options = {"logits_width": self.logits_width, "timeout": self.timeout, "cache_dir": self.cache_dir}
+        options: CompileOptions = {"timeout": self.timeout, "cache_dir": self.cache_dir}
         if spec.kind == "regex":
-            return compile_regex(spec.text, self.vocabulary, **options)
+            return compile_regex(spec.text, self.vocabulary, logits_width=self.logits_width, **options)
         try:
-            return compile_json_schema(spec.text, self.vocabulary, whitespace=spec.whitespace, strict=spec.strict,
-                                       **options)
+            return compile_json_schema(spec.text, self.vocabulary, logits_width=self.logits_width,
+                                       whitespace=spec.whitespace, strict=spec.strict, **options)
         except RecursionError:
             raise InvalidSchemaError("the schema is nested too deeply to translate") from None
 
@@ -1008,13 +1008,6 @@ def _check_body(raw: bytes, path: str) -> None:
 # --- the process -----------------------------------------------------------------------------------
 
 
-def logits_width(model) -> int:
-    """The model's output width (may exceed the tokenizer's size), from one token's forward pass."""
-    logits = model(mx.array([[0]]))
-    mx.eval(logits)
-    return int(logits.shape[-1])
-
-
 def served_vocabulary(tokenizer) -> Vocabulary:
     """The tokenizer's Vocabulary, with exactly the EOS ids mlx-lm stops on: the grammar allows EOS
     only where it is complete, and that must be the EOS that ends generation."""
@@ -1143,8 +1136,8 @@ def serve_main(args: argparse.Namespace) -> int:
     try:
         model, tokenizer, draft, model_id, draft_id = load_served_models(args.model, args.draft_model,
                                                                          args.draft_layers)
-        width = logits_width(model)
-        if draft is not None and logits_width(draft) != width:
+        width = logits_width_of(model)
+        if draft is not None and logits_width_of(draft) != width:
             raise ModelLoadError("the draft model's output width differs from the model's")
         vocabulary = served_vocabulary(tokenizer)
     except GrammarError as e:
