@@ -248,7 +248,7 @@ class _Worker:
 
 
 class _WorkerPool:
-    """A few long-lived workers: the first compile pays the start (~0.2 s), later ones don't.
+    """A few long-lived workers: the first compile pays for a Python start, later ones don't.
 
     Workers belong to the process, not to the thread that started them (see worker), so any
     thread may use any idle worker. A worker goes back to the pool only between jobs."""

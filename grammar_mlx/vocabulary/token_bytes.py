@@ -99,8 +99,8 @@ class Vocabulary:
         return f"<special:{token_id}>"
 
 
-# Reading a 150k-token vocabulary takes ~100 ms; a warm compile must take milliseconds, so the result
-# is remembered per tokenizer object for as long as that object lives.
+# Reading a vocabulary decodes every token, far more than a warm compile costs otherwise, so the
+# result is remembered per tokenizer object for as long as that object lives.
 _CACHE: "weakref.WeakKeyDictionary[Any, Vocabulary]" = weakref.WeakKeyDictionary()
 
 
@@ -199,7 +199,7 @@ def _encoding_of(hf: Any, vocab: dict[str, int]) -> str:
     decoder = None
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is not None and backend.decoder is not None:
-        decoder = json.loads(backend.decoder.__getstate__())  # the decoder alone, not the 11 MB tokenizer
+        decoder = json.loads(backend.decoder.__getstate__())  # the decoder alone, not the whole tokenizer
     kinds = _decoder_kinds(decoder)
     if "ByteLevel" in kinds:
         return "byte-level"
