@@ -33,6 +33,7 @@ from grammar_mlx.errors import (
     InvalidSchemaError,
     UnsupportedSchemaError,
 )
+from grammar_mlx.models import logits_width_of
 from grammar_mlx.runtime.processor import GrammarProcessor
 from grammar_mlx.server import (
     GrammarCache,
@@ -208,6 +209,18 @@ def test_context_length_and_default_body_limit():
 # --- the grammar cache -----------------------------------------------------------------------------
 
 
+HANG_BOUND = 30  # seconds: a "did not hang" bound on waiting for other threads, which take milliseconds
+
+
+def wait_until(condition, what: str) -> None:
+    """Poll `condition` until it holds; fail, naming `what`, only if it has not after HANG_BOUND."""
+    deadline = time.monotonic() + HANG_BOUND
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not so after {HANG_BOUND} s (a hang)")
+        time.sleep(0.001)
+
+
 class Sized:
     def __init__(self, name, size):
         self.name, self.size = name, size
@@ -262,9 +275,9 @@ def test_cache_remeasures_growing_entries_and_survives_unmeasurable_ones():
 
     with ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(cache.get, "k", build) for _ in range(3)]
-        time.sleep(0.1)
+        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
         release.set()
-        values = [f.result(10) for f in futures]  # nobody hangs on an unresolved build
+        values = [f.result(HANG_BOUND) for f in futures]  # nobody hangs on an unresolved build
     assert all(v is values[0] for v in values) and "k" not in cache and cache.stats()["building"] == 0
 
 
@@ -342,8 +355,7 @@ def test_cache_does_not_keep_transient_errors():
         futures = [pool.submit(cache.get, "k", flaky)]
         assert started.wait(10)
         futures += [pool.submit(cache.get, "k", flaky) for _ in range(2)]  # wait on the same build
-        while cache.stats()["waits"] < 2:
-            time.sleep(0.01)
+        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
         release.set()
         for f in futures:
             with pytest.raises(CompileWorkerError):  # the builder and both waiters
@@ -365,11 +377,12 @@ def test_cache_waiters_get_the_builders_error():
 
     with ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(cache.get, "k", bad) for _ in range(3)]
-        time.sleep(0.1)
+        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
         release.set()
         for f in futures:
             with pytest.raises(InvalidSchemaError):
-                f.result(10)
+                f.result(HANG_BOUND)
+    assert cache.stats()["misses"] == 1  # built once: the waiters got the builder's error, not their own
 
 
 # --- the prompt cache ------------------------------------------------------------------------------
@@ -912,7 +925,7 @@ def in_process(smollm_path):
     server.add_serve_arguments(parser)
     args = parser.parse_args(["--max-tokens", "16"])
     model, tokenizer = models.default_model()
-    grammars = server.Grammars(server.served_vocabulary(tokenizer), server.logits_width(model))
+    grammars = server.Grammars(server.served_vocabulary(tokenizer), logits_width_of(model))
     provider = server.LoadedModelProvider(server.mlx_cli_args(args), model, tokenizer, model_id="smollm")
     limits = server.ServerLimits(max_body_bytes=64 * 1024, context_length=48)
     generator = server.GrammarResponseGenerator(provider, None, grammars, limits)

@@ -79,7 +79,6 @@ def test_eager_warm_hit_and_no_temporary_files_left(vocab, tmp_path):
     warm = fresh(REGEX, vocab, tmp_path, mode="eager")
     assert warm.stats["cache_hit"]
     same_tables(cold, warm)
-    assert warm.stats["compile_seconds"] < cold.stats["compile_seconds"]
 
 
 def test_lazy_warm_hit_reads_the_dfa(vocab, tmp_path):
