@@ -155,26 +155,16 @@ from mlx_lm.models.cache import (
 
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .compiler.pool import _POOL
+from . import errors
 from .errors import (
-    CompileTimeoutError,
-    CompileWorkerError,
-    EmptyLanguageError,
-    GenerationError,
     GrammarError,
-    GrammarTooLargeError,
-    GrammarViolationError,
-    HistoryError,
     InvalidArgumentError,
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
-    KernelError,
     ModelLoadError,
     ServerUnavailableError,
-    StateStackError,
-    TokenizerError,
     UnsupportedSchemaError,
-    VocabularyMismatchError,
 )
 from .models import logits_width_of
 from .runtime import GrammarProcessor
@@ -477,25 +467,25 @@ class Grammars:
 # (class, HTTP status, code), most specific first: every GrammarError subclass has its own row (the
 # last row is only a net for a subclass added later). 4xx: the request can be fixed; 5xx: it cannot.
 _ERRORS: tuple[tuple[type, int, str], ...] = (
-    (InvalidRequestError, 400, "invalid_response_format"),  # status and code: the error's own when set
-    (ServerUnavailableError, 503, "server_unavailable"),  # code: the error's own
-    (UnsupportedSchemaError, 400, "unsupported_schema_keyword"),
-    (InvalidSchemaError, 400, "invalid_schema"),
-    (InvalidRegexError, 400, "invalid_regex"),
-    (EmptyLanguageError, 400, "empty_grammar"),
-    (CompileTimeoutError, 400, "compile_timeout"),
-    (GrammarTooLargeError, 400, "grammar_too_large"),
-    (VocabularyMismatchError, 400, "vocabulary_mismatch"),
-    (InvalidArgumentError, 400, "invalid_argument"),
-    (CompileWorkerError, 503, "compile_worker_failed"),
-    (TokenizerError, 500, "tokenizer_error"),
-    (GrammarViolationError, 500, "grammar_violation"),
-    (StateStackError, 500, "state_stack_error"),
-    (HistoryError, 500, "processor_history_error"),
-    (KernelError, 500, "kernel_error"),
-    (ModelLoadError, 500, "model_load_error"),
-    (GenerationError, 500, "generation_error"),
-    (GrammarError, 500, "grammar_error"),
+    (errors.InvalidRequestError, 400, "invalid_response_format"),  # status and code: the error's own when set
+    (errors.ServerUnavailableError, 503, "server_unavailable"),  # code: the error's own
+    (errors.UnsupportedSchemaError, 400, "unsupported_schema_keyword"),
+    (errors.InvalidSchemaError, 400, "invalid_schema"),
+    (errors.InvalidRegexError, 400, "invalid_regex"),
+    (errors.EmptyLanguageError, 400, "empty_grammar"),
+    (errors.CompileTimeoutError, 400, "compile_timeout"),
+    (errors.GrammarTooLargeError, 400, "grammar_too_large"),
+    (errors.VocabularyMismatchError, 400, "vocabulary_mismatch"),
+    (errors.InvalidArgumentError, 400, "invalid_argument"),
+    (errors.CompileWorkerError, 503, "compile_worker_failed"),
+    (errors.TokenizerError, 500, "tokenizer_error"),
+    (errors.GrammarViolationError, 500, "grammar_violation"),
+    (errors.StateStackError, 500, "state_stack_error"),
+    (errors.HistoryError, 500, "processor_history_error"),
+    (errors.KernelError, 500, "kernel_error"),
+    (errors.ModelLoadError, 500, "model_load_error"),
+    (errors.GenerationError, 500, "generation_error"),
+    (errors.GrammarError, 500, "grammar_error"),
 )
 
 
