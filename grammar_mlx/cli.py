@@ -28,8 +28,8 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import GrammarError, UnsupportedSchemaError

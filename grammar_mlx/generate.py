@@ -33,9 +33,9 @@ import codecs
 import json
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Generator, Union, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
@@ -69,8 +69,8 @@ __all__ = [
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_NUM_DRAFT_TOKENS = 2  # mlx-lm's default
 
-Schema = Union[Mapping[str, Any], bool, str, bytes, type]
-Prompt = Union[str, Sequence[Mapping[str, Any]], Sequence[int], mx.array]
+Schema = Mapping[str, Any] | bool | str | bytes | type
+Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -222,7 +222,7 @@ def jsonschema_available() -> bool:
     return True
 
 
-_WRAPPERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_WRAPPERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _wrapped(tokenizer: Any) -> Any:

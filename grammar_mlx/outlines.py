@@ -109,7 +109,7 @@ class RegexLogitsProcessor:
 
     # -- Outlines' API ---------------------------------------------------------------------------
 
-    def copy(self) -> "RegexLogitsProcessor":
+    def copy(self) -> RegexLogitsProcessor:
         """A fresh processor for the same grammar (Outlines copies one per sequence)."""
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)

@@ -135,13 +135,14 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from http.server import ThreadingHTTPServer
 from queue import Empty as QueueEmpty
 from types import SimpleNamespace
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
@@ -153,9 +154,9 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+from . import errors
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .compiler.pool import _POOL
-from . import errors
 from .errors import (
     GrammarError,
     InvalidArgumentError,
@@ -1098,7 +1099,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-timeout", type=float, default=None,
                         help="seconds one grammar may take to compile (default: GRAMMAR_MLX_COMPILE_TIMEOUT or 60)")
     parser.add_argument("--cache-dir", default=None,
-                        help="on-disk cache of compiled tables (default: $GRAMMAR_MLX_CACHE_DIR or ~/.cache/grammar_mlx)")
+                        help="on-disk cache of compiled tables "
+                             "(default: $GRAMMAR_MLX_CACHE_DIR or ~/.cache/grammar_mlx)")
     parser.add_argument("--max-body-mb", type=float, default=None,
                         help="largest request body, MiB (default: 64 bytes per token of the model's context, "
                              "at least 1 MiB; 8 MiB when the context is unknown)")

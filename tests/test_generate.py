@@ -302,9 +302,9 @@ def test_entry_points_share_one_options_type():
     (None stands in for the model and tokenizer: nothing touches them)."""
     from grammar_mlx.compiler import CompileOptions
     from grammar_mlx.generate import (
+        _SETTINGS,
         DEFAULT_MAX_TOKENS,
         DEFAULT_NUM_DRAFT_TOKENS,
-        _SETTINGS,
         GenerationOptions,
         JSONGenerationOptions,
         _Settings,

@@ -343,7 +343,8 @@ def test_truncated_draft_shares_modules_and_rejects_bad_sizes(tmp_path):
     expected = model.lm_head(model.model.norm(h))
     assert mx.allclose(draft(TOKENS), expected, atol=1e-4).item()
     for bad in (0, 3, 4, -1, True, 1.5, "2"):
-        with pytest.raises(InvalidArgumentError, match=r"^num_layers must be an int in 1\.\.2 \(the model has 3 layers\)"):
+        with pytest.raises(InvalidArgumentError,
+                           match=r"^num_layers must be an int in 1\.\.2 \(the model has 3 layers\)"):
             truncated_draft(model, bad)
     with pytest.raises(InvalidArgumentError, match="^model: cannot truncate a Linear"):
         truncated_draft(nn.Linear(2, 2), 1)

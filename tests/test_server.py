@@ -52,12 +52,14 @@ def test_parse_response_format_kinds():
     assert parse_response_format(None) is None
     assert parse_response_format({"type": "text"}) is None
     schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
-    spec = parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    spec = parse_response_format({"type": "json_schema",
+                                  "json_schema": {"name": "x", "schema": schema, "strict": True}})
     # Key order is kept: it is the order of the output's properties, so it belongs to the key.
-    assert spec == GrammarSpec("json_schema", '{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}',
-                               True, None)
+    assert spec == GrammarSpec(
+        "json_schema", '{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}', True, None)
     assert parse_response_format({"type": "json_schema", "json_schema": {"schema": schema}}).strict is False
-    assert parse_response_format({"type": "json_schema", "json_schema": {"schema": schema, "strict": None}}).strict is False
+    no_strict = {"type": "json_schema", "json_schema": {"schema": schema, "strict": None}}
+    assert parse_response_format(no_strict).strict is False
     assert parse_response_format({"type": "json_object"}) == GrammarSpec("json_schema", '{"type":"object"}')
     assert parse_response_format({"type": "json_object", "whitespace": "[ ]?"}).whitespace == "[ ]?"
     assert parse_response_format({"type": "regex", "regex": "a|b"}) == GrammarSpec("regex", "a|b")
@@ -168,7 +170,8 @@ def test_check_body_refusals(raw, path, param, code, words):
 
 
 def test_check_body_accepts_what_mlx_lm_serves():
-    server._check_body('{"messages": [{"role": "user", "content": "h\u00e9"}], "n": 1}'.encode(), "/v1/chat/completions")
+    server._check_body('{"messages": [{"role": "user", "content": "h\u00e9"}], "n": 1}'.encode(),
+                       "/v1/chat/completions")
     server._check_body(b'{"prompt": "hi"}', "/v1/completions")
 
 
@@ -851,15 +854,15 @@ def test_refused_bodies_do_not_disturb_a_client_being_served(servers):
         client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "x " * 5_000_000}])
     assert info.value.status_code == 413
     # Refused on its Content-Length alone: the answer comes before a byte of the body is sent.
-    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                    b"Content-Length: 100000000\r\n\r\n")
+    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
     assert reply.startswith(b"HTTP/1.0 413") or reply.startswith(b"HTTP/1.1 413")
     status, _, body = post(plain.url, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}')
     assert (status, body["error"]["code"]) == (400, "invalid_body") and "not UTF-8" in body["error"]["message"]
     status, _, body = post(plain.url, b'{"messages": [{"role": "user"')
     assert (status, body["error"]["code"]) == (400, "invalid_body") and "not valid JSON" in body["error"]["message"]
-    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                    b"2\r\n{}\r\n0\r\n\r\n")
+    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
     assert b" 411 " in reply.split(b"\r\n")[0] and b"length_required" in reply
     with pytest.raises(openai.BadRequestError) as info:
         chat(client, None, max_tokens=2, n=3)

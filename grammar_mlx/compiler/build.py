@@ -46,8 +46,8 @@ _DFA_FORMAT = 4
 
 # --- compiling -------------------------------------------------------------------------------------
 
-_LIVE: "weakref.WeakValueDictionary[str, CompiledGrammar]" = weakref.WeakValueDictionary()
-_TRIES: "weakref.WeakKeyDictionary[Vocabulary, dict[int, TokenTrie]]" = weakref.WeakKeyDictionary()
+_LIVE: weakref.WeakValueDictionary[str, CompiledGrammar] = weakref.WeakValueDictionary()
+_TRIES: weakref.WeakKeyDictionary[Vocabulary, dict[int, TokenTrie]] = weakref.WeakKeyDictionary()
 _TRIES_LOCK = threading.Lock()
 
 
@@ -243,7 +243,8 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
         if dfa is None and mode != "eager" and engine != "outlines":
             lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
             if lazy_dfa is None and engine == "nfa":
-                raise InvalidArgumentError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
+                raise InvalidArgumentError(
+                    f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
             if lazy_dfa is not None:
                 built_by, dfa_hit = "nfa", False
                 small = None if mode == "lazy" else _complete_if_small(lazy_dfa, limits.AUTO_EAGER_MAX_STATES)
@@ -252,7 +253,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
                     reason = ("requested" if mode == "lazy" else "auto") + f"; {engine_note}"
                 else:
                     dfa, dfa_meta, chosen = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
-                    reason = f"auto: {dfa.num_states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+                    reason = _small_enough(dfa.num_states)
         if dfa is None:
             dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, jobs)
             built_by = "outlines"
@@ -345,11 +346,15 @@ def _choose_mode(requested: str, dfa: ByteDFA) -> tuple[str, str]:
     if requested != "auto":
         return requested, "requested"
     if dfa.num_states <= limits.AUTO_EAGER_MAX_STATES:
-        return "eager", f"auto: {dfa.num_states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+        return "eager", _small_enough(dfa.num_states)
     return "lazy", f"auto: {dfa.num_states} byte states > {limits.AUTO_EAGER_MAX_STATES}"
 
 
-def _byte_dfa(regex: str, directory: Path | None, jobs: "_Jobs", build: bool = True):
+def _small_enough(states: int) -> str:
+    return f"auto: {states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+
+
+def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs, build: bool = True):
     """The regex's byte DFA: from the cache (keyed by the regex alone; `directory` None: no cache),
     else built by a worker (or None when `build` is False)."""
     key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})

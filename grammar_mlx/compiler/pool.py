@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import (
     CompileWorkerError,
@@ -365,7 +365,8 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
-_STAGES = {"dfa": "building the byte DFA in a compile worker", "tables": "building the token tables in a compile worker"}
+_STAGES = {"dfa": "building the byte DFA in a compile worker",
+           "tables": "building the token tables in a compile worker"}
 
 
 class _Jobs:
