@@ -119,6 +119,12 @@ class ByteDFA:
         return self._num_states
 
     @property
+    def built_on_demand(self) -> bool:
+        """Whether a row source computes this DFA's rows (the dead state is 0, ids grow), as opposed
+        to the stored layout (the dead state last, every row known)."""
+        return self._source is not None
+
+    @property
     def complete(self) -> bool:
         """Whether every row is known (nothing left for `ensure_rows` to compute)."""
         return self._pending == 0

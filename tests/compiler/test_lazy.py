@@ -31,16 +31,11 @@ from grammar_mlx import (
     compile_regex,
     vocabulary_of,
 )
-from grammar_mlx.automata.byte_nfa import LazyDFA, build_nfa
+from grammar_mlx.automata.byte_dfa import SENTINEL_BYTES, SENTINEL_ID, ByteDFA, wrap_regex
+from grammar_mlx.automata.byte_nfa import build_nfa, determinize
 from grammar_mlx.compiler import token_index as token_index
 from grammar_mlx.compiler.lazy import LazyIndex
-from grammar_mlx.compiler.token_index import ByteDFA, TokenTrie, walk, walk_mlx
-from grammar_mlx.compiler.worker import (
-    SENTINEL_BYTES,
-    SENTINEL_ID,
-    build_dfa,
-    wrap_regex,
-)
+from grammar_mlx.compiler.token_index import TokenTrie, walk, walk_mlx
 from grammar_mlx.runtime.processor import GrammarProcessor
 from grammar_mlx.schema import canonical_json
 
@@ -271,12 +266,12 @@ def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend,
         if b is not None:
             groups.setdefault(b, []).append(i)  # equal bytes under several ids
     trie = TokenTrie.build(groups, width)
-    dfa = build_dfa(regex, 10_000) if engine == "outlines" else LazyDFA(build_nfa(regex), 10_000)
+    dfa = ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
     old = token_index.DENSE_SHARE
     token_index.DENSE_SHARE = share  # 0: dense from level 1; 2: always sparse
     try:
-        state = 0 if engine == "outlines" else 1  # a LazyDFA's state 0 is its dead state
-        while state < dfa.num_states:  # a LazyDFA gains states as rows are computed
+        state = 0 if engine == "outlines" else 1  # an on-demand DFA's state 0 is its dead state
+        while state < dfa.num_states + (engine == "nfa"):  # an on-demand DFA gains states as rows are computed
             got = walk(trie, dfa, state, backend=backend)
             want = brute_force(dfa, tokens, width, state)
             assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (state, got, want)
@@ -284,37 +279,6 @@ def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend,
             state += 1
     finally:
         token_index.DENSE_SHARE = old
-
-
-@pytest.mark.parametrize("regex", REGEXES + SMALL_REGEXES)
-def test_byte_dfa_with_classes_is_outlines_core_byte_index(regex):
-    """Every (state, byte) edge of the class-compressed DFA against outlines-core's index over the
-    256 single bytes, states paired breadth-first from the initial ones."""
-    from outlines_core import Index
-
-    from grammar_mlx.compiler.worker import byte_vocabulary
-
-    dfa = build_dfa(regex, 100_000)
-    index = Index(wrap_regex(regex), byte_vocabulary())
-    finals = set(index.get_final_states())
-    pair = {dfa.initial: index.get_initial_state()}
-    todo = [dfa.initial]
-    while todo:
-        q = todo.pop()
-        r = pair[q]
-        assert dfa.accepting[q] == (index.get_next_state(r, 0) in finals)
-        assert dfa.next(q, 0) == dfa.dead, "NUL (the sentinel) leads nowhere"
-        for byte in range(1, 256):
-            want, got = index.get_next_state(r, byte), dfa.next(q, byte)
-            assert (want is None) == (got == dfa.dead), (q, byte)
-            if want is None:
-                continue
-            if got not in pair:
-                todo.append(got)
-            assert pair.setdefault(got, want) == want, (q, byte)
-    assert len(pair) == dfa.num_states, "every state is reached by text"
-    assert len(set(pair.values())) == len(pair), "the pairing is a bijection"
-    assert dfa.num_classes < 256
 
 
 def test_trie_levels_are_consistent(qwen_vocab):
@@ -338,7 +302,7 @@ def test_trie_levels_are_consistent(qwen_vocab):
 
 def test_mlx_walk_equals_numpy(qwen_vocab, monkeypatch):
     trie = TokenTrie.build(qwen_vocab.text_tokens(), QWEN_WIDTH)
-    dfa = build_dfa(REGEXES[3], 10_000)
+    dfa = ByteDFA.from_outlines(REGEXES[3], 10_000)
     monkeypatch.setattr(token_index, "DENSE_SHARE", 0.0)  # every state dense from level 1 on
     for state in range(dfa.num_states):
         got, want = walk_mlx(trie, dfa, state), walk(trie, dfa, state)
@@ -355,10 +319,10 @@ def test_mlx_walk_fills_an_on_demand_dfa(qwen_vocab, monkeypatch, regex):
     """The MLX dense levels over a fresh on-demand DFA: they meet rows not computed yet, compute them
     and refresh the device table; the numpy walk on the same DFA then gives the same rows."""
     trie = TokenTrie.build(qwen_vocab.text_tokens(), QWEN_WIDTH)
-    dfa = LazyDFA(build_nfa(regex), 10_000)
+    dfa = determinize(build_nfa(regex), 10_000)
     monkeypatch.setattr(token_index, "DENSE_SHARE", 0.0)  # every state dense from level 1 on
     state, filled_by_mlx = 1, 0
-    while state < dfa.num_states:
+    while state <= dfa.num_states:  # ids 1..num_states (0 is the dead state), growing
         before = dfa.rows_computed
         got = walk_mlx(trie, dfa, state)
         filled_by_mlx += dfa.rows_computed - before
