@@ -354,10 +354,10 @@ class ByteDFA:
         return cls(table, accepting[keep], int(number[initial_pos]), classes)
 
     @classmethod
-    def from_outlines(cls, regex: str, max_states: int, *, linear_start: bool = False) -> ByteDFA:
+    def from_outlines(cls, regex: str, max_states: int | None, *, linear_start: bool = False) -> ByteDFA:
         """outlines-core's complete byte DFA of `regex` (full match; Rust regex-automata syntax), read
         through the NUL sentinel (`wrap_regex`). Raises `InvalidRegexError` for what outlines-core
-        refuses, `EmptyLanguageError`, `GrammarTooLargeError` past `max_states`.
+        refuses, `EmptyLanguageError`, `GrammarTooLargeError` past `max_states` (None: no limit).
 
         `linear_start`: compile `\\x01(?:R)\\x00` and start after the \\x01. regex-automata also
         determinizes an unanchored start, which for a generic value or a wide digit range at the top
@@ -375,7 +375,7 @@ class ByteDFA:
         initial = index.get_initial_state()
         if linear_start:
             initial = transitions.pop(initial)[1]  # nothing leads back to the state before the \x01
-        if len(transitions) > max_states:
+        if max_states is not None and len(transitions) > max_states:
             raise GrammarTooLargeError(f"the regex's byte automaton has {len(transitions):,} states, over the limit "
                                        f"of {max_states:,} (GRAMMAR_MLX_MAX_DFA_STATES)")
         return cls.from_transitions(transitions, initial, index.get_final_states())

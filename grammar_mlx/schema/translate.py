@@ -87,7 +87,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from .. import limits
+from ..automata.byte_dfa import ByteDFA
 from ..automata.chars import memo_scope
 from ..errors import (
     CompileTimeoutError,
@@ -365,10 +368,12 @@ def whitespace_regex(whitespace: str | None) -> str:
     if not isinstance(whitespace, str):
         raise InvalidArgumentError(f"whitespace must be a regex string or None, not {type(whitespace).__name__}")
     try:
-        start, transitions, _ = byte_automaton(whitespace)
-    except Exception as e:  # outlines-core raises ValueError/BaseException subclasses from Rust
+        dfa = byte_automaton(whitespace)
+    except GrammarError as e:
         raise InvalidRegexError(f"whitespace pattern {whitespace!r} does not compile: {e}") from None
     allowed = {9, 10, 13, 32}
+    rows = dfa.rows()
+    members = [np.flatnonzero(dfa.classes == c).tolist() for c in range(dfa.num_classes)]
     # Longest path from the start; a cycle means unbounded whitespace.
     longest: dict[int, int] = {}
     visiting: set[int] = set()
@@ -380,53 +385,30 @@ def whitespace_regex(whitespace: str | None) -> str:
             raise InvalidRegexError(f"whitespace pattern {whitespace!r} is unbounded; bound it, e.g. [ \\n]{{0,4}}")
         visiting.add(state)
         best = 0
-        for byte, nxt in transitions.get(state, {}).items():
-            if byte not in allowed:
+        for c, nxt in enumerate(rows[state].tolist()):
+            if nxt == dfa.dead:
+                continue
+            stray = [b for b in members[c] if b not in allowed]
+            if stray:
                 raise InvalidRegexError(
-                    f"whitespace pattern {whitespace!r} matches {bytes([byte])!r}, which is not JSON whitespace"
+                    f"whitespace pattern {whitespace!r} matches {bytes(stray[:1])!r}, which is not JSON whitespace"
                 )
             best = max(best, 1 + walk(nxt))
         visiting.discard(state)
         longest[state] = best
         return best
 
-    if walk(start) > limits.MAX_WHITESPACE:
+    if walk(dfa.initial) > limits.MAX_WHITESPACE:
         raise InvalidRegexError(f"whitespace pattern {whitespace!r} allows more than {limits.MAX_WHITESPACE} characters")
     return "(?:" + whitespace + ")"
 
 
-def byte_automaton(regex: str) -> tuple[int, dict[int, dict[int, int]], set[int]]:
-    """outlines-core's byte-level DFA of a full-match regex: (start, {state: {byte: next}}, accepting).
-
-    Compiled as `\\x01(?:R)\\x00`, two sentinels no JSON text contains:
-    - the trailing NUL works around outlines-core 0.2.14 dropping edges that leave an accepting state
-      (as `compiler` does): a state accepts when its NUL edge reaches a final state;
-    - the leading \\x01 keeps regex-automata's unanchored DFA (outlines-core builds it too) linear:
-      a match can only start right after a \\x01, so at most one thread is alive. Without it, a
-      generic value or a wide digit range at the top level takes seconds to minutes to determinize.
-    The start is the state after \\x01; sentinel edges are removed."""
-    start, rows, finals = _sentinel_index(regex)
-    transitions, accepting = {}, set()
-    for state, row in rows.items():
-        if _ends(row.get(0), rows, finals):
-            accepting.add(state)
-        transitions[state] = {b: nxt for b, nxt in row.items() if not (b == 0 and _ends(nxt, rows, finals))}
-    return start, transitions, accepting
-
-
-def _sentinel_index(regex: str) -> tuple[int, dict, set]:
-    from outlines_core import Index, Vocabulary
-
-    index = Index(f"\\x01(?:{regex})\\x00", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
-    rows = {s: {b: n for b, n in row.items() if b < 256} for s, row in index.get_transitions().items()}
-    initial = index.get_initial_state()
-    start = rows.pop(initial)[1]
-    return start, rows, set(index.get_final_states())
-
-
-def _ends(state, rows: dict, finals: set) -> bool:
-    """Is `state` the end of the trailing NUL sentinel (final, nothing after)?"""
-    return state in finals and not rows.get(state)
+def byte_automaton(regex: str) -> ByteDFA:
+    """outlines-core's complete byte-level DFA of a full-match regex (`ByteDFA.from_outlines`, no
+    state limit), compiled with a linear start: regex-automata also determinizes an unanchored
+    start, which for a generic value or a wide digit range at the top level takes seconds to
+    minutes. Raises `InvalidRegexError` or `EmptyLanguageError` for what outlines-core refuses."""
+    return ByteDFA.from_outlines(regex, None, linear_start=True)
 
 
 @lru_cache(maxsize=64)
