@@ -31,13 +31,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ..errors import EmptyLanguageError, GrammarTooLargeError, InvalidArgumentError, InvalidRegexError
+
+if TYPE_CHECKING:
+    from outlines_core import Vocabulary
+
+    from ..compiler.token_index import TokenTrie
 
 UNKNOWN = -1  # a row not computed yet (DFAs built on demand)
 NUL = 0  # the compile sentinel byte: never part of a match
@@ -92,7 +97,9 @@ class ByteDFA:
         dfa._all_live = bool(all_live)
         return dfa
 
-    def _setup(self, table, accepting, live, classes, initial, dead, num_states, source, max_states, alphabet):
+    def _setup(self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray | None, classes: np.ndarray,
+               initial: int, dead: int, num_states: int, source: RowSource | None, max_states: int,
+               alphabet: Iterable[int] | None) -> None:
         self.table = table
         self.accepting = accepting
         self.classes = classes
@@ -129,7 +136,7 @@ class ByteDFA:
         """Whether every row is known (nothing left for `ensure_rows` to compute)."""
         return self._pending == 0
 
-    def ensure_rows(self, states) -> None:
+    def ensure_rows(self, states: Iterable[int] | np.ndarray) -> None:
         """Compute the rows of `states` (ids of existing states) that are still UNKNOWN."""
         if self._pending == 0:
             return
@@ -177,7 +184,7 @@ class ByteDFA:
         keeps spare ones, UNKNOWN)."""
         return self.table.reshape(-1, self.num_classes)
 
-    def node_classes(self, trie) -> np.ndarray:
+    def node_classes(self, trie: TokenTrie) -> np.ndarray:
         """The byte class of every node of a token trie (the walk's column index), once per trie."""
         cached = self._node_classes
         if cached is None or cached[0] is not trie:
@@ -261,7 +268,7 @@ class ByteDFA:
             frontier = np.array(fresh, dtype=np.int64)
         return False
 
-    def live_by(self, alphabet) -> np.ndarray:
+    def live_by(self, alphabet: Iterable[int]) -> np.ndarray:
         """Per state id, whether some string over `alphabet` (bytes) reaches an accepting state: a
         backward breadth-first search over the distinct (state, successor) pairs, a frontier at a time
         (every row is computed first). The array covers every state; the dead state is not live (in
@@ -305,13 +312,15 @@ class ByteDFA:
                 {"initial_state": dfa.initial})
 
     @classmethod
-    def from_arrays(cls, arrays: dict, meta: dict, alphabet: Iterable[int] | None = None) -> ByteDFA:
+    def from_arrays(cls, arrays: Mapping[str, Any], meta: Mapping[str, Any],
+                    alphabet: Iterable[int] | None = None) -> ByteDFA:
         """The inverse of `arrays`."""
         return cls(arrays["table"], arrays["accepting"], int(meta["initial_state"]), arrays["classes"],
                    alphabet=alphabet)
 
     @classmethod
-    def from_transitions(cls, transitions: dict, initial: int, finals, sentinel: int = NUL) -> ByteDFA:
+    def from_transitions(cls, transitions: dict[int, dict[int, int]], initial: int, finals: Iterable[int],
+                         sentinel: int = NUL) -> ByteDFA:
         """From outlines-core's `Index((?:R)\\x00, <256 single bytes>).get_transitions()`.
 
         States are numbered in outlines' id order. A state accepts iff its sentinel edge reaches an
@@ -399,7 +408,7 @@ def wrap_regex(regex: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def byte_vocabulary():
+def byte_vocabulary() -> Vocabulary:
     """outlines-core's Vocabulary of the 256 single bytes (id = byte value)."""
     from outlines_core import Vocabulary
 

@@ -23,12 +23,22 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from .. import limits
 from ..errors import EmptyLanguageError, GrammarTooLargeError, InvalidRegexError
 from ..limits import check_deadline
 from .charset import MAX_CODE_POINT, NOTHING, CharSet
-from .syntax import EMPTY, Alt, Chars, Literal, Repeat, Seq
+from .syntax import EMPTY, Alt, Chars, Literal, Node, Repeat, Seq
+
+if TYPE_CHECKING:
+    from ..automata.byte_dfa import ByteDFA
+
+# An escape: a code point, the text of a perl or property class (a str starting with a backslash),
+# or None for an assertion.
+Escape = int | str | None
+Leave = Callable[[str], None]  # how the parser remembers a construct it leaves to outlines-core
 
 
 class Unsupported(Exception):
@@ -72,7 +82,7 @@ def _code_point(cp: int, at: int) -> int:
     return cp
 
 
-def _escape(pattern: str, i: int, in_class: bool = False) -> tuple[object, int]:
+def _escape(pattern: str, i: int, in_class: bool = False) -> tuple[Escape, int]:
     """The escape at pattern[i] == '\\': (code point, or the text of a perl / property class
     (a str starting with a backslash), or None for an assertion; next index)."""
     if i + 1 >= len(pattern):
@@ -124,7 +134,7 @@ def _escape(pattern: str, i: int, in_class: bool = False) -> tuple[object, int]:
     raise _error(f"invalid escape \\{c}", i)
 
 
-def _chars(ranges, negated: bool = False) -> Chars:
+def _chars(ranges: Iterable[tuple[int, int]], negated: bool = False) -> Chars:
     """One character of the code point ranges (or of their complement), NUL left out (it never
     matches: see the module docstring)."""
     chars = CharSet.normalize(ranges)
@@ -133,11 +143,13 @@ def _chars(ranges, negated: bool = False) -> Chars:
     return Chars(chars - _NUL) if _NUL_CP in chars else Chars(chars)
 
 
-def _class_item(pattern: str, j: int) -> tuple[object, int]:
+def _class_item(pattern: str, j: int) -> tuple[int | str, int]:
     """One class member at pattern[j]: (code point or class text, next index)."""
     c = pattern[j]
     if c == "\\":
-        return _escape(pattern, j, in_class=True)
+        item, end = _escape(pattern, j, in_class=True)
+        assert item is not None, "an assertion in a class is a syntax error"
+        return item, end
     return ord(c), j + 1
 
 
@@ -171,7 +183,7 @@ def _skip_class(pattern: str, i: int) -> int:
             j = _class_item(pattern, j + 1)[1]
 
 
-def _class(pattern: str, i: int) -> tuple[object, int, str | None]:
+def _class(pattern: str, i: int) -> tuple[Node, int, str | None]:
     """The bracket class at pattern[i] == '[': (its `Chars`, next index, why the engine cannot
     reproduce it or None). Nested classes and set operations are skipped (`_skip_class`)."""
     n = len(pattern)
@@ -223,7 +235,7 @@ def _class(pattern: str, i: int) -> tuple[object, int, str | None]:
     return _chars(ranges, negated), j, None
 
 
-def _group_name(pattern: str, i: int, names: set) -> int:
+def _group_name(pattern: str, i: int, names: set[str]) -> int:
     """Check the group name starting at pattern[i] (after '<'); the index after its '>'."""
     end = pattern.find(">", i)
     if end < 0:
@@ -271,18 +283,18 @@ def _flags(pattern: str, i: int) -> tuple[str, int, bool]:
 
 
 
-def parse(pattern: str) -> object:
+def parse(pattern: str) -> Node:
     """The AST of `pattern` (Rust regex syntax; `regex.syntax`'s nodes). Raises `InvalidRegexError`
     for a syntax error (the first in reading order), else `Unsupported` for the first construct the
     byte NFA leaves to outlines-core (see the module docstring)."""
     n = len(pattern)
-    stack: list[tuple[list, list, int]] = []
-    alts: list[list] = []
-    seq: list = []
+    stack: list[tuple[list[list[Node]], list[Node], int]] = []
+    alts: list[list[Node]] = []
+    seq: list[Node] = []
     i = 0
     match_run = _LITERAL_RUN.match
     match_class = _CLASS_TEXT.match
-    classes: dict[str, tuple[object, str | None]] = {}
+    classes: dict[str, tuple[Node, str | None]] = {}
     names: set[str] = set()
     unsupported: str | None = None
     opened = -1  # where the innermost open group starts
@@ -358,14 +370,14 @@ def parse(pattern: str) -> object:
         elif c == "[":
             # Schema regexes repeat the same few classes thousands of times: parse each text once.
             m = match_class(pattern, i)
-            text = m.group(0) if m is not None else None
-            hit = classes.get(text) if text is not None else None
+            hit = classes.get(m.group(0)) if m is not None else None
             if hit is None:
                 node, end, why = _class(pattern, i)
                 hit = (node, why)
-                if text is not None and end == m.end():
-                    classes[text] = hit
+                if m is not None and end == m.end():
+                    classes[m.group(0)] = hit
             else:
+                assert m is not None
                 end = m.end()
             node, why = hit
             if why is not None:
@@ -410,7 +422,7 @@ def parse(pattern: str) -> object:
     return _alternation(alts, seq)
 
 
-def _literal(text: str, at: int, leave) -> Literal:
+def _literal(text: str, at: int, leave: Leave) -> Literal:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -421,7 +433,7 @@ def _literal(text: str, at: int, leave) -> Literal:
     return Literal(text)
 
 
-def _alternation(alts: list, seq: list) -> object:
+def _alternation(alts: list[list[Node]], seq: list[Node]) -> Node:
     branches = [*alts, seq]
     nodes = [b[0] if len(b) == 1 else Seq(tuple(b)) for b in branches]
     return nodes[0] if len(nodes) == 1 else Alt(tuple(nodes))
@@ -473,7 +485,7 @@ def unicode_class(text: str) -> CharSet:
     return chars
 
 
-def _code_points(dfa, text: str) -> CharSet:
+def _code_points(dfa: ByteDFA, text: str) -> CharSet:
     """The characters a DFA of one character accepts: its paths from the initial state, each ending
     in a run of last bytes, decoded."""
     rows, classes = dfa.rows(), dfa.classes.tolist()
