@@ -303,7 +303,7 @@ class ByteDFA:
 
     # -- the stored layout: arrays (cache, worker pipe) and outlines-core --------------------------
 
-    def arrays(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    def arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The stored layout as arrays (`table`, `accepting` without the dead state, `classes`) and
         meta (`initial_state`): what the cache and the compile worker's pipe carry."""
         dfa = self.completed()

@@ -50,6 +50,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -58,6 +60,9 @@ from ..automata.byte_dfa import ByteDFA
 from ..errors import GrammarTooLargeError, InvalidArgumentError, VocabularyMismatchError
 from ..limits import check_deadline
 from .token_index import TokenTrie, walk, walk_mlx
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 BACKENDS = ("numpy", "mlx")
 # Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
@@ -119,6 +124,7 @@ class LazyIndex:
         self.liveness_walks = limits.LIVENESS_WALKS if liveness_walks is None else int(liveness_walks)
 
         # Liveness over the single-byte tokens (see the module docstring).
+        self._byte_live: np.ndarray | None  # a stored DFA's; one built on demand holds its own (`dfa.live`)
         if self._growing:
             if not dfa.alphabet <= trie.single_bytes:
                 raise InvalidArgumentError("the on-demand DFA's liveness alphabet has bytes that are no tokens of this "
@@ -142,13 +148,14 @@ class LazyIndex:
         self._used: dict[int, int] = {}  # second-chance bits for row eviction
         self._filled_order: deque[int] = deque()  # states holding a row, in clock order
         self._row_bytes = 0
-        self.on_evict = None  # weakref.WeakMethod: called (state, tokens, nxt) when a row is dropped
+        # A weakref.WeakMethod: called (state, tokens, nxt) when a row is dropped.
+        self.on_evict: Callable[[], Callable[[int, np.ndarray, np.ndarray], object] | None] | None = None
         self._num_masks = 0
         self._mask_index: dict[int, list[int]] = {}  # hash of a packed row -> rows with those bytes
         # The mask table: (mx.array or None, numpy array of the rows): the array's memory when shared
         # (rows written in place), else a host copy that `device_masks` copies per new row.
-        self._table: tuple[object, np.ndarray] = (None, np.zeros((0, self.words), dtype=np.uint32))
-        self._copy: tuple[int, object] | None = None  # (rows in it, mx.array): the fallback's device copy
+        self._table: tuple[mx.array | None, np.ndarray] = (None, np.zeros((0, self.words), dtype=np.uint32))
+        self._copy: tuple[int, mx.array] | None = None  # (rows in it, mx.array): the fallback's device copy
         self._shared: bool | None = None  # whether tables are shared with numpy (decided on first use)
         self.table_copies = 0
         self._lock = threading.RLock()
@@ -194,7 +201,7 @@ class LazyIndex:
             row = self.mask_of[state]
         return row
 
-    def device_masks(self):
+    def device_masks(self) -> mx.array:
         """The mask table as an `mx.array` holding at least every row id handed out so far: one
         object until it fills up (rows are added in place), or, where tables cannot be shared with
         numpy, a new object for each new row."""
@@ -233,7 +240,8 @@ class LazyIndex:
             f"(e.g. a NUL character, or bytes the vocabulary lacks): {detail}")
 
     def _byte_live_of(self, states: np.ndarray) -> np.ndarray:
-        return self.dfa.live[states] if self._growing else self._byte_live[states]
+        byte_live = self._byte_live
+        return self.dfa.live[states] if byte_live is None else byte_live[states]
 
     def _live(self, states: np.ndarray) -> np.ndarray:
         """Whether each state is live (a copy), deciding the states the bytes do not."""

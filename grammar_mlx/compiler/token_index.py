@@ -49,8 +49,15 @@ class TokenTrie:
               "end_more_node", "end_more_id")
 
     def __init__(self, arrays: dict[str, np.ndarray], width: int):
-        for name in self.ARRAYS:
-            setattr(self, name, arrays[name])
+        self.byte: np.ndarray = arrays["byte"]
+        self.parent: np.ndarray = arrays["parent"]
+        self.child_start: np.ndarray = arrays["child_start"]
+        self.child_count: np.ndarray = arrays["child_count"]
+        self.level_start: np.ndarray = arrays["level_start"]
+        self.token_node: np.ndarray = arrays["token_node"]
+        self.end_first: np.ndarray = arrays["end_first"]
+        self.end_more_node: np.ndarray = arrays["end_more_node"]
+        self.end_more_id: np.ndarray = arrays["end_more_id"]
         self.width = int(width)
         self.num_nodes = len(self.byte)
         self.num_levels = len(self.level_start) - 1
@@ -68,7 +75,7 @@ class TokenTrie:
         return sum(int(a.nbytes) for a in self.arrays().values())
 
     @classmethod
-    def build(cls, token_bytes: dict[bytes, list[int]], width: int) -> "TokenTrie":
+    def build(cls, token_bytes: dict[bytes, list[int]], width: int) -> TokenTrie:
         """`token_bytes`: bytes -> the ids that produce them (several ids may share bytes)."""
         groups: dict[bytes, list[int]] = {}
         for b, ids in token_bytes.items():
@@ -105,7 +112,9 @@ class TokenTrie:
         active = np.arange(n)
         node_of = np.zeros(n, dtype=np.int64)  # node index of each active token at the previous level
         level_start = [0]
-        bytes_, parents, end_first = [], [], []
+        bytes_: list[np.ndarray] = []
+        parents: list[np.ndarray] = []
+        end_first: list[np.ndarray] = []
         end_node = np.zeros(n, dtype=np.int64)
         total = 0
         j = 0
@@ -132,13 +141,13 @@ class TokenTrie:
         child_start = np.zeros(total, dtype=np.int32)
         child_count = np.zeros(total, dtype=np.int32)
         for lv in range(len(level_start) - 2):
-            a, b, c = level_start[lv], level_start[lv + 1], level_start[lv + 2]
-            kids = parent[b:c]
-            ids = np.arange(a, b)
-            lo = np.searchsorted(kids, ids, side="left")
-            hi = np.searchsorted(kids, ids, side="right")
-            child_start[a:b] = b + lo
-            child_count[a:b] = hi - lo
+            here, below, end = level_start[lv], level_start[lv + 1], level_start[lv + 2]
+            kids = parent[below:end]
+            nodes = np.arange(here, below)
+            lo = np.searchsorted(kids, nodes, side="left")
+            hi = np.searchsorted(kids, nodes, side="right")
+            child_start[here:below] = below + lo
+            child_count[here:below] = hi - lo
         token_node = np.full(width, total, dtype=np.int32)
         token_node[first_id] = end_node
         more = [(i, extra) for i, ids in enumerate(id_lists) if len(ids) > 1 for extra in ids[1:]]
@@ -269,7 +278,7 @@ def _dense_mlx(trie: TokenTrie, dfa: ByteDFA, shallow: np.ndarray, dense_from: i
     pending = not dfa.complete
     width = dfa.num_classes
 
-    def device_table():
+    def device_table() -> tuple[mx.array, mx.array]:
         # The table on the device, once per DFA; again after rows were computed on demand.
         version = (dfa.table.ctypes.data, len(dfa.table), dfa.rows_computed)
         if dfa.device is None or dfa.device[2] != version:
@@ -283,7 +292,7 @@ def _dense_mlx(trie: TokenTrie, dfa: ByteDFA, shallow: np.ndarray, dense_from: i
     for parent, byte in dev["levels"][dense_from - 1 :]:
         at = mx.take(level, parent) * width + mx.take(classes, byte)
         level = mx.take(table, at)
-        if pending and mx.min(level).item() < 0:
+        if pending and bool(mx.min(level) < 0):
             at_host, level_host = np.array(at), np.array(level)
             dfa.ensure_rows(np.unique(at_host[level_host < 0] // width))
             table, classes = device_table()

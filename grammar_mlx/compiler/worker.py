@@ -33,6 +33,8 @@ import threading
 import time
 import traceback
 import types
+from collections.abc import Callable
+from typing import IO, Any
 
 import numpy as np
 
@@ -60,18 +62,19 @@ from grammar_mlx.compiler import token_index  # noqa: E402
 from grammar_mlx.errors import GrammarError  # noqa: E402
 
 HEADER = struct.Struct("<Q")
+Progress = Callable[[str, int, int], object]  # (stage, done, total)
 LIFELINE_ENV = "GRAMMAR_MLX_LIFELINE_FD"
 MEMORY_ENV = "GRAMMAR_MLX_WORKER_MEMORY"
 
 
-def send(stream, message) -> None:
+def send(stream: IO[bytes], message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(HEADER.pack(len(data)))
     stream.write(data)  # separately: a reply of large tables is not copied once more to prepend 8 bytes
     stream.flush()
 
 
-def _read_exact(stream, size: int) -> bytes:
+def _read_exact(stream: IO[bytes], size: int) -> bytes:
     chunks, left = [], size
     while left:
         chunk = stream.read(left)
@@ -82,7 +85,7 @@ def _read_exact(stream, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def receive(stream):
+def receive(stream: IO[bytes]) -> Any:
     (size,) = HEADER.unpack(_read_exact(stream, HEADER.size))
     return pickle.loads(_read_exact(stream, size))
 
@@ -110,7 +113,7 @@ def check_language(dfa: ByteDFA) -> None:
 
 
 def build_tables(dfa: ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
-                 progress=lambda *a: None) -> tuple[dict, dict]:
+                 progress: Progress = lambda *a: None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Dense token tables of every state reachable by tokens from which tokens can reach
     acceptance, walked with `token_index.walk`.
 
@@ -214,7 +217,7 @@ def build_tables(dfa: ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], 
         if s % 256 == 0:
             progress("masks", s, num_states)
     masks = np.stack(unique).astype(np.uint32)
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "offsets": offsets,
         "tokens": tokens,
         "next": nexts,
@@ -222,7 +225,7 @@ def build_tables(dfa: ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], 
         "masks": masks,
         "mask_id": mask_id,
     }
-    meta = {
+    meta: dict[str, Any] = {
         "initial_state": 0,
         "terminal_state": terminal,
         "num_transitions": int(len(tokens)),
@@ -245,7 +248,8 @@ def _set_memory_limit(limit_bytes: int) -> None:
         pass
 
 
-def run_job(kind: str, job: dict, tries: dict, progress) -> tuple[dict, dict]:
+def run_job(kind: str, job: dict[str, Any], tries: dict[str, token_index.TokenTrie],
+            progress: Progress) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One job's (arrays, meta); raises BuildError for a grammar the job cannot build."""
     started = time.perf_counter()
     if kind == "dfa":
@@ -260,7 +264,7 @@ def run_job(kind: str, job: dict, tries: dict, progress) -> tuple[dict, dict]:
     return arrays, meta
 
 
-def serve(stdin, stdout) -> None:
+def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     tries: dict[str, token_index.TokenTrie] = {}
     while True:
         try:
@@ -273,6 +277,7 @@ def serve(stdin, stdout) -> None:
             tries[fingerprint] = token_index.TokenTrie(arrays, width)
             continue
         kind, job = message
+        reply: tuple[Any, ...]
         try:
             reply = ("done", *run_job(kind, job, tries, lambda *a: send(stdout, ("progress", *a))))
         except BuildError as exc:
