@@ -498,7 +498,9 @@ def minus(node: Node, removed: Node) -> Node:
     return _memoized(("minus", node, removed), lambda: to_ast(product(to_dfa(node), to_dfa(removed), "minus")))
 
 
-_MEMO: ContextVar[dict[tuple[Hashable, ...], tuple[bool, Node | str]] | None] = ContextVar("grammar_mlx_automata_memo", default=None)
+# key -> (True, the result) or (False, why its budget ran out)
+_MEMO: ContextVar[dict[tuple[Hashable, ...], tuple[bool, Node | str]] | None] = ContextVar(
+    "grammar_mlx_automata_memo", default=None)
 
 
 @contextmanager

@@ -6,8 +6,9 @@ table build walks every state. So both run here, in a separate process that the 
 its deadline, under a memory limit, while the parent stays responsive. The parent runs this file as
 a script, which imports numpy, outlines-core and three modules of the package (errors,
 automata.byte_dfa, compiler.token_index) without the package's `__init__` files (`_bare_packages`):
-no mlx, nothing else of grammar_mlx, so the worker starts as fast as numpy imports. It touches no file: results go back over the pipe, and the parent alone reads and writes the on-disk cache
-(which may be missing, read-only or full).
+no mlx, nothing else of grammar_mlx, so the worker starts as fast as numpy imports. It touches no
+file: results go back over the pipe, and the parent alone reads and writes the on-disk cache (which
+may be missing, read-only or full).
 
 Protocol over stdin/stdout: length-prefixed pickles. Parent → worker: `("vocab", fingerprint,
 trie_arrays, width)` once per vocabulary (eager jobs only), then `("dfa", job)` or `("tables", job)`.
@@ -144,7 +145,8 @@ def build_tables(dfa: ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], 
 
     # Live states: backward from the accepting ones over the token edges (breadth-first numbering).
     accepting_dfa = dfa.accepting[queue]
-    src = np.concatenate([np.full(len(nxt), i, dtype=np.int64) for i, (_, nxt) in enumerate(rows)] or [np.zeros(0, np.int64)])
+    src = np.concatenate([np.full(len(nxt), i, dtype=np.int64) for i, (_, nxt) in enumerate(rows)]
+                         or [np.zeros(0, np.int64)])
     dst = number[np.concatenate([nxt for _, nxt in rows] or [np.zeros(0, np.int32)])]
     pairs = np.unique(dst * len(queue) + src)
     by_dst, preds = pairs // len(queue), pairs % len(queue)
@@ -154,7 +156,8 @@ def build_tables(dfa: ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], 
     while len(frontier):
         counts = first[frontier + 1] - first[frontier]
         ends = np.cumsum(counts)
-        found = preds[np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(first[frontier] - (ends - counts), counts)]
+        at = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(first[frontier] - (ends - counts), counts)
+        found = preds[at]
         frontier = np.unique(found[~live[found]])
         live[frontier] = True
     if not live[0]:

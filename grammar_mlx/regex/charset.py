@@ -13,7 +13,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -128,7 +128,7 @@ LINE_TERMINATORS = CharSet.of("\n\r\u2028\u2029")
 JSON_SPECIAL = CharSet.of((0, 0x1F), '"', "\\")  # must be escaped inside a JSON string
 
 
-@lru_cache(maxsize=None)
+@cache
 def _python_class(name: str) -> CharSet:
     """Python `re`'s Unicode classes `\\d \\w \\s` (what `jsonschema` validates with), read off `re` itself."""
     import re
@@ -145,7 +145,7 @@ def _all_characters() -> tuple[str, str]:
     return "".join(map(chr, range(SURROGATES[0]))), "".join(map(chr, range(SURROGATES[1] + 1, MAX_CODE_POINT + 1)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def general_category(name: str) -> CharSet:
     """Code points whose Unicode General_Category starts with `name` (`L`, `Lu`, ...)."""
     return _collect(lambda cp: unicodedata.category(chr(cp)).startswith(name))

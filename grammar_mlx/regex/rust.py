@@ -341,7 +341,8 @@ def parse(pattern: str) -> Node:
             if pattern.startswith("(?", i):
                 if pattern.startswith("(?:", i):
                     i += 3
-                elif pattern.startswith("(?P<", i) or (pattern.startswith("(?<", i) and pattern[i + 3 : i + 4] not in "=!"):
+                elif pattern.startswith("(?P<", i) or (
+                        pattern.startswith("(?<", i) and pattern[i + 3 : i + 4] not in "=!"):
                     i = _group_name(pattern, pattern.index("<", i) + 1, names)
                 else:
                     flags, i, scoped = _flags(pattern, i)

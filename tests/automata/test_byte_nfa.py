@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grammar_mlx import CompileTimeoutError, GrammarTooLargeError, InvalidRegexError
+from grammar_mlx import CompileTimeoutError, GrammarTooLargeError
 from grammar_mlx.automata.byte_dfa import ByteDFA
 from grammar_mlx.automata.byte_nfa import build_nfa, determinize, utf8_sequences
 from grammar_mlx.regex.rust import Unsupported

@@ -7,8 +7,9 @@ where outlines says the regex matched, and the next states of *all* allowed toke
 consistently (the pairing is a bijection). A large sample runs in bench/lazy_equality.py.
 
 Also: the trie and walk on small vocabularies against a brute-force byte walk (sparse and dense
-paths, shared bytes, NUL tokens, ids past the width), the MLX walk (also filling an on-demand DFA), threads, eviction, limits, and a
-GrammarProcessor over a lazy grammar whose mask table grows mid-generation.
+paths, shared bytes, NUL tokens, ids past the width), the MLX walk (also filling an on-demand DFA),
+threads, eviction, limits, and a GrammarProcessor over a lazy grammar whose mask table grows
+mid-generation. The ByteDFA type itself (outlines-core's DFA read into it): tests/automata/test_byte_dfa.py.
 """
 
 from __future__ import annotations
