@@ -40,6 +40,7 @@ import numpy as np
 from ..errors import EmptyLanguageError, GrammarTooLargeError, InvalidArgumentError, InvalidRegexError
 
 if TYPE_CHECKING:
+    import mlx.core as mx
     from outlines_core import Vocabulary
 
     from ..compiler.token_index import TokenTrie
@@ -115,8 +116,9 @@ class ByteDFA:
         self._pending = 0  # states whose row is UNKNOWN
         self.rows_computed = num_states + 1 if source is None else 1  # a version for copies of the table
         self._lock = threading.RLock()
-        self._node_classes: tuple[Any, np.ndarray] | None = None
-        self.device: tuple[Any, Any, tuple] | None = None  # MLX copies (table, classes, version): token_index.walk_mlx
+        self._node_classes: tuple[TokenTrie, np.ndarray] | None = None
+        # MLX copies of (table, classes) and the table's version when copied: token_index.walk_mlx.
+        self.device: tuple[mx.array, mx.array, tuple[int, int, int]] | None = None
 
     # -- the interface every reader uses ------------------------------------------------------------
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..automata.byte_dfa import NUL, ByteDFA
 
-__all__ = ["ByteDFA", "DENSE_SHARE", "TokenTrie", "walk", "walk_mlx"]
+__all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx"]
 
 
 class TokenTrie:
