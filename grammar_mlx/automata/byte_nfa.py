@@ -39,20 +39,23 @@ count.) A state that is not live over single bytes may still be live over longer
 
 from __future__ import annotations
 
+import bisect
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import lru_cache
 
 import numpy as np
 
 from .. import limits
 from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
+from ..regex.charset import MAX_CODE_POINT, CharSet
 from ..regex.rust import Unsupported, parse
 from ..regex.syntax import Alt, Anchor, Chars, Literal, Repeat, Seq
 from .byte_dfa import NUL, ByteDFA
 
-__all__ = ["ByteNFA", "Determinizer", "build_nfa", "determinize", "utf8_sequences"]
+__all__ = ["ByteNFA", "Determinizer", "build_nfa", "class_template", "determinize"]
 
 NFA_STATE_BYTES = 260  # per NFA state, as CPython stores its lists and tuples (measured with tracemalloc)
 DICT_SLOT_BYTES = 72  # a dict entry at its worst load: hash index, (hash, key, value) entry, overallocation
@@ -65,50 +68,81 @@ Template = list[list[tuple[int, int, int]]]
 
 # --- UTF-8 ----------------------------------------------------------------------------------------
 
+# The UTF-8 forms: (first and last lead byte, continuation bytes, the lead byte's payload bits, the
+# lowest and highest scalar value so encoded: lower ones would be overlong).
+_UTF8_FORMS = ((0x01, 0x7F, 0, 0x7F, 0x01, 0x7F), (0xC2, 0xDF, 1, 0x1F, 0x80, 0x7FF),
+               (0xE0, 0xEF, 2, 0x0F, 0x800, 0xFFFF), (0xF0, 0xF4, 3, 0x07, 0x10000, MAX_CODE_POINT))
 
-def utf8_sequences(lo: int, hi: int) -> list[tuple[tuple[int, int], ...]]:
-    """The scalar values lo..hi as UTF-8 byte-range sequences (regex-automata's Utf8Sequences):
-    each a tuple of (lo, hi) byte ranges, one per byte, whose product is exactly a part of the range."""
-    out: list[tuple[tuple[int, int], ...]] = []
-    stack = [(lo, hi)]
-    while stack:
-        lo, hi = stack.pop()
-        if lo > hi:
+
+@lru_cache(maxsize=1024)
+def class_template(ranges: tuple[tuple[int, int], ...]) -> Template:
+    """One character of a set of scalar values (NUL left out: it never matches) as the minimal
+    byte DFA of its UTF-8 encodings, a template: state lists of (lo, hi, relative target), the
+    start first, -1 the end of the character. A state is the set of code point offsets still
+    possible after the bytes read (its residual language), so equal residuals are one state: the
+    DFA of `\\w` has a few hundred states, not one chain per range. Overlong forms and surrogates
+    are never encoded (the forms' bounds; the set is normalized without surrogates)."""
+    states: Template = [[]]
+    ids: dict[tuple[int, tuple[tuple[int, int], ...]], int] = {}
+
+    def state(k: int, offsets: tuple[tuple[int, int], ...]) -> int:
+        """The template state of `k` more continuation bytes spelling one of `offsets` (1-based)."""
+        if k == 0:
+            return -1  # the character is complete
+        key = (k, offsets)
+        sid = ids.get(key)
+        if sid is None:
+            states.append([])
+            sid = ids[key] = len(states)
+            step = 64 ** (k - 1)
+            states[sid - 1] = _edges(0x80, [(0x80 + c, _window(offsets, c * step, step), k - 1) for c in range(64)],
+                                     state)
+        return sid
+
+    members = CharSet.normalize((max(lo, 1), hi) for lo, hi in ranges if hi >= 1).ranges  # no surrogate
+    leads: list[tuple[int, tuple[tuple[int, int], ...], int]] = []
+    for first, last, k, payload, low, high in _UTF8_FORMS:
+        for b in range(first, last + 1):
+            base = (b & payload) << (6 * k)
+            lo, hi = max(base, low), min(base + 64**k - 1, high)
+            if lo <= hi:
+                leads.append((b, _window(members, lo, hi - lo + 1, base), k))
+    states[0] = _edges(1, leads, state)
+    if not states[0]:
+        raise Unsupported("an empty character class (or one of NUL only)")
+    return states
+
+
+def _window(ranges: tuple[tuple[int, int], ...], start: int, size: int,
+            origin: int | None = None) -> tuple[tuple[int, int], ...]:
+    """`ranges` within start..start+size-1, as offsets from `origin` (default: `start`)."""
+    origin = start if origin is None else origin
+    end = start + size - 1
+    at = bisect.bisect_left(ranges, (start, -1))
+    if at and ranges[at - 1][1] >= start:
+        at -= 1
+    out = []
+    while at < len(ranges) and ranges[at][0] <= end:
+        lo, hi = ranges[at]
+        out.append((max(lo, start) - origin, min(hi, end) - origin))
+        at += 1
+    return tuple(out)
+
+
+def _edges(first: int, items: list[tuple[int, tuple[tuple[int, int], ...], int]],
+           state: Callable[[int, tuple[tuple[int, int], ...]], int]) -> list[tuple[int, int, int]]:
+    """(byte, residual offsets, continuation bytes left) per byte, from `first` on, as (lo, hi,
+    target) ranges: consecutive bytes into the same state share one."""
+    edges: list[tuple[int, int, int]] = []
+    for byte, offsets, k in items:
+        if not offsets:
             continue
-        if lo <= 0xDFFF and hi >= 0xD800:  # surrogates are no scalar values
-            stack.append((0xE000, hi))
-            stack.append((lo, 0xD7FF))
-            continue
-        split = False
-        for bound in (0x7F, 0x7FF, 0xFFFF):  # one encoded length per piece
-            if lo <= bound < hi:
-                stack.append((bound + 1, hi))
-                stack.append((lo, bound))
-                split = True
-                break
-        if split:
-            continue
-        if hi <= 0x7F:
-            out.append(((lo, hi),))
-            continue
-        for i in (1, 2, 3):  # continuation bytes must span whole ranges
-            m = (1 << (6 * i)) - 1
-            if lo & ~m != hi & ~m:
-                if lo & m:
-                    stack.append(((lo | m) + 1, hi))
-                    stack.append((lo, lo | m))
-                    split = True
-                    break
-                if hi & m != m:
-                    stack.append((hi & ~m, hi))
-                    stack.append((lo, (hi & ~m) - 1))
-                    split = True
-                    break
-        if split:
-            continue
-        a, b = chr(lo).encode(), chr(hi).encode()
-        out.append(tuple(zip(a, b, strict=True)))
-    return out
+        target = state(k, offsets)
+        if edges and edges[-1][1] == byte - 1 and edges[-1][2] == target:
+            edges[-1] = (edges[-1][0], byte, target)
+        else:
+            edges.append((byte, byte, target))
+    return edges
 
 
 # --- the NFA --------------------------------------------------------------------------------------
@@ -150,11 +184,15 @@ class ByteNFA:
         return len(self.trans) - 1
 
     def _set(self, ranges: tuple[tuple[int, int], ...], nxt: int) -> int:
-        """One character of the code point set: a suffix-shared byte trie ending at `nxt`,
-        instantiated from a per-set template (relative state numbers, -1 = `nxt`)."""
+        """One character of the code point set: its minimal byte DFA (`class_template`) ending at
+        `nxt`, instantiated from the template (relative state numbers, -1 = `nxt`)."""
         template = self._templates.get(ranges)
         if template is None:
-            template = self._templates[ranges] = self._template(ranges)
+            template = self._templates[ranges] = class_template(ranges)
+            for rows in template:  # the class boundaries and byte ranges this NFA has
+                for lo, hi, _ in rows:
+                    self.bounds[lo] = self.bounds[hi + 1] = 1
+                    self.ranges.add((lo, hi))
         self._check(len(template))
         base = len(self.trans) - 1  # template states are numbered from 1; the first is the start
         trans, eps = self.trans, self.eps
@@ -162,28 +200,6 @@ class ByteNFA:
             trans.append([(lo, hi, nxt if t < 0 else base + t) for lo, hi, t in rows])
             eps.append(None)
         return base + 1
-
-    def _template(self, ranges: tuple[tuple[int, int], ...]) -> Template:
-        seqs = [s for lo, hi in ranges for s in utf8_sequences(max(lo, 1), hi)]  # NUL never matches
-        if not seqs:
-            raise Unsupported("an empty character class (or one of NUL only)")
-        states: Template = [[]]  # states[0]: the start, a sparse state of every first byte range
-        shared: dict[tuple[int, int, int], int] = {}
-        bounds = self.bounds
-        for seq in seqs:
-            target = -1
-            for lo, hi in reversed(seq[1:]):
-                key = (lo, hi, target)
-                t = shared.get(key)
-                if t is None:
-                    states.append([(lo, hi, target)])
-                    t = shared[key] = len(states)  # 1-based: relative to base
-                target = t
-            states[0].append((seq[0][0], seq[0][1], target))
-            for lo, hi in seq:
-                bounds[lo] = bounds[hi + 1] = 1
-            self.ranges.update(seq)
-        return states
 
     def _chain(self, data: bytes, nxt: int) -> int:
         self._check(len(data))

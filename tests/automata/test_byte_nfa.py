@@ -5,7 +5,8 @@ independent oracles.
   (hypothesis), over strings and over their UTF-8 bytes, every prefix's liveness included;
 - outlines-core's own byte DFA (regex-automata) on every byte string up to a length, and on random
   ones, invalid UTF-8 included: the same accepted set and the same dead prefixes;
-- UTF-8 sequences against the encoder; constructs it must leave to outlines-core; limits.
+- class templates (a character set's byte DFA) against the encoder, and their size against
+  regex-automata's; constructs it must leave to outlines-core; limits.
 Unicode classes (`\\d`, `\\w`, `\\s`, `\\p{..}`) take their code points from regex-automata's own tables
 (`regex.rust.unicode_class`), so they are checked against regex-automata only (Python's `re` and
 Unicode version differ). The parser's syntax verdicts: tests/regex/test_rust.py; the ByteDFA type
@@ -27,8 +28,9 @@ from hypothesis import strategies as st
 
 from grammar_mlx import CompileTimeoutError, GrammarTooLargeError
 from grammar_mlx.automata.byte_dfa import ByteDFA
-from grammar_mlx.automata.byte_nfa import build_nfa, determinize, utf8_sequences
-from grammar_mlx.regex.rust import Unsupported
+from grammar_mlx.automata.byte_nfa import build_nfa, class_template, determinize
+from grammar_mlx.regex.rust import Unsupported, parse
+from grammar_mlx.regex.syntax import Chars
 
 
 def run(dfa, data: bytes) -> tuple[bool, int]:
@@ -217,19 +219,53 @@ def test_liveness_over_an_alphabet_equals_a_forward_search(regex, dropped):
 # --- UTF-8 ---------------------------------------------------------------------------------------
 
 
+def spells(template, data: bytes) -> bool:
+    """Whether the class template reads `data` from its start to its end, exactly."""
+    state = 1
+    for i, b in enumerate(data):
+        target = next((t for lo, hi, t in template[state - 1] if lo <= b <= hi), None)
+        if target is None:
+            return False
+        if target < 0:
+            return i == len(data) - 1
+        state = target
+    return False
+
+
 @pytest.mark.parametrize("lo, hi", [(1, 0x10FFFF), (0x7F, 0x80), (0x7FF, 0x800), (0xD7FF, 0xE000), (0xFFFF, 0x10000),
-                                    (0x3A9, 0x4E2D), (0x1F600, 0x1F64F), (0x10000, 0x10FFFF)])
-def test_utf8_sequences_are_exactly_the_encodings(lo, hi):
-    seqs = utf8_sequences(lo, hi)
-    scalars = [cp for cp in range(lo, hi + 1) if not 0xD800 <= cp <= 0xDFFF]
-    assert sum(int(np.prod([b - a + 1 for a, b in s])) for s in seqs) == len(scalars)
+                                    (0x3A9, 0x4E2D), (0x1F600, 0x1F64F), (0x10000, 0x10FFFF), (0x61, 0x7A)])
+def test_class_templates_spell_exactly_the_encodings(lo, hi):
+    """Every scalar value of the range is spelled by its UTF-8 bytes, and nothing else is: values
+    just outside, other values, and random byte strings (overlong forms, surrogates, cut or
+    stray bytes) only when they decode strictly to one character of the range."""
+    template = class_template(((lo, hi),))
     rng = random.Random(lo)
+    scalars = [cp for cp in range(lo, hi + 1) if not 0xD800 <= cp <= 0xDFFF]
     for cp in rng.sample(scalars, min(len(scalars), 3000)):
-        data = chr(cp).encode()
-        assert sum(len(s) == len(data) and all(a <= x <= b for x, (a, b) in zip(data, s)) for s in seqs) == 1
-    for s in rng.sample(seqs, min(len(seqs), 50)):  # every product member decodes into the range
-        data = bytes(rng.randint(a, b) for a, b in s)
-        assert lo <= ord(data.decode()) <= hi
+        assert spells(template, chr(cp).encode()), hex(cp)
+    for cp in (lo - 1, hi + 1, 0xD800, 0xDFFF):
+        if 0 < cp <= 0x10FFFF and not lo <= cp <= hi and not 0xD800 <= cp <= 0xDFFF:
+            assert not spells(template, chr(cp).encode()), hex(cp)
+    for _ in range(3000):
+        data = bytes(rng.choice([rng.randrange(1, 256), rng.randrange(0x80, 0xC0), rng.randrange(0xC0, 0xF8)])
+                     for _ in range(rng.randrange(1, 5)))
+        try:
+            text = data.decode()
+            want = len(text) == 1 and lo <= ord(text) <= hi
+        except UnicodeDecodeError:
+            want = False
+        assert spells(template, data) == want, data
+
+
+@pytest.mark.parametrize("text", [r"\w", r"\d", r"\s", r"\p{L}", r"\W", r"\D", r"\p{Greek}", r"[^\s]", r"[^a-z]", r"."])
+def test_class_templates_are_minimal(text):
+    """A class's template is its minimal byte DFA: no larger than regex-automata's DFA of the same
+    class (which also counts the state after the character), so a `\\w` costs the NFA a few hundred
+    states, not one chain per range of the class."""
+    node = parse(text)
+    assert isinstance(node, Chars)
+    template = class_template(node.chars.ranges)
+    assert len(template) < ByteDFA.from_outlines(text, 100_000).num_states, text
 
 
 # --- what this engine leaves to outlines-core ----------------------------------------------------
