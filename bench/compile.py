@@ -389,7 +389,7 @@ def main() -> None:
                 entry[peer] = None
                 failures[peer][status if status == "timeout" else value.split(":")[0]] += 1
 
-        def ms(key, width, digits=1):
+        def ms(key, width, digits=1, entry=entry):
             v = entry.get(key)
             return f"{'-' if v is None else f'{v * 1e3:.{digits}f}':>{width}}"
 

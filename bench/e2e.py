@@ -28,6 +28,7 @@ import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -144,8 +145,8 @@ def main() -> None:
         for name, schema, ids in cases:
             for loop, k in LOOPS:
                 d = draft if k else None
-                runs = [("unconstrained", lambda: unconstrained(model, tokenizer, ids, args.max_tokens, d, k)),
-                        ("constrained", lambda: constrained(model, tokenizer, ids, schema, args.max_tokens, d, k))]
+                runs = [("unconstrained", partial(unconstrained, model, tokenizer, ids, args.max_tokens, d, k)),
+                        ("constrained", partial(constrained, model, tokenizer, ids, schema, args.max_tokens, d, k))]
                 flip = not flip
                 for mode, run in (runs if flip else runs[::-1]):
                     result = run()

@@ -83,7 +83,8 @@ class Server:
 def request(url: str, mode: str, max_tokens: int, timeout: float) -> dict:
     body = {"model": "smollm", "messages": MESSAGES, "max_tokens": max_tokens}
     if mode == "constrained":
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
     data = json.dumps(body).encode()
     started = time.perf_counter()
     req = urllib.request.Request(url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"})
@@ -227,7 +228,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=4, help="requests per cell and mode (4)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell (2)")
     parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--draft-layers", type=int, default=24, help="truncated draft (24 of 30 layers); 0: no draft run")
+    parser.add_argument("--draft-layers", type=int, default=24,
+                        help="truncated draft (24 of 30 layers); 0: no draft run")
     parser.add_argument("--num-draft-tokens", type=int, default=2)
     parser.add_argument("--cell-seconds", type=float, default=120, help="time for one cell, both modes (120)")
     parser.add_argument("--total-seconds", type=float, default=600, help="time for the whole run (600)")
@@ -301,7 +303,8 @@ def main() -> int:
                   f"skipped: {r.get('skipped', 'no request finished within the cell time')}")
             continue
         print(f"{r['draft']:<10} {r['clients']:>7} {r['mode']:<14} {r['requests']:>4} {r['requests_per_s']:>7.3f} "
-              f"{r['p50_s']:>7.2f} {r['p95_s']:>7.2f} {r['tokens_per_s']:>7.2f} {r['mean_tokens']:>7.1f}  {r['finish']}")
+              f"{r['p50_s']:>7.2f} {r['p95_s']:>7.2f} {r['tokens_per_s']:>7.2f} {r['mean_tokens']:>7.1f}  "
+              f"{r['finish']}")
     print("\nconstrained / unconstrained (same run):")
     for q in ratios:
         print(f"  draft {q['draft']:<10} clients {q['clients']}: req/s x{q['requests_per_s']:.2f}, "

@@ -9,7 +9,7 @@ drop-in), `server` (OpenAI-compatible), `cli`, `models` (offline model loading);
 """
 
 from ._version import __version__
-from .compiler import CompiledGrammar, EagerGrammar, LazyGrammar, compile_json_schema, compile_regex
+from .compiler import CompiledGrammar, CompileOptions, EagerGrammar, LazyGrammar, compile_json_schema, compile_regex
 from .errors import (
     CompileTimeoutError,
     CompileWorkerError,
@@ -32,19 +32,20 @@ from .errors import (
     VocabularyMismatchError,
 )
 from .generate import (
+    GenerationOptions,
     GenerationStats,
+    JSONGenerationOptions,
     StructuredOutput,
     generate_json,
     generate_regex,
     generate_structured,
     json_logits_processor,
-    logits_width_of,
     regex_logits_processor,
     stream_json,
     stream_regex,
 )
 from .kernels import apply_token_bitmask
-from .models import default_model, load_gguf, load_model, tokenizer_from_gguf, truncated_draft
+from .models import default_model, load_gguf, load_model, logits_width_of, tokenizer_from_gguf, truncated_draft
 from .runtime import (
     GrammarProcessor,
     HistoryFollower,
@@ -60,6 +61,7 @@ __all__ = [
     "CompiledGrammar",
     "EagerGrammar",
     "LazyGrammar",
+    "CompileOptions",
     "compile_json_schema",
     "compile_regex",
     "GrammarProcessor",
@@ -79,6 +81,8 @@ __all__ = [
     "regex_logits_processor",
     "logits_width_of",
     "StructuredOutput",
+    "GenerationOptions",
+    "JSONGenerationOptions",
     "GenerationStats",
     "vocabulary_of",
     "default_model",

@@ -28,10 +28,14 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import GrammarError, UnsupportedSchemaError
+
+if TYPE_CHECKING:
+    from .compiler import CompileOptions
 
 __all__ = ["main", "build_parser"]
 
@@ -143,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
     # Listed for --help only: main() hands `serve ...` to grammar_mlx.server, which parses its own
-    # options and imports mlx_lm.server (~1 s), a cost the other commands should not pay.
+    # options and imports mlx_lm.server, a cost the other commands should not pay.
     sub.add_parser("serve", add_help=False, help="OpenAI-compatible server with response_format "
                            "(json_schema, json_object, regex); `serve --help` lists its options")
     return parser
@@ -222,8 +226,8 @@ class _ProgressBar:
         self.shown = False
 
 
-def _compile_options(args: argparse.Namespace, progress: _ProgressBar | None) -> dict:
-    options: dict[str, Any] = {"progress": progress}
+def _compile_options(args: argparse.Namespace, progress: _ProgressBar | None) -> CompileOptions:
+    options: CompileOptions = {"progress": progress}
     if args.cache_dir is not None:
         options["cache_dir"] = args.cache_dir
     if args.timeout is not None:
@@ -326,8 +330,7 @@ def _tokenizer_and_width(args: argparse.Namespace) -> tuple[Any, int]:
 
         width = args.logits_width or llama_args(read_gguf_header(path)).vocab_size
         return tokenizer_from_gguf(path), width
-    from .generate import logits_width_of
-    from .models import load_model
+    from .models import load_model, logits_width_of
 
     model, tokenizer = load_model(path)
     return tokenizer, args.logits_width or logits_width_of(model)

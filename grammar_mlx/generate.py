@@ -5,8 +5,8 @@ this module only prepares the prompt, compiles the grammar, adds a fresh `Gramma
 logits processors, and reads the tokens mlx-lm yields. The processor is stateful and follows one
 request, so every call builds a new one. With a draft made of the model's own first layers
 (`truncated_draft`), the prompt is prefilled once and the draft starts from copies of those layers'
-caches (mlx-lm's `prompt_cache`), instead of mlx-lm prefilling it twice: same tokens, about 40% less
-prompt time with a speculative loop.
+caches (mlx-lm's `prompt_cache`), instead of mlx-lm prefilling it twice: the same tokens, with the
+draft's share of the prompt work skipped.
 
 Completion. The compiled grammar allows EOS exactly where the text so far is a complete match, so a
 generation that ends with EOS is complete. One that ends on the token budget (`max_tokens`) is
@@ -33,20 +33,27 @@ import codecs
 import json
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Generator, Union
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
-from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
+from .models import logits_width_of
 from .runtime import GrammarProcessor
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_NUM_DRAFT_TOKENS",
+    "CompileOptions",
+    "GenerationOptions",
     "GenerationStats",
+    "JSONGenerationOptions",
     "StructuredOutput",
     "generate_json",
     "generate_regex",
@@ -62,10 +69,77 @@ __all__ = [
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_NUM_DRAFT_TOKENS = 2  # mlx-lm's default
 
-Schema = Union[Mapping[str, Any], bool, str, bytes, type]
-Prompt = Union[str, Sequence[Mapping[str, Any]], Sequence[int], mx.array]
+Schema = Mapping[str, Any] | bool | str | bytes | type
+Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+# --- options ---------------------------------------------------------------------------------------
+
+
+class GenerationOptions(CompileOptions, total=False):
+    """The keywords every `generate_*` / `stream_*` entry point takes: these, and the compiler's
+    (`CompileOptions`: `cache_dir`, `use_cache`, `timeout`, `memory_limit`, `progress`, ...).
+
+    `draft_model`: a draft for mlx-lm's speculative decoding (e.g. `truncated_draft(model, n)`;
+    default none), proposing `num_draft_tokens` per step (default `DEFAULT_NUM_DRAFT_TOKENS`).
+    `sampler`: an mlx-lm sampler (`mlx_lm.sample_utils.make_sampler`); None (the default) is greedy.
+    `max_tokens`: the token budget (default `DEFAULT_MAX_TOKENS`). `chat` (default True): a str
+    prompt is sent as one user message through the chat template; False encodes it as is.
+    `logits_processors`: run before the grammar's mask (default none).
+    """
+
+    draft_model: Any
+    num_draft_tokens: int
+    sampler: Sampler | None
+    max_tokens: int
+    chat: bool
+    logits_processors: Sequence[LogitsProcessor] | None
+
+
+class JSONGenerationOptions(GenerationOptions, total=False):
+    """`GenerationOptions` plus a schema's: `strict` (default True) raises `UnsupportedSchemaError`
+    for keywords the grammar cannot enforce exactly (False accepts them, listed in the grammar's
+    `.unenforced`; validation may then fail); `whitespace`, a bounded pattern of JSON whitespace
+    allowed between tokens (default none: compact JSON); `validate` (default True): parse and
+    validate the output as the module docstring says."""
+
+    strict: bool
+    whitespace: str | None
+    validate: bool
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The `JSONGenerationOptions` that are not the compiler's, with their defaults."""
+
+    draft_model: Any = None
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    sampler: Sampler | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    chat: bool = True
+    logits_processors: Sequence[LogitsProcessor] | None = None
+    strict: bool = True
+    whitespace: str | None = None
+    validate: bool = True
+
+
+_SETTINGS = frozenset(f.name for f in fields(_Settings))
+_COMPILE_OPTIONS = frozenset(CompileOptions.__annotations__)
+_SCHEMA_SETTINGS = frozenset(JSONGenerationOptions.__annotations__) - frozenset(GenerationOptions.__annotations__)
+
+
+def _split(options: Mapping[str, Any], caller: str, *, schema: bool = True) -> tuple[_Settings, CompileOptions]:
+    """An entry point's keywords as (its settings, with defaults; the compile options, whose values
+    the compiler checks). A name outside the entry point's options (for a regex: a schema's keyword
+    too) is a TypeError, as Python raises for any function, before anything runs."""
+    allowed = _SETTINGS | _COMPILE_OPTIONS if schema else (_SETTINGS - _SCHEMA_SETTINGS) | _COMPILE_OPTIONS
+    stray = sorted(set(options) - allowed)
+    if stray:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {stray[0]!r}")
+    settings = _Settings(**{k: v for k, v in options.items() if k in _SETTINGS})
+    return settings, cast(CompileOptions, {k: v for k, v in options.items() if k in _COMPILE_OPTIONS})
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -139,22 +213,6 @@ class StructuredOutput:
 # --- helpers shared by the entry points -----------------------------------------------------------
 
 
-def logits_width_of(model: Any) -> int:
-    """The width of `model`'s logits (its output vocabulary, which can exceed the tokenizer's)."""
-    width = getattr(getattr(model, "args", None), "vocab_size", None)
-    if isinstance(width, int) and not isinstance(width, bool) and width > 0:
-        return width
-    # No config to read: one forward pass on one token says it.
-    try:
-        out = model(mx.array([[0]]))
-    except Exception as exc:  # models raise many types; the caller needs one
-        raise InvalidArgumentError(
-            f"model: cannot tell the logits width of a {type(model).__name__} (no args.vocab_size, and a "
-            f"forward pass failed: {exc}); pass logits_width="
-        ) from exc
-    return int(out.shape[-1])
-
-
 def jsonschema_available() -> bool:
     """Whether `generate_json` validates outputs with `jsonschema` (a test extra)."""
     try:
@@ -164,7 +222,7 @@ def jsonschema_available() -> bool:
     return True
 
 
-_WRAPPERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_WRAPPERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _wrapped(tokenizer: Any) -> Any:
@@ -234,10 +292,9 @@ def _check_draft(model: Any, draft_model: Any, num_draft_tokens: int) -> None:
             "a draft must share the model's vocabulary")
 
 
-def _check_arguments(model: Any, draft_model: Any, num_draft_tokens: int, max_tokens: int,
-                     sampler: Sampler | None, logits_processors: Sequence[LogitsProcessor] | None,
-                     on_text: Callable[[str], Any] | None = None) -> None:
+def _check_arguments(model: Any, settings: _Settings, on_text: Callable[[str], Any] | None) -> None:
     """Every argument mistake a generation can make, raised before anything is compiled or run."""
+    max_tokens, sampler, logits_processors = settings.max_tokens, settings.sampler, settings.logits_processors
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidArgumentError(f"max_tokens must be a positive int, got {max_tokens!r}")
     if sampler is not None and not callable(sampler):
@@ -249,7 +306,7 @@ def _check_arguments(model: Any, draft_model: Any, num_draft_tokens: int, max_to
             f"logits_processors must be a list of callables (tokens, logits) -> logits, got {logits_processors!r:.80}")
     if on_text is not None and not callable(on_text):
         raise InvalidArgumentError(f"on_text must be callable (text chunk) or None, got {on_text!r:.80}")
-    _check_draft(model, draft_model, num_draft_tokens)
+    _check_draft(model, settings.draft_model, settings.num_draft_tokens)
 
 
 # --- the one loop: mlx-lm's stream_generate, read token by token -----------------------------------
@@ -310,18 +367,15 @@ class _Finished:
     stats: GenerationStats
 
 
-def _prepared(model: Any, tokenizer: Any, prompt: Prompt, chat: bool, draft_model: Any, num_draft_tokens: int,
-              max_tokens: int, sampler: Sampler | None, logits_processors: Sequence[LogitsProcessor] | None,
+def _prepared(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings,
               on_text: Callable[[str], Any] | None = None) -> tuple[Any, list[int]]:
     """Check the arguments and tokenize the prompt (before any compile): (mlx-lm wrapper, prompt ids)."""
-    _check_arguments(model, draft_model, num_draft_tokens, max_tokens, sampler, logits_processors, on_text)
+    _check_arguments(model, settings, on_text)
     wrapper = _wrapped(tokenizer)
-    return wrapper, _prompt_ids(wrapper, prompt, chat)
+    return wrapper, _prompt_ids(wrapper, prompt, settings.chat)
 
 
-def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGrammar, *, draft_model: Any,
-            num_draft_tokens: int, sampler: Sampler | None, max_tokens: int,
-            logits_processors: Sequence[LogitsProcessor] | None,
+def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGrammar, settings: _Settings,
             prompt_cache: Any = None) -> Generator[str, None, _Finished]:
     """Yield text chunks as mlx-lm produces tokens; return the finished generation. The arguments
     were checked by `_prepared`.
@@ -330,10 +384,10 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
     """
     from mlx_lm.generate import stream_generate
 
-
+    draft_model, num_draft_tokens, max_tokens = settings.draft_model, settings.num_draft_tokens, settings.max_tokens
     # The grammar's mask goes last, so no other processor can re-enable a token it forbids.
-    processors = [*(logits_processors or ()), GrammarProcessor(grammar)]
-    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "sampler": sampler, "logits_processors": processors}
+    processors = [*(settings.logits_processors or ()), GrammarProcessor(grammar)]
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "sampler": settings.sampler, "logits_processors": processors}
     model_input = prompt_ids
     started = time.perf_counter()
     if draft_model is not None:
@@ -468,13 +522,13 @@ def _pydantic_class(schema: Any) -> type | None:
     return schema if isinstance(schema, type) and hasattr(schema, "model_validate") else None
 
 
-def _compile_json(schema: Schema, tokenizer: Any, model: Any, strict: bool, whitespace: str | None,
-                  compile_options: dict) -> tuple[CompiledGrammar, Any]:
+def _compile_json(schema: Schema, tokenizer: Any, model: Any, settings: _Settings,
+                  compile_options: CompileOptions) -> tuple[CompiledGrammar, Any]:
     from .schema import load_schema
 
     doc = load_schema(schema)
-    grammar = compile_json_schema(doc, tokenizer, logits_width=logits_width_of(model), whitespace=whitespace,
-                                  strict=strict, **compile_options)
+    grammar = compile_json_schema(doc, tokenizer, logits_width=logits_width_of(model),
+                                  whitespace=settings.whitespace, strict=settings.strict, **compile_options)
     return grammar, doc
 
 
@@ -489,18 +543,9 @@ def generate_structured(
     schema: Schema | None = None,
     regex: str | None = None,
     grammar: CompiledGrammar | None = None,
-    draft_model: Any = None,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-    sampler: Sampler | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    chat: bool = True,
-    strict: bool = True,
-    whitespace: str | None = None,
-    validate: bool = True,
-    logits_processors: Sequence[LogitsProcessor] | None = None,
     prompt_cache: Any = None,
     on_text: Callable[[str], Any] | None = None,
-    **compile_options: Any,
+    **options: Unpack[JSONGenerationOptions],
 ) -> StructuredOutput:
     """Generate under exactly one of `schema` (JSON Schema dict / JSON text / Pydantic model class),
     `regex` (full match, outlines-core syntax) or `grammar` (a precompiled `CompiledGrammar`, whose
@@ -508,21 +553,26 @@ def generate_structured(
 
     `model`, `tokenizer`: an mlx-lm model and its tokenizer (TokenizerWrapper or Hugging Face).
     `prompt`: a str (sent as one user message through the chat template when `chat`, else encoded as
-    is), a list of chat messages, or token ids (used as is). `draft_model`: a draft for mlx-lm's
-    speculative decoding (e.g. `truncated_draft(model, n)`), proposing `num_draft_tokens` per step.
-    `sampler`: an mlx-lm sampler (`mlx_lm.sample_utils.make_sampler`); None is greedy.
-    `strict` (schemas): raise `UnsupportedSchemaError` for keywords the grammar cannot enforce exactly;
-    `strict=False` accepts them (listed in the grammar's `.unenforced`; validation may then fail).
-    `validate` (schemas): parse and validate as described in the module docstring.
-    `logits_processors` run before the grammar's mask. `prompt_cache` goes to mlx-lm. `on_text` is
-    called with each chunk of text as it is generated (the chunks join to `.text`; e.g. to print it).
-    Other keyword arguments go to the compiler (`cache_dir`, `use_cache`, `timeout`, `memory_limit`,
-    `progress`).
+    is), a list of chat messages, or token ids (used as is). `prompt_cache` goes to mlx-lm. `on_text`
+    is called with each chunk of text as it is generated (the chunks join to `.text`; e.g. to print
+    it). `options`: the `JSONGenerationOptions` (`draft_model`, `num_draft_tokens`, `sampler`,
+    `max_tokens`, `chat`, `logits_processors`; for a schema `strict`, `whitespace`, `validate`), and
+    the compiler's (`CompileOptions`: `cache_dir`, `use_cache`, `timeout`, `memory_limit`,
+    `progress`, ...), unused with `grammar`.
 
     Raises `InvalidArgumentError` for argument mistakes (before compiling anything), `GenerationError`
     (with `.text`) when the budget ran out before the grammar completed or the output fails
     validation, and the compiler's errors for bad schemas or regexes.
     """
+    settings, compile_options = _split(options, "generate_structured")
+    return _generate(model, tokenizer, prompt, settings, compile_options, schema=schema, regex=regex,
+                     grammar=grammar, prompt_cache=prompt_cache, on_text=on_text)
+
+
+def _generate(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings, compile_options: CompileOptions, *,
+              schema: Schema | None = None, regex: str | None = None, grammar: CompiledGrammar | None = None,
+              prompt_cache: Any = None, on_text: Callable[[str], Any] | None = None) -> StructuredOutput:
+    """`generate_structured` with its options split (`_split`)."""
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
         raise InvalidArgumentError("give exactly one of schema=, regex= or grammar=")
     if grammar is not None and not isinstance(grammar, CompiledGrammar):
@@ -531,39 +581,22 @@ def generate_structured(
         raise InvalidArgumentError(
             f"grammar= was compiled for logits width {grammar.logits_width}, the model's is "
             f"{logits_width_of(model)}; compile with logits_width=logits_width_of(model)")
-    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, chat, draft_model, num_draft_tokens, max_tokens,
-                                    sampler, logits_processors, on_text)
+    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings, on_text)
     doc = None
     if schema is not None:
-        grammar, doc = _compile_json(schema, tokenizer, model, strict, whitespace, compile_options)
+        grammar, doc = _compile_json(schema, tokenizer, model, settings, compile_options)
     elif regex is not None:
         grammar = compile_regex(regex, tokenizer, logits_width=logits_width_of(model), **compile_options)
-    finished = _drain(_stream(model, wrapper, prompt_ids, grammar, draft_model=draft_model,
-                              num_draft_tokens=num_draft_tokens, sampler=sampler, max_tokens=max_tokens,
-                              logits_processors=logits_processors, prompt_cache=prompt_cache), on_text)
+    assert grammar is not None
+    finished = _drain(_stream(model, wrapper, prompt_ids, grammar, settings, prompt_cache), on_text)
     value: Any = finished.text
     if schema is not None:
-        value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), validate)
+        value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), settings.validate)
     return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats)
 
 
-def generate_json(
-    model: Any,
-    tokenizer: Any,
-    prompt: Prompt,
-    schema: Schema,
-    *,
-    draft_model: Any = None,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-    sampler: Sampler | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    chat: bool = True,
-    strict: bool = True,
-    whitespace: str | None = None,
-    validate: bool = True,
-    logits_processors: Sequence[LogitsProcessor] | None = None,
-    **compile_options: Any,
-) -> Any:
+def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
+                  **options: Unpack[JSONGenerationOptions]) -> Any:
     """Generate one JSON value that satisfies `schema`; return it parsed and validated.
 
     Pydantic model class in, instance of it out. Strict by default: a schema with keywords the grammar
@@ -571,90 +604,41 @@ def generate_json(
     Raises `GenerationError` (raw text in `.text`) when `max_tokens` ran out before the JSON was
     complete. Arguments as for `generate_structured`.
     """
-    return generate_structured(
-        model, tokenizer, prompt, schema=schema, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
-        sampler=sampler, max_tokens=max_tokens, chat=chat, strict=strict, whitespace=whitespace,
-        validate=validate, logits_processors=logits_processors, **compile_options).value
+    return _generate(model, tokenizer, prompt, *_split(options, "generate_json"), schema=schema).value
 
 
-def generate_regex(
-    model: Any,
-    tokenizer: Any,
-    prompt: Prompt,
-    pattern: str,
-    *,
-    draft_model: Any = None,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-    sampler: Sampler | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    chat: bool = True,
-    logits_processors: Sequence[LogitsProcessor] | None = None,
-    **compile_options: Any,
-) -> str:
+def generate_regex(model: Any, tokenizer: Any, prompt: Prompt, pattern: str,
+                   **options: Unpack[GenerationOptions]) -> str:
     """Generate text that fully matches `pattern`; return it.
 
     Raises `GenerationError` (raw text in `.text`) when `max_tokens` ran out before a complete match.
     Arguments as for `generate_structured`.
     """
-    return generate_structured(
-        model, tokenizer, prompt, regex=pattern, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
-        sampler=sampler, max_tokens=max_tokens, chat=chat, logits_processors=logits_processors,
-        **compile_options).text
+    return _generate(model, tokenizer, prompt, *_split(options, "generate_regex", schema=False), regex=pattern).text
 
 
-def stream_json(
-    model: Any,
-    tokenizer: Any,
-    prompt: Prompt,
-    schema: Schema,
-    *,
-    draft_model: Any = None,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-    sampler: Sampler | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    chat: bool = True,
-    strict: bool = True,
-    whitespace: str | None = None,
-    validate: bool = True,
-    logits_processors: Sequence[LogitsProcessor] | None = None,
-    **compile_options: Any,
-) -> Iterator[str]:
+def stream_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
+                **options: Unpack[JSONGenerationOptions]) -> Iterator[str]:
     """Yield the JSON text in chunks as it is generated (the chunks join to the whole text).
 
     The schema is compiled before the first chunk. After the last chunk the text is parsed and
     validated as in `generate_json` (Pydantic validators included); an incomplete or invalid output
-    raises `GenerationError` then.
+    raises `GenerationError` then. Arguments as for `generate_structured`.
     """
-    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, chat, draft_model, num_draft_tokens, max_tokens,
-                                    sampler, logits_processors)
-    grammar, doc = _compile_json(schema, tokenizer, model, strict, whitespace, compile_options)
-    finished = yield from _stream(
-        model, wrapper, prompt_ids, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
-        sampler=sampler, max_tokens=max_tokens, logits_processors=logits_processors)
-    _parse_and_validate(finished.text, doc, _pydantic_class(schema), validate)
+    settings, compile_options = _split(options, "stream_json")
+    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings)
+    grammar, doc = _compile_json(schema, tokenizer, model, settings, compile_options)
+    finished = yield from _stream(model, wrapper, prompt_ids, grammar, settings)
+    _parse_and_validate(finished.text, doc, _pydantic_class(schema), settings.validate)
 
 
-def stream_regex(
-    model: Any,
-    tokenizer: Any,
-    prompt: Prompt,
-    pattern: str,
-    *,
-    draft_model: Any = None,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-    sampler: Sampler | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    chat: bool = True,
-    logits_processors: Sequence[LogitsProcessor] | None = None,
-    **compile_options: Any,
-) -> Iterator[str]:
+def stream_regex(model: Any, tokenizer: Any, prompt: Prompt, pattern: str,
+                 **options: Unpack[GenerationOptions]) -> Iterator[str]:
     """Yield text matching `pattern` in chunks; `GenerationError` after the last one if incomplete."""
-    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, chat, draft_model, num_draft_tokens, max_tokens,
-                                    sampler, logits_processors)
+    settings, compile_options = _split(options, "stream_regex", schema=False)
+    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings)
     grammar = compile_regex(pattern, tokenizer, logits_width=logits_width_of(model), **compile_options)
-    yield from _stream(
-        model, wrapper, prompt_ids, grammar, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
-        sampler=sampler, max_tokens=max_tokens, logits_processors=logits_processors)
+    yield from _stream(model, wrapper, prompt_ids, grammar, settings)
 
 
 # --- processor factories for callers of mlx-lm -----------------------------------------------------
@@ -674,13 +658,13 @@ def json_logits_processor(
     logits_width: int | None = None,
     strict: bool = True,
     whitespace: str | None = None,
-    **compile_options: Any,
+    **compile_options: Unpack[CompileOptions],
 ) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `schema`, to pass in mlx-lm's `logits_processors=[...]`.
 
     Give `model` (or `logits_width`) so the mask matches the model's logits, which can be wider than
     the tokenizer. Build one per generation: the processor follows one request. Compiling again is
-    cheap (the tables are cached in memory and on disk).
+    cheap (the tables are cached in memory and on disk). `compile_options`: the `CompileOptions`.
     """
     grammar = compile_json_schema(schema, tokenizer, logits_width=_width(model, logits_width), strict=strict,
                                   whitespace=whitespace, **compile_options)
@@ -693,7 +677,7 @@ def regex_logits_processor(
     *,
     model: Any = None,
     logits_width: int | None = None,
-    **compile_options: Any,
+    **compile_options: Unpack[CompileOptions],
 ) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `pattern` (full match); see `json_logits_processor`."""
     grammar = compile_regex(pattern, tokenizer, logits_width=_width(model, logits_width), **compile_options)

@@ -47,6 +47,7 @@ __all__ = [
     "default_model",
     "load_gguf",
     "load_model",
+    "logits_width_of",
     "model_location",
     "num_hidden_layers",
     "smollm_path",
@@ -370,6 +371,25 @@ def default_model() -> tuple[nn.Module, TokenizerWrapper]:
         if _default is None:
             _default = load_gguf(smollm_path())
         return _default
+
+
+def logits_width_of(model: Any) -> int:
+    """The width of `model`'s logits: its output vocabulary, which can exceed the tokenizer's.
+
+    The one helper for it (generation, the server, the CLI). mlx-lm models size their output head by
+    `args.vocab_size`, so that is read when present; otherwise one forward pass on one token says it.
+    Raises `InvalidArgumentError` when neither works."""
+    width = getattr(getattr(model, "args", None), "vocab_size", None)
+    if isinstance(width, int) and not isinstance(width, bool) and width > 0:
+        return width
+    try:
+        out = model(mx.array([[0]]))
+    except Exception as exc:  # models raise many types; the caller needs one
+        raise InvalidArgumentError(
+            f"model: cannot tell the logits width of a {type(model).__name__} (no args.vocab_size, and a "
+            f"forward pass failed: {exc}); pass logits_width="
+        ) from exc
+    return int(out.shape[-1])
 
 
 def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:

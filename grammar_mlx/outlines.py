@@ -37,13 +37,16 @@ is the request's context. One processor follows one request: use `copy()` (Outli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .errors import InvalidArgumentError
 from .runtime import GrammarProcessor
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
 
@@ -67,11 +70,11 @@ class RegexLogitsProcessor:
     """Outlines-compatible processor for a regex (full match, outlines-core syntax)."""
 
     def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "mlx", *,
-                 logits_width: int | None = None, **compile_options: Any) -> None:
+                 logits_width: int | None = None, **compile_options: Unpack[CompileOptions]) -> None:
         self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options)
 
     def _init(self, regex: str, tokenizer: Any, tensor_library_name: str, logits_width: int | None,
-              unenforced: tuple, compile_options: dict) -> None:
+              unenforced: tuple, compile_options: CompileOptions) -> None:
         if tensor_library_name not in _SUPPORTED_LIBRARIES:
             hint = ""
             if isinstance(tensor_library_name, str) and any(c in tensor_library_name for c in "[]\\*?{"):
@@ -106,7 +109,7 @@ class RegexLogitsProcessor:
 
     # -- Outlines' API ---------------------------------------------------------------------------
 
-    def copy(self) -> "RegexLogitsProcessor":
+    def copy(self) -> RegexLogitsProcessor:
         """A fresh processor for the same grammar (Outlines copies one per sequence)."""
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
@@ -142,7 +145,7 @@ class JSONLogitsProcessor(RegexLogitsProcessor):
 
     def __init__(self, schema: Any, tokenizer: Any, tensor_library_name: str = "mlx",
                  whitespace_pattern: str | None = None, *, logits_width: int | None = None,
-                 strict: bool = False, **compile_options: Any) -> None:
+                 strict: bool = False, **compile_options: Unpack[CompileOptions]) -> None:
         from .schema import schema_to_regex
 
         translated = schema_to_regex(schema, whitespace=whitespace_pattern, strict=strict)

@@ -135,15 +135,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from http.server import ThreadingHTTPServer
 from queue import Empty as QueueEmpty
 from types import SimpleNamespace
-from typing import Any, Callable, Hashable
+from typing import Any
 
-import mlx.core as mx
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
@@ -154,29 +154,20 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from .compiler import CompiledGrammar, compile_json_schema, compile_regex
+from . import errors
+from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .compiler.pool import _POOL
 from .errors import (
-    CompileTimeoutError,
-    CompileWorkerError,
-    EmptyLanguageError,
-    GenerationError,
     GrammarError,
-    GrammarTooLargeError,
-    GrammarViolationError,
-    HistoryError,
     InvalidArgumentError,
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
-    KernelError,
     ModelLoadError,
     ServerUnavailableError,
-    StateStackError,
-    TokenizerError,
     UnsupportedSchemaError,
-    VocabularyMismatchError,
 )
+from .models import logits_width_of
 from .runtime import GrammarProcessor
 from .vocabulary import Vocabulary, vocabulary_of
 
@@ -462,12 +453,12 @@ class Grammars:
         return self.cache.get(spec, lambda: self._compile(spec))
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        options = {"logits_width": self.logits_width, "timeout": self.timeout, "cache_dir": self.cache_dir}
+        options: CompileOptions = {"timeout": self.timeout, "cache_dir": self.cache_dir}
         if spec.kind == "regex":
-            return compile_regex(spec.text, self.vocabulary, **options)
+            return compile_regex(spec.text, self.vocabulary, logits_width=self.logits_width, **options)
         try:
-            return compile_json_schema(spec.text, self.vocabulary, whitespace=spec.whitespace, strict=spec.strict,
-                                       **options)
+            return compile_json_schema(spec.text, self.vocabulary, logits_width=self.logits_width,
+                                       whitespace=spec.whitespace, strict=spec.strict, **options)
         except RecursionError:
             raise InvalidSchemaError("the schema is nested too deeply to translate") from None
 
@@ -477,25 +468,25 @@ class Grammars:
 # (class, HTTP status, code), most specific first: every GrammarError subclass has its own row (the
 # last row is only a net for a subclass added later). 4xx: the request can be fixed; 5xx: it cannot.
 _ERRORS: tuple[tuple[type, int, str], ...] = (
-    (InvalidRequestError, 400, "invalid_response_format"),  # status and code: the error's own when set
-    (ServerUnavailableError, 503, "server_unavailable"),  # code: the error's own
-    (UnsupportedSchemaError, 400, "unsupported_schema_keyword"),
-    (InvalidSchemaError, 400, "invalid_schema"),
-    (InvalidRegexError, 400, "invalid_regex"),
-    (EmptyLanguageError, 400, "empty_grammar"),
-    (CompileTimeoutError, 400, "compile_timeout"),
-    (GrammarTooLargeError, 400, "grammar_too_large"),
-    (VocabularyMismatchError, 400, "vocabulary_mismatch"),
-    (InvalidArgumentError, 400, "invalid_argument"),
-    (CompileWorkerError, 503, "compile_worker_failed"),
-    (TokenizerError, 500, "tokenizer_error"),
-    (GrammarViolationError, 500, "grammar_violation"),
-    (StateStackError, 500, "state_stack_error"),
-    (HistoryError, 500, "processor_history_error"),
-    (KernelError, 500, "kernel_error"),
-    (ModelLoadError, 500, "model_load_error"),
-    (GenerationError, 500, "generation_error"),
-    (GrammarError, 500, "grammar_error"),
+    (errors.InvalidRequestError, 400, "invalid_response_format"),  # status and code: the error's own when set
+    (errors.ServerUnavailableError, 503, "server_unavailable"),  # code: the error's own
+    (errors.UnsupportedSchemaError, 400, "unsupported_schema_keyword"),
+    (errors.InvalidSchemaError, 400, "invalid_schema"),
+    (errors.InvalidRegexError, 400, "invalid_regex"),
+    (errors.EmptyLanguageError, 400, "empty_grammar"),
+    (errors.CompileTimeoutError, 400, "compile_timeout"),
+    (errors.GrammarTooLargeError, 400, "grammar_too_large"),
+    (errors.VocabularyMismatchError, 400, "vocabulary_mismatch"),
+    (errors.InvalidArgumentError, 400, "invalid_argument"),
+    (errors.CompileWorkerError, 503, "compile_worker_failed"),
+    (errors.TokenizerError, 500, "tokenizer_error"),
+    (errors.GrammarViolationError, 500, "grammar_violation"),
+    (errors.StateStackError, 500, "state_stack_error"),
+    (errors.HistoryError, 500, "processor_history_error"),
+    (errors.KernelError, 500, "kernel_error"),
+    (errors.ModelLoadError, 500, "model_load_error"),
+    (errors.GenerationError, 500, "generation_error"),
+    (errors.GrammarError, 500, "grammar_error"),
 )
 
 
@@ -1008,13 +999,6 @@ def _check_body(raw: bytes, path: str) -> None:
 # --- the process -----------------------------------------------------------------------------------
 
 
-def logits_width(model) -> int:
-    """The model's output width (may exceed the tokenizer's size), from one token's forward pass."""
-    logits = model(mx.array([[0]]))
-    mx.eval(logits)
-    return int(logits.shape[-1])
-
-
 def served_vocabulary(tokenizer) -> Vocabulary:
     """The tokenizer's Vocabulary, with exactly the EOS ids mlx-lm stops on: the grammar allows EOS
     only where it is complete, and that must be the EOS that ends generation."""
@@ -1115,7 +1099,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-timeout", type=float, default=None,
                         help="seconds one grammar may take to compile (default: GRAMMAR_MLX_COMPILE_TIMEOUT or 60)")
     parser.add_argument("--cache-dir", default=None,
-                        help="on-disk cache of compiled tables (default: $GRAMMAR_MLX_CACHE_DIR or ~/.cache/grammar_mlx)")
+                        help="on-disk cache of compiled tables "
+                             "(default: $GRAMMAR_MLX_CACHE_DIR or ~/.cache/grammar_mlx)")
     parser.add_argument("--max-body-mb", type=float, default=None,
                         help="largest request body, MiB (default: 64 bytes per token of the model's context, "
                              "at least 1 MiB; 8 MiB when the context is unknown)")
@@ -1143,8 +1128,8 @@ def serve_main(args: argparse.Namespace) -> int:
     try:
         model, tokenizer, draft, model_id, draft_id = load_served_models(args.model, args.draft_model,
                                                                          args.draft_layers)
-        width = logits_width(model)
-        if draft is not None and logits_width(draft) != width:
+        width = logits_width_of(model)
+        if draft is not None and logits_width_of(draft) != width:
             raise ModelLoadError("the draft model's output width differs from the model's")
         vocabulary = served_vocabulary(tokenizer)
     except GrammarError as e:

@@ -94,7 +94,8 @@ def test_model_and_prompt_mistakes_exit_2_before_any_model_loads(capsys, tmp_pat
             assert code == 2 and out == ""
             assert_one_error_line(err, f"--model {missing}: no such file or directory")
     (tmp_path / "empty-dir").mkdir()
-    code, _, err = run_main(capsys, "generate", "--schema", ANSWER, "--prompt", "x", "--model", str(tmp_path / "empty-dir"))
+    code, _, err = run_main(capsys, "generate", "--schema", ANSWER, "--prompt", "x",
+                            "--model", str(tmp_path / "empty-dir"))
     assert code == 2
     assert_one_error_line(err, "--model", "without a config.json")
     code, _, err = run_main(capsys, "generate", "--schema", ANSWER, "--prompt", "x", "--draft-model", "/nonexistent/d")

@@ -16,7 +16,8 @@ EXAMPLES = REPO / "examples"
 
 # name -> a check of its stdout
 EXPECTED = {
-    "extract_pydantic.py": lambda out: re.match(r"Contact\(name='[^']+', company='[^']+', team='\w+', years=\d+\)", out),
+    "extract_pydantic.py": lambda out: re.match(
+        r"Contact\(name='[^']+', company='[^']+', team='\w+', years=\d+\)", out),
     "regex_dates_phones.py": lambda out: re.search(r"date:  (19|20)\d\d-\d\d-\d\d\nphone: \(\d{3}\) \d{3}-\d{4}", out),
     "speculative_draft.py": lambda out: "draft acceptance" in out and json.loads(out.splitlines()[0]),
     "mlx_engine_dropin.py": lambda out: json.loads(out.splitlines()[0])["answer"] in ("yes", "no", "unsure"),

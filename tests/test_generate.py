@@ -296,23 +296,37 @@ def test_argument_mistakes_are_invalid_argument_errors_raised_before_compiling(s
     assert out.text in ("true", "false") and out.value == out.text
 
 
-def test_logits_width_of_reads_args_or_probes():
-    class WithArgs:
-        class args:
-            vocab_size = 1234
+def test_entry_points_share_one_options_type():
+    """`_split` reads exactly the options types' keys beyond the compiler's, with the documented
+    defaults; a name outside an entry point's options is a TypeError raised before anything runs
+    (None stands in for the model and tokenizer: nothing touches them)."""
+    from grammar_mlx.compiler import CompileOptions
+    from grammar_mlx.generate import (
+        _SETTINGS,
+        DEFAULT_MAX_TOKENS,
+        DEFAULT_NUM_DRAFT_TOKENS,
+        GenerationOptions,
+        JSONGenerationOptions,
+        _Settings,
+    )
 
-    class Probe:
-        def __call__(self, tokens):
-            return mx.zeros((1, tokens.shape[1], 77))
-
-    class Broken:
-        def __call__(self, tokens):
-            raise RuntimeError("no")
-
-    assert logits_width_of(WithArgs()) == 1234
-    assert logits_width_of(Probe()) == 77
-    with pytest.raises(InvalidArgumentError, match="^model: cannot tell the logits width.*logits_width="):
-        logits_width_of(Broken())
+    assert _SETTINGS == set(JSONGenerationOptions.__annotations__) - set(CompileOptions.__annotations__)
+    assert set(CompileOptions.__annotations__) < set(GenerationOptions.__annotations__)
+    assert set(GenerationOptions.__annotations__) | {"strict", "whitespace", "validate"} == set(
+        JSONGenerationOptions.__annotations__)
+    defaults = _Settings()
+    assert (defaults.max_tokens, defaults.num_draft_tokens, defaults.chat, defaults.strict, defaults.validate) == (
+        DEFAULT_MAX_TOKENS, DEFAULT_NUM_DRAFT_TOKENS, True, True, True)
+    cases = [
+        (lambda: generate_regex(None, None, "x", "a", strict=True), "generate_regex", "strict"),
+        (lambda: next(stream_regex(None, None, "x", "a", whitespace=" ")), "stream_regex", "whitespace"),
+        (lambda: generate_json(None, None, "x", {}, max_token=3), "generate_json", "max_token"),
+        (lambda: next(stream_json(None, None, "x", {}, regex="a")), "stream_json", "regex"),
+        (lambda: generate_structured(None, None, "x", regex="a", cache=None), "generate_structured", "cache"),
+    ]
+    for call, caller, name in cases:
+        with pytest.raises(TypeError, match=rf"^{caller}\(\) got an unexpected keyword argument '{name}'$"):
+            call()
 
 
 def test_parse_and_validate():

@@ -343,10 +343,36 @@ def test_truncated_draft_shares_modules_and_rejects_bad_sizes(tmp_path):
     expected = model.lm_head(model.model.norm(h))
     assert mx.allclose(draft(TOKENS), expected, atol=1e-4).item()
     for bad in (0, 3, 4, -1, True, 1.5, "2"):
-        with pytest.raises(InvalidArgumentError, match=r"^num_layers must be an int in 1\.\.2 \(the model has 3 layers\)"):
+        with pytest.raises(InvalidArgumentError,
+                           match=r"^num_layers must be an int in 1\.\.2 \(the model has 3 layers\)"):
             truncated_draft(model, bad)
     with pytest.raises(InvalidArgumentError, match="^model: cannot truncate a Linear"):
         truncated_draft(nn.Linear(2, 2), 1)
+
+
+def test_logits_width_of_reads_args_or_probes():
+    """The one logits-width helper (generation, the server and the CLI import this one)."""
+    from grammar_mlx import generate, server
+
+    assert generate.logits_width_of is server.logits_width_of is models.logits_width_of
+    assert not hasattr(server, "logits_width")
+
+    class WithArgs:
+        class args:
+            vocab_size = 1234
+
+    class Probe:
+        def __call__(self, tokens):
+            return mx.zeros((1, tokens.shape[1], 77))
+
+    class Broken:
+        def __call__(self, tokens):
+            raise RuntimeError("no")
+
+    assert models.logits_width_of(WithArgs()) == 1234
+    assert models.logits_width_of(Probe()) == 77
+    with pytest.raises(InvalidArgumentError, match="^model: cannot tell the logits width.*logits_width="):
+        models.logits_width_of(Broken())
 
 
 def test_default_model_names_the_package_to_install(monkeypatch):

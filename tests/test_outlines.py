@@ -53,8 +53,10 @@ def allowed_ids(masked: mx.array) -> np.ndarray:
 
 
 def test_mlx_engine_call_masks_to_the_grammar(qwen_hf_tokenizer):
-    # mlx_engine/generate.py: JSONLogitsProcessor(json_schema, OutlinesTransformerTokenizer(hf), tensor_library_name="mlx")
-    processor = JSONLogitsProcessor(json.dumps(SCHEMA), TransformerTokenizer(qwen_hf_tokenizer), tensor_library_name="mlx")
+    # mlx_engine/generate.py:
+    #   JSONLogitsProcessor(json_schema, OutlinesTransformerTokenizer(hf), tensor_library_name="mlx")
+    processor = JSONLogitsProcessor(json.dumps(SCHEMA), TransformerTokenizer(qwen_hf_tokenizer),
+                                    tensor_library_name="mlx")
     assert processor.compiled is None  # compiled at the first call, at the logits' width
     prompt = mx.array(qwen_hf_tokenizer.encode("Answer: "), dtype=mx.uint32)
     logits = mx.zeros((1, QWEN_LOGITS_WIDTH), dtype=mx.bfloat16)
@@ -109,7 +111,8 @@ def test_one_dimensional_calls_of_older_mlx_engine(qwen_hf_tokenizer):
     first = qwen_hf_tokenizer.encode("{")
     out = processor(mx.array(first, dtype=mx.uint32), logits)
     grammar = processor.compiled
-    assert allowed_ids(out).tolist() == grammar.allowed_tokens(grammar.next_state(grammar.initial_state, first[0])).tolist()
+    after_first = grammar.next_state(grammar.initial_state, first[0])
+    assert allowed_ids(out).tolist() == grammar.allowed_tokens(after_first).tolist()
 
 
 def test_every_tokenizer_form_gives_the_same_grammar(qwen_hf_tokenizer, qwen_tokenizer):

@@ -33,6 +33,7 @@ from grammar_mlx.errors import (
     InvalidSchemaError,
     UnsupportedSchemaError,
 )
+from grammar_mlx.models import logits_width_of
 from grammar_mlx.runtime.processor import GrammarProcessor
 from grammar_mlx.server import (
     GrammarCache,
@@ -51,12 +52,14 @@ def test_parse_response_format_kinds():
     assert parse_response_format(None) is None
     assert parse_response_format({"type": "text"}) is None
     schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
-    spec = parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    spec = parse_response_format({"type": "json_schema",
+                                  "json_schema": {"name": "x", "schema": schema, "strict": True}})
     # Key order is kept: it is the order of the output's properties, so it belongs to the key.
-    assert spec == GrammarSpec("json_schema", '{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}',
-                               True, None)
+    assert spec == GrammarSpec(
+        "json_schema", '{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}', True, None)
     assert parse_response_format({"type": "json_schema", "json_schema": {"schema": schema}}).strict is False
-    assert parse_response_format({"type": "json_schema", "json_schema": {"schema": schema, "strict": None}}).strict is False
+    no_strict = {"type": "json_schema", "json_schema": {"schema": schema, "strict": None}}
+    assert parse_response_format(no_strict).strict is False
     assert parse_response_format({"type": "json_object"}) == GrammarSpec("json_schema", '{"type":"object"}')
     assert parse_response_format({"type": "json_object", "whitespace": "[ ]?"}).whitespace == "[ ]?"
     assert parse_response_format({"type": "regex", "regex": "a|b"}) == GrammarSpec("regex", "a|b")
@@ -167,7 +170,8 @@ def test_check_body_refusals(raw, path, param, code, words):
 
 
 def test_check_body_accepts_what_mlx_lm_serves():
-    server._check_body('{"messages": [{"role": "user", "content": "h\u00e9"}], "n": 1}'.encode(), "/v1/chat/completions")
+    server._check_body('{"messages": [{"role": "user", "content": "h\u00e9"}], "n": 1}'.encode(),
+                       "/v1/chat/completions")
     server._check_body(b'{"prompt": "hi"}', "/v1/completions")
 
 
@@ -206,6 +210,18 @@ def test_context_length_and_default_body_limit():
 
 
 # --- the grammar cache -----------------------------------------------------------------------------
+
+
+HANG_BOUND = 30  # seconds: a "did not hang" bound on waiting for other threads, which take milliseconds
+
+
+def wait_until(condition, what: str) -> None:
+    """Poll `condition` until it holds; fail, naming `what`, only if it has not after HANG_BOUND."""
+    deadline = time.monotonic() + HANG_BOUND
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not so after {HANG_BOUND} s (a hang)")
+        time.sleep(0.001)
 
 
 class Sized:
@@ -262,9 +278,9 @@ def test_cache_remeasures_growing_entries_and_survives_unmeasurable_ones():
 
     with ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(cache.get, "k", build) for _ in range(3)]
-        time.sleep(0.1)
+        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
         release.set()
-        values = [f.result(10) for f in futures]  # nobody hangs on an unresolved build
+        values = [f.result(HANG_BOUND) for f in futures]  # nobody hangs on an unresolved build
     assert all(v is values[0] for v in values) and "k" not in cache and cache.stats()["building"] == 0
 
 
@@ -342,8 +358,7 @@ def test_cache_does_not_keep_transient_errors():
         futures = [pool.submit(cache.get, "k", flaky)]
         assert started.wait(10)
         futures += [pool.submit(cache.get, "k", flaky) for _ in range(2)]  # wait on the same build
-        while cache.stats()["waits"] < 2:
-            time.sleep(0.01)
+        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
         release.set()
         for f in futures:
             with pytest.raises(CompileWorkerError):  # the builder and both waiters
@@ -365,11 +380,12 @@ def test_cache_waiters_get_the_builders_error():
 
     with ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(cache.get, "k", bad) for _ in range(3)]
-        time.sleep(0.1)
+        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
         release.set()
         for f in futures:
             with pytest.raises(InvalidSchemaError):
-                f.result(10)
+                f.result(HANG_BOUND)
+    assert cache.stats()["misses"] == 1  # built once: the waiters got the builder's error, not their own
 
 
 # --- the prompt cache ------------------------------------------------------------------------------
@@ -838,15 +854,15 @@ def test_refused_bodies_do_not_disturb_a_client_being_served(servers):
         client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "x " * 5_000_000}])
     assert info.value.status_code == 413
     # Refused on its Content-Length alone: the answer comes before a byte of the body is sent.
-    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                    b"Content-Length: 100000000\r\n\r\n")
+    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
     assert reply.startswith(b"HTTP/1.0 413") or reply.startswith(b"HTTP/1.1 413")
     status, _, body = post(plain.url, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}')
     assert (status, body["error"]["code"]) == (400, "invalid_body") and "not UTF-8" in body["error"]["message"]
     status, _, body = post(plain.url, b'{"messages": [{"role": "user"')
     assert (status, body["error"]["code"]) == (400, "invalid_body") and "not valid JSON" in body["error"]["message"]
-    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                    b"2\r\n{}\r\n0\r\n\r\n")
+    reply = raw_exchange(plain.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
     assert b" 411 " in reply.split(b"\r\n")[0] and b"length_required" in reply
     with pytest.raises(openai.BadRequestError) as info:
         chat(client, None, max_tokens=2, n=3)
@@ -912,7 +928,7 @@ def in_process(smollm_path):
     server.add_serve_arguments(parser)
     args = parser.parse_args(["--max-tokens", "16"])
     model, tokenizer = models.default_model()
-    grammars = server.Grammars(server.served_vocabulary(tokenizer), server.logits_width(model))
+    grammars = server.Grammars(server.served_vocabulary(tokenizer), logits_width_of(model))
     provider = server.LoadedModelProvider(server.mlx_cli_args(args), model, tokenizer, model_id="smollm")
     limits = server.ServerLimits(max_body_bytes=64 * 1024, context_length=48)
     generator = server.GrammarResponseGenerator(provider, None, grammars, limits)

@@ -8,8 +8,8 @@ Two modes behind one interface:
 
 Two engines build the byte automaton (`engine=`, `stats["engine"]`):
 - "nfa" (`byte_nfa`): the regex's UTF-8 byte NFA, built in-process in linear time, its DFA
-  determinized on demand as walks reach states: no worker round trip, nothing cached, and the cost
-  of a 10^5-state grammar is what a generation visits. Used wherever it applies (`engine="auto"`);
+  determinized on demand as walks reach states: no worker round trip, nothing cached, and a grammar
+  with a huge state space costs only what a generation visits. Used wherever it applies (`engine="auto"`);
   when `mode="auto"` finds its complete DFA small, that DFA is the one the eager tables are built from;
 - "outlines": outlines-core's complete byte DFA (over the 256 single bytes), in a worker process
   that the deadline and a memory limit can stop, cached on disk by regex alone. Used for
@@ -22,7 +22,7 @@ leads to a match, whatever single bytes the vocabulary lacks (lazy.py; eager: `b
 does. A syntax error is an `InvalidRegexError` naming the problem and its position, whichever engine
 compiles the regex (`byte_nfa.parse`).
 `mode="auto"` (the default) picks eager when a complete cache file exists or when the DFA is small
-(at most `limits.AUTO_EAGER_MAX_STATES` states: the full tables cost about one first visit); lazy otherwise.
+(at most `limits.AUTO_EAGER_MAX_STATES` states: then the full tables cost little); lazy otherwise.
 `stats["mode"]`, `stats["engine"]` and `stats["mode_reason"]` tell which and why. See
 docs/compiled-grammar.md.
 
@@ -53,8 +53,8 @@ cache on): keyed on the tables' key (regex, vocabulary, width, EOS ids, version)
 reports get different objects. Only successes are remembered.
 """
 
-from .build import ENGINES, MODES, compile_json_schema, compile_regex, token_trie
+from .build import ENGINES, MODES, CompileOptions, compile_json_schema, compile_regex, token_trie
 from .grammar import CompiledGrammar, EagerGrammar, LazyGrammar
 
-__all__ = ["CompiledGrammar", "EagerGrammar", "LazyGrammar", "compile_regex", "compile_json_schema", "token_trie",
-           "MODES", "ENGINES"]
+__all__ = ["CompiledGrammar", "EagerGrammar", "LazyGrammar", "CompileOptions", "compile_regex", "compile_json_schema",
+           "token_trie", "MODES", "ENGINES"]

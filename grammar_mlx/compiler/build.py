@@ -13,7 +13,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from .lazy import LazyIndex
 from .pool import Progress, _Jobs
 from .token_index import ByteDFA, TokenTrie
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 MODES = ("auto", "eager", "lazy")
 ENGINES = ("auto", "nfa", "outlines")
 _TABLE_FORMAT = 2
@@ -43,14 +46,15 @@ _DFA_FORMAT = 4
 
 # --- compiling -------------------------------------------------------------------------------------
 
-_LIVE: "weakref.WeakValueDictionary[str, CompiledGrammar]" = weakref.WeakValueDictionary()
-_TRIES: "weakref.WeakKeyDictionary[Vocabulary, dict[int, TokenTrie]]" = weakref.WeakKeyDictionary()
+_LIVE: weakref.WeakValueDictionary[str, CompiledGrammar] = weakref.WeakValueDictionary()
+_TRIES: weakref.WeakKeyDictionary[Vocabulary, dict[int, TokenTrie]] = weakref.WeakKeyDictionary()
 _TRIES_LOCK = threading.Lock()
 
 
 def token_trie(vocab: Vocabulary, width: int) -> TokenTrie:
-    """The vocabulary's token trie for `width` (ids below it), built once per vocabulary object
-    (~0.5 s for 150k tokens) and shared by all its grammars."""
+    """The vocabulary's token trie for `width` (ids below it), built once per vocabulary object and
+    shared by all its grammars (building it walks every token, a cost each compile would otherwise
+    pay again)."""
     with _TRIES_LOCK:
         per_width = _TRIES.setdefault(vocab, {})
         trie = per_width.get(width)
@@ -75,6 +79,29 @@ def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tu
     return width, eos
 
 
+class CompileOptions(TypedDict, total=False):
+    """The compiler's keyword options (`compile_regex`, `compile_json_schema`, and everything that
+    passes options on to them: `generate_*`, the processor factories, the Outlines drop-in).
+
+    `mode`: "auto" (default), "eager" or "lazy" (see the package docstring). `engine`: "auto"
+    (default), "nfa" or "outlines": what builds a lazy grammar's byte automaton. `cache_dir`: the
+    on-disk cache (default `default_cache_dir()`); `use_cache=False` neither reads nor writes it.
+    `timeout`: seconds for the whole compile (default `limits.COMPILE_TIMEOUT`). `memory_limit`: a
+    compile worker's address space in bytes, 0 for none (default `limits.COMPILE_MEMORY`).
+    `progress`: True for a stderr progress line, or a callable `(stage, done, total)`.
+    `eos_token_ids`: EOS ids overriding the tokenizer's.
+    """
+
+    mode: str
+    engine: str
+    cache_dir: str | os.PathLike[str] | None
+    use_cache: bool
+    timeout: float | None
+    memory_limit: int | None
+    progress: bool | Progress | None
+    eos_token_ids: list[int] | tuple[int, ...] | None
+
+
 @dataclass(frozen=True)
 class _Options:
     mode: str
@@ -84,13 +111,15 @@ class _Options:
     memory_limit: int
     progress: Progress | None
     progress_line: bool  # progress=True: the stderr line, ended by a "done"
-    eos_token_ids: Any
+    eos_token_ids: list[int] | tuple[int, ...] | None
 
 
-def _options(*, mode: str = "auto", engine: str = "auto", cache_dir: str | os.PathLike | None = None,
+def _options(*, mode: str = "auto", engine: str = "auto", cache_dir: str | os.PathLike[str] | None = None,
              use_cache: bool = True, timeout: float | None = None, memory_limit: int | None = None,
-             progress: bool | Progress | None = None, eos_token_ids=None) -> _Options:
-    """The compile options, checked (`InvalidArgumentError`); the deadline starts here."""
+             progress: bool | Progress | None = None,
+             eos_token_ids: list[int] | tuple[int, ...] | None = None) -> _Options:
+    """The `CompileOptions`, checked (`InvalidArgumentError`; an unknown name is a TypeError, as for
+    any function); the deadline starts here."""
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {MODES}, got {mode!r}")
     if engine not in ENGINES:
@@ -117,14 +146,12 @@ def _options(*, mode: str = "auto", engine: str = "auto", cache_dir: str | os.Pa
         eos_token_ids=eos_token_ids)
 
 
-def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = None, **options) -> CompiledGrammar:
+def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = None,
+                  **options: Unpack[CompileOptions]) -> CompiledGrammar:
     """Compile a regex (full match, outlines-core / Rust regex syntax) for `tokenizer`.
 
-    `logits_width` is the model's output width (defaults to the tokenizer's size). Options:
-    `mode` ("auto", "eager" or "lazy"; see the module docstring), `engine` ("auto", "nfa" or
-    "outlines": which builds the byte automaton of a lazy grammar, see the module docstring), `cache_dir`, `use_cache`,
-    `timeout` (seconds for the whole compile), `memory_limit`, `progress` (True for a stderr progress line,
-    or a callable `(stage, done, total)`), `eos_token_ids` (override the tokenizer's).
+    `logits_width` is the model's output width (defaults to the tokenizer's size); `options` are
+    the `CompileOptions`.
     """
     started = time.perf_counter()
     if not isinstance(pattern, str):
@@ -135,12 +162,13 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
 
 
 def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
-                        whitespace: str | None = None, strict: bool = False, **options) -> CompiledGrammar:
+                        whitespace: str | None = None, strict: bool = False,
+                        **options: Unpack[CompileOptions]) -> CompiledGrammar:
     """Compile a JSON Schema (dict, JSON text, or Pydantic model class) for `tokenizer`.
 
     The grammar produces JSON in `grammar_mlx.schema`'s canonical format (compact by default).
     `strict=True` raises `UnsupportedSchemaError` for any keyword that cannot be enforced exactly;
-    otherwise those keywords are listed in `.unenforced`. Other options as for `compile_regex`;
+    otherwise those keywords are listed in `.unenforced`. `options` are the `CompileOptions`;
     `timeout` covers the schema's translation too.
     """
     from ..schema.translate import schema_to_regex
@@ -215,7 +243,8 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
         if dfa is None and mode != "eager" and engine != "outlines":
             lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
             if lazy_dfa is None and engine == "nfa":
-                raise InvalidArgumentError(f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
+                raise InvalidArgumentError(
+                    f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
             if lazy_dfa is not None:
                 built_by, dfa_hit = "nfa", False
                 small = None if mode == "lazy" else _complete_if_small(lazy_dfa, limits.AUTO_EAGER_MAX_STATES)
@@ -224,7 +253,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
                     reason = ("requested" if mode == "lazy" else "auto") + f"; {engine_note}"
                 else:
                     dfa, dfa_meta, chosen = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
-                    reason = f"auto: {dfa.num_states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+                    reason = _small_enough(dfa.num_states)
         if dfa is None:
             dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, jobs)
             built_by = "outlines"
@@ -317,11 +346,15 @@ def _choose_mode(requested: str, dfa: ByteDFA) -> tuple[str, str]:
     if requested != "auto":
         return requested, "requested"
     if dfa.num_states <= limits.AUTO_EAGER_MAX_STATES:
-        return "eager", f"auto: {dfa.num_states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+        return "eager", _small_enough(dfa.num_states)
     return "lazy", f"auto: {dfa.num_states} byte states > {limits.AUTO_EAGER_MAX_STATES}"
 
 
-def _byte_dfa(regex: str, directory: Path | None, jobs: "_Jobs", build: bool = True):
+def _small_enough(states: int) -> str:
+    return f"auto: {states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
+
+
+def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs, build: bool = True):
     """The regex's byte DFA: from the cache (keyed by the regex alone; `directory` None: no cache),
     else built by a worker (or None when `build` is False)."""
     key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})

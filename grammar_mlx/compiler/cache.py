@@ -168,16 +168,16 @@ def _read(path: Path, key: str) -> tuple[tuple[dict[str, np.ndarray], dict] | No
     return _parse(memoryview(data).toreadonly(), key), None
 
 
-def _parse(mm: memoryview, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
+def _parse(data: memoryview, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
     try:
-        if mm[: len(MAGIC)] != MAGIC:
+        if data[: len(MAGIC)] != MAGIC:
             return None
-        hlen = int.from_bytes(mm[len(MAGIC) : len(MAGIC) + 4], "little")
+        hlen = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "little")
         start = len(MAGIC) + 4 + hlen
-        header = json.loads(bytes(mm[len(MAGIC) + 4 : start]))
-        if header.get("key") != key or len(mm) - start != header["size"]:
+        header = json.loads(bytes(data[len(MAGIC) + 4 : start]))
+        if header.get("key") != key or len(data) - start != header["size"]:
             return None
-        if zlib.crc32(mm[start:]) != header["crc32"]:
+        if zlib.crc32(data[start:]) != header["crc32"]:
             return None
         arrays = {}
         for spec in header["arrays"]:
@@ -185,7 +185,7 @@ def _parse(mm: memoryview, key: str) -> tuple[dict[str, np.ndarray], dict] | Non
             count = int(np.prod(spec["shape"], dtype=np.int64))
             if spec["offset"] + count * dtype.itemsize > header["size"]:
                 return None
-            arr = np.frombuffer(mm, dtype=dtype, count=count, offset=start + spec["offset"])
+            arr = np.frombuffer(data, dtype=dtype, count=count, offset=start + spec["offset"])
             arrays[spec["name"]] = arr.reshape(spec["shape"])
         return arrays, header["meta"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):

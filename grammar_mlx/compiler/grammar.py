@@ -68,7 +68,8 @@ class CompiledGrammar:
         """The state after `token_id`, or -1 when the token is not allowed in `state`.
 
         This runs for every generated token, right after a mask has left the CPU caches cold, where
-        a binary search in a numpy row costs 3+ µs. So each state gets a lookup on its first call:
+        a binary search in a numpy row (its call overhead and cache misses) dominates the cost of
+        the answer. So each state gets a lookup on its first call:
         a dict for a row of few tokens (structure: after `{`, a key, `":`), the sorted forbidden ids
         for a row allowing nearly everything (inside a string: a token's place among the allowed
         is its id minus the forbidden ids below it), the numpy row otherwise. Lookups are kept up to

@@ -16,20 +16,20 @@ row walk meets:
   JSON grammars with real vocabularies (then nothing below runs);
 - any other state is searched breadth-first over its token successors (raw walks, memoized) until a
   live one is met (live: so is every state on the path), or none is left (dead: so are all states
-  searched), or `liveness_walks` row walks were spent (`GRAMMAR_MLX_LIVENESS_WALKS`, 256): then it
+  searched), or `liveness_walks` row walks were spent (`limits.LIVENESS_WALKS`): then it
   counts as dead. That only narrows a row (stats `liveness_undecided`): a mask never admits a dead
   end, and a state's verdict never changes, so a row recomputed after eviction equals its mask.
   Stats `liveness_searches`, `liveness_walks` and `dead_end_tokens` (tokens dropped from rows) say
   what it cost.
 The initial state must be live: `check_initial` raises `VocabularyMismatchError` otherwise.
 
-Memory bounds (per grammar, overridable):
+Memory bounds (per grammar, overridable; defaults in `grammar_mlx.limits`):
 - token rows (sorted allowed ids + next states, 8 bytes per allowed token) are kept up to
-  `max_row_bytes` (`GRAMMAR_MLX_LAZY_ROW_BYTES`, 256 MiB); past it, rows not used since the last
-  sweep are dropped (second-chance clock) and recomputed on their next visit;
+  `max_row_bytes` (`limits.LAZY_ROW_BYTES`); past it, rows not used since the last sweep are
+  dropped (second-chance clock) and recomputed on their next visit;
 - mask rows are append-only (their ids are handed out to the processor) up to `max_mask_bytes`
-  (`GRAMMAR_MLX_LAZY_MASK_BYTES`, 1 GiB: about 56,000 distinct masks at V = 151,936); one more
-  distinct mask raises `GrammarTooLargeError`.
+  (`limits.LAZY_MASK_BYTES`; a row is `ceil(V / 32)` uint32 words); one more distinct mask raises
+  `GrammarTooLargeError`.
 `nbytes` counts everything the index holds (see it); the vocabulary's trie is shared and not counted.
 
 Threads: one grammar serves concurrent requests. Reads of filled states take no lock; a fill runs

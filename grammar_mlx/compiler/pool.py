@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import (
     CompileWorkerError,
@@ -248,7 +248,7 @@ class _Worker:
 
 
 class _WorkerPool:
-    """A few long-lived workers: the first compile pays the start (~0.2 s), later ones don't.
+    """A few long-lived workers: the first compile pays for a Python start, later ones don't.
 
     Workers belong to the process, not to the thread that started them (see worker), so any
     thread may use any idle worker. A worker goes back to the pool only between jobs."""
@@ -285,16 +285,9 @@ class _WorkerPool:
         if worker is not None:
             return worker
         try:
-            worker = _Worker(memory_limit)
+            return self._start(memory_limit, self.busy.add)
         except OSError as exc:  # out of processes, file descriptors or memory: not the grammar's fault
             raise CompileWorkerError(f"cannot start a compile worker: {exc}") from None
-        finally:
-            with self.cond:
-                self._starting -= 1
-                if worker is not None:
-                    self.busy.add(worker)
-                self.cond.notify()
-        return worker
 
     def release(self, worker: _Worker) -> None:
         """Back to the pool if it is alive and between jobs; killed otherwise (and replaced ahead of
@@ -312,16 +305,23 @@ class _WorkerPool:
             if len(self.idle) + len(self.busy) + self._starting >= self.size:
                 return
             self._starting += 1
-        spare = None
         try:
-            spare = _Worker(worker.memory_limit)  # Popen returns at once; the child starts meanwhile
+            self._start(worker.memory_limit, self.idle.append)  # Popen returns at once; the child starts meanwhile
         except OSError:
-            pass
+            pass  # the next compile starts one
+
+    def _start(self, memory_limit: int, place: Callable[[_Worker], object]) -> _Worker:
+        """A new worker, started outside the lock (the caller counted it in `_starting`); `place`
+        puts it in `busy` or `idle` under the lock. Raises OSError when it cannot start."""
+        worker = None
+        try:
+            worker = _Worker(memory_limit)
+            return worker
         finally:
             with self.cond:
                 self._starting -= 1
-                if spare is not None:
-                    self.idle.append(spare)
+                if worker is not None:
+                    place(worker)
                 self.cond.notify()
 
     def close(self) -> None:
@@ -365,7 +365,8 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
-_STAGES = {"dfa": "building the byte DFA in a compile worker", "tables": "building the token tables in a compile worker"}
+_STAGES = {"dfa": "building the byte DFA in a compile worker",
+           "tables": "building the token tables in a compile worker"}
 
 
 class _Jobs:

@@ -315,6 +315,7 @@ def dumps(x) -> str:
 
 
 def positional(d: Decimal) -> str:
-    """A decimal without exponent: 1e-05 -> 0.00001, 1E+2 -> 100."""
-    text = format(d, "f")
+    """A decimal without exponent: 1e-05 -> 0.00001, 1E+2 -> 100; zero unsigned (-0.0 -> 0.0), as
+    the range regexes of `schema.numbers` write it."""
+    text = format(d.copy_abs() if d.is_zero() else d, "f")
     return "0" + text[text.index(".") :] if text.startswith(".") else text

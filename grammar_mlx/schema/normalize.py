@@ -13,6 +13,7 @@ violation and is documented in `grammar_mlx.schema`, not reported.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from .. import limits
 from ..automata import chars as fa
@@ -370,11 +371,20 @@ def exclude(node, values: list) -> object:
         for cut in cuts:
             if node.integer and cut != cut.to_integral_value():
                 continue
+            if not _within(cut, node):
+                continue  # not a member: nothing to remove (and the pieces must stay within the range)
             pieces.append(Number(node.integer, lo, Bound(cut, True)))
             lo = Bound(cut, True)
         pieces.append(Number(node.integer, lo, node.hi))
         return union(pieces, {})
     return node
+
+
+def _within(d: Decimal, node: Number) -> bool:
+    lo, hi = node.lo, node.hi
+    if lo is not None and (d < lo.value or (lo.exclusive and d == lo.value)):
+        return False
+    return hi is None or not (d > hi.value or (hi.exclusive and d == hi.value))
 
 
 def _conjunction_key(atoms: list[Loc]) -> tuple:

@@ -316,6 +316,8 @@ def build_number(nz, integer: bool, atoms) -> object:
     step = multiples[0][0]
     for m, _ in multiples[1:]:
         step = _lcm(step, m)
+    if integer:
+        step = _lcm(step, Fraction(1))  # the integers among the multiples (of 0.5: every integer)
     if step.denominator == 1:
         integer = True
         if step == 1:

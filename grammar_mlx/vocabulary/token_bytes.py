@@ -80,7 +80,7 @@ class Vocabulary:
                 out.setdefault(b, []).append(i)
         return out
 
-    def with_eos(self, eos_token_ids) -> "Vocabulary":
+    def with_eos(self, eos_token_ids) -> Vocabulary:
         """The same vocabulary with other EOS ids (which then stop being text)."""
         eos = _explicit_eos(eos_token_ids, len(self.token_bytes))
         table = list(self.token_bytes)
@@ -99,9 +99,9 @@ class Vocabulary:
         return f"<special:{token_id}>"
 
 
-# Reading a 150k-token vocabulary takes ~100 ms; a warm compile must take milliseconds, so the result
-# is remembered per tokenizer object for as long as that object lives.
-_CACHE: "weakref.WeakKeyDictionary[Any, Vocabulary]" = weakref.WeakKeyDictionary()
+# Reading a vocabulary decodes every token, far more than a warm compile costs otherwise, so the
+# result is remembered per tokenizer object for as long as that object lives.
+_CACHE: weakref.WeakKeyDictionary[Any, Vocabulary] = weakref.WeakKeyDictionary()
 
 
 def vocabulary_of(tokenizer: Any, *, eos_token_ids: list[int] | tuple[int, ...] | None = None) -> Vocabulary:
@@ -176,7 +176,8 @@ def _explicit_eos(eos_token_ids: Any, size: int) -> tuple[int, ...]:
             i = None
         if i is None or not 0 <= i < size:
             raise InvalidArgumentError(
-                f"eos_token_ids must be a non-empty list of token ids; {value!r:.40} is not a token id in 0..{size - 1}")
+                f"eos_token_ids must be a non-empty list of token ids; {value!r:.40} is not a token id in "
+                f"0..{size - 1}")
         ids.append(i)
     if not ids:
         raise InvalidArgumentError("eos_token_ids must be a non-empty list of token ids; it is empty")
@@ -199,7 +200,7 @@ def _encoding_of(hf: Any, vocab: dict[str, int]) -> str:
     decoder = None
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is not None and backend.decoder is not None:
-        decoder = json.loads(backend.decoder.__getstate__())  # the decoder alone, not the 11 MB tokenizer
+        decoder = json.loads(backend.decoder.__getstate__())  # the decoder alone, not the whole tokenizer
     kinds = _decoder_kinds(decoder)
     if "ByteLevel" in kinds:
         return "byte-level"

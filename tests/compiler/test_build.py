@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import interegular
@@ -257,10 +256,10 @@ def test_size_limits(qwen_vocab, monkeypatch):
 
 @pytest.mark.parametrize("regex, mode", [(EXPLODING, "lazy"), ('"[^"]{0,400}"', "eager")])
 def test_time_limit_kills_the_build_and_the_next_compile_works(qwen_vocab, regex, mode):
-    started = time.monotonic()
+    # No clock here: a worker build the deadline failed to stop ends some other way (the tables, or
+    # MAX_DFA_STATES passed), and either fails `pytest.raises`.
     with pytest.raises(CompileTimeoutError, match=r"longer than 1.5 s \(building the") as info:
         compile_regex(regex, qwen_vocab, timeout=1.5, use_cache=False, mode=mode, engine="outlines")
-    assert time.monotonic() - started < 15
     assert info.value.transient and isinstance(info.value, GrammarTooLargeError)
     assert compile_regex("(yes|no)", qwen_vocab, use_cache=False).matches([9693])
 
@@ -395,34 +394,37 @@ def test_argument_mistakes_are_invalid_argument_errors(qwen_vocab, options):
 
 # A 5 MB schema: translating it took minutes before the compile deadline covered translation.
 HUGE_SCHEMA = """
-import json, sys, time
+import json, sys, traceback
 sys.path.insert(0, {root!r})
 from grammar_mlx import CompileTimeoutError, Vocabulary, compile_json_schema
 vocab = Vocabulary(tuple(bytes([b]) for b in range(256)) + (None,), (256,), "byte-level")
 schema = {{"type": "object", "properties": {{f"property_{{i}}": {{"type": "integer"}} for i in range(55_000)}}}}
-started = time.monotonic()
 try:
     compile_json_schema(schema, vocab, timeout={timeout}, use_cache=False)
 except CompileTimeoutError as exc:
-    print(json.dumps({{"seconds": time.monotonic() - started, "error": str(exc)}}))
+    frames = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+    print(json.dumps({{"error": str(exc), "frames": frames}}))
 """
 
 
 def test_a_huge_schema_stops_at_the_deadline(tmp_path):
     """One deadline for the whole compile, translation included: a 55k-property schema with
-    timeout=2 raises CompileTimeoutError within about a second of the deadline. Run in a child
-    process, so that a compile that overruns is killed rather than left running in this one."""
+    timeout=2 raises CompileTimeoutError from a deadline check inside the translation (not after it
+    finished). Run in a child process, so that a compile that overruns is killed rather than left
+    running in this one."""
     import json
 
     timeout = 2.0
     script = tmp_path / "huge.py"
     script.write_text(HUGE_SCHEMA.format(root=str(Path(__file__).resolve().parents[2]), timeout=timeout))
-    try:
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    try:  # a "did not hang" bound, 45 times the deadline: not a claim about speed
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=45 * timeout)
     except subprocess.TimeoutExpired:
         pytest.fail("the compile ran on far past its deadline")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert "longer than 2 s" in result["error"]
-    # "within a second of the deadline", with a factor for a loaded machine
-    assert result["seconds"] < timeout + 3.0, result
+    # Raised by `check_deadline`, called from the schema front end midway: the translation stopped.
+    caller, raiser = (Path(f) for f in result["frames"][-2:])
+    assert raiser.name == "limits.py", result["frames"]
+    assert caller.parent.name in ("schema", "automata", "regex"), result["frames"]

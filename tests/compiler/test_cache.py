@@ -79,7 +79,6 @@ def test_eager_warm_hit_and_no_temporary_files_left(vocab, tmp_path):
     warm = fresh(REGEX, vocab, tmp_path, mode="eager")
     assert warm.stats["cache_hit"]
     same_tables(cold, warm)
-    assert warm.stats["compile_seconds"] < cold.stats["compile_seconds"]
 
 
 def test_lazy_warm_hit_reads_the_dfa(vocab, tmp_path):
@@ -157,7 +156,8 @@ def test_damaged_dfa_is_rebuilt(vocab, tmp_path, damage):
     rebuilt = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")
     assert not rebuilt.stats["cache_hit"]
     same_rows(good, rebuilt)
-    assert fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines").stats["cache_hit"], "the rebuild rewrote a good file"
+    again = fresh(REGEX, vocab, tmp_path, mode="lazy", engine="outlines")
+    assert again.stats["cache_hit"], "the rebuild rewrote a good file"
 
 
 @pytest.mark.parametrize("kind, mode", [("tables", "eager"), ("dfa", "lazy")])
@@ -287,10 +287,11 @@ def read_only(tmp_path, monkeypatch):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
         return real_open(file, flags, *args, **kwargs)
 
+    def refusing(real, refused):
+        return lambda target, *a, **k: refused(target) if str(target).startswith(inside) else real(target, *a, **k)
+
     for name in ("mkdir", "replace", "rename"):
-        real = getattr(os, name)
-        monkeypatch.setattr(os, name, (lambda real, refused: lambda target, *a, **k: (
-            refused(target) if str(target).startswith(inside) else real(target, *a, **k)))(real, refuse(name)))
+        monkeypatch.setattr(os, name, refusing(getattr(os, name), refuse(name)))
     monkeypatch.setattr(os, "open", open_)
     yield path
 

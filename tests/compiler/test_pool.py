@@ -32,7 +32,8 @@ from grammar_mlx import (
 from grammar_mlx.compiler import pool as compiler
 from grammar_mlx.limits import Deadline
 
-TOKENS = [bytes([c]) for c in range(1, 128)] + [(a + b).encode() for a, b in itertools.product(string.ascii_lowercase, repeat=2)]
+TOKENS = [bytes([c]) for c in range(1, 128)] + [
+    (a + b).encode() for a, b in itertools.product(string.ascii_lowercase, repeat=2)]
 VOCAB = Vocabulary((*TOKENS, None), (len(TOKENS),), "byte-level")
 EOS = len(TOKENS)
 BIG = "[a-z]{0,3000}"  # eager tables: ~3,000 states, a reply of ~17 MB
@@ -108,7 +109,8 @@ def killer(pool, signals):
 
 def test_a_worker_killed_twice_is_a_typed_transient_error_and_is_not_remembered(pool, tmp_path):
     progress, kills = killer(pool, [signal.SIGKILL, signal.SIGKILL])
-    with pytest.raises(CompileWorkerError, match=r"killed by signal 9 \(SIGKILL\).*first try ended the same way") as info:
+    twice = r"killed by signal 9 \(SIGKILL\).*first try ended the same way"
+    with pytest.raises(CompileWorkerError, match=twice) as info:
         compile_regex(BIG, VOCAB, mode="eager", cache_dir=tmp_path, progress=progress)
     assert len(set(kills)) == 2, "retried once, on a fresh worker"
     assert info.value.exit_code == -signal.SIGKILL and info.value.transient
@@ -224,7 +226,8 @@ def test_a_worker_dies_with_its_parent_mid_build(tmp_path):
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
         "from grammar_mlx import Vocabulary, compile_regex\n"
         "v = Vocabulary((b'a', b'b', None), (2,), 'byte-level')\n"
-        f"threading.Thread(target=compile_regex, args=({EXPLODING!r}, v), kwargs={{'use_cache': False, 'engine': 'outlines'}}).start()\n"
+        f"threading.Thread(target=compile_regex, args=({EXPLODING!r}, v),\n"
+        "                 kwargs={'use_cache': False, 'engine': 'outlines'}).start()\n"
         "print('building', flush=True)\n"
         "time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)

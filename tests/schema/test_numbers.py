@@ -1,7 +1,9 @@
-"""Numeric ranges: exact regexes for integer and decimal bounds, checked against Decimal arithmetic."""
+"""schema.numbers: exact regexes for integer and decimal bounds (checked against Decimal arithmetic), and
+the numeric keywords of a conjunction (bounds, integer formats, multipleOf) into a node."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from decimal import Decimal
@@ -9,7 +11,10 @@ from decimal import Decimal
 import pytest
 from schema_fsm import ByteDFA
 
-from grammar_mlx.schema.ir import Bound, to_decimal
+from grammar_mlx.errors import InvalidSchemaError
+from grammar_mlx.schema import schema_to_regex
+from grammar_mlx.schema.ir import NEVER, Bound, Number, Ref, to_decimal
+from grammar_mlx.schema.normalize import Normalizer
 from grammar_mlx.schema.numbers import INTEGER, NUMBER, range_regex
 
 CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]*")
@@ -86,7 +91,7 @@ def test_wide_bounds_stay_small_and_agree_with_outlines_core():
     regex = range_regex(lo, hi, integer=True)
     assert len(regex) < 1500
     # Inside a JSON container: outlines-core also builds an unanchored DFA, which blows up for a bare
-    # top-level digit range (int64: minutes) but not after a leading `[`.
+    # top-level digit range but not after a leading `[`.
     dfa = ByteDFA(r"\[" + regex + r"\]")
     for text in ("0", "-9223372036854775808", "9223372036854775807", "123456789"):
         assert dfa.accepts(f"[{text}]")
@@ -95,7 +100,7 @@ def test_wide_bounds_stay_small_and_agree_with_outlines_core():
 
 
 def test_decimal_bounds_agree_with_outlines_core():
-    regex = range_regex(Bound(Decimal("-90"), False), Bound(Decimal("90"), False), integer=False)
+    regex = range_regex(Bound(Decimal(-90), False), Bound(Decimal(90), False), integer=False)
     dfa = ByteDFA(r"\[" + regex + r"\]")
     for text in ("0", "-90", "90", "89.999", "-45.5", "90.000", "12.3456789"):
         assert dfa.accepts(f"[{text}]")
@@ -108,3 +113,98 @@ def test_to_decimal_reads_floats_by_repr():
     assert to_decimal(3) == Decimal(3)
     with pytest.raises(TypeError):
         to_decimal(True)
+
+
+# -- exact digit ranges, exhaustively over small integers and two-decimal grids -----------------
+
+
+def test_integer_ranges_are_exact_over_every_small_pair():
+    texts = [str(n) for n in range(-130, 131)]
+    bounds = [None] + [Bound(Decimal(v), exclusive) for v in (-120, -100, -11, -10, -9, -1, 0, 1, 9, 10, 19, 99,
+                                                               100, 101, 120) for exclusive in (False, True)]
+    for lo, hi in itertools.product(bounds, repeat=2):
+        regex = range_regex(lo, hi, integer=True)
+        compiled = re.compile(regex) if regex is not None else None
+        accepted = [t for t in texts if compiled is not None and compiled.fullmatch(t)]
+        assert accepted == [t for t in texts if _inside(Decimal(t), lo, hi)], (lo, hi, regex)
+
+
+def test_decimal_ranges_are_exact_over_a_grid():
+    grid = [Decimal(n) / 100 for n in range(-250, 251, 7)] + [Decimal(n) / 4 for n in range(-10, 11)]
+    texts = sorted({format(d, "f") for d in grid} | {format(d, "f") + "0" for d in grid if "." in format(d, "f")}
+                   | {"0", "1", "-1", "2", "2.5", "0.05", "-0.05", "0.001"})
+    texts = [t for t in texts if not re.fullmatch(r"-0(\.0*)?", t)]
+    bounds = [None] + [Bound(Decimal(v), exclusive) for v in ("-2", "-0.5", "-0.05", "0", "0.05", "0.5", "1.25",
+                                                              "2") for exclusive in (False, True)]
+    for lo, hi in itertools.product(bounds, repeat=2):
+        if lo is None and hi is None:
+            continue
+        regex = range_regex(lo, hi, integer=False)
+        compiled = re.compile(regex) if regex is not None else None
+        for t in texts:
+            got = compiled is not None and compiled.fullmatch(t) is not None
+            assert got == _inside(Decimal(t), lo, hi), (lo, hi, t, regex)
+
+
+# -- build_number: keywords of a conjunction into a node ---------------------------------------
+
+
+def normalized(schema):
+    nz = Normalizer(schema)
+    node = nz.node([nz.root_loc])
+    return nz, nz.table[node.key] if isinstance(node, Ref) else node
+
+
+def test_bounds_take_the_tightest_keyword():
+    _, node = normalized({"type": "number", "allOf": [{"minimum": 1}, {"exclusiveMinimum": 1}, {"maximum": 5},
+                                                      {"maximum": 4}, {"exclusiveMaximum": 4.5}]})
+    assert (node.integer, node.lo, node.hi) == (False, Bound(Decimal(1), True), Bound(Decimal(4), False))
+    _, node = normalized({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 1,
+                          "exclusiveMinimum": True, "maximum": 2, "exclusiveMaximum": False})
+    assert (node.lo, node.hi) == (Bound(Decimal(1), True), Bound(Decimal(2), False))
+    with pytest.raises(InvalidSchemaError, match="minimum at / must be a number"):
+        normalized({"type": "number", "minimum": "1"})
+
+
+def test_integer_formats_bound_integers_only():
+    _, node = normalized({"type": "integer", "format": "int8"})
+    assert (node.lo, node.hi) == (Bound(Decimal(-128), False), Bound(Decimal(127), False))
+    _, node = normalized({"type": "integer", "format": "uint8", "minimum": 10, "maximum": 1000})
+    assert (node.lo, node.hi) == (Bound(Decimal(10), False), Bound(Decimal(255), False))
+    assert not normalized({"type": "number", "format": "int8"})[1].bounded
+
+
+def test_small_multiple_of_ranges_are_enumerated():
+    assert normalized({"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 2})[1].values == (
+        0, 0.5, 1, 1.5, 2)
+    assert normalized({"type": "number", "multipleOf": 0.1, "minimum": 0, "exclusiveMaximum": 0.3})[1].values == (
+        0, 0.1, 0.2)  # exact decimal steps, the excluded bound left out
+    both = {"type": "number", "allOf": [{"multipleOf": 0.5}, {"multipleOf": 0.75}], "minimum": 0, "maximum": 5}
+    assert normalized(both)[1].values == (0, 1.5, 3, 4.5)  # the least common multiple of the steps
+    assert normalized({"type": "number", "allOf": [{"multipleOf": 4}, {"multipleOf": 6}], "minimum": 1,
+                       "maximum": 30})[1].values == (12, 24)
+    assert normalized({"type": "number", "multipleOf": 5, "minimum": 1, "maximum": 4})[1] is NEVER
+    assert normalized({"$schema": "http://json-schema.org/draft-03/schema#", "type": "integer", "divisibleBy": 5,
+                       "minimum": 0, "maximum": 10})[1].values == (0, 5, 10)
+
+
+def test_integer_multiples_of_a_fraction_are_integers():
+    # An integer that is a multiple of 0.5 is any integer; of 0.75, a multiple of 3.
+    _, node = normalized({"type": "integer", "multipleOf": 0.5, "minimum": 0, "maximum": 2})
+    assert isinstance(node, Number) and node.integer
+    assert normalized({"type": "integer", "multipleOf": 0.75, "minimum": -1, "maximum": 7})[1].values == (0, 3, 6)
+    regex = schema_to_regex({"type": "integer", "multipleOf": 0.25, "minimum": 0, "maximum": 1}).regex
+    assert [t for t in ("0", "0.25", "0.5", "1") if re.fullmatch(regex, t)] == ["0", "1"]
+
+
+def test_integral_steps_make_integers_and_wide_ranges_are_reported():
+    _, node = normalized({"type": "number", "multipleOf": 1})
+    assert isinstance(node, Number) and node.integer
+    nz, node = normalized({"type": "integer", "multipleOf": 3})
+    assert isinstance(node, Number) and nz.unenforced == {
+        ("multipleOf", ""): "multipleOf over an unbounded or wide range is not enforced"}
+    nz, node = normalized({"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 1000})
+    assert isinstance(node, Number) and set(nz.unenforced) == {("multipleOf", "")}  # over MAX_ENUMERATED values
+    for bad in (0, -2, "2", True):
+        with pytest.raises(InvalidSchemaError, match="multipleOf at / must be a positive number"):
+            normalized({"type": "number", "multipleOf": bad})

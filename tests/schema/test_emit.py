@@ -1,0 +1,301 @@
+"""schema.emit: IR nodes written as regex text.
+
+The central property: for a node, the regex full-matches `serialize(node, x)` exactly when `x` is a
+member of the node within the emitter's bounds (`conforms` with `Bounds`), over a universe of small
+JSON values, and rejects other spellings of the same values. Then whitespace, recursion unrolling and
+`lower_depth`, the length cap, the cycle finder and the nesting measure."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from decimal import Decimal
+
+import pytest
+
+from grammar_mlx import limits
+from grammar_mlx.errors import GrammarTooLargeError
+from grammar_mlx.regex.charset import CharSet
+from grammar_mlx.regex.syntax import NEVER as NO_STRING
+from grammar_mlx.regex.syntax import Chars, alt, literal, repeat, seq
+from grammar_mlx.schema.emit import (
+    STRING,
+    Emitter,
+    _alternation,
+    _counted,
+    cyclic_keys,
+    nesting_depth,
+)
+from grammar_mlx.schema.ir import (
+    ANY,
+    BOOLEAN,
+    NEVER,
+    NULL,
+    Array,
+    Bound,
+    Bounds,
+    Extra,
+    Literal,
+    Number,
+    Object,
+    Property,
+    Ref,
+    String,
+    Union,
+    conforms,
+    serialize,
+)
+
+SCALARS = [None, True, False, 0, 1, 7, -2, 10, 0.5, 1e-05, -0.0, 2.0, "", "a", "ab", "abc", 'q"', "é\n"]
+SMALL = [None, True, 0, 7, 0.5, "a", "ab"]
+
+
+def universe() -> list:
+    """Small JSON values: scalars, arrays of up to three, objects over a few keys, two levels deep."""
+    values = list(SCALARS)
+    values += [list(t) for n in range(3) for t in itertools.product(SMALL, repeat=n)]
+    values += [[1, 2, 3], ["a", 1, 2], ["a", "b", "c"], [None, None, None, None], [1, True, False], [[1]], [["a"], []], [{}]]
+    for keys in itertools.chain.from_iterable(itertools.combinations(["a", "b", "x", "é"], n) for n in range(4)):
+        for vals in itertools.product([None, 7, "ab"], repeat=len(keys)):
+            values.append(dict(zip(keys, vals)))
+    values += [{"b": None, "a": None}, {"x": None, "a": 7}, {"a": {"b": None}}, {"a": [1]}, {"a\\": None}]
+    return values
+
+
+UNIVERSE = universe()
+WORD = repeat(Chars(CharSet.of((0x61, 0x7A))), 1, 2)  # [a-z]{1,2}
+SMALL_INT = Number(True, Bound(Decimal(0), False), Bound(Decimal(9), False))
+POSITIVE = Number(False, Bound(Decimal(0), True), None)
+
+
+def check_exact(node, table: dict | None = None, depth: int = 3, ws: str = "") -> str:
+    """The regex accepts the canonical text of every member of `node` (within the emitter's bounds)
+    and of no other value of the universe; the compact regex refuses other spellings."""
+    table = {} if table is None else table
+    emitter = Emitter(table, ws, depth)
+    regex = emitter.emit(node)
+    compiled = re.compile(regex) if regex is not None else None
+    bounds = Bounds(frozenset(emitter.cyclic), depth, min(depth, limits.MAX_ANY_DEPTH))
+    members = 0
+    for x in UNIVERSE:
+        text = serialize(node, x, table)
+        expected = conforms(node, x, table, bounds)
+        got = compiled is not None and compiled.fullmatch(text) is not None
+        assert got == expected, (x, text, regex)
+        members += expected
+        spaced = json.dumps(x, ensure_ascii=False)
+        if expected and not ws and spaced != text and json.loads(text) == x and " " in spaced:
+            assert not compiled.fullmatch(spaced), (spaced, regex)
+    assert members, "a test node with no member in the universe proves little"
+    return regex
+
+
+def test_literals_are_written_as_listed():
+    regex = check_exact(Literal(("a", 'q"', "é\n", 1.0, None, [7, "a"], {"b": None, "a": None})))
+    assert re.fullmatch(regex, "1.0") and not re.fullmatch(regex, "1")
+    assert re.fullmatch(regex, '{"b":null,"a":null}') and not re.fullmatch(regex, '{"a":null,"b":null}')
+    assert Emitter({}, "", 3).emit(Literal(())) is None
+
+
+def test_numbers_and_strings():
+    check_exact(Number(True))
+    check_exact(Number(False))
+    check_exact(SMALL_INT)
+    check_exact(POSITIVE)
+    check_exact(Number(False, Bound(Decimal(-1), False), Bound(Decimal("0.5"), True)))
+    check_exact(String(None, 1, 2))
+    check_exact(String(WORD))
+    check_exact(String(seq(literal('q"'), alt(literal(""), literal("x")))))  # JSON escapes in a pattern language
+
+
+def test_unconstrained_strings_take_every_escape():
+    regex = Emitter({}, "", 3).emit(String(None, 2, 2))
+    for text in ('"ab"', '"\\n\\/"', '"\\u00e9x"', '"é😀"', '"\\"\\\\"'):
+        assert re.fullmatch(regex, text), text
+    for text in ('"a"', '"abc"', '"\\x"', '"\\ud83d\\ude00"', '"\n."'):
+        assert not re.fullmatch(regex, text), text
+
+
+def test_unions_and_never():
+    check_exact(Union((NULL, SMALL_INT, String(WORD))))
+    # Equal branches are written once.
+    assert Emitter({}, "", 3).emit(Union((NULL, BOOLEAN, NULL))) == "(?:null|(?:true|false))"
+    assert Emitter({}, "", 3).emit(Union((NEVER, NULL))) == "null"
+    assert Emitter({}, "", 3).emit(NEVER) is None
+
+
+@pytest.mark.parametrize("node", [
+    Array((), None),
+    Array((), SMALL_INT),
+    Array((), SMALL_INT, 1, 2),
+    Array((), ANY, 2),
+    Array((String(WORD),), SMALL_INT),
+    Array((String(WORD), SMALL_INT), None, 1),
+    Array((String(WORD), SMALL_INT), NULL, 0, 3),
+    Array((NULL, NULL, NULL), None, 2, 2),
+    Array((ANY,), BOOLEAN, 3),
+], ids=repr)
+def test_arrays(node):
+    check_exact(node)
+
+
+def test_an_impossible_position_ends_the_array():
+    node = Array((SMALL_INT, NEVER, NULL), NULL)
+    regex = check_exact(node)
+    assert re.fullmatch(regex, "[7]") and not re.fullmatch(regex, "[7,null]")
+    assert Emitter({}, "", 3).emit(Array((SMALL_INT, NEVER), None, 2)) is None  # two items cannot be
+
+
+OPTIONAL_AB = (Property("a", NULL, False), Property("b", SMALL_INT, False))
+
+
+@pytest.mark.parametrize("node", [
+    Object((), ()),
+    Object(OPTIONAL_AB, ()),
+    Object((Property("a", NULL, False), Property("b", SMALL_INT, True), Property("x", String(WORD), False)), ()),
+    Object(OPTIONAL_AB, (), nonempty=True),
+    Object((), (Extra(String(WORD), ANY),)),
+    Object(OPTIONAL_AB, (Extra(String(literal("x")), String(WORD)),)),
+    Object((Property("a", NULL, True),), (Extra(String(alt(literal("x"), literal("é"))), SMALL_INT),), 1, 2),
+    Object((), (Extra(String(WORD), NULL), Extra(String(literal("é")), SMALL_INT)), 0, 1),
+    Object((Property("x", NULL, False), Property("a", NULL, False), Property("b", NULL, False)), (), first_choices=1),
+    Object((Property("x", NULL, False), Property("a", NULL, False), Property("b", NULL, True)), (), first_choices=1),
+], ids=repr)
+def test_objects(node):
+    check_exact(node)
+
+
+def test_objects_keep_declaration_order_and_never_repeat_a_key():
+    regex = check_exact(Object(OPTIONAL_AB, (Extra(String(literal("x")), NULL),)))
+    assert re.fullmatch(regex, '{"a":null,"b":7,"x":null}')
+    assert not re.fullmatch(regex, '{"b":7,"a":null}') and not re.fullmatch(regex, '{"a":null,"a":null}')
+    # Extra keys are not tracked one by one (the normalizer reports counts that depend on it).
+    assert re.fullmatch(regex, '{"x":null,"x":null}')
+
+
+def test_impossible_objects():
+    emit = Emitter({}, "", 3).emit
+    assert emit(Object((Property("a", NEVER, True),), ())) is None
+    assert emit(Object((), (Extra(String(WORD), NEVER),), 1)) is None  # an extra is needed, none can be
+    assert emit(Object((), (), nonempty=True)) is None
+    # No key name left for the extras: none are written, an optional property of no value is skipped.
+    assert emit(Object((Property("a", NEVER, False),), (Extra(String(NO_STRING), NULL),))) == r"\{\}"
+
+
+def test_whitespace_stands_only_where_json_allows_it():
+    node = Object((Property("a", Array((), SMALL_INT), True),), (Extra(String(WORD), NULL),))
+    ws = "(?:[ \\n]{0,2})"
+    regex = check_exact(node, ws=ws)
+    for text in ('{"a":[1,2]}', '{ "a" : [ 1 , 2 ] }', '{\n"a":[\n1],"b" :null }', '{"a":[ ]}'):
+        assert re.fullmatch(regex, text), text
+    for text in ('{   "a":[]}', '{"a":[1 2]}', '{"a":[1,2] ,}', ' {"a":[]}', '{"a":[]} ', '{"a":[1]," b":null}'):
+        assert not re.fullmatch(regex, text), text
+    literal_regex = Emitter({}, ws, 3).emit(Literal(([1, {"k": "v"}],)))
+    assert re.fullmatch(literal_regex, '[ 1 , { "k" : "v" } ]') and not re.fullmatch(literal_regex, '[1,{"k":"v" }]x')
+
+
+def tree_table() -> dict:
+    """node := {"v": 0..9, "kids"?: [node, ...]}"""
+    return {"node": Object((Property("v", SMALL_INT, True), Property("kids", Array((), Ref("node")), False)), ())}
+
+
+def nested(depth: int) -> dict:
+    return {"v": 1} if depth == 0 else {"v": 1, "kids": [nested(depth - 1)]}
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_recursion_unrolls_to_the_depth_bound(depth):
+    table = tree_table()
+    emitter = Emitter(table, "", depth)
+    regex = re.compile(emitter.emit(Ref("node")))
+    assert emitter.cyclic == {"node"} and emitter.bounded_recursion and not emitter.bounded_any
+    bounds = Bounds(frozenset({"node"}), depth, 0)
+    for d in range(depth + 3):
+        text = serialize(Ref("node"), nested(d), table)
+        assert (regex.fullmatch(text) is not None) == (d <= depth) == conforms(Ref("node"), nested(d), table, bounds)
+    assert regex.fullmatch('{"v":1,"kids":[]}')
+    assert emitter.lower_depth() == (depth - 1 if depth else None)
+
+
+def test_recursion_without_a_base_case_has_no_value():
+    table = {"loop": Array((Ref("loop"),), None, 1)}  # every value holds another one
+    assert Emitter(table, "", 3).emit(Ref("loop")) is None
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 3])
+def test_generic_values_nest_to_min_depth_and_the_generic_limit(depth):
+    emitter = Emitter({}, "", depth)
+    regex = check_exact(Array((), ANY), depth=depth)
+    assert emitter.emit(ANY) is not None and emitter.bounded_any and not emitter.bounded_recursion
+    levels = min(depth, limits.MAX_ANY_DEPTH)
+    generic = re.compile(emitter.emit(ANY))
+    value: object = 1
+    for d in range(levels + 2):
+        assert (generic.fullmatch(json.dumps(value, separators=(",", ":"))) is not None) == (d <= levels)
+        value = {"k": value, "j": 1} if d % 2 else [1, value]  # nests one container deeper
+    assert emitter.lower_depth() == (levels - 1 if levels else None)
+    assert regex
+
+
+def test_lower_depth_is_none_when_depth_was_never_read():
+    emitter = Emitter({}, "", 3)
+    emitter.emit(Object(OPTIONAL_AB, ()))
+    assert emitter.lower_depth() is None
+
+
+def test_any_value_takes_every_scalar_form():
+    scalar = re.compile(Emitter({}, "", 0).any_value(0))
+    for text in ("null", "true", "-0.5e+3", '"\\u00e9"', "0"):
+        assert scalar.fullmatch(text), text
+    for text in ("[]", "{}", "01", "nul", "'a'"):
+        assert not scalar.fullmatch(text), text
+
+
+def test_the_length_cap_is_enforced_as_the_regex_grows(monkeypatch):
+    monkeypatch.setattr(limits, "SCHEMA_REGEX_LENGTH", 200)
+    wide = Literal(tuple(f"value{i}" for i in range(40)))
+    with pytest.raises(GrammarTooLargeError, match="exceeds"):
+        Emitter({}, "", 3).emit(wide)
+    props = tuple(Property(f"property_{i}", String(None, 0, 5), False) for i in range(20))
+    with pytest.raises(GrammarTooLargeError):
+        Emitter({}, "", 3).emit(Object(props, ()))
+    # Over the cap but without any value: that is decided first (no error, no regex).
+    impossible = Object((*props, Property("z", NEVER, True)), ())
+    assert Emitter({}, "", 3).emit(impossible) is None
+    array = Array(tuple(String(None, 0, 9) for _ in range(20)), None)
+    with pytest.raises(GrammarTooLargeError):
+        Emitter({}, "", 3).emit(array)
+    assert Emitter({}, "", 3).emit(Literal(("short",))) == '"short"'
+
+
+def test_cyclic_keys():
+    table = {
+        "self": Array((), Ref("self")),
+        "a": Union((NULL, Ref("b"))),
+        "b": Object((Property("p", Ref("a"), False),), ()),
+        "c": Array((Ref("a"), Ref("leaf")), None),  # reaches a cycle but lies on none
+        "leaf": NULL,
+        "d": Object((), (Extra(String(WORD), Ref("d")),)),
+    }
+    assert cyclic_keys(table) == {"self", "a", "b", "d"}
+    assert cyclic_keys({"x": NULL, "y": Ref("x")}) == set()
+    chain = {i: Array((), Ref(i + 1)) for i in range(2000)}  # long chains need no recursion
+    chain[2000] = Array((), Ref(0))
+    assert cyclic_keys(chain) == set(range(2001))
+
+
+def test_nesting_depth_skips_classes_and_escapes():
+    assert nesting_depth("a") == 0
+    assert nesting_depth("(a(b)(c(d)))") == 3
+    assert nesting_depth(r"(a[(()]\(\()") == 1
+    assert nesting_depth(r"[\]((]x") == 0
+    assert nesting_depth(STRING) == 3
+
+
+def test_counted_and_alternation_forms():
+    assert [_counted("x", lo, hi) for lo, hi in ((0, None), (1, None), (0, 1), (1, 1), (2, None), (2, 2), (1, 3))] == [
+        "x*", "x+", "x?", "x", "x{2,}", "x{2}", "x{1,3}"]
+    assert _counted("x", 0, 0) == "" and _counted("ab", 0, None, group=True) == "(?:ab)*"
+    assert _alternation([]) is None and _alternation([None, "a"]) == "a"
+    assert _alternation(["a", "b", "a"]) == "(?:a|b)"

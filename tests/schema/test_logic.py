@@ -1,0 +1,178 @@
+"""schema.logic: `negation` (schemas whose union is the complement) and `alternatives` (if/then/else
+and dependencies as unions), checked for exact forms and, with jsonschema as the judge, for meaning
+over a set of small JSON values."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from grammar_mlx.errors import InvalidSchemaError
+from grammar_mlx.schema.logic import alternatives, negation
+
+jsonschema = pytest.importorskip("jsonschema")
+
+DEFS = {"s": {"type": "string", "maxLength": 1}, "n": {"minimum": 0}}
+VALUES = [None, True, False, 0, 1, 2, 2.5, 3, 5, 7, -1, -0.5, "", "a", "ab", "abc", [], [1], [1, 2], ["a", "b", "c"],
+          {}, {"a": 1}, {"a": "x"}, {"b": 2}, {"b": 5}, {"a": 1, "b": 2}, {"a": "xy", "b": "q"}, {"c": None}]
+TYPES = ["null", "boolean", "integer", "number", "string", "array", "object"]
+
+
+def resolve(ref: str):
+    prefix = "#/$defs/"
+    return DEFS.get(ref[len(prefix):]) if ref.startswith(prefix) else None
+
+
+@cache
+def _validator(text: str, draft: int):
+    import json
+
+    cls = {4: jsonschema.Draft4Validator, 7: jsonschema.Draft7Validator}.get(draft, jsonschema.Draft202012Validator)
+    schema = json.loads(text)
+    if isinstance(schema, dict):
+        schema = {"definitions" if draft in (4, 7) else "$defs": DEFS, **schema}
+    return cls(schema)
+
+
+def valid(schema, value, draft: int = 2020) -> bool:
+    import json
+
+    return _validator(json.dumps(schema, sort_keys=True), draft).is_valid(value)
+
+
+NEGATABLE = [
+    {"type": "string"}, {"type": ["number", "null"]}, {"type": "number"}, {"type": TYPES}, {"enum": [1, "a", None]},
+    {"const": 2}, {"required": ["a", "b"]}, {"properties": {"a": {"type": "string"}, "b": {"minimum": 3}}},
+    {"minLength": 2}, {"maxLength": 0}, {"maxItems": 1}, {"minItems": 2}, {"minProperties": 1}, {"maxProperties": 1},
+    {"minimum": 2}, {"maximum": 2.5}, {"exclusiveMinimum": 0}, {"exclusiveMaximum": 3},
+    {"allOf": [{"type": "string"}, {"maxLength": 2}]}, {"anyOf": [{"type": "string"}, {"minimum": 5}]},
+    {"anyOf": [{"type": "string"}, {}]}, {"not": {"type": "string"}}, {"$ref": "#/$defs/s"},
+    {"$ref": "#/$defs/n", "type": "number"}, {"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}},
+    {"title": "annotations only", "x-unknown": 1}, {"not": {"$ref": "#/$defs/s"}}, True, False,
+]
+
+
+@pytest.mark.parametrize("schema", NEGATABLE, ids=repr)
+def test_negation_holds_exactly_the_rejected_values(schema):
+    negated = negation(schema, resolve)
+    assert negated is not None
+    for value in VALUES:
+        assert valid(schema, value) != any(valid(n, value) for n in negated), (schema, negated, value)
+
+
+@pytest.mark.parametrize("schema", [{"minimum": 2, "exclusiveMinimum": True}, {"maximum": 2, "exclusiveMaximum": True},
+                                    {"maximum": 2, "exclusiveMaximum": False}], ids=repr)
+def test_negation_of_draft4_boolean_bounds(schema):
+    negated = negation(schema, resolve)
+    for value in VALUES:
+        # The negations are read as the front end reads them: numeric exclusive bounds.
+        assert valid(schema, value, 4) != any(valid(n, value) for n in negated), (schema, negated, value)
+
+
+def test_negation_forms():
+    assert negation(True, resolve) == [] and negation(False, resolve) == [{}]
+    assert negation({"type": "string"}, resolve) == [{"type": ["null", "boolean", "number", "array", "object"]}]
+    assert negation({"type": "null"}, resolve) == [{"type": ["boolean", "number", "string", "array", "object"]}]
+    assert negation({"type": "number"}, resolve) == [{"type": ["null", "boolean", "string", "array", "object"]}]
+    assert negation({"type": TYPES}, resolve) == []
+    assert negation({"const": 2}, resolve) == [{"not": {"const": 2}}]
+    assert negation({"required": ["a", "b"]}, resolve) == [{"type": "object", "properties": {"a": False}},
+                                                            {"type": "object", "properties": {"b": False}}]
+    assert negation({"minLength": 3}, resolve) == [{"type": "string", "maxLength": 2}]
+    assert negation({"minLength": 0}, resolve) == []
+    assert negation({"maxItems": 2}, resolve) == [{"type": "array", "minItems": 3}]
+    assert negation({"minimum": 2}, resolve) == [{"type": "number", "exclusiveMaximum": 2}]
+    assert negation({"not": {"pattern": "a"}}, resolve) == [{"pattern": "a"}]
+    assert negation({"description": "x", "x-vendor": {}}, resolve) == []
+    assert negation({"required": True}, resolve) == []  # draft 3's flag on the property constrains the parent
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer"},  # the non-integer numbers have no schema of their own
+    {"enum": [[1]]}, {"const": {"a": 1}},  # excluding containers
+    {"pattern": "a"}, {"format": "date"}, {"multipleOf": 2}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
+    {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {}}, {"if": {}},
+    {"oneOf": [{}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
+    {"$ref": "https://elsewhere.test/s.json"},  # not resolvable
+    {"properties": {"a": {"pattern": "x"}}}, {"anyOf": [{"pattern": "x"}, {}]}, {"allOf": [{"format": "email"}]},
+    3, "string",
+])
+def test_negation_without_a_union_form_is_none(schema):
+    assert negation(schema, resolve) is None
+
+
+def test_negation_gives_up_past_its_depth():
+    def nested(levels: int) -> object:
+        deep: object = {"type": "string"}
+        for _ in range(levels):
+            deep = {"properties": {"a": deep}}
+        return deep
+
+    assert negation(nested(8), resolve) is not None
+    assert negation(nested(9), resolve) is None
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": 3}, "type must be a type name or an array of them"),
+    ({"required": "a"}, "required must be an array of strings"),
+    ({"properties": []}, "properties must be an object"),
+    ({"minLength": -1}, "minLength must be a non-negative integer"),
+    ({"maxItems": 1.5}, "maxItems must be a non-negative integer"),
+    ({"anyOf": []}, "anyOf must be a non-empty array"),
+])
+def test_negation_refuses_malformed_keywords(schema, message):
+    with pytest.raises(InvalidSchemaError, match=message):
+        negation(schema, resolve)
+
+
+# -- alternatives -------------------------------------------------------------------------------
+
+
+def check_alternatives(schema: dict, keyword: str, draft: int = 2020, limit: int = 64) -> list:
+    """The conjunction without `keyword` (and then/else), and with each alternative added, has exactly
+    the values of the schema."""
+    alts = alternatives(keyword, schema[keyword], schema, resolve, limit)
+    assert alts is not None
+    inert = {keyword, "then", "else"} if keyword == "if" else {keyword}
+    rest = {k: v for k, v in schema.items() if k not in inert}
+    for value in VALUES:
+        union = any(valid({"allOf": [rest, *(s for s, _ in alt)]}, value, draft) for alt in alts)
+        assert valid(schema, value, draft) == union, (schema, alts, value)
+    return alts
+
+
+@pytest.mark.parametrize("schema", [
+    {"if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}, "else": {"properties": {"b": False}}},
+    {"if": {"type": "string"}, "then": {"maxLength": 1}},
+    {"if": {"minimum": 2}, "else": {"type": "integer"}},
+    {"type": "object", "if": {"required": ["a"]}, "then": {"properties": {"b": {"minimum": 3}}}},
+], ids=repr)
+def test_if_then_else_as_a_union(schema):
+    alts = check_alternatives(schema, "if")
+    # The `if` branch evaluates (for unevaluated*); the negated branches do not.
+    assert alts[0][0] == (schema["if"], True) and all(not alt[0][1] for alt in alts[1:])
+
+
+def test_if_without_then_or_else_adds_nothing():
+    assert alternatives("if", {"pattern": "a"}, {"if": {"pattern": "a"}}, resolve, 64) == [[]]
+    assert alternatives("if", {"pattern": "a"}, {"if": {"pattern": "a"}, "then": {}}, resolve, 64) is None
+
+
+def test_dependent_required_and_schemas():
+    alts = check_alternatives({"dependentRequired": {"a": ["b"]}}, "dependentRequired")
+    assert alts == [[({"properties": {"a": False}}, False)], [({"required": ["a", "b"]}, True)]]
+    check_alternatives({"dependentRequired": {"a": ["b"], "b": ["c"]}}, "dependentRequired")
+    alts = check_alternatives({"dependentSchemas": {"a": {"properties": {"b": {"minimum": 3}}}}}, "dependentSchemas")
+    assert len(alts) == 2
+    check_alternatives({"dependencies": {"a": ["b"], "b": {"required": ["a"]}}}, "dependencies", draft=7)
+    check_alternatives({"dependentSchemas": {"a": False}}, "dependentSchemas")
+
+
+def test_alternatives_limit_and_malformed_values():
+    many = {name: [] for name in "abcdefg"}  # 2^7 alternatives
+    assert alternatives("dependentRequired", many, {}, resolve, 64) is None
+    assert len(alternatives("dependentRequired", dict(list(many.items())[:6]), {}, resolve, 64)) == 64
+    assert alternatives("dependencies", {"a": 3}, {}, resolve, 64) is None
+    with pytest.raises(InvalidSchemaError, match="dependentRequired must be an object"):
+        alternatives("dependentRequired", ["a"], {}, resolve, 64)

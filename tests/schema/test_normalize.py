@@ -1,0 +1,287 @@
+"""schema.normalize: a schema into the IR keyword by keyword, the unenforced report and strict mode.
+
+Each test normalizes a small schema with `Normalizer` directly and checks the node it builds (or
+its members, through `conforms`) and the report (keyword, pointer, reason)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from decimal import Decimal
+
+import pytest
+
+from grammar_mlx import limits
+from grammar_mlx.errors import (
+    CompileTimeoutError,
+    GrammarTooLargeError,
+    InvalidSchemaError,
+    UnsupportedSchemaError,
+)
+from grammar_mlx.limits import Deadline, deadline_scope
+from grammar_mlx.schema.emit import Emitter, cyclic_keys
+from grammar_mlx.schema.ir import (
+    ANY,
+    BOOLEAN,
+    NEVER,
+    NULL,
+    Array,
+    Bound,
+    Literal,
+    Number,
+    Object,
+    Ref,
+    String,
+    Union,
+    conforms,
+)
+from grammar_mlx.schema.normalize import Normalizer, Unenforced, exclude
+
+DRAFT3 = "http://json-schema.org/draft-03/schema#"
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+PROBES = [None, True, False, 0, 1, 2, 5, 9, 10, -3, 2.5, "", "a", "ab", "abc", [], [1], {}, {"a": 1}]
+
+
+def normalized(schema, **options) -> tuple[Normalizer, object]:
+    nz = Normalizer(schema, **options)
+    return nz, deref(nz, nz.node([nz.root_loc]))
+
+
+def deref(nz: Normalizer, node):
+    return nz.table[node.key] if isinstance(node, Ref) else node
+
+
+def members(schema, probes=PROBES) -> list:
+    nz, node = normalized(schema)
+    return [x for x in probes if conforms(node, x, nz.table)]
+
+
+def report(schema, **options) -> dict:
+    return normalized(schema, **options)[0].unenforced
+
+
+def test_booleans_and_empty_schemas():
+    assert normalized(True)[1] is ANY and normalized({})[1] is ANY and normalized(False)[1] is NEVER
+    assert normalized({"title": "t", "description": "d", "$comment": "c", "examples": [1]})[1] is ANY
+
+
+def test_types():
+    assert normalized({"type": "null"})[1] is NULL and normalized({"type": "boolean"})[1] is BOOLEAN
+    nz, node = normalized({"type": "integer"})
+    assert isinstance(node, Number) and node.integer and not node.bounded
+    nz, node = normalized({"type": ["integer", "number"]})
+    assert isinstance(node, Number) and not node.integer  # number already holds the integers
+    nz, node = normalized({"type": ["string", "integer"]})
+    assert isinstance(node, Union) and [type(deref(nz, n)) for n in node.items] == [Number, String]
+    assert members({"type": ["string", "null"]}) == [None, "", "a", "ab", "abc"]
+
+
+def test_keywords_without_type_leave_other_types_allowed():
+    assert members({"minimum": 3}) == [x for x in PROBES if not isinstance(x, (int, float)) or isinstance(x, bool)
+                                       or x >= 3]
+
+
+def test_all_of_merges_keyword_by_keyword():
+    _nz, node = normalized({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 9}, {"minimum": 2}]})
+    assert isinstance(node, Number)
+    assert (node.integer, node.lo, node.hi) == (True, Bound(Decimal(2), False), Bound(Decimal(9), False))
+    assert normalized({"allOf": [{"type": "string"}, {"type": "number"}]})[1] is NEVER
+
+
+def test_any_of_distributes_the_conjunction():
+    nz, node = normalized({"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]})
+    assert isinstance(node, Union) and len(node.items) == 2
+    lo, hi = (deref(nz, n) for n in node.items)
+    assert (lo.integer, lo.lo, lo.hi) == (True, Bound(Decimal(5), False), None)
+    assert (hi.integer, hi.lo, hi.hi) == (True, None, Bound(Decimal(-5), False))
+    assert members({"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]}) == [5, 9, 10]
+
+
+def test_one_of_is_reported_only_when_branches_may_overlap():
+    assert report({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == {}
+    assert report({"oneOf": [{"const": 1}, {"const": 2}]}) == {}
+    schema = {"type": "object", "properties": {"p": {"oneOf": [{"type": "string"}, {"minLength": 1}]}}}
+    assert report(schema) == {("oneOf", "/properties/p"): "branches 0 and 1 may both match one value"}
+
+
+def test_enum_and_const_keep_the_values_every_other_keyword_allows():
+    node = normalized({"enum": [1, "a", "abc", None, 2.5], "type": ["string", "integer"], "maxLength": 2})[1]
+    assert isinstance(node, Literal) and node.values == (1, "a")
+    assert normalized({"allOf": [{"enum": [1, 2, 3]}, {"const": 2.0}]})[1].values == (2,)  # the first spelling
+    node = normalized({"enum": [{"a": 1}, {"a": "x"}, 3], "properties": {"a": {"type": "integer"}}})[1]
+    assert node.values == ({"a": 1}, 3)
+    assert normalized({"enum": [1], "type": "string"})[1] is NEVER
+    with pytest.raises(InvalidSchemaError, match="enum at / must be an array"):
+        normalized({"enum": "a"})
+
+
+def test_not_removes_types_and_values():
+    assert members({"not": {"type": ["string", "null"]}}) == [x for x in PROBES if x is not None
+                                                               and not isinstance(x, str)]
+    assert members({"type": ["integer", "string"], "not": {"enum": [1, "a", 2.5]}}) == [
+        0, 2, 5, 9, 10, -3, "", "ab", "abc"]
+    assert normalized({"not": True})[1] is NEVER and normalized({"not": {}})[1] is NEVER
+    assert members({"not": False}) == PROBES
+    assert report({"type": "integer", "not": {"const": 3}}) == {}
+    # Listed numbers outside the range remove nothing (they used to widen the range past its bounds).
+    assert members({"type": "integer", "minimum": 0, "maximum": 5, "not": {"enum": [2, 7]}}, range(-3, 10)) == [
+        0, 1, 3, 4, 5]
+    assert members({"type": "integer", "minimum": 3, "not": {"const": -1}}, range(-3, 6)) == [3, 4, 5]
+    nz, node = normalized({"type": "number", "maximum": 5, "not": {"const": 9}})
+    assert re.fullmatch(Emitter(nz.table, "", 3).emit(node), "5") and not re.fullmatch(
+        Emitter(nz.table, "", 3).emit(node), "6")
+
+
+def test_not_of_integers_within_numbers_is_reported():
+    nz, node = normalized({"type": "number", "not": {"type": "integer"}})
+    assert isinstance(node, Number) and not node.integer
+    assert nz.unenforced == {("not", ""): "excluding integers from numbers is not enforced"}
+
+
+def test_negations_with_a_union_form_are_distributed():
+    assert members({"type": "string", "not": {"minLength": 2}}) == ["", "a"]
+    assert members({"type": "object", "properties": {"a": {}}, "not": {"required": ["a"]}},
+                   [{}, {"a": 1}, {"b": 1}]) == [{}]
+    assert report({"not": {"minLength": 2}}) == {}
+
+
+def test_forms_without_a_union_are_reported_and_left_out():
+    nz, node = normalized({"type": "string", "not": {"pattern": "a"}})
+    assert nz.unenforced == {("not", ""): "this negated schema is not expressible as a union of schemas"}
+    assert isinstance(node, String) and node.matches("a")  # not enforced: still allowed
+    nz, node = normalized({"type": "string", "if": {"pattern": "a"}, "then": {"maxLength": 1}})
+    assert nz.unenforced == {("if", ""): "not expressible as a union here (or too many alternatives)"}
+
+
+def test_too_many_logic_alternatives_are_reported(monkeypatch):
+    monkeypatch.setattr(limits, "MAX_LOGIC_ALTERNATIVES", 3)
+    schema = {"type": "object", "dependentRequired": {"a": ["b"], "c": ["d"]}}  # 4 alternatives
+    assert set(report(schema)) == {("dependentRequired", "")}
+    assert report({"type": "object", "dependentRequired": {"a": ["b"]}}) == {}
+
+
+def test_union_branches_are_bounded(monkeypatch):
+    monkeypatch.setattr(limits, "MAX_UNION_BRANCHES", 5)
+    normalized({"anyOf": [{"const": i} for i in range(5)]})
+    with pytest.raises(GrammarTooLargeError, match="exceed 5 branches"):
+        normalized({"allOf": [{"anyOf": [{"const": i} for i in range(3)]},
+                              {"anyOf": [{"minimum": i} for i in range(3)]}]})
+
+
+def test_refs_siblings_and_drafts():
+    defs = {"i": {"type": "integer"}}
+    # Draft 7: a $ref's siblings are ignored; 2020-12: they apply.
+    nz, node = normalized({"$schema": DRAFT7, "definitions": defs, "$ref": "#/definitions/i", "maximum": 3})
+    assert isinstance(node, Number) and node.hi is None
+    nz, node = normalized({"$defs": defs, "$ref": "#/$defs/i", "maximum": 3})
+    assert isinstance(node, Number) and node.hi == Bound(Decimal(3), False)
+    # A remote reference is reported; its siblings still apply.
+    nz, node = normalized({"type": "object", "properties": {"r": {"$ref": "https://x.test/s.json",
+                                                                  "type": "string"}}})
+    assert nz.unenforced == {("$ref", "/properties/r"): "remote reference 'https://x.test/s.json' is not resolved"}
+    assert isinstance(deref(nz, node.properties[0].value), String)
+    assert report({"$defs": defs, "$dynamicRef": "#/$defs/i"}) == {
+        ("$dynamicRef", ""): "dynamic scope is not tracked; resolved like $ref"}
+
+
+def test_recursion_becomes_a_cycle_of_refs():
+    nz, node = normalized({"$defs": {"l": {"type": "array", "items": {"$ref": "#/$defs/l"}}}, "$ref": "#/$defs/l"})
+    assert isinstance(node, Array) and isinstance(node.rest, Ref) and deref(nz, node.rest) is node
+    assert node.rest.key in cyclic_keys(nz.table)
+    # A schema that is a member of its own conjunction ends there: A and A is A.
+    nz, node = normalized({"allOf": [{"$ref": "#"}], "type": "string"})
+    assert isinstance(node, String) and not cyclic_keys(nz.table)
+
+
+def test_each_conjunction_is_built_once():
+    shared = {"type": "string", "minLength": 1}
+    nz, node = normalized({"type": "object", "$defs": {"s": shared},
+                           "properties": {k: {"$ref": "#/$defs/s"} for k in "abc"}})
+    assert len({p.value.key for p in node.properties}) == 1  # one named node for all three
+    assert len(nz.table) == 2
+
+
+def test_draft3_keywords_are_reported():
+    assert set(report({"$schema": DRAFT3, "extends": {"type": "string"}, "disallow": "null"})) == {
+        ("extends", ""), ("disallow", "")}
+    assert members({"$schema": DRAFT3, "type": "any"}) == PROBES
+    assert set(report({"$schema": DRAFT3, "type": [{"type": "string"}]})) == {("type", "")}
+
+
+def test_content_keywords_assert_in_draft7_and_annotate_later():
+    assert normalized({"contentMediaType": "application/json"})[1] is ANY
+    assert report({"$schema": DRAFT7, "type": "string", "contentMediaType": "application/json"}) == {
+        ("contentMediaType", ""): "the decoded content's media type is not enforced"}
+
+
+def test_strict_mode_raises_the_first_unenforced_keyword():
+    schema = {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(UnsupportedSchemaError) as info:
+        normalized(schema, strict=True)
+    assert (info.value.keyword, info.value.pointer) == ("uniqueItems", "/properties/t")
+    assert "'uniqueItems' at /properties/t cannot be enforced" in str(info.value)
+    nz = Normalizer({"type": "string"}, strict=True)
+    with pytest.raises(GrammarTooLargeError, match="'maxLength' at /: relaxed"):
+        nz.too_large("maxLength", nz.root_loc, "relaxed")
+    lenient = Normalizer({"type": "string"})
+    lenient.too_large("maxLength", lenient.root_loc, "relaxed")
+    lenient.report("format", "/x", "why")
+    assert lenient.unenforced == {("maxLength", ""): "relaxed", ("format", "/x"): "why"}
+    assert Unenforced("format", "/x", "why") == Unenforced("format", "/x", "why")
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"properties": {"a": 3}}, "schema at /properties/a must be an object or a boolean"),
+    ({"type": "strng"}, "type at /: unknown type 'strng'"),
+    ({"allOf": []}, "allOf at / must be a non-empty array"),
+    ({"anyOf": []}, "anyOf at / must be a non-empty array"),
+    ({"oneOf": {}}, "oneOf at / must be a non-empty array"),
+    ({"type": "object", "dependentRequired": []}, "dependentRequired at /: dependentRequired must be an object"),
+])
+def test_malformed_schemas_raise_naming_where(schema, message):
+    with pytest.raises(InvalidSchemaError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        normalized(schema)
+
+
+def test_normalizing_checks_the_deadline():
+    with deadline_scope(Deadline(1e-9)), pytest.raises(CompileTimeoutError):
+        normalized({"type": "object", "properties": {"a": {"type": "string"}}})
+
+
+def test_wide_optional_objects_mark_the_first_choice_narrowable():
+    wide = {"type": "object", "properties": {f"p{i}": {} for i in range(30)}}
+    assert normalized(wide)[0].first_choices_narrowable
+    assert normalized({"type": "object", "properties": {"a": {}, "b": {}}})[0].first_choices_narrowable
+    led = {"type": "object", "properties": {f"p{i}": {} for i in range(30)}, "required": ["p0"]}
+    assert not normalized(led)[0].first_choices_narrowable
+
+
+# -- exclude -------------------------------------------------------------------------------------
+
+
+def test_exclude_literals_and_strings():
+    assert exclude(Literal((1, "a", True)), [1.0, True]).values == ("a",)
+    assert exclude(Literal((1,)), [1]) is NEVER
+    node = exclude(String(None, 0, 2), ["a", "bc", 3, "toolong"])
+    assert [node.matches(t) for t in ("", "a", "b", "bc", "bd", "abc")] == [True, False, True, False, True, False]
+    unchanged = String(None, 1)
+    assert exclude(unchanged, [1, None]) is unchanged and exclude(BOOLEAN, [True]).values == (False,)
+    obj = Object((), ())
+    assert exclude(obj, ["a"]) is obj
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exclude_numbers_removes_exactly_the_listed_values(seed):
+    rng = random.Random(seed)
+    grid = [Decimal(n) / 2 for n in range(-24, 25)]
+    for _ in range(150):
+        integer = rng.random() < 0.5
+        lo = None if rng.random() < 0.3 else Bound(rng.choice(grid), rng.random() < 0.5)
+        hi = None if rng.random() < 0.3 else Bound(rng.choice(grid), rng.random() < 0.5)
+        node = Number(integer, lo, hi)
+        cuts = [float(rng.choice(grid)) for _ in range(rng.randint(1, 4))]
+        cut = exclude(node, cuts)
+        for x in itertools.chain(range(-13, 14), (v / 2 for v in range(-27, 28, 2))):
+            expected = conforms(node, x, {}) and x not in cuts
+            assert conforms(cut, x, {}) == expected, (node, cuts, x)
