@@ -223,6 +223,35 @@ def test_row_masker_hits_keep_a_row_recent(monkeypatch):
     assert len(unpacked) == 12  # row 0 once, each new row once
 
 
+def test_row_masker_and_apply_share_one_row_cache(monkeypatch):
+    # The per-token path has no cache of its own: a row row_masker unpacked is the entry a single-row
+    # apply_token_bitmask finds (and the reverse), and a hit from either spares it at eviction.
+    unpacked = []
+    real_unpack = cpu.unpack
+    monkeypatch.setattr(cpu, "unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    rng = np.random.default_rng(25)
+    vocab = 640
+    table_np = make_table(rng, "random", 6, 20)
+    table = mx.array(table_np)
+    dispatch.set_row_cache_limit(3 * (vocab + 80))
+    mask = dispatch.row_masker(table, vocab, mx.float32)
+    bits = make_logit_bits(rng, "float32", 1, vocab)
+
+    def check(out: mx.array, row: int) -> None:
+        np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, [row], 0xFF800000))
+
+    check(mask(to_mx(bits, "float32"), 0), 0)
+    check(dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, [0]), 0)
+    check(dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, [1]), 1)
+    check(mask(to_mx(bits, "float32"), 1), 1)
+    assert len(unpacked) == 2 and len(dispatch._ROW_CACHE.keys()) == 2
+    check(mask(to_mx(bits, "float32"), 2), 2)  # full: rows 0, 1, 2 (0 and 1 hit since they came in)
+    check(dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, [0]), 0)
+    check(mask(to_mx(bits, "float32"), 3), 3)  # the pass unmarks 0 and 1 (to the recent end), evicts 2
+    assert [key[2] for key in dispatch._ROW_CACHE.keys()] == [table_np[r].tobytes() for r in (3, 0, 1)]
+    assert len(unpacked) == 4
+
+
 def _cache_of_rows(rows: int, vocab: int = 640, words: int = 20):
     """A RowCache bounded to `rows` dense rows, a table of distinct random rows, and a function
     naming the cached rows (oldest first) by their ids in that table."""

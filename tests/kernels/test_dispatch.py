@@ -90,9 +90,18 @@ def test_row_id_forms(rows):
     np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table, [4, 0, 4], 0xFF800000))
 
 
-def test_empty_batch():
-    out = dispatch.apply_token_bitmask(mx.zeros((0, 64)), mx.zeros((3, 2), dtype=mx.uint32), [])
-    assert out.shape == (0, 64)
+@pytest.mark.parametrize("path", cpu_paths())
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_empty_batch_returns_empty_logits_of_their_dtype_and_is_still_checked(path, dtype):
+    table = mx.zeros((3, 2), dtype=mx.uint32)
+    out = dispatch.apply_token_bitmask(mx.zeros((0, 64), dtype=DTYPES[dtype][0]), table, [], path=path)
+    assert out.shape == (0, 64) and out.dtype == DTYPES[dtype][0] and out.size == 0
+    # No rows to mask does not skip the checks: a mismatched row count or table is still an error.
+    with pytest.raises(KernelError, match="1 row ids for 0 rows"):
+        dispatch.apply_token_bitmask(mx.zeros((0, 64), dtype=DTYPES[dtype][0]), table, [0], path=path)
+    with pytest.raises(KernelError, match="larger vocabulary"):
+        dispatch.apply_token_bitmask(mx.zeros((0, 64), dtype=DTYPES[dtype][0]), mx.zeros((3, 3), dtype=mx.uint32),
+                                     [], path=path)
 
 
 # ---------------------------------------------------------------------------------------------

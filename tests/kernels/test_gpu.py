@@ -400,6 +400,12 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
     build = subprocess.run([nvcc, "-std=c++17", "-c", str(unit), "-o", str(tmp_path / "kernels.o")],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-6000:]
+    # The object holds one kernel per logits dtype (its symbols and device code carry the names MLX
+    # gives them), so no dtype's kernel was compiled away.
+    built = (tmp_path / "kernels.o").read_bytes()
+    for dtype in DTYPES:
+        name, _, _ = cuda_kernel_text(gpu.kernel_source("cuda"), dtype)
+        assert name.encode() in built, f"{name} is not in the compiled object"
 
 
 # ---------------------------------------------------------------------------------------------
