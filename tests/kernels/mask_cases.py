@@ -1,5 +1,10 @@
 """Cases for the masking tests (tests/kernels): logits with special values, mask tables of each
-kind, and the numpy reference every path is compared with, bit for bit."""
+kind, the numpy reference every path is compared with, bit for bit, and the tests' two fixtures.
+
+The fixtures live here, not in a tests/kernels/conftest.py: a second module named `conftest` would
+replace tests/conftest.py under that name, which other tests import helpers from. Each test module
+binds them at module level (``fresh_row_cache = mask_cases.fresh_row_cache``), where pytest finds
+fixtures by name."""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import itertools
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
+from grammar_mlx import limits
 from grammar_mlx.kernels import dispatch
 
 # dtype name -> (mx dtype, integer view, bits of -inf, harness dtype code)
@@ -94,3 +101,22 @@ def row_with(vocab: int, words: int, allowed: np.ndarray) -> np.ndarray:
     bits = np.zeros(words * 32, dtype=np.uint8)
     bits[allowed] = 1
     return np.packbits(bits, bitorder="little").view("<u4").astype(np.uint32)
+
+
+@pytest.fixture(autouse=True)
+def fresh_row_cache():
+    """Each test starts and ends with an empty row cache at its default bound."""
+    dispatch.clear_row_cache()
+    dispatch.set_row_cache_limit(limits.ROW_CACHE_BYTES)
+    yield
+    dispatch.clear_row_cache()
+    dispatch.set_row_cache_limit(limits.ROW_CACHE_BYTES)
+
+
+@pytest.fixture(params=["whole-table", "row-by-row"])
+def cache_mode(request):
+    """The CPU paths' two cache layouts: small tables unpacked whole, large ones row by row (reset
+    by `fresh_row_cache`, which restores the bound and with it the whole-table size)."""
+    if request.param == "row-by-row":
+        dispatch._ROW_CACHE.whole_table_bytes = 0
+    return request.param

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import itertools
 
+import mask_cases
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -25,6 +26,10 @@ from mask_cases import (
 
 from grammar_mlx.errors import KernelError
 from grammar_mlx.kernels import cpu, dispatch
+
+# The kernels tests' fixtures (mask_cases), bound here so pytest finds them by name.
+fresh_row_cache = mask_cases.fresh_row_cache
+cache_mode = mask_cases.cache_mode
 
 # ---------------------------------------------------------------------------------------------
 # The CPU paths

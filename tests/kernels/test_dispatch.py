@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import mask_cases
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -28,6 +29,10 @@ from mask_cases import (
 
 from grammar_mlx.errors import KernelError
 from grammar_mlx.kernels import dispatch, gpu
+
+# The kernels tests' fixtures (mask_cases), bound here so pytest finds them by name.
+fresh_row_cache = mask_cases.fresh_row_cache
+cache_mode = mask_cases.cache_mode
 
 REPO = Path(__file__).resolve().parents[2]
 

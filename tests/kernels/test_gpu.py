@@ -15,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import mask_cases
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -22,6 +23,9 @@ from mask_cases import DTYPES, all_cases, make_logit_bits, make_table, reference
 
 from grammar_mlx.errors import KernelError
 from grammar_mlx.kernels import dispatch, gpu
+
+# The kernels tests' fixtures (mask_cases), bound here so pytest finds them by name.
+fresh_row_cache = mask_cases.fresh_row_cache
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parents[1] / "kernel_harness"
