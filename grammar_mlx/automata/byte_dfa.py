@@ -406,6 +406,7 @@ _BYTE_EOS = 256
 
 
 def wrap_regex(regex: str) -> str:
+    """`regex` followed by the NUL sentinel, as outlines-core compiles it (see above)."""
     return f"(?:{regex})\\x00"
 
 
