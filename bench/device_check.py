@@ -266,10 +266,10 @@ def synthetic_token_bytes(size: int, seed: int) -> list[bytes]:
 
 
 def check_walk(device_name: str) -> tuple[list[dict], list[str]]:
-    from grammar_mlx.automata.byte_nfa import LazyDFA, build_nfa
+    from grammar_mlx.automata.byte_dfa import ByteDFA
+    from grammar_mlx.automata.byte_nfa import build_nfa, determinize
     from grammar_mlx.compiler import token_index as token_index
     from grammar_mlx.compiler.token_index import TokenTrie, walk, walk_mlx
-    from grammar_mlx.compiler.worker import build_dfa
 
     token_bytes = synthetic_token_bytes(WALK_VOCAB - 1, seed=1)  # the last id: EOS, not text
     text = {}
@@ -284,12 +284,13 @@ def check_walk(device_name: str) -> tuple[list[dict], list[str]]:
             for share in (0.0, default_share):
                 token_index.DENSE_SHARE = share
                 try:
-                    dfa = build_dfa(regex, 100_000) if engine == "outlines" else LazyDFA(build_nfa(regex), 100_000)
-                    first = 0 if engine == "outlines" else 1  # LazyDFA: 0 is the dead state
+                    dfa = (ByteDFA.from_outlines(regex, 100_000) if engine == "outlines"
+                           else determinize(build_nfa(regex), 100_000))
+                    first = 0 if engine == "outlines" else 1  # built on demand: 0 is the dead state
                     checked = differ = 0
                     started = time.perf_counter()
                     state = first
-                    while state < min(dfa.num_states, first + WALK_STATES):
+                    while state < min(dfa.num_states + first, first + WALK_STATES):
                         got, want = walk_mlx(trie, dfa, state), walk(trie, dfa, state)
                         checked += 1
                         if not (np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])):
