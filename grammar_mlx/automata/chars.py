@@ -178,7 +178,24 @@ def to_dfa(node: Node) -> DFA:
                     stack.append(nxt)
         return frozenset(out)
 
-    first = closure([start])
+    def successors(current: frozenset[int]) -> Iterator[tuple[CharSet, frozenset[int]]]:
+        groups = [(chars, target) for s in current for chars, target in nfa.edges[s]]
+        for chars, targets in _split(groups):
+            key = closures.get(targets)
+            if key is None:
+                key = closures[targets] = closure(targets)
+            yield chars, key
+
+    return _explore(closure([start]), lambda current: final in current, successors, "DFA states")
+
+
+State = TypeVar("State", bound=Hashable)
+
+
+def _explore(first: State, accepts: Callable[[State], bool],
+             successors: Callable[[State], Iterable[tuple[CharSet, State]]], what: str) -> DFA:
+    """The minimal DFA of the states reachable from `first` (subset or product states, numbered in
+    the order they are found): `successors(state)` gives each character set's next state."""
     index = {first: 0}
     order = [first]
     trans: list[list[tuple[CharSet, int]]] = []
@@ -187,20 +204,17 @@ def to_dfa(node: Node) -> DFA:
     while i < len(order):
         check_deadline(STAGE)
         current = order[i]
-        if final in current:
+        if accepts(current):
             accept.add(i)
-        groups = [(chars, target) for s in current for chars, target in nfa.edges[s]]
         row = []
-        for chars, targets in _split(groups):
-            key = closures.get(targets)
-            if key is None:
-                key = closures[targets] = closure(targets)
-            if key not in index:
+        for chars, nxt in successors(current):
+            j = index.get(nxt)
+            if j is None:
                 if len(order) >= limits.CHAR_DFA_STATES:
-                    raise AutomatonTooLarge(f"more than {limits.CHAR_DFA_STATES} DFA states")
-                index[key] = len(order)
-                order.append(key)
-            row.append((chars, index[key]))
+                    raise AutomatonTooLarge(f"more than {limits.CHAR_DFA_STATES} {what}")
+                j = index[nxt] = len(order)
+                order.append(nxt)
+            row.append((chars, j))
         trans.append(_merge_row(row))
         i += 1
     return minimize(DFA(trans, accept))
@@ -219,23 +233,18 @@ def _merge_row(row: list[tuple[CharSet, int]]) -> list[tuple[CharSet, int]]:
 
 def product(a: DFA, b: DFA, mode: str) -> DFA:
     """`mode`: "and" (a ∩ b), "minus" (a − b), "or" (a ∪ b). -1 stands for a side's dead state."""
-    index = {(0, 0): 0}
-    order = [(0, 0)]
-    trans: list[list[tuple[CharSet, int]]] = []
-    accept: set[int] = set()
-    i = 0
-    while i < len(order):
-        check_deadline(STAGE)
-        x, y = order[i]
+
+    def accepts(pair: tuple[int, int]) -> bool:
+        x, y = pair
         in_a = x >= 0 and x in a.accept
         in_b = y >= 0 and y in b.accept
-        if (mode == "and" and in_a and in_b) or (mode == "minus" and in_a and not in_b) or (
-            mode == "or" and (in_a or in_b)
-        ):
-            accept.add(i)
+        return (mode == "and" and in_a and in_b) or (mode == "minus" and in_a and not in_b) or (
+            mode == "or" and (in_a or in_b))
+
+    def successors(pair: tuple[int, int]) -> Iterator[tuple[CharSet, tuple[int, int]]]:
+        x, y = pair
         groups: list[tuple[CharSet, tuple[str, int]]] = [(c, ("a", t)) for c, t in (a.trans[x] if x >= 0 else [])]
         groups += [(c, ("b", t)) for c, t in (b.trans[y] if y >= 0 else [])]
-        row = []
         for chars, labels in _split(groups):
             nx = next((t for side, t in labels if side == "a"), -1)
             ny = next((t for side, t in labels if side == "b"), -1)
@@ -243,16 +252,9 @@ def product(a: DFA, b: DFA, mode: str) -> DFA:
                 continue
             if mode == "and" and ny < 0:
                 continue
-            key = (nx, ny)
-            if key not in index:
-                if len(order) >= limits.CHAR_DFA_STATES:
-                    raise AutomatonTooLarge(f"more than {limits.CHAR_DFA_STATES} product states")
-                index[key] = len(order)
-                order.append(key)
-            row.append((chars, index[key]))
-        trans.append(_merge_row(row))
-        i += 1
-    return minimize(DFA(trans, accept))
+            yield chars, (nx, ny)
+
+    return _explore((0, 0), accepts, successors, "product states")
 
 
 def minimize(dfa: DFA) -> DFA:
