@@ -17,7 +17,7 @@ end reports it as unenforced.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from ..regex.ecma import parse_ecma
 from ..regex.syntax import full_language
@@ -156,8 +156,8 @@ INTEGER_FORMATS: dict[str, tuple[int, int]] = {
 }
 
 
-@lru_cache(maxsize=None)
-def format_language(name: str):
+@cache
+def format_language(name: str) -> object | None:
     """The character-level AST of a string format (full match), or None for an unknown format."""
     pattern = STRING_FORMATS.get(name)
     return None if pattern is None else full_language(parse_ecma(pattern))
