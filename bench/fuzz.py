@@ -226,7 +226,8 @@ class Fuzzer:
                     snaps.pop(0)
             elif snaps:
                 # Mostly recent snapshots (usually still valid), sometimes any (often stale).
-                handle, hist, alive = snaps[-rng.randint(1, 2)] if rng.random() < 0.7 and len(snaps) > 1 else rng.choice(snaps)
+                recent = rng.random() < 0.7 and len(snaps) > 1
+                handle, hist, alive = snaps[-rng.randint(1, 2)] if recent else rng.choice(snaps)
                 self.ops["stack restore " + ("valid" if alive else "stale")] += 1
                 try:
                     stack.restore(handle)

@@ -541,8 +541,11 @@ def test_random_json_values_as_schemas_raise_only_grammar_errors(monkeypatch):
         if not with_metaschema:
             monkeypatch.setattr(schema_module, "_check_metaschema", lambda schema: None)
         for case in cases:
-            for call in (lambda: schema_to_regex(case), lambda: schema_to_regex(case, strict=True),
-                         lambda: canonical_json(value(2), case), lambda: in_grammar(value(2), case)):
+            # Each call runs at once, inside this iteration: binding `case` as a default keeps that explicit.
+            for call in (lambda case=case: schema_to_regex(case),
+                         lambda case=case: schema_to_regex(case, strict=True),
+                         lambda case=case: canonical_json(value(2), case),
+                         lambda case=case: in_grammar(value(2), case)):
                 with deadline_scope(Deadline(10.0)):
                     try:
                         call()
