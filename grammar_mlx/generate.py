@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, cast, overload
 
 import mlx.core as mx
 
@@ -610,6 +610,15 @@ def _generate(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings, c
     return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats)
 
 
+_Model = TypeVar("_Model")  # instances of a Pydantic model class
+
+
+@overload
+def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: type[_Model],
+                  **options: Unpack[JSONGenerationOptions]) -> _Model: ...
+@overload
+def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Mapping[str, Any] | bool | str | bytes,
+                  **options: Unpack[JSONGenerationOptions]) -> Any: ...
 def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
                   **options: Unpack[JSONGenerationOptions]) -> Any:
     """Generate one JSON value that satisfies `schema`; return it parsed and validated.
