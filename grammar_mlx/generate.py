@@ -69,7 +69,7 @@ __all__ = [
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_NUM_DRAFT_TOKENS = 2  # mlx-lm's default
 
-Schema = Mapping[str, Any] | bool | str | bytes | type
+Schema = dict[str, Any] | bool | str | bytes | type  # what schema.load_schema reads
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -617,7 +617,7 @@ _Model = TypeVar("_Model")  # instances of a Pydantic model class
 def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: type[_Model],
                   **options: Unpack[JSONGenerationOptions]) -> _Model: ...
 @overload
-def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Mapping[str, Any] | bool | str | bytes,
+def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: dict[str, Any] | bool | str | bytes,
                   **options: Unpack[JSONGenerationOptions]) -> Any: ...
 def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
                   **options: Unpack[JSONGenerationOptions]) -> Any:

@@ -48,6 +48,9 @@ from .runtime import GrammarProcessor
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .generate import Schema
+    from .schema import Unenforced
+
 __all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
 
 _SUPPORTED_LIBRARIES = ("mlx",)
@@ -74,7 +77,7 @@ class RegexLogitsProcessor:
         self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options)
 
     def _init(self, regex: str, tokenizer: Any, tensor_library_name: str, logits_width: int | None,
-              unenforced: tuple, compile_options: CompileOptions) -> None:
+              unenforced: tuple[Unenforced, ...], compile_options: CompileOptions) -> None:
         if tensor_library_name not in _SUPPORTED_LIBRARIES:
             hint = ""
             if isinstance(tensor_library_name, str) and any(c in tensor_library_name for c in "[]\\*?{"):
@@ -143,7 +146,7 @@ class RegexLogitsProcessor:
 class JSONLogitsProcessor(RegexLogitsProcessor):
     """Outlines-compatible processor for a JSON Schema (dict, JSON text, or Pydantic model class)."""
 
-    def __init__(self, schema: Any, tokenizer: Any, tensor_library_name: str = "mlx",
+    def __init__(self, schema: Schema, tokenizer: Any, tensor_library_name: str = "mlx",
                  whitespace_pattern: str | None = None, *, logits_width: int | None = None,
                  strict: bool = False, **compile_options: Unpack[CompileOptions]) -> None:
         from .schema import schema_to_regex
