@@ -100,16 +100,18 @@ class CompiledGrammar:
         for a row allowing nearly everything (inside a string: a token's place among the allowed
         is its id minus the forbidden ids below it), the numpy row otherwise. Lookups are kept up to
         `limits.LOOKUP_BYTES` per grammar; past it new states are searched in their rows."""
-        entry = self._lookups.get(state)
+        # Read as Any: exact type() checks pick the form (isinstance is slower on this per-token
+        # path), and a type checker cannot narrow the `_Lookup` union by them.
+        entry: Any = self._lookups.get(state)
         if entry is None:
             self._check_state(state)
             entry = self._lookup(state)
-        if isinstance(entry, dict):
+        if type(entry) is dict:
             return entry.get(token_id, -1)
         if not 0 <= token_id < self.logits_width:
             return -1
         ids, nxt = entry
-        if isinstance(ids, list):  # the forbidden ids
+        if type(ids) is list:  # the forbidden ids
             j = bisect_left(ids, token_id)
             if j < len(ids) and ids[j] == token_id:
                 return -1
