@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import grammar_mlx as gm  # noqa: E402
 from grammar_mlx import compiler  # noqa: E402
-from grammar_mlx.compiler.worker import SENTINEL_BYTES  # noqa: E402
+from grammar_mlx.automata.byte_dfa import SENTINEL_BYTES  # noqa: E402
 from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 CORPUS = REPO.parent / "shared" / "corpora" / "maskbench-public.jsonl.gz"

@@ -47,11 +47,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import operator
 import platform
 import statistics
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -222,11 +224,11 @@ def time_paths(paths: list[str], rounds: int, iters: int) -> list[dict]:
                         logits = mx.array(rng.standard_normal((batch, vocab)).astype(np.float32)).astype(DTYPES[dtype])
                         rows = rng.choice(2048, batch, replace=False).tolist()
                         mx.eval(table, logits)
-                        cases = {"floor": lambda: logits + 0,
-                                 "apply_token_bitmask": lambda: K.apply_token_bitmask(logits, table, rows, path=path)}
+                        cases = {"floor": partial(operator.add, logits, 0),
+                                 "apply_token_bitmask": partial(K.apply_token_bitmask, logits, table, rows, path=path)}
                         if batch == 1:
                             masker = K.row_masker(table, vocab, DTYPES[dtype], path=path)
-                            cases["row_masker"] = lambda: masker(logits, rows[0])
+                            cases["row_masker"] = partial(masker, logits, rows[0])
                         for fn in cases.values():
                             time_evals(fn, 3)  # warm-up: kernel builds, caches
                         samples = {name: [] for name in cases}
@@ -252,7 +254,7 @@ def synthetic_token_bytes(size: int, seed: int) -> list[bytes]:
     rng = np.random.default_rng(seed)
     pieces = [bytes([b]) for b in range(256)]
     alphabet = [c.encode() for c in 'abcdefghijklmnopqrstuvwxyzAEIOST0123456789 _-.,:;"{}[]\\/']
-    alphabet += ["é".encode(), "中".encode(), "\n".encode(), "\t".encode()]
+    alphabet += ["é".encode(), "中".encode(), b"\n", b"\t"]
     seen = set(pieces)
     while len(pieces) < size:
         length = int(rng.integers(2, 9))
@@ -264,10 +266,10 @@ def synthetic_token_bytes(size: int, seed: int) -> list[bytes]:
 
 
 def check_walk(device_name: str) -> tuple[list[dict], list[str]]:
-    from grammar_mlx.automata.byte_nfa import LazyDFA, build_nfa
+    from grammar_mlx.automata.byte_dfa import ByteDFA
+    from grammar_mlx.automata.byte_nfa import build_nfa, determinize
     from grammar_mlx.compiler import token_index as token_index
     from grammar_mlx.compiler.token_index import TokenTrie, walk, walk_mlx
-    from grammar_mlx.compiler.worker import build_dfa
 
     token_bytes = synthetic_token_bytes(WALK_VOCAB - 1, seed=1)  # the last id: EOS, not text
     text = {}
@@ -282,12 +284,13 @@ def check_walk(device_name: str) -> tuple[list[dict], list[str]]:
             for share in (0.0, default_share):
                 token_index.DENSE_SHARE = share
                 try:
-                    dfa = build_dfa(regex, 100_000) if engine == "outlines" else LazyDFA(build_nfa(regex), 100_000)
-                    first = 0 if engine == "outlines" else 1  # LazyDFA: 0 is the dead state
+                    dfa = (ByteDFA.from_outlines(regex, 100_000) if engine == "outlines"
+                           else determinize(build_nfa(regex), 100_000))
+                    first = 0 if engine == "outlines" else 1  # built on demand: 0 is the dead state
                     checked = differ = 0
                     started = time.perf_counter()
                     state = first
-                    while state < min(dfa.num_states, first + WALK_STATES):
+                    while state < min(dfa.num_states + first, first + WALK_STATES):
                         got, want = walk_mlx(trie, dfa, state), walk(trie, dfa, state)
                         checked += 1
                         if not (np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])):
@@ -392,7 +395,8 @@ def check_speculative(device_name: str) -> tuple[list[dict], list[str], list[str
                     run = 0
                 out.append({"device": device_name, "model": name, "draft": draft_name, "k": k,
                             "tokens": len(tokens), "from_draft": sum(drafted), "rejecting_rounds": int(rejected),
-                            "identical": identical, "grammar_complete": bool(proc.is_terminated() or proc.is_accepting()),
+                            "identical": identical,
+                            "grammar_complete": bool(proc.is_terminated() or proc.is_accepting()),
                             "seconds": round(time.perf_counter() - started, 2),
                             "no_draft_seconds": round(plain_seconds, 2)})
     if not any(r["rejecting_rounds"] for r in out):
@@ -445,7 +449,7 @@ def check_growing_table(paths: list[str], seed: int = 0) -> tuple[list[dict], li
                     if grammar.is_accepting(state) or not len(allowed):
                         break
                     state = grammar.next_state(state, int(rng.choice(allowed)))
-        rows_out.append({"path": path, "in_place": bool(K._host_writes_visible()), "cases": cases,
+        rows_out.append({"path": path, "in_place": bool(K.shared_array((1, 1), np.uint32) is not None), "cases": cases,
                          "mismatches": mismatched, "mask_rows": int(grammar.stats["num_masks"]),
                          "tables": len(tables), "seconds": round(time.perf_counter() - started, 2)})
     return rows_out, failures

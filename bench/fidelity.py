@@ -43,9 +43,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from schema_fsm import ByteDFA, oracle  # noqa: E402
+from schema_fsm import ByteDFA, oracle, outlines_automaton  # noqa: E402
 
-from grammar_mlx.schema import byte_automaton, canonical_json, schema_to_regex  # noqa: E402
+from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 CORPUS = "maskbench-public.jsonl.gz"
 ENGINES = ("ours", "outlines")
@@ -68,7 +68,7 @@ def evaluate(engine: str, row: dict, samples: int, sender) -> None:
         started = time.perf_counter()
         regex, unenforced = translate(engine, row["schema"])
         translated = time.perf_counter()
-        automaton = byte_automaton(regex)
+        automaton = outlines_automaton(regex)
         out.update(ok=True, unenforced=unenforced, translate_s=translated - started,
                    compile_s=time.perf_counter() - started, regex_len=len(regex), states=len(automaton[1]))
         sender.send(dict(out, stage="compiled"))

@@ -75,7 +75,7 @@ class RandomDFA:
         for s, nxt in enumerate(self._next):
             for t in nxt:
                 masks[s, t // 32] |= np.uint32(1 << (t % 32))
-        self.masks, self.mask_id = masks, np.arange(self.num_states, dtype=np.int32)
+        self.masks = masks
         self._device = None
 
     def next_state(self, state, token):
@@ -83,6 +83,9 @@ class RandomDFA:
 
     def allowed_tokens(self, state):
         return np.array(sorted(self._next[state]), dtype=np.int32)
+
+    def mask_row(self, state):
+        return state  # one mask row per state
 
     def is_accepting(self, state):
         return bool(self.accepting[state])

@@ -13,7 +13,7 @@ Variants on the CPU device, each on a warm cache (first-use costs are printed se
   cpu-bitwise/whole    the default without g++, same two tables
   cpu-bitwise/rows
   np-unpack+where      the issue's reference point: np.unpackbits per call, then a compiled where
-  form/...             B = 1 only: the forms a cached row takes on the CPU (kernels._row_form): the
+  form/...             B = 1 only: the forms a cached row takes on the CPU (kernels.cpu.row_form): the
                        allowed ids (fill -inf, gather, scatter), the forbidden ids (copy, scatter
                        -inf), at the size thresholds that choose them, and the dense int8 mask
   row_masker/3 forms   B = 1 only: the bound per-token path cycling through one row of each form
@@ -46,6 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from grammar_mlx.kernels import cpu  # noqa: E402
 from grammar_mlx.kernels import dispatch as K  # noqa: E402
 
 VOCABS = (32_000, 128_256, 151_936)
@@ -81,7 +82,7 @@ def variants(device: str, logits: mx.array, tables: dict[str, tuple[mx.array, np
                 out.append(
                     (f"{path}/{layout}", lambda p=path, t=table: K.apply_token_bitmask(logits, t, rows, path=p))
                 )
-    if K.cpu_jit_available():
+    if cpu.jit_available():
         out.append(("np-unpack+where", lambda: np_unpack_where(logits, large_np, rows)))
     if logits.shape[0] == 1:
         out.extend(form_variants(logits))
@@ -89,18 +90,18 @@ def variants(device: str, logits: mx.array, tables: dict[str, tuple[mx.array, np
 
 
 def form_variants(logits: mx.array):
-    """B = 1: the forms a cached row takes (kernels._row_form) at their size thresholds, applied
+    """B = 1: the forms a cached row takes (kernels.cpu.row_form) at their size thresholds, applied
     directly, and the bound per-token path (kernels.row_masker) on a table with one row per form."""
     vocab = logits.shape[1]
     path = K.default_path()
-    appliers = K._row_appliers(path, logits.dtype)
+    appliers = cpu.row_appliers(path, logits.dtype)
     rng = np.random.default_rng(vocab)
-    few, many = vocab // K.SPARSE_ALLOWED_FRACTION, vocab // K.SPARSE_BLOCKED_FRACTION
+    few, many = vocab // cpu.SPARSE_ALLOWED_FRACTION, vocab // cpu.SPARSE_BLOCKED_FRACTION
     ids = {
-        "allowed k=16": (K._ALLOWED, rng.choice(vocab, 16, replace=False)),
-        "allowed k=V/64": (K._ALLOWED, rng.choice(vocab, few, replace=False)),
-        "blocked k=V/64": (K._BLOCKED, rng.choice(vocab, few, replace=False)),
-        "blocked k=V/24": (K._BLOCKED, rng.choice(vocab, many, replace=False)),
+        "allowed k=16": (cpu.ALLOWED, rng.choice(vocab, 16, replace=False)),
+        "allowed k=V/64": (cpu.ALLOWED, rng.choice(vocab, few, replace=False)),
+        "blocked k=V/64": (cpu.BLOCKED, rng.choice(vocab, few, replace=False)),
+        "blocked k=V/24": (cpu.BLOCKED, rng.choice(vocab, many, replace=False)),
     }
     out = []
     for name, (kind, chosen) in ids.items():
@@ -109,7 +110,7 @@ def form_variants(logits: mx.array):
         out.append((f"form/{name}", lambda k=kind, a=array: appliers[k](a, logits)))
     dense = mx.array(np.where(rng.random((1, vocab)) < 0.5, -1, 0).astype(np.int8))
     mx.eval(dense)
-    out.append(("form/dense", lambda: appliers[K._DENSE](dense, logits)))
+    out.append(("form/dense", lambda: appliers[cpu.DENSE](dense, logits)))
     # One table row per form; the masker cycles through them (a replay's mix of forms).
     table_rows = []
     for allowed in (ids["allowed k=16"][1], np.delete(np.arange(vocab), ids["blocked k=V/24"][1]),

@@ -19,8 +19,8 @@ replay's rows through `kernels.row_masker`), to show where the time goes. Prints
 bench/results/processor.json.
 
 Pinning (--cpu N): MLX runs CPU ops on a stream thread. On a small VM, when the scheduler puts it on
-another core than the Python thread, every eval pays a cross-core handoff (the floor goes from ~27
-to ~70 us), which hides per-call Python costs; pinned, both threads share a core and the ratio is
+another core than the Python thread, every eval pays a cross-core handoff (the floor rises several
+fold), which hides per-call Python costs; pinned, both threads share a core and the ratio is
 the strict one. Report both.
 
     python bench/processor.py [--rounds N] [--cpu N] [--out bench/results/processor.json]
@@ -36,6 +36,7 @@ import random
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -186,10 +187,10 @@ def measure(mode: str, rounds: int) -> list[dict]:
             per_call = {k: [[] for _ in arrays] for k in ("floor", "proc", "sync", "kernel")}  # ns, per round
             means = {k: [] for k in per_call}  # mean per call, per round
             measures = {
-                "floor": lambda: time_floor(arrays, logits),
-                "proc": lambda: time_round(arrays, logits, lambda: GrammarProcessor(grammar)),
-                "sync": lambda: time_sync_only(views, grammar, ctx),
-                "kernel": lambda: time_kernel_only(mask_rows, logits, masker),
+                "floor": partial(time_floor, arrays, logits),
+                "proc": partial(time_round, arrays, logits, partial(GrammarProcessor, grammar)),
+                "sync": partial(time_sync_only, views, grammar, ctx),
+                "kernel": partial(time_kernel_only, mask_rows, logits, masker),
             }
             order = list(measures)
             for round_ in range(rounds):
@@ -203,7 +204,7 @@ def measure(mode: str, rounds: int) -> list[dict]:
             # calls), averaged over the replay (its calls differ: first call, sparse and dense masks).
             us = {k: statistics.fmean(statistics.median(c) for c in v if c) / 1e3 for k, v in per_call.items()}
             # Steady state: the same from the 11th call on (each round starts cold: a new processor
-            # after other measures ran; its first ~10 calls cost 1.5-4x the rest).
+            # after other measures ran, whose first calls cost more than the rest).
             steady = {k: statistics.fmean(statistics.median(c) for c in v[10:] if c) / 1e3 for k, v in per_call.items()}
             # Also the plain mean call as a ratio per round, then the median round (load-sensitive).
             mean_ratio = {k: statistics.median(a / f for a, f in zip(means[k], means["floor"])) for k in means}

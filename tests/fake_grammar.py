@@ -10,7 +10,8 @@ import numpy as np
 
 
 class FakeGrammar:
-    """A token-level DFA with CompiledGrammar's interface (masks, mask_id, terminal state, EOS).
+    """A token-level DFA with the interface GrammarProcessor reads (runtime.processor.MaskedGrammar:
+    next_state, mask_row, device_masks, terminal state, EOS), plus eager tables (masks, mask_id).
 
     `transitions[state][token] = next` for non-EOS tokens; EOS from an accepting state goes to the
     terminal state (added as the last state), which allows only EOS.
@@ -47,6 +48,7 @@ class FakeGrammar:
                 rows.append(packed)
             self.mask_id[s] = index[key]
         self.masks = np.stack(rows).astype(np.uint32)
+        self._mask_rows = self.mask_id.tolist()
         self._device = None
 
     def is_accepting(self, state: int) -> bool:
@@ -54,6 +56,9 @@ class FakeGrammar:
 
     def next_state(self, state: int, token_id: int) -> int:
         return self._next[state].get(token_id, -1)
+
+    def mask_row(self, state: int) -> int:
+        return self._mask_rows[state]
 
     def allowed_tokens(self, state: int) -> np.ndarray:
         return np.array(sorted(self._next[state]), dtype=np.int32)

@@ -1,9 +1,16 @@
-"""Test helpers for the schema front end: outlines-core byte-level automata and a jsonschema oracle.
+"""Test oracles for the schema front end: outlines-core's byte-level automaton of a regex, and a
+jsonschema validator.
 
 `ByteDFA` walks a regex's byte DFA (what the token FSM is built from) to check acceptance and to
 sample outputs: a random walk that picks uniformly among the distinct next states (then among the
 bytes leading there), stops at accepting states with probability 1/3, and after `soft_limit` bytes
 only takes steps that bring it closer to acceptance, so every walk ends.
+
+Independent of the production automaton on purpose: `outlines_automaton` reads outlines-core's
+`Index` itself (its own sentinel handling, one dict of byte edges per state) and imports nothing of
+`grammar_mlx.automata`, so the schema tests judge `schema_to_regex`'s regexes with code that shares
+no fault with `grammar_mlx.automata.byte_dfa.ByteDFA` (byte classes, the NUL-sentinel import, the
+stored layout). tests/automata/test_byte_dfa.py holds the two readings against each other.
 """
 
 from __future__ import annotations
@@ -15,12 +22,42 @@ from collections import deque
 from decimal import Decimal
 from fractions import Fraction
 
-from grammar_mlx.schema import byte_automaton
+Automaton = tuple[int, dict[int, dict[int, int]], set[int]]
+
+
+def outlines_automaton(regex: str) -> Automaton:
+    """outlines-core's byte-level DFA of a full-match regex: (start, {state: {byte: next}}, accepting).
+
+    Compiled as `\\x01(?:R)\\x00`, two sentinels no JSON text contains:
+    - the trailing NUL works around outlines-core 0.2.14 dropping edges that leave an accepting state:
+      a state accepts when its NUL edge reaches a final state with no edge of its own;
+    - the leading \\x01 keeps regex-automata's unanchored DFA (outlines-core builds it too) linear:
+      a match can only start right after a \\x01, so at most one thread is alive. Without it, a
+      generic value or a wide digit range at the top level takes seconds to minutes to determinize.
+    The start is the state after \\x01; sentinel edges are removed."""
+    from outlines_core import Index, Vocabulary
+
+    index = Index(f"\\x01(?:{regex})\\x00", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    rows = {s: {b: n for b, n in row.items() if b < 256} for s, row in index.get_transitions().items()}
+    start = rows.pop(index.get_initial_state())[1]
+    finals = set(index.get_final_states())
+
+    def ends(state: int | None) -> bool:  # the end of the trailing NUL sentinel: final, nothing after
+        return state in finals and not rows.get(state)
+
+    transitions, accepting = {}, set()
+    for state, row in rows.items():
+        if ends(row.get(0)):
+            accepting.add(state)
+        transitions[state] = {b: nxt for b, nxt in row.items() if not (b == 0 and ends(nxt))}
+    return start, transitions, accepting
 
 
 class ByteDFA:
-    def __init__(self, regex: str, automaton=None):
-        self.start, self.trans, self.accepting = automaton if automaton is not None else byte_automaton(regex)
+    """The oracle's automaton of `regex` (`outlines_automaton`, or `automaton` when given)."""
+
+    def __init__(self, regex: str, automaton: Automaton | None = None):
+        self.start, self.trans, self.accepting = automaton if automaton is not None else outlines_automaton(regex)
         reverse: dict[int, list[int]] = {}
         for state, row in self.trans.items():
             for nxt in row.values():
@@ -92,7 +129,7 @@ class ByteDFA:
 
 def _send_automaton(regex: str, sender) -> None:
     try:
-        sender.send(byte_automaton(regex))
+        sender.send(outlines_automaton(regex))
     except Exception as e:  # noqa: BLE001 - handed to the parent as is
         sender.send(e)
 

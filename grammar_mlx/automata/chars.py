@@ -7,14 +7,23 @@ alphabet is partitioned per state, so `\\p{L}` costs ranges, not characters), mi
 back to an AST by state elimination. Every step has a size budget; over it, `AutomatonTooLarge` says
 so and the caller reports the constraint as unenforced instead of hanging. Every step also checks the
 compile deadline (`grammar_mlx.limits`).
+
+Why not the byte automaton (`automata.byte_dfa.ByteDFA`): these operations are on languages of
+*decoded* strings, before any JSON escaping (a schema's `pattern` is over the string's characters,
+the byte DFA over the JSON text's UTF-8). Over code points a set is a handful of ranges and
+minimization merges whole classes; over bytes the same language would be a multi-byte trie per
+class, and product and state elimination would write back byte-level regexes that no longer
+spell characters. So `DFA` lives only inside the schema front end, from an AST (`to_dfa`) back to an
+AST (`to_ast`); the regex it yields is then compiled like any other into a `ByteDFA`.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TypeVar
 
 from .. import limits
 from ..limits import check_deadline
@@ -24,12 +33,16 @@ from ..regex.syntax import (
     NEVER,
     Alt,
     Chars,
+    Literal,
+    Node,
     Repeat,
     Seq,
     alt,
     repeat,
     seq,
 )
+
+Label = TypeVar("Label", bound=Hashable)
 
 STAGE = "translating the schema"  # what a deadline that passes here names
 
@@ -66,7 +79,7 @@ class DFA:
 
 
 class _NFA:
-    def __init__(self):
+    def __init__(self) -> None:
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[CharSet, int]]] = []
 
@@ -77,11 +90,18 @@ class _NFA:
         self.edges.append([])
         return len(self.eps) - 1
 
-    def build(self, node) -> tuple[int, int]:
+    def build(self, node: Node) -> tuple[int, int]:
         s, t = self.state(), self.state()
         if isinstance(node, Chars):
             if node.chars:
                 self.edges[s].append((node.chars, t))
+        elif isinstance(node, Literal):
+            cur = s
+            for c in node.text:
+                nxt = self.state()
+                self.edges[cur].append((CharSet.of(c), nxt))
+                cur = nxt
+            self.eps[cur].append(t)
         elif isinstance(node, Seq):
             cur = s
             for item in node.items:
@@ -117,20 +137,20 @@ class _NFA:
         return s, t
 
 
-def _split(groups: list[tuple[CharSet, object]]) -> list[tuple[CharSet, frozenset]]:
+def _split(groups: Sequence[tuple[CharSet, Label]]) -> list[tuple[CharSet, frozenset[Label]]]:
     """Refine overlapping (chars, label) pairs into disjoint sets, each with all labels it carries.
 
     One sweep over the range endpoints, keeping the labels of the ranges that cover the current
     interval (a count per label: two groups may carry the same label)."""
-    starts: dict[int, list] = {}
-    ends: dict[int, list] = {}
+    starts: dict[int, list[Label]] = {}
+    ends: dict[int, list[Label]] = {}
     for chars, label in groups:
         for lo, hi in chars.ranges:
             starts.setdefault(lo, []).append(label)
             ends.setdefault(hi + 1, []).append(label)
     cuts = sorted(starts.keys() | ends.keys())
-    active: dict = {}
-    by_labels: dict[frozenset, list[tuple[int, int]]] = {}
+    active: dict[Label, int] = {}
+    by_labels: dict[frozenset[Label], list[tuple[int, int]]] = {}
     for lo, hi in zip(cuts, cuts[1:]):
         for label in ends.get(lo, ()):
             if active[label] == 1:
@@ -144,12 +164,12 @@ def _split(groups: list[tuple[CharSet, object]]) -> list[tuple[CharSet, frozense
     return [(CharSet.normalize(ranges), labels) for labels, ranges in by_labels.items()]
 
 
-def to_dfa(node) -> DFA:
+def to_dfa(node: Node) -> DFA:
     nfa = _NFA()
     start, final = nfa.build(node)
-    closures: dict[int, frozenset] = {}
+    closures: dict[frozenset[int], frozenset[int]] = {}
 
-    def closure(states) -> frozenset:
+    def closure(states: Iterable[int]) -> frozenset[int]:
         out, stack = set(states), list(states)
         while stack:
             for nxt in nfa.eps[stack.pop()]:
@@ -162,7 +182,7 @@ def to_dfa(node) -> DFA:
     index = {first: 0}
     order = [first]
     trans: list[list[tuple[CharSet, int]]] = []
-    accept = set()
+    accept: set[int] = set()
     i = 0
     while i < len(order):
         check_deadline(STAGE)
@@ -201,7 +221,8 @@ def product(a: DFA, b: DFA, mode: str) -> DFA:
     """`mode`: "and" (a ∩ b), "minus" (a − b), "or" (a ∪ b). -1 stands for a side's dead state."""
     index = {(0, 0): 0}
     order = [(0, 0)]
-    trans, accept = [], set()
+    trans: list[list[tuple[CharSet, int]]] = []
+    accept: set[int] = set()
     i = 0
     while i < len(order):
         check_deadline(STAGE)
@@ -212,7 +233,7 @@ def product(a: DFA, b: DFA, mode: str) -> DFA:
             mode == "or" and (in_a or in_b)
         ):
             accept.add(i)
-        groups = [(c, ("a", t)) for c, t in (a.trans[x] if x >= 0 else [])]
+        groups: list[tuple[CharSet, tuple[str, int]]] = [(c, ("a", t)) for c, t in (a.trans[x] if x >= 0 else [])]
         groups += [(c, ("b", t)) for c, t in (b.trans[y] if y >= 0 else [])]
         row = []
         for chars, labels in _split(groups):
@@ -253,7 +274,7 @@ def minimize(dfa: DFA) -> DFA:
     block = _equivalence_classes(rows, live, dfa.accept)
     # Renumber so the start state is 0, in breadth-first order (deterministic output).
     order, index = [0], {block[0]: 0}
-    rep = {}
+    rep: dict[int, int] = {}
     for s in sorted(live):
         rep.setdefault(block[s], s)
     trans, accept = [], set()
@@ -338,7 +359,7 @@ def _union_ranges(parts: list[tuple]) -> tuple:
     return tuple(out)
 
 
-def _merge_targets(row, block) -> list[tuple[CharSet, int]]:
+def _merge_targets(row: list[tuple[CharSet, int]], block: dict[int, int]) -> list[tuple[CharSet, int]]:
     by_block: dict[int, CharSet] = {}
     for chars, t in row:
         b = block[t]
@@ -350,15 +371,15 @@ def _merge_targets(row, block) -> list[tuple[CharSet, int]]:
 # DFA -> AST by state elimination.
 
 
-def to_ast(dfa: DFA):
+def to_ast(dfa: DFA) -> Node:
     if dfa.is_empty():
         return NEVER
     n = len(dfa.trans)
     start, final = n, n + 1
-    succ: dict[int, dict[int, object]] = {q: {} for q in range(n + 2)}
+    succ: dict[int, dict[int, Node]] = {q: {} for q in range(n + 2)}
     pred: dict[int, set[int]] = {q: set() for q in range(n + 2)}
 
-    def add(p: int, t: int, node) -> None:
+    def add(p: int, t: int, node: Node) -> None:
         old = succ[p].get(t)
         succ[p][t] = node if old is None else alt(old, node)
         pred[t].add(p)
@@ -376,7 +397,7 @@ def to_ast(dfa: DFA):
     remaining = set(range(n))
     heap = [cost(x) for x in range(n)]  # stale entries (a cost since changed) are skipped
     heapq.heapify(heap)
-    sizes: dict[int, tuple[object, int, int]] = {}
+    sizes: dict[int, tuple[Node, int, int]] = {}
     while remaining:
         check_deadline(STAGE)
         while True:
@@ -416,7 +437,7 @@ def to_ast(dfa: DFA):
     return result
 
 
-def depth(node, limit: int) -> int:
+def depth(node: Node, limit: int) -> int:
     """Nesting depth of the AST, counted up to just past `limit`."""
     best, stack = 0, [(node, 1)]
     while stack and best <= limit:
@@ -429,7 +450,7 @@ def depth(node, limit: int) -> int:
     return best
 
 
-def _measure(node, memo: dict[int, tuple[object, int, int]]) -> tuple[int, int]:
+def _measure(node: Node, memo: dict[int, tuple[Node, int, int]]) -> tuple[int, int]:
     """Tree size (shared subtrees counted at each use) and nesting depth of the AST, memoized in
     `memo` by node identity (each entry keeps its node alive, so an id is never reused while it is
     cached): state elimination rebuilds edges from the same subtrees over and over."""
@@ -441,7 +462,8 @@ def _measure(node, memo: dict[int, tuple[object, int, int]]) -> tuple[int, int]:
         item, ready = stack.pop()
         if id(item) in memo:
             continue
-        children = item.items if isinstance(item, (Seq, Alt)) else (item.item,) if isinstance(item, Repeat) else ()
+        children: tuple[Node, ...] = (
+            item.items if isinstance(item, (Seq, Alt)) else (item.item,) if isinstance(item, Repeat) else ())
         if ready:
             known = [memo[id(c)] for c in children]
             memo[id(item)] = (item, 1 + sum(k[1] for k in known), 1 + max((k[2] for k in known), default=0))
@@ -456,27 +478,29 @@ def _measure(node, memo: dict[int, tuple[object, int, int]]) -> tuple[int, int]:
 # Operations on ASTs.
 
 
-def universal() -> object:
+def universal() -> Node:
     return Repeat(Chars(ANY), 0, None)
 
 
-def intersect(nodes) -> object:
+def intersect(nodes: Sequence[Node]) -> Node:
     """The AST of the intersection of the languages of `nodes`."""
     return _memoized(("and", *nodes), lambda: _intersect(nodes))
 
 
-def _intersect(nodes) -> object:
+def _intersect(nodes: Sequence[Node]) -> Node:
     dfa = to_dfa(nodes[0])
     for node in nodes[1:]:
         dfa = product(dfa, to_dfa(node), "and")
     return to_ast(dfa)
 
 
-def minus(node, removed) -> object:
+def minus(node: Node, removed: Node) -> Node:
     return _memoized(("minus", node, removed), lambda: to_ast(product(to_dfa(node), to_dfa(removed), "minus")))
 
 
-_MEMO: ContextVar[dict | None] = ContextVar("grammar_mlx_automata_memo", default=None)
+# key -> (True, the result) or (False, why its budget ran out)
+_MEMO: ContextVar[dict[tuple[Hashable, ...], tuple[bool, Node | str]] | None] = ContextVar(
+    "grammar_mlx_automata_memo", default=None)
 
 
 @contextmanager
@@ -494,7 +518,7 @@ def memo_scope() -> Iterator[None]:
         _MEMO.reset(token)
 
 
-def _memoized(key: tuple, compute):
+def _memoized(key: tuple[Hashable, ...], compute: Callable[[], Node]) -> Node:
     memo = _MEMO.get()
     if memo is None:
         return compute()
@@ -508,12 +532,13 @@ def _memoized(key: tuple, compute):
     ok, value = hit
     if not ok:
         raise AutomatonTooLarge(value)
+    assert not isinstance(value, str)
     return value
 
 
-def is_empty(node) -> bool:
+def is_empty(node: Node) -> bool:
     return to_dfa(node).is_empty()
 
 
-def length_language(lo: int, hi: int | None) -> object:
+def length_language(lo: int, hi: int | None) -> Node:
     return repeat(Chars(ANY), lo, hi)

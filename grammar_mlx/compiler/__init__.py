@@ -20,7 +20,7 @@ Both modes are exact for every vocabulary: a token is allowed iff tokens can go 
 leads to a match, whatever single bytes the vocabulary lacks (lazy.py; eager: `build_tables`);
 `VocabularyMismatchError` when no token sequence matches at all, `EmptyLanguageError` when no text
 does. A syntax error is an `InvalidRegexError` naming the problem and its position, whichever engine
-compiles the regex (`byte_nfa.parse`).
+compiles the regex (`regex.rust.parse`).
 `mode="auto"` (the default) picks eager when a complete cache file exists or when the DFA is small
 (at most `limits.AUTO_EAGER_MAX_STATES` states: then the full tables cost little); lazy otherwise.
 `stats["mode"]`, `stats["engine"]` and `stats["mode_reason"]` tell which and why. See

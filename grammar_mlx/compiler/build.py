@@ -19,7 +19,8 @@ import numpy as np
 
 from .. import limits
 from .._version import __version__
-from ..automata.byte_nfa import LazyDFA, Unsupported, build_nfa, check_syntax
+from ..automata.byte_dfa import ByteDFA
+from ..automata.byte_nfa import build_nfa, determinize
 from ..errors import (
     CompileWorkerError,
     GrammarTooLargeError,
@@ -27,13 +28,14 @@ from ..errors import (
     InvalidRegexError,
 )
 from ..limits import Deadline, deadline_scope
+from ..regex.rust import Unsupported, check_syntax
 from ..vocabulary.token_bytes import Vocabulary, vocabulary_of
 from . import cache
 from .cache import default_cache_dir
 from .grammar import CompiledGrammar, EagerGrammar, GrammarFields, LazyGrammar
 from .lazy import LazyIndex
 from .pool import Progress, _Jobs
-from .token_index import ByteDFA, TokenTrie
+from .token_index import TokenTrie
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -237,7 +239,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
 
         trie = token_trie(vocab, width)
         opts.deadline.check("indexing the vocabulary")
-        dfa: ByteDFA | LazyDFA | None = None
+        dfa: ByteDFA | None = None
         engine_note = ""
         nfa_meta: dict[str, Any] = {}
         if mode != "eager" and engine == "auto" and directory is not None:
@@ -321,7 +323,7 @@ def _eager(loaded: _Entry, vocab: Vocabulary, common: GrammarFields, started: fl
     return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
 
 
-def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[LazyDFA | None, dict[str, Any], str]:
+def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[ByteDFA | None, dict[str, Any], str]:
     """The regex's byte NFA with a DFA determinized on demand (`byte_nfa`), built in-process in
     linear time, or None and why outlines-core's complete DFA is needed instead (a construct the
     NFA does not reproduce). Raises `InvalidRegexError` for a syntax error.
@@ -331,7 +333,7 @@ def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[LazyDFA | None, dict[str, 
     started = time.perf_counter()
     try:
         nfa = build_nfa(regex, limits.MAX_NFA_STATES)
-        dfa = LazyDFA(nfa, limits.MAX_DFA_STATES, alphabet=trie.single_bytes)
+        dfa = determinize(nfa, limits.MAX_DFA_STATES, alphabet=trie.single_bytes)
     except Unsupported as exc:
         return None, {}, f"the regex uses what the byte NFA does not reproduce exactly ({exc})"
     seconds = time.perf_counter() - started
@@ -339,16 +341,10 @@ def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[LazyDFA | None, dict[str, 
         f"engine nfa: byte NFA of {len(nfa):,} states, its DFA determinized on demand")
 
 
-def _complete_if_small(dfa: LazyDFA, limit: int) -> ByteDFA | None:
+def _complete_if_small(dfa: ByteDFA, limit: int) -> ByteDFA | None:
     """The complete DFA when it has at most `limit` states (an eager grammar costs little then),
     else None; `dfa` keeps the rows computed meanwhile."""
-    q = 1
-    while q < dfa.num_states:
-        if dfa.num_states - 1 > limit:
-            return None
-        dfa.ensure_rows([q])
-        q += 1
-    return None if dfa.num_states - 1 > limit else dfa.to_byte_dfa()
+    return dfa.completed(limit)
 
 
 def _choose_mode(requested: str, dfa: ByteDFA) -> tuple[str, str]:

@@ -1,8 +1,8 @@
 """`LazyIndex`: a grammar's token rows and masks, each computed on its state's first visit.
 
-Compiling a lazy grammar builds only a byte-level automaton: outlines-core's complete DFA
-(`token_index.ByteDFA`) or the byte NFA's DFA determinized on demand (`byte_nfa.LazyDFA`, which
-computes the DFA rows a walk needs as it goes). The first time a state is asked for (`row`,
+Compiling a lazy grammar builds only a byte-level automaton, an `automata.byte_dfa.ByteDFA`:
+outlines-core's complete DFA, or the byte NFA's DFA determinized on demand (`byte_nfa.determinize`,
+which computes the DFA rows a walk needs as it goes). The first time a state is asked for (`row`,
 `mask_row`), its token row is walked over the vocabulary's trie (`token_index.walk`) and kept; its
 mask is packed, deduplicated against the rows seen so far and appended to the mask table. A
 generation visits a small fraction of the states, so it pays for those only.
@@ -12,7 +12,7 @@ this vocabulary* can reach acceptance (a state is "live"), so every state a gene
 way forward, whatever bytes the vocabulary lacks. Liveness is decided lazily, for the successors a
 row walk meets:
 - a state that reaches acceptance over the vocabulary's single-byte tokens is live (those tokens
-  spell the way): `ByteDFA.live_by` / `LazyDFA.live`, exact and cheap, and true of every state for
+  spell the way): `ByteDFA.live_by` / `ByteDFA.live`, exact and cheap, and true of every state for
   JSON grammars with real vocabularies (then nothing below runs);
 - any other state is searched breadth-first over its token successors (raw walks, memoized) until a
   live one is met (live: so is every state on the path), or none is left (dead: so are all states
@@ -50,13 +50,19 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import limits
+from ..automata.byte_dfa import ByteDFA
 from ..errors import GrammarTooLargeError, InvalidArgumentError, VocabularyMismatchError
 from ..limits import check_deadline
-from .token_index import ByteDFA, TokenTrie, walk, walk_mlx
+from .token_index import TokenTrie, walk, walk_mlx
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 BACKENDS = ("numpy", "mlx")
 # Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
@@ -86,11 +92,12 @@ def default_backend() -> str:
 class LazyIndex:
     """Token rows and deduplicated masks of a byte DFA's states, filled on first use.
 
-    The DFA is either complete (`token_index.ByteDFA`, from outlines-core) or determinized on demand
-    (`byte_nfa.LazyDFA`, which gains states as walks reach them). Grammar states are the DFA's state
-    ids, except that the id of the DFA's dead state — never a grammar state, as a forbidden token has
-    no next state — is the `terminal` state, entered by EOS from an accepting state and allowing
-    only EOS: `dfa.num_states` for a ByteDFA, 0 for a LazyDFA. Ids are stable ints either way.
+    The DFA is either complete (from outlines-core, or a small one the byte NFA's determinization
+    completed) or built on demand (`byte_nfa.determinize`, which gains states as walks reach them).
+    Grammar states are the DFA's state ids, except that the id of the DFA's dead state — never a
+    grammar state, as a forbidden token has no next state — is the `terminal` state, entered by EOS
+    from an accepting state and allowing only EOS: `dfa.dead` (the last id of a stored DFA, 0 for
+    one built on demand). Ids are stable ints either way.
     A state from which this vocabulary cannot reach acceptance (a dead end) is no grammar state
     either: no row leads there, and asked for directly its row allows nothing.
     """
@@ -111,16 +118,17 @@ class LazyIndex:
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
         self.terminal = int(dfa.dead)
-        self._growing = bool(getattr(dfa, "lazy", False))
+        self._growing = dfa.built_on_demand
         self.max_row_bytes = limits.LAZY_ROW_BYTES if max_row_bytes is None else int(max_row_bytes)
         self.max_mask_bytes = limits.LAZY_MASK_BYTES if max_mask_bytes is None else int(max_mask_bytes)
         self.liveness_walks = limits.LIVENESS_WALKS if liveness_walks is None else int(liveness_walks)
 
         # Liveness over the single-byte tokens (see the module docstring).
+        self._byte_live: np.ndarray | None  # a stored DFA's; one built on demand holds its own (`dfa.live`)
         if self._growing:
             if not dfa.alphabet <= trie.single_bytes:
                 raise InvalidArgumentError("the on-demand DFA's liveness alphabet has bytes that are no tokens of this "
-                                   "vocabulary: build it with LazyDFA(nfa, max_states, alphabet=trie.single_bytes)")
+                                   "vocabulary: build it with determinize(nfa, max_states, alphabet=trie.single_bytes)")
             self._byte_live = None
             self._all_live = dfa.all_live
         else:
@@ -140,13 +148,14 @@ class LazyIndex:
         self._used: dict[int, int] = {}  # second-chance bits for row eviction
         self._filled_order: deque[int] = deque()  # states holding a row, in clock order
         self._row_bytes = 0
-        self.on_evict = None  # weakref.WeakMethod: called (state, tokens, nxt) when a row is dropped
+        # A weakref.WeakMethod: called (state, tokens, nxt) when a row is dropped.
+        self.on_evict: Callable[[], Callable[[int, np.ndarray, np.ndarray], object] | None] | None = None
         self._num_masks = 0
         self._mask_index: dict[int, list[int]] = {}  # hash of a packed row -> rows with those bytes
         # The mask table: (mx.array or None, numpy array of the rows): the array's memory when shared
         # (rows written in place), else a host copy that `device_masks` copies per new row.
-        self._table: tuple[object, np.ndarray] = (None, np.zeros((0, self.words), dtype=np.uint32))
-        self._copy: tuple[int, object] | None = None  # (rows in it, mx.array): the fallback's device copy
+        self._table: tuple[mx.array | None, np.ndarray] = (None, np.zeros((0, self.words), dtype=np.uint32))
+        self._copy: tuple[int, mx.array] | None = None  # (rows in it, mx.array): the fallback's device copy
         self._shared: bool | None = None  # whether tables are shared with numpy (decided on first use)
         self.table_copies = 0
         self._lock = threading.RLock()
@@ -159,17 +168,16 @@ class LazyIndex:
 
     @property
     def num_states(self) -> int:
-        """States so far (ids 0 .. num_states - 1): fixed for a ByteDFA, growing for a LazyDFA."""
-        return self.dfa.num_states if self._growing else self.dfa.num_states + 1
+        """States so far (ids 0 .. num_states - 1, the terminal state among them): fixed for a
+        stored DFA, growing for one built on demand."""
+        return self.dfa.num_states + 1
 
     @property
     def accepting(self) -> np.ndarray:
         """Whether each state so far accepts (a copy: a growing DFA's array is replaced as it grows)."""
-        accepting = self.dfa.accepting[: self.dfa.num_states].copy()
-        if self._growing:
-            accepting[self.terminal] = True
-            return accepting
-        return np.append(accepting, True)
+        accepting = self.dfa.accepting[: self.dfa.num_states + 1].copy()
+        accepting[self.terminal] = True
+        return accepting
 
     def is_accepting(self, state: int) -> bool:
         return state == self.terminal or bool(self.dfa.accepting[state])
@@ -193,7 +201,7 @@ class LazyIndex:
             row = self.mask_of[state]
         return row
 
-    def device_masks(self):
+    def device_masks(self) -> mx.array:
         """The mask table as an `mx.array` holding at least every row id handed out so far: one
         object until it fills up (rows are added in place), or, where tables cannot be shared with
         numpy, a new object for each new row."""
@@ -232,7 +240,8 @@ class LazyIndex:
             f"(e.g. a NUL character, or bytes the vocabulary lacks): {detail}")
 
     def _byte_live_of(self, states: np.ndarray) -> np.ndarray:
-        return self.dfa.live[states] if self._growing else self._byte_live[states]
+        byte_live = self._byte_live
+        return self.dfa.live[states] if byte_live is None else byte_live[states]
 
     def _live(self, states: np.ndarray) -> np.ndarray:
         """Whether each state is live (a copy), deciding the states the bytes do not."""
@@ -438,7 +447,7 @@ class LazyIndex:
                 "table_rows": len(self._table[1]),
                 "table_copies": self.table_copies,
                 "backend": self.backend,
-                "byte_states_built": int(self.dfa.num_states - (1 if self._growing else 0)),
+                "byte_states_built": int(self.dfa.num_states),
                 "liveness_searches": self.liveness_searches,
                 "liveness_walks": self.liveness_walks_done,
                 "liveness_undecided": self.liveness_undecided,

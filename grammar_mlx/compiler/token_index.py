@@ -1,15 +1,14 @@
 """Token transitions of a byte-level DFA, one state at a time, vectorized over the vocabulary.
 
-A grammar is compiled to a DFA over UTF-8 bytes (`ByteDFA`, built by outlines-core from a vocabulary
-of the 256 single bytes, which is far cheaper than its eager token index; or `byte_nfa.LazyDFA`,
-determinized on demand: `walk` computes the rows it meets, a batch per trie level, in numpy or MLX
-alike). The token-level automaton then follows by definition: from byte state `q`, token `t` is
-allowed iff walking its bytes from `q` never reaches the dead state, and it leads to the state where
-the walk ends. This is exactly outlines-core's token semantics (its eager `Index` walks each token's
-bytes through the same DFA), so `walk(trie, dfa, q)` reproduces one row of the eager index, for any
-state, on demand. That raw row may still hold tokens into dead ends (states from which this
-vocabulary's tokens cannot reach acceptance, when it lacks some single bytes): the grammar drops
-them (`lazy.LazyIndex`, and `worker.build_tables` for eager tables).
+A grammar is compiled to a DFA over UTF-8 bytes (`automata.byte_dfa.ByteDFA`: complete, from
+outlines-core, or determinized on demand from the byte NFA, its rows computed as walks meet them).
+The token-level automaton then follows by definition: from byte state `q`, token `t` is allowed iff
+walking its bytes from `q` never reaches the dead state, and it leads to the state where the walk
+ends. This is exactly outlines-core's token semantics (its eager `Index` walks each token's bytes
+through the same DFA), so `walk(trie, dfa, q)` reproduces one row of the eager index, for any state,
+on demand. That raw row may still hold tokens into dead ends (states from which this vocabulary's
+tokens cannot reach acceptance, when it lacks some single bytes): the grammar drops them
+(`lazy.LazyIndex`, and `worker.build_tables` for eager tables).
 
 The walk is vectorized over the vocabulary's token trie (`TokenTrie`), stored level by level:
 level j holds the distinct token prefixes of j+1 bytes, in lexicographic order, so the children of a
@@ -20,26 +19,19 @@ where most nodes are still alive (every node of the level in one gather, no comp
 a string" state, where almost every token is allowed). `walk_mlx` runs the dense levels as MLX
 ops, for a GPU. `bench/compile.py` measures a state's first visit.
 
-This module imports only numpy (MLX lazily, in `walk_mlx`) and, of grammar_mlx, the dependency-free
-errors module, so the compile worker loads it as a plain sibling file.
+This module imports only numpy (MLX lazily, in `walk_mlx`), `automata.byte_dfa` and the errors
+module, so the compile worker loads it without the package's `__init__` (worker.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numpy as np
 
-# Inside the package, the package's error class; in the compile worker, which loads this file as a
-# plain sibling module, a ValueError (errors cross to the parent as messages there, never as objects).
-if __package__:
-    from ..errors import InvalidArgumentError
-else:
-    InvalidArgumentError = ValueError
+from ..automata.byte_dfa import NUL, ByteDFA
 
-# A token containing NUL is never allowed: NUL is the compile sentinel (see worker.wrap_regex).
-NUL = 0
+__all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx"]
 
 
 class TokenTrie:
@@ -57,8 +49,15 @@ class TokenTrie:
               "end_more_node", "end_more_id")
 
     def __init__(self, arrays: dict[str, np.ndarray], width: int):
-        for name in self.ARRAYS:
-            setattr(self, name, arrays[name])
+        self.byte: np.ndarray = arrays["byte"]
+        self.parent: np.ndarray = arrays["parent"]
+        self.child_start: np.ndarray = arrays["child_start"]
+        self.child_count: np.ndarray = arrays["child_count"]
+        self.level_start: np.ndarray = arrays["level_start"]
+        self.token_node: np.ndarray = arrays["token_node"]
+        self.end_first: np.ndarray = arrays["end_first"]
+        self.end_more_node: np.ndarray = arrays["end_more_node"]
+        self.end_more_id: np.ndarray = arrays["end_more_id"]
         self.width = int(width)
         self.num_nodes = len(self.byte)
         self.num_levels = len(self.level_start) - 1
@@ -76,7 +75,7 @@ class TokenTrie:
         return sum(int(a.nbytes) for a in self.arrays().values())
 
     @classmethod
-    def build(cls, token_bytes: dict[bytes, list[int]], width: int) -> "TokenTrie":
+    def build(cls, token_bytes: dict[bytes, list[int]], width: int) -> TokenTrie:
         """`token_bytes`: bytes -> the ids that produce them (several ids may share bytes)."""
         groups: dict[bytes, list[int]] = {}
         for b, ids in token_bytes.items():
@@ -113,7 +112,9 @@ class TokenTrie:
         active = np.arange(n)
         node_of = np.zeros(n, dtype=np.int64)  # node index of each active token at the previous level
         level_start = [0]
-        bytes_, parents, end_first = [], [], []
+        bytes_: list[np.ndarray] = []
+        parents: list[np.ndarray] = []
+        end_first: list[np.ndarray] = []
         end_node = np.zeros(n, dtype=np.int64)
         total = 0
         j = 0
@@ -140,13 +141,13 @@ class TokenTrie:
         child_start = np.zeros(total, dtype=np.int32)
         child_count = np.zeros(total, dtype=np.int32)
         for lv in range(len(level_start) - 2):
-            a, b, c = level_start[lv], level_start[lv + 1], level_start[lv + 2]
-            kids = parent[b:c]
-            ids = np.arange(a, b)
-            lo = np.searchsorted(kids, ids, side="left")
-            hi = np.searchsorted(kids, ids, side="right")
-            child_start[a:b] = b + lo
-            child_count[a:b] = hi - lo
+            here, below, end = level_start[lv], level_start[lv + 1], level_start[lv + 2]
+            kids = parent[below:end]
+            nodes = np.arange(here, below)
+            lo = np.searchsorted(kids, nodes, side="left")
+            hi = np.searchsorted(kids, nodes, side="right")
+            child_start[here:below] = below + lo
+            child_count[here:below] = hi - lo
         token_node = np.full(width, total, dtype=np.int32)
         token_node[first_id] = end_node
         more = [(i, extra) for i, ids in enumerate(id_lists) if len(ids) > 1 for extra in ids[1:]]
@@ -169,179 +170,6 @@ class TokenTrie:
         return s
 
 
-class ByteDFA:
-    """A DFA over bytes, stored by byte class: `table[q * num_classes + classes[b]]` is the state
-    after byte b from q, `dead` (= num_states) when the text can no longer match. Bytes that every
-    state treats alike share a class (a JSON grammar has ~70), so the table is several times smaller
-    than one column per byte. The dead row is part of the table and loops to itself, so a walk needs
-    no branch. `accepting[q]`: the regex matched exactly at q. Byte 0 (NUL, the compile sentinel)
-    always leads to the dead state."""
-
-    def __init__(self, table: np.ndarray, accepting: np.ndarray, initial: int, classes: np.ndarray):
-        self.table = np.ascontiguousarray(table, dtype=np.int32)
-        self.accepting = np.asarray(accepting, dtype=bool)
-        self.classes = np.ascontiguousarray(classes, dtype=np.int32)
-        self.num_states = len(self.accepting)
-        self.num_classes = int(self.classes.max()) + 1 if len(self.classes) else 1
-        self.dead = self.num_states
-        self.initial = int(initial)
-        if self.classes.shape != (256,) or self.table.shape != ((self.num_states + 1) * self.num_classes,):
-            raise InvalidArgumentError(f"byte table of shape {self.table.shape} for {self.num_states} states and "
-                             f"{self.num_classes} byte classes")
-        self._node_classes: tuple[TokenTrie, np.ndarray] | None = None
-        self._device = None  # (table, classes) as MLX arrays, made by walk_mlx
-
-    @property
-    def nbytes(self) -> int:
-        """The arrays, and the per-trie and device copies the walks made of them."""
-        return int(self.table.nbytes + self.accepting.nbytes + self.classes.nbytes + walk_copies_nbytes(self))
-
-    def next(self, state: int, byte: int) -> int:
-        return int(self.table[state * self.num_classes + self.classes[byte]])
-
-    def rows(self) -> np.ndarray:
-        """The table as (states + 1, classes)."""
-        return self.table.reshape(-1, self.num_classes)
-
-    def node_classes(self, trie: TokenTrie) -> np.ndarray:
-        """The byte class of every trie node (the walk's column index), computed once per trie."""
-        cached = self._node_classes
-        if cached is None or cached[0] is not trie:
-            cached = self._node_classes = (trie, self.classes.take(trie.byte))
-        return cached[1]
-
-    @classmethod
-    def from_transitions(cls, transitions: dict, initial: int, finals, sentinel: int = NUL) -> "ByteDFA":
-        """From outlines-core's `Index((?:R)\\x00, <256 single bytes>).get_transitions()`.
-
-        States are numbered in outlines' id order. A state accepts iff its sentinel edge reaches an
-        outlines final state; sentinel edges (and the EOS id 256) are dropped. Final states, which
-        only the sentinel enters, are dropped too."""
-        keys = np.fromiter(transitions.keys(), dtype=np.int64, count=len(transitions))
-        rows = list(transitions.values())
-        lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        total = int(lens.sum())
-        byte = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
-        dst_ids = np.fromiter(itertools.chain.from_iterable(r.values() for r in rows), dtype=np.int64, count=total)
-        ids = np.unique(np.append(keys, initial))
-        dst = np.searchsorted(ids, dst_ids).clip(max=len(ids) - 1)
-        if not np.array_equal(ids[dst], dst_ids):  # a state without edges may be no key of the dict
-            ids = np.unique(np.concatenate([ids, dst_ids]))
-            dst = np.searchsorted(ids, dst_ids)
-        src = np.repeat(np.searchsorted(ids, keys), lens)
-        is_final = np.isin(ids, np.fromiter(finals, dtype=np.int64))
-        accepting = np.zeros(len(ids), dtype=bool)
-        accepting[src[is_final[dst] & (byte == sentinel)]] = True
-        text = (byte != sentinel) & (byte < 256)
-        src, byte, dst = src[text], byte[text], dst[text]
-        initial_pos = int(np.searchsorted(ids, initial))
-
-        # Renumber without the final states when only the sentinel enters them.
-        keep = np.ones(len(ids), dtype=bool)
-        if is_final.any() and not is_final[dst].any() and not is_final[initial_pos]:
-            keep = ~is_final
-        number = np.cumsum(keep) - 1
-        count = int(keep.sum())
-        mine = keep[src]
-        src, byte, dst = number[src[mine]], byte[mine], number[dst[mine]]
-
-        classes, reps = _byte_classes(src, byte, dst, count)
-        table = np.full((count + 1) * len(reps), count, dtype=np.int32)
-        of_class = np.full(256, -1, dtype=np.int64)
-        of_class[reps] = np.arange(len(reps))
-        is_rep = of_class[byte] >= 0
-        table[src[is_rep] * len(reps) + of_class[byte[is_rep]]] = dst[is_rep]
-        return cls(table, accepting[keep], int(number[initial_pos]), classes)
-
-    def stuck(self, alphabet) -> np.ndarray:
-        """States that do not accept and have no edge on a byte of `alphabet`: a token-level
-        state there would allow nothing at all (what an eager build reports)."""
-        cols = np.unique(self.classes[np.array(sorted(alphabet), dtype=np.int64)])
-        return ~self.accepting & ~np.any(self.rows()[: self.num_states][:, cols] != self.dead, axis=1)
-
-    def accepts_text(self) -> bool:
-        """Whether some text (bytes other than NUL) leads from the initial state to acceptance:
-        a breadth-first search that stops at the first accepting state."""
-        cols = np.unique(self.classes[1:])
-        table = self.rows()[:, cols]
-        seen = np.zeros(self.num_states + 1, dtype=bool)
-        seen[self.dead] = True
-        frontier = np.array([self.initial])
-        seen[frontier] = True
-        while len(frontier):
-            if self.accepting[frontier].any():
-                return True
-            succ = np.unique(table[frontier])
-            frontier = succ[~seen[succ]]
-            seen[frontier] = True
-        return False
-
-    def live_by(self, alphabet) -> np.ndarray:
-        """States from which some string over `alphabet` (bytes) reaches an accepting state: a
-        backward breadth-first search over the distinct (state, successor) pairs, a frontier at a
-        time in numpy (the dead state is not live and is not part of the result)."""
-        cols = np.unique(self.classes[np.array(sorted(alphabet), dtype=np.int64)])
-        n = self.num_states
-        live = self.accepting.copy()
-        if n == 0 or not len(cols):
-            return live
-        table = self.rows()[:n][:, cols]
-        src = np.repeat(np.arange(n, dtype=np.int64), len(cols))
-        dst = table.ravel().astype(np.int64)
-        edge = dst != self.dead
-        pairs = np.unique(dst[edge] * n + src[edge])  # by successor, then predecessor; duplicates out
-        by_dst, preds = pairs // n, pairs % n
-        first = np.searchsorted(by_dst, np.arange(n + 1))
-        frontier = np.flatnonzero(live)
-        while len(frontier):
-            lo, hi = first[frontier], first[frontier + 1]
-            counts = hi - lo
-            total = int(counts.sum())
-            if total == 0:
-                break
-            ends = np.cumsum(counts)
-            at = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
-            found = preds[at]
-            found = np.unique(found[~live[found]])
-            live[found] = True
-            frontier = found
-        return live
-
-
-def walk_copies_nbytes(dfa) -> int:
-    """Bytes of what walks cache on a DFA (ByteDFA or LazyDFA): the byte class of each trie node
-    (`node_classes`) and the MLX copies of the table and classes (`walk_mlx`)."""
-    total = 0
-    cached = dfa._node_classes
-    if cached is not None:
-        total += cached[1].nbytes
-    device = dfa._device
-    if device is not None:
-        total += device[0].nbytes + device[1].nbytes
-    return int(total)
-
-
-def _byte_classes(src: np.ndarray, byte: np.ndarray, dst: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes with the same edges in every state share a class. Returns (class of each byte, the
-    representative byte of each class); class 0 holds the bytes no state has an edge on (NUL
-    among them). A stable sort by byte keeps each byte's edges in the one order they were listed
-    in, so equal edge sets are equal byte strings: the grouping is exact."""
-    order = np.argsort(byte.astype(np.uint8), kind="stable")  # a radix sort
-    pairs = np.stack([src[order], dst[order]], axis=1)
-    bounds = np.searchsorted(byte[order], np.arange(257)).tolist()
-    classes = np.zeros(256, dtype=np.int32)
-    reps = [0]
-    seen: dict[bytes, int] = {b"": 0}
-    for b in range(256):
-        key = pairs[bounds[b] : bounds[b + 1]].tobytes()
-        c = seen.get(key)
-        if c is None:
-            c = seen[key] = len(reps)
-            reps.append(b)
-        classes[b] = c
-    return classes, np.array(reps, dtype=np.int64)
-
-
 # A walk stays sparse while at most this share of a level's nodes is alive; denser levels are
 # cheaper as one gather over the whole level than as an expansion of live nodes.
 DENSE_SHARE = 0.25
@@ -355,10 +183,10 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
     levels as MLX ops on the default device (a GPU gathers a whole level at once)."""
     if trie.num_nodes == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
-    # A lazily determinized DFA (byte_nfa.LazyDFA) holds UNKNOWN (-1) in rows not computed yet: a
-    # level that meets one computes the missing rows (one batch per level) and is gathered again.
-    lazy = getattr(dfa, "lazy", False)
-    if lazy:
+    # A DFA built on demand holds UNKNOWN (-1) in rows not computed yet: a level that meets one
+    # computes the missing rows (one batch per level) and is gathered again.
+    pending = not dfa.complete
+    if pending:
         dfa.ensure_rows([state])
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     column = dfa.node_classes(trie)  # the byte class of every node
@@ -383,7 +211,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
         child = np.arange(total, dtype=np.int32) + np.repeat(trie.child_start[idx] - (ends - counts), counts)
         at = np.repeat(st, counts) * width + column.take(child, mode="clip")
         nst = table.take(at, mode="clip")
-        if lazy and len(nst) and nst.min() < 0:
+        if pending and len(nst) and nst.min() < 0:
             dfa.ensure_rows(at[nst < 0] // width)
             table = dfa.table
             nst = table.take(at, mode="clip")
@@ -413,7 +241,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
             mul(ib, width, out=ib)
             add(ib, column[a:b], out=ib)
             table.take(ib, out=node_st[a:b], mode="clip")
-            if lazy and node_st[a:b].min() < 0:
+            if pending and node_st[a:b].min() < 0:
                 dfa.ensure_rows(ib[node_st[a:b] < 0] // width)
                 table = dfa.table
                 table.take(ib, out=node_st[a:b], mode="clip")
@@ -441,21 +269,21 @@ def _sparse_row(trie: TokenTrie, nodes: np.ndarray, states: np.ndarray) -> tuple
 
 def _dense_mlx(trie: TokenTrie, dfa: ByteDFA, shallow: np.ndarray, dense_from: int) -> np.ndarray:
     """The state after each token (dead where not allowed), the levels from `dense_from` on as MLX
-    ops; `shallow` holds the states of every node above them. A lazily determinized DFA may meet
-    rows not computed yet (UNKNOWN, negative): such a level is checked on the host, the missing rows
+    ops; `shallow` holds the states of every node above them. A DFA built on demand may meet rows
+    not computed yet (UNKNOWN, negative): such a level is checked on the host, the missing rows
     are computed (`ensure_rows`), the device table refreshed and the level gathered again."""
     import mlx.core as mx
 
     dev = _device_trie(trie)
-    lazy = getattr(dfa, "lazy", False)
+    pending = not dfa.complete
     width = dfa.num_classes
 
-    def device_table():
-        # The table on the device, once per DFA; a lazy DFA's again after it computed rows.
-        version = (dfa.table.ctypes.data, len(dfa.table), getattr(dfa, "rows_computed", 0))
-        if dfa._device is None or dfa._device[2] != version:
-            dfa._device = (mx.array(dfa.table), mx.array(dfa.classes), version)
-        return dfa._device[0], dfa._device[1]
+    def device_table() -> tuple[mx.array, mx.array]:
+        # The table on the device, once per DFA; again after rows were computed on demand.
+        version = (dfa.table.ctypes.data, len(dfa.table), dfa.rows_computed)
+        if dfa.device is None or dfa.device[2] != version:
+            dfa.device = (mx.array(dfa.table), mx.array(dfa.classes), version)
+        return dfa.device[0], dfa.device[1]
 
     table, classes = device_table()
     start = int(trie.level_start[dense_from - 1])
@@ -464,7 +292,7 @@ def _dense_mlx(trie: TokenTrie, dfa: ByteDFA, shallow: np.ndarray, dense_from: i
     for parent, byte in dev["levels"][dense_from - 1 :]:
         at = mx.take(level, parent) * width + mx.take(classes, byte)
         level = mx.take(table, at)
-        if lazy and mx.min(level).item() < 0:
+        if pending and bool(mx.min(level) < 0):
             at_host, level_host = np.array(at), np.array(level)
             dfa.ensure_rows(np.unique(at_host[level_host < 0] // width))
             table, classes = device_table()

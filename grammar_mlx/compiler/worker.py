@@ -3,11 +3,12 @@
 outlines-core builds its automata in Rust without a way to interrupt it, and pathological regexes
 (huge alternations, counted repetitions of wide classes) run for minutes or eat all memory; an eager
 table build walks every state. So both run here, in a separate process that the parent can kill at
-its deadline, under a memory limit, while the parent stays responsive. This file imports only numpy,
-outlines-core and plain sibling modules (token_index, and the errors module it imports) — no mlx,
-not the grammar_mlx package — so the worker starts fast; the parent runs it as a script. It touches
-no file: results go back over the pipe, and the parent alone reads and writes the on-disk cache
-(which may be missing, read-only or full).
+its deadline, under a memory limit, while the parent stays responsive. The parent runs this file as
+a script, which imports numpy, outlines-core and three modules of the package (errors,
+automata.byte_dfa, compiler.token_index) without the package's `__init__` files (`_bare_packages`):
+no mlx, nothing else of grammar_mlx, so the worker starts as fast as numpy imports. It touches no
+file: results go back over the pipe, and the parent alone reads and writes the on-disk cache (which
+may be missing, read-only or full).
 
 Protocol over stdin/stdout: length-prefixed pickles. Parent → worker: `("vocab", fingerprint,
 trie_arrays, width)` once per vocabulary (eager jobs only), then `("dfa", job)` or `("tables", job)`.
@@ -32,30 +33,49 @@ import sys
 import threading
 import time
 import traceback
+import types
+from collections.abc import Callable
+from typing import IO, Any
 
 import numpy as np
 
-# token_index.py is a plain module without package-relative imports: the worker runs as a script and
-# loads it as a sibling file; inside the package it is the package's module.
-if __package__:
-    from . import token_index
-else:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import token_index  # type: ignore[no-redef]
+
+def _bare_packages() -> None:
+    """Run as a script, the worker imports the package's modules it needs (errors, automata.byte_dfa,
+    compiler.token_index) as members of their packages, so they keep their ordinary relative imports,
+    but without running the packages' `__init__` files, which import mlx and the whole compiler."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == here:
+        del sys.path[0]  # this file's folder: its modules are reached through their package only
+    for name, path in (("grammar_mlx", root), ("grammar_mlx.automata", os.path.join(root, "automata")),
+                       ("grammar_mlx.compiler", os.path.join(root, "compiler"))):
+        package = types.ModuleType(name)
+        package.__path__ = [path]
+        sys.modules[name] = package
+
+
+if not __package__:
+    _bare_packages()
+
+from grammar_mlx.automata.byte_dfa import ByteDFA  # noqa: E402
+from grammar_mlx.compiler import token_index  # noqa: E402
+from grammar_mlx.errors import GrammarError  # noqa: E402
 
 HEADER = struct.Struct("<Q")
+Progress = Callable[[str, int, int], object]  # (stage, done, total)
 LIFELINE_ENV = "GRAMMAR_MLX_LIFELINE_FD"
 MEMORY_ENV = "GRAMMAR_MLX_WORKER_MEMORY"
 
 
-def send(stream, message) -> None:
+def send(stream: IO[bytes], message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(HEADER.pack(len(data)))
     stream.write(data)  # separately: a reply of large tables is not copied once more to prepend 8 bytes
     stream.flush()
 
 
-def _read_exact(stream, size: int) -> bytes:
+def _read_exact(stream: IO[bytes], size: int) -> bytes:
     chunks, left = [], size
     while left:
         chunk = stream.read(left)
@@ -66,39 +86,9 @@ def _read_exact(stream, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def receive(stream):
+def receive(stream: IO[bytes]) -> Any:
     (size,) = HEADER.unpack(_read_exact(stream, HEADER.size))
     return pickle.loads(_read_exact(stream, size))
-
-
-def classify_index_error(message: str) -> str:
-    """Map an outlines-core error message to the name of the grammar_mlx error class."""
-    if "incompatible with the regex" in message:
-        return "VocabularyMismatchError"
-    if "Failed to build DFA" in message or "regex" in message.lower() and "parse" in message.lower():
-        return "InvalidRegexError"
-    if "empty" in message.lower():
-        return "EmptyLanguageError"
-    # Any other failure of outlines-core's Index is a property of the regex (e.g. an anchor: "anchored
-    # universal start state doesn't exist"): the same regex fails the same way every time.
-    return "InvalidRegexError"
-
-
-# outlines-core 0.2.14 drops every token edge that leaves an accepting DFA state for a non-accepting
-# one (regex-automata reports matches one byte late, and its index mistakes "a match ended before this
-# byte" for "this edge ends in a match"): `0(x1)?` compiles to accept only "0", `(ab)?` only "". The
-# same holds for an index over the 256 single bytes, which is how we get the byte-level DFA. So we
-# never let the user's regex match before its end: we compile `(?:R)\x00`, where NUL is a sentinel
-# byte. R's accepting states are exactly those whose NUL edge reaches an outlines final state; NUL
-# edges are then dropped, and so are real tokens containing NUL (no valid JSON or text grammar needs
-# them).
-SENTINEL_ID = 2**31 - 1  # the sentinel token's id in an outlines vocabulary of real tokens (tests, bench)
-SENTINEL_BYTES = b"\x00"
-_BYTE_EOS = 256
-
-
-def wrap_regex(regex: str) -> str:
-    return f"(?:{regex})\\x00"
 
 
 class BuildError(Exception):
@@ -109,41 +99,22 @@ class BuildError(Exception):
         self.kind = kind
 
 
-def byte_vocabulary():
-    """outlines-core's Vocabulary of the 256 single bytes (id = byte value)."""
-    from outlines_core import Vocabulary
-
-    return Vocabulary(_BYTE_EOS, {bytes([b]): [b] for b in range(256)})
-
-
-def build_dfa(regex: str, max_states: int, byte_vocab=None) -> token_index.ByteDFA:
+def build_dfa(regex: str, max_states: int) -> ByteDFA:
     """The byte-level DFA of `regex` (full match), from outlines-core's index over single bytes."""
-    from outlines_core import Index
-
     try:
-        index = Index(wrap_regex(regex), byte_vocab or byte_vocabulary())
-    except Exception as exc:
-        message = str(exc)
-        kind = classify_index_error(message)
-        if kind == "VocabularyMismatchError":  # every byte is a token: nothing to match at all
-            raise BuildError("EmptyLanguageError", f"the grammar accepts no string: {message}") from None
-        raise BuildError(kind, message) from None
-    transitions = index.get_transitions()
-    if len(transitions) > max_states:
-        raise BuildError("GrammarTooLargeError",
-                         f"the regex's byte automaton has {len(transitions):,} states, over the limit of "
-                         f"{max_states:,} (GRAMMAR_MLX_MAX_DFA_STATES)")
-    return token_index.ByteDFA.from_transitions(transitions, index.get_initial_state(), index.get_final_states())
+        return ByteDFA.from_outlines(regex, max_states)
+    except GrammarError as exc:
+        raise BuildError(type(exc).__name__, str(exc)) from None
 
 
-def check_language(dfa: token_index.ByteDFA) -> None:
+def check_language(dfa: ByteDFA) -> None:
     """EmptyLanguageError unless some text (any bytes but NUL) is accepted."""
     if not dfa.accepts_text():
         raise BuildError("EmptyLanguageError", "the grammar accepts no string that the vocabulary can produce")
 
 
-def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
-                 progress=lambda *a: None) -> tuple[dict, dict]:
+def build_tables(dfa: ByteDFA, trie: token_index.TokenTrie, eos_ids: list[int], logits_width: int,
+                 progress: Progress = lambda *a: None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Dense token tables of every state reachable by tokens from which tokens can reach
     acceptance, walked with `token_index.walk`.
 
@@ -174,7 +145,8 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
 
     # Live states: backward from the accepting ones over the token edges (breadth-first numbering).
     accepting_dfa = dfa.accepting[queue]
-    src = np.concatenate([np.full(len(nxt), i, dtype=np.int64) for i, (_, nxt) in enumerate(rows)] or [np.zeros(0, np.int64)])
+    src = np.concatenate([np.full(len(nxt), i, dtype=np.int64) for i, (_, nxt) in enumerate(rows)]
+                         or [np.zeros(0, np.int64)])
     dst = number[np.concatenate([nxt for _, nxt in rows] or [np.zeros(0, np.int32)])]
     pairs = np.unique(dst * len(queue) + src)
     by_dst, preds = pairs // len(queue), pairs % len(queue)
@@ -184,7 +156,8 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
     while len(frontier):
         counts = first[frontier + 1] - first[frontier]
         ends = np.cumsum(counts)
-        found = preds[np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(first[frontier] - (ends - counts), counts)]
+        at = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(first[frontier] - (ends - counts), counts)
+        found = preds[at]
         frontier = np.unique(found[~live[found]])
         live[frontier] = True
     if not live[0]:
@@ -247,7 +220,7 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
         if s % 256 == 0:
             progress("masks", s, num_states)
     masks = np.stack(unique).astype(np.uint32)
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "offsets": offsets,
         "tokens": tokens,
         "next": nexts,
@@ -255,7 +228,7 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
         "masks": masks,
         "mask_id": mask_id,
     }
-    meta = {
+    meta: dict[str, Any] = {
         "initial_state": 0,
         "terminal_state": terminal,
         "num_transitions": int(len(tokens)),
@@ -265,10 +238,6 @@ def build_tables(dfa: token_index.ByteDFA, trie: token_index.TokenTrie, eos_ids:
         "dead_end_states": dead_ends,
     }
     return arrays, meta
-
-
-def dfa_arrays(dfa: token_index.ByteDFA) -> tuple[dict, dict]:
-    return {"table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes}, {"initial_state": dfa.initial}
 
 
 def _set_memory_limit(limit_bytes: int) -> None:
@@ -282,24 +251,24 @@ def _set_memory_limit(limit_bytes: int) -> None:
         pass
 
 
-def run_job(kind: str, job: dict, tries: dict, byte_vocab, progress) -> tuple[dict, dict]:
+def run_job(kind: str, job: dict[str, Any], tries: dict[str, token_index.TokenTrie],
+            progress: Progress) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One job's (arrays, meta); raises BuildError for a grammar the job cannot build."""
     started = time.perf_counter()
     if kind == "dfa":
-        dfa = build_dfa(job["regex"], job["max_states"], byte_vocab)
+        dfa = build_dfa(job["regex"], job["max_states"])
         check_language(dfa)
-        arrays, meta = dfa_arrays(dfa)
+        arrays, meta = dfa.arrays()
         meta["dfa_seconds"] = time.perf_counter() - started
     else:
-        dfa = token_index.ByteDFA(job["table"], job["accepting"], job["initial_state"], job["classes"])
+        dfa = ByteDFA.from_arrays(job, job)
         arrays, meta = build_tables(dfa, tries[job["fingerprint"]], job["eos_ids"], job["logits_width"], progress)
         meta["index_seconds"] = time.perf_counter() - started
     return arrays, meta
 
 
-def serve(stdin, stdout) -> None:
+def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     tries: dict[str, token_index.TokenTrie] = {}
-    byte_vocab = None
     while True:
         try:
             message = receive(stdin)
@@ -311,10 +280,9 @@ def serve(stdin, stdout) -> None:
             tries[fingerprint] = token_index.TokenTrie(arrays, width)
             continue
         kind, job = message
+        reply: tuple[Any, ...]
         try:
-            if kind == "dfa" and byte_vocab is None:
-                byte_vocab = byte_vocabulary()
-            reply = ("done", *run_job(kind, job, tries, byte_vocab, lambda *a: send(stdout, ("progress", *a))))
+            reply = ("done", *run_job(kind, job, tries, lambda *a: send(stdout, ("progress", *a))))
         except BuildError as exc:
             reply = ("error", exc.kind, str(exc))
         except MemoryError:

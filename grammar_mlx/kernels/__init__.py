@@ -18,62 +18,75 @@ for bit (an allowed NaN stays that NaN; a forbidden +inf becomes -inf). Widths:
 
 Paths
 -----
-* ``metal`` / ``cuda``: `token_bitmask.metal` and `token_bitmask.cu` beside this module (kernel
-  bodies, shipped inside the wheel) run through `mx.fast.metal_kernel` / `mx.fast.cuda_kernel`.
-  The kernel reads the mask words straight from the device-resident table through the row ids, so
-  only B row ids cross to the device per call. Each kernel object is built once.
-* ``cpu-fused``: MLX's CPU backend. Masks are unpacked into int8 rows (0 = disallowed, -1 =
-  allowed) held in a bounded LRU shared by all tables (`set_row_cache_limit`), and the logits are
+* ``metal`` / ``cuda`` (`gpu`): `token_bitmask.metal` and `token_bitmask.cu` in this package
+  (kernel bodies, shipped inside the wheel) run through `mx.fast.metal_kernel` /
+  `mx.fast.cuda_kernel`. The kernel reads the mask words straight from the device-resident table
+  through the row ids, so only B row ids cross to the device per call. Each kernel is built once.
+* ``cpu-fused`` (`cpu`): MLX's CPU backend. Masks are unpacked into int8 rows (0 = disallowed, -1 =
+  allowed) held in a bounded cache shared by all tables (`set_row_cache_limit`), and the logits are
   masked through their integer view, ``((x ^ NEG_INF) & mask) ^ NEG_INF`` (the int8 mask widens by
   sign: -1 keeps x, 0 gives the bits of -inf; exact for every value). One `mx.compile`d function
   runs that as a single fused loop, which MLX generates as C++ and builds with ``g++`` at run time
   (once per dtype and layout, cached on disk).
-* ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse (an unfused `mx.where` is about 20x
-  slower than a copy), so the same three integer ops run as three vectorised passes.
+* ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse (an unfused `mx.where` is far slower
+  than a copy), so the same three integer ops run as three vectorised passes.
 
-On both CPU paths a single row (B = 1) takes the cheapest of three forms (`_row_form`): a row that
-allows at most V/64 tokens keeps their ids (the output is a fill of -inf with those logits scattered
-in), one that forbids at most V/24 keeps the forbidden ids (a copy of the logits with -inf scattered
-in), any other the dense mask above. The forms copy bits and never compute with them, so they are
-exact too; JSON structure states allow a handful of tokens and string states forbid a few
-thousand, and both forms cost less than the dense mask (bench/kernels.py, "form/...").
+On both CPU paths a single row (B = 1) takes the cheapest of three forms (`cpu.row_form`): a row
+that allows at most V/64 tokens keeps their ids (the output is a fill of -inf with those logits
+scattered in), one that forbids at most V/24 keeps the forbidden ids (a copy of the logits with -inf
+scattered in), any other the dense mask above. The forms copy bits and never compute with them, so
+they are exact too; JSON structure states allow a handful of tokens and string states forbid a few
+thousand, and both forms cost less than the dense mask there (bench/kernels.py, "form/...").
 
-The CPU row cache (`_RowCache`) keys single rows by their content, so a row is found again in every
-table that holds it (a lazy grammar's table, copied into a larger one when full; equal rows of
-different grammars share an entry); a table of at most a quarter of the bound also gets a
-whole-table entry for batches, an unpacked copy filled a row at a time on the first batch that
-uses the row (then a batch is one gather). Memory: the bound (64 MiB by default: ~390 dense rows at
-V = 151,936, each V + 4 W bytes; far more in the id forms) plus one staging buffer as large as the
-largest B x V batch staged. The per-token path is `row_masker`: a table bound once to a logits width
-and dtype, then a dict read and the row's op(s) per call.
+The CPU row cache (`cpu.RowCache`) keys single rows by their content, so a row is found again in
+every table that holds it (a lazy grammar's table, copied into a larger one when full; equal rows
+of different grammars share an entry); a table of at most a quarter of the bound also gets a
+whole-table entry for batches, an unpacked copy filled a row at a time on the first batch that uses
+the row (then a batch is one gather). One recency policy serves every entry: second chance (a hit
+marks its entry; eviction spares a marked entry once). Memory: the bound (`limits.ROW_CACHE_BYTES`;
+a dense row costs V + 4 W bytes, the id forms far less) plus one staging buffer as large as the
+largest B x V batch staged.
+
+Modules: `dispatch` (the two entry points, input checks, the choice of path, `shared_array`, the
+one row cache), `cpu` (the forms and the cache), `gpu` (the kernels' sources and launch). The
+per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read and
+the row's op(s) per call.
 
 Tables may grow in place. A table may hold rows not written yet (a lazy grammar's table has room
 for more rows than it has handed out, and writes each new row in place, through `shared_array`,
-before handing out its id: lazy.py). The rule: a row id may be passed here only once its row is
-written, and a row, once passed, never changes. Rows past those are never read, so a table's
-per-table caches (its row index and whole-table entry, keyed by the table object, held weakly and
-dropped when it dies) stay valid while it grows.
+before handing out its id: compiler/lazy.py). The rule: a row id may be passed here only once its
+row is written, and a row, once passed, never changes. Rows past those are never read, so a
+table's per-table caches (its row index and whole-table entry, keyed by the table object, held
+weakly and dropped when it dies) stay valid while it grows.
 """
 
+from .cpu import jit_available as cpu_jit_available
 from .dispatch import (
-    INPUT_NAMES,
-    KERNEL_NAME,
-    OUTPUT_NAMES,
-    SOURCE_FILES,
     apply_token_bitmask,
     available_paths,
+    before_host_write,
     clear_row_cache,
-    cpu_jit_available,
     default_path,
-    kernel_source,
-    launch_geometry,
     row_masker,
     set_row_cache_limit,
     shared_array,
 )
+from .gpu import INPUT_NAMES, KERNEL_NAME, OUTPUT_NAMES, SOURCE_FILES, kernel_source, launch_geometry
 
 __all__ = [
-    "KERNEL_NAME", "INPUT_NAMES", "OUTPUT_NAMES", "SOURCE_FILES", "apply_token_bitmask", "available_paths",
-    "clear_row_cache", "cpu_jit_available", "default_path", "kernel_source", "launch_geometry", "row_masker",
-    "set_row_cache_limit", "shared_array",
+    "INPUT_NAMES",
+    "KERNEL_NAME",
+    "OUTPUT_NAMES",
+    "SOURCE_FILES",
+    "apply_token_bitmask",
+    "available_paths",
+    "before_host_write",
+    "clear_row_cache",
+    "cpu_jit_available",
+    "default_path",
+    "kernel_source",
+    "launch_geometry",
+    "row_masker",
+    "set_row_cache_limit",
+    "shared_array",
 ]

@@ -1,5 +1,5 @@
 // Body of grammar_mlx's allowed-token mask kernel for mx.fast.cuda_kernel.
-// grammar_mlx/kernels/dispatch.py passes this file's text verbatim as `source=`; MLX
+// grammar_mlx/kernels/gpu.py passes this file's text verbatim as `source=`; MLX
 // generates the signature around it (inputs: logits, mask_table, rows;
 // output: out; `using T` = the logits dtype). The mask layout is documented
 // once, in grammar_mlx/kernels/__init__.py.

@@ -1,6 +1,6 @@
-"""Regular expressions as syntax: character sets, the character-level AST the schema front end
-reasons with (`syntax`), and the ECMA-262 dialect of JSON Schema's `pattern` parsed into it
-(`ecma`). The Rust regex-automata dialect that users and the schema front end hand to the compiler
-is parsed by `automata.byte_nfa` (its parser builds the byte NFA directly). Imports only
-`grammar_mlx.errors` and `grammar_mlx.limits`.
+"""Regular expressions as syntax: character sets (`charset`), the one character-level AST
+(`syntax`), and the two dialects parsed into it: ECMA-262, JSON Schema's `pattern` (`ecma`), and
+Rust regex-automata, what users and the schema front end hand to the compiler (`rust`, for the byte
+NFA). Imports only `grammar_mlx.errors` and `grammar_mlx.limits` (and, for the Unicode tables of the
+Rust dialect, `automata.byte_dfa` lazily).
 """

@@ -11,8 +11,9 @@ both readings, so an output is valid under either.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -35,10 +36,11 @@ class CharSet:
         return CharSet.normalize(ranges)
 
     @staticmethod
-    def normalize(ranges) -> CharSet:
+    def normalize(ranges: Iterable[tuple[int, int]]) -> CharSet:
         out: list[list[int]] = []
         s_lo, s_hi = SURROGATES
         for lo, hi in sorted(ranges):
+            pieces: Iterable[tuple[int, int]]
             if hi < s_lo or lo > s_hi:
                 pieces = ((lo, hi),)  # the common case: no surrogate to cut out
             else:
@@ -104,7 +106,7 @@ class CharSet:
         return self.ranges[0][0]
 
 
-def _minus_surrogates(lo: int, hi: int):
+def _minus_surrogates(lo: int, hi: int) -> Iterator[tuple[int, int]]:
     s_lo, s_hi = SURROGATES
     if hi < s_lo or lo > s_hi:
         yield lo, hi
@@ -126,7 +128,7 @@ LINE_TERMINATORS = CharSet.of("\n\r\u2028\u2029")
 JSON_SPECIAL = CharSet.of((0, 0x1F), '"', "\\")  # must be escaped inside a JSON string
 
 
-@lru_cache(maxsize=None)
+@cache
 def _python_class(name: str) -> CharSet:
     """Python `re`'s Unicode classes `\\d \\w \\s` (what `jsonschema` validates with), read off `re` itself."""
     import re
@@ -143,14 +145,15 @@ def _all_characters() -> tuple[str, str]:
     return "".join(map(chr, range(SURROGATES[0]))), "".join(map(chr, range(SURROGATES[1] + 1, MAX_CODE_POINT + 1)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def general_category(name: str) -> CharSet:
     """Code points whose Unicode General_Category starts with `name` (`L`, `Lu`, ...)."""
     return _collect(lambda cp: unicodedata.category(chr(cp)).startswith(name))
 
 
-def _collect(test) -> CharSet:
-    ranges, start = [], None
+def _collect(test: Callable[[int], bool]) -> CharSet:
+    ranges: list[tuple[int, int]] = []
+    start: int | None = None
     for cp in range(MAX_CODE_POINT + 2):
         inside = cp <= MAX_CODE_POINT and not (SURROGATES[0] <= cp <= SURROGATES[1]) and test(cp)
         if inside and start is None:

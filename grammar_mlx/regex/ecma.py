@@ -18,7 +18,7 @@ from .charset import (
     class_escape,
     general_category,
 )
-from .syntax import Alt, Anchor, Chars, PatternError, Repeat, Seq
+from .syntax import Alt, Anchor, Chars, Node, PatternError, Repeat, Seq
 
 _GC_LONG = {
     "Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll",
@@ -73,28 +73,28 @@ class _Parser:
         i = self.pos + k
         return self.src[i] if i < len(self.src) else None
 
-    def parse(self):
+    def parse(self) -> Node:
         node = self.alternation()
         if self.pos < len(self.src):
             raise self.error("unbalanced ')'")
         return node
 
-    def alternation(self):
+    def alternation(self) -> Node:
         branches = [self.sequence()]
         while self.peek() == "|":
             self.pos += 1
             branches.append(self.sequence())
         return branches[0] if len(branches) == 1 else Alt(tuple(branches))
 
-    def sequence(self):
-        items = []
-        while self.peek() is not None and self.peek() not in "|)":
+    def sequence(self) -> Node:
+        items: list[Node] = []
+        while (c := self.peek()) is not None and c not in "|)":
             atom = self.atom()
             atom = self.quantified(atom)
             items.append(atom)
         return items[0] if len(items) == 1 else Seq(tuple(items))
 
-    def quantified(self, atom):
+    def quantified(self, atom: Node) -> Node:
         while True:
             c = self.peek()
             if c == "*":
@@ -147,8 +147,9 @@ class _Parser:
         self.pos = j + 1
         return lo, hi
 
-    def atom(self):
+    def atom(self) -> Node:
         c = self.peek()
+        assert c is not None, "sequence() reads an atom only before the end"
         if c == "(":
             return self.group()
         if c == "[":
@@ -174,12 +175,13 @@ class _Parser:
         c = self.src[self.pos]
         self.pos += 1
         cp = ord(c)
-        if 0xD800 <= cp <= 0xDBFF and self.peek() is not None and 0xDC00 <= ord(self.peek()) <= 0xDFFF:
+        low = self.peek()
+        if 0xD800 <= cp <= 0xDBFF and low is not None and 0xDC00 <= ord(low) <= 0xDFFF:
             cp = 0x10000 + ((cp - 0xD800) << 10) + (ord(self.src[self.pos]) - 0xDC00)
             self.pos += 1
         return cp
 
-    def group(self):
+    def group(self) -> Node:
         self.pos += 1
         if self.peek() == "?":
             nxt = self.src[self.pos + 1 : self.pos + 3]
@@ -271,7 +273,7 @@ class _Parser:
             return Chars(CharSet.of(0))
         if c in _DIGITS:
             raise self.error("back-reference", unsupported=True)
-        if c == "c" and (self.peek() or "").isalpha() and self.peek().isascii():
+        if c == "c" and (self.peek() or "").isalpha() and (self.peek() or "").isascii():
             letter = self.src[self.pos]
             self.pos += 1
             return Chars(CharSet.of(ord(letter) % 32))
@@ -338,6 +340,6 @@ def _as_set(item: int | CharSet) -> CharSet:
     return item if isinstance(item, CharSet) else CharSet.of(item)
 
 
-def parse_ecma(pattern: str):
+def parse_ecma(pattern: str) -> Node:
     """Parse an ECMA-262 regex into the AST (anchors kept as `Anchor` nodes)."""
     return _Parser(pattern).parse()

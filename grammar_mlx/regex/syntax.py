@@ -2,7 +2,8 @@
 
 JSON Schema `pattern`s are ECMA-262 regexes over the *decoded* string, while outlines-core compiles a
 regex over the *JSON text*. Patterns (`regex.ecma`) and formats become this AST over Unicode code
-points (`Chars`, `Seq`, `Alt`, `Repeat`); here JSON Schema's search semantics are applied, lengths
+points (`Chars`, `Literal`, `Seq`, `Alt`, `Repeat`, `Anchor`; the Rust dialect, `regex.rust`, parses
+into it too, for the byte NFA); here JSON Schema's search semantics are applied, lengths
 folded in, and the AST written either as a character-level regex or as the regex of its canonical
 JSON encoding (each character as `json.dumps(..., ensure_ascii=False)` writes it). Both are in the
 dialect common to Rust regex-automata and Python `re`, so tests can check them with `re.fullmatch`.
@@ -10,6 +11,7 @@ dialect common to Rust regex-automata and Python `re`, so tests can check them w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..limits import check_deadline
@@ -36,18 +38,26 @@ class Chars:
 
 
 @dataclass(frozen=True, slots=True)
+class Literal:
+    """A run of characters: the `Seq` of one `Chars` per character, held as text (a parser's
+    literal runs; most of a schema regex is literal text)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Seq:
-    items: tuple
+    items: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Alt:
-    items: tuple
+    items: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Repeat:
-    item: object
+    item: Node
     lo: int
     hi: int | None  # None: unbounded
 
@@ -57,6 +67,9 @@ class Anchor:
     end: bool  # False: `^`, True: `$`
 
 
+Node = Chars | Literal | Seq | Alt | Repeat | Anchor  # a regex: what every parser builds
+CharRegex = Callable[[CharSet], str]  # how one character of a set is written (`to_regex`)
+
 EMPTY = Seq(())
 NEVER = Alt(())
 
@@ -65,8 +78,8 @@ def literal(text: str) -> Seq:
     return Seq(tuple(Chars(CharSet.of(c)) for c in text))
 
 
-def seq(*items) -> object:
-    flat = []
+def seq(*items: Node) -> Node:
+    flat: list[Node] = []
     for item in items:
         if item == NEVER:
             return NEVER
@@ -74,8 +87,9 @@ def seq(*items) -> object:
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
 
-def alt(*items) -> object:
-    flat, chars = [], None
+def alt(*items: Node) -> Node:
+    flat: list[Node] = []
+    chars: int | None = None
     for item in items:
         for sub in item.items if isinstance(item, Alt) else (item,):
             if isinstance(sub, Chars):
@@ -84,7 +98,9 @@ def alt(*items) -> object:
                     chars = len(flat)
                     flat.append(sub)
                 else:
-                    flat[chars] = Chars(flat[chars].chars | sub.chars)
+                    merged = flat[chars]
+                    assert isinstance(merged, Chars)
+                    flat[chars] = Chars(merged.chars | sub.chars)
             elif sub not in flat:
                 flat.append(sub)
     if EMPTY in flat and len(flat) > 1:
@@ -94,7 +110,7 @@ def alt(*items) -> object:
     return flat[0] if len(flat) == 1 else Alt(tuple(flat))
 
 
-def repeat(item, lo: int, hi: int | None) -> object:
+def repeat(item: Node, lo: int, hi: int | None) -> Node:
     if hi is not None and hi < lo:
         return NEVER
     if item == NEVER:
@@ -106,42 +122,45 @@ def repeat(item, lo: int, hi: int | None) -> object:
     return Repeat(item, lo, hi)
 
 
-def length_range(node) -> tuple[int, int | None]:
+def length_range(node: Node) -> tuple[int, int | None]:
     """Shortest and longest match in code points (None: unbounded). The empty language gives (inf, 0)."""
     if isinstance(node, Chars):
         return (1, 1) if node.chars else (_INF, 0)
+    if isinstance(node, Literal):
+        return len(node.text), len(node.text)
     if isinstance(node, Anchor):
         return 0, 0
     if isinstance(node, Seq):
-        lo, hi = 0, 0
+        lo = 0
+        longest: int | None = 0
         for item in node.items:
             a, b = length_range(item)
             lo += a
-            hi = None if hi is None or b is None else hi + b
-        return lo, hi
+            longest = None if longest is None or b is None else longest + b
+        return lo, longest
     if isinstance(node, Alt):
         if not node.items:
             return _INF, 0
         ranges = [length_range(item) for item in node.items]
-        his = [b for _, b in ranges]
-        return min(a for a, _ in ranges), None if None in his else max(his)
+        his = [b for _, b in ranges if b is not None]
+        return min(a for a, _ in ranges), None if len(his) < len(ranges) else max(his)
     if isinstance(node, Repeat):
         a, b = length_range(node.item)
-        hi = None if node.hi is None or b is None else b * node.hi
+        repeated: int | None = None if node.hi is None or b is None else b * node.hi
         if node.hi is None and b == 0:
-            hi = 0
-        return a * node.lo, hi
+            repeated = 0
+        return a * node.lo, repeated
     raise AssertionError(f"not an AST node: {node!r}")
 
 
 _INF = 1 << 62
 
 
-def nullable(node) -> bool:
+def nullable(node: Node) -> bool:
     return length_range(node)[0] == 0
 
 
-def max_count(node) -> int:
+def max_count(node: Node) -> int:
     """The largest counted repetition bound in the AST (what drives automaton size)."""
     if isinstance(node, Repeat):
         return max(node.lo, node.hi or 0, max_count(node.item))
@@ -154,15 +173,16 @@ def max_count(node) -> int:
 # Search semantics: JSON Schema `pattern` matches anywhere unless anchored.
 
 MAX_ANCHOR_FORMS = 64
+AnchorForm = tuple[bool, bool, Node]  # (starts at 0, ends at the end, the anchor-free core)
 
 
-def _anchor_forms(node) -> list[tuple[bool, bool, object]]:
+def _anchor_forms(node: Node) -> list[AnchorForm]:
     """Rewrite `node` as alternatives (starts_at_0, ends_at_end, anchor-free core)."""
     if not _has_anchor(node):
         return [(False, False, node)]
     if isinstance(node, Anchor):
         return [(not node.end, node.end, EMPTY)]
-    if isinstance(node, Chars):
+    if isinstance(node, (Chars, Literal)):
         return [(False, False, node)]
     if isinstance(node, Alt):
         return [form for item in node.items for form in _anchor_forms(item)]
@@ -171,9 +191,9 @@ def _anchor_forms(node) -> list[tuple[bool, bool, object]]:
             raise PatternError("anchor inside a repetition", unsupported=True)
         return [(False, False, node)]
     if isinstance(node, Seq):
-        forms = [(False, False, EMPTY)]
+        forms: list[AnchorForm] = [(False, False, EMPTY)]
         for item in node.items:
-            combined = []
+            combined: list[AnchorForm] = []
             for sa, ea, ca in forms:
                 for sb, eb, cb in _anchor_forms(item):
                     if ea and not nullable(cb):
@@ -198,15 +218,15 @@ def _anchor_forms(node) -> list[tuple[bool, bool, object]]:
     raise AssertionError(f"not an AST node: {node!r}")
 
 
-def _dedupe(forms):
-    out = []
+def _dedupe(forms: list[AnchorForm]) -> list[AnchorForm]:
+    out: list[AnchorForm] = []
     for form in forms:
         if form not in out:
             out.append(form)
     return out
 
 
-def _has_anchor(node) -> bool:
+def _has_anchor(node: Node) -> bool:
     if isinstance(node, Anchor):
         return True
     if isinstance(node, (Seq, Alt)):
@@ -216,7 +236,7 @@ def _has_anchor(node) -> bool:
     return False
 
 
-def search_language(node):
+def search_language(node: Node) -> Node:
     """The anchor-free AST of strings in which `node` matches somewhere (ECMA-262 `RegExp.test`)."""
     anything = Repeat(Chars(ANY), 0, None)
     branches = []
@@ -225,7 +245,7 @@ def search_language(node):
     return alt(*branches) if branches else NEVER
 
 
-def full_language(node):
+def full_language(node: Node) -> Node:
     """The anchor-free AST of a pattern that must match the whole string (formats)."""
     branches = [core for _, _, core in _anchor_forms(node)]
     return alt(*branches) if branches else NEVER
@@ -235,7 +255,7 @@ def full_language(node):
 # Length restriction: `pattern` together with `minLength` / `maxLength`.
 
 
-def restrict_length(node, lo: int, hi: int | None):
+def restrict_length(node: Node, lo: int, hi: int | None) -> Node | None:
     """`node` ∩ {strings of length lo..hi}, or None when that is not expressible by this rewrite."""
     a, b = length_range(node)
     if a >= lo and (hi is None or (b is not None and b <= hi)):
@@ -244,7 +264,8 @@ def restrict_length(node, lo: int, hi: int | None):
         return NEVER
     if isinstance(node, Alt):
         parts = [restrict_length(item, lo, hi) for item in node.items]
-        return None if any(p is None for p in parts) else alt(*parts)
+        kept = [p for p in parts if p is not None]
+        return None if len(kept) < len(parts) else alt(*kept)
     if isinstance(node, Seq):
         ranges = [length_range(item) for item in node.items]
         variable = [i for i, (x, y) in enumerate(ranges) if x != y]
@@ -271,17 +292,19 @@ def restrict_length(node, lo: int, hi: int | None):
 # ---------------------------------------------------------------------------------------------
 # Emission.
 
-def to_regex(node, char_regex=charset_regex) -> str:
+def to_regex(node: Node, char_regex: CharRegex = charset_regex) -> str:
     """Emit the AST; `char_regex` writes one character class (character level or JSON-encoded)."""
     return _atomic(node, char_regex, {}, in_seq=True)
 
 
-def _emit(node, char_regex, memo) -> str:
+def _emit(node: Node, char_regex: CharRegex, memo: dict[CharSet, str]) -> str:
     if isinstance(node, Chars):
         key = node.chars
         if key not in memo:
             memo[key] = char_regex(node.chars)
         return memo[key]
+    if isinstance(node, Literal):
+        return "".join(_emit(Chars(CharSet.of(c)), char_regex, memo) for c in node.text)
     if isinstance(node, Seq):
         return "".join(_atomic(item, char_regex, memo, in_seq=True) for item in node.items)
     if isinstance(node, Alt):
@@ -308,7 +331,7 @@ def _emit(node, char_regex, memo) -> str:
     raise AssertionError(f"not an AST node: {node!r}")
 
 
-def _atomic(node, char_regex, memo, in_seq: bool) -> str:
+def _atomic(node: Node, char_regex: CharRegex, memo: dict[CharSet, str], in_seq: bool) -> str:
     text = _emit(node, char_regex, memo)
     if isinstance(node, Alt) and len(node.items) > 1:
         return "(?:" + text + ")"

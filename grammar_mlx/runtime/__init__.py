@@ -1,12 +1,13 @@
 """Following a generation: the versioned state stack (`stack`), the history follower that turns
 mlx-lm's `(tokens, logits)` calls into pushes and rollbacks (`stateful`), and the logits processors
 built on it (`processor.GrammarProcessor`; `stateful`'s thinking-budget and penalty processors).
-Imports `compiler` (for the grammar interface), `kernels`, `errors`.
+Imports `kernels` and `errors` only: a grammar is read through the protocols `stack.StackGrammar` and
+`processor.MaskedGrammar` (a compiled grammar has both).
 """
 
-from .processor import GrammarProcessor
-from .stack import StateStack
+from .processor import GrammarProcessor, MaskedGrammar
+from .stack import StackGrammar, StateStack
 from .stateful import HistoryFollower, PenaltyProcessor, StatefulProcessor, ThinkingBudgetProcessor
 
-__all__ = ["GrammarProcessor", "StateStack", "HistoryFollower", "StatefulProcessor", "ThinkingBudgetProcessor",
-           "PenaltyProcessor"]
+__all__ = ["GrammarProcessor", "HistoryFollower", "MaskedGrammar", "PenaltyProcessor", "StackGrammar", "StateStack",
+           "StatefulProcessor", "ThinkingBudgetProcessor"]

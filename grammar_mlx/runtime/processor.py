@@ -5,9 +5,10 @@ reads only a short tail, exact under mlx-lm's plain, speculative and batched loo
 first difference, push the new tokens, pick the mask row of the current state, apply it. The first
 call's history is the context and gets the initial state's mask.
 
-One row (B = 1, mlx-lm's per-token path) takes a flat route: the history is read through its
-buffer, and the mask goes through `kernels.row_masker`, bound once per mask table (a lazy grammar's
-table is a new object whenever it gained rows; it is bound anew). bench/processor.py measures it.
+`StatefulProcessor.__call__` decides when a call is mlx-lm's per-token one (one row, a 1-D
+history); `_process_row` masks it through `kernels.row_masker`, bound once per mask table (a lazy
+grammar's table is a new object whenever it outgrew the last; it is bound anew). Batches go
+through `kernels.apply_token_bitmask`. bench/processor.py measures the per-token path.
 
 End of generation needs nothing special here: the compiled grammar sets EOS bits exactly in
 accepting states and sends EOS to a terminal state that allows only EOS, so after an EOS every
@@ -16,78 +17,79 @@ later position (e.g. speculative verification past the end) allows only EOS, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
 import mlx.core as mx
-import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..kernels.dispatch import apply_token_bitmask, row_masker
-from .stack import StateStack
-from .stateful import DEFAULT_OVERLAP, INT_FORMATS, StatefulProcessor
+from .stack import StackGrammar, StateStack
+from .stateful import DEFAULT_OVERLAP, StatefulProcessor
 
-__all__ = ["GrammarProcessor"]
+__all__ = ["GrammarProcessor", "MaskedGrammar"]
 
 
-class GrammarProcessor(StatefulProcessor):
+class MaskedGrammar(StackGrammar, Protocol):
+    """What a `GrammarProcessor` reads from its grammar: `CompiledGrammar` (compile_json_schema,
+    compile_regex) is one. Besides `StackGrammar`'s transition function: the state's mask row, the
+    mask table holding every row handed out so far (layout: the `grammar_mlx.kernels` docstring),
+    acceptance and the terminal state (entered by EOS, allowing only EOS)."""
+
+    @property
+    def terminal_state(self) -> int: ...
+
+    def mask_row(self, state: int) -> int: ...
+
+    def device_masks(self) -> mx.array: ...
+
+    def is_accepting(self, state: int) -> bool: ...
+
+
+_REQUIRED = ("next_state", "initial_state", "terminal_state", "mask_row", "device_masks", "is_accepting",
+             "allowed_tokens", "token_text")
+
+
+class GrammarProcessor(StatefulProcessor[StateStack]):
     """`processor(tokens, logits) -> logits` for mlx-lm, one `StateStack` per logits row.
 
-    `compiled` is a CompiledGrammar (duck-typed: next_state, initial_state, allowed_tokens,
-    token_text, mask_row, device_masks, is_accepting, terminal_state; a grammar without `mask_row`
-    may give a complete `mask_id` array instead). A token the grammar forbids raises
-    GrammarViolationError and leaves that row at its last valid depth. Use one processor per
-    request (or `reset()` between requests); several processors may share one grammar across threads.
+    A token the grammar forbids raises GrammarViolationError and leaves that row at its last valid
+    depth. Use one processor per request (or `reset()` between requests); several processors may
+    share one grammar across threads.
     """
 
-    def __init__(self, compiled, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
-        super().__init__(overlap=overlap)
-        mask_row = getattr(compiled, "mask_row", None)
-        missing = [name for name in ("next_state", "initial_state", "device_masks") if not hasattr(compiled, name)]
-        if mask_row is None and not hasattr(compiled, "mask_id"):
-            missing.append("mask_row")
+    def __init__(self, compiled: MaskedGrammar, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
+        missing = [name for name in _REQUIRED if not hasattr(compiled, name)]
         if missing:
             raise InvalidArgumentError(
                 f"compiled must be a CompiledGrammar (compile_json_schema, compile_regex), got a "
                 f"{type(compiled).__name__} without {', '.join(missing)}")
+        super().__init__(overlap=overlap)
         self.compiled = compiled
-        self._mask_row = mask_row if mask_row is not None else np.asarray(compiled.mask_id).tolist().__getitem__
+        # Bound methods, read once: the per-token path runs on caches a mask has just left cold.
+        self._mask_row = compiled.mask_row
         self._device_masks = compiled.device_masks
-        # The per-token path: kernels.row_masker bound to the last table seen.
-        self._bound_table = None
-        self._mask_one = None
+        # kernels.row_masker bound to the last table seen (bound before its first use: no table is None).
+        self._bound_table: mx.array | None = None
+        self._mask_one: Callable[[mx.array, int], mx.array]
 
-    def _make_target(self, context) -> StateStack:
+    def _make_target(self, context: Any) -> StateStack:
         return StateStack.for_grammar(self.compiled)
 
-    def _process(self, logits: mx.array, stacks: list[StateStack]) -> mx.array:
-        # Rows first, then the table: a lazy grammar's first visit to a state adds its mask row, and
-        # the table it returns afterwards holds every row handed out.
-        mask_row = self._mask_row
-        rows = [mask_row(s.state) for s in stacks]
+    def _process_row(self, logits: mx.array, target: StateStack) -> mx.array:
+        # The row first, then the table: a lazy grammar's first visit to a state adds its mask row,
+        # and the table it returns afterwards holds every row handed out.
+        row = self._mask_row(target.state)
         table = self._device_masks()
-        if len(rows) == 1:  # e.g. the first call: bind the per-token path here already
-            if table is not self._bound_table:
-                self._bind(table, logits)
-            return self._mask_one(logits, rows[0])
-        return apply_token_bitmask(logits, table, rows)
+        if table is not self._bound_table:
+            self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
+            self._bound_table = table
+        return self._mask_one(logits, row)
 
-    def _bind(self, table, logits: mx.array) -> None:
-        self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
-        self._bound_table = table
-
-    def __call__(self, tokens, logits: mx.array) -> mx.array:
-        follower = self._single
-        if follower is not None and type(tokens) is mx.array and type(logits) is mx.array:
-            # The per-token path of mlx-lm's loops (one row, a 1-D history, (1, V) logits), flat:
-            # after each mask the CPU caches are cold, so every call and lookup here costs several
-            # times what it does in isolation. Anything else goes through StatefulProcessor.
-            history = memoryview(tokens)  # a third of np.asarray's cost
-            if history.ndim == 1 and history.format in INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
-                follower.sync(history)
-                row = self._mask_row(follower.target.state)  # before the table, as in _process
-                table = self._device_masks()
-                if table is not self._bound_table:
-                    self._bind(table, logits)
-                return self._mask_one(logits, row)
-        return self._call(tokens, logits)
+    def _process(self, logits: mx.array, targets: list[StateStack]) -> mx.array:
+        mask_row = self._mask_row
+        rows = [mask_row(s.state) for s in targets]  # before the table, as in _process_row
+        return apply_token_bitmask(logits, self._device_masks(), rows)
 
     # -- inspection ------------------------------------------------------------------------------
 
@@ -97,6 +99,7 @@ class GrammarProcessor(StatefulProcessor):
         return self.targets
 
     def state(self, row: int = 0) -> int:
+        """The row's current grammar state (the initial state before the first call)."""
         stacks = self.targets
         return stacks[row].state if stacks else self.compiled.initial_state
 
@@ -112,3 +115,4 @@ class GrammarProcessor(StatefulProcessor):
         """The row's tracked generated tokens (the history after its context)."""
         stacks = self.targets
         return stacks[row].tokens() if stacks else []
+

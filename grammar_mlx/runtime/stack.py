@@ -16,8 +16,9 @@ reach it (see `restore`).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence, Sized
 from operator import index as _as_index
-from typing import Callable, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import (
     GrammarError,
@@ -26,15 +27,24 @@ from ..errors import (
     StateStackError,
 )
 
-__all__ = ["StateStack", "StackSnapshot", "TransitionMachine"]
+__all__ = ["StackGrammar", "StackSnapshot", "StateStack"]
 
 _stack_ids = itertools.count(1)
 
 
-class TransitionMachine(Protocol):
-    """What a stack needs from a grammar: a pure, deterministic transition function."""
+class StackGrammar(Protocol):
+    """What `StateStack.for_grammar` reads from a grammar (a CompiledGrammar has it all)."""
 
-    def next_state(self, state: int, token_id: int) -> int: ...
+    @property
+    def initial_state(self) -> int: ...
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """Pure and deterministic: the state after `token_id`, or -1 when it is forbidden."""
+        ...
+
+    def token_text(self, token_id: int) -> str: ...
+
+    def allowed_tokens(self, state: int) -> Sized: ...
 
 
 class StackSnapshot(NamedTuple):
@@ -45,7 +55,7 @@ class StackSnapshot(NamedTuple):
     stamp: int  # stamp of slot depth-1 when taken (0 for the empty history)
 
 
-def _index_arg(name: str, value) -> int:
+def _index_arg(name: str, value: Any) -> int:
     try:
         if not isinstance(value, bool):
             return _as_index(value)
@@ -97,9 +107,9 @@ class StateStack:
         self._clock = 0
 
     @classmethod
-    def for_grammar(cls, grammar, *, capacity: int = 256) -> "StateStack":
-        """A stack over a CompiledGrammar (duck-typed: next_state, initial_state, token_text,
-        allowed_tokens)."""
+    def for_grammar(cls, grammar: StackGrammar, *, capacity: int = 256) -> StateStack:
+        """A stack over a grammar's `next_state`, from its `initial_state`; violations are described
+        with its `token_text` and `allowed_tokens`."""
 
         def describe(state: int, token_id: int) -> tuple[str, int]:
             try:
@@ -153,10 +163,13 @@ class StateStack:
     def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
         """Largest p such that the live tokens [start:p] equal tokens[:p - start].
 
-        Used by processors to find where an incoming history leaves the stack; it reads only the
-        slots it is given, never the whole history.
+        What a `HistoryFollower` asks on every call to find where an incoming history leaves the
+        stack: it reads only the slots it is given, never the whole history, and when they all
+        match (the common case) it is one list comparison.
         """
-        end = min(self._depth, start + len(tokens))
+        end = start + len(tokens)
+        if end > self._depth:
+            end = self._depth
         if end <= start:
             return start
         mine = self._tokens[start:end]

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from itertools import count
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -49,14 +50,14 @@ from .stack import StackSnapshot, StateStack
 
 __all__ = [
     "DEFAULT_OVERLAP",
-    "RollbackTarget",
     "HistoryFollower",
+    "PenaltyProcessor",
+    "RollbackTarget",
     "StatefulProcessor",
     "ThinkingBudgetProcessor",
-    "PenaltyProcessor",
 ]
 
-# mlx-lm needs 2 (see above); 16 leaves room for other callers at about a microsecond per call.
+# mlx-lm needs 2 (see above); 16 leaves room for other callers, and the window is read on every call.
 DEFAULT_OVERLAP = 16
 
 _processor_ids = count(1)
@@ -79,22 +80,35 @@ class RollbackTarget(Protocol):
     def restore(self, snapshot: Any) -> Any: ...
 
 
+TargetT = TypeVar("TargetT", bound=RollbackTarget)
+
 # memoryview formats of integer buffers (an mx.array history is read through its buffer).
 INT_FORMATS = frozenset("bBhHiIlLqQ")
 
 
-def int_at_least(name: str, value: Any, minimum: int, *, none_ok: bool = False) -> int | None:
-    """`value` as an int when it is an integer (numpy ints too, not bools) >= `minimum`, or None when
-    `none_ok`; else `InvalidArgumentError` naming the argument."""
-    if value is None and none_ok:
-        return None
+def _int_or_none(value: Any) -> int | None:
     try:
-        number = None if isinstance(value, bool) else operator.index(value)
+        return None if isinstance(value, bool) else operator.index(value)
     except TypeError:
-        number = None
+        return None
+
+
+def int_at_least(name: str, value: Any, minimum: int) -> int:
+    """`value` as an int when it is an integer (numpy ints too, not bools) >= `minimum`; else
+    `InvalidArgumentError` naming the argument."""
+    number = _int_or_none(value)
     if number is None or number < minimum:
-        also = " or None" if none_ok else ""
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}{also}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return number
+
+
+def int_at_least_or_none(name: str, value: Any, minimum: int) -> int | None:
+    """`int_at_least`, or None for None."""
+    if value is None:
+        return None
+    number = _int_or_none(value)
+    if number is None or number < minimum:
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum} or None, got {value!r}")
     return number
 
 
@@ -104,26 +118,23 @@ def _finite(name: str, value: Any) -> float:
     return float(value)
 
 
-def _as_list(tokens) -> list[int]:
+def _as_list(tokens: Sequence[int] | np.ndarray | memoryview) -> list[int]:
     if isinstance(tokens, list):
         return tokens
-    return tokens.tolist() if isinstance(tokens, (np.ndarray, memoryview)) else list(tokens)
+    return tokens.tolist() if isinstance(tokens, (memoryview, np.ndarray)) else list(tokens)
 
 
-class HistoryFollower:
+class HistoryFollower(Generic[TargetT]):
     """Keeps one target in step with one row's history (see the module docstring)."""
 
-    __slots__ = ("target", "context_len", "overlap", "_stack")
+    __slots__ = ("context_len", "overlap", "target")
 
-    def __init__(self, target: RollbackTarget, context_len: int, overlap: int | None = DEFAULT_OVERLAP):
+    def __init__(self, target: TargetT, context_len: int, overlap: int | None = DEFAULT_OVERLAP) -> None:
         self.target = target
         self.context_len = int_at_least("context_len", context_len, 0)
-        self.overlap = int_at_least("overlap", overlap, 1, none_ok=True)
-        # A StateStack target's common case (the window matches, tokens appended) is handled on its
-        # lists directly: this runs once per generated token, after a mask that left caches cold.
-        self._stack = target if type(target) is StateStack else None
+        self.overlap = int_at_least_or_none("overlap", overlap, 1)
 
-    def sync(self, history) -> None:
+    def sync(self, history: Sequence[int] | np.ndarray | memoryview) -> None:
         """Bring the target to `history[context_len:]`. `history` is a 1-D integer numpy array,
         memoryview or a list. A token the target rejects propagates its error with the target at
         the last valid depth, so a later, shorter history recovers."""
@@ -136,20 +147,10 @@ class HistoryFollower:
             )
         target = self.target
         d = target.depth
-        n = m if m < d else d
+        n = m if m < d else d  # min(), without a builtin call on this per-token path
         w = self.overlap
         start = n - w if w is not None and n > w else 0
-        new = history[ctx + start :]
-        new = new if type(new) is list else _as_list(new)
-        stack = self._stack
-        if stack is not None and new[: n - start] == stack._tokens[start:n]:
-            # The whole window matches: keep n tokens, push the rest (what the general path below
-            # does when common_prefix returns n).
-            if n < d:
-                stack.truncate(n)
-            for token in new[n - start :]:
-                stack.push(token)
-            return
+        new = _as_list(history[ctx + start :])
         p = target.common_prefix(new, start)
         if p == start and 0 < start < n:
             # The window's first token already differs, so the rewrite may reach further back
@@ -168,7 +169,7 @@ class _ProcessorSnapshot(NamedTuple):
     rows: tuple[tuple[int, Any], ...] | None  # (context_len, target snapshot) per row
 
 
-def _split_rows(tokens, batch: int) -> list:
+def _split_rows(tokens: Any, batch: int) -> list[Any]:
     """One 1-D history per logits row. Accepts mx/numpy arrays (1-D for one row, (B, L) for B
     rows) or a sequence of B per-row histories."""
     if isinstance(tokens, mx.array):
@@ -203,43 +204,50 @@ def _split_rows(tokens, batch: int) -> list:
     raise HistoryError(f"cannot read a token history of type {type(tokens).__name__}")
 
 
-class StatefulProcessor:
+class StatefulProcessor(Generic[TargetT]):
     """Base of logits processors whose state is a function of the generated tokens.
 
     Subclasses implement `_make_target(context)` (a fresh per-row target; `context` is the row's
     first history) and `_process(logits, targets)` (logits (B, V) -> logits, with every target
-    synced to its row). `__call__` accepts logits (B, V) or (V,), and histories as described in
-    `_split_rows`; B is fixed by the first call.
+    synced to its row); they may override `_process_row(logits, target)`, which masks one row
+    (logits (1, V)) and by default calls `_process`. `__call__` accepts logits (B, V) or (V,), and
+    histories as described in `_split_rows`; B is fixed by the first call.
     """
 
     def __init__(self, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
-        self.overlap = int_at_least("overlap", overlap, 1, none_ok=True)
+        self.overlap = int_at_least_or_none("overlap", overlap, 1)
         self._uid = next(_processor_ids)
-        self._followers: list[HistoryFollower] | None = None
-        self._single: HistoryFollower | None = None  # the follower when B == 1 (fast path)
+        self._followers: list[HistoryFollower[TargetT]] | None = None
+        self._single: HistoryFollower[TargetT] | None = None  # the follower when B == 1
 
     # -- subclass hooks --------------------------------------------------------------------------
 
-    def _make_target(self, context) -> RollbackTarget:
+    def _make_target(self, context: Any) -> TargetT:
         raise NotImplementedError
 
-    def _process(self, logits: mx.array, targets: list) -> mx.array:
+    def _process(self, logits: mx.array, targets: list[TargetT]) -> mx.array:
         raise NotImplementedError
+
+    def _process_row(self, logits: mx.array, target: TargetT) -> mx.array:
+        """Logits (1, V) of the one row there is, its target synced."""
+        return self._process(logits, [target])
 
     # -- the processor ---------------------------------------------------------------------------
 
-    def __call__(self, tokens, logits: mx.array) -> mx.array:
+    def __call__(self, tokens: Any, logits: mx.array) -> mx.array:
+        """`logits` for the history `tokens`, masked or modified by this processor (see the class)."""
         single = self._single
         if single is not None and type(tokens) is mx.array and type(logits) is mx.array:
-            # The per-token path of mlx-lm's loops: one row, a 1-D history, (1, V) logits. The
-            # history is read through its buffer (a memoryview costs a third of np.asarray).
-            history = memoryview(tokens)
+            # The per-token path of mlx-lm's loops, decided here only: one row, a 1-D history,
+            # (1, V) logits. The history is read through its buffer, which is cheaper than a numpy
+            # view. Anything else (and the first call) goes through _call.
+            history = memoryview(tokens)  # type: ignore[arg-type]  # mx.array has the buffer protocol
             if history.ndim == 1 and history.format in INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
                 single.sync(history)
-                return self._process(logits, [single.target])
+                return self._process_row(logits, single.target)
         return self._call(tokens, logits)
 
-    def _call(self, tokens, logits: mx.array) -> mx.array:
+    def _call(self, tokens: Any, logits: mx.array) -> mx.array:
         if not isinstance(logits, mx.array) or logits.ndim not in (1, 2):
             raise InvalidArgumentError(
                 f"logits must be an mx.array of shape (B, V) or (V,), got "
@@ -251,11 +259,10 @@ class StatefulProcessor:
         rows = _split_rows(tokens, logits.shape[0])
         followers = self._followers
         if followers is None:
-            self._followers = [
+            followers = self._followers = [
                 HistoryFollower(self._make_target(row), len(row), self.overlap) for row in rows
             ]
-            targets = [f.target for f in self._followers]
-            self._single = self._followers[0] if len(self._followers) == 1 else None
+            self._single = followers[0] if len(followers) == 1 else None
         else:
             if len(rows) != len(followers):
                 raise HistoryError(
@@ -264,8 +271,10 @@ class StatefulProcessor:
                 )
             for follower, row in zip(followers, rows):
                 follower.sync(row)
-            targets = [f.target for f in followers]
-        out = self._process(logits, targets)
+        if len(followers) == 1:
+            out = self._process_row(logits, followers[0].target)
+        else:
+            out = self._process(logits, [f.target for f in followers])
         return out[0] if flat else out
 
     def reset(self) -> None:
@@ -274,7 +283,7 @@ class StatefulProcessor:
         self._single = None
 
     @property
-    def targets(self) -> list:
+    def targets(self) -> list[TargetT]:
         """The per-row targets (empty before the first call)."""
         return [] if self._followers is None else [f.target for f in self._followers]
 
@@ -300,7 +309,7 @@ class StatefulProcessor:
         followers = self._followers
         if followers is None or len(followers) != len(snapshot.rows):
             raise StateStackError("the processor was reset since this snapshot was taken")
-        for f, (context_len, handle) in zip(followers, snapshot.rows):
+        for f, (context_len, _) in zip(followers, snapshot.rows):
             if f.context_len != context_len:
                 raise StateStackError("the processor was reset since this snapshot was taken")
         for f, (_, handle) in zip(followers, snapshot.rows):
@@ -310,7 +319,7 @@ class StatefulProcessor:
 # -- thinking budget -------------------------------------------------------------------------------
 
 
-class ThinkingBudgetProcessor(StatefulProcessor):
+class ThinkingBudgetProcessor(StatefulProcessor[StateStack]):
     """Forces the end-of-thinking token after `budget` thinking tokens.
 
     Thinking starts at generation start when `starts_thinking` is true or the context's last token
@@ -333,7 +342,7 @@ class ThinkingBudgetProcessor(StatefulProcessor):
         super().__init__(overlap=overlap)
         budget = int_at_least("budget", budget, 0)
         self.think_end_id = int_at_least("think_end_id", think_end_id, 0)
-        self.think_start_id = int_at_least("think_start_id", think_start_id, 0, none_ok=True)
+        self.think_start_id = int_at_least_or_none("think_start_id", think_start_id, 0)
         self.budget = budget
         self.starts_thinking = bool(starts_thinking)
         # States: 0 before thinking; 1 + c while thinking with c tokens so far (c <= budget);
@@ -350,7 +359,7 @@ class ThinkingBudgetProcessor(StatefulProcessor):
             return self._ended + state - 1
         return state + 1 if state < self._forced else state
 
-    def _make_target(self, context) -> StateStack:
+    def _make_target(self, context: Any) -> StateStack:
         starts = self.starts_thinking or (
             self.think_start_id is not None and len(context) > 0 and int(context[-1]) == self.think_start_id
         )
@@ -361,14 +370,11 @@ class ThinkingBudgetProcessor(StatefulProcessor):
         state = self.targets[row].state
         return state - self._ended if state >= self._ended else max(0, state - 1)
 
-    def has_ended(self, row: int = 0) -> bool:
-        """Whether `row` closed its thinking block."""
-        return self.targets[row].state >= self._ended
-
     def is_forcing(self, row: int = 0) -> bool:
+        """Whether `row`'s next logits allow only `think_end_id`."""
         return self.targets[row].state == self._forced
 
-    def _process(self, logits: mx.array, targets: list) -> mx.array:
+    def _process(self, logits: mx.array, targets: list[StateStack]) -> mx.array:
         forced = [t.state == self._forced for t in targets]
         if not any(forced):
             return logits
@@ -388,9 +394,9 @@ class _CountingRow:
     """Token counts over the last `window` generated tokens (all when None), kept exact under
     pops, pushes and snapshot restores by undoing/redoing each token's effect."""
 
-    __slots__ = ("stack", "counts", "window")
+    __slots__ = ("counts", "stack", "window")
 
-    def __init__(self, window: int | None):
+    def __init__(self, window: int | None) -> None:
         self.stack = StateStack(_stay, 0)
         self.counts: dict[int, int] = {}
         self.window = window
@@ -447,7 +453,7 @@ class _CountingRow:
             self.push(token)
 
 
-class PenaltyProcessor(StatefulProcessor):
+class PenaltyProcessor(StatefulProcessor[_CountingRow]):
     """Repetition (multiplicative, CTRL), presence and frequency penalties over the tokens this
     request generated (the last `window` of them when given), with per-row counters that follow
     speculative rollbacks exactly. The prompt is not counted: under speculative decoding mlx-lm
@@ -469,20 +475,20 @@ class PenaltyProcessor(StatefulProcessor):
         super().__init__(overlap=overlap)
         if not _finite("repetition_penalty", repetition_penalty) > 0:
             raise InvalidArgumentError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
-        window = int_at_least("window", window, 1, none_ok=True)
+        window = int_at_least_or_none("window", window, 1)
         self.repetition_penalty = float(repetition_penalty)
         self.presence_penalty = _finite("presence_penalty", presence_penalty)
         self.frequency_penalty = _finite("frequency_penalty", frequency_penalty)
         self.window = window
 
-    def _make_target(self, context) -> _CountingRow:
+    def _make_target(self, context: Any) -> _CountingRow:
         return _CountingRow(self.window)
 
     def counts(self, row: int = 0) -> dict[int, int]:
         """A copy of `row`'s token counts."""
         return dict(self.targets[row].counts)
 
-    def _process(self, logits: mx.array, targets: list) -> mx.array:
+    def _process(self, logits: mx.array, targets: list[_CountingRow]) -> mx.array:
         vocab = logits.shape[-1]
         ids, counts = [], []
         for r, target in enumerate(targets):

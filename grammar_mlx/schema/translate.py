@@ -84,10 +84,15 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
+from typing import Any
+
+import numpy as np
 
 from .. import limits
+from ..automata.byte_dfa import ByteDFA
 from ..automata.chars import memo_scope
 from ..errors import (
     CompileTimeoutError,
@@ -119,6 +124,10 @@ __all__ = [
 # once or more per level, and the metaschema check about six frames per level.
 
 
+# Where a value sits in a document: (the parent's path, the key or index), None at the root.
+Path = tuple["Path", str | int] | None
+
+
 @dataclass(frozen=True)
 class SchemaRegex:
     regex: str  # the regex outlines-core compiles (Rust regex-automata syntax; full match)
@@ -126,13 +135,14 @@ class SchemaRegex:
     schema: dict | bool  # the schema as parsed (Pydantic models: model_json_schema())
 
 
-def load_schema(schema) -> dict | bool:
+def load_schema(schema: object) -> dict | bool:
     """A schema from a dict, JSON text (str/bytes) or a Pydantic v2 model class, checked for shape."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        model = schema
         try:
-            schema = schema.model_json_schema()
+            schema = model.model_json_schema()
         except Exception as e:  # noqa: BLE001 - Pydantic's own errors (a field type without a schema, ...)
-            raise InvalidSchemaError(f"{schema.__name__}.model_json_schema() failed: {e}") from None
+            raise InvalidSchemaError(f"{model.__name__}.model_json_schema() failed: {e}") from None
     elif isinstance(schema, (bytes, bytearray)):
         try:
             schema = bytes(schema).decode("utf-8")
@@ -159,8 +169,8 @@ def load_schema(schema) -> dict | bool:
     return schema
 
 
-def _check_json_value(value, what: str, error: type, *, text: bool = False,
-                      too_deep: type = GrammarTooLargeError) -> None:
+def _check_json_value(value: object, what: str, error: type[Exception], *, text: bool = False,
+                      too_deep: type[Exception] = GrammarTooLargeError) -> None:
     """Refuse what no JSON document holds, naming where (a JSON pointer): a non-finite number (NaN,
     Infinity; JSON text such as 1e400 reads as Infinity), an integer past limits.MAX_INTEGER_DIGITS, a key
     that is not a string, a value of a non-JSON type, nesting deeper than limits.MAX_SCHEMA_DEPTH, and with
@@ -168,7 +178,7 @@ def _check_json_value(value, what: str, error: type, *, text: bool = False,
     Unicode: the regex could not be encoded as UTF-8). `error` is the class raised, `too_deep` the
     one for the depth limit."""
     big = _integer_limit()
-    stack = [(value, None, 1)]  # (value, path as (parent path, key), container depth)
+    stack: list[tuple[object, Path, int]] = [(value, None, 1)]  # (value, its path, container depth)
     while stack:
         check_deadline("reading the schema")
         item, path, depth = stack.pop()
@@ -206,7 +216,7 @@ def _integer_limit() -> int:
     return 10**limits.MAX_INTEGER_DIGITS
 
 
-def _check_unicode(text: str, path, what: str, kind: str, error: type) -> None:
+def _check_unicode(text: str, path: Path, what: str, kind: str, error: type[Exception]) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -214,8 +224,8 @@ def _check_unicode(text: str, path, what: str, kind: str, error: type) -> None:
                     f"at index {e.start} (not Unicode text; it has no UTF-8 encoding)") from None
 
 
-def _pointer(path, limit: int | None = None) -> str:
-    parts = []
+def _pointer(path: Path, limit: int | None = None) -> str:
+    parts: list[str] = []
     while path is not None:
         path, key = path
         parts.append(str(key).replace("~", "~0").replace("/", "~1"))
@@ -232,7 +242,7 @@ def _too_deep(what: str) -> GrammarTooLargeError:
         "max_recursion_depth or flatten the schema")
 
 
-def _check_metaschema(schema) -> None:
+def _check_metaschema(schema: dict | bool) -> None:
     """Validate against the draft's metaschema when `jsonschema` is installed (a test extra).
 
     Without `$schema`, a schema valid under any of 2020-12, 7, 4 is accepted: real-world schemas omit
@@ -270,14 +280,14 @@ def _check_metaschema(schema) -> None:
     raise InvalidSchemaError(errors[reported])
 
 
-@lru_cache(maxsize=None)
-def _deadline_checked(cls):
+@cache
+def _deadline_checked(cls: Any) -> Any:  # a jsonschema validator class (untyped)
     """`cls` with the compile deadline checked before each keyword it evaluates: validating a wide
     schema against its metaschema takes seconds, and must stop when the deadline passes."""
     from jsonschema import validators
 
-    def checked(keyword):
-        def validate(validator, value, instance, schema):
+    def checked(keyword: Callable[..., Any]) -> Callable[..., Any]:
+        def validate(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
             check_deadline("checking the schema against its metaschema")
             return keyword(validator, value, instance, schema)
 
@@ -287,7 +297,7 @@ def _deadline_checked(cls):
 
 
 def schema_to_regex(
-    schema: dict | str | bytes | type,
+    schema: dict | bool | str | bytes | type,
     *,
     whitespace: str | None = None,
     strict: bool = False,
@@ -299,8 +309,8 @@ def schema_to_regex(
     if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
             0 <= max_recursion_depth <= limits.MAX_REGEX_NESTING):
         raise InvalidArgumentError(
-            f"max_recursion_depth must be an integer from 0 to {limits.MAX_REGEX_NESTING} (a deeper unrolling cannot fit the "
-            f"regex nesting limit), not {max_recursion_depth!r}")
+            f"max_recursion_depth must be an integer from 0 to {limits.MAX_REGEX_NESTING} (a deeper unrolling cannot "
+            f"fit the regex nesting limit), not {max_recursion_depth!r}")
     if not isinstance(strict, bool):
         raise InvalidArgumentError(f"strict must be True or False, not {strict!r}")
     doc = load_schema(schema)
@@ -311,13 +321,13 @@ def schema_to_regex(
     depth = nesting_depth(regex)
     if depth > limits.MAX_REGEX_NESTING:
         raise GrammarTooLargeError(
-            f"the schema's regex nests {depth} groups deep (limit {limits.MAX_REGEX_NESTING}); the schema is nested too deeply"
-        )
+            f"the schema's regex nests {depth} groups deep (limit {limits.MAX_REGEX_NESTING}); the schema is nested "
+            "too deeply")
     unenforced = tuple(Unenforced(k, p, reason) for (k, p), reason in nz.unenforced.items())
     return SchemaRegex(regex, unenforced, doc)
 
 
-def _translate(doc, ws: str, strict: bool, max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
+def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
@@ -332,19 +342,21 @@ def _translate(doc, ws: str, strict: bool, max_recursion_depth: int) -> tuple[No
         raise _too_deep("the schema") from None
 
 
-def _translate_within_cap(doc, ws: str, strict: bool, max_recursion_depth: int):
+def _translate_within_cap(doc: dict | bool, ws: str, strict: bool,
+                          max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
     """`_translate`'s loop over first-choice costs and depths."""
-    nz = root = None
+    nz: Normalizer | None = None
+    root: object = None
     for cost in (MAX_FIRST_CHOICE_COST, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
-        if table is None:
+        if nz is None or table is None:
             nz = Normalizer(doc, strict=strict, first_choice_cost=cost)
             root = nz.node([nz.root_loc])
         else:
             nz = copy.copy(nz)
             nz.table, nz.first_choice_cost = table, cost
         cyclic = cyclic_keys(nz.table)
-        depth = max_recursion_depth
+        depth: int | None = max_recursion_depth
         while depth is not None:
             emitter = Emitter(nz.table, ws, depth, cyclic)
             try:
@@ -365,10 +377,12 @@ def whitespace_regex(whitespace: str | None) -> str:
     if not isinstance(whitespace, str):
         raise InvalidArgumentError(f"whitespace must be a regex string or None, not {type(whitespace).__name__}")
     try:
-        start, transitions, _ = byte_automaton(whitespace)
-    except Exception as e:  # outlines-core raises ValueError/BaseException subclasses from Rust
+        dfa = byte_automaton(whitespace)
+    except GrammarError as e:
         raise InvalidRegexError(f"whitespace pattern {whitespace!r} does not compile: {e}") from None
     allowed = {9, 10, 13, 32}
+    rows = dfa.rows()
+    members = [np.flatnonzero(dfa.classes == c).tolist() for c in range(dfa.num_classes)]
     # Longest path from the start; a cycle means unbounded whitespace.
     longest: dict[int, int] = {}
     visiting: set[int] = set()
@@ -380,88 +394,65 @@ def whitespace_regex(whitespace: str | None) -> str:
             raise InvalidRegexError(f"whitespace pattern {whitespace!r} is unbounded; bound it, e.g. [ \\n]{{0,4}}")
         visiting.add(state)
         best = 0
-        for byte, nxt in transitions.get(state, {}).items():
-            if byte not in allowed:
+        for c, nxt in enumerate(rows[state].tolist()):
+            if nxt == dfa.dead:
+                continue
+            stray = [b for b in members[c] if b not in allowed]
+            if stray:
                 raise InvalidRegexError(
-                    f"whitespace pattern {whitespace!r} matches {bytes([byte])!r}, which is not JSON whitespace"
+                    f"whitespace pattern {whitespace!r} matches {bytes(stray[:1])!r}, which is not JSON whitespace"
                 )
             best = max(best, 1 + walk(nxt))
         visiting.discard(state)
         longest[state] = best
         return best
 
-    if walk(start) > limits.MAX_WHITESPACE:
-        raise InvalidRegexError(f"whitespace pattern {whitespace!r} allows more than {limits.MAX_WHITESPACE} characters")
+    if walk(dfa.initial) > limits.MAX_WHITESPACE:
+        raise InvalidRegexError(
+            f"whitespace pattern {whitespace!r} allows more than {limits.MAX_WHITESPACE} characters")
     return "(?:" + whitespace + ")"
 
 
-def byte_automaton(regex: str) -> tuple[int, dict[int, dict[int, int]], set[int]]:
-    """outlines-core's byte-level DFA of a full-match regex: (start, {state: {byte: next}}, accepting).
-
-    Compiled as `\\x01(?:R)\\x00`, two sentinels no JSON text contains:
-    - the trailing NUL works around outlines-core 0.2.14 dropping edges that leave an accepting state
-      (as `compiler` does): a state accepts when its NUL edge reaches a final state;
-    - the leading \\x01 keeps regex-automata's unanchored DFA (outlines-core builds it too) linear:
-      a match can only start right after a \\x01, so at most one thread is alive. Without it, a
-      generic value or a wide digit range at the top level takes seconds to minutes to determinize.
-    The start is the state after \\x01; sentinel edges are removed."""
-    start, rows, finals = _sentinel_index(regex)
-    transitions, accepting = {}, set()
-    for state, row in rows.items():
-        if _ends(row.get(0), rows, finals):
-            accepting.add(state)
-        transitions[state] = {b: nxt for b, nxt in row.items() if not (b == 0 and _ends(nxt, rows, finals))}
-    return start, transitions, accepting
-
-
-def _sentinel_index(regex: str) -> tuple[int, dict, set]:
-    from outlines_core import Index, Vocabulary
-
-    index = Index(f"\\x01(?:{regex})\\x00", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
-    rows = {s: {b: n for b, n in row.items() if b < 256} for s, row in index.get_transitions().items()}
-    initial = index.get_initial_state()
-    start = rows.pop(initial)[1]
-    return start, rows, set(index.get_final_states())
-
-
-def _ends(state, rows: dict, finals: set) -> bool:
-    """Is `state` the end of the trailing NUL sentinel (final, nothing after)?"""
-    return state in finals and not rows.get(state)
+def byte_automaton(regex: str) -> ByteDFA:
+    """outlines-core's complete byte-level DFA of a full-match regex (`ByteDFA.from_outlines`, no
+    state limit), compiled with a linear start: regex-automata also determinizes an unanchored
+    start, which for a generic value or a wide digit range at the top level takes seconds to
+    minutes. Raises `InvalidRegexError` or `EmptyLanguageError` for what outlines-core refuses."""
+    return ByteDFA.from_outlines(regex, None, linear_start=True)
 
 
 @lru_cache(maxsize=64)
-def _normalized(schema_text: str) -> Normalizer:
+def _normalized(schema_text: str) -> tuple[Normalizer, object]:
+    """The normalizer of a schema and its root node (what `canonical_json` writes with)."""
     with memo_scope():
         nz = Normalizer(json.loads(schema_text), strict=False)
-        nz.root_node = nz.node([nz.root_loc])
-    return nz
+        return nz, nz.node([nz.root_loc])
 
 
 @lru_cache(maxsize=64)
-def _compact(schema_text: str, max_recursion_depth: int) -> tuple[Normalizer, int]:
-    """The normalizer and depth of the compact grammar `schema_to_regex` emits."""
+def _compact(schema_text: str, max_recursion_depth: int) -> tuple[Normalizer, object, int]:
+    """The normalizer, root node and depth of the compact grammar `schema_to_regex` emits."""
     nz, _, depth = _translate(json.loads(schema_text), "", False, max_recursion_depth)
-    nz.root_node = nz.node([nz.root_loc])
-    return nz, depth
+    return nz, nz.node([nz.root_loc]), depth
 
 
-def canonical_json(instance, schema) -> str:
+def canonical_json(instance: object, schema: object) -> str:
     """`instance` written in the grammar's format: compact, keys in the schema's order, numbers and
     literals spelled as the regex of `schema_to_regex(schema)` expects. An instance outside the
     schema is still written (compact, keys in the schema's order where they apply)."""
     doc = load_schema(schema)
     _check_instance(instance)
     try:
-        nz = _normalized(json.dumps(doc, sort_keys=False))
+        nz, root = _normalized(json.dumps(doc, sort_keys=False))
     except RecursionError:
         raise _too_deep("the schema") from None
     try:
-        return serialize(nz.root_node, instance, nz.table)
+        return serialize(root, instance, nz.table)
     except RecursionError:
         raise InvalidArgumentError("the instance nests too deeply to be written") from None
 
 
-def in_grammar(instance, schema, *, max_recursion_depth: int = 3) -> bool:
+def in_grammar(instance: object, schema: object, *, max_recursion_depth: int = 3) -> bool:
     """Does the regex of `schema_to_regex(schema, max_recursion_depth=...)` accept
     `canonical_json(instance, schema)`? False for instances outside the schema, and for valid ones
     the documented narrowings leave out (nesting and recursion depth, property names with escaped
@@ -474,14 +465,14 @@ def in_grammar(instance, schema, *, max_recursion_depth: int = 3) -> bool:
                                    f"not {max_recursion_depth!r}")
     doc = load_schema(schema)
     _check_instance(instance)
-    nz, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth)
+    nz, root, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth)
     bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, min(depth, limits.MAX_ANY_DEPTH))
     try:
-        return conforms(nz.root_node, instance, nz.table, bounds)
+        return conforms(root, instance, nz.table, bounds)
     except RecursionError:
         raise InvalidArgumentError("the instance nests too deeply to be checked") from None
 
 
-def _check_instance(instance) -> None:
+def _check_instance(instance: object) -> None:
     """An instance is a JSON value (finite numbers, string keys, bounded nesting)."""
     _check_json_value(instance, "instance", InvalidArgumentError, too_deep=InvalidArgumentError)

@@ -1,12 +1,16 @@
-"""The byte NFA and its on-demand DFA (grammar_mlx/byte_nfa.py) against independent oracles.
+"""The byte NFA and its DFA determinized on demand (grammar_mlx/automata/byte_nfa.py) against
+independent oracles.
 
 - Python `re.fullmatch` on random regexes of the dialect common to Rust regex and Python `re`
   (hypothesis), over strings and over their UTF-8 bytes, every prefix's liveness included;
 - outlines-core's own byte DFA (regex-automata) on every byte string up to a length, and on random
   ones, invalid UTF-8 included: the same accepted set and the same dead prefixes;
-- UTF-8 sequences against the encoder; constructs it must leave to outlines-core; limits.
-Unicode classes (`\\d`, `\\w`, `\\s`, `\\p{..}`) are regex-automata's own tables spliced in, so they are
-checked against regex-automata only (Python's `re` and Unicode version differ).
+- class templates (a character set's byte DFA) against the encoder, and their size against
+  regex-automata's; constructs it must leave to outlines-core; limits.
+Unicode classes (`\\d`, `\\w`, `\\s`, `\\p{..}`) take their code points from regex-automata's own tables
+(`regex.rust.unicode_class`), so they are checked against regex-automata only (Python's `re` and
+Unicode version differ). The parser's syntax verdicts: tests/regex/test_rust.py; the ByteDFA type
+itself (stored layout, outlines-core import, completion): tests/automata/test_byte_dfa.py.
 Token-level equality with outlines-core's eager index: tests/compiler/test_lazy.py (engine "nfa").
 """
 
@@ -22,19 +26,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grammar_mlx import CompileTimeoutError, GrammarTooLargeError, InvalidRegexError
-from grammar_mlx.automata.byte_nfa import (
-    LazyDFA,
-    Unsupported,
-    build_nfa,
-    check_syntax,
-    utf8_sequences,
-)
-from grammar_mlx.compiler.worker import build_dfa
+from grammar_mlx import CompileTimeoutError, GrammarTooLargeError
+from grammar_mlx.automata.byte_dfa import ByteDFA
+from grammar_mlx.automata.byte_nfa import build_nfa, class_template, determinize
+from grammar_mlx.regex.rust import Unsupported, parse
+from grammar_mlx.regex.syntax import Chars
 
 
 def run(dfa, data: bytes) -> tuple[bool, int]:
-    """(accepted, length of the longest live prefix) of a LazyDFA or a complete ByteDFA."""
+    """(accepted, length of the longest live prefix) of a ByteDFA, built on demand or complete."""
     q = dfa.initial
     for i, b in enumerate(data):
         q = dfa.next(q, b)
@@ -43,8 +43,8 @@ def run(dfa, data: bytes) -> tuple[bool, int]:
     return bool(dfa.accepting[q]), len(data)
 
 
-def lazy(regex: str, max_states: int = 100_000) -> LazyDFA:
-    return LazyDFA(build_nfa(regex), max_states)
+def lazy(regex: str, max_states: int = 100_000) -> ByteDFA:
+    return determinize(build_nfa(regex), max_states)
 
 
 # --- random regexes against Python re ------------------------------------------------------------
@@ -146,7 +146,7 @@ RUST_REGEXES = [
     r"(?P<x>a|b)*?c{2,}|()|\&\~\#\-",
     r"[\s\S]{1,2}|[^\n]",
     r"[]a]|[^]b]x",
-    r"\d{1,3}\w?\s*",  # Unicode classes: regex-automata's tables, spliced in (`_oracle_template`)
+    r"\d{1,3}\w?\s*",  # Unicode classes: regex-automata's tables (`regex.rust.unicode_class`)
     r"[\w.-]+@[^\s\d]|\D",
     r"\p{Greek}\P{L}|\pN|[\p{Han}\d]",
 ]
@@ -154,7 +154,7 @@ RUST_REGEXES = [
 
 @pytest.mark.parametrize("regex", RUST_REGEXES)
 def test_same_language_as_regex_automata_on_bytes(regex):
-    ref = build_dfa(regex, 100_000)  # outlines-core's DFA of the regex, NUL as its sentinel
+    ref = ByteDFA.from_outlines(regex, 100_000)  # outlines-core's DFA of the regex, NUL as its sentinel
     mine = lazy(regex)
 
     interesting = sorted({0x01, 0x0A, 0x20, 0x22, 0x5C, 0x61, 0x62, 0x63, 0x7F, 0x80, 0x8F, 0x90, 0xA9, 0xBF, 0xC2,
@@ -197,20 +197,21 @@ def live_by_brute_force(dfa, states, alphabet) -> dict[int, bool]:
 @given(regex=regexes(2), dropped=st.sets(st.sampled_from(sorted({b for c in ALPHABET for b in c.encode()})),
                                          min_size=2, max_size=14))
 def test_liveness_over_an_alphabet_equals_a_forward_search(regex, dropped):
-    """`LazyDFA.live` (decided on the NFA) and `ByteDFA.live_by` (a vectorized backward search)
-    against a forward search per state, with some of the regex's bytes missing from the alphabet."""
+    """`live` of a DFA built on demand (decided on the NFA) and `ByteDFA.live_by` of a complete one
+    (a vectorized backward search) against a forward search per state, with some of the regex's
+    bytes missing from the alphabet."""
     alphabet = sorted(set(range(1, 256)) - dropped)
-    dfa = LazyDFA(build_nfa(regex), 100_000, alphabet=alphabet)
+    dfa = determinize(build_nfa(regex), 100_000, alphabet=alphabet)
     q = 1
-    while q < dfa.num_states and q < 300:
+    while q <= dfa.num_states and q < 300:
         dfa.ensure_rows([q])
         q += 1
-    states = list(range(1, min(dfa.num_states, 300)))
+    states = list(range(1, min(dfa.num_states + 1, 300)))
     want = live_by_brute_force(dfa, states, alphabet)
     assert [bool(dfa.live[s]) for s in states] == [want[s] for s in states], regex
     if dfa.all_live:  # the shortcut (every byte class holds a byte of the alphabet) is sound
         assert all(want.values()), regex
-    complete = build_dfa(regex, 100_000)
+    complete = ByteDFA.from_outlines(regex, 100_000)
     want = live_by_brute_force(complete, range(complete.num_states), alphabet)
     assert complete.live_by(alphabet).tolist() == [want[s] for s in range(complete.num_states)], regex
 
@@ -218,114 +219,65 @@ def test_liveness_over_an_alphabet_equals_a_forward_search(regex, dropped):
 # --- UTF-8 ---------------------------------------------------------------------------------------
 
 
+def spells(template, data: bytes) -> bool:
+    """Whether the class template reads `data` from its start to its end, exactly."""
+    state = 1
+    for i, b in enumerate(data):
+        target = next((t for lo, hi, t in template[state - 1] if lo <= b <= hi), None)
+        if target is None:
+            return False
+        if target < 0:
+            return i == len(data) - 1
+        state = target
+    return False
+
+
 @pytest.mark.parametrize("lo, hi", [(1, 0x10FFFF), (0x7F, 0x80), (0x7FF, 0x800), (0xD7FF, 0xE000), (0xFFFF, 0x10000),
-                                    (0x3A9, 0x4E2D), (0x1F600, 0x1F64F), (0x10000, 0x10FFFF)])
-def test_utf8_sequences_are_exactly_the_encodings(lo, hi):
-    seqs = utf8_sequences(lo, hi)
-    scalars = [cp for cp in range(lo, hi + 1) if not 0xD800 <= cp <= 0xDFFF]
-    assert sum(int(np.prod([b - a + 1 for a, b in s])) for s in seqs) == len(scalars)
+                                    (0x3A9, 0x4E2D), (0x1F600, 0x1F64F), (0x10000, 0x10FFFF), (0x61, 0x7A)])
+def test_class_templates_spell_exactly_the_encodings(lo, hi):
+    """Every scalar value of the range is spelled by its UTF-8 bytes, and nothing else is: values
+    just outside, other values, and random byte strings (overlong forms, surrogates, cut or
+    stray bytes) only when they decode strictly to one character of the range."""
+    template = class_template(((lo, hi),))
     rng = random.Random(lo)
+    scalars = [cp for cp in range(lo, hi + 1) if not 0xD800 <= cp <= 0xDFFF]
     for cp in rng.sample(scalars, min(len(scalars), 3000)):
-        data = chr(cp).encode()
-        assert sum(len(s) == len(data) and all(a <= x <= b for x, (a, b) in zip(data, s)) for s in seqs) == 1
-    for s in rng.sample(seqs, min(len(seqs), 50)):  # every product member decodes into the range
-        data = bytes(rng.randint(a, b) for a, b in s)
-        assert lo <= ord(data.decode()) <= hi
+        assert spells(template, chr(cp).encode()), hex(cp)
+    for cp in (lo - 1, hi + 1, 0xD800, 0xDFFF):
+        if 0 < cp <= 0x10FFFF and not lo <= cp <= hi and not 0xD800 <= cp <= 0xDFFF:
+            assert not spells(template, chr(cp).encode()), hex(cp)
+    for _ in range(3000):
+        data = bytes(rng.choice([rng.randrange(1, 256), rng.randrange(0x80, 0xC0), rng.randrange(0xC0, 0xF8)])
+                     for _ in range(rng.randrange(1, 5)))
+        try:
+            text = data.decode()
+            want = len(text) == 1 and lo <= ord(text) <= hi
+        except UnicodeDecodeError:
+            want = False
+        assert spells(template, data) == want, data
 
 
-# --- what this engine leaves to outlines-core, and syntax errors ----------------------------------
+@pytest.mark.parametrize("text", [r"\w", r"\d", r"\s", r"\p{L}", r"\W", r"\D", r"\p{Greek}", r"[^\s]", r"[^a-z]", r"."])
+def test_class_templates_are_minimal(text):
+    """A class's template is its minimal byte DFA: no larger than regex-automata's DFA of the same
+    class (which also counts the state after the character), so a `\\w` costs the NFA a few hundred
+    states, not one chain per range of the class."""
+    node = parse(text)
+    assert isinstance(node, Chars)
+    template = class_template(node.chars.ranges)
+    assert len(template) < ByteDFA.from_outlines(text, 100_000).num_states, text
 
 
-@pytest.mark.parametrize("regex", [
-    r"(?i)a", r"^a", r"a$", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"\p{Greek}(?m)x", r"\Ax\z", r"(?i:a)b",
-    r"[^\x00-\U0010FFFF]", r"\x00", r"a\x00b", r"[[:alpha:]]", r"\b{start}a", r"(?x) a", r"(?-u:a)",
-])
+# --- what this engine leaves to outlines-core ----------------------------------------------------
+
+
+@pytest.mark.parametrize("regex", [r"(?i)a", r"^a", r"[[a]]", r"\x00", r"[^\x00-\U0010FFFF]", r"[\x00]"])
 def test_constructs_left_to_outlines_core(regex):
-    """Valid regexes (regex-automata builds each, or reports an empty language or an anchor) that
-    this engine does not reproduce exactly."""
+    """The parser's `Unsupported` constructs (tests/regex/test_rust.py lists them all) reach the
+    compiler through `build_nfa`; a class with no character but NUL parses, and the NFA refuses it
+    (it would have no edge), where outlines-core reports an empty language."""
     with pytest.raises(Unsupported):
         build_nfa(regex)
-    assert regex_automata_verdict(regex) == "ok"
-
-
-# (regex, position, words the message must hold): one per kind of syntax error.
-SYNTAX_ERRORS = [
-    ("(", 0, "unclosed group"), ("ab(c|d", 2, "unclosed group"), ("a)", 1, "unbalanced ')'"),
-    ("*a", 0, "nothing to repeat"), ("ab|+", 3, "nothing to repeat"), ("(?:*)", 3, "nothing to repeat"),
-    ("{1}", 0, "nothing to repeat"), ("a{", 1, "counted repetition"), ("a{,3}", 1, "counted repetition"),
-    ("a{3,2}", 1, "minimum is above the maximum"), ("a{4294967296}", 1, "over"), (r"\q", 0, r"invalid escape \q"),
-    (r"x\1", 1, "backreferences"), (r"\k<x>", 0, r"invalid escape \k"), ("a\\", 1, "trailing backslash"),
-    (r"\x{D800}", 0, "no Unicode scalar value"), (r"\xZ1", 0, "hexadecimal"), (r"\u{}", 0, "hexadecimal"),
-    (r"\p{NoSuchClass}", 0, "invalid class"), (r"[\pL\p{Nope}]", 0, "invalid class"), (r"\p", 0, "class name"),
-    ("[", 0, "unclosed character class"), ("[]", 0, "unclosed character class"), ("a[^]", 1, "unclosed"),
-    ("[z-a]", 1, "start is above the end"), (r"[a-\d]", 1, "is a class"), (r"[\b]", 1, "assertions"),
-    ("(?z)a", 2, "unknown flag"), ("(?i-)a", 3, "cannot end with '-'"), ("(?ii)a", 3, "repeated flag"),
-    ("(?)", 0, "empty flag group"), ("(?=a)", 2, "look-around"), ("(?P<1x>a)", 4, "invalid group name"),
-    ("(?P<x>a)(?<x>b)", 11, "duplicate group name"), ("(?P<x", 3, "unclosed group name"),
-    ("\ud800", 0, "lone surrogate"), ("ab\udc00", 2, "lone surrogate"), ("(?i)a(", 5, "unclosed group"),
-    (r"[[a]]\q", 5, r"invalid escape \q"), (r"\b{begin}", 0, "word boundary"),
-]
-
-
-@pytest.mark.parametrize("regex, position, words", SYNTAX_ERRORS)
-def test_syntax_errors_name_the_problem_and_its_position(regex, position, words):
-    with pytest.raises(InvalidRegexError) as info:
-        build_nfa(regex)
-    assert info.value.position == position and words in str(info.value), str(info.value)
-    assert f"position {position}" in str(info.value)
-    if "\ud800" <= regex[-1] <= "\udfff" or "\ud800" <= regex[0] <= "\udfff":
-        return  # a lone surrogate cannot even reach outlines-core (no UTF-8 string)
-    assert regex_automata_verdict(regex) == "invalid", "regex-automata rejects it too"
-
-
-def regex_automata_verdict(regex: str) -> str:
-    """"invalid" where regex-automata rejects the regex's syntax, else "ok" (it may still fail for
-    other reasons: an anchor, a Unicode word boundary, an empty language). The regex is given as it
-    is, not wrapped as `build_dfa` wraps it: `(?:R)\\x00` would balance `)(`."""
-    from outlines_core import Index
-
-    from grammar_mlx.compiler.worker import byte_vocabulary
-
-    try:
-        Index(regex, byte_vocabulary())
-    except Exception as exc:  # noqa: BLE001 - classified below
-        message = str(exc)
-        if "Failed to build DFA" in message and "unsupported regex feature" not in message:
-            return "invalid"
-    return "ok"
-
-
-# Pieces of Rust regex syntax, valid and not, glued at random: our verdict (syntax error or not)
-# must be regex-automata's.
-PIECES = ["a", "b", "(", ")", "(?:", "(?i)", "(?P<n>", "|", "*", "+", "?", "{2}", "{1,}", "{,2}", "{", "}", "[", "]",
-          "[a-c]", "[^a]", "-", "^", "$", ".", r"\d", r"\w", r"\q", r"\x41", r"\x{10FFFF}", r"\u{D800}", r"\pL",
-          r"\p{Greek}", r"\b", "\\", "[[a]]", "[a&&b]", "é", " "]
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=7).map("".join))
-def test_syntax_verdicts_agree_with_regex_automata(regex):
-    try:
-        build_nfa(regex, max_states=100_000)
-        ours = "ok"
-    except InvalidRegexError:
-        ours = "invalid"
-    except Unsupported:
-        ours = "ok"  # valid, left to outlines-core
-    except GrammarTooLargeError:
-        return
-    assert ours == regex_automata_verdict(regex), regex
-
-
-def test_check_syntax_rejects_what_regex_automata_rejects_unwrapped():
-    """For paths that give the regex to outlines-core directly: `(?:R)\\x00`, its wrapping, would
-    balance a stray `)(` into a valid regex of another language."""
-    for regex in ("a)|(b", ")(", r"(?i)a)"):
-        with pytest.raises(InvalidRegexError, match="unbalanced"):
-            check_syntax(regex)
-        assert regex_automata_verdict(regex) == "invalid"
-    for regex in (r"(?i)ab", r"^a$", r"[[a]]", r"\p{Greek}+", r"\x00"):  # valid, some outlines-core's only
-        check_syntax(regex)
 
 
 def test_deadline_stops_the_nfa_build():
@@ -340,24 +292,10 @@ def test_deadline_stops_the_nfa_build():
 def test_limits_are_typed_errors():
     with pytest.raises(GrammarTooLargeError, match="byte NFA needs over 1,000 states"):
         build_nfa("(?:[a-z]{1,40}){1,40}", max_states=1000)
-    dfa = LazyDFA(build_nfa(r"(a|b)*a(a|b){12}"), max_states=300)
+    dfa = determinize(build_nfa(r"(a|b)*a(a|b){12}"), max_states=300)
     rng = random.Random(0)
     with pytest.raises(GrammarTooLargeError, match="reached 300 states"):
         q = dfa.initial
         for _ in range(100_000):
             q = dfa.next(q, rng.choice(b"ab"))
-    assert dfa.num_states <= 301
-
-
-def test_complete_dfa_converts_to_a_byte_dfa():
-    dfa = lazy("(yes|no)")
-    q = 1
-    while q < dfa.num_states:
-        dfa.ensure_rows([q])
-        q += 1
-    byte_dfa = dfa.to_byte_dfa()
-    for word, ok in ((b"yes", True), (b"no", True), (b"ye", False), (b"nos", False)):
-        s = byte_dfa.initial
-        for b in word:
-            s = byte_dfa.next(s, b)
-        assert (s != byte_dfa.dead and bool(byte_dfa.accepting[s])) == ok
+    assert dfa.num_states <= 300

@@ -1,4 +1,6 @@
-"""ECMA-262 patterns: parsing, search semantics, JSON encoding, length folding."""
+"""The character-level AST (grammar_mlx/regex/syntax.py): JSON Schema's search semantics, the JSON
+encoding of a pattern, length folding, and the one AST both dialects parse into. The ECMA-262
+parser: test_ecma.py; the Rust one: test_rust.py; character sets: test_charset.py."""
 
 from __future__ import annotations
 
@@ -9,17 +11,11 @@ import re
 import pytest
 from schema_fsm import ByteDFA
 
-from grammar_mlx.regex.charset import (
-    ANY,
-    DOT,
-    CharSet,
-    class_escape,
-    json_char_regex,
-    json_text,
-)
-from grammar_mlx.regex.ecma import parse_ecma, unicode_property
+from grammar_mlx.regex.charset import json_char_regex, json_text
+from grammar_mlx.regex.ecma import parse_ecma
+from grammar_mlx.regex.rust import parse as parse_rust
 from grammar_mlx.regex.syntax import (
-    PatternError,
+    full_language,
     length_range,
     restrict_length,
     search_language,
@@ -69,59 +65,6 @@ def test_encoded_regex_runs_in_outlines_core():
 
 
 @pytest.mark.parametrize(
-    "pattern",
-    ["(?=a)", "(?!a)", "(?<=a)b", "(?<!a)b", "(a)\\1", "\\bword", "a\\B", "(?i)abc", "\\k<n>", "\\p{Script=Greek}",
-     "a++", "(^a)*"],
-)
-def test_unsupported_constructs_are_flagged(pattern):
-    with pytest.raises(PatternError) as info:
-        search_language(parse_ecma(pattern))
-    assert info.value.unsupported
-
-
-@pytest.mark.parametrize("pattern", ["(a", "a)", "[a", "*a", "a**", "[z-a]", "\\", "a{3,1}", "\\xZZ"])
-def test_syntax_errors_are_flagged(pattern):
-    with pytest.raises(PatternError) as info:
-        parse_ecma(pattern)
-    assert not info.value.unsupported
-    assert info.value.position is not None
-
-
-def test_braces_that_are_not_quantifiers_are_literal():
-    # ECMA-262 Annex B (Python 3.11 reads `{,2}` as a quantifier; JSON Schema means ECMA-262).
-    full = re.compile(to_regex(search_language(parse_ecma("^a{,2}$"))))
-    assert full.fullmatch("a{,2}") and not full.fullmatch("aa")
-    assert length_range(parse_ecma("(?<name>ab)")) == (2, 2)
-
-
-def test_class_escapes_are_the_intersection_of_ecma_and_python():
-    assert class_escape("d") == CharSet.of((0x30, 0x39))
-    assert 0x0663 not in class_escape("D")  # Arabic-Indic digit three: a digit for Python
-    assert 0xFEFF not in class_escape("s")  # ECMA white space, not Python's
-    assert 0xFEFF not in class_escape("S") and 0x1C not in class_escape("S")
-    assert 0xE9 not in class_escape("w") and 0xE9 not in class_escape("W")
-    assert 0x0A not in DOT and 0x2028 not in DOT and 0x61 in DOT
-
-
-def test_unicode_properties():
-    letters = unicode_property("L")
-    assert ord("é") in letters and ord("Ж") in letters and ord("1") not in letters
-    assert unicode_property("Letter") == letters
-    assert ord("A") in unicode_property("Lu") and ord("a") not in unicode_property("Lu")
-    with pytest.raises(PatternError):
-        unicode_property("Nonsense")
-    ast = parse_ecma("^\\p{Lu}\\P{L}$")
-    assert re.fullmatch(to_regex(search_language(ast)), "É1")
-
-
-def test_surrogates_never_appear():
-    assert 0xD800 not in ANY and 0xDFFF not in ANY
-    ast = parse_ecma("\\uD83D\\uDE00")  # a surrogate pair is one code point
-    assert length_range(ast) == (1, 1)
-    assert re.fullmatch(to_regex(ast), "😀")
-
-
-@pytest.mark.parametrize(
     ("pattern", "lo", "hi"),
     [("^[a-z]+$", 2, 5), ("^ab[0-9]*$", 3, 4), ("^(xy|yx)+$", 0, 4), ("^a+$|^b{2,}$", 1, 3), ("^.*$", 0, 0)],
 )
@@ -140,3 +83,23 @@ def test_restrict_length_is_exact(pattern, lo, hi):
 def test_restrict_length_declines_what_it_cannot_fold():
     for pattern in ("^a+b+$", "^(x|yy)+$", "^a+"):
         assert restrict_length(search_language(parse_ecma(pattern)), 1, 4) is None
+
+
+# Regexes both dialects read alike (and Python's `re` too, over ALPHABET_BOTH).
+BOTH = ["ab|c", "a(bc)*d?", "[a-c]{2,3}x", "(?:ab|ba)+", "x[^a]y", "a.c", "(a|)b{0,2}"]
+ALPHABET_BOTH = "abcdxy."
+
+
+@pytest.mark.parametrize("pattern", BOTH)
+def test_both_dialects_parse_into_one_ast(pattern):
+    """The Rust parser (literal runs as `Literal`) and the ECMA-262 one (one `Chars` per character)
+    build nodes of the same AST: its length bounds and its regex agree, and match what `re` does."""
+    rust, ecma = parse_rust(pattern), full_language(parse_ecma(pattern))
+    assert length_range(rust) == length_range(ecma)
+    rust_re, ecma_re, ref = re.compile(to_regex(rust)), re.compile(to_regex(ecma)), re.compile(pattern)
+    rng = random.Random(pattern)
+    for _ in range(300):
+        text = "".join(rng.choice(ALPHABET_BOTH) for _ in range(rng.randrange(6)))
+        want = ref.fullmatch(text) is not None
+        assert (rust_re.fullmatch(text) is not None) == want == (ecma_re.fullmatch(text) is not None), text
+

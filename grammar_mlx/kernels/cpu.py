@@ -1,0 +1,340 @@
+"""Masking on MLX's CPU backend: the integer-bits mask, the three forms of a single row, and the
+cache of unpacked rows (`RowCache`). The layout and the paths are described in the package
+docstring; `dispatch` checks the inputs and holds the one cache.
+
+Every form copies logit bits or writes -inf, never computes with them, so all are exact for NaN
+payloads, -0.0 and infinities.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import shutil
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+__all__ = [
+    "ALLOWED",
+    "BLOCKED",
+    "DENSE",
+    "SPARSE_ALLOWED_FRACTION",
+    "SPARSE_BLOCKED_FRACTION",
+    "RowCache",
+    "RowEntry",
+    "bitwise_where",
+    "fused_where",
+    "jit_available",
+    "row_appliers",
+    "row_form",
+    "unpack",
+]
+
+Applier = Callable[[mx.array, mx.array], mx.array]
+# shape, dtype -> (a zeroed mx.array, a numpy view writing into it) or None: `dispatch.shared_array`.
+ShareArray = Callable[[tuple[int, ...], Any], "tuple[mx.array, np.ndarray] | None"]
+
+
+def keep_allowed(masks: mx.array, logits: mx.array) -> mx.array:
+    """``((x ^ NEG_INF) & mask) ^ NEG_INF`` on the logits' integer bits: int8 masks widen by sign,
+    so -1 (all ones) keeps x and 0 leaves the bits of -inf. Exact for every value (NaN payloads,
+    -0.0, +inf) because no float arithmetic happens."""
+    neg_inf = _NEG_INF_BITS[logits.dtype]
+    bits = logits.view(neg_inf.dtype)
+    return (((bits ^ neg_inf) & masks) ^ neg_inf).view(logits.dtype)
+
+
+# Integer view of each logits dtype and the bits of its -inf in that view.
+_NEG_INF_BITS = {
+    mx.float32: mx.array(-0x00800000, dtype=mx.int32),  # 0xff800000
+    mx.bfloat16: mx.array(-0x0080, dtype=mx.int16),  # 0xff80
+    mx.float16: mx.array(-0x0400, dtype=mx.int16),  # 0xfc00
+}
+
+# Compiled, the three ops run as one generated loop (built with g++ once per dtype and layout, cached
+# on disk by MLX); integer ops rather than `where(mask, x, -inf)`, so no bool conversion either.
+fused_where = mx.compile(keep_allowed)
+# Without g++ MLX runs the same graph op by op: three vectorised passes (an unfused `where` is far
+# slower: bench/kernels.py).
+bitwise_where = keep_allowed
+
+
+@functools.cache
+def jit_available() -> bool:
+    """Whether MLX can fuse compiled CPU graphs here: it shells out to ``g++`` to build them."""
+    if shutil.which("g++") is None:
+        return False
+    try:  # a toolchain that is present but broken shows up only when a kernel is built
+        mx.eval(fused_where(mx.array([[-1, 0]], dtype=mx.int8), mx.zeros((1, 2), dtype=mx.float32)))
+    except RuntimeError:
+        return False
+    return True
+
+
+# How a cached row is applied to one row of logits (see row_appliers).
+DENSE, ALLOWED, BLOCKED = 0, 1, 2
+# A row allowing at most V / 64 tokens is kept as their ids (a fill of -inf plus a gather and a
+# scatter of the allowed logits); one forbidding at most V / 24 as the forbidden ids (a copy plus a
+# scatter of -inf). Below these counts both beat the dense mask (bench/kernels.py, "form/..."). JSON
+# structure states allow a handful of tokens, string states forbid a few thousand; both forms are
+# also far smaller to cache.
+SPARSE_ALLOWED_FRACTION = 64
+SPARSE_BLOCKED_FRACTION = 24
+
+
+@functools.cache
+def row_appliers(path: str, dtype: mx.Dtype) -> tuple[Applier, Applier, Applier]:
+    """``appliers[form](array, logits)`` masks (1, V) logits of `dtype` by one cached row."""
+    neg_inf = mx.array(-math.inf, dtype=dtype)
+
+    def allowed(ids: mx.array, logits: mx.array) -> mx.array:
+        kept = mx.take_along_axis(logits, ids, axis=1)
+        return mx.put_along_axis(mx.full(logits.shape, neg_inf), ids, kept, axis=1)
+
+    def blocked(ids: mx.array, logits: mx.array) -> mx.array:
+        return mx.put_along_axis(logits, ids, neg_inf, axis=1)
+
+    dense = fused_where if path == "cpu-fused" else bitwise_where
+    return dense, allowed, blocked
+
+
+def row_form(dense: np.ndarray) -> tuple[int, mx.array]:
+    """The cheapest form of one unpacked int8 row (1, V)."""
+    vocab = dense.shape[1]
+    allowed = int(np.count_nonzero(dense))
+    if allowed <= vocab // SPARSE_ALLOWED_FRACTION:
+        return ALLOWED, mx.array(np.flatnonzero(dense[0]).astype(np.int32)[None])
+    if vocab - allowed <= vocab // SPARSE_BLOCKED_FRACTION:
+        return BLOCKED, mx.array(np.flatnonzero(dense[0] == 0).astype(np.int32)[None])
+    return DENSE, mx.array(dense)
+
+
+def unpack(words: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Write the int8 masks of packed rows `words` (M, W) into `out` (M, V) and return it."""
+    words = words.astype("<u4", copy=False)
+    width = min(out.shape[1], words.shape[1] * 32)
+    bits = np.unpackbits(words.view(np.uint8), axis=1, count=width, bitorder="little")
+    np.negative(bits.view(np.int8), out=out[:, :width])
+    out[:, width:] = 0  # columns past the table are disallowed
+    return out
+
+
+class RowEntry:
+    """One cache entry: a row in its `form` (or a whole table, `TableEntry`), its cost against the
+    bound, and whether it was used since eviction last passed it (see `RowCache`)."""
+
+    __slots__ = ("__weakref__", "array", "cost", "form", "used")
+
+    def __init__(self, form: int, array: mx.array, cost: int) -> None:
+        self.form = form
+        self.array = array
+        self.cost = cost
+        self.used = False
+
+
+class TableEntry(RowEntry):
+    """A whole table unpacked for batches: `array` shares its memory with the numpy `view`, and a
+    row is unpacked into it in place on the first batch that passes its id (`unpacked[r]` = 1)."""
+
+    __slots__ = ("unpacked", "view")
+
+    def __init__(self, array: mx.array, view: np.ndarray) -> None:
+        super().__init__(DENSE, array, array.nbytes)
+        self.view = view
+        self.unpacked = bytearray(view.shape[0])
+
+
+# A table's row index: row id -> weak reference to the row's entry (dead once it is evicted).
+RowIndex = dict[int, "weakref.ref[RowEntry]"]
+
+
+class RowCache:
+    """Unpacked masks for the CPU paths, in one queue bounded by `max_bytes`. Entries:
+
+    * single rows (per-token masking, B = 1), keyed ``("row", V, packed row bytes)``: the row in its
+      cheapest form (`row_form`), costing the array's bytes plus 4 W for the key.
+    * dense rows for batches of a large table, keyed ``("dense", V, packed row bytes)``.
+    * whole tables for batches (B > 1), when the table has at most ``max_bytes // 4`` unpacked bytes
+      (so several fit side by side), keyed ``("whole", table id, V)`` and dropped with the table:
+      a `TableEntry` (a table that grows in place adds rows later: package docstring), so a batch
+      is one gather inside MLX. Where arrays cannot be shared (`share` gives None), batches take the
+      per-row path.
+
+    Content keys make a row valid for every table that holds it: a lazy grammar copies its rows into
+    a larger table object when one fills up, and they are found again without unpacking; equal rows
+    of different grammars share one entry. Each table keeps a `RowIndex` per ``(V, dense)`` so the
+    per-token lookup (`row`) is a dict read, no hashing of row bytes; the index goes when the table
+    dies (a recycled id never finds it) and holds no entry alive.
+
+    Recency, one policy for every entry and every caller: second chance. A hit only marks its entry
+    used, one attribute store, because the per-token lookup runs on the cold caches a mask leaves
+    behind, where reordering a linked list would cost more than the rest of the lookup. Eviction
+    takes the oldest entry; one used since eviction last passed it goes to the recent end instead,
+    unmarked. So an entry hit since the last pass outlives every entry that was not.
+    """
+
+    def __init__(self, max_bytes: int, share: ShareArray) -> None:
+        self.max_bytes = max_bytes
+        self.whole_table_bytes = max_bytes // 4
+        self._share = share
+        self._queue: OrderedDict[tuple[Any, ...], RowEntry] = OrderedDict()  # oldest first
+        self._bytes = 0
+        self._tables: dict[int, tuple[weakref.ref[mx.array], dict[tuple[int, bool], RowIndex]]] = {}
+        self._lock = threading.RLock()  # RLock: a weakref callback may run inside a locked section
+        self._scratch = np.empty(0, dtype=np.int8)  # staging for unpacking and batching, see _scratch_rows
+
+    # -- single rows -----------------------------------------------------------------------------
+
+    def row_index(self, table: mx.array, vocab: int, dense: bool = False) -> RowIndex:
+        """The table's row index at width `vocab` (dense: rows forced to the int8 mask)."""
+        with self._lock:
+            return self._track(table).setdefault((vocab, dense), {})
+
+    def row(self, table: mx.array, index: RowIndex, vocab: int, row: int, dense: bool = False) -> RowEntry:
+        """The entry of `row` of `table`, `index` being `row_index(table, vocab, dense)`; `row` must be
+        a valid row id whose row is written. The one lookup: the per-token path calls it as is."""
+        ref = index.get(row)
+        if ref is not None:
+            entry = ref()
+            if entry is not None:
+                entry.used = True
+                return entry
+        return self._load_row(table, index, vocab, row, dense)
+
+    def _load_row(self, table: mx.array, index: RowIndex, vocab: int, row: int, dense: bool) -> RowEntry:
+        with self._lock:
+            words = np.asarray(table)[row : row + 1]
+            key = ("dense" if dense else "row", vocab, words.tobytes())
+            entry = self._queue.get(key)
+            if entry is None:
+                unpacked = unpack(words, self._scratch_rows(1, vocab))
+                form, array = (DENSE, mx.array(unpacked)) if dense else row_form(unpacked)
+                entry = RowEntry(form, array, array.nbytes + len(key[2]))
+                self._admit(key, entry)
+            else:
+                entry.used = True
+            index[row] = weakref.ref(entry)
+            return entry
+
+    # -- batches ---------------------------------------------------------------------------------
+
+    def masks(self, table: mx.array, row_ids: list[int], vocab: int) -> mx.array:
+        """The (B, vocab) dense int8 masks of `row_ids`."""
+        with self._lock:
+            self._track(table)  # the whole table's entry is keyed by the table's id: drop it with the table
+            whole = self._whole_table(table, vocab)
+            if whole is not None:
+                new = [r for r in dict.fromkeys(row_ids) if not whole.unpacked[r]]
+                if new:  # rows this entry has not seen (handed out since, or never batched): unpack them in place
+                    words = np.asarray(table)
+                    for r in new:
+                        unpack(words[r : r + 1], whole.view[r : r + 1])
+                        whole.unpacked[r] = 1
+                return mx.take(whole.array, mx.array(row_ids, dtype=mx.int32), axis=0)
+            index = self.row_index(table, vocab, dense=True)
+            found = [self.row(table, index, vocab, r, dense=True).array for r in row_ids]
+            # One numpy concatenation then one copy into MLX: mx.concatenate copies element by element
+            # on the CPU.
+            batch = self._scratch_rows(len(found), vocab)
+            np.concatenate([np.asarray(m) for m in found], out=batch)
+            return mx.array(batch)
+
+    def _whole_table(self, table: mx.array, vocab: int) -> TableEntry | None:
+        key = ("whole", id(table), vocab)
+        entry = self._queue.get(key)
+        if isinstance(entry, TableEntry):
+            entry.used = True
+            return entry
+        if table.shape[0] * vocab > self.whole_table_bytes:
+            return None
+        shared = self._share((table.shape[0], vocab), np.int8)  # zeros: every token disallowed until unpacked
+        if shared is None:
+            return None
+        whole = TableEntry(*shared)
+        self._admit(key, whole)
+        return whole if key in self._queue else None
+
+    def _scratch_rows(self, count: int, vocab: int) -> np.ndarray:
+        # Reused staging memory: a fresh multi-page numpy array per call pays page faults that are a
+        # large part of the whole masking time. mx.array() copies out of it.
+        if self._scratch.size < count * vocab:
+            self._scratch = np.empty(count * vocab, dtype=np.int8)
+        return self._scratch[: count * vocab].reshape(count, vocab)
+
+    # -- the bound -------------------------------------------------------------------------------
+
+    def _admit(self, key: tuple[Any, ...], entry: RowEntry) -> None:
+        if key in self._queue or entry.cost > self.max_bytes:
+            return
+        self._queue[key] = entry
+        self._bytes += entry.cost
+        self._evict()
+
+    def _evict(self) -> None:
+        # Each turn evicts an entry or unmarks one, so a pass over the queue at most unmarks them all.
+        queue = self._queue
+        while self._bytes > self.max_bytes:
+            key, entry = queue.popitem(last=False)
+            if entry.used:
+                entry.used = False
+                queue[key] = entry  # second chance, at the recent end
+            else:
+                self._bytes -= entry.cost
+
+    # -- table lifetimes -------------------------------------------------------------------------
+
+    def _track(self, table: mx.array) -> dict[tuple[int, bool], RowIndex]:
+        table_id = id(table)
+        tracked = self._tables.get(table_id)
+        if tracked is None or tracked[0]() is not table:
+            if tracked is not None:  # the id belonged to a table that died before its callback ran
+                self._forget(table_id)
+            tracked = (weakref.ref(table, functools.partial(self._table_died, table_id)), {})
+            self._tables[table_id] = tracked
+        return tracked[1]
+
+    def _table_died(self, table_id: int, ref: weakref.ref[mx.array]) -> None:
+        with self._lock:
+            tracked = self._tables.get(table_id)
+            if tracked is not None and tracked[0] is ref:
+                self._forget(table_id)
+
+    def _forget(self, table_id: int) -> None:
+        # Row entries stay (content-keyed, still valid for other tables); whole-table entries go.
+        self._tables.pop(table_id, None)
+        for key in [k for k in self._queue if k[0] == "whole" and k[1] == table_id]:
+            self._bytes -= self._queue.pop(key).cost
+
+    def clear(self) -> None:
+        """Drop every entry and index."""
+        with self._lock:
+            self._queue.clear()
+            for _, indexes in self._tables.values():
+                for index in indexes.values():
+                    index.clear()  # bound maskers hold these dicts
+            self._tables.clear()
+            self._bytes = 0
+            self._scratch = np.empty(0, dtype=np.int8)
+
+    def resize(self, max_bytes: int) -> None:
+        """A new bound, enforced at once."""
+        with self._lock:
+            self.max_bytes = max_bytes
+            self.whole_table_bytes = max_bytes // 4
+            self._evict()
+
+    @property
+    def nbytes(self) -> int:
+        """What the entries cost now (at most `max_bytes`)."""
+        return self._bytes
+
+    def keys(self) -> list[tuple[Any, ...]]:
+        """The entries' keys, oldest first."""
+        with self._lock:
+            return list(self._queue)

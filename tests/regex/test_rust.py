@@ -1,0 +1,155 @@
+"""The Rust regex-automata dialect parsed into `regex.syntax`'s AST (grammar_mlx/regex/rust.py).
+
+- the AST it builds (literal runs, classes without NUL, counted repetitions, alternations), and the
+  constructs it leaves to outlines-core (`Unsupported`);
+- syntax errors: one per kind, naming the problem and its position, and regex-automata's own
+  verdict on the same text; random pieces of syntax glued together get regex-automata's verdict;
+- Unicode classes: code points from regex-automata's tables, checked on characters where they
+  and Python's `unicodedata` could differ.
+The language of the compiled NFA: tests/automata/test_byte_nfa.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grammar_mlx import InvalidRegexError
+from grammar_mlx.automata.byte_dfa import byte_vocabulary
+from grammar_mlx.regex.charset import MAX_CODE_POINT, CharSet
+from grammar_mlx.regex.rust import Unsupported, check_syntax, parse, unicode_class
+from grammar_mlx.regex.syntax import EMPTY, Alt, Chars, Literal, Repeat, Seq
+
+
+def test_the_ast_of_a_regex():
+    assert parse("abc") == Literal("abc")
+    assert parse("ab+") == Seq((Literal("a"), Repeat(Literal("b"), 1, None)))  # a quantifier takes one character
+    assert parse("(?:ab|c){2,3}?") == Repeat(Alt((Literal("ab"), Literal("c"))), 2, 3)  # lazy: the same language
+    assert parse("x{2,}") == Repeat(Literal("x"), 2, None)
+    assert parse("a**") == Repeat(Repeat(Literal("a"), 0, None), 0, None)
+    assert parse("[a-c\\n]") == Chars(CharSet.normalize([(10, 10), (97, 99)]))
+    assert parse("()") == EMPTY
+    assert parse("(?P<name>é)") == Literal("é")
+    assert parse(r"\x41\u00e9\U0001F600\x{10FFFF}") == Seq(tuple(Literal(c) for c in "Aé\U0001F600\U0010FFFF"))
+
+
+def test_classes_never_hold_nul():
+    """NUL is the compile sentinel of the outlines-core path: no class matches it, so both engines
+    agree (the complement and `.` included)."""
+    for regex in ("[^a]", ".", r"[\s\S]", r"[\x00-\x05]", r"\D", r"[^\w]"):
+        node = parse(regex)
+        assert isinstance(node, Chars) and 0 not in node.chars, regex
+    assert parse(".") == Chars(CharSet.normalize([(1, 9), (11, MAX_CODE_POINT)]))
+    assert parse(r"[\d\D]") == Chars(CharSet.normalize([(1, MAX_CODE_POINT)]))
+
+
+@pytest.mark.parametrize("regex", [
+    r"(?i)a", r"^a", r"a$", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"\p{Greek}(?m)x", r"\Ax\z", r"(?i:a)b",
+    r"\x00", r"a\x00b", r"[[:alpha:]]", r"\b{start}a", r"(?x) a", r"(?-u:a)",
+])
+def test_constructs_left_to_outlines_core(regex):
+    """Valid regexes (regex-automata builds each, or reports an empty language or an anchor) that
+    the byte NFA does not reproduce exactly."""
+    with pytest.raises(Unsupported):
+        parse(regex)
+    assert regex_automata_verdict(regex) == "ok"
+
+
+# (regex, position, words the message must hold): one per kind of syntax error.
+SYNTAX_ERRORS = [
+    ("(", 0, "unclosed group"), ("ab(c|d", 2, "unclosed group"), ("a)", 1, "unbalanced ')'"),
+    ("*a", 0, "nothing to repeat"), ("ab|+", 3, "nothing to repeat"), ("(?:*)", 3, "nothing to repeat"),
+    ("{1}", 0, "nothing to repeat"), ("a{", 1, "counted repetition"), ("a{,3}", 1, "counted repetition"),
+    ("a{3,2}", 1, "minimum is above the maximum"), ("a{4294967296}", 1, "over"), (r"\q", 0, r"invalid escape \q"),
+    (r"x\1", 1, "backreferences"), (r"\k<x>", 0, r"invalid escape \k"), ("a\\", 1, "trailing backslash"),
+    (r"\x{D800}", 0, "no Unicode scalar value"), (r"\xZ1", 0, "hexadecimal"), (r"\u{}", 0, "hexadecimal"),
+    (r"\p{NoSuchClass}", 0, "invalid class"), (r"[\pL\p{Nope}]", 0, "invalid class"), (r"\p", 0, "class name"),
+    ("[", 0, "unclosed character class"), ("[]", 0, "unclosed character class"), ("a[^]", 1, "unclosed"),
+    ("[z-a]", 1, "start is above the end"), (r"[a-\d]", 1, "is a class"), (r"[\b]", 1, "assertions"),
+    ("(?z)a", 2, "unknown flag"), ("(?i-)a", 3, "cannot end with '-'"), ("(?ii)a", 3, "repeated flag"),
+    ("(?)", 0, "empty flag group"), ("(?=a)", 2, "look-around"), ("(?P<1x>a)", 4, "invalid group name"),
+    ("(?P<x>a)(?<x>b)", 11, "duplicate group name"), ("(?P<x", 3, "unclosed group name"),
+    ("\ud800", 0, "lone surrogate"), ("ab\udc00", 2, "lone surrogate"), ("(?i)a(", 5, "unclosed group"),
+    (r"[[a]]\q", 5, r"invalid escape \q"), (r"\b{begin}", 0, "word boundary"),
+]
+
+
+@pytest.mark.parametrize("regex, position, words", SYNTAX_ERRORS)
+def test_syntax_errors_name_the_problem_and_its_position(regex, position, words):
+    with pytest.raises(InvalidRegexError) as info:
+        parse(regex)
+    assert info.value.position == position and words in str(info.value), str(info.value)
+    assert f"position {position}" in str(info.value)
+    if "\ud800" <= regex[-1] <= "\udfff" or "\ud800" <= regex[0] <= "\udfff":
+        return  # a lone surrogate cannot even reach outlines-core (no UTF-8 string)
+    assert regex_automata_verdict(regex) == "invalid", "regex-automata rejects it too"
+
+
+def regex_automata_verdict(regex: str) -> str:
+    """"invalid" where regex-automata rejects the regex's syntax, else "ok" (it may still fail for
+    other reasons: an anchor, a Unicode word boundary, an empty language). The regex is given as it
+    is, not wrapped as `build_dfa` wraps it: `(?:R)\\x00` would balance `)(`."""
+    from outlines_core import Index
+
+    try:
+        Index(regex, byte_vocabulary())
+    except Exception as exc:  # noqa: BLE001 - classified below
+        message = str(exc)
+        if "Failed to build DFA" in message and "unsupported regex feature" not in message:
+            return "invalid"
+    return "ok"
+
+
+# Pieces of Rust regex syntax, valid and not, glued at random: our verdict (syntax error or not)
+# must be regex-automata's.
+PIECES = ["a", "b", "(", ")", "(?:", "(?i)", "(?P<n>", "|", "*", "+", "?", "{2}", "{1,}", "{,2}", "{", "}", "[", "]",
+          "[a-c]", "[^a]", "-", "^", "$", ".", r"\d", r"\w", r"\q", r"\x41", r"\x{10FFFF}", r"\u{D800}", r"\pL",
+          r"\p{Greek}", r"\b", "\\", "[[a]]", "[a&&b]", "é", " "]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=7).map("".join))
+def test_syntax_verdicts_agree_with_regex_automata(regex):
+    try:
+        parse(regex)
+        ours = "ok"
+    except InvalidRegexError:
+        ours = "invalid"
+    except Unsupported:
+        ours = "ok"  # valid, left to outlines-core
+    assert ours == regex_automata_verdict(regex), regex
+
+
+def test_check_syntax_rejects_what_regex_automata_rejects_unwrapped():
+    """For paths that give the regex to outlines-core directly: `(?:R)\\x00`, its wrapping, would
+    balance a stray `)(` into a valid regex of another language."""
+    for regex in ("a)|(b", ")(", r"(?i)a)"):
+        with pytest.raises(InvalidRegexError, match="unbalanced"):
+            check_syntax(regex)
+        assert regex_automata_verdict(regex) == "invalid"
+    for regex in (r"(?i)ab", r"^a$", r"[[a]]", r"\p{Greek}+", r"\x00"):  # valid, some outlines-core's only
+        check_syntax(regex)
+
+
+
+
+# Characters on which Unicode versions or Python's and Rust's readings of a class could differ.
+@pytest.mark.parametrize("text, inside, outside", [
+    (r"\d", "0٣९", "a½Ⅻ"),
+    (r"\w", "aé中_٣\u0345", " -\u2028"),
+    (r"\s", " \t\n\u3000\u2028\u0085", "a\u200b"),
+    (r"\p{Greek}", "αΩ", "a中"),
+    (r"\PL", "1 ", "aé"),
+])
+def test_unicode_classes_are_regex_automatas_tables(text, inside, outside):
+    chars = unicode_class(text)
+    assert all(ord(c) in chars for c in inside), text
+    assert not any(ord(c) in chars for c in outside), text
+    assert 0 not in chars, "NUL is in no class"
+    assert unicode_class(text) is chars, "memoized per text"
+
+
+def test_unknown_unicode_class_names_are_syntax_errors():
+    with pytest.raises(InvalidRegexError, match="invalid class"):
+        parse(r"a\p{Klingon}")
