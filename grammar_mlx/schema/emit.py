@@ -16,6 +16,7 @@ from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
 from ..regex.charset import escape_text, json_char_regex, json_text
 from ..regex.syntax import NEVER as NO_NAME
+from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
 from .ir import (
     AnyValue,
@@ -55,9 +56,9 @@ class Emitter:
         self.cyclic = cyclic_keys(table) if cyclic is None else cyclic
         self.memo: dict[tuple[Hashable, Counts], str | None] = {}
         self.any_memo: dict[int, str] = {}
-        self.string_memo: dict[object, str] = {}  # character-level AST -> its JSON-string regex
+        self.string_memo: dict[Regex, str] = {}  # character-level AST -> its JSON-string regex
         # id(AST) -> (AST, regex): the same object again needs no deep hash
-        self.string_by_id: dict[int, tuple[object, str]] = {}
+        self.string_by_id: dict[int, tuple[Regex, str]] = {}
         # What the text so far read of max_recursion_depth: a cyclic Ref's bound, a generic value's
         # (which reads min(depth, limits.MAX_ANY_DEPTH)). See `lower_depth`.
         self.bounded_recursion = False
@@ -96,9 +97,7 @@ class Emitter:
         if isinstance(node, Number):
             return range_regex(node.lo, node.hi, integer=node.integer)
         if isinstance(node, String):
-            if node.ast is None:
-                return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
-            return '"' + self.json_string(node.ast) + '"'
+            return self.string(node)
         if isinstance(node, Union):
             return self._distinct(self.emit(item, counts) for item in node.items)
         if isinstance(node, Array):
@@ -135,7 +134,13 @@ class Emitter:
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def json_string(self, ast: object) -> str:
+    def string(self, node: String) -> str:
+        """A string node's JSON texts (a property key's too)."""
+        if node.ast is None:
+            return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
+        return '"' + self.json_string(node.ast) + '"'
+
+    def json_string(self, ast: Regex) -> str:
         """The regex of a string language's canonical JSON texts (many properties share one format
         or pattern: written once)."""
         hit = self.string_by_id.get(id(ast))
@@ -259,7 +264,7 @@ class Emitter:
             if value is not None:
                 any_extra = True
                 if not too_long:
-                    extra_items.append('"' + self.json_string(entry.key.ast) + '"' + w + ":" + w + value)
+                    extra_items.append(self.string(entry.key) + w + ":" + w + value)
         lo, hi = node.min_extra, node.max_extra
         if too_long:
             if not any_extra and lo > 0:

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..regex.syntax import NEVER as NO_STRING
+from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
 
 
@@ -71,7 +72,7 @@ class String:
     """`ast` None: any string of `min_len`..`max_len` code points, every JSON escape allowed.
     Otherwise the strings of the character-level AST (lengths already folded in), canonically escaped."""
 
-    ast: object = None  # a regex.syntax node
+    ast: Regex | None = None
     min_len: int = 0
     max_len: int | None = None
 
@@ -82,7 +83,7 @@ class String:
 
 
 @lru_cache(maxsize=4096)
-def _python_regex(ast: object) -> re.Pattern[str]:
+def _python_regex(ast: Regex) -> re.Pattern[str]:
     if ast == NO_STRING:
         return re.compile("(?!)")  # the empty language (e.g. `propertyNames` no string satisfies)
     return re.compile(to_regex(ast))

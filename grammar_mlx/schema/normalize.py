@@ -78,7 +78,6 @@ class Normalizer:
     # only then does a retry with cost 0 write another regex.
     first_choices_narrowable: bool = False
     _branches: int = 0
-    root_node: Node = field(init=False, repr=False, compare=False)  # set by the caller once built
 
     def __post_init__(self) -> None:
         self.draft = draft_of(self.root)

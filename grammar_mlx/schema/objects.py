@@ -21,6 +21,7 @@ from ..regex.charset import ANY as ANY_CHAR
 from ..regex.charset import JSON_SPECIAL, CharSet
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Chars, alt, literal, repeat, restrict_length, seq
+from ..regex.syntax import Node as Regex
 from .ir import (
     NEVER,
     AnyValue,
@@ -56,7 +57,7 @@ class _Info(TypedDict):
 
     atom: Loc
     props: dict[str, Loc]  # declared name -> its schema
-    patterns: list[tuple[object, Loc]]  # (key language AST, value schema) per patternProperties entry
+    patterns: list[tuple[Regex, Loc]]  # (key language AST, value schema) per patternProperties entry
     additional: Loc | None
     unevaluated: Loc | None
     required: list[str]
@@ -104,7 +105,7 @@ def _info(nz: Normalizer, atom: Loc) -> _Info:
         required = []
     if not isinstance(required, list) or not all(isinstance(n, str) for n in required):
         raise InvalidSchemaError(f"required at {atom.pointer or '/'} must be an array of strings")
-    compiled: list[tuple[object, Loc]] = []
+    compiled: list[tuple[Regex, Loc]] = []
     for pattern in patterns:
         ast = pattern_language(nz, pattern, atom, "patternProperties")
         if ast is not None:
@@ -151,7 +152,7 @@ def _value_locs(infos: list[_Info], name: str | None = None,
     return locs
 
 
-def _property_names(nz: Normalizer, infos: list[_Info]) -> object | None:
+def _property_names(nz: Normalizer, infos: list[_Info]) -> Regex | None:
     """The key language of `propertyNames` (an AST), or None when keys are unconstrained."""
     locs = [info["atom"].child("propertyNames") for info in infos if info["atom"].has("propertyNames")]
     if not locs:
@@ -159,7 +160,7 @@ def _property_names(nz: Normalizer, infos: list[_Info]) -> object | None:
     return string_language(nz.node(locs), nz.table)
 
 
-def string_language(node: Node | None, table: Table, seen: set[Hashable] | None = None) -> object | None:
+def string_language(node: Node | None, table: Table, seen: set[Hashable] | None = None) -> Regex | None:
     """The strings among a node's values, as an AST (None: every string)."""
     seen = set() if seen is None else seen
     if isinstance(node, Ref):
@@ -175,7 +176,8 @@ def string_language(node: Node | None, table: Table, seen: set[Hashable] | None 
         return alt(*(literal(v) for v in node.values if isinstance(v, str)))
     if isinstance(node, Union):
         parts = [string_language(item, table, seen) for item in node.items]
-        return None if any(p is None for p in parts) else alt(*parts)
+        languages = [p for p in parts if p is not None]
+        return None if len(languages) < len(parts) else alt(*languages)
     return alt()
 
 
@@ -183,7 +185,7 @@ def _resolved(nz: Normalizer, node: Node) -> Node | None:
     return nz.table.get(node.key) if isinstance(node, Ref) else node
 
 
-def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: object | None,
+def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Regex | None,
             closed: bool) -> tuple[Extra, ...]:
     patterns = [(i, j, ast) for i, info in enumerate(infos) for j, (ast, _) in enumerate(info["patterns"])]
     if not patterns and key_filter is None:
@@ -228,7 +230,7 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: ob
     return tuple(extras)
 
 
-def _narrow_extras(nz: Normalizer, infos: list[_Info], names: list[str], patterns: list[tuple[int, int, object]],
+def _narrow_extras(nz: Normalizer, infos: list[_Info], names: list[str], patterns: list[tuple[int, int, Regex]],
                    closed: bool) -> tuple[Extra, ...]:
     """Automata over budget: keep only pattern regions that need no complement (a narrowing)."""
     extras: list[Extra] = []
@@ -256,7 +258,7 @@ def _region_value(nz: Normalizer, infos: list[_Info], matched: frozenset[tuple[i
     return nz.node(_value_locs(infos, matched=matched))
 
 
-def minus_names(ast: object, names: list[str]) -> object:
+def minus_names(ast: Regex, names: list[str]) -> Regex:
     """`ast` without the given names."""
     language = String(ast)
     names = [n for n in names if language.matches(n)]
@@ -276,7 +278,7 @@ def minus_names(ast: object, names: list[str]) -> object:
         return long if short == NO_STRING else alt(long, short)
 
 
-def _names_complement(names: list[str], chars: CharSet) -> object:
+def _names_complement(names: list[str], chars: CharSet) -> Regex:
     """Strings over `chars` that are none of `names`, read off their trie. Unbranched runs are
     written flat (an alternative per stopping point) so the regex nests only where names branch."""
     trie: dict[str | None, Any] = {}  # character -> subtrie; None -> True at the end of a name
@@ -287,9 +289,9 @@ def _names_complement(names: list[str], chars: CharSet) -> object:
         node[None] = True  # end of a name
     anything = repeat(Chars(chars), 0, None)
 
-    def walk(node: dict[str | None, Any]) -> object:
+    def walk(node: dict[str | None, Any]) -> Regex:
         check_deadline(STAGE)
-        alts: list[object] = []
+        alts: list[Regex] = []
         prefix = ""
         while True:
             if None not in node:

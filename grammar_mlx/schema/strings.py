@@ -19,6 +19,7 @@ from ..regex.syntax import (
     restrict_length,
     search_language,
 )
+from ..regex.syntax import Node as Regex
 from .formats import STRING_FORMATS, UNENFORCED_FORMATS, format_language
 from .ir import NEVER, Node, String
 from .loc import Loc, count_bounds
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 def build_string(nz: Normalizer, atoms: list[Loc]) -> Node:
     min_len, max_len = count_bounds(atoms, "minLength", "maxLength")
-    languages: list[tuple[object, str, Loc]] = []  # (regex.syntax AST, keyword, atom)
+    languages: list[tuple[Regex, str, Loc]] = []  # (AST, keyword, atom)
     for atom in atoms:
         pattern = atom.get("pattern")
         if pattern is not None:
@@ -91,7 +92,7 @@ def _length_guard(nz: Normalizer, min_len: int, max_len: int | None, atoms: list
     return min_len, max_len
 
 
-def _restrict_length(nz: Normalizer, ast: object, min_len: int, max_len: int | None, atoms: list[Loc]) -> object:
+def _restrict_length(nz: Normalizer, ast: Regex, min_len: int, max_len: int | None, atoms: list[Loc]) -> Regex:
     folded = restrict_length(ast, min_len, max_len)
     if folded is not None:
         return folded
@@ -105,7 +106,7 @@ def _restrict_length(nz: Normalizer, ast: object, min_len: int, max_len: int | N
         return ast
 
 
-def pattern_language(nz: Normalizer, pattern: Any, atom: Loc, keyword: str = "pattern") -> object | None:
+def pattern_language(nz: Normalizer, pattern: Any, atom: Loc, keyword: str = "pattern") -> Regex | None:
     """The search language of an ECMA-262 pattern; None (reported) when it cannot be enforced."""
     if not isinstance(pattern, str):
         raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'}: pattern must be a string")
@@ -119,12 +120,12 @@ def pattern_language(nz: Normalizer, pattern: Any, atom: Loc, keyword: str = "pa
 
 
 @lru_cache(maxsize=256)
-def _search_language(pattern: str) -> object:
+def _search_language(pattern: str) -> Regex:
     """Parsed once per pattern: wide schemas repeat the same few patterns on many properties."""
     return search_language(parse_ecma(pattern))
 
 
-def _relax_counts(node: object) -> object:
+def _relax_counts(node: Regex) -> Regex:
     if isinstance(node, Repeat):
         item = _relax_counts(node.item)
         if max(node.lo, node.hi or 0) > limits.MAX_REPEAT:
