@@ -55,7 +55,8 @@ def wide_schema(n: int) -> dict:
         lambda i: {"$ref": "#/$defs/Address"},
         lambda i: {"enum": [f"v{i}", f"w{i}", i]},
         lambda i: {"type": "array", "items": {"type": "number"}, "maxItems": 3},
-        lambda i: {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "format": "date"}}},
+        lambda i: {"type": "object",
+                   "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "format": "date"}}},
         lambda i: {"type": ["string", "null"]},  # (anyOf would meet MAX_UNION_BRANCHES, a total per schema)
         lambda i: {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"},
     ]
@@ -148,8 +149,9 @@ def main() -> None:
           f"{linearity['as_called']:.2f}, uncapped {linearity['uncapped']:.2f} (1.0 = linear)")
 
     deadline = deadline_overshoot(55_000, 1.0)
-    print(f"deadline: {deadline['properties']} properties ({deadline['schema_mb']} MB) under a {deadline['deadline_s']} s "
-          f"deadline: {deadline['outcome']} {deadline['seconds_after_deadline']:.3f} s after it")
+    print(f"deadline: {deadline['properties']} properties ({deadline['schema_mb']} MB) under a "
+          f"{deadline['deadline_s']} s deadline: {deadline['outcome']} "
+          f"{deadline['seconds_after_deadline']:.3f} s after it")
     memory = peak_memory(130_000)
     print(f"memory: {memory['properties']} properties ({memory['schema_mb']} MB) {memory['outcome']}; "
           f"schema objects {memory['schema_objects_mb']} MiB, translation peak {memory['translation_peak_mb']} MiB")

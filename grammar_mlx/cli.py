@@ -30,7 +30,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import GrammarError, UnsupportedSchemaError
 
@@ -47,7 +47,7 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + message; keep it to one line
+    def error(self, message: str) -> NoReturn:  # argparse prints usage + message; keep it to one line
         raise _UsageError(f"{self.prog}: {message} (see --help)")
 
 

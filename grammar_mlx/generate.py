@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, cast, overload
 
 import mlx.core as mx
 
@@ -69,7 +69,7 @@ __all__ = [
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_NUM_DRAFT_TOKENS = 2  # mlx-lm's default
 
-Schema = Mapping[str, Any] | bool | str | bytes | type
+Schema = dict[str, Any] | bool | str | bytes | type  # what schema.load_schema reads
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -244,18 +244,23 @@ def _wrapped(tokenizer: Any) -> Any:
 def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
     """Token ids of the prompt; with `chat`, a str or message list goes through the chat template."""
     if isinstance(prompt, mx.array):
-        return [int(t) for t in prompt.reshape(-1).tolist()]
+        return [int(t) for t in cast("list[int]", prompt.reshape(-1).tolist())]  # 1-D: a list of ints
     if type(prompt).__module__ == "numpy" and hasattr(prompt, "tolist"):
-        prompt = prompt.reshape(-1).tolist()
-    if isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
+        prompt = cast("list[int]", cast(Any, prompt).reshape(-1).tolist())
+    if _is_token_ids(prompt):
         if not prompt:
             raise InvalidArgumentError("prompt is empty (no token ids)")
         return list(prompt)
+    if isinstance(prompt, str) and not chat:
+        bos = getattr(tokenizer, "bos_token", None)
+        # As mlx-lm does for a str prompt: add BOS unless the text already starts with it.
+        ids = list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
+        if not ids:
+            raise InvalidArgumentError("prompt is empty (it encodes to no tokens)")
+        return ids
     if isinstance(prompt, str):
-        messages: list = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        messages: list[Mapping[str, Any]] = [{"role": "user", "content": prompt}]
+    elif _is_messages(prompt):
         messages = list(prompt)
         if not messages:
             raise InvalidArgumentError("prompt is empty (no chat messages)")
@@ -264,20 +269,22 @@ def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
     else:
         raise InvalidArgumentError(
             f"prompt must be a str, a list of chat messages, or token ids, not {type(prompt).__name__}")
-    if chat:
-        if not getattr(tokenizer, "has_chat_template", False):
-            raise InvalidArgumentError("chat=True, but the tokenizer has no chat template; pass chat=False to "
-                                       "use the prompt as is")
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        if isinstance(ids, Mapping):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-    bos = getattr(tokenizer, "bos_token", None)
-    # As mlx-lm does for a str prompt: add BOS unless the text already starts with it.
-    ids = list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
-    if not ids:
-        raise InvalidArgumentError("prompt is empty (it encodes to no tokens)")
-    return ids
+    if not getattr(tokenizer, "has_chat_template", False):
+        raise InvalidArgumentError("chat=True, but the tokenizer has no chat template; pass chat=False to "
+                                   "use the prompt as is")
+    templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    if isinstance(templated, Mapping):
+        templated = templated["input_ids"]
+    return [int(t) for t in templated]
+
+
+def _is_token_ids(prompt: object) -> TypeGuard[Sequence[int]]:
+    return isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
+def _is_messages(prompt: object) -> TypeGuard[Sequence[Mapping[str, Any]]]:
+    return isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt)
 
 
 def _check_draft(model: Any, draft_model: Any, num_draft_tokens: int) -> None:
@@ -327,7 +334,7 @@ def _shared_prefix_layers(model: Any, draft_model: Any) -> int:
     return len(draft_layers)
 
 
-def _prefill_once_for_both(model: Any, draft_model: Any, prompt_ids: list[int]) -> tuple[list, list[int]] | None:
+def _prefill_once_for_both(model: Any, draft_model: Any, prompt_ids: list[int]) -> tuple[list[Any], list[int]] | None:
     """For a draft made of the model's own first layers: prefill the prompt once, with the model, and
     give the draft copies of those layers' caches (what its own prefill would compute: the same
     modules on the same inputs). Returns (prompt_cache for mlx-lm, the prompt's last token), or None
@@ -496,7 +503,15 @@ def _validator(doc: Any) -> Any:
     return validator
 
 
-def _parse_and_validate(text: str, doc: Any, model_class: type | None, validate: bool) -> Any:
+class _ModelClass(Protocol):
+    """A Pydantic model class (any class with Pydantic's `model_validate`)."""
+
+    __name__: str
+
+    def model_validate(self, obj: Any, /) -> Any: ...
+
+
+def _parse_and_validate(text: str, doc: Any, model_class: _ModelClass | None, validate: bool) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -518,7 +533,7 @@ def _parse_and_validate(text: str, doc: Any, model_class: type | None, validate:
     return value
 
 
-def _pydantic_class(schema: Any) -> type | None:
+def _pydantic_class(schema: Any) -> _ModelClass | None:
     return schema if isinstance(schema, type) and hasattr(schema, "model_validate") else None
 
 
@@ -595,6 +610,15 @@ def _generate(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings, c
     return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats)
 
 
+_Model = TypeVar("_Model")  # instances of a Pydantic model class
+
+
+@overload
+def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: type[_Model],
+                  **options: Unpack[JSONGenerationOptions]) -> _Model: ...
+@overload
+def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: dict[str, Any] | bool | str | bytes,
+                  **options: Unpack[JSONGenerationOptions]) -> Any: ...
 def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
                   **options: Unpack[JSONGenerationOptions]) -> Any:
     """Generate one JSON value that satisfies `schema`; return it parsed and validated.

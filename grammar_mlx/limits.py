@@ -15,16 +15,16 @@ Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / 
 | `MAX_REGEX_LENGTH` | 1,000,000 | `GRAMMAR_MLX_MAX_REGEX_LENGTH` | characters of a regex given to the compiler |
 | `MAX_NFA_STATES` | 1,000,000 | `GRAMMAR_MLX_MAX_NFA_STATES` | states of a byte NFA, counted repetitions expanded |
 | `MAX_DFA_STATES` | 250,000 | `GRAMMAR_MLX_MAX_DFA_STATES` | states of a byte DFA, complete or built on demand |
-| `AUTO_EAGER_MAX_STATES` | 8 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` builds eager tables up to this many byte states |
+| `AUTO_EAGER_MAX_STATES` | 8 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` goes eager up to this many byte states |
 
-A compiled grammar's memory (per grammar):
+A compiled grammar's memory (per grammar; the last three: lazy grammars):
 
 | name | default | environment variable | bounds |
 |---|---|---|---|
 | `LOOKUP_BYTES` | 64 MiB | `GRAMMAR_MLX_LOOKUP_BYTES` | `next_state`'s per-state lookups (past it: a search per call) |
-| `LAZY_ROW_BYTES` | 256 MiB | `GRAMMAR_MLX_LAZY_ROW_BYTES` | a lazy grammar's token rows (past it: least used dropped, recomputed) |
-| `LAZY_MASK_BYTES` | 1 GiB | `GRAMMAR_MLX_LAZY_MASK_BYTES` | a lazy grammar's mask table (past it: `GrammarTooLargeError`) |
-| `LIVENESS_WALKS` | 256 | `GRAMMAR_MLX_LIVENESS_WALKS` | row walks to settle whether tokens can go on from a state (past it: treated as a dead end) |
+| `LAZY_ROW_BYTES` | 256 MiB | `GRAMMAR_MLX_LAZY_ROW_BYTES` | token rows (past it: the least used dropped, recomputed) |
+| `LAZY_MASK_BYTES` | 1 GiB | `GRAMMAR_MLX_LAZY_MASK_BYTES` | the mask table (past it: `GrammarTooLargeError`) |
+| `LIVENESS_WALKS` | 256 | `GRAMMAR_MLX_LIVENESS_WALKS` | walks deciding whether a state is live (past it: a dead end) |
 
 Masking: `ROW_CACHE_BYTES` (64 MiB, `GRAMMAR_MLX_ROW_CACHE_BYTES`), unpacked mask rows the CPU
 paths keep, all grammars together (`kernels.set_row_cache_limit` changes it at run time).

@@ -22,7 +22,7 @@ import warnings
 from collections import Counter
 from dataclasses import is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -129,6 +129,7 @@ def llama_args(header: GGUFHeader) -> Any:
     if int(hparam("rope.dimension_count", head_dim)) != head_dim:
         raise ModelLoadError(f"{header.path}: partial rotary embeddings are not supported")
     scaling_type = hparam("rope.scaling.type", "none")
+    rope_scaling: dict[str, float | str] | None
     if scaling_type == "none":
         rope_scaling = None
     elif scaling_type == "linear":
@@ -244,11 +245,13 @@ def build_llama(args: Any, weights: dict[str, mx.array], quantization: dict[str,
 
 def _read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     try:
-        raw = mx.load(str(header.path))  # the metadata was read with the header
+        # A .gguf file loads as its tensors by name (the metadata was read with the header).
+        raw = cast("dict[str, mx.array]", mx.load(str(header.path)))
     except Exception as e:
         types = Counter(t.type_name for t in header.tensors.values())
+        version = mx.__version__  # type: ignore[attr-defined]  # mlx.core's stubs omit __version__
         raise ModelLoadError(
-            f"mx.load (MLX {mx.__version__}) cannot read the tensors of {header.path}: {e}. "
+            f"mx.load (MLX {version}) cannot read the tensors of {header.path}: {e}. "
             f"Tensor types in the file: {dict(types)}"
         ) from e
     # mx.load dequantizes the block types it does not return quantized; say which were.
@@ -403,7 +406,8 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
     inner = getattr(model, "model", None)
     args = getattr(model, "args", None)
     layers = getattr(inner, "layers", None)
-    if not isinstance(layers, list) or not is_dataclass(args) or not hasattr(args, "num_hidden_layers"):
+    if (inner is None or not isinstance(layers, list) or not is_dataclass(args) or isinstance(args, type)
+            or not hasattr(args, "num_hidden_layers")):
         raise InvalidArgumentError(
             f"model: cannot truncate a {type(model).__name__}: expected mlx-lm's model.model.layers")
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < len(layers):
@@ -412,9 +416,11 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
             f"{num_layers!r}"
         )
     changes: dict[str, Any] = {"num_hidden_layers": num_layers}
-    if isinstance(getattr(args, "layer_types", None), list):
-        changes["layer_types"] = args.layer_types[:num_layers]
-    draft = type(model)(replace(args, **changes))  # lazy parameters, replaced below before any use
+    layer_types = getattr(args, "layer_types", None)
+    if isinstance(layer_types, list):
+        changes["layer_types"] = layer_types[:num_layers]
+    model_class: Any = type(model)  # an mlx-lm Model class: Model(args)
+    draft = model_class(replace(args, **changes))  # lazy parameters, replaced below before any use
     for name, child in inner.children().items():
         if name != "layers":
             setattr(draft.model, name, child)

@@ -48,6 +48,9 @@ from .runtime import GrammarProcessor
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .generate import Schema
+    from .schema import Unenforced
+
 __all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
 
 _SUPPORTED_LIBRARIES = ("mlx",)
@@ -74,7 +77,7 @@ class RegexLogitsProcessor:
         self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options)
 
     def _init(self, regex: str, tokenizer: Any, tensor_library_name: str, logits_width: int | None,
-              unenforced: tuple, compile_options: CompileOptions) -> None:
+              unenforced: tuple[Unenforced, ...], compile_options: CompileOptions) -> None:
         if tensor_library_name not in _SUPPORTED_LIBRARIES:
             hint = ""
             if isinstance(tensor_library_name, str) and any(c in tensor_library_name for c in "[]\\*?{"):
@@ -90,9 +93,15 @@ class RegexLogitsProcessor:
         self.unenforced = unenforced
         self._tokenizer = _unwrap(tokenizer)
         self._compile_options = compile_options
+        self._compiled: CompiledGrammar | None = None  # the processor's grammar, typed as compiled here
         self._processor: GrammarProcessor | None = None
         if logits_width is not None:
-            self._processor = GrammarProcessor(self._compile(logits_width))
+            self._start(logits_width)
+
+    def _start(self, logits_width: int) -> GrammarProcessor:
+        compiled = self._compiled = self._compile(logits_width)
+        processor = self._processor = GrammarProcessor(compiled)
+        return processor
 
     def _compile(self, logits_width: int) -> CompiledGrammar:
         return compile_regex(self.regex, self._tokenizer, logits_width=logits_width, **self._compile_options)
@@ -104,7 +113,7 @@ class RegexLogitsProcessor:
                 raise InvalidArgumentError(
                     f"logits must be an mx.array of shape (V,) or (B, V), got {type(logits).__name__} "
                     f"{getattr(logits, 'shape', '')}")
-            processor = self._processor = GrammarProcessor(self._compile(int(logits.shape[-1])))
+            processor = self._start(int(logits.shape[-1]))
         return processor(input_ids, logits)
 
     # -- Outlines' API ---------------------------------------------------------------------------
@@ -113,8 +122,8 @@ class RegexLogitsProcessor:
         """A fresh processor for the same grammar (Outlines copies one per sequence)."""
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
-        if self._processor is not None:
-            twin._processor = GrammarProcessor(self._processor.compiled)
+        if self._compiled is not None:
+            twin._processor = GrammarProcessor(self._compiled)
         return twin
 
     def reset(self) -> None:
@@ -127,7 +136,7 @@ class RegexLogitsProcessor:
     @property
     def compiled(self) -> CompiledGrammar | None:
         """The compiled grammar (None until the first call when no logits_width was given)."""
-        return None if self._processor is None else self._processor.compiled
+        return self._compiled
 
     def is_accepting(self, row: int = 0) -> bool:
         """Whether the row's generated text is a complete match (False before the first call)."""
@@ -143,7 +152,7 @@ class RegexLogitsProcessor:
 class JSONLogitsProcessor(RegexLogitsProcessor):
     """Outlines-compatible processor for a JSON Schema (dict, JSON text, or Pydantic model class)."""
 
-    def __init__(self, schema: Any, tokenizer: Any, tensor_library_name: str = "mlx",
+    def __init__(self, schema: Schema, tokenizer: Any, tensor_library_name: str = "mlx",
                  whitespace_pattern: str | None = None, *, logits_width: int | None = None,
                  strict: bool = False, **compile_options: Unpack[CompileOptions]) -> None:
         from .schema import schema_to_regex

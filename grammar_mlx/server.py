@@ -135,14 +135,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from http.server import ThreadingHTTPServer
 from queue import Empty as QueueEmpty
-from types import SimpleNamespace
-from typing import Any
+from queue import Queue
+from types import FrameType, SimpleNamespace
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
@@ -170,6 +171,10 @@ from .errors import (
 from .models import logits_width_of
 from .runtime import GrammarProcessor
 from .vocabulary import Vocabulary, vocabulary_of
+
+if TYPE_CHECKING:
+    from .generate import LogitsProcessor
+    from .schema import Unenforced
 
 __all__ = [
     "GrammarSpec",
@@ -199,7 +204,14 @@ DEFAULT_CACHE_MB = 512.0
 SHUTDOWN_GRACE_SECONDS = 4.0  # SIGTERM: how long requests in flight and the generation thread get to stop
 
 # Every request runs on the one served model: mlx-lm batches requests whose ModelDescription is equal.
-_SERVED = mlx_server.ModelDescription(model="default_model", draft="default_model", adapter=None)
+# mlx-lm declares `adapter: str` yet builds its own descriptions with None for "no adapter"; ours must
+# equal those, so it carries None too.
+_SERVED = mlx_server.ModelDescription(model="default_model", draft="default_model",
+                                      adapter=None)  # type: ignore[arg-type]
+
+# ResponseGenerator._tokenize's result: (prompt, segments, segment types, initial state, vision inputs
+# or None).
+Tokenized = tuple[list[int], list[list[int]], list[str], str, Any]
 
 
 # --- response_format -------------------------------------------------------------------------------
@@ -225,10 +237,13 @@ def _json_type(value: Any) -> str:
         return "boolean"
     if isinstance(value, (int, float)):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
-def _check_keys(value: dict, allowed: set[str], param: str) -> None:
+_JSON_TYPES: dict[type, str] = {str: "string", list: "array", dict: "object"}
+
+
+def _check_keys(value: dict[str, Any], allowed: set[str], param: str) -> None:
     unknown = sorted(set(value) - allowed)
     if unknown:
         raise InvalidRequestError(
@@ -236,7 +251,7 @@ def _check_keys(value: dict, allowed: set[str], param: str) -> None:
             param=param)
 
 
-def _whitespace(value: dict, param: str) -> str | None:
+def _whitespace(value: dict[str, Any], param: str) -> str | None:
     ws = value.get("whitespace")
     if ws is not None and not isinstance(ws, str):
         raise InvalidRequestError(f"{param}.whitespace must be a regex string, got {_json_type(ws)}",
@@ -343,7 +358,7 @@ class GrammarCache:
         self.max_bytes = max_bytes
         self._nbytes = nbytes
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._building: dict[Hashable, Future] = {}
+        self._building: dict[Hashable, Future[Any]] = {}
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
@@ -357,7 +372,7 @@ class GrammarCache:
         with self._lock:
             return key in self._entries
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         with self._lock:
             return {"entries": len(self._entries), "bytes": self.bytes, "hits": self.hits, "misses": self.misses,
                     "waits": self.waits, "building": len(self._building)}
@@ -369,12 +384,13 @@ class GrammarCache:
                 self._entries.move_to_end(key)
                 self.hits += 1
             else:
-                future = self._building.get(key)
-                owner = future is None
-                if owner:
+                building = self._building.get(key)
+                owner = building is None
+                if building is None:
                     future = self._building[key] = Future()
                     self.misses += 1
                 else:
+                    future = building
                     self.waits += 1
         if entry is not None:
             value = entry[0]
@@ -407,7 +423,7 @@ class GrammarCache:
         future.set_result(value)
         return value
 
-    def _abandon(self, key: Hashable, future: Future, error: BaseException) -> None:
+    def _abandon(self, key: Hashable, future: Future[Any], error: BaseException) -> None:
         """End a build without caching it: its waiters get `error`, the next caller builds again."""
         with self._lock:
             del self._building[key]
@@ -499,12 +515,12 @@ def error_status_and_code(error: GrammarError) -> tuple[int, str]:
     return status, code
 
 
-def _error_body(message: str, status: int, code: str, param: str | None = None) -> dict:
+def _error_body(message: str, status: int, code: str, param: str | None = None) -> dict[str, Any]:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tuple[int, dict]:
+def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tuple[int, dict[str, Any]]:
     """(HTTP status, OpenAI-style error body) for an exception met while serving a request.
 
     `spec` (the grammar being compiled, if any) says which request field a grammar error is about."""
@@ -537,7 +553,7 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
 @dataclass
 class ConstrainedRequest(mlx_server.CompletionRequest):
     grammar: CompiledGrammar | None = None
-    tokenized: tuple | None = None  # ResponseGenerator._tokenize's result, computed in the handler thread
+    tokenized: Tokenized | None = None  # ResponseGenerator._tokenize's result, computed in the handler thread
 
 
 @dataclass
@@ -562,14 +578,14 @@ def install_logits_hook() -> None:
         if getattr(original, "grammar_mlx_hook", False):
             return
 
-        def make_logits_processors(args):
+        def make_logits_processors(args: mlx_server.GenerationArguments) -> list[LogitsProcessor]:
             processors = original(args)
             grammar = getattr(args, "grammar", None)
             if grammar is not None:
                 processors = [*processors, GrammarProcessor(grammar)]
             return processors
 
-        make_logits_processors.grammar_mlx_hook = True
+        make_logits_processors.__dict__["grammar_mlx_hook"] = True
         mlx_server._make_logits_processors = make_logits_processors
 
 
@@ -578,27 +594,28 @@ class LoadedModelProvider(mlx_server.ModelProvider):
 
     Requests may name any model: the served one answers (mlx-lm would try to load the name)."""
 
-    def __init__(self, cli_args: argparse.Namespace, model, tokenizer, draft_model=None, *,
+    def __init__(self, cli_args: argparse.Namespace, model: Any, tokenizer: Any, draft_model: Any = None, *,
                  model_id: str, draft_id: str | None = None) -> None:
         super().__init__(cli_args)
         self.served_id = model_id
         self._served = (model, tokenizer, draft_model, (model_id, None, draft_id))
         self.load()
 
-    def load(self, model_path=None, adapter_path=None, draft_model_path=None):
+    def load(self, model_path: str | None = None, adapter_path: str | None = None,
+             draft_model_path: str | None = None) -> tuple[Any, Any]:
         if self.model is None:  # first use, or after reset() at shutdown
             model, tokenizer, draft_model, key = self._served
-            self.model_key = key
+            self.model_key = key  # type: ignore[assignment]  # mlx-lm leaves it untyped (None until loaded)
             self.model, self.tokenizer, self.processor, self.draft_model = model, tokenizer, None, draft_model
             # mlx-lm's rule: speculative decoding does not batch; every cache must merge to batch.
             self.is_batchable = draft_model is None and all(hasattr(c, "merge") for c in make_prompt_cache(model))
         return self.model, self.tokenizer
 
-    def load_default(self):
+    def load_default(self) -> None:
         self.load()
 
 
-def tokens_held(prompt_cache: list) -> int | None:
+def tokens_held(prompt_cache: list[Any]) -> int | None:
     """How many tokens every layer of a KV cache holds (the least of their offsets), or None when no
     layer says (caches without a token offset, e.g. recurrent state)."""
     offsets = [c.offset for c in prompt_cache if isinstance(getattr(c, "offset", None), int)]
@@ -639,7 +656,7 @@ class ExactPromptCache(LRUPromptCache):
             return
         super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
 
-    def fetch_nearest_cache(self, model: Any, tokens: list[int]):
+    def fetch_nearest_cache(self, model: Any, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
         cache, rest = super().fetch_nearest_cache(model, tokens)
         if cache is not None and not rest:
             if not tokens or not can_trim_prompt_cache(cache):
@@ -662,7 +679,7 @@ class ServerLimits:
     body_timeout: float = 30.0
 
 
-def context_length_of(model) -> int | None:
+def context_length_of(model: Any) -> int | None:
     """The model's context in tokens, from its config (`max_position_embeddings` or the names other
     architectures give it), or None when the config does not say."""
     args = getattr(model, "args", None)
@@ -700,7 +717,9 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
     prompt, tokenized in the request's handler thread, in the request. Tracks the requests in flight, so that
     `shutdown()` can end each of them with an error instead of a dropped connection."""
 
-    def __init__(self, model_provider: mlx_server.ModelProvider, prompt_cache: LRUPromptCache | None,
+    model_provider: LoadedModelProvider
+
+    def __init__(self, model_provider: LoadedModelProvider, prompt_cache: LRUPromptCache | None,
                  grammars: Grammars, limits: ServerLimits | None = None) -> None:
         self.grammars = grammars
         self.limits = limits if limits is not None else ServerLimits()
@@ -711,7 +730,8 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         prompt_cache = prompt_cache if prompt_cache is not None else ExactPromptCache()
         super().__init__(model_provider, prompt_cache)  # starts the generation thread
 
-    def generate(self, request, generation_args, progress_callback=None):
+    def generate(self, request: mlx_server.CompletionRequest, generation_args: mlx_server.GenerationArguments,
+                 progress_callback: Callable[[int, int], None] | None = None) -> Any:
         values = {f.name: getattr(generation_args, f.name) for f in fields(mlx_server.GenerationArguments)}
         values["model"] = _SERVED
         args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None))
@@ -728,7 +748,7 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
             raise ServerUnavailableError("the server's generation thread died (see its log); restart the server",
                                          code="generation_unavailable")
 
-    def _await_response(self, response_queue):
+    def _await_response(self, response_queue: Queue[Any]) -> Any:
         # mlx-lm's wait, plus: a server that is stopping ends every request at its next token.
         while True:
             self.check_available()
@@ -737,7 +757,7 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
             except QueueEmpty:
                 pass
 
-    def tokenize(self, request, chat_template_kwargs: dict | None) -> tuple:
+    def tokenize(self, request: mlx_server.CompletionRequest, chat_template_kwargs: dict[str, Any] | None) -> Tokenized:
         """The request's prompt as mlx-lm tokenizes it (prompt, segments, segment types, initial state,
         vision), computed in the caller's thread. Raises `InvalidRequestError` for messages the chat
         template cannot render."""
@@ -750,7 +770,7 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
             raise InvalidRequestError(f"cannot build the prompt from {param}: {type(e).__name__}: {e}",
                                       param=param, code="invalid_prompt") from None
 
-    def _tokenize(self, tokenizer, request, args):
+    def _tokenize(self, tokenizer: Any, request: mlx_server.CompletionRequest, args: Any) -> Tokenized:
         # Called in the generation thread: the handler tokenized the prompt already (and checked its
         # length); mlx-lm edits the lists it gets, so it gets copies.
         tokenized = getattr(request, "tokenized", None)
@@ -760,7 +780,7 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         return list(prompt), [list(s) for s in segments], list(segment_types), initial_state, vision
 
     @contextmanager
-    def serving(self):
+    def serving(self) -> Iterator[None]:
         """Count a request in flight for as long as the body runs."""
         with self._idle:
             self._in_flight += 1
@@ -793,12 +813,13 @@ class GrammarAPIHandler(mlx_server.APIHandler):
     safety net."""
 
     response_generator: GrammarResponseGenerator
+    _unenforced: tuple[Unenforced, ...]  # the served grammar's report, sent as X-Grammar-Unenforced
 
-    def send_response(self, code, message=None):
+    def send_response(self, code: int, message: str | None = None) -> None:
         self._status_code = code
         super().send_response(code, message)
 
-    def end_headers(self):
+    def end_headers(self) -> None:
         unenforced = getattr(self, "_unenforced", ())
         if unenforced and getattr(self, "_status_code", None) == 200:
             # JSON with ensure_ascii: a property name cannot smuggle a line break into the headers.
@@ -806,7 +827,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         super().end_headers()
         self._headers_sent = True
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         self._headers_sent = False
         self._unenforced = ()
         self.stream = False
@@ -887,7 +908,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             pass
         self.close_connection = True
 
-    def handle_completion(self, request, stop_words):
+    def handle_completion(self, request: mlx_server.CompletionRequest, stop_words: list[str]) -> None:
         generator = self.response_generator
         spec = None
         try:
@@ -926,20 +947,21 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                 f"the prompt is {prompt_tokens} tokens; the model's context is {context} tokens, and at least "
                 "one must be left to generate", param=param, code="context_length_exceeded")
         explicit = any(self.body.get(k) is not None for k in ("max_completion_tokens", "max_tokens"))
-        if explicit and prompt_tokens + self.max_tokens > context:
+        max_tokens = cast(int, self.max_tokens)  # mlx-lm has checked it is an int (validate_model_parameters)
+        if explicit and prompt_tokens + max_tokens > context:
             raise InvalidRequestError(
-                f"the prompt ({prompt_tokens} tokens) plus max_tokens ({self.max_tokens}) is "
-                f"{prompt_tokens + self.max_tokens} tokens; the model's context is {context} tokens",
+                f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) is "
+                f"{prompt_tokens + max_tokens} tokens; the model's context is {context} tokens",
                 param="max_tokens", code="context_length_exceeded")
-        self.max_tokens = min(self.max_tokens, context - prompt_tokens)
+        self.max_tokens = min(max_tokens, context - prompt_tokens)
 
-    def handle_models_request(self):
+    def handle_models_request(self) -> None:
         served = self.response_generator.model_provider.served_id
         body = {"object": "list", "data": [{"id": served, "object": "model", "created": self.created,
                                             "owned_by": "grammar-mlx"}]}
         self._send_json(200, body)
 
-    def _send_json(self, status: int, body: dict) -> None:
+    def _send_json(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
         self._set_completion_headers(status)
         self.send_header("Content-Length", str(len(data)))
@@ -949,10 +971,10 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         self.wfile.write(data)
         self.wfile.flush()
 
-    def _send_error(self, status: int, body: dict) -> None:
+    def _send_error(self, status: int, body: dict[str, Any]) -> None:
         try:
             if not self._headers_sent:
-                self._headers_buffer = []  # drop a status line buffered but not sent (non-streaming path)
+                self._headers_buffer: list[bytes] = []  # drop a status line buffered but not sent (non-streaming path)
                 self._unenforced = ()
                 self._send_json(status, body)
             elif self.stream:
@@ -999,7 +1021,7 @@ def _check_body(raw: bytes, path: str) -> None:
 # --- the process -----------------------------------------------------------------------------------
 
 
-def served_vocabulary(tokenizer) -> Vocabulary:
+def served_vocabulary(tokenizer: Any) -> Vocabulary:
     """The tokenizer's Vocabulary, with exactly the EOS ids mlx-lm stops on: the grammar allows EOS
     only where it is complete, and that must be the EOS that ends generation."""
     vocab = vocabulary_of(tokenizer)
@@ -1007,7 +1029,8 @@ def served_vocabulary(tokenizer) -> Vocabulary:
     return vocab if sorted(vocab.eos_token_ids) == eos else vocabulary_of(tokenizer, eos_token_ids=eos)
 
 
-def load_served_models(model: str | None, draft_model: str | None, draft_layers: int | None):
+def load_served_models(model: str | None, draft_model: str | None,
+                       draft_layers: int | None) -> tuple[Any, Any, Any, str, str | None]:
     """(model, tokenizer, draft or None, model id, draft id or None). Raises ModelLoadError, or
     InvalidArgumentError naming `--draft-layers` when the model has no more layers than that."""
     from . import models
@@ -1050,7 +1073,8 @@ def mlx_cli_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def make_server(host: str, port: int, response_generator: GrammarResponseGenerator) -> ThreadingHTTPServer:
     """The stdlib threading HTTP server mlx_lm.server uses, with the grammar handler."""
-    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    family, _, _, _, found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    address = cast("tuple[str, int] | tuple[str, int, int, int]", found)  # an IP address: a host and a port
     fingerprint = mlx_server.get_system_fingerprint()
 
     class Server(ThreadingHTTPServer):
@@ -1112,7 +1136,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
 
 
-def _interrupt(signum, frame):
+def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt
 
 
@@ -1151,7 +1175,7 @@ def serve_main(args: argparse.Namespace) -> int:
     if args.preload_json_object:
         threading.Thread(target=_preload, args=(grammars, GrammarSpec("json_schema", JSON_OBJECT_SCHEMA)),
                          daemon=True, name="preload-json-object").start()
-    host, port = httpd.server_address[:2]
+    host, port = httpd.socket.getsockname()[:2]  # server_address, as the socket has it (typed for AF_UNIX too)
     shown = f"[{host}]" if ":" in host else host
     print(f"grammar-mlx server listening on http://{shown}:{port} (model {model_id}"
           f"{f', draft {draft_id}' if draft_id else ''})", flush=True)

@@ -13,7 +13,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
 
@@ -32,13 +32,18 @@ from ..regex.rust import Unsupported, check_syntax
 from ..vocabulary.token_bytes import Vocabulary, vocabulary_of
 from . import cache
 from .cache import default_cache_dir
-from .grammar import CompiledGrammar, EagerGrammar, LazyGrammar
+from .grammar import CompiledGrammar, EagerGrammar, GrammarFields, LazyGrammar
 from .lazy import LazyIndex
 from .pool import Progress, _Jobs
 from .token_index import TokenTrie
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from ..schema.normalize import Unenforced
+
+# A worker job's or a cache entry's result: named arrays and JSON metadata.
+_Entry = tuple[dict[str, np.ndarray], dict[str, Any]]
 
 MODES = ("auto", "eager", "lazy")
 ENGINES = ("auto", "nfa", "outlines")
@@ -70,11 +75,12 @@ def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tu
         width = vocab.size
     else:
         try:
-            width = operator.index(logits_width)  # an int (numpy's included), not a float or a bool
+            index: int | None = operator.index(logits_width)  # an int (numpy's included), not a float or a bool
         except TypeError:
-            width = None
-        if width is None or isinstance(logits_width, bool) or width <= 0:
+            index = None
+        if index is None or isinstance(logits_width, bool) or index <= 0:
             raise InvalidArgumentError(f"logits_width must be a positive integer, got {logits_width!r}")
+        width = index
     eos = tuple(i for i in vocab.eos_token_ids if i < width)
     if not eos:
         raise InvalidArgumentError(f"no EOS id of {vocab.eos_token_ids} fits logits_width {width}")
@@ -184,7 +190,7 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
         return _compile("json_schema", translated.regex, target, translated.unenforced, opts, started)
 
 
-def _digest(fields: dict) -> str:
+def _digest(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
@@ -194,8 +200,8 @@ def _target(tokenizer: Any, logits_width: int | None, opts: _Options) -> tuple[V
     return (vocab, *_width_and_eos(vocab, logits_width))
 
 
-def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ...]], unenforced: tuple,
-             opts: _Options, started: float) -> CompiledGrammar:
+def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ...]],
+             unenforced: tuple[Unenforced, ...], opts: _Options, started: float) -> CompiledGrammar:
     """The grammar of `regex` for `target` (see `_target`), run under `opts.deadline` (the caller's
     `deadline_scope`)."""
     if len(regex) > limits.MAX_REGEX_LENGTH:
@@ -219,8 +225,9 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
         if live is not None:
             return live
 
-    common = dict(regex=regex, unenforced=unenforced, logits_width=width, eos_token_ids=eos)
+    common = GrammarFields(regex=regex, unenforced=unenforced, logits_width=width, eos_token_ids=eos)
     jobs = _Jobs(opts.deadline, opts.memory_limit, opts.progress)
+    grammar: CompiledGrammar
     try:
         if mode != "lazy" and directory is not None:
             loaded = cache.load(directory, key)
@@ -232,7 +239,9 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
 
         trie = token_trie(vocab, width)
         opts.deadline.check("indexing the vocabulary")
-        dfa, engine_note, nfa_meta = None, "", {}
+        dfa: ByteDFA | None = None
+        engine_note = ""
+        nfa_meta: dict[str, Any] = {}
         if mode != "eager" and engine == "auto" and directory is not None:
             # outlines-core's complete DFA, already on disk, costs a file read and walks faster than
             # rows determinized on demand: use it when a previous compile left it.
@@ -265,9 +274,10 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
             elif engine_note and mode != "eager":
                 reason += f"; engine outlines-core: {engine_note}"
         if chosen == "eager":
-            job = {"fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
-                   "table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes,
-                   "initial_state": dfa.initial, "regex": regex}
+            job: dict[str, Any] = {
+                "fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
+                "table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes,
+                "initial_state": dfa.initial, "regex": regex}
             built = jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)))
             if not _valid(built[0], built[1], width):
                 raise CompileWorkerError("the compile worker returned token tables that fail their checks")
@@ -284,15 +294,16 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
             }
             grammar = LazyGrammar(LazyIndex(dfa, trie, eos, width), vocab, stats=stats, **common)
     finally:
-        if opts.progress_line:
+        if opts.progress_line and opts.progress is not None:  # progress_line: progress is the stderr line
             opts.progress("done", 1, 1)
     if directory is not None:
         _LIVE[live_key] = grammar  # successes only: a failure is raised, never remembered here
     return grammar
 
 
-def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason, engine=None,
-           cache_written=None) -> EagerGrammar:
+def _eager(loaded: _Entry, vocab: Vocabulary, common: GrammarFields, started: float, *, cache_hit: bool,
+           dfa_seconds: float | None, reason: str, engine: str | None = None,
+           cache_written: bool | None = None) -> EagerGrammar:
     arrays, meta = loaded
     stats = {
         "mode": "eager",
@@ -312,7 +323,7 @@ def _eager(loaded, vocab, common, started, *, cache_hit, dfa_seconds, reason, en
     return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
 
 
-def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[ByteDFA | None, dict, str]:
+def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[ByteDFA | None, dict[str, Any], str]:
     """The regex's byte NFA with a DFA determinized on demand (`byte_nfa`), built in-process in
     linear time, or None and why outlines-core's complete DFA is needed instead (a construct the
     NFA does not reproduce). Raises `InvalidRegexError` for a syntax error.
@@ -350,15 +361,25 @@ def _small_enough(states: int) -> str:
     return f"auto: {states} byte states <= {limits.AUTO_EAGER_MAX_STATES} (full tables cost little)"
 
 
-def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs, build: bool = True):
-    """The regex's byte DFA: from the cache (keyed by the regex alone; `directory` None: no cache),
-    else built by a worker (or None when `build` is False)."""
+@overload
+def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs,
+              build: Literal[True] = True) -> tuple[ByteDFA, dict[str, Any], bool]: ...
+@overload
+def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs,
+              build: bool) -> tuple[ByteDFA, dict[str, Any], bool] | None: ...
+def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs,
+              build: bool = True) -> tuple[ByteDFA, dict[str, Any], bool] | None:
+    """(the regex's byte DFA, its metadata, whether it came from the cache): from the cache (keyed by
+    the regex alone; `directory` None: no cache), else built by a worker (or None when `build` is False)."""
     key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})
-    loaded = cache.load(directory, key) if directory is not None else None
-    hit = loaded is not None and _valid_dfa(*loaded)
-    if not hit and not build:
+    cached = cache.load(directory, key) if directory is not None else None
+    hit = cached is not None and _valid_dfa(*cached)
+    written: bool | None = None
+    if cached is not None and hit:
+        loaded = cached
+    elif not build:
         return None
-    if not hit:
+    else:
         loaded = jobs.run("dfa", {"regex": regex, "max_states": limits.MAX_DFA_STATES}, None)
         if not _valid_dfa(*loaded):
             raise CompileWorkerError("the compile worker returned a byte automaton that fails its checks")
@@ -368,7 +389,7 @@ def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs, build: bool = Tru
     return ByteDFA(arrays["table"], arrays["accepting"], meta["initial_state"], arrays["classes"]), meta, hit
 
 
-def _valid_dfa(arrays: dict, meta: dict) -> bool:
+def _valid_dfa(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bool:
     """Structural checks on a byte DFA read from disk: a file that passes cannot index out of bounds."""
     try:
         table, accepting, classes = arrays["table"], arrays["accepting"], arrays["classes"]
@@ -385,7 +406,7 @@ def _valid_dfa(arrays: dict, meta: dict) -> bool:
         return False
 
 
-def _valid(arrays: dict, meta: dict, width: int) -> bool:
+def _valid(arrays: dict[str, np.ndarray], meta: dict[str, Any], width: int) -> bool:
     """Structural checks on tables read from disk: a file that passes cannot index out of bounds."""
     try:
         offsets, tokens, nxt = arrays["offsets"], arrays["tokens"], arrays["next"]

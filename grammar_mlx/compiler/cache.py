@@ -30,6 +30,7 @@ import tempfile
 import threading
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ def entry_path(cache_dir: Path, key: str) -> Path:
     return Path(cache_dir) / key[:2] / f"{key}.gmx"
 
 
-def load(cache_dir: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
+def load(cache_dir: Path, key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     """The entry stored under `key` in `cache_dir`, or None (absent, untrustworthy or unreadable)."""
     path = entry_path(cache_dir, key)
     entry, problem = _read(path, key)
@@ -66,7 +67,7 @@ def load(cache_dir: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | None
     return entry
 
 
-def store(cache_dir: Path, key: str, arrays: dict[str, np.ndarray], meta: dict) -> bool:
+def store(cache_dir: Path, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bool:
     """Write an entry under `key` in `cache_dir`; False (and a warning, once) when it cannot be written."""
     path = entry_path(cache_dir, key)
     try:
@@ -88,7 +89,7 @@ def _warn_once(cache_dir: Path, kind: str, message: str) -> None:
     log.warning("grammar cache %s: %s", cache_dir, message)
 
 
-def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict) -> None:
+def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
     """Write `arrays` and `meta` under `key` to `path` atomically; raises OSError when it cannot."""
     specs, raw, offset, crc = [], {}, 0, 0
     for name, arr in arrays.items():
@@ -98,7 +99,7 @@ def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict
         crc = zlib.crc32(bytes(pad), crc)
         offset += pad
         specs.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset})
-        crc = zlib.crc32(raw[name], crc)
+        crc = zlib.crc32(raw[name].data, crc)
         offset += arr.nbytes
     header = json.dumps({"key": key, "arrays": specs, "meta": meta, "size": offset, "crc32": crc}).encode()
     header += b" " * (-(len(MAGIC) + 4 + len(header)) % _ALIGN)
@@ -111,7 +112,7 @@ def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict
             written = 0
             for spec in specs:
                 _write_all(fd, bytes(spec["offset"] - written))
-                _write_all(fd, raw[spec["name"]])
+                _write_all(fd, raw[spec["name"]].data)
                 written = spec["offset"] + raw[spec["name"]].nbytes
         finally:
             os.close(fd)
@@ -124,13 +125,13 @@ def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict
         raise
 
 
-def _write_all(fd: int, data) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def read_tables(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
+def read_tables(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     """The arrays and metadata stored under `key` at `path`, or None when the file is absent, not a
     regular file, unreadable or not trustworthy. Never blocks, never raises OSError.
 
@@ -140,7 +141,7 @@ def read_tables(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict] | No
     return _read(path, key)[0]
 
 
-def _read(path: Path, key: str) -> tuple[tuple[dict[str, np.ndarray], dict] | None, str | None]:
+def _read(path: Path, key: str) -> tuple[tuple[dict[str, np.ndarray], dict[str, Any]] | None, str | None]:
     """(entry or None, None or the problem worth a warning: a path that is there but not usable)."""
     try:
         fd = os.open(path, _READ_FLAGS)
@@ -168,7 +169,7 @@ def _read(path: Path, key: str) -> tuple[tuple[dict[str, np.ndarray], dict] | No
     return _parse(memoryview(data).toreadonly(), key), None
 
 
-def _parse(data: memoryview, key: str) -> tuple[dict[str, np.ndarray], dict] | None:
+def _parse(data: memoryview, key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     try:
         if data[: len(MAGIC)] != MAGIC:
             return None

@@ -11,7 +11,8 @@ import sys
 import threading
 import weakref
 from bisect import bisect_left
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 import numpy as np
 
@@ -22,6 +23,27 @@ from ..errors import (
 )
 from ..vocabulary.token_bytes import Vocabulary
 from .lazy import LazyIndex
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    from typing_extensions import Unpack
+
+    from ..schema.normalize import Unenforced
+
+# A state's next_state lookup: {token: next} for a small row; (forbidden ids, next of each allowed)
+# for a row allowing nearly everything; (allowed ids, next of each) otherwise.
+_Lookup = dict[int, int] | tuple[list[int], np.ndarray] | tuple[np.ndarray, np.ndarray]
+
+
+class GrammarFields(TypedDict):
+    """What every compiled grammar is besides its tables and statistics: the regex it matches, the
+    schema keywords that regex does not enforce, the logits width and the EOS ids below it."""
+
+    regex: str
+    unenforced: tuple[Unenforced, ...]
+    logits_width: int
+    eos_token_ids: tuple[int, ...]
+
 
 # next_state's per-state lookups (see CompiledGrammar.next_state), per grammar:
 SMALL_ROW = 64  # a row of at most this many tokens: a dict
@@ -40,27 +62,31 @@ class CompiledGrammar:
     """
 
     mode: str
-    num_states: int
     initial_state: int
     terminal_state: int
 
-    def __init__(self, vocabulary: Vocabulary, *, regex: str, unenforced: tuple, logits_width: int,
-                 eos_token_ids: tuple[int, ...], stats: dict):
+    def __init__(self, vocabulary: Vocabulary, *, regex: str, unenforced: tuple[Unenforced, ...],
+                 logits_width: int, eos_token_ids: tuple[int, ...], stats: dict[str, Any]) -> None:
         self.vocabulary = vocabulary
         self.regex = regex
         self.unenforced = tuple(unenforced)
         self.logits_width = logits_width
         self.eos_token_ids = eos_token_ids
         self._stats = stats
-        self._lookups: dict[int, Any] = {}  # state -> its next_state lookup (built on first use)
+        self._lookups: dict[int, _Lookup] = {}  # state -> its next_state lookup (built on first use)
         self._lookup_bytes = 0
+
+    if TYPE_CHECKING:
+        # Read-only: an eager grammar's is fixed, a lazy grammar's grows as its states are discovered.
+        @property
+        def num_states(self) -> int: ...
 
     def _check_state(self, state: int) -> None:
         if not 0 <= state < self.num_states:
             raise InvalidArgumentError(f"state {state} is out of range 0..{self.num_states - 1}")
 
     @property
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Compile statistics (`mode`, `mode_reason`, `cache_hit`, `compile_seconds`, …)."""
         return self._stats
 
@@ -74,7 +100,9 @@ class CompiledGrammar:
         for a row allowing nearly everything (inside a string: a token's place among the allowed
         is its id minus the forbidden ids below it), the numpy row otherwise. Lookups are kept up to
         `limits.LOOKUP_BYTES` per grammar; past it new states are searched in their rows."""
-        entry = self._lookups.get(state)
+        # Read as Any: exact type() checks pick the form (isinstance is slower on this per-token
+        # path), and a type checker cannot narrow the `_Lookup` union by them.
+        entry: Any = self._lookups.get(state)
         if entry is None:
             self._check_state(state)
             entry = self._lookup(state)
@@ -103,11 +131,12 @@ class CompiledGrammar:
     _INT_BYTES = 32
     _SLOT_BYTES = 72 + 32 + 56  # dict entry, the state int, the entry's tuple
 
-    def _lookup(self, state: int):
+    def _lookup(self, state: int) -> _Lookup:
         tokens, nxt = self._row(state)
         n, width = len(tokens), self.logits_width
         if self._lookup_bytes >= limits.LOOKUP_BYTES:
             return tokens, nxt
+        entry: _Lookup
         if n <= SMALL_ROW:
             entry = dict(zip(tokens.tolist(), nxt.tolist()))
             cost = sys.getsizeof(entry) + 2 * self._INT_BYTES * n
@@ -135,7 +164,7 @@ class CompiledGrammar:
         """The row of `device_masks()` that holds `state`'s allowed-token mask."""
         raise NotImplementedError
 
-    def device_masks(self):
+    def device_masks(self) -> mx.array:
         """The mask table as an `mx.array`, holding every row `mask_row` has returned so far."""
         raise NotImplementedError
 
@@ -150,7 +179,7 @@ class CompiledGrammar:
     def token_text(self, token_id: int) -> str:
         return self.vocabulary.token_text(token_id)
 
-    def matches(self, token_ids) -> bool:
+    def matches(self, token_ids: Iterable[int]) -> bool:
         """Whether the token sequence (EOS optional at the end) is a complete match."""
         state = self.initial_state
         for t in token_ids:
@@ -165,9 +194,11 @@ class EagerGrammar(CompiledGrammar):
     `accepting`, and the deduplicated mask table `masks[mask_id[s]]`."""
 
     mode = "eager"
+    num_states: int
 
-    def __init__(self, arrays: dict[str, np.ndarray], meta: dict, vocabulary: Vocabulary, **kw):
-        super().__init__(vocabulary, **kw)
+    def __init__(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], vocabulary: Vocabulary, *,
+                 stats: dict[str, Any], **fields: Unpack[GrammarFields]) -> None:
+        super().__init__(vocabulary, stats=stats, **fields)
         self.offsets = arrays["offsets"]
         self.tokens = arrays["tokens"]
         self.next = arrays["next"]
@@ -181,7 +212,7 @@ class EagerGrammar(CompiledGrammar):
         self._mask_rows = self.mask_id.tolist()
         self._list_bytes = (self._int_list_bytes(self._row_start, self.offsets)
                             + self._int_list_bytes(self._mask_rows, self.mask_id))
-        self._device_masks = None
+        self._device_masks: mx.array | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -205,7 +236,7 @@ class EagerGrammar(CompiledGrammar):
             self._check_state(state)
         return self._mask_rows[state]
 
-    def device_masks(self):
+    def device_masks(self) -> mx.array:
         """The mask table as an `mx.array`, created once: no mask bytes move per token."""
         if self._device_masks is None:
             with self._lock:
@@ -222,10 +253,20 @@ class EagerGrammar(CompiledGrammar):
         return sum(int(a.nbytes) for a in arrays) + self._list_bytes + device + self._lookup_bytes
 
     @staticmethod
-    def _int_list_bytes(values: list, array: np.ndarray) -> int:
+    def _int_list_bytes(values: list[int], array: np.ndarray) -> int:
         """A list of Python ints made by `array.tolist()`: its slots and the int objects past the
         small-int cache (-5..256, shared)."""
         return sys.getsizeof(values) + 32 * int(np.count_nonzero((array < -5) | (array > 256)))
+
+
+def _eager_only(name: str) -> property:
+    """A lazy grammar's stand-in for the eager table `name`: reading it explains why there is none."""
+    def get(self: LazyGrammar) -> NoReturn:
+        raise GrammarError(
+            f"{name!r} is a table of eager grammars; this grammar is lazy (rows are computed per state "
+            "on first visit): use next_state / allowed_tokens / mask_row / device_masks, or compile "
+            "with mode='eager'")
+    return property(get)
 
 
 class LazyGrammar(CompiledGrammar):
@@ -235,8 +276,9 @@ class LazyGrammar(CompiledGrammar):
 
     mode = "lazy"
 
-    def __init__(self, index: LazyIndex, vocabulary: Vocabulary, **kw):
-        super().__init__(vocabulary, **kw)
+    def __init__(self, index: LazyIndex, vocabulary: Vocabulary, *, stats: dict[str, Any],
+                 **fields: Unpack[GrammarFields]) -> None:
+        super().__init__(vocabulary, stats=stats, **fields)
         index.check_initial()  # VocabularyMismatchError: no token sequence reaches acceptance
         self.index = index
         self.initial_state = index.dfa.initial
@@ -268,7 +310,7 @@ class LazyGrammar(CompiledGrammar):
                 f"logits_width={self.logits_width})")
 
     @property
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {**self._stats, **self.index.stats()}
 
     def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
@@ -289,7 +331,7 @@ class LazyGrammar(CompiledGrammar):
         self._check_state(state)
         return self.index.mask_row(state)
 
-    def device_masks(self):
+    def device_masks(self) -> mx.array:
         """The mask table as an `mx.array`: every row `mask_row` has returned so far, and room for
         more (rows past those are not written yet; a full table is replaced by one twice as large)."""
         return self.index.device_masks()
@@ -298,17 +340,8 @@ class LazyGrammar(CompiledGrammar):
     def nbytes(self) -> int:
         return self.index.nbytes + self._lookup_bytes
 
-    def _eager_only(name: str):  # noqa: N805 - builds properties at class creation
-        def get(self):
-            raise GrammarError(
-                f"{name!r} is a table of eager grammars; this grammar is lazy (rows are computed per state "
-                "on first visit): use next_state / allowed_tokens / mask_row / device_masks, or compile "
-                "with mode='eager'")
-        return property(get)
-
     offsets = _eager_only("offsets")
     tokens = _eager_only("tokens")
     next = _eager_only("next")
     masks = _eager_only("masks")
     mask_id = _eager_only("mask_id")
-    del _eager_only

@@ -21,6 +21,9 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from typing import IO, Any
+
+import numpy as np
 
 from ..errors import (
     CompileWorkerError,
@@ -34,6 +37,10 @@ from ..limits import Deadline
 from . import worker as worker_protocol
 
 Progress = Callable[[str, int, int], None]
+# A job's result: its named arrays and JSON metadata.
+JobResult = tuple[dict[str, np.ndarray], dict[str, Any]]
+# A job's vocabulary: (its key, a thunk making the trie's arrays and the logits width).
+JobVocab = tuple[str, Callable[[], tuple[dict[str, np.ndarray], int]]]
 
 
 # --- the worker pool -------------------------------------------------------------------------------
@@ -86,6 +93,7 @@ class _Worker:
         # back only to say why a worker died. O_APPEND: the parent truncates it per job while the
         # worker keeps writing through the same file description. Where no temporary file can be
         # made (a read-only /tmp), the worker still runs, and a death is reported without its words.
+        self._stderr: IO[bytes]
         try:
             self._stderr = tempfile.TemporaryFile(prefix="grammar_mlx-worker-")
             err = self._stderr.fileno()
@@ -111,8 +119,11 @@ class _Worker:
                 os.close(self._lifeline)
             self._stderr.close()
             raise
-        self._out = self.proc.stdout.fileno()
-        self._in = self.proc.stdin.fileno()
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None  # both are pipes (Popen's PIPE)
+        self._pipes = (stdin, stdout)
+        self._out = stdout.fileno()
+        self._in = stdin.fileno()
         os.set_blocking(self._in, False)  # a write waits in poll(), under the deadline, never in write()
         self._readable, self._writable = select.poll(), select.poll()
         self._readable.register(self._out, select.POLLIN)
@@ -135,7 +146,7 @@ class _Worker:
         if self._closed:
             return
         self._closed = True
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in self._pipes:
             try:
                 stream.close()
             except OSError:
@@ -169,12 +180,12 @@ class _Worker:
         return _WorkerDied(None if unreadable else code, stderr)
 
     @staticmethod
-    def _wait(poller, deadline: Deadline) -> None:
+    def _wait(poller: select.poll, deadline: Deadline) -> None:
         left = deadline.remaining()
         if not poller.poll(None if left == float("inf") else int(left * 1000) + 1):
             raise _TimedOut
 
-    def _send(self, message, deadline: Deadline) -> None:
+    def _send(self, message: object, deadline: Deadline) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for view in (memoryview(worker_protocol.HEADER.pack(len(data))), memoryview(data)):
@@ -215,8 +226,8 @@ class _Worker:
             raise self._died(unreadable=True)
         return message
 
-    def build(self, kind: str, job: dict, vocab: tuple | None, deadline: Deadline,
-              progress: Progress | None) -> tuple[dict, dict]:
+    def build(self, kind: str, job: dict[str, Any], vocab: JobVocab | None, deadline: Deadline,
+              progress: Progress | None) -> JobResult:
         """Run one job ("dfa" or "tables") to its (arrays, meta); `vocab` is (key, payload thunk) for
         jobs that need the vocabulary's trie, sent once per worker and vocabulary.
 
@@ -377,7 +388,7 @@ class _Jobs:
         self.memory_limit = memory_limit
         self.progress = progress
 
-    def run(self, kind: str, job: dict, vocab: tuple | None) -> tuple[dict, dict]:
+    def run(self, kind: str, job: dict[str, Any], vocab: JobVocab | None) -> JobResult:
         """The job's (arrays, meta), read-only. A worker that dies mid-job is replaced and the job
         run once more on a fresh worker; a second death is a `CompileWorkerError`. Running out of
         memory is a property of the grammar (`GrammarTooLargeError`) when it happens on a fresh worker."""

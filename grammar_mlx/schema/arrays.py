@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import limits
 from ..errors import InvalidSchemaError
-from .ir import NEVER, Array, Never
+from .ir import NEVER, Array, Never, Node
 from .loc import Loc, count_bounds, in_scope
 
+if TYPE_CHECKING:
+    from collections.abc import Hashable
 
-def build_array(nz, atoms: list[Loc]) -> object:
+    from .normalize import Normalizer
+
+
+def build_array(nz: Normalizer, atoms: list[Loc]) -> Node:
     prefixes: list[list[Loc]] = []  # position -> schemas
     rests: list[tuple[int, Loc]] = []  # (first position, schema for it and every later one)
-    own = {}  # atom key -> (prefix length, has a rest schema)
+    own: dict[Hashable, tuple[int, bool]] = {}  # atom key -> (prefix length, has a rest schema)
     min_items, max_items = count_bounds(atoms, "minItems", "maxItems")
     for atom in atoms:
         prefix, rest = _item_schemas(nz, atom)
@@ -44,11 +51,11 @@ def build_array(nz, atoms: list[Loc]) -> object:
     length = len(prefixes)
     if max_items is not None:
         length = min(length, max_items)
-    prefix_nodes = []
+    prefix_nodes: list[Node] = []
     for i in range(length):
         locs = list(prefixes[i]) + [loc for start, loc in rests if i >= start]
         prefix_nodes.append(nz.node(locs))
-    rest_node = None if max_items is not None and max_items <= length else nz.node(
+    rest_node: Node | None = None if max_items is not None and max_items <= length else nz.node(
         [loc for _, loc in rests])
     if isinstance(rest_node, Never):
         rest_node = None
@@ -75,7 +82,8 @@ def build_array(nz, atoms: list[Loc]) -> object:
         min_items = len(prefix_nodes) + limits.MAX_REPEAT
     return Array(tuple(prefix_nodes), rest_node, min_items, max_items)
 
-def _item_schemas(nz, atom: Loc) -> tuple[list[Loc], Loc | None]:
+
+def _item_schemas(nz: Normalizer, atom: Loc) -> tuple[list[Loc], Loc | None]:
     """An atom's positional item schemas and the schema for the items after them."""
     items = atom.get("items")
     if not isinstance(items, list) and (nz.draft >= 2020 or atom.has("prefixItems")):

@@ -8,23 +8,27 @@ values (`{}`, `true`) nest containers at most `max_recursion_depth` deep.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Any
 
 from .. import limits
 from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
 from ..regex.charset import escape_text, json_char_regex, json_text
 from ..regex.syntax import NEVER as NO_NAME
+from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
 from .ir import (
     AnyValue,
     Array,
     Literal,
     Never,
+    Node,
     Number,
     Object,
     Ref,
     String,
+    Table,
     Union,
     dumps,
 )
@@ -39,23 +43,28 @@ STAGE = "translating the schema"  # what a deadline that passes here names
 TOO_LONG = (f"the schema's regex exceeds {limits.SCHEMA_REGEX_LENGTH} characters (recursion or nesting too deep; "
             "lower max_recursion_depth or simplify the schema)")
 
+# (cyclic Ref key, times entered) along the path to a node, sorted.
+Counts = tuple[tuple[Hashable, int], ...]
+
 
 class Emitter:
-    def __init__(self, table: dict, whitespace: str, max_recursion_depth: int, cyclic: set | None = None):
+    def __init__(self, table: Table, whitespace: str, max_recursion_depth: int,
+                 cyclic: set[Hashable] | None = None) -> None:
         self.table = table
         self.ws = whitespace
         self.max_depth = max_recursion_depth
         self.cyclic = cyclic_keys(table) if cyclic is None else cyclic
-        self.memo: dict = {}
-        self.any_memo: dict = {}
-        self.string_memo: dict = {}  # character-level AST -> its JSON-string regex
-        self.string_by_id: dict = {}  # id(AST) -> (AST, regex): the same object again needs no deep hash
+        self.memo: dict[tuple[Hashable, Counts], str | None] = {}
+        self.any_memo: dict[int, str] = {}
+        self.string_memo: dict[Regex, str] = {}  # character-level AST -> its JSON-string regex
+        # id(AST) -> (AST, regex): the same object again needs no deep hash
+        self.string_by_id: dict[int, tuple[Regex, str]] = {}
         # What the text so far read of max_recursion_depth: a cyclic Ref's bound, a generic value's
         # (which reads min(depth, limits.MAX_ANY_DEPTH)). See `lower_depth`.
         self.bounded_recursion = False
         self.bounded_any = False
 
-    def emit(self, node, counts: tuple = ()) -> str | None:
+    def emit(self, node: Node | None, counts: Counts = ()) -> str | None:
         """Regex text for `node` (safe to concatenate), or None when the node has no value within
         the recursion bound. `counts`: (key, times entered) for the cyclic keys on the path."""
         check_deadline(STAGE)
@@ -77,7 +86,7 @@ class Emitter:
             raise GrammarTooLargeError(TOO_LONG)
         return text
 
-    def _emit(self, node, counts) -> str | None:
+    def _emit(self, node: Node | None, counts: Counts) -> str | None:
         if isinstance(node, Never):
             return None
         if isinstance(node, AnyValue):
@@ -88,9 +97,7 @@ class Emitter:
         if isinstance(node, Number):
             return range_regex(node.lo, node.hi, integer=node.integer)
         if isinstance(node, String):
-            if node.ast is None:
-                return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
-            return '"' + self.json_string(node.ast) + '"'
+            return self.string(node)
         if isinstance(node, Union):
             return self._distinct(self.emit(item, counts) for item in node.items)
         if isinstance(node, Array):
@@ -100,7 +107,7 @@ class Emitter:
         raise AssertionError(f"not an IR node: {node!r}")
 
     @staticmethod
-    def _distinct(texts: Iterator[str | None]) -> str | None:
+    def _distinct(texts: Iterable[str | None]) -> str | None:
         """The alternation of the distinct texts (None skipped), refused as soon as those exceed the
         cap: the alternation holds each of them once."""
         distinct: dict[str, None] = {}
@@ -127,7 +134,13 @@ class Emitter:
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def json_string(self, ast) -> str:
+    def string(self, node: String) -> str:
+        """A string node's JSON texts (a property key's too)."""
+        if node.ast is None:
+            return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
+        return '"' + self.json_string(node.ast) + '"'
+
+    def json_string(self, ast: Regex) -> str:
         """The regex of a string language's canonical JSON texts (many properties share one format
         or pattern: written once)."""
         hit = self.string_by_id.get(id(ast))
@@ -139,7 +152,7 @@ class Emitter:
         self.string_by_id[id(ast)] = (ast, text)  # keeps ast alive, so its id is not reused
         return text
 
-    def literal(self, v) -> str:
+    def literal(self, v: Any) -> str:
         w = self.ws
         if isinstance(v, list):
             if not v:
@@ -170,9 +183,9 @@ class Emitter:
         self.any_memo[depth] = text
         return text
 
-    def array(self, node: Array, counts) -> str | None:
+    def array(self, node: Array, counts: Counts) -> str | None:
         w, sep = self.ws, self.ws + "," + self.ws
-        prefix = []
+        prefix: list[str] = []
         for item in node.prefix:
             text = self.emit(item, counts)
             if text is None:
@@ -185,10 +198,12 @@ class Emitter:
         lo = node.min_items
         if hi is not None and hi < lo:
             return None
+
         def tail(i: int) -> str:
             """The items after the first i, given that i were written (i >= 1); each optional
             position opens a group that closes after all later ones."""
-            parts, optional = [], 0
+            parts: list[str] = []
+            optional = 0
             while i < len(prefix):
                 if hi is not None and i >= hi:
                     return _joined(parts) + ")?" * optional
@@ -213,9 +228,9 @@ class Emitter:
             return r"\[" + w + "(?:" + body + w + r")?\]"
         return r"\[" + w + body + w + r"\]"
 
-    def object(self, node: Object, counts) -> str | None:
+    def object(self, node: Object, counts: Counts) -> str | None:
         w, sep = self.ws, self.ws + "," + self.ws
-        props = []  # (text, required, may come first)
+        props: list[tuple[str, bool, bool]] = []  # (text, required, may come first)
         # The first alternative below holds every property text from the first one that may come
         # first: once those exceed the cap, so does the object's regex, unless the object has no
         # value at all (a required property or the extra properties have none). Only that is
@@ -240,29 +255,31 @@ class Emitter:
                     too_long, props = True, []
                     continue
             props.append((text, prop.required, first_ok))
-        extra_items, any_extra = [], False
-        for extra in node.extras:
-            if extra.key.ast == NO_NAME:  # every name is declared or excluded: no such property
+        extra_items: list[str] = []
+        any_extra = False
+        for entry in node.extras:
+            if entry.key.ast == NO_NAME:  # every name is declared or excluded: no such property
                 continue
-            value = self.emit(extra.value, counts)
+            value = self.emit(entry.value, counts)
             if value is not None:
                 any_extra = True
                 if not too_long:
-                    extra_items.append('"' + self.json_string(extra.key.ast) + '"' + w + ":" + w + value)
+                    extra_items.append(self.string(entry.key) + w + ":" + w + value)
         lo, hi = node.min_extra, node.max_extra
         if too_long:
             if not any_extra and lo > 0:
                 return None
             raise GrammarTooLargeError(TOO_LONG)
-        extra = _alternation(extra_items)
-        if extra is None:
+        extra_alternation = _alternation(extra_items)
+        if extra_alternation is None:
             if lo > 0:
                 return None
-            hi = 0
+            hi = 0  # no extra property: `extra` is never written
+        extra = extra_alternation or ""
 
         def after(i: int) -> str:
             """Properties from i on, when something was written before (each led by a comma)."""
-            parts = []
+            parts: list[str] = []
             for text, required, _ in props[i:]:
                 parts.append(sep + text if required else "(?:" + sep + text + ")?")
             if hi != 0:
@@ -270,7 +287,7 @@ class Emitter:
             return _joined(parts)
 
         # first(i): properties from i on when nothing was written yet; None when that may be empty.
-        alternatives = []
+        alternatives: list[str] = []
         empty_ok = True
         for i, (text, required, first_ok) in enumerate(props):
             if first_ok:
@@ -294,11 +311,11 @@ class Emitter:
         return r"\{" + w + body + w + r"\}"
 
 
-def _alternation(parts: list) -> str | None:
-    parts = [p for p in parts if p is not None]
-    if not parts:
+def _alternation(parts: list[str] | list[str | None]) -> str | None:
+    present = [p for p in parts if p is not None]
+    if not present:
         return None
-    unique = list(dict.fromkeys(parts))
+    unique = list(dict.fromkeys(present))
     return unique[0] if len(unique) == 1 else "(?:" + _joined(unique, "|") + ")"
 
 
@@ -330,14 +347,19 @@ def _counted(atom: str, lo: int, hi: int | None, group: bool = False) -> str:
     return atom + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
 
 
-def cyclic_keys(table: dict) -> set:
+def cyclic_keys(table: Table) -> set[Hashable]:
     """Keys of the table that lie on a cycle of Ref edges (Tarjan's strongly connected components).
     A node's edges are read when the search first reaches it, not kept for the whole table."""
 
-    def edges(key) -> Iterator:
+    def edges(key: Hashable) -> Iterator[Hashable]:
         return iter(_refs(table[key]) if key in table else ())
 
-    index, low, on_stack, stack, cyclic, looped = {}, {}, set(), [], set(), set()
+    index: dict[Hashable, int] = {}
+    low: dict[Hashable, int] = {}
+    on_stack: set[Hashable] = set()
+    stack: list[Hashable] = []
+    cyclic: set[Hashable] = set()
+    looped: set[Hashable] = set()
     counter = 0
     for root in table:
         check_deadline(STAGE)
@@ -371,7 +393,7 @@ def cyclic_keys(table: dict) -> set:
             if work:
                 low[work[-1][0]] = min(low[work[-1][0]], low[v])
             if low[v] == index[v]:
-                component = []
+                component: list[Hashable] = []
                 while True:
                     x = stack.pop()
                     on_stack.discard(x)
@@ -383,10 +405,11 @@ def cyclic_keys(table: dict) -> set:
     return cyclic
 
 
-def _refs(node) -> tuple:
+def _refs(node: Node | None) -> tuple[Hashable, ...]:
     """Keys referenced directly from a node (not through other Refs); a tuple, not a set: a wide
     schema has one per node, mostly of one key."""
-    out, stack = set(), [node]
+    out: set[Hashable] = set()
+    stack = [node]
     while stack:
         check_deadline(STAGE)
         n = stack.pop()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
+from typing import Any
+
 from ..automata import chars as fa
 from .ir import (
     ANY,
@@ -10,10 +13,12 @@ from .ir import (
     Array,
     Literal,
     Never,
+    Node,
     Number,
     Object,
     Ref,
     String,
+    Table,
     Union,
     conforms,
     is_number,
@@ -23,8 +28,8 @@ from .ir import (
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 
 
-def union(nodes: list, table: dict) -> object:
-    flat = []
+def union(nodes: Iterable[Node], table: Table) -> Node:
+    flat: list[Node] = []
     for node in nodes:
         resolved = table.get(node.key) if isinstance(node, Ref) else node
         if isinstance(resolved, Never):
@@ -44,39 +49,44 @@ def union(nodes: list, table: dict) -> object:
     return flat[0] if len(flat) == 1 else Union(tuple(flat))
 
 
-def kinds(node, table: dict, seen=None) -> set:
+def kinds(node: Node, table: Table, seen: set[Hashable] | None = None) -> set[str]:
     """The JSON types a node's values can have ('integer' and 'number' both mean numbers here)."""
     seen = set() if seen is None else seen
     if isinstance(node, Ref):
-        if node.key in seen or table.get(node.key) is None:
+        target = table.get(node.key)
+        if node.key in seen or target is None:
             return set(TYPES)
         seen.add(node.key)
-        return kinds(table[node.key], table, seen)
+        return kinds(target, table, seen)
     if isinstance(node, AnyValue):
         return set(TYPES)
     if isinstance(node, Never):
         return set()
     if isinstance(node, Union):
-        return set().union(*(kinds(n, table, seen) for n in node.items))
+        return set[str]().union(*(kinds(n, table, seen) for n in node.items))
     if isinstance(node, Literal):
         return {_kind(v) for v in node.values}
-    return {{Number: "number", String: "string", Array: "array", Object: "object"}[type(node)]}
+    return {_NODE_KINDS[type(node)]}
 
 
-def _kind(v) -> str:
+_NODE_KINDS: dict[type, str] = {Number: "number", String: "string", Array: "array", Object: "object"}
+_VALUE_KINDS: dict[type, str] = {str: "string", list: "array", dict: "object"}
+
+
+def _kind(v: Any) -> str:
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "boolean"
     if is_number(v):
         return "number"
-    return {str: "string", list: "array", dict: "object"}[type(v)]
+    return _VALUE_KINDS[type(v)]
 
 
-def disjoint(a, b, table: dict) -> bool:
+def disjoint(first: Node, second: Node, table: Table) -> bool:
     """Conservative: True only when no value can belong to both nodes."""
-    a = table.get(a.key) if isinstance(a, Ref) else a
-    b = table.get(b.key) if isinstance(b, Ref) else b
+    a = table.get(first.key) if isinstance(first, Ref) else first
+    b = table.get(second.key) if isinstance(second, Ref) else second
     if a is None or b is None:
         return False
     if not (kinds(a, table) & kinds(b, table)):
@@ -104,7 +114,7 @@ def disjoint(a, b, table: dict) -> bool:
     return False
 
 
-def _objects_disjoint(a: Object, b: Object, table: dict) -> bool:
+def _objects_disjoint(a: Object, b: Object, table: Table) -> bool:
     props_a = {p.name: p for p in a.properties}
     props_b = {p.name: p for p in b.properties}
     for name, p in props_a.items():

@@ -17,9 +17,10 @@ end reports it as unenforced.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from ..regex.ecma import parse_ecma
+from ..regex.syntax import Node as Regex
 from ..regex.syntax import full_language
 
 _D = "[0-9]"
@@ -156,8 +157,7 @@ INTEGER_FORMATS: dict[str, tuple[int, int]] = {
 }
 
 
-@lru_cache(maxsize=None)
-def format_language(name: str):
-    """The character-level AST of a string format (full match), or None for an unknown format."""
-    pattern = STRING_FORMATS.get(name)
-    return None if pattern is None else full_language(parse_ecma(pattern))
+@cache
+def format_language(name: str) -> Regex:
+    """The character-level AST (full match) of a format of `STRING_FORMATS` (KeyError for another name)."""
+    return full_language(parse_ecma(STRING_FORMATS[name]))

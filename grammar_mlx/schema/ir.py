@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
+from typing import Any
 
 from ..regex.syntax import NEVER as NO_STRING
+from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
 
 
@@ -50,7 +53,7 @@ class AnyValue:
 class Literal:
     """One of finitely many values (`enum`, `const`, booleans, null), written as given."""
 
-    values: tuple
+    values: tuple[Any, ...]  # JSON values
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -69,7 +72,7 @@ class String:
     """`ast` None: any string of `min_len`..`max_len` code points, every JSON escape allowed.
     Otherwise the strings of the character-level AST (lengths already folded in), canonically escaped."""
 
-    ast: object = None
+    ast: Regex | None = None
     min_len: int = 0
     max_len: int | None = None
 
@@ -80,7 +83,7 @@ class String:
 
 
 @lru_cache(maxsize=4096)
-def _python_regex(ast) -> re.Pattern:
+def _python_regex(ast: Regex) -> re.Pattern[str]:
     if ast == NO_STRING:
         return re.compile("(?!)")  # the empty language (e.g. `propertyNames` no string satisfies)
     return re.compile(to_regex(ast))
@@ -88,8 +91,8 @@ def _python_regex(ast) -> re.Pattern:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Array:
-    prefix: tuple  # positional item nodes
-    rest: object  # node for items after the prefix; None: no more items
+    prefix: tuple[Node, ...]  # positional item nodes
+    rest: Node | None  # node for items after the prefix; None: no more items
     min_items: int = 0
     max_items: int | None = None
 
@@ -97,7 +100,7 @@ class Array:
 @dataclass(frozen=True, slots=True, eq=False)
 class Property:
     name: str
-    value: object
+    value: Node
     required: bool
 
 
@@ -106,13 +109,13 @@ class Extra:
     """Properties beyond the declared ones: keys in `key` (a String node), values in `value`."""
 
     key: String
-    value: object
+    value: Node
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Object:
-    properties: tuple  # Property, in canonical (declaration) order
-    extras: tuple  # Extra, with pairwise disjoint key languages that exclude the declared names
+    properties: tuple[Property, ...]  # in canonical (declaration) order
+    extras: tuple[Extra, ...]  # with pairwise disjoint key languages that exclude the declared names
     min_extra: int = 0  # how many extra properties, when the count matters
     max_extra: int | None = None
     nonempty: bool = False  # at least one property (minProperties: 1 over optional properties)
@@ -124,15 +127,20 @@ class Object:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Union:
-    items: tuple
+    items: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Ref:
     """A named node of the table (a `$ref` target); where the schema recurses, the graph cycles here."""
 
-    key: object
+    key: Hashable
 
+
+# An IR node: a set of JSON values.
+Node = Never | AnyValue | Literal | Number | String | Array | Object | Union | Ref
+# The named nodes by `Ref` key (None: a node still being built).
+Table = dict[Hashable, Node | None]
 
 NEVER = Never()
 ANY = AnyValue()
@@ -140,7 +148,7 @@ BOOLEAN = Literal((True, False))
 NULL = Literal((None,))
 
 
-def json_equal(a, b) -> bool:
+def json_equal(a: Any, b: Any) -> bool:
     """JSON Schema equality: numbers by value (1 == 1.0), booleans distinct from numbers."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -153,7 +161,7 @@ def json_equal(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-def json_key(x) -> object:
+def json_key(x: Any) -> Hashable:
     """A hashable key equal for two values exactly when `json_equal` holds (for finite JSON values),
     so value sets are intersected and filtered in linear time."""
     if isinstance(x, bool) or x is None or isinstance(x, str):
@@ -167,7 +175,7 @@ def json_key(x) -> object:
     return ("other", id(x))
 
 
-def is_number(x) -> bool:
+def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -177,12 +185,13 @@ class Bounds:
     `cyclic` Refs entered at most 1 + `max_depth` times on a path, generic values nesting at most
     `any_depth` containers."""
 
-    cyclic: frozenset
+    cyclic: frozenset[Hashable]  # Ref keys
     max_depth: int
     any_depth: int
 
 
-def conforms(node, x, table: dict, bounds: Bounds | None = None, counts: tuple = ()) -> bool:
+def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
+             counts: tuple[tuple[Hashable, int], ...] = ()) -> bool:
     """Is `x` a member of `node` (within `bounds` when given)?"""
     if isinstance(node, Ref):
         target = table[node.key]
@@ -252,7 +261,7 @@ def conforms(node, x, table: dict, bounds: Bounds | None = None, counts: tuple =
     raise AssertionError(f"not an IR node: {node!r}")
 
 
-def nesting(x) -> int:
+def nesting(x: Any) -> int:
     """How many containers deep a JSON value is (a scalar: 0)."""
     if isinstance(x, list):
         return 1 + max((nesting(v) for v in x), default=0)
@@ -268,7 +277,7 @@ def _extra_for(node: Object, key: str) -> Extra | None:
     return None
 
 
-def serialize(node, x, table: dict) -> str:
+def serialize(node: Node | None, x: Any, table: Table) -> str:
     """`x` (a member of `node`) in canonical compact form; values outside `node` as plain compact JSON."""
     if isinstance(node, Ref):
         return serialize(table[node.key], x, table)
@@ -310,7 +319,7 @@ def serialize(node, x, table: dict) -> str:
     return dumps(x)
 
 
-def dumps(x) -> str:
+def dumps(x: Any) -> str:
     return json.dumps(x, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 

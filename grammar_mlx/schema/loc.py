@@ -7,7 +7,9 @@ not fetched (the front end reports it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from ..errors import InvalidSchemaError
@@ -19,7 +21,7 @@ _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), (
            ("2020-12", 2020))
 
 
-def draft_of(schema) -> int:
+def draft_of(schema: Any) -> int:
     uri = schema.get("$schema", "") if isinstance(schema, dict) else ""
     for marker, draft in _DRAFTS:
         if isinstance(uri, str) and marker in uri:
@@ -31,19 +33,19 @@ def draft_of(schema) -> int:
 class Loc:
     """A subschema, where it sits (JSON pointer), its base URI, and keywords already accounted for."""
 
-    schema: object
+    schema: Any  # a JSON value: a schema object or boolean (or, on the way to one, a list)
     pointer: str
     base: str
-    dropped: frozenset = frozenset()
+    dropped: frozenset[str] = frozenset()
     # Pointers of the schemas this one was reached from in place (`$ref`, `allOf`, `anyOf`, ...)
     # within the current conjunction: what `unevaluated*` may see (its own in-place subschemas).
-    origin: tuple = ()
+    origin: tuple[str, ...] = ()
     legacy_ref: bool = False  # draft <= 7: a `$ref` makes sibling keywords, `$id` included, inert
     tag: str = ""  # schemas built by the front end (negations) sit at their keyword's pointer, tagged
     evaluates: bool = True  # False under `not` (and built negations): no annotations for unevaluated*
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, frozenset[str], str]:
         return (self.pointer, self.dropped, self.tag)
 
     def below(self, parent: Loc) -> Loc:
@@ -53,27 +55,27 @@ class Loc:
     def has(self, keyword: str) -> bool:
         return keyword not in self.dropped and keyword in self.schema
 
-    def get(self, keyword: str, default=None):
+    def get(self, keyword: str, default: Any = None) -> Any:
         return default if keyword in self.dropped else self.schema.get(keyword, default)
 
     def drop(self, *keywords: str) -> Loc:
         return replace(self, dropped=self.dropped | frozenset(keywords))
 
-    def child(self, *path) -> Loc:
+    def child(self, *path: str | int) -> Loc:
         node, pointer = self.schema, self.pointer
         for part in path:
             node = node[part]
             pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
         return Loc(node, pointer, rebase(self.base, node, self.legacy_ref), legacy_ref=self.legacy_ref, tag=self.tag)
 
-    def built(self, schema, tag: str, evaluates: bool = True) -> Loc:
+    def built(self, schema: Any, tag: str, evaluates: bool = True) -> Loc:
         """A schema the front end built for a keyword of this one, in place below it. `evaluates`:
         whether its properties/items count as evaluated for unevaluated* (not for negations)."""
         return Loc(schema, self.pointer, self.base, legacy_ref=self.legacy_ref, tag=f"{self.tag}#{tag}",
                    origin=self.origin + (self.pointer,), evaluates=self.evaluates and evaluates)
 
 
-def rebase(base: str, node, legacy_ref: bool = False) -> str:
+def rebase(base: str, node: Any, legacy_ref: bool = False) -> str:
     if isinstance(node, dict):
         if legacy_ref and "$ref" in node:
             return base
@@ -91,7 +93,7 @@ def _join(base: str, ref: str) -> str:
     return urljoin(base, ref)
 
 
-def count_bounds(atoms, low: str, high: str) -> tuple[int, int | None]:
+def count_bounds(atoms: Iterable[Loc], low: str, high: str) -> tuple[int, int | None]:
     """The tightest `low` / `high` count keywords (minLength / maxLength, ...) over a conjunction."""
     lo, hi = 0, None
     for atom in atoms:
@@ -125,14 +127,14 @@ SCHEMA_MAPS = frozenset({"$defs", "definitions", "properties", "patternPropertie
 class Resources:
     """Every schema resource of a document by URI (with `$id`s and anchors), for `$ref`."""
 
-    def __init__(self, root: Loc):
+    def __init__(self, root: Loc) -> None:
         self._resources: dict[str, Loc] = {}
         self._index(root)
 
     def _index(self, loc: Loc) -> None:
         # (parent, path) pairs: a child is located when it is visited, so the deadline is checked
         # between any two (a `properties` map may hold tens of thousands).
-        stack: list[tuple[Loc, tuple]] = [(loc, ())]
+        stack: list[tuple[Loc, tuple[str | int, ...]]] = [(loc, ())]
         while stack:
             check_deadline("reading the schema's $ids and anchors")
             parent, path = stack.pop()

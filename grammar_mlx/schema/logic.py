@@ -16,8 +16,16 @@ removes the values or types directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..errors import InvalidSchemaError
 from .exclusive import TYPES
+
+# `$ref` -> the schema it names (None when it cannot be resolved).
+Resolver = Callable[[str], Any]
+# Schemas (JSON) to add to a conjunction, each with whether it counts for unevaluated*.
+Alternative = list[tuple[Any, bool]]
 
 # Keywords with no validation meaning, and those read only next to another (`then` with `if`).
 INERT = frozenset({
@@ -40,7 +48,7 @@ _FLIP_COUNTS = {
 }
 
 
-def negation(schema, resolve, depth: int = 0) -> list | None:
+def negation(schema: Any, resolve: Resolver, depth: int = 0) -> list[Any] | None:
     """Schemas whose union holds exactly the values `schema` rejects; None when not expressible.
 
     `resolve(ref)` returns the schema a `$ref` names (None when it cannot)."""
@@ -57,9 +65,9 @@ def negation(schema, resolve, depth: int = 0) -> list | None:
         if target is None:
             return None
         rest = {k: v for k, v in schema.items() if k != "$ref"}
-        parts = [negation(target, resolve, depth + 1), negation(rest, resolve, depth + 1)]
-        return None if None in parts else parts[0] + parts[1]
-    out: list = []
+        negated, negated_rest = negation(target, resolve, depth + 1), negation(rest, resolve, depth + 1)
+        return None if negated is None or negated_rest is None else negated + negated_rest
+    out: list[Any] = []
     for key, value in schema.items():
         if key in INERT or key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
             continue
@@ -72,7 +80,7 @@ def negation(schema, resolve, depth: int = 0) -> list | None:
     return out
 
 
-def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list | None:
+def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resolver, depth: int) -> list[Any] | None:
     if key == "type":
         if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(t, str) for t in value)):
             raise InvalidSchemaError("type must be a type name or an array of them")
@@ -97,7 +105,7 @@ def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list 
     if key == "properties":
         if not isinstance(value, dict):
             raise InvalidSchemaError("properties must be an object")
-        out = []
+        out: list[Any] = []
         for name, sub in value.items():
             neg = negation(sub, resolve, depth + 1)
             if neg is None:
@@ -142,7 +150,8 @@ def _negate_keyword(key: str, value, schema: dict, resolve, depth: int) -> list 
     return []  # an unknown keyword constrains nothing
 
 
-def alternatives(keyword: str, value, schema: dict, resolve, limit: int) -> list[list] | None:
+def alternatives(keyword: str, value: Any, schema: dict[str, Any], resolve: Resolver,
+                 limit: int) -> list[Alternative] | None:
     """For `if`, `dependencies`, `dependentRequired`, `dependentSchemas`: the conjunction as a union,
     each alternative a list of (schema, counts for unevaluated*) to add to it; None when not
     expressible or over `limit` alternatives (then reported)."""
@@ -152,12 +161,12 @@ def alternatives(keyword: str, value, schema: dict, resolve, limit: int) -> list
         neg = negation(value, resolve)
         if neg is None:
             return None
-        yes = [(value, True)] + ([(schema["then"], True)] if "then" in schema else [])
+        yes: Alternative = [(value, True)] + ([(schema["then"], True)] if "then" in schema else [])
         no = [[(n, False)] + ([(schema["else"], True)] if "else" in schema else []) for n in neg]
         return [yes] + no
     if not isinstance(value, dict):
         raise InvalidSchemaError(f"{keyword} must be an object")
-    out = [[]]
+    out: list[Alternative] = [[]]
     for name, need in value.items():
         absent = ({"properties": {name: False}}, False)  # non-objects: the dependency does not apply
         if isinstance(need, list):

@@ -12,8 +12,10 @@ violation and is documented in `grammar_mlx.schema`, not reported.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from .. import limits
 from ..automata import chars as fa
@@ -32,9 +34,11 @@ from .ir import (
     Bound,
     Literal,
     Never,
+    Node,
     Number,
     Ref,
     String,
+    Table,
     conforms,
     is_number,
     json_key,
@@ -63,19 +67,19 @@ STAGE = "translating the schema"  # what a deadline that passes here names
 
 @dataclass
 class Normalizer:
-    root: object
+    root: Any  # the schema document (JSON)
     strict: bool = False
     open_objects: bool = False  # absent additionalProperties next to properties: allow extra keys
     first_choice_cost: int = MAX_FIRST_CHOICE_COST  # see schema.objects._first_choices
     draft: int = 2020
-    table: dict = field(default_factory=dict)
-    unenforced: dict = field(default_factory=dict)
+    table: Table = field(default_factory=dict)
+    unenforced: dict[tuple[str, str], str] = field(default_factory=dict)  # (keyword, pointer) -> reason
     # Set when some object's first-property limit depends on first_choice_cost (schema.objects):
     # only then does a retry with cost 0 write another regex.
     first_choices_narrowable: bool = False
     _branches: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.draft = draft_of(self.root)
         legacy = self.draft <= 7
         self.root_loc = Loc(self.root, "", rebase(ROOT_URI, self.root, legacy), legacy_ref=legacy)
@@ -99,7 +103,7 @@ class Normalizer:
 
     # -- conjunctions -------------------------------------------------------------------------
 
-    def node(self, locs) -> object:
+    def node(self, locs: Iterable[Loc]) -> Node:
         """The node for the conjunction of `locs` (named and memoized; cycles become `Ref`s)."""
         check_deadline(STAGE)
         atoms = self._expand(locs)
@@ -116,10 +120,10 @@ class Normalizer:
             return result
         return Ref(key)
 
-    def _expand(self, locs) -> list[Loc] | None:
+    def _expand(self, locs: Iterable[Loc]) -> list[Loc] | None:
         """Flatten `$ref` and `allOf` into atomic members; None when one is `false`."""
         out: list[Loc] = []
-        seen: set = set()
+        seen: set[Hashable] = set()
         stack = list(reversed(list(locs)))
         while stack:
             check_deadline(STAGE)
@@ -161,7 +165,7 @@ class Normalizer:
                 out.append(loc)
         return out
 
-    def _conjunction(self, atoms: list[Loc]) -> object:
+    def _conjunction(self, atoms: list[Loc]) -> Node:
         for i, atom in enumerate(atoms):
             for kw in ("anyOf", "oneOf"):
                 if atom.has(kw):
@@ -205,16 +209,16 @@ class Normalizer:
                 f"(at {atom.pointer or '/'})"
             )
 
-    def _resolver(self, atom: Loc):
+    def _resolver(self, atom: Loc) -> Callable[[str], Any]:
         """`$ref` -> the schema it names, from `atom`'s base URI (for `negation`)."""
 
-        def resolve(ref):
+        def resolve(ref: str) -> Any:
             target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
             return None if target is None else target.schema
 
         return resolve
 
-    def _check_exclusive(self, atom: Loc, nodes: list) -> None:
+    def _check_exclusive(self, atom: Loc, nodes: list[Node]) -> None:
         """oneOf is anyOf when no value can satisfy two branches; otherwise report it."""
         for i in range(len(nodes)):
             check_deadline(STAGE)
@@ -225,7 +229,7 @@ class Normalizer:
 
     # -- one conjunction without anyOf/oneOf ----------------------------------------------------
 
-    def _flat(self, atoms: list[Loc]) -> object:
+    def _flat(self, atoms: list[Loc]) -> Node:
         types = set(TYPES)
         for atom in atoms:
             if atom.has("type"):
@@ -234,7 +238,7 @@ class Normalizer:
                 self.report("disallow", atom, "draft 3 is not supported")
         if "number" in types:
             types.discard("integer")  # number already holds the integers
-        excluded: list = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
+        excluded: list[Any] = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
         for atom in atoms:
             if atom.has("not"):
                 types = self._apply_not(atom, types, excluded)
@@ -261,7 +265,7 @@ class Normalizer:
                 parts.append(self._excluding(self._typed(t, atoms), excluded, atoms))
         return union(parts, self.table)
 
-    def _excluding(self, node, excluded: list, atoms: list[Loc]) -> object:
+    def _excluding(self, node: Node, excluded: list[Any], atoms: list[Loc]) -> Node:
         if not excluded:
             return node
         try:
@@ -272,10 +276,10 @@ class Normalizer:
                     self.report("not", atom, f"excluding the listed strings is too large ({e})")
             return node
 
-    def _types(self, atom: Loc) -> set:
+    def _types(self, atom: Loc) -> set[str]:
         t = atom.get("type")
         names = t if isinstance(t, list) else [t]
-        out = set()
+        out: set[str] = set()
         for name in names:
             if isinstance(name, dict) and self.draft == 3:
                 self.report("type", atom, "draft 3 schema-valued types are not supported")
@@ -289,7 +293,7 @@ class Normalizer:
                 out.add("integer")
         return out
 
-    def _literal(self, values: list, atoms: list[Loc], types: set) -> object:
+    def _literal(self, values: list[Any], atoms: list[Loc], types: set[str]) -> Node:
         """enum/const: the listed values that also satisfy every other keyword."""
         rest = [a.drop("enum", "const") for a in atoms]
         rest_node = self.node(rest)
@@ -300,7 +304,7 @@ class Normalizer:
                 kept.append(v)
         return Literal(tuple(kept)) if kept else NEVER
 
-    def _apply_not(self, atom: Loc, types: set, excluded: list) -> set:
+    def _apply_not(self, atom: Loc, types: set[str], excluded: list[Any]) -> set[str]:
         """`not` where it removes whole types or listed values; other forms were distributed as a
         union by `_conjunction`, or are reported here."""
         neg = atom.get("not")
@@ -326,7 +330,7 @@ class Normalizer:
 
     # -- types --------------------------------------------------------------------------------
 
-    def _typed(self, t: str, atoms: list[Loc]) -> object:
+    def _typed(self, t: str, atoms: list[Loc]) -> Node:
         if t == "null":
             return NULL
         if t == "boolean":
@@ -340,7 +344,7 @@ class Normalizer:
         return build_object(self, atoms)
 
 
-def _native_not(neg) -> bool:
+def _native_not(neg: Any) -> bool:
     """`not` forms `_flat` applies directly: booleans, `{}`, `{type}`, `{enum}`/`{const}` of scalars."""
     if isinstance(neg, bool):
         return True
@@ -353,7 +357,7 @@ def _native_not(neg) -> bool:
     return isinstance(values, list) and all(not isinstance(v, (list, dict)) for v in values)
 
 
-def exclude(node, values: list) -> object:
+def exclude(node: Node, values: list[Any]) -> Node:
     """`node` without the listed scalar values."""
     if isinstance(node, Literal):
         removed = {json_key(x) for x in values}
@@ -387,7 +391,7 @@ def _within(d: Decimal, node: Number) -> bool:
     return hi is None or not (d > hi.value or (hi.exclusive and d == hi.value))
 
 
-def _conjunction_key(atoms: list[Loc]) -> tuple:
+def _conjunction_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
     """Names a conjunction. Where `unevaluated*` is present, which atoms lie in place below which
     matters too (as indices, so a recursive schema still meets its own key again)."""
     if not any(a.has("unevaluatedProperties") or a.has("unevaluatedItems") for a in atoms):
@@ -396,7 +400,7 @@ def _conjunction_key(atoms: list[Loc]) -> tuple:
                  for a in atoms)
 
 
-def _has_type(v, types: set) -> bool:
+def _has_type(v: Any, types: set[str]) -> bool:
     if v is None:
         return "null" in types
     if isinstance(v, bool):

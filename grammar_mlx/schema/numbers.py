@@ -11,11 +11,16 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from .. import limits
 from ..errors import InvalidSchemaError
 from .formats import INTEGER_FORMATS
-from .ir import NEVER, Bound, Literal, Number, is_number, to_decimal
+from .ir import NEVER, Bound, Literal, Node, Number, is_number, to_decimal
+
+if TYPE_CHECKING:
+    from .loc import Loc
+    from .normalize import Normalizer
 
 INTEGER = r"(?:0|-?[1-9][0-9]*)"
 NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
@@ -34,7 +39,7 @@ def range_regex(lo: Bound | None, hi: Bound | None, *, integer: bool) -> str | N
     if lo is not None and hi is not None:
         if lo.value > hi.value or (lo.value == hi.value and (lo.exclusive or hi.exclusive)):
             return None
-    branches = []
+    branches: list[str | None] = []
     # Non-negative values: magnitudes from max(lo, 0).
     if hi is None or hi.value > 0 or (hi.value == 0 and not hi.exclusive):
         start = lo if lo is not None and lo.value >= 0 else Bound(Decimal(0), False)
@@ -46,10 +51,10 @@ def range_regex(lo: Bound | None, hi: Bound | None, *, integer: bool) -> str | N
         neg = _magnitudes(mag_lo, mag_hi)
         if neg is not None:
             branches.append("-" + _group(neg))
-    branches = [b for b in branches if b is not None]
-    if not branches:
+    found = [b for b in branches if b is not None]
+    if not found:
         return None
-    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+    return found[0] if len(found) == 1 else "(?:" + "|".join(found) + ")"
 
 
 def _int_above(b: Bound) -> int:
@@ -175,7 +180,7 @@ def _split(d: Decimal) -> tuple[int, str]:
     return whole, frac
 
 
-def _frac_ge(alpha: str, strict: bool, allow_empty: bool) -> str | None:
+def _frac_ge(alpha: str, strict: bool, allow_empty: bool) -> str:
     """Digit strings R (empty only if allow_empty) with 0.R >= 0.alpha (> when strict)."""
     if alpha.strip("0") == "":
         if strict:
@@ -283,9 +288,10 @@ def _magnitudes(lo: Bound, hi: Bound | None) -> str | None:
 
 
 
-def build_number(nz, integer: bool, atoms) -> object:
-    lo = hi = None
-    multiples = []
+def build_number(nz: Normalizer, integer: bool, atoms: list[Loc]) -> Node:
+    lo: Bound | None = None
+    hi: Bound | None = None
+    multiples: list[tuple[Fraction, Loc]] = []
     for atom in atoms:
         for kw, is_lo in (("minimum", True), ("maximum", False), ("exclusiveMinimum", True),
                           ("exclusiveMaximum", False)):
@@ -303,9 +309,9 @@ def build_number(nz, integer: bool, atoms) -> object:
                 hi = b if hi is None or _tighter_hi(b, hi) else hi
         fmt = atom.get("format")
         if integer and fmt in INTEGER_FORMATS:
-            a, b = INTEGER_FORMATS[fmt]
-            lo = Bound(Decimal(a), False) if lo is None or _tighter_lo(Bound(Decimal(a), False), lo) else lo
-            hi = Bound(Decimal(b), False) if hi is None or _tighter_hi(Bound(Decimal(b), False), hi) else hi
+            least, most = INTEGER_FORMATS[fmt]
+            lo = Bound(Decimal(least), False) if lo is None or _tighter_lo(Bound(Decimal(least), False), lo) else lo
+            hi = Bound(Decimal(most), False) if hi is None or _tighter_hi(Bound(Decimal(most), False), hi) else hi
         m = atom.get("multipleOf", atom.get("divisibleBy") if nz.draft == 3 else None)
         if m is not None:
             if not is_number(m) or m <= 0:
@@ -343,14 +349,14 @@ def _lcm(a: Fraction, b: Fraction) -> Fraction:
     return Fraction(num, math.gcd(a.denominator, b.denominator))
 
 
-def _enumerate_multiples(step: Fraction, lo: Bound | None, hi: Bound | None) -> list | None:
+def _enumerate_multiples(step: Fraction, lo: Bound | None, hi: Bound | None) -> list[int | float] | None:
     if lo is None or hi is None:
         return None
     first = math.ceil(Fraction(lo.value) / step)
     last = math.floor(Fraction(hi.value) / step)
     if last - first + 1 > limits.MAX_ENUMERATED:
         return None
-    values = []
+    values: list[int | float] = []
     for k in range(first, last + 1):
         v = k * step
         d = Decimal(v.numerator) / Decimal(v.denominator)

@@ -9,7 +9,9 @@ language excludes the declared names (a key never appears twice from the grammar
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .. import limits
 from ..automata import chars as fa
@@ -19,20 +21,26 @@ from ..regex.charset import ANY as ANY_CHAR
 from ..regex.charset import JSON_SPECIAL, CharSet
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Chars, alt, literal, repeat, restrict_length, seq
+from ..regex.syntax import Node as Regex
 from .ir import (
     NEVER,
     AnyValue,
     Extra,
     Literal,
     Never,
+    Node,
     Object,
     Property,
     Ref,
     String,
+    Table,
     Union,
 )
-from .loc import count_bounds, in_scope
+from .loc import Loc, count_bounds, in_scope
 from .strings import pattern_language
+
+if TYPE_CHECKING:
+    from .normalize import Normalizer
 
 MAX_KEY_REGIONS = 64
 STAGE = "translating the schema"  # what a deadline that passes here names
@@ -44,7 +52,18 @@ EXTRA_KEY_CHARS = ANY_CHAR - JSON_SPECIAL
 EXTRA_KEY = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
 
 
-def build_object(nz, atoms) -> object:
+class _Info(TypedDict):
+    """What one atom of the conjunction says about properties."""
+
+    atom: Loc
+    props: dict[str, Loc]  # declared name -> its schema
+    patterns: list[tuple[Regex, Loc]]  # (key language AST, value schema) per patternProperties entry
+    additional: Loc | None
+    unevaluated: Loc | None
+    required: list[str]
+
+
+def build_object(nz: Normalizer, atoms: list[Loc]) -> Node:
     infos = [_info(nz, atom) for atom in atoms]
     # Declared names in order, then names only in `required` (dicts: ordered sets, so a wide
     # object costs linear time, not a list search per name).
@@ -54,9 +73,10 @@ def build_object(nz, atoms) -> object:
 
     key_filter = _property_names(nz, infos)
 
-    properties = []
+    properties: list[Property] = []
     for name in names:
         check_deadline(STAGE)
+        value: Node
         if key_filter is not None and not String(key_filter).matches(name):
             value = NEVER
         else:
@@ -73,7 +93,7 @@ def build_object(nz, atoms) -> object:
     return _counted(nz, atoms, infos, properties, extras)
 
 
-def _info(nz, atom) -> dict:
+def _info(nz: Normalizer, atom: Loc) -> _Info:
     props = atom.get("properties", {})
     if not isinstance(props, dict):
         raise InvalidSchemaError(f"properties at {atom.pointer or '/'} must be an object")
@@ -85,12 +105,12 @@ def _info(nz, atom) -> dict:
         required = []
     if not isinstance(required, list) or not all(isinstance(n, str) for n in required):
         raise InvalidSchemaError(f"required at {atom.pointer or '/'} must be an array of strings")
-    compiled = []
+    compiled: list[tuple[Regex, Loc]] = []
     for pattern in patterns:
         ast = pattern_language(nz, pattern, atom, "patternProperties")
         if ast is not None:
             compiled.append((ast, atom.child("patternProperties", pattern)))
-    located = {}
+    located: dict[str, Loc] = {}
     for name in props:
         check_deadline(STAGE)
         located[name] = atom.child("properties", name)
@@ -104,15 +124,12 @@ def _info(nz, atom) -> dict:
     }
 
 
-def _value_locs(infos, name: str | None = None, matched: frozenset = frozenset(), closed: bool = False) -> list:
+def _value_locs(infos: list[_Info], name: str | None = None,
+                matched: frozenset[tuple[int, int]] = frozenset()) -> list[Loc]:
     """The schemas a property's value must meet: for a declared `name`, or for a key region whose
-    matching patterns are `matched` (indices per info as (i, j)). `closed`: no schema speaks for the
-    region's keys, so none are generated (absent `additionalProperties` next to declared ones)."""
-    if closed and name is None and not matched and not any(
-        info["additional"] is not None or info["unevaluated"] is not None for info in infos
-    ):
-        return [False]
-    locs, hits = [], []
+    matching patterns are `matched` (indices per info as (i, j))."""
+    locs: list[Loc] = []
+    hits: list[bool] = []
     for i, info in enumerate(infos):
         hit = False
         if name is not None and name in info["props"]:
@@ -135,7 +152,7 @@ def _value_locs(infos, name: str | None = None, matched: frozenset = frozenset()
     return locs
 
 
-def _property_names(nz, infos):
+def _property_names(nz: Normalizer, infos: list[_Info]) -> Regex | None:
     """The key language of `propertyNames` (an AST), or None when keys are unconstrained."""
     locs = [info["atom"].child("propertyNames") for info in infos if info["atom"].has("propertyNames")]
     if not locs:
@@ -143,7 +160,7 @@ def _property_names(nz, infos):
     return string_language(nz.node(locs), nz.table)
 
 
-def string_language(node, table, seen=None):
+def string_language(node: Node | None, table: Table, seen: set[Hashable] | None = None) -> Regex | None:
     """The strings among a node's values, as an AST (None: every string)."""
     seen = set() if seen is None else seen
     if isinstance(node, Ref):
@@ -159,15 +176,17 @@ def string_language(node, table, seen=None):
         return alt(*(literal(v) for v in node.values if isinstance(v, str)))
     if isinstance(node, Union):
         parts = [string_language(item, table, seen) for item in node.items]
-        return None if any(p is None for p in parts) else alt(*parts)
+        languages = [p for p in parts if p is not None]
+        return None if len(languages) < len(parts) else alt(*languages)
     return alt()
 
 
-def _resolved(nz, node):
+def _resolved(nz: Normalizer, node: Node) -> Node | None:
     return nz.table.get(node.key) if isinstance(node, Ref) else node
 
 
-def _extras(nz, infos, names: list[str], key_filter, closed: bool) -> tuple:
+def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Regex | None,
+            closed: bool) -> tuple[Extra, ...]:
     patterns = [(i, j, ast) for i, info in enumerate(infos) for j, (ast, _) in enumerate(info["patterns"])]
     if not patterns and key_filter is None:
         value = _region_value(nz, infos, frozenset(), closed)
@@ -179,10 +198,10 @@ def _extras(nz, infos, names: list[str], key_filter, closed: bool) -> tuple:
             return ()  # narrowing: no extra properties
     try:
         keys = fa.to_dfa(EXTRA_KEY if key_filter is None else fa.intersect([EXTRA_KEY, key_filter]))
-        regions = [] if keys.is_empty() else [(keys, frozenset())]
+        regions: list[tuple[fa.DFA, frozenset[tuple[int, int]]]] = [] if keys.is_empty() else [(keys, frozenset())]
         for i, j, ast in patterns:
             dfa = fa.to_dfa(ast)
-            split = []
+            split: list[tuple[fa.DFA, frozenset[tuple[int, int]]]] = []
             for region, matched in regions:
                 inside = fa.product(region, dfa, "and")
                 if not inside.is_empty():
@@ -195,25 +214,26 @@ def _extras(nz, infos, names: list[str], key_filter, closed: bool) -> tuple:
                 raise fa.AutomatonTooLarge(f"more than {MAX_KEY_REGIONS} key regions")
     except fa.AutomatonTooLarge:
         return _narrow_extras(nz, infos, names, patterns, closed)
-    extras = []
+    extras: list[Extra] = []
     for region, matched in regions:
         value = _region_value(nz, infos, matched, closed)
         if isinstance(_resolved(nz, value), Never):
             continue
         try:
-            ast = fa.to_ast(region)
-            inside = [n for n in names if region.accepts(n)]
-            if inside:
-                ast = minus_names(ast, inside)
+            region_ast = fa.to_ast(region)
+            declared_inside = [n for n in names if region.accepts(n)]
+            if declared_inside:
+                region_ast = minus_names(region_ast, declared_inside)
         except fa.AutomatonTooLarge:
             continue  # narrowing: keys of this region are not generated
-        extras.append(Extra(String(ast), value))
+        extras.append(Extra(String(region_ast), value))
     return tuple(extras)
 
 
-def _narrow_extras(nz, infos, names, patterns, closed: bool) -> tuple:
+def _narrow_extras(nz: Normalizer, infos: list[_Info], names: list[str], patterns: list[tuple[int, int, Regex]],
+                   closed: bool) -> tuple[Extra, ...]:
     """Automata over budget: keep only pattern regions that need no complement (a narrowing)."""
-    extras = []
+    extras: list[Extra] = []
     for i, j, ast in patterns:
         others = [p for p in patterns if p[:2] != (i, j)]
         if others:
@@ -228,12 +248,17 @@ def _narrow_extras(nz, infos, names, patterns, closed: bool) -> tuple:
     return tuple(extras)
 
 
-def _region_value(nz, infos, matched: frozenset, closed: bool):
-    locs = _value_locs(infos, matched=matched, closed=closed)
-    return NEVER if locs == [False] else nz.node(locs)
+def _region_value(nz: Normalizer, infos: list[_Info], matched: frozenset[tuple[int, int]], closed: bool) -> Node:
+    """The values of a key region's properties. `closed`: when no schema speaks for the region's
+    keys, none are generated (absent `additionalProperties` next to declared ones)."""
+    if closed and not matched and not any(
+        info["additional"] is not None or info["unevaluated"] is not None for info in infos
+    ):
+        return NEVER
+    return nz.node(_value_locs(infos, matched=matched))
 
 
-def minus_names(ast, names: list[str]):
+def minus_names(ast: Regex, names: list[str]) -> Regex:
     """`ast` without the given names."""
     language = String(ast)
     names = [n for n in names if language.matches(n)]
@@ -253,10 +278,10 @@ def minus_names(ast, names: list[str]):
         return long if short == NO_STRING else alt(long, short)
 
 
-def _names_complement(names: list[str], chars) -> object:
+def _names_complement(names: list[str], chars: CharSet) -> Regex:
     """Strings over `chars` that are none of `names`, read off their trie. Unbranched runs are
     written flat (an alternative per stopping point) so the regex nests only where names branch."""
-    trie: dict = {}
+    trie: dict[str | None, Any] = {}  # character -> subtrie; None -> True at the end of a name
     for name in names:
         node = trie
         for c in name:
@@ -264,9 +289,10 @@ def _names_complement(names: list[str], chars) -> object:
         node[None] = True  # end of a name
     anything = repeat(Chars(chars), 0, None)
 
-    def walk(node: dict) -> object:
+    def walk(node: dict[str | None, Any]) -> Regex:
         check_deadline(STAGE)
-        alts, prefix = [], ""
+        alts: list[Regex] = []
+        prefix = ""
         while True:
             if None not in node:
                 alts.append(literal(prefix))  # stopping here is not a name
@@ -285,12 +311,14 @@ def _names_complement(names: list[str], chars) -> object:
     return walk(trie)
 
 
-def _counted(nz, atoms, infos, properties: list, extras: tuple) -> object:
+def _counted(nz: Normalizer, atoms: list[Loc], infos: list[_Info], properties: list[Property],
+             extras: tuple[Extra, ...]) -> Node:
     """minProperties / maxProperties: exact where the count is known from the shape, else reported."""
     min_p, max_p = count_bounds(atoms, "minProperties", "maxProperties")
     n_required = sum(p.required for p in properties)
     n_optional = len(properties) - n_required
-    min_extra, max_extra, nonempty = 0, None, False
+    min_extra, nonempty = 0, False
+    max_extra: int | None = None
     if max_p is not None and max_p < n_required:
         return NEVER
     if min_p > n_required:
@@ -329,7 +357,7 @@ def _counted(nz, atoms, infos, properties: list, extras: tuple) -> object:
     return Object(tuple(properties), extras, min_extra, max_extra, nonempty, first_choices)
 
 
-def _first_choices(properties: list, cost: int) -> int | None:
+def _first_choices(properties: list[Property], cost: int) -> int | None:
     """How many leading optional properties may be the first one written (None: all).
 
     Each choice repeats the rest of the object in the regex, and outlines-core does not minimize its
@@ -342,13 +370,13 @@ def _first_choices(properties: list, cost: int) -> int | None:
     return max(MIN_FIRST_CHOICES if cost else 1, cost // max(n, 1))
 
 
-def first_property_narrowed(table: dict) -> dict | None:
+def first_property_narrowed(table: Table) -> Table | None:
     """The table a normalizer with first_choice_cost 0 builds, derived from this one without
     normalizing the schema again: every object with several leading optional properties starts
     with its first one. None where that is not exact: membership (`conforms`) reads the limit, so
     enum/const values holding objects may have been filtered by it."""
 
-    def narrowed(node):
+    def narrowed(node: Node) -> Node:
         check_deadline(STAGE)
         if isinstance(node, Object):
             return replace(node, first_choices=_first_choices(list(node.properties), 0))
@@ -359,12 +387,12 @@ def first_property_narrowed(table: dict) -> dict | None:
         return node
 
     try:
-        return {key: narrowed(node) for key, node in table.items()}
+        return {key: narrowed(node) if node is not None else None for key, node in table.items()}
     except LookupError:
         return None
 
 
-def _holds_object(value) -> bool:
+def _holds_object(value: Any) -> bool:
     stack = [value]
     while stack:
         v = stack.pop()
@@ -375,7 +403,7 @@ def _holds_object(value) -> bool:
     return False
 
 
-def _report(nz, atoms, keyword: str, reason: str) -> None:
+def _report(nz: Normalizer, atoms: list[Loc], keyword: str, reason: str) -> None:
     for atom in atoms:
         if atom.has(keyword):
             nz.report(keyword, atom, reason)

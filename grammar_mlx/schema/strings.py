@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from .. import limits
 from ..automata import chars as fa
@@ -18,14 +19,18 @@ from ..regex.syntax import (
     restrict_length,
     search_language,
 )
+from ..regex.syntax import Node as Regex
 from .formats import STRING_FORMATS, UNENFORCED_FORMATS, format_language
-from .ir import NEVER, String
+from .ir import NEVER, Node, String
 from .loc import Loc, count_bounds
 
+if TYPE_CHECKING:
+    from .normalize import Normalizer
 
-def build_string(nz, atoms: list[Loc]) -> object:
+
+def build_string(nz: Normalizer, atoms: list[Loc]) -> Node:
     min_len, max_len = count_bounds(atoms, "minLength", "maxLength")
-    languages = []  # (AST, keyword, atom)
+    languages: list[tuple[Regex, str, Loc]] = []  # (AST, keyword, atom)
     for atom in atoms:
         pattern = atom.get("pattern")
         if pattern is not None:
@@ -67,14 +72,13 @@ def build_string(nz, atoms: list[Loc]) -> object:
     return NEVER if ast == alt() else String(ast)
 
 
-
 @lru_cache(maxsize=1)
-def _format_ids() -> frozenset:
+def _format_ids() -> frozenset[int]:
     """Identities of the format ASTs (`format_language` keeps each one alive for good)."""
     return frozenset(id(format_language(name)) for name in STRING_FORMATS)
 
 
-def _length_guard(nz, min_len: int, max_len: int | None, atoms: list[Loc]) -> tuple[int, int | None]:
+def _length_guard(nz: Normalizer, min_len: int, max_len: int | None, atoms: list[Loc]) -> tuple[int, int | None]:
     if max_len is not None and max_len > limits.MAX_REPEAT:
         for atom in atoms:
             if atom.has("maxLength"):
@@ -87,7 +91,8 @@ def _length_guard(nz, min_len: int, max_len: int | None, atoms: list[Loc]) -> tu
         min_len = limits.MAX_REPEAT
     return min_len, max_len
 
-def _restrict_length(nz, ast, min_len: int, max_len: int | None, atoms: list[Loc]):
+
+def _restrict_length(nz: Normalizer, ast: Regex, min_len: int, max_len: int | None, atoms: list[Loc]) -> Regex:
     folded = restrict_length(ast, min_len, max_len)
     if folded is not None:
         return folded
@@ -100,7 +105,8 @@ def _restrict_length(nz, ast, min_len: int, max_len: int | None, atoms: list[Loc
                     nz.report(kw, atom, f"length bound together with pattern/format too large ({e})")
         return ast
 
-def pattern_language(nz, pattern, atom: Loc, keyword: str = "pattern"):
+
+def pattern_language(nz: Normalizer, pattern: Any, atom: Loc, keyword: str = "pattern") -> Regex | None:
     """The search language of an ECMA-262 pattern; None (reported) when it cannot be enforced."""
     if not isinstance(pattern, str):
         raise InvalidSchemaError(f"{keyword} at {atom.pointer or '/'}: pattern must be a string")
@@ -114,12 +120,12 @@ def pattern_language(nz, pattern, atom: Loc, keyword: str = "pattern"):
 
 
 @lru_cache(maxsize=256)
-def _search_language(pattern: str):
+def _search_language(pattern: str) -> Regex:
     """Parsed once per pattern: wide schemas repeat the same few patterns on many properties."""
     return search_language(parse_ecma(pattern))
 
 
-def _relax_counts(node):
+def _relax_counts(node: Regex) -> Regex:
     if isinstance(node, Repeat):
         item = _relax_counts(node.item)
         if max(node.lo, node.hi or 0) > limits.MAX_REPEAT:

@@ -32,7 +32,9 @@ import numpy as np
 from ..errors import ModelLoadError, TokenizerError
 
 if TYPE_CHECKING:
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from collections.abc import Callable
+
+    from mlx_lm.tokenizer_utils import StreamingDetokenizer, TokenizerWrapper
 
 GGUF_MAGIC = b"GGUF"
 
@@ -421,7 +423,8 @@ def build_tokenizers_object(vocab: GGUFVocab) -> Any:
     ids = _token_ids(vocab.tokens)
     try:
         if vocab.model == "gpt2":
-            pre = PRE_TOKENIZERS[vocab.pre]  # read_vocab checked it
+            assert vocab.pre is not None  # read_vocab checked it is one of PRE_TOKENIZERS
+            pre = PRE_TOKENIZERS[vocab.pre]
             merges = [_split_merge(m) for m in vocab.merges]
             tokenizer = Tokenizer(models.BPE(vocab=ids, merges=merges, ignore_merges=pre.ignore_merges))
             splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
@@ -495,6 +498,7 @@ def wrap_tokenizer(vocab: GGUFVocab, tokenizer: Any) -> TokenizerWrapper:
         # space before punctuation; transformers refuses that for BPE, and mlx-lm never does it).
         clean_up_tokenization_spaces=False,
     )
+    detokenizer: Callable[[Any], StreamingDetokenizer]
     if vocab.model == "gpt2":
         detokenizer = BPEStreamingDetokenizer
     else:

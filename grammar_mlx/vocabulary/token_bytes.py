@@ -19,6 +19,7 @@ import hashlib
 import json
 import operator
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ class Vocabulary:
                 out.setdefault(b, []).append(i)
         return out
 
-    def with_eos(self, eos_token_ids) -> Vocabulary:
+    def with_eos(self, eos_token_ids: Iterable[int]) -> Vocabulary:
         """The same vocabulary with other EOS ids (which then stop being text)."""
         eos = _explicit_eos(eos_token_ids, len(self.token_bytes))
         table = list(self.token_bytes)
@@ -88,14 +89,15 @@ class Vocabulary:
             table[i] = None
         return Vocabulary(tuple(table), eos, self.encoding)
 
-    def decode(self, ids) -> bytes:
+    def decode(self, ids: Iterable[int]) -> bytes:
         """The bytes of a token sequence; EOS and control tokens contribute nothing."""
         return b"".join(self.token_bytes[i] or b"" for i in ids if 0 <= i < len(self.token_bytes))
 
     def token_text(self, token_id: int) -> str:
         """One token for humans: its text, or a `<special:id>` tag."""
-        if 0 <= token_id < self.size and self.token_bytes[token_id] is not None:
-            return self.token_bytes[token_id].decode("utf-8", errors="replace")
+        data = self.token_bytes[token_id] if 0 <= token_id < self.size else None
+        if data is not None:
+            return data.decode("utf-8", errors="replace")
         return f"<special:{token_id}>"
 
 
@@ -234,7 +236,7 @@ def _token_to_bytes(token: str, encoding: str) -> bytes | None:
     return token.replace(_SPM_SPACE, " ").encode("utf-8")
 
 
-def _build(tokenizer: Any, eos_override) -> Vocabulary:
+def _build(tokenizer: Any, eos_override: Iterable[int] | None) -> Vocabulary:
     hf = _hf_of(tokenizer)
     try:
         vocab: dict[str, int] = hf.get_vocab()

@@ -55,7 +55,8 @@ def universe() -> list:
     """Small JSON values: scalars, arrays of up to three, objects over a few keys, two levels deep."""
     values = list(SCALARS)
     values += [list(t) for n in range(3) for t in itertools.product(SMALL, repeat=n)]
-    values += [[1, 2, 3], ["a", 1, 2], ["a", "b", "c"], [None, None, None, None], [1, True, False], [[1]], [["a"], []], [{}]]
+    values += [[1, 2, 3], ["a", 1, 2], ["a", "b", "c"], [None, None, None, None], [1, True, False], [[1]],
+               [["a"], []], [{}]]
     for keys in itertools.chain.from_iterable(itertools.combinations(["a", "b", "x", "é"], n) for n in range(4)):
         for vals in itertools.product([None, 7, "ab"], repeat=len(keys)):
             values.append(dict(zip(keys, vals)))

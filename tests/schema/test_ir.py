@@ -205,7 +205,8 @@ def test_serialize_containers():
     table: dict = {"n": ONE_TO_NINE}
     obj = Object((Property("b", Ref("n"), False), Property("a", Number(False, Bound(Decimal(0), False)), True)),
                  (Extra(String(LOWER.ast), ANY),))
-    assert serialize(obj, {"z": [1.0], "a": 1e-05, "y": None, "b": 2.0}, table) == '{"b":2,"a":0.00001,"z":[1.0],"y":null}'
+    assert (serialize(obj, {"z": [1.0], "a": 1e-05, "y": None, "b": 2.0}, table)
+            == '{"b":2,"a":0.00001,"z":[1.0],"y":null}')
     arr = Array((Ref("n"),), Number(False, Bound(Decimal(0), False)))
     assert serialize(arr, [3.0, 1e-05, "x"], table) == '[3,0.00001,"x"]'
     # A union writes a value as the first branch it belongs to does.

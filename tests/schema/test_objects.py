@@ -66,7 +66,8 @@ def test_declared_properties_in_order_then_names_only_required():
     schema = {"type": "object", "properties": {"b": {}, "a": {"type": "string"}}, "required": ["c", "a"]}
     assert layout(schema) == [("b", False), ("a", True), ("c", True)]
     # allOf members add their names after the first member's, each once.
-    merged = {"type": "object", "allOf": [{"properties": {"x": {}, "y": {}}}, {"properties": {"y": {}, "z": {}}, "required": ["x"]}]}
+    merged = {"type": "object", "allOf": [{"properties": {"x": {}, "y": {}}},
+                                          {"properties": {"y": {}, "z": {}}, "required": ["x"]}]}
     assert layout(merged) == [("x", True), ("y", False), ("z", False)]
 
 
