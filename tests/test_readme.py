@@ -26,6 +26,11 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert test_command in ci.splitlines()
 
 
+def test_test_command_lints_and_type_checks_before_the_tests():
+    steps = [step.strip() for step in readme_commands()[1].split("&&")]
+    assert steps.index("ruff check .") < steps.index("mypy") < steps.index("python -m pytest -q"), steps
+
+
 def test_main_job_names_files_that_exist():
     words = shlex.split(readme_commands()[0])
     schema = words[words.index("--schema") + 1]

@@ -105,7 +105,7 @@ from ..errors import (
 )
 from ..limits import check_deadline
 from .emit import Emitter, cyclic_keys, nesting_depth
-from .ir import Bounds, conforms, serialize
+from .ir import Bounds, Node, conforms, serialize
 from .normalize import Normalizer, Unenforced
 from .objects import MAX_FIRST_CHOICE_COST, first_property_narrowed
 
@@ -346,7 +346,7 @@ def _translate_within_cap(doc: dict | bool, ws: str, strict: bool,
                           max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
     """`_translate`'s loop over first-choice costs and depths."""
     nz: Normalizer | None = None
-    root: object = None
+    root: Node | None = None
     for cost in (MAX_FIRST_CHOICE_COST, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
         if nz is None or table is None:
@@ -422,7 +422,7 @@ def byte_automaton(regex: str) -> ByteDFA:
 
 
 @lru_cache(maxsize=64)
-def _normalized(schema_text: str) -> tuple[Normalizer, object]:
+def _normalized(schema_text: str) -> tuple[Normalizer, Node]:
     """The normalizer of a schema and its root node (what `canonical_json` writes with)."""
     with memo_scope():
         nz = Normalizer(json.loads(schema_text), strict=False)
@@ -430,7 +430,7 @@ def _normalized(schema_text: str) -> tuple[Normalizer, object]:
 
 
 @lru_cache(maxsize=64)
-def _compact(schema_text: str, max_recursion_depth: int) -> tuple[Normalizer, object, int]:
+def _compact(schema_text: str, max_recursion_depth: int) -> tuple[Normalizer, Node, int]:
     """The normalizer, root node and depth of the compact grammar `schema_to_regex` emits."""
     nz, _, depth = _translate(json.loads(schema_text), "", False, max_recursion_depth)
     return nz, nz.node([nz.root_loc]), depth
