@@ -109,17 +109,6 @@ from .ir import Bounds, Node, conforms, serialize
 from .normalize import Normalizer, Unenforced
 from .objects import MAX_FIRST_CHOICE_COST, first_property_narrowed
 
-__all__ = [
-    "SchemaRegex",
-    "Unenforced",
-    "schema_to_regex",
-    "canonical_json",
-    "in_grammar",
-    "load_schema",
-    "byte_automaton",
-    "whitespace_regex",
-]
-
 # Object/array nesting of a schema document (const/enum values included): the translator recurses
 # once or more per level, and the metaschema check about six frames per level.
 
