@@ -152,3 +152,14 @@ class ServerUnavailableError(GrammarError):
     def __init__(self, message: str, *, code: str):
         super().__init__(message)
         self.code = code
+
+
+class TokenBudgetError(InvalidArgumentError):
+    """The token budget (`max_tokens`) is smaller than the fewest tokens with which the grammar can
+    complete, end of sequence included: no output within it could be valid, so nothing is generated.
+    `needed` is that fewest number, `max_tokens` the budget given."""
+
+    def __init__(self, message: str, *, needed: int, max_tokens: int):
+        super().__init__(message)
+        self.needed = needed
+        self.max_tokens = max_tokens
