@@ -284,6 +284,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--vocab", choices=VOCABULARIES, default="qwen")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write the JSON (default bench/results/compile[-VOCAB].json)")
     args = parser.parse_args()
     if not CORPUS.exists():
         sys.exit(f"corpus absent: {CORPUS}")
@@ -432,11 +434,11 @@ def main() -> None:
     print("\nsummary")
     for k, v in summary.items():
         print(f"  {k:<26} {v}")
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
     name = "compile.json" if args.vocab == "qwen" else f"compile-{args.vocab}.json"
-    (out / name).write_text(json.dumps({"summary": summary, "results": results}, indent=1, default=str))
-    print(f"wrote {out / name}")
+    path = args.out or REPO / "bench" / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"summary": summary, "results": results}, indent=1, default=str))
+    print(f"wrote {path}")
 
 
 def _ms(v):
