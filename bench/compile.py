@@ -55,8 +55,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 import grammar_mlx as gm  # noqa: E402
-from grammar_mlx import compiler  # noqa: E402
 from grammar_mlx.automata.byte_dfa import SENTINEL_BYTES  # noqa: E402
+from grammar_mlx.compiler import build  # noqa: E402
 from grammar_mlx.schema import canonical_json, schema_to_regex  # noqa: E402
 
 CORPUS = REPO.parent / "shared" / "corpora" / "maskbench-public.jsonl.gz"
@@ -302,7 +302,7 @@ def main() -> None:
     cache_dir = Path(tempfile.mkdtemp(prefix="grammar_mlx-bench-"))
     started = time.perf_counter()
     gm.compile_regex("(warm|up)", vocab, logits_width=WIDTH, cache_dir=cache_dir, mode="eager")
-    print(f"set-up (worker start, trie {compiler.token_trie(vocab, WIDTH).num_nodes:,} nodes, vocabulary "
+    print(f"set-up (worker start, trie {build.token_trie(vocab, WIDTH).num_nodes:,} nodes, vocabulary "
           f"sent): {time.perf_counter() - started:.2f} s; peers: {', '.join(peers) or 'none'}")
 
     results, failures = [], {s: Counter() for s in SYSTEMS}
@@ -338,7 +338,7 @@ def main() -> None:
         for system, mode, engine, use_cache in (("lazy", "lazy", "auto", False),
                                                 ("lazy_outlines", "lazy", "outlines", True),
                                                 ("eager", "eager", "auto", False)):
-            compiler._LIVE.clear()
+            build._LIVE.clear()
             try:
                 grammar, seconds = ours_first_mask(row["schema"], vocab, mode, cache_dir, args.timeout, use_cache,
                                                    engine)
@@ -358,7 +358,7 @@ def main() -> None:
                 failures[system][type(exc).__name__] += 1
                 entry[system + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
         if lazy_oc is not None:
-            compiler._LIVE.clear()
+            build._LIVE.clear()
             _, entry["lazy_outlines_warm"] = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout,
                                                              True, "outlines")
         tokens: list[int] = []
@@ -368,7 +368,7 @@ def main() -> None:
         for grammar_engine, key, sink in (("auto", "", first_visits), ("outlines", "_oc", first_visits_oc)):
             if (lazy if grammar_engine == "auto" else lazy_oc) is None:
                 continue
-            compiler._LIVE.clear()
+            build._LIVE.clear()
             fresh_lazy, _ = ours_first_mask(row["schema"], vocab, "lazy", cache_dir, args.timeout, False,
                                             grammar_engine)
             visits = follow(fresh_lazy, tokens)
