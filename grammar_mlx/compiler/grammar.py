@@ -268,7 +268,7 @@ class EagerGrammar(CompiledGrammar):
         self._lock = threading.Lock()
         # Token budgets: exact distances of every state (computed on first use), -1 where unreachable.
         self._distances: np.ndarray | None = None
-        self._slack_list: list[int] = []
+        self._slack_of: dict[int, int] = {}
         self._known_slack = self._no_slack
         self._budget_rows: dict[tuple[int, int], int] = {}
 
@@ -335,9 +335,9 @@ class EagerGrammar(CompiledGrammar):
             rows = np.flatnonzero(sizes)
             if len(rows):
                 slack[rows] = np.maximum.reduceat(of_next, self.offsets[:-1][rows])
-            self._slack_list = slack.tolist()
+            self._slack_of = dict(enumerate(slack.tolist()))
             self._distances = dist
-            self._known_slack = self._slack_list.__getitem__
+            self._known_slack = self._slack_of.get
             return dist
 
     def distance(self, state: int) -> int | None:
@@ -372,8 +372,8 @@ class EagerGrammar(CompiledGrammar):
         arrays = (self.offsets, self.tokens, self.next, self.accepting, self.masks, self.mask_id)
         budgets = 0
         if self._distances is not None:
-            budgets = (int(self._distances.nbytes) + self._int_list_bytes(self._slack_list, np.array(self._slack_list))
-                       + len(self._budget_rows) * _BUDGET_ROW_BYTES)
+            budgets = (int(self._distances.nbytes) + sys.getsizeof(self._slack_of)
+                       + (len(self._slack_of) + len(self._budget_rows)) * _BUDGET_ROW_BYTES)
         return (sum(int(a.nbytes) for a in arrays) + self._list_bytes + self.table.nbytes + self._lookup_bytes
                 + budgets)
 

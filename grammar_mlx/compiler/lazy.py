@@ -67,6 +67,9 @@ if TYPE_CHECKING:
 
 BACKENDS = ("numpy", "mlx")
 _FAR = np.iinfo(np.int64).max  # a distance farther than any budget (none proven)
+# Byte-DFA states one U1 search may expand (byte rows are far cheaper than token rows; an on-demand
+# DFA creates the states it expands, so this also bounds what U1 adds to it).
+BYTE_SEARCH_STATES = 1 << 14
 # Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
 # an int object past the small-int cache, a numpy array header, a set entry.
 DICT_SLOT_BYTES = 72
@@ -461,7 +464,7 @@ class LazyIndex:
         -1 when none is known: an upper bound on `distance` (those tokens are tokens of every row on
         the way) that costs byte-DFA rows only, no token walks. A breadth-first search over the DFA's
         rows restricted to the single-byte tokens' classes, memoized along the winning path like
-        `distance` (so a value has a successor one less); cut off after `16 * distance_walks` states."""
+        `distance` (so a value has a successor one less); cut off after `BYTE_SEARCH_STATES` states."""
         memo = self._u1
         known = memo.get(state)
         if known is not None:
@@ -480,7 +483,7 @@ class LazyIndex:
         parent = {start: -1}
         layer, depth, best, via, expanded, cut = [start], 0, -1, -1, 0, False
         while layer and (best < 0 or depth + 2 < best):
-            if expanded + len(layer) > 16 * self.distance_walks:
+            if expanded + len(layer) > BYTE_SEARCH_STATES:
                 cut = True
                 break
             expanded += len(layer)
