@@ -183,6 +183,14 @@ class CompiledGrammar:
         was proven (farther than any budget). A value never changes for the grammar's lifetime."""
         raise NotImplementedError
 
+    def distance_bound(self, state: int) -> int | None:
+        """A cheap upper bound on `distance(state)` that never searches token rows: the distance
+        itself where known (always, for an eager grammar), else a lazy grammar's U1 (1 + the fewest
+        single-byte tokens to acceptance); None where neither is known. `distance(state) <=
+        distance_bound(state)` always holds, so a budget at least this large is sure to fit
+        (a start-of-request check need not search when it does)."""
+        raise NotImplementedError
+
     @property
     def min_completion_tokens(self) -> int | None:
         """`distance(initial_state)`: the fewest tokens a complete generation takes, EOS included."""
@@ -345,11 +353,8 @@ class EagerGrammar(CompiledGrammar):
         value = int(self._distance_table()[state])
         return None if value < 0 else value
 
-    def budget_mask_row(self, state: int, left: int) -> int:
-        if self._distances is None:
-            self._check_state(state)
-            self._distance_table()
-        return super().budget_mask_row(state, left)
+    def distance_bound(self, state: int) -> int | None:
+        return self.distance(state)
 
     def _budget_row(self, state: int, threshold: int) -> int:
         key = (state, threshold)
@@ -357,6 +362,8 @@ class EagerGrammar(CompiledGrammar):
         if row is not None:
             return row
         dist = self._distance_table()
+        if threshold >= self._slack_of[state]:  # the first call: slacks were not known yet
+            return self.mask_row(state)
         tokens, nxt = self._row(state)
         d = dist[nxt]
         keep = (d >= 0) & (d <= threshold)
@@ -466,6 +473,10 @@ class LazyGrammar(CompiledGrammar):
     def distance(self, state: int) -> int | None:
         self._check_state(state)
         return self.index.distance(state)
+
+    def distance_bound(self, state: int) -> int | None:
+        self._check_state(state)
+        return self.index.distance_bound(state)
 
     def _budget_row(self, state: int, threshold: int) -> int:
         return self.index.budget_row(state, threshold)

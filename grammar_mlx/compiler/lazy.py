@@ -459,6 +459,15 @@ class LazyIndex:
             known[u] = value
         return known[start]
 
+    def distance_bound(self, state: int) -> int | None:
+        """`distance(state)` where memoized, else U1 (`byte_bound`), else None: never a token search.
+        At least `distance(state)`, whenever that is computed (each memoized value is capped by U1)."""
+        known = self._distance.get(state, -1)
+        if known != -1:
+            return known
+        u1 = self.byte_bound(state)
+        return None if u1 < 0 else u1
+
     def byte_bound(self, state: int) -> int:
         """U1: 1 + the fewest single-byte tokens from `state` to acceptance (the terminal state 0), or
         -1 when none is known: an upper bound on `distance` (those tokens are tokens of every row on

@@ -130,7 +130,9 @@ def check_lazy_equals_eager(schema, vocab, seed: int) -> int:
     eager = compile_json_schema(schema, vocab, mode="eager", use_cache=False)
     pairs = 0
     for q, r in walk_pairs(lazy, eager, random.Random(seed), walks=6, steps=40):
-        assert lazy.distance(q) == eager.distance(r), (q, r)
+        bound = lazy.distance_bound(q)  # before the search: memoized, or U1
+        assert lazy.distance(q) == eager.distance(r) == eager.distance_bound(r), (q, r)
+        assert bound is not None and bound >= lazy.distance(q)
         pairs += 1
     assert lazy.min_completion_tokens == eager.min_completion_tokens
     assert lazy.stats["distance_undecided"] == 0
