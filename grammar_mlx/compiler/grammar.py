@@ -49,6 +49,9 @@ class GrammarFields(TypedDict):
 # A budget row's key (tuple of two ints) and its dict slot, upper-ish.
 _BUDGET_ROW_BYTES = 72 + 64 + 3 * 32
 
+# The eager distance search dedups (state, next) pairs in an n x n bool matrix up to this many cells.
+_PAIR_MATRIX_BITS = 1 << 24
+
 # next_state's per-state lookups (see CompiledGrammar.next_state), per grammar:
 SMALL_ROW = 64  # a row of at most this many tokens: a dict
 MAX_FORBIDDEN = 8192  # a row allowing all but at most this many ids: the forbidden ids, bisected
@@ -322,7 +325,13 @@ class EagerGrammar(CompiledGrammar):
             n = self.num_states
             sizes = np.diff(self.offsets)
             src = np.repeat(np.arange(n, dtype=np.int64), sizes)
-            pairs = np.unique(src * n + self.next.astype(np.int64))
+            keys = src * n + self.next.astype(np.int64)
+            if n * n <= _PAIR_MATRIX_BITS:  # distinct pairs by marking a matrix: no sort of every transition
+                marked = np.zeros(n * n, dtype=bool)
+                marked[keys] = True
+                pairs = np.flatnonzero(marked)
+            else:
+                pairs = np.unique(keys)
             pred, succ = pairs // n, pairs % n
             dist = np.full(n, -1, dtype=np.int64)
             dist[self.terminal_state] = 0
