@@ -226,9 +226,11 @@ class CompiledGrammar:
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
         """Sorted ids that `budget_mask_row(state, left)` allows (decoded from its row's bits)."""
         row = self.budget_mask_row(state, left)
-        table = np.array(self.device_masks()[row])
-        bits = np.unpackbits(table.view(np.uint8), bitorder="little")
+        bits = np.unpackbits(self._mask_table().rows[row].view(np.uint8), bitorder="little")
         return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+
+    def _mask_table(self) -> MaskTable:
+        raise NotImplementedError
 
     @property
     def nbytes(self) -> int:
@@ -365,6 +367,9 @@ class EagerGrammar(CompiledGrammar):
     def distance_bound(self, state: int) -> int | None:
         return self.distance(state)
 
+    def _mask_table(self) -> MaskTable:
+        return self.table
+
     def _budget_row(self, state: int, threshold: int) -> int:
         key = (state, threshold)
         row = self._budget_rows.get(key)
@@ -489,6 +494,9 @@ class LazyGrammar(CompiledGrammar):
 
     def _budget_row(self, state: int, threshold: int) -> int:
         return self.index.budget_row(state, threshold)
+
+    def _mask_table(self) -> MaskTable:
+        return self.index.table
 
     @property
     def nbytes(self) -> int:

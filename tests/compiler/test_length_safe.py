@@ -121,3 +121,28 @@ def test_a_spent_budget_or_a_position_past_it_gets_the_plain_row(vocabularies, m
     assert grammar.budget_mask_row(q0, need - 1) == plain  # too late: nothing fits, so nothing is narrowed
     tight = allowed(grammar, grammar.budget_mask_row(q0, need))
     assert all(grammar.distance(grammar.next_state(q0, int(t))) <= need - 1 for t in tight)
+
+
+def test_eager_and_lazy_budget_rows_allow_the_same_tokens(vocabularies):
+    """Along walks under tight budgets, the eager grammar's budget rows (its table grown past its own
+    masks) allow exactly the lazy grammar's tokens, and both decode as the kernels read them."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "bc"]}},
+                                               "pop": {"type": "integer"}}, "required": ["city", "pop"]}
+    vocab = vocabularies["smollm2"]
+    lazy = compile_json_schema(schema, vocab, mode="lazy", use_cache=False)
+    eager = compile_json_schema(schema, vocab, mode="eager", use_cache=False)
+    rng, need = random.Random(11), lazy.min_completion_tokens
+    assert need == eager.min_completion_tokens
+    masks = len(eager.masks)
+    for budget in [need, need, need + 1, need + 3, need + 8, need + 20]:
+        q, r, n = lazy.initial_state, eager.initial_state, 0
+        while q != lazy.terminal_state:
+            ids = lazy.budget_allowed_tokens(q, budget - n)
+            assert np.array_equal(ids, eager.budget_allowed_tokens(r, budget - n))
+            assert np.array_equal(ids, allowed(lazy, lazy.budget_mask_row(q, budget - n)))
+            assert np.array_equal(ids, allowed(eager, eager.budget_mask_row(r, budget - n)))
+            t = int(rng.choice(ids.tolist()))
+            q, r, n = lazy.next_state(q, t), eager.next_state(r, t), n + 1
+        assert r == eager.terminal_state and n <= budget
+    assert eager.table.num_rows > masks and eager.device_masks().shape[0] >= eager.table.num_rows
