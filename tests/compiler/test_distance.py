@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,9 +182,14 @@ def test_cut_off_distances_are_safe_consistent_and_fixed(vocabularies, monkeypat
         assert lazy.distance(q) == value
 
 
-def test_the_distance_limit_is_a_documented_limit():
-    assert isinstance(limits.DISTANCE_WALKS, int) and limits.DISTANCE_WALKS > 0
-    assert "GRAMMAR_MLX_DISTANCE_WALKS" in Path(limits.__file__).read_text()
+@pytest.mark.parametrize("value, expected", [("3", "3"), ("lots", "InvalidArgumentError")])
+def test_the_distance_limit_is_read_from_the_environment(value, expected):
+    code = "from grammar_mlx import limits; print(limits.DISTANCE_WALKS)"
+    env = {**os.environ, "GRAMMAR_MLX_DISTANCE_WALKS": value}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert expected in done.stdout + done.stderr
+    assert (done.returncode == 0) == (expected == "3")
 
 
 def test_threads_asking_at_once_get_the_exact_distances(vocabularies):
