@@ -69,7 +69,7 @@ BACKENDS = ("numpy", "mlx")
 _FAR = np.iinfo(np.int64).max  # a distance farther than any budget (none proven)
 # Byte-DFA states one U1 search may expand (byte rows are far cheaper than token rows; an on-demand
 # DFA creates the states it expands, so this also bounds what U1 adds to it).
-BYTE_SEARCH_STATES = 1 << 14
+BYTE_SEARCH_STATES = 1 << 16
 # Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
 # an int object past the small-int cache, a numpy array header, a set entry.
 DICT_SLOT_BYTES = 72
