@@ -303,6 +303,39 @@ class ByteDFA:
         live[self.dead] = False
         return live[: self.dead] if self.dead == n - 1 else live
 
+    def distance_by(self, alphabet: Iterable[int]) -> np.ndarray:
+        """Per state id, the fewest bytes of `alphabet` from it to an accepting state (-1: none; the
+        dead state -1): `live_by`'s backward search, a level at a time (every row is computed first)."""
+        self._all_rows()
+        cols = np.unique(self.classes[np.array(sorted(set(alphabet)), dtype=np.int64)])
+        n = self._num_states + 1
+        dist = np.where(self.accepting[:n], 0, -1).astype(np.int64)
+        dist[self.dead] = -1
+        if len(cols):
+            table = self.rows()[:n][:, cols]
+            src = np.repeat(np.arange(n, dtype=np.int64), len(cols))
+            dst = table.ravel().astype(np.int64)
+            edge = dst != self.dead
+            pairs = np.unique(dst[edge] * n + src[edge])
+            by_dst, preds = pairs // n, pairs % n
+            first = np.searchsorted(by_dst, np.arange(n + 1))
+            frontier, level = np.flatnonzero(dist == 0), 0
+            while len(frontier):
+                level += 1
+                lo, hi = first[frontier], first[frontier + 1]
+                counts = hi - lo
+                total = int(counts.sum())
+                if total == 0:
+                    break
+                ends = np.cumsum(counts)
+                at = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
+                found = preds[at]
+                found = np.unique(found[dist[found] < 0])
+                found = found[found != self.dead]
+                dist[found] = level
+                frontier = found
+        return dist
+
     # -- the stored layout: arrays (cache, worker pipe) and outlines-core --------------------------
 
     def arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

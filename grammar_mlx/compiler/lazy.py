@@ -176,6 +176,7 @@ class LazyIndex:
         # U1: 1 + the fewest single-byte tokens to acceptance, per DFA state (-1: none known), from a
         # search over the byte DFA's rows restricted to the classes of those bytes.
         self._u1: dict[int, int] = {self.terminal: 0}
+        self._u1_all: np.ndarray | None = None  # a complete DFA's U1 of every state (computed on first use)
         self._byte_cols = np.unique(dfa.classes[np.array(sorted(trie.single_bytes), dtype=np.int64)])
         self.fills = 0
         self.fill_seconds = 0.0
@@ -471,9 +472,11 @@ class LazyIndex:
     def byte_bound(self, state: int) -> int:
         """U1: 1 + the fewest single-byte tokens from `state` to acceptance (the terminal state 0), or
         -1 when none is known: an upper bound on `distance` (those tokens are tokens of every row on
-        the way) that costs byte-DFA rows only, no token walks. A breadth-first search over the DFA's
-        rows restricted to the single-byte tokens' classes, memoized along the winning path like
-        `distance` (so a value has a successor one less); cut off after `BYTE_SEARCH_STATES` states."""
+        the way) that costs byte-DFA rows only, no token walks. A complete DFA computes every state's
+        at once (`ByteDFA.distance_by`, exact); one built on demand searches breadth-first from the
+        state over the DFA's rows restricted to the single-byte tokens' classes, memoized along the
+        winning path like `distance` (so a value has a successor one less), cut off after
+        `BYTE_SEARCH_STATES` states."""
         memo = self._u1
         known = memo.get(state)
         if known is not None:
@@ -482,6 +485,13 @@ class LazyIndex:
             known = memo.get(state)
             if known is not None:
                 return known
+            if not self._growing:  # a complete DFA: every state's U1 at once, one backward search
+                if self._u1_all is None:
+                    bytes_to_go = self.dfa.distance_by(self.trie.single_bytes)
+                    u1 = np.where(bytes_to_go < 0, -1, bytes_to_go + 1)
+                    u1[self.terminal] = 0
+                    self._u1_all = u1
+                return int(self._u1_all[state])
             return self._byte_search(state)
 
     def _byte_search(self, start: int) -> int:
@@ -592,6 +602,7 @@ class LazyIndex:
             + len(self._distance) * DISTANCE_BYTES + len(self._distance_cut) * SET_SLOT_BYTES
             + self._succ_bytes + len(self.slack) * DISTANCE_BYTES + len(self._budget_rows) * BUDGET_ROW_BYTES
             + len(self._u1) * DISTANCE_BYTES + self._byte_cols.nbytes
+            + (self._u1_all.nbytes if self._u1_all is not None else 0)
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
             + self.dfa.nbytes

@@ -216,3 +216,16 @@ def test_threads_asking_at_once_get_the_exact_distances(vocabularies):
     for q, left, got, want, row in itertools.chain.from_iterable(results):
         assert got == want
         assert rows.setdefault((q, left), row) == row
+
+
+def test_a_complete_dfa_gives_the_same_byte_bound_as_the_search(vocabularies):
+    """U1 of a lazy grammar over a complete byte DFA (engine "outlines") comes from one backward
+    search over the DFA; it equals the forward search that DFAs built on demand use, and bounds the
+    exact distance from above."""
+    lazy = compile_json_schema(CITY, vocabularies["qwen3"], mode="lazy", engine="outlines", use_cache=False)
+    eager = compile_json_schema(CITY, vocabularies["qwen3"], mode="eager", use_cache=False)
+    index = lazy.index
+    assert not index.dfa.built_on_demand
+    for q, r in walk_pairs(lazy, eager, random.Random(4), walks=4, steps=30):
+        u1 = index.byte_bound(q)
+        assert u1 == index._byte_search(q) and u1 >= eager.distance(r)
