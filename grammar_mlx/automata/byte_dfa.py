@@ -60,6 +60,11 @@ class RowSource(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    def member_distance(self, q: int) -> int | None:
+        """The fewest bytes of the DFA's alphabet from a state whose row is not computed yet to
+        acceptance (-1: none), decided without computing rows; None once its row is known."""
+        ...
+
 
 class ByteDFA:
     """A DFA over bytes (see the module docstring). Built complete from the stored layout
@@ -176,6 +181,14 @@ class ByteDFA:
         live = np.zeros(size, dtype=bool)
         live[: len(self._live)] = self._live  # type: ignore[arg-type]
         self.table, self.accepting, self._live = table, accepting, live
+
+    def member_distance(self, q: int) -> int | None:
+        """For a DFA built on demand, a state whose row is still unknown: the fewest bytes of
+        `alphabet` to acceptance (-1: none), from the row source without computing any row; None
+        for a state whose row is known (and for a stored DFA: `distance_by` covers it)."""
+        if self._source is None:
+            return None
+        return self._source.member_distance(q)
 
     def next(self, state: int, byte: int) -> int:
         self.ensure_rows([state])

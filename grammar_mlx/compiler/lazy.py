@@ -494,11 +494,25 @@ class LazyIndex:
                 return int(self._u1_all[state])
             return self._byte_search(state)
 
+    def _member_bound(self, state: int) -> int:
+        """U1 of a state of a DFA built on demand whose row is not computed yet, from its NFA states
+        (no row computed, no state created); -2 for a state whose row is known."""
+        d = self.dfa.member_distance(state)
+        if d is None:
+            return -2
+        return -1 if d < 0 else d + 1
+
     def _byte_search(self, start: int) -> int:
         memo, dfa, cols, dead = self._u1, self.dfa, self._byte_cols, self.terminal
         if dfa.accepting[start]:
             memo[start] = 1
             return 1
+        # Rows the DFA has computed are searched; a state whose row is unknown ends the way with the
+        # U1 of its NFA states, so the search computes no row (a stored DFA takes `distance_by`).
+        e = self._member_bound(start)
+        if e != -2:
+            memo[start] = e
+            return e
         parent = {start: -1}
         layer, depth, best, via, expanded, cut = [start], 0, -1, -1, 0, False
         while layer and (best < 0 or depth + 2 < best):
@@ -506,7 +520,6 @@ class LazyIndex:
                 cut = True
                 break
             expanded += len(layer)
-            dfa.ensure_rows(layer)
             rows, accepting = dfa.rows(), dfa.accepting
             following = []
             for u in layer:
@@ -516,6 +529,10 @@ class LazyIndex:
                     e = memo.get(v, -2)
                     if e == -2 and accepting[v]:
                         e = memo[v] = 1
+                    if e == -2:
+                        e = self._member_bound(v)
+                        if e != -2:
+                            memo[v] = e
                     if e >= 0:
                         if best < 0 or depth + 1 + e < best:
                             best, via = depth + 1 + e, u
