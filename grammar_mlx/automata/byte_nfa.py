@@ -35,6 +35,11 @@ the alphabet — JSON grammars with any real vocabulary — every state is live 
 pass is skipped. (Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not
 count.) A state that is not live over single bytes may still be live over longer tokens:
 `compiler.lazy.LazyIndex` decides those.
+
+Distances over the alphabet (token budgets' single-byte bound, `compiler.lazy.LazyIndex.byte_bound`):
+the fewest bytes from a DFA state to acceptance is the least over its NFA states, which one 0-1
+backward search over the NFA gives (`_nfa_distances`, on the first `Determinizer.member_distance`);
+known while the DFA state's row is not computed (its NFA states are dropped then).
 """
 
 from __future__ import annotations

@@ -67,8 +67,8 @@ if TYPE_CHECKING:
 
 BACKENDS = ("numpy", "mlx")
 _FAR = np.iinfo(np.int64).max  # a distance farther than any budget (none proven)
-# Byte-DFA states one U1 search may expand (byte rows are far cheaper than token rows; an on-demand
-# DFA creates the states it expands, so this also bounds what U1 adds to it).
+# Byte-DFA states with known rows one U1 search may cross (it computes no row and creates no state,
+# so this is only a bound on its time).
 BYTE_SEARCH_STATES = 1 << 16
 # Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
 # an int object past the small-int cache, a numpy array header, a set entry.
@@ -474,9 +474,10 @@ class LazyIndex:
         -1 when none is known: an upper bound on `distance` (those tokens are tokens of every row on
         the way) that costs byte-DFA rows only, no token walks. A complete DFA computes every state's
         at once (`ByteDFA.distance_by`, exact); one built on demand searches breadth-first from the
-        state over the DFA's rows restricted to the single-byte tokens' classes, memoized along the
-        winning path like `distance` (so a value has a successor one less), cut off after
-        `BYTE_SEARCH_STATES` states."""
+        state over the rows it has computed, restricted to the single-byte tokens' classes, where a
+        state whose row is unknown ends the way with the U1 of its NFA states (`ByteDFA.
+        member_distance`), memoized along the winning path like `distance` (so a value has a
+        successor one less), cut off after `BYTE_SEARCH_STATES` states."""
         memo = self._u1
         known = memo.get(state)
         if known is not None:
