@@ -17,7 +17,7 @@ Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / 
 | `MAX_DFA_STATES` | 250,000 | `GRAMMAR_MLX_MAX_DFA_STATES` | states of a byte DFA, complete or built on demand |
 | `AUTO_EAGER_MAX_STATES` | 8 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` goes eager up to this many byte states |
 
-A compiled grammar's memory (per grammar; the last three: lazy grammars):
+A compiled grammar's memory and search (per grammar; the last four: lazy grammars):
 
 | name | default | environment variable | bounds |
 |---|---|---|---|
@@ -25,6 +25,7 @@ A compiled grammar's memory (per grammar; the last three: lazy grammars):
 | `LAZY_ROW_BYTES` | 256 MiB | `GRAMMAR_MLX_LAZY_ROW_BYTES` | token rows (past it: the least used dropped, recomputed) |
 | `LAZY_MASK_BYTES` | 1 GiB | `GRAMMAR_MLX_LAZY_MASK_BYTES` | the mask table (past it: `GrammarTooLargeError`) |
 | `LIVENESS_WALKS` | 256 | `GRAMMAR_MLX_LIVENESS_WALKS` | walks deciding whether a state is live (past it: a dead end) |
+| `DISTANCE_WALKS` | 4096 | `GRAMMAR_MLX_DISTANCE_WALKS` | walks per shortest-completion search (past it: a bound) |
 
 Masking: `ROW_CACHE_BYTES` (64 MiB, `GRAMMAR_MLX_ROW_CACHE_BYTES`), unpacked mask rows the CPU
 paths keep, all grammars together (`kernels.set_row_cache_limit` changes it at run time).
@@ -66,6 +67,7 @@ from .errors import CompileTimeoutError, InvalidArgumentError
 __all__ = [
     "COMPILE_TIMEOUT", "COMPILE_MEMORY", "MAX_REGEX_LENGTH", "MAX_NFA_STATES", "MAX_DFA_STATES",
     "AUTO_EAGER_MAX_STATES", "LOOKUP_BYTES", "LAZY_ROW_BYTES", "LAZY_MASK_BYTES", "LIVENESS_WALKS",
+    "DISTANCE_WALKS",
     "ROW_CACHE_BYTES", "SCHEMA_REGEX_LENGTH", "MAX_REGEX_NESTING", "MAX_SCHEMA_DEPTH", "MAX_INTEGER_DIGITS",
     "MAX_REPEAT", "MAX_UNION_BRANCHES", "MAX_LOGIC_ALTERNATIVES", "MAX_ENUMERATED", "MAX_ANY_DEPTH",
     "MAX_WHITESPACE", "CHAR_NFA_STATES", "CHAR_DFA_STATES", "CHAR_AST_NODES", "CHAR_AST_DEPTH",
@@ -110,6 +112,7 @@ LOOKUP_BYTES = _env_int("GRAMMAR_MLX_LOOKUP_BYTES", 64 << 20)
 LAZY_ROW_BYTES = _env_int("GRAMMAR_MLX_LAZY_ROW_BYTES", 256 << 20)
 LAZY_MASK_BYTES = _env_int("GRAMMAR_MLX_LAZY_MASK_BYTES", 1 << 30)
 LIVENESS_WALKS = _env_int("GRAMMAR_MLX_LIVENESS_WALKS", 256)
+DISTANCE_WALKS = _env_int("GRAMMAR_MLX_DISTANCE_WALKS", 4096)
 
 ROW_CACHE_BYTES = _env_int("GRAMMAR_MLX_ROW_CACHE_BYTES", 64 << 20)
 

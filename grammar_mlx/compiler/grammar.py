@@ -23,6 +23,7 @@ from ..errors import (
 )
 from ..vocabulary.token_bytes import Vocabulary
 from .lazy import LazyIndex
+from .mask_table import MaskTable
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -44,6 +45,9 @@ class GrammarFields(TypedDict):
     logits_width: int
     eos_token_ids: tuple[int, ...]
 
+
+# A budget row's key (tuple of two ints) and its dict slot, upper-ish.
+_BUDGET_ROW_BYTES = 72 + 64 + 3 * 32
 
 # next_state's per-state lookups (see CompiledGrammar.next_state), per grammar:
 SMALL_ROW = 64  # a row of at most this many tokens: a dict
@@ -165,8 +169,55 @@ class CompiledGrammar:
         raise NotImplementedError
 
     def device_masks(self) -> mx.array:
-        """The mask table as an `mx.array`, holding every row `mask_row` has returned so far."""
+        """The mask table as an `mx.array`, holding every row `mask_row` and `budget_mask_row` have
+        returned so far."""
         raise NotImplementedError
+
+    # -- token budgets (docs/compiled-grammar.md, "Token budgets") --------------------------------
+
+    def distance(self, state: int) -> int | None:
+        """The fewest tokens from `state` until generation has ended, the EOS token included: 0 in
+        the terminal state, 1 in an accepting one, else 1 + the least over the row's next states.
+        Exact, except where a lazy grammar's search was cut off (`limits.DISTANCE_WALKS`): then a
+        safe upper bound (some next state's value is at most one less), or None when no completion
+        was proven (farther than any budget). A value never changes for the grammar's lifetime."""
+        raise NotImplementedError
+
+    @property
+    def min_completion_tokens(self) -> int | None:
+        """`distance(initial_state)`: the fewest tokens a complete generation takes, EOS included."""
+        return self.distance(self.initial_state)
+
+    # Per state, the largest `left` at which its budget rows can differ from its plain row (the
+    # largest distance of its next states), where known: read on the per-token path.
+    _known_slack: Any
+
+    def budget_mask_row(self, state: int, left: int) -> int:
+        """The row of `device_masks()` allowing exactly the tokens t of `state`'s row with
+        `distance(next_state(state, t)) <= left - 1`, where `left` counts the tokens still allowed,
+        the one being chosen now included (so EOS fits iff left >= 1). `mask_row(state)` itself
+        when that is the whole row (the budget does not bind), when `left <= 0` (a position past the
+        budget, as speculative verification computes: nothing sampled there is kept), and when it
+        is empty (the budget already ran out: `distance(state) > left`). A fixed function of
+        (state, left) for the grammar's lifetime; cheap while the budget is far (one dict read and
+        a compare)."""
+        slack = self._known_slack(state)
+        if slack is not None and left > slack:
+            return self.mask_row(state)
+        self._check_state(state)
+        if left <= 0:
+            return self.mask_row(state)
+        return self._budget_row(state, left - 1)
+
+    def _budget_row(self, state: int, threshold: int) -> int:
+        raise NotImplementedError
+
+    def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
+        """Sorted ids that `budget_mask_row(state, left)` allows (decoded from its row's bits)."""
+        row = self.budget_mask_row(state, left)
+        table = np.array(self.device_masks()[row])
+        bits = np.unpackbits(table.view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
 
     @property
     def nbytes(self) -> int:
@@ -212,8 +263,14 @@ class EagerGrammar(CompiledGrammar):
         self._mask_rows = self.mask_id.tolist()
         self._list_bytes = (self._int_list_bytes(self._row_start, self.offsets)
                             + self._int_list_bytes(self._mask_rows, self.mask_id))
-        self._device_masks: mx.array | None = None
+        # The deduplicated mask table, seeded with `masks` (row ids = `mask_id`), grown by budget rows.
+        self.table = MaskTable(self.logits_width, int(self.masks.nbytes) + limits.LAZY_MASK_BYTES, seed=self.masks)
         self._lock = threading.Lock()
+        # Token budgets: exact distances of every state (computed on first use), -1 where unreachable.
+        self._distances: np.ndarray | None = None
+        self._slack_list: list[int] = []
+        self._known_slack = self._no_slack
+        self._budget_rows: dict[tuple[int, int], int] = {}
 
     def __repr__(self) -> str:
         return (f"EagerGrammar(states={self.num_states}, masks={len(self.masks)}, "
@@ -237,20 +294,88 @@ class EagerGrammar(CompiledGrammar):
         return self._mask_rows[state]
 
     def device_masks(self) -> mx.array:
-        """The mask table as an `mx.array`, created once: no mask bytes move per token."""
-        if self._device_masks is None:
-            with self._lock:
-                if self._device_masks is None:
-                    import mlx.core as mx
+        """The mask table as an `mx.array`, created once: no mask bytes move per token (a budget
+        row that no state's mask equals grows it, as a lazy grammar's does)."""
+        return self.table.device_masks()
 
-                    self._device_masks = mx.array(np.ascontiguousarray(self.masks))
-        return self._device_masks
+    @staticmethod
+    def _no_slack(state: int) -> None:
+        return None
+
+    def _distance_table(self) -> np.ndarray:
+        """Every state's exact distance: one backward breadth-first search from the terminal state
+        over the distinct (state, next) pairs of the tables; -1 where the end is unreachable."""
+        distances = self._distances
+        if distances is not None:
+            return distances
+        with self._lock:
+            if self._distances is not None:
+                return self._distances
+            n = self.num_states
+            sizes = np.diff(self.offsets)
+            src = np.repeat(np.arange(n, dtype=np.int64), sizes)
+            pairs = np.unique(src * n + self.next.astype(np.int64))
+            pred, succ = pairs // n, pairs % n
+            dist = np.full(n, -1, dtype=np.int64)
+            dist[self.terminal_state] = 0
+            frontier = np.zeros(n, dtype=bool)
+            frontier[self.terminal_state] = True
+            level = 0
+            while frontier.any():
+                level += 1
+                found = np.unique(pred[frontier[succ]])
+                found = found[dist[found] < 0]
+                dist[found] = level
+                frontier[:] = False
+                frontier[found] = True
+            # Slack: the largest distance of a state's next states (unreachable ones: farther than any).
+            far = np.iinfo(np.int64).max
+            of_next = np.where(dist[self.next] < 0, far, dist[self.next])
+            slack = np.zeros(n, dtype=np.int64)
+            rows = np.flatnonzero(sizes)
+            if len(rows):
+                slack[rows] = np.maximum.reduceat(of_next, self.offsets[:-1][rows])
+            self._slack_list = slack.tolist()
+            self._distances = dist
+            self._known_slack = self._slack_list.__getitem__
+            return dist
+
+    def distance(self, state: int) -> int | None:
+        self._check_state(state)
+        value = int(self._distance_table()[state])
+        return None if value < 0 else value
+
+    def budget_mask_row(self, state: int, left: int) -> int:
+        if self._distances is None:
+            self._check_state(state)
+            self._distance_table()
+        return super().budget_mask_row(state, left)
+
+    def _budget_row(self, state: int, threshold: int) -> int:
+        key = (state, threshold)
+        row = self._budget_rows.get(key)
+        if row is not None:
+            return row
+        dist = self._distance_table()
+        tokens, nxt = self._row(state)
+        d = dist[nxt]
+        keep = (d >= 0) & (d <= threshold)
+        if keep.all() or not keep.any():
+            row = self.mask_row(state)
+        else:
+            row = self.table.add(tokens[keep])
+        self._budget_rows.setdefault(key, row)  # a racing thread computed the same row (deduplicated)
+        return self._budget_rows[key]
 
     @property
     def nbytes(self) -> int:
         arrays = (self.offsets, self.tokens, self.next, self.accepting, self.masks, self.mask_id)
-        device = self._device_masks.nbytes if self._device_masks is not None else 0
-        return sum(int(a.nbytes) for a in arrays) + self._list_bytes + device + self._lookup_bytes
+        budgets = 0
+        if self._distances is not None:
+            budgets = (int(self._distances.nbytes) + self._int_list_bytes(self._slack_list, np.array(self._slack_list))
+                       + len(self._budget_rows) * _BUDGET_ROW_BYTES)
+        return (sum(int(a.nbytes) for a in arrays) + self._list_bytes + self.table.nbytes + self._lookup_bytes
+                + budgets)
 
     @staticmethod
     def _int_list_bytes(values: list[int], array: np.ndarray) -> int:
@@ -284,6 +409,7 @@ class LazyGrammar(CompiledGrammar):
         self.initial_state = index.dfa.initial
         self.terminal_state = index.terminal
         self._known_mask_row = index.mask_of.get  # mask_row's per-token path: a filled state's row
+        self._known_slack = index.slack.get  # budget_mask_row's: a state's slack, once known
         # A lookup shares its row's arrays with the index; once the index drops the row, the lookup
         # alone keeps them, and they count here (weakly bound: no cycle keeps the grammar alive).
         index.on_evict = weakref.WeakMethod(self._row_dropped)
@@ -332,9 +458,17 @@ class LazyGrammar(CompiledGrammar):
         return self.index.mask_row(state)
 
     def device_masks(self) -> mx.array:
-        """The mask table as an `mx.array`: every row `mask_row` has returned so far, and room for
-        more (rows past those are not written yet; a full table is replaced by one twice as large)."""
+        """The mask table as an `mx.array`: every row `mask_row` and `budget_mask_row` have returned
+        so far, and room for more (rows past those are not written yet; a full table is replaced by
+        one twice as large)."""
         return self.index.device_masks()
+
+    def distance(self, state: int) -> int | None:
+        self._check_state(state)
+        return self.index.distance(state)
+
+    def _budget_row(self, state: int, threshold: int) -> int:
+        return self.index.budget_row(state, threshold)
 
     @property
     def nbytes(self) -> int:

@@ -35,13 +35,13 @@ Memory bounds (per grammar, overridable; defaults in `grammar_mlx.limits`):
 Threads: one grammar serves concurrent requests. Reads of filled states take no lock; a fill runs
 under the index's lock (a state is filled once even when several threads ask at the same time).
 
-The mask table the kernels read (`device_masks()`) is one `mx.array` with room for more rows than
-it holds: a new row is written into it in place (through a numpy view of its memory,
-`kernels.shared_array`) before its id is handed out, and a full table is copied once into one of
-twice the rows, so a generation makes O(log U) tables for U distinct masks (`stats["table_copies"]`)
-and the kernels' per-table caches stay valid (the kernels package docstring, "Mask layout", states the rule). Where
-numpy cannot write into an MLX array's memory (`kernels.shared_array` returns None), the table is
-copied for each new row instead.
+The mask table the kernels read (`device_masks()`) is a `mask_table.MaskTable`: append-only,
+deduplicated, each row written before its id is handed out.
+
+Token budgets (`distance`, `budget_row`): the fewest tokens from a state to the end of generation,
+EOS included, found by a breadth-first search over the grammar's own rows (memoized; see
+`distance`), and per (state, threshold) the row of the tokens whose successor can still finish
+within the threshold: extra rows of the same table. docs/compiled-grammar.md, "Token budgets".
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ import numpy as np
 
 from .. import limits
 from ..automata.byte_dfa import ByteDFA
-from ..errors import GrammarTooLargeError, InvalidArgumentError, VocabularyMismatchError
+from ..errors import InvalidArgumentError, VocabularyMismatchError
 from ..limits import check_deadline
+from .mask_table import MaskTable
 from .token_index import TokenTrie, walk, walk_mlx
 
 if TYPE_CHECKING:
@@ -75,8 +76,11 @@ SET_SLOT_BYTES = 64
 ROW_OVERHEAD_BYTES = 2 * ARRAY_HEADER_BYTES + 56 + 2 * DICT_SLOT_BYTES + 8 + INT_BYTES
 # A filled state: its `mask_of` slot (with the state and row ints) and its `states_seen` entry.
 STATE_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + SET_SLOT_BYTES
-# A distinct mask: its slot in the content index (hash int, row id, the list holding it).
-MASK_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + 64
+# A memoized distance: its slot in `_distance` (state and value ints); a state's distinct successors
+# kept for the search (array header, dict slot, state int); a budget row's key (tuple, ints) and slot.
+DISTANCE_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES
+SUCCESSORS_OVERHEAD_BYTES = ARRAY_HEADER_BYTES + DICT_SLOT_BYTES + INT_BYTES
+BUDGET_ROW_BYTES = DICT_SLOT_BYTES + 64 + 3 * INT_BYTES
 
 
 def default_backend() -> str:
@@ -150,16 +154,21 @@ class LazyIndex:
         self._row_bytes = 0
         # A weakref.WeakMethod: called (state, tokens, nxt) when a row is dropped.
         self.on_evict: Callable[[], Callable[[int, np.ndarray, np.ndarray], object] | None] | None = None
-        self._num_masks = 0
-        self._mask_index: dict[int, list[int]] = {}  # hash of a packed row -> rows with those bytes
-        # The mask table: (mx.array or None, numpy array of the rows): the array's memory when shared
-        # (rows written in place), else a host copy that `device_masks` copies per new row.
-        self._table: tuple[mx.array | None, np.ndarray] = (None, np.zeros((0, self.words), dtype=np.uint32))
-        self._copy: tuple[int, mx.array] | None = None  # (rows in it, mx.array): the fallback's device copy
-        self._shared: bool | None = None  # whether tables are shared with numpy (decided on first use)
-        self.table_copies = 0
+        self.table = MaskTable(self.width, self.max_mask_bytes)
         self._lock = threading.RLock()
-        self._bits = np.zeros(self.words * 32, dtype=bool)
+        # Token budgets: E per state (None: no completion proven), the states whose E came from a
+        # cut-off search, distinct successors for the search, per state the largest budget at which
+        # its row can differ from the plain one (`slack`), and the budget rows by (state, threshold).
+        self.distance_walks = limits.DISTANCE_WALKS
+        self._distance: dict[int, int | None] = {self.terminal: 0}
+        self._distance_cut: set[int] = set()
+        self._succ: dict[int, np.ndarray] = {}
+        self._succ_bytes = 0
+        self.slack: dict[int, int] = {}  # read-only outside: a bound .get on the per-token path
+        self._budget_rows: dict[tuple[int, int], int] = {}
+        self.distance_searches = 0
+        self.distance_walks_done = 0
+        self.distance_undecided = 0
         self.fills = 0
         self.fill_seconds = 0.0
         self.fill_seconds_max = 0.0
@@ -202,27 +211,8 @@ class LazyIndex:
         return row
 
     def device_masks(self) -> mx.array:
-        """The mask table as an `mx.array` holding at least every row id handed out so far: one
-        object until it fills up (rows are added in place), or, where tables cannot be shared with
-        numpy, a new object for each new row."""
-        table = self._table[0]
-        if table is not None:
-            return table
-        copy = self._copy
-        if copy is not None and copy[0] == self._num_masks:
-            return copy[1]
-        with self._lock:
-            if self._shared is None:  # no row yet: decide how tables are kept
-                self._grow(4)
-            if self._table[0] is not None:
-                return self._table[0]
-            copy = self._copy
-            if copy is None or copy[0] != self._num_masks:
-                import mlx.core as mx
-
-                copy = self._copy = (self._num_masks, mx.array(self._table[1][: max(self._num_masks, 1)]))
-                self.table_copies += 1
-            return copy[1]
+        """The mask table as an `mx.array` holding at least every row id handed out so far."""
+        return self.table.device_masks()
 
     # -- liveness ------------------------------------------------------------------------------------
 
@@ -327,7 +317,7 @@ class LazyIndex:
             tokens.setflags(write=False)
             nxt.setflags(write=False)
             if state not in self.mask_of:
-                self.mask_of[state] = self._add_mask(tokens)
+                self.mask_of[state] = self.table.add(tokens)
             entry = (tokens, nxt)
             self._store(state, entry)
             elapsed = time.perf_counter() - started
@@ -336,50 +326,6 @@ class LazyIndex:
             self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
             self.states_seen.add(state)
             return entry
-
-    def _add_mask(self, tokens: np.ndarray) -> int:
-        bits = self._bits
-        bits[:] = False
-        bits[tokens] = True
-        packed = np.packbits(bits, bitorder="little").view("<u4")
-        key = hash(packed.tobytes())
-        same = self._mask_index.get(key)
-        if same is not None:
-            for row in same:  # equal hashes: compare the rows themselves
-                if np.array_equal(self._table[1][row], packed):
-                    return row
-        row = self._num_masks
-        if (row + 1) * self.words * 4 > self.max_mask_bytes:
-            raise GrammarTooLargeError(
-                f"the lazy grammar's mask table reached its limit of {self.max_mask_bytes / 2**20:.0f} MiB "
-                f"({row:,} distinct masks; GRAMMAR_MLX_LAZY_MASK_BYTES)")
-        if row == len(self._table[1]):  # full: twice the rows, amortized O(1) copies per row
-            self._grow(max(4, 2 * row))
-        table, host = self._table
-        if table is not None:
-            from ..kernels.dispatch import before_host_write
-
-            before_host_write()
-        host[row] = packed  # in place: row ids from `row` on were never handed out
-        self._mask_index.setdefault(key, []).append(row)
-        self._num_masks = row + 1  # last: readers see a row only once it is written
-        return row
-
-    def _grow(self, rows: int) -> None:
-        """A table of `rows` rows (at most what `max_mask_bytes` allows) holding the rows so far."""
-        rows = max(min(rows, self.max_mask_bytes // (4 * self.words)), self._num_masks + 1)
-        old = self._table[1]
-        shared = None
-        if self._shared is not False:
-            from ..kernels.dispatch import shared_array
-
-            shared = shared_array((rows, self.words), np.uint32)
-            self._shared = shared is not None
-        table, host = shared if shared is not None else (None, np.zeros((rows, self.words), dtype=np.uint32))
-        host[: self._num_masks] = old[: self._num_masks]
-        self._table = (table, host)  # one assignment: readers see the old table or the whole new one
-        if table is not None:
-            self.table_copies += 1
 
     def _store(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
         size = entry[0].nbytes + entry[1].nbytes
@@ -410,6 +356,119 @@ class LazyIndex:
             if callback is not None:
                 callback(state, tokens, nxt)
 
+    # -- token budgets ------------------------------------------------------------------------------
+
+    def distance(self, state: int) -> int | None:
+        """E(state): the fewest tokens from `state` until generation has ended, EOS included (the
+        terminal state 0, an accepting state 1), or None where no completion was proven.
+
+        A breadth-first search over the grammar's own rows from `state`, under the index's lock:
+        a state whose E is memoized is a portal (depth + E), an accepting one is 1 away from the
+        end; the search stops once no deeper state can beat the best found, and memoizes E along
+        the winning path (exact: each is the best less its depth, by the triangle inequality). A
+        search that would walk more than `distance_walks` new rows (`limits.DISTANCE_WALKS`), or
+        outlive a compile deadline in scope, is cut off: its best so far is a real path's length,
+        hence a safe upper bound, and consistent (each memoized value has a successor memoized at
+        most one less), or None when it found none (`stats["distance_undecided"]`). A value never
+        changes once returned, so budget masks are a fixed function of (state, budget)."""
+        known = self._distance.get(state, -1)
+        if known != -1:
+            return known
+        with self._lock:
+            known = self._distance.get(state, -1)
+            if known != -1:
+                return known
+            return self._search(state)
+
+    def _next_states(self, state: int) -> np.ndarray:
+        """The distinct next states of `state`'s row (kept for the distance search)."""
+        succ = self._succ.get(state)
+        if succ is None:
+            succ = np.unique(self.row(state)[1])
+            self._succ[state] = succ
+            self._succ_bytes += succ.nbytes + SUCCESSORS_OVERHEAD_BYTES
+        return succ
+
+    def _search(self, start: int) -> int | None:
+        known = self._distance
+        if self.dfa.accepting[start]:
+            known[start] = 1
+            return 1
+        self.distance_searches += 1
+        deadline = limits.current_deadline()
+        parent = {start: -1}
+        layer, depth, best, via, walks, cut = [start], 0, -1, -1, 0, False
+        while layer and (best < 0 or depth + 2 < best):  # a state of this layer is >= 2 from the end
+            following = []
+            for u in layer:
+                if u not in self._succ and u not in self._rows:  # a new row walk
+                    if walks >= self.distance_walks or (deadline is not None and deadline.expired):
+                        cut = True
+                        break
+                    walks += 1
+                succ = self._next_states(u)
+                accepting = self.dfa.accepting  # after the walk: a DFA built on demand grows its arrays
+                for v in succ.tolist():
+                    e = known.get(v, -1)
+                    if e == -1 and accepting[v]:
+                        e = known[v] = 1
+                    if e != -1:
+                        if e is not None and (best < 0 or depth + 1 + e < best):
+                            best, via = depth + 1 + e, u
+                    elif v not in parent:
+                        parent[v] = u
+                        following.append(v)
+            if cut:
+                break
+            layer, depth = following, depth + 1
+        self.distance_walks_done += walks
+        if best < 0:
+            if cut:
+                self.distance_undecided += 1
+                self._distance_cut.add(start)
+                known[start] = None
+            else:  # every state the search reached has no way to the end (or only through unproven ones)
+                for u in parent:
+                    known[u] = None
+            return None
+        path = []
+        while via != -1:
+            path.append(via)
+            via = parent[via]
+        # path[-1] is start (depth 0), path[0] the state next to the portal (depth len(path) - 1).
+        for i, u in enumerate(reversed(path)):
+            known[u] = best - i
+        if cut:
+            self.distance_undecided += 1
+            self._distance_cut.update(path)
+        return best
+
+    def budget_row(self, state: int, threshold: int) -> int:
+        """The mask row allowing the tokens of `state`'s row whose next state has E <= `threshold`
+        (`threshold` >= 0); `state`'s own row where that is all of it or none. Records `slack[state]`,
+        the largest E of its successors (a budget row differs from the plain one only below it)."""
+        key = (state, threshold)
+        row = self._budget_rows.get(key)
+        if row is not None:
+            return row
+        with self._lock:
+            row = self._budget_rows.get(key)
+            if row is not None:
+                return row
+            tokens, nxt = self.row(state)
+            succ = self._next_states(state)
+            far = np.iinfo(np.int64).max
+            dist = np.array([far if e is None else e for e in map(self.distance, succ.tolist())], dtype=np.int64)
+            if len(dist):
+                self.slack[state] = int(dist.max())
+            keep = dist[np.searchsorted(succ, nxt)] <= threshold
+            if keep.all() or not keep.any():
+                row = self.mask_row(state)
+            else:
+                row = self.table.add(tokens[keep])
+            self._budget_rows[key] = row
+            return row
+
     # -- reporting -------------------------------------------------------------------------------
 
     @property
@@ -418,13 +477,11 @@ class LazyIndex:
         allocated (and the fallback's device copy), per-state and per-mask bookkeeping, the
         liveness search's memos, and the DFA's own `nbytes`. Python containers are counted per
         entry at upper-ish sizes (the constants above); the trie is shared and not counted."""
-        host = self._table[1]
-        copy = self._copy
         return int(
-            self._row_bytes + len(self._rows) * ROW_OVERHEAD_BYTES
-            + host.nbytes + (copy[1].nbytes if copy is not None else 0)
-            + len(self.mask_of) * STATE_OVERHEAD_BYTES + self._num_masks * MASK_OVERHEAD_BYTES
-            + self._bits.nbytes + self._search_bytes
+            self._row_bytes + len(self._rows) * ROW_OVERHEAD_BYTES + self.table.nbytes
+            + len(self.mask_of) * STATE_OVERHEAD_BYTES + self._search_bytes
+            + len(self._distance) * DISTANCE_BYTES + len(self._distance_cut) * SET_SLOT_BYTES
+            + self._succ_bytes + len(self.slack) * DISTANCE_BYTES + len(self._budget_rows) * BUDGET_ROW_BYTES
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
             + self.dfa.nbytes
@@ -441,15 +498,19 @@ class LazyIndex:
                 "rows_evicted": self.rows_evicted,
                 "row_bytes": self._row_bytes,
                 "num_transitions": int(sum(len(r[0]) for r in rows)),
-                "num_masks": self._num_masks,
-                "mask_bytes": self._num_masks * self.words * 4,
+                "num_masks": self.table.num_rows,
+                "mask_bytes": self.table.num_rows * self.words * 4,
                 "mask_bytes_before_dedup": len(self.states_seen) * self.words * 4,
-                "table_rows": len(self._table[1]),
-                "table_copies": self.table_copies,
+                "table_rows": self.table.capacity,
+                "table_copies": self.table.copies,
                 "backend": self.backend,
                 "byte_states_built": int(self.dfa.num_states),
                 "liveness_searches": self.liveness_searches,
                 "liveness_walks": self.liveness_walks_done,
                 "liveness_undecided": self.liveness_undecided,
                 "dead_end_tokens": self.dead_end_tokens,
+                "distance_searches": self.distance_searches,
+                "distance_walks": self.distance_walks_done,
+                "distance_undecided": self.distance_undecided,
+                "budget_rows": len(self._budget_rows),
             }

@@ -1,0 +1,172 @@
+"""`MaskTable`: a grammar's append-only, deduplicated table of packed allowed-token masks.
+
+Both grammar kinds hand out row ids of one such table: a lazy grammar appends a state's mask on
+its first visit, and every grammar appends the rows of token budgets (`CompiledGrammar.
+budget_mask_row`). An eager grammar seeds the table with its complete `masks` (row ids = its
+`mask_id`), so its table grows only when a budget binds.
+
+The table the kernels read (`device_masks()`) is one `mx.array` with room for more rows than it
+holds: a new row is written into it in place (through a numpy view of its memory,
+`kernels.shared_array`) before its id is handed out, and a full table is copied once into one of
+twice the rows, so U distinct rows make O(log U) tables (`copies`) and the kernels' per-table
+caches stay valid (the kernels package docstring, "Mask layout", states the rule). Where numpy
+cannot write into an MLX array's memory (`kernels.shared_array` returns None), the table is copied
+for each new row instead. A seeded table starts at exactly its seed's rows (no spare room until the
+first added row).
+
+Threads: `add` runs under the table's lock; `device_masks` reads without one in the common case.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import GrammarTooLargeError
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+# A distinct row's slot in the content index (hash int, row id, the list holding it), upper-ish.
+ROW_INDEX_BYTES = 72 + 2 * 32 + 64
+
+
+class MaskTable:
+    """Packed masks of `width` tokens (`ceil(width / 32)` uint32 words a row), deduplicated by content.
+
+    `max_bytes` bounds the rows' bytes (one more distinct row raises `GrammarTooLargeError`, naming
+    `limit_name`); `seed`: rows the table starts with, row i = seed[i] (not deduplicated among
+    themselves, and indexed for deduplication only once a row is added)."""
+
+    def __init__(self, width: int, max_bytes: int, *, seed: np.ndarray | None = None,
+                 limit_name: str = "GRAMMAR_MLX_LAZY_MASK_BYTES") -> None:
+        self.width = int(width)
+        self.words = -(-self.width // 32)
+        self.max_bytes = int(max_bytes)
+        self.limit_name = limit_name
+        self._seed = seed
+        self.num_rows = 0 if seed is None else len(seed)  # rows handed out (written)
+        self._index: dict[int, list[int]] | None = {} if seed is None else None  # hash of a packed row -> rows
+        # (mx.array or None, numpy array of the rows): the array's memory when shared (rows written
+        # in place), else a host copy that `device_masks` copies per new row.
+        self._table: tuple[mx.array | None, np.ndarray] = (
+            None, np.zeros((0, self.words), dtype=np.uint32) if seed is None else seed)
+        self._copy: tuple[int, mx.array] | None = None  # (rows in it, mx.array): the fallback's device copy
+        self._shared: bool | None = None  # whether tables are shared with numpy (decided on first use)
+        self.copies = 0  # device tables made by growing (or, unshared, per new row)
+        self._bits = np.zeros(self.words * 32, dtype=bool)
+        self._lock = threading.RLock()
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The written rows (a view; never write into it)."""
+        return self._table[1][: self.num_rows]
+
+    @property
+    def capacity(self) -> int:
+        """Rows the current table has room for."""
+        return len(self._table[1])
+
+    def device_masks(self) -> mx.array:
+        """The table as an `mx.array` holding at least every row id handed out so far: one object
+        until it fills up (rows are added in place), or, where tables cannot be shared with numpy,
+        a new object for each new row."""
+        table = self._table[0]
+        if table is not None:
+            return table
+        copy = self._copy
+        if copy is not None and copy[0] == self.num_rows:
+            return copy[1]
+        with self._lock:
+            if self._shared is None:  # no device table yet: decide how tables are kept
+                self._grow(max(4, self.num_rows) if self._seed is None else self.num_rows)
+            if self._table[0] is not None:
+                return self._table[0]
+            copy = self._copy
+            if copy is None or copy[0] != self.num_rows:
+                import mlx.core as mx
+
+                copy = self._copy = (self.num_rows, mx.array(self._table[1][: max(self.num_rows, 1)]))
+                self.copies += 1
+            return copy[1]
+
+    def pack(self, tokens: np.ndarray) -> np.ndarray:
+        """The packed row allowing exactly `tokens` (ids below `width`); call under the lock."""
+        bits = self._bits
+        bits[:] = False
+        bits[tokens] = True
+        return np.packbits(bits, bitorder="little").view("<u4")
+
+    def add(self, tokens: np.ndarray) -> int:
+        """The id of the row allowing exactly `tokens`: an equal row's, or a new row written before
+        its id is returned."""
+        with self._lock:
+            packed = self.pack(tokens)
+            key = hash(packed.tobytes())
+            index = self._content_index()
+            same = index.get(key)
+            if same is not None:
+                for row in same:  # equal hashes: compare the rows themselves
+                    if np.array_equal(self._table[1][row], packed):
+                        return row
+            row = self.num_rows
+            if (row + 1) * self.words * 4 > self.max_bytes:
+                raise GrammarTooLargeError(
+                    f"the grammar's mask table reached its limit of {self.max_bytes / 2**20:.0f} MiB "
+                    f"({row:,} distinct masks; {self.limit_name})")
+            if row == self.capacity:  # full: twice the rows, amortized O(1) copies per row
+                self._grow(max(4, 2 * row))
+            table, host = self._table
+            if table is not None:
+                from ..kernels.dispatch import before_host_write
+
+                before_host_write()
+            host[row] = packed  # in place: row ids from `row` on were never handed out
+            index.setdefault(key, []).append(row)
+            self.num_rows = row + 1  # last: readers see a row only once it is written
+            return row
+
+    def _content_index(self) -> dict[int, list[int]]:
+        index = self._index
+        if index is None:  # a seeded table: index its rows on the first add
+            index = {}
+            host = self._table[1]
+            for row in range(self.num_rows):
+                index.setdefault(hash(host[row].tobytes()), []).append(row)
+            self._index = index
+        return index
+
+    def _grow(self, rows: int) -> None:
+        """A table of `rows` rows (at most what `max_bytes` allows) holding the rows so far."""
+        rows = max(min(rows, self.max_bytes // (4 * self.words)), self.num_rows, 1)
+        old = self._table[1]
+        shared = None
+        if self._shared is not False:
+            from ..kernels.dispatch import shared_array
+
+            shared = shared_array((rows, self.words), np.uint32)
+            self._shared = shared is not None
+        if shared is not None:
+            table, host = shared
+            host[: self.num_rows] = old[: self.num_rows]
+        elif rows == len(old):  # unshared and no room needed (a seeded table's first device copy)
+            table, host = None, old
+        else:
+            table, host = None, np.zeros((rows, self.words), dtype=np.uint32)
+            host[: self.num_rows] = old[: self.num_rows]
+        self._table = (table, host)  # one assignment: readers see the old table or the whole new one
+        if table is not None:
+            self.copies += 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held beyond the seed (which its owner counts): the table as allocated (shared with
+        the device, or a host copy plus the fallback's device copy), the content index, the packing
+        buffer."""
+        host = self._table[1]
+        copy = self._copy
+        own = 0 if host is self._seed else host.nbytes
+        index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES
+        return int(own + (copy[1].nbytes if copy is not None else 0) + index + self._bits.nbytes)
