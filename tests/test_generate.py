@@ -430,16 +430,19 @@ def test_length_safe_off_behaves_as_before(smollm):
 
 @pytest.mark.slow
 def test_a_budget_below_the_shortest_completion_is_refused_before_decoding(smollm, monkeypatch):
-    import mlx_lm.generate
+    import sys
+
+    from grammar_mlx import compile_json_schema
 
     model, tokenizer = smollm
-    needed = generate_structured(model, tokenizer, TOKYO, schema=CITY, max_tokens=40).stats.min_completion_tokens
+    needed = compile_json_schema(CITY, tokenizer, logits_width=logits_width_of(model)).min_completion_tokens
     assert needed is not None and needed > 2
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("a budget too small must be refused before decoding")
 
-    monkeypatch.setattr(mlx_lm.generate, "stream_generate", no_decoding)
+    # The module (the package's `mlx_lm.generate` attribute is its function of that name).
+    monkeypatch.setattr(sys.modules["mlx_lm.generate"], "stream_generate", no_decoding)
     for call in (lambda: generate_json(model, tokenizer, TOKYO, CITY, max_tokens=needed - 1),
                  lambda: next(stream_json(model, tokenizer, TOKYO, CITY, max_tokens=needed - 1)),
                  lambda: json_logits_processor(CITY, tokenizer, model=model, max_tokens=needed - 1)):
