@@ -26,6 +26,8 @@ since the row is a function of (state, m) alone.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -85,7 +87,24 @@ def check_token_budget(compiled: MaskedGrammar, max_tokens: int) -> int | None:
             f"max_tokens={max_tokens} is too small for this grammar: its shortest complete output takes "
             f"{needed} tokens, end of sequence included; set max_tokens to at least {needed}",
             needed=needed, max_tokens=max_tokens)
+    if needed is None:
+        _log_unproven_once(compiled)
     return needed
+
+
+_UNPROVEN: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _log_unproven_once(compiled: MaskedGrammar) -> None:
+    try:
+        if compiled in _UNPROVEN:
+            return
+        _UNPROVEN.add(compiled)
+    except TypeError:  # not weak-referenceable: logged every time
+        pass
+    logging.getLogger(__name__).warning(
+        "length-safe decoding: the grammar's search bound proved no completion from its initial state; "
+        "the output is steered toward the completions it knows but may still end on the token budget")
 
 
 def budget_steered_positions(compiled: MaskedGrammar, tokens: Sequence[int], max_tokens: int) -> int:

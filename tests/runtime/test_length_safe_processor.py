@@ -189,12 +189,17 @@ def test_max_tokens_must_be_a_positive_int(bad):
         GrammarProcessor(completable(0), max_tokens=bad)
 
 
-def test_an_unproven_completion_is_not_refused():
-    # 0 -a-> 0 only, never accepting: no completion exists, min_completion_tokens is None; the
-    # processor cannot promise anything and masks to the grammar (plain rows).
+def test_an_unproven_completion_is_not_refused_and_is_logged_once(caplog):
+    # 0 -a-> 0 only, never accepting: no completion exists, min_completion_tokens is None (as a
+    # lazy grammar's cut-off search can leave it); the processor cannot promise anything, says so
+    # once per grammar, and masks to the grammar (plain rows).
     g = FakeGrammar([{0: 0}], 0, [], (3,), 8)
     assert g.min_completion_tokens is None
-    proc = GrammarProcessor(g, max_tokens=4)
+    with caplog.at_level("WARNING", logger="grammar_mlx.runtime.processor"):
+        proc = GrammarProcessor(g, max_tokens=4)
+        GrammarProcessor(g, max_tokens=9)
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "proved no completion" in caplog.records[0].message
     assert proc.min_completion_tokens is None
     out = np.asarray(proc(mx.array([7]), mx.zeros((1, 8))))
     assert np.flatnonzero(np.isfinite(out[0])).tolist() == [0]
