@@ -49,6 +49,9 @@ class GrammarFields(TypedDict):
 # A budget row's key (tuple of two ints) and its dict slot, upper-ish.
 _BUDGET_ROW_BYTES = 72 + 64 + 3 * 32
 
+# The eager distance search dedups (state, next) pairs in an n x n bool matrix up to this many cells.
+_PAIR_MATRIX_BITS = 1 << 24
+
 # next_state's per-state lookups (see CompiledGrammar.next_state), per grammar:
 SMALL_ROW = 64  # a row of at most this many tokens: a dict
 MAX_FORBIDDEN = 8192  # a row allowing all but at most this many ids: the forbidden ids, bisected
@@ -183,6 +186,14 @@ class CompiledGrammar:
         was proven (farther than any budget). A value never changes for the grammar's lifetime."""
         raise NotImplementedError
 
+    def distance_bound(self, state: int) -> int | None:
+        """A cheap upper bound on `distance(state)` that never searches token rows: the distance
+        itself where known (always, for an eager grammar), else a lazy grammar's U1 (1 + the fewest
+        single-byte tokens to acceptance); None where neither is known. `distance(state) <=
+        distance_bound(state)` always holds, so a budget at least this large is sure to fit
+        (a start-of-request check need not search when it does)."""
+        raise NotImplementedError
+
     @property
     def min_completion_tokens(self) -> int | None:
         """`distance(initial_state)`: the fewest tokens a complete generation takes, EOS included."""
@@ -215,9 +226,11 @@ class CompiledGrammar:
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
         """Sorted ids that `budget_mask_row(state, left)` allows (decoded from its row's bits)."""
         row = self.budget_mask_row(state, left)
-        table = np.array(self.device_masks()[row])
-        bits = np.unpackbits(table.view(np.uint8), bitorder="little")
+        bits = np.unpackbits(self._mask_table().rows[row].view(np.uint8), bitorder="little")
         return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+
+    def _mask_table(self) -> MaskTable:
+        raise NotImplementedError
 
     @property
     def nbytes(self) -> int:
@@ -268,7 +281,7 @@ class EagerGrammar(CompiledGrammar):
         self._lock = threading.Lock()
         # Token budgets: exact distances of every state (computed on first use), -1 where unreachable.
         self._distances: np.ndarray | None = None
-        self._slack_list: list[int] = []
+        self._slack_of: dict[int, int] = {}
         self._known_slack = self._no_slack
         self._budget_rows: dict[tuple[int, int], int] = {}
 
@@ -314,7 +327,13 @@ class EagerGrammar(CompiledGrammar):
             n = self.num_states
             sizes = np.diff(self.offsets)
             src = np.repeat(np.arange(n, dtype=np.int64), sizes)
-            pairs = np.unique(src * n + self.next.astype(np.int64))
+            keys = src * n + self.next.astype(np.int64)
+            if n * n <= _PAIR_MATRIX_BITS:  # distinct pairs by marking a matrix: no sort of every transition
+                marked = np.zeros(n * n, dtype=bool)
+                marked[keys] = True
+                pairs = np.flatnonzero(marked)
+            else:
+                pairs = np.unique(keys)
             pred, succ = pairs // n, pairs % n
             dist = np.full(n, -1, dtype=np.int64)
             dist[self.terminal_state] = 0
@@ -335,9 +354,9 @@ class EagerGrammar(CompiledGrammar):
             rows = np.flatnonzero(sizes)
             if len(rows):
                 slack[rows] = np.maximum.reduceat(of_next, self.offsets[:-1][rows])
-            self._slack_list = slack.tolist()
+            self._slack_of = dict(enumerate(slack.tolist()))
             self._distances = dist
-            self._known_slack = self._slack_list.__getitem__
+            self._known_slack = self._slack_of.get
             return dist
 
     def distance(self, state: int) -> int | None:
@@ -345,11 +364,11 @@ class EagerGrammar(CompiledGrammar):
         value = int(self._distance_table()[state])
         return None if value < 0 else value
 
-    def budget_mask_row(self, state: int, left: int) -> int:
-        if self._distances is None:
-            self._check_state(state)
-            self._distance_table()
-        return super().budget_mask_row(state, left)
+    def distance_bound(self, state: int) -> int | None:
+        return self.distance(state)
+
+    def _mask_table(self) -> MaskTable:
+        return self.table
 
     def _budget_row(self, state: int, threshold: int) -> int:
         key = (state, threshold)
@@ -357,6 +376,8 @@ class EagerGrammar(CompiledGrammar):
         if row is not None:
             return row
         dist = self._distance_table()
+        if threshold >= self._slack_of[state]:  # the first call: slacks were not known yet
+            return self.mask_row(state)
         tokens, nxt = self._row(state)
         d = dist[nxt]
         keep = (d >= 0) & (d <= threshold)
@@ -372,8 +393,8 @@ class EagerGrammar(CompiledGrammar):
         arrays = (self.offsets, self.tokens, self.next, self.accepting, self.masks, self.mask_id)
         budgets = 0
         if self._distances is not None:
-            budgets = (int(self._distances.nbytes) + self._int_list_bytes(self._slack_list, np.array(self._slack_list))
-                       + len(self._budget_rows) * _BUDGET_ROW_BYTES)
+            budgets = (int(self._distances.nbytes) + sys.getsizeof(self._slack_of)
+                       + (len(self._slack_of) + len(self._budget_rows)) * _BUDGET_ROW_BYTES)
         return (sum(int(a.nbytes) for a in arrays) + self._list_bytes + self.table.nbytes + self._lookup_bytes
                 + budgets)
 
@@ -467,8 +488,15 @@ class LazyGrammar(CompiledGrammar):
         self._check_state(state)
         return self.index.distance(state)
 
+    def distance_bound(self, state: int) -> int | None:
+        self._check_state(state)
+        return self.index.distance_bound(state)
+
     def _budget_row(self, state: int, threshold: int) -> int:
         return self.index.budget_row(state, threshold)
+
+    def _mask_table(self) -> MaskTable:
+        return self.index.table
 
     @property
     def nbytes(self) -> int:

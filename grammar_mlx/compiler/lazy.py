@@ -66,6 +66,10 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
 BACKENDS = ("numpy", "mlx")
+_FAR = np.iinfo(np.int64).max  # a distance farther than any budget (none proven)
+# Byte-DFA states one U1 search may expand (byte rows are far cheaper than token rows; an on-demand
+# DFA creates the states it expands, so this also bounds what U1 adds to it).
+BYTE_SEARCH_STATES = 1 << 16
 # Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
 # an int object past the small-int cache, a numpy array header, a set entry.
 DICT_SLOT_BYTES = 72
@@ -169,6 +173,10 @@ class LazyIndex:
         self.distance_searches = 0
         self.distance_walks_done = 0
         self.distance_undecided = 0
+        # U1: 1 + the fewest single-byte tokens to acceptance, per DFA state (-1: none known), from a
+        # search over the byte DFA's rows restricted to the classes of those bytes.
+        self._u1: dict[int, int] = {self.terminal: 0}
+        self._byte_cols = np.unique(dfa.classes[np.array(sorted(trie.single_bytes), dtype=np.int64)])
         self.fills = 0
         self.fill_seconds = 0.0
         self.fill_seconds_max = 0.0
@@ -422,14 +430,20 @@ class LazyIndex:
                 break
             layer, depth = following, depth + 1
         self.distance_walks_done += walks
-        if best < 0:
-            if cut:
-                self.distance_undecided += 1
+        if cut:
+            # A bound: the best path found, or the single-byte one (U1), whichever is shorter. Each
+            # value memoized here is capped by its U1, so every memoized value is at most its U1, and
+            # a value equal to U1 has its single-byte successor at most U1 - 1: consistent.
+            self.distance_undecided += 1
+            u1 = self.byte_bound(start)
+            if best < 0 or 0 <= u1 < best:
+                value = None if u1 < 0 else u1
+                known[start] = value
                 self._distance_cut.add(start)
-                known[start] = None
-            else:  # every state the search reached has no way to the end (or only through unproven ones)
-                for u in parent:
-                    known[u] = None
+                return value
+        if best < 0:  # every state the search reached has no way to the end (or only through unproven ones)
+            for u in parent:
+                known[u] = None
             return None
         path = []
         while via != -1:
@@ -437,11 +451,105 @@ class LazyIndex:
             via = parent[via]
         # path[-1] is start (depth 0), path[0] the state next to the portal (depth len(path) - 1).
         for i, u in enumerate(reversed(path)):
-            known[u] = best - i
-        if cut:
-            self.distance_undecided += 1
-            self._distance_cut.update(path)
+            value = best - i
+            if cut:
+                u1 = self.byte_bound(u)
+                value = value if u1 < 0 else min(value, u1)
+                self._distance_cut.add(u)
+            known[u] = value
+        return known[start]
+
+    def distance_bound(self, state: int) -> int | None:
+        """`distance(state)` where memoized, else U1 (`byte_bound`), else None: never a token search.
+        At least `distance(state)`, whenever that is computed (each memoized value is capped by U1)."""
+        known = self._distance.get(state, -1)
+        if known != -1:
+            return known
+        u1 = self.byte_bound(state)
+        return None if u1 < 0 else u1
+
+    def byte_bound(self, state: int) -> int:
+        """U1: 1 + the fewest single-byte tokens from `state` to acceptance (the terminal state 0), or
+        -1 when none is known: an upper bound on `distance` (those tokens are tokens of every row on
+        the way) that costs byte-DFA rows only, no token walks. A breadth-first search over the DFA's
+        rows restricted to the single-byte tokens' classes, memoized along the winning path like
+        `distance` (so a value has a successor one less); cut off after `BYTE_SEARCH_STATES` states."""
+        memo = self._u1
+        known = memo.get(state)
+        if known is not None:
+            return known
+        with self._lock:
+            known = memo.get(state)
+            if known is not None:
+                return known
+            return self._byte_search(state)
+
+    def _byte_search(self, start: int) -> int:
+        memo, dfa, cols, dead = self._u1, self.dfa, self._byte_cols, self.terminal
+        if dfa.accepting[start]:
+            memo[start] = 1
+            return 1
+        parent = {start: -1}
+        layer, depth, best, via, expanded, cut = [start], 0, -1, -1, 0, False
+        while layer and (best < 0 or depth + 2 < best):
+            if expanded + len(layer) > BYTE_SEARCH_STATES:
+                cut = True
+                break
+            expanded += len(layer)
+            dfa.ensure_rows(layer)
+            rows, accepting = dfa.rows(), dfa.accepting
+            following = []
+            for u in layer:
+                for v in np.unique(rows[u, cols]).tolist():
+                    if v == dead:
+                        continue
+                    e = memo.get(v, -2)
+                    if e == -2 and accepting[v]:
+                        e = memo[v] = 1
+                    if e >= 0:
+                        if best < 0 or depth + 1 + e < best:
+                            best, via = depth + 1 + e, u
+                    elif e == -2 and v not in parent:
+                        parent[v] = u
+                        following.append(v)
+            layer, depth = following, depth + 1
+        if best < 0:
+            if cut:
+                memo[start] = -1
+            else:
+                for u in parent:
+                    memo[u] = -1
+            return -1
+        path = []
+        while via != -1:
+            path.append(via)
+            via = parent[via]
+        for i, u in enumerate(reversed(path)):
+            memo[u] = best - i
         return best
+
+    def slack_of(self, state: int) -> int:
+        """The largest `left` at which a budget can narrow `state`'s row: the largest distance bound
+        of its next states (exact where known, else U1; a state without one: farther than any
+        budget). Recorded in `slack`, the per-token path's test; tightened by `budget_row`."""
+        slack = self.slack.get(state)
+        if slack is not None:
+            return slack
+        with self._lock:
+            worst = 0
+            for v in self._next_states(state).tolist():
+                e = self._distance.get(v, -1)
+                if e is None:
+                    worst = _FAR
+                    break
+                if e < 0:
+                    e = self.byte_bound(v)
+                    if e < 0:
+                        worst = _FAR
+                        break
+                worst = max(worst, e)
+            self.slack[state] = worst
+            return worst
 
     def budget_row(self, state: int, threshold: int) -> int:
         """The mask row allowing the tokens of `state`'s row whose next state has E <= `threshold`
@@ -451,14 +559,15 @@ class LazyIndex:
         row = self._budget_rows.get(key)
         if row is not None:
             return row
+        if threshold >= self.slack_of(state):  # every next state is within the threshold: no search
+            return self.mask_row(state)
         with self._lock:
             row = self._budget_rows.get(key)
             if row is not None:
                 return row
             tokens, nxt = self.row(state)
             succ = self._next_states(state)
-            far = np.iinfo(np.int64).max
-            dist = np.array([far if e is None else e for e in map(self.distance, succ.tolist())], dtype=np.int64)
+            dist = np.array([_FAR if e is None else e for e in map(self.distance, succ.tolist())], dtype=np.int64)
             if len(dist):
                 self.slack[state] = int(dist.max())
             keep = dist[np.searchsorted(succ, nxt)] <= threshold
@@ -482,6 +591,7 @@ class LazyIndex:
             + len(self.mask_of) * STATE_OVERHEAD_BYTES + self._search_bytes
             + len(self._distance) * DISTANCE_BYTES + len(self._distance_cut) * SET_SLOT_BYTES
             + self._succ_bytes + len(self.slack) * DISTANCE_BYTES + len(self._budget_rows) * BUDGET_ROW_BYTES
+            + len(self._u1) * DISTANCE_BYTES + self._byte_cols.nbytes
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
             + self.dfa.nbytes

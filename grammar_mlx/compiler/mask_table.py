@@ -56,7 +56,7 @@ class MaskTable:
         self._copy: tuple[int, mx.array] | None = None  # (rows in it, mx.array): the fallback's device copy
         self._shared: bool | None = None  # whether tables are shared with numpy (decided on first use)
         self.copies = 0  # device tables made by growing (or, unshared, per new row)
-        self._bits = np.zeros(self.words * 32, dtype=bool)
+        self._bits: np.ndarray | None = None  # the packing buffer, made on the first add
         self._lock = threading.RLock()
 
     @property
@@ -95,6 +95,8 @@ class MaskTable:
     def pack(self, tokens: np.ndarray) -> np.ndarray:
         """The packed row allowing exactly `tokens` (ids below `width`); call under the lock."""
         bits = self._bits
+        if bits is None:
+            bits = self._bits = np.zeros(self.words * 32, dtype=bool)
         bits[:] = False
         bits[tokens] = True
         return np.packbits(bits, bitorder="little").view("<u4")
@@ -169,4 +171,5 @@ class MaskTable:
         copy = self._copy
         own = 0 if host is self._seed else host.nbytes
         index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES
-        return int(own + (copy[1].nbytes if copy is not None else 0) + index + self._bits.nbytes)
+        bits = 0 if self._bits is None else self._bits.nbytes
+        return int(own + (copy[1].nbytes if copy is not None else 0) + index + bits)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import re
-from pathlib import Path
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -129,7 +132,9 @@ def check_lazy_equals_eager(schema, vocab, seed: int) -> int:
     eager = compile_json_schema(schema, vocab, mode="eager", use_cache=False)
     pairs = 0
     for q, r in walk_pairs(lazy, eager, random.Random(seed), walks=6, steps=40):
-        assert lazy.distance(q) == eager.distance(r), (q, r)
+        bound = lazy.distance_bound(q)  # before the search: memoized, or U1
+        assert lazy.distance(q) == eager.distance(r) == eager.distance_bound(r), (q, r)
+        assert bound is not None and bound >= lazy.distance(q)
         pairs += 1
     assert lazy.min_completion_tokens == eager.min_completion_tokens
     assert lazy.stats["distance_undecided"] == 0
@@ -150,9 +155,10 @@ def test_lazy_distances_equal_eager_on_corpus_schemas(corpora, vocabularies, voc
 
 @pytest.mark.parametrize("walks", [1, 2, 5])
 def test_cut_off_distances_are_safe_consistent_and_fixed(vocabularies, monkeypatch, walks):
-    """With a search cut off after `walks` new rows, every value returned is None or a real path's
-    length: at least the exact (eager) distance, with a next state at most one less, and the same
-    when asked again after many other searches."""
+    """With a search cut off after `walks` new rows, every value returned is a real path's length,
+    between the exact (eager) distance and the single-byte bound U1, with a next state at most one
+    less (so a budget row is never empty while the budget lasts), and the same when asked again
+    after many other searches."""
     vocab = vocabularies["smollm2"]
     monkeypatch.setattr(limits, "DISTANCE_WALKS", walks)
     lazy = compile_json_schema(CITY, vocab, mode="lazy", use_cache=False)
@@ -163,10 +169,9 @@ def test_cut_off_distances_are_safe_consistent_and_fixed(vocabularies, monkeypat
         value = lazy.distance(q)
         seen[q] = (r, value)
         exact = eager.distance(r)
-        assert exact is not None
-        if value is None:
-            continue
-        assert value >= exact
+        u1 = lazy.index.byte_bound(q)  # 1 + the fewest single-byte tokens to the end
+        assert exact is not None and u1 >= exact
+        assert value is not None and exact <= value <= u1
         if q != lazy.terminal_state:
             nxt = np.unique(lazy.allowed_tokens(q))
             best = min((d for d in (lazy.distance(lazy.next_state(q, int(t))) for t in nxt) if d is not None),
@@ -177,6 +182,37 @@ def test_cut_off_distances_are_safe_consistent_and_fixed(vocabularies, monkeypat
         assert lazy.distance(q) == value
 
 
-def test_the_distance_limit_is_a_documented_limit():
-    assert isinstance(limits.DISTANCE_WALKS, int) and limits.DISTANCE_WALKS > 0
-    assert "GRAMMAR_MLX_DISTANCE_WALKS" in Path(limits.__file__).read_text()
+@pytest.mark.parametrize("value, expected", [("3", "3"), ("lots", "InvalidArgumentError")])
+def test_the_distance_limit_is_read_from_the_environment(value, expected):
+    code = "from grammar_mlx import limits; print(limits.DISTANCE_WALKS)"
+    env = {**os.environ, "GRAMMAR_MLX_DISTANCE_WALKS": value}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert expected in done.stdout + done.stderr
+    assert (done.returncode == 0) == (expected == "3")
+
+
+def test_threads_asking_at_once_get_the_exact_distances(vocabularies):
+    """One lazy grammar, four threads walking and asking distances and budget rows at once: every
+    answer equals the eager grammar's, and each (state, budget) got one row id."""
+    lazy = compile_json_schema(CITY, vocabularies["smollm2"], mode="lazy", use_cache=False)
+    eager = compile_json_schema(CITY, vocabularies["smollm2"], mode="eager", use_cache=False)
+    results: list[list[tuple[int, int, int | None, int | None, int]]] = [[] for _ in range(4)]
+    start = threading.Barrier(4)
+
+    def run(k: int) -> None:
+        start.wait()
+        for q, r in walk_pairs(lazy, eager, random.Random(k), walks=3, steps=25):
+            left = 1 + random.Random(q).randrange(12)
+            results[k].append((q, left, lazy.distance(q), eager.distance(r), lazy.budget_mask_row(q, left)))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(len(r) > 10 for r in results)
+    rows: dict[tuple[int, int], int] = {}
+    for q, left, got, want, row in itertools.chain.from_iterable(results):
+        assert got == want
+        assert rows.setdefault((q, left), row) == row

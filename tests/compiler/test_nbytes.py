@@ -90,3 +90,24 @@ def test_nbytes_counts_the_nfa_and_the_liveness_search(smollm_path):
     regex = r'(\{"k[0-9]{1,3}": "[a-z ]{0,20}"\}|\x04){1,40}|(a\x04|b)c'
     reported, freed = measured(lambda: walk(compile_regex(regex, vocab, mode="lazy", use_cache=False), steps=150))
     assert LOW * freed <= reported <= HIGH * freed, (reported, freed, reported / freed)
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_nbytes_counts_token_budgets(qwen_vocab, mode):
+    """Walks under tight budgets: distances, the byte bound's memo, slacks, budget rows (and the
+    eager table grown past its own masks) are counted too."""
+    def budget_walks():
+        grammar = compile_json_schema(SCHEMA, qwen_vocab, mode=mode, use_cache=False)
+        rng, need = random.Random(1), grammar.min_completion_tokens
+        for budget in range(need, need + 24, 2):
+            q, n = grammar.initial_state, 0
+            while q != grammar.terminal_state:
+                ids = grammar.budget_allowed_tokens(q, budget - n)
+                grammar.device_masks()
+                q = grammar.next_state(q, int(rng.choice(ids.tolist())))
+                n += 1
+        assert grammar.stats.get("budget_rows", 1) > 0
+        return grammar
+    reported, freed = measured(budget_walks)
+    assert freed > 1 << 20, "the walks held enough to measure"
+    assert LOW * freed <= reported <= HIGH * freed, (reported, freed, reported / freed)
