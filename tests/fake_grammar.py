@@ -50,6 +50,7 @@ class FakeGrammar:
         self._device = None
         self._distance = self._distances()
         self.budget_calls: list[tuple[int, int]] = []  # every budget_mask_row(state, left) asked
+        self.bound_calls = 0
 
     def _add_row(self, tokens) -> int:
         bits = np.zeros(self._words * 32, dtype=bool)
@@ -81,6 +82,10 @@ class FakeGrammar:
     # -- length-safe API (what runtime.processor reads with a token budget) ---------------------
 
     def distance(self, state: int) -> int | None:
+        return self._distance[state]
+
+    def distance_bound(self, state: int) -> int | None:
+        self.bound_calls += 1
         return self._distance[state]
 
     @property

@@ -76,11 +76,17 @@ _REQUIRED = ("next_state", "initial_state", "terminal_state", "mask_row", "devic
 _REQUIRED_FOR_BUDGET = ("min_completion_tokens", "budget_mask_row")
 
 
-def check_token_budget(compiled: MaskedGrammar, max_tokens: int) -> int | None:
-    """The grammar's shortest completion (`min_completion_tokens`), once it is known to fit in
-    `max_tokens`; `TokenBudgetError` naming the needed budget when it does not. None: the grammar
-    could not prove a completion within its search bounds; nothing is refused then (length-safe
-    masking still steers toward every completion it knows, but cannot promise one)."""
+def check_token_budget(compiled: MaskedGrammar, max_tokens: int) -> None:
+    """Raise `TokenBudgetError` naming the needed budget when the grammar's shortest completion
+    (`min_completion_tokens`) does not fit in `max_tokens`. A grammar's cheap upper bound
+    (`distance_bound`, where it has one) settles the common case without a search. When the grammar
+    could not prove any completion within its search bounds (None), nothing is refused (it is
+    logged once): length-safe masking still steers toward every completion it knows, but cannot
+    promise one."""
+    bound_of = getattr(compiled, "distance_bound", None)
+    bound = bound_of(compiled.initial_state) if bound_of is not None else None
+    if bound is not None and bound <= max_tokens:
+        return
     needed = compiled.min_completion_tokens
     if needed is not None and needed > max_tokens:
         raise TokenBudgetError(
@@ -89,7 +95,6 @@ def check_token_budget(compiled: MaskedGrammar, max_tokens: int) -> int | None:
             needed=needed, max_tokens=max_tokens)
     if needed is None:
         _log_unproven_once(compiled)
-    return needed
 
 
 _UNPROVEN: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -144,7 +149,9 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
                  overlap: int | None = DEFAULT_OVERLAP) -> None:
         max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)
         required = _REQUIRED if max_tokens is None else _REQUIRED + _REQUIRED_FOR_BUDGET
-        missing = [name for name in required if not hasattr(compiled, name)]
+        # Looked up without evaluating a property (min_completion_tokens may search).
+        missing = [name for name in required
+                   if not hasattr(type(compiled), name) and name not in getattr(compiled, "__dict__", ())]
         if missing:
             raise InvalidArgumentError(
                 f"compiled must be a CompiledGrammar (compile_json_schema, compile_regex), got a "
@@ -152,7 +159,8 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
         super().__init__(overlap=overlap)
         self.compiled = compiled
         self._max_tokens = max_tokens
-        self._min_completion_tokens = None if max_tokens is None else check_token_budget(compiled, max_tokens)
+        if max_tokens is not None:
+            check_token_budget(compiled, max_tokens)
         # Bound methods, read once: the per-token path runs on caches a mask has just left cold.
         self._mask_row = compiled.mask_row
         self._budget_mask_row: Callable[[int, int], int] = (
@@ -199,8 +207,9 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
     @property
     def min_completion_tokens(self) -> int | None:
         """With a budget: the grammar's shortest completion, checked to fit (None without a budget,
-        or when the grammar proved none)."""
-        return self._min_completion_tokens
+        or when the grammar proved none). Read from the grammar (which searches once, if the start
+        check did not need to)."""
+        return None if self._max_tokens is None else self.compiled.min_completion_tokens
 
     @property
     def stacks(self) -> list[StateStack]:

@@ -213,3 +213,20 @@ def test_budget_steered_positions_counts_the_narrowed_rows_of_the_kept_tokens():
     assert budget_steered_positions(g, [a, b, eos], 5) == 0
     assert budget_steered_positions(g, [a, b, eos], 3) == 1
     assert budget_steered_positions(g, [c, a, b, eos], 50) == 0
+
+
+def test_the_start_check_searches_only_when_the_cheap_bound_does_not_fit(qwen_tokenizer):
+    from grammar_mlx.compiler import compile_json_schema
+
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "pop": {"type": "integer"}},
+            "required": ["city", "pop"]}
+    g = compile_json_schema(city, qwen_tokenizer, logits_width=151_936, mode="lazy", use_cache=False)
+    bound = g.distance_bound(g.initial_state)
+    GrammarProcessor(g, max_tokens=bound)  # the bound fits: no search from the initial state
+    assert g.stats["distance_searches"] == 0
+    needed = g.min_completion_tokens
+    assert needed is not None and needed < bound and g.stats["distance_searches"] > 0
+    with pytest.raises(TokenBudgetError) as info:
+        GrammarProcessor(g, max_tokens=needed - 1)
+    assert info.value.needed == needed
+    assert GrammarProcessor(g, max_tokens=needed).min_completion_tokens == needed
