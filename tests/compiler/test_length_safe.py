@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import read_corpus
 
-from grammar_mlx import GrammarError, compile_json_schema, vocabulary_of
+from grammar_mlx import GrammarError, compile_json_schema, limits, vocabulary_of
 from grammar_mlx.models import tokenizer_from_gguf
 
 SUBSETS = ("Glaiveai2K", "Kubernetes", "Github_easy", "Github_medium", "Snowplow")
@@ -62,9 +62,15 @@ def compiled_sample(corpus_schemas, vocab, count: int):
     pytest.fail("too few corpus schemas compile")
 
 
-@pytest.mark.parametrize("vocab_name", ["qwen3", "smollm2"])
-def test_every_random_walk_under_the_budget_rows_ends_within_the_budget(corpus_schemas, vocabularies, vocab_name):
-    rng = random.Random(f"length-safe-{vocab_name}")
+@pytest.mark.parametrize("vocab_name, walks", [("qwen3", None), ("smollm2", None), ("smollm2", 2)],
+                         ids=["qwen3", "smollm2", "smollm2-cut-off"])
+def test_every_random_walk_under_the_budget_rows_ends_within_the_budget(corpus_schemas, vocabularies, monkeypatch,
+                                                                        vocab_name, walks):
+    """With `walks`, every distance search is cut off after that many new rows: the bounds it
+    leaves (consistent, not exact) must keep the property all the same."""
+    if walks is not None:
+        monkeypatch.setattr(limits, "DISTANCE_WALKS", walks)
+    rng = random.Random(f"length-safe-{vocab_name}-{walks}")
     handed: dict[tuple[int, int, int], tuple[int, bytes]] = {}  # (schema, state, left) -> (row, its bits)
     grammars = compiled_sample(corpus_schemas, vocabularies[vocab_name], SCHEMAS_PER_VOCABULARY)
     steered = 0
@@ -86,6 +92,8 @@ def test_every_random_walk_under_the_budget_rows_ends_within_the_budget(corpus_s
                 assert q >= 0
             assert n <= budget, (schema_id, budget, n)
     assert steered > 0, "some budgets bound"
+    if walks is not None:
+        assert sum(g.stats["distance_undecided"] for _, g in grammars) > 0, "searches were cut off"
     for (k, q, left), (row, bits) in handed.items():  # rows never change once handed out
         grammar = grammars[k][1]
         assert grammar.budget_mask_row(q, left) == row
