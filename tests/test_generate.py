@@ -452,3 +452,25 @@ def test_a_budget_below_the_shortest_completion_is_refused_before_decoding(smoll
         assert f"at least {needed}" in str(info.value) and isinstance(info.value, InvalidArgumentError)
     processor = json_logits_processor(CITY, tokenizer, model=model, max_tokens=needed)
     assert processor.max_tokens == needed and processor.min_completion_tokens == needed
+
+
+# Glaive function-call schemas (MaskBench): unbounded strings and numbers, where SmolLM2 alone runs
+# out of any small budget (all three raise GenerationError at 48 tokens with length_safe=False).
+GLAIVE = ["Glaiveai2K---calculate_shipping_cost_022731d6.json", "Glaiveai2K---create_invoice_08d4a43a.json"]
+GLAIVE_TOO_LONG = "Glaiveai2K---create_calendar_event_011e9d78.json"  # its shortest completion is 55 tokens
+
+
+@pytest.mark.slow
+def test_length_safe_corpus_schemas_complete_at_a_small_budget(smollm, request):
+    model, tokenizer = smollm
+    for name in GLAIVE:
+        schema = load_case_schema(f"maskbench:{name}", request)
+        out = generate_structured(model, tokenizer, "Reply in JSON with example values.", schema=schema,
+                                  max_tokens=48, strict=False)
+        assert out.stats.finish_reason == "stop" and len(out.token_ids) <= 48, (name, out.text)
+        validate(out.value, schema)
+        assert out.stats.budget_steered_tokens > 0, name
+    with pytest.raises(TokenBudgetError) as info:
+        generate_json(model, tokenizer, "Reply in JSON.", load_case_schema(f"maskbench:{GLAIVE_TOO_LONG}", request),
+                      max_tokens=48, strict=False)
+    assert info.value.needed > 48 and f"at least {info.value.needed}" in str(info.value)
