@@ -14,9 +14,11 @@ sure it does end with EOS within `max_tokens` (EOS included, as mlx-lm counts it
 the mask keeps only the tokens after which the grammar can still complete in the tokens left
 (`runtime.processor`), so the output is complete, with finish reason "stop", whenever the grammar's
 shortest completion fits at all; when it does not, `TokenBudgetError` (naming the budget needed) is
-raised before anything is decoded. Near the end of the budget this steers the model to close what
-it has open, so values can be cut short (a string ended early, a number with fewer digits):
-`GenerationStats.budget_steered_tokens` counts the positions where that happened. With
+raised before anything is decoded (a grammar that proved no completion at all is not refused: a
+warning is logged, and the budget may end the output as without length-safe decoding). Near the
+end of the budget this steers the model to close what it has open, so values can be cut short (a
+string ended early, a number with fewer digits): `GenerationStats.budget_steered_tokens` counts the
+positions where that happened. With
 `length_safe=False` the mask is the grammar's alone, and a generation that ends on the budget is
 complete only if its text happens to be a complete match already; otherwise `GenerationError` is
 raised with the raw text in `.text`.
