@@ -60,6 +60,11 @@ class RowSource(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    def member_distance(self, q: int) -> int | None:
+        """The fewest bytes of the DFA's alphabet from a state whose row is not computed yet to
+        acceptance (-1: none), decided without computing rows; None once its row is known."""
+        ...
+
 
 class ByteDFA:
     """A DFA over bytes (see the module docstring). Built complete from the stored layout
@@ -176,6 +181,14 @@ class ByteDFA:
         live = np.zeros(size, dtype=bool)
         live[: len(self._live)] = self._live  # type: ignore[arg-type]
         self.table, self.accepting, self._live = table, accepting, live
+
+    def member_distance(self, q: int) -> int | None:
+        """For a DFA built on demand, a state whose row is still unknown: the fewest bytes of
+        `alphabet` to acceptance (-1: none), from the row source without computing any row; None
+        for a state whose row is known (and for a stored DFA: `distance_by` covers it)."""
+        if self._source is None:
+            return None
+        return self._source.member_distance(q)
 
     def next(self, state: int, byte: int) -> int:
         self.ensure_rows([state])
@@ -302,6 +315,39 @@ class ByteDFA:
                 frontier = found
         live[self.dead] = False
         return live[: self.dead] if self.dead == n - 1 else live
+
+    def distance_by(self, alphabet: Iterable[int]) -> np.ndarray:
+        """Per state id, the fewest bytes of `alphabet` from it to an accepting state (-1: none; the
+        dead state -1): `live_by`'s backward search, a level at a time (every row is computed first)."""
+        self._all_rows()
+        cols = np.unique(self.classes[np.array(sorted(set(alphabet)), dtype=np.int64)])
+        n = self._num_states + 1
+        dist = np.where(self.accepting[:n], 0, -1).astype(np.int64)
+        dist[self.dead] = -1
+        if len(cols):
+            table = self.rows()[:n][:, cols]
+            src = np.repeat(np.arange(n, dtype=np.int64), len(cols))
+            dst = table.ravel().astype(np.int64)
+            edge = dst != self.dead
+            pairs = np.unique(dst[edge] * n + src[edge])
+            by_dst, preds = pairs // n, pairs % n
+            first = np.searchsorted(by_dst, np.arange(n + 1))
+            frontier, level = np.flatnonzero(dist == 0), 0
+            while len(frontier):
+                level += 1
+                lo, hi = first[frontier], first[frontier + 1]
+                counts = hi - lo
+                total = int(counts.sum())
+                if total == 0:
+                    break
+                ends = np.cumsum(counts)
+                at = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
+                found = preds[at]
+                found = np.unique(found[dist[found] < 0])
+                found = found[found != self.dead]
+                dist[found] = level
+                frontier = found
+        return dist
 
     # -- the stored layout: arrays (cache, worker pipe) and outlines-core --------------------------
 

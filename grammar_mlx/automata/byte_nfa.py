@@ -35,6 +35,11 @@ the alphabet — JSON grammars with any real vocabulary — every state is live 
 pass is skipped. (Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not
 count.) A state that is not live over single bytes may still be live over longer tokens:
 `compiler.lazy.LazyIndex` decides those.
+
+Distances over the alphabet (token budgets' single-byte bound, `compiler.lazy.LazyIndex.byte_bound`):
+the fewest bytes from a DFA state to acceptance is the least over its NFA states, which one 0-1
+backward search over the NFA gives (`_nfa_distances`, on the first `Determinizer.member_distance`);
+known while the DFA state's row is not computed (its NFA states are dropped then).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from __future__ import annotations
 import bisect
 import sys
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
@@ -295,6 +301,7 @@ class Determinizer:
         self._ids: dict[frozenset[int], int] = {}
         self._nfa_live = _nfa_liveness(nfa, self.alphabet)
         self.all_live = self._nfa_live is None
+        self._nfa_distance: array | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
         # Python objects held by the memos (sets, closures, transitions), in bytes: see `nbytes`.
         self._py_bytes = 3 * sys.getsizeof({})
 
@@ -303,7 +310,20 @@ class Determinizer:
         """The memos' Python objects (counted by `sys.getsizeof` as they are made, `DICT_SLOT_BYTES`
         per dict entry), the NFA's lists (`NFA_STATE_BYTES` per state, measured) and its liveness flags."""
         live = len(self._nfa_live) + 56 if self._nfa_live is not None else 0
-        return int(self._py_bytes + sys.getsizeof(self._sets) + live + NFA_STATE_BYTES * len(self.nfa))
+        distance = self._nfa_distance.itemsize * len(self._nfa_distance) + 64 if self._nfa_distance is not None else 0
+        return int(self._py_bytes + sys.getsizeof(self._sets) + live + distance + NFA_STATE_BYTES * len(self.nfa))
+
+    def member_distance(self, q: int) -> int | None:
+        """The fewest bytes of the alphabet from DFA state q to acceptance (-1: none), from its NFA
+        states (`_nfa_distances`, computed on first use), or None once q's row is computed (its NFA
+        states are no longer kept; its row is known instead)."""
+        members = self._sets[q] if q < len(self._sets) else None
+        if members is None:
+            return None
+        if self._nfa_distance is None:
+            self._nfa_distance = _nfa_distances(self.nfa, self.alphabet)
+        best = min(map(self._nfa_distance.__getitem__, members))
+        return -1 if best == _FAR else best
 
     def closure(self, q: int) -> tuple[int, ...]:
         """Byte states and the match state reachable from q by epsilon moves (memoized)."""
@@ -387,6 +407,56 @@ class Determinizer:
         self._py_bytes -= sys.getsizeof(members)
         self._sets[q] = None
         return row
+
+
+_FAR = 2**31 - 1  # no way to the match
+
+
+def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array:
+    """Per NFA state, the fewest bytes of `alphabet` to the match (`_FAR`: none): a 0-1 breadth-first
+    search backward from the match, epsilon edges weighing 0 and byte edges whose range holds a byte
+    of the alphabet 1."""
+    usable = np.zeros(256, dtype=bool)
+    usable[sorted(alphabet)] = True
+    prefix = np.concatenate([[0], np.cumsum(usable)]).tolist()
+    trans, eps = nfa.trans, nfa.eps
+    src, dst, weight = array("i"), array("i"), array("b")
+    for q in range(len(trans)):
+        if q % _CHECK_EVERY == 0:
+            check_deadline("the byte NFA's distances")
+        ranges = trans[q]
+        if ranges is not None:
+            for lo, hi, t in ranges:
+                if prefix[hi + 1] > prefix[lo]:
+                    src.append(q)
+                    dst.append(t)
+                    weight.append(1)
+        else:
+            for t in eps[q] or ():
+                src.append(q)
+                dst.append(t)
+                weight.append(0)
+    n = len(trans)
+    to = np.frombuffer(dst, dtype=np.int32)
+    order = np.argsort(to, kind="stable")
+    preds = np.frombuffer(src, dtype=np.int32)[order].tolist()
+    weights = np.frombuffer(weight, dtype=np.int8)[order].tolist()
+    first = np.searchsorted(to[order], np.arange(n + 1)).tolist()
+    dist = array("i", [_FAR]) * n
+    dist[nfa.match] = 0
+    queue = deque([nfa.match])
+    while queue:
+        t = queue.popleft()
+        d = dist[t]
+        for k in range(first[t], first[t + 1]):
+            q, w = preds[k], weights[k]
+            if d + w < dist[q]:
+                dist[q] = d + w
+                if w:
+                    queue.append(q)
+                else:
+                    queue.appendleft(q)
+    return dist
 
 
 def _nfa_liveness(nfa: ByteNFA, alphabet: frozenset[int]) -> bytearray | None:

@@ -67,8 +67,8 @@ if TYPE_CHECKING:
 
 BACKENDS = ("numpy", "mlx")
 _FAR = np.iinfo(np.int64).max  # a distance farther than any budget (none proven)
-# Byte-DFA states one U1 search may expand (byte rows are far cheaper than token rows; an on-demand
-# DFA creates the states it expands, so this also bounds what U1 adds to it).
+# Byte-DFA states with known rows one U1 search may cross (it computes no row and creates no state,
+# so this is only a bound on its time).
 BYTE_SEARCH_STATES = 1 << 16
 # Python-object bytes per entry, upper-ish (CPython 3.10+, 64-bit): a dict entry at its worst load,
 # an int object past the small-int cache, a numpy array header, a set entry.
@@ -176,6 +176,7 @@ class LazyIndex:
         # U1: 1 + the fewest single-byte tokens to acceptance, per DFA state (-1: none known), from a
         # search over the byte DFA's rows restricted to the classes of those bytes.
         self._u1: dict[int, int] = {self.terminal: 0}
+        self._u1_all: np.ndarray | None = None  # a complete DFA's U1 of every state (computed on first use)
         self._byte_cols = np.unique(dfa.classes[np.array(sorted(trie.single_bytes), dtype=np.int64)])
         self.fills = 0
         self.fill_seconds = 0.0
@@ -471,9 +472,12 @@ class LazyIndex:
     def byte_bound(self, state: int) -> int:
         """U1: 1 + the fewest single-byte tokens from `state` to acceptance (the terminal state 0), or
         -1 when none is known: an upper bound on `distance` (those tokens are tokens of every row on
-        the way) that costs byte-DFA rows only, no token walks. A breadth-first search over the DFA's
-        rows restricted to the single-byte tokens' classes, memoized along the winning path like
-        `distance` (so a value has a successor one less); cut off after `BYTE_SEARCH_STATES` states."""
+        the way) that costs byte-DFA rows only, no token walks. A complete DFA computes every state's
+        at once (`ByteDFA.distance_by`, exact); one built on demand searches breadth-first from the
+        state over the rows it has computed, restricted to the single-byte tokens' classes, where a
+        state whose row is unknown ends the way with the U1 of its NFA states (`ByteDFA.
+        member_distance`), memoized along the winning path like `distance` (so a value has a
+        successor one less), cut off after `BYTE_SEARCH_STATES` states."""
         memo = self._u1
         known = memo.get(state)
         if known is not None:
@@ -482,13 +486,34 @@ class LazyIndex:
             known = memo.get(state)
             if known is not None:
                 return known
+            if not self._growing:  # a complete DFA: every state's U1 at once, one backward search
+                if self._u1_all is None:
+                    bytes_to_go = self.dfa.distance_by(self.trie.single_bytes)
+                    u1 = np.where(bytes_to_go < 0, -1, bytes_to_go + 1)
+                    u1[self.terminal] = 0
+                    self._u1_all = u1
+                return int(self._u1_all[state])
             return self._byte_search(state)
+
+    def _member_bound(self, state: int) -> int:
+        """U1 of a state of a DFA built on demand whose row is not computed yet, from its NFA states
+        (no row computed, no state created); -2 for a state whose row is known."""
+        d = self.dfa.member_distance(state)
+        if d is None:
+            return -2
+        return -1 if d < 0 else d + 1
 
     def _byte_search(self, start: int) -> int:
         memo, dfa, cols, dead = self._u1, self.dfa, self._byte_cols, self.terminal
         if dfa.accepting[start]:
             memo[start] = 1
             return 1
+        # Rows the DFA has computed are searched; a state whose row is unknown ends the way with the
+        # U1 of its NFA states, so the search computes no row (a stored DFA takes `distance_by`).
+        e = self._member_bound(start)
+        if e != -2:
+            memo[start] = e
+            return e
         parent = {start: -1}
         layer, depth, best, via, expanded, cut = [start], 0, -1, -1, 0, False
         while layer and (best < 0 or depth + 2 < best):
@@ -496,7 +521,6 @@ class LazyIndex:
                 cut = True
                 break
             expanded += len(layer)
-            dfa.ensure_rows(layer)
             rows, accepting = dfa.rows(), dfa.accepting
             following = []
             for u in layer:
@@ -506,6 +530,10 @@ class LazyIndex:
                     e = memo.get(v, -2)
                     if e == -2 and accepting[v]:
                         e = memo[v] = 1
+                    if e == -2:
+                        e = self._member_bound(v)
+                        if e != -2:
+                            memo[v] = e
                     if e >= 0:
                         if best < 0 or depth + 1 + e < best:
                             best, via = depth + 1 + e, u
@@ -592,6 +620,7 @@ class LazyIndex:
             + len(self._distance) * DISTANCE_BYTES + len(self._distance_cut) * SET_SLOT_BYTES
             + self._succ_bytes + len(self.slack) * DISTANCE_BYTES + len(self._budget_rows) * BUDGET_ROW_BYTES
             + len(self._u1) * DISTANCE_BYTES + self._byte_cols.nbytes
+            + (self._u1_all.nbytes if self._u1_all is not None else 0)
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
             + self.dfa.nbytes

@@ -181,3 +181,28 @@ def test_liveness_of_a_stored_dfa_over_an_alphabet():
     assert live[dfa.initial] and not live[after_a]
     assert dfa.live_by([ord("a"), ord("b"), ord("c")]).all()
     assert dfa.all_live and len(dfa.live) == dfa.num_states + 1 and not dfa.live[dfa.dead]
+
+
+def test_byte_distances_of_a_stored_dfa_over_an_alphabet():
+    """`distance_by`: the fewest bytes of the alphabet to acceptance, by brute force over strings."""
+    import itertools
+
+    dfa = ByteDFA.from_outlines("a(bc)*d|cccc", 1000)
+    alphabet = [ord(c) for c in "abcd"]
+    for without in ([], [ord("d")]):
+        usable = [b for b in alphabet if b not in without]
+        dist = dfa.distance_by(usable)
+        assert dist[dfa.dead] == -1
+        for prefix in ("", "a", "ab", "abc", "c", "cc", "ccc", "cccc", "abcd"):
+            q = dfa.initial
+            for ch in prefix:
+                q = dfa.next(q, ord(ch))
+            want = next((k for k in range(7) for tail in itertools.product(usable, repeat=k)
+                         if accepts_from(dfa, q, bytes(tail))), -1)
+            assert dist[q] == want, (without, prefix)
+
+
+def accepts_from(dfa: ByteDFA, q: int, data: bytes) -> bool:
+    for b in data:
+        q = dfa.next(q, b)
+    return q != dfa.dead and bool(dfa.accepting[q])

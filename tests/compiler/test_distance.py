@@ -89,6 +89,31 @@ def test_distance_is_the_fewest_tokens_to_the_end_by_brute_force(regex, pieces, 
     assert grammar.min_completion_tokens == grammar.distance(grammar.initial_state)
 
 
+@pytest.mark.parametrize("engine", ["nfa", "outlines"])
+@pytest.mark.parametrize("regex, pieces", TINY, ids=[r for r, _ in TINY])
+def test_the_byte_bound_is_the_fewest_single_byte_tokens_by_brute_force(regex, pieces, engine):
+    """U1 = 1 + the fewest single-byte tokens completing the prefix (enumerated), on a DFA built on
+    demand (from its NFA states, asked before and after rows are computed) and a complete one."""
+    vocab = tiny_vocabulary(pieces)
+    grammar = compile_regex(regex, vocab, mode="lazy", engine=engine, use_cache=False)
+    assert grammar.index.dfa.built_on_demand == (engine == "nfa")
+    singles = [p for p in pieces if len(p.encode()) == 1]
+    pattern = re.compile(regex)
+    states: dict[int, str] = {}
+    for n in range(4):
+        for prefix in itertools.product(range(len(pieces)), repeat=n):
+            q = grammar.initial_state
+            for t in prefix:
+                q = grammar.next_state(q, t) if q >= 0 else q
+            if q >= 0:
+                states.setdefault(q, "".join(pieces[t] for t in prefix))
+    for q, head in sorted(states.items(), reverse=True):  # late states first: some rows still unknown
+        want = next((k + 1 for k in range(9) for tail in itertools.product(singles, repeat=k)
+                     if pattern.fullmatch(head + "".join(tail))), -1)
+        assert grammar.index.byte_bound(q) == want, (head, q)
+        assert want == -1 or grammar.distance(q) <= want
+
+
 def walk_pairs(lazy, eager, rng: random.Random, walks: int, steps: int):
     """(lazy state, eager state) pairs along random token walks taken in both grammars alike."""
     eos = set(lazy.eos_token_ids)
@@ -216,3 +241,16 @@ def test_threads_asking_at_once_get_the_exact_distances(vocabularies):
     for q, left, got, want, row in itertools.chain.from_iterable(results):
         assert got == want
         assert rows.setdefault((q, left), row) == row
+
+
+def test_a_complete_dfa_gives_the_same_byte_bound_as_the_search(vocabularies):
+    """U1 of a lazy grammar over a complete byte DFA (engine "outlines") comes from one backward
+    search over the DFA; it equals the forward search that DFAs built on demand use, and bounds the
+    exact distance from above."""
+    lazy = compile_json_schema(CITY, vocabularies["qwen3"], mode="lazy", engine="outlines", use_cache=False)
+    eager = compile_json_schema(CITY, vocabularies["qwen3"], mode="eager", use_cache=False)
+    index = lazy.index
+    assert not index.dfa.built_on_demand
+    for q, r in walk_pairs(lazy, eager, random.Random(4), walks=4, steps=30):
+        u1 = index.byte_bound(q)
+        assert u1 == index._byte_search(q) and u1 >= eager.distance(r)
