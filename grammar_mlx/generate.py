@@ -9,7 +9,17 @@ caches (mlx-lm's `prompt_cache`), instead of mlx-lm prefilling it twice: the sam
 draft's share of the prompt work skipped.
 
 Completion. The compiled grammar allows EOS exactly where the text so far is a complete match, so a
-generation that ends with EOS is complete. One that ends on the token budget (`max_tokens`) is
+generation that ends with EOS is complete. Length-safe decoding (`length_safe`, on by default) makes
+sure it does end with EOS within `max_tokens` (EOS included, as mlx-lm counts it): at each position
+the mask keeps only the tokens after which the grammar can still complete in the tokens left
+(`runtime.processor`), so the output is complete, with finish reason "stop", whenever the grammar's
+shortest completion fits at all; when it does not, `TokenBudgetError` (naming the budget needed) is
+raised before anything is decoded (a grammar that proved no completion at all is not refused: a
+warning is logged, and the budget may end the output as without length-safe decoding). Near the
+end of the budget this steers the model to close what it has open, so values can be cut short (a
+string ended early, a number with fewer digits): `GenerationStats.budget_steered_tokens` counts the
+positions where that happened. With
+`length_safe=False` the mask is the grammar's alone, and a generation that ends on the budget is
 complete only if its text happens to be a complete match already; otherwise `GenerationError` is
 raised with the raw text in `.text`.
 
@@ -24,7 +34,10 @@ Statistics (`GenerationStats`): `generated_tokens` counts every token mlx-lm pro
 included; `draft_tokens` counts those that were proposed by the draft model and accepted by the model
 (mlx-lm's `GenerationResponse.from_draft`); the draft acceptance rate is `draft_tokens /
 generated_tokens`, the share of the output that came from the draft. Decoding speed is tokens after
-the first divided by the time after the first (the first token's time is prompt processing).
+the first divided by the time after the first (the first token's time is prompt processing). With
+length-safe decoding, `min_completion_tokens` is the grammar's shortest completion (EOS included) and
+`budget_steered_tokens` the positions whose mask the budget narrowed, found by replaying the output's
+tokens (so rejected draft tokens never count).
 """
 
 from __future__ import annotations
@@ -43,6 +56,8 @@ from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, comp
 from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
 from .models import logits_width_of
 from .runtime import GrammarProcessor
+from .runtime.processor import budget_steered_positions
+from .runtime.stateful import int_at_least_or_none
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -85,15 +100,18 @@ class GenerationOptions(CompileOptions, total=False):
     `draft_model`: a draft for mlx-lm's speculative decoding (e.g. `truncated_draft(model, n)`;
     default none), proposing `num_draft_tokens` per step (default `DEFAULT_NUM_DRAFT_TOKENS`).
     `sampler`: an mlx-lm sampler (`mlx_lm.sample_utils.make_sampler`); None (the default) is greedy.
-    `max_tokens`: the token budget (default `DEFAULT_MAX_TOKENS`). `chat` (default True): a str
-    prompt is sent as one user message through the chat template; False encodes it as is.
-    `logits_processors`: run before the grammar's mask (default none).
+    `max_tokens`: the token budget, EOS included (default `DEFAULT_MAX_TOKENS`). `length_safe`
+    (default True): mask so that the output completes within `max_tokens` (the module docstring);
+    False masks to the grammar alone, so the budget can end an incomplete output. `chat` (default
+    True): a str prompt is sent as one user message through the chat template; False encodes it as
+    is. `logits_processors`: run before the grammar's mask (default none).
     """
 
     draft_model: Any
     num_draft_tokens: int
     sampler: Sampler | None
     max_tokens: int
+    length_safe: bool
     chat: bool
     logits_processors: Sequence[LogitsProcessor] | None
 
@@ -118,6 +136,7 @@ class _Settings:
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
     sampler: Sampler | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
+    length_safe: bool = True
     chat: bool = True
     logits_processors: Sequence[LogitsProcessor] | None = None
     strict: bool = True
@@ -158,6 +177,8 @@ class GenerationStats:
     num_draft_tokens: int | None  # None without a draft model
     compile_seconds: float | None = None
     cache_hit: bool | None = None
+    min_completion_tokens: int | None = None  # with length-safe decoding: the grammar's shortest completion
+    budget_steered_tokens: int = 0  # positions whose mask the budget narrowed (0 without length-safe decoding)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -190,6 +211,8 @@ class GenerationStats:
         if rate is not None:
             parts.append(f"draft acceptance {rate:.0%} ({self.draft_tokens}/{self.generated_tokens}, "
                          f"k={self.num_draft_tokens})")
+        if self.budget_steered_tokens:
+            parts.append(f"budget steered {self.budget_steered_tokens} tok")
         parts.append(f"finish {self.finish_reason}")
         return " | ".join(parts)
 
@@ -304,6 +327,8 @@ def _check_arguments(model: Any, settings: _Settings, on_text: Callable[[str], A
     max_tokens, sampler, logits_processors = settings.max_tokens, settings.sampler, settings.logits_processors
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidArgumentError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if not isinstance(settings.length_safe, bool):
+        raise InvalidArgumentError(f"length_safe must be True or False, got {settings.length_safe!r:.80}")
     if sampler is not None and not callable(sampler):
         raise InvalidArgumentError(f"sampler must be callable (logprobs -> tokens) or None, got {sampler!r:.80}")
     if logits_processors is not None and (
@@ -387,13 +412,17 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
     """Yield text chunks as mlx-lm produces tokens; return the finished generation. The arguments
     were checked by `_prepared`.
 
-    Raises GenerationError (with the raw text) when the budget ran out before the grammar completed.
+    Raises TokenBudgetError before decoding when length-safe decoding is on and the grammar cannot
+    complete within the budget; GenerationError (with the raw text) when the budget ran out before
+    the grammar completed.
     """
     from mlx_lm.generate import stream_generate
 
     draft_model, num_draft_tokens, max_tokens = settings.draft_model, settings.num_draft_tokens, settings.max_tokens
+    # Built before decoding: with a budget it checks the grammar's shortest completion fits.
+    grammar_processor = GrammarProcessor(grammar, max_tokens=max_tokens if settings.length_safe else None)
     # The grammar's mask goes last, so no other processor can re-enable a token it forbids.
-    processors = [*(settings.logits_processors or ()), GrammarProcessor(grammar)]
+    processors = [*(settings.logits_processors or ()), grammar_processor]
     kwargs: dict[str, Any] = {"max_tokens": max_tokens, "sampler": settings.sampler, "logits_processors": processors}
     model_input = prompt_ids
     started = time.perf_counter()
@@ -450,15 +479,18 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
     text = "".join(chunks)
     if first is None:
         first = ended
+    steered = budget_steered_positions(grammar, token_ids, max_tokens) if settings.length_safe else 0
     stats = GenerationStats(
         prompt_tokens=len(prompt_ids), generated_tokens=len(token_ids), draft_tokens=sum(from_draft),
         prompt_seconds=first - started, generation_seconds=ended - first, finish_reason=finish,
         num_draft_tokens=num_draft_tokens if draft_model is not None else None,
-        compile_seconds=grammar.stats.get("compile_seconds"), cache_hit=grammar.stats.get("cache_hit"))
+        compile_seconds=grammar.stats.get("compile_seconds"), cache_hit=grammar.stats.get("cache_hit"),
+        min_completion_tokens=grammar_processor.min_completion_tokens, budget_steered_tokens=steered)
     if finish != "stop" and not grammar.is_accepting(state):
+        advice = "" if settings.length_safe else ", or keep length_safe on"
         raise GenerationError(
             f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens, before the "
-            f"grammar completed; raise max_tokens or bound the output (maxLength, maxItems). Text so far: "
+            f"grammar completed; raise max_tokens or bound the output (maxLength, maxItems){advice}. Text so far: "
             f"{_clip(text)}", text=text)
     return _Finished(text, token_ids, from_draft, stats)
 
@@ -571,13 +603,17 @@ def generate_structured(
     is), a list of chat messages, or token ids (used as is). `prompt_cache` goes to mlx-lm. `on_text`
     is called with each chunk of text as it is generated (the chunks join to `.text`; e.g. to print
     it). `options`: the `JSONGenerationOptions` (`draft_model`, `num_draft_tokens`, `sampler`,
-    `max_tokens`, `chat`, `logits_processors`; for a schema `strict`, `whitespace`, `validate`), and
+    `max_tokens`, `length_safe`, `chat`, `logits_processors`; for a schema `strict`, `whitespace`,
+    `validate`), and
     the compiler's (`CompileOptions`: `cache_dir`, `use_cache`, `timeout`, `memory_limit`,
     `progress`, ...), unused with `grammar`.
 
-    Raises `InvalidArgumentError` for argument mistakes (before compiling anything), `GenerationError`
-    (with `.text`) when the budget ran out before the grammar completed or the output fails
-    validation, and the compiler's errors for bad schemas or regexes.
+    Raises `InvalidArgumentError` for argument mistakes (before compiling anything), `TokenBudgetError`
+    (an `InvalidArgumentError`, with `.needed` and `.max_tokens`; before decoding) when length-safe
+    decoding is on and the grammar's shortest completion does not fit in `max_tokens`,
+    `GenerationError` (with `.text`) when the budget ran out before the grammar completed (only with
+    `length_safe=False`) or the output fails validation, and the compiler's errors for bad schemas or
+    regexes.
     """
     settings, compile_options = _split(options, "generate_structured")
     return _generate(model, tokenizer, prompt, settings, compile_options, schema=schema, regex=regex,
@@ -625,8 +661,10 @@ def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
 
     Pydantic model class in, instance of it out. Strict by default: a schema with keywords the grammar
     cannot enforce exactly raises `UnsupportedSchemaError` (pass `strict=False` to accept them).
-    Raises `GenerationError` (raw text in `.text`) when `max_tokens` ran out before the JSON was
-    complete. Arguments as for `generate_structured`.
+    With length-safe decoding (the default) the JSON is complete within `max_tokens`, or
+    `TokenBudgetError` says before decoding which budget it needs; with `length_safe=False`,
+    `GenerationError` (raw text in `.text`) when `max_tokens` ran out before the JSON was complete.
+    Arguments as for `generate_structured`.
     """
     return _generate(model, tokenizer, prompt, *_split(options, "generate_json"), schema=schema).value
 
@@ -635,8 +673,9 @@ def generate_regex(model: Any, tokenizer: Any, prompt: Prompt, pattern: str,
                    **options: Unpack[GenerationOptions]) -> str:
     """Generate text that fully matches `pattern`; return it.
 
-    Raises `GenerationError` (raw text in `.text`) when `max_tokens` ran out before a complete match.
-    Arguments as for `generate_structured`.
+    Budgets as for `generate_json` (`TokenBudgetError`; with `length_safe=False`, `GenerationError`
+    with the raw text when `max_tokens` ran out before a complete match). Arguments as for
+    `generate_structured`.
     """
     return _generate(model, tokenizer, prompt, *_split(options, "generate_regex", schema=False), regex=pattern).text
 
@@ -682,17 +721,21 @@ def json_logits_processor(
     logits_width: int | None = None,
     strict: bool = True,
     whitespace: str | None = None,
+    max_tokens: int | None = None,
     **compile_options: Unpack[CompileOptions],
 ) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `schema`, to pass in mlx-lm's `logits_processors=[...]`.
 
     Give `model` (or `logits_width`) so the mask matches the model's logits, which can be wider than
     the tokenizer. Build one per generation: the processor follows one request. Compiling again is
-    cheap (the tables are cached in memory and on disk). `compile_options`: the `CompileOptions`.
+    cheap (the tables are cached in memory and on disk). `max_tokens`: the budget given to mlx-lm,
+    for length-safe masking (the output completes within it; `TokenBudgetError` here when it cannot);
+    None (the default) masks to the grammar alone. `compile_options`: the `CompileOptions`.
     """
+    max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)  # before compiling
     grammar = compile_json_schema(schema, tokenizer, logits_width=_width(model, logits_width), strict=strict,
                                   whitespace=whitespace, **compile_options)
-    return GrammarProcessor(grammar)
+    return GrammarProcessor(grammar, max_tokens=max_tokens)
 
 
 def regex_logits_processor(
@@ -701,8 +744,10 @@ def regex_logits_processor(
     *,
     model: Any = None,
     logits_width: int | None = None,
+    max_tokens: int | None = None,
     **compile_options: Unpack[CompileOptions],
 ) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `pattern` (full match); see `json_logits_processor`."""
+    max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)  # before compiling
     grammar = compile_regex(pattern, tokenizer, logits_width=_width(model, logits_width), **compile_options)
-    return GrammarProcessor(grammar)
+    return GrammarProcessor(grammar, max_tokens=max_tokens)

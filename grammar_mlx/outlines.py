@@ -27,6 +27,10 @@ Differences from Outlines, on purpose:
 - Only `tensor_library_name="mlx"` is supported.
 - Schemas are translated by `grammar_mlx.schema` (not strict by default, like Outlines: keywords it
   cannot enforce are listed in `.unenforced`; `strict=True` raises `UnsupportedSchemaError`).
+- Extension `max_tokens=` (keyword; the budget given to mlx-lm): length-safe masking, so the output
+  completes within it (`GrammarProcessor`); a budget below the grammar's shortest completion raises
+  `TokenBudgetError` where the grammar is compiled (construction with `logits_width=`, else the
+  first call). Default None: the grammar alone, as Outlines does.
 
 Calls: `processor(input_ids, logits)` with `input_ids` the token history (1-D, or (B, L) for B rows;
 mlx-lm passes the history including the prompt, older mlx-engine code only the generated part) and
@@ -44,6 +48,7 @@ import mlx.core as mx
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .errors import InvalidArgumentError
 from .runtime import GrammarProcessor
+from .runtime.stateful import int_at_least_or_none
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -73,11 +78,13 @@ class RegexLogitsProcessor:
     """Outlines-compatible processor for a regex (full match, outlines-core syntax)."""
 
     def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "mlx", *,
-                 logits_width: int | None = None, **compile_options: Unpack[CompileOptions]) -> None:
-        self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options)
+                 logits_width: int | None = None, max_tokens: int | None = None,
+                 **compile_options: Unpack[CompileOptions]) -> None:
+        self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options, max_tokens)
 
     def _init(self, regex: str, tokenizer: Any, tensor_library_name: str, logits_width: int | None,
-              unenforced: tuple[Unenforced, ...], compile_options: CompileOptions) -> None:
+              unenforced: tuple[Unenforced, ...], compile_options: CompileOptions,
+              max_tokens: int | None = None) -> None:
         if tensor_library_name not in _SUPPORTED_LIBRARIES:
             hint = ""
             if isinstance(tensor_library_name, str) and any(c in tensor_library_name for c in "[]\\*?{"):
@@ -88,6 +95,7 @@ class RegexLogitsProcessor:
         if logits_width is not None and (isinstance(logits_width, bool) or not isinstance(logits_width, int)
                                          or logits_width < 1):
             raise InvalidArgumentError(f"logits_width must be a positive int or None, got {logits_width!r}")
+        self.max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)
         self.tensor_library_name = tensor_library_name
         self.regex = regex
         self.unenforced = unenforced
@@ -100,7 +108,7 @@ class RegexLogitsProcessor:
 
     def _start(self, logits_width: int) -> GrammarProcessor:
         compiled = self._compiled = self._compile(logits_width)
-        processor = self._processor = GrammarProcessor(compiled)
+        processor = self._processor = GrammarProcessor(compiled, max_tokens=self.max_tokens)
         return processor
 
     def _compile(self, logits_width: int) -> CompiledGrammar:
@@ -123,7 +131,7 @@ class RegexLogitsProcessor:
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         if self._compiled is not None:
-            twin._processor = GrammarProcessor(self._compiled)
+            twin._processor = GrammarProcessor(self._compiled, max_tokens=self.max_tokens)
         return twin
 
     def reset(self) -> None:
@@ -154,7 +162,8 @@ class JSONLogitsProcessor(RegexLogitsProcessor):
 
     def __init__(self, schema: Schema, tokenizer: Any, tensor_library_name: str = "mlx",
                  whitespace_pattern: str | None = None, *, logits_width: int | None = None,
-                 strict: bool = False, **compile_options: Unpack[CompileOptions]) -> None:
+                 strict: bool = False, max_tokens: int | None = None,
+                 **compile_options: Unpack[CompileOptions]) -> None:
         from .schema import schema_to_regex
 
         translated = schema_to_regex(schema, whitespace=whitespace_pattern, strict=strict)
@@ -162,7 +171,7 @@ class JSONLogitsProcessor(RegexLogitsProcessor):
         self.whitespace_pattern = whitespace_pattern
         self.strict = strict
         self._init(translated.regex, tokenizer, tensor_library_name, logits_width, translated.unenforced,
-                   compile_options)
+                   compile_options, max_tokens)
 
     def _compile(self, logits_width: int) -> CompiledGrammar:
         # Through the schema compiler (not the regex one), so the cache entry is the one generate_json

@@ -38,9 +38,16 @@ per-request `draft_model` are refused (400).
   bounded JSON-whitespace pattern allowed between JSON tokens, e.g. `"[ \\n]{0,2}"`; default compact.
 
 The grammar covers the whole completion (nothing is added to the prompt: ask for what you want
-there); EOS is allowed exactly where the grammar is complete. A token budget (`max_tokens`,
-`max_completion_tokens`) that ends first gives `finish_reason: "length"` with the partial text. Stop
-sequences still apply and can end the text early, with `finish_reason: "stop"`. Unknown keys inside
+there); EOS is allowed exactly where the grammar is complete. Token budgets are length-safe: with
+`max_tokens` (or `max_completion_tokens`, or the server's default budget) the mask keeps only tokens
+after which the grammar can still complete within the tokens left (EOS included), so a constrained
+output is always complete, with `finish_reason: "stop"`; near the end of the budget the model is
+made to close what it has open (values can be cut short). A budget below the grammar's shortest
+completion is a 400 `max_tokens_too_small` (`param` the budget's field, the needed budget in the
+message), answered before generation. `--no-length-safe` turns this off for the server, and the
+request extension `"length_safe": false` for one request: then a budget that ends first gives
+`finish_reason: "length"` with the partial text. Stop sequences still apply and can end the text
+early, with `finish_reason: "stop"`. Unknown keys inside
 `response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained output.
 Reasoning models: the grammar starts at the first generated token, so turn thinking off for
 constrained requests (e.g. `"chat_template_kwargs": {"enable_thinking": false}`).
@@ -72,9 +79,10 @@ Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; `ty
   `position`), `empty_grammar`, `grammar_too_large` (a size rule), `compile_timeout` (the whole
   compile, schema translation included, passed `--compile-timeout`; not cached, a retry may
   succeed), `vocabulary_mismatch`, `invalid_argument`, `invalid_body`, `invalid_prompt`,
-  `unsupported_parameter`, `context_length_exceeded`, `invalid_request` (a request nested too deeply
-  to process); 404 `not_found` (POST to another path); 408 `request_timeout`; 411
-  `length_required`; 413 `request_too_large`.
+  `unsupported_parameter`, `context_length_exceeded`, `max_tokens_too_small` (the budget cannot hold
+  the grammar's shortest completion), `invalid_request` (a request nested too deeply to process);
+  404 `not_found` (POST to another path); 408 `request_timeout`; 411 `length_required`; 413
+  `request_too_large`.
 - 503 `compile_worker_failed` (a compile worker died or misbehaved, even after a retry),
   `server_shutting_down`, `generation_unavailable` (the generation thread died): transient, retry.
 - 500 for failures that are bugs or broken installs, never the request's fault: `tokenizer_error`,
@@ -170,6 +178,7 @@ from .errors import (
 )
 from .models import logits_width_of
 from .runtime import GrammarProcessor
+from .runtime.processor import check_token_budget
 from .vocabulary import Vocabulary, vocabulary_of
 
 if TYPE_CHECKING:
@@ -493,6 +502,7 @@ _ERRORS: tuple[tuple[type, int, str], ...] = (
     (errors.CompileTimeoutError, 400, "compile_timeout"),
     (errors.GrammarTooLargeError, 400, "grammar_too_large"),
     (errors.VocabularyMismatchError, 400, "vocabulary_mismatch"),
+    (errors.TokenBudgetError, 400, "max_tokens_too_small"),
     (errors.InvalidArgumentError, 400, "invalid_argument"),
     (errors.CompileWorkerError, 503, "compile_worker_failed"),
     (errors.TokenizerError, 500, "tokenizer_error"),
@@ -530,7 +540,9 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
         return 500, _error_body(f"internal server error: {type(error).__name__}: {error}", 500, "server_error")
     status, code = error_status_and_code(error)
     param = getattr(error, "param", None)
-    if param is None and spec is not None:
+    if isinstance(error, errors.TokenBudgetError):
+        param = param or "max_tokens"
+    elif param is None and spec is not None:
         if spec.kind == "regex":
             param = f"{spec.origin}.regex"
         elif isinstance(error, InvalidRegexError) and spec.whitespace is not None:
@@ -554,11 +566,13 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
 class ConstrainedRequest(mlx_server.CompletionRequest):
     grammar: CompiledGrammar | None = None
     tokenized: Tokenized | None = None  # ResponseGenerator._tokenize's result, computed in the handler thread
+    length_safe: bool = True
 
 
 @dataclass
 class ConstrainedGenerationArguments(mlx_server.GenerationArguments):
     grammar: CompiledGrammar | None = None
+    length_safe: bool = True  # the grammar's masks are length-safe for `max_tokens`
 
 
 _hook_lock = threading.Lock()
@@ -567,7 +581,9 @@ _hook_lock = threading.Lock()
 def install_logits_hook() -> None:
     """Wrap mlx_lm.server's `_make_logits_processors` (once): generation arguments that carry a
     grammar get a fresh `GrammarProcessor` after their other processors (so bias and penalties can
-    never revive a forbidden token); all other arguments get exactly what mlx-lm gives them."""
+    never revive a forbidden token), length-safe for the request's `max_tokens` unless its
+    `length_safe` is off; all other arguments get exactly what mlx-lm gives them. The same function
+    serves the batched and the single (draft) paths."""
     with _hook_lock:
         original = getattr(mlx_server, "_make_logits_processors", None)
         if original is None:
@@ -582,7 +598,8 @@ def install_logits_hook() -> None:
             processors = original(args)
             grammar = getattr(args, "grammar", None)
             if grammar is not None:
-                processors = [*processors, GrammarProcessor(grammar)]
+                budget = args.max_tokens if getattr(args, "length_safe", True) else None
+                processors = [*processors, GrammarProcessor(grammar, max_tokens=budget)]
             return processors
 
         make_logits_processors.__dict__["grammar_mlx_hook"] = True
@@ -715,14 +732,17 @@ class _Refused(BaseException):
 class GrammarResponseGenerator(mlx_server.ResponseGenerator):
     """mlx-lm's response generator; a request's grammar rides in its generation arguments, and its
     prompt, tokenized in the request's handler thread, in the request. Tracks the requests in flight, so that
-    `shutdown()` can end each of them with an error instead of a dropped connection."""
+    `shutdown()` can end each of them with an error instead of a dropped connection.
+
+    `length_safe`: the server's default for constrained requests (a request's `"length_safe"` wins)."""
 
     model_provider: LoadedModelProvider
 
     def __init__(self, model_provider: LoadedModelProvider, prompt_cache: LRUPromptCache | None,
-                 grammars: Grammars, limits: ServerLimits | None = None) -> None:
+                 grammars: Grammars, limits: ServerLimits | None = None, *, length_safe: bool = True) -> None:
         self.grammars = grammars
         self.limits = limits if limits is not None else ServerLimits()
+        self.length_safe = length_safe
         self.closing = threading.Event()
         self._in_flight = 0
         self._idle = threading.Condition()
@@ -734,7 +754,8 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
                  progress_callback: Callable[[int, int], None] | None = None) -> Any:
         values = {f.name: getattr(generation_args, f.name) for f in fields(mlx_server.GenerationArguments)}
         values["model"] = _SERVED
-        args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None))
+        args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None),
+                                              length_safe=getattr(request, "length_safe", True))
         try:
             return super().generate(request, args, progress_callback)
         except ServerUnavailableError as e:
@@ -921,9 +942,12 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                                           "--draft-model or --draft-layers", param="draft_model",
                                           code="unsupported_parameter")
             spec = parse_response_format(self.body.get("response_format"))
+            length_safe = self._length_safe()
             tokenized = generator.tokenize(request, self.chat_template_kwargs)
             self._fit_context(len(tokenized[0]), "messages" if request.request_type == "chat" else "prompt")
             grammar = generator.grammars.get(spec) if spec is not None else None
+            if grammar is not None and length_safe:
+                self._check_budget(grammar)
         except Exception as e:
             if not isinstance(e, GrammarError):
                 logging.exception("preparing the request failed")
@@ -934,7 +958,30 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             logging.warning("response_format keywords not enforced: %s",
                             ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in grammar.unenforced))
         values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
-        super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized), stop_words)
+        super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized,
+                                                     length_safe=length_safe), stop_words)
+
+    def _length_safe(self) -> bool:
+        """The request's `length_safe` extension field, else the server's default."""
+        value = self.body.get("length_safe")
+        if value is None:
+            return self.response_generator.length_safe
+        if not isinstance(value, bool):
+            raise InvalidRequestError(f"length_safe must be a boolean, got {_json_type(value)}",
+                                      param="length_safe", code="invalid_argument")
+        return value
+
+    def _check_budget(self, grammar: CompiledGrammar) -> None:
+        """Refuse a budget (after `_fit_context`) the grammar cannot complete in: here, in the handler
+        thread, before the request reaches generation (whose processor would refuse it there)."""
+        max_tokens = cast(int, self.max_tokens)
+        try:
+            check_token_budget(grammar, max_tokens)
+        except errors.TokenBudgetError as e:
+            explicit = next((k for k in ("max_completion_tokens", "max_tokens") if self.body.get(k) is not None), None)
+            where = "" if explicit else " (the server's default budget, or what the context leaves of it)"
+            raise InvalidRequestError(f"{e}{where}", param=explicit or "max_tokens",
+                                      code="max_tokens_too_small") from e
 
     def _fit_context(self, prompt_tokens: int, param: str) -> None:
         """Refuse a prompt that leaves no room in the model's context; fit the default token budget
@@ -1105,6 +1152,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     parser.add_argument("--max-tokens", type=_positive_int, default=512, help="default token budget (512)")
+    parser.add_argument("--length-safe", action=argparse.BooleanOptionalAction, default=True,
+                        help="constrained outputs complete within their token budget (default on; a request's "
+                             '"length_safe" wins); --no-length-safe masks to the grammar alone')
     parser.add_argument("--temp", type=float, default=0.0, help="default sampling temperature (0: greedy)")
     parser.add_argument("--top-p", type=float, default=1.0, help="default nucleus sampling top-p (1.0)")
     parser.add_argument("--top-k", type=int, default=0, help="default top-k (0: off)")
@@ -1165,7 +1215,8 @@ def serve_main(args: argparse.Namespace) -> int:
     context = args.context_length if args.context_length is not None else context_length_of(model)
     max_body = int(args.max_body_mb * 2**20) if args.max_body_mb is not None else default_max_body_bytes(context)
     limits = ServerLimits(max_body_bytes=max_body, context_length=context)
-    generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars, limits)
+    generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars, limits,
+                                         length_safe=args.length_safe)
     try:
         httpd = make_server(args.host, args.port, generator)
     except OSError as e:

@@ -187,10 +187,18 @@ def test_compile_warms_the_cache_that_generate_uses(capsys, tmp_path, smollm_pat
     stats = err.strip().splitlines()
     assert len(stats) == 1 and "cache hit" in stats[0] and "draft acceptance" in stats[0] and "tok/s" in stats[0]
 
-    code, out, err = run_main(capsys, "generate", "--regex", "[0-9]{6}", "--prompt", "Digits: ", "--no-chat",
-                              "--max-tokens", "3", "--cache-dir", cache, "--no-progress")
+    # A budget below the grammar's shortest completion (6 digit tokens and EOS): refused, naming the
+    # budget needed; with --no-length-safe the budget runs out instead.
+    digits = ("generate", "--regex", "[0-9]{6}", "--prompt", "Digits: ", "--no-chat", "--max-tokens", "3",
+              "--cache-dir", cache, "--no-progress")
+    code, out, err = run_main(capsys, *digits)
     assert code == 1 and out == ""
-    assert_one_error_line(err, "max_tokens=3")
+    assert_one_error_line(err, "max_tokens=3 is too small", "at least 7")
+    code, out, err = run_main(capsys, *digits, "--no-length-safe")
+    assert code == 1 and out == ""
+    assert_one_error_line(err, "max_tokens=3", "ran out")
+    code, out, err = run_main(capsys, *digits[:-4], "7", *digits[-3:])
+    assert code == 0 and len(out.strip()) == 6 and out.strip().isdigit() and "finish stop" in err
 
     code, out, err = run_main(capsys, "generate", "--regex", "[0-9]{3}", "--prompt", "Digits: ", "--no-chat",
                               "--temp", "0.8", "--seed", "3", "--cache-dir", cache, "--no-progress", "--quiet")

@@ -24,6 +24,7 @@ from grammar_mlx.errors import (
     GrammarViolationError,
     InvalidArgumentError,
     InvalidRegexError,
+    TokenBudgetError,
     UnsupportedSchemaError,
 )
 from grammar_mlx.generate import (
@@ -175,9 +176,16 @@ def test_chat_prompt_pydantic_in_instance_out_and_stream_matches(smollm):
 def test_regex_stops_at_a_complete_match_even_on_the_last_budgeted_token(smollm):
     model, tokenizer = smollm
     # One digit is one token for SmolLM2 (digits are split), so one token completes the match and the
-    # budget ends before EOS: still a complete output, returned, with finish_reason "length".
-    out = generate_structured(model, tokenizer, "Pick a digit: ", regex="[0-9]", max_tokens=1, chat=False)
+    # budget ends before EOS: without length-safe decoding still a complete output, returned, with
+    # finish_reason "length"; with it (the default) the budget is refused: the digit and EOS take 2.
+    out = generate_structured(model, tokenizer, "Pick a digit: ", regex="[0-9]", max_tokens=1, chat=False,
+                              length_safe=False)
     assert len(out.text) == 1 and out.text.isdigit() and out.stats.finish_reason == "length"
+    with pytest.raises(TokenBudgetError) as info:
+        generate_structured(model, tokenizer, "Pick a digit: ", regex="[0-9]", max_tokens=1, chat=False)
+    assert (info.value.needed, info.value.max_tokens) == (2, 1)
+    out = generate_structured(model, tokenizer, "Pick a digit: ", regex="[0-9]", max_tokens=2, chat=False)
+    assert len(out.text) == 1 and out.stats.finish_reason == "stop" and out.stats.min_completion_tokens == 2
     text = generate_regex(model, tokenizer, "Year of the Moon landing: ", "(19|20)[0-9]{2}", max_tokens=8, chat=False)
     assert len(text) == 4 and text[:2] in ("19", "20")
     assert "".join(stream_regex(model, tokenizer, "Year of the Moon landing: ", "(19|20)[0-9]{2}", max_tokens=8,
@@ -186,15 +194,16 @@ def test_regex_stops_at_a_complete_match_even_on_the_last_budgeted_token(smollm)
 
 @pytest.mark.slow
 def test_budget_exhaustion_raises_with_the_raw_text(smollm):
+    # With length-safe decoding off: the budget ends the output, and the raw text comes with the error.
     model, tokenizer = smollm
     schema = {"type": "object", "properties": {"story": {"type": "string", "minLength": 40}}, "required": ["story"]}
     with pytest.raises(GenerationError, match="max_tokens=6") as info:
-        generate_json(model, tokenizer, "A story: ", schema, max_tokens=6, chat=False)
+        generate_json(model, tokenizer, "A story: ", schema, max_tokens=6, chat=False, length_safe=False)
     text = info.value.text
     assert text.startswith('{"st') and text in info.value.args[0]  # what the 6 tokens spelled, raw
     chunks = []
     with pytest.raises(GenerationError) as streamed:
-        for chunk in stream_json(model, tokenizer, "A story: ", schema, max_tokens=6, chat=False):
+        for chunk in stream_json(model, tokenizer, "A story: ", schema, max_tokens=6, chat=False, length_safe=False):
             chunks.append(chunk)
     assert "".join(chunks) == streamed.value.text == text
 
@@ -281,6 +290,9 @@ def test_argument_mistakes_are_invalid_argument_errors_raised_before_compiling(s
         (lambda: generate_json(model, tokenizer, "x", schema, sampler="greedy"), "sampler must be callable"),
         (lambda: generate_json(model, tokenizer, "x", schema, logits_processors=[1]), "logits_processors must be"),
         (lambda: generate_structured(model, tokenizer, "x", schema=schema, on_text="print"), "on_text must be"),
+        (lambda: generate_json(model, tokenizer, "x", schema, length_safe="no"), "length_safe must be"),
+        (lambda: json_logits_processor(schema, tokenizer, model=model, max_tokens=0), "max_tokens must be"),
+        (lambda: regex_logits_processor("a", tokenizer, model=model, max_tokens=1.5), "max_tokens must be"),
         (lambda: next(stream_json(model, tokenizer, "x", schema, max_tokens=-1)), "max_tokens must be"),
         (lambda: next(stream_regex(model, tokenizer, "", "a", chat=False)), "prompt is empty"),
     ]
@@ -315,8 +327,8 @@ def test_entry_points_share_one_options_type():
     assert set(GenerationOptions.__annotations__) | {"strict", "whitespace", "validate"} == set(
         JSONGenerationOptions.__annotations__)
     defaults = _Settings()
-    assert (defaults.max_tokens, defaults.num_draft_tokens, defaults.chat, defaults.strict, defaults.validate) == (
-        DEFAULT_MAX_TOKENS, DEFAULT_NUM_DRAFT_TOKENS, True, True, True)
+    assert (defaults.max_tokens, defaults.num_draft_tokens, defaults.chat, defaults.strict, defaults.validate,
+            defaults.length_safe) == (DEFAULT_MAX_TOKENS, DEFAULT_NUM_DRAFT_TOKENS, True, True, True, True)
     cases = [
         (lambda: generate_regex(None, None, "x", "a", strict=True), "generate_regex", "strict"),
         (lambda: next(stream_regex(None, None, "x", "a", whitespace=" ")), "stream_regex", "whitespace"),
@@ -369,4 +381,96 @@ def test_stats_definitions():
     assert "draft acceptance 36% (4/11, k=2)" in line and "cache hit" in line and "\n" not in line
     plain = GenerationStats(10, 1, 0, 1.0, 0.0, "length", None)
     assert plain.acceptance_rate is None and plain.tokens_per_second is None
-    assert "draft" not in plain.summary()
+    assert "draft" not in plain.summary() and "budget" not in plain.summary()
+    assert (plain.min_completion_tokens, plain.budget_steered_tokens) == (None, 0)
+    steered = GenerationStats(10, 12, 0, 1.0, 1.0, "stop", None, min_completion_tokens=9, budget_steered_tokens=3)
+    assert "budget steered 3 tok" in steered.summary()
+
+
+# --- length-safe decoding ------------------------------------------------------------------------------
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "pop": {"type": "integer"}},
+        "required": ["city", "pop"]}
+TOKYO = "Tokyo is the largest city in the world, with a population of 37,400,068 people. Reply in JSON."
+
+
+@pytest.mark.slow
+def test_length_safe_city_schema_completes_at_small_budgets(smollm, draft):
+    # Left alone, SmolLM2 writes the population's digits until the budget ends (issue 15). With
+    # length-safe decoding (the default) the output is schema-valid JSON ending on EOS within the
+    # budget, and a draft changes no token.
+    model, tokenizer = smollm
+    for budget in (12, 20):
+        out = generate_structured(model, tokenizer, TOKYO, schema=CITY, max_tokens=budget)
+        assert out.stats.finish_reason == "stop" and out.token_ids[-1] in tokenizer.eos_token_ids, out.text
+        assert len(out.token_ids) <= budget
+        validate(out.value, CITY)
+        stats = out.stats
+        assert stats.min_completion_tokens is not None and stats.min_completion_tokens <= budget
+        assert 0 < stats.budget_steered_tokens <= len(out.token_ids), "the budget bound (the model would go on)"
+        assert f"budget steered {stats.budget_steered_tokens} tok" in stats.summary()
+        if budget == 12:
+            spec = generate_structured(model, tokenizer, TOKYO, schema=CITY, max_tokens=budget, draft_model=draft,
+                                       num_draft_tokens=2)
+            assert spec.token_ids == out.token_ids
+            assert spec.stats.budget_steered_tokens == stats.budget_steered_tokens  # replayed, not counted per call
+
+
+@pytest.mark.slow
+def test_length_safe_off_behaves_as_before(smollm):
+    model, tokenizer = smollm
+    with pytest.raises(GenerationError, match="max_tokens=12") as info:
+        generate_json(model, tokenizer, TOKYO, CITY, max_tokens=12, length_safe=False)
+    assert info.value.text.startswith('{"city":"')
+    out = generate_structured(model, tokenizer, TOKYO, schema=CITY, max_tokens=20, length_safe=False)
+    # A complete match by chance at the budget's end, no EOS: returned, finish "length".
+    assert out.stats.finish_reason == "length" and len(out.token_ids) == 20
+    assert (out.stats.min_completion_tokens, out.stats.budget_steered_tokens) == (None, 0)
+
+
+@pytest.mark.slow
+def test_a_budget_below_the_shortest_completion_is_refused_before_decoding(smollm, monkeypatch):
+    import sys
+
+    from grammar_mlx import compile_json_schema
+
+    model, tokenizer = smollm
+    needed = compile_json_schema(CITY, tokenizer, logits_width=logits_width_of(model)).min_completion_tokens
+    assert needed is not None and needed > 2
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a budget too small must be refused before decoding")
+
+    # The module (the package's `mlx_lm.generate` attribute is its function of that name).
+    monkeypatch.setattr(sys.modules["mlx_lm.generate"], "stream_generate", no_decoding)
+    for call in (lambda: generate_json(model, tokenizer, TOKYO, CITY, max_tokens=needed - 1),
+                 lambda: next(stream_json(model, tokenizer, TOKYO, CITY, max_tokens=needed - 1)),
+                 lambda: json_logits_processor(CITY, tokenizer, model=model, max_tokens=needed - 1)):
+        with pytest.raises(TokenBudgetError) as info:
+            call()
+        assert (info.value.needed, info.value.max_tokens) == (needed, needed - 1)
+        assert f"at least {needed}" in str(info.value) and isinstance(info.value, InvalidArgumentError)
+    processor = json_logits_processor(CITY, tokenizer, model=model, max_tokens=needed)
+    assert processor.max_tokens == needed and processor.min_completion_tokens == needed
+
+
+# Glaive function-call schemas (MaskBench): unbounded strings and numbers, where SmolLM2 alone runs
+# out of any small budget (all three raise GenerationError at 48 tokens with length_safe=False).
+GLAIVE = ["Glaiveai2K---calculate_shipping_cost_022731d6.json", "Glaiveai2K---create_invoice_08d4a43a.json"]
+GLAIVE_TOO_LONG = "Glaiveai2K---create_calendar_event_011e9d78.json"  # its shortest completion is 55 tokens
+
+
+@pytest.mark.slow
+def test_length_safe_corpus_schemas_complete_at_a_small_budget(smollm, request):
+    model, tokenizer = smollm
+    for name in GLAIVE:
+        schema = load_case_schema(f"maskbench:{name}", request)
+        out = generate_structured(model, tokenizer, "Reply in JSON with example values.", schema=schema,
+                                  max_tokens=48, strict=False)
+        assert out.stats.finish_reason == "stop" and len(out.token_ids) <= 48, (name, out.text)
+        validate(out.value, schema)
+        assert out.stats.budget_steered_tokens > 0, name
+    with pytest.raises(TokenBudgetError) as info:
+        generate_json(model, tokenizer, "Reply in JSON.", load_case_schema(f"maskbench:{GLAIVE_TOO_LONG}", request),
+                      max_tokens=48, strict=False)
+    assert info.value.needed > 48 and f"at least {info.value.needed}" in str(info.value)

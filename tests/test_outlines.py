@@ -13,6 +13,7 @@ from grammar_mlx.errors import (
     InvalidArgumentError,
     InvalidRegexError,
     InvalidSchemaError,
+    TokenBudgetError,
     UnsupportedSchemaError,
 )
 from grammar_mlx.outlines import JSONLogitsProcessor, RegexLogitsProcessor
@@ -159,6 +160,35 @@ def test_errors_are_typed(qwen_hf_tokenizer):
     with pytest.raises(InvalidArgumentError, match="^logits must be"):
         RegexLogitsProcessor("a", qwen_hf_tokenizer)([1], np.zeros(10))
     assert issubclass(InvalidArgumentError, GrammarError)
+    with pytest.raises(InvalidArgumentError, match="^max_tokens must be"):
+        RegexLogitsProcessor("a", qwen_hf_tokenizer, max_tokens=0)
+
+
+def test_max_tokens_makes_the_masks_length_safe(qwen_hf_tokenizer):
+    # Extension: with the budget given to mlx-lm, the masks keep the output completable within it.
+    seven = qwen_hf_tokenizer.encode("7")[0]
+    logits = mx.zeros((1, QWEN_LOGITS_WIDTH))
+    with pytest.raises(TokenBudgetError) as info:  # "[0-9]{1,3}" needs a digit and EOS
+        RegexLogitsProcessor("[0-9]{1,3}", qwen_hf_tokenizer, logits_width=QWEN_LOGITS_WIDTH, max_tokens=1)
+    assert (info.value.needed, info.value.max_tokens) == (2, 1)
+    lazy = RegexLogitsProcessor("[0-9]{1,3}", qwen_hf_tokenizer, max_tokens=1)  # compiled at the first call
+    with pytest.raises(TokenBudgetError):
+        lazy(mx.array([1]), logits)
+    processor = JSONLogitsProcessor({"type": "string", "pattern": "^[0-9]{1,3}$"}, qwen_hf_tokenizer,
+                                    logits_width=QWEN_LOGITS_WIDTH, max_tokens=4)
+    assert processor.compiled.min_completion_tokens == 4  # '"', a digit, '"', EOS
+    first = allowed_ids(processor(mx.array([1]), logits)[0])
+    g = processor.compiled
+    np.testing.assert_array_equal(first, g.budget_allowed_tokens(g.initial_state, 4))
+    plain = RegexLogitsProcessor("[0-9]{1,3}", qwen_hf_tokenizer, logits_width=QWEN_LOGITS_WIDTH)
+    budgeted = RegexLogitsProcessor("[0-9]{1,3}", qwen_hf_tokenizer, logits_width=QWEN_LOGITS_WIDTH, max_tokens=2)
+    for p in (plain, budgeted, budgeted.copy()):
+        p(mx.array([1]), logits)
+    after_digit = [allowed_ids(p(mx.array([1, seven]), logits)[0]) for p in (plain, budgeted)]
+    eos = set(processor.compiled.eos_token_ids)
+    assert len(after_digit[0]) > len(eos)  # more digits, or the end
+    assert set(after_digit[1].tolist()) == eos  # one token left: only the end fits
+    assert budgeted.copy().max_tokens == 2
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from grammar_mlx.errors import (
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
+    TokenBudgetError,
     UnsupportedSchemaError,
 )
 from grammar_mlx.models import logits_width_of
@@ -428,14 +429,14 @@ def test_logits_hook_appends_a_fresh_processor_only_for_grammar_args():
     hook = mlx_server._make_logits_processors
     assert hook.grammar_mlx_hook
 
-    def args(grammar):
+    def args(grammar, **extra):
         logits = mlx_server.LogitsProcessorArguments({5: 1.0}, 0.0, 20, 0.0, 20, 0.0, 20)
         sampling = mlx_server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.1)
         values = dict(model=server._SERVED, sampling=sampling, logits=logits, stop_words=[], max_tokens=5,
                       num_draft_tokens=3, logprobs=False, top_logprobs=-1, seed=None, chat_template_kwargs=None)
         if grammar is None:
             return mlx_server.GenerationArguments(**values)
-        return server.ConstrainedGenerationArguments(**values, grammar=grammar)
+        return server.ConstrainedGenerationArguments(**values, grammar=grammar, **extra)
 
     plain = hook(args(None))
     assert len(plain) == 1 and not any(isinstance(p, GrammarProcessor) for p in plain)
@@ -449,6 +450,33 @@ def test_logits_hook_appends_a_fresh_processor_only_for_grammar_args():
         logits = p(mx.array([1, 2]), logits)
     allowed = set(grammar.allowed_tokens(grammar.initial_state).tolist())
     assert (5 in allowed) == bool(mx.isfinite(logits[0, 5]).item())
+    # Length-safe for the request's budget unless the request turned it off.
+    assert first[-1].max_tokens == 5 and hook(args(grammar, length_safe=False))[-1].max_tokens is None
+
+
+def test_length_safe_request_field_and_server_default():
+    def handler(body, default=True):
+        return SimpleNamespace(body=body, response_generator=SimpleNamespace(length_safe=default))
+
+    read = server.GrammarAPIHandler._length_safe
+    assert read(handler({})) is True and read(handler({}, default=False)) is False
+    assert read(handler({"length_safe": False})) is False and read(handler({"length_safe": True}, False)) is True
+    for bad in ("false", 0, [], {}):
+        with pytest.raises(InvalidRequestError) as info:
+            read(handler({"length_safe": bad}))
+        assert info.value.param == "length_safe" and error_response(info.value)[1]["error"]["code"] == (
+            "invalid_argument")
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    server.add_serve_arguments(parser)
+    assert parser.parse_args([]).length_safe is True and parser.parse_args(["--no-length-safe"]).length_safe is False
+
+
+def test_a_token_budget_error_is_a_400_on_max_tokens():
+    status, body = error_response(TokenBudgetError("needs 9", needed=9, max_tokens=4),
+                                  GrammarSpec("json_schema", "{}"))
+    assert (status, body["error"]["code"], body["error"]["param"]) == (400, "max_tokens_too_small", "max_tokens")
 
 
 # --- live servers ----------------------------------------------------------------------------------
@@ -551,10 +579,10 @@ def chat(client, response_format, *, max_tokens=40, messages=ASK, **kw):
                                           response_format=response_format, **kw)
 
 
-def stream_chat(client, response_format, *, max_tokens=40, messages=ASK):
+def stream_chat(client, response_format, *, max_tokens=40, messages=ASK, **kw):
     chunks = list(client.chat.completions.create(
         model="smollm", messages=messages, max_tokens=max_tokens, response_format=response_format, stream=True,
-        stream_options={"include_usage": True}))
+        stream_options={"include_usage": True}, **kw))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     usage = [c.usage for c in chunks if c.usage]
@@ -668,9 +696,11 @@ def test_text_format_is_unconstrained(servers):
 
 @pytest.mark.slow
 def test_budget_ending_before_the_grammar_says_length(servers):
+    # With length-safe decoding off for the request: the budget ends the output, as before.
     schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 30, "maxLength": 40}},
               "required": ["s"]}
-    reply = chat(servers["plain"].client(), schema_format(schema), max_tokens=4)
+    off = {"length_safe": False}
+    reply = chat(servers["plain"].client(), schema_format(schema), max_tokens=4, extra_body=off)
     choice = reply.choices[0]
     assert choice.finish_reason == "length"
     assert reply.usage.completion_tokens == 4
@@ -678,8 +708,54 @@ def test_budget_ending_before_the_grammar_says_length(servers):
     assert choice.message.content[: len(head)] == head[: len(choice.message.content)]
     with pytest.raises(json.JSONDecodeError):
         json.loads(choice.message.content)
-    text, finish, _ = stream_chat(servers["plain"].client(), schema_format(schema), max_tokens=4)
+    text, finish, _ = stream_chat(servers["plain"].client(), schema_format(schema), max_tokens=4, extra_body=off)
     assert finish == ["length"] and text[: len(head)] == head[: len(text)]
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "pop": {"type": "integer"}},
+        "required": ["city", "pop"]}
+TOKYO = [{"role": "user", "content": "Tokyo is the largest city in the world, with a population of 37,400,068 "
+                                     "people. Reply in JSON."}]
+
+
+@pytest.mark.slow
+def test_length_safe_budgets_complete_with_and_without_a_draft(servers):
+    # The default: the output completes within max_tokens (SmolLM2 alone writes the population's
+    # digits until the budget ends), the same tokens with a draft (batched and speculative paths).
+    import openai
+
+    replies = {}
+    for name in ("plain", "draft"):
+        client = servers[name].client()
+        reply = chat(client, schema_format(CITY), max_tokens=20, messages=TOKYO)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "stop", (name, choice.message.content)
+        jsonschema.validate(json.loads(choice.message.content), CITY)
+        assert reply.usage.completion_tokens <= 20
+        text, finish, _ = stream_chat(client, schema_format(CITY), max_tokens=20, messages=TOKYO)
+        assert (text, finish) == (choice.message.content, ["stop"])
+        replies[name] = choice.message.content
+    assert replies["draft"] == replies["plain"]
+
+    client = servers["plain"].client()
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, schema_format(CITY), max_tokens=3, messages=TOKYO)
+    error = info.value.body
+    assert (error["code"], error["param"], error["type"]) == ("max_tokens_too_small", "max_tokens",
+                                                              "invalid_request_error")
+    needed = int(re.search(r"at least (\d+)", error["message"]).group(1))
+    assert 3 < needed <= 20
+    reply = chat(client, schema_format(CITY), max_tokens=needed, messages=TOKYO)  # the named budget is enough
+    assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens <= needed
+    jsonschema.validate(json.loads(reply.choices[0].message.content), CITY)
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, None, max_tokens=3, messages=TOKYO, extra_body={"length_safe": "no"})
+    assert info.value.body["param"] == "length_safe"
+    # Off for one request: as before, the budget ends the digits.
+    reply = chat(client, schema_format(CITY), max_tokens=12, messages=TOKYO, extra_body={"length_safe": False})
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 12
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(reply.choices[0].message.content)
 
 
 NESTED_UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]},
@@ -1016,8 +1092,17 @@ def test_in_process_limits_body_and_context(in_process):
         chat(client, None, messages=[{"role": "user", "content": "word " * 20}])
     assert info.value.body["param"] == "messages" and "the prompt is 51 tokens" in info.value.body["message"]
     # Without an explicit budget, the default (16) shrinks to what the context leaves (the regex
-    # keeps the model from stopping before it).
+    # keeps the model from stopping before it; length-safe decoding off, since the regex cannot
+    # complete in what is left).
+    digits = {"type": "regex", "regex": "[0-9]{40}"}
     reply = client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "word " * 8}],
-                                           extra_body={"response_format": {"type": "regex", "regex": "[0-9]{40}"}})
+                                           extra_body={"response_format": digits, "length_safe": False})
     assert reply.usage.prompt_tokens + reply.usage.completion_tokens == 48
     assert reply.usage.completion_tokens < 16 and reply.choices[0].finish_reason == "length"
+    # Length-safe (the default), that budget is refused in the handler, naming the default budget.
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": "word " * 8}],
+                                       extra_body={"response_format": digits})
+    error = info.value.body
+    assert (error["code"], error["param"]) == ("max_tokens_too_small", "max_tokens")
+    assert "the server's default budget" in error["message"] and "at least 41" in error["message"]

@@ -13,21 +13,32 @@ through `kernels.apply_token_bitmask`. bench/processor.py measures the per-token
 End of generation needs nothing special here: the compiled grammar sets EOS bits exactly in
 accepting states and sends EOS to a terminal state that allows only EOS, so after an EOS every
 later position (e.g. speculative verification past the end) allows only EOS, and never crashes.
+
+Length-safe masking (`max_tokens`). With a budget N, the row at a position with m tokens generated
+before it is the grammar's `budget_mask_row(state, N - m)`: only tokens after which the grammar can
+still end (EOS included) within the N - m - 1 tokens left. Once the shortest completion from the
+initial state fits in N (checked when the processor is built: `TokenBudgetError` otherwise), every
+sampler that respects the masks ends in the terminal state within N tokens. m is the stack's depth,
+i.e. read from the history (len(history) minus the context), never counted from calls: a rejected
+speculative draft leaves no trace, and a draft position and its verification see the same row,
+since the row is a function of (state, m) alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, TokenBudgetError
 from ..kernels.dispatch import apply_token_bitmask, row_masker
 from .stack import StackGrammar, StateStack
-from .stateful import DEFAULT_OVERLAP, StatefulProcessor
+from .stateful import DEFAULT_OVERLAP, StatefulProcessor, int_at_least_or_none
 
-__all__ = ["GrammarProcessor", "MaskedGrammar"]
+__all__ = ["GrammarProcessor", "MaskedGrammar", "budget_steered_positions", "check_token_budget"]
 
 
 class MaskedGrammar(StackGrammar, Protocol):
@@ -45,9 +56,81 @@ class MaskedGrammar(StackGrammar, Protocol):
 
     def is_accepting(self, state: int) -> bool: ...
 
+    # Read only with a token budget (length-safe masking):
+
+    @property
+    def min_completion_tokens(self) -> int | None:
+        """The fewest tokens from the initial state to the end of generation, EOS included (None:
+        no completion proven)."""
+        ...
+
+    def budget_mask_row(self, state: int, left: int) -> int:
+        """The row of `device_masks()` for `state` with `left` tokens allowed, the one chosen now
+        included: the state's tokens after which the grammar can still end within left - 1 tokens
+        (mask_row(state) when the budget does not bind, when left <= 0, or when none can)."""
+        ...
+
 
 _REQUIRED = ("next_state", "initial_state", "terminal_state", "mask_row", "device_masks", "is_accepting",
              "allowed_tokens", "token_text")
+_REQUIRED_FOR_BUDGET = ("min_completion_tokens", "budget_mask_row")
+
+
+def check_token_budget(compiled: MaskedGrammar, max_tokens: int) -> None:
+    """Raise `TokenBudgetError` naming the needed budget when the grammar's shortest completion
+    (`min_completion_tokens`) does not fit in `max_tokens`. A grammar's cheap upper bound
+    (`distance_bound`, where it has one) settles the common case without a search. When the grammar
+    could not prove any completion within its search bounds (None), nothing is refused (it is
+    logged once): length-safe masking still steers toward every completion it knows, but cannot
+    promise one."""
+    bound_of = getattr(compiled, "distance_bound", None)
+    bound = bound_of(compiled.initial_state) if bound_of is not None else None
+    if bound is not None and bound <= max_tokens:
+        return
+    needed = compiled.min_completion_tokens
+    if needed is not None and needed > max_tokens:
+        raise TokenBudgetError(
+            f"max_tokens={max_tokens} is too small for this grammar: its shortest complete output takes "
+            f"{needed} tokens, end of sequence included; set max_tokens to at least {needed}",
+            needed=needed, max_tokens=max_tokens)
+    if needed is None:
+        _log_unproven_once(compiled)
+
+
+_UNPROVEN: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _log_unproven_once(compiled: MaskedGrammar) -> None:
+    try:
+        if compiled in _UNPROVEN:
+            return
+        _UNPROVEN.add(compiled)
+    except TypeError:  # not weak-referenceable: logged every time
+        pass
+    logging.getLogger(__name__).warning(
+        "length-safe decoding: the grammar's search bound proved no completion from its initial state; "
+        "the output is steered toward the completions it knows but may still end on the token budget")
+
+
+def budget_steered_positions(compiled: MaskedGrammar, tokens: Sequence[int], max_tokens: int) -> int:
+    """How many positions of a generation's `tokens` (EOS included) had their row narrowed by the
+    budget `max_tokens`: replayed from the tokens kept, with the rows the processor chose there
+    (a function of state and position), so rejected speculative drafts never count. Stops at the
+    first token the grammar forbids."""
+    state = compiled.initial_state
+    mask_row, budget_row, next_state = compiled.mask_row, compiled.budget_mask_row, compiled.next_state
+    steered = 0
+    for generated, token in enumerate(tokens):
+        if budget_row(state, max_tokens - generated) != mask_row(state):
+            steered += 1
+        state = next_state(state, int(token))
+        if state < 0:
+            break
+    return steered
+
+
+def _no_budget(state: int, left: int) -> int:
+    raise AssertionError("budget rows are read only when a processor has a token budget")
 
 
 class GrammarProcessor(StatefulProcessor[StateStack]):
@@ -56,18 +139,32 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
     A token the grammar forbids raises GrammarViolationError and leaves that row at its last valid
     depth. Use one processor per request (or `reset()` between requests); several processors may
     share one grammar across threads.
+
+    `max_tokens`: the generation's token budget, EOS included (as mlx-lm counts it), for
+    length-safe masking (module docstring); None (the default) masks to the grammar alone. A budget
+    below the grammar's shortest completion raises `TokenBudgetError` here, before any token.
     """
 
-    def __init__(self, compiled: MaskedGrammar, *, overlap: int | None = DEFAULT_OVERLAP) -> None:
-        missing = [name for name in _REQUIRED if not hasattr(compiled, name)]
+    def __init__(self, compiled: MaskedGrammar, *, max_tokens: int | None = None,
+                 overlap: int | None = DEFAULT_OVERLAP) -> None:
+        max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)
+        required = _REQUIRED if max_tokens is None else _REQUIRED + _REQUIRED_FOR_BUDGET
+        # Looked up without evaluating a property (min_completion_tokens may search).
+        missing = [name for name in required
+                   if not hasattr(type(compiled), name) and name not in getattr(compiled, "__dict__", ())]
         if missing:
             raise InvalidArgumentError(
                 f"compiled must be a CompiledGrammar (compile_json_schema, compile_regex), got a "
                 f"{type(compiled).__name__} without {', '.join(missing)}")
         super().__init__(overlap=overlap)
         self.compiled = compiled
+        self._max_tokens = max_tokens
+        if max_tokens is not None:
+            check_token_budget(compiled, max_tokens)
         # Bound methods, read once: the per-token path runs on caches a mask has just left cold.
         self._mask_row = compiled.mask_row
+        self._budget_mask_row: Callable[[int, int], int] = (
+            compiled.budget_mask_row if max_tokens is not None else _no_budget)
         self._device_masks = compiled.device_masks
         # kernels.row_masker bound to the last table seen (bound before its first use: no table is None).
         self._bound_table: mx.array | None = None
@@ -77,9 +174,13 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
         return StateStack.for_grammar(self.compiled)
 
     def _process_row(self, logits: mx.array, target: StateStack) -> mx.array:
-        # The row first, then the table: a lazy grammar's first visit to a state adds its mask row,
-        # and the table it returns afterwards holds every row handed out.
-        row = self._mask_row(target.state)
+        # The row first, then the table: a lazy grammar's first visit to a state (or budget) adds its
+        # mask row, and the table it returns afterwards holds every row handed out.
+        max_tokens = self._max_tokens
+        if max_tokens is None:
+            row = self._mask_row(target.state)
+        else:  # the stack's depth is the number of tokens generated before this position
+            row = self._budget_mask_row(target.state, max_tokens - target.depth)
         table = self._device_masks()
         if table is not self._bound_table:
             self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
@@ -87,11 +188,28 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
         return self._mask_one(logits, row)
 
     def _process(self, logits: mx.array, targets: list[StateStack]) -> mx.array:
-        mask_row = self._mask_row
-        rows = [mask_row(s.state) for s in targets]  # before the table, as in _process_row
+        max_tokens = self._max_tokens
+        if max_tokens is None:
+            mask_row = self._mask_row
+            rows = [mask_row(s.state) for s in targets]  # before the table, as in _process_row
+        else:
+            budget_row = self._budget_mask_row
+            rows = [budget_row(s.state, max_tokens - s.depth) for s in targets]
         return apply_token_bitmask(logits, self._device_masks(), rows)
 
     # -- inspection ------------------------------------------------------------------------------
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The token budget masks are length-safe for (None: no budget)."""
+        return self._max_tokens
+
+    @property
+    def min_completion_tokens(self) -> int | None:
+        """With a budget: the grammar's shortest completion, checked to fit (None without a budget,
+        or when the grammar proved none). Read from the grammar (which searches once, if the start
+        check did not need to)."""
+        return None if self._max_tokens is None else self.compiled.min_completion_tokens
 
     @property
     def stacks(self) -> list[StateStack]:

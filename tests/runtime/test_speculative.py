@@ -29,7 +29,7 @@ from trace_recorder import (
 )
 
 from grammar_mlx.errors import GrammarViolationError
-from grammar_mlx.runtime.processor import GrammarProcessor
+from grammar_mlx.runtime.processor import GrammarProcessor, budget_steered_positions
 from grammar_mlx.runtime.stack import StateStack
 from grammar_mlx.runtime.stateful import (
     HistoryFollower,
@@ -306,3 +306,80 @@ def test_eos_with_a_real_grammar_only_when_complete_then_only_eos(grammars, qwen
     with pytest.raises(GrammarViolationError):
         allowed(prompt + date + [eos, date[0]])
     assert allowed(prompt + date + [eos]).tolist() == [eos]
+
+
+# -- length-safe masking inside the live loops -------------------------------------------------------
+
+
+def tight_budget(g, slack: int = 2) -> int:
+    """A budget that binds from the first tokens: the shortest completion plus a little."""
+    assert g.min_completion_tokens is not None
+    return g.min_completion_tokens + slack
+
+
+def check_within_budget(g, spec, tokens, budget, tokenizer):
+    assert len(tokens) <= budget
+    check_complete(g, spec, tokens, tokenizer)  # EOS reached, a complete match, valid JSON
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec_name", ["flags", "pair"])
+def test_length_safe_speculative_output_is_token_identical_for_k_1_to_4(spec_name, models, grammars, qwen_tokenizer):
+    # A random model left alone loops inside the string / array until max_tokens; with the budget
+    # it is made to close within it, and each draft and verification position sees the same row
+    # (a function of the history), so speculation changes nothing.
+    g, spec = grammars[spec_name], SPECS[spec_name]
+    prompt = qwen_tokenizer.encode(PROMPTS[spec_name])
+    budget = tight_budget(g)
+    plain, _ = run_stream(models["main"], qwen_tokenizer, prompt, [GrammarProcessor(g, max_tokens=budget)],
+                          max_tokens=budget)
+    check_within_budget(g, spec, plain, budget, qwen_tokenizer)
+    assert budget_steered_positions(g, plain, budget) > 0, "the budget bound somewhere"
+    rejected = 0
+    for k in range(1, 5):
+        out, drafted = run_stream(models["main"], qwen_tokenizer, prompt, [GrammarProcessor(g, max_tokens=budget)],
+                                  max_tokens=budget, draft_model=models["biased"], num_draft_tokens=k)
+        assert out == plain, f"k={k}"
+        rejected += rejected_rounds(drafted, k)
+    assert rejected > 0, "the draft never disagreed: the rollback path was not exercised"
+
+
+@pytest.mark.slow
+def test_length_safe_every_budget_from_the_minimum_completes(models, grammars, qwen_tokenizer):
+    # The tightest budgets, one by one, under a draft that is often wrong (k=3): always complete.
+    g, spec = grammars["flags"], SPECS["flags"]
+    prompt = qwen_tokenizer.encode(PROMPTS["flags"])
+    for budget in range(g.min_completion_tokens, g.min_completion_tokens + 4):
+        out, _ = run_stream(models["main"], qwen_tokenizer, prompt, [GrammarProcessor(g, max_tokens=budget)],
+                            max_tokens=budget, draft_model=models["biased"], num_draft_tokens=3)
+        check_within_budget(g, spec, out, budget, qwen_tokenizer)
+
+
+@pytest.mark.slow
+def test_length_safe_batch_rows_are_isolated(models, grammars, qwen_tokenizer):
+    # Three grammars with three different budgets in one BatchGenerator: each row's masks follow its
+    # own position and budget, so each row equals its run alone, complete within its budget.
+    from mlx_lm.generate import BatchGenerator
+
+    names = ["flags", "pair", "date"]
+    prompts = [qwen_tokenizer.encode(PROMPTS[n]) for n in names]
+    budgets = [tight_budget(grammars[n], slack) for n, slack in zip(names, (1, 3, 2))]
+    gen = BatchGenerator(models["main"], stop_tokens=[[e] for e in sorted(qwen_tokenizer.eos_token_ids)])
+    try:
+        uids = gen.insert(prompts, max_tokens=budgets, logits_processors=[
+            [GrammarProcessor(grammars[n], max_tokens=b)] for n, b in zip(names, budgets)])
+        outs: dict[int, list[int]] = {u: [] for u in uids}
+        done: set[int] = set()
+        while len(done) < len(uids):
+            for r in gen.next_generated():
+                outs[r.uid].append(r.token)
+                if r.finish_reason is not None:
+                    assert r.finish_reason == "stop"
+                    done.add(r.uid)
+    finally:
+        gen.close()
+    for name, prompt, budget, uid in zip(names, prompts, budgets, uids):
+        check_within_budget(grammars[name], SPECS[name], outs[uid], budget, qwen_tokenizer)
+        alone, _ = run_stream(models["main"], qwen_tokenizer, prompt,
+                              [GrammarProcessor(grammars[name], max_tokens=budget)], max_tokens=budget)
+        assert outs[uid] == alone, name
