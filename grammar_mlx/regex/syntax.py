@@ -30,14 +30,16 @@ class PatternError(Exception):
 
 # ---------------------------------------------------------------------------------------------
 # AST. `Seq(())` is the empty string, `Alt(())` the empty language.
+# Nodes are never changed once built (they are hashed as memo keys) but not `frozen`: a frozen
+# dataclass sets each field through object.__setattr__, and a schema regex parses to 10^5 nodes.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Chars:
     chars: CharSet
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Literal:
     """A run of characters: the `Seq` of one `Chars` per character, held as text (a parser's
     literal runs; most of a schema regex is literal text)."""
@@ -45,24 +47,24 @@ class Literal:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Seq:
     items: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Alt:
     items: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Repeat:
     item: Node
     lo: int
     hi: int | None  # None: unbounded
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Anchor:
     end: bool  # False: `^`, True: `$`
 
