@@ -414,18 +414,23 @@ class Determinizer:
 _FAR = 2**31 - 1  # no way to the match
 
 
-def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array:
-    """Per NFA state, the fewest bytes of `alphabet` to the match (`_FAR`: none): a 0-1 breadth-first
-    search backward from the match, epsilon edges weighing 0 and byte edges whose range holds a byte
-    of the alphabet 1."""
+def _usable_prefix(alphabet: frozenset[int]) -> list[int]:
+    """`prefix[b]`: how many bytes of `alphabet` lie below b, so a byte range lo..hi holds one of
+    them iff `prefix[hi + 1] > prefix[lo]`."""
     usable = np.zeros(256, dtype=bool)
     usable[sorted(alphabet)] = True
-    prefix = np.concatenate([[0], np.cumsum(usable)]).tolist()
+    return np.concatenate([[0], np.cumsum(usable)]).tolist()
+
+
+def _reverse_edges(nfa: ByteNFA, prefix: list[int], stage: str) -> tuple[array, array, array]:
+    """The NFA's edges that can be taken over the alphabet of `prefix` (`_usable_prefix`), grouped
+    by target: the predecessors of state t are `preds[first[t]:first[t + 1]]`, each with its weight
+    (1: a byte edge, 0: an epsilon edge)."""
     trans, eps = nfa.trans, nfa.eps
     src, dst, weight = array("i"), array("i"), array("b")
     for q in range(len(trans)):
         if q % _CHECK_EVERY == 0:
-            check_deadline("the byte NFA's distances")
+            check_deadline(stage)
         ranges = trans[q]
         if ranges is not None:
             for lo, hi, t in ranges:
@@ -438,13 +443,20 @@ def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array:
                 src.append(q)
                 dst.append(t)
                 weight.append(0)
-    n = len(trans)
     to = np.frombuffer(dst, dtype=np.int32)
     order = np.argsort(to, kind="stable")
-    preds = np.frombuffer(src, dtype=np.int32)[order].tolist()
-    weights = np.frombuffer(weight, dtype=np.int8)[order].tolist()
-    first = np.searchsorted(to[order], np.arange(n + 1)).tolist()
-    dist = array("i", [_FAR]) * n
+    preds = array("i", np.frombuffer(src, dtype=np.int32)[order].tobytes())
+    weights = array("b", np.frombuffer(weight, dtype=np.int8)[order].tobytes())
+    first = array("q", np.searchsorted(to[order], np.arange(len(trans) + 1)).astype(np.int64).tobytes())
+    return first, preds, weights
+
+
+def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array:
+    """Per NFA state, the fewest bytes of `alphabet` to the match (`_FAR`: none): a 0-1 breadth-first
+    search backward from the match, epsilon edges weighing 0 and byte edges whose range holds a byte
+    of the alphabet 1."""
+    first, preds, weights = _reverse_edges(nfa, _usable_prefix(alphabet), "the byte NFA's distances")
+    dist = array("i", [_FAR]) * len(nfa.trans)
     dist[nfa.match] = 0
     queue = deque([nfa.match])
     while queue:
@@ -465,33 +477,13 @@ def _nfa_liveness(nfa: ByteNFA, alphabet: frozenset[int]) -> bytearray | None:
     """Which NFA states reach the match over `alphabet` (a backward pass over the NFA's edges whose
     byte range holds a byte of it), or None when all do: every edge's range holds a byte of the
     alphabet, so every edge can be taken (see the module docstring)."""
-    usable = np.zeros(256, dtype=bool)
-    usable[sorted(alphabet)] = True
-    prefix = np.concatenate([[0], np.cumsum(usable)]).tolist()  # usable bytes below b: prefix[b]
-    literal = np.frombuffer(bytes(nfa.literal_bytes), dtype=np.uint8).astype(bool)
-    if usable[literal].all() and all(prefix[hi + 1] > prefix[lo] for lo, hi in nfa.ranges):
+    prefix = _usable_prefix(alphabet)
+    literal = list(nfa.literal_bytes)
+    if all(prefix[b + 1] > prefix[b] for b in range(256) if literal[b]) and all(
+            prefix[hi + 1] > prefix[lo] for lo, hi in nfa.ranges):
         return None
-    trans, eps = nfa.trans, nfa.eps
-    src, dst = array("i"), array("i")
-    for q in range(len(trans)):
-        if q % _CHECK_EVERY == 0:
-            check_deadline("the byte NFA's liveness")
-        ranges = trans[q]
-        if ranges is not None:
-            for lo, hi, t in ranges:
-                if prefix[hi + 1] > prefix[lo]:
-                    src.append(q)
-                    dst.append(t)
-        else:
-            for t in eps[q] or ():
-                src.append(q)
-                dst.append(t)
-    n = len(trans)
-    to = np.frombuffer(dst, dtype=np.int32)
-    order = np.argsort(to, kind="stable")
-    preds = array("i", np.frombuffer(src, dtype=np.int32)[order].tobytes())
-    first = array("q", np.searchsorted(to[order], np.arange(n + 1)).astype(np.int64).tobytes())
-    live = bytearray(n)
+    first, preds, _ = _reverse_edges(nfa, prefix, "the byte NFA's liveness")
+    live = bytearray(len(nfa.trans))
     live[nfa.match] = 1
     stack = [nfa.match]
     while stack:
