@@ -284,41 +284,16 @@ class ByteDFA:
         return False
 
     def live_by(self, alphabet: Iterable[int]) -> np.ndarray:
-        """Per state id, whether some string over `alphabet` (bytes) reaches an accepting state: a
-        backward breadth-first search over the distinct (state, successor) pairs, a frontier at a time
-        (every row is computed first). The array covers every state; the dead state is not live (in
-        the stored layout it is the last id, past the array's end)."""
-        self._all_rows()
-        cols = np.unique(self.classes[np.array(sorted(set(alphabet)), dtype=np.int64)])
-        n = self._num_states + 1
-        live = self.accepting[:n].copy()
-        if len(cols):
-            table = self.rows()[:n][:, cols]
-            src = np.repeat(np.arange(n, dtype=np.int64), len(cols))
-            dst = table.ravel().astype(np.int64)
-            edge = dst != self.dead
-            pairs = np.unique(dst[edge] * n + src[edge])  # by successor, then predecessor; duplicates out
-            by_dst, preds = pairs // n, pairs % n
-            first = np.searchsorted(by_dst, np.arange(n + 1))
-            frontier = np.flatnonzero(live)
-            while len(frontier):
-                lo, hi = first[frontier], first[frontier + 1]
-                counts = hi - lo
-                total = int(counts.sum())
-                if total == 0:
-                    break
-                ends = np.cumsum(counts)
-                at = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
-                found = preds[at]
-                found = np.unique(found[~live[found]])
-                live[found] = True
-                frontier = found
-        live[self.dead] = False
-        return live[: self.dead] if self.dead == n - 1 else live
+        """Per state id, whether some string over `alphabet` (bytes) reaches an accepting state
+        (`distance_by` finds one). The array covers every state; the dead state is not live (in the
+        stored layout it is the last id, past the array's end)."""
+        live = self.distance_by(alphabet) >= 0
+        return live[: self.dead] if self.dead == len(live) - 1 else live
 
     def distance_by(self, alphabet: Iterable[int]) -> np.ndarray:
         """Per state id, the fewest bytes of `alphabet` from it to an accepting state (-1: none; the
-        dead state -1): `live_by`'s backward search, a level at a time (every row is computed first)."""
+        dead state -1): a backward breadth-first search over the distinct (state, successor) pairs, a
+        level at a time (every row is computed first)."""
         self._all_rows()
         cols = np.unique(self.classes[np.array(sorted(set(alphabet)), dtype=np.int64)])
         n = self._num_states + 1
