@@ -191,3 +191,10 @@ def check_deadline(stage: str = "") -> None:
     deadline = _CURRENT.get()
     if deadline is not None and time.monotonic() >= deadline.at:
         raise deadline.error(stage)
+
+
+# --- branch seg (issue 14: structured segments) ----------------------------------------------------
+
+# Positions of one segment program (grammar_mlx/segments/program.py): repetitions are unrolled, so a
+# bounded Repeat of a structured item costs one position per copy and token.
+MAX_SEGMENT_NODES = _env_int("GRAMMAR_MLX_MAX_SEGMENT_NODES", 4096)
