@@ -171,7 +171,7 @@ class _Lowering:
             try:
                 translated = schema_to_regex(seg.schema, whitespace=seg.whitespace, strict=seg.strict)
             except GrammarError as exc:
-                exc.add_note(f"in the segment at {path}")
+                exc.args = (f"{path}: {exc}", *exc.args[1:])  # the same error, naming the segment
                 raise
             return f"(?:{translated.regex})", tuple(translated.unenforced)
         if isinstance(seg, Seq):
@@ -421,7 +421,7 @@ def _sets(node: _Node, follow: list[set[int]]) -> tuple[bool, set[int], set[int]
         i = node.atom.index
         return False, {i}, {i}
     if isinstance(node, _Cat):
-        nullable, first, last = True, set(), set()
+        nullable, first, last = True, set[int](), set[int]()
         for part in node.parts:
             n, f, la = _sets(part, follow)
             for i in last:
@@ -432,7 +432,7 @@ def _sets(node: _Node, follow: list[set[int]]) -> tuple[bool, set[int], set[int]
             nullable = nullable and n
         return nullable, first, last
     if isinstance(node, _Alt):
-        nullable, first, last = False, set(), set()
+        nullable, first, last = False, set[int](), set[int]()
         for part in node.parts:
             n, f, la = _sets(part, follow)
             nullable, first, last = nullable or n, first | f, last | la
