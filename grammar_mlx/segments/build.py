@@ -163,9 +163,10 @@ class _Builder:
             self.pending.append((node, follow, end))
         return node
 
-    def exits(self, follow: frozenset[int], end: bool, path: str) -> Exits:
-        """The exits of a follow set: control tokens to their entries, EOS when the program may end,
-        the one text position; text triggers are spelled by the watch before them."""
+    def exits(self, follow: frozenset[int], end: bool, path: str, owner: Atom | None = None) -> Exits:
+        """The exits of a follow set (of `owner`, or of an entry): control tokens to their entries,
+        EOS when the program may end, the one text position; text triggers are spelled by the watch
+        before them (the owner itself, or the text position that starts here)."""
         atoms = self.lowered.atoms
         ex = Exits(eos=end)
         texts = [atoms[i] for i in sorted(follow) if atoms[i].kind in ("text", "free", "watch")]
@@ -179,7 +180,8 @@ class _Builder:
         for i in sorted(follow):
             a = atoms[i]
             if a.kind == "texttag":
-                if not texts or texts[0].kind != "watch" or a.patterns[0] not in texts[0].patterns:
+                watcher = owner if owner is not None and owner.kind == "watch" else (texts[0] if texts else None)
+                if watcher is None or watcher.kind != "watch" or a.patterns[0] not in watcher.patterns:
                     raise InvalidArgumentError(f"{a.path}: a text trigger must follow the free text of its Triggered "
                                                "segment")
             elif a.kind == "special":
@@ -195,7 +197,7 @@ class _Builder:
     def finish(self, p: Position, atom: Atom) -> None:
         """A position's exits, and for a watch its hits' exits, distance classes and forced tails."""
         low = self.lowered
-        p.exits = self.exits(low.follow[atom.index], atom.index in low.last, atom.path)
+        p.exits = self.exits(low.follow[atom.index], atom.index in low.last, atom.path, atom)
         if atom.kind == "free":
             clash = set(p.exits.specials) & set(p.forbid)
             p.forbid = frozenset(set(p.forbid) - clash)

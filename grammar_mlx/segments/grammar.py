@@ -550,7 +550,8 @@ class SegmentGrammar:
                     parts.append(np.setdiff1d(cg.budget_allowed_tokens(inner, limit), self._eos_ids))
         ex_here = self._exits_at(n, inner)
         if ex_here is not None:
-            own = g.allowed_tokens(inner) if not self._at_bound(n, count) else np.zeros(0, dtype=np.int32)
+            own = (np.setdiff1d(g.allowed_tokens(inner), self._eos_ids) if not self._at_bound(n, count)
+                   else np.zeros(0, dtype=np.int32))
             parts.append(np.setdiff1d(self._kept_exits(ex_here, threshold), own))
         return _union(parts)
 
