@@ -306,34 +306,40 @@ class SegmentGrammar:
                 n = self._nodes[target]
                 assert isinstance(n, Position)
                 return n.role
+        where = self._text_at(state)
+        return "tag" if where is None else where.role
+
+    def _text_at(self, state: int) -> Position | None:
+        """The text position a text token consumed from `state` belongs to (None: only tags may
+        come): an entry's text; a watch's exit text once its tag is complete."""
+        node, inner, _ = self._decode(state)
         if node == END:
-            return "tag"
+            return None
         n = self._nodes[node]
+        ex: Exits | None
         if isinstance(n, Entry):
-            text = n.exits.text
-            if text is None:
-                return "tag"
-            p = self._nodes[text]
-            assert isinstance(p, Position)
-            return p.role
-        assert isinstance(n, Position)
-        return n.role
+            ex = n.exits
+        else:
+            assert isinstance(n, Position)
+            if n.watch is None or inner >= len(n.watch.hit) or n.watch.hit[inner] < 0:
+                return n
+            ex = self._exits_at(n, inner)
+        if ex is None or ex.text is None:
+            return None
+        p = self._nodes[ex.text]
+        assert isinstance(p, Position)
+        return p
 
     def segment_path(self, state: int) -> str:
         """The spec path of the segment `state` is in (e.g. `segment.items[1].sections[0].body`)."""
         node, _, _ = self._decode(state)
         if node == END:
             return "end of generation"
+        where = self._text_at(state)
+        if where is not None:
+            return where.path
         n = self._nodes[node]
-        if isinstance(n, Entry):
-            text = n.exits.text
-            if text is not None:
-                p = self._nodes[text]
-                assert isinstance(p, Position)
-                return p.path
-            return n.path
-        assert isinstance(n, Position)
-        return n.path
+        return n.path if isinstance(n, (Entry, Position)) else "end of generation"
 
     # -- masks -----------------------------------------------------------------------------------
 

@@ -47,7 +47,8 @@ def specs(tok):
 
 @pytest.fixture(scope="module")
 def grammars(qwen_tokenizer):
-    return {name: compile_segments(spec, qwen_tokenizer, logits_width=W) for name, spec in specs(qwen_tokenizer).items()}
+    return {name: compile_segments(spec, qwen_tokenizer, logits_width=W)
+            for name, spec in specs(qwen_tokenizer).items()}
 
 
 def enc(tok, text):
@@ -152,7 +153,7 @@ def test_budget_forces_the_end_tag_after_n_reasoning_tokens(grammars, qwen_token
     g = grammars["think_json"]
     state = g.next_state(g.initial_state, THINK)
     words = enc(qwen_tokenizer, "one two three four five six seven")
-    for i, t in enumerate(words[:6]):
+    for t in words[:6]:
         assert g.role(state, t) == "reasoning"
         assert END_THINK in g.allowed_tokens(state)
         state = g.next_state(state, t)
@@ -212,7 +213,7 @@ def test_triggered_sections_roles_and_resumed_free_text(grammars, qwen_tokenizer
     s = g.initial_state
     for t in enc(qwen_tokenizer, "a b c d e"):
         s = g.next_state(s, t)
-    assert sorted(g.allowed_tokens(s).tolist()) == [CALL, IM_END]
+    assert sorted(g.allowed_tokens(s).tolist()) == sorted([CALL, IM_END])
     # "required": the program cannot end before one call, and ends after it.
     r = grammars["tools_required"]
     assert not r.matches(enc(qwen_tokenizer, "no call"))
@@ -222,10 +223,18 @@ def test_triggered_sections_roles_and_resumed_free_text(grammars, qwen_tokenizer
 
 def test_text_trigger_starts_its_section(grammars, qwen_tokenizer):
     g = grammars["text_trigger"]
-    call = enc(qwen_tokenizer, 'See <call>\n{"q":"a"}\n</call> done')
+    # The trigger ends on a token boundary (a token such as ">\n" would straddle it and the body).
+    call = [*enc(qwen_tokenizer, "See <call>"), *enc(qwen_tokenizer, '\n{"q":"a"}\n</call>'),
+            *enc(qwen_tokenizer, " ok")]
     assert g.matches(call)
-    assert not g.matches(enc(qwen_tokenizer, 'See <call>\n{"q":1}\n</call>'))  # the body is constrained
+    assert not g.matches(enc(qwen_tokenizer, 'See <call>\n{"q":"a"}\n</call> ok'))  # ">\n" straddles
+    bad = [*enc(qwen_tokenizer, "See <call>"), *enc(qwen_tokenizer, '\n{"q":1}\n</call>')]
+    assert not g.matches(bad)  # the body is constrained
     assert g.matches(enc(qwen_tokenizer, "no call at all"))
+    state = g.initial_state
+    for t in enc(qwen_tokenizer, "See <call>"):
+        state = g.next_state(state, t)
+    assert g.role(state) == "call" and g.segment_path(state) == "segment.sections[0].body"
 
 
 def test_nbytes_and_stats(grammars):
