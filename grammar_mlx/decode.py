@@ -44,7 +44,7 @@ import functools
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import mlx.core as mx
 from mlx_lm.generate import (
@@ -59,15 +59,20 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .errors import InvalidArgumentError
-from .runtime.fast_forward import FastForward, fast_forward_for, tokenizer_encoder
+from .runtime.fast_forward import (
+    FAST_FORWARD_MODES,
+    FastForward,
+    FastForwardGrammar,
+    FastForwardMode,
+    check_mode,
+    fast_forward_for,
+    tokenizer_encoder,
+)
 from .runtime.processor import GrammarProcessor
 
 __all__ = ["FAST_FORWARD_MODES", "FastForwardMode", "FastForwardResponse", "fast_forward_step",
            "grammar_processor_of", "stream_generate"]
 
-FastForwardMode = Literal["canonical", "verified"]
-FAST_FORWARD_MODES: tuple[FastForwardMode, ...] = ("canonical", "verified")
 Source = Literal["model", "grammar", "draft"]
 
 
@@ -77,18 +82,6 @@ class FastForwardResponse(GenerationResponse):
     docstring)."""
 
     from_grammar: bool = False
-
-
-def check_mode(fast_forward: Any) -> FastForwardMode | None:
-    """The mode, or None for off (False / None); `InvalidArgumentError` for anything else."""
-    if fast_forward is None or fast_forward is False:
-        return None
-    if fast_forward is True:
-        return "canonical"
-    if fast_forward not in FAST_FORWARD_MODES:
-        raise InvalidArgumentError(
-            f"fast_forward must be one of {', '.join(map(repr, FAST_FORWARD_MODES))} or False, got {fast_forward!r:.80}")
-    return fast_forward  # type: ignore[no-any-return]  # checked against the Literal's values above
 
 
 def grammar_processor_of(logits_processors: Sequence[Any] | None) -> GrammarProcessor | None:
@@ -141,13 +134,13 @@ def stream_generate(
         if isinstance(prompt, str):
             add_special_tokens = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
             prompt = tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        prompt = mx.array(prompt)
+        prompt = mx.array(cast("list[int]", prompt))
     kwargs.pop("input_embeddings", None)
     if draft_model is None:
         kwargs.pop("num_draft_tokens", None)
     else:
         kwargs.pop("max_kv_size", None)  # as mlx-lm: the speculative path makes plain caches
-    ff = fast_forward_for(processor.compiled, tokenizer_encoder(tokenizer))
+    ff = fast_forward_for(cast(FastForwardGrammar, processor.compiled), tokenizer_encoder(tokenizer))
     detokenizer = tokenizer.detokenizer
     eos = set(tokenizer.eos_token_ids)
     steps = fast_forward_step(prompt, model, ff, mode=mode, budget=processor.max_tokens, draft_model=draft_model,
@@ -182,6 +175,10 @@ def stream_generate(
             finish_reason="stop" if token in eos else "length", from_grammar=source == "grammar")
 
 
+def _item(token: mx.array) -> int:
+    return int(cast(int, token.item()))
+
+
 # The models whose __call__ is "the body, then the tied embedding or lm_head": for them a pass whose
 # logits are read at its last position only computes the head there.
 def _plain_heads() -> tuple[Callable[..., Any], ...]:
@@ -211,7 +208,7 @@ def _last_position_logits(model: Any) -> Callable[[mx.array, list[Any]], mx.arra
         head = model.lm_head
 
     def run(inputs: mx.array, cache: list[Any]) -> mx.array:
-        return head(body(inputs, cache)[:, -1:, :])  # type: ignore[no-any-return]  # an mlx module call
+        return cast(mx.array, head(body(inputs, cache)[:, -1:, :]))
 
     return run
 
@@ -246,7 +243,7 @@ def fast_forward_step(
     grammar = ff.grammar
     processors = list(logits_processors or ())
     sample = sampler or greedy_sampler
-    prompt_ids: list[int] = [int(t) for t in prompt.tolist()]
+    prompt_ids = [int(t) for t in cast("list[int]", prompt.reshape(-1).tolist())]
     if not prompt_ids:
         raise ValueError("Either input_embeddings or prompt (or both) must be provided.")
     if prompt_cache is None:
@@ -320,7 +317,7 @@ def fast_forward_step(
             quantize(draft_cache)
             draft_held += len(inputs)
             d, _ = process(history + tokens, logits)
-            token = int(d.item())
+            token = _item(d)
             nxt = grammar.next_state(state, token)
             if nxt < 0:
                 break
@@ -359,7 +356,8 @@ def fast_forward_step(
                 mx.clear_cache()
 
             y = prompt_ids[-1]  # the token to feed next
-            y_logprobs, y_source = mx.array([]), "model"
+            y_logprobs: mx.array = mx.array([])
+            y_source: Source = "model"
             y_out = False  # whether y is generated (to be yielded) or the prompt's last token
             state = grammar.initial_state  # after every generated token, y included
             generated = 0  # generated tokens, y included
@@ -392,9 +390,9 @@ def fast_forward_step(
                     for t in proposal:
                         yielded += 1
                         yield t, forced_logprobs(t, width), "grammar"
-                    kept, sources = proposal, ["grammar"] * len(proposal)
+                    kept = proposal
                     states = after
-                    s_token = int(s.item())
+                    s_token = _item(s)
                 elif proposal or (draft_model is not None and can_trim):
                     source: Source = "grammar" if proposal else "draft"
                     forces: list[bool] = []
@@ -408,7 +406,7 @@ def fast_forward_step(
                         sampled.append(s)
                         logprob_rows.append(lp)
                     mx.eval(sampled)
-                    choices = [int(s.item()) for s in sampled]
+                    choices = [_item(s) for s in sampled]
                     n = 0
                     # Kept while the model agrees; a draft stretch also ends after a token where the grammar
                     # starts to force text (as a run without a draft would fast-forward there).
@@ -420,7 +418,7 @@ def fast_forward_step(
                     if y_out:
                         yielded += 1
                         yield y, y_logprobs, y_source
-                    kept, sources = proposal[:n], [source] * n
+                    kept = proposal[:n]
                     states = []
                     q = state
                     for t in kept:
@@ -437,8 +435,8 @@ def fast_forward_step(
                     if y_out:
                         yielded += 1
                         yield y, y_logprobs, y_source
-                    kept, sources, states = [], [], []
-                    s_token = int(s.item())
+                    kept, states = [], []
+                    s_token = _item(s)
                 history.extend(kept)
                 generated += len(kept)
                 if states:

@@ -32,13 +32,18 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 
 from .. import limits
+from ..errors import InvalidArgumentError
 
-__all__ = ["LOOKBACK", "FastForward", "FastForwardGrammar", "fast_forward_for"]
+__all__ = ["FAST_FORWARD_MODES", "LOOKBACK", "FastForward", "FastForwardGrammar", "FastForwardMode", "check_mode",
+           "fast_forward_for", "tokenizer_encoder"]
+
+FastForwardMode = Literal["canonical", "verified"]
+FAST_FORWARD_MODES: tuple[FastForwardMode, ...] = ("canonical", "verified")
 
 # llguidance's lookback: the hold-back looks at the bytes of the last this-many tokens.
 LOOKBACK = 4
@@ -53,6 +58,9 @@ class FastForwardGrammar(Protocol):
     @property
     def logits_width(self) -> int: ...
 
+    @property
+    def initial_state(self) -> int: ...
+
     def next_state(self, state: int, token_id: int) -> int: ...
 
     def allowed_tokens(self, state: int) -> Any: ...  # sorted ids (numpy array)
@@ -60,6 +68,18 @@ class FastForwardGrammar(Protocol):
     def is_accepting(self, state: int) -> bool: ...
 
     def distance(self, state: int) -> int | None: ...
+
+
+def check_mode(fast_forward: Any) -> FastForwardMode | None:
+    """The mode, or None for off (False / None); `InvalidArgumentError` for anything else."""
+    if fast_forward is None or fast_forward is False:
+        return None
+    if fast_forward is True:
+        return "canonical"
+    if fast_forward not in FAST_FORWARD_MODES:
+        modes = ", ".join(map(repr, FAST_FORWARD_MODES))
+        raise InvalidArgumentError(f"fast_forward must be one of {modes} or False, got {fast_forward!r:.80}")
+    return cast(FastForwardMode, fast_forward)
 
 
 Encode = Callable[[str], Sequence[int]]
