@@ -1,8 +1,10 @@
 """Structured generation: a JSON Schema or a regex in, text the grammar accepts out.
 
-Everything runs through mlx-lm's own `stream_generate` (plain, or speculative with `draft_model`):
-this module only prepares the prompt, compiles the grammar, adds a fresh `GrammarProcessor` to the
-logits processors, and reads the tokens mlx-lm yields. The processor is stateful and follows one
+Everything runs through mlx-lm's `stream_generate` (plain, or speculative with `draft_model`), or,
+with grammar fast-forward on (the default), through `grammar_mlx.decode.stream_generate`, its
+drop-in that feeds the text the grammar forces to the model in one pass: this module only prepares
+the prompt, compiles the grammar, adds a fresh `GrammarProcessor` to the logits processors, and
+reads the tokens the loop yields. The processor is stateful and follows one
 request, so every call builds a new one. With a draft made of the model's own first layers
 (`truncated_draft`), the prompt is prefilled once and the draft starts from copies of those layers'
 caches (mlx-lm's `prompt_cache`), instead of mlx-lm prefilling it twice: the same tokens, with the
@@ -30,9 +32,20 @@ report as unenforced, and `strict=True` (the default) refuses schemas with unenf
 validation is a check, not a filter. When `jsonschema` is not installed, the JSON Schema validation is
 skipped (Pydantic validation still runs): `jsonschema_available()` says which.
 
-Statistics (`GenerationStats`): `generated_tokens` counts every token mlx-lm produced, the final EOS
-included; `draft_tokens` counts those that were proposed by the draft model and accepted by the model
-(mlx-lm's `GenerationResponse.from_draft`); the draft acceptance rate is `draft_tokens /
+Fast-forward (`fast_forward`): where the grammar forces text (keys, `":`, enum values, closing
+brackets), "canonical" (the default) writes it as the tokenizer's canonical tokens without a decode
+step each, the model sampling once after them; "verified" proposes the same tokens to the model and
+keeps them only where the model agrees (the output is then token for token plain decoding's);
+False decodes every token. Canonical output is always text the grammar accepts, within the budget,
+but it can differ from plain decoding where the model would have spelled forced text with other
+tokens (docs/structured-generation.md, "Fast-forward", has the measured trade-off). A draft model
+never changes the output in any mode.
+
+Statistics (`GenerationStats`): `generated_tokens` counts every token produced, the final EOS
+included; `forced_tokens` counts those fast-forwarded (written from the grammar, not sampled at a
+step of their own: in "verified" mode the proposals the model accepted); `draft_tokens` counts those
+that were proposed by the draft model and accepted by the model (mlx-lm's
+`GenerationResponse.from_draft`, less the forced ones); the draft acceptance rate is `draft_tokens /
 generated_tokens`, the share of the output that came from the draft. Decoding speed is tokens after
 the first divided by the time after the first (the first token's time is prompt processing). With
 length-safe decoding, `min_completion_tokens` is the grammar's shortest completion (EOS included) and
@@ -47,8 +60,8 @@ import json
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, cast, overload
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, TypeVar, cast, overload
 
 import mlx.core as mx
 
@@ -56,6 +69,7 @@ from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, comp
 from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
 from .models import logits_width_of
 from .runtime import GrammarProcessor
+from .runtime.fast_forward import FastForwardMode, check_mode
 from .runtime.processor import budget_steered_positions
 from .runtime.stateful import int_at_least_or_none
 
@@ -63,6 +77,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = [
+    "DEFAULT_FAST_FORWARD",
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_NUM_DRAFT_TOKENS",
     "CompileOptions",
@@ -83,6 +98,7 @@ __all__ = [
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_NUM_DRAFT_TOKENS = 2  # mlx-lm's default
+DEFAULT_FAST_FORWARD: FastForwardMode = "canonical"
 
 Schema = dict[str, Any] | bool | str | bytes | type  # what schema.load_schema reads
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
@@ -104,7 +120,8 @@ class GenerationOptions(CompileOptions, total=False):
     (default True): mask so that the output completes within `max_tokens` (the module docstring);
     False masks to the grammar alone, so the budget can end an incomplete output. `chat` (default
     True): a str prompt is sent as one user message through the chat template; False encodes it as
-    is. `logits_processors`: run before the grammar's mask (default none).
+    is. `logits_processors`: run before the grammar's mask (default none). `fast_forward`:
+    "canonical" (default), "verified" or False (the module docstring).
     """
 
     draft_model: Any
@@ -114,6 +131,7 @@ class GenerationOptions(CompileOptions, total=False):
     length_safe: bool
     chat: bool
     logits_processors: Sequence[LogitsProcessor] | None
+    fast_forward: FastForwardMode | Literal[False] | None
 
 
 class JSONGenerationOptions(GenerationOptions, total=False):
@@ -139,6 +157,7 @@ class _Settings:
     length_safe: bool = True
     chat: bool = True
     logits_processors: Sequence[LogitsProcessor] | None = None
+    fast_forward: FastForwardMode | Literal[False] | None = DEFAULT_FAST_FORWARD
     strict: bool = True
     whitespace: str | None = None
     validate: bool = True
@@ -179,6 +198,8 @@ class GenerationStats:
     cache_hit: bool | None = None
     min_completion_tokens: int | None = None  # with length-safe decoding: the grammar's shortest completion
     budget_steered_tokens: int = 0  # positions whose mask the budget narrowed (0 without length-safe decoding)
+    forced_tokens: int = 0  # tokens fast-forwarded (written from the grammar, no decode step of their own)
+    fast_forward: str | None = None  # the fast-forward mode used ("canonical", "verified"), None when off
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -211,6 +232,9 @@ class GenerationStats:
         if rate is not None:
             parts.append(f"draft acceptance {rate:.0%} ({self.draft_tokens}/{self.generated_tokens}, "
                          f"k={self.num_draft_tokens})")
+        if self.fast_forward is not None:
+            share = self.forced_tokens / self.generated_tokens if self.generated_tokens else 0.0
+            parts.append(f"forced {self.forced_tokens}/{self.generated_tokens} ({share:.0%}, {self.fast_forward})")
         if self.budget_steered_tokens:
             parts.append(f"budget steered {self.budget_steered_tokens} tok")
         parts.append(f"finish {self.finish_reason}")
@@ -220,7 +244,7 @@ class GenerationStats:
 @dataclass(frozen=True)
 class StructuredOutput:
     """A completed generation: the text, its parsed value, the token ids (EOS included), which of them
-    came from the draft model, and stats.
+    came from the draft model and which were fast-forwarded from the grammar, and stats.
 
     `value` is the parsed JSON (a Pydantic instance when the schema was a Pydantic model) for a schema,
     and the text for a regex or a precompiled grammar.
@@ -231,6 +255,7 @@ class StructuredOutput:
     token_ids: list[int]
     from_draft: list[bool]
     stats: GenerationStats
+    from_grammar: list[bool] = field(default_factory=list)
 
 
 # --- helpers shared by the entry points -----------------------------------------------------------
@@ -329,6 +354,7 @@ def _check_arguments(model: Any, settings: _Settings, on_text: Callable[[str], A
         raise InvalidArgumentError(f"max_tokens must be a positive int, got {max_tokens!r}")
     if not isinstance(settings.length_safe, bool):
         raise InvalidArgumentError(f"length_safe must be True or False, got {settings.length_safe!r:.80}")
+    check_mode(settings.fast_forward)
     if sampler is not None and not callable(sampler):
         raise InvalidArgumentError(f"sampler must be callable (logprobs -> tokens) or None, got {sampler!r:.80}")
     if logits_processors is not None and (
@@ -396,6 +422,7 @@ class _Finished:
     text: str
     token_ids: list[int]
     from_draft: list[bool]
+    from_grammar: list[bool]
     stats: GenerationStats
 
 
@@ -418,6 +445,9 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
     """
     from mlx_lm.generate import stream_generate
 
+    from .decode import stream_generate as fast_forward_generate
+
+    mode = check_mode(settings.fast_forward)
     draft_model, num_draft_tokens, max_tokens = settings.draft_model, settings.num_draft_tokens, settings.max_tokens
     # Built before decoding: with a budget it checks the grammar's shortest completion fits.
     grammar_processor = GrammarProcessor(grammar, max_tokens=max_tokens if settings.length_safe else None)
@@ -440,17 +470,23 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
     chunks: list[str] = []
     token_ids: list[int] = []
     from_draft: list[bool] = []
+    from_grammar: list[bool] = []
     state = grammar.initial_state
     finish = "length"
     first = None
-    responses = stream_generate(model, wrapper, mx.array(model_input), **kwargs)
+    if mode is not None:
+        responses = fast_forward_generate(model, wrapper, mx.array(model_input), fast_forward=mode, **kwargs)
+    else:
+        responses = stream_generate(model, wrapper, mx.array(model_input), **kwargs)
     try:
         for response in responses:
             if first is None:
                 first = time.perf_counter()
             token = int(response.token)
             token_ids.append(token)
-            from_draft.append(bool(response.from_draft))
+            forced = bool(getattr(response, "from_grammar", False))
+            from_grammar.append(forced)
+            from_draft.append(bool(response.from_draft) and not forced)
             nxt = grammar.next_state(state, token)
             if nxt < 0:
                 # Only a sampler that ignores -inf or a processor outside ours can get here.
@@ -485,14 +521,15 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
         prompt_seconds=first - started, generation_seconds=ended - first, finish_reason=finish,
         num_draft_tokens=num_draft_tokens if draft_model is not None else None,
         compile_seconds=grammar.stats.get("compile_seconds"), cache_hit=grammar.stats.get("cache_hit"),
-        min_completion_tokens=grammar_processor.min_completion_tokens, budget_steered_tokens=steered)
+        min_completion_tokens=grammar_processor.min_completion_tokens, budget_steered_tokens=steered,
+        forced_tokens=sum(from_grammar), fast_forward=mode)
     if finish != "stop" and not grammar.is_accepting(state):
         advice = "" if settings.length_safe else ", or keep length_safe on"
         raise GenerationError(
             f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens, before the "
             f"grammar completed; raise max_tokens or bound the output (maxLength, maxItems){advice}. Text so far: "
             f"{_clip(text)}", text=text)
-    return _Finished(text, token_ids, from_draft, stats)
+    return _Finished(text, token_ids, from_draft, from_grammar, stats)
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -643,7 +680,8 @@ def _generate(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings, c
     value: Any = finished.text
     if schema is not None:
         value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), settings.validate)
-    return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats)
+    return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats,
+                            finished.from_grammar)
 
 
 _Model = TypeVar("_Model")  # instances of a Pydantic model class

@@ -198,3 +198,15 @@ def check_deadline(stage: str = "") -> None:
 # Positions of one segment program (grammar_mlx/segments/program.py): repetitions are unrolled, so a
 # bounded Repeat of a structured item costs one position per copy and token.
 MAX_SEGMENT_NODES = _env_int("GRAMMAR_MLX_MAX_SEGMENT_NODES", 4096)
+
+# --- branch ff: grammar fast-forward (runtime.fast_forward, decode) ---------------------------------
+# FORCED_MAX_BYTES: bytes of one forced run followed from a state (a longer run is cut; the rest is
+# fast-forwarded from the state where it was cut). FORCED_MAX_TOKENS: tokens fed in one forward pass
+# on top of the sampled one; at most runtime.stateful.DEFAULT_OVERLAP, so that a verified pass that
+# rejects its proposals cuts the processors' history within their follower's window.
+# FORCED_MEMO_STATES: states per grammar whose forced bytes and canonical tokens are memoized (past
+# it, new states are computed on each visit, never stored).
+FORCED_MAX_BYTES = _env_int("GRAMMAR_MLX_FORCED_MAX_BYTES", 256)
+FORCED_MAX_TOKENS = _env_int("GRAMMAR_MLX_FORCED_MAX_TOKENS", 16)
+FORCED_MEMO_STATES = _env_int("GRAMMAR_MLX_FORCED_MEMO_STATES", 65_536)
+__all__ += ["FORCED_MAX_BYTES", "FORCED_MAX_TOKENS", "FORCED_MEMO_STATES"]

@@ -1,0 +1,246 @@
+"""Grammar fast-forward with SmolLM2-135M on this machine: is constrained output faster than plain?
+
+Schema-heavy cases (many long keys, enums, booleans, nested objects: the text a grammar forces),
+each a chat request whose prompt holds the answer. Per case, in one run, back to back:
+  constrained      `generate_structured(..., fast_forward=False)`: one decode step per token
+  canonical        `fast_forward="canonical"`: forced text as canonical tokens, unverified
+  verified         `fast_forward="verified"`: forced tokens proposed, kept where the model agrees
+  unconstrained    mlx-lm's `stream_generate` without a processor, at the constrained output's
+                   length (EOS masked off, so it writes exactly as many tokens)
+Wall time per output is the whole call: prompt processing, decoding, parsing and validation. A
+warm-up run per case (canonical, not timed) compiles the grammar and fills the lazily computed
+states first. Reported per case and summed: seconds per output, the speed-up of each mode over
+constrained (target for canonical: >= 1.3x) and over unconstrained (target: > 1), the share of
+forced tokens, and whether each mode's parsed object equals constrained greedy's (verified must be
+token-identical: checked). The BLAS MLX's CPU matmuls use is reported (bench/e2e.py's report), with
+the load average before and after; ratios are from the same run.
+
+    python bench/fast_forward.py [--quick] [--out bench/results/fast_forward.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e import blas_report  # noqa: E402
+
+from grammar_mlx.generate import generate_structured  # noqa: E402
+from grammar_mlx.models import default_model  # noqa: E402
+
+
+def obj(properties: dict, **extra: object) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False, **extra}
+
+
+def enum(*values: object) -> dict:
+    return {"enum": list(values)}
+
+
+def text(n: int) -> dict:
+    return {"type": "string", "maxLength": n}
+
+
+CASES = [
+    ("order", obj({
+        "customer_full_name": text(40),
+        "shipping_address": obj({"street_line": text(60), "postal_code": {"type": "string", "pattern": "^[0-9]{5}$"},
+                                 "country_code": enum("United States", "United Kingdom", "Germany", "France")}),
+        "order_status": enum("pending_payment", "processing_shipment", "delivered_to_customer",
+                             "cancelled_by_customer"),
+        "is_priority_customer": {"type": "boolean"},
+        "preferred_contact_method": enum("email_notification", "sms_text_message", "phone_call"),
+        "number_of_items": {"type": "integer", "minimum": 1, "maximum": 99}}),
+     "Ada Lovelace ordered 3 items, shipped to 12 Baker Street, 10001, United Kingdom; status processing; she is "
+     "a priority customer; contact her by email. Reply in JSON."),
+    ("employee", obj({
+        "employee_full_name": text(40),
+        "department_name": enum("engineering_department", "marketing_department", "human_resources", "finance"),
+        "employment_status": enum("full_time_employee", "part_time_employee", "contractor"),
+        "is_remote_worker": {"type": "boolean"},
+        "office_location": obj({"building_name": enum("north_tower", "south_tower", "main_campus"),
+                                "floor_number": {"type": "integer", "minimum": 1, "maximum": 50}}),
+        "security_clearance_level": enum("public_access", "confidential_access", "secret_access")}),
+     "Grace Hopper works full time in engineering, on floor 7 of the north tower, not remotely, with secret "
+     "clearance. Reply in JSON."),
+    ("flight", obj({
+        "passenger_full_name": text(40),
+        "departure_airport_code": enum("JFK", "LHR", "CDG", "FRA", "NRT"),
+        "arrival_airport_code": enum("JFK", "LHR", "CDG", "FRA", "NRT"),
+        "cabin_class": enum("economy_class", "premium_economy", "business_class", "first_class"),
+        "meal_preference": enum("vegetarian_meal", "vegan_meal", "standard_meal", "kosher_meal"),
+        "checked_baggage_count": {"type": "integer", "minimum": 0, "maximum": 3},
+        "requires_wheelchair_assistance": {"type": "boolean"}}),
+     "Alan Turing flies business class from London Heathrow to Tokyo Narita with two checked bags, a vegetarian "
+     "meal and no wheelchair. Reply in JSON."),
+    ("ticket", obj({
+        "ticket_priority_level": enum("low_priority", "medium_priority", "high_priority", "critical_priority"),
+        "affected_product_area": enum("billing_system", "user_authentication", "mobile_application", "reporting"),
+        "customer_sentiment": enum("very_negative", "negative", "neutral", "positive"),
+        "requires_escalation": {"type": "boolean"},
+        "summary_of_issue": text(60),
+        "assigned_team": obj({"team_name": enum("platform_team", "payments_team", "mobile_team"),
+                              "on_call_engineer": text(30)})}),
+     "An angry customer cannot log in to the mobile app since this morning; it is high priority and must be "
+     "escalated to the mobile team, on call is Linus. Reply in JSON."),
+    ("weather", obj({
+        "location": obj({"city_name": text(30), "country_code": enum("Norway", "Sweden", "Denmark", "Finland")}),
+        "current_conditions": enum("clear_sky", "partly_cloudy", "overcast", "light_rain", "heavy_snow"),
+        "temperature_unit": enum("celsius", "fahrenheit"),
+        "temperature_value": {"type": "integer", "minimum": -50, "maximum": 60},
+        "wind_direction": enum("north", "north_east", "east", "south_east", "south", "south_west", "west",
+                               "north_west"),
+        "precipitation_expected": {"type": "boolean"}}),
+     "Oslo, Norway: light rain, 5 degrees celsius, wind from the south west, more rain expected. Reply in JSON."),
+    ("listing", obj({
+        "product_category": enum("consumer_electronics", "home_and_garden", "sporting_goods", "books"),
+        "product_condition": enum("brand_new", "used_like_new", "used_good", "refurbished"),
+        "shipping_speed": enum("standard_shipping", "express_shipping", "overnight_delivery"),
+        "is_gift_wrapped": {"type": "boolean"},
+        "warranty": obj({"warranty_provider": enum("manufacturer_warranty", "extended_store_warranty", "none"),
+                         "warranty_duration_months": {"type": "integer", "minimum": 0, "maximum": 60}}),
+        "price_currency": enum("US_dollar", "euro", "british_pound")}),
+     "A refurbished laptop, sent by express shipping, not gift wrapped, with a 12 month manufacturer warranty, "
+     "priced in euro. Reply in JSON."),
+    ("appointment", obj({
+        "patient_full_name": text(40),
+        "appointment_type": enum("general_checkup", "specialist_consultation", "follow_up_visit", "vaccination"),
+        "preferred_time_of_day": enum("early_morning", "late_morning", "afternoon", "evening"),
+        "insurance_provider": enum("national_health_service", "private_insurance", "self_pay"),
+        "is_first_visit": {"type": "boolean"},
+        "referring_physician": obj({"physician_last_name": text(30),
+                                    "medical_specialty": enum("cardiology", "dermatology", "neurology")})}),
+     "Marie Curie needs a specialist consultation in the afternoon, private insurance, her first visit, referred "
+     "by Dr. Bohr, a cardiologist. Reply in JSON."),
+    ("vehicle", obj({
+        "vehicle_make": enum("Toyota", "Volkswagen", "Volvo", "Renault", "Honda"),
+        "fuel_type": enum("petrol_engine", "diesel_engine", "battery_electric", "plug_in_hybrid"),
+        "transmission_type": enum("manual_transmission", "automatic_transmission"),
+        "number_of_doors": enum(2, 3, 4, 5),
+        "registration_region": enum("northern_region", "southern_region", "eastern_region", "western_region"),
+        "has_previous_accidents": {"type": "boolean"},
+        "owner": obj({"owner_first_name": text(20), "owner_last_name": text(20)})}),
+     "A five-door battery electric Volvo with automatic transmission, registered in the western region, no "
+     "accidents, owned by Karin Larsson. Reply in JSON."),
+]
+MODES = ("constrained", "canonical", "verified")
+FAST_FORWARD = {"constrained": False, "canonical": "canonical", "verified": "verified"}
+
+
+def constrained(model, tokenizer, prompt, schema, mode: str, max_tokens: int) -> dict:
+    started = time.perf_counter()
+    out = generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=max_tokens,
+                              fast_forward=FAST_FORWARD[mode])
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "tokens": out.stats.generated_tokens, "forced": out.stats.forced_tokens,
+            "finish": out.stats.finish_reason, "value": out.value, "token_ids": out.token_ids}
+
+
+def unconstrained(model, tokenizer, prompt_ids: list[int], length: int) -> dict:
+    """mlx-lm alone, exactly `length` tokens (EOS masked off: the same length as the constrained output)."""
+    from mlx_lm.generate import stream_generate
+
+    eos = sorted(tokenizer.eos_token_ids)
+
+    def no_eos(tokens: mx.array, logits: mx.array) -> mx.array:
+        logits[:, eos] = -mx.inf
+        return logits
+
+    started = time.perf_counter()
+    n = sum(1 for _ in stream_generate(model, tokenizer, mx.array(prompt_ids), max_tokens=length,
+                                       logits_processors=[no_eos]))
+    return {"seconds": time.perf_counter() - started, "tokens": n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two cases only")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "fast_forward.json"))
+    args = parser.parse_args()
+    cases = CASES[:2] if args.quick else CASES
+    model, tokenizer = default_model()
+    load_before = os.getloadavg()
+    rows = []
+    for i, (name, schema, prompt) in enumerate(cases):
+        generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=args.max_tokens)  # warm-up
+        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        runs: dict[str, dict] = {}
+        order = list(MODES) if i % 2 == 0 else list(reversed(MODES))
+        for mode in order:
+            runs[mode] = constrained(model, tokenizer, prompt, schema, mode, args.max_tokens)
+        runs["unconstrained"] = unconstrained(model, tokenizer, prompt_ids, runs["constrained"]["tokens"])
+        base = runs["constrained"]
+        row = {"case": name, "prompt_tokens": len(prompt_ids), "constrained_tokens": base["tokens"],
+               "unconstrained_seconds": runs["unconstrained"]["seconds"]}
+        for mode in MODES:
+            r = runs[mode]
+            row[f"{mode}_seconds"] = r["seconds"]
+            row[f"{mode}_tokens"] = r["tokens"]
+            row[f"{mode}_forced"] = r["forced"]
+            row[f"{mode}_finish"] = r["finish"]
+            row[f"{mode}_same_object"] = r["value"] == base["value"]
+        row["verified_token_identical"] = runs["verified"]["token_ids"] == base["token_ids"]
+        row["constrained_value"] = base["value"]
+        row["canonical_value"] = runs["canonical"]["value"]
+        rows.append(row)
+        print(f"{name}: constrained {base['tokens']} tok {base['seconds']:.1f} s | canonical "
+              f"{runs['canonical']['tokens']} tok ({runs['canonical']['forced']} forced) "
+              f"{runs['canonical']['seconds']:.1f} s | verified {runs['verified']['seconds']:.1f} s | "
+              f"unconstrained {runs['unconstrained']['seconds']:.1f} s", flush=True)
+    load_after = os.getloadavg()
+
+    def total(key: str) -> float:
+        return sum(r[key] for r in rows)
+
+    summary = {
+        "cases": len(rows),
+        "seconds": {m: total(f"{m}_seconds") for m in (*MODES, "unconstrained")},
+        "speedup_over_constrained": {m: total("constrained_seconds") / total(f"{m}_seconds") for m in MODES},
+        "speedup_over_unconstrained": {m: total("unconstrained_seconds") / total(f"{m}_seconds") for m in MODES},
+        "forced_share": {m: total(f"{m}_forced") / total(f"{m}_tokens") for m in MODES},
+        "same_object_as_constrained": {m: sum(r[f"{m}_same_object"] for r in rows) for m in MODES},
+        "verified_token_identical": sum(r["verified_token_identical"] for r in rows),
+        "all_stop": all(r[f"{m}_finish"] == "stop" for r in rows for m in MODES),
+    }
+    header = (f"{'case':<12} {'tokens':>6} {'constr s':>8} {'canon s':>8} {'verif s':>8} {'uncon s':>8} "
+              f"{'canon x':>7} {'verif x':>7} {'canon/uncon':>11} {'forced':>7} {'same obj':>8}")
+    print("\n" + header)
+    for r in rows:
+        print(f"{r['case']:<12} {r['constrained_tokens']:>6} {r['constrained_seconds']:>8.2f} "
+              f"{r['canonical_seconds']:>8.2f} {r['verified_seconds']:>8.2f} {r['unconstrained_seconds']:>8.2f} "
+              f"{r['constrained_seconds'] / r['canonical_seconds']:>6.2f}x "
+              f"{r['constrained_seconds'] / r['verified_seconds']:>6.2f}x "
+              f"{r['unconstrained_seconds'] / r['canonical_seconds']:>10.2f}x "
+              f"{r['canonical_forced'] / r['canonical_tokens']:>7.0%} {'yes' if r['canonical_same_object'] else 'no':>8}")
+    s = summary
+    print(f"{'total':<12} {int(total('constrained_tokens')):>6} {s['seconds']['constrained']:>8.2f} "
+          f"{s['seconds']['canonical']:>8.2f} {s['seconds']['verified']:>8.2f} {s['seconds']['unconstrained']:>8.2f} "
+          f"{s['speedup_over_constrained']['canonical']:>6.2f}x {s['speedup_over_constrained']['verified']:>6.2f}x "
+          f"{s['speedup_over_unconstrained']['canonical']:>10.2f}x {s['forced_share']['canonical']:>7.0%} "
+          f"{s['same_object_as_constrained']['canonical']:>4}/{len(rows)}")
+    print(f"verified: token-identical to constrained in {s['verified_token_identical']}/{len(rows)}, "
+          f"forced share {s['forced_share']['verified']:.0%}, {s['speedup_over_unconstrained']['verified']:.2f}x "
+          f"unconstrained; every output finished on EOS: {s['all_stop']}")
+    blas = blas_report()
+    print(f"BLAS: {blas['active']}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    result = {"summary": summary, "cases": rows, "blas": blas, "load_average": [load_before, load_after],
+              "max_tokens": args.max_tokens, "quick": args.quick}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""A decode loop that fast-forwards the text a grammar forces: `stream_generate`, a drop-in for
+mlx-lm's.
+
+When the last logits processor is a fresh `GrammarProcessor` and `fast_forward` is on, the loop
+asks the grammar at each step for the tokens it forces next (`runtime.fast_forward`: the forced
+bytes as the tokenizer's canonical tokens, the unsafe tail held back, cut by the room left under
+`max_tokens` and by length-safety) and feeds them to the model together with the last sampled token
+in one forward pass. Two modes:
+
+- "canonical": the forced tokens are accepted as they are; the model samples once, at the pass's
+  last position. Fewer steps than tokens, but the output can differ from plain decoding wherever
+  the model would have spelled the forced text with other tokens (it is always text the grammar
+  accepts, within the budget: every forced token is checked against the grammar's rows and, with a
+  budget, against length-safety; the processor is fed them through its history).
+- "verified": the forced tokens are a draft the model checks in the same pass (the processors run
+  at every position; a proposal is kept while the model's own choice equals it, the cache is
+  trimmed at the first difference). The output is token for token what plain decoding gives under
+  greedy sampling, and exactly distributed as it under any sampler; it saves steps only where the
+  model's tokens are the canonical ones.
+
+With a `draft_model` (hybrid): where the grammar forces text, the forced tokens are the proposals
+(free: no draft step); elsewhere the draft model proposes up to `num_draft_tokens`, verified as in
+mlx-lm's speculative decoding, and a draft stretch ends where the grammar starts to force text. The
+draft never changes the output: "verified" with a draft is plain greedy decoding, "canonical" with
+a draft is "canonical" without one (greedy: token for token).
+
+Anything else (no grammar processor last, `fast_forward` off, `input_embeddings`, a prompt cache
+that cannot be trimmed where trimming is needed) goes to mlx-lm's own `stream_generate` unchanged.
+
+The prompt cache stays as mlx-lm's `generate_step` leaves it: every token is fed before it is
+yielded, and when the caller stops early (EOS, `max_tokens`, a stop sequence, closing the
+generator) the tokens fed beyond the last one yielded are trimmed off, so the cache holds exactly
+the prompt and the tokens yielded (the draft's share of a shared cache may hold fewer, as with
+mlx-lm: `server.tokens_held` reads the least). Responses are `FastForwardResponse`s, mlx-lm's
+`GenerationResponse` with one more field: `from_grammar`, true for a fast-forwarded token;
+`from_draft` is true for every token that did not cost a decode step of its own (fast-forwarded
+or an accepted draft token). A canonical forced token's `logprobs` put all the mass on it (the
+grammar chose it; no distribution was computed there).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import mlx.core as mx
+from mlx_lm.generate import (
+    DEFAULT_QUANTIZED_KV_START,
+    GenerationResponse,
+    generation_stream,
+    maybe_quantize_kv_cache,
+    wired_limit,
+)
+from mlx_lm.generate import stream_generate as mlx_stream_generate
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .runtime.fast_forward import (
+    FAST_FORWARD_MODES,
+    FastForward,
+    FastForwardGrammar,
+    FastForwardMode,
+    check_mode,
+    fast_forward_for,
+    tokenizer_encoder,
+)
+from .runtime.processor import GrammarProcessor
+
+__all__ = ["FAST_FORWARD_MODES", "FastForwardMode", "FastForwardResponse", "fast_forward_step",
+           "grammar_processor_of", "stream_generate"]
+
+Source = Literal["model", "grammar", "draft"]
+
+
+@dataclass
+class FastForwardResponse(GenerationResponse):
+    """mlx-lm's `GenerationResponse`, and whether the token was fast-forwarded (the module
+    docstring)."""
+
+    from_grammar: bool = False
+
+
+def grammar_processor_of(logits_processors: Sequence[Any] | None) -> GrammarProcessor | None:
+    """The processor fast-forward follows: the last one, when it is a `GrammarProcessor` that has
+    not been called yet (its first call fixes its context), over a grammar with a vocabulary."""
+    if not logits_processors:
+        return None
+    last = logits_processors[-1]
+    if not isinstance(last, GrammarProcessor) or last.targets:
+        return None
+    grammar = last.compiled
+    if not all(hasattr(grammar, name) for name in ("vocabulary", "distance", "allowed_tokens", "logits_width")):
+        return None
+    return last
+
+
+def stream_generate(
+    model: Any,
+    tokenizer: Any,
+    prompt: str | mx.array | list[int],
+    max_tokens: int = 256,
+    draft_model: Any = None,
+    stream: Any = generation_stream,
+    *,
+    fast_forward: FastForwardMode | Literal[False] | None = "canonical",
+    **kwargs: Any,
+) -> Generator[GenerationResponse, None, None]:
+    """mlx-lm's `stream_generate(model, tokenizer, prompt, max_tokens, draft_model, **kwargs)`, with
+    grammar fast-forward (the module docstring) when the last logits processor is a fresh
+    `GrammarProcessor` and `fast_forward` is "canonical" (the default) or "verified"; otherwise
+    exactly mlx-lm's. Takes mlx-lm's keyword arguments (`sampler`, `logits_processors`,
+    `prompt_cache`, `num_draft_tokens`, `prefill_step_size`, `kv_bits`, `kv_group_size`,
+    `quantized_kv_start`, `max_kv_size`, `prompt_progress_callback`, `input_embeddings`) and yields
+    `FastForwardResponse`s (`GenerationResponse`s) with mlx-lm's stop rules: EOS ends the stream
+    (finish "stop"), so does the `max_tokens`-th token (finish "length")."""
+    mode = check_mode(fast_forward)
+    processor = grammar_processor_of(kwargs.get("logits_processors"))
+    cache = kwargs.get("prompt_cache")
+    trimmable = cache is None or can_trim_prompt_cache(
+        cache if draft_model is None else cache[: len(model.layers)])
+    if (mode is None or processor is None or kwargs.get("input_embeddings") is not None
+            or (not trimmable and (draft_model is not None or mode == "verified"))):
+        yield from mlx_stream_generate(model, tokenizer, prompt, max_tokens, draft_model, stream, **kwargs)
+        return
+    if max_tokens == 0:
+        raise ValueError("Maximum number of tokens must be non-zero (use -1 for no limit).")
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    if not isinstance(prompt, mx.array):
+        if isinstance(prompt, str):
+            add_special_tokens = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
+            prompt = tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        prompt = mx.array(cast("list[int]", prompt))
+    kwargs.pop("input_embeddings", None)
+    if draft_model is None:
+        kwargs.pop("num_draft_tokens", None)
+    else:
+        kwargs.pop("max_kv_size", None)  # as mlx-lm: the speculative path makes plain caches
+    ff = fast_forward_for(cast(FastForwardGrammar, processor.compiled), tokenizer_encoder(tokenizer))
+    detokenizer = tokenizer.detokenizer
+    eos = set(tokenizer.eos_token_ids)
+    steps = fast_forward_step(prompt, model, ff, mode=mode, budget=processor.max_tokens, draft_model=draft_model,
+                              stream=stream, max_tokens=max_tokens, eos_token_ids=eos, **kwargs)
+    token, logprobs, source, n = 0, mx.array([]), "model", 0
+    prompt_tps = 0.0
+    with wired_limit(model, [stream]):
+        tic = time.perf_counter()
+        try:
+            for n, (token, logprobs, source) in enumerate(steps):
+                if n == 0:
+                    prompt_time = time.perf_counter() - tic
+                    prompt_tps = prompt.size / prompt_time
+                    tic = time.perf_counter()
+                if token in eos:
+                    break
+                detokenizer.add_token(token)
+                if (n + 1) == max_tokens:
+                    break
+                yield FastForwardResponse(
+                    text=detokenizer.last_segment, token=token, logprobs=logprobs, from_draft=source != "model",
+                    prompt_tokens=prompt.size, prompt_tps=prompt_tps, generation_tokens=n + 1,
+                    generation_tps=(n + 1) / (time.perf_counter() - tic), peak_memory=mx.get_peak_memory() / 1e9,
+                    finish_reason=None, from_grammar=source == "grammar")
+        finally:
+            steps.close()  # trims what was fed past the last token taken: the cache is final below
+        detokenizer.finalize()
+        yield FastForwardResponse(
+            text=detokenizer.last_segment, token=token, logprobs=logprobs, from_draft=source != "model",
+            prompt_tokens=prompt.size, prompt_tps=prompt_tps, generation_tokens=n + 1,
+            generation_tps=(n + 1) / (time.perf_counter() - tic), peak_memory=mx.get_peak_memory() / 1e9,
+            finish_reason="stop" if token in eos else "length", from_grammar=source == "grammar")
+
+
+def _item(token: mx.array) -> int:
+    return int(cast(int, token.item()))
+
+
+# The models whose __call__ is "the body, then the tied embedding or lm_head": for them a pass whose
+# logits are read at its last position only computes the head there.
+def _plain_heads() -> tuple[Callable[..., Any], ...]:
+    heads = []
+    for name in ("llama", "qwen2", "qwen3"):
+        try:
+            module = __import__(f"mlx_lm.models.{name}", fromlist=["Model"])
+            heads.append(module.Model.__call__)
+        except (ImportError, AttributeError):  # pragma: no cover - an mlx-lm without that architecture
+            continue
+    return tuple(heads)
+
+
+_PLAIN_HEADS = _plain_heads()
+
+
+def _last_position_logits(model: Any) -> Callable[[mx.array, list[Any]], mx.array] | None:
+    """`(inputs (1, L), cache) -> logits (1, 1, V)` computing the head at the last position only,
+    for the architectures of `_PLAIN_HEADS` (None for any other model: the caller slices the full
+    logits)."""
+    if type(model).__call__ not in _PLAIN_HEADS:
+        return None
+    body, args = model.model, model.args
+    if args.tie_word_embeddings:
+        head = body.embed_tokens.as_linear
+    else:
+        head = model.lm_head
+
+    def run(inputs: mx.array, cache: list[Any]) -> mx.array:
+        return cast(mx.array, head(body(inputs, cache)[:, -1:, :]))
+
+    return run
+
+
+def fast_forward_step(
+    prompt: mx.array,
+    model: Any,
+    ff: FastForward,
+    *,
+    mode: FastForwardMode,
+    budget: int | None,
+    draft_model: Any = None,
+    stream: Any = generation_stream,
+    max_tokens: int = 256,
+    eos_token_ids: set[int] | frozenset[int] = frozenset(),
+    sampler: Callable[[mx.array], mx.array] | None = None,
+    logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] | None = None,
+    max_kv_size: int | None = None,
+    prompt_cache: list[Any] | None = None,
+    prefill_step_size: int = 2048,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
+    prompt_progress_callback: Callable[[int, int], None] | None = None,
+    num_draft_tokens: int = 2,
+) -> Generator[tuple[int, mx.array, Source], None, None]:
+    """The loop behind `stream_generate`, shaped like mlx-lm's `generate_step`: yields (token,
+    logprobs, source), source "model" (sampled at a step of its own), "grammar" (fast-forwarded) or
+    "draft" (a draft model's token the model accepted). `ff` is the grammar's `FastForward`, `budget`
+    the grammar processor's token budget (None: none), `eos_token_ids` the tokens after which the
+    caller stops (the loop feeds them and ends)."""
+    grammar = ff.grammar
+    processors = list(logits_processors or ())
+    sample = sampler or greedy_sampler
+    prompt_ids = [int(t) for t in cast("list[int]", prompt.reshape(-1).tolist())]
+    if not prompt_ids:
+        raise ValueError("Either input_embeddings or prompt (or both) must be provided.")
+    if prompt_cache is None:
+        model_cache = make_prompt_cache(model, max_kv_size=max_kv_size)
+        draft_cache = make_prompt_cache(draft_model) if draft_model is not None else []
+    elif draft_model is None:
+        model_cache, draft_cache = prompt_cache, []
+    else:
+        model_cache, draft_cache = prompt_cache[: len(model.layers)], prompt_cache[len(model.layers):]
+    quantize = functools.partial(maybe_quantize_kv_cache, quantized_kv_start=quantized_kv_start,
+                                 kv_group_size=kv_group_size, kv_bits=kv_bits)
+    progress = prompt_progress_callback or (lambda *_: None)
+    last_only = _last_position_logits(model)
+    num_draft_tokens = max(1, int(num_draft_tokens))
+
+    history = list(prompt_ids)  # what the processors see: the prompt, then every token kept
+    n_prompt = len(prompt_ids)
+    model_held = draft_held = 0  # tokens of `history` (+ proposals) each cache holds
+    yielded = 0
+    primed = False  # whether the processors have been called (their first call fixes the context)
+
+    def forward(inputs: list[int], every_position: bool) -> mx.array:
+        """Feed `inputs` to the model; logits (L, V) at every position, or (1, V) at the last."""
+        nonlocal model_held
+        x = mx.array(inputs, mx.uint32)[None]
+        if not every_position and last_only is not None:
+            logits = last_only(x, model_cache)
+        else:
+            logits = model(x, cache=model_cache)
+            if not every_position:
+                logits = logits[:, -1:, :]
+        quantize(model_cache)
+        model_held += len(inputs)
+        return logits[0]
+
+    def process(tokens: list[int], logits: mx.array) -> tuple[mx.array, mx.array]:
+        """(sampled token, logprobs (V,)) for logits (1, V) after the history `tokens`."""
+        nonlocal primed
+        primed = True
+        if processors:
+            h = mx.array(tokens)
+            for p in processors:
+                logits = p(h, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return sample(logprobs), logprobs.squeeze(0)
+
+    def trim_model(n: int) -> None:
+        nonlocal model_held
+        if n > 0:
+            trim_prompt_cache(model_cache, n)
+            model_held -= n
+
+    def forced(state: int, generated: int) -> tuple[list[int], list[int]]:
+        room = None if max_tokens < 0 else max_tokens - generated
+        if room is not None and room <= 0:
+            return [], []
+        return ff.proposal(state, generated=generated, room=room, budget=budget)
+
+    def forced_logprobs(token: int, width: int) -> mx.array:
+        return mx.where(mx.arange(width) == token, 0.0, -mx.inf)
+
+    def draft(state: int, generated: int, k: int) -> tuple[list[int], list[bool]]:
+        """Up to k draft tokens after `history` (stopping after one where the grammar forces text or
+        ends); whether the grammar forces text after each."""
+        nonlocal draft_held
+        inputs = history[draft_held:]
+        tokens: list[int] = []
+        forces: list[bool] = []
+        for i in range(k):
+            logits = draft_model(mx.array(inputs, mx.uint32)[None], cache=draft_cache)[:, -1, :]
+            quantize(draft_cache)
+            draft_held += len(inputs)
+            d, _ = process(history + tokens, logits)
+            token = _item(d)
+            nxt = grammar.next_state(state, token)
+            if nxt < 0:
+                break
+            tokens.append(token)
+            state = nxt
+            stop = bool(forced(state, generated + i + 1)[0]) or token in eos_token_ids
+            forces.append(stop)
+            if stop:
+                break
+            inputs = [token]
+        return tokens, forces
+
+    def trim_draft(to: int) -> None:
+        nonlocal draft_held
+        if draft_held > to:
+            trim_prompt_cache(draft_cache, draft_held - to)
+            draft_held = to
+
+    with mx.stream(stream):
+        try:
+            # Prefill all but the last prompt token, as generate_step does.
+            progress(0, n_prompt)
+            while n_prompt - model_held > 1:
+                chunk = prompt_ids[model_held : model_held + min(prefill_step_size, n_prompt - model_held - 1)]
+                x = mx.array(chunk, mx.uint32)[None]
+                model(x, cache=model_cache)
+                quantize(model_cache)
+                mx.eval([c.state for c in model_cache])
+                if draft_model is not None:
+                    draft_model(x, cache=draft_cache)
+                    quantize(draft_cache)
+                    mx.eval([c.state for c in draft_cache])
+                    draft_held += len(chunk)
+                model_held += len(chunk)
+                progress(model_held, n_prompt)
+                mx.clear_cache()
+
+            y = prompt_ids[-1]  # the token to feed next
+            y_logprobs: mx.array = mx.array([])
+            y_source: Source = "model"
+            y_out = False  # whether y is generated (to be yielded) or the prompt's last token
+            state = grammar.initial_state  # after every generated token, y included
+            generated = 0  # generated tokens, y included
+            rounds = 0
+            while True:
+                if y_out and (y in eos_token_ids or (max_tokens >= 0 and generated >= max_tokens)):
+                    # The caller stops at y: feed it (as generate_step does) and end.
+                    forward([y], every_position=False)
+                    mx.async_eval([c.state for c in model_cache])
+                    yielded += 1
+                    yield y, y_logprobs, y_source
+                    return
+                proposal, after = forced(state, generated)
+                can_trim = draft_model is not None or mode == "verified"
+                if can_trim and (proposal or draft_model is not None) and not can_trim_prompt_cache(model_cache):
+                    proposal, after = [], []  # a cache that stopped being trimmable: plain steps
+                    can_trim = False
+                base = len(history)
+                if proposal and mode == "canonical":
+                    every = last_only is None or not primed
+                    logits = forward([y, *proposal], every_position=every)
+                    if not primed:  # the processors' first call: the context, then the proposal
+                        process(history, logits[:1])
+                    s, s_logprobs = process(history + proposal, logits[-1:])
+                    mx.async_eval(s, s_logprobs)
+                    if y_out:
+                        yielded += 1
+                        yield y, y_logprobs, y_source
+                    width = logits.shape[-1]
+                    for t in proposal:
+                        yielded += 1
+                        yield t, forced_logprobs(t, width), "grammar"
+                    kept = proposal
+                    states = after
+                    s_token = _item(s)
+                elif proposal or (draft_model is not None and can_trim):
+                    source: Source = "grammar" if proposal else "draft"
+                    forces: list[bool] = []
+                    if not proposal:
+                        room = num_draft_tokens if max_tokens < 0 else min(num_draft_tokens, max_tokens - generated)
+                        proposal, forces = draft(state, generated, max(room, 0))
+                    logits = forward([y, *proposal], every_position=True)
+                    sampled, logprob_rows = [], []
+                    for i in range(len(proposal) + 1):
+                        s, lp = process(history + proposal[:i], logits[i : i + 1])
+                        sampled.append(s)
+                        logprob_rows.append(lp)
+                    mx.eval(sampled)
+                    choices = [_item(s) for s in sampled]
+                    n = 0
+                    # Kept while the model agrees; a draft stretch also ends after a token where the grammar
+                    # starts to force text (as a run without a draft would fast-forward there).
+                    while n < len(proposal) and choices[n] == proposal[n] and not (forces and forces[n]):
+                        n += 1
+                    trim_model(len(proposal) - n)
+                    if draft_model is not None:
+                        trim_draft(base + n)
+                    if y_out:
+                        yielded += 1
+                        yield y, y_logprobs, y_source
+                    kept = proposal[:n]
+                    states = []
+                    q = state
+                    for t in kept:
+                        q = grammar.next_state(q, t)
+                        states.append(q)
+                    for t, lp in zip(kept, logprob_rows):
+                        yielded += 1
+                        yield t, lp, source
+                    s_token, s_logprobs = choices[n], logprob_rows[n]
+                else:  # a plain step
+                    logits = forward([y], every_position=False)
+                    s, s_logprobs = process(history, logits)
+                    mx.async_eval(s, s_logprobs)
+                    if y_out:
+                        yielded += 1
+                        yield y, y_logprobs, y_source
+                    kept, states = [], []
+                    s_token = _item(s)
+                history.extend(kept)
+                generated += len(kept)
+                if states:
+                    state = states[-1]
+                rounds += 1
+                if rounds == 1:
+                    progress(n_prompt, n_prompt)
+                if rounds % 256 == 0:
+                    mx.clear_cache()
+                if max_tokens >= 0 and generated >= max_tokens:
+                    return  # the caller has taken its last token (the last of the proposal)
+                y, y_logprobs, y_source, y_out = s_token, s_logprobs, "model", True
+                history.append(y)
+                generated += 1
+                nxt = grammar.next_state(state, y)
+                state = nxt if nxt >= 0 else state  # a token the grammar forbids: the processor raises next
+        finally:
+            # Keep the caches to what was yielded: the prompt and every token taken.
+            keep = n_prompt + yielded
+            if model_held > keep and can_trim_prompt_cache(model_cache):
+                trim_prompt_cache(model_cache, model_held - keep)
+            if draft_model is not None and draft_held > keep and can_trim_prompt_cache(draft_cache):
+                trim_prompt_cache(draft_cache, draft_held - keep)
