@@ -72,6 +72,8 @@ from .runtime import GrammarProcessor
 from .runtime.fast_forward import FastForwardMode, check_mode
 from .runtime.processor import budget_steered_positions
 from .runtime.stateful import int_at_least_or_none
+from .segments import JSONSchema, Reasoning, Regex, SegmentGrammar, compile_segments, reasoning_state, with_reasoning
+from .segments.spec import Segment
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -83,6 +85,7 @@ __all__ = [
     "CompileOptions",
     "GenerationOptions",
     "GenerationStats",
+    "Reasoning",
     "JSONGenerationOptions",
     "StructuredOutput",
     "generate_json",
@@ -121,7 +124,10 @@ class GenerationOptions(CompileOptions, total=False):
     False masks to the grammar alone, so the budget can end an incomplete output. `chat` (default
     True): a str prompt is sent as one user message through the chat template; False encodes it as
     is. `logits_processors`: run before the grammar's mask (default none). `fast_forward`:
-    "canonical" (default), "verified" or False (the module docstring).
+    "canonical" (default), "verified" or False (the module docstring). `reasoning`: let a thinking
+    model think first (`Reasoning(budget=...)`, or True for `Reasoning()`), the grammar applying from
+    its end tag on; None or False (the default): no thinking, the grammar starts at the first token
+    (module docstring, "Reasoning").
     """
 
     draft_model: Any
@@ -132,6 +138,7 @@ class GenerationOptions(CompileOptions, total=False):
     chat: bool
     logits_processors: Sequence[LogitsProcessor] | None
     fast_forward: FastForwardMode | Literal[False] | None
+    reasoning: Reasoning | bool | None
 
 
 class JSONGenerationOptions(GenerationOptions, total=False):
@@ -158,6 +165,7 @@ class _Settings:
     chat: bool = True
     logits_processors: Sequence[LogitsProcessor] | None = None
     fast_forward: FastForwardMode | Literal[False] | None = DEFAULT_FAST_FORWARD
+    reasoning: Reasoning | bool | None = None
     strict: bool = True
     whitespace: str | None = None
     validate: bool = True
@@ -256,6 +264,7 @@ class StructuredOutput:
     from_draft: list[bool]
     stats: GenerationStats
     from_grammar: list[bool] = field(default_factory=list)
+    reasoning: str | None = None  # with `reasoning`: the thinking text (tags excluded)
 
 
 # --- helpers shared by the entry points -----------------------------------------------------------
@@ -289,8 +298,9 @@ def _wrapped(tokenizer: Any) -> Any:
         return TokenizerWrapper(tokenizer)
 
 
-def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
-    """Token ids of the prompt; with `chat`, a str or message list goes through the chat template."""
+def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool, enable_thinking: bool | None = None) -> list[int]:
+    """Token ids of the prompt; with `chat`, a str or message list goes through the chat template
+    (told `enable_thinking` unless None)."""
     if isinstance(prompt, mx.array):
         return [int(t) for t in cast("list[int]", prompt.reshape(-1).tolist())]  # 1-D: a list of ints
     if type(prompt).__module__ == "numpy" and hasattr(prompt, "tolist"):
@@ -320,7 +330,8 @@ def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
     if not getattr(tokenizer, "has_chat_template", False):
         raise InvalidArgumentError("chat=True, but the tokenizer has no chat template; pass chat=False to "
                                    "use the prompt as is")
-    templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
     if isinstance(templated, Mapping):
         templated = templated["input_ids"]
     return [int(t) for t in templated]
@@ -355,6 +366,9 @@ def _check_arguments(model: Any, settings: _Settings, on_text: Callable[[str], A
     if not isinstance(settings.length_safe, bool):
         raise InvalidArgumentError(f"length_safe must be True or False, got {settings.length_safe!r:.80}")
     check_mode(settings.fast_forward)
+    if settings.reasoning is not None and not isinstance(settings.reasoning, (bool, Reasoning)):
+        raise InvalidArgumentError(
+            f"reasoning must be a Reasoning, True, False or None, got {settings.reasoning!r:.80}")
     if sampler is not None and not callable(sampler):
         raise InvalidArgumentError(f"sampler must be callable (logprobs -> tokens) or None, got {sampler!r:.80}")
     if logits_processors is not None and (
@@ -424,20 +438,47 @@ class _Finished:
     from_draft: list[bool]
     from_grammar: list[bool]
     stats: GenerationStats
+    reasoning: str | None = None
+
+
+def _reasoning_of(settings: _Settings) -> Reasoning | None:
+    r = settings.reasoning
+    return Reasoning() if r is True else (r or None)
 
 
 def _prepared(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings,
               on_text: Callable[[str], Any] | None = None) -> tuple[Any, list[int]]:
-    """Check the arguments and tokenize the prompt (before any compile): (mlx-lm wrapper, prompt ids)."""
+    """Check the arguments and tokenize the prompt (before any compile): (mlx-lm wrapper, prompt ids).
+    A thinking model's chat template is told whether to think (`enable_thinking`), from `reasoning`."""
     _check_arguments(model, settings, on_text)
     wrapper = _wrapped(tokenizer)
-    return wrapper, _prompt_ids(wrapper, prompt, settings.chat)
+    thinking = _reasoning_of(settings) is not None if getattr(wrapper, "has_thinking", False) else None
+    return wrapper, _prompt_ids(wrapper, prompt, settings.chat, thinking)
 
 
-def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGrammar, settings: _Settings,
-            prompt_cache: Any = None) -> Generator[str, None, _Finished]:
+Grammar = CompiledGrammar | SegmentGrammar
+
+
+def _grammar_for(body: Segment, compiled: Callable[[], CompiledGrammar], wrapper: Any, model: Any,
+                 prompt_ids: list[int], settings: _Settings, compile_options: CompileOptions) -> Grammar:
+    """The grammar of a generation: `compiled()` alone, or, with `reasoning`, `body` after the
+    thinking section (a segment program; where generation starts is read from the prompt). JSON may
+    follow the end tag after a few spaces or newlines (dropped from the text); a regex's match
+    starts right at it."""
+    reasoning = _reasoning_of(settings)
+    if reasoning is None:
+        return compiled()
+    where = reasoning_state(wrapper, prompt_ids, None, start=reasoning.start, end=reasoning.end)
+    return compile_segments(with_reasoning(body, wrapper, reasoning, where, gap=isinstance(body, JSONSchema)), wrapper,
+                            logits_width=logits_width_of(model), **compile_options)
+
+
+def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: Grammar, settings: _Settings,
+            prompt_cache: Any = None, *, json_text: bool = False) -> Generator[str, None, _Finished]:
     """Yield text chunks as mlx-lm produces tokens; return the finished generation. The arguments
-    were checked by `_prepared`.
+    were checked by `_prepared`. With a segment grammar only the answer's text ("content") is
+    yielded and kept as the text; the reasoning is returned apart, the tags in neither. For JSON
+    (`json_text`) the whitespace between the end tag and the value is dropped.
 
     Raises TokenBudgetError before decoding when length-safe decoding is on and the grammar cannot
     complete within the budget; GenerationError (with the raw text) when the budget ran out before
@@ -467,6 +508,10 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
 
     token_bytes = grammar.vocabulary.token_bytes
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    role_of = grammar.role if isinstance(grammar, SegmentGrammar) else None
+    gap = role_of is not None and json_text
+    thought = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    reasoning: list[str] = []
     chunks: list[str] = []
     token_ids: list[int] = []
     from_draft: list[bool] = []
@@ -487,6 +532,7 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
             forced = bool(getattr(response, "from_grammar", False))
             from_grammar.append(forced)
             from_draft.append(bool(response.from_draft) and not forced)
+            role = role_of(state, token) if role_of is not None else "content"
             nxt = grammar.next_state(state, token)
             if nxt < 0:
                 # Only a sampler that ignores -inf or a processor outside ours can get here.
@@ -500,8 +546,12 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
                 finish = "stop"
                 break
             piece = token_bytes[token] if token < len(token_bytes) else None
-            if piece:
+            if piece and role == "reasoning":
+                reasoning.append(thought.decode(piece))
+            elif piece and role != "tag":
                 chunk = decoder.decode(piece)
+                if gap and not chunks:  # the whitespace a model writes after its end tag, before JSON
+                    chunk = chunk.lstrip(" \n")
                 if chunk:
                     chunks.append(chunk)
                     yield chunk
@@ -513,6 +563,7 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
         yield tail
     ended = time.perf_counter()
     text = "".join(chunks)
+    thinking = "".join(reasoning) + thought.decode(b"", final=True) if role_of is not None else None
     if first is None:
         first = ended
     steered = budget_steered_positions(grammar, token_ids, max_tokens) if settings.length_safe else 0
@@ -524,12 +575,17 @@ def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: CompiledGr
         min_completion_tokens=grammar_processor.min_completion_tokens, budget_steered_tokens=steered,
         forced_tokens=sum(from_grammar), fast_forward=mode)
     if finish != "stop" and not grammar.is_accepting(state):
+        if role_of is not None and role_of(state) == "reasoning":
+            raise GenerationError(
+                f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens while the "
+                "model was still reasoning; raise max_tokens or give the reasoning a budget "
+                f"(Reasoning(budget=...)). Reasoning so far: {_clip(thinking or '')}", text=text)
         advice = "" if settings.length_safe else ", or keep length_safe on"
         raise GenerationError(
             f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens, before the "
             f"grammar completed; raise max_tokens or bound the output (maxLength, maxItems){advice}. Text so far: "
             f"{_clip(text)}", text=text)
-    return _Finished(text, token_ids, from_draft, from_grammar, stats)
+    return _Finished(text, token_ids, from_draft, from_grammar, stats, thinking)
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -606,14 +662,23 @@ def _pydantic_class(schema: Any) -> _ModelClass | None:
     return schema if isinstance(schema, type) and hasattr(schema, "model_validate") else None
 
 
-def _compile_json(schema: Schema, tokenizer: Any, model: Any, settings: _Settings,
-                  compile_options: CompileOptions) -> tuple[CompiledGrammar, Any]:
+def _compile_json(schema: Schema, tokenizer: Any, model: Any, settings: _Settings, compile_options: CompileOptions,
+                  wrapper: Any, prompt_ids: list[int]) -> tuple[Grammar, Any]:
     from .schema import load_schema
 
     doc = load_schema(schema)
-    grammar = compile_json_schema(doc, tokenizer, logits_width=logits_width_of(model),
-                                  whitespace=settings.whitespace, strict=settings.strict, **compile_options)
+    body = JSONSchema(doc, strict=settings.strict, whitespace=settings.whitespace)
+    grammar = _grammar_for(body, lambda: compile_json_schema(
+        doc, tokenizer, logits_width=logits_width_of(model), whitespace=settings.whitespace, strict=settings.strict,
+        **compile_options), wrapper, model, prompt_ids, settings, compile_options)
     return grammar, doc
+
+
+def _compile_regex(pattern: str, tokenizer: Any, model: Any, settings: _Settings, compile_options: CompileOptions,
+                   wrapper: Any, prompt_ids: list[int]) -> Grammar:
+    return _grammar_for(Regex(pattern), lambda: compile_regex(
+        pattern, tokenizer, logits_width=logits_width_of(model), **compile_options),
+        wrapper, model, prompt_ids, settings, compile_options)
 
 
 # --- public entry points ---------------------------------------------------------------------------
@@ -669,19 +734,24 @@ def _generate(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings, c
         raise InvalidArgumentError(
             f"grammar= was compiled for logits width {grammar.logits_width}, the model's is "
             f"{logits_width_of(model)}; compile with logits_width=logits_width_of(model)")
+    if grammar is not None and settings.reasoning:
+        raise InvalidArgumentError("reasoning= needs schema= or regex= (a precompiled grammar starts at the "
+                                   "first token; compile a segment program with the reasoning instead)")
     wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings, on_text)
     doc = None
+    used: Grammar | None = grammar
     if schema is not None:
-        grammar, doc = _compile_json(schema, tokenizer, model, settings, compile_options)
+        used, doc = _compile_json(schema, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
     elif regex is not None:
-        grammar = compile_regex(regex, tokenizer, logits_width=logits_width_of(model), **compile_options)
-    assert grammar is not None
-    finished = _drain(_stream(model, wrapper, prompt_ids, grammar, settings, prompt_cache), on_text)
+        used = _compile_regex(regex, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
+    assert used is not None
+    finished = _drain(_stream(model, wrapper, prompt_ids, used, settings, prompt_cache, json_text=schema is not None),
+                      on_text)
     value: Any = finished.text
     if schema is not None:
         value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), settings.validate)
     return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats,
-                            finished.from_grammar)
+                            finished.from_grammar, finished.reasoning)
 
 
 _Model = TypeVar("_Model")  # instances of a Pydantic model class
@@ -728,8 +798,8 @@ def stream_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
     """
     settings, compile_options = _split(options, "stream_json")
     wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings)
-    grammar, doc = _compile_json(schema, tokenizer, model, settings, compile_options)
-    finished = yield from _stream(model, wrapper, prompt_ids, grammar, settings)
+    grammar, doc = _compile_json(schema, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
+    finished = yield from _stream(model, wrapper, prompt_ids, grammar, settings, json_text=True)
     _parse_and_validate(finished.text, doc, _pydantic_class(schema), settings.validate)
 
 
@@ -738,7 +808,7 @@ def stream_regex(model: Any, tokenizer: Any, prompt: Prompt, pattern: str,
     """Yield text matching `pattern` in chunks; `GenerationError` after the last one if incomplete."""
     settings, compile_options = _split(options, "stream_regex", schema=False)
     wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings)
-    grammar = compile_regex(pattern, tokenizer, logits_width=logits_width_of(model), **compile_options)
+    grammar = _compile_regex(pattern, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
     yield from _stream(model, wrapper, prompt_ids, grammar, settings)
 
 

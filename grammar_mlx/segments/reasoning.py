@@ -132,11 +132,12 @@ def reasoning_state(tokenizer: Any, prompt_ids: list[int] | Any, enable_thinking
     return "model"
 
 
-def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: str) -> Segment:
+def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: str, *, gap: bool = True) -> Segment:
     """`body` prefixed by the thinking section for a generation starting in `state`
     (`reasoning_state`): "open" → the thinking text, its end tag, then body; "model" → optionally
     (always, with `required`) the start tag and the thinking text first; "closed" → body. A short run
-    of spaces and newlines may follow the end tag before a body that starts with text."""
+    of spaces and newlines may follow the end tag before a body that starts with text (`gap`; False
+    where the body's text must be the whole answer, as a regex's full match)."""
     if not isinstance(reasoning, Reasoning):
         raise InvalidArgumentError(f"reasoning must be a Reasoning, got {type(reasoning).__name__}")
     if state not in ("closed", "open", "model"):
@@ -150,7 +151,7 @@ def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: s
             "them from its vocabulary): name them with Reasoning(start=..., end=...)")
     start_tag, end_tag = tags
     thinking = ReasoningText(max_tokens=reasoning.budget, end=end_tag)
-    rest: tuple[Segment, ...] = (Regex(GAP), body) if _text_leading(body) else (body,)
+    rest: tuple[Segment, ...] = (Regex(GAP), body) if gap and _text_leading(body) else (body,)
     if state == "open":
         return Seq((thinking, *rest))
     section = Seq((start_tag, thinking))
