@@ -41,6 +41,17 @@ but it can differ from plain decoding where the model would have spelled forced 
 tokens (docs/structured-generation.md, "Fast-forward", has the measured trade-off). A draft model
 never changes the output in any mode.
 
+Reasoning (`reasoning`): with `Reasoning(budget=N)` (or True) a thinking model thinks first, freely,
+for at most N tokens (then its end tag is forced; the count is part of the grammar's state, so
+rejected speculative drafts never count), and the grammar applies from the end tag on: the output
+is a segment program (`grammar_mlx.segments`, docs/segments.md). The think tags are the ones mlx-lm's
+`TokenizerWrapper` knows (`Reasoning(start=, end=)` overrides them); the chat template is told
+`enable_thinking` accordingly, and where generation starts (the prompt may already open the thinking)
+is read from the prompt's tokens. `max_tokens` spans thinking and answer, and length-safe decoding
+ends the thinking early when the answer would not fit otherwise. `.text` / the streamed chunks are
+the answer alone; `StructuredOutput.reasoning` is the thinking text. Without `reasoning` a thinking
+model's template is told not to think and the grammar starts at the first token.
+
 Statistics (`GenerationStats`): `generated_tokens` counts every token produced, the final EOS
 included; `forced_tokens` counts those fast-forwarded (written from the grammar, not sampled at a
 step of their own: in "verified" mode the proposals the model accepted); `draft_tokens` counts those
@@ -830,6 +841,8 @@ def json_logits_processor(
     strict: bool = True,
     whitespace: str | None = None,
     max_tokens: int | None = None,
+    reasoning: Reasoning | bool | None = None,
+    prompt_ids: Sequence[int] | None = None,
     **compile_options: Unpack[CompileOptions],
 ) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `schema`, to pass in mlx-lm's `logits_processors=[...]`.
@@ -838,12 +851,37 @@ def json_logits_processor(
     the tokenizer. Build one per generation: the processor follows one request. Compiling again is
     cheap (the tables are cached in memory and on disk). `max_tokens`: the budget given to mlx-lm,
     for length-safe masking (the output completes within it; `TokenBudgetError` here when it cannot);
-    None (the default) masks to the grammar alone. `compile_options`: the `CompileOptions`.
+    None (the default) masks to the grammar alone. `reasoning` (`Reasoning`, or True): the model thinks
+    first and the schema applies from its end tag on; it needs `prompt_ids`, the prompt's token ids as
+    given to mlx-lm (a processor never sees the prompt under speculative decoding, so the prompt says
+    whether it already opened the thinking). `compile_options`: the `CompileOptions`.
     """
     max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)  # before compiling
-    grammar = compile_json_schema(schema, tokenizer, logits_width=_width(model, logits_width), strict=strict,
+    width = _width(model, logits_width)
+    if reasoning:
+        from .schema import load_schema
+
+        body = JSONSchema(load_schema(schema), strict=strict, whitespace=whitespace)
+        return GrammarProcessor(_with_reasoning_grammar(body, tokenizer, width, reasoning, prompt_ids,
+                                                        compile_options), max_tokens=max_tokens)
+    grammar = compile_json_schema(schema, tokenizer, logits_width=width, strict=strict,
                                   whitespace=whitespace, **compile_options)
     return GrammarProcessor(grammar, max_tokens=max_tokens)
+
+
+def _with_reasoning_grammar(body: Segment, tokenizer: Any, width: int | None, reasoning: Reasoning | bool,
+                            prompt_ids: Sequence[int] | None, compile_options: CompileOptions) -> SegmentGrammar:
+    if not isinstance(reasoning, Reasoning) and reasoning is not True:
+        raise InvalidArgumentError(f"reasoning must be a Reasoning, True, False or None, got {reasoning!r:.80}")
+    if prompt_ids is None or not _is_token_ids(list(prompt_ids)):
+        raise InvalidArgumentError(
+            "reasoning= needs prompt_ids=, the prompt's token ids: under speculative decoding a processor never "
+            "sees the prompt, so it cannot tell whether the prompt already opened the thinking")
+    wrapper = _wrapped(tokenizer)
+    settings = Reasoning() if reasoning is True else reasoning
+    where = reasoning_state(wrapper, list(prompt_ids), None, start=settings.start, end=settings.end)
+    return compile_segments(with_reasoning(body, wrapper, settings, where, gap=isinstance(body, JSONSchema)),
+                            wrapper, logits_width=width, **compile_options)
 
 
 def regex_logits_processor(
@@ -853,9 +891,15 @@ def regex_logits_processor(
     model: Any = None,
     logits_width: int | None = None,
     max_tokens: int | None = None,
+    reasoning: Reasoning | bool | None = None,
+    prompt_ids: Sequence[int] | None = None,
     **compile_options: Unpack[CompileOptions],
 ) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `pattern` (full match); see `json_logits_processor`."""
     max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)  # before compiling
+    if reasoning:
+        return GrammarProcessor(_with_reasoning_grammar(Regex(pattern), tokenizer, _width(model, logits_width),
+                                                        reasoning, prompt_ids, compile_options),
+                                max_tokens=max_tokens)
     grammar = compile_regex(pattern, tokenizer, logits_width=_width(model, logits_width), **compile_options)
     return GrammarProcessor(grammar, max_tokens=max_tokens)

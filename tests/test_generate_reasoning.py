@@ -83,3 +83,23 @@ def test_total_budget_covers_thinking_and_answer(model, qwen_tokenizer):
 def test_reasoning_argument_errors(model, qwen_tokenizer):
     with pytest.raises(InvalidArgumentError, match="reasoning"):
         generate_json(model, qwen_tokenizer, "x", SCHEMA, reasoning="yes")  # type: ignore[arg-type]
+
+
+def test_processor_factory_with_reasoning_under_mlx_lm_speculative_decoding(model, qwen_tokenizer):
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+
+    from grammar_mlx import json_logits_processor
+    prompt = qwen_tokenizer.apply_chat_template([{"role": "user", "content": "Pick."}], add_generation_prompt=True)
+    runs = []
+    for draft in (None, copy_of(model)):
+        processor = json_logits_processor(SCHEMA, qwen_tokenizer, model=model, max_tokens=50, prompt_ids=prompt,
+                                          reasoning=Reasoning(budget=5, required=True))
+        extra = {} if draft is None else {"draft_model": draft, "num_draft_tokens": 3}
+        runs.append([int(r.token) for r in stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=50,
+                                                            logits_processors=[processor], **extra)])
+        assert processor.is_accepting()
+    assert runs[0] == runs[1]
+    assert runs[0][0] == THINK and len(_thinking_span(runs[0])) == 5
+    with pytest.raises(InvalidArgumentError, match="prompt_ids"):
+        json_logits_processor(SCHEMA, qwen_tokenizer, model=model, reasoning=True)
