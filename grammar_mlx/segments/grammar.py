@@ -356,7 +356,7 @@ class SegmentGrammar:
                 excluded = set(p.forbid) - set(ex.specials)
                 if not (p.atom.allow_eos or ex.eos):
                     excluded |= self._eos
-                parts.append(np.setdiff1d(self._all, np.fromiter(excluded, dtype=np.int32, count=len(excluded)))
+                parts.append(_without(self._all, np.fromiter(excluded, dtype=np.int32, count=len(excluded)))
                              if excluded else self._all)
             else:
                 parts.append(self._exit_ids(ex))
@@ -364,7 +364,7 @@ class SegmentGrammar:
                     parts.append(self._eos_ids)
         else:
             if not self._at_bound(p, count):
-                parts.append(np.setdiff1d(g.allowed_tokens(inner), self._eos_ids))
+                parts.append(_without(g.allowed_tokens(inner), self._eos_ids))
             ex = self._exits_at(p, inner)
             if ex is not None:
                 parts.append(self._exit_ids(ex))
@@ -545,7 +545,7 @@ class SegmentGrammar:
             free_next = self._encode(node, 0, count + 1) if n.bounded else node
             if self._cost_of_state(free_next) <= threshold:
                 excluded = set(n.forbid) | set(ex.specials) | self._eos
-                parts.append(np.setdiff1d(self._all, np.array(sorted(excluded), dtype=np.int32)))
+                parts.append(_without(self._all, np.array(sorted(excluded), dtype=np.int32)))
             parts.append(self._kept_exits(Exits(ex.specials, ex.eos, None), threshold))
             return _union(parts)
         if not self._at_bound(n, count):
@@ -553,12 +553,12 @@ class SegmentGrammar:
                 limit = threshold + 2 - self._exit_cost(ex)  # keep t with d(next) - 1 + cost <= threshold
                 d = cg.distance(inner)
                 if limit >= 1 and d is not None and d <= limit:
-                    parts.append(np.setdiff1d(cg.budget_allowed_tokens(inner, limit), self._eos_ids))
+                    parts.append(_without(cg.budget_allowed_tokens(inner, limit), self._eos_ids))
         ex_here = self._exits_at(n, inner)
         if ex_here is not None:
-            own = (np.setdiff1d(g.allowed_tokens(inner), self._eos_ids) if not self._at_bound(n, count)
+            own = (_without(g.allowed_tokens(inner), self._eos_ids) if not self._at_bound(n, count)
                    else np.zeros(0, dtype=np.int32))
-            parts.append(np.setdiff1d(self._kept_exits(ex_here, threshold), own))
+            parts.append(_without(self._kept_exits(ex_here, threshold), own))
         return _union(parts)
 
     def _kept_exits(self, ex: Exits, threshold: int) -> np.ndarray:
@@ -569,9 +569,9 @@ class SegmentGrammar:
         if ex.text is not None:
             kept = self._kept(self.start_of(ex.text), threshold)
             if ex.specials:
-                kept = np.setdiff1d(kept, np.array(sorted(ex.specials), dtype=np.int32))
+                kept = _without(kept, np.array(sorted(ex.specials), dtype=np.int32))
             if ex.eos:
-                kept = np.setdiff1d(kept, self._eos_ids)
+                kept = _without(kept, self._eos_ids)
             parts.append(kept)
         return _union(parts)
 
@@ -583,10 +583,25 @@ class SegmentGrammar:
         return int(self.table.nbytes + caches + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
 
 
+def _without(ids: np.ndarray, drop: np.ndarray) -> np.ndarray:
+    """Sorted `ids` without `drop` (ids are unique and sorted: no re-sort)."""
+    if not len(drop) or not len(ids):
+        return np.asarray(ids, dtype=np.int32)
+    return np.asarray(ids[~np.isin(ids, drop)], dtype=np.int32)
+
+
 def _union(parts: list[np.ndarray]) -> np.ndarray:
     parts = [p for p in parts if len(p)]
     if not parts:
         return np.zeros(0, dtype=np.int32)
     if len(parts) == 1:
         return np.asarray(parts[0], dtype=np.int32)
-    return np.unique(np.concatenate(parts)).astype(np.int32)
+    total = sum(len(p) for p in parts)
+    if total < 4096:
+        return np.unique(np.concatenate(parts)).astype(np.int32)
+    # Near-full rows (free text, a JSON string): one pass over a bit per id, no sort.
+    top = max(int(p.max()) for p in parts) + 1
+    marks = np.zeros(top, dtype=bool)
+    for p in parts:
+        marks[p] = True
+    return np.flatnonzero(marks).astype(np.int32)
