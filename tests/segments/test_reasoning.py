@@ -70,6 +70,16 @@ def test_with_reasoning_shapes(qwen_tokenizer):
         with_reasoning(body, qwen_tokenizer, Reasoning(), "thinking")
 
 
+def test_a_body_with_call_triggers_forbids_them_while_thinking(qwen_tokenizer):
+    from grammar_mlx.segments import FreeText, Section, Triggered
+
+    body = Triggered((Section(Token("<tool_call>"), Regex("x"), Token("</tool_call>")),), text=FreeText())
+    g = compile_segments(with_reasoning(body, qwen_tokenizer, Reasoning(), "open"), qwen_tokenizer, logits_width=W)
+    assert set(range(W)) - set(g.allowed_tokens(g.initial_state).tolist()) == {151657, IM_END}
+    after = g.next_state(g.initial_state, END_THINK)
+    assert g.next_state(after, 151657) >= 0  # the call may start once thinking is over
+
+
 def test_smollm2_has_no_think_tokens_and_thinks_in_text_tags(smollm_tokenizer):
     tok = smollm_tokenizer
     assert reasoning_tags(tok) is None
