@@ -165,6 +165,8 @@ class SegmentGrammar:
         """The state at a text position's start (its inner initial state, no token counted)."""
         p = self._nodes[node]
         assert isinstance(p, Position)
+        if p.forced is not None and p.atom.max_tokens == 0:  # a text tag with no room: spell it at once
+            return p.forced[0]
         return self._encode(node, p.grammar.initial_state if p.grammar is not None else 0, 0)
 
     def _at_bound(self, p: Position, count: int) -> bool:
@@ -224,9 +226,11 @@ class SegmentGrammar:
         return self._step(node, n, inner, count, token_id)  # type: ignore[arg-type]
 
     def _enter(self, node: int, token_id: int) -> int:
+        rest, node = divmod(self.start_of(node), self._n)
+        inner, count = divmod(rest, self._span)
         p = self._nodes[node]
         assert isinstance(p, Position)
-        return self._step(node, p, p.grammar.initial_state if p.grammar is not None else 0, 0, token_id)
+        return self._step(node, p, inner, count, token_id)
 
     def _step(self, node: int, p: Position, inner: int, count: int, token_id: int) -> int:
         g = p.grammar

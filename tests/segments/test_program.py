@@ -109,6 +109,22 @@ def test_a_bounded_free_text_may_be_followed_by_text(qwen_tokenizer):
     assert g.matches([100, 200, *done])
 
 
+def test_unrolled_repetitions_are_bounded(qwen_tokenizer, monkeypatch):
+    from grammar_mlx import limits
+    from grammar_mlx.errors import GrammarTooLargeError
+
+    monkeypatch.setattr(limits, "MAX_SEGMENT_NODES", 50)
+    item = Seq((Token("<tool_call>"), Regex("x"), Token("</tool_call>")))
+    compile_(Repeat(item, min=0, max=10), qwen_tokenizer)  # 30 positions
+    with pytest.raises(GrammarTooLargeError, match="GRAMMAR_MLX_MAX_SEGMENT_NODES"):
+        compile_(Repeat(item, min=0, max=20), qwen_tokenizer)
+    g = compile_(Repeat(item, min=2, separator=Text("\n")), qwen_tokenizer)  # unbounded: a loop, not copies
+    one = [151657, *qwen_tokenizer.encode("x", add_special_tokens=False), 151658]
+    nl = qwen_tokenizer.encode("\n", add_special_tokens=False)
+    assert not g.matches(one)
+    assert g.matches([*one, *nl, *one]) and g.matches([*one, *nl, *one, *nl, *one])
+
+
 def test_unenforced_keywords_of_every_schema_are_reported(qwen_tokenizer):
     schema = {"type": "array", "uniqueItems": True, "items": {"type": "integer"}, "maxItems": 2}
     g = compile_(Seq((Token("<tool_call>"), JSONSchema(schema), Token("</tool_call>"), JSONSchema(schema))),

@@ -194,6 +194,18 @@ def test_text_end_tag_budget_forces_the_rest_of_the_tag(grammars, qwen_tokenizer
                for t in list(allowed)[:2000])
 
 
+def test_a_text_end_tag_with_no_room_is_spelled_at_once(qwen_tokenizer):
+    g = compile_segments(Seq((FreeText(max_tokens=0, end=Text("</think>")), Regex("[0-9]"))), qwen_tokenizer,
+                         logits_width=W)
+    # Spelled in text tokens (the tokenizer itself encodes "</think>" as Qwen3's control token).
+    tag = [*enc(qwen_tokenizer, "</"), *enc(qwen_tokenizer, "think"), *enc(qwen_tokenizer, ">")]
+    assert g.next_state(g.initial_state, END_THINK) == -1
+    assert g.matches([*tag, *enc(qwen_tokenizer, "4")])
+    assert g.min_completion_tokens <= len(tag) + 2
+    assert not g.matches([*enc(qwen_tokenizer, "a"), *tag, *enc(qwen_tokenizer, "4")])
+    assert g.role(g.initial_state, tag[0]) == "tag"
+
+
 def test_triggered_sections_roles_and_resumed_free_text(grammars, qwen_tokenizer):
     g = grammars["tools"]
     call = enc(qwen_tokenizer, '\n{"q":"hi"}\n')
