@@ -89,7 +89,8 @@ class Position:
     watch: TextWatch | None = None  # RUN over a text-until automaton
     hit_exits: dict[int, Exits] = field(default_factory=dict)  # watch: pattern -> exits at its hit
     stop_anywhere: bool = False  # watch: non-hit states may exit
-    forced: dict[int, int] | None = None  # watch with an end tag and a bound: prefix -> forced-tail state
+    start_exits: bool = False  # watch: its start state may exit (a forced completion where the text may stop)
+    forced: dict[int, int] | None = None  # bounded watch: inner state at the bound -> forced-completion state
     role: str = "content"
     path: str = ""
     # Distances of a watch run to each exit class (grammar accepting exactly that class, exits).
@@ -165,8 +166,9 @@ class SegmentGrammar:
         """The state at a text position's start (its inner initial state, no token counted)."""
         p = self._nodes[node]
         assert isinstance(p, Position)
-        if p.forced is not None and p.atom.max_tokens == 0:  # a text tag with no room: spell it at once
-            return p.forced[0]
+        if p.forced is not None and p.atom.max_tokens == 0:  # no room: the forced completion at once
+            assert p.grammar is not None
+            return p.forced[p.grammar.initial_state]
         return self._encode(node, p.grammar.initial_state if p.grammar is not None else 0, 0)
 
     def _at_bound(self, p: Position, count: int) -> bool:
@@ -184,7 +186,7 @@ class SegmentGrammar:
             h = watch.hit[inner]
             if h >= 0:
                 return p.hit_exits.get(h)
-            return p.exits if p.stop_anywhere else None
+            return p.exits if (p.stop_anywhere or (p.start_exits and inner == g.initial_state)) else None
         return None
 
     def _eos_of(self, ex: Exits | None) -> bool:
@@ -262,7 +264,7 @@ class SegmentGrammar:
                 count += 1
                 watch = p.watch
                 if count >= bound and p.forced is not None and watch is not None and watch.hit[nxt] < 0:
-                    return p.forced[watch.prefix[nxt]]
+                    return p.forced[nxt]
                 return self._encode(node, nxt, count)
         open_exits = self._exits_at(p, inner)
         if open_exits is None:
