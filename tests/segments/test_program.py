@@ -65,6 +65,8 @@ def test_tokens_resolve_by_text_and_by_id(qwen_tokenizer):
 @pytest.mark.parametrize(("spec", "path", "words"), [
     (Seq((Text("a"), Token("<nope>"))), "segment.items[1]", "no token"),
     (Seq((Token(10**7),)), "segment.items[0]", "out of range"),
+    (Seq((Text("a"), "b")), "segment.items[1]", "not a segment"),
+    (Triggered((Section(Token("<tool_call>"), "x", None),)), "segment.sections[0].body", "not a segment"),
     (Seq((Token(IM_END),)), "segment.items[0]", "end-of-sequence"),
     (Seq((Token(14990),)), "segment.items[0]", "ordinary text"),
     (Triggered((Section(Text("<a>"), Regex("x"), Token("<nope>")),)), "segment.sections[0].end", "no token"),

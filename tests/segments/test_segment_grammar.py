@@ -42,6 +42,9 @@ def specs(tok):
         "text_tags": Seq((FreeText(max_tokens=5, end=Text("</think>")), Regex(r"[ \n]{0,2}"), JSONSchema(SCHEMA))),
         "text_trigger": Triggered((Section(Text("<call>"), CALL_BODY, Text("</call>")),), text=FreeText(max_tokens=6)),
         "free": FreeText(),
+        "think_then_call": with_reasoning(
+            Triggered((Section(Token("<tool_call>"), CALL_BODY, Token("</tool_call>")),), text=FreeText(max_tokens=3),
+                      at_least_one=True, stop_after_first=True), tok, Reasoning(budget=3), "model"),
     }
 
 
@@ -85,7 +88,7 @@ def walk(g, rng, steps, *, budget=None):
 
 
 @pytest.mark.parametrize("name", ["think_json", "open_think_regex", "tools", "tools_required", "text_tags",
-                                  "text_trigger"])
+                                  "text_trigger", "think_then_call"])
 def test_random_walks_keep_a_completion_and_replay(grammars, name):
     g = grammars[name]
     rng = np.random.default_rng(hash(name) % 1000)
@@ -147,6 +150,17 @@ def test_processor_leaves_free_text_logits_untouched(grammars):
     lg2 = mx.concatenate([logits, logits])
     out = think(mx.array([[1, THINK], [1, THINK]]), lg2)
     assert not np.isfinite(np.asarray(out)[:, IM_END]).any()
+
+
+def test_batched_rows_mix_free_and_masked(qwen_tokenizer):
+    g = compile_segments(Seq((FreeText(end=Token("</think>")), FreeText())), qwen_tokenizer, logits_width=W)
+    proc = GrammarProcessor(g)
+    logits = mx.array(np.random.default_rng(1).normal(size=(2, W)).astype(np.float32))
+    proc(mx.array([[1, 2], [1, 2]]), logits)
+    out = np.asarray(proc(mx.array([[1, 2, 7], [1, 2, END_THINK]]), logits))
+    assert g.mask_row(proc.state(1)) == ALLOW_ALL and g.mask_row(proc.state(0)) != ALLOW_ALL
+    np.testing.assert_array_equal(out[1], np.asarray(logits)[1])  # the free row as it came
+    assert not np.isfinite(out[0, IM_END]) and np.isfinite(out[0]).sum() == W - 1
 
 
 def test_budget_forces_the_end_tag_after_n_reasoning_tokens(grammars, qwen_tokenizer):
