@@ -52,16 +52,17 @@ def compile_segments(segment: Segment, tokenizer: Any, *, logits_width: int | No
     with deadline_scope(opts.deadline):
         vocab, width, eos = _target(tokenizer, logits_width, opts)
         description = describe(segment)
+        lowered = lower(segment, vocab, _token_ids(tokenizer))
+        opts.deadline.check("lowering the segments")
         # The live memo hands out the very grammar for the same program (its rows and its watches'
-        # rows are built once, whoever asks), as compile_regex does for a regex.
-        key = json.dumps([description, vocab.fingerprint, width, eos, opts.mode, opts.engine,
-                          limits.MAX_DFA_STATES, limits.MAX_SEGMENT_NODES])
+        # rows are built once, whoever asks), as compile_regex does for a regex; the key holds the
+        # control tokens as resolved, since the vocabulary's fingerprint does not name them.
+        key = json.dumps([description, [a.token for a in lowered.atoms], vocab.fingerprint, width, eos, opts.mode,
+                          opts.engine, limits.MAX_DFA_STATES, limits.MAX_SEGMENT_NODES])
         if opts.cache_dir is not None:
             live = _LIVE.get(key)
             if live is not None:
                 return live
-        lowered = lower(segment, vocab, _token_ids(tokenizer))
-        opts.deadline.check("lowering the segments")
         grammar = _Builder(lowered, vocab, width, eos, tokenizer, options, opts.deadline, started,
                            description).build()
         if opts.cache_dir is not None:
