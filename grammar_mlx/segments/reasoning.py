@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from ..errors import InvalidArgumentError
 from ..vocabulary.token_bytes import vocabulary_of
-from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, Text, Token, Triggered
+from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, TagText, Text, Token, Triggered
 
 __all__ = ["Reasoning", "ReasoningState", "reasoning_state", "reasoning_tags", "with_reasoning"]
 
@@ -156,7 +156,7 @@ def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: s
     rest: tuple[Segment, ...] = (Regex(GAP), body) if _text_leading(body) else (body,)
     if state == "open":
         return Seq((thinking, *rest))
-    section = Seq((start_tag, thinking))
+    section = Seq((TagText(start_tag.literal) if isinstance(start_tag, Text) else start_tag, thinking))
     # A text start tag cannot be told apart from a text body by a token (both are text): the model
     # is made to open its thinking, as if `required`.
     required = reasoning.required or isinstance(start_tag, Text)
