@@ -89,7 +89,8 @@ class Position:
     watch: TextWatch | None = None  # RUN over a text-until automaton
     hit_exits: dict[int, Exits] = field(default_factory=dict)  # watch: pattern -> exits at its hit
     stop_anywhere: bool = False  # watch: non-hit states may exit
-    forced: dict[int, int] | None = None  # watch with an end tag and a bound: prefix -> forced-tail state
+    start_exits: bool = False  # watch: its start state may exit (a forced completion where the text may stop)
+    forced: dict[int, int] | None = None  # bounded watch: inner state at the bound -> forced-completion state
     role: str = "content"
     path: str = ""
     # Distances of a watch run to each exit class (grammar accepting exactly that class, exits).
@@ -134,8 +135,8 @@ class SegmentGrammar:
         self._lock = threading.RLock()
         self._rows: dict[int, int] = {}  # state -> row (the per-token cache)
         self._rows_by_key: dict[tuple[int, int, bool], int] = {}  # (node, inner, at bound) -> row
-        self._budget_rows: dict[tuple[int, int], int] = {}
-        self._pass_next: dict[int, int] = {}
+        self._budget_rows: dict[tuple[int, int], int] = {}  # (state, threshold) -> a narrowed row
+        self._full_at: dict[int, int] = {}  # state -> the least threshold its budget row was its plain row
         self._entry_cost: list[int] = [_INF] * self._n  # entries: their distance; positions: from their start
         for p in nodes:  # a forced tail's node -> its start state (the node count is known now)
             if isinstance(p, Position) and p.forced is not None:
@@ -165,6 +166,9 @@ class SegmentGrammar:
         """The state at a text position's start (its inner initial state, no token counted)."""
         p = self._nodes[node]
         assert isinstance(p, Position)
+        if p.forced is not None and p.atom.max_tokens == 0:  # no room: the forced completion at once
+            assert p.grammar is not None
+            return p.forced[p.grammar.initial_state]
         return self._encode(node, p.grammar.initial_state if p.grammar is not None else 0, 0)
 
     def _at_bound(self, p: Position, count: int) -> bool:
@@ -182,7 +186,7 @@ class SegmentGrammar:
             h = watch.hit[inner]
             if h >= 0:
                 return p.hit_exits.get(h)
-            return p.exits if p.stop_anywhere else None
+            return p.exits if (p.stop_anywhere or (p.start_exits and inner == g.initial_state)) else None
         return None
 
     def _eos_of(self, ex: Exits | None) -> bool:
@@ -224,9 +228,11 @@ class SegmentGrammar:
         return self._step(node, n, inner, count, token_id)  # type: ignore[arg-type]
 
     def _enter(self, node: int, token_id: int) -> int:
+        rest, node = divmod(self.start_of(node), self._n)
+        inner, count = divmod(rest, self._span)
         p = self._nodes[node]
         assert isinstance(p, Position)
-        return self._step(node, p, p.grammar.initial_state if p.grammar is not None else 0, 0, token_id)
+        return self._step(node, p, inner, count, token_id)
 
     def _step(self, node: int, p: Position, inner: int, count: int, token_id: int) -> int:
         g = p.grammar
@@ -258,7 +264,7 @@ class SegmentGrammar:
                 count += 1
                 watch = p.watch
                 if count >= bound and p.forced is not None and watch is not None and watch.hit[nxt] < 0:
-                    return p.forced[watch.prefix[nxt]]
+                    return p.forced[nxt]
                 return self._encode(node, nxt, count)
         open_exits = self._exits_at(p, inner)
         if open_exits is None:
@@ -356,7 +362,7 @@ class SegmentGrammar:
                 excluded = set(p.forbid) - set(ex.specials)
                 if not (p.atom.allow_eos or ex.eos):
                     excluded |= self._eos
-                parts.append(np.setdiff1d(self._all, np.fromiter(excluded, dtype=np.int32, count=len(excluded)))
+                parts.append(_without(self._all, np.fromiter(excluded, dtype=np.int32, count=len(excluded)))
                              if excluded else self._all)
             else:
                 parts.append(self._exit_ids(ex))
@@ -364,7 +370,7 @@ class SegmentGrammar:
                     parts.append(self._eos_ids)
         else:
             if not self._at_bound(p, count):
-                parts.append(np.setdiff1d(g.allowed_tokens(inner), self._eos_ids))
+                parts.append(_without(g.allowed_tokens(inner), self._eos_ids))
             ex = self._exits_at(p, inner)
             if ex is not None:
                 parts.append(self._exit_ids(ex))
@@ -502,18 +508,24 @@ class SegmentGrammar:
         """`mask_row(state)` narrowed to the tokens after which the generation can still end within
         `left - 1` tokens (itself when the budget does not bind, when `left <= 0`, or when nothing fits)."""
         plain = self.mask_row(state)
-        if left <= 0:
+        threshold = left - 1
+        full_at = self._full_at.get(state)
+        if threshold < 0 or (full_at is not None and threshold >= full_at):  # the per-token path
             return plain
-        if self._distance(state) > left:
-            return plain
-        key = (state, left - 1)
+        key = (state, threshold)
         row = self._budget_rows.get(key)
         if row is not None:
             return row
+        if self._distance(state) > left:  # the budget already ran out (a position nothing is kept from)
+            return plain
         with self._lock:
-            kept = self._kept(state, left - 1)
-            full = self._ids(state)
-            row = plain if (len(kept) == len(full) or len(kept) == 0) else self._row_of(kept)
+            kept = self._kept(state, threshold)
+            if len(kept) == len(self._ids(state)):
+                # Full at this threshold, so at every larger one: remembered as a bound, no row kept.
+                if full_at is None or threshold < full_at:
+                    self._full_at[state] = threshold
+                return plain
+            row = plain if len(kept) == 0 else self._row_of(kept)
             self._budget_rows[key] = row
         return row
 
@@ -545,7 +557,7 @@ class SegmentGrammar:
             free_next = self._encode(node, 0, count + 1) if n.bounded else node
             if self._cost_of_state(free_next) <= threshold:
                 excluded = set(n.forbid) | set(ex.specials) | self._eos
-                parts.append(np.setdiff1d(self._all, np.array(sorted(excluded), dtype=np.int32)))
+                parts.append(_without(self._all, np.array(sorted(excluded), dtype=np.int32)))
             parts.append(self._kept_exits(Exits(ex.specials, ex.eos, None), threshold))
             return _union(parts)
         if not self._at_bound(n, count):
@@ -553,12 +565,12 @@ class SegmentGrammar:
                 limit = threshold + 2 - self._exit_cost(ex)  # keep t with d(next) - 1 + cost <= threshold
                 d = cg.distance(inner)
                 if limit >= 1 and d is not None and d <= limit:
-                    parts.append(np.setdiff1d(cg.budget_allowed_tokens(inner, limit), self._eos_ids))
+                    parts.append(_without(cg.budget_allowed_tokens(inner, limit), self._eos_ids))
         ex_here = self._exits_at(n, inner)
         if ex_here is not None:
-            own = (np.setdiff1d(g.allowed_tokens(inner), self._eos_ids) if not self._at_bound(n, count)
+            own = (_without(g.allowed_tokens(inner), self._eos_ids) if not self._at_bound(n, count)
                    else np.zeros(0, dtype=np.int32))
-            parts.append(np.setdiff1d(self._kept_exits(ex_here, threshold), own))
+            parts.append(_without(self._kept_exits(ex_here, threshold), own))
         return _union(parts)
 
     def _kept_exits(self, ex: Exits, threshold: int) -> np.ndarray:
@@ -569,9 +581,9 @@ class SegmentGrammar:
         if ex.text is not None:
             kept = self._kept(self.start_of(ex.text), threshold)
             if ex.specials:
-                kept = np.setdiff1d(kept, np.array(sorted(ex.specials), dtype=np.int32))
+                kept = _without(kept, np.array(sorted(ex.specials), dtype=np.int32))
             if ex.eos:
-                kept = np.setdiff1d(kept, self._eos_ids)
+                kept = _without(kept, self._eos_ids)
             parts.append(kept)
         return _union(parts)
 
@@ -579,8 +591,15 @@ class SegmentGrammar:
     def nbytes(self) -> int:
         """Bytes held: the mask table, the row caches and the inner grammars (an inner grammar
         shared with other programs through the compiler's live memo is counted here too)."""
-        caches = (len(self._rows) + len(self._rows_by_key) + len(self._budget_rows)) * 200
+        caches = (len(self._rows) + len(self._rows_by_key) + len(self._budget_rows) + len(self._full_at)) * 200
         return int(self.table.nbytes + caches + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
+
+
+def _without(ids: np.ndarray, drop: np.ndarray) -> np.ndarray:
+    """Sorted `ids` without `drop` (ids are unique and sorted: no re-sort)."""
+    if not len(drop) or not len(ids):
+        return np.asarray(ids, dtype=np.int32)
+    return np.asarray(ids[~np.isin(ids, drop)], dtype=np.int32)
 
 
 def _union(parts: list[np.ndarray]) -> np.ndarray:
@@ -589,4 +608,12 @@ def _union(parts: list[np.ndarray]) -> np.ndarray:
         return np.zeros(0, dtype=np.int32)
     if len(parts) == 1:
         return np.asarray(parts[0], dtype=np.int32)
-    return np.unique(np.concatenate(parts)).astype(np.int32)
+    total = sum(len(p) for p in parts)
+    if total < 4096:
+        return np.unique(np.concatenate(parts)).astype(np.int32)
+    # Near-full rows (free text, a JSON string): one pass over a bit per id, no sort.
+    top = max(int(p.max()) for p in parts) + 1
+    marks = np.zeros(top, dtype=bool)
+    for p in parts:
+        marks[p] = True
+    return np.flatnonzero(marks).astype(np.int32)

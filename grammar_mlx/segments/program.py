@@ -206,6 +206,7 @@ class _Lowering:
     def lower(self, seg: Segment, path: str, role: str) -> _Node:
         text = self.regex_of(seg, path)
         if text is not None:
+            role = "tag" if getattr(seg, "role", None) == "tag" else role
             return self.atom(kind="text", path=path, role=role, regex=text[0], unenforced=text[1])
         if isinstance(seg, Token):
             return self.atom(kind="special", path=path, role="tag", token=self.token_id(seg, path))
@@ -237,6 +238,10 @@ class _Lowering:
 
         for item_path, item in items:
             text = self.regex_of(item, item_path)
+            if text is not None and getattr(item, "role", None) == "tag":  # a text tag: a run of its own
+                flush()
+                parts.append(self.atom(kind="text", path=item_path, role="tag", regex=text[0]))
+                continue
             if text is not None:
                 if not run:
                     run_path = item_path

@@ -42,6 +42,9 @@ def specs(tok):
         "text_tags": Seq((FreeText(max_tokens=5, end=Text("</think>")), Regex(r"[ \n]{0,2}"), JSONSchema(SCHEMA))),
         "text_trigger": Triggered((Section(Text("<call>"), CALL_BODY, Text("</call>")),), text=FreeText(max_tokens=6)),
         "free": FreeText(),
+        "think_then_call": with_reasoning(
+            Triggered((Section(Token("<tool_call>"), CALL_BODY, Token("</tool_call>")),), text=FreeText(max_tokens=3),
+                      at_least_one=True, stop_after_first=True), tok, Reasoning(budget=3), "model"),
     }
 
 
@@ -85,7 +88,7 @@ def walk(g, rng, steps, *, budget=None):
 
 
 @pytest.mark.parametrize("name", ["think_json", "open_think_regex", "tools", "tools_required", "text_tags",
-                                  "text_trigger"])
+                                  "text_trigger", "think_then_call"])
 def test_random_walks_keep_a_completion_and_replay(grammars, name):
     g = grammars[name]
     rng = np.random.default_rng(hash(name) % 1000)
@@ -149,6 +152,17 @@ def test_processor_leaves_free_text_logits_untouched(grammars):
     assert not np.isfinite(np.asarray(out)[:, IM_END]).any()
 
 
+def test_batched_rows_mix_free_and_masked(qwen_tokenizer):
+    g = compile_segments(Seq((FreeText(end=Token("</think>")), FreeText())), qwen_tokenizer, logits_width=W)
+    proc = GrammarProcessor(g)
+    logits = mx.array(np.random.default_rng(1).normal(size=(2, W)).astype(np.float32))
+    proc(mx.array([[1, 2], [1, 2]]), logits)
+    out = np.asarray(proc(mx.array([[1, 2, 7], [1, 2, END_THINK]]), logits))
+    assert g.mask_row(proc.state(1)) == ALLOW_ALL and g.mask_row(proc.state(0)) != ALLOW_ALL
+    np.testing.assert_array_equal(out[1], np.asarray(logits)[1])  # the free row as it came
+    assert not np.isfinite(out[0, IM_END]) and np.isfinite(out[0]).sum() == W - 1
+
+
 def test_budget_forces_the_end_tag_after_n_reasoning_tokens(grammars, qwen_tokenizer):
     g = grammars["think_json"]
     state = g.next_state(g.initial_state, THINK)
@@ -192,6 +206,18 @@ def test_text_end_tag_budget_forces_the_rest_of_the_tag(grammars, qwen_tokenizer
     assert enc(qwen_tokenizer, ">")[0] in allowed
     assert all(not qwen_tokenizer.decode([t]).startswith(">") or qwen_tokenizer.decode([t]) == ">"
                for t in list(allowed)[:2000])
+
+
+def test_a_text_end_tag_with_no_room_is_spelled_at_once(qwen_tokenizer):
+    g = compile_segments(Seq((FreeText(max_tokens=0, end=Text("</think>")), Regex("[0-9]"))), qwen_tokenizer,
+                         logits_width=W)
+    # Spelled in text tokens (the tokenizer itself encodes "</think>" as Qwen3's control token).
+    tag = [*enc(qwen_tokenizer, "</"), *enc(qwen_tokenizer, "think"), *enc(qwen_tokenizer, ">")]
+    assert g.next_state(g.initial_state, END_THINK) == -1
+    assert g.matches([*tag, *enc(qwen_tokenizer, "4")])
+    assert g.min_completion_tokens <= len(tag) + 2
+    assert not g.matches([*enc(qwen_tokenizer, "a"), *tag, *enc(qwen_tokenizer, "4")])
+    assert g.role(g.initial_state, tag[0]) == "tag"
 
 
 def test_triggered_sections_roles_and_resumed_free_text(grammars, qwen_tokenizer):
@@ -240,3 +266,124 @@ def test_text_trigger_starts_its_section(grammars, qwen_tokenizer):
 def test_nbytes_and_stats(grammars):
     g = grammars["think_json"]
     assert g.nbytes > 0 and g.stats["mode"] == "segments"
+
+
+# -- an independent oracle: the program's language as a Python regex over text + control tokens ----
+
+def _mark(t: int) -> str:
+    return chr(0xF0000 + t - 151_000)  # control and padding ids as private-use characters
+
+
+def as_text(tok, tokens) -> str:
+    """The token sequence as one string: text tokens' bytes, control tokens as marks."""
+    from grammar_mlx.vocabulary.token_bytes import vocabulary_of
+
+    vocab = vocabulary_of(tok)
+    out = bytearray()
+    for t in tokens:
+        b = vocab.token_bytes[t] if t < vocab.size else None
+        out += b if b is not None else _mark(t).encode()
+    return out.decode("utf-8", errors="surrogateescape")
+
+
+def oracle(seg, tok, follow_marks: str = "") -> str:
+    """A Python regex for `seg`'s language (without token counts, which only narrow it). Free text
+    excludes the control tokens that leave it (`follow_marks`) and the forbidden ones; a watched
+    free text excludes every control token and every text tag before its own end."""
+    import re
+
+    def mark_of(tag):
+        return re.escape(_mark(tok.get_vocab()[tag.tag] if isinstance(tag.tag, str) else tag.tag))
+
+    any_control = "\U000F0000-\U000FFFFF"
+    if isinstance(seg, Token):
+        return mark_of(seg)
+    if isinstance(seg, Text):
+        return re.escape(seg.literal)
+    if isinstance(seg, Regex):
+        return f"(?:{seg.pattern})"
+    if isinstance(seg, Seq):
+        parts = []
+        for i, item in enumerate(seg.items):
+            nxt = seg.items[i + 1] if i + 1 < len(seg.items) else None
+            marks = _first_marks(nxt, tok) if nxt is not None else follow_marks
+            parts.append(oracle(item, tok, marks))
+        return "".join(parts)
+    if isinstance(seg, FreeText):
+        forbid_marks = "".join(_mark(tok.get_vocab()[f.tag] if isinstance(f.tag, str) else f.tag)
+                               for f in seg.forbid if isinstance(f, Token))
+        if isinstance(seg.end, Text):
+            return f"(?:(?!{re.escape(seg.end.literal)})[^{any_control}])*{re.escape(seg.end.literal)}"
+        end = mark_of(seg.end) if isinstance(seg.end, Token) else ""
+        excluded = re.escape(forbid_marks + follow_marks) + (end if end else "")
+        return f"[^{excluded}]*" + end if excluded else "(?s:.)*" + end
+    if isinstance(seg, Triggered):
+        text_triggers = [re.escape(s.begin.literal) for s in seg.sections if isinstance(s.begin, Text)]
+        marks = "".join(re.escape(_mark(tok.get_vocab()[s.begin.tag])) for s in seg.sections
+                        if isinstance(s.begin, Token))
+        if text_triggers:
+            free = f"(?:(?!{'|'.join(text_triggers)})[^{any_control}])*"
+        else:
+            free = f"[^{marks}{re.escape(follow_marks)}]*"
+        sections = "(?:" + "|".join(oracle(Seq((s.begin, s.body, *( [s.end] if s.end else []))), tok)
+                                    for s in seg.sections) + ")"
+        if seg.stop_after_first:
+            return free + (sections if seg.at_least_one else f"(?:{sections})?")
+        if seg.at_least_one:
+            return f"{free}{sections}{free}(?:{sections}{free})*"
+        return f"{free}(?:{sections}{free})*"
+    from grammar_mlx.segments import Choice
+
+    if isinstance(seg, Choice):
+        return "(?:" + "|".join(oracle(o, tok, follow_marks) for o in seg.options) + ")"
+    raise AssertionError(f"no oracle for {type(seg).__name__}")
+
+
+def _first_marks(seg, tok) -> str:
+    """The control-token marks `seg` may start with (what ends an unbounded free text before it)."""
+    from grammar_mlx.segments import Choice
+
+    if isinstance(seg, Token):
+        return _mark(tok.get_vocab()[seg.tag] if isinstance(seg.tag, str) else seg.tag)
+    if isinstance(seg, Seq) and seg.items:
+        return _first_marks(seg.items[0], tok)
+    if isinstance(seg, Choice):
+        return "".join(_first_marks(o, tok) for o in seg.options)
+    return ""
+
+
+ORACLE_SPECS = {
+    "reasoning": lambda tok: with_reasoning(Regex(r"(yes|no)( [0-9]{1,2})?"), tok, Reasoning(budget=5), "model"),
+    "calls": lambda tok: Triggered((Section(Token("<tool_call>"), Seq((Text("\n"), Regex(r"[a-c]{1,3}"))),
+                                            Token("</tool_call>")),), text=FreeText(max_tokens=4)),
+    "text_calls": lambda tok: Triggered((Section(Text("<c>"), Regex(r"[0-9]{1,2}"), Text("</c>")),
+                                         Section(Text("<d>"), Regex("x+"), Text("</d>"))),
+                                        text=FreeText(max_tokens=4), at_least_one=True),
+    "text_think": lambda tok: Seq((FreeText(max_tokens=6, end=Text("</think>")), Regex(r"\n?[0-9]{1,3}"))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORACLE_SPECS))
+def test_walks_are_in_the_language_of_an_independent_regex(qwen_tokenizer, name):
+    import re
+
+    spec = ORACLE_SPECS[name](qwen_tokenizer)
+    g = compile_segments(spec, qwen_tokenizer, logits_width=W)
+    pattern = re.compile(oracle(spec, qwen_tokenizer))
+    rng = np.random.default_rng(11)
+    for steps in (0, 2, 5, 9, 14, 30):
+        for _ in range(3):
+            tokens = walk(g, rng, steps)
+            text = as_text(qwen_tokenizer, tokens[:-1])
+            assert pattern.fullmatch(text), (name, tokens, text)
+    # And the converse on texts in the language, tokenized with the tags on their own.
+    samples = {
+        "reasoning": [[THINK, *enc(qwen_tokenizer, "hmm"), END_THINK, *enc(qwen_tokenizer, "\nyes 12")],
+                      enc(qwen_tokenizer, "no")],
+        "calls": [[*enc(qwen_tokenizer, "ok"), CALL, *enc(qwen_tokenizer, "\nab"), END_CALL]],
+        "text_calls": [[*enc(qwen_tokenizer, "a <c>"), *enc(qwen_tokenizer, "12"), *enc(qwen_tokenizer, "</c>")]],
+        "text_think": [[*enc(qwen_tokenizer, "so </"), *enc(qwen_tokenizer, "think"), *enc(qwen_tokenizer, ">"),
+                        *enc(qwen_tokenizer, "\n42")]],
+    }[name]
+    for tokens in samples:
+        assert g.matches(tokens) and pattern.fullmatch(as_text(qwen_tokenizer, tokens))
