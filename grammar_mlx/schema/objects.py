@@ -38,6 +38,7 @@ from .ir import (
     Union,
 )
 from .loc import Loc, count_bounds, in_scope
+from .logic import Built
 from .strings import pattern_language
 
 if TYPE_CHECKING:
@@ -88,8 +89,11 @@ def build_object(nz: Normalizer, atoms: list[Loc]) -> Node:
             continue
         properties.append(Property(name, value, name in required))
 
-    # Absent additionalProperties next to properties/patternProperties: only those keys (see schema.translate).
-    closed = not nz.open_objects and bool(names or any(info["patterns"] for info in infos))
+    # Absent additionalProperties next to properties/patternProperties: only those keys (see schema.translate);
+    # the front end's own schemas (negations, dependency alternatives) close nothing.
+    closed = not nz.open_objects and any(
+        (info["props"] or info["required"] or info["patterns"]) and not isinstance(info["atom"].schema, Built)
+        for info in infos)
     extras = _extras(nz, infos, names, key_filter, closed)
     return _counted(nz, atoms, infos, properties, extras)
 
