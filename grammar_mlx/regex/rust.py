@@ -347,7 +347,7 @@ def canonical(pattern: str) -> str:
     (`(?x)`, `(?-u)`) is returned as it is (regex-automata checks it)."""
     try:
         _, edits, _ = _parse(pattern)
-    except Unsupported:
+    except (Unsupported, RecursionError):  # nesting past Python's stack: regex-automata judges it
         return pattern
     if not edits:
         return pattern
