@@ -248,3 +248,34 @@ def test_what_the_extensions_refuse_is_named_with_its_position(regex, position, 
     assert info.value.position == position and words in str(info.value), str(info.value)
     with pytest.raises(InvalidRegexError):
         canonical(regex)
+
+
+_ATOMS = ["a", "b", "[ab]", "[^a]", "é", r"\d", r"\x41", r"\e", r"\cB"]
+
+
+@st.composite
+def _anchored_regex(draw) -> str:
+    def part() -> str:
+        items = draw(st.lists(st.sampled_from(_ATOMS), min_size=1, max_size=3))
+        quantifier = draw(st.sampled_from(["", "*", "+", "?", "{1,2}"]))
+        return "(?:" + "".join(items) + ")" + quantifier
+
+    branches = [part() for _ in range(draw(st.integers(1, 3)))]
+    form = draw(st.sampled_from(["^{0}$", "^(?:{0})$", "(?:^{1})$", r"\A{0}\z", "^{0}", "{0}$"]))
+    return form.format("|".join(branches), "|^".join(branches))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(_anchored_regex(), st.lists(st.text(alphabet="abé1A\x1b\x02", max_size=5), min_size=10, max_size=20))
+def test_anchored_regexes_match_as_python_re_fullmatch(regex, texts):
+    """Anchors at the ends under full match mean nothing: the byte NFA of the dialect accepts what
+    Python's `re.fullmatch` accepts (its `\\d` read as regex-automata's Unicode digits: the texts
+    hold ASCII digits only; no newline, which Python's `$` treats apart)."""
+    import re
+
+    from grammar_mlx.automata.byte_nfa import build_nfa, determinize
+
+    python = re.compile(regex.replace(r"\e", r"\x1b").replace(r"\cB", r"\x02").replace(r"\z", r"\Z"))
+    dfa = determinize(build_nfa(regex), 10_000)
+    for text in texts:
+        assert _accepts(dfa, text) == (python.fullmatch(text) is not None), (regex, text)
