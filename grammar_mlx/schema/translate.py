@@ -36,7 +36,8 @@ keyword by keyword), `anyOf`/`oneOf` (distributed; `oneOf` exact when its branch
 disjoint), `not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
 unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts),
 `enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds and
-small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics; a class
+small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics, lookarounds
+right after a leading `^` included; a class
 is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]`), `format` (see
 `schema.formats`), `pattern` x `format` x lengths intersected by automata, `prefixItems`/`items`,
 `minItems`/`maxItems`, `properties`/`required`/`additionalProperties`/`patternProperties`/
