@@ -511,8 +511,8 @@ def _parse(pattern: str) -> tuple[Node, Edits, str | None]:
 def _full_match_anchors(node: Node, anchors: list[tuple[int, str]]) -> Node:
     """`node` with its anchors dropped, each checked to stand where every match is at the start
     (`^`, `\\A`) or the end (`$`, `\\z`): every match of this dialect is a full match, so there
-    they say nothing. One nothing but empty matches can precede (follow) counts: `^a|^b`, `(^a)b`,
-    `()^a`. Anywhere else — `a^b`, `a$|b` inside a longer text, a repeated anchor, multi-line
+    they say nothing. An anchor stands there when only empty matches can precede (`^`) or follow
+    (`$`) it: `^a|^b`, `(^a)b`, `()^a`. Anywhere else — `a^b`, `a$|b` inside a longer text, a repeated anchor, multi-line
     `^`/`$` after a newline — is an `InvalidRegexError` at the anchor's position."""
     where = iter(anchors)
     known: dict[int, bool] = {}
