@@ -5,9 +5,10 @@ Semantics are regex-automata's in its default (Unicode) mode, full match: every 
 set of Unicode scalar values (`Chars`; surrogates never match; `.` is any scalar but `\\n`),
 literal runs `Literal`, counted repetitions `Repeat`. NUL never matches and is in no set: it is the
 compile sentinel of the outlines-core path (tokens holding it are never allowed), so both engines
-give the same rows. Classes that need Unicode tables (`\\d`, `\\w`, `\\s`, `\\p{..}`, alone or
-inside brackets) take their code points from regex-automata itself (`unicode_class`), so the tables
-are regex-automata's, not Python's.
+give the same rows. Bracket classes are regex-syntax's in full: nested classes, POSIX classes
+(`[[:alpha:]]`, ASCII), the set operators `&&`, `--`, `~~`. Classes that need Unicode tables
+(`\\d`, `\\w`, `\\s`, `\\p{..}`, alone or inside brackets) take their code points from
+regex-automata itself (`unicode_class`), so the tables are regex-automata's, not Python's.
 
 Extensions (no regex regex-syntax accepts changes its meaning; `canonical` writes a regex in
 regex-automata's own syntax, for the paths that hand it to outlines-core): every match is a full
@@ -20,9 +21,9 @@ it, '[' a literal character, when that reading is valid.
 
 Syntax is Rust regex-syntax's, checked here in full: a syntax error is an `InvalidRegexError`
 naming the problem and its position (a character offset), even in a regex that also uses what the
-byte NFA leaves to outlines-core — flags, word boundaries, nested or set-operation classes,
-NUL in a literal — which raise `Unsupported` once the whole regex was checked. Only the `x` and
-`-u` flags change the syntax itself; after one of them the rest is left to outlines-core unchecked.
+byte NFA leaves to outlines-core — flags, word boundaries, NUL in a literal — which raise
+`Unsupported` once the whole regex was checked. Only the `x` and `-u` flags change the syntax
+itself; after one of them the rest is left to outlines-core unchecked.
 What outlines-core's regex parser refuses is an `InvalidRegexError` here too: `{,n}`, octal
 escapes, back-references, `{n,m}` with n > m, an unbalanced parenthesis, ... Parsing checks the
 compile deadline in force (`limits`) and raises `CompileTimeoutError` once it passes.
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING
 from .. import limits
 from ..errors import EmptyLanguageError, GrammarTooLargeError, InvalidRegexError
 from ..limits import check_deadline
-from .charset import MAX_CODE_POINT, NOTHING, CharSet, escape_char
+from .charset import ANY, MAX_CODE_POINT, NOTHING, CharSet, escape_char
 from .syntax import EMPTY, Alt, Anchor, Chars, Literal, Node, Repeat, Seq, length_range
 
 if TYPE_CHECKING:
@@ -181,42 +182,103 @@ def _class_item(pattern: str, j: int, edits: Edits | None = None) -> tuple[int |
     return ord(c), j + 1
 
 
-def _skip_class(pattern: str, i: int, edits: Edits | None = None) -> int:
-    """The index after the bracket class opening at pattern[i] == '[', nested classes and set
-    operations included (their members' escapes are checked; the set itself is outlines-core's)."""
-    n, j, depth = len(pattern), i, 0
+# POSIX classes inside brackets (`[[:alpha:]]`, `[[:^digit:]]`): ASCII only, in every mode.
+_ASCII_CLASS = re.compile(r"\[:(\^?)(alnum|alpha|ascii|blank|cntrl|digit|graph|lower|print|punct|space|upper|word|"
+                          r"xdigit):\]")
+_ASCII_CLASSES = {
+    "alnum": CharSet.of((0x30, 0x39), (0x41, 0x5A), (0x61, 0x7A)), "alpha": CharSet.of((0x41, 0x5A), (0x61, 0x7A)),
+    "ascii": CharSet.of((0, 0x7F)), "blank": CharSet.of(9, 32), "cntrl": CharSet.of((0, 0x1F), 0x7F),
+    "digit": CharSet.of((0x30, 0x39)), "graph": CharSet.of((0x21, 0x7E)), "lower": CharSet.of((0x61, 0x7A)),
+    "print": CharSet.of((0x20, 0x7E)), "punct": CharSet.of((0x21, 0x2F), (0x3A, 0x40), (0x5B, 0x60), (0x7B, 0x7E)),
+    "space": CharSet.of((9, 13), 32), "upper": CharSet.of((0x41, 0x5A)),
+    "word": CharSet.of((0x30, 0x39), (0x41, 0x5A), 0x5F, (0x61, 0x7A)), "xdigit": CharSet.of((0x30, 0x39), (0x41, 0x46),
+                                                                                           (0x61, 0x66)),
+}
+
+
+def _class_open(pattern: str, j: int, ranges: list[tuple[int, int]]) -> int:
+    """The literals a class opens with, at pattern[j] (after '[' or '[^'), added to `ranges`; the
+    index after them. regex-syntax: any number of '-', else one ']' (no class is empty), and none
+    of them starts a range (`[]-a]` is `]`, `-`, `a`)."""
+    start = j
+    while j < len(pattern) and pattern[j] == "-":
+        ranges.append((0x2D, 0x2D))
+        j += 1
+    if j == start and j < len(pattern) and pattern[j] == "]":
+        ranges.append((0x5D, 0x5D))
+        j += 1
+    return j
+
+
+def _set_class(pattern: str, i: int, edits: Edits | None = None) -> tuple[CharSet, int]:
+    """The bracket class at pattern[i] == '[' with nested classes, POSIX classes and the set
+    operators `&&`, `--`, `~~` (regex-syntax: all three of one precedence, left to right, below
+    union; `^` negates the whole): (its code points, NUL included where they hold it; next index)."""
+    n = len(pattern)
+    j = i + 1
+    negated = j < n and pattern[j] == "^"
+    if negated:
+        j += 1
+    current: list[tuple[int, int]] = []
+    j = _class_open(pattern, j, current)
+    result: CharSet | None = None
+    operator = ""
     while True:
         if j >= n:
             raise _error("unclosed character class: '[' has no ']'", i)
         c = pattern[j]
-        if c == "[":
-            depth += 1
-            j += 1
-            if j < n and pattern[j] == "^":
-                j += 1
-            if j < n and pattern[j] == "]":  # a ']' first is a literal
-                j += 1
-            continue
         if c == "]":
-            depth -= 1
             j += 1
-            if depth == 0:
-                return j
+            break
+        if c == "[":
+            m = _ASCII_CLASS.match(pattern, j)
+            if m is not None:
+                chars = _ASCII_CLASSES[m.group(2)]
+                current.extend((ANY - chars if m.group(1) else chars).ranges)
+                j = m.end()
+            else:
+                chars, j = _set_class(pattern, j, edits)
+                current.extend(chars.ranges)
             continue
         if c in "&-~" and pattern.startswith(c, j + 1):  # a set operator: &&, --, ~~
+            result = _set_operation(operator, result, CharSet.normalize(current))
+            operator, current = c, []
             j += 2
             continue
         at = j
         lo, j = _class_item(pattern, j, edits)
         if j + 1 < n and pattern[j] == "-" and pattern[j + 1] not in "]-":  # a range's end: '[' is a literal there
             hi, j = _class_item(pattern, j + 1, edits)
-            if isinstance(lo, int) and isinstance(hi, int) and hi < lo:
+            if isinstance(lo, str) or isinstance(hi, str):
+                raise _error(f"invalid class range: {lo if isinstance(lo, str) else hi} is a class, not a character",
+                             at)
+            if hi < lo:
                 raise _error(f"invalid class range {chr(lo)!r}-{chr(hi)!r}: the start is above the end", at)
+            current.append((lo, hi))
+        elif isinstance(lo, str):
+            try:
+                current.extend(unicode_class(lo).ranges)
+            except _TableError as exc:
+                raise _error(f"invalid class {lo[:60]}: {exc}", at) from None
+        else:
+            current.append((lo, lo))
+    chars = _set_operation(operator, result, CharSet.normalize(current))
+    return (ANY - chars if negated else chars), j
+
+
+def _set_operation(operator: str, left: CharSet | None, right: CharSet) -> CharSet:
+    if left is None:
+        return right
+    if operator == "&":
+        return left & right
+    if operator == "-":
+        return left - right
+    return (left | right) - (left & right)  # "~": symmetric difference
 
 
 def _class(pattern: str, i: int, edits: Edits | None = None, flat: bool = False) -> tuple[Node, int, str | None]:
     """The bracket class at pattern[i] == '[': (its `Chars`, next index, why the engine cannot
-    reproduce it or None). Nested classes and set operations are skipped (`_skip_class`).
+    reproduce it or None). Nested classes and set operations are `_set_class`'s.
     `flat`: read '[' and the set operators `&&`, `--`, `~~` as literal characters (JavaScript's
     reading, for a class that regex-syntax rejects: see `_bracket`); the class is then appended to
     `edits` as regex-automata reads the same set."""
@@ -229,22 +291,25 @@ def _class(pattern: str, i: int, edits: Edits | None = None, flat: bool = False)
         j += 1
     ranges: list[tuple[int, int]] = []
     perl: list[str] = []
-    first = True
+    j = _class_open(pattern, j, ranges)
+    if parts is not None:
+        parts.extend(escape_char(lo, True) for lo, _ in ranges)
     while True:
         if j >= n:
             raise _error("unclosed character class: '[' has no ']'", i)
         c = pattern[j]
-        if c == "]" and not first:
+        if c == "]":
             j += 1
             break
         if not flat and (c == "[" or (c in "&-~" and j + 1 < n and pattern[j + 1] == c)):
-            return EMPTY, _skip_class(pattern, i, edits), "nested class or class set operation"
-        first = False
+            nested, end = _set_class(pattern, i, edits)
+            return _chars(nested.ranges), end, None
         at = j
         lo, j = _class_item(pattern, j, item_edits)
         if j + 1 < n and pattern[j] == "-" and pattern[j + 1] != "]":
             if pattern[j + 1] == "-" and not flat:  # a--b: set difference (a range may end at '[', a literal there)
-                return EMPTY, _skip_class(pattern, i, edits), "nested class or class set operation"
+                nested, end = _set_class(pattern, i, edits)
+                return _chars(nested.ranges), end, None
             if isinstance(lo, str):
                 raise _error(f"invalid class range: {lo} is a class, not a character", at)
             hi, j = _class_item(pattern, j + 1, item_edits)
@@ -512,8 +577,9 @@ def _full_match_anchors(node: Node, anchors: list[tuple[int, str]]) -> Node:
     """`node` with its anchors dropped, each checked to stand where every match is at the start
     (`^`, `\\A`) or the end (`$`, `\\z`): every match of this dialect is a full match, so there
     they say nothing. An anchor stands there when only empty matches can precede (`^`) or follow
-    (`$`) it: `^a|^b`, `(^a)b`, `()^a`. Anywhere else — `a^b`, `a$|b` inside a longer text, a repeated anchor, multi-line
-    `^`/`$` after a newline — is an `InvalidRegexError` at the anchor's position."""
+    (`$`) it: `^a|^b`, `(^a)b`, `()^a`. Anywhere else — `a^b`, `a$|b` inside a longer text, a
+    repeated anchor, multi-line `^`/`$` after a newline — is an `InvalidRegexError` at the
+    anchor's position."""
     where = iter(anchors)
     known: dict[int, bool] = {}
 

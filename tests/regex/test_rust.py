@@ -45,8 +45,8 @@ def test_classes_never_hold_nul():
 
 
 @pytest.mark.parametrize("regex", [
-    r"(?i)a", r"^(?i)a$", r"\bfoo", r"[[a]]", r"[a&&b]", r"[a--b]", r"\p{Greek}(?m)x", r"\A(?i)x\z", r"(?i:a)b",
-    r"\x00", r"a\x00b", r"[[:alpha:]]", r"\b{start}a", r"(?x) a", r"(?-u:a)",
+    r"(?i)a", r"^(?i)a$", r"\bfoo", r"\p{Greek}(?m)x", r"\A(?i)x\z", r"(?i:a)b",
+    r"\x00", r"a\x00b", r"\b{start}a", r"(?x) a", r"(?-u:a)", r"[[a]](?i)",
 ])
 def test_constructs_left_to_outlines_core(regex):
     """Valid regexes (regex-automata builds each, or reports an empty language) that the byte NFA
@@ -226,8 +226,7 @@ def test_anchors_keep_the_full_match_and_js_escapes_their_code_points():
     assert parse(r"\e") == parse(r"\x1B") and parse(r"\cJ") == parse(r"\n") and parse(r"[\cz]") == parse(r"[\x1A]")
     assert canonical(r"(?i)^a$") == "(?i)a"  # a regex outlines-core compiles keeps its flags, loses its anchors
     assert canonical("abc") == "abc" and canonical(r"[a[b]]") == r"[a[b]]"  # plain Rust text is left as it is
-    with pytest.raises(Unsupported):
-        parse(r"[a[b]]")  # valid Rust: a nested class, regex-syntax's meaning (outlines-core's)
+    assert parse(r"[a[b]]") == parse("[ab]")  # valid Rust: a nested class, regex-syntax's meaning
 
 
 ANCHOR_ERRORS = [
@@ -235,7 +234,7 @@ ANCHOR_ERRORS = [
     ("(a$)b", 2, "away from the end"), ("a|b^", 3, "away from the start"), ("x?^a", 2, "away from the start"),
     ("^*a", 0, "inside a repetition"), ("(^a)+", 1, "inside a repetition"), (r"a\Ab", 1, r"'\\A' away"),
     ("(?m)a\n^b", 6, "multi-line anchors are not supported"), (r"\c1", 0, "control escape takes an ASCII letter"),
-    (r"\01", 0, "octal"), (r"[a[z-a]", 3, "the start is above the end"), ("[a[", 0, "unclosed character class"),
+    (r"\01", 0, "octal"), (r"[a[z-a]", 3, "the start is above the end"), ("[a[", 2, "unclosed character class"),
 ]
 
 
@@ -279,3 +278,46 @@ def test_anchored_regexes_match_as_python_re_fullmatch(regex, texts):
     dfa = determinize(build_nfa(regex), 10_000)
     for text in texts:
         assert _accepts(dfa, text) == (python.fullmatch(text) is not None), (regex, text)
+
+
+def test_nested_classes_posix_classes_and_set_operations():
+    assert parse("[a[b-c]]") == parse("[a-c]")
+    assert parse("[a-z&&[^aeiou]]") == Chars(CharSet.normalize([(98, 100), (102, 104), (106, 110), (112, 116),
+                                                                  (118, 122)]))
+    assert parse("[a-c--b]") == parse("[ac]") and parse("[a-c~~b-d]") == parse("[ad]")
+    assert parse("[[:alpha:][:digit:]]") == parse("[A-Za-z0-9]") and parse("[[:^alpha:]&&[:ascii:]]") == parse(
+        r"[\x01-@\[-`{-\x7f]")
+    assert parse("[--]") == parse("[-]") and parse("[]-a]") == parse(r"[\]\-a]")  # leading literals start no range
+    assert parse("[^[^a]]") == parse("[a]")
+
+
+_CLASS_PIECES = ["a", "b", "c", "z", "-", "^", "]", "[", "&&", "--", "~~", "a-c", "b-z", r"\d", r"\w", "[:alpha:]",
+                 "[:^digit:]", "[a]", "[^b]", "[a-c]", "_", "1", "é", r"\]", r"\[", r"\-"]
+_CLASS_PROBES = "abcyz-^][&~_19éA \t٣"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.booleans(), st.lists(st.sampled_from(_CLASS_PIECES), min_size=1, max_size=5))
+def test_bracket_classes_hold_what_regex_automata_holds(negated, pieces):
+    """Random bracket classes (nested, POSIX, set operators, leading '-' and ']'): the code points of
+    ours are regex-automata's, judged on probe characters by its DFA of the class (of `canonical`'s
+    text where only JavaScript's reading is valid)."""
+    from grammar_mlx.automata.byte_dfa import ByteDFA
+    from grammar_mlx.errors import EmptyLanguageError
+
+    text = "[" + "^" * negated + "".join(pieces) + "]"
+    try:
+        node = parse(text)
+    except InvalidRegexError as exc:
+        assert "anchor" in str(exc) or regex_automata_verdict(text) == "invalid", text
+        return
+    except Unsupported:
+        return
+    if not isinstance(node, Chars):
+        return  # the class closed early: the rest is more regex
+    try:
+        theirs = ByteDFA.from_outlines(canonical(text), 10_000)
+    except EmptyLanguageError:
+        theirs = None
+    for ch in _CLASS_PROBES:
+        assert (ord(ch) in node.chars) == (theirs is not None and _accepts(theirs, ch)), (text, ch)
