@@ -2,9 +2,10 @@
 
 Annex B leniency is kept where JSON Schema users rely on it (`{` that is not a quantifier is a
 literal, identity escapes like `\\/`). `\\p{...}` is read for General_Category values (u-mode);
-lookaround, back-references, word boundaries and inline flags cannot be expressed by a finite
-automaton here and raise `PatternError(unsupported=True)`; malformed patterns raise it with
-`unsupported=False` and the offset.
+lookarounds (but those right after a top-level `^`, which `parse_ecma_leading_lookarounds` reads
+apart for `schema.strings`), back-references, word boundaries and inline flags cannot be expressed
+by a finite automaton here and raise `PatternError(unsupported=True)`; malformed patterns raise it
+with `unsupported=False` and the offset.
 """
 
 from __future__ import annotations
@@ -60,10 +61,15 @@ def unicode_property(name: str) -> CharSet:
 
 
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, leading_lookarounds: bool = False):
         self.src = pattern
         self.pos = 0
         self.groups = 0
+        self.depth = 0  # open groups
+        # Lookarounds right after a top-level `^` (`^(?!@@)...`): read, not refused, when asked.
+        self.leading_lookarounds = leading_lookarounds
+        self.looks: list[tuple[bool, Node]] = []  # (negated, body) of each one read
+        self.at_start = False  # the atom being read follows only `^` and leading lookarounds
 
     def error(self, message: str, unsupported: bool = False) -> PatternError:
         return PatternError(f"{message} at offset {self.pos} of pattern {self.src!r}", position=self.pos,
@@ -77,6 +83,9 @@ class _Parser:
         node = self.alternation()
         if self.pos < len(self.src):
             raise self.error("unbalanced ')'")
+        if self.looks and isinstance(node, Alt):
+            self.pos = 0
+            raise self.error("lookaround assertion in one branch of a top-level alternation", unsupported=True)
         return node
 
     def alternation(self) -> Node:
@@ -89,9 +98,12 @@ class _Parser:
     def sequence(self) -> Node:
         items: list[Node] = []
         while (c := self.peek()) is not None and c not in "|)":
+            self.at_start = self.depth == 0 and bool(items) and all(
+                isinstance(i, Anchor) and not i.end or i is _LOOK for i in items)
             atom = self.atom()
             atom = self.quantified(atom)
             items.append(atom)
+        items = [i for i in items if i is not _LOOK]
         return items[0] if len(items) == 1 else Seq(tuple(items))
 
     def quantified(self, atom: Node) -> Node:
@@ -107,7 +119,7 @@ class _Parser:
                 lo, hi = bounds
             else:
                 return atom
-            if isinstance(atom, Anchor):
+            if isinstance(atom, Anchor) or atom is _LOOK:
                 raise self.error("quantified anchor", unsupported=True)
             if hi is not None and hi < lo:
                 raise self.error("quantifier range out of order")
@@ -187,6 +199,17 @@ class _Parser:
             nxt = self.src[self.pos + 1 : self.pos + 3]
             if nxt.startswith(":"):
                 self.pos += 2
+            elif nxt.startswith(("=", "!")) and self.leading_lookarounds and self.at_start:
+                negated = nxt.startswith("!")
+                self.pos += 2
+                self.depth += 1
+                body = self.alternation()
+                self.depth -= 1
+                if self.peek() != ")":
+                    raise self.error("missing ')'")
+                self.pos += 1
+                self.looks.append((negated, body))
+                return _LOOK
             elif nxt.startswith(("=", "!")) or nxt in ("<=", "<!"):
                 raise self.error("lookaround assertion", unsupported=True)
             elif nxt.startswith("<") or nxt.startswith("P<"):
@@ -199,7 +222,9 @@ class _Parser:
                 raise self.error("inline flags or unknown group syntax", unsupported=True)
         else:
             self.groups += 1
+        self.depth += 1
         node = self.alternation()
+        self.depth -= 1
         if self.peek() != ")":
             raise self.error("missing ')'")
         self.pos += 1
@@ -323,6 +348,7 @@ class _Parser:
         return int(digits, 16)
 
 
+_LOOK = Seq(())  # where a leading lookaround stood (its own object: `is` tells it from other empty nodes)
 _DIGITS = frozenset("0123456789")  # ECMA-262 DecimalDigits (str.isdigit also takes other scripts' digits)
 _MAX_COUNT_DIGITS = 30  # a count this long is far past any repetition limit: kept comparable, not exact
 
@@ -343,3 +369,13 @@ def _as_set(item: int | CharSet) -> CharSet:
 def parse_ecma(pattern: str) -> Node:
     """Parse an ECMA-262 regex into the AST (anchors kept as `Anchor` nodes)."""
     return _Parser(pattern).parse()
+
+
+def parse_ecma_leading_lookarounds(pattern: str) -> tuple[Node, list[tuple[bool, Node]]]:
+    """`parse_ecma`, reading the lookarounds that directly follow a top-level `^` (`^(?!@@)[a-z]+`,
+    `^(?=.{1,9}$)(?!.*--).*`): (the AST without them, (negated, body) of each). The pattern then
+    matches where the AST does and each body does (or, negated, does not) match from the start
+    (`schema.strings`). Other lookarounds stay `PatternError(unsupported=True)`."""
+    parser = _Parser(pattern, leading_lookarounds=True)
+    node = parser.parse()
+    return node, parser.looks

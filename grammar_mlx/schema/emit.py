@@ -278,17 +278,19 @@ class Emitter:
         extra = extra_alternation or ""
 
         def after(i: int) -> str:
-            """Properties from i on, when something was written before (each led by a comma)."""
+            """Declared properties from i on, when something was written before (each led by a comma)."""
             parts: list[str] = []
             for text, required, _ in props[i:]:
                 parts.append(sep + text if required else "(?:" + sep + text + ")?")
-            if hi != 0:
-                parts.append(_counted(sep + extra, lo, hi, group=True))
             return _joined(parts)
 
-        # first(i): properties from i on when nothing was written yet; None when that may be empty.
+        # first(i): properties from i on when nothing was written yet. The extra properties come
+        # last, after whichever declared one came first: one tail for all those alternatives
+        # ((A|B)X is AX|BX), so the extra properties' text is written twice, not once per
+        # alternative (an open object's generic values would repeat per optional property).
         alternatives: list[str] = []
         empty_ok = True
+        extras_first: str | None = None  # the alternative where an extra property comes first
         for i, (text, required, first_ok) in enumerate(props):
             if first_ok:
                 alternatives.append(text + after(i + 1))
@@ -297,13 +299,16 @@ class Emitter:
                 break
         else:
             if hi != 0:
-                alternatives.append(extra + _counted(sep + extra, max(lo - 1, 0), None if hi is None else hi - 1,
-                                                    group=True))
+                extras_first = extra + _counted(sep + extra, max(lo - 1, 0), None if hi is None else hi - 1,
+                                                group=True)
             if lo > 0:
                 empty_ok = False
+        declared_first = _alternation(alternatives)
+        if declared_first is not None and hi != 0:
+            declared_first = _joined([declared_first, _counted(sep + extra, lo, hi, group=True)])
+        body = _alternation([declared_first, extras_first])
         if node.nonempty:
             empty_ok = False
-        body = _alternation(alternatives)
         if body is None:
             return r"\{" + w + r"\}" if empty_ok else None
         if empty_ok:

@@ -4,10 +4,10 @@ Each pattern accepts only strings valid for its format (RFC 3339 dates and times
 days and no leap seconds, RFC 3986 URIs, RFC 4291 IPv6, ...); where a format's full language is not
 regular or not worth its automaton, the pattern is a documented subset:
 
-- `email`: dot-atom local part and a hostname domain (no quoted local parts, no address literals);
+- `email`: a dot-atom or quoted local part, and a hostname domain or an IPv4 / IPv6 address
+  literal (`[127.0.0.1]`, `[IPv6:::1]`; no RFC 5321 general address literals `[tag:...]`);
 - `hostname`: at most 4 labels (total length <= 253 holds by construction), none an IDNA A-label
-  (`xn--...`: its Punycode and IDNA 2008 rules are not regular);
-- `uri`, `uri-reference`, `iri`, `iri-reference`: no IPvFuture host literals.
+  (`xn--...`: its Punycode and IDNA 2008 rules are not regular).
 
 Formats outside the JSON Schema vocabulary that users meet in the wild (OpenAPI's `int32`, `byte`, ...)
 are here too; a format not known at all is an annotation (JSON Schema: "unknown formats are ignored")
@@ -68,7 +68,11 @@ _LABEL = _label(63)
 # At most 4 labels, total length <= 253: a fourth label leaves 61 characters for the last one.
 HOSTNAME = f"(?:(?:{_LABEL}\\.){{0,2}}{_LABEL}|(?:{_LABEL}\\.){{3}}{_label(61)})"
 _ATEXT = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~\\-]"
-EMAIL = f"{_ATEXT}+(?:\\.{_ATEXT}+)*@(?:{_LABEL}\\.)*{_LABEL}"
+# RFC 5321: a dot-atom or a quoted string (qtextSMTP, quoted-pairSMTP) before the @; a domain or an
+# IPv4 / IPv6 address literal after it.
+_QUOTED_LOCAL = '"(?:[ !#-\\[\\]-~]|\\\\[ -~])*"'
+_ADDRESS_LITERAL = f"\\[(?:{IPV4}|IPv6:{IPV6})\\]"
+EMAIL = f"(?:{_ATEXT}+(?:\\.{_ATEXT}+)*|{_QUOTED_LOCAL})@(?:(?:{_LABEL}\\.)*{_LABEL}|{_ADDRESS_LITERAL})"
 UUID = "[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
 JSON_POINTER = "(?:/(?:[^/~]|~[01])*)*"
 RELATIVE_JSON_POINTER = f"(?:0|[1-9][0-9]*)(?:#|{JSON_POINTER})"
@@ -87,7 +91,8 @@ def _uri_grammar(iri: bool) -> tuple[str, str]:
     pchar_nc = f"(?:[{unreserved_sub}@]|{pct})"
     userinfo = f"(?:[{unreserved_sub}:]|{pct})*"
     reg_name = f"(?:[{unreserved_sub}]|{pct})*"
-    host = f"(?:\\[{IPV6}\\]|{IPV4}|{reg_name})"
+    ipv_future = "[vV][0-9A-Fa-f]+\\.[A-Za-z0-9\\-._~!$&'()*+,;=:]+"  # the same in RFC 3987 (no ucschar)
+    host = f"(?:\\[(?:{IPV6}|{ipv_future})\\]|{IPV4}|{reg_name})"
     authority = f"(?:{userinfo}@)?{host}(?::[0-9]*)?"
     abempty = f"(?:/{pchar}*)*"
     absolute = f"/(?:{pchar}+(?:/{pchar}*)*)?"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import unquote, urldefrag, urljoin
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
 from ..errors import InvalidSchemaError
 from ..limits import check_deadline
@@ -129,6 +129,7 @@ class Resources:
 
     def __init__(self, root: Loc) -> None:
         self._resources: dict[str, Loc] = {}
+        self._root = root
         self._index(root)
 
     def _index(self, loc: Loc) -> None:
@@ -173,14 +174,33 @@ class Resources:
         doc = self._resources.get(doc_uri)
         if doc is None:
             return None
-        cur = doc
-        for part in fragment.split("/")[1:] if fragment else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            node = cur.schema
-            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                cur = cur.child(int(part))
-            elif isinstance(node, dict) and part in node:
-                cur = cur.child(part)
-            else:
-                raise InvalidSchemaError(f"{keyword} {ref!r} at {loc.pointer or '/'} points nowhere")
-        return cur
+        found = _walk(doc, fragment)
+        if found is None and ref.startswith("#/") and doc is not self._root and _relative_id(doc.schema):
+            # A nested relative `id` ("/source", draft 4 style) names a resource of its own, and a
+            # fragment-only pointer resolves within it (the spec); where it points nowhere there,
+            # the author meant the document's root, as the other engines read it.
+            found = _walk(self._root, fragment)
+        if found is None:
+            raise InvalidSchemaError(f"{keyword} {ref!r} at {loc.pointer or '/'} points nowhere")
+        return found
+
+
+def _walk(doc: Loc, fragment: str) -> Loc | None:
+    """The subschema at JSON pointer `fragment` within `doc` ("" is `doc`), or None."""
+    cur = doc
+    for part in fragment.split("/")[1:] if fragment else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = cur.schema
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            cur = cur.child(int(part))
+        elif isinstance(node, dict) and part in node:
+            cur = cur.child(part)
+        else:
+            return None
+    return cur
+
+
+def _relative_id(node: Any) -> bool:
+    """Whether the schema's `$id`/`id` is a relative reference (no scheme: "/source", "item.json")."""
+    ident = node.get("$id", node.get("id")) if isinstance(node, dict) else None
+    return isinstance(ident, str) and not urlsplit(ident).scheme

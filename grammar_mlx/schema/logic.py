@@ -48,6 +48,12 @@ _FLIP_COUNTS = {
 }
 
 
+class Built(dict[str, Any]):
+    """A schema the front end writes (a negation, a dependency's "absent" alternative). Its
+    `properties` say what a keyword admits of the objects, never which keys they may hold: it does
+    not close an object (`schema.objects`: the closed default is for the schemas a user writes)."""
+
+
 def negation(schema: Any, resolve: Resolver, depth: int = 0) -> list[Any] | None:
     """Schemas whose union holds exactly the values `schema` rejects; None when not expressible.
 
@@ -101,7 +107,7 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
             return []
         if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
             raise InvalidSchemaError("required must be an array of strings")
-        return [{"type": "object", "properties": {name: False}} for name in value]
+        return [Built({"type": "object", "properties": {name: False}}) for name in value]
     if key == "properties":
         if not isinstance(value, dict):
             raise InvalidSchemaError("properties must be an object")
@@ -111,7 +117,7 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
             if neg is None:
                 return None
             if neg:
-                out.append({"type": "object", "required": [name], "properties": {name: {"anyOf": neg}}})
+                out.append(Built({"type": "object", "required": [name], "properties": {name: {"anyOf": neg}}}))
         return out
     if key in _FLIP_COUNTS:
         kind, other, step = _FLIP_COUNTS[key]
@@ -168,11 +174,11 @@ def alternatives(keyword: str, value: Any, schema: dict[str, Any], resolve: Reso
         raise InvalidSchemaError(f"{keyword} must be an object")
     out: list[Alternative] = [[]]
     for name, need in value.items():
-        absent = ({"properties": {name: False}}, False)  # non-objects: the dependency does not apply
+        absent = (Built({"properties": {name: False}}), False)  # non-objects: the dependency does not apply
         if isinstance(need, list):
-            present = ({"required": [name, *need]}, True)
+            present = (Built({"required": [name, *need]}), True)
         elif isinstance(need, (dict, bool)):
-            present = ({"required": [name], "allOf": [need]}, True)
+            present = (Built({"required": [name], "allOf": [need]}), True)
         else:
             return None
         out = [alt + [choice] for alt in out for choice in (absent, present)]

@@ -20,7 +20,8 @@ from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
 from ..regex.charset import JSON_SPECIAL, CharSet
 from ..regex.syntax import NEVER as NO_STRING
-from ..regex.syntax import Chars, alt, literal, repeat, restrict_length, seq
+from ..regex.syntax import Alt, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
+from ..regex.syntax import Literal as RegexLiteral
 from ..regex.syntax import Node as Regex
 from .ir import (
     NEVER,
@@ -37,6 +38,7 @@ from .ir import (
     Union,
 )
 from .loc import Loc, count_bounds, in_scope
+from .logic import Built
 from .strings import pattern_language
 
 if TYPE_CHECKING:
@@ -87,8 +89,11 @@ def build_object(nz: Normalizer, atoms: list[Loc]) -> Node:
             continue
         properties.append(Property(name, value, name in required))
 
-    # Absent additionalProperties next to properties/patternProperties: only those keys (see schema.translate).
-    closed = not nz.open_objects and bool(names or any(info["patterns"] for info in infos))
+    # Absent additionalProperties next to properties/patternProperties: only those keys (see schema.translate);
+    # the front end's own schemas (negations, dependency alternatives) close nothing.
+    closed = not nz.open_objects and any(
+        (info["props"] or info["required"] or info["patterns"]) and not isinstance(info["atom"].schema, Built)
+        for info in infos)
     extras = _extras(nz, infos, names, key_filter, closed)
     return _counted(nz, atoms, infos, properties, extras)
 
@@ -214,13 +219,16 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
                 raise fa.AutomatonTooLarge(f"more than {MAX_KEY_REGIONS} key regions")
     except fa.AutomatonTooLarge:
         return _narrow_extras(nz, infos, names, patterns, closed)
+    asts = {(i, j): ast for i, j, ast in patterns}
     extras: list[Extra] = []
     for region, matched in regions:
         value = _region_value(nz, infos, matched, closed)
         if isinstance(_resolved(nz, value), Never):
             continue
         try:
-            region_ast = fa.to_ast(region)
+            region_ast = _pattern_region(region, [asts[m] for m in matched]) if key_filter is None else None
+            if region_ast is None:
+                region_ast = fa.to_ast(region)
             declared_inside = [n for n in names if region.accepts(n)]
             if declared_inside:
                 region_ast = minus_names(region_ast, declared_inside)
@@ -228,6 +236,38 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
             continue  # narrowing: keys of this region are not generated
         extras.append(Extra(String(region_ast), value))
     return tuple(extras)
+
+
+def _pattern_region(region: fa.DFA, matched: list[Regex]) -> Regex | None:
+    """The region's key language as the one pattern it matches, when it is exactly that pattern's
+    language over the characters keys hold (a lone patternProperties entry, or one the others do
+    not overlap), else None. Writing a region back from its automaton (`fa.to_ast`) nests a
+    counted repetition like `[a-z]{1,255}` 255 deep, past `CHAR_AST_DEPTH`: the pattern's own AST
+    keeps it one node."""
+    if len(matched) != 1:
+        return None
+    candidate = narrowed(matched[0], EXTRA_KEY_CHARS)
+    dfa = fa.to_dfa(candidate)
+    if fa.product(region, dfa, "minus").is_empty() and fa.product(dfa, region, "minus").is_empty():
+        return candidate
+    return None
+
+
+def narrowed(ast: Regex, chars: CharSet) -> Regex:
+    """The strings of `ast`'s language made of `chars` only: each class intersected with `chars`
+    (exact: the strings over one character set are a star of that set)."""
+    if isinstance(ast, Chars):
+        inside = ast.chars & chars
+        return Chars(inside) if inside else NO_STRING
+    if isinstance(ast, RegexLiteral):
+        return ast if all(ord(c) in chars for c in ast.text) else NO_STRING
+    if isinstance(ast, Seq):
+        return seq(*(narrowed(item, chars) for item in ast.items))
+    if isinstance(ast, Alt):
+        return alt(*(narrowed(item, chars) for item in ast.items))
+    if isinstance(ast, Repeat):
+        return repeat(narrowed(ast.item, chars), ast.lo, ast.hi)
+    raise AssertionError(f"not an anchor-free AST node: {ast!r}")
 
 
 def _narrow_extras(nz: Normalizer, infos: list[_Info], names: list[str], patterns: list[tuple[int, int, Regex]],

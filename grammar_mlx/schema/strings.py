@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 from .. import limits
 from ..automata import chars as fa
 from ..errors import InvalidSchemaError
-from ..regex.ecma import parse_ecma
+from ..regex.ecma import parse_ecma, parse_ecma_leading_lookarounds
 from ..regex.syntax import (
     Alt,
+    Anchor,
     PatternError,
     Repeat,
     Seq,
@@ -122,7 +123,26 @@ def pattern_language(nz: Normalizer, pattern: Any, atom: Loc, keyword: str = "pa
 @lru_cache(maxsize=256)
 def _search_language(pattern: str) -> Regex:
     """Parsed once per pattern: wide schemas repeat the same few patterns on many properties."""
-    return search_language(parse_ecma(pattern))
+    try:
+        return search_language(parse_ecma(pattern))
+    except PatternError as e:
+        if not (e.unsupported and e.args[0].startswith("lookaround")):
+            raise
+        first_error = e
+    # Lookarounds right after a top-level `^`: the strings the rest matches in which each body
+    # matches (or, negated, does not match) from the start — automata intersections and differences.
+    try:
+        core, looks = parse_ecma_leading_lookarounds(pattern)
+    except PatternError as e:
+        raise (first_error if e.unsupported else e) from None
+    language = search_language(core)
+    try:
+        for negated, body in looks:
+            prefix = search_language(Seq((Anchor(end=False), body)))
+            language = fa.minus(language, prefix) if negated else fa.intersect([language, prefix])
+    except fa.AutomatonTooLarge as e:
+        raise PatternError(f"lookaround assertion after '^' too large to enforce ({e})", unsupported=True) from None
+    return language
 
 
 def _relax_counts(node: Regex) -> Regex:

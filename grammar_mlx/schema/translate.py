@@ -36,7 +36,8 @@ keyword by keyword), `anyOf`/`oneOf` (distributed; `oneOf` exact when its branch
 disjoint), `not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
 unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts),
 `enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds and
-small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics; a class
+small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics, lookarounds
+right after a leading `^` included; a class
 is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]`), `format` (see
 `schema.formats`), `pattern` x `format` x lengths intersected by automata, `prefixItems`/`items`,
 `minItems`/`maxItems`, `properties`/`required`/`additionalProperties`/`patternProperties`/
@@ -45,8 +46,10 @@ is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]
 `unevaluatedItems` (seeing their own in-place subschemas only).
 
 Narrowings (valid documents the regex leaves out; outputs stay valid):
-- absent `additionalProperties` next to `properties`/`patternProperties` admits no other keys (an
-  explicit `true` or schema does; a bare `{"type": "object"}` admits any);
+- absent `additionalProperties` next to `properties`/`patternProperties` (or `required`) admits no
+  other keys (an explicit `true` or schema does; a bare `{"type": "object"}` admits any); with
+  `open_objects=True` it admits any other key, JSON Schema's own reading (the schemas the front end
+  writes for `not` and dependencies never close an object);
 - recursive `$ref`s unroll `max_recursion_depth` times (default 3; 0 to limits.MAX_REGEX_NESTING = 80, else
   `InvalidArgumentError`), lowered as far as needed to fit limits.SCHEMA_REGEX_LENGTH; generic values (`{}`,
   `true`) nest at most min(that, limits.MAX_ANY_DEPTH = 2) containers;
@@ -55,7 +58,7 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
   every allowed first property repeats the rest of the object); if the regex is still too large,
   with the first one;
 - extra property names hold no character JSON must escape; `hostname` has at most 4 labels and no
-  IDNA A-labels; `time`/`date-time` have no leap second; `email` has no quoted local part;
+  IDNA A-labels; `time`/`date-time` have no leap second; `email` has no general address literal;
   surrogate-pair escapes are not generated.
 
 Reported in `unenforced`: `uniqueItems`, `contains`, `multipleOf` over wide ranges, non-disjoint
@@ -291,9 +294,13 @@ def schema_to_regex(
     whitespace: str | None = None,
     strict: bool = False,
     max_recursion_depth: int = 3,
+    open_objects: bool = False,
 ) -> SchemaRegex:
     """Translate a JSON Schema to the regex of its canonical JSON texts (see the module docstring).
 
+    `open_objects=True`: an object schema without `additionalProperties` admits other keys, as JSON
+    Schema says (their values any JSON value); the default admits only the keys its `properties`
+    and `patternProperties` name (a narrowing: see the module docstring).
     Checks the compile deadline in force (`grammar_mlx.limits.deadline_scope`) as it goes."""
     if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
             0 <= max_recursion_depth <= limits.MAX_REGEX_NESTING):
@@ -302,9 +309,10 @@ def schema_to_regex(
             f"fit the regex nesting limit), not {max_recursion_depth!r}")
     if not isinstance(strict, bool):
         raise InvalidArgumentError(f"strict must be True or False, not {strict!r}")
+    _check_open_objects(open_objects)
     doc = load_schema(schema)
     ws = whitespace_regex(whitespace)
-    nz, regex, _ = _translate(doc, ws, strict, max_recursion_depth)
+    nz, regex, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects)
     if regex is None:
         raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
     depth = nesting_depth(regex)
@@ -316,7 +324,13 @@ def schema_to_regex(
     return SchemaRegex(regex, unenforced, doc)
 
 
-def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
+def _check_open_objects(open_objects: object) -> None:
+    if not isinstance(open_objects, bool):
+        raise InvalidArgumentError(f"open_objects must be True or False, not {open_objects!r}")
+
+
+def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
+               open_objects: bool = False) -> tuple[Normalizer, str | None, int]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
@@ -326,20 +340,20 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
     (`Emitter.lower_depth`), cost 0 when no object's first-property limit depends on the cost."""
     try:
         with memo_scope():
-            return _translate_within_cap(doc, ws, strict, max_recursion_depth)
+            return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects)
     except RecursionError:
         raise _too_deep("the schema") from None
 
 
-def _translate_within_cap(doc: dict | bool, ws: str, strict: bool,
-                          max_recursion_depth: int) -> tuple[Normalizer, str | None, int]:
+def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
+                          open_objects: bool) -> tuple[Normalizer, str | None, int]:
     """`_translate`'s loop over first-choice costs and depths."""
     nz: Normalizer | None = None
     root: Node | None = None
     for cost in (MAX_FIRST_CHOICE_COST, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
         if nz is None or table is None:
-            nz = Normalizer(doc, strict=strict, first_choice_cost=cost)
+            nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects)
             root = nz.node([nz.root_loc])
         else:
             nz = copy.copy(nz)
@@ -411,28 +425,29 @@ def byte_automaton(regex: str) -> ByteDFA:
 
 
 @lru_cache(maxsize=64)
-def _normalized(schema_text: str) -> tuple[Normalizer, Node]:
+def _normalized(schema_text: str, open_objects: bool) -> tuple[Normalizer, Node]:
     """The normalizer of a schema and its root node (what `canonical_json` writes with)."""
     with memo_scope():
-        nz = Normalizer(json.loads(schema_text), strict=False)
+        nz = Normalizer(json.loads(schema_text), strict=False, open_objects=open_objects)
         return nz, nz.node([nz.root_loc])
 
 
 @lru_cache(maxsize=64)
-def _compact(schema_text: str, max_recursion_depth: int) -> tuple[Normalizer, Node, int]:
+def _compact(schema_text: str, max_recursion_depth: int, open_objects: bool) -> tuple[Normalizer, Node, int]:
     """The normalizer, root node and depth of the compact grammar `schema_to_regex` emits."""
-    nz, _, depth = _translate(json.loads(schema_text), "", False, max_recursion_depth)
+    nz, _, depth = _translate(json.loads(schema_text), "", False, max_recursion_depth, open_objects)
     return nz, nz.node([nz.root_loc]), depth
 
 
-def canonical_json(instance: object, schema: object) -> str:
+def canonical_json(instance: object, schema: object, *, open_objects: bool = False) -> str:
     """`instance` written in the grammar's format: compact, keys in the schema's order, numbers and
-    literals spelled as the regex of `schema_to_regex(schema)` expects. An instance outside the
-    schema is still written (compact, keys in the schema's order where they apply)."""
+    literals spelled as the regex of `schema_to_regex(schema, open_objects=...)` expects. An
+    instance outside the schema is still written (compact, keys in the schema's order where they apply)."""
+    _check_open_objects(open_objects)
     doc = load_schema(schema)
     _check_instance(instance)
     try:
-        nz, root = _normalized(json.dumps(doc, sort_keys=False))
+        nz, root = _normalized(json.dumps(doc, sort_keys=False), open_objects)
     except RecursionError:
         raise _too_deep("the schema") from None
     try:
@@ -441,20 +456,22 @@ def canonical_json(instance: object, schema: object) -> str:
         raise InvalidArgumentError("the instance nests too deeply to be written") from None
 
 
-def in_grammar(instance: object, schema: object, *, max_recursion_depth: int = 3) -> bool:
-    """Does the regex of `schema_to_regex(schema, max_recursion_depth=...)` accept
-    `canonical_json(instance, schema)`? False for instances outside the schema, and for valid ones
-    the documented narrowings leave out (nesting and recursion depth, property names with escaped
-    characters, absent `additionalProperties`, the first-property limit of wide optional objects).
+def in_grammar(instance: object, schema: object, *, max_recursion_depth: int = 3, open_objects: bool = False) -> bool:
+    """Does the regex of `schema_to_regex(schema, max_recursion_depth=..., open_objects=...)` accept
+    `canonical_json(instance, schema, open_objects=...)`? False for instances outside the schema, and
+    for valid ones the documented narrowings leave out (nesting and recursion depth, property names
+    with escaped characters, absent `additionalProperties` unless `open_objects`, the first-property
+    limit of wide optional objects).
     Decided on the normalized schema, not the regex (compact grammar): tests hold the two against
     each other."""
     if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
             0 <= max_recursion_depth <= limits.MAX_REGEX_NESTING):
         raise InvalidArgumentError(f"max_recursion_depth must be an integer from 0 to {limits.MAX_REGEX_NESTING}, "
                                    f"not {max_recursion_depth!r}")
+    _check_open_objects(open_objects)
     doc = load_schema(schema)
     _check_instance(instance)
-    nz, root, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth)
+    nz, root, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth, open_objects)
     bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, min(depth, limits.MAX_ANY_DEPTH))
     try:
         return conforms(root, instance, nz.table, bounds)

@@ -54,3 +54,16 @@ def test_surrogates_never_appear():
     ast = parse_ecma("\\uD83D\\uDE00")  # a surrogate pair is one code point
     assert length_range(ast) == (1, 1)
     assert re.fullmatch(to_regex(ast), "😀")
+
+
+def test_leading_lookarounds_are_read_apart_only_after_a_top_level_caret():
+    from grammar_mlx.regex.ecma import parse_ecma_leading_lookarounds
+    from grammar_mlx.regex.syntax import Anchor
+
+    node, looks = parse_ecma_leading_lookarounds("^(?!@@)(?=a)a+$")
+    assert looks == [(True, parse_ecma("@@")), (False, parse_ecma("a"))]
+    assert node == parse_ecma("^a+$") and isinstance(node.items[0], Anchor)
+    for pattern in ["(?!a)b", "^a(?=b)", "^(?!a)b|c", "(^(?!a)b)", "^(?!a)+b"]:
+        with pytest.raises(PatternError) as info:
+            parse_ecma_leading_lookarounds(pattern)
+        assert info.value.unsupported, pattern

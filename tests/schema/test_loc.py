@@ -184,3 +184,28 @@ def test_indexing_checks_the_deadline():
     wide = {"properties": {f"p{i}": {"type": "string"} for i in range(50)}}
     with deadline_scope(Deadline(1e-9)), pytest.raises(CompileTimeoutError, match=r"\$ids and anchors"):
         Resources(located(wide))
+
+
+def test_a_pointer_a_nested_relative_id_cannot_hold_resolves_against_the_document_root():
+    """A draft-4 document where a nested `"id": "/source"` sits above a `#/definitions/...` meant
+    for the document: within the resource "/source" the pointer points nowhere, so it is read
+    against the root (as the other engines read it). A pointer the nested resource holds keeps the
+    spec's meaning, and an absolute nested id keeps its own resource alone."""
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#",
+              "definitions": {"publicAccess": {"type": "boolean"}},
+              "properties": {"source": {"id": "/source", "definitions": {"own": {"type": "null"}},
+                                        "properties": {"public": {"$ref": "#/definitions/publicAccess"},
+                                                       "own": {"$ref": "#/definitions/own"}}},
+                             "remote": {"id": "http://example.com/remote.json",
+                                        "properties": {"x": {"$ref": "#/definitions/publicAccess"}}}}}
+    root = located(schema, legacy=True)
+    resources = Resources(root)
+    source = root.child("properties", "source")
+    public = source.child("properties", "public")
+    assert resolve(resources, public, "#/definitions/publicAccess").pointer == "/definitions/publicAccess"
+    assert resolve(resources, public, "#/definitions/own").pointer == "/properties/source/definitions/own"
+    remote = root.child("properties", "remote").child("properties", "x")
+    with pytest.raises(InvalidSchemaError, match="points nowhere"):
+        resolve(resources, remote, "#/definitions/publicAccess")
+    with pytest.raises(InvalidSchemaError, match="points nowhere"):
+        resolve(resources, public, "#/definitions/nothing")

@@ -285,3 +285,40 @@ def test_exclude_numbers_removes_exactly_the_listed_values(seed):
         for x in itertools.chain(range(-13, 14), (v / 2 for v in range(-27, 28, 2))):
             expected = conforms(node, x, {}) and x not in cuts
             assert conforms(cut, x, {}) == expected, (node, cuts, x)
+
+
+# Synthesized schemas of MaskBench (draft 2019-09) refused as empty: an enum of objects and a `not`
+# whose negation is an object schema the front end writes. Those must not close the object (the
+# closed default is for the schemas a user writes), and the enum value satisfies them.
+ENUM_AND_NOT = [
+    {"allOf": [{"enum": [{"foo": "foo"}]}, {"not": {"properties": {"bar": {"enum": ["bar"]}, "foo": {"enum": ["foo"]}},
+                                                     "required": ["bar"], "type": "object"}}]},
+    {"allOf": [{"enum": [{"bar": 2, "foo": 1}]}, {"not": {"properties": {"foo": {"not": {}}}}}]},
+    {"allOf": [{"enum": [{"bar": 2, "foo": 1}]}, {"not": {"properties": {"bar": False, "foo": True}}}]},
+    {"allOf": [{"enum": [{"bar": 1}]}, {"not": {"properties": {"bar": {}, "foo": {}}, "required": ["foo"]}}]},
+]
+OBJECT_PROBES = [{}, {"foo": "foo"}, {"bar": 1}, {"bar": 2, "foo": 1}, {"foo": "foo", "bar": "bar"},
+                 {"bar": 1, "foo": None}, {"bar": 2, "foo": {}}, {"baz": 3}, {"bar": 2, "foo": 1, "baz": 3}]
+
+
+@pytest.mark.parametrize("schema", ENUM_AND_NOT, ids=range(len(ENUM_AND_NOT)))
+def test_negations_never_close_the_objects_they_describe(schema):
+    jsonschema = pytest.importorskip("jsonschema")
+    nz, node = normalized(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    assert node is not NEVER
+    for value in OBJECT_PROBES:
+        assert conforms(node, value, nz.table) == validator.is_valid(value), value
+
+
+def test_dependency_alternatives_never_close_the_object():
+    """`dependentRequired {a: [b]}` is "a absent, or a and b present": the absent alternative's
+    `properties: {a: false}` is the front end's, and leaves other keys free."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "dependentRequired": {"a": ["b"]}}
+    nz, node = normalized(schema)
+    for value in [{}, {"x": 1}, {"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "x": 3}, {"b": 1, "x": 2}]:
+        assert conforms(node, value, nz.table) == jsonschema.Draft202012Validator(schema).is_valid(value), value
+    # The closed default still applies to the properties the user declares.
+    nz, node = normalized({"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}})
+    assert conforms(node, {"a": 1}, nz.table) and not conforms(node, {"a": 1, "x": 2}, nz.table)

@@ -298,3 +298,23 @@ def test_string_language():
     assert [union.matches(k) for k in ("x", "ab", "a", "abc")] == [True, True, False, False]
     assert string_language(Union((ANY, Literal(("x",)))), {}) is None
     assert String(string_language(Ref("self"), table)).matches("x")  # a cycle adds nothing
+
+
+def test_pattern_property_regions_keep_long_counted_key_patterns():
+    """Github_trivial o9803 (MaskBench): keys allowed only by `^[0-9a-zA-Z_-]{1,255}$` were never
+    generated — the key region, written back from its automaton, nested 255 deep (past
+    CHAR_AST_DEPTH) and was dropped. A region that is one pattern's language is that pattern's own
+    AST (narrowed to the characters a key may hold), counted repetition and all."""
+    schema = {"type": "object", "patternProperties": {"^[0-9a-zA-Z_-]{1,255}$": {"type": "number"}},
+              "additionalProperties": False}
+    nz, node = normalized(schema)
+    assert len(node.extras) == 1
+    key = node.extras[0].key
+    assert [key.matches(k) for k in ("a", "x" * 255, "", "x" * 256, "a b", 'a"')] == [True, True, False, False,
+                                                                                          False, False]
+    # A declared property and a pattern that holds characters keys never hold (quote, controls).
+    nz, node = normalized({"type": "object", "properties": {"id": {}},
+                           "patternProperties": {"^.{2,300}$": {"type": "null"}}})
+    (extra,) = node.extras
+    assert [extra.key.matches(k) for k in ("ab", "é" * 300, "id", "a", "a\"b", "x" * 301)] == [True, True, False,
+                                                                                                 False, False, False]

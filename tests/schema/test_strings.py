@@ -174,3 +174,35 @@ def test_pattern_language_refuses_malformed_patterns_and_reports_unsupported_one
     assert set(nz.unenforced) == {("pattern", ""), ("patternProperties", "")}
     with pytest.raises(UnsupportedSchemaError, match="'pattern' at / cannot be enforced"):
         pattern_language(Normalizer({}, strict=True), "(?=a)b", loc)
+
+
+# Patterns of MaskBench schemas (JsonSchemaStore, Github) with lookarounds right after `^`.
+LEADING_LOOKAROUNDS = [
+    "^(?!@@)[@a-zA-Z0-9_-]+$", "^(?!pattern$).*$", "^(?=[^=]+$)(?!\\s+$)(.|\\n)+$",
+    "^(?!io\\.papermc\\.)([a-zA-Z_$][a-zA-Z\\d_$]*\\.)*[a-zA-Z_$][a-zA-Z\\d_$]*$",
+    "^(?!^lucene\\.|builtin\\.|mongodb\\.).*", "^(?=.{2,4}$)(?!.*--)[a-z-]+",
+]
+PROBE_STRINGS = ["", "a", "@", "@a", "@@", "@@a", "a@@", "pattern", "patterns", "x=y", " ", " \n ", "a b",
+                 "io.x", "io.papermc.x", "io.papermcx", "lucene.a", "lucenea", "builtin.", "mongodb.x", "a-b",
+                 "a--b", "ab", "abcde", "-a-", "a.b", "1a", "ü"]
+
+
+@pytest.mark.parametrize("pattern", LEADING_LOOKAROUNDS)
+def test_lookarounds_after_a_leading_anchor_are_enforced_exactly(pattern):
+    """`^(?!A)(?=B)R`: the strings R matches from the start in which A does not (B does) match from
+    the start — automata differences and intersections, judged by jsonschema (ECMA-262 semantics
+    through Python's `re`, which reads these patterns alike on texts without a final newline)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    nz = Normalizer({"type": "string"})
+    language = pattern_language(nz, pattern, nz.root_loc)
+    assert language is not None and not nz.unenforced
+    validator = jsonschema.Draft202012Validator({"type": "string", "pattern": pattern})
+    for text in PROBE_STRINGS:
+        assert String(language).matches(text) == validator.is_valid(text), (pattern, text)
+
+
+@pytest.mark.parametrize("pattern", ["(?!a)b", "^(?!a)b|c", "^a(?=b)", "^((?!mode).)*$", "^(?!a)*b", "^(?<=a)b"])
+def test_other_lookarounds_stay_reported(pattern):
+    nz = Normalizer({"type": "string"})
+    assert pattern_language(nz, pattern, nz.root_loc) is None
+    assert [kw for kw, _ in nz.unenforced] == ["pattern"]

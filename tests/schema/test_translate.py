@@ -90,7 +90,8 @@ def test_empty_languages_raise():
 
 @pytest.mark.parametrize("kwargs", [{"max_recursion_depth": -1}, {"max_recursion_depth": "3"},
                                     {"max_recursion_depth": True}, {"max_recursion_depth": MAX_NESTING + 1},
-                                    {"strict": "yes"}, {"strict": 1}, {"whitespace": 3}, {"whitespace": b" "}])
+                                    {"strict": "yes"}, {"strict": 1}, {"whitespace": 3}, {"whitespace": b" "},
+                                    {"open_objects": 1}, {"open_objects": "yes"}])
 def test_bad_arguments_raise_invalid_argument_error(kwargs):
     with pytest.raises(InvalidArgumentError) as info:
         schema_to_regex({}, **kwargs)
@@ -99,6 +100,8 @@ def test_bad_arguments_raise_invalid_argument_error(kwargs):
         schema_to_regex({}, whitespace="\\s*")
     with pytest.raises(InvalidArgumentError):
         in_grammar(1, {}, max_recursion_depth=-1)
+    with pytest.raises(InvalidArgumentError, match="open_objects"):
+        canonical_json(1, {}, open_objects=None)
 
 
 def test_deterministic():
@@ -163,6 +166,47 @@ def test_absent_additional_properties_means_declared_keys_only():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert accepts(schema, '{"a":1}', '{}', '{"a":1,"b":2}') == [True, True, False]
     assert accepts({"type": "object"}, '{"x":[1,{"y":null}]}', "{}") == [True, True]
+
+
+OPEN_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"type": "object", "required": ["b"]},
+    {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "null"}}}}},
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "boolean"}},
+]
+OPEN_INSTANCES = [{}, {"a": 1}, {"a": "s"}, {"b": 2}, {"a": 1, "b": [1, {"c": None}]}, {"x1": "s"}, {"x1": 1},
+                  {"a": {"b": None, "c": 1}}, {"a": {"b": 1}}, {"b": True}, {"a": 1, "xy": "t", "b": True}]
+
+
+@pytest.mark.parametrize("schema", OPEN_SCHEMAS, ids=range(len(OPEN_SCHEMAS)))
+def test_open_objects_accept_exactly_what_json_schema_accepts(schema):
+    """`open_objects=True`: missing `additionalProperties` is JSON Schema's default (other keys, any
+    value), so on these instances the regex accepts exactly what jsonschema validates; the closed
+    default accepts a subset of it, and never an instance jsonschema rejects."""
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(schema)
+    opened = re.compile(schema_to_regex(schema, open_objects=True).regex)
+    closed = re.compile(schema_to_regex(schema).regex)
+    for instance in OPEN_INSTANCES:
+        valid = validator.is_valid(instance)
+        assert (opened.fullmatch(canonical_json(instance, schema, open_objects=True)) is not None) == valid, instance
+        assert in_grammar(instance, schema, open_objects=True) == valid, instance
+        if closed.fullmatch(canonical_json(instance, schema)):
+            assert valid, instance
+
+
+def test_draft4_nested_relative_id_and_a_root_pointer():
+    """A nested `"id": "/source"` (draft 4) above `$ref: "#/definitions/publicAccess"` meant for the
+    document's root: translated (it "pointed nowhere"), the reference read against the root."""
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+              "definitions": {"publicAccess": {"type": "boolean"}},
+              "properties": {"source": {"id": "/source", "type": "object",
+                                        "properties": {"public": {"$ref": "#/definitions/publicAccess"}},
+                                        "required": ["public"]}}}
+    assert accepts(schema, '{"source":{"public":true}}', '{"source":{"public":1}}', "{}") == [True, False, True]
 
 
 def test_pattern_properties_matching_only_declared_names_add_no_keys():
