@@ -103,3 +103,20 @@ def test_processor_factory_with_reasoning_under_mlx_lm_speculative_decoding(mode
     assert runs[0][0] == THINK and len(_thinking_span(runs[0])) == 5
     with pytest.raises(InvalidArgumentError, match="prompt_ids"):
         json_logits_processor(SCHEMA, qwen_tokenizer, model=model, reasoning=True)
+
+
+def test_embedded_smollm_text_tag_reasoning_then_json(smollm_path):
+    """SmolLM2 has no think tokens: its tags are text, written as any other text; the budget ends the
+    thinking with the text tag, then the JSON is schema-valid and the reasoning returned apart."""
+    from grammar_mlx.models import default_model
+
+    model, tokenizer = default_model()
+    reasoning = Reasoning(start="<think>", end="</think>", budget=12)
+    out = generate_structured(model, tokenizer, "Think briefly, then give a colour and a digit as JSON.",
+                              schema=SCHEMA, max_tokens=60, reasoning=reasoning)
+    assert out.stats.finish_reason == "stop"
+    assert out.value["colour"] in ("red", "green", "blue") and 0 <= out.value["n"] <= 9
+    assert out.reasoning is not None and out.reasoning.strip()
+    assert out.text.startswith("{") and "</think>" not in out.text
+    whole = tokenizer.decode(out.token_ids)
+    assert whole.startswith("<think>") and "</think>" in whole
