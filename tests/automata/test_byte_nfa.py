@@ -271,7 +271,7 @@ def test_class_templates_are_minimal(text):
 # --- what this engine leaves to outlines-core ----------------------------------------------------
 
 
-@pytest.mark.parametrize("regex", [r"(?i)a", r"^a", r"[[a]]", r"\x00", r"[^\x00-\U0010FFFF]", r"[\x00]"])
+@pytest.mark.parametrize("regex", [r"(?i)a", r"\bfoo", r"a\Bb", r"\x00", r"[^\x00-\U0010FFFF]", r"[\x00]"])
 def test_constructs_left_to_outlines_core(regex):
     """The parser's `Unsupported` constructs (tests/regex/test_rust.py lists them all) reach the
     compiler through `build_nfa`; a class with no character but NUL parses, and the NFA refuses it
