@@ -191,3 +191,11 @@ def check_deadline(stage: str = "") -> None:
     deadline = _CURRENT.get()
     if deadline is not None and time.monotonic() >= deadline.at:
         raise deadline.error(stage)
+
+
+# --- branch srv (issue 14: tools and reasoning through the server) ---------------------------------
+
+MAX_TOOLS = 128  # functions one request may offer (OpenAI's own limit)
+# `reasoning_effort` → thinking budget in tokens (the server's mapping; `thinking_budget` sets one
+# directly). Documented in docs/server.md.
+REASONING_EFFORT_BUDGETS: dict[str, int] = {"low": 1024, "medium": 4096, "high": 16384}
