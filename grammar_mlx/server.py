@@ -430,8 +430,6 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
     from `reasoning_state`) with the `budget`, then the tool-call program (`tool_calls.
     tool_call_segment`, with `content` as the answer that is not a call) or `content`, or free text.
     Tools in a format that is not constrained leave the body free (checked by the caller)."""
-    from .segments.reasoning import Reasoning, with_reasoning
-
     body = content_segment(content)
     with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice)
     if with_tools:
@@ -440,6 +438,8 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
         body = None
     thinking = state != "closed"
     if thinking and (body is not None or budget is not None):
+        from .segments.reasoning import Reasoning, with_reasoning
+
         return with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
                               Reasoning(budget=budget), state)
     return body if with_tools else None

