@@ -88,7 +88,8 @@ def test_parse_tool_choice_and_parallel():
                          ({"type": "function", "function": {"name": "get_time"}, "x": 1}, "must be")):
         with pytest.raises(InvalidRequestError) as info:
             parse_tool_choice(value, TOOLS)
-        assert (info.value.param, info.value.code) == ("tool_choice", "invalid_tool_choice") and words in str(info.value)
+        assert (info.value.param, info.value.code) == ("tool_choice", "invalid_tool_choice")
+        assert words in str(info.value)
     with pytest.raises(InvalidRequestError, match="needs tools"):
         parse_tool_choice("required", ())
     assert parse_parallel_tool_calls(None) is True and parse_parallel_tool_calls(False) is False
