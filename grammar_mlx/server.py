@@ -101,7 +101,8 @@ Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; `ty
   `position`), `empty_grammar`, `grammar_too_large` (a size rule), `compile_timeout` (the whole
   compile, schema translation included, passed `--compile-timeout`; not cached, a retry may
   succeed), `vocabulary_mismatch`, `invalid_argument`, `invalid_body`, `invalid_prompt`,
-  `unsupported_parameter`, `context_length_exceeded`, `max_tokens_too_small` (the budget cannot hold
+  `unsupported_parameter`, `invalid_tools`, `invalid_tool_choice`, `unsupported_tool_format`,
+  `context_length_exceeded`, `max_tokens_too_small` (the budget cannot hold
   the grammar's shortest completion), `invalid_request` (a request nested too deeply to process);
   404 `not_found` (POST to another path); 408 `request_timeout`; 411 `length_required`; 413
   `request_too_large`.
@@ -175,7 +176,7 @@ from http.server import ThreadingHTTPServer
 from queue import Empty as QueueEmpty
 from queue import Queue
 from types import FrameType, SimpleNamespace
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
@@ -213,7 +214,7 @@ if TYPE_CHECKING:
     from .generate import LogitsProcessor
     from .segments.grammar import SegmentGrammar
 
-    ServedGrammar = CompiledGrammar | SegmentGrammar
+    ServedGrammar: TypeAlias = "CompiledGrammar | SegmentGrammar"
 
 __all__ = [
     "GrammarSpec",
@@ -1157,7 +1158,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
     def handle_completion(self, request: mlx_server.CompletionRequest, stop_words: list[str]) -> None:
         generator = self.response_generator
         spec = None
-        self._answer = _Answer()
+        self._answer = answer = _Answer()
         try:
             generator.check_available()
             if self.body.get("adapters") is not None:
@@ -1169,10 +1170,10 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                                           code="unsupported_parameter")
             spec = parse_response_format(self.body.get("response_format"))
             length_safe = self._length_safe()
-            request, plan = self._plan(request, spec)
+            request, plan = self._plan(request, spec, answer)
             tokenized = generator.tokenize(request, self.chat_template_kwargs)
             self._fit_context(len(tokenized[0]), "messages" if request.request_type == "chat" else "prompt")
-            spec = self._grammar_spec(spec, plan, tokenized)
+            spec = self._grammar_spec(spec, plan, tokenized, answer)
             grammar = generator.grammars.get(spec) if spec is not None else None
             if grammar is not None and length_safe:
                 self._check_budget(grammar)
@@ -1185,14 +1186,14 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         if unenforced:
             self._unenforced = unenforced
             logging.warning("not enforced: %s", ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in unenforced))
-        self._answer.tokens = []
+        answer.tokens = []
         values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
         super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized,
-                                                     length_safe=length_safe, generated=self._answer.tokens),
+                                                     length_safe=length_safe, generated=answer.tokens),
                                   stop_words)
 
-    def _plan(self, request: mlx_server.CompletionRequest,
-              content: GrammarSpec | None) -> tuple[mlx_server.CompletionRequest, _Plan]:
+    def _plan(self, request: mlx_server.CompletionRequest, content: GrammarSpec | None,
+              answer: _Answer) -> tuple[mlx_server.CompletionRequest, _Plan]:
         """Read the request's tools and reasoning fields (refusing bad ones) before tokenizing; the
         request comes back with the fallback format's system note when its template drops tools."""
         tokenizer = self.response_generator.model_provider.tokenizer
@@ -1225,7 +1226,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                         code="unsupported_tool_format")
             plan.unenforced += (Unenforced("tools", "/tools", f"{family} tool calls are not constrained"),)
         elif family == tool_calls.FALLBACK_FORMAT and choice != "none":
-            self._answer.fallback_tools = tools
+            answer.fallback_tools = tools
             note = tool_calls.fallback_instructions(tools, choice, parallel)
             messages = [dict(m) for m in request.messages]
             if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
@@ -1235,7 +1236,8 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             request = dataclasses.replace(request, messages=messages)
         return request, plan
 
-    def _grammar_spec(self, content: GrammarSpec | None, plan: _Plan, tokenized: Tokenized) -> GrammarSpec | None:
+    def _grammar_spec(self, content: GrammarSpec | None, plan: _Plan, tokenized: Tokenized,
+                      answer: _Answer) -> GrammarSpec | None:
         """The grammar to compile: `content` alone (as always), or a segments program for reasoning
         and tool calls (`segment_program`)."""
         tokenizer = self.response_generator.model_provider.tokenizer
@@ -1246,11 +1248,11 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             state = reasoning_state(tokenizer, tokenized[0], plan.enable_thinking)
             start, end = getattr(tokenizer, "think_start_id", None), getattr(tokenizer, "think_end_id", None)
             if isinstance(start, int) and isinstance(end, int):
-                self._answer.think_ids = (start, end, state == "open")
+                answer.think_ids = (start, end, state == "open")
         program = segment_program(tokenizer, content, plan.tools, plan.choice, plan.parallel, plan.budget, state)
         if program is None:
             return content
-        self._answer.strip_content = content is not None and content.kind == "json_schema" and state != "closed"
+        answer.strip_content = content is not None and content.kind == "json_schema" and state != "closed"
         origin = "tools" if plan.tools and plan.choice != "none" else "thinking_budget"
         if content is not None:
             origin = _content_param(content)

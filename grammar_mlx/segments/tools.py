@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, cast
 
 from .. import limits
 from ..errors import InvalidArgumentError, InvalidRequestError
@@ -96,7 +96,8 @@ def _json_type(value: Any) -> str:
         return "boolean"
     if isinstance(value, (int, float)):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _invalid(message: str, param: str) -> InvalidRequestError:
@@ -170,7 +171,7 @@ def parse_tool_choice(value: Any, tools: tuple[ToolSpec, ...]) -> ToolChoice:
     if value in ("auto", "none", "required"):
         if value == "required" and not tools:
             raise InvalidRequestError('tool_choice "required" needs tools', param=param, code="invalid_tool_choice")
-        return value  # type: ignore[no-any-return]  # one of the three literals (checked above)
+        return cast("ToolChoice", value)
     if isinstance(value, dict):
         function = value.get("function")
         name = function.get("name") if isinstance(function, dict) else None
