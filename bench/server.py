@@ -21,7 +21,7 @@ genuine Qwen3 tokenizer and chat template (tests/conftest.py's `write_tiny_qwen3
 what the constraint costs around a model, not what a real model takes): streamed requests with
 `tools`, per mode the time to the first SSE event, to the whole answer, and per token. Modes:
 `tool_choice: required` (the call constrained), `auto` steered to the call by `logit_bias`
-(constrained once triggered), the same prompt with no tool grammar on our server, and the floor:
+(constrained once triggered), the prompt without tools on our server (unconstrained), and the floor:
 plain `mlx_lm.server` on the same directory, unconstrained, made to generate as many tokens as the
 constrained call took (a random model never stops by itself). mlx-lm sends a tool call as one delta
 when it ends, so for the call modes the first event is the whole call. Writes
