@@ -193,6 +193,13 @@ def check_deadline(stage: str = "") -> None:
         raise deadline.error(stage)
 
 
+# --- branch seg (issue 14: structured segments) ----------------------------------------------------
+
+# Positions of one segment program (grammar_mlx/segments/program.py): repetitions are unrolled, so a
+# bounded Repeat of a structured item costs one position per copy and token.
+MAX_SEGMENT_NODES = _env_int("GRAMMAR_MLX_MAX_SEGMENT_NODES", 4096)
+
+
 # --- branch srv (issue 14: tools and reasoning through the server) ---------------------------------
 
 MAX_TOOLS = 128  # functions one request may offer (OpenAI's own limit)

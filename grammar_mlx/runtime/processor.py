@@ -38,7 +38,12 @@ from ..kernels.dispatch import apply_token_bitmask, row_masker
 from .stack import StackGrammar, StateStack
 from .stateful import DEFAULT_OVERLAP, StatefulProcessor, int_at_least_or_none
 
-__all__ = ["GrammarProcessor", "MaskedGrammar", "budget_steered_positions", "check_token_budget"]
+__all__ = ["ALLOW_ALL", "GrammarProcessor", "MaskedGrammar", "budget_steered_positions", "check_token_budget"]
+
+# What `mask_row` (and `budget_mask_row`) return where every id below the logits width is allowed
+# (a segment grammar's free text): the processor returns the logits untouched, no row, no kernel.
+# A `CompiledGrammar` never returns it.
+ALLOW_ALL = -1
 
 
 class MaskedGrammar(StackGrammar, Protocol):
@@ -50,7 +55,9 @@ class MaskedGrammar(StackGrammar, Protocol):
     @property
     def terminal_state(self) -> int: ...
 
-    def mask_row(self, state: int) -> int: ...
+    def mask_row(self, state: int) -> int:
+        """The state's row of `device_masks()`, or `ALLOW_ALL` (every id allowed: no mask applies)."""
+        ...
 
     def device_masks(self) -> mx.array: ...
 
@@ -181,6 +188,8 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
             row = self._mask_row(target.state)
         else:  # the stack's depth is the number of tokens generated before this position
             row = self._budget_mask_row(target.state, max_tokens - target.depth)
+        if row < 0:  # ALLOW_ALL: free text, nothing to mask
+            return logits
         table = self._device_masks()
         if table is not self._bound_table:
             self._mask_one = row_masker(table, logits.shape[1], logits.dtype)
@@ -195,7 +204,14 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
         else:
             budget_row = self._budget_mask_row
             rows = [budget_row(s.state, max_tokens - s.depth) for s in targets]
-        return apply_token_bitmask(logits, self._device_masks(), rows)
+        if min(rows) >= 0:
+            return apply_token_bitmask(logits, self._device_masks(), rows)
+        if max(rows) < 0:  # every row is free text (ALLOW_ALL)
+            return logits
+        # Some rows allow everything: mask the others, keep those rows as they came.
+        free = mx.array([r < 0 for r in rows])[:, None]
+        masked = apply_token_bitmask(logits, self._device_masks(), [max(r, 0) for r in rows])
+        return mx.where(free, logits, masked)
 
     # -- inspection ------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ __all__ = [
     "Choice",
     "FreeText",
     "JSONSchema",
+    "ReasoningText",
     "Regex",
     "Repeat",
     "Section",
@@ -81,6 +82,14 @@ class FreeText:
     end: Tag | None = None
     allow_eos: bool = False
     forbid: tuple[Tag, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReasoningText(FreeText):
+    """`FreeText` whose tokens are the model's reasoning: `SegmentGrammar.role` labels them
+    "reasoning" (what `reasoning.with_reasoning` builds the thinking section from)."""
+
+    role = "reasoning"  # not a field: the kind of text, read by the lowering
 
 
 @dataclass(frozen=True)
