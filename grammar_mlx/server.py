@@ -205,9 +205,10 @@ from .models import logits_width_of
 from .runtime import GrammarProcessor
 from .runtime.processor import check_token_budget
 from .schema import Unenforced, schema_to_regex
-from .segments import FreeText, JSONSchema, Regex, Segment
+from .segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag
 from .segments import tools as tool_calls
-from .segments.tools import ToolChoice, ToolSpec
+from .segments.spec import ReasoningText
+from .segments.tools import NamedTool, ToolChoice, ToolSpec
 from .vocabulary import Vocabulary, vocabulary_of
 
 if TYPE_CHECKING:
@@ -243,6 +244,7 @@ __all__ = [
 ]
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
+REASONING_GAP = r"[ \n]{0,4}"  # what a model writes between its end of reasoning and a tool call
 DEFAULT_CACHE_ENTRIES = 128
 DEFAULT_CACHE_MB = 512.0
 SHUTDOWN_GRACE_SECONDS = 4.0  # SIGTERM: how long requests in flight and the generation thread get to stop
@@ -433,17 +435,34 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
     Tools in a format that is not constrained leave the body free (checked by the caller)."""
     body = content_segment(content)
     with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice)
+    thinking = state != "closed"
     if with_tools:
         body = tool_calls.tool_call_segment(tokenizer, tools, choice, parallel, content=body)
+        if thinking and (choice == "required" or isinstance(choice, NamedTool)):
+            # Qwen writes `</think>\n\n<tool_call>`: the gap (dropped from the answer) before the call.
+            body = Seq((Regex(REASONING_GAP), body))
     elif tools:
         body = None
-    thinking = state != "closed"
     if thinking and (body is not None or budget is not None):
         from .segments.reasoning import Reasoning, with_reasoning
 
-        return with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
-                              Reasoning(budget=budget), state)
+        program = with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
+                                 Reasoning(budget=budget), state)
+        trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
+        return program if trigger is None else _forbid_in_reasoning(program, trigger)
     return body if with_tools else None
+
+
+def _forbid_in_reasoning(segment: Segment, tag: Tag) -> Segment:
+    # A call starts only where the grammar starts one: mlx-lm's text split would read the tag inside
+    # the reasoning as a call too (its reasoning -> tool transition).
+    if isinstance(segment, ReasoningText):
+        return dataclasses.replace(segment, forbid=(*segment.forbid, tag))
+    if isinstance(segment, Seq):
+        return Seq(tuple(_forbid_in_reasoning(s, tag) for s in segment.items))
+    if isinstance(segment, Choice):
+        return Choice(tuple(_forbid_in_reasoning(s, tag) for s in segment.options))
+    return segment
 
 
 def _segment_json(value: Any) -> Any:
@@ -639,7 +658,7 @@ class Grammars:
     def _compile(self, spec: GrammarSpec) -> ServedGrammar:
         options: CompileOptions = {"timeout": self.timeout, "cache_dir": self.cache_dir}
         if spec.kind == "segments":
-            from .segments import compile_segments
+            from .segments.build import compile_segments
 
             if spec.segment is None or self.tokenizer is None:
                 raise InvalidArgumentError("a segments grammar needs its program and the served tokenizer")
@@ -896,15 +915,16 @@ def _recorded(response: Iterator[Any], tokens: list[int]) -> Iterator[Any]:
 
 def reasoning_token_count(tokens: list[int], start: int, end: int, *, open_: bool) -> int:
     """How many of the generated `tokens` are reasoning: inside `start`..`end` (the tags not
-    counted); `open_` when the prompt left the reasoning open."""
+    counted, but a start tag inside the reasoning is); `open_` when the prompt left it open."""
     count, inside = 0, open_
     for token in tokens:
-        if token == start:
+        if inside:
+            if token == end:
+                inside = False
+            else:
+                count += 1  # a start tag written while thinking is thinking too
+        elif token == start:
             inside = True
-        elif token == end:
-            inside = False
-        elif inside:
-            count += 1
     return count
 
 
@@ -1252,7 +1272,10 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         program = segment_program(tokenizer, content, plan.tools, plan.choice, plan.parallel, plan.budget, state)
         if program is None:
             return content
-        answer.strip_content = content is not None and content.kind == "json_schema" and state != "closed"
+        # The gap the grammar allows after the reasoning: not part of a JSON answer or of calls.
+        calls_only = bool(plan.tools) and (plan.choice == "required" or isinstance(plan.choice, NamedTool))
+        json_content = content is not None and content.kind == "json_schema"
+        answer.strip_content = state != "closed" and (json_content or calls_only)
         origin = "tools" if plan.tools and plan.choice != "none" else "thinking_budget"
         if content is not None:
             origin = _content_param(content)

@@ -90,6 +90,7 @@ def test_reasoning_token_count():
     assert reasoning_token_count([THINK, 1, 2, END_THINK, 3], THINK, END_THINK, open_=False) == 2
     assert reasoning_token_count([1, 2, 3, END_THINK, 4], THINK, END_THINK, open_=True) == 3
     assert reasoning_token_count([1, 2], THINK, END_THINK, open_=False) == 0
+    assert reasoning_token_count([THINK, THINK, 1, END_THINK, THINK], THINK, END_THINK, open_=False) == 2
 
 
 def test_segment_programs_per_request(qwen_tool_tokenizer):
@@ -257,9 +258,11 @@ def test_named_tool_choice_makes_exactly_that_call(qwen_servers):
 def test_auto_lets_the_model_choose_and_none_forbids_the_call(qwen_servers):
     client = qwen_servers["plain"].client()
     no_think = {"chat_template_kwargs": {"enable_thinking": False}}
-    # Left alone, the model writes text: no call.
-    content, _, calls, finish = answer(create(client, tools=TOOLS, extra_body=no_think, max_tokens=12))
-    assert calls == [] and finish == "length" and "<tool_call>" not in content
+    # Left alone, the model writes text: no call. (Length-safe: at the budget's last token the free
+    # text is ended, so the finish is "stop".)
+    reply = create(client, tools=TOOLS, extra_body=no_think, max_tokens=12)
+    content, _, calls, finish = answer(reply)
+    assert calls == [] and finish == "stop" and content.strip() == "" and reply.usage.completion_tokens == 12
     # Steered to the trigger, it calls; after the call only more calls or the end.
     bias = {str(TOOL_CALL): 100}
     _, _, calls, finish = answer(create(client, tools=TOOLS, logit_bias=bias, extra_body=no_think, max_tokens=80))
@@ -272,14 +275,14 @@ def test_auto_lets_the_model_choose_and_none_forbids_the_call(qwen_servers):
     huge = {str(TOOL_CALL): 1000}
     reply = create(client, tools=TOOLS, tool_choice="none", logit_bias=huge, extra_body=no_think, max_tokens=12)
     content, _, calls, finish = answer(reply)
-    assert calls == [] and finish == "length" and "<tool_call>" not in content
+    assert calls == [] and finish == "stop" and "<tool_call>" not in content
     assert reply.usage.completion_tokens == 12
 
 
 @pytest.mark.slow
 def test_reasoning_then_response_format(qwen_servers):
     client = qwen_servers["plain"].client()
-    think = {str(THINK): 50}  # the hybrid template leaves opening <think> to the model: steer it there
+    think = {str(THINK): 200}  # the hybrid template leaves opening <think> to the model: steer it there
     reply = create(client, response_format=color_format(), logit_bias=think, extra_body={"thinking_budget": 6})
     content, reasoning, _, finish = answer(reply)
     assert finish == "stop" and reasoning
@@ -309,6 +312,13 @@ def test_thinking_budget_ends_reasoning_the_model_never_ends(qwen_servers):
     # Without a response_format, the budget still ends the reasoning; then the answer is free.
     reply = create(client, max_tokens=20, extra_body={"thinking_budget": 4})
     assert reply.usage.completion_tokens_details.reasoning_tokens == 4 and reply.choices[0].message.content
+    # With tools, a call cannot start inside the reasoning, however steered; after it, it does.
+    reply = create(client, tools=TOOLS, logit_bias={str(TOOL_CALL): 100}, max_tokens=60,
+                   extra_body={"thinking_budget": 4})
+    _, reasoning, calls, finish = answer(reply)
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 4 and "<tool_call>" not in reasoning
+    assert finish == "tool_calls"
+    check_calls(calls)
     # No budget: the length-safe token budget ends the reasoning in time for a complete answer.
     for extra in ({}, {"reasoning_effort": "low"}):
         reply = create(client, response_format=color_format(), extra_body=extra)
@@ -324,7 +334,7 @@ def request_sequence():
         dict(tools=TOOLS, tool_choice="required", max_tokens=80),
         dict(tools=TOOLS, logit_bias={str(TOOL_CALL): 100}, extra_body=no_think, max_tokens=60),
         dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
-        dict(response_format=color_format(), logit_bias={str(THINK): 50}, extra_body={"thinking_budget": 7}),
+        dict(response_format=color_format(), logit_bias={str(THINK): 200}, extra_body={"thinking_budget": 7}),
         dict(response_format=color_format(strict=False), extra_body=no_think),
     ]
 

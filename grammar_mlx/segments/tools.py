@@ -48,6 +48,7 @@ __all__ = [
     "NamedTool",
     "ToolChoice",
     "ToolSpec",
+    "call_start_tag",
     "is_constrained",
     "parse_fallback_calls",
     "parse_parallel_tool_calls",
@@ -225,6 +226,14 @@ def _tag(tokenizer: Any, text: str, ids: tuple[int, ...] | None) -> Tag:
     return Text(text)
 
 
+def call_start_tag(tokenizer: Any) -> Tag | None:
+    """The tag that starts a call in the tokenizer's native format (None: the fallback format)."""
+    start = getattr(tokenizer, "tool_call_start", None)
+    if tool_format(tokenizer) == FALLBACK_FORMAT or not start:
+        return None
+    return _tag(tokenizer, start, tokenizer.tool_call_start_tokens)
+
+
 def _call_body(tools: tuple[ToolSpec, ...], *, prefix: str, suffix: str) -> Segment:
     """`prefix{"name": "F", "arguments": ARGS_F}suffix`, one option per function (F a JSON string: the
     names' characters need no escape)."""
@@ -263,10 +272,8 @@ def tool_call_segment(tokenizer: Any, tools: tuple[ToolSpec, ...], choice: ToolC
     if choice == "none":
         if content is not None:
             return content  # a schema's or regex's text never holds a control token
-        start = getattr(tokenizer, "tool_call_start", None)
-        if family == FALLBACK_FORMAT or not start:
-            return FreeText(allow_eos=True)
-        return FreeText(allow_eos=True, forbid=(_tag(tokenizer, start, tokenizer.tool_call_start_tokens),))
+        trigger = call_start_tag(tokenizer)
+        return FreeText(allow_eos=True) if trigger is None else FreeText(allow_eos=True, forbid=(trigger,))
     offered = _offered(tools, choice)
     many = parallel and not isinstance(choice, NamedTool)
     if family == FALLBACK_FORMAT:
@@ -284,8 +291,10 @@ def tool_call_segment(tokenizer: Any, tools: tuple[ToolSpec, ...], choice: ToolC
     more: list[Segment] = [Repeat(Seq((Text("\n"), call)))] if many else []
     if content is not None:
         return Choice((Seq((call, *more)) if more else call, content))
-    first = Triggered((Section(start, body, end),), text=FreeText(allow_eos=True), stop_after_first=True)
-    return Seq((first, *more)) if more else first
+    # The later calls ride inside the first call's section: free text that could end (at EOS) may
+    # not be followed by more text.
+    section = Section(start, Seq((body, end, *more)), None) if more else Section(start, body, end)
+    return Triggered((section,), text=FreeText(allow_eos=True), stop_after_first=True)
 
 
 def parse_fallback_calls(text: str, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
