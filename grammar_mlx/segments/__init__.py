@@ -3,10 +3,15 @@ sections) of segments — free text, tags (text or control tokens), regexes, JSO
 the same versioned state stack as any grammar, so speculative decoding, BatchGenerator and the
 Outlines drop-in stay exact. See docs/segments.md."""
 
+from ..runtime.processor import ALLOW_ALL
+from .build import compile_segments
+from .grammar import SegmentGrammar
+from .reasoning import Reasoning, reasoning_state, reasoning_tags, with_reasoning
 from .spec import (
     Choice,
     FreeText,
     JSONSchema,
+    ReasoningText,
     Regex,
     Repeat,
     Section,
@@ -23,20 +28,28 @@ from .spec import (
 )
 
 __all__ = [
+    "ALLOW_ALL",
     "Choice",
     "FreeText",
     "JSONSchema",
+    "Reasoning",
+    "ReasoningText",
     "Regex",
     "Repeat",
     "Section",
     "Segment",
+    "SegmentGrammar",
     "Seq",
     "Tag",
     "Text",
     "Token",
     "Triggered",
     "choice",
+    "compile_segments",
+    "reasoning_state",
+    "reasoning_tags",
     "section",
     "seq",
     "triggered",
+    "with_reasoning",
 ]

@@ -260,13 +260,13 @@ class SegmentGrammar:
                 if count >= bound and p.forced is not None and watch is not None and watch.hit[nxt] < 0:
                     return p.forced[watch.prefix[nxt]]
                 return self._encode(node, nxt, count)
-        ex = self._exits_at(p, inner)
-        if ex is None:
+        open_exits = self._exits_at(p, inner)
+        if open_exits is None:
             return -1
-        target = ex.specials.get(token_id)
+        target = open_exits.specials.get(token_id)
         if target is not None:
             return target
-        return -1 if ex.text is None else self._enter(ex.text, token_id)
+        return -1 if open_exits.text is None else self._enter(open_exits.text, token_id)
 
     def is_accepting(self, state: int) -> bool:
         """Whether the generation may end in `state` (EOS allowed)."""

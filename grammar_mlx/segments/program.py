@@ -171,7 +171,7 @@ class _Lowering:
             try:
                 translated = schema_to_regex(seg.schema, whitespace=seg.whitespace, strict=seg.strict)
             except GrammarError as exc:
-                exc.add_note(f"in the segment at {path}")
+                exc.args = (f"{path}: {exc}", *exc.args[1:])  # the same error, naming the segment
                 raise
             return f"(?:{translated.regex})", tuple(translated.unenforced)
         if isinstance(seg, Seq):
@@ -210,7 +210,7 @@ class _Lowering:
         if isinstance(seg, Token):
             return self.atom(kind="special", path=path, role="tag", token=self.token_id(seg, path))
         if isinstance(seg, Seq):
-            return self.lower_seq(list(enumerate(_items(seg, path))), path, role)
+            return self.lower_seq([(f"{path}.items[{i}]", s) for i, s in enumerate(_items(seg, path))], role)
         if isinstance(seg, Choice):
             options = _options(seg, path)
             return _Alt(tuple(self.lower(s, f"{path}.options[{i}]", role) for i, s in enumerate(options)), path)
@@ -224,7 +224,7 @@ class _Lowering:
             raise InvalidArgumentError(f"{path}: a Section belongs in a Triggered segment's sections")
         raise InvalidArgumentError(f"{path}: not a segment: {type(seg).__name__}")
 
-    def lower_seq(self, items: list[tuple[int, Segment]], path: str, role: str) -> _Node:
+    def lower_seq(self, items: list[tuple[str, Segment]], role: str) -> _Node:
         parts: list[_Node] = []
         run: list[tuple[str, tuple[Any, ...]]] = []
         run_path = ""
@@ -235,8 +235,7 @@ class _Lowering:
                                        unenforced=tuple(u for _, us in run for u in us)))
                 run.clear()
 
-        for i, item in items:
-            item_path = f"{path}.items[{i}]"
+        for item_path, item in items:
             text = self.regex_of(item, item_path)
             if text is not None:
                 if not run:
@@ -356,14 +355,13 @@ class _Lowering:
                 else:
                     begin = self.atom(kind="special", path=f"{p}.begin", role="tag",
                                       token=self.token_id(s.begin, f"{p}.begin"))
-                items: list[tuple[int, Segment]] = [(0, s.body)]
+                items: list[tuple[str, Segment]] = [(f"{p}.body", s.body)]
                 if s.end is not None:
                     if not isinstance(s.end, (Token, Text)):
                         raise InvalidArgumentError(f"{p}.end: a tag is a Token, a Text or None, got "
                                                    f"{type(s.end).__name__}")
-                    items.append((1, s.end))
-                body = self.lower_seq(items, p, "call")
-                options.append(_Cat((begin, _fix_paths(body, p, s))))
+                    items.append((f"{p}.end", s.end))
+                options.append(_Cat((begin, self.lower_seq(items, "call"))))
             return _Alt(tuple(options), f"{path}.sections")
 
         if tr.stop_after_first:
@@ -372,21 +370,6 @@ class _Lowering:
         if tr.at_least_one:
             return _Cat((text(), sections(), text(), _Star(_Cat((sections(), text())))))
         return _Cat((text(), _Star(_Cat((sections(), text())))))
-
-
-def _fix_paths(node: _Node, section_path: str, s: Section) -> _Node:
-    """Section bodies were lowered as a Seq of (body, end): name their atoms body / end."""
-    def visit(n: _Node) -> None:
-        if isinstance(n, _Sym):
-            n.atom.path = n.atom.path.replace(f"{section_path}.items[0]", f"{section_path}.body").replace(
-                f"{section_path}.items[1]", f"{section_path}.end")
-        elif isinstance(n, (_Cat, _Alt)):
-            for p in n.parts:
-                visit(p)
-        elif isinstance(n, _Star):
-            visit(n.part)
-    visit(node)
-    return node
 
 
 def _items(seg: Seq, path: str) -> tuple[Segment, ...]:
@@ -421,7 +404,7 @@ def _sets(node: _Node, follow: list[set[int]]) -> tuple[bool, set[int], set[int]
         i = node.atom.index
         return False, {i}, {i}
     if isinstance(node, _Cat):
-        nullable, first, last = True, set(), set()
+        nullable, first, last = True, set[int](), set[int]()
         for part in node.parts:
             n, f, la = _sets(part, follow)
             for i in last:
@@ -432,7 +415,7 @@ def _sets(node: _Node, follow: list[set[int]]) -> tuple[bool, set[int], set[int]
             nullable = nullable and n
         return nullable, first, last
     if isinstance(node, _Alt):
-        nullable, first, last = False, set(), set()
+        nullable, first, last = False, set[int](), set[int]()
         for part in node.parts:
             n, f, la = _sets(part, follow)
             nullable, first, last = nullable or n, first | f, last | la

@@ -1,0 +1,173 @@
+"""Reasoning: think freely (optionally within a token budget), then the constraint applies.
+
+`reasoning_tags` reads the model's think tags from what mlx-lm's `TokenizerWrapper` already knows
+(`think_start`/`think_end` and their token ids, inferred from its THINK_TOKENS), with an explicit
+override; a tag that is one control token becomes a `Token`, anything else a `Text` (a model with
+no special think tokens, such as SmolLM2, writes `<think>` as text).
+
+`reasoning_state` decides, from the prompt's token ids, where generation starts: a processor cannot
+see the prompt under speculative decoding (runtime/stateful.py), so whoever tokenized it says.
+
+`with_reasoning` prefixes a body segment with the thinking section: the thinking text is a
+`ReasoningText` (role "reasoning"), ended by the end tag; at the budget only the end tag is allowed
+(the count is part of the grammar's state: rejected drafts never count). EOS is forbidden while
+thinking, since a body follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import InvalidArgumentError
+from ..vocabulary.token_bytes import vocabulary_of
+from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, Text, Token
+
+__all__ = ["Reasoning", "ReasoningState", "reasoning_state", "reasoning_tags", "with_reasoning"]
+
+ReasoningState = Literal["closed", "open", "model"]
+
+# Whitespace a model writes between its end tag and the answer (Qwen3: `</think>\n\n`).
+GAP = r"[ \n]{0,4}"
+# The prompt tail searched for think tags (mlx_lm.server's window for the same question).
+TAIL_TOKENS = 11
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The reasoning option. `budget`: at most this many thinking tokens (None: unbounded), then the
+    end tag is forced. `start` / `end`: the think tags (a token's text or id, or text), overriding
+    what the tokenizer knows. `required`: the model must think (no answer without the section)."""
+
+    budget: int | None = None
+    start: str | int | None = None
+    end: str | int | None = None
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        b = self.budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
+            raise InvalidArgumentError(f"Reasoning.budget must be a non-negative int or None, got {b!r}")
+        for name in ("start", "end"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int)) or v == ""):
+                raise InvalidArgumentError(f"Reasoning.{name} must be a tag's text or token id, got {v!r}")
+        if not isinstance(self.required, bool):
+            raise InvalidArgumentError(f"Reasoning.required must be True or False, got {self.required!r}")
+
+
+def _tag(tokenizer: Any, value: str | int, what: str) -> Tag:
+    """A control token where `value` is one (by id, or by a text the vocabulary has as one
+    never-text token), else the text itself."""
+    vocab = vocabulary_of(tokenizer)
+    if isinstance(value, int):
+        if not 0 <= value < vocab.size or vocab.token_bytes[value] is not None:
+            raise InvalidArgumentError(f"the {what} tag id {value} is not a control token of this tokenizer")
+        return Token(value)
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    ids = get_vocab() if get_vocab is not None else {}
+    tid = ids.get(value)
+    if tid is not None and 0 <= tid < vocab.size and vocab.token_bytes[tid] is None:
+        return Token(value)
+    return Text(value)
+
+
+def reasoning_tags(tokenizer: Any, start: str | int | None = None,
+                   end: str | int | None = None) -> tuple[Tag, Tag] | None:
+    """(start tag, end tag) of the model's thinking, or None when neither the tokenizer nor the
+    override names them. A multi-token tag (`<|channel>thought`) is its text."""
+    known_start = getattr(tokenizer, "think_start", None)
+    known_end = getattr(tokenizer, "think_end", None)
+    s = start if start is not None else known_start
+    e = end if end is not None else known_end
+    if s is None and e is None:
+        return None
+    if s is None or e is None:
+        raise InvalidArgumentError(
+            "reasoning needs both think tags; the tokenizer knows "
+            f"start={known_start!r} end={known_end!r}: give the other one (Reasoning(start=..., end=...))")
+    return _tag(tokenizer, s, "start"), _tag(tokenizer, e, "end")
+
+
+def _tag_ids(tokenizer: Any, tag: Tag) -> tuple[int, ...]:
+    if isinstance(tag, Token):
+        if isinstance(tag.tag, int):
+            return (tag.tag,)
+        return (int(tokenizer.get_vocab()[tag.tag]),)
+    encode = getattr(tokenizer, "encode", None)
+    if encode is None:
+        raise InvalidArgumentError("reasoning_state needs a tokenizer that can encode the text think tags")
+    return tuple(encode(tag.literal, add_special_tokens=False))
+
+
+def _rfind(tokens: list[int], seq: tuple[int, ...], start: int) -> int:
+    n = len(seq)
+    for i in range(len(tokens) - n, start - 1, -1):
+        if tuple(tokens[i:i + n]) == seq:
+            return i
+    return -1
+
+
+def reasoning_state(tokenizer: Any, prompt_ids: list[int] | Any, enable_thinking: bool | None = None, *,
+                    start: str | int | None = None, end: str | int | None = None) -> ReasoningState:
+    """Where generation starts relative to the thinking section: "closed" when thinking is disabled
+    (`enable_thinking is False`), the model has no think tags, or the prompt's tail closes the last
+    start tag (Qwen3's `enable_thinking=false` renders `<think>\\n\\n</think>\\n\\n`); "open" when the
+    tail's last start tag is unclosed (templates that open `<think>` for the model); "model" when the
+    model may emit the start tag itself."""
+    if enable_thinking is False:
+        return "closed"
+    tags = reasoning_tags(tokenizer, start, end)
+    if tags is None:
+        return "closed"
+    tokens = [int(t) for t in (prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else prompt_ids)]
+    start_ids, end_ids = _tag_ids(tokenizer, tags[0]), _tag_ids(tokenizer, tags[1])
+    window = max(0, len(tokens) - TAIL_TOKENS - max(len(start_ids), len(end_ids)))
+    s = _rfind(tokens, start_ids, window)
+    e = _rfind(tokens, end_ids, window)
+    if s >= 0 and s > e:
+        return "open"
+    if e >= 0:
+        return "closed"
+    return "model"
+
+
+def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: str) -> Segment:
+    """`body` prefixed by the thinking section for a generation starting in `state`
+    (`reasoning_state`): "open" → the thinking text, its end tag, then body; "model" → optionally
+    (always, with `required`) the start tag and the thinking text first; "closed" → body. A short run
+    of spaces and newlines may follow the end tag before a body that starts with text."""
+    if not isinstance(reasoning, Reasoning):
+        raise InvalidArgumentError(f"reasoning must be a Reasoning, got {type(reasoning).__name__}")
+    if state not in ("closed", "open", "model"):
+        raise InvalidArgumentError(f"state must be 'closed', 'open' or 'model', got {state!r}")
+    if state == "closed":
+        return body
+    tags = reasoning_tags(tokenizer, reasoning.start, reasoning.end)
+    if tags is None:
+        raise InvalidArgumentError(
+            "reasoning was asked for, but the tokenizer has no think tags (mlx-lm's TokenizerWrapper infers "
+            "them from its vocabulary): name them with Reasoning(start=..., end=...)")
+    start_tag, end_tag = tags
+    thinking = ReasoningText(max_tokens=reasoning.budget, end=end_tag)
+    rest: tuple[Segment, ...] = (Regex(GAP), body) if _text_leading(body) else (body,)
+    if state == "open":
+        return Seq((thinking, *rest))
+    section = Seq((start_tag, thinking))
+    # A text start tag cannot be told apart from a text body by a token (both are text): the model
+    # is made to open its thinking, as if `required`.
+    required = reasoning.required or isinstance(start_tag, Text)
+    prefix = section if required else Choice((section, Seq(())))
+    return Seq((prefix, *rest))
+
+
+def _text_leading(body: Segment) -> bool:
+    """Whether `body` starts with constrained text (a JSON Schema, a regex, a literal), where the
+    gap after the end tag goes; free text and control tokens need none."""
+    if isinstance(body, (JSONSchema, Regex, Text)):
+        return True
+    if isinstance(body, Seq):
+        return bool(body.items) and _text_leading(body.items[0])
+    if isinstance(body, Choice):
+        return any(_text_leading(o) for o in body.options)
+    return False
