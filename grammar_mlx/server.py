@@ -658,7 +658,7 @@ class Grammars:
     def _compile(self, spec: GrammarSpec) -> ServedGrammar:
         options: CompileOptions = {"timeout": self.timeout, "cache_dir": self.cache_dir}
         if spec.kind == "segments":
-            from .segments.build import compile_segments
+            from .segments import compile_segments
 
             if spec.segment is None or self.tokenizer is None:
                 raise InvalidArgumentError("a segments grammar needs its program and the served tokenizer")
