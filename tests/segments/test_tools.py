@@ -189,3 +189,86 @@ def test_fallback_format(qwen_tokenizer):
     note = fallback_instructions(TOOLS, NamedTool("get_time"), True)
     assert '"name": "get_time"' in note and "get_weather" not in note and "a list" not in note
     assert "a list of one or more" in fallback_instructions(TOOLS, "required", True)
+
+
+# --- compiled: what each program accepts, on the genuine Qwen3 vocabulary ---------------------------
+
+EOS = 151645
+WIDTH = 151_936
+
+
+@pytest.fixture(scope="module")
+def compiled(qwen_tool_tokenizer):
+    from grammar_mlx.segments import compile_segments
+
+    cache = {}
+
+    def compile_choice(choice, parallel=True, content=None):
+        key = (choice, parallel, content is not None)
+        if key not in cache:
+            segment = tool_call_segment(qwen_tool_tokenizer, TOOLS, choice, parallel, content=content)
+            cache[key] = compile_segments(segment, qwen_tool_tokenizer, logits_width=WIDTH)
+        return cache[key]
+
+    return compile_choice
+
+
+def call_text(name, arguments, spacing=True):
+    args = json.dumps(arguments) if spacing else json.dumps(arguments, separators=(",", ":"))
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+def ids(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+PARIS = call_text("get_weather", {"city": "Paris", "unit": "c"})
+ZONE = call_text("get_time", {"zone": 2})
+
+
+@pytest.mark.parametrize("choice, parallel, text, ok", [
+    ("required", True, PARIS, True),
+    ("required", True, call_text("get_weather", {"city": "Paris", "unit": "c"}, spacing=False), True),
+    ("required", True, f"{PARIS}\n{ZONE}", True),
+    ("required", False, f"{PARIS}\n{ZONE}", False),  # one call only
+    ("required", True, "", False),  # at least one
+    ("required", True, "Sure.", False),  # no content
+    ("required", True, call_text("get_wether", {"city": "Paris", "unit": "c"}), False),  # not offered
+    ("required", True, call_text("get_weather", {"city": "Paris"}), False),  # "unit" required
+    ("required", True, call_text("get_weather", {"city": "Paris", "unit": "k"}), False),  # enum
+    ("required", True, call_text("get_weather", {"city": "Ciudad de Mexico", "unit": "c"}), False),  # maxLength 12
+    ("required", True, call_text("get_time", {"zone": 20}), False),  # maximum 14
+    ("required", True, PARIS.replace("\n{", "{"), False),  # the template's own layout
+    (NamedTool("get_time"), True, ZONE, True),
+    (NamedTool("get_time"), True, PARIS, False),
+    (NamedTool("get_time"), True, f"{ZONE}\n{ZONE}", False),  # exactly one
+    ("auto", True, "It is sunny.", True),
+    ("auto", True, "", True),
+    ("auto", True, f"Let me check.\n{PARIS}", True),
+    ("auto", True, f"{PARIS}\n{ZONE}", True),
+    ("auto", False, f"{PARIS}\n{ZONE}", False),
+    ("auto", True, f"{PARIS} and more text", False),  # after the calls only calls or the end
+    ("auto", True, call_text("get_time", {"zone": "2"}), False),
+    ("none", True, "It is sunny.", True),
+    ("none", True, PARIS, False),
+])
+def test_compiled_programs_accept_exactly_their_calls(qwen_tool_tokenizer, compiled, choice, parallel, text, ok):
+    grammar = compiled(choice, parallel)
+    tokens = ids(qwen_tool_tokenizer, text)
+    assert grammar.matches(tokens + [EOS]) is ok, (choice, parallel, text)
+    assert grammar.unenforced == ()
+
+
+def test_compiled_call_roles_and_content_choice(qwen_tool_tokenizer, compiled):
+    grammar = compiled("auto", True, JSONSchema({"type": "object", "properties": {"a": {"type": "integer"}},
+                                                 "required": ["a"]}))
+    assert grammar.matches(ids(qwen_tool_tokenizer, '{"a":1}') + [EOS])
+    assert grammar.matches(ids(qwen_tool_tokenizer, PARIS) + [EOS])
+    assert not grammar.matches(ids(qwen_tool_tokenizer, "It is sunny.") + [EOS])  # the content is the schema
+    # In `auto` free text the call's tokens are "call", the tags "tag", the text before them "content".
+    auto = compiled("auto", True)
+    state, roles = auto.initial_state, []
+    for token in ids(qwen_tool_tokenizer, f"Hi\n{PARIS}"):
+        roles.append(auto.role(state, token))
+        state = auto.next_state(state, token)
+    assert roles[0] == "content" and roles[2] == "tag" and set(roles[3:-1]) == {"call"} and roles[-1] == "tag"
