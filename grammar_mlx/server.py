@@ -434,7 +434,9 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
     tool_call_segment`, with `content` as the answer that is not a call) or `content`, or free text.
     Tools in a format that is not constrained leave the body free (checked by the caller)."""
     body = content_segment(content)
-    with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice)
+    # `none` in a format with no call tag (the fallback's): there is nothing to forbid.
+    nothing_to_forbid = choice == "none" and tool_calls.call_start_tag(tokenizer) is None
+    with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice) and not nothing_to_forbid
     thinking = state != "closed"
     if with_tools:
         body = tool_calls.tool_call_segment(tokenizer, tools, choice, parallel, content=body)
@@ -482,8 +484,9 @@ def segment_key(segment: Segment) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _translate_tool_schema(parameters: str, strict: bool) -> tuple[Unenforced, ...]:
-    return schema_to_regex(json.loads(parameters), strict=strict, whitespace=tool_calls.ARGUMENTS_WHITESPACE).unenforced
+def _schema_unenforced(schema: str, strict: bool, whitespace: str | None) -> tuple[Unenforced, ...]:
+    # The translation alone (no automaton): cheap, and remembered for the next request.
+    return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace).unenforced
 
 
 def check_tool_schemas(tools: tuple[ToolSpec, ...]) -> tuple[Unenforced, ...]:
@@ -493,7 +496,8 @@ def check_tool_schemas(tools: tuple[ToolSpec, ...]) -> tuple[Unenforced, ...]:
     unenforced: list[Unenforced] = []
     for i, tool in enumerate(tools):
         try:
-            found = _translate_tool_schema(json.dumps(tool.parameters, separators=(",", ":")), tool.strict)
+            found = _schema_unenforced(json.dumps(tool.parameters, separators=(",", ":")), tool.strict,
+                                       tool_calls.ARGUMENTS_WHITESPACE)
         except RecursionError:
             raise InvalidRequestError("the schema is nested too deeply to translate",
                                       param=f"tools[{i}].function.parameters", code="invalid_schema") from None
@@ -1188,7 +1192,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                 raise InvalidRequestError("draft_model cannot be chosen per request; start the server with "
                                           "--draft-model or --draft-layers", param="draft_model",
                                           code="unsupported_parameter")
-            spec = parse_response_format(self.body.get("response_format"))
+            spec = content = parse_response_format(self.body.get("response_format"))
             length_safe = self._length_safe()
             request, plan = self._plan(request, spec, answer)
             tokenized = generator.tokenize(request, self.chat_template_kwargs)
@@ -1202,7 +1206,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                 logging.exception("preparing the request failed")
             self._send_error(*error_response(e, spec))
             return
-        unenforced = (*(grammar.unenforced if grammar is not None else ()), *plan.unenforced)
+        unenforced = (*self._unenforced_of(grammar, spec, content), *plan.unenforced)
         if unenforced:
             self._unenforced = unenforced
             logging.warning("not enforced: %s", ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in unenforced))
@@ -1320,6 +1324,20 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         start, end, open_ = answer.think_ids
         usage["completion_tokens_details"] = {
             "reasoning_tokens": reasoning_token_count(answer.tokens, start, end, open_=open_)}
+
+    @staticmethod
+    def _unenforced_of(grammar: ServedGrammar | None, spec: GrammarSpec | None,
+                       content: GrammarSpec | None) -> tuple[Unenforced, ...]:
+        """What the served grammar does not enforce, pointers as the request names it: a segments
+        grammar's report does not say which schema a pointer is in, so its `response_format` part is
+        the content schema's own (the tools' come from `check_tool_schemas`)."""
+        if grammar is None or spec is None:
+            return ()
+        if spec.kind != "segments":
+            return tuple(grammar.unenforced)
+        if content is None or content.kind != "json_schema" or not grammar.unenforced:
+            return ()
+        return _schema_unenforced(content.text, content.strict, content.whitespace)
 
     def _length_safe(self) -> bool:
         """The request's `length_safe` extension field, else the server's default."""

@@ -428,3 +428,12 @@ def test_unenforced_tool_keywords_are_reported(qwen_servers):
     assert ["uniqueItems", "/tools/0/function/parameters/properties/x"] in json.loads(
         raw.headers["X-Grammar-Unenforced"])
     assert raw.parse().choices[0].finish_reason == "tool_calls"
+    # A response_format's own keywords keep their pointers when reasoning comes first.
+    tags = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                      "uniqueItems": True, "maxItems": 2}}, "required": ["tags"]}
+    raw = client.chat.completions.with_raw_response.create(
+        model="qwen", messages=ASK, max_tokens=40, extra_body={"thinking_budget": 2},
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": tags}})
+    assert json.loads(raw.headers["X-Grammar-Unenforced"]) == [["uniqueItems", "/properties/tags"]]
+    jsonschema.validate(json.loads(raw.parse().choices[0].message.content), {**tags, "properties": {
+        "tags": {k: v for k, v in tags["properties"]["tags"].items() if k != "uniqueItems"}}})
