@@ -295,7 +295,7 @@ def tool_call_latency(args: argparse.Namespace) -> int:
                               "127.0.0.1", "--port", str(port), "--max-tokens", str(args.max_tokens)],
                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     floor_url = f"http://127.0.0.1:{port}"
-    base = {"model": "qwen", "messages": TOOL_MESSAGES, "tools": [TOOL], "max_tokens": args.max_tokens,
+    base = {"model": "default_model", "messages": TOOL_MESSAGES, "tools": [TOOL], "max_tokens": args.max_tokens,
             "chat_template_kwargs": {"enable_thinking": False}}
     modes = {
         "required (constrained)": (ours.url, {**base, "tool_choice": "required", "parallel_tool_calls": False}),
@@ -345,7 +345,7 @@ def tool_call_latency(args: argparse.Namespace) -> int:
     for name, row in summary.items():
         print(f"  {name:<34} whole x{row['whole_s'] / floor_row['whole_s']:.2f}, "
               f"ms/token x{row['ms_per_token'] / floor_row['ms_per_token']:.2f}")
-    bad = [r for name in modes if "constrained" in name for r in rows[name] if len(r["calls"]) != 1]
+    bad = [r for name in modes if name.endswith("(constrained)") for r in rows[name] if len(r["calls"]) != 1]
     print(f"constrained requests without exactly one call: {len(bad)}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "server-tools.json"

@@ -205,7 +205,7 @@ from .models import logits_width_of
 from .runtime import GrammarProcessor
 from .runtime.processor import check_token_budget
 from .schema import Unenforced, schema_to_regex
-from .segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag
+from .segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text
 from .segments import tools as tool_calls
 from .segments.spec import ReasoningText
 from .segments.tools import NamedTool, ToolChoice, ToolSpec
@@ -417,6 +417,26 @@ def parse_enable_thinking(kwargs: Any, defaults: dict[str, Any] | None = None) -
     return value
 
 
+@functools.lru_cache(maxsize=8)
+def served_think_tags(tokenizer: Any) -> tuple[str | int, str | int] | None:
+    """The served tokenizer's think tags (`reasoning_tags`), a control token as its id and a text tag
+    as its text, or None: read once per tokenizer (a tag looked up by its text reads the whole
+    vocabulary), and passed on as the explicit tags of `reasoning_state` and `Reasoning`."""
+    from .segments.reasoning import reasoning_tags
+
+    tags = reasoning_tags(tokenizer)
+    if tags is None:
+        return None
+    ids = tokenizer.get_vocab()
+
+    def plain(tag: Tag) -> str | int:
+        if isinstance(tag, Text):
+            return tag.literal
+        return tag.tag if isinstance(tag.tag, int) else int(ids[tag.tag])
+
+    return plain(tags[0]), plain(tags[1])
+
+
 def content_segment(spec: GrammarSpec | None) -> Segment | None:
     """The `response_format` grammar as a segment."""
     if spec is None:
@@ -448,8 +468,10 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
     if thinking and (body is not None or budget is not None):
         from .segments.reasoning import Reasoning, with_reasoning
 
+        tags = served_think_tags(tokenizer)
+        start, end = tags if tags is not None else (None, None)
         program = with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
-                                 Reasoning(budget=budget), state)
+                                 Reasoning(budget=budget, start=start, end=end), state)
         trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
         return program if trigger is None else _forbid_in_reasoning(program, trigger)
     return body if with_tools else None
@@ -1051,7 +1073,6 @@ class _Plan:
     parallel: bool
     budget: int | None
     enable_thinking: bool | None
-    has_thinking: bool
     unenforced: tuple[Unenforced, ...] = ()
 
 
@@ -1221,19 +1242,17 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         """Read the request's tools and reasoning fields (refusing bad ones) before tokenizing; the
         request comes back with the fallback format's system note when its template drops tools."""
         tokenizer = self.response_generator.model_provider.tokenizer
-        from .segments.reasoning import reasoning_tags
-
         tools = tool_calls.parse_tools(self.body.get("tools"))
         if tools and request.request_type != "chat":
             raise InvalidRequestError("tools need the chat endpoint (/v1/chat/completions)", param="tools",
                                       code="unsupported_parameter")
         choice = tool_calls.parse_tool_choice(self.body.get("tool_choice"), tools)
         parallel = tool_calls.parse_parallel_tool_calls(self.body.get("parallel_tool_calls"))
-        tags = reasoning_tags(tokenizer)
+        tags = served_think_tags(tokenizer)
         budget = parse_thinking_budget(self.body, tags is not None)
         defaults = getattr(self.response_generator.model_provider.cli_args, "chat_template_args", None)
         enable_thinking = parse_enable_thinking(self.chat_template_kwargs, defaults)
-        plan = _Plan(tools, choice, parallel, budget, enable_thinking, tags is not None)
+        plan = _Plan(tools, choice, parallel, budget, enable_thinking)
         if not tools:
             return request, plan
         plan.unenforced = check_tool_schemas(tools)
@@ -1266,11 +1285,12 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         and tool calls (`segment_program`)."""
         tokenizer = self.response_generator.model_provider.tokenizer
         state = "closed"
-        if plan.has_thinking:
+        tags = served_think_tags(tokenizer)
+        if tags is not None:
             from .segments.reasoning import reasoning_state
 
-            state = reasoning_state(tokenizer, tokenized[0], plan.enable_thinking)
-            start, end = getattr(tokenizer, "think_start_id", None), getattr(tokenizer, "think_end_id", None)
+            start, end = tags
+            state = reasoning_state(tokenizer, tokenized[0], plan.enable_thinking, start=start, end=end)
             if isinstance(start, int) and isinstance(end, int):
                 answer.think_ids = (start, end, state == "open")
         program = segment_program(tokenizer, content, plan.tools, plan.choice, plan.parallel, plan.budget, state)
