@@ -141,8 +141,11 @@ one at a time through speculative decoding, which the processor follows through 
 Seams used in mlx_lm.server (0.32): `ModelProvider` (subclass: the models are loaded up front by
 `grammar_mlx.models`), `ResponseGenerator` (subclass: the compiled grammar and the prompt tokenized
 in the handler thread ride in the request, `_tokenize` returns that prompt, `_await_response` ends a
-request when the server stops), `APIHandler` (subclass: reads the body within the limits, parses
-`response_format`, checks the prompt length, compiles, answers errors),
+request when the server stops, the generated ids are recorded for the usage), `APIHandler`
+(subclass: reads the body within the limits, parses `response_format`, tools and reasoning fields,
+checks the prompt length, compiles, answers errors; `generate_response` and
+`completion_usage_response` wrapped to add reasoning tokens, drop the gap after the reasoning and
+answer fallback-format calls as `tool_calls`; `handle_completion`'s own loop is mlx-lm's),
 the module function `_make_logits_processors`, wrapped once so that arguments carrying a grammar
 get a `GrammarProcessor` last in their processor list (all other arguments are left unchanged), and
 `LRUPromptCache` (subclass `ExactPromptCache`: an entry is stored under exactly the tokens its KV
