@@ -10,6 +10,9 @@ history); `_process_row` masks it through `kernels.row_masker`, bound once per m
 grammar's table is a new object whenever it outgrew the last; it is bound anew). Batches go
 through `kernels.apply_token_bitmask`. bench/processor.py measures the per-token path.
 
+A grammar's `mask_row` may return `ALLOW_ALL` (a segment grammar's free text, docs/segments.md):
+every id is allowed there, and the logits are returned as they came, with no row and no kernel.
+
 End of generation needs nothing special here: the compiled grammar sets EOS bits exactly in
 accepting states and sends EOS to a terminal state that allows only EOS, so after an EOS every
 later position (e.g. speculative verification past the end) allows only EOS, and never crashes.

@@ -20,12 +20,11 @@ from ..compiler.grammar import CompiledGrammar, LazyGrammar
 from ..compiler.lazy import LazyIndex
 from ..errors import InvalidArgumentError
 from ..limits import deadline_scope
-from ..regex.charset import escape_text
 from ..vocabulary.token_bytes import Vocabulary
 from .grammar import Entry, Exits, Node, Position, SegmentGrammar
 from .program import Atom, Lowered, describe, lower
 from .spec import Segment
-from .text_until import TextWatch, text_watch
+from .text_until import TextWatch, text_trie, text_watch
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -163,9 +162,10 @@ class _Builder:
             self.pending.append((node, follow, end))
         return node
 
-    def exits(self, follow: frozenset[int], end: bool, path: str) -> Exits:
-        """The exits of a follow set: control tokens to their entries, EOS when the program may end,
-        the one text position; text triggers are spelled by the watch before them."""
+    def exits(self, follow: frozenset[int], end: bool, path: str, owner: Atom | None = None) -> Exits:
+        """The exits of a follow set (of `owner`, or of an entry): control tokens to their entries,
+        EOS when the program may end, the one text position; text triggers are spelled by the watch
+        before them (the owner itself, or the text position that starts here)."""
         atoms = self.lowered.atoms
         ex = Exits(eos=end)
         texts = [atoms[i] for i in sorted(follow) if atoms[i].kind in ("text", "free", "watch")]
@@ -179,7 +179,8 @@ class _Builder:
         for i in sorted(follow):
             a = atoms[i]
             if a.kind == "texttag":
-                if not texts or texts[0].kind != "watch" or a.patterns[0] not in texts[0].patterns:
+                watcher = owner if owner is not None and owner.kind == "watch" else (texts[0] if texts else None)
+                if watcher is None or watcher.kind != "watch" or a.patterns[0] not in watcher.patterns:
                     raise InvalidArgumentError(f"{a.path}: a text trigger must follow the free text of its Triggered "
                                                "segment")
             elif a.kind == "special":
@@ -195,7 +196,7 @@ class _Builder:
     def finish(self, p: Position, atom: Atom) -> None:
         """A position's exits, and for a watch its hits' exits, distance classes and forced tails."""
         low = self.lowered
-        p.exits = self.exits(low.follow[atom.index], atom.index in low.last, atom.path)
+        p.exits = self.exits(low.follow[atom.index], atom.index in low.last, atom.path, atom)
         if atom.kind == "free":
             clash = set(p.exits.specials) & set(p.forbid)
             p.forbid = frozenset(set(p.forbid) - clash)
@@ -219,35 +220,56 @@ class _Builder:
                     if j in p.hit_exits:
                         raise InvalidArgumentError(f"{a.path}: two sections begin with the same text trigger")
                     p.hit_exits[j] = self.exits(low.follow[i], i in low.last, a.path)
-        # Distance classes: one grammar per way out when there are several.
         hits = [h for h in range(len(atom.patterns)) if not atom.forbidden[h] and h in p.hit_exits]
-        n = len(watch.hit)
-        classes: list[tuple[CompiledGrammar, Exits]] = []
-        ways = len(hits) + (1 if p.stop_anywhere else 0)
+        p.classes = self.classes_of(p, watch, hits)
+        if atom.max_tokens is not None:
+            self.force(p, atom)
+
+    def force(self, p: Position, atom: Atom) -> None:
+        """A bounded watch's forced completions: at its bound, from each state, only the rest of
+        its end tag (or of one of its text triggers; or, where it may stop, nothing more) can be
+        written. One node per distinct set of rests (`text_until.text_trie`)."""
+        watch = p.watch
+        assert watch is not None
+        hits = sorted(h for h in p.hit_exits if not atom.forbidden[h])
+        by_rests: dict[tuple[bytes, ...], int] = {}
+        p.forced = {}
+        for q in range(len(watch.hit)):
+            if watch.hit[q] >= 0:
+                continue
+            rests = tuple(watch.rest(q, atom.patterns[h]) for h in hits)
+            node = by_rests.get(rests)
+            if node is None:
+                node = by_rests[rests] = len(self.nodes)
+                trie = text_trie(list(rests), start_accepting=p.stop_anywhere)
+                names = " | ".join(r.decode(errors="replace") for r in rests)
+                g = self.watch_grammar(trie, None, f"<forced {names}>")
+                forced_atom = Atom(kind="watch", path=f"{atom.path}.end", role="tag")
+                hit_exits = {j: p.hit_exits[h] for j, h in enumerate(hits)}
+                forced = Position(forced_atom, p.exits, grammar=g, watch=trie, hit_exits=hit_exits,
+                                  stop_anywhere=False, start_exits=p.stop_anywhere, role="tag",
+                                  path=f"{atom.path}.end")
+                forced.classes = self.classes_of(forced, trie, hits=list(range(len(rests))))
+                self.nodes.append(forced)
+            p.forced[q] = node  # a node here; SegmentGrammar encodes its start state
+
+    def classes_of(self, p: Position, watch: TextWatch, hits: list[int]) -> list[tuple[CompiledGrammar, Exits]]:
+        """A watch's distance classes: one grammar per way out when there are several."""
         assert p.grammar is not None
+        n = len(watch.hit)
+        stop = p.stop_anywhere or p.start_exits
+        ways = len(hits) + (1 if stop else 0)
         if ways <= 1:
-            only = p.exits if p.stop_anywhere or not hits else p.hit_exits[hits[0]]
-            classes.append((p.grammar, only))
-        else:
-            for h in hits:
-                acc = np.array([watch.hit[q] == h for q in range(n)] + [False])
-                classes.append((self.watch_grammar(watch, acc, f"<until hit {h}>"), p.hit_exits[h]))
-            if p.stop_anywhere:
-                acc = np.array([watch.hit[q] < 0 for q in range(n)] + [False])
-                classes.append((self.watch_grammar(watch, acc, "<until stop>"), p.exits))
-        p.classes = classes
-        if atom.end is not None and atom.max_tokens is not None:
-            tag = atom.patterns[atom.end]
-            p.forced = {}
-            for k in sorted(set(watch.prefix)):
-                node = len(self.nodes)
-                forced_atom = Atom(kind="text", path=f"{atom.path}.end", role="tag", regex=escape_text(
-                    tag[k:].decode("utf-8", errors="surrogateescape")))
-                g = self.regex_grammar(forced_atom.regex) if k < len(tag) else None
-                if g is None:
-                    continue
-                self.nodes.append(Position(forced_atom, p.exits, grammar=g, role="tag", path=f"{atom.path}.end"))
-                p.forced[k] = node  # a node here; SegmentGrammar encodes its start state
+            return [(p.grammar, p.exits if stop or not hits else p.hit_exits[hits[0]])]
+        classes: list[tuple[CompiledGrammar, Exits]] = []
+        for h in hits:
+            acc = np.array([watch.hit[q] == h for q in range(n)] + [False])
+            classes.append((self.watch_grammar(watch, acc, f"<until hit {h}>"), p.hit_exits[h]))
+        if stop:
+            acc = np.array([watch.hit[q] < 0 and (p.stop_anywhere or q == watch.dfa.initial) for q in range(n)]
+                           + [False])
+            classes.append((self.watch_grammar(watch, acc, "<until stop>"), p.exits))
+        return classes
 
     def check_fallthrough(self) -> None:
         """Text positions entered at a start where they may already be left (an empty regex, free
@@ -257,7 +279,7 @@ class _Builder:
             if p.grammar is None:
                 return p.atom.max_tokens == 0
             if p.watch is not None:
-                return p.stop_anywhere
+                return p.stop_anywhere or p.start_exits
             return bool(p.grammar.is_accepting(p.grammar.initial_state))
 
         for start, n in enumerate(self.nodes):

@@ -89,7 +89,8 @@ class Position:
     watch: TextWatch | None = None  # RUN over a text-until automaton
     hit_exits: dict[int, Exits] = field(default_factory=dict)  # watch: pattern -> exits at its hit
     stop_anywhere: bool = False  # watch: non-hit states may exit
-    forced: dict[int, int] | None = None  # watch with an end tag and a bound: prefix -> forced-tail state
+    start_exits: bool = False  # watch: its start state may exit (a forced completion where the text may stop)
+    forced: dict[int, int] | None = None  # bounded watch: inner state at the bound -> forced-completion state
     role: str = "content"
     path: str = ""
     # Distances of a watch run to each exit class (grammar accepting exactly that class, exits).
@@ -165,6 +166,9 @@ class SegmentGrammar:
         """The state at a text position's start (its inner initial state, no token counted)."""
         p = self._nodes[node]
         assert isinstance(p, Position)
+        if p.forced is not None and p.atom.max_tokens == 0:  # no room: the forced completion at once
+            assert p.grammar is not None
+            return p.forced[p.grammar.initial_state]
         return self._encode(node, p.grammar.initial_state if p.grammar is not None else 0, 0)
 
     def _at_bound(self, p: Position, count: int) -> bool:
@@ -182,7 +186,7 @@ class SegmentGrammar:
             h = watch.hit[inner]
             if h >= 0:
                 return p.hit_exits.get(h)
-            return p.exits if p.stop_anywhere else None
+            return p.exits if (p.stop_anywhere or (p.start_exits and inner == g.initial_state)) else None
         return None
 
     def _eos_of(self, ex: Exits | None) -> bool:
@@ -224,9 +228,11 @@ class SegmentGrammar:
         return self._step(node, n, inner, count, token_id)  # type: ignore[arg-type]
 
     def _enter(self, node: int, token_id: int) -> int:
+        rest, node = divmod(self.start_of(node), self._n)
+        inner, count = divmod(rest, self._span)
         p = self._nodes[node]
         assert isinstance(p, Position)
-        return self._step(node, p, p.grammar.initial_state if p.grammar is not None else 0, 0, token_id)
+        return self._step(node, p, inner, count, token_id)
 
     def _step(self, node: int, p: Position, inner: int, count: int, token_id: int) -> int:
         g = p.grammar
@@ -258,7 +264,7 @@ class SegmentGrammar:
                 count += 1
                 watch = p.watch
                 if count >= bound and p.forced is not None and watch is not None and watch.hit[nxt] < 0:
-                    return p.forced[watch.prefix[nxt]]
+                    return p.forced[nxt]
                 return self._encode(node, nxt, count)
         open_exits = self._exits_at(p, inner)
         if open_exits is None:
@@ -306,34 +312,40 @@ class SegmentGrammar:
                 n = self._nodes[target]
                 assert isinstance(n, Position)
                 return n.role
+        where = self._text_at(state)
+        return "tag" if where is None else where.role
+
+    def _text_at(self, state: int) -> Position | None:
+        """The text position a text token consumed from `state` belongs to (None: only tags may
+        come): an entry's text; a watch's exit text once its tag is complete."""
+        node, inner, _ = self._decode(state)
         if node == END:
-            return "tag"
+            return None
         n = self._nodes[node]
+        ex: Exits | None
         if isinstance(n, Entry):
-            text = n.exits.text
-            if text is None:
-                return "tag"
-            p = self._nodes[text]
-            assert isinstance(p, Position)
-            return p.role
-        assert isinstance(n, Position)
-        return n.role
+            ex = n.exits
+        else:
+            assert isinstance(n, Position)
+            if n.watch is None or inner >= len(n.watch.hit) or n.watch.hit[inner] < 0:
+                return n
+            ex = self._exits_at(n, inner)
+        if ex is None or ex.text is None:
+            return None
+        p = self._nodes[ex.text]
+        assert isinstance(p, Position)
+        return p
 
     def segment_path(self, state: int) -> str:
         """The spec path of the segment `state` is in (e.g. `segment.items[1].sections[0].body`)."""
         node, _, _ = self._decode(state)
         if node == END:
             return "end of generation"
+        where = self._text_at(state)
+        if where is not None:
+            return where.path
         n = self._nodes[node]
-        if isinstance(n, Entry):
-            text = n.exits.text
-            if text is not None:
-                p = self._nodes[text]
-                assert isinstance(p, Position)
-                return p.path
-            return n.path
-        assert isinstance(n, Position)
-        return n.path
+        return n.path if isinstance(n, (Entry, Position)) else "end of generation"
 
     # -- masks -----------------------------------------------------------------------------------
 
@@ -350,7 +362,7 @@ class SegmentGrammar:
                 excluded = set(p.forbid) - set(ex.specials)
                 if not (p.atom.allow_eos or ex.eos):
                     excluded |= self._eos
-                parts.append(np.setdiff1d(self._all, np.fromiter(excluded, dtype=np.int32, count=len(excluded)))
+                parts.append(_without(self._all, np.fromiter(excluded, dtype=np.int32, count=len(excluded)))
                              if excluded else self._all)
             else:
                 parts.append(self._exit_ids(ex))
@@ -358,7 +370,7 @@ class SegmentGrammar:
                     parts.append(self._eos_ids)
         else:
             if not self._at_bound(p, count):
-                parts.append(np.setdiff1d(g.allowed_tokens(inner), self._eos_ids))
+                parts.append(_without(g.allowed_tokens(inner), self._eos_ids))
             ex = self._exits_at(p, inner)
             if ex is not None:
                 parts.append(self._exit_ids(ex))
@@ -539,7 +551,7 @@ class SegmentGrammar:
             free_next = self._encode(node, 0, count + 1) if n.bounded else node
             if self._cost_of_state(free_next) <= threshold:
                 excluded = set(n.forbid) | set(ex.specials) | self._eos
-                parts.append(np.setdiff1d(self._all, np.array(sorted(excluded), dtype=np.int32)))
+                parts.append(_without(self._all, np.array(sorted(excluded), dtype=np.int32)))
             parts.append(self._kept_exits(Exits(ex.specials, ex.eos, None), threshold))
             return _union(parts)
         if not self._at_bound(n, count):
@@ -547,11 +559,12 @@ class SegmentGrammar:
                 limit = threshold + 2 - self._exit_cost(ex)  # keep t with d(next) - 1 + cost <= threshold
                 d = cg.distance(inner)
                 if limit >= 1 and d is not None and d <= limit:
-                    parts.append(np.setdiff1d(cg.budget_allowed_tokens(inner, limit), self._eos_ids))
+                    parts.append(_without(cg.budget_allowed_tokens(inner, limit), self._eos_ids))
         ex_here = self._exits_at(n, inner)
         if ex_here is not None:
-            own = g.allowed_tokens(inner) if not self._at_bound(n, count) else np.zeros(0, dtype=np.int32)
-            parts.append(np.setdiff1d(self._kept_exits(ex_here, threshold), own))
+            own = (_without(g.allowed_tokens(inner), self._eos_ids) if not self._at_bound(n, count)
+                   else np.zeros(0, dtype=np.int32))
+            parts.append(_without(self._kept_exits(ex_here, threshold), own))
         return _union(parts)
 
     def _kept_exits(self, ex: Exits, threshold: int) -> np.ndarray:
@@ -562,9 +575,9 @@ class SegmentGrammar:
         if ex.text is not None:
             kept = self._kept(self.start_of(ex.text), threshold)
             if ex.specials:
-                kept = np.setdiff1d(kept, np.array(sorted(ex.specials), dtype=np.int32))
+                kept = _without(kept, np.array(sorted(ex.specials), dtype=np.int32))
             if ex.eos:
-                kept = np.setdiff1d(kept, self._eos_ids)
+                kept = _without(kept, self._eos_ids)
             parts.append(kept)
         return _union(parts)
 
@@ -576,10 +589,25 @@ class SegmentGrammar:
         return int(self.table.nbytes + caches + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
 
 
+def _without(ids: np.ndarray, drop: np.ndarray) -> np.ndarray:
+    """Sorted `ids` without `drop` (ids are unique and sorted: no re-sort)."""
+    if not len(drop) or not len(ids):
+        return np.asarray(ids, dtype=np.int32)
+    return np.asarray(ids[~np.isin(ids, drop)], dtype=np.int32)
+
+
 def _union(parts: list[np.ndarray]) -> np.ndarray:
     parts = [p for p in parts if len(p)]
     if not parts:
         return np.zeros(0, dtype=np.int32)
     if len(parts) == 1:
         return np.asarray(parts[0], dtype=np.int32)
-    return np.unique(np.concatenate(parts)).astype(np.int32)
+    total = sum(len(p) for p in parts)
+    if total < 4096:
+        return np.unique(np.concatenate(parts)).astype(np.int32)
+    # Near-full rows (free text, a JSON string): one pass over a bit per id, no sort.
+    top = max(int(p.max()) for p in parts) + 1
+    marks = np.zeros(top, dtype=bool)
+    for p in parts:
+        marks[p] = True
+    return np.flatnonzero(marks).astype(np.int32)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from ..errors import InvalidArgumentError
 from ..vocabulary.token_bytes import vocabulary_of
-from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, Text, Token
+from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, Text, Token, Triggered
 
 __all__ = ["Reasoning", "ReasoningState", "reasoning_state", "reasoning_tags", "with_reasoning"]
 
@@ -149,7 +149,10 @@ def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: s
             "reasoning was asked for, but the tokenizer has no think tags (mlx-lm's TokenizerWrapper infers "
             "them from its vocabulary): name them with Reasoning(start=..., end=...)")
     start_tag, end_tag = tags
-    thinking = ReasoningText(max_tokens=reasoning.budget, end=end_tag)
+    # Calls are not constrained inside the thinking text, so a control-token trigger of the body
+    # (`<tool_call>`) may not start there: it would be free text the caller reads as a call.
+    triggers = tuple(t for t in _triggers(body) if t != end_tag)
+    thinking = ReasoningText(max_tokens=reasoning.budget, end=end_tag, forbid=triggers)
     rest: tuple[Segment, ...] = (Regex(GAP), body) if _text_leading(body) else (body,)
     if state == "open":
         return Seq((thinking, *rest))
@@ -159,6 +162,17 @@ def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: s
     required = reasoning.required or isinstance(start_tag, Text)
     prefix = section if required else Choice((section, Seq(())))
     return Seq((prefix, *rest))
+
+
+def _triggers(body: Segment) -> list[Token]:
+    """The control-token begin tags of the Triggered segments `body` may start with."""
+    if isinstance(body, Triggered):
+        return [s.begin for s in body.sections if isinstance(s.begin, Token)]
+    if isinstance(body, Seq):
+        return _triggers(body.items[0]) if body.items else []
+    if isinstance(body, Choice):
+        return [t for o in body.options for t in _triggers(o)]
+    return []
 
 
 def _text_leading(body: Segment) -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 from ..automata.byte_dfa import NUL, ByteDFA
 from ..errors import InvalidArgumentError
 
-__all__ = ["TextWatch", "text_watch"]
+__all__ = ["TextWatch", "text_trie", "text_watch"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,14 @@ class TextWatch:
     dfa: ByteDFA
     hit: tuple[int, ...]
     prefix: tuple[int, ...]
+    strings: tuple[bytes, ...] = ()  # each state's string: the longest suffix read that starts a pattern
+
+    def rest(self, state: int, pattern: bytes) -> bytes:
+        """What must still be written from `state` to complete `pattern` (the longest suffix of
+        the text read that starts it counts as written)."""
+        s = self.strings[state]
+        k = max(k for k in range(len(pattern)) if s.endswith(pattern[:k]))
+        return pattern[k:]
 
 
 def text_watch(patterns: list[bytes], forbidden: list[bool], *, stop_anywhere: bool,
@@ -122,7 +130,50 @@ def text_watch(patterns: list[bytes], forbidden: list[bool], *, stop_anywhere: b
             while k and not _on_path(children, target, k, depth[k]):
                 k = fail[k]
             prefix[q] = depth[k]
-    return TextWatch(ByteDFA(flat, accepting, 0, classes), hit, tuple(prefix))
+    strings = [b""] * n
+    for q in seen:  # breadth-first: a parent before its children
+        for b, child in children[q].items():
+            strings[child] = strings[q] + bytes([b])
+    return TextWatch(ByteDFA(flat, accepting, 0, classes), hit, tuple(prefix), tuple(strings))
+
+
+def text_trie(rests: list[bytes], *, start_accepting: bool) -> TextWatch:
+    """A forced completion: exactly one of `rests` (a hit at its end, `hit` = its index), nothing
+    else; the start state accepts iff `start_accepting` (the text may stop there instead). A rest
+    that another rest starts with wins (its hit ends the text)."""
+    children: list[dict[int, int]] = [{}]
+    ends: list[int] = [-1]
+    for i, r in enumerate(rests):
+        q = 0
+        for b in r:
+            if ends[q] >= 0:
+                break
+            nxt = children[q].get(b)
+            if nxt is None:
+                nxt = len(children)
+                children[q][b] = nxt
+                children.append({})
+                ends.append(-1)
+            q = nxt
+        else:
+            if q and ends[q] < 0:
+                ends[q] = i
+    n = len(children)
+    alphabet = sorted({b for r in rests for b in r})
+    classes = np.zeros(256, dtype=np.int32)
+    for c, b in enumerate(alphabet, start=1):
+        classes[b] = c
+    width = len(alphabet) + 1
+    dead = n
+    table = np.full((n + 1, width), dead, dtype=np.int32)
+    for q in range(n):
+        if ends[q] >= 0:
+            continue
+        for b, child in children[q].items():
+            table[q, int(classes[b])] = child
+    accepting = np.array([e >= 0 for e in ends] + [False])
+    accepting[0] = accepting[0] or start_accepting
+    return TextWatch(ByteDFA(table.reshape(-1), accepting, 0, classes), tuple(ends), (0,) * n)
 
 
 def _on_path(children: list[dict[int, int]], target: bytes, node: int, length: int) -> bool:

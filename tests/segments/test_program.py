@@ -65,6 +65,8 @@ def test_tokens_resolve_by_text_and_by_id(qwen_tokenizer):
 @pytest.mark.parametrize(("spec", "path", "words"), [
     (Seq((Text("a"), Token("<nope>"))), "segment.items[1]", "no token"),
     (Seq((Token(10**7),)), "segment.items[0]", "out of range"),
+    (Seq((Text("a"), "b")), "segment.items[1]", "not a segment"),
+    (Triggered((Section(Token("<tool_call>"), "x", None),)), "segment.sections[0].body", "not a segment"),
     (Seq((Token(IM_END),)), "segment.items[0]", "end-of-sequence"),
     (Seq((Token(14990),)), "segment.items[0]", "ordinary text"),
     (Triggered((Section(Text("<a>"), Regex("x"), Token("<nope>")),)), "segment.sections[0].end", "no token"),
@@ -107,6 +109,22 @@ def test_a_bounded_free_text_may_be_followed_by_text(qwen_tokenizer):
     done = qwen_tokenizer.encode("done", add_special_tokens=False)
     assert g.next_state(s, 300) == -1  # at the bound only what follows
     assert g.matches([100, 200, *done])
+
+
+def test_unrolled_repetitions_are_bounded(qwen_tokenizer, monkeypatch):
+    from grammar_mlx import limits
+    from grammar_mlx.errors import GrammarTooLargeError
+
+    monkeypatch.setattr(limits, "MAX_SEGMENT_NODES", 50)
+    item = Seq((Token("<tool_call>"), Regex("x"), Token("</tool_call>")))
+    compile_(Repeat(item, min=0, max=10), qwen_tokenizer)  # 30 positions
+    with pytest.raises(GrammarTooLargeError, match="GRAMMAR_MLX_MAX_SEGMENT_NODES"):
+        compile_(Repeat(item, min=0, max=20), qwen_tokenizer)
+    g = compile_(Repeat(item, min=2, separator=Text("\n")), qwen_tokenizer)  # unbounded: a loop, not copies
+    one = [151657, *qwen_tokenizer.encode("x", add_special_tokens=False), 151658]
+    nl = qwen_tokenizer.encode("\n", add_special_tokens=False)
+    assert not g.matches(one)
+    assert g.matches([*one, *nl, *one]) and g.matches([*one, *nl, *one, *nl, *one])
 
 
 def test_unenforced_keywords_of_every_schema_are_reported(qwen_tokenizer):

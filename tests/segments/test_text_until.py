@@ -69,3 +69,17 @@ def test_bad_patterns():
         text_watch([b""], [False], stop_anywhere=True)
     with pytest.raises(InvalidArgumentError, match="told apart"):
         text_watch([b"ab", b"xaby"], [False, False], stop_anywhere=True)
+
+
+def test_rest_and_forced_trie():
+    from grammar_mlx.segments.text_until import text_trie
+
+    watch = text_watch([b"<call>", b"<ask>"], [False, False], stop_anywhere=True)
+    q = run(watch, b"hi <ca")
+    assert watch.rest(q, b"<call>") == b"ll>" and watch.rest(q, b"<ask>") == b"<ask>"
+    trie = text_trie([b"ll>", b"<ask>"], start_accepting=True)
+    for data, hit in ((b"ll>", 0), (b"<ask>", 1)):
+        assert trie.hit[run(trie, data)] == hit
+    assert run(trie, b"lx") == trie.dfa.dead and run(trie, b"ll>x") == trie.dfa.dead
+    assert trie.dfa.accepting[0]  # the text may stop instead
+    assert not text_trie([b"ab"], start_accepting=False).dfa.accepting[0]
