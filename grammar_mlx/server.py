@@ -482,9 +482,10 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
 
 def _forbid_in_reasoning(segment: Segment, tag: Tag) -> Segment:
     # A call starts only where the grammar starts one: mlx-lm's text split would read the tag inside
-    # the reasoning as a call too (its reasoning -> tool transition).
+    # the reasoning as a call too (its reasoning -> tool transition). `with_reasoning` forbids the
+    # triggers of a `Triggered` body itself; a required, named or `none` program's tag is added here.
     if isinstance(segment, ReasoningText):
-        return dataclasses.replace(segment, forbid=(*segment.forbid, tag))
+        return segment if tag in segment.forbid else dataclasses.replace(segment, forbid=(*segment.forbid, tag))
     if isinstance(segment, Seq):
         return Seq(tuple(_forbid_in_reasoning(s, tag) for s in segment.items))
     if isinstance(segment, Choice):

@@ -437,3 +437,23 @@ def test_unenforced_tool_keywords_are_reported(qwen_servers):
     assert json.loads(raw.headers["X-Grammar-Unenforced"]) == [["uniqueItems", "/properties/tags"]]
     jsonschema.validate(json.loads(raw.parse().choices[0].message.content), {**tags, "properties": {
         "tags": {k: v for k, v in tags["properties"]["tags"].items() if k != "uniqueItems"}}})
+
+
+def test_a_call_tag_is_forbidden_inside_the_reasoning_for_every_tool_choice(qwen_tool_tokenizer):
+    from grammar_mlx.segments.spec import ReasoningText
+
+    def reasoning_texts(segment):
+        if isinstance(segment, ReasoningText):
+            yield segment
+        for child in getattr(segment, "items", ()) + getattr(segment, "options", ()):
+            yield from reasoning_texts(child)
+
+    tools = parse_tools(TOOLS)
+    content = GrammarSpec("json_schema", json.dumps(COLOR), True)
+    for choice in ("auto", "required", "none", NamedTool("get_time")):
+        for spec in (None, content):
+            for state in ("open", "model"):
+                program = segment_program(qwen_tool_tokenizer, spec, tools, choice, True, 8, state)
+                (thinking,) = reasoning_texts(program)
+                assert thinking.forbid == (server.tool_calls.Token("<tool_call>"),), (choice, spec, state)
+                assert thinking.max_tokens == 8
