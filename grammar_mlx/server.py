@@ -47,7 +47,8 @@ completion is a 400 `max_tokens_too_small` (`param` the budget's field, the need
 message), answered before generation. `--no-length-safe` turns this off for the server, and the
 request extension `"length_safe": false` for one request: then a budget that ends first gives
 `finish_reason: "length"` with the partial text. Stop sequences still apply and can end the text
-early, with `finish_reason: "stop"`. Unknown keys inside
+early, with `finish_reason: "stop"`. A reasoning or tool-call grammar (free text in it) whose budget
+ended text that could have gone on answers `finish_reason: "length"` (`cut_free_text`). Unknown keys inside
 `response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained output.
 
 Reasoning models (the tokenizer has think tags, e.g. Qwen3's `<think>`/`</think>`): a constrained
@@ -958,6 +959,21 @@ def reasoning_token_count(tokens: list[int], start: int, end: int, *, open_: boo
     return count
 
 
+def cut_free_text(grammar: ServedGrammar, tokens: list[int], max_tokens: int) -> bool:
+    """Whether a length-safe generation's last token, EOS at the budget's end, was forced by the
+    budget in free text (the text was cut: OpenAI's "length") rather than allowed alone by the
+    grammar (a complete JSON answer or call: "stop"): the budget row at the last token differs from
+    the grammar's own row there. Replays the tokens (the grammar's transitions are pure)."""
+    if len(tokens) != max_tokens or not tokens or tokens[-1] not in grammar.eos_token_ids:
+        return False
+    state = grammar.initial_state
+    for token in tokens[:-1]:
+        state = grammar.next_state(state, token)
+        if state < 0:
+            return False
+    return bool(grammar.budget_mask_row(state, 1) != grammar.mask_row(state))
+
+
 _POLL_SECONDS = 0.25  # how often a handler waiting for tokens looks whether the server is stopping
 
 
@@ -1090,6 +1106,8 @@ class _Answer:
     content_started: bool = False
     fallback_tools: tuple[ToolSpec, ...] = ()  # the content is a fallback-format call of these
     held: str = ""  # fallback content held back until the end
+    free_text: Any = None  # a length-safe segments grammar with free text, and its budget
+    max_tokens: int = 0
 
 
 def _content_param(spec: GrammarSpec) -> str:
@@ -1236,6 +1254,8 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             self._unenforced = unenforced
             logging.warning("not enforced: %s", ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in unenforced))
         answer.tokens = []
+        if length_safe and spec is not None and spec.kind == "segments":
+            answer.free_text, answer.max_tokens = grammar, cast(int, self.max_tokens)
         values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
         super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized,
                                                      length_safe=length_safe, generated=answer.tokens),
@@ -1331,6 +1351,8 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                     formatter = mlx_server.ToolCallFormatter(lambda call, _tools: call, None, self.stream)
                     kwargs["tool_calls"] = formatter(calls)
                     finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        if finish_reason == "stop" and answer.free_text is not None and answer.tokens is not None:
+            finish_reason = "length" if cut_free_text(answer.free_text, answer.tokens, answer.max_tokens) else "stop"
         response = cast("dict[str, Any]", super().generate_response(text, finish_reason, *args, **kwargs))
         if "usage" in response:
             self._add_reasoning_tokens(response["usage"])

@@ -258,11 +258,11 @@ def test_named_tool_choice_makes_exactly_that_call(qwen_servers):
 def test_auto_lets_the_model_choose_and_none_forbids_the_call(qwen_servers):
     client = qwen_servers["plain"].client()
     no_think = {"chat_template_kwargs": {"enable_thinking": False}}
-    # Left alone, the model writes text: no call. (Length-safe: at the budget's last token the free
-    # text is ended, so the finish is "stop".)
+    # Left alone, the model writes text: no call. The budget ends the text (the length-safe mask
+    # leaves only EOS at its last token), and the answer says so.
     reply = create(client, tools=TOOLS, extra_body=no_think, max_tokens=12)
     content, _, calls, finish = answer(reply)
-    assert calls == [] and finish == "stop" and content.strip() == "" and reply.usage.completion_tokens == 12
+    assert calls == [] and finish == "length" and content.strip() == "" and reply.usage.completion_tokens == 12
     # Steered to the trigger, it calls; after the call only more calls or the end.
     bias = {str(TOOL_CALL): 100}
     _, _, calls, finish = answer(create(client, tools=TOOLS, logit_bias=bias, extra_body=no_think, max_tokens=80))
@@ -275,7 +275,7 @@ def test_auto_lets_the_model_choose_and_none_forbids_the_call(qwen_servers):
     huge = {str(TOOL_CALL): 1000}
     reply = create(client, tools=TOOLS, tool_choice="none", logit_bias=huge, extra_body=no_think, max_tokens=12)
     content, _, calls, finish = answer(reply)
-    assert calls == [] and finish == "stop" and "<tool_call>" not in content
+    assert calls == [] and finish == "length" and "<tool_call>" not in content
     assert reply.usage.completion_tokens == 12
 
 
@@ -457,3 +457,22 @@ def test_a_call_tag_is_forbidden_inside_the_reasoning_for_every_tool_choice(qwen
                 (thinking,) = reasoning_texts(program)
                 assert thinking.forbid == (server.tool_calls.Token("<tool_call>"),), (choice, spec, state)
                 assert thinking.max_tokens == 8
+
+
+def test_cut_free_text_tells_a_budget_end_from_a_complete_answer(qwen_tool_tokenizer):
+    from grammar_mlx.segments import compile_segments
+
+    tok = qwen_tool_tokenizer
+    tools = parse_tools(TOOLS)
+    free = compile_segments(segment_program(tok, None, tools, "none", True, None, "closed"), tok,
+                            logits_width=151936)
+    text = tok.encode("It is sunny", add_special_tokens=False)
+    eos = 151645
+    assert server.cut_free_text(free, [*text, eos], len(text) + 1)  # EOS was all the budget left
+    assert not server.cut_free_text(free, [*text, eos], len(text) + 2)  # the model ended it itself
+    assert not server.cut_free_text(free, text, len(text))  # no EOS: mlx-lm says "length" already
+    named = compile_segments(segment_program(tok, None, tools, NamedTool("get_time"), True, None, "closed"), tok,
+                             logits_width=151936)
+    call = tok.encode('<tool_call>\n{"name": "get_time", "arguments": {"zone": 3}}\n</tool_call>',
+                      add_special_tokens=False)
+    assert named.matches([*call, eos]) and not server.cut_free_text(named, [*call, eos], len(call) + 1)
