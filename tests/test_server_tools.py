@@ -271,6 +271,15 @@ def test_auto_lets_the_model_choose_and_none_forbids_the_call(qwen_servers):
     _, _, one, finish = answer(create(client, tools=TOOLS, logit_bias=bias, parallel_tool_calls=False,
                                       extra_body=no_think, max_tokens=80))
     assert finish == "tool_calls" and len(one) == 1
+    # With a response_format too, the answer is either calls or that content.
+    content, _, calls, finish = answer(create(client, tools=TOOLS, response_format=color_format(),
+                                              extra_body=no_think))
+    assert calls == [] and finish == "stop"
+    jsonschema.validate(json.loads(content), COLOR)
+    _, _, calls, finish = answer(create(client, tools=TOOLS, response_format=color_format(), logit_bias=bias,
+                                        extra_body=no_think, max_tokens=80))
+    assert finish == "tool_calls"
+    check_calls(calls)
     # none: however strongly steered, the call never starts.
     huge = {str(TOOL_CALL): 1000}
     reply = create(client, tools=TOOLS, tool_choice="none", logit_bias=huge, extra_body=no_think, max_tokens=12)
