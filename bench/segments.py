@@ -6,6 +6,7 @@ growing by one token per call (mlx-lm's generate_step pattern), B = 1, V = 151,9
 
   free text       a `FreeText()` program: every id allowed, so `mask_row` is ALLOW_ALL and the
                   processor returns the logits untouched; cost = the history diff + one push
+  free +budget    the same with a token budget (length-safe masking) that does not bind
   thinking        the thinking section of reasoning-then-JSON (EOS forbidden: one masked row)
   text watch      free text ended by a text tag (`FreeText(end=Text("</think>"))`: a constrained
                   row per token, the fallback for models without special think tokens)
@@ -85,12 +86,13 @@ def load() -> dict[str, Any]:
                             logits_width=WIDTH)
     plain = compile_json_schema(SCHEMA, tok, logits_width=WIDTH)
     cases = {
-        # (grammar, the tokens before the timed stretch, the timed tokens)
-        "free text": (free, [], prose),
-        "thinking": (thinking, [], prose),
-        "text watch": (watch, [], prose),
-        "json segment": (call, [CALL], doc),
-        "json plain": (plain, [], doc),
+        # (grammar, the tokens before the timed stretch, the timed tokens, the processor's token budget)
+        "free text": (free, [], prose, None),
+        "free +budget": (free, [], prose, 4096),
+        "thinking": (thinking, [], prose, None),
+        "text watch": (watch, [], prose, None),
+        "json segment": (call, [CALL], doc, None),
+        "json plain": (plain, [], doc, None),
     }
     if not (call.matches([CALL, *doc, END_CALL]) and plain.matches(doc)):
         sys.exit("the document does not match its schema's grammar (canonical JSON format changed?)")
@@ -118,15 +120,16 @@ def main() -> None:
     mx.eval(logits)
     measures: dict[str, Callable[[], list[int]]] = {}
     calls: dict[str, int] = {}
-    for name, (g, before, timed) in loaded["cases"].items():
+    for name, (g, before, timed, budget) in loaded["cases"].items():
         base = prompt + before
         # The first call (the context) and the untimed prefix are warm-up; each timed call adds a token.
         histories = [mx.array(base + timed[:i], dtype=mx.uint32) for i in range(len(timed) + 1)]
         mx.eval(histories)
         calls[name] = len(histories) - 1
 
-        def run(g: Any = g, histories: list[mx.array] = histories, before: list[int] = before) -> list[int]:
-            proc = GrammarProcessor(g)
+        def run(g: Any = g, histories: list[mx.array] = histories, before: list[int] = before,
+                budget: int | None = budget) -> list[int]:
+            proc = GrammarProcessor(g, max_tokens=budget)
             for i in range(len(before) + 1):  # the context call and the untimed prefix
                 proc(mx.array(prompt + before[:i], dtype=mx.uint32), logits)
             return time_each(histories[1:], lambda h: proc(h, logits))

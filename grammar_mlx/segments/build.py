@@ -9,11 +9,14 @@ determinism. One deadline (`timeout`) covers the whole compile.
 
 from __future__ import annotations
 
+import json
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import limits
 from ..automata.byte_dfa import ByteDFA
 from ..compiler.build import _options, _target, compile_regex, token_trie
 from ..compiler.grammar import CompiledGrammar, LazyGrammar
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["compile_segments"]
 
+_LIVE: weakref.WeakValueDictionary[str, SegmentGrammar] = weakref.WeakValueDictionary()
+
 
 def compile_segments(segment: Segment, tokenizer: Any, *, logits_width: int | None = None,
                      **options: Unpack[CompileOptions]) -> SegmentGrammar:
@@ -46,10 +51,23 @@ def compile_segments(segment: Segment, tokenizer: Any, *, logits_width: int | No
     opts = _options(**options)
     with deadline_scope(opts.deadline):
         vocab, width, eos = _target(tokenizer, logits_width, opts)
+        description = describe(segment)
         lowered = lower(segment, vocab, _token_ids(tokenizer))
         opts.deadline.check("lowering the segments")
-        return _Builder(lowered, vocab, width, eos, tokenizer, options, opts.deadline, started,
-                        describe(segment)).build()
+        # The live memo hands out the very grammar for the same program (its rows and its watches'
+        # rows are built once, whoever asks), as compile_regex does for a regex; the key holds the
+        # control tokens as resolved, since the vocabulary's fingerprint does not name them.
+        key = json.dumps([description, [a.token for a in lowered.atoms], vocab.fingerprint, width, eos, opts.mode,
+                          opts.engine, limits.MAX_DFA_STATES, limits.MAX_SEGMENT_NODES])
+        if opts.cache_dir is not None:
+            live = _LIVE.get(key)
+            if live is not None:
+                return live
+        grammar = _Builder(lowered, vocab, width, eos, tokenizer, options, opts.deadline, started,
+                           description).build()
+        if opts.cache_dir is not None:
+            _LIVE[key] = grammar
+        return grammar
 
 
 def _token_ids(tokenizer: Any) -> dict[str, int] | None:
@@ -123,6 +141,10 @@ class _Builder:
                 self.nodes.append(None)  # filled below
         positions: list[tuple[int, Atom]] = [(self.node_of_atom[a.index], a) for a in low.atoms
                                              if a.index in self.node_of_atom]
+        for atom in low.atoms:
+            if atom.kind == "special" and atom.token >= self.width:
+                raise InvalidArgumentError(f"{atom.path}: token {atom.token} is past the logits width {self.width}: "
+                                           "the model can never emit it")
         for node, atom in positions:
             self.nodes[node] = self.position(atom)
         initial = self.entry(low.first, low.nullable, "segment")

@@ -135,8 +135,8 @@ class SegmentGrammar:
         self._lock = threading.RLock()
         self._rows: dict[int, int] = {}  # state -> row (the per-token cache)
         self._rows_by_key: dict[tuple[int, int, bool], int] = {}  # (node, inner, at bound) -> row
-        self._budget_rows: dict[tuple[int, int], int] = {}
-        self._pass_next: dict[int, int] = {}
+        self._budget_rows: dict[tuple[int, int], int] = {}  # (state, threshold) -> a narrowed row
+        self._full_at: dict[int, int] = {}  # state -> the least threshold its budget row was its plain row
         self._entry_cost: list[int] = [_INF] * self._n  # entries: their distance; positions: from their start
         for p in nodes:  # a forced tail's node -> its start state (the node count is known now)
             if isinstance(p, Position) and p.forced is not None:
@@ -508,18 +508,24 @@ class SegmentGrammar:
         """`mask_row(state)` narrowed to the tokens after which the generation can still end within
         `left - 1` tokens (itself when the budget does not bind, when `left <= 0`, or when nothing fits)."""
         plain = self.mask_row(state)
-        if left <= 0:
+        threshold = left - 1
+        full_at = self._full_at.get(state)
+        if threshold < 0 or (full_at is not None and threshold >= full_at):  # the per-token path
             return plain
-        if self._distance(state) > left:
-            return plain
-        key = (state, left - 1)
+        key = (state, threshold)
         row = self._budget_rows.get(key)
         if row is not None:
             return row
+        if self._distance(state) > left:  # the budget already ran out (a position nothing is kept from)
+            return plain
         with self._lock:
-            kept = self._kept(state, left - 1)
-            full = self._ids(state)
-            row = plain if (len(kept) == len(full) or len(kept) == 0) else self._row_of(kept)
+            kept = self._kept(state, threshold)
+            if len(kept) == len(self._ids(state)):
+                # Full at this threshold, so at every larger one: remembered as a bound, no row kept.
+                if full_at is None or threshold < full_at:
+                    self._full_at[state] = threshold
+                return plain
+            row = plain if len(kept) == 0 else self._row_of(kept)
             self._budget_rows[key] = row
         return row
 
@@ -585,7 +591,7 @@ class SegmentGrammar:
     def nbytes(self) -> int:
         """Bytes held: the mask table, the row caches and the inner grammars (an inner grammar
         shared with other programs through the compiler's live memo is counted here too)."""
-        caches = (len(self._rows) + len(self._rows_by_key) + len(self._budget_rows)) * 200
+        caches = (len(self._rows) + len(self._rows_by_key) + len(self._budget_rows) + len(self._full_at)) * 200
         return int(self.table.nbytes + caches + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
 
 

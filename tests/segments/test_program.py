@@ -111,6 +111,15 @@ def test_a_bounded_free_text_may_be_followed_by_text(qwen_tokenizer):
     assert g.matches([100, 200, *done])
 
 
+def test_live_memo_and_width(qwen_tokenizer):
+    spec = Seq((Token("<think>"), Regex("[a-z]{1,4}")))
+    assert compile_(spec, qwen_tokenizer) is compile_(spec, qwen_tokenizer)
+    fresh = compile_segments(spec, qwen_tokenizer, logits_width=QWEN_LOGITS_WIDTH, use_cache=False)
+    assert compile_(spec, qwen_tokenizer) is not fresh
+    with pytest.raises(InvalidArgumentError, match="past the logits width"):
+        compile_segments(spec, qwen_tokenizer, logits_width=151_660)  # EOS 151645 fits, <think> 151667 does not
+
+
 def test_unrolled_repetitions_are_bounded(qwen_tokenizer, monkeypatch):
     from grammar_mlx import limits
     from grammar_mlx.errors import GrammarTooLargeError
