@@ -1279,8 +1279,10 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         plan = _Plan(tools, choice, parallel, budget, enable_thinking)
         if not tools:
             return request, plan
-        plan.unenforced = check_tool_schemas(tools)
+        unenforced = check_tool_schemas(tools)  # refuses a bad schema whatever the choice
         family = tool_calls.tool_format(tokenizer)
+        if choice != "none" and tool_calls.is_constrained(tokenizer, choice):
+            plan.unenforced = unenforced  # only where the arguments are compiled
         if not tool_calls.is_constrained(tokenizer, choice):
             if family != tool_calls.FALLBACK_FORMAT:
                 strict = next((i for i, t in enumerate(tools) if t.strict), None)

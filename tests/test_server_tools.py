@@ -133,8 +133,10 @@ def test_tools_in_a_format_that_is_not_constrained(qwen_tool_tokenizer):
     tok = copy.copy(qwen_tool_tokenizer)
     tok._tool_parser, tok._tool_call_start, tok._tool_call_end = mistral.parse_tool_call, "[TOOL_CALLS]", ""
     tok._tool_call_start_tokens = tuple(tok.encode("[TOOL_CALLS]", add_special_tokens=False))
-    loose = [{"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
-    found = plan(tok, {"tools": loose})
+    tags = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    assert server.check_tool_schemas(parse_tools([{"type": "function", "function": {"name": "t", "parameters": tags}}]))
+    loose = [{"type": "function", "function": {"name": "get_time", "parameters": tags}}]
+    found = plan(tok, {"tools": loose})  # only the format is reported: the arguments are not compiled
     assert [(u.keyword, u.pointer) for u in found.unenforced] == [("tools", "/tools")]
     with pytest.raises(InvalidRequestError) as info:
         plan(tok, {"tools": TOOLS})
@@ -157,6 +159,9 @@ def test_tool_schemas_are_checked_one_by_one(qwen_tool_tokenizer):
     loose = parse_tools([{"type": "function", "function": {"name": "t", "parameters": tags}}])
     assert [(u.keyword, u.pointer) for u in server.check_tool_schemas(loose)] == [
         ("uniqueItems", "/tools/0/function/parameters/properties/tags")]
+    body = {"tools": [{"type": "function", "function": {"name": "t", "parameters": tags}}]}
+    assert [u.keyword for u in plan(qwen_tool_tokenizer, body).unenforced] == ["uniqueItems"]
+    assert plan(qwen_tool_tokenizer, {**body, "tool_choice": "none"}).unenforced == ()  # no call: nothing to say
     with pytest.raises(InvalidRequestError) as info:
         plan(qwen_tool_tokenizer, {"prompt": "x", "tools": TOOLS}, request_type="text")
     assert (info.value.code, info.value.param) == ("unsupported_parameter", "tools")
