@@ -260,6 +260,24 @@ def test_named_tool_choice_makes_exactly_that_call(qwen_servers):
 
 
 @pytest.mark.slow
+def test_a_conversation_with_a_tool_result(qwen_servers):
+    # The call as the openai client returns it goes back into the template (arguments as a JSON
+    # string), then the tool's result; the next answer follows the response_format.
+    client = qwen_servers["plain"].client()
+    named = {"type": "function", "function": {"name": "get_time"}}
+    first = create(client, tools=TOOLS, tool_choice=named, max_tokens=60)
+    (call,) = first.choices[0].message.tool_calls
+    messages = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "09:30"}]
+    reply = create(client, messages=messages, tools=TOOLS, response_format=color_format(),
+                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    content, _, calls, finish = answer(reply)
+    assert finish == "stop" and calls == []
+    jsonschema.validate(json.loads(content), COLOR)
+    assert reply.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+@pytest.mark.slow
 def test_auto_lets_the_model_choose_and_none_forbids_the_call(qwen_servers):
     client = qwen_servers["plain"].client()
     no_think = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -422,6 +440,7 @@ def test_openai_parse_with_pydantic_models(qwen_servers):
     ({"tools": [{"type": "function", "function": {"name": "t", "strict": True, "parameters": {
         "type": "object", "properties": {"x": {"type": "array", "uniqueItems": True}}}}}]},
      "unsupported_schema_keyword", "tools[0].function.parameters"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "max_tokens_too_small", "max_tokens"),  # a call takes more
 ])
 def test_bad_tool_and_reasoning_fields_are_400s(qwen_servers, extra, code, param):
     import openai
