@@ -48,8 +48,9 @@ message), answered before generation. `--no-length-safe` turns this off for the 
 request extension `"length_safe": false` for one request: then a budget that ends first gives
 `finish_reason: "length"` with the partial text. Stop sequences still apply and can end the text
 early, with `finish_reason: "stop"`. A reasoning or tool-call grammar (free text in it) whose budget
-ended text that could have gone on answers `finish_reason: "length"` (`cut_free_text`). Unknown keys inside
-`response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained output.
+ended text that could have gone on answers `finish_reason: "length"` (`cut_free_text`). Unknown keys
+inside `response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained
+output.
 
 Reasoning models (the tokenizer has think tags, e.g. Qwen3's `<think>`/`</think>`): a constrained
 request thinks freely first and the grammar applies from the end tag on (`grammar_mlx.segments.
@@ -1144,6 +1145,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
     def do_POST(self) -> None:
         self._headers_sent = False
         self._unenforced = ()
+        self._answer = None  # set by handle_completion for this request
         self.stream = False
         self._unread = 0
         with self.response_generator.serving():
