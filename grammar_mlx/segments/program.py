@@ -20,7 +20,7 @@ path otherwise: two options that cannot be told apart by their first token).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import limits
@@ -42,8 +42,6 @@ from .spec import (
 )
 
 __all__ = ["Atom", "Lowered", "lower"]
-
-ROLES = ("reasoning", "content", "tag", "call")
 
 
 @dataclass(eq=False)
@@ -78,7 +76,6 @@ class _Cat:
 @dataclass(frozen=True)
 class _Alt:
     parts: tuple[_Node, ...]
-    path: str
 
 
 @dataclass(frozen=True)
@@ -100,7 +97,6 @@ class Lowered:
     nullable: bool
     follow: list[frozenset[int]]
     last: frozenset[int]
-    choice_paths: dict[int, str] = field(default_factory=dict)
 
 
 class _Lowering:
@@ -214,7 +210,7 @@ class _Lowering:
             return self.lower_seq([(f"{path}.items[{i}]", s) for i, s in enumerate(_items(seg, path))], role)
         if isinstance(seg, Choice):
             options = _options(seg, path)
-            return _Alt(tuple(self.lower(s, f"{path}.options[{i}]", role) for i, s in enumerate(options)), path)
+            return _Alt(tuple(self.lower(s, f"{path}.options[{i}]", role) for i, s in enumerate(options)))
         if isinstance(seg, Repeat):
             return self.lower_repeat(seg, path, role)
         if isinstance(seg, FreeText):
@@ -272,10 +268,10 @@ class _Lowering:
         else:
             tail: _Node = _EPS
             for _ in range(hi - max(lo, 1)):
-                tail = _Alt((_EPS, _Cat((more(), tail))), path)
+                tail = _Alt((_EPS, _Cat((more(), tail))))
             parts.append(tail)
         body = _Cat(tuple(parts))
-        return body if lo >= 1 else _Alt((_EPS, body), path)
+        return body if lo >= 1 else _Alt((_EPS, body))
 
     def free_forbids(self, ft: FreeText, path: str) -> tuple[frozenset[int], list[bytes]]:
         if not isinstance(ft.forbid, tuple):
@@ -367,10 +363,10 @@ class _Lowering:
                                                    f"{type(s.end).__name__}")
                     items.append((f"{p}.end", s.end))
                 options.append(_Cat((begin, self.lower_seq(items, "call"))))
-            return _Alt(tuple(options), f"{path}.sections")
+            return _Alt(tuple(options))
 
         if tr.stop_after_first:
-            tail: _Node = sections() if tr.at_least_one else _Alt((_EPS, sections()), f"{path}.sections")
+            tail: _Node = sections() if tr.at_least_one else _Alt((_EPS, sections()))
             return _Cat((text(), tail))
         if tr.at_least_one:
             return _Cat((text(), sections(), text(), _Star(_Cat((sections(), text())))))
