@@ -201,6 +201,8 @@ class _Lowering:
 
     def lower(self, seg: Segment, path: str, role: str) -> _Node:
         text = self.regex_of(seg, path)
+        if text is not None and not text[0]:  # nothing to write (an empty Seq or Text): no position
+            return _EPS
         if text is not None:
             role = "tag" if getattr(seg, "role", None) == "tag" else role
             return self.atom(kind="text", path=path, role=role, regex=text[0], unenforced=text[1])
@@ -227,6 +229,8 @@ class _Lowering:
         run_path = ""
 
         def flush() -> None:
+            if run and not any(r for r, _ in run):
+                run.clear()
             if run:
                 parts.append(self.atom(kind="text", path=run_path, role=role, regex="".join(r for r, _ in run),
                                        unenforced=tuple(u for _, us in run for u in us)))
@@ -234,6 +238,8 @@ class _Lowering:
 
         for item_path, item in items:
             text = self.regex_of(item, item_path)
+            if text is not None and not text[0]:
+                continue
             if text is not None and getattr(item, "role", None) == "tag":  # a text tag: a run of its own
                 flush()
                 parts.append(self.atom(kind="text", path=item_path, role="tag", regex=text[0]))
