@@ -24,6 +24,7 @@ __all__ = [
     "Segment",
     "Seq",
     "Tag",
+    "TagText",
     "Text",
     "Token",
     "Triggered",
@@ -48,6 +49,14 @@ class Text:
     """Literal text (matched byte for byte, through whatever tokens spell it)."""
 
     literal: str
+
+
+@dataclass(frozen=True)
+class TagText(Text):
+    """`Text` that is a tag (a text think tag, say): its tokens have role "tag", not that of the
+    text around it."""
+
+    role = "tag"  # not a field: read by the lowering
 
 
 Tag = Token | Text

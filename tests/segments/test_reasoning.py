@@ -70,6 +70,20 @@ def test_with_reasoning_shapes(qwen_tokenizer):
         with_reasoning(body, qwen_tokenizer, Reasoning(), "thinking")
 
 
+def test_a_start_tag_of_a_control_token_and_text_is_spelled_in_pieces(qwen_tokenizer):
+    # As mlx-lm's multi-token think tags (`<|channel>thought`): here `<tool_call>` then "plan".
+    g = compile_segments(with_reasoning(Regex("[0-9]"), qwen_tokenizer,
+                                        Reasoning(start="<tool_call>plan", end="</think>"), "model"),
+                         qwen_tokenizer, logits_width=W)
+    plan = qwen_tokenizer.encode("plan", add_special_tokens=False)
+    digit = qwen_tokenizer.encode("7", add_special_tokens=False)
+    assert g.matches([151657, *plan, 100, END_THINK, *digit])
+    assert g.matches(digit)  # told apart by its first token: thinking stays optional
+    assert g.role(g.next_state(g.initial_state, 151657), plan[0]) == "tag"
+    with pytest.raises(InvalidArgumentError, match="end tag"):
+        with_reasoning(Regex("[0-9]"), qwen_tokenizer, Reasoning(start="<think>", end="</think>x"), "open")
+
+
 def test_a_body_with_call_triggers_forbids_them_while_thinking(qwen_tokenizer):
     from grammar_mlx.segments import FreeText, Section, Triggered
 
@@ -100,3 +114,41 @@ def test_smollm2_has_no_think_tokens_and_thinks_in_text_tags(smollm_tokenizer):
         roles.append(g.role(state, t))
         state = g.next_state(state, t)
     assert "reasoning" in roles and roles[-1] == "content"
+
+
+@pytest.mark.slow
+def test_smollm2_thinks_in_text_tags_within_its_budget_then_answers_json():
+    # The embedded model, unmodified loop: what tiny random models cannot show is a real model's
+    # own spelling of text tags, cut by the budget's forced "</think>", then schema-valid JSON.
+    import json
+
+    import jsonschema
+    from trace_recorder import run_stream
+
+    from grammar_mlx.models import default_model, logits_width_of
+    from grammar_mlx.runtime.processor import GrammarProcessor
+
+    try:
+        model, tok = default_model()
+    except Exception as exc:  # the package is a test extra
+        pytest.skip(f"the embedded SmolLM2 is not available: {exc}")
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+              "required": ["city", "days"], "additionalProperties": False}
+    budget = 12
+    spec = with_reasoning(JSONSchema(schema), tok, Reasoning(budget=budget, start="<think>", end="</think>"), "model")
+    g = compile_segments(spec, tok, logits_width=logits_width_of(model))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Which city, for how many days? Think inside "
+                                       "<think></think>, then answer in JSON."}], add_generation_prompt=True)
+    tokens, _ = run_stream(model, tok, prompt, [GrammarProcessor(g, max_tokens=64)], max_tokens=64)
+    assert tokens[-1] in g.eos_token_ids and g.matches(tokens)
+    state, roles = g.initial_state, []
+    for t in tokens:
+        roles.append(g.role(state, t))
+        state = g.next_state(state, t)
+    text = tok.decode(tokens[:-1])
+    assert text.startswith("<think>") and text.count("</think>") == 1
+    assert 0 < roles.count("reasoning") <= budget
+    answer = "".join(tok.decode([t]) for t, r in zip(tokens, roles) if r == "content")
+    jsonschema.validate(json.loads(answer), schema)
+    assert text.endswith(answer)
