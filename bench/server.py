@@ -15,6 +15,17 @@ Bounded: `--requests` per cell (split over `--rounds`), `--cell-seconds` per cel
 for the whole run (cells past it are skipped and reported as such); servers are stopped at the end.
 
     python bench/server.py [--clients 1,4] [--requests 4] [--max-tokens 24] [--draft-layers 24]
+
+`--tool-calls`: instead, tool-call latency on a tiny random-weight qwen3 model directory with the
+genuine Qwen3 tokenizer and chat template (tests/conftest.py's `write_tiny_qwen3_dir`; its speed says
+what the constraint costs around a model, not what a real model takes): streamed requests with
+`tools`, per mode the time to the first SSE event, to the whole answer, and per token. Modes:
+`tool_choice: required` (the call constrained), `auto` steered to the call by `logit_bias`
+(constrained once triggered), the prompt without tools on our server (unconstrained), and the floor:
+plain `mlx_lm.server` on the same directory, unconstrained, made to generate as many tokens as the
+constrained call took (a random model never stops by itself). mlx-lm sends a tool call as one delta
+when it ends, so for the call modes the first event is the whole call. Writes
+bench/results/server-tools.json.
 """
 
 from __future__ import annotations
@@ -222,6 +233,132 @@ def summarize(results: list[dict], wall: float) -> dict:
     }
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "unit", "days"], "additionalProperties": False}}}
+TOOL_MESSAGES = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+TOOL_CALL_ID = 151657  # Qwen3's <tool_call>
+
+
+def streamed_request(url: str, body: dict, timeout: float = 300) -> dict:
+    """One streamed chat request: seconds to the first data event and to [DONE], completion tokens,
+    the tool calls reassembled from their deltas."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    first = None
+    tokens, calls, finish = 0, [], None
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            if first is None:
+                first = time.perf_counter() - started
+            if line.strip() == b"data: [DONE]":
+                break
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            for choice in event.get("choices", []):
+                calls += [c["function"] for c in choice.get("delta", {}).get("tool_calls") or []]
+                finish = choice.get("finish_reason") or finish
+    return {"first_s": first, "whole_s": time.perf_counter() - started, "tokens": tokens, "calls": calls,
+            "finish": finish}
+
+
+def wait_health(url: str, proc: subprocess.Popen, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up")
+
+
+def tool_call_latency(args: argparse.Namespace) -> int:
+    import socket
+    import tempfile
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import write_tiny_qwen3_dir
+
+    model_dir = write_tiny_qwen3_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-qwen3-")) / "model")
+    ours = Server("--model", str(model_dir), max_tokens=args.max_tokens)
+    with socket.socket() as probe:  # a free port for mlx_lm.server, which has no --port 0
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    floor = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--host",
+                              "127.0.0.1", "--port", str(port), "--max-tokens", str(args.max_tokens)],
+                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    floor_url = f"http://127.0.0.1:{port}"
+    base = {"model": "default_model", "messages": TOOL_MESSAGES, "tools": [TOOL], "max_tokens": args.max_tokens,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    modes = {
+        "required (constrained)": (ours.url, {**base, "tool_choice": "required", "parallel_tool_calls": False}),
+        "auto + logit_bias (constrained)": (ours.url, {**base, "logit_bias": {str(TOOL_CALL_ID): 100},
+                                                      "parallel_tool_calls": False}),
+    }
+    rows: dict[str, list[dict]] = {}
+    try:
+        wait_health(floor_url, floor)
+        for url, body in modes.values():  # warm-up: grammar compile, prompt cache
+            streamed_request(url, body)
+        call_tokens = streamed_request(*modes["required (constrained)"])["tokens"]
+        unconstrained = {**base, "max_tokens": call_tokens}
+        modes["no tools (ours, unconstrained)"] = (ours.url, {**unconstrained, "tools": None})
+        modes["mlx_lm.server (floor)"] = (floor_url, unconstrained)
+        for url, body in list(modes.values())[2:]:
+            streamed_request(url, body)
+        for _ in range(args.requests):  # alternating, so that load from other processes hits all alike
+            for name, (url, body) in modes.items():
+                rows.setdefault(name, []).append(streamed_request(url, body))
+    finally:
+        ours.stop()
+        if floor.poll() is None:
+            floor.send_signal(signal.SIGTERM)
+            try:
+                floor.wait(30)
+            except subprocess.TimeoutExpired:
+                floor.kill()
+                floor.wait()
+    summary = {}
+    for name, results in rows.items():
+        summary[name] = {
+            "requests": len(results),
+            "first_s": statistics.median(r["first_s"] for r in results),
+            "whole_s": statistics.median(r["whole_s"] for r in results),
+            "tokens": statistics.median(r["tokens"] for r in results),
+            "ms_per_token": 1000 * statistics.median(r["whole_s"] / max(r["tokens"], 1) for r in results),
+            "calls": statistics.median(len(r["calls"]) for r in results),
+            "finish": sorted({str(r["finish"]) for r in results}),
+        }
+    floor_row = summary["mlx_lm.server (floor)"]
+    print(f"{'mode':<34} {'reqs':>4} {'first s':>8} {'whole s':>8} {'tokens':>6} {'ms/tok':>7} {'calls':>5}  finish")
+    for name, row in summary.items():
+        print(f"{name:<34} {row['requests']:>4} {row['first_s']:>8.3f} {row['whole_s']:>8.3f} {row['tokens']:>6.0f} "
+              f"{row['ms_per_token']:>7.2f} {row['calls']:>5.0f}  {','.join(row['finish'])}")
+    print("\nvs mlx_lm.server unconstrained, same tokens (same run):")
+    for name, row in summary.items():
+        print(f"  {name:<34} whole x{row['whole_s'] / floor_row['whole_s']:.2f}, "
+              f"ms/token x{row['ms_per_token'] / floor_row['ms_per_token']:.2f}")
+    bad = [r for name in modes if name.endswith("(constrained)") for r in rows[name] if len(r["calls"]) != 1]
+    print(f"constrained requests without exactly one call: {len(bad)}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "server-tools.json"
+    out.write_text(json.dumps({
+        "model": "tiny random-weight qwen3 (64 hidden, 2 layers, float32) + genuine Qwen3 tokenizer",
+        "summary": summary, "rows": rows, "args": vars(args),
+        "environment": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
+                        "platform": platform.platform()},
+    }, indent=2))
+    print(f"wrote {out}")
+    return 1 if bad else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,4", help="comma-separated concurrent client counts (1,4)")
@@ -235,7 +372,11 @@ def main() -> int:
     parser.add_argument("--total-seconds", type=float, default=600, help="time for the whole run (600)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
                         help="also time a 10 MB body's refusal, a request served meanwhile, and SIGTERM (on)")
+    parser.add_argument("--tool-calls", action="store_true",
+                        help="only the tool-call latency on a tiny qwen3 directory (see above)")
     args = parser.parse_args()
+    if args.tool_calls:
+        return tool_call_latency(args)
     clients_list = [int(c) for c in args.clients.split(",")]
     run_started = time.monotonic()
     configs = [("none", ())] + ([(f"{args.draft_layers} layers", ("--draft-layers", str(args.draft_layers),

@@ -210,3 +210,11 @@ FORCED_MAX_BYTES = _env_int("GRAMMAR_MLX_FORCED_MAX_BYTES", 256)
 FORCED_MAX_TOKENS = _env_int("GRAMMAR_MLX_FORCED_MAX_TOKENS", 16)
 FORCED_MEMO_STATES = _env_int("GRAMMAR_MLX_FORCED_MEMO_STATES", 65_536)
 __all__ += ["FORCED_MAX_BYTES", "FORCED_MAX_TOKENS", "FORCED_MEMO_STATES"]
+
+
+# --- branch srv (issue 14: tools and reasoning through the server) ---------------------------------
+
+MAX_TOOLS = 128  # functions one request may offer (OpenAI's own limit)
+# `reasoning_effort` → thinking budget in tokens (the server's mapping; `thinking_budget` sets one
+# directly). Documented in docs/server.md.
+REASONING_EFFORT_BUDGETS: dict[str, int] = {"low": 1024, "medium": 4096, "high": 16384}

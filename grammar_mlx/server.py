@@ -47,10 +47,34 @@ completion is a 400 `max_tokens_too_small` (`param` the budget's field, the need
 message), answered before generation. `--no-length-safe` turns this off for the server, and the
 request extension `"length_safe": false` for one request: then a budget that ends first gives
 `finish_reason: "length"` with the partial text. Stop sequences still apply and can end the text
-early, with `finish_reason: "stop"`. Unknown keys inside
-`response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained output.
-Reasoning models: the grammar starts at the first generated token, so turn thinking off for
-constrained requests (e.g. `"chat_template_kwargs": {"enable_thinking": false}`).
+early, with `finish_reason: "stop"`. A reasoning or tool-call grammar (free text in it) whose budget
+ended text that could have gone on answers `finish_reason: "length"` (`cut_free_text`). Unknown keys
+inside `response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained
+output.
+
+Reasoning models (the tokenizer has think tags, e.g. Qwen3's `<think>`/`</think>`): a constrained
+request thinks freely first and the grammar applies from the end tag on (`grammar_mlx.segments.
+reasoning`): whether the prompt already opened the reasoning (a template that ends `<think>\n`),
+closed it (`"chat_template_kwargs": {"enable_thinking": false}`: the grammar starts at once) or leaves
+the model to open it is read from the tokenized prompt. The reasoning comes back as mlx-lm returns it
+(`message.reasoning`, `delta.reasoning`), counted in `usage.completion_tokens_details.
+reasoning_tokens`; leading whitespace of JSON content after the end tag is dropped. A thinking budget:
+`"thinking_budget": N` (tokens, N >= 0; Qwen's name) or `"reasoning_effort": "low"|"medium"|"high"`
+(`limits.REASONING_EFFORT_BUDGETS`: 1024, 4096, 16384 tokens): after N reasoning tokens only the end
+tag is allowed. One of the two per request; for a model without think tags either is a 400
+`unsupported_parameter`.
+
+Tool calls (chat): `tools`, `tool_choice` (`auto`, `none`, `required`, `{"type": "function",
+"function": {"name": F}}`) and `parallel_tool_calls` constrain the served model's native tool-call
+format (`grammar_mlx.segments.tools`): `name` one of the offered functions, `arguments` valid against
+its `parameters` (strict when the function says `"strict": true`; else best effort, unenforced keywords
+in `X-Grammar-Unenforced`). mlx-lm's own response code splits content, reasoning and calls and
+formats OpenAI `tool_calls` (streamed as deltas) with `finish_reason: "tool_calls"`. Constrained
+formats: `json_tools` (Qwen2.5/3, Hermes); for a template without tool support (SmolLM2) `required`
+and named calls use a JSON fallback (`{"name": F, "arguments": {...}}`, a list when parallel) that the
+server turns into `tool_calls`. Other formats are not constrained: the response carries
+`X-Grammar-Unenforced: [["tools", "/tools"]]`, and a strict tool or a `response_format` beside such
+tools is a 400 `unsupported_tool_format`. See docs/segments.md.
 
 Limits, checked in the request's handler thread before any work reaches the generation thread (which
 all requests share), in this order:
@@ -79,7 +103,8 @@ Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`; `ty
   `position`), `empty_grammar`, `grammar_too_large` (a size rule), `compile_timeout` (the whole
   compile, schema translation included, passed `--compile-timeout`; not cached, a retry may
   succeed), `vocabulary_mismatch`, `invalid_argument`, `invalid_body`, `invalid_prompt`,
-  `unsupported_parameter`, `context_length_exceeded`, `max_tokens_too_small` (the budget cannot hold
+  `unsupported_parameter`, `invalid_tools`, `invalid_tool_choice`, `unsupported_tool_format`,
+  `context_length_exceeded`, `max_tokens_too_small` (the budget cannot hold
   the grammar's shortest completion), `invalid_request` (a request nested too deeply to process);
   404 `not_found` (POST to another path); 408 `request_timeout`; 411 `length_required`; 413
   `request_too_large`.
@@ -118,8 +143,11 @@ one at a time through speculative decoding, which the processor follows through 
 Seams used in mlx_lm.server (0.32): `ModelProvider` (subclass: the models are loaded up front by
 `grammar_mlx.models`), `ResponseGenerator` (subclass: the compiled grammar and the prompt tokenized
 in the handler thread ride in the request, `_tokenize` returns that prompt, `_await_response` ends a
-request when the server stops), `APIHandler` (subclass: reads the body within the limits, parses
-`response_format`, checks the prompt length, compiles, answers errors),
+request when the server stops, the generated ids are recorded for the usage), `APIHandler`
+(subclass: reads the body within the limits, parses `response_format`, tools and reasoning fields,
+checks the prompt length, compiles, answers errors; `generate_response` and
+`completion_usage_response` wrapped to add reasoning tokens, drop the gap after the reasoning and
+answer fallback-format calls as `tool_calls`; `handle_completion`'s own loop is mlx-lm's),
 the module function `_make_logits_processors`, wrapped once so that arguments carrying a grammar
 get a `GrammarProcessor` last in their processor list (all other arguments are left unchanged), and
 `LRUPromptCache` (subclass `ExactPromptCache`: an entry is stored under exactly the tokens its KV
@@ -132,6 +160,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
+import functools
 import io
 import json
 import logging
@@ -151,7 +181,7 @@ from http.server import ThreadingHTTPServer
 from queue import Empty as QueueEmpty
 from queue import Queue
 from types import FrameType, SimpleNamespace
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
@@ -163,7 +193,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from . import errors
+from . import errors, limits
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .compiler.pool import _POOL
 from .errors import (
@@ -179,17 +209,28 @@ from .errors import (
 from .models import logits_width_of
 from .runtime import GrammarProcessor
 from .runtime.processor import check_token_budget
+from .schema import Unenforced, schema_to_regex
+from .segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text
+from .segments import tools as tool_calls
+from .segments.spec import ReasoningText
+from .segments.tools import NamedTool, ToolChoice, ToolSpec
 from .vocabulary import Vocabulary, vocabulary_of
 
 if TYPE_CHECKING:
     from .generate import LogitsProcessor
-    from .schema import Unenforced
+    from .segments.grammar import SegmentGrammar
+
+    ServedGrammar: TypeAlias = "CompiledGrammar | SegmentGrammar"
 
 __all__ = [
     "GrammarSpec",
     "GrammarCache",
     "Grammars",
     "parse_response_format",
+    "parse_thinking_budget",
+    "parse_enable_thinking",
+    "segment_program",
+    "segment_key",
     "error_response",
     "install_logits_hook",
     "GrammarAPIHandler",
@@ -208,6 +249,7 @@ __all__ = [
 ]
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
+REASONING_GAP = r"[ \n]{0,4}"  # what a model writes between its end of reasoning and a tool call
 DEFAULT_CACHE_ENTRIES = 128
 DEFAULT_CACHE_MB = 512.0
 SHUTDOWN_GRACE_SECONDS = 4.0  # SIGTERM: how long requests in flight and the generation thread get to stop
@@ -228,15 +270,18 @@ Tokenized = tuple[list[int], list[list[int]], list[str], str, Any]
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """What to compile: `kind` "json_schema" (text = the schema as compact JSON) or "regex".
+    """What to compile: `kind` "json_schema" (text = the schema as compact JSON), "regex", or
+    "segments" (`segment`, a `grammar_mlx.segments` program; text = `segment_key(segment)`).
 
-    `origin` is the request field it came from (for error messages; not part of the cache key)."""
+    `origin` is the request field it came from (for error messages; not part of the cache key), as
+    is `segment` (its key is `text`)."""
 
     kind: str
     text: str
     strict: bool = False
     whitespace: str | None = None
     origin: str = field(default="response_format.json_schema", compare=False)
+    segment: Segment | None = field(default=None, compare=False)
 
 
 def _json_type(value: Any) -> str:
@@ -328,6 +373,167 @@ def parse_response_format(value: Any) -> GrammarSpec | None:
     raise InvalidRequestError(
         f"response_format.type must be one of text, json_object, json_schema, regex; got {kind!r}",
         param="response_format.type")
+
+
+# --- reasoning and tool calls ----------------------------------------------------------------------
+
+
+def parse_thinking_budget(body: dict[str, Any], has_thinking: bool) -> int | None:
+    """The request's thinking budget in tokens: `thinking_budget` (an int >= 0) or `reasoning_effort`
+    (`limits.REASONING_EFFORT_BUDGETS`), at most one of them; None when neither is given. Raises
+    `InvalidRequestError`: a bad value (`invalid_argument`), or either for a model without think tags
+    (`unsupported_parameter`)."""
+    budget, effort = body.get("thinking_budget"), body.get("reasoning_effort")
+    if budget is not None and effort is not None:
+        raise InvalidRequestError("give thinking_budget or reasoning_effort, not both", param="reasoning_effort",
+                                  code="invalid_argument")
+    if budget is not None:
+        param = "thinking_budget"
+        if type(budget) is not int or budget < 0:
+            raise InvalidRequestError(f"thinking_budget must be an integer >= 0 (tokens), got {json.dumps(budget)}",
+                                      param=param, code="invalid_argument")
+    elif effort is not None:
+        param = "reasoning_effort"
+        if not isinstance(effort, str) or effort not in limits.REASONING_EFFORT_BUDGETS:
+            allowed = ", ".join(limits.REASONING_EFFORT_BUDGETS)
+            raise InvalidRequestError(f"reasoning_effort must be one of {allowed}, got {json.dumps(effort)}",
+                                      param=param, code="invalid_argument")
+        budget = limits.REASONING_EFFORT_BUDGETS[effort]
+    else:
+        return None
+    if not has_thinking:
+        raise InvalidRequestError(f"{param}: the served model has no reasoning (think) tags", param=param,
+                                  code="unsupported_parameter")
+    return budget
+
+
+def parse_enable_thinking(kwargs: Any, defaults: dict[str, Any] | None = None) -> bool | None:
+    """`enable_thinking` from the request's `chat_template_kwargs` over the server's
+    `--chat-template-args` (None: not said). Raises `InvalidRequestError` for a non-object
+    `chat_template_kwargs` or a non-boolean `enable_thinking`."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidRequestError(f"chat_template_kwargs must be an object, got {_json_type(kwargs)}",
+                                  param="chat_template_kwargs", code="invalid_argument")
+    merged = {**(defaults or {}), **(kwargs or {})}
+    value = merged.get("enable_thinking")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequestError(f"chat_template_kwargs.enable_thinking must be a boolean, got {_json_type(value)}",
+                                  param="chat_template_kwargs.enable_thinking", code="invalid_argument")
+    return value
+
+
+@functools.lru_cache(maxsize=8)
+def served_think_tags(tokenizer: Any) -> tuple[str | int, str | int] | None:
+    """The served tokenizer's think tags (`reasoning_tags`), a control token as its id and a text tag
+    as its text, or None: read once per tokenizer (a tag looked up by its text reads the whole
+    vocabulary), and passed on as the explicit tags of `reasoning_state` and `Reasoning`."""
+    from .segments.reasoning import reasoning_tags
+
+    tags = reasoning_tags(tokenizer)
+    if tags is None:
+        return None
+    ids = tokenizer.get_vocab()
+
+    def plain(tag: Tag) -> str | int:
+        if isinstance(tag, Text):
+            return tag.literal
+        return tag.tag if isinstance(tag.tag, int) else int(ids[tag.tag])
+
+    return plain(tags[0]), plain(tags[1])
+
+
+def content_segment(spec: GrammarSpec | None) -> Segment | None:
+    """The `response_format` grammar as a segment."""
+    if spec is None:
+        return None
+    if spec.kind == "regex":
+        return Regex(spec.text)
+    return JSONSchema(json.loads(spec.text), strict=spec.strict, whitespace=spec.whitespace)
+
+
+def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[ToolSpec, ...], choice: ToolChoice,
+                    parallel: bool, budget: int | None, state: str) -> Segment | None:
+    """The segments program of a request, or None when it needs none (no grammar, or `content`
+    alone, compiled as it always was): the reasoning prefix for `state` ("closed", "open", "model",
+    from `reasoning_state`) with the `budget`, then the tool-call program (`tool_calls.
+    tool_call_segment`, with `content` as the answer that is not a call) or `content`, or free text.
+    Tools in a format that is not constrained leave the body free (checked by the caller)."""
+    body = content_segment(content)
+    # `none` in a format with no call tag (the fallback's): there is nothing to forbid.
+    nothing_to_forbid = choice == "none" and tool_calls.call_start_tag(tokenizer) is None
+    with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice) and not nothing_to_forbid
+    thinking = state != "closed"
+    if with_tools:
+        body = tool_calls.tool_call_segment(tokenizer, tools, choice, parallel, content=body)
+        if thinking and (choice == "required" or isinstance(choice, NamedTool)):
+            # Qwen writes `</think>\n\n<tool_call>`: the gap (dropped from the answer) before the call.
+            body = Seq((Regex(REASONING_GAP), body))
+    elif tools:
+        body = None
+    if thinking and (body is not None or budget is not None):
+        from .segments.reasoning import Reasoning, with_reasoning
+
+        tags = served_think_tags(tokenizer)
+        start, end = tags if tags is not None else (None, None)
+        program = with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
+                                 Reasoning(budget=budget, start=start, end=end), state)
+        trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
+        return program if trigger is None else _forbid_in_reasoning(program, trigger)
+    return body if with_tools else None
+
+
+def _forbid_in_reasoning(segment: Segment, tag: Tag) -> Segment:
+    # A call starts only where the grammar starts one: mlx-lm's text split would read the tag inside
+    # the reasoning as a call too (its reasoning -> tool transition). `with_reasoning` forbids the
+    # triggers of a `Triggered` body itself; a required, named or `none` program's tag is added here.
+    if isinstance(segment, ReasoningText):
+        return segment if tag in segment.forbid else dataclasses.replace(segment, forbid=(*segment.forbid, tag))
+    if isinstance(segment, Seq):
+        return Seq(tuple(_forbid_in_reasoning(s, tag) for s in segment.items))
+    if isinstance(segment, Choice):
+        return Choice(tuple(_forbid_in_reasoning(s, tag) for s in segment.options))
+    return segment
+
+
+def _segment_json(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return {"": type(value).__name__, **{f.name: _segment_json(getattr(value, f.name)) for f in fields(value)}}
+    if isinstance(value, (tuple, list)):
+        return [_segment_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _segment_json(v) for k, v in value.items()}
+    return value
+
+
+def segment_key(segment: Segment) -> str:
+    """A segments program as canonical JSON: every field of every node, schemas with their key
+    order kept (it orders the output), so equal keys compile to equal grammars."""
+    return json.dumps(_segment_json(segment), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_unenforced(schema: str, strict: bool, whitespace: str | None) -> tuple[Unenforced, ...]:
+    # The translation alone (no automaton): cheap, and remembered for the next request.
+    return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace).unenforced
+
+
+def check_tool_schemas(tools: tuple[ToolSpec, ...]) -> tuple[Unenforced, ...]:
+    """Translate each tool's `parameters` alone (remembered), so that a bad schema is refused naming
+    its tool (`param` tools[i].function.parameters); the unenforced keywords of all, pointers under
+    /tools/i/function/parameters."""
+    unenforced: list[Unenforced] = []
+    for i, tool in enumerate(tools):
+        try:
+            found = _schema_unenforced(json.dumps(tool.parameters, separators=(",", ":")), tool.strict,
+                                       tool_calls.ARGUMENTS_WHITESPACE)
+        except RecursionError:
+            raise InvalidRequestError("the schema is nested too deeply to translate",
+                                      param=f"tools[{i}].function.parameters", code="invalid_schema") from None
+        except GrammarError as e:
+            e.param = f"tools[{i}].function.parameters"  # type: ignore[attr-defined]  # read by error_response
+            raise
+        unenforced += [Unenforced(u.keyword, f"/tools/{i}/function/parameters{u.pointer}", u.reason) for u in found]
+    return tuple(unenforced)
 
 
 # --- compiled grammars, cached ---------------------------------------------------------------------
@@ -464,21 +670,34 @@ class GrammarCache:
 
 
 class Grammars:
-    """Compiles `GrammarSpec`s for the served vocabulary and logits width, through a `GrammarCache`."""
+    """Compiles `GrammarSpec`s for the served vocabulary and logits width, through a `GrammarCache`.
+
+    `tokenizer` (the served one, whose vocabulary is `vocabulary`) resolves a segments program's
+    control tokens; without it a "segments" spec is an `InvalidArgumentError`."""
 
     def __init__(self, vocabulary: Vocabulary, logits_width: int, *, cache: GrammarCache | None = None,
-                 timeout: float | None = None, cache_dir: str | None = None) -> None:
+                 timeout: float | None = None, cache_dir: str | None = None, tokenizer: Any = None) -> None:
         self.vocabulary = vocabulary
         self.logits_width = logits_width
         self.cache = cache if cache is not None else GrammarCache()
         self.timeout = timeout
         self.cache_dir = cache_dir
+        self.tokenizer = tokenizer
 
-    def get(self, spec: GrammarSpec) -> CompiledGrammar:
+    def get(self, spec: GrammarSpec) -> ServedGrammar:
         return self.cache.get(spec, lambda: self._compile(spec))
 
-    def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
+    def _compile(self, spec: GrammarSpec) -> ServedGrammar:
         options: CompileOptions = {"timeout": self.timeout, "cache_dir": self.cache_dir}
+        if spec.kind == "segments":
+            from .segments import compile_segments
+
+            if spec.segment is None or self.tokenizer is None:
+                raise InvalidArgumentError("a segments grammar needs its program and the served tokenizer")
+            try:
+                return compile_segments(spec.segment, self.tokenizer, logits_width=self.logits_width, **options)
+            except RecursionError:
+                raise InvalidSchemaError("the schema is nested too deeply to translate") from None
         if spec.kind == "regex":
             return compile_regex(spec.text, self.vocabulary, logits_width=self.logits_width, **options)
         try:
@@ -543,7 +762,9 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
     if isinstance(error, errors.TokenBudgetError):
         param = param or "max_tokens"
     elif param is None and spec is not None:
-        if spec.kind == "regex":
+        if spec.kind == "segments":
+            param = spec.origin
+        elif spec.kind == "regex":
             param = f"{spec.origin}.regex"
         elif isinstance(error, InvalidRegexError) and spec.whitespace is not None:
             param = f"{spec.origin}.whitespace"
@@ -564,14 +785,15 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
 
 @dataclass
 class ConstrainedRequest(mlx_server.CompletionRequest):
-    grammar: CompiledGrammar | None = None
+    grammar: ServedGrammar | None = None
     tokenized: Tokenized | None = None  # ResponseGenerator._tokenize's result, computed in the handler thread
     length_safe: bool = True
+    generated: list[int] | None = None  # the generated token ids, recorded as the handler reads them
 
 
 @dataclass
 class ConstrainedGenerationArguments(mlx_server.GenerationArguments):
-    grammar: CompiledGrammar | None = None
+    grammar: ServedGrammar | None = None
     length_safe: bool = True  # the grammar's masks are length-safe for `max_tokens`
 
 
@@ -717,6 +939,42 @@ def default_max_body_bytes(context_length: int | None) -> int:
     return max(2**20, 64 * context_length)
 
 
+def _recorded(response: Iterator[Any], tokens: list[int]) -> Iterator[Any]:
+    for gen in response:
+        tokens.append(gen.token)
+        yield gen
+
+
+def reasoning_token_count(tokens: list[int], start: int, end: int, *, open_: bool) -> int:
+    """How many of the generated `tokens` are reasoning: inside `start`..`end` (the tags not
+    counted, but a start tag inside the reasoning is); `open_` when the prompt left it open."""
+    count, inside = 0, open_
+    for token in tokens:
+        if inside:
+            if token == end:
+                inside = False
+            else:
+                count += 1  # a start tag written while thinking is thinking too
+        elif token == start:
+            inside = True
+    return count
+
+
+def cut_free_text(grammar: ServedGrammar, tokens: list[int], max_tokens: int) -> bool:
+    """Whether a length-safe generation's last token, EOS at the budget's end, was forced by the
+    budget in free text (the text was cut: OpenAI's "length") rather than allowed alone by the
+    grammar (a complete JSON answer or call: "stop"): the budget row at the last token differs from
+    the grammar's own row there. Replays the tokens (the grammar's transitions are pure)."""
+    if len(tokens) != max_tokens or not tokens or tokens[-1] not in grammar.eos_token_ids:
+        return False
+    state = grammar.initial_state
+    for token in tokens[:-1]:
+        state = grammar.next_state(state, token)
+        if state < 0:
+            return False
+    return bool(grammar.budget_mask_row(state, 1) != grammar.mask_row(state))
+
+
 _POLL_SECONDS = 0.25  # how often a handler waiting for tokens looks whether the server is stopping
 
 
@@ -757,9 +1015,11 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None),
                                               length_safe=getattr(request, "length_safe", True))
         try:
-            return super().generate(request, args, progress_callback)
+            ctx, response = super().generate(request, args, progress_callback)
         except ServerUnavailableError as e:
             raise _Refused(e) from None
+        generated = getattr(request, "generated", None)
+        return ctx, response if generated is None else _recorded(response, generated)
 
     def check_available(self) -> None:
         """Raise `ServerUnavailableError` when no request can be served now."""
@@ -825,6 +1085,39 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         return not self._generation_thread.is_alive()
 
 
+@dataclass
+class _Plan:
+    """A request's tool and reasoning fields, parsed in the handler thread."""
+
+    tools: tuple[ToolSpec, ...]
+    choice: ToolChoice
+    parallel: bool
+    budget: int | None
+    enable_thinking: bool | None
+    unenforced: tuple[Unenforced, ...] = ()
+
+
+@dataclass
+class _Answer:
+    """What the response path adds to mlx-lm's for one request."""
+
+    tokens: list[int] | None = None  # the generated ids
+    think_ids: tuple[int, int, bool] | None = None  # think start id, end id, open at the start
+    strip_content: bool = False  # JSON content after reasoning: drop its leading whitespace
+    content_started: bool = False
+    fallback_tools: tuple[ToolSpec, ...] = ()  # the content is a fallback-format call of these
+    held: str = ""  # fallback content held back until the end
+    free_text: Any = None  # a length-safe segments grammar with free text, and its budget
+    max_tokens: int = 0
+
+
+def _content_param(spec: GrammarSpec) -> str:
+    """The request field a `response_format` grammar's compile error is about."""
+    if spec.kind == "regex":
+        return f"{spec.origin}.regex"
+    return spec.origin if spec.origin == "response_format" else f"{spec.origin}.schema"
+
+
 _POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
 _DRAIN_SECONDS = 5.0  # how long the unread rest of a refused body is discarded, so the client reads the 413
 
@@ -835,6 +1128,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
 
     response_generator: GrammarResponseGenerator
     _unenforced: tuple[Unenforced, ...]  # the served grammar's report, sent as X-Grammar-Unenforced
+    _answer: _Answer | None = None
 
     def send_response(self, code: int, message: str | None = None) -> None:
         self._status_code = code
@@ -851,6 +1145,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
     def do_POST(self) -> None:
         self._headers_sent = False
         self._unenforced = ()
+        self._answer = None  # set by handle_completion for this request
         self.stream = False
         self._unread = 0
         with self.response_generator.serving():
@@ -932,6 +1227,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
     def handle_completion(self, request: mlx_server.CompletionRequest, stop_words: list[str]) -> None:
         generator = self.response_generator
         spec = None
+        self._answer = answer = _Answer()
         try:
             generator.check_available()
             if self.body.get("adapters") is not None:
@@ -941,10 +1237,12 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                 raise InvalidRequestError("draft_model cannot be chosen per request; start the server with "
                                           "--draft-model or --draft-layers", param="draft_model",
                                           code="unsupported_parameter")
-            spec = parse_response_format(self.body.get("response_format"))
+            spec = content = parse_response_format(self.body.get("response_format"))
             length_safe = self._length_safe()
+            request, plan = self._plan(request, spec, answer)
             tokenized = generator.tokenize(request, self.chat_template_kwargs)
             self._fit_context(len(tokenized[0]), "messages" if request.request_type == "chat" else "prompt")
+            spec = self._grammar_spec(spec, plan, tokenized, answer)
             grammar = generator.grammars.get(spec) if spec is not None else None
             if grammar is not None and length_safe:
                 self._check_budget(grammar)
@@ -953,13 +1251,143 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                 logging.exception("preparing the request failed")
             self._send_error(*error_response(e, spec))
             return
-        if grammar is not None and grammar.unenforced:
-            self._unenforced = grammar.unenforced
-            logging.warning("response_format keywords not enforced: %s",
-                            ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in grammar.unenforced))
+        unenforced = (*self._unenforced_of(grammar, spec, content), *plan.unenforced)
+        if unenforced:
+            self._unenforced = unenforced
+            logging.warning("not enforced: %s", ", ".join(f"{u.keyword} at {u.pointer or '/'}" for u in unenforced))
+        answer.tokens = []
+        if length_safe and spec is not None and spec.kind == "segments":
+            answer.free_text, answer.max_tokens = grammar, cast(int, self.max_tokens)
         values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
         super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized,
-                                                     length_safe=length_safe), stop_words)
+                                                     length_safe=length_safe, generated=answer.tokens),
+                                  stop_words)
+
+    def _plan(self, request: mlx_server.CompletionRequest, content: GrammarSpec | None,
+              answer: _Answer) -> tuple[mlx_server.CompletionRequest, _Plan]:
+        """Read the request's tools and reasoning fields (refusing bad ones) before tokenizing; the
+        request comes back with the fallback format's system note when its template drops tools."""
+        tokenizer = self.response_generator.model_provider.tokenizer
+        tools = tool_calls.parse_tools(self.body.get("tools"))
+        if tools and request.request_type != "chat":
+            raise InvalidRequestError("tools need the chat endpoint (/v1/chat/completions)", param="tools",
+                                      code="unsupported_parameter")
+        choice = tool_calls.parse_tool_choice(self.body.get("tool_choice"), tools)
+        parallel = tool_calls.parse_parallel_tool_calls(self.body.get("parallel_tool_calls"))
+        tags = served_think_tags(tokenizer)
+        budget = parse_thinking_budget(self.body, tags is not None)
+        defaults = getattr(self.response_generator.model_provider.cli_args, "chat_template_args", None)
+        enable_thinking = parse_enable_thinking(self.chat_template_kwargs, defaults)
+        plan = _Plan(tools, choice, parallel, budget, enable_thinking)
+        if not tools:
+            return request, plan
+        unenforced = check_tool_schemas(tools)  # refuses a bad schema whatever the choice
+        family = tool_calls.tool_format(tokenizer)
+        if choice != "none" and tool_calls.is_constrained(tokenizer, choice):
+            plan.unenforced = unenforced  # only where the arguments are compiled
+        if not tool_calls.is_constrained(tokenizer, choice):
+            if family != tool_calls.FALLBACK_FORMAT:
+                strict = next((i for i, t in enumerate(tools) if t.strict), None)
+                if strict is not None or content is not None:
+                    why = (f"tools[{strict}] is strict" if strict is not None else "response_format is given")
+                    raise InvalidRequestError(
+                        f"{why}, but tool calls in the served model's {family!r} format are not constrained "
+                        f"(constrained: {', '.join(tool_calls.CONSTRAINED_FORMATS)})",
+                        param="tools" if strict is None else f"tools[{strict}].function.strict",
+                        code="unsupported_tool_format")
+            plan.unenforced += (Unenforced("tools", "/tools", f"{family} tool calls are not constrained"),)
+        elif family == tool_calls.FALLBACK_FORMAT and choice != "none":
+            answer.fallback_tools = tools
+            note = tool_calls.fallback_instructions(tools, choice, parallel)
+            messages = [dict(m) for m in request.messages]
+            if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+                messages[0]["content"] = f"{messages[0]['content']}\n\n{note}"
+            else:
+                messages.insert(0, {"role": "system", "content": note})
+            request = dataclasses.replace(request, messages=messages)
+        return request, plan
+
+    def _grammar_spec(self, content: GrammarSpec | None, plan: _Plan, tokenized: Tokenized,
+                      answer: _Answer) -> GrammarSpec | None:
+        """The grammar to compile: `content` alone (as always), or a segments program for reasoning
+        and tool calls (`segment_program`)."""
+        tokenizer = self.response_generator.model_provider.tokenizer
+        state = "closed"
+        tags = served_think_tags(tokenizer)
+        if tags is not None:
+            from .segments.reasoning import reasoning_state
+
+            start, end = tags
+            state = reasoning_state(tokenizer, tokenized[0], plan.enable_thinking, start=start, end=end)
+            if isinstance(start, int) and isinstance(end, int):
+                answer.think_ids = (start, end, state == "open")
+        program = segment_program(tokenizer, content, plan.tools, plan.choice, plan.parallel, plan.budget, state)
+        if program is None:
+            return content
+        # The gap the grammar allows after the reasoning: not part of a JSON answer or of calls.
+        calls_only = bool(plan.tools) and (plan.choice == "required" or isinstance(plan.choice, NamedTool))
+        json_content = content is not None and content.kind == "json_schema"
+        answer.strip_content = state != "closed" and (json_content or calls_only)
+        origin = "tools" if plan.tools and plan.choice != "none" else "thinking_budget"
+        if content is not None:
+            origin = _content_param(content)
+        return GrammarSpec("segments", segment_key(program), origin=origin, segment=program)
+
+    def generate_response(self, text: str, finish_reason: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        # mlx-lm's response (and streamed chunk), plus: JSON content after the reasoning without its
+        # leading whitespace, the fallback format's calls as tool_calls, usage's reasoning tokens.
+        answer = getattr(self, "_answer", None)
+        if answer is None:
+            return cast("dict[str, Any]", super().generate_response(text, finish_reason, *args, **kwargs))
+        if answer.strip_content and not answer.content_started:
+            text = text.lstrip()
+            answer.content_started = bool(text)
+        if answer.fallback_tools:
+            answer.held += text
+            text = ""
+            if finish_reason is not None:
+                try:
+                    calls = tool_calls.parse_fallback_calls(answer.held, answer.fallback_tools)
+                except ValueError as e:
+                    logging.warning("the reply is not a complete fallback tool call (%s); sent as content", e)
+                    text = answer.held
+                else:
+                    formatter = mlx_server.ToolCallFormatter(lambda call, _tools: call, None, self.stream)
+                    kwargs["tool_calls"] = formatter(calls)
+                    finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        if finish_reason == "stop" and answer.free_text is not None and answer.tokens is not None:
+            finish_reason = "length" if cut_free_text(answer.free_text, answer.tokens, answer.max_tokens) else "stop"
+        response = cast("dict[str, Any]", super().generate_response(text, finish_reason, *args, **kwargs))
+        if "usage" in response:
+            self._add_reasoning_tokens(response["usage"])
+        return response
+
+    def completion_usage_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        response = cast("dict[str, Any]", super().completion_usage_response(*args, **kwargs))
+        self._add_reasoning_tokens(response["usage"])
+        return response
+
+    def _add_reasoning_tokens(self, usage: dict[str, Any]) -> None:
+        answer = getattr(self, "_answer", None)
+        if answer is None or answer.think_ids is None or answer.tokens is None:
+            return
+        start, end, open_ = answer.think_ids
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": reasoning_token_count(answer.tokens, start, end, open_=open_)}
+
+    @staticmethod
+    def _unenforced_of(grammar: ServedGrammar | None, spec: GrammarSpec | None,
+                       content: GrammarSpec | None) -> tuple[Unenforced, ...]:
+        """What the served grammar does not enforce, pointers as the request names it: a segments
+        grammar's report does not say which schema a pointer is in, so its `response_format` part is
+        the content schema's own (the tools' come from `check_tool_schemas`)."""
+        if grammar is None or spec is None:
+            return ()
+        if spec.kind != "segments":
+            return tuple(grammar.unenforced)
+        if content is None or content.kind != "json_schema" or not grammar.unenforced:
+            return ()
+        return _schema_unenforced(content.text, content.strict, content.whitespace)
 
     def _length_safe(self) -> bool:
         """The request's `length_safe` extension field, else the server's default."""
@@ -971,7 +1399,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                                       param="length_safe", code="invalid_argument")
         return value
 
-    def _check_budget(self, grammar: CompiledGrammar) -> None:
+    def _check_budget(self, grammar: ServedGrammar) -> None:
         """Refuse a budget (after `_fit_context`) the grammar cannot complete in: here, in the handler
         thread, before the request reaches generation (whose processor would refuse it there)."""
         max_tokens = cast(int, self.max_tokens)
@@ -1210,7 +1638,8 @@ def serve_main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
-    grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir)
+    grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir,
+                        tokenizer=tokenizer)
     provider = LoadedModelProvider(mlx_cli_args(args), model, tokenizer, draft, model_id=model_id, draft_id=draft_id)
     context = args.context_length if args.context_length is not None else context_length_of(model)
     max_body = int(args.max_body_mb * 2**20) if args.max_body_mb is not None else default_max_body_bytes(context)

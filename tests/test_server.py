@@ -873,6 +873,50 @@ def test_models_endpoint_lists_the_served_model(servers):
     assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
 
 
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.slow
+def test_smollm_tool_calls_through_the_fallback_format(servers):
+    # SmolLM2's template has no tools: a named call is the fallback JSON, answered as tool_calls.
+    client = servers["plain"].client()
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    reply = client.chat.completions.create(model="smollm", messages=WEATHER_ASK, tools=[WEATHER_TOOL],
+                                           tool_choice=named, max_tokens=40)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER_TOOL["function"]["parameters"])
+    chunks = list(client.chat.completions.create(model="smollm", messages=WEATHER_ASK, tools=[WEATHER_TOOL],
+                                                 tool_choice=named, max_tokens=40, stream=True))
+    calls = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+    assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (0, "get_weather", arguments)]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    # auto: nothing tells a call from an answer in this format: text, and the response says so.
+    raw = client.chat.completions.with_raw_response.create(model="smollm", messages=WEATHER_ASK, tools=[WEATHER_TOOL],
+                                                           max_tokens=4)
+    assert json.loads(raw.headers["x-grammar-unenforced"]) == [["tools", "/tools"]]
+    assert raw.parse().choices[0].message.tool_calls is None
+
+
+@pytest.mark.slow
+def test_a_thinking_budget_needs_a_model_with_think_tags(servers):
+    import openai
+
+    for field, value in (("thinking_budget", 16), ("reasoning_effort", "low")):
+        with pytest.raises(openai.BadRequestError) as info:
+            chat(servers["plain"].client(), None, max_tokens=4, extra_body={field: value})
+        assert (info.value.body["code"], info.value.body["param"]) == ("unsupported_parameter", field)
+
+
 def test_a_model_that_does_not_load_exits_with_a_message(tmp_path):
     missing = tmp_path / "missing.gguf"
     run = subprocess.run([sys.executable, "-m", "grammar_mlx.server", "--port", "0", "--model", str(missing)],

@@ -315,6 +315,18 @@ class SegmentGrammar:
         where = self._text_at(state)
         return "tag" if where is None else where.role
 
+    def roles(self, token_ids: Iterable[int]) -> list[str]:
+        """The role of each token of a generation, replayed from the initial state (what splits
+        reasoning from content); stops at the first token the grammar forbids."""
+        out: list[str] = []
+        state = self.initial_state
+        for t in token_ids:
+            out.append(self.role(state, int(t)))
+            state = self.next_state(state, int(t))
+            if state < 0:
+                break
+        return out
+
     def _text_at(self, state: int) -> Position | None:
         """The text position a text token consumed from `state` belongs to (None: only tags may
         come): an entry's text; a watch's exit text once its tag is complete."""

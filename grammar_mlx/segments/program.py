@@ -20,7 +20,7 @@ path otherwise: two options that cannot be told apart by their first token).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import limits
@@ -42,8 +42,6 @@ from .spec import (
 )
 
 __all__ = ["Atom", "Lowered", "lower"]
-
-ROLES = ("reasoning", "content", "tag", "call")
 
 
 @dataclass(eq=False)
@@ -78,7 +76,6 @@ class _Cat:
 @dataclass(frozen=True)
 class _Alt:
     parts: tuple[_Node, ...]
-    path: str
 
 
 @dataclass(frozen=True)
@@ -100,7 +97,6 @@ class Lowered:
     nullable: bool
     follow: list[frozenset[int]]
     last: frozenset[int]
-    choice_paths: dict[int, str] = field(default_factory=dict)
 
 
 class _Lowering:
@@ -205,6 +201,8 @@ class _Lowering:
 
     def lower(self, seg: Segment, path: str, role: str) -> _Node:
         text = self.regex_of(seg, path)
+        if text is not None and not text[0]:  # nothing to write (an empty Seq or Text): no position
+            return _EPS
         if text is not None:
             role = "tag" if getattr(seg, "role", None) == "tag" else role
             return self.atom(kind="text", path=path, role=role, regex=text[0], unenforced=text[1])
@@ -214,7 +212,7 @@ class _Lowering:
             return self.lower_seq([(f"{path}.items[{i}]", s) for i, s in enumerate(_items(seg, path))], role)
         if isinstance(seg, Choice):
             options = _options(seg, path)
-            return _Alt(tuple(self.lower(s, f"{path}.options[{i}]", role) for i, s in enumerate(options)), path)
+            return _Alt(tuple(self.lower(s, f"{path}.options[{i}]", role) for i, s in enumerate(options)))
         if isinstance(seg, Repeat):
             return self.lower_repeat(seg, path, role)
         if isinstance(seg, FreeText):
@@ -231,6 +229,8 @@ class _Lowering:
         run_path = ""
 
         def flush() -> None:
+            if run and not any(r for r, _ in run):
+                run.clear()
             if run:
                 parts.append(self.atom(kind="text", path=run_path, role=role, regex="".join(r for r, _ in run),
                                        unenforced=tuple(u for _, us in run for u in us)))
@@ -238,6 +238,8 @@ class _Lowering:
 
         for item_path, item in items:
             text = self.regex_of(item, item_path)
+            if text is not None and not text[0]:
+                continue
             if text is not None and getattr(item, "role", None) == "tag":  # a text tag: a run of its own
                 flush()
                 parts.append(self.atom(kind="text", path=item_path, role="tag", regex=text[0]))
@@ -272,10 +274,10 @@ class _Lowering:
         else:
             tail: _Node = _EPS
             for _ in range(hi - max(lo, 1)):
-                tail = _Alt((_EPS, _Cat((more(), tail))), path)
+                tail = _Alt((_EPS, _Cat((more(), tail))))
             parts.append(tail)
         body = _Cat(tuple(parts))
-        return body if lo >= 1 else _Alt((_EPS, body), path)
+        return body if lo >= 1 else _Alt((_EPS, body))
 
     def free_forbids(self, ft: FreeText, path: str) -> tuple[frozenset[int], list[bytes]]:
         if not isinstance(ft.forbid, tuple):
@@ -367,10 +369,10 @@ class _Lowering:
                                                    f"{type(s.end).__name__}")
                     items.append((f"{p}.end", s.end))
                 options.append(_Cat((begin, self.lower_seq(items, "call"))))
-            return _Alt(tuple(options), f"{path}.sections")
+            return _Alt(tuple(options))
 
         if tr.stop_after_first:
-            tail: _Node = sections() if tr.at_least_one else _Alt((_EPS, sections()), f"{path}.sections")
+            tail: _Node = sections() if tr.at_least_one else _Alt((_EPS, sections()))
             return _Cat((text(), tail))
         if tr.at_least_one:
             return _Cat((text(), sections(), text(), _Star(_Cat((sections(), text())))))

@@ -150,6 +150,11 @@ def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: s
             "reasoning was asked for, but the tokenizer has no think tags (mlx-lm's TokenizerWrapper infers "
             "them from its vocabulary): name them with Reasoning(start=..., end=...)")
     start_tag, end_tag = tags
+    end_pieces = _pieces(tokenizer, end_tag)
+    if len(end_pieces) > 1:
+        raise InvalidArgumentError(
+            f"the think end tag {end_tag!r} spans control tokens and text; an end tag must be one control token "
+            "or plain text (give Reasoning(end=...))")
     # Calls are not constrained inside the thinking text, so a control-token trigger of the body
     # (`<tool_call>`) may not start there: it would be free text the caller reads as a call.
     triggers = tuple(t for t in _triggers(body) if t != end_tag)
@@ -157,12 +162,40 @@ def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: s
     rest: tuple[Segment, ...] = (Regex(GAP), body) if gap and _text_leading(body) else (body,)
     if state == "open":
         return Seq((thinking, *rest))
-    section = Seq((TagText(start_tag.literal) if isinstance(start_tag, Text) else start_tag, thinking))
+    start = _pieces(tokenizer, start_tag)
+    section = Seq((*start, thinking))
     # A text start tag cannot be told apart from a text body by a token (both are text): the model
     # is made to open its thinking, as if `required`.
-    required = reasoning.required or isinstance(start_tag, Text)
+    required = reasoning.required or isinstance(start[0], Text)
     prefix = section if required else Choice((section, Seq(())))
     return Seq((prefix, *rest))
+
+
+def _pieces(tokenizer: Any, tag: Tag) -> tuple[Segment, ...]:
+    """A start tag as the segments that spell it: a text tag holding control tokens
+    (`<|channel>thought`) is those tokens and the text between them; text is a `TagText`."""
+    if isinstance(tag, Token):
+        return (tag,)
+    encode = getattr(tokenizer, "encode", None)
+    if encode is None:
+        return (TagText(tag.literal),)
+    vocab = vocabulary_of(tokenizer)
+    ids = [int(i) for i in encode(tag.literal, add_special_tokens=False)]
+    if all(0 <= i < vocab.size and vocab.token_bytes[i] is not None for i in ids):
+        return (TagText(tag.literal),)
+    pieces: list[Segment] = []
+    text: list[int] = []
+    for i in ids:
+        if 0 <= i < vocab.size and vocab.token_bytes[i] is not None:
+            text.append(i)
+            continue
+        if text:
+            pieces.append(TagText(vocab.decode(text).decode("utf-8", errors="replace")))
+            text = []
+        pieces.append(Token(i))
+    if text:
+        pieces.append(TagText(vocab.decode(text).decode("utf-8", errors="replace")))
+    return tuple(pieces)
 
 
 def _triggers(body: Segment) -> list[Token]:

@@ -21,6 +21,7 @@ from grammar_mlx.segments import (
     FreeText,
     JSONSchema,
     Reasoning,
+    Regex,
     Section,
     Seq,
     Text,
@@ -57,7 +58,17 @@ def programs(qwen_tokenizer):
     call = Seq((Text('\n{"name": "weather", "arguments": '), JSONSchema(ARGS), Text("}\n")))
     tools = Triggered((Section(Token("<tool_call>"), call, Token("</tool_call>")),), text=FreeText(max_tokens=3),
                       at_least_one=True, stop_after_first=True)
+    # Text tags (a model without special think/tool tokens): the budget forces the rest of the tag,
+    # the free text's bound forces the rest of a trigger.
+    text_think = Seq((FreeText(max_tokens=5, end=Text("</think>")), Regex(r"[ \n]{0,2}"), JSONSchema(ANSWER)))
+    text_call = Seq((Text('{"name": "weather", "arguments": '), JSONSchema(ARGS), Text("}")))
+    text_tools = Triggered((Section(Text("<tool_call>"), text_call, Text("</tool_call>")),),
+                           text=FreeText(max_tokens=3), at_least_one=True, stop_after_first=True)
     return {
+        "text_think": (compile_segments(text_think, qwen_tokenizer, logits_width=W),
+                       qwen_tokenizer.encode("Think, then answer:")),
+        "text_tools": (compile_segments(text_tools, qwen_tokenizer, logits_width=W),
+                       qwen_tokenizer.encode("Call the weather tool:")),
         "thinking": (compile_segments(thinking, qwen_tokenizer, logits_width=W), think_prompt),
         "tools": (compile_segments(tools, qwen_tokenizer, logits_width=W),
                   qwen_tokenizer.encode("Call the weather tool:")),
@@ -95,6 +106,17 @@ def check_output(g, tokens, tokenizer, name):
         assert end == 5, "the budget ends the thinking: a random model never does"
         assert all(g.role(s, t) == "reasoning" for s, t in _states(g, tokens)[:5])
         jsonschema.validate(json.loads(tokenizer.decode(tokens[end + 1:-1])), ANSWER)
+    elif name == "text_think":
+        text = tokenizer.decode(tokens[:-1])
+        assert text.count("</think>") == 1
+        roles = [g.role(s, t) for s, t in _states(g, tokens)]
+        assert roles.count("reasoning") <= 5 and "tag" in roles  # the budget forced the tag's rest
+        jsonschema.validate(json.loads(text.split("</think>")[1]), ANSWER)
+    elif name == "text_tools":
+        text = tokenizer.decode(tokens[:-1])
+        call = json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0])
+        assert call["name"] == "weather"
+        jsonschema.validate(call["arguments"], ARGS)
     else:
         start, stop = tokens.index(CALL), tokens.index(END_CALL)
         text = tokenizer.decode(tokens[start + 1:stop])
@@ -121,13 +143,16 @@ def solo(models, g, prompt, tokenizer, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["thinking", "tools"])
+@pytest.mark.parametrize("name", ["thinking", "tools", "text_think", "text_tools"])
 def test_speculative_is_token_identical_and_every_mask_is_the_replayed_one(name, models, programs, qwen_tokenizer):
     g, prompt = programs[name]
     plain, _ = solo(models, g, prompt, qwen_tokenizer)
     check_output(g, plain, qwen_tokenizer, name)
     accepted = {}
-    for draft, ks in (("rarely", (1, 2, 3, 4)), ("partly", (2,)), ("fully", (4,))):
+    # Every k for the control-token programs; the text-tag ones (the same machinery, plus watches
+    # and forced completions) at k = 1 and 3.
+    rare = (1, 2, 3, 4) if name in ("thinking", "tools") else (1, 3)
+    for draft, ks in (("rarely", rare), ("partly", (2,)), ("fully", (4,))):
         for k in ks:
             out, drafted = solo(models, g, prompt, qwen_tokenizer, draft_model=models[draft], num_draft_tokens=k)
             assert out == plain, (draft, k)
@@ -135,7 +160,7 @@ def test_speculative_is_token_identical_and_every_mask_is_the_replayed_one(name,
     # An identical draft is kept whole (k of every k + 1 tokens, the last round cut by EOS); the
     # biased ones are rejected more often: the rollback paths ran.
     assert accepted["fully", 4] >= 0.6
-    assert max(accepted["rarely", k] for k in (1, 2, 3, 4)) < accepted["fully", 4]
+    assert max(accepted["rarely", k] for k in rare) < accepted["fully", 4]
 
 
 @pytest.mark.slow

@@ -70,6 +70,20 @@ def test_with_reasoning_shapes(qwen_tokenizer):
         with_reasoning(body, qwen_tokenizer, Reasoning(), "thinking")
 
 
+def test_a_start_tag_of_a_control_token_and_text_is_spelled_in_pieces(qwen_tokenizer):
+    # As mlx-lm's multi-token think tags (`<|channel>thought`): here `<tool_call>` then "plan".
+    g = compile_segments(with_reasoning(Regex("[0-9]"), qwen_tokenizer,
+                                        Reasoning(start="<tool_call>plan", end="</think>"), "model"),
+                         qwen_tokenizer, logits_width=W)
+    plan = qwen_tokenizer.encode("plan", add_special_tokens=False)
+    digit = qwen_tokenizer.encode("7", add_special_tokens=False)
+    assert g.matches([151657, *plan, 100, END_THINK, *digit])
+    assert g.matches(digit)  # told apart by its first token: thinking stays optional
+    assert g.role(g.next_state(g.initial_state, 151657), plan[0]) == "tag"
+    with pytest.raises(InvalidArgumentError, match="end tag"):
+        with_reasoning(Regex("[0-9]"), qwen_tokenizer, Reasoning(start="<think>", end="</think>x"), "open")
+
+
 def test_a_body_with_call_triggers_forbids_them_while_thinking(qwen_tokenizer):
     from grammar_mlx.segments import FreeText, Section, Triggered
 

@@ -226,10 +226,7 @@ def test_triggered_sections_roles_and_resumed_free_text(grammars, qwen_tokenizer
     tokens = [*enc(qwen_tokenizer, "Let me"), CALL, *call, END_CALL, *enc(qwen_tokenizer, " ok"), CALL, *call,
               END_CALL]
     assert g.matches(tokens)
-    roles, state = [], g.initial_state
-    for t in [*tokens, IM_END]:
-        roles.append(g.role(state, t))
-        state = g.next_state(state, t)
+    roles = g.roles([*tokens, IM_END])
     n = len(enc(qwen_tokenizer, "Let me"))
     assert roles[:n] == ["content"] * n and roles[n] == "tag"
     assert roles[n + 1:n + 1 + len(call)] == ["call"] * len(call)
