@@ -173,7 +173,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Generator, Hashable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -185,7 +185,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
-from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START, GenerationResponse, generation_stream
 from mlx_lm.models.cache import (
     LRUPromptCache,
     can_trim_prompt_cache,
@@ -208,6 +208,7 @@ from .errors import (
 )
 from .models import logits_width_of
 from .runtime import GrammarProcessor
+from .runtime.fast_forward import FastForwardMode, check_mode
 from .runtime.processor import check_token_budget
 from .schema import Unenforced, schema_to_regex
 from .segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text
@@ -784,20 +785,34 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
 
 
 @dataclass
+class FastForwarded:
+    """A constrained request's fast-forward mode, and how many of its tokens the generation thread
+    fast-forwarded (read by the handler for `usage` once generation ended)."""
+
+    mode: FastForwardMode
+    tokens: int = 0
+
+
+@dataclass
 class ConstrainedRequest(mlx_server.CompletionRequest):
     grammar: ServedGrammar | None = None
     tokenized: Tokenized | None = None  # ResponseGenerator._tokenize's result, computed in the handler thread
     length_safe: bool = True
     generated: list[int] | None = None  # the generated token ids, recorded as the handler reads them
+    fast_forward: FastForwarded | None = None
 
 
 @dataclass
 class ConstrainedGenerationArguments(mlx_server.GenerationArguments):
     grammar: ServedGrammar | None = None
     length_safe: bool = True  # the grammar's masks are length-safe for `max_tokens`
+    fast_forward: FastForwarded | None = None  # None: every token decoded (and the request may be batched)
 
 
 _hook_lock = threading.Lock()
+# The fast-forward of the request whose processors the generation thread made last: mlx-lm's
+# `_serve_single` makes them right before it calls `stream_generate`, in the same thread.
+_serving = threading.local()
 
 
 def install_logits_hook() -> None:
@@ -805,7 +820,12 @@ def install_logits_hook() -> None:
     grammar get a fresh `GrammarProcessor` after their other processors (so bias and penalties can
     never revive a forbidden token), length-safe for the request's `max_tokens` unless its
     `length_safe` is off; all other arguments get exactly what mlx-lm gives them. The same function
-    serves the batched and the single (draft) paths."""
+    serves the batched and the single (draft) paths.
+
+    And mlx_lm.server's `stream_generate` (the single path's loop): a request with a fast-forward
+    mode (never batched, `GrammarResponseGenerator._is_batchable`) runs through
+    `grammar_mlx.decode.stream_generate`, which feeds the text its grammar forces to the model in one
+    pass and counts those tokens; every other request runs through mlx-lm's own."""
     with _hook_lock:
         original = getattr(mlx_server, "_make_logits_processors", None)
         if original is None:
@@ -819,13 +839,33 @@ def install_logits_hook() -> None:
         def make_logits_processors(args: mlx_server.GenerationArguments) -> list[LogitsProcessor]:
             processors = original(args)
             grammar = getattr(args, "grammar", None)
+            _serving.fast_forward = None
             if grammar is not None:
                 budget = args.max_tokens if getattr(args, "length_safe", True) else None
                 processors = [*processors, GrammarProcessor(grammar, max_tokens=budget)]
+                _serving.fast_forward = getattr(args, "fast_forward", None)
             return processors
+
+        original_stream = mlx_server.stream_generate
+
+        def stream_generate(model: Any, tokenizer: Any, prompt: Any, max_tokens: int = 256, draft_model: Any = None,
+                            stream: Any = generation_stream,
+                            **kwargs: Any) -> Generator[GenerationResponse, None, None]:
+            record: FastForwarded | None = getattr(_serving, "fast_forward", None)
+            _serving.fast_forward = None
+            if record is None:
+                yield from original_stream(model, tokenizer, prompt, max_tokens, draft_model, stream, **kwargs)
+                return
+            from .decode import stream_generate as fast_forward_stream
+
+            for response in fast_forward_stream(model, tokenizer, prompt, max_tokens, draft_model, stream,
+                                                fast_forward=record.mode, **kwargs):
+                record.tokens += bool(getattr(response, "from_grammar", False))
+                yield response
 
         make_logits_processors.__dict__["grammar_mlx_hook"] = True
         mlx_server._make_logits_processors = make_logits_processors
+        mlx_server.stream_generate = stream_generate
 
 
 class LoadedModelProvider(mlx_server.ModelProvider):
@@ -992,15 +1032,18 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
     prompt, tokenized in the request's handler thread, in the request. Tracks the requests in flight, so that
     `shutdown()` can end each of them with an error instead of a dropped connection.
 
-    `length_safe`: the server's default for constrained requests (a request's `"length_safe"` wins)."""
+    `length_safe`: the server's default for constrained requests (a request's `"length_safe"` wins);
+    `fast_forward` likewise ("canonical", "verified", or None for off)."""
 
     model_provider: LoadedModelProvider
 
     def __init__(self, model_provider: LoadedModelProvider, prompt_cache: LRUPromptCache | None,
-                 grammars: Grammars, limits: ServerLimits | None = None, *, length_safe: bool = True) -> None:
+                 grammars: Grammars, limits: ServerLimits | None = None, *, length_safe: bool = True,
+                 fast_forward: FastForwardMode | None = "canonical") -> None:
         self.grammars = grammars
         self.limits = limits if limits is not None else ServerLimits()
         self.length_safe = length_safe
+        self.fast_forward = check_mode(fast_forward)
         self.closing = threading.Event()
         self._in_flight = 0
         self._idle = threading.Condition()
@@ -1013,13 +1056,19 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         values = {f.name: getattr(generation_args, f.name) for f in fields(mlx_server.GenerationArguments)}
         values["model"] = _SERVED
         args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None),
-                                              length_safe=getattr(request, "length_safe", True))
+                                              length_safe=getattr(request, "length_safe", True),
+                                              fast_forward=getattr(request, "fast_forward", None))
         try:
             ctx, response = super().generate(request, args, progress_callback)
         except ServerUnavailableError as e:
             raise _Refused(e) from None
         generated = getattr(request, "generated", None)
         return ctx, response if generated is None else _recorded(response, generated)
+
+    def _is_batchable(self, args: mlx_server.GenerationArguments) -> bool:
+        # Fast-forward feeds several tokens per pass to one request's cache: mlx-lm's BatchGenerator
+        # steps every row one token at a time, so such a request takes the single path.
+        return bool(super()._is_batchable(args)) and getattr(args, "fast_forward", None) is None
 
     def check_available(self) -> None:
         """Raise `ServerUnavailableError` when no request can be served now."""
@@ -1109,6 +1158,7 @@ class _Answer:
     held: str = ""  # fallback content held back until the end
     free_text: Any = None  # a length-safe segments grammar with free text, and its budget
     max_tokens: int = 0
+    fast_forward: FastForwarded | None = None
 
 
 def _content_param(spec: GrammarSpec) -> str:
@@ -1239,6 +1289,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
                                           code="unsupported_parameter")
             spec = content = parse_response_format(self.body.get("response_format"))
             length_safe = self._length_safe()
+            fast_forward = self._fast_forward()
             request, plan = self._plan(request, spec, answer)
             tokenized = generator.tokenize(request, self.chat_template_kwargs)
             self._fit_context(len(tokenized[0]), "messages" if request.request_type == "chat" else "prompt")
@@ -1258,9 +1309,12 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         answer.tokens = []
         if length_safe and spec is not None and spec.kind == "segments":
             answer.free_text, answer.max_tokens = grammar, cast(int, self.max_tokens)
+        if grammar is not None and fast_forward is not None:
+            answer.fast_forward = FastForwarded(fast_forward)
         values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
         super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized,
-                                                     length_safe=length_safe, generated=answer.tokens),
+                                                     length_safe=length_safe, generated=answer.tokens,
+                                                     fast_forward=answer.fast_forward),
                                   stop_words)
 
     def _plan(self, request: mlx_server.CompletionRequest, content: GrammarSpec | None,
@@ -1359,21 +1413,29 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             finish_reason = "length" if cut_free_text(answer.free_text, answer.tokens, answer.max_tokens) else "stop"
         response = cast("dict[str, Any]", super().generate_response(text, finish_reason, *args, **kwargs))
         if "usage" in response:
-            self._add_reasoning_tokens(response["usage"])
+            self._add_token_details(response["usage"])
         return response
 
     def completion_usage_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         response = cast("dict[str, Any]", super().completion_usage_response(*args, **kwargs))
-        self._add_reasoning_tokens(response["usage"])
+        self._add_token_details(response["usage"])
         return response
 
-    def _add_reasoning_tokens(self, usage: dict[str, Any]) -> None:
+    def _add_token_details(self, usage: dict[str, Any]) -> None:
+        """`usage.completion_tokens_details`: `reasoning_tokens` (OpenAI's) for a thinking model's
+        request, and the extension `forced_tokens` (fast-forwarded from the grammar) for a
+        constrained one."""
         answer = getattr(self, "_answer", None)
-        if answer is None or answer.think_ids is None or answer.tokens is None:
+        if answer is None:
             return
-        start, end, open_ = answer.think_ids
-        usage["completion_tokens_details"] = {
-            "reasoning_tokens": reasoning_token_count(answer.tokens, start, end, open_=open_)}
+        details: dict[str, int] = {}
+        if answer.think_ids is not None and answer.tokens is not None:
+            start, end, open_ = answer.think_ids
+            details["reasoning_tokens"] = reasoning_token_count(answer.tokens, start, end, open_=open_)
+        if answer.fast_forward is not None:
+            details["forced_tokens"] = answer.fast_forward.tokens
+        if details:
+            usage["completion_tokens_details"] = details
 
     @staticmethod
     def _unenforced_of(grammar: ServedGrammar | None, spec: GrammarSpec | None,
@@ -1388,6 +1450,19 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         if content is None or content.kind != "json_schema" or not grammar.unenforced:
             return ()
         return _schema_unenforced(content.text, content.strict, content.whitespace)
+
+    def _fast_forward(self) -> FastForwardMode | None:
+        """The request's `fast_forward` extension field ("canonical", "verified" or false), else the
+        server's default."""
+        value = self.body.get("fast_forward")
+        if value is None:
+            return self.response_generator.fast_forward
+        if value is False:
+            return None
+        if value not in ("canonical", "verified"):
+            raise InvalidRequestError(f'fast_forward must be "canonical", "verified" or false, got {value!r:.80}',
+                                      param="fast_forward", code="invalid_argument")
+        return cast(FastForwardMode, value)
 
     def _length_safe(self) -> bool:
         """The request's `length_safe` extension field, else the server's default."""
@@ -1583,6 +1658,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length-safe", action=argparse.BooleanOptionalAction, default=True,
                         help="constrained outputs complete within their token budget (default on; a request's "
                              '"length_safe" wins); --no-length-safe masks to the grammar alone')
+    parser.add_argument("--fast-forward", choices=("canonical", "verified", "off"), default="canonical",
+                        help="text a constrained request's grammar forces is fed to the model in one pass: "
+                             "canonical tokens (default), verified (kept only where the model agrees: "
+                             'plain decoding\'s tokens), or off; such requests are not batched (a request\'s '
+                             '"fast_forward" wins)')
     parser.add_argument("--temp", type=float, default=0.0, help="default sampling temperature (0: greedy)")
     parser.add_argument("--top-p", type=float, default=1.0, help="default nucleus sampling top-p (1.0)")
     parser.add_argument("--top-k", type=int, default=0, help="default top-k (0: off)")
@@ -1645,7 +1725,8 @@ def serve_main(args: argparse.Namespace) -> int:
     max_body = int(args.max_body_mb * 2**20) if args.max_body_mb is not None else default_max_body_bytes(context)
     limits = ServerLimits(max_body_bytes=max_body, context_length=context)
     generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars, limits,
-                                         length_safe=args.length_safe)
+                                         length_safe=args.length_safe,
+                                         fast_forward=None if args.fast_forward == "off" else args.fast_forward)
     try:
         httpd = make_server(args.host, args.port, generator)
     except OSError as e:

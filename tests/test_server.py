@@ -1150,3 +1150,48 @@ def test_in_process_limits_body_and_context(in_process):
     error = info.value.body
     assert (error["code"], error["param"]) == ("max_tokens_too_small", "max_tokens")
     assert "the server's default budget" in error["message"] and "at least 41" in error["message"]
+
+
+ORDER = {"type": "object", "properties": {
+    "customer_name": {"type": "string", "maxLength": 12},
+    "delivery_method": {"enum": ["standard_shipping", "express_shipping", "store_pickup"]},
+    "payment_status": {"enum": ["payment_pending", "payment_received"]},
+    "gift_wrapping_requested": {"type": "boolean"},
+    "shipping_address": {"type": "object", "properties": {"city_name": {"type": "string", "maxLength": 10},
+                                                          "postal_code": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                         "required": ["city_name", "postal_code"], "additionalProperties": False}},
+    "required": ["customer_name", "delivery_method", "payment_status", "gift_wrapping_requested",
+                 "shipping_address"], "additionalProperties": False}
+ORDER_ASK = [{"role": "user", "content": "Make up one customer order as JSON."}]
+
+
+def _details(reply) -> dict:
+    return (reply.usage.model_dump().get("completion_tokens_details") or {})
+
+
+@pytest.mark.slow
+def test_fast_forward_through_the_server_with_and_without_a_draft(servers):
+    """Constrained requests fast-forward the text their grammar forces by default (canonical): the
+    answer is schema-valid and `usage` says how many tokens were forced; "verified" answers token for
+    token what plain decoding (`"fast_forward": false`) answers; a draft changes none of it."""
+    answers = {}
+    for name in ("plain", "draft"):
+        client = servers[name].client()
+        for mode in ("canonical", "verified", False):
+            extra = {} if mode == "canonical" else {"fast_forward": mode}
+            reply = chat(client, schema_format(ORDER), max_tokens=90, messages=ORDER_ASK, extra_body=extra)
+            content = reply.choices[0].message.content
+            assert reply.choices[0].finish_reason == "stop", content
+            jsonschema.validate(json.loads(content), ORDER)
+            forced = _details(reply).get("forced_tokens")
+            if mode is False:
+                assert forced is None
+            else:
+                assert forced is not None and 0 < forced < reply.usage.completion_tokens, (mode, forced)
+            answers[name, mode] = (content, reply.usage.completion_tokens, forced)
+    for mode in ("canonical", "verified", False):
+        assert answers["plain", mode][:2] == answers["draft", mode][:2], mode
+    assert answers["plain", "verified"][:2] == answers["plain", False][:2]
+    status, _, body = post(servers["plain"].url, {"messages": ORDER_ASK, "response_format": schema_format(ORDER),
+                                                   "fast_forward": "always"})
+    assert status == 400 and body["error"]["param"] == "fast_forward"
