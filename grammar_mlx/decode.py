@@ -257,7 +257,7 @@ def fast_forward_step(
                                  kv_group_size=kv_group_size, kv_bits=kv_bits)
     progress = prompt_progress_callback or (lambda *_: None)
     last_only = _last_position_logits(model)
-    num_draft_tokens = max(1, int(num_draft_tokens))
+    num_draft_tokens = max(1, int(num_draft_tokens or 2))
 
     history = list(prompt_ids)  # what the processors see: the prompt, then every token kept
     n_prompt = len(prompt_ids)
