@@ -116,9 +116,11 @@ def stream_generate(
     `prompt_cache`, `num_draft_tokens`, `prefill_step_size`, `kv_bits`, `kv_group_size`,
     `quantized_kv_start`, `max_kv_size`, `prompt_progress_callback`, `input_embeddings`) and yields
     `FastForwardResponse`s (`GenerationResponse`s) with mlx-lm's stop rules: EOS ends the stream
-    (finish "stop"), so does the `max_tokens`-th token (finish "length")."""
-    mode = check_mode(fast_forward)
+    (finish "stop"), so does the `max_tokens`-th token (finish "length"). A `fast_forward`
+    attribute on the grammar processor (set per request, e.g. by a server) overrides the argument."""
     processor = grammar_processor_of(kwargs.get("logits_processors"))
+    # A processor may carry its request's own mode (the server sets it per request): it wins.
+    mode = check_mode(getattr(processor, "fast_forward", fast_forward))
     cache = kwargs.get("prompt_cache")
     trimmable = cache is None or can_trim_prompt_cache(
         cache if draft_model is None else cache[: len(model.layers)])

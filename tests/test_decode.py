@@ -168,6 +168,12 @@ def test_without_a_grammar_processor_it_is_mlx_lms_loop(model, qwen_tokenizer, p
     assert [r.token for r in stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=12)] == plain
     off = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=False)
     assert not any(isinstance(r, FastForwardResponse) for r in off)
+    # A mode on the processor (a server's per-request setting) wins over the argument.
+    marked = GrammarProcessor(grammar, max_tokens=12)
+    marked.fast_forward = False
+    responses = list(stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=12,
+                                     logits_processors=[marked], fast_forward="canonical"))
+    assert not any(isinstance(r, FastForwardResponse) for r in responses)
     # A processor already called (its context fixed) is not followed: mlx-lm's loop runs.
     used = GrammarProcessor(grammar)
     used(mx.array(prompt), mx.zeros((1, QWEN_LOGITS_WIDTH)))

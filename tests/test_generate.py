@@ -474,3 +474,43 @@ def test_length_safe_corpus_schemas_complete_at_a_small_budget(smollm, request):
         generate_json(model, tokenizer, "Reply in JSON.", load_case_schema(f"maskbench:{GLAIVE_TOO_LONG}", request),
                       max_tokens=48, strict=False)
     assert info.value.needed > 48 and f"at least {info.value.needed}" in str(info.value)
+
+
+# --- fast-forward ------------------------------------------------------------------------------------
+
+FORECAST = {"type": "object", "properties": {
+    "location": {"type": "object", "properties": {
+        "city_name": {"type": "string", "maxLength": 30},
+        "country_code": {"enum": ["Norway", "Sweden", "Denmark", "Finland"]}},
+        "required": ["city_name", "country_code"], "additionalProperties": False},
+    "current_conditions": {"enum": ["clear_sky", "partly_cloudy", "overcast", "light_rain", "heavy_snow"]},
+    "temperature_unit": {"enum": ["celsius", "fahrenheit"]},
+    "wind_direction": {"enum": ["north", "north_east", "east", "south_east", "south", "south_west", "west",
+                                "north_west"]},
+    "precipitation_expected": {"type": "boolean"}},
+    "required": ["location", "current_conditions", "temperature_unit", "wind_direction", "precipitation_expected"],
+    "additionalProperties": False}
+OSLO = "Oslo, Norway: light rain, 5 degrees celsius, wind from the south west, more rain expected. Reply in JSON."
+
+
+@pytest.mark.slow
+def test_fast_forward_on_the_embedded_model(smollm):
+    # A schema-heavy output (long keys, enums, a nested object): canonical fast-forward writes most of
+    # it without decode steps and gives the same object as plain greedy decoding; verified gives the
+    # very tokens of plain decoding; the counts in the stats are the per-token flags.
+    model, tokenizer = smollm
+    plain = generate_structured(model, tokenizer, OSLO, schema=FORECAST, max_tokens=80, fast_forward=False)
+    canonical = generate_structured(model, tokenizer, OSLO, schema=FORECAST, max_tokens=80)
+    verified = generate_structured(model, tokenizer, OSLO, schema=FORECAST, max_tokens=80, fast_forward="verified")
+    for out in (plain, canonical, verified):
+        assert out.stats.finish_reason == "stop" and out.token_ids[-1] in tokenizer.eos_token_ids
+        validate(out.value, FORECAST)
+        assert out.stats.forced_tokens == sum(out.from_grammar) and not any(
+            d and g for d, g in zip(out.from_draft, out.from_grammar))
+    assert plain.stats.fast_forward is None and plain.stats.forced_tokens == 0
+    assert canonical.stats.fast_forward == "canonical" and "forced" in canonical.stats.summary()
+    assert canonical.value == plain.value == {
+        "location": {"city_name": "Oslo", "country_code": "Norway"}, "current_conditions": "light_rain",
+        "temperature_unit": "celsius", "wind_direction": "south_west", "precipitation_expected": True}
+    assert canonical.stats.forced_tokens > len(canonical.token_ids) // 2
+    assert verified.token_ids == plain.token_ids and verified.stats.forced_tokens > 0
