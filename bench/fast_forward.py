@@ -8,14 +8,15 @@ each a chat request whose prompt holds the answer. Per case, in one run, back to
   unconstrained    mlx-lm's `stream_generate` without a processor, at the constrained output's
                    length (EOS masked off, so it writes exactly as many tokens)
 Each case states its answer in the prompt; besides agreement with constrained greedy's object, the
-bench counts the fields each mode got right (free text not scored). Wall time per output is the
-whole call: prompt processing, decoding, parsing and validation. A
-warm-up run per case (canonical, not timed) compiles the grammar and fills the lazily computed
-states first. Reported per case and summed: seconds per output, the speed-up of each mode over
-constrained (target for canonical: >= 1.3x) and over unconstrained (target: > 1), the share of
-forced tokens, and whether each mode's parsed object equals constrained greedy's (verified must be
-token-identical: checked). The BLAS MLX's CPU matmuls use is reported (bench/e2e.py's report), with
-the load average before and after; ratios are from the same run.
+bench counts the fields each mode got right (free text not scored). Wall time (and CPU time, which
+other load on a shared machine inflates less) per output is the whole call: prompt processing,
+decoding, parsing and validation. A warm-up run per case (canonical, not timed) compiles the
+grammar and fills the lazily computed states first; after the constrained run the others go in an
+order that rotates per case. Reported per case and summed: seconds per output, the speed-up of
+each mode over constrained (target for canonical: >= 1.3x) and over unconstrained (target: > 1),
+the share of forced tokens, and whether each mode's parsed object equals constrained greedy's
+(verified must be token-identical: checked). The BLAS MLX's CPU matmuls use is reported
+(bench/e2e.py's report), with the load average before and after; ratios are from the same run.
 
     python bench/fast_forward.py [--quick] [--out bench/results/fast_forward.json]
 """
@@ -178,11 +179,12 @@ FAST_FORWARD = {"constrained": False, "canonical": "canonical", "verified": "ver
 
 
 def constrained(model, tokenizer, prompt, schema, mode: str, max_tokens: int) -> dict:
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     out = generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=max_tokens,
                               fast_forward=FAST_FORWARD[mode])
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tokens": out.stats.generated_tokens, "forced": out.stats.forced_tokens,
+    return {"seconds": seconds, "cpu_seconds": time.process_time() - cpu, "tokens": out.stats.generated_tokens,
+            "forced": out.stats.forced_tokens,
             "finish": out.stats.finish_reason, "value": out.value, "token_ids": out.token_ids}
 
 
@@ -196,10 +198,10 @@ def unconstrained(model, tokenizer, prompt_ids: list[int], length: int) -> dict:
         logits[:, eos] = -mx.inf
         return logits
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     n = sum(1 for _ in stream_generate(model, tokenizer, mx.array(prompt_ids), max_tokens=length,
                                        logits_processors=[no_eos]))
-    return {"seconds": time.perf_counter() - started, "tokens": n}
+    return {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu, "tokens": n}
 
 
 def main() -> None:
@@ -215,17 +217,23 @@ def main() -> None:
     for i, (name, schema, prompt, expected) in enumerate(cases):
         generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=args.max_tokens)  # warm-up
         prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        runs: dict[str, dict] = {}
-        order = list(MODES) if i % 2 == 0 else list(reversed(MODES))
-        for mode in order:
-            runs[mode] = constrained(model, tokenizer, prompt, schema, mode, args.max_tokens)
-        runs["unconstrained"] = unconstrained(model, tokenizer, prompt_ids, runs["constrained"]["tokens"])
+        runs: dict[str, dict] = {"constrained": constrained(model, tokenizer, prompt, schema, "constrained",
+                                                             args.max_tokens)}
+        # The rest in an order that rotates per case, so background load hits none of them alike.
+        others = ["canonical", "verified", "unconstrained"]
+        for name_ in others[i % 3:] + others[: i % 3]:
+            if name_ == "unconstrained":
+                runs[name_] = unconstrained(model, tokenizer, prompt_ids, runs["constrained"]["tokens"])
+            else:
+                runs[name_] = constrained(model, tokenizer, prompt, schema, name_, args.max_tokens)
         base = runs["constrained"]
         row = {"case": name, "prompt_tokens": len(prompt_ids), "constrained_tokens": base["tokens"],
-               "unconstrained_seconds": runs["unconstrained"]["seconds"]}
+               "unconstrained_seconds": runs["unconstrained"]["seconds"],
+               "unconstrained_cpu_seconds": runs["unconstrained"]["cpu_seconds"]}
         for mode in MODES:
             r = runs[mode]
             row[f"{mode}_seconds"] = r["seconds"]
+            row[f"{mode}_cpu_seconds"] = r["cpu_seconds"]
             row[f"{mode}_tokens"] = r["tokens"]
             row[f"{mode}_forced"] = r["forced"]
             row[f"{mode}_finish"] = r["finish"]
@@ -249,6 +257,11 @@ def main() -> None:
         "seconds": {m: total(f"{m}_seconds") for m in (*MODES, "unconstrained")},
         "speedup_over_constrained": {m: total("constrained_seconds") / total(f"{m}_seconds") for m in MODES},
         "speedup_over_unconstrained": {m: total("unconstrained_seconds") / total(f"{m}_seconds") for m in MODES},
+        "cpu_seconds": {m: total(f"{m}_cpu_seconds") for m in (*MODES, "unconstrained")},
+        "cpu_speedup_over_constrained": {m: total("constrained_cpu_seconds") / total(f"{m}_cpu_seconds")
+                                         for m in MODES},
+        "cpu_speedup_over_unconstrained": {m: total("unconstrained_cpu_seconds") / total(f"{m}_cpu_seconds")
+                                           for m in MODES},
         "forced_share": {m: total(f"{m}_forced") / total(f"{m}_tokens") for m in MODES},
         "same_object_as_constrained": {m: sum(r[f"{m}_same_object"] for r in rows) for m in MODES},
         "verified_token_identical": sum(r["verified_token_identical"] for r in rows),
@@ -276,6 +289,9 @@ def main() -> None:
     print(f"verified: token-identical to constrained in {s['verified_token_identical']}/{len(rows)}, "
           f"forced share {s['forced_share']['verified']:.0%}, {s['speedup_over_unconstrained']['verified']:.2f}x "
           f"unconstrained; every output finished on EOS: {s['all_stop']}")
+    print(f"CPU time (less sensitive to other load): canonical {s['cpu_speedup_over_constrained']['canonical']:.2f}x "
+          f"constrained, {s['cpu_speedup_over_unconstrained']['canonical']:.2f}x unconstrained; verified "
+          f"{s['cpu_speedup_over_constrained']['verified']:.2f}x constrained")
     print(f"fields equal to the prompt's answer: constrained {s['fields_right']['constrained']:.0f}, canonical "
           f"{s['fields_right']['canonical']:.0f}, verified {s['fields_right']['verified']:.0f} of "
           f"{s['fields_scored']:.0f}")
