@@ -5,8 +5,8 @@ each a chat request whose prompt holds the answer. Per case, in one run, back to
   constrained      `generate_structured(..., fast_forward=False)`: one decode step per token
   canonical        `fast_forward="canonical"`: forced text as canonical tokens, unverified
   verified         `fast_forward="verified"`: forced tokens proposed, kept where the model agrees
-  unconstrained    mlx-lm's `stream_generate` without a processor, at the constrained output's
-                   length (EOS masked off, so it writes exactly as many tokens)
+  unconstrained    mlx-lm's `stream_generate` with no grammar, at the constrained output's length
+                   (its one processor masks EOS off, so it writes exactly as many tokens)
 Each case states its answer in the prompt; besides agreement with constrained greedy's object, the
 bench counts the fields each mode got right (free text not scored). Wall time (and CPU time, which
 other load on a shared machine inflates less) per output is the whole call: prompt processing,
