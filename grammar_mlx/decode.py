@@ -24,6 +24,10 @@ mlx-lm's speculative decoding, and a draft stretch ends where the grammar starts
 draft never changes the output: "verified" with a draft is plain greedy decoding, "canonical" with
 a draft is "canonical" without one (greedy: token for token).
 
+Where only the last position's logits are read (a canonical pass, a plain step), models whose
+`__call__` is the body then the tied embedding or `lm_head` (mlx-lm's llama, qwen2, qwen3) compute
+the head at that position only; any other model computes every position's and the loop slices.
+
 Anything else (no grammar processor last, `fast_forward` off, `input_embeddings`, a prompt cache
 that cannot be trimmed where trimming is needed) goes to mlx-lm's own `stream_generate` unchanged.
 
