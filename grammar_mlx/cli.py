@@ -18,6 +18,12 @@ model is made to close what it has open; the stats line says at how many tokens)
 grammar's shortest completion is an error naming the budget needed, before decoding.
 `--no-length-safe` masks to the grammar alone, so the budget can run out first (an error).
 
+Text the grammar forces (keys, `":`, enum values, brackets) is fast-forwarded: `--fast-forward
+canonical` (the default) writes it as the tokenizer's canonical tokens without a decode step each;
+`verified` proposes those tokens and keeps them where the model agrees (the output is then exactly
+`--fast-forward off`'s, token for token); `off` decodes every token. The stats line says how many
+tokens were forced.
+
 Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas, a model that
 cannot be loaded, a token budget too small or one that ran out) prints one `error:` line on stderr
 and exits non-zero:
@@ -135,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "it, or an error names the budget the grammar needs")
     gen.add_argument("--no-length-safe", action="store_true",
                      help="mask to the grammar alone: the budget may end the output incomplete (an error)")
+    gen.add_argument("--fast-forward", choices=("canonical", "verified", "off"), default="canonical",
+                     help="write forced text without a decode step per token: canonical (default: fastest), "
+                     "verified (only where the model agrees: the same output as off), or off")
     gen.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (default: 0, greedy)")
     gen.add_argument("--top-p", type=_non_negative_float, default=0.0, help="nucleus sampling (default: off)")
     gen.add_argument("--seed", type=int, help="random seed for sampling")
@@ -291,6 +300,7 @@ def _generate(args: argparse.Namespace) -> int:
             model, tokenizer, prompt, schema=schema, regex=args.regex, draft_model=draft,
             num_draft_tokens=args.num_draft_tokens, sampler=sampler, max_tokens=args.max_tokens,
             length_safe=not args.no_length_safe, chat=not args.no_chat, strict=not args.no_strict,
+            fast_forward=False if args.fast_forward == "off" else args.fast_forward,
             whitespace=args.whitespace, on_text=stream, **_compile_options(args, progress))
     finally:
         if progress is not None:

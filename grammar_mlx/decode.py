@@ -24,6 +24,10 @@ mlx-lm's speculative decoding, and a draft stretch ends where the grammar starts
 draft never changes the output: "verified" with a draft is plain greedy decoding, "canonical" with
 a draft is "canonical" without one (greedy: token for token).
 
+Where only the last position's logits are read (a canonical pass, a plain step), models whose
+`__call__` is the body then the tied embedding or `lm_head` (mlx-lm's llama, qwen2, qwen3) compute
+the head at that position only; any other model computes every position's and the loop slices.
+
 Anything else (no grammar processor last, `fast_forward` off, `input_embeddings`, a prompt cache
 that cannot be trimmed where trimming is needed) goes to mlx-lm's own `stream_generate` unchanged.
 
@@ -116,9 +120,11 @@ def stream_generate(
     `prompt_cache`, `num_draft_tokens`, `prefill_step_size`, `kv_bits`, `kv_group_size`,
     `quantized_kv_start`, `max_kv_size`, `prompt_progress_callback`, `input_embeddings`) and yields
     `FastForwardResponse`s (`GenerationResponse`s) with mlx-lm's stop rules: EOS ends the stream
-    (finish "stop"), so does the `max_tokens`-th token (finish "length")."""
-    mode = check_mode(fast_forward)
+    (finish "stop"), so does the `max_tokens`-th token (finish "length"). A `fast_forward`
+    attribute on the grammar processor (set per request, e.g. by a server) overrides the argument."""
     processor = grammar_processor_of(kwargs.get("logits_processors"))
+    # A processor may carry its request's own mode (the server sets it per request): it wins.
+    mode = check_mode(getattr(processor, "fast_forward", fast_forward))
     cache = kwargs.get("prompt_cache")
     trimmable = cache is None or can_trim_prompt_cache(
         cache if draft_model is None else cache[: len(model.layers)])
@@ -257,7 +263,7 @@ def fast_forward_step(
                                  kv_group_size=kv_group_size, kv_bits=kv_bits)
     progress = prompt_progress_callback or (lambda *_: None)
     last_only = _last_position_logits(model)
-    num_draft_tokens = max(1, int(num_draft_tokens))
+    num_draft_tokens = max(1, int(num_draft_tokens or 2))
 
     history = list(prompt_ids)  # what the processors see: the prompt, then every token kept
     n_prompt = len(prompt_ids)

@@ -716,8 +716,8 @@ def generate_structured(
     is), a list of chat messages, or token ids (used as is). `prompt_cache` goes to mlx-lm. `on_text`
     is called with each chunk of text as it is generated (the chunks join to `.text`; e.g. to print
     it). `options`: the `JSONGenerationOptions` (`draft_model`, `num_draft_tokens`, `sampler`,
-    `max_tokens`, `length_safe`, `chat`, `logits_processors`; for a schema `strict`, `whitespace`,
-    `validate`), and
+    `max_tokens`, `length_safe`, `chat`, `logits_processors`, `fast_forward`; for a schema `strict`,
+    `whitespace`, `validate`), and
     the compiler's (`CompileOptions`: `cache_dir`, `use_cache`, `timeout`, `memory_limit`,
     `progress`, ...), unused with `grammar`.
 

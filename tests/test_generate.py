@@ -3,7 +3,9 @@
 The core check: under a grammar, mlx-lm's speculative loop (which calls the processor on draft tokens
 it later rejects, and rewinds) gives, greedy, the same tokens as the plain loop, for k in {2, 4}, on
 schemas from examples/ and the shared corpora; every output parses and validates; a sampled run
-validates too. Outputs are short (bounded schemas, max_tokens <= 48) to keep the real-model time low.
+validates too; with fast-forward (canonical) a draft changes no token either, and on a schema-heavy
+case canonical gives plain greedy's object and verified its very tokens. Outputs are short (bounded
+schemas, max_tokens <= 80) to keep the real-model time low.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def rejections(from_draft: list[bool], k: int) -> int:
 def test_speculative_output_is_token_identical_and_valid(name, source, prompt, smollm, draft, request):
     model, tokenizer = smollm
     schema = load_case_schema(source, request)
-    run = dict(schema=schema, max_tokens=MAX_TOKENS, chat=False)
+    # mlx-lm's own loops (fast-forward off): its speculative path, with rollback, against its plain one.
+    run = dict(schema=schema, max_tokens=MAX_TOKENS, chat=False, fast_forward=False)
     plain = generate_structured(model, tokenizer, prompt, **run)
     assert plain.stats.finish_reason == "stop" and plain.token_ids[-1] in tokenizer.eos_token_ids
     assert plain.stats.num_draft_tokens is None and not any(plain.from_draft)
@@ -123,6 +126,13 @@ def test_speculative_output_is_token_identical_and_valid(name, source, prompt, s
         assert spec.stats.acceptance_rate == spec.stats.draft_tokens / spec.stats.generated_tokens
         rejected += rejections(spec.from_draft, k)
     assert rejected > 0, "the draft never disagreed: the rollback path was not exercised"
+
+    # Fast-forward (the default, canonical) with a draft: the draft changes no token either.
+    fast = dict(run, fast_forward="canonical")
+    canonical = generate_structured(model, tokenizer, prompt, **fast)
+    hybrid = generate_structured(model, tokenizer, prompt, draft_model=draft, num_draft_tokens=2, **fast)
+    assert hybrid.token_ids == canonical.token_ids and hybrid.from_grammar == canonical.from_grammar
+    validate(canonical.value, schema)
 
     # Sampled (fixed seed): through the speculative loop for the first case (rejections under
     # sampling), the plain loop for the others (cheaper on a CPU).
@@ -420,9 +430,10 @@ def test_length_safe_city_schema_completes_at_small_budgets(smollm, draft):
 def test_length_safe_off_behaves_as_before(smollm):
     model, tokenizer = smollm
     with pytest.raises(GenerationError, match="max_tokens=12") as info:
-        generate_json(model, tokenizer, TOKYO, CITY, max_tokens=12, length_safe=False)
+        generate_json(model, tokenizer, TOKYO, CITY, max_tokens=12, length_safe=False, fast_forward=False)
     assert info.value.text.startswith('{"city":"')
-    out = generate_structured(model, tokenizer, TOKYO, schema=CITY, max_tokens=20, length_safe=False)
+    out = generate_structured(model, tokenizer, TOKYO, schema=CITY, max_tokens=20, length_safe=False,
+                              fast_forward=False)
     # A complete match by chance at the budget's end, no EOS: returned, finish "length".
     assert out.stats.finish_reason == "length" and len(out.token_ids) == 20
     assert (out.stats.min_completion_tokens, out.stats.budget_steered_tokens) == (None, 0)
@@ -465,8 +476,9 @@ def test_length_safe_corpus_schemas_complete_at_a_small_budget(smollm, request):
     model, tokenizer = smollm
     for name in GLAIVE:
         schema = load_case_schema(f"maskbench:{name}", request)
+        # Fast-forward off: SmolLM2 writing every token itself is what runs out of the budget here.
         out = generate_structured(model, tokenizer, "Reply in JSON with example values.", schema=schema,
-                                  max_tokens=48, strict=False)
+                                  max_tokens=48, strict=False, fast_forward=False)
         assert out.stats.finish_reason == "stop" and len(out.token_ids) <= 48, (name, out.text)
         validate(out.value, schema)
         assert out.stats.budget_steered_tokens > 0, name
@@ -474,3 +486,43 @@ def test_length_safe_corpus_schemas_complete_at_a_small_budget(smollm, request):
         generate_json(model, tokenizer, "Reply in JSON.", load_case_schema(f"maskbench:{GLAIVE_TOO_LONG}", request),
                       max_tokens=48, strict=False)
     assert info.value.needed > 48 and f"at least {info.value.needed}" in str(info.value)
+
+
+# --- fast-forward ------------------------------------------------------------------------------------
+
+FORECAST = {"type": "object", "properties": {
+    "location": {"type": "object", "properties": {
+        "city_name": {"type": "string", "maxLength": 30},
+        "country_code": {"enum": ["Norway", "Sweden", "Denmark", "Finland"]}},
+        "required": ["city_name", "country_code"], "additionalProperties": False},
+    "current_conditions": {"enum": ["clear_sky", "partly_cloudy", "overcast", "light_rain", "heavy_snow"]},
+    "temperature_unit": {"enum": ["celsius", "fahrenheit"]},
+    "wind_direction": {"enum": ["north", "north_east", "east", "south_east", "south", "south_west", "west",
+                                "north_west"]},
+    "precipitation_expected": {"type": "boolean"}},
+    "required": ["location", "current_conditions", "temperature_unit", "wind_direction", "precipitation_expected"],
+    "additionalProperties": False}
+OSLO = "Oslo, Norway: light rain, 5 degrees celsius, wind from the south west, more rain expected. Reply in JSON."
+
+
+@pytest.mark.slow
+def test_fast_forward_on_the_embedded_model(smollm):
+    # A schema-heavy output (long keys, enums, a nested object): canonical fast-forward writes most of
+    # it without decode steps and gives the same object as plain greedy decoding; verified gives the
+    # very tokens of plain decoding; the counts in the stats are the per-token flags.
+    model, tokenizer = smollm
+    plain = generate_structured(model, tokenizer, OSLO, schema=FORECAST, max_tokens=80, fast_forward=False)
+    canonical = generate_structured(model, tokenizer, OSLO, schema=FORECAST, max_tokens=80)
+    verified = generate_structured(model, tokenizer, OSLO, schema=FORECAST, max_tokens=80, fast_forward="verified")
+    for out in (plain, canonical, verified):
+        assert out.stats.finish_reason == "stop" and out.token_ids[-1] in tokenizer.eos_token_ids
+        validate(out.value, FORECAST)
+        assert out.stats.forced_tokens == sum(out.from_grammar) and not any(
+            d and g for d, g in zip(out.from_draft, out.from_grammar))
+    assert plain.stats.fast_forward is None and plain.stats.forced_tokens == 0
+    assert canonical.stats.fast_forward == "canonical" and "forced" in canonical.stats.summary()
+    assert canonical.value == plain.value == {
+        "location": {"city_name": "Oslo", "country_code": "Norway"}, "current_conditions": "light_rain",
+        "temperature_unit": "celsius", "wind_direction": "south_west", "precipitation_expected": True}
+    assert canonical.stats.forced_tokens > len(canonical.token_ids) // 2
+    assert verified.token_ids == plain.token_ids and verified.stats.forced_tokens > 0

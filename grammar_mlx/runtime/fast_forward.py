@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol, cast
 import numpy as np
 
 from .. import limits
-from ..errors import InvalidArgumentError
+from ..errors import GrammarTooLargeError, InvalidArgumentError
 
 __all__ = ["FAST_FORWARD_MODES", "LOOKBACK", "FastForward", "FastForwardGrammar", "FastForwardMode", "check_mode",
            "fast_forward_for", "tokenizer_encoder"]
@@ -196,7 +196,12 @@ class FastForward:
         memo = self._canonical.get(state)
         if memo is not None:
             return memo
-        memo = self._compute(state)
+        try:
+            memo = self._compute(state)
+        except GrammarTooLargeError:
+            # A lazy grammar's rows along the run outgrew its bounds: the model writes the text (where
+            # it goes, the grammar's own limits apply as without fast-forward). Not memoized.
+            return (), ()
         if len(self._canonical) < self.max_states:
             self._canonical[state] = memo
         return memo

@@ -124,7 +124,7 @@ def test_a_run_that_ends_inside_a_character_is_cut_to_the_last_whole_one(tokeniz
     grammar = compile_regex("abcd(é|è)x", tokenizer, use_cache=False)
     ff = FastForward(grammar, tokenizer_encoder(tokenizer))
     run, _ = ff.forced_run(grammar.initial_state)
-    assert run == "abcd".encode() + "é".encode()[:1]  # é and è share their first UTF-8 byte
+    assert run == b"abcd" + "é".encode()[:1]  # é and è share their first UTF-8 byte
     proposal, _ = ff.proposal(grammar.initial_state, generated=0)
     assert b"abcd".startswith(grammar.vocabulary.decode(proposal))
     assert ff.canonical_tokens(single_byte_state(grammar, b"abcd")) == ((), ())  # only half a character

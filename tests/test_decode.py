@@ -1,0 +1,197 @@
+"""The fast-forward decode loop (grammar_mlx.decode) on tiny random-weight models with the genuine
+Qwen3 tokenizer: "verified" is token-identical to mlx-lm's plain greedy stream_generate (with and
+without a draft, k = 1..4); "canonical" is always a complete grammar match within the budget and a
+draft never changes it; the prompt cache ends holding exactly the prompt and the tokens yielded
+(generation continued from it equals generation from scratch); max_tokens and length-safety hold;
+anything without a grammar processor is mlx-lm's own loop."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import stream_generate as mlx_stream_generate
+from mlx_lm.models.cache import make_prompt_cache
+from tiny_models import QWEN_LOGITS_WIDTH, BiasedModel, copy_of, tiny_llama
+
+from grammar_mlx import compile_json_schema, compile_regex
+from grammar_mlx.decode import FastForwardResponse, stream_generate
+from grammar_mlx.errors import InvalidArgumentError
+from grammar_mlx.runtime import GrammarProcessor
+from grammar_mlx.server import tokens_held
+
+SCHEMA = {"type": "object", "properties": {
+    "customer_full_name": {"type": "string", "maxLength": 12},
+    "order_status": {"enum": ["pending_payment", "processing_shipment", "delivered_to_customer"]},
+    "shipping": {"type": "object", "properties": {
+        "country_code": {"enum": ["United States", "United Kingdom", "Germany"]},
+        "is_priority_customer": {"type": "boolean"}},
+        "required": ["country_code", "is_priority_customer"], "additionalProperties": False},
+    "number_of_items": {"type": "integer", "minimum": 1, "maximum": 99}},
+    "required": ["customer_full_name", "order_status", "shipping", "number_of_items"], "additionalProperties": False}
+MAX_TOKENS = 80
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(1)
+
+
+@pytest.fixture(scope="module")
+def drafts(model):
+    return {"copy": copy_of(model), "biased": BiasedModel(model, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def grammar(qwen_tokenizer):
+    return compile_json_schema(SCHEMA, qwen_tokenizer, logits_width=QWEN_LOGITS_WIDTH)
+
+
+@pytest.fixture(scope="module")
+def prompt(qwen_tokenizer):
+    return qwen_tokenizer.encode("Answer in JSON:")
+
+
+def run(generate, model, tokenizer, prompt, grammar, *, budget=MAX_TOKENS, max_tokens=MAX_TOKENS, **kwargs):
+    responses = list(generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
+                              logits_processors=[GrammarProcessor(grammar, max_tokens=budget)], **kwargs))
+    return responses
+
+
+def tokens(responses):
+    return [r.token for r in responses]
+
+
+@pytest.fixture(scope="module")
+def plain(model, qwen_tokenizer, prompt, grammar):
+    return tokens(run(mlx_stream_generate, model, qwen_tokenizer, prompt, grammar))
+
+
+@pytest.fixture(scope="module")
+def canonical(model, qwen_tokenizer, prompt, grammar):
+    return run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward="canonical")
+
+
+def test_verified_is_token_identical_to_plain_greedy(model, qwen_tokenizer, prompt, grammar, plain):
+    responses = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward="verified")
+    assert tokens(responses) == plain
+    assert all(isinstance(r, FastForwardResponse) for r in responses)
+    assert sum(r.from_grammar for r in responses) > 0, "the model accepted forced tokens"
+    assert all(r.from_draft for r in responses if r.from_grammar)
+    assert [r.generation_tokens for r in responses] == list(range(1, len(plain) + 1))
+    assert responses[-1].finish_reason == "stop" and responses[-1].token in qwen_tokenizer.eos_token_ids
+
+
+def test_canonical_is_a_complete_match_within_the_budget(canonical, grammar, qwen_tokenizer):
+    ids = tokens(canonical)
+    assert grammar.matches(ids) and ids[-1] in qwen_tokenizer.eos_token_ids and len(ids) <= MAX_TOKENS
+    assert canonical[-1].finish_reason == "stop"
+    forced = [r for r in canonical if r.from_grammar]
+    assert len(forced) > len(ids) // 3, "keys and enum values are forced"
+    for r in forced:  # a forced token's logprobs put all the mass on it
+        assert r.from_draft and r.logprobs[r.token].item() == 0.0
+    text = "".join(r.text for r in canonical)
+    assert '"order_status":"' in text and '"shipping":{"country_code":"' in text
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_a_draft_changes_nothing(model, drafts, qwen_tokenizer, prompt, grammar, plain, canonical, k):
+    for name, draft in drafts.items():
+        verified = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward="verified",
+                       draft_model=draft, num_draft_tokens=k)
+        assert tokens(verified) == plain, (name, k)
+        hybrid = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward="canonical",
+                     draft_model=draft, num_draft_tokens=k)
+        assert tokens(hybrid) == tokens(canonical), (name, k)
+        drafted = [r for r in hybrid if r.from_draft and not r.from_grammar]
+        if name == "copy":
+            assert drafted, "a draft equal to the model has proposals accepted"
+        assert [r.from_grammar for r in hybrid] == [r.from_grammar for r in canonical]
+
+
+def test_a_budget_that_binds_from_the_start(model, qwen_tokenizer, prompt, grammar):
+    needed = grammar.min_completion_tokens
+    plain = tokens(run(mlx_stream_generate, model, qwen_tokenizer, prompt, grammar, budget=needed,
+                       max_tokens=needed))
+    for mode in ("verified", "canonical"):
+        out = run(stream_generate, model, qwen_tokenizer, prompt, grammar, budget=needed, max_tokens=needed,
+                  fast_forward=mode)
+        ids = tokens(out)
+        assert grammar.matches(ids) and len(ids) <= needed and out[-1].finish_reason == "stop", mode
+        if mode == "verified":
+            assert ids == plain
+
+
+def test_max_tokens_without_a_budget_ends_on_the_last_token(model, qwen_tokenizer, prompt, grammar):
+    for max_tokens in (1, 2, 7):
+        plain = run(mlx_stream_generate, model, qwen_tokenizer, prompt, grammar, budget=None, max_tokens=max_tokens)
+        for mode in ("verified", "canonical"):
+            out = run(stream_generate, model, qwen_tokenizer, prompt, grammar, budget=None, max_tokens=max_tokens,
+                      fast_forward=mode)
+            assert len(out) == max_tokens and out[-1].finish_reason == "length"
+            assert [r.generation_tokens for r in out] == list(range(1, max_tokens + 1))
+            if mode == "verified":
+                assert tokens(out) == tokens(plain)
+
+
+@pytest.mark.parametrize("mode", ["canonical", "verified"])
+def test_the_cache_holds_the_prompt_and_the_tokens_yielded(model, drafts, qwen_tokenizer, prompt, grammar, mode):
+    follow_up = qwen_tokenizer.encode(" Again:")
+    for draft in (None, drafts["copy"]):
+        cache = make_prompt_cache(model) + (make_prompt_cache(draft) if draft is not None else [])
+        kwargs = {"draft_model": draft, "num_draft_tokens": 2} if draft is not None else {}
+        out = tokens(run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=mode,
+                         prompt_cache=cache, **kwargs))
+        model_cache = cache[: len(model.layers)]
+        assert tokens_held(model_cache) == len(prompt) + len(out)
+        assert tokens_held(cache) <= len(prompt) + len(out)  # a draft may hold fewer (as in mlx-lm)
+        # Continued from the cache (the model's part) == from scratch on the whole context.
+        continued = [r.token for r in mlx_stream_generate(model, qwen_tokenizer, mx.array(follow_up), max_tokens=8,
+                                                           prompt_cache=model_cache)]
+        fresh = [r.token for r in mlx_stream_generate(model, qwen_tokenizer, mx.array(prompt + out + follow_up),
+                                                       max_tokens=8)]
+        assert continued == fresh
+
+
+def test_stopping_early_trims_what_was_fed_past_the_last_token(model, qwen_tokenizer, prompt, grammar):
+    for stop_after in (1, 2, 3, 5, 9):
+        cache = make_prompt_cache(model)
+        generator = stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=MAX_TOKENS,
+                                    logits_processors=[GrammarProcessor(grammar, max_tokens=MAX_TOKENS)],
+                                    prompt_cache=cache, fast_forward="canonical")
+        taken = [next(generator).token for _ in range(stop_after)]
+        generator.close()
+        assert tokens_held(cache) == len(prompt) + len(taken)
+
+
+def test_without_a_grammar_processor_it_is_mlx_lms_loop(model, qwen_tokenizer, prompt, grammar):
+    plain = [r.token for r in mlx_stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=12)]
+    assert [r.token for r in stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=12)] == plain
+    off = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=False)
+    assert not any(isinstance(r, FastForwardResponse) for r in off)
+    # A mode on the processor (a server's per-request setting) wins over the argument.
+    marked = GrammarProcessor(grammar, max_tokens=12)
+    marked.fast_forward = False
+    responses = list(stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=12,
+                                     logits_processors=[marked], fast_forward="canonical"))
+    assert not any(isinstance(r, FastForwardResponse) for r in responses)
+    # A processor already called (its context fixed) is not followed: mlx-lm's loop runs.
+    used = GrammarProcessor(grammar)
+    used(mx.array(prompt), mx.zeros((1, QWEN_LOGITS_WIDTH)))
+    responses = list(stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=4,
+                                     logits_processors=[used]))
+    assert not any(isinstance(r, FastForwardResponse) for r in responses)
+    with pytest.raises(InvalidArgumentError, match="fast_forward"):
+        next(stream_generate(model, qwen_tokenizer, mx.array(prompt), fast_forward="fastest",
+                             logits_processors=[GrammarProcessor(grammar)]))
+
+
+def test_a_regex_and_a_sampler(model, qwen_tokenizer, prompt):
+    grammar = compile_regex(r"(north|south)_(east|west)_wind: [0-9]{1,3} km/h", qwen_tokenizer,
+                            logits_width=QWEN_LOGITS_WIDTH)
+    from mlx_lm.sample_utils import make_sampler
+
+    for mode in ("canonical", "verified"):
+        mx.random.seed(11)
+        out = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=mode,
+                  sampler=make_sampler(temp=1.0))
+        assert grammar.matches(tokens(out)) and out[-1].finish_reason == "stop"
