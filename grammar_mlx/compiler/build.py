@@ -156,28 +156,35 @@ def _options(*, mode: str = "auto", engine: str = "auto", cache_dir: str | os.Pa
 
 def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = None,
                   **options: Unpack[CompileOptions]) -> CompiledGrammar:
-    """Compile a regex (full match, outlines-core / Rust regex syntax) for `tokenizer`.
+    """Compile a regex (full match, Rust regex syntax with a few extensions: docs/compiled-grammar.md)
+    for `tokenizer`.
 
     `logits_width` is the model's output width (defaults to the tokenizer's size); `options` are
     the `CompileOptions`.
     """
+    from ..regex.rust import canonical
+
     started = time.perf_counter()
     if not isinstance(pattern, str):
         raise InvalidRegexError(f"a regex must be a str, got {type(pattern).__name__}")
     opts = _options(**options)
     with deadline_scope(opts.deadline):
-        return _compile("regex", pattern, _target(tokenizer, logits_width, opts), (), opts, started)
+        # The extensions (anchors at the ends, JavaScript escapes) written as regex-automata reads
+        # them, for every engine and the cache key alike.
+        return _compile("regex", canonical(pattern), _target(tokenizer, logits_width, opts), (), opts, started)
 
 
 def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
-                        whitespace: str | None = None, strict: bool = False,
+                        whitespace: str | None = None, strict: bool = False, open_objects: bool = False,
                         **options: Unpack[CompileOptions]) -> CompiledGrammar:
     """Compile a JSON Schema (dict, JSON text, or Pydantic model class) for `tokenizer`.
 
     The grammar produces JSON in `grammar_mlx.schema`'s canonical format (compact by default).
     `strict=True` raises `UnsupportedSchemaError` for any keyword that cannot be enforced exactly;
-    otherwise those keywords are listed in `.unenforced`. `options` are the `CompileOptions`;
-    `timeout` covers the schema's translation too.
+    otherwise those keywords are listed in `.unenforced`. `open_objects=True` reads a missing
+    `additionalProperties` as JSON Schema does (extra keys allowed) instead of closing the object
+    (docs/json-schema.md). `options` are the `CompileOptions`; `timeout` covers the schema's
+    translation too.
     """
     from ..schema.translate import schema_to_regex
 
@@ -185,7 +192,7 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
     opts = _options(**options)
     with deadline_scope(opts.deadline):
         target = _target(tokenizer, logits_width, opts)  # argument mistakes before a long translation
-        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict)
+        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects)
         opts.deadline.check("translating the schema")
         return _compile("json_schema", translated.regex, target, translated.unenforced, opts, started)
 
