@@ -4,7 +4,10 @@ The program (`program.lower`) is a set of positions; each position that consumes
 - PASS (free text): every id below the logits width except its forbidden control ids and EOS (unless
   the generation may end there); an optional token counter, at whose bound only its exits remain;
 - RUN: a text run through an inner `CompiledGrammar` (one regex compiled by the existing compiler,
-  or the `text_until` watch automaton); its exits are allowed at the inner grammar's accepting states.
+  or the `text_until` watch automaton); its exits are allowed at the inner grammar's accepting states
+  (a watch: at each tag's hit, the exits of what follows that tag). A bounded watch that reaches its
+  bound moves to a *forced* run (`text_until.text_trie`): only the rest of its end tag, or of one of
+  its triggers, from as much of it as the text already ends with.
 A control token of the program is an edge into an *entry* node: the exits of its follow set (other
 control tokens, EOS) plus the one text position that may start there, delegated to at that
 position's initial state (so a regex that may be empty allows its own exits at once, and its
@@ -25,8 +28,10 @@ logits untouched (no row, no kernel).
 
 Token budgets (length-safe masking): `distance(state)` is the fewest tokens to the end, EOS
 included: an inner grammar's distance to an accepting state plus the cheapest exit from there (the
-exits' costs are a fixed point over the program's entries, computed once). `budget_mask_row` keeps
-the tokens whose next state still fits.
+exits' costs are a fixed point over the program's entries, computed once; a watch with several ways
+out has one distance grammar per way). `budget_mask_row` keeps the tokens whose next state still
+fits; a state's least threshold where nothing is cut is remembered, so a budget that does not bind
+costs one dict read per token.
 """
 
 from __future__ import annotations
