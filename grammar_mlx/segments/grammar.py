@@ -142,6 +142,7 @@ class SegmentGrammar:
         self._rows_by_key: dict[tuple[int, int, bool], int] = {}  # (node, inner, at bound) -> row
         self._budget_rows: dict[tuple[int, int], int] = {}  # (state, threshold) -> a narrowed row
         self._full_at: dict[int, int] = {}  # state -> the least threshold its budget row was its plain row
+        self._pass_ids: dict[tuple[int, bool], np.ndarray] = {}  # free text: (node, at bound) -> allowed ids
         self._entry_cost: list[int] = [_INF] * self._n  # entries: their distance; positions: from their start
         for p in nodes:  # a forced tail's node -> its start state (the node count is known now)
             if isinstance(p, Position) and p.forced is not None:
@@ -411,6 +412,15 @@ class SegmentGrammar:
         n = self._nodes[node]
         if isinstance(n, Entry):
             return self._exit_ids(n.exits)
+        if n is not None and n.grammar is None:
+            # Free text: one array per (node, at bound), whatever the count (a bounded stretch is a
+            # new state per token); a caller must not write into it.
+            key = (node, self._at_bound(n, count))
+            ids = self._pass_ids.get(key)
+            if ids is None:
+                ids = self._pass_ids[key] = self._text_ids(node, inner, count)
+                ids.setflags(write=False)
+            return ids
         return self._text_ids(node, inner, count)
 
     def _row_of(self, ids: np.ndarray) -> int:
@@ -609,7 +619,8 @@ class SegmentGrammar:
         """Bytes held: the mask table, the row caches and the inner grammars (an inner grammar
         shared with other programs through the compiler's live memo is counted here too)."""
         caches = (len(self._rows) + len(self._rows_by_key) + len(self._budget_rows) + len(self._full_at)) * 200
-        return int(self.table.nbytes + caches + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
+        held = sum(int(a.nbytes) for a in self._pass_ids.values())
+        return int(self.table.nbytes + caches + held + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
 
 
 def _without(ids: np.ndarray, drop: np.ndarray) -> np.ndarray:
