@@ -57,6 +57,17 @@ def test_text_only_choice_and_repeat_are_one_alternation(qwen_tokenizer):
     assert not g.matches(enc("yes! ! ! !", add_special_tokens=False))
 
 
+def test_options_with_different_text_and_the_same_continuation_are_factored(qwen_tokenizer):
+    spec = Choice((Seq((Text("get"), Token("<tool_call>"), Regex("[0-9]"))),
+                   Seq((Regex("set|put"), Token("<tool_call>"), Regex("[0-9]")))))
+    atoms = atoms_of(spec, qwen_tokenizer)
+    assert [a.kind for a in atoms] == ["text", "special", "text"]
+    g = compile_(spec, qwen_tokenizer)
+    enc = lambda s: qwen_tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    assert g.matches([*enc("put"), CALL, *enc("4")]) and g.matches([*enc("get"), CALL, *enc("4")])
+    assert not g.matches([*enc("got"), CALL, *enc("4")])
+
+
 def test_tokens_resolve_by_text_and_by_id(qwen_tokenizer):
     a = atoms_of(Seq((Token("<think>"), Token(END_THINK))), qwen_tokenizer)
     assert [x.token for x in a] == [THINK, END_THINK]
