@@ -96,6 +96,13 @@ def test_bad_specs_name_the_segment_path(qwen_tokenizer, spec, path, words):
     assert path in str(info.value) and words in str(info.value)
 
 
+def test_compile_errors_of_a_text_run_name_its_segment(qwen_tokenizer):
+    from grammar_mlx.errors import GrammarError
+
+    with pytest.raises(GrammarError, match=r"segment\.items\[1\]"):
+        compile_(Seq((Token("<think>"), Regex("(unclosed"))), qwen_tokenizer)
+
+
 def test_choices_that_cannot_be_told_apart_are_refused(qwen_tokenizer):
     # Two text-leading options that continue differently.
     with pytest.raises(InvalidArgumentError, match="cannot tell"):
