@@ -260,9 +260,16 @@ def test_text_trigger_starts_its_section(grammars, qwen_tokenizer):
     assert g.role(state) == "call" and g.segment_path(state) == "segment.sections[0].body"
 
 
-def test_nbytes_and_stats(grammars):
-    g = grammars["think_json"]
-    assert g.nbytes > 0 and g.stats["mode"] == "segments"
+def test_nbytes_grows_with_the_rows_built(qwen_tokenizer):
+    g = compile_segments(specs(qwen_tokenizer)["think_json"], qwen_tokenizer, logits_width=W, use_cache=False)
+    before, rows = g.nbytes, g.stats["mask_rows"]
+    walk(g, np.random.default_rng(5), 8)
+    state = g.initial_state
+    for t in walk(g, np.random.default_rng(6), 8):
+        g.mask_row(state)
+        state = g.next_state(state, t)
+    assert g.stats["mask_rows"] > rows and g.nbytes > before
+    assert g.stats["mode"] == "segments" and g.stats["nodes"] == g._n
 
 
 # -- an independent oracle: the program's language as a Python regex over text + control tokens ----
