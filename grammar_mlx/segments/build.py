@@ -21,7 +21,7 @@ from ..automata.byte_dfa import ByteDFA
 from ..compiler.build import _options, _target, compile_regex, token_trie
 from ..compiler.grammar import CompiledGrammar, LazyGrammar
 from ..compiler.lazy import LazyIndex
-from ..errors import InvalidArgumentError
+from ..errors import GrammarError, InvalidArgumentError
 from ..limits import deadline_scope
 from ..vocabulary.token_bytes import Vocabulary
 from .grammar import Entry, Exits, Node, Position, SegmentGrammar
@@ -146,7 +146,12 @@ class _Builder:
                 raise InvalidArgumentError(f"{atom.path}: token {atom.token} is past the logits width {self.width}: "
                                            "the model can never emit it")
         for node, atom in positions:
-            self.nodes[node] = self.position(atom)
+            try:
+                self.nodes[node] = self.position(atom)
+            except GrammarError as exc:
+                if not str(exc).startswith(atom.path):
+                    exc.args = (f"{atom.path}: {exc}", *exc.args[1:])  # the same error, naming the segment
+                raise
         initial = self.entry(low.first, low.nullable, "segment")
         for node, atom in positions:
             p = self.nodes[node]

@@ -4,7 +4,10 @@ The program (`program.lower`) is a set of positions; each position that consumes
 - PASS (free text): every id below the logits width except its forbidden control ids and EOS (unless
   the generation may end there); an optional token counter, at whose bound only its exits remain;
 - RUN: a text run through an inner `CompiledGrammar` (one regex compiled by the existing compiler,
-  or the `text_until` watch automaton); its exits are allowed at the inner grammar's accepting states.
+  or the `text_until` watch automaton); its exits are allowed at the inner grammar's accepting states
+  (a watch: at each tag's hit, the exits of what follows that tag). A bounded watch that reaches its
+  bound moves to a *forced* run (`text_until.text_trie`): only the rest of its end tag, or of one of
+  its triggers, from as much of it as the text already ends with.
 A control token of the program is an edge into an *entry* node: the exits of its follow set (other
 control tokens, EOS) plus the one text position that may start there, delegated to at that
 position's initial state (so a regex that may be empty allows its own exits at once, and its
@@ -25,8 +28,10 @@ logits untouched (no row, no kernel).
 
 Token budgets (length-safe masking): `distance(state)` is the fewest tokens to the end, EOS
 included: an inner grammar's distance to an accepting state plus the cheapest exit from there (the
-exits' costs are a fixed point over the program's entries, computed once). `budget_mask_row` keeps
-the tokens whose next state still fits.
+exits' costs are a fixed point over the program's entries, computed once; a watch with several ways
+out has one distance grammar per way). `budget_mask_row` keeps the tokens whose next state still
+fits; a state's least threshold where nothing is cut is remembered, so a budget that does not bind
+costs one dict read per token.
 """
 
 from __future__ import annotations
@@ -137,6 +142,7 @@ class SegmentGrammar:
         self._rows_by_key: dict[tuple[int, int, bool], int] = {}  # (node, inner, at bound) -> row
         self._budget_rows: dict[tuple[int, int], int] = {}  # (state, threshold) -> a narrowed row
         self._full_at: dict[int, int] = {}  # state -> the least threshold its budget row was its plain row
+        self._pass_ids: dict[tuple[int, bool], np.ndarray] = {}  # free text: (node, at bound) -> allowed ids
         self._entry_cost: list[int] = [_INF] * self._n  # entries: their distance; positions: from their start
         for p in nodes:  # a forced tail's node -> its start state (the node count is known now)
             if isinstance(p, Position) and p.forced is not None:
@@ -406,6 +412,15 @@ class SegmentGrammar:
         n = self._nodes[node]
         if isinstance(n, Entry):
             return self._exit_ids(n.exits)
+        if n is not None and n.grammar is None:
+            # Free text: one array per (node, at bound), whatever the count (a bounded stretch is a
+            # new state per token); a caller must not write into it.
+            key = (node, self._at_bound(n, count))
+            ids = self._pass_ids.get(key)
+            if ids is None:
+                ids = self._pass_ids[key] = self._text_ids(node, inner, count)
+                ids.setflags(write=False)
+            return ids
         return self._text_ids(node, inner, count)
 
     def _row_of(self, ids: np.ndarray) -> int:
@@ -604,7 +619,8 @@ class SegmentGrammar:
         """Bytes held: the mask table, the row caches and the inner grammars (an inner grammar
         shared with other programs through the compiler's live memo is counted here too)."""
         caches = (len(self._rows) + len(self._rows_by_key) + len(self._budget_rows) + len(self._full_at)) * 200
-        return int(self.table.nbytes + caches + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
+        held = sum(int(a.nbytes) for a in self._pass_ids.values())
+        return int(self.table.nbytes + caches + held + sum(g.nbytes for g in self._inner) + sys.getsizeof(self._nodes))
 
 
 def _without(ids: np.ndarray, drop: np.ndarray) -> np.ndarray:

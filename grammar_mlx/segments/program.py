@@ -212,6 +212,9 @@ class _Lowering:
             return self.lower_seq([(f"{path}.items[{i}]", s) for i, s in enumerate(_items(seg, path))], role)
         if isinstance(seg, Choice):
             options = _options(seg, path)
+            factored = self.factor(options, path, role)
+            if factored is not None:
+                return factored
             return _Alt(tuple(self.lower(s, f"{path}.options[{i}]", role) for i, s in enumerate(options)))
         if isinstance(seg, Repeat):
             return self.lower_repeat(seg, path, role)
@@ -222,6 +225,39 @@ class _Lowering:
         if isinstance(seg, Section):
             raise InvalidArgumentError(f"{path}: a Section belongs in a Triggered segment's sections")
         raise InvalidArgumentError(f"{path}: not a segment: {type(seg).__name__}")
+
+    def factor(self, options: tuple[Segment, ...], path: str, role: str) -> _Node | None:
+        """Options that differ only in their leading text and continue the same way
+        (`Seq(Regex(a), Token(X), ...)` | `Seq(Regex(b), Token(X), ...)`): one text alternation, then
+        the shared rest (named by the first option's paths), so they can be told apart. None when
+        they do not have that shape."""
+        heads: list[tuple[str, tuple[Any, ...]]] = []
+        rest: tuple[Segment, ...] | None = None
+        cut0 = 0
+        for i, option in enumerate(options):
+            items = option.items if isinstance(option, Seq) else (option,)
+            texts = []
+            for k, item in enumerate(items):
+                text = self.regex_of(item, f"{path}.options[{i}].items[{k}]")
+                if text is None:
+                    break
+                texts.append(text)
+            cut = len(texts)
+            if cut == 0 or cut == len(items):
+                return None
+            if rest is None:
+                rest, cut0 = tuple(items[cut:]), cut
+            elif tuple(items[cut:]) != rest:
+                return None
+            heads.append(("".join(r for r, _ in texts), tuple(u for _, us in texts for u in us)))
+        assert rest is not None
+        first = options[0]
+        base = f"{path}.options[0]" + (".items" if isinstance(first, Seq) else "")
+        head = self.atom(kind="text", path=f"{path}.options", role=role,
+                         regex="(?:" + "|".join(r for r, _ in heads) + ")",
+                         unenforced=tuple(u for _, us in heads for u in us))
+        tail = self.lower_seq([(f"{base}[{cut0 + k}]", item) for k, item in enumerate(rest)], role)
+        return _Cat((head, tail))
 
     def lower_seq(self, items: list[tuple[str, Segment]], role: str) -> _Node:
         parts: list[_Node] = []

@@ -57,6 +57,17 @@ def test_text_only_choice_and_repeat_are_one_alternation(qwen_tokenizer):
     assert not g.matches(enc("yes! ! ! !", add_special_tokens=False))
 
 
+def test_options_with_different_text_and_the_same_continuation_are_factored(qwen_tokenizer):
+    spec = Choice((Seq((Text("get"), Token("<tool_call>"), Regex("[0-9]"))),
+                   Seq((Regex("set|put"), Token("<tool_call>"), Regex("[0-9]")))))
+    atoms = atoms_of(spec, qwen_tokenizer)
+    assert [a.kind for a in atoms] == ["text", "special", "text"]
+    g = compile_(spec, qwen_tokenizer)
+    enc = lambda s: qwen_tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    assert g.matches([*enc("put"), CALL, *enc("4")]) and g.matches([*enc("get"), CALL, *enc("4")])
+    assert not g.matches([*enc("got"), CALL, *enc("4")])
+
+
 def test_tokens_resolve_by_text_and_by_id(qwen_tokenizer):
     a = atoms_of(Seq((Token("<think>"), Token(END_THINK))), qwen_tokenizer)
     assert [x.token for x in a] == [THINK, END_THINK]
@@ -83,6 +94,13 @@ def test_bad_specs_name_the_segment_path(qwen_tokenizer, spec, path, words):
     with pytest.raises(InvalidArgumentError) as info:
         compile_(spec, qwen_tokenizer)
     assert path in str(info.value) and words in str(info.value)
+
+
+def test_compile_errors_of_a_text_run_name_its_segment(qwen_tokenizer):
+    from grammar_mlx.errors import GrammarError
+
+    with pytest.raises(GrammarError, match=r"segment\.items\[1\]"):
+        compile_(Seq((Token("<think>"), Regex("(unclosed"))), qwen_tokenizer)
 
 
 def test_choices_that_cannot_be_told_apart_are_refused(qwen_tokenizer):

@@ -260,9 +260,16 @@ def test_text_trigger_starts_its_section(grammars, qwen_tokenizer):
     assert g.role(state) == "call" and g.segment_path(state) == "segment.sections[0].body"
 
 
-def test_nbytes_and_stats(grammars):
-    g = grammars["think_json"]
-    assert g.nbytes > 0 and g.stats["mode"] == "segments"
+def test_nbytes_grows_with_the_rows_built(qwen_tokenizer):
+    g = compile_segments(specs(qwen_tokenizer)["think_json"], qwen_tokenizer, logits_width=W, use_cache=False)
+    before, rows = g.nbytes, g.stats["mask_rows"]
+    walk(g, np.random.default_rng(5), 8)
+    state = g.initial_state
+    for t in walk(g, np.random.default_rng(6), 8):
+        g.mask_row(state)
+        state = g.next_state(state, t)
+    assert g.stats["mask_rows"] > rows and g.nbytes > before
+    assert g.stats["mode"] == "segments" and g.stats["nodes"] == g._n
 
 
 # -- an independent oracle: the program's language as a Python regex over text + control tokens ----
@@ -329,10 +336,18 @@ def oracle(seg, tok, follow_marks: str = "") -> str:
         if seg.at_least_one:
             return f"{free}{sections}{free}(?:{sections}{free})*"
         return f"{free}(?:{sections}{free})*"
-    from grammar_mlx.segments import Choice
+    from grammar_mlx.segments import Choice, Repeat
 
     if isinstance(seg, Choice):
         return "(?:" + "|".join(oracle(o, tok, follow_marks) for o in seg.options) + ")"
+    if isinstance(seg, Repeat):
+        item = oracle(seg.item, tok, follow_marks)
+        if seg.separator is not None:
+            item_more = oracle(seg.separator, tok) + item
+            hi = "" if seg.max is None else str(max(seg.max - 1, 0))
+            body = f"(?:{item}(?:{item_more}){{{max(seg.min - 1, 0)},{hi}}})"
+            return body if seg.min >= 1 else f"(?:{body})?"
+        return f"(?:{item}){{{seg.min},{'' if seg.max is None else seg.max}}}"
     raise AssertionError(f"no oracle for {type(seg).__name__}")
 
 
@@ -384,3 +399,83 @@ def test_walks_are_in_the_language_of_an_independent_regex(qwen_tokenizer, name)
     }[name]
     for tokens in samples:
         assert g.matches(tokens) and pattern.fullmatch(as_text(qwen_tokenizer, tokens))
+
+
+def random_spec(rng, depth=0):
+    """A small random program of control tokens, literals, regexes, free text and compositions."""
+    from grammar_mlx.segments import Choice, Repeat
+
+    tokens = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<|box_start|>"]
+    kind = rng.integers(0, 9 if depth < 2 else 4)
+    if kind == 0:
+        return Token(str(rng.choice(tokens)))
+    if kind == 1:
+        return Text(str(rng.choice(["a", "ab", " b", "{", "}\n"])))
+    if kind == 2:
+        return Regex(str(rng.choice(["[0-9]{1,2}", "x+", "(yes|no)", "[a-c]?"])))
+    if kind == 3:
+        end = rng.integers(0, 2)
+        bound = None if rng.random() < 0.5 else int(rng.integers(0, 4))
+        return FreeText(max_tokens=bound, end=Token(str(rng.choice(tokens))) if end else Text("</t>"))
+    if kind in (4, 5, 6):
+        return Seq(tuple(random_spec(rng, depth + 1) for _ in range(int(rng.integers(1, 4)))))
+    if kind == 7:
+        return Choice(tuple(random_spec(rng, depth + 1) for _ in range(int(rng.integers(1, 3)))))
+    lo = int(rng.integers(0, 2))
+    return Repeat(random_spec(rng, depth + 1), min=lo, max=lo + int(rng.integers(0, 3)))
+
+
+def test_random_programs_walk_within_the_independent_regex(qwen_tokenizer):
+    import re
+
+    from grammar_mlx.errors import InvalidArgumentError
+
+    rng = np.random.default_rng(2024)
+    compiled = 0
+    for _ in range(60):
+        spec = random_spec(rng)
+        try:
+            g = compile_segments(spec, qwen_tokenizer, logits_width=W)
+        except InvalidArgumentError:
+            continue  # options that cannot be told apart, free text that never ends: refused, by design
+        compiled += 1
+        pattern = re.compile(oracle(spec, qwen_tokenizer))
+        for steps in (0, 4, 12):
+            tokens = walk(g, rng, steps)
+            assert pattern.fullmatch(as_text(qwen_tokenizer, tokens[:-1])), (spec, tokens)
+            assert g.distance(g.initial_state) <= len(tokens)
+        if compiled >= 25:
+            break
+    assert compiled >= 20
+
+
+def test_concurrent_requests_share_one_grammar(qwen_tokenizer):
+    import threading
+
+    spec = specs(qwen_tokenizer)["think_json"]
+    g = compile_segments(spec, qwen_tokenizer, logits_width=W, use_cache=False)
+    walks = [walk(g, np.random.default_rng(i), 10) for i in range(4)]
+    fresh = compile_segments(spec, qwen_tokenizer, logits_width=W, use_cache=False)
+    seen: list[tuple[int, int]] = []
+    start = threading.Barrier(4)
+
+    def run(tokens):
+        start.wait()
+        state = fresh.initial_state
+        for t in tokens:
+            seen.append((state, fresh.mask_row(state)))
+            state = fresh.next_state(state, t)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in walks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = fresh.table.rows
+    for state, row in seen:
+        expected = g.allowed_tokens(state)
+        if row == ALLOW_ALL:
+            assert len(expected) == W
+            continue
+        bits = np.unpackbits(rows[row].view(np.uint8), bitorder="little")[:W]
+        np.testing.assert_array_equal(np.flatnonzero(bits), expected)
