@@ -26,6 +26,7 @@ from typing import Any
 from .. import limits
 from ..errors import GrammarError, GrammarTooLargeError, InvalidArgumentError
 from ..regex.charset import escape_text
+from ..regex.rust import canonical
 from ..vocabulary.token_bytes import Vocabulary
 from .spec import (
     Choice,
@@ -160,7 +161,9 @@ class _Lowering:
         if isinstance(seg, Regex):
             if not isinstance(seg.pattern, str):
                 raise InvalidArgumentError(f"{path}: Regex takes a str pattern, got {type(seg.pattern).__name__}")
-            return f"(?:{seg.pattern})", ()
+            # Anchors and the other extensions of compile_regex's dialect, read as it reads them
+            # before the pattern is merged into a longer run.
+            return f"(?:{canonical(seg.pattern)})", ()
         if isinstance(seg, JSONSchema):
             from ..schema.translate import schema_to_regex
 
