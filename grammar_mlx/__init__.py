@@ -2,10 +2,12 @@
 
 The subpackages are the data path: `vocabulary` (tokenizer → token bytes) → `regex` / `automata` /
 `schema` (JSON Schema or regex → byte automaton) → `compiler` (→ token-level grammar) → `runtime`
-(state stack, history follower, logits processors) → `kernels` (masking on the device). The
-modules beside them serve users: `generate` (structured generation), `outlines` (the Outlines
-drop-in), `server` (OpenAI-compatible), `cli`, `models` (offline model loading); `errors` and
-`limits` are shared by all.
+(state stack, history follower, logits processors, fast-forward) → `kernels` (masking on the
+device); `segments` composes compiled grammars with free text and tags (reasoning, tool calls). The
+modules beside them serve users: `generate` (structured generation), `decode` (mlx-lm's
+`stream_generate` with grammar fast-forward), `outlines` (the Outlines drop-in), `server`
+(OpenAI-compatible), `cli`, `models` (offline model loading); `errors` and `limits` are shared by
+all.
 """
 
 from ._version import __version__
@@ -55,10 +57,17 @@ from .runtime import (
     StateStack,
     ThinkingBudgetProcessor,
 )
+from .segments import Reasoning, SegmentGrammar, compile_segments, reasoning_state, reasoning_tags, with_reasoning
 from .vocabulary import Vocabulary, vocabulary_of
 
 __all__ = [
     "__version__",
+    "Reasoning",
+    "SegmentGrammar",
+    "compile_segments",
+    "reasoning_state",
+    "reasoning_tags",
+    "with_reasoning",
     "CompiledGrammar",
     "EagerGrammar",
     "LazyGrammar",
