@@ -36,6 +36,8 @@ per-request `draft_model` are refused (400).
   Rust regex syntax, full match).
 - Extension `"whitespace": "<regex>"`, inside `json_schema` or beside `"type": "json_object"`: a
   bounded JSON-whitespace pattern allowed between JSON tokens, e.g. `"[ \\n]{0,2}"`; default compact.
+- Extension `"open_objects": true` inside `json_schema`: a missing `additionalProperties` allows
+  extra keys, as JSON Schema reads it (default: the object is closed; docs/json-schema.md).
 
 The grammar covers the whole completion (nothing is added to the prompt: ask for what you want
 there); EOS is allowed exactly where the grammar is complete. Token budgets are length-safe: with
@@ -284,6 +286,7 @@ class GrammarSpec:
     text: str
     strict: bool = False
     whitespace: str | None = None
+    open_objects: bool = False  # a missing additionalProperties allows extra keys (JSON Schema's reading)
     origin: str = field(default="response_format.json_schema", compare=False)
     segment: Segment | None = field(default=None, compare=False)
 
@@ -352,7 +355,11 @@ def parse_response_format(value: Any) -> GrammarSpec | None:
             raise InvalidRequestError(
                 f'response_format of type "json_schema" needs "json_schema": {{"name": ..., "schema": {{...}}}}, '
                 f"got {_json_type(spec)}", param=param)
-        _check_keys(spec, {"name", "description", "schema", "strict", "whitespace"}, param)
+        _check_keys(spec, {"name", "description", "schema", "strict", "whitespace", "open_objects"}, param)
+        open_objects = spec.get("open_objects", False)
+        if not isinstance(open_objects, bool):
+            raise InvalidRequestError(f"{param}.open_objects must be a boolean, got {_json_type(open_objects)}",
+                                      param=f"{param}.open_objects")
         for key in ("name", "description"):
             if spec.get(key) is not None and not isinstance(spec[key], str):
                 raise InvalidRequestError(f"{param}.{key} must be a string, got {_json_type(spec[key])}",
@@ -373,7 +380,7 @@ def parse_response_format(value: Any) -> GrammarSpec | None:
         except (ValueError, RecursionError):
             raise InvalidRequestError(f"{param}.schema must be plain JSON (no NaN or Infinity, bounded nesting)",
                                       param=f"{param}.schema") from None
-        return GrammarSpec("json_schema", text, bool(strict), _whitespace(spec, param), origin=param)
+        return GrammarSpec("json_schema", text, bool(strict), _whitespace(spec, param), open_objects, origin=param)
     raise InvalidRequestError(
         f"response_format.type must be one of text, json_object, json_schema, regex; got {kind!r}",
         param="response_format.type")
@@ -452,7 +459,8 @@ def content_segment(spec: GrammarSpec | None) -> Segment | None:
         return None
     if spec.kind == "regex":
         return Regex(spec.text)
-    return JSONSchema(json.loads(spec.text), strict=spec.strict, whitespace=spec.whitespace)
+    return JSONSchema(json.loads(spec.text), strict=spec.strict, whitespace=spec.whitespace,
+                      open_objects=spec.open_objects)
 
 
 def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[ToolSpec, ...], choice: ToolChoice,
@@ -516,9 +524,11 @@ def segment_key(segment: Segment) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _schema_unenforced(schema: str, strict: bool, whitespace: str | None) -> tuple[Unenforced, ...]:
+def _schema_unenforced(schema: str, strict: bool, whitespace: str | None,
+                       open_objects: bool = False) -> tuple[Unenforced, ...]:
     # The translation alone (no automaton): cheap, and remembered for the next request.
-    return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace).unenforced
+    return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace,
+                           open_objects=open_objects).unenforced
 
 
 def check_tool_schemas(tools: tuple[ToolSpec, ...]) -> tuple[Unenforced, ...]:
@@ -706,7 +716,8 @@ class Grammars:
             return compile_regex(spec.text, self.vocabulary, logits_width=self.logits_width, **options)
         try:
             return compile_json_schema(spec.text, self.vocabulary, logits_width=self.logits_width,
-                                       whitespace=spec.whitespace, strict=spec.strict, **options)
+                                       whitespace=spec.whitespace, strict=spec.strict,
+                                       open_objects=spec.open_objects, **options)
         except RecursionError:
             raise InvalidSchemaError("the schema is nested too deeply to translate") from None
 
@@ -1452,7 +1463,7 @@ class GrammarAPIHandler(mlx_server.APIHandler):
             return tuple(grammar.unenforced)
         if content is None or content.kind != "json_schema" or not grammar.unenforced:
             return ()
-        return _schema_unenforced(content.text, content.strict, content.whitespace)
+        return _schema_unenforced(content.text, content.strict, content.whitespace, content.open_objects)
 
     def _fast_forward(self) -> FastForwardMode | None:
         """The request's `fast_forward` extension field ("canonical", "verified" or false), else the

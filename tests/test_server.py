@@ -50,6 +50,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_parse_response_format_kinds():
+    opened = parse_response_format({"type": "json_schema", "json_schema": {"schema": {}, "open_objects": True}})
+    assert opened is not None and opened.open_objects
+    with pytest.raises(InvalidRequestError, match="open_objects must be a boolean"):
+        parse_response_format({"type": "json_schema", "json_schema": {"schema": {}, "open_objects": 1}})
     assert parse_response_format(None) is None
     assert parse_response_format({"type": "text"}) is None
     schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}

@@ -163,12 +163,17 @@ class _Lowering:
                 raise InvalidArgumentError(f"{path}: Regex takes a str pattern, got {type(seg.pattern).__name__}")
             # Anchors and the other extensions of compile_regex's dialect, read as it reads them
             # before the pattern is merged into a longer run.
-            return f"(?:{canonical(seg.pattern)})", ()
+            try:
+                return f"(?:{canonical(seg.pattern)})", ()
+            except GrammarError as exc:
+                exc.args = (f"{path}: {exc}", *exc.args[1:])  # the same error, naming the segment
+                raise
         if isinstance(seg, JSONSchema):
             from ..schema.translate import schema_to_regex
 
             try:
-                translated = schema_to_regex(seg.schema, whitespace=seg.whitespace, strict=seg.strict)
+                translated = schema_to_regex(seg.schema, whitespace=seg.whitespace, strict=seg.strict,
+                                             open_objects=seg.open_objects)
             except GrammarError as exc:
                 exc.args = (f"{path}: {exc}", *exc.args[1:])  # the same error, naming the segment
                 raise

@@ -71,11 +71,12 @@ class Regex:
 
 @dataclass(frozen=True)
 class JSONSchema:
-    """JSON matching `schema` (as `compile_json_schema`: `strict`, `whitespace`)."""
+    """JSON matching `schema` (as `compile_json_schema`: `strict`, `whitespace`, `open_objects`)."""
 
     schema: dict[str, Any] | bool
     strict: bool = False
     whitespace: str | None = None
+    open_objects: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from grammar_mlx import (
     InvalidRegexError,
     Vocabulary,
     VocabularyMismatchError,
+    compile_json_schema,
     compile_regex,
     vocabulary_of,
 )
@@ -428,3 +429,20 @@ def test_a_huge_schema_stops_at_the_deadline(tmp_path):
     caller, raiser = (Path(f) for f in result["frames"][-2:])
     assert raiser.name == "limits.py", result["frames"]
     assert caller.parent.name in ("schema", "automata", "regex"), result["frames"]
+
+
+def test_open_objects_allows_the_keys_json_schema_allows(qwen_vocab, qwen_hf_tokenizer):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    closed = compile_json_schema(schema, qwen_vocab)
+    opened = compile_json_schema(schema, qwen_vocab, open_objects=True)
+    extra = qwen_hf_tokenizer.encode('{"a":1,"b":true}') + [qwen_vocab.eos_token_ids[0]]
+    plain = qwen_hf_tokenizer.encode('{"a":1}') + [qwen_vocab.eos_token_ids[0]]
+    assert opened.matches(extra) and opened.matches(plain)
+    assert closed.matches(plain) and not closed.matches(extra)
+
+
+def test_compile_regex_reads_anchors_and_javascript_escapes(qwen_vocab, qwen_hf_tokenizer):
+    eos = qwen_vocab.eos_token_ids[0]
+    for pattern, text in ((r"^\d{4}$", "2026"), (r"^(?i)abc$", "aBc"), (r"a\e?b", "ab")):
+        grammar = compile_regex(pattern, qwen_vocab)
+        assert grammar.matches(qwen_hf_tokenizer.encode(text) + [eos]), pattern
