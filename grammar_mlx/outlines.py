@@ -31,6 +31,10 @@ Differences from Outlines, on purpose:
   completes within it (`GrammarProcessor`); a budget below the grammar's shortest completion raises
   `TokenBudgetError` where the grammar is compiled (construction with `logits_width=`, else the
   first call). Default None: the grammar alone, as Outlines does.
+- Extension `reasoning=` (`grammar_mlx.Reasoning(budget=...)`, or True) with `prompt_ids=` (the
+  prompt's token ids as given to mlx-lm): a thinking model thinks first and the grammar applies from
+  its end tag on (docs/segments.md). The prompt ids say whether the prompt already opened the
+  thinking: under speculative decoding a processor never sees the prompt.
 
 Calls: `processor(input_ids, logits)` with `input_ids` the token history (1-D, or (B, L) for B rows;
 mlx-lm passes the history including the prompt, older mlx-engine code only the generated part) and
@@ -49,6 +53,8 @@ from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, comp
 from .errors import InvalidArgumentError
 from .runtime import GrammarProcessor
 from .runtime.stateful import int_at_least_or_none
+from .segments import JSONSchema, Reasoning, Regex, SegmentGrammar
+from .segments.spec import Segment
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -79,8 +85,23 @@ class RegexLogitsProcessor:
 
     def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "mlx", *,
                  logits_width: int | None = None, max_tokens: int | None = None,
+                 reasoning: Reasoning | bool | None = None, prompt_ids: list[int] | None = None,
                  **compile_options: Unpack[CompileOptions]) -> None:
+        self._reasoning_of(reasoning, prompt_ids)
         self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options, max_tokens)
+
+    def _reasoning_of(self, reasoning: Reasoning | bool | None, prompt_ids: list[int] | None) -> None:
+        if reasoning is not None and not isinstance(reasoning, (bool, Reasoning)):
+            raise InvalidArgumentError(f"reasoning must be a Reasoning, True, False or None, got {reasoning!r:.80}")
+        if reasoning and prompt_ids is None:
+            raise InvalidArgumentError(
+                "reasoning= needs prompt_ids=, the prompt's token ids: under speculative decoding a processor never "
+                "sees the prompt, so it cannot tell whether the prompt already opened the thinking")
+        self.reasoning = reasoning or None
+        self.prompt_ids = None if prompt_ids is None else [int(t) for t in prompt_ids]
+
+    def _body(self) -> Segment:
+        return Regex(self.regex)
 
     def _init(self, regex: str, tokenizer: Any, tensor_library_name: str, logits_width: int | None,
               unenforced: tuple[Unenforced, ...], compile_options: CompileOptions,
@@ -101,13 +122,20 @@ class RegexLogitsProcessor:
         self.unenforced = unenforced
         self._tokenizer = _unwrap(tokenizer)
         self._compile_options = compile_options
-        self._compiled: CompiledGrammar | None = None  # the processor's grammar, typed as compiled here
+        self._compiled: CompiledGrammar | SegmentGrammar | None = None
         self._processor: GrammarProcessor | None = None
         if logits_width is not None:
             self._start(logits_width)
 
     def _start(self, logits_width: int) -> GrammarProcessor:
-        compiled = self._compiled = self._compile(logits_width)
+        if self.reasoning is not None:
+            from .generate import _with_reasoning_grammar
+
+            compiled: CompiledGrammar | SegmentGrammar = _with_reasoning_grammar(
+                self._body(), self._tokenizer, logits_width, self.reasoning, self.prompt_ids, self._compile_options)
+        else:
+            compiled = self._compile(logits_width)
+        self._compiled = compiled
         processor = self._processor = GrammarProcessor(compiled, max_tokens=self.max_tokens)
         return processor
 
@@ -142,7 +170,7 @@ class RegexLogitsProcessor:
     # -- inspection ------------------------------------------------------------------------------
 
     @property
-    def compiled(self) -> CompiledGrammar | None:
+    def compiled(self) -> CompiledGrammar | SegmentGrammar | None:
         """The compiled grammar (None until the first call when no logits_width was given)."""
         return self._compiled
 
@@ -163,15 +191,20 @@ class JSONLogitsProcessor(RegexLogitsProcessor):
     def __init__(self, schema: Schema, tokenizer: Any, tensor_library_name: str = "mlx",
                  whitespace_pattern: str | None = None, *, logits_width: int | None = None,
                  strict: bool = False, max_tokens: int | None = None,
+                 reasoning: Reasoning | bool | None = None, prompt_ids: list[int] | None = None,
                  **compile_options: Unpack[CompileOptions]) -> None:
         from .schema import schema_to_regex
 
+        self._reasoning_of(reasoning, prompt_ids)
         translated = schema_to_regex(schema, whitespace=whitespace_pattern, strict=strict)
         self.schema = translated.schema
         self.whitespace_pattern = whitespace_pattern
         self.strict = strict
         self._init(translated.regex, tokenizer, tensor_library_name, logits_width, translated.unenforced,
                    compile_options, max_tokens)
+
+    def _body(self) -> Segment:
+        return JSONSchema(self.schema, strict=self.strict, whitespace=self.whitespace_pattern)
 
     def _compile(self, logits_width: int) -> CompiledGrammar:
         # Through the schema compiler (not the regex one), so the cache entry is the one generate_json

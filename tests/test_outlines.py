@@ -202,7 +202,8 @@ def test_drop_in_under_mlx_lm_speculative_decoding_matches_plain(smollm_path):
     model, tokenizer = default_model()
     draft = truncated_draft(model, 24)
     prompt = tokenizer.encode("Is it raining? JSON: ")
-    expected = generate_structured(model, tokenizer, prompt, schema=SCHEMA, max_tokens=32, chat=False)
+    expected = generate_structured(model, tokenizer, prompt, schema=SCHEMA, max_tokens=32, chat=False,
+                                   fast_forward=False)  # mlx-lm's own loop, as the drop-in runs in
     for k in (2, 4):
         processor = JSONLogitsProcessor(json.dumps(SCHEMA), TransformerTokenizer(tokenizer._tokenizer),
                                         tensor_library_name="mlx")
@@ -220,3 +221,33 @@ def test_real_outlines_tokenizer_if_installed(qwen_hf_tokenizer):
     out = processor(mx.array([1, 2]), mx.zeros((1, QWEN_LOGITS_WIDTH)))
     grammar = processor.compiled
     assert allowed_ids(out).tolist() == grammar.allowed_tokens(grammar.initial_state).tolist()
+
+
+def test_reasoning_extension_thinks_then_answers_exactly_under_speculation(qwen_tokenizer):
+    """`reasoning=` with `prompt_ids=`: a thinking model thinks within its budget, then the schema
+    applies; mlx-lm's speculative loop gives token for token what its plain loop gives."""
+    from mlx_lm.generate import stream_generate
+    from tiny_models import copy_of, tiny_llama
+
+    from grammar_mlx import Reasoning
+
+    model = tiny_llama(11)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    prompt = qwen_tokenizer.apply_chat_template([{"role": "user", "content": "ok?"}], add_generation_prompt=True)
+    runs = []
+    for draft in (None, copy_of(model)):
+        processor = JSONLogitsProcessor(schema, qwen_tokenizer, max_tokens=40, prompt_ids=prompt,
+                                        reasoning=Reasoning(budget=4, required=True))
+        extra = {} if draft is None else {"draft_model": draft, "num_draft_tokens": 2}
+        tokens = [int(r.token) for r in stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=40,
+                                                         logits_processors=[processor], **extra)]
+        assert processor.is_accepting()
+        runs.append(tokens)
+    assert runs[0] == runs[1]
+    think, end = runs[0].index(151667), runs[0].index(151668)
+    assert end - think - 1 == 4
+    answer = qwen_tokenizer.decode(runs[0][end + 1:]).replace("<|im_end|>", "")
+    assert json.loads(answer)["ok"] in (True, False)
+    with pytest.raises(InvalidArgumentError, match="prompt_ids"):
+        RegexLogitsProcessor("a+", qwen_tokenizer, reasoning=True)
