@@ -208,8 +208,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two cases only")
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "fast_forward.json"))
+    parser.add_argument("--out", help="default: bench/results/fast_forward.json (--quick: fast_forward_quick.json)")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = str(Path(__file__).resolve().parent / "results"
+                       / ("fast_forward_quick.json" if args.quick else "fast_forward.json"))
     cases = CASES[:2] if args.quick else CASES
     model, tokenizer = default_model()
     load_before = os.getloadavg()
