@@ -16,7 +16,9 @@ in one forward pass. Two modes:
   at every position; a proposal is kept while the model's own choice equals it, the cache is
   trimmed at the first difference). The output is token for token what plain decoding gives under
   greedy sampling, and exactly distributed as it under any sampler; it saves steps only where the
-  model's tokens are the canonical ones.
+  model's tokens are the canonical ones. Its proposals are capped adaptively (the cap doubles after
+  a proposal kept whole, and falls to one past the agreement after a rejection), since rejected
+  width is wasted compute where a pass costs about its width (a CPU).
 
 With a `draft_model` (hybrid): where the grammar forces text, the forced tokens are the proposals
 (free: no draft step); elsewhere the draft model proposes up to `num_draft_tokens`, verified as in
@@ -270,6 +272,9 @@ def fast_forward_step(
     model_held = draft_held = 0  # tokens of `history` (+ proposals) each cache holds
     yielded = 0
     primed = False  # whether the processors have been called (their first call fixes the context)
+    # Verified proposals cost width where the model rejects them (most of a pass on a CPU): the cap
+    # doubles after a proposal kept whole and drops to one past the agreement after a rejection.
+    verify_cap = max(1, ff.max_tokens)
 
     def forward(inputs: list[int], every_position: bool) -> mx.array:
         """Feed `inputs` to the model; logits (L, V) at every position, or (1, V) at the last."""
@@ -377,6 +382,8 @@ def fast_forward_step(
                     yield y, y_logprobs, y_source
                     return
                 proposal, after = forced(state, generated)
+                if mode == "verified" and len(proposal) > verify_cap:
+                    proposal, after = proposal[:verify_cap], after[:verify_cap]
                 can_trim = draft_model is not None or mode == "verified"
                 if can_trim and (proposal or draft_model is not None) and not can_trim_prompt_cache(model_cache):
                     proposal, after = [], []  # a cache that stopped being trimmable: plain steps
@@ -419,6 +426,8 @@ def fast_forward_step(
                     while n < len(proposal) and choices[n] == proposal[n] and not (forces and forces[n]):
                         n += 1
                     trim_model(len(proposal) - n)
+                    if source == "grammar":  # verified: propose about as far as the model agreed last time
+                        verify_cap = min(ff.max_tokens, 2 * verify_cap) if n == len(proposal) else n + 1
                     if draft_model is not None:
                         trim_draft(base + n)
                     if y_out:

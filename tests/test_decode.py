@@ -169,7 +169,7 @@ def test_without_a_grammar_processor_it_is_mlx_lms_loop(model, qwen_tokenizer, p
     off = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=False)
     assert not any(isinstance(r, FastForwardResponse) for r in off)
     # A mode on the processor (a server's per-request setting) wins over the argument.
-    marked = GrammarProcessor(grammar, max_tokens=12)
+    marked = GrammarProcessor(grammar)
     marked.fast_forward = False
     responses = list(stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=12,
                                      logits_processors=[marked], fast_forward="canonical"))
