@@ -35,6 +35,7 @@ from .errors import (
     VocabularyMismatchError,
 )
 from .generate import (
+    DEFAULT_FAST_FORWARD,
     GenerationOptions,
     GenerationStats,
     JSONGenerationOptions,
@@ -57,11 +58,15 @@ from .runtime import (
     StateStack,
     ThinkingBudgetProcessor,
 )
+from .runtime.fast_forward import FAST_FORWARD_MODES, FastForwardMode
 from .segments import Reasoning, SegmentGrammar, compile_segments, reasoning_state, reasoning_tags, with_reasoning
 from .vocabulary import Vocabulary, vocabulary_of
 
 __all__ = [
     "__version__",
+    "DEFAULT_FAST_FORWARD",
+    "FAST_FORWARD_MODES",
+    "FastForwardMode",
     "Reasoning",
     "SegmentGrammar",
     "compile_segments",

@@ -346,3 +346,21 @@ def test_generate_streams_on_a_terminal_and_writes_one_document_into_a_pipe(caps
         document = f.read()
     assert len(recorder.writes) == 1 and recorder.writes[0][1] == len(calls)  # once, after the last pass
     assert json.loads(document) == value and document.endswith("}\n")
+
+
+@pytest.mark.slow
+def test_generate_fast_forward_modes(capsys, smollm_path):
+    """`--fast-forward verified` answers token for token what `off` answers; canonical (the default)
+    is valid JSON too, and the stats line says how many tokens were forced."""
+    base = ["generate", "--schema", ANSWER, "--prompt", "Is Paris in France?", "--no-chat", "--max-tokens", "32",
+            "--no-progress"]
+    outputs, logs = {}, {}
+    for mode in ("off", "verified", "canonical"):
+        assert main([*base, "--fast-forward", mode]) == 0
+        captured = capsys.readouterr()
+        outputs[mode], logs[mode] = json.loads(captured.out), captured.err
+    assert outputs["verified"] == outputs["off"]
+    assert outputs["canonical"]["answer"] in ("yes", "no", "unsure")
+    assert "forced" in logs["canonical"] and "forced" not in logs["off"]
+    assert main([*base, "--fast-forward", "always"]) == 2
+    assert "--fast-forward: invalid choice" in capsys.readouterr().err

@@ -1,8 +1,10 @@
 """Following a generation: the versioned state stack (`stack`), the history follower that turns
 mlx-lm's `(tokens, logits)` calls into pushes and rollbacks (`stateful`), and the logits processors
-built on it (`processor.GrammarProcessor`; `stateful`'s thinking-budget and penalty processors).
-Imports `kernels` and `errors` only: a grammar is read through the protocols `stack.StackGrammar` and
-`processor.MaskedGrammar` (a compiled grammar has both).
+built on it (`processor.GrammarProcessor`; `stateful`'s thinking-budget and penalty processors), and
+fast-forward (`fast_forward`: the text a grammar forces, as the tokenizer's canonical tokens).
+Imports `kernels`, `errors` and `limits` only: a grammar is read through the protocols
+`stack.StackGrammar` and `processor.MaskedGrammar` (a compiled grammar and a segment grammar have
+both).
 """
 
 from .processor import GrammarProcessor, MaskedGrammar
