@@ -1836,7 +1836,7 @@ def serve_main(args: argparse.Namespace) -> int:
         # terminal's mlx.launch: rank 0 stops them all. SIGTERM is what mlx.launch sends the others
         # when one rank failed: nothing is left to follow then, so the process ends at once.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not Python's handler: it would wait for the main thread
         generator.join()
         _exit_now(0)
     try:
@@ -1861,9 +1861,12 @@ def serve_main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the shutdown short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         httpd.server_close()
-        if not generator.shutdown(SHUTDOWN_GRACE_SECONDS):
+        stopped = generator.shutdown(SHUTDOWN_GRACE_SECONDS)
+        if not stopped:
             logging.warning("the generation thread was still busy after %g s; exiting anyway", SHUTDOWN_GRACE_SECONDS)
-    _exit_now(0)
+    # Under mlx.launch, a rank 0 that could not share the stop leaves with a failure status: that is
+    # what makes mlx.launch stop the other ranks, which would otherwise wait on rank 0 forever.
+    _exit_now(0 if stopped or group.size() == 1 else 1)
 
 
 def _exit_now(status: int) -> NoReturn:
