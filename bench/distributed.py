@@ -6,7 +6,8 @@ Run it alone (one rank) and under `mlx.launch -n N --backend ring` (N ranks, the
     mlx.launch -n 2 --backend ring python bench/distributed.py --model tiny
     mlx.launch -n 3 --backend ring python bench/distributed.py --model smollm   # 9 heads: 3 ranks
 
-1. Compile once per rank vs compile on rank 0 and broadcast, for a few grammars, cold (no cache):
+1. Compile once per rank vs compile on rank 0 and broadcast, for a few grammars, cold (no cache), in
+   the default mode (auto: lazy for these) and eager:
    `per rank`  every rank compiles the spec itself (what grammar_mlx does): the wall time is the
                slowest rank's compile, all ranks compiling at once;
    `broadcast` rank 0 compiles, then sends what a cache entry holds (an eager grammar's tables; a
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 import tempfile
 import time
@@ -33,7 +35,7 @@ from pathlib import Path
 import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's package, then the test helpers
 
 from distributed_rank import SCHEMA, load  # noqa: E402
 
@@ -80,30 +82,31 @@ def slowest(seconds: float, group) -> float:
 
 
 def compile_costs(tokenizer, model, group) -> list[dict]:
-    rows = []
-    for name, (kind, spec) in GRAMMARS.items():
+    # The vocabulary's token index is built once per process, whatever the grammar: a row of its own.
+    started = time.perf_counter()
+    compile_spec("regex", "a", tokenizer, model, use_cache=False)
+    rows = [{"grammar": "(vocabulary index)", "mode": "-", "per_rank_s": slowest(time.perf_counter() - started, group)}]
+    for (name, (kind, spec)), mode in ((g, m) for g in GRAMMARS.items() for m in ("auto", "eager")):
         mx.eval(mx.distributed.all_sum(1, group=group))  # start together
         started = time.perf_counter()
-        grammar = compile_spec(kind, spec, tokenizer, model, use_cache=False)
+        grammar = compile_spec(kind, spec, tokenizer, model, use_cache=False, mode=mode)
         per_rank = slowest(time.perf_counter() - started, group)
         row = {"grammar": name, "mode": grammar.stats["mode"], "per_rank_s": per_rank}
         if grammar.stats["mode"] == "eager" and group.size() > 1:
             with tempfile.TemporaryDirectory() as directory:
                 mx.eval(mx.distributed.all_sum(1, group=group))
                 started = time.perf_counter()
-                data = None
-                if group.rank() == 0:
-                    compile_spec(kind, spec, tokenizer, model, cache_dir=directory)
-                    [entry] = [p for p in Path(directory).rglob("*.gmx")]
-                    data = entry.read_bytes()
-                    relative = str(entry.relative_to(directory))
-                data = broadcast_bytes(data, group)
-                name_bytes = broadcast_bytes(relative.encode() if group.rank() == 0 else None, group)
+                files = None
+                if group.rank() == 0:  # the byte DFA's entry and the tables' entry
+                    compile_spec(kind, spec, tokenizer, model, cache_dir=directory, mode="eager")
+                    files = {str(p.relative_to(directory)): p.read_bytes() for p in Path(directory).rglob("*.gmx")}
+                data = broadcast_bytes(pickle.dumps(files) if files is not None else None, group)
                 if group.rank() != 0:
-                    path = Path(directory) / name_bytes.decode()
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(data)
-                    hit = compile_spec(kind, spec, tokenizer, model, cache_dir=directory)
+                    for relative, content in pickle.loads(data).items():
+                        path = Path(directory) / relative
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        path.write_bytes(content)
+                    hit = compile_spec(kind, spec, tokenizer, model, cache_dir=directory, mode="eager")
                     assert hit.stats["cache_hit"], hit.stats
                 row["broadcast_s"] = slowest(time.perf_counter() - started, group)
                 row["tables_bytes"] = len(data)
@@ -116,7 +119,7 @@ def per_token(tokenizer, model, tokens: int) -> dict:
 
     from grammar_mlx import generate_structured
 
-    generate_structured(model, tokenizer, "Warm up.", schema=SCHEMA, max_tokens=8)  # warm-up
+    generate_structured(model, tokenizer, "Warm up.", schema=SCHEMA, max_tokens=32)  # warm-up
     out = generate_structured(model, tokenizer, "Describe a person.", schema=SCHEMA, max_tokens=tokens)
     constrained = out.stats.generation_seconds / max(out.stats.generated_tokens - 1, 1)
     started = time.perf_counter()
