@@ -141,6 +141,15 @@ compiles again. What the compiler caches on disk (eager tables, outlines-core's 
 `--cache-dir` (default `$GRAMMAR_MLX_CACHE_DIR` or `~/.cache/grammar_mlx`); a cache directory that
 cannot be used is logged once and skipped, never an error.
 
+Under `mlx.launch -n N` (docs/distributed.md) the model is sharded over the ranks (mlx-lm's
+`sharded_load` for an MLX directory or hub id; a GGUF loaded whole, then `shard()`ed), rank 0 answers
+HTTP and shares each request with mlx-lm's broadcast; the grammar travels as its `GrammarSpec`, every
+other rank compiles it for itself (`_share_request`), and the ranks agree that all could before any
+runs the request (else a 503 `rank_grammar_failed`). Errors are answered by rank 0 before anything is
+shared. Refused there: a draft model (status 2 at start, mlx_lm.server's rule) and fast-forward
+(off; a request's `"fast_forward"` is a 400 `unsupported_parameter`). SIGTERM to rank 0 stops every
+rank; when a rank dies, mlx.launch stops the others.
+
 Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm decodes concurrent
 requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them
 one at a time through speculative decoding, which the processor follows through rejected drafts.
