@@ -328,3 +328,78 @@ def test_what_rank_0_shares_is_the_spec_not_the_compiled_grammar():
     assert shared_request.tokenized == request.tokenized
     # Rank 0 keeps its own objects as they were.
     assert request.grammar is compiled and args.grammar is compiled and request.generated == [7]
+
+
+class Rank:
+    """What `GrammarResponseGenerator._share_request` reads of its generator, for one rank."""
+
+    def __init__(self, rank: int, shared, build) -> None:
+        import threading
+        from types import SimpleNamespace
+
+        self._is_distributed, self._rank, self._stop = True, rank, False
+        self._stop_ranks = threading.Event()
+        self._share_object = lambda obj: shared if rank else obj  # what mlx-lm's broadcast hands each rank
+        self.grammars = SimpleNamespace(get=build)
+
+
+def shared_request():
+    from queue import Queue
+
+    from grammar_mlx import server
+
+    spec = server.GrammarSpec("regex", "[a-z]+", origin="response_format")
+    request = server.ConstrainedRequest("text", "Hi", [], None, None, grammar="compiled", grammar_spec=spec)
+    args = server.ConstrainedGenerationArguments(None, None, None, [], 10, 3, False, 0, None, None,
+                                                 grammar="compiled", grammar_spec=spec)
+    return (Queue(), request, args), server._portable(request, args)
+
+
+@pytest.mark.parametrize("agreed", [True, False])
+def test_every_rank_builds_the_grammar_from_the_spec_or_no_rank_runs_the_request(monkeypatch, agreed):
+    from grammar_mlx import server
+    from grammar_mlx.errors import CompileTimeoutError
+
+    votes = []
+    monkeypatch.setattr(server, "all_agree", lambda ok: votes.append(ok) or agreed)
+    full, portable = shared_request()
+    built = []
+
+    def build(spec):
+        built.append(spec)
+        return "compiled on rank 1"
+
+    # Rank 1 gets the portable request and compiles its spec.
+    got = server.GrammarResponseGenerator._share_request(Rank(1, portable, build), None)
+    assert built == [full[2].grammar_spec] and votes == [True]
+    if agreed:
+        _, request, args = got
+        assert request.grammar == args.grammar == "compiled on rank 1"
+    else:
+        assert got is None  # another rank could not: this one does not run it either
+    # Rank 0 keeps its own compiled grammar; when a rank could not build it, the client gets a 503.
+    got = server.GrammarResponseGenerator._share_request(Rank(0, None, build), full)
+    if agreed:
+        assert all(a is b for a, b in zip(got, full, strict=True))
+    else:
+        assert got is None
+        error = full[0].get_nowait()
+        assert isinstance(error, server.ServerUnavailableError) and error.code == "rank_grammar_failed"
+
+    # A rank whose compile fails votes no.
+    def fail(spec):
+        raise CompileTimeoutError("too slow here")
+
+    votes.clear()
+    server.GrammarResponseGenerator._share_request(Rank(1, portable, fail), None)
+    assert votes == [False]
+
+
+def test_rank_0_shares_the_stop_and_every_rank_stops():
+    from grammar_mlx import server
+
+    rank0 = Rank(0, None, None)
+    rank0._stop_ranks.set()
+    assert server.GrammarResponseGenerator._share_request(rank0, shared_request()[0]) is None and rank0._stop
+    rank1 = Rank(1, server._STOP_RANKS, None)
+    assert server.GrammarResponseGenerator._share_request(rank1, None) is None and rank1._stop
