@@ -12,6 +12,7 @@ import errno
 import os
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -523,3 +524,21 @@ def test_a_file_truncated_by_another_process_is_rebuilt_not_served(tmp_path):
     again = compile_in_a_process(tmp_path, "eager")
     assert again == {"mode": "eager", "cache_hit": False, "cache_written": True}
     assert compile_in_a_process(tmp_path, "eager")["cache_hit"] is True
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path, monkeypatch):
+    from grammar_mlx import limits
+
+    key = "cd" + "0" * 62
+    path = entry_path(tmp_path, key)
+    path.parent.mkdir(parents=True)
+    stale, live = path.parent / f"{path.name}.dead.tmp", path.parent / f"{path.name}.busy.tmp"
+    other = path.parent / f"cd{'1' * 62}.gmx.dead.tmp"  # another entry's: left for that entry's writers
+    for leftover in (stale, live, other):
+        leftover.write_bytes(b"half a file")
+    old = time.time() - limits.CACHE_STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    assert store(tmp_path, key, {"a": np.arange(3)}, {})
+    assert not stale.exists() and live.exists() and other.exists()
+    assert load(tmp_path, key) is not None
