@@ -218,3 +218,11 @@ MAX_TOOLS = 128  # functions one request may offer (OpenAI's own limit)
 # `reasoning_effort` → thinking budget in tokens (the server's mapping; `thinking_budget` sets one
 # directly). Documented in docs/server.md.
 REASONING_EFFORT_BUDGETS: dict[str, int] = {"low": 1024, "medium": 4096, "high": 16384}
+
+
+# --- branch dist (issue 16: mlx.launch, several processes sharing one cache directory) -----------
+
+# A cache entry's temporary file older than this is what a writer killed mid-write left behind
+# (a live writer renames its file within a compile's write): the next write of that entry removes it.
+CACHE_STALE_TEMP_SECONDS = _env_seconds("GRAMMAR_MLX_CACHE_STALE_TEMP_SECONDS", 3600.0)
+__all__ += ["CACHE_STALE_TEMP_SECONDS"]

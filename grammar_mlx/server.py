@@ -141,6 +141,15 @@ compiles again. What the compiler caches on disk (eager tables, outlines-core's 
 `--cache-dir` (default `$GRAMMAR_MLX_CACHE_DIR` or `~/.cache/grammar_mlx`); a cache directory that
 cannot be used is logged once and skipped, never an error.
 
+Under `mlx.launch -n N` (docs/distributed.md) the model is sharded over the ranks (mlx-lm's
+`sharded_load` for an MLX directory or hub id; a GGUF loaded whole, then `shard()`ed), rank 0 answers
+HTTP and shares each request with mlx-lm's broadcast; the grammar travels as its `GrammarSpec`, every
+other rank compiles it for itself (`_share_request`), and the ranks agree that all could before any
+runs the request (else a 503 `rank_grammar_failed`). Errors are answered by rank 0 before anything is
+shared. Refused there: a draft model (status 2 at start, mlx_lm.server's rule) and fast-forward
+(off; a request's `"fast_forward"` is a 400 `unsupported_parameter`). SIGTERM to rank 0 stops every
+rank; when a rank dies, mlx.launch stops the others.
+
 Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm decodes concurrent
 requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them
 one at a time through speculative decoding, which the processor follows through rejected drafts.
@@ -201,6 +210,7 @@ from mlx_lm.models.cache import (
 from . import errors, limits
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .compiler.pool import _POOL
+from .distributed import all_agree, load_sharded, world
 from .errors import (
     GrammarError,
     InvalidArgumentError,
@@ -810,6 +820,7 @@ class FastForwarded:
 @dataclass
 class ConstrainedRequest(mlx_server.CompletionRequest):
     grammar: ServedGrammar | None = None
+    grammar_spec: GrammarSpec | None = None  # what `grammar` was compiled from: what the other ranks get
     tokenized: Tokenized | None = None  # ResponseGenerator._tokenize's result, computed in the handler thread
     length_safe: bool = True
     generated: list[int] | None = None  # the generated token ids, recorded as the handler reads them
@@ -819,6 +830,7 @@ class ConstrainedRequest(mlx_server.CompletionRequest):
 @dataclass
 class ConstrainedGenerationArguments(mlx_server.GenerationArguments):
     grammar: ServedGrammar | None = None
+    grammar_spec: GrammarSpec | None = None  # under mlx.launch: each rank compiles its own `grammar` from it
     length_safe: bool = True  # the grammar's masks are length-safe for `max_tokens`
     fast_forward: FastForwarded | None = None  # None: every token decoded (and the request may be batched)
 
@@ -1059,6 +1071,7 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         self.length_safe = length_safe
         self.fast_forward = check_mode(fast_forward)
         self.closing = threading.Event()
+        self._stop_ranks = threading.Event()  # under mlx.launch: rank 0 tells every rank to stop
         self._in_flight = 0
         self._idle = threading.Condition()
         install_logits_hook()
@@ -1070,6 +1083,7 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         values = {f.name: getattr(generation_args, f.name) for f in fields(mlx_server.GenerationArguments)}
         values["model"] = _SERVED
         args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None),
+                                              grammar_spec=getattr(request, "grammar_spec", None),
                                               length_safe=getattr(request, "length_safe", True),
                                               fast_forward=getattr(request, "fast_forward", None))
         try:
@@ -1078,6 +1092,47 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
             raise _Refused(e) from None
         generated = getattr(request, "generated", None)
         return ctx, response if generated is None else _recorded(response, generated)
+
+    def _share_request(self, request: Any) -> Any:
+        """mlx-lm's broadcast of rank 0's next request to every rank (`mlx.launch`), with the grammar as
+        its spec: the compiled object stays on rank 0, every other rank compiles the same spec (a
+        cache hit when they share a cache directory) and the ranks agree that all of them could
+        before any rank runs the request; when one could not, none runs it and its client gets a 503.
+        Also carries the stop `shutdown()` asks for, so that every rank's loop ends at the same point."""
+        if not self._is_distributed:
+            return request
+        if self._rank == 0:
+            shareable: Any = None if request is None else _portable(request[1], request[2])
+            if self._stop_ranks.is_set():
+                shareable = _STOP_RANKS
+        else:
+            shareable = None
+        shared = self._share_object(shareable)
+        if isinstance(shared, str) and shared == _STOP_RANKS:
+            self._stop = True
+            return None
+        if shared is None:
+            return None
+        if self._rank == 0:
+            rqueue, req, args = request
+        else:
+            rqueue, (req, args) = Queue(), shared
+        problem: BaseException | None = None
+        spec = getattr(args, "grammar_spec", None)
+        if self._rank != 0 and spec is not None:
+            try:
+                grammar = self.grammars.get(spec)
+            except Exception as e:
+                problem = e
+                logging.error("rank %d cannot build the request's grammar: %s: %s", self._rank, type(e).__name__, e)
+            else:
+                req, args = dataclasses.replace(req, grammar=grammar), dataclasses.replace(args, grammar=grammar)
+        if not all_agree(problem is None):
+            if self._rank == 0:
+                rqueue.put(ServerUnavailableError("another rank could not build the request's grammar (see its log)",
+                                                  code="rank_grammar_failed"))
+            return None
+        return rqueue, req, args
 
     def _is_batchable(self, args: mlx_server.GenerationArguments) -> bool:
         # Fast-forward feeds several tokens per pass to one request's cache: mlx-lm's BatchGenerator
@@ -1143,9 +1198,30 @@ class GrammarResponseGenerator(mlx_server.ResponseGenerator):
         self.closing.set()
         with self._idle:
             self._idle.wait_for(lambda: self._in_flight == 0, timeout=grace / 2)
-        self._stop = True
+        if self._is_distributed:
+            self._stop_ranks.set()  # the generation thread shares the stop with every rank, then stops
+        else:
+            self._stop = True
         self._generation_thread.join(max(deadline - time.monotonic(), 0.0))
         return not self._generation_thread.is_alive()
+
+
+_STOP_RANKS = "grammar-mlx: stop every rank"
+# mlx-lm's single-request path (which fast-forward needs) cannot end a request early on every rank:
+# a client that disconnects would stop rank 0 alone and leave the others waiting on it.
+_NO_FAST_FORWARD_DISTRIBUTED = ("fast_forward is not available under mlx.launch: it needs mlx-lm's single-request "
+                                "path, which cannot stop a request on every rank at once; requests are batched")
+
+
+def _portable(request: mlx_server.CompletionRequest, args: mlx_server.GenerationArguments,
+              ) -> tuple[mlx_server.CompletionRequest, mlx_server.GenerationArguments]:
+    """The request and its arguments as sent to the other ranks: without the compiled grammar (its
+    spec travels) or the handler's record of generated tokens."""
+    if isinstance(request, ConstrainedRequest):
+        request = dataclasses.replace(request, grammar=None, generated=None)
+    if isinstance(args, ConstrainedGenerationArguments):
+        args = dataclasses.replace(args, grammar=None)
+    return request, args
 
 
 @dataclass
@@ -1326,7 +1402,9 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         if grammar is not None and fast_forward is not None:
             answer.fast_forward = FastForwarded(fast_forward)
         values = {f.name: getattr(request, f.name) for f in fields(mlx_server.CompletionRequest)}
-        super().handle_completion(ConstrainedRequest(**values, grammar=grammar, tokenized=tokenized,
+        super().handle_completion(ConstrainedRequest(**values, grammar=grammar,
+                                                     grammar_spec=spec if grammar is not None else None,
+                                                     tokenized=tokenized,
                                                      length_safe=length_safe, generated=answer.tokens,
                                                      fast_forward=answer.fast_forward),
                                   stop_words)
@@ -1476,6 +1554,8 @@ class GrammarAPIHandler(mlx_server.APIHandler):
         if value not in ("canonical", "verified"):
             raise InvalidRequestError(f'fast_forward must be "canonical", "verified" or false, got {value!r:.80}',
                                       param="fast_forward", code="invalid_argument")
+        if self.response_generator._is_distributed:
+            raise InvalidRequestError(_NO_FAST_FORWARD_DISTRIBUTED, param="fast_forward", code="unsupported_parameter")
         return cast(FastForwardMode, value)
 
     def _length_safe(self) -> bool:
@@ -1721,16 +1801,34 @@ def serve_main(args: argparse.Namespace) -> int:
         if value is not None and not value > 0:
             print(f"error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
             return 2
+    group = world()
+    if group.size() > 1 and (args.draft_model is not None or args.draft_layers is not None):
+        # mlx_lm.server's rule: a draft model is not sharded, and its steps would not be in lockstep.
+        print("error: --draft-model and --draft-layers are not supported under mlx.launch (distributed)",
+              file=sys.stderr)
+        return 2
     try:
-        model, tokenizer, draft, model_id, draft_id = load_served_models(args.model, args.draft_model,
-                                                                         args.draft_layers)
+        loaded = None
+        if group.size() > 1:
+            model, tokenizer, model_id = load_sharded(args.model)
+            draft, draft_id = None, None
+        else:
+            model, tokenizer, draft, model_id, draft_id = load_served_models(args.model, args.draft_model,
+                                                                             args.draft_layers)
         width = logits_width_of(model)
         if draft is not None and logits_width_of(draft) != width:
             raise ModelLoadError("the draft model's output width differs from the model's")
         vocabulary = served_vocabulary(tokenizer)
+        loaded = True
     except GrammarError as e:
         print(f"error: {e}", file=sys.stderr)
+    if not all_agree(bool(loaded)):  # under mlx.launch: every rank stops when one cannot load its shard
+        if loaded:
+            print(f"error: rank {group.rank()}: another rank could not load the model", file=sys.stderr)
         return 2
+    if group.size() > 1 and args.fast_forward != "off":
+        logging.info("fast-forward is off under mlx.launch (requests are batched)")
+        args.fast_forward = "off"
     cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
     grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir,
                         tokenizer=tokenizer)
@@ -1741,6 +1839,15 @@ def serve_main(args: argparse.Namespace) -> int:
     generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars, limits,
                                          length_safe=args.length_safe,
                                          fast_forward=None if args.fast_forward == "off" else args.fast_forward)
+    if group.rank() != 0:
+        # mlx_lm.server's split: rank 0 answers HTTP and shares each request; the others follow it
+        # in their generation threads until rank 0 shares the stop. Ctrl-C reaches every rank of a
+        # terminal's mlx.launch: rank 0 stops them all. SIGTERM is what mlx.launch sends the others
+        # when one rank failed: nothing is left to follow then, so the process ends at once.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not Python's handler: it would wait for the main thread
+        generator.join()
+        _exit_now(0)
     try:
         httpd = make_server(args.host, args.port, generator)
     except OSError as e:
@@ -1763,8 +1870,15 @@ def serve_main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the shutdown short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         httpd.server_close()
-        if not generator.shutdown(SHUTDOWN_GRACE_SECONDS):
+        stopped = generator.shutdown(SHUTDOWN_GRACE_SECONDS)
+        if not stopped:
             logging.warning("the generation thread was still busy after %g s; exiting anyway", SHUTDOWN_GRACE_SECONDS)
+    # Under mlx.launch, a rank 0 that could not share the stop leaves with a failure status: that is
+    # what makes mlx.launch stop the other ranks, which would otherwise wait on rank 0 forever.
+    _exit_now(0 if stopped or group.size() == 1 else 1)
+
+
+def _exit_now(status: int) -> NoReturn:
     # Past this point the interpreter's own teardown can abort ("terminate called without an active
     # exception": MLX objects collected on a non-main thread during exit). Everything is stopped and
     # flushed here, so the process leaves without it, with the status it means.
@@ -1772,7 +1886,7 @@ def serve_main(args: argparse.Namespace) -> int:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 def _preload(grammars: Grammars, spec: GrammarSpec) -> None:

@@ -12,6 +12,14 @@ corrupt, truncated or foreign file is rebuilt, never trusted. Files are read int
 mapped. Writes go to a temporary file in the same directory and are renamed into place, so readers
 never see half a file.
 
+Several processes may share one directory (server processes on one host, ranks of `mlx.launch`):
+a writer's rename replaces an entry whole while a reader holds the file it opened, so concurrent
+writers of one key leave one complete file (the last rename wins; both wrote the same tables) and a
+reader gets an old or a new entry, never a mix. Entries get the permissions an ordinary file gets
+under the process's umask (not `mkstemp`'s owner-only 0600), so processes of other users that share
+a group-writable directory can read them. A writer killed mid-write leaves its temporary file; the
+next write of that entry removes such files once they are older than `limits.CACHE_STALE_TEMP_SECONDS`.
+
 The cache is an optimization, never a requirement: `load` and `store` never raise and never block.
 A path that is not a regular file (a FIFO, a directory, a device, a symbolic link: opened with
 `O_NONBLOCK | O_NOFOLLOW`) is treated as absent; that, and a directory that cannot be read or
@@ -22,17 +30,21 @@ directory and kind of failure (logger `grammar_mlx.cache`), and the compile goes
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import logging
 import os
 import stat
 import tempfile
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .. import limits
 
 MAGIC = b"GMLXTBL1"
 _ALIGN = 64
@@ -43,6 +55,16 @@ _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLL
 log = logging.getLogger("grammar_mlx.cache")
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
+
+
+def _file_mode() -> int:
+    # The umask can only be read by setting it; done once, at import, before any thread writes.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
 
 
 def default_cache_dir() -> Path:
@@ -108,6 +130,7 @@ def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         try:
+            os.fchmod(fd, _FILE_MODE)
             _write_all(fd, MAGIC + len(header).to_bytes(4, "little") + header)
             written = 0
             for spec in specs:
@@ -117,12 +140,25 @@ def write_tables(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        _remove_stale_temporaries(path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove what writers of `path` killed mid-write left (their temporary files, past
+    `limits.CACHE_STALE_TEMP_SECONDS`); a writer still at work is younger than that."""
+    cutoff = time.time() - limits.CACHE_STALE_TEMP_SECONDS
+    for leftover in path.parent.glob(glob.escape(path.name) + ".*.tmp"):
+        try:
+            if leftover.lstat().st_mtime < cutoff:
+                leftover.unlink()
+        except OSError:  # removed meanwhile by another writer, or not ours to remove
+            pass
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

@@ -12,6 +12,7 @@ import errno
 import os
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -405,3 +406,139 @@ def test_read_tables_never_blocks_and_never_raises(tmp_path):
     arrays, meta = load(tmp_path / "ok", "ab" * 8)
     assert arrays["a"].tolist() == [0, 1, 2] and arrays["b"].all() and meta == {"m": 1}
     assert not arrays["a"].flags.writeable
+
+
+# --- several processes sharing one directory (server processes on one host, ranks of mlx.launch) ---
+
+# Each contender writes entries under a few shared keys, each write a different size (so a half-read
+# file would show), and reads the keys back in between. It exits 1 on the first entry whose arrays do
+# not match what its own metadata says was written, or on a key that reads as absent once it was
+# written (a rename replaces a file whole: there is never a moment without one), and it keeps going
+# until it has read entries written by every other contender: the contention is proved, not hoped for.
+CONTENDER = r"""
+import json, sys, time
+import numpy as np
+from grammar_mlx.compiler.cache import load, store
+
+directory, me, contenders, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
+seen, written, reads, deadline, n = set(), set(), 0, time.monotonic() + float(sys.argv[5]), 0
+while len(seen) < contenders - 1 or n < 50:
+    if time.monotonic() > deadline:
+        sys.exit(f"contender {me}: saw writers {sorted(seen)} only, after {n} rounds")
+    key = keys[n % len(keys)]
+    size = 1 + (n * 7919 + me * 104729) % 200_000
+    store(directory, key, {"a": np.full(size, me * 1_000_003 + n, dtype=np.int64)},
+          {"writer": me, "round": n, "size": size})
+    written.add(key)
+    for other in keys:
+        entry = load(directory, other)
+        if entry is None:
+            if other in written:
+                sys.exit(f"contender {me}: {other} read as absent after it was written")
+            continue
+        arrays, meta = entry
+        expect = meta["writer"] * 1_000_003 + meta["round"]
+        if arrays["a"].shape != (meta["size"],) or not (arrays["a"] == expect).all():
+            sys.exit(f"contender {me}: {other} holds arrays that do not match its header")
+        reads += 1
+        if meta["writer"] != me:
+            seen.add(meta["writer"])
+    n += 1
+print(json.dumps({"rounds": n, "reads": reads, "seen": sorted(seen)}))
+"""
+CONTENDERS = 4
+CONTENTION_BOUND = 120  # seconds: "it did not hang"; each contender needs a few seconds
+
+
+def test_concurrent_writers_and_readers_in_several_processes(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    keys = ",".join(f"{i:02x}{'0' * 62}" for i in range(3))  # shared keys, one subdirectory each
+    procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(tmp_path), str(me), str(CONTENDERS), keys,
+                               str(CONTENTION_BOUND)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for me in range(CONTENDERS)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=CONTENTION_BOUND + 30)
+        assert proc.returncode == 0, err[-2000:]
+        results.append(json.loads(out))
+    for me, result in enumerate(results):
+        assert result["seen"] == [w for w in range(CONTENDERS) if w != me]
+    # One complete file per key, no temporary file left behind.
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert [p.name for p in files] == [f"{k}.gmx" for k in keys.split(",")]
+    for path in files:
+        assert load(tmp_path, path.stem) is not None
+
+
+def test_entries_get_the_umasks_permissions_not_owner_only(tmp_path):
+    previous = os.umask(0o022)
+    os.umask(previous)
+    store(tmp_path, "ab" + "0" * 62, {"a": np.arange(3)}, {})
+    mode = stat.S_IMODE(os.stat(entry_path(tmp_path, "ab" + "0" * 62)).st_mode)
+    assert mode == 0o666 & ~previous
+
+
+# A process that compiles REGEX under a cache directory and prints what its compile reports; each run
+# is a fresh interpreter, so nothing but the disk carries over.
+COMPILER = r"""
+import json, sys
+from transformers import PreTrainedTokenizerFast
+from grammar_mlx import compile_regex
+tokenizer = PreTrainedTokenizerFast.from_pretrained(sys.argv[2])
+grammar = compile_regex(sys.argv[3], tokenizer, cache_dir=sys.argv[1], mode=sys.argv[4], engine=sys.argv[5])
+print(json.dumps({k: grammar.stats.get(k) for k in ("mode", "cache_hit", "cache_written")}))
+"""
+
+
+def compile_in_a_process(cache_dir, mode, engine="auto", regex=REGEX):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import qwen_tokenizer_dir
+
+    done = subprocess.run([sys.executable, "-c", COMPILER, str(cache_dir), str(qwen_tokenizer_dir()), regex, mode,
+                           engine], capture_output=True, text=True, timeout=HANG_BOUND)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode, engine", [("eager", "auto"), ("lazy", "outlines")])
+def test_a_grammar_one_process_compiled_is_a_cache_hit_for_another(vocab, tmp_path, mode, engine):
+    first = compile_in_a_process(tmp_path, mode, engine)
+    assert first == {"mode": mode, "cache_hit": False, "cache_written": True}
+    second = compile_in_a_process(tmp_path, mode, engine)
+    assert second == {"mode": mode, "cache_hit": True, "cache_written": None}
+    # And this process (its live memo cleared) reads the same tables the first one wrote.
+    assert fresh(REGEX, vocab, tmp_path, mode=mode).stats["cache_hit"] is True
+
+
+def test_a_file_truncated_by_another_process_is_rebuilt_not_served(tmp_path):
+    first = compile_in_a_process(tmp_path, "eager")
+    assert first["cache_hit"] is False
+    path = only(tmp_path, "tables")
+    damage_file(path, "truncate")
+    again = compile_in_a_process(tmp_path, "eager")
+    assert again == {"mode": "eager", "cache_hit": False, "cache_written": True}
+    assert compile_in_a_process(tmp_path, "eager")["cache_hit"] is True
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path, monkeypatch):
+    from grammar_mlx import limits
+
+    key = "cd" + "0" * 62
+    path = entry_path(tmp_path, key)
+    path.parent.mkdir(parents=True)
+    stale, live = path.parent / f"{path.name}.dead.tmp", path.parent / f"{path.name}.busy.tmp"
+    other = path.parent / f"cd{'1' * 62}.gmx.dead.tmp"  # another entry's: left for that entry's writers
+    for leftover in (stale, live, other):
+        leftover.write_bytes(b"half a file")
+    old = time.time() - limits.CACHE_STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    assert store(tmp_path, key, {"a": np.arange(3)}, {})
+    assert not stale.exists() and live.exists() and other.exists()
+    assert load(tmp_path, key) is not None
