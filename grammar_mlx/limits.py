@@ -193,13 +193,14 @@ def check_deadline(stage: str = "") -> None:
         raise deadline.error(stage)
 
 
-# --- branch seg (issue 14: structured segments) ----------------------------------------------------
+# --- segments (grammar_mlx/segments) ---------------------------------------------------------------
 
 # Positions of one segment program (grammar_mlx/segments/program.py): repetitions are unrolled, so a
 # bounded Repeat of a structured item costs one position per copy and token.
 MAX_SEGMENT_NODES = _env_int("GRAMMAR_MLX_MAX_SEGMENT_NODES", 4096)
+__all__ += ["MAX_SEGMENT_NODES"]
 
-# --- branch ff: grammar fast-forward (runtime.fast_forward, decode) ---------------------------------
+# --- fast-forward (runtime/fast_forward.py, decode.py) ---------------------------------------------
 # FORCED_MAX_BYTES: bytes of one forced run followed from a state (a longer run is cut; the rest is
 # fast-forwarded from the state where it was cut). FORCED_MAX_TOKENS: tokens fed in one forward pass
 # on top of the sampled one; at most runtime.stateful.DEFAULT_OVERLAP, so that a verified pass that
@@ -212,15 +213,16 @@ FORCED_MEMO_STATES = _env_int("GRAMMAR_MLX_FORCED_MEMO_STATES", 65_536)
 __all__ += ["FORCED_MAX_BYTES", "FORCED_MAX_TOKENS", "FORCED_MEMO_STATES"]
 
 
-# --- branch srv (issue 14: tools and reasoning through the server) ---------------------------------
+# --- the server: tools and reasoning ---------------------------------------------------------------
 
 MAX_TOOLS = 128  # functions one request may offer (OpenAI's own limit)
 # `reasoning_effort` → thinking budget in tokens (the server's mapping; `thinking_budget` sets one
 # directly). Documented in docs/server.md.
 REASONING_EFFORT_BUDGETS: dict[str, int] = {"low": 1024, "medium": 4096, "high": 16384}
+__all__ += ["MAX_TOOLS", "REASONING_EFFORT_BUDGETS"]
 
 
-# --- branch dist (issue 16: mlx.launch, several processes sharing one cache directory) -----------
+# --- the on-disk cache shared by several processes -------------------------------------------------
 
 # A cache entry's temporary file older than this is what a writer killed mid-write left behind
 # (a live writer renames its file within a compile's write): the next write of that entry removes it.
