@@ -210,3 +210,14 @@ FORCED_MAX_BYTES = _env_int("GRAMMAR_MLX_FORCED_MAX_BYTES", 256)
 FORCED_MAX_TOKENS = _env_int("GRAMMAR_MLX_FORCED_MAX_TOKENS", 16)
 FORCED_MEMO_STATES = _env_int("GRAMMAR_MLX_FORCED_MEMO_STATES", 65_536)
 __all__ += ["FORCED_MAX_BYTES", "FORCED_MAX_TOKENS", "FORCED_MEMO_STATES"]
+
+# --- branch ex (issue 17 part B: more of JSON Schema enforced exactly by automata) ------------------
+# MULTIPLE_OF_RESIDUES: residues x fraction positions of a multipleOf automaton (multipleOf 7: 7;
+# 0.25 over two fraction digits: 25 x 3); past it multipleOf is reported unenforced.
+# CONTAINS_STATES: (items so far, matching items so far) states of a contains/minContains/maxContains
+# count; UNIQUE_DOMAIN: distinct values an item of a uniqueItems array may take (the automaton
+# tracks the set of values used: 2^n states); past either the keyword is reported as before.
+MULTIPLE_OF_RESIDUES = 1_000
+CONTAINS_STATES = 256
+UNIQUE_DOMAIN = 6
+__all__ += ["MULTIPLE_OF_RESIDUES", "CONTAINS_STATES", "UNIQUE_DOMAIN"]

@@ -220,6 +220,15 @@ def _explore(first: State, accepts: Callable[[State], bool],
     return minimize(DFA(trans, accept))
 
 
+def explore(first: State, accepts: Callable[[State], bool],
+            successors: Callable[[State], Iterable[tuple[CharSet, State]]], what: str) -> DFA:
+    """A DFA given by its states (any hashable values: counters, residues, subsets) rather than by
+    an AST: the minimal DFA of the states reachable from `first`, within limits.CHAR_DFA_STATES
+    (`AutomatonTooLarge` past it, naming `what`). `successors(state)` gives (characters, next state)
+    with disjoint character sets; a state with no successor for a character rejects it."""
+    return _explore(first, accepts, successors, what)
+
+
 def _merge_row(row: list[tuple[CharSet, int]]) -> list[tuple[CharSet, int]]:
     by_target: dict[int, CharSet] = {}
     for chars, target in row:

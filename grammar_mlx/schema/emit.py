@@ -95,6 +95,8 @@ class Emitter:
         if isinstance(node, Literal):
             return self._distinct(self.literal(v) for v in node.values)
         if isinstance(node, Number):
+            if node.text is not None:
+                return to_regex(node.text)
             return range_regex(node.lo, node.hi, integer=node.integer)
         if isinstance(node, String):
             return self.string(node)

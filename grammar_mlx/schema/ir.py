@@ -14,6 +14,7 @@ import re
 from collections.abc import Hashable
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
@@ -58,9 +59,14 @@ class Literal:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Number:
+    """Numbers within the bounds; with `step`, only its multiples, written as the character-level
+    AST `text` (canonical integers, or positional decimals: `schema.numbers.multiple_node`)."""
+
     integer: bool
     lo: Bound | None = None
     hi: Bound | None = None
+    step: Fraction | None = None
+    text: Regex | None = None
 
     @property
     def bounded(self) -> bool:
@@ -222,6 +228,8 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
         lo, hi = node.lo, node.hi
         if lo is not None and (d < lo.value or (lo.exclusive and d == lo.value)):
             return False
+        if node.step is not None and Fraction(d) % node.step != 0:
+            return False
         return hi is None or not (d > hi.value or (hi.exclusive and d == hi.value))
     if isinstance(node, String):
         return isinstance(x, str) and node.matches(x)
@@ -295,7 +303,7 @@ def serialize(node: Node | None, x: Any, table: Table) -> str:
         d = to_decimal(x)
         if node.integer and d == d.to_integral_value():
             return str(int(d))
-        if node.bounded:
+        if node.bounded or node.step is not None:
             return positional(d)
         return dumps(x)
     if isinstance(node, Array) and isinstance(x, list):

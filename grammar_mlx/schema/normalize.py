@@ -47,7 +47,7 @@ from .ir import (
 from .loc import ROOT_URI, Loc, Resources, draft_of, rebase
 from .logic import INERT as ANNOTATIONS
 from .logic import alternatives, negation
-from .numbers import build_number
+from .numbers import build_number, multiple_node
 from .objects import MAX_FIRST_CHOICE_COST, build_object, minus_names
 from .strings import build_string
 
@@ -377,11 +377,18 @@ def exclude(node: Node, values: list[Any]) -> Node:
                 continue
             if not _within(cut, node):
                 continue  # not a member: nothing to remove (and the pieces must stay within the range)
-            pieces.append(Number(node.integer, lo, Bound(cut, True)))
+            pieces.append(_number_piece(node, lo, Bound(cut, True)))
             lo = Bound(cut, True)
-        pieces.append(Number(node.integer, lo, node.hi))
+        pieces.append(_number_piece(node, lo, node.hi))
         return union(pieces, {})
     return node
+
+
+def _number_piece(node: Number, lo: Bound | None, hi: Bound | None) -> Node:
+    """`node` within narrower bounds (its multiples rebuilt for them: fa.AutomatonTooLarge)."""
+    if node.step is None:
+        return Number(node.integer, lo, hi)
+    return multiple_node(node.integer, lo, hi, node.step)
 
 
 def _within(d: Decimal, node: Number) -> bool:
