@@ -12,12 +12,14 @@ from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 from .. import limits
+from ..automata import chars as fa
 from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
-from ..regex.charset import escape_text, json_char_regex, json_text
+from ..regex.charset import CharSet, escape_text, json_char_regex, json_text
 from ..regex.syntax import NEVER as NO_NAME
 from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
+from .arrays import contains_sequences, contains_symbols, distinct_sequences, distinct_symbols
 from .ir import (
     AnyValue,
     Array,
@@ -187,6 +189,8 @@ class Emitter:
 
     def array(self, node: Array, counts: Counts) -> str | None:
         w, sep = self.ws, self.ws + "," + self.ws
+        if node.contains is not None or node.distinct is not None:
+            return self.counted_array(node, counts)
         prefix: list[str] = []
         for item in node.prefix:
             text = self.emit(item, counts)
@@ -227,6 +231,41 @@ class Emitter:
         if body is None:
             return r"\[" + w + r"\]" if lo == 0 else None
         if lo == 0:
+            return r"\[" + w + "(?:" + body + w + r")?\]"
+        return r"\[" + w + body + w + r"\]"
+
+    def counted_array(self, node: Array, counts: Counts) -> str | None:
+        """An array under `contains` or `uniqueItems`: the item-sequence automaton of
+        `schema.arrays` written with each item symbol's regex (symbols without one left out)."""
+        w, sep = self.ws, self.ws + "," + self.ws
+        texts: dict[int, str] = {}
+        try:
+            if node.contains is not None:
+                for symbol, part, led in contains_symbols(node, node.contains):
+                    text = self.emit(part, counts)
+                    if text is not None:
+                        texts[symbol] = (sep if led else "") + text
+                ast = contains_sequences(node, node.contains, set(texts))
+            else:
+                assert node.distinct is not None
+                symbols, _ = distinct_symbols(node.distinct)
+                for symbol, (values, led) in symbols.items():
+                    alternation = _alternation([self.literal(v) for v in values])
+                    assert alternation is not None
+                    texts[symbol] = (sep if led else "") + alternation
+                ast = distinct_sequences(node, node.distinct, set(texts))
+        except fa.AutomatonTooLarge as e:
+            raise GrammarTooLargeError(f"an array's item counts: {e}") from None
+        empty_ok = node.min_items == 0 and (node.contains is None or node.contains.lo == 0)
+        if ast == NO_NAME:
+            return r"\[" + w + r"\]" if empty_ok else None
+
+        def symbol_regex(chars: CharSet) -> str:
+            found = [texts[cp] for lo, hi in chars.ranges for cp in range(lo, hi + 1)]
+            return "(?:" + _joined(found, "|") + ")"
+
+        body = to_regex(ast, symbol_regex)
+        if empty_ok:
             return r"\[" + w + "(?:" + body + w + r")?\]"
         return r"\[" + w + body + w + r"\]"
 
@@ -428,6 +467,9 @@ def _refs(node: Node | None) -> tuple[Hashable, ...]:
             stack.extend(n.prefix)
             if n.rest is not None:
                 stack.append(n.rest)
+            if n.contains is not None:
+                stack.extend(part for pair in n.contains.prefix for part in pair)
+                stack.extend(n.contains.rest or ())
         elif isinstance(n, Object):
             stack.extend(p.value for p in n.properties)
             stack.extend(e.value for e in n.extras)

@@ -96,11 +96,39 @@ def _python_regex(ast: Regex) -> re.Pattern[str]:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Contains:
+    """`contains` counted: each position's items split into those matching the `contains` schema
+    and those not (two nodes whose union is the position's node), between `lo` and `hi` matching."""
+
+    prefix: tuple[tuple[Node, Node], ...]  # per prefix position: (matching, not matching)
+    rest: tuple[Node, Node] | None  # the same for the items after the prefix
+    lo: int
+    hi: int | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Distinct:
+    """`uniqueItems` over finite item domains: the values each position may take (those of the
+    position's node, each spelled as that node writes it); no two items of the array equal."""
+
+    prefix: tuple[tuple[Any, ...], ...]
+    rest: tuple[Any, ...] | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Array:
     prefix: tuple[Node, ...]  # positional item nodes
     rest: Node | None  # node for items after the prefix; None: no more items
     min_items: int = 0
     max_items: int | None = None
+    contains: Contains | None = None
+    distinct: Distinct | None = None
+
+    def split(self, i: int) -> tuple[Node, Node] | None:
+        """Position i's (matching, not matching) nodes under `contains`."""
+        if self.contains is None:
+            return None
+        return self.contains.prefix[i] if i < len(self.contains.prefix) else self.contains.rest
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -238,11 +266,18 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
             return False
         if node.max_items is not None and len(x) > node.max_items:
             return False
+        matching = 0
         for i, item in enumerate(x):
             sub = node.prefix[i] if i < len(node.prefix) else node.rest
             if sub is None or not conforms(sub, item, table, bounds, counts):
                 return False
-        return True
+            split = node.split(i)
+            if split is not None and conforms(split[0], item, table, bounds, counts):
+                matching += 1
+        if node.contains is not None and (matching < node.contains.lo or (
+                node.contains.hi is not None and matching > node.contains.hi)):
+            return False
+        return node.distinct is None or len({json_key(item) for item in x}) == len(x)
     if isinstance(node, Object):
         if not isinstance(x, dict):
             return False
@@ -310,6 +345,9 @@ def serialize(node: Node | None, x: Any, table: Table) -> str:
         parts = []
         for i, item in enumerate(x):
             sub = node.prefix[i] if i < len(node.prefix) else node.rest
+            split = node.split(i)
+            if split is not None:  # written as the part it belongs to writes it
+                sub = split[0] if conforms(split[0], item, table) else split[1]
             parts.append(serialize(sub if sub is not None else ANY, item, table))
         return "[" + ",".join(parts) + "]"
     if isinstance(node, Object) and isinstance(x, dict):
