@@ -217,7 +217,10 @@ __all__ += ["FORCED_MAX_BYTES", "FORCED_MAX_TOKENS", "FORCED_MEMO_STATES"]
 # CONTAINS_STATES: (items so far, matching items so far) states of a contains/minContains/maxContains
 # count; UNIQUE_DOMAIN: distinct values an item of a uniqueItems array may take (the automaton
 # tracks the set of values used: 2^n states); past either the keyword is reported as before.
+# COUNTED_ARRAY_LENGTH: characters of one such array's regex (each item's regex is written once per
+# automaton edge); past it the count is relaxed to the plain array and reported (strict: refused).
 MULTIPLE_OF_RESIDUES = 1_000
 CONTAINS_STATES = 256
 UNIQUE_DOMAIN = 6
-__all__ += ["MULTIPLE_OF_RESIDUES", "CONTAINS_STATES", "UNIQUE_DOMAIN"]
+COUNTED_ARRAY_LENGTH = 200_000
+__all__ += ["MULTIPLE_OF_RESIDUES", "CONTAINS_STATES", "UNIQUE_DOMAIN", "COUNTED_ARRAY_LENGTH"]

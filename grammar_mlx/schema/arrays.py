@@ -142,7 +142,7 @@ def _contains(nz: Normalizer, atoms: list[Loc], array: Array, position_locs: lis
         nz.report("contains", atom, f"the items matching it cannot be told apart exactly ({keyword!r} at "
                                     f"{pointer or '/'} would not be enforced)")
         return None
-    contains = Contains(prefix, rest, least, most)
+    contains = Contains(prefix, rest, least, most, atom.pointer)
     try:
         contains_sequences(array, contains, {symbol for symbol, _, _ in contains_symbols(array, contains)})
     except fa.AutomatonTooLarge as e:
@@ -230,7 +230,7 @@ def _distinct(nz: Normalizer, atoms: list[Loc], array: Array, contains: Contains
             why = ("item uniqueness is enforced only over finite item domains (enum, const, booleans, small "
                    "integer ranges)")
         else:
-            distinct = Distinct(tuple(d for d in prefix if d is not None), rest)
+            distinct = Distinct(tuple(d for d in prefix if d is not None), rest, holders[0].pointer)
             keys = {json_key(v) for values in [*distinct.prefix, distinct.rest or ()] for v in values}
             if len(keys) > limits.UNIQUE_DOMAIN:
                 why = (f"the items take {len(keys)} distinct values, over limits.UNIQUE_DOMAIN = "

@@ -104,6 +104,7 @@ class Contains:
     rest: tuple[Node, Node] | None  # the same for the items after the prefix
     lo: int
     hi: int | None
+    pointer: str = ""  # of the schema holding `contains` (reported if the emitter relaxes it)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -113,6 +114,7 @@ class Distinct:
 
     prefix: tuple[tuple[Any, ...], ...]
     rest: tuple[Any, ...] | None
+    pointer: str = ""  # of the schema holding `uniqueItems`
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -361,9 +361,12 @@ def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion
         cyclic = cyclic_keys(nz.table)
         depth: int | None = max_recursion_depth
         while depth is not None:
-            emitter = Emitter(nz.table, ws, depth, cyclic)
+            emitter = Emitter(nz.table, ws, depth, cyclic, strict)
             try:
-                return nz, emitter.emit(root), depth
+                regex = emitter.emit(root)
+                for key, reason in emitter.relaxed.items():
+                    nz.unenforced.setdefault(key, reason)
+                return nz, regex, depth
             except CompileTimeoutError:
                 raise
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower

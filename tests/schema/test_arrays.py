@@ -270,3 +270,18 @@ def test_sequence_automata_count_items():
     words = ["".join(w) for n in range(1, 5) for w in itertools.product("abcd", repeat=n)]
     assert {w for w in words if language.fullmatch(w)} == {
         w for w in words if w[0] in "ab" and all(c in "cd" for c in w[1:]) and sum(c in "bd" for c in w) == 2}
+
+
+def test_counted_arrays_too_large_to_write_are_relaxed_and_reported(monkeypatch):
+    """Each item's regex is written once per automaton edge: past limits.COUNTED_ARRAY_LENGTH the
+    emitter writes the plain array and the keyword is reported; strict mode refuses the schema."""
+    schema = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True}
+    monkeypatch.setattr(limits, "COUNTED_ARRAY_LENGTH", 40)
+    result = schema_to_regex(schema)
+    assert [(u.keyword, u.pointer) for u in result.unenforced] == [("uniqueItems", "")]
+    assert "COUNTED_ARRAY_LENGTH = 40" in result.unenforced[0].reason
+    assert re.fullmatch(result.regex, '["a","a"]')  # the plain array
+    with pytest.raises(GrammarTooLargeError, match="'uniqueItems' at /: counting the items"):
+        schema_to_regex(schema, strict=True)
+    result = schema_to_regex({"type": "array", "contains": {"const": 1}})
+    assert [(u.keyword, u.pointer) for u in result.unenforced] == [("contains", "")]
