@@ -24,8 +24,9 @@ says whether the regex accepts it):
   Basic Multilingual Plane: other characters are written as themselves). Strings under `pattern`,
   `format`, `enum`/`const`, and property names are written as `json.dumps(..., ensure_ascii=False)`
   writes them, so the regex can check the decoded text. Lengths count code points.
-- Numbers: integers without leading zeros or `-0`; bounded numbers positionally (`0.00001`, no
-  exponent), through exact digit-by-digit range regexes; other numbers in any JSON form. An
+- Numbers: integers without leading zeros or `-0`; bounded numbers and numbers under a fractional
+  `multipleOf` positionally (`0.00001`, no exponent), through exact digit-by-digit range regexes
+  and residue automata; other numbers in any JSON form. An
   integral float under an integer schema (`1.0`) is written `1`.
 - `enum`/`const` values exactly as the schema lists them (key order and number spelling included).
 
@@ -35,15 +36,17 @@ assertions). `$ref` (pointers, `$id`s, anchors; recursion), `$defs`/`definitions
 keyword by keyword), `anyOf`/`oneOf` (distributed; `oneOf` exact when its branches are provably
 disjoint), `not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
 unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts),
-`enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds and
-small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics, lookarounds
+`enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds,
+`multipleOf` (a residue automaton over the digits: `schema.numbers`), `minLength`/`maxLength`,
+`pattern` (ECMA-262 search semantics, lookarounds
 right after a leading `^` included; a class
 is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]`), `format` (see
 `schema.formats`), `pattern` x `format` x lengths intersected by automata, `prefixItems`/`items`,
 `minItems`/`maxItems`, `properties`/`required`/`additionalProperties`/`patternProperties`/
 `propertyNames` with key languages split by automata (extra keys never repeat a declared name),
 `minProperties`/`maxProperties` where the object's shape fixes the count, `unevaluatedProperties`/
-`unevaluatedItems` (seeing their own in-place subschemas only).
+`unevaluatedItems` (seeing their own in-place subschemas only), `contains`/`minContains`/`maxContains`
+and `uniqueItems` over finite item domains (item-sequence automata: `schema.arrays`).
 
 Narrowings (valid documents the regex leaves out; outputs stay valid):
 - absent `additionalProperties` next to `properties`/`patternProperties` (or `required`) admits no
@@ -61,7 +64,9 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
   IDNA A-labels; `time`/`date-time` have no leap second; `email` has no general address literal;
   surrogate-pair escapes are not generated.
 
-Reported in `unenforced`: `uniqueItems`, `contains`, `multipleOf` over wide ranges, non-disjoint
+Reported in `unenforced`: `uniqueItems` over infinite or large item domains, `contains` whose negation
+has no union form, `multipleOf` / counts past their automaton bounds (limits.MULTIPLE_OF_RESIDUES,
+CONTAINS_STATES, UNIQUE_DOMAIN, COUNTED_ARRAY_LENGTH), non-disjoint
 `oneOf`, `not`/`if` of schemas without a union form (`pattern`, `items`, ...), `format: regex` and
 `idn-*`, lookaround/back-references/word boundaries in `pattern`, counts the object shape cannot
 express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
