@@ -126,23 +126,17 @@ def _contains(nz: Normalizer, atoms: list[Loc], array: Array, position_locs: lis
         return None  # always satisfied
     target = atom.child("contains")
     negated = target.built({"not": target.schema}, "contains.not", evaluates=False)
-    before, strict = set(nz.unenforced), nz.strict
-    nz.strict = False  # a part that is not exact makes contains unenforced, not the schema refused
-    try:
+
+    def build() -> Contains:
         prefix = tuple((nz.node(locs + [target]), nz.node(locs + [negated]))
                        for locs in position_locs[:len(array.prefix)])
         rest = None if array.rest is None else (nz.node(rest_locs + [target]), nz.node(rest_locs + [negated]))
-    finally:
-        nz.strict = strict
-    inexact = sorted(set(nz.unenforced) - before)
-    for key in inexact:
-        del nz.unenforced[key]
-    if inexact:
-        keyword, pointer = inexact[0]
-        nz.report("contains", atom, f"the items matching it cannot be told apart exactly ({keyword!r} at "
-                                    f"{pointer or '/'} would not be enforced)")
+        return Contains(prefix, rest, least, most, atom.pointer)
+
+    contains, why = nz.attempt(build)  # a part that is not exact: contains reported, not the schema refused
+    if contains is None:
+        nz.report("contains", atom, f"the items matching it cannot be told apart exactly ({why})")
         return None
-    contains = Contains(prefix, rest, least, most, atom.pointer)
     try:
         contains_sequences(array, contains, {symbol for symbol, _, _ in contains_symbols(array, contains)})
     except fa.AutomatonTooLarge as e:

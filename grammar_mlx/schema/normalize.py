@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import limits
 from ..automata import chars as fa
-from ..errors import GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
+from ..errors import CompileTimeoutError, GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
 from ..regex.syntax import Chars, repeat
@@ -61,6 +61,7 @@ class Unenforced:
     reason: str
 
 
+T = TypeVar("T")
 CONTENT = frozenset({"contentEncoding", "contentMediaType"})  # assertions in draft 7
 STAGE = "translating the schema"  # what a deadline that passes here names
 
@@ -100,6 +101,36 @@ class Normalizer:
         if self.strict:
             raise GrammarTooLargeError(f"{keyword!r} at {loc.pointer or '/'}: {reason}")
         self.unenforced.setdefault((keyword, loc.pointer), reason)
+
+    def attempt(self, build: Callable[[], T]) -> tuple[T | None, str | None]:
+        """Run `build`, a construction that is exact only if nothing in it is reported: returns
+        (its result, None), or (None, why) naming the first keyword it would have reported (or the
+        size guard it hit). A failed attempt leaves no trace: its reports, the nodes it added to the
+        table (a later conjunction with the same key must report again) and the branch budget it
+        spent are undone; strict mode does not raise inside it."""
+        reported, nodes, branches, strict = set(self.unenforced), len(self.table), self._branches, self.strict
+        self.strict = False
+        why = None
+        try:
+            result = build()
+        except CompileTimeoutError:
+            raise
+        except GrammarTooLargeError as e:
+            why = str(e)
+        finally:
+            self.strict = strict
+        new = [key for key in self.unenforced if key not in reported]
+        if why is None and not new:
+            return result, None
+        if why is None:
+            keyword, pointer = new[0]
+            why = f"{keyword!r} at {pointer or '/'} would not be enforced"
+        for key in new:
+            del self.unenforced[key]
+        for added in list(self.table)[nodes:]:
+            del self.table[added]
+        self._branches = branches
+        return None, why
 
     # -- conjunctions -------------------------------------------------------------------------
 
@@ -174,9 +205,10 @@ class Normalizer:
                         raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a non-empty array")
                     rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
                     self._spend(len(branches), atom)
-                    nodes = [self.node(rest + [atom.child(kw, j).below(atom)]) for j in range(len(branches))]
+                    locs = [atom.child(kw, j).below(atom) for j in range(len(branches))]
+                    nodes = [self.node(rest + [loc]) for loc in locs]
                     if kw == "oneOf":
-                        self._check_exclusive(atom, nodes)
+                        nodes = self._exclusive(atom, rest, locs, nodes)
                     return union(nodes, self.table)
         for i, atom in enumerate(atoms):
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
@@ -218,14 +250,46 @@ class Normalizer:
 
         return resolve
 
-    def _check_exclusive(self, atom: Loc, nodes: list[Node]) -> None:
-        """oneOf is anyOf when no value can satisfy two branches; otherwise report it."""
+    def _exclusive(self, atom: Loc, rest: list[Loc], locs: list[Loc], nodes: list[Node]) -> list[Node]:
+        """oneOf's branches made pairwise disjoint: oneOf is anyOf when no value can satisfy two
+        branches; where two may (not provably disjoint), each keeps only the values the other
+        rejects (branch i and not branch j: `not` as the normalizer writes it), exact when those
+        negations are (`attempt`). Otherwise oneOf is reported and the branches kept as they are."""
+        overlaps: dict[int, list[int]] = {}
+        first: tuple[int, int] | None = None
         for i in range(len(nodes)):
             check_deadline(STAGE)
             for j in range(i + 1, len(nodes)):
                 if not disjoint(nodes[i], nodes[j], self.table):
-                    self.report("oneOf", atom, f"branches {i} and {j} may both match one value")
-                    return
+                    overlaps.setdefault(i, []).append(j)
+                    overlaps.setdefault(j, []).append(i)
+                    first = first or (i, j)
+        if first is None:
+            return nodes
+        if len(overlaps) <= limits.ONE_OF_EXCLUDED:
+
+            def build() -> list[Node]:
+                out = list(nodes)
+                for i, others in overlaps.items():
+                    literal = nodes[i]
+                    if isinstance(literal, Literal):  # finitely many values: keep those no other branch has
+                        kept = tuple(v for v in literal.values
+                                     if not any(conforms(nodes[j], v, self.table) for j in others))
+                        out[i] = Literal(kept) if kept else NEVER
+                        continue
+                    excluded = [locs[j].built({"not": locs[j].schema}, f"oneOf.not{j}", evaluates=False)
+                                for j in others]
+                    out[i] = self.node(rest + [locs[i]] + excluded)
+                return out
+
+            exclusive, why = self.attempt(build)
+            if exclusive is not None:
+                return exclusive
+            reason = f"branches {first[0]} and {first[1]} may both match one value (not excluded exactly: {why})"
+        else:
+            reason = f"branches {first[0]} and {first[1]} may both match one value"
+        self.report("oneOf", atom, reason)
+        return nodes
 
     # -- one conjunction without anyOf/oneOf ----------------------------------------------------
 

@@ -98,11 +98,15 @@ def test_any_of_distributes_the_conjunction():
     assert members({"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]}) == [5, 9, 10]
 
 
-def test_one_of_is_reported_only_when_branches_may_overlap():
+def test_one_of_is_reported_only_when_overlapping_branches_cannot_be_excluded():
     assert report({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == {}
     assert report({"oneOf": [{"const": 1}, {"const": 2}]}) == {}
+    # Overlapping branches, each built as "this one and not the other": exact where the negations are.
     schema = {"type": "object", "properties": {"p": {"oneOf": [{"type": "string"}, {"minLength": 1}]}}}
-    assert report(schema) == {("oneOf", "/properties/p"): "branches 0 and 1 may both match one value"}
+    assert report(schema) == {}
+    schema = {"type": "object", "properties": {"p": {"oneOf": [{"type": "string"}, {"pattern": "a"}]}}}
+    assert report(schema) == {("oneOf", "/properties/p"): "branches 0 and 1 may both match one value (not "
+                              "excluded exactly: 'not' at /properties/p/oneOf/1 would not be enforced)"}
 
 
 def test_enum_and_const_keep_the_values_every_other_keyword_allows():
