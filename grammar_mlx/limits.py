@@ -219,11 +219,15 @@ __all__ += ["FORCED_MAX_BYTES", "FORCED_MAX_TOKENS", "FORCED_MEMO_STATES"]
 # tracks the set of values used: 2^n states); past either the keyword is reported as before.
 # COUNTED_ARRAY_LENGTH: characters of one such array's regex (each item's regex is written once per
 # automaton edge); past it the count is relaxed to the plain array and reported (strict: refused).
+# MULTIPLE_OF_CYCLE: the largest cycle of residues written back as a regex (mod 7: 7; mod 9: 9, whose
+# regex is already over limits.CHAR_AST_NODES).
 # ONE_OF_EXCLUDED: oneOf branches that may overlap another one, each then built as "this branch and
 # not the overlapping ones" (every negation distributes over the conjunction as a union).
 MULTIPLE_OF_RESIDUES = 1_000
+MULTIPLE_OF_CYCLE = 8
 ONE_OF_EXCLUDED = 8
 CONTAINS_STATES = 256
 UNIQUE_DOMAIN = 6
 COUNTED_ARRAY_LENGTH = 200_000
-__all__ += ["MULTIPLE_OF_RESIDUES", "ONE_OF_EXCLUDED", "CONTAINS_STATES", "UNIQUE_DOMAIN", "COUNTED_ARRAY_LENGTH"]
+__all__ += ["MULTIPLE_OF_RESIDUES", "MULTIPLE_OF_CYCLE", "ONE_OF_EXCLUDED", "CONTAINS_STATES", "UNIQUE_DOMAIN",
+            "COUNTED_ARRAY_LENGTH"]

@@ -351,8 +351,8 @@ def multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fract
     """The multiples of `step` within [lo, hi] as a Number whose `text` is their exact character
     language: canonical integers when `integer` (or an integral step), else positional decimals
     (`-12.50`, any trailing zeros, no exponent, no `-0`), the format bounded numbers take.
-    `fa.AutomatonTooLarge` when the automaton exceeds limits.MULTIPLE_OF_RESIDUES or the character
-    automata's budgets."""
+    `fa.AutomatonTooLarge` when the automaton exceeds limits.MULTIPLE_OF_RESIDUES or
+    limits.MULTIPLE_OF_CYCLE, or the character automata's budgets."""
     if step.denominator == 1:
         integer = True
     if integer:
@@ -365,6 +365,12 @@ def multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fract
         dfa = fa.product(dfa, fa.to_dfa(parse_rust(bounds)), "and")
     if dfa.is_empty():
         return NEVER
+    cycle = fa.largest_cycle(dfa)
+    if cycle > limits.MULTIPLE_OF_CYCLE:
+        # The residues form a cycle whose regex grows exponentially with its length (mod 9, 11, 13):
+        # refused before state elimination spends seconds finding out.
+        raise fa.AutomatonTooLarge(f"a cycle of {cycle} residues, over limits.MULTIPLE_OF_CYCLE = "
+                                   f"{limits.MULTIPLE_OF_CYCLE}")
     return Number(integer, lo, hi, step, fa.to_ast(dfa))
 
 

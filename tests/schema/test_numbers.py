@@ -294,10 +294,27 @@ def test_multiple_of_past_the_limits_is_reported(monkeypatch):
     exceed limits.MULTIPLE_OF_RESIDUES, stays reported with the reason; strict mode refuses it."""
     result = schema_to_regex({"type": "integer", "multipleOf": 11})
     assert [(u.keyword, u.pointer) for u in result.unenforced] == [("multipleOf", "")]
-    assert "too large an automaton" in result.unenforced[0].reason
+    assert "a cycle of 11 residues, over limits.MULTIPLE_OF_CYCLE = 8" in result.unenforced[0].reason
+    monkeypatch.setattr(limits, "MULTIPLE_OF_CYCLE", 20)  # mod 9 is then written back, and over the AST budget
+    result = schema_to_regex({"type": "integer", "multipleOf": 9})
+    assert "regex from automaton exceeds" in result.unenforced[0].reason
     monkeypatch.setattr(limits, "MULTIPLE_OF_RESIDUES", 10)
     result = schema_to_regex({"type": "number", "multipleOf": 0.25})  # 25 residues x 3 positions
     assert "limits.MULTIPLE_OF_RESIDUES = 10" in result.unenforced[0].reason
     assert re.fullmatch(result.regex, "0.3")  # the bounds alone
     with pytest.raises(UnsupportedSchemaError, match="multipleOf"):
         schema_to_regex({"type": "number", "multipleOf": 0.25}, strict=True)
+
+
+def test_largest_cycle_of_character_automata():
+    """automata.chars.largest_cycle (what the multipleOf guard reads): 1 for an acyclic DFA, else
+    the largest strongly connected component; a residue automaton's is its cycle of residues."""
+    from grammar_mlx.automata import chars as fa
+    from grammar_mlx.regex.rust import parse as parse_rust
+    from grammar_mlx.schema.numbers import _multiple_dfa
+
+    assert fa.largest_cycle(fa.to_dfa(parse_rust("abc|ab"))) == 1
+    assert fa.largest_cycle(fa.to_dfa(parse_rust("(ab)*c"))) == 2
+    assert fa.largest_cycle(fa.to_dfa(parse_rust("(abc)*(de)*"))) == 3
+    assert fa.largest_cycle(_multiple_dfa(Fraction(7), True)) == 7
+    assert fa.largest_cycle(_multiple_dfa(Fraction("0.25"), False)) == 1  # a decimal step: the digits after
