@@ -124,6 +124,9 @@ def _contains(nz: Normalizer, atoms: list[Loc], array: Array, position_locs: lis
         return NEVER
     if least == 0 and most is None:
         return None  # always satisfied
+    if not nz.costly_exact:
+        nz.report("contains", atom, "contains is not enforced (the schema's regex is too large with it)")
+        return None
     target = atom.child("contains")
     negated = target.built({"not": target.schema}, "contains.not", evaluates=False)
 
@@ -142,6 +145,7 @@ def _contains(nz: Normalizer, atoms: list[Loc], array: Array, position_locs: lis
     except fa.AutomatonTooLarge as e:
         nz.report("contains", atom, f"counting the matching items is too large an automaton ({e})")
         return None
+    nz.costly_used = True
     return contains
 
 
@@ -215,7 +219,9 @@ def _distinct(nz: Normalizer, atoms: list[Loc], array: Array, contains: Contains
     if not holders or (array.max_items is not None and array.max_items <= 1):
         return None
     why = None
-    if contains is not None:
+    if not nz.costly_exact:
+        why = "item uniqueness is not enforced (the schema's regex is too large with it)"
+    elif contains is not None:
         why = "uniqueItems together with a counted contains is not enforced"
     else:
         prefix = [domain(node, nz.table) for node in array.prefix]
@@ -232,6 +238,7 @@ def _distinct(nz: Normalizer, atoms: list[Loc], array: Array, contains: Contains
             else:
                 try:
                     distinct_sequences(array, distinct, set(distinct_symbols(distinct)[0]))
+                    nz.costly_used = True
                     return distinct
                 except fa.AutomatonTooLarge as e:
                     why = f"the sequences without repeats are too large an automaton ({e})"

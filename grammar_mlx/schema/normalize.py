@@ -72,6 +72,11 @@ class Normalizer:
     strict: bool = False
     open_objects: bool = False  # absent additionalProperties next to properties: allow extra keys
     first_choice_cost: int = MAX_FIRST_CHOICE_COST  # see schema.objects._first_choices
+    # Exact forms whose regex is much larger than the inexact one: overlapping oneOf branches made
+    # exclusive (`_exclusive`), uniqueItems and contains counted (`schema.arrays`). `costly_used` is
+    # set when one was built: translation retries without them when the regex does not fit.
+    costly_exact: bool = True
+    costly_used: bool = False
     draft: int = 2020
     table: Table = field(default_factory=dict)
     unenforced: dict[tuple[str, str], str] = field(default_factory=dict)  # (keyword, pointer) -> reason
@@ -266,7 +271,10 @@ class Normalizer:
                     first = first or (i, j)
         if first is None:
             return nodes
-        if len(overlaps) <= limits.ONE_OF_EXCLUDED:
+        if not self.costly_exact:
+            reason = (f"branches {first[0]} and {first[1]} may both match one value (excluding one from the other, "
+                      "the regex is too large)")
+        elif len(overlaps) <= limits.ONE_OF_EXCLUDED:
 
             def build() -> list[Node]:
                 out = list(nodes)
@@ -284,6 +292,7 @@ class Normalizer:
 
             exclusive, why = self.attempt(build)
             if exclusive is not None:
+                self.costly_used = True
                 return exclusive
             reason = f"branches {first[0]} and {first[1]} may both match one value (not excluded exactly: {why})"
         else:

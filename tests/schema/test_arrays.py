@@ -274,14 +274,31 @@ def test_sequence_automata_count_items():
 
 def test_counted_arrays_too_large_to_write_are_relaxed_and_reported(monkeypatch):
     """Each item's regex is written once per automaton edge: past limits.COUNTED_ARRAY_LENGTH the
-    emitter writes the plain array and the keyword is reported; strict mode refuses the schema."""
+    emitter writes the plain array and the keyword is reported; strict mode refuses the schema
+    (naming the keyword, as for any other unenforced one)."""
     schema = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True}
     monkeypatch.setattr(limits, "COUNTED_ARRAY_LENGTH", 40)
     result = schema_to_regex(schema)
     assert [(u.keyword, u.pointer) for u in result.unenforced] == [("uniqueItems", "")]
     assert "COUNTED_ARRAY_LENGTH = 40" in result.unenforced[0].reason
     assert re.fullmatch(result.regex, '["a","a"]')  # the plain array
-    with pytest.raises(GrammarTooLargeError, match="'uniqueItems' at /: counting the items"):
+    with pytest.raises(UnsupportedSchemaError, match="'uniqueItems' at / cannot be enforced"):
         schema_to_regex(schema, strict=True)
     result = schema_to_regex({"type": "array", "contains": {"const": 1}})
     assert [(u.keyword, u.pointer) for u in result.unenforced] == [("contains", "")]
+
+
+def test_costly_exact_forms_are_dropped_when_the_regex_does_not_fit(monkeypatch):
+    """Exact uniqueItems / contains / exclusive oneOf write much more than the plain forms: when the
+    schema's regex exceeds limits.SCHEMA_REGEX_LENGTH with them, translation retries without them
+    (reported, as before) instead of refusing the schema."""
+    schema = {"type": "array", "items": False, "prefixItems": [
+        {"type": "array", "items": {"enum": ["a", "b", "c", "d"]}, "uniqueItems": True},
+        {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}]}
+    exact = schema_to_regex(schema)
+    assert exact.unenforced == ()
+    monkeypatch.setattr(limits, "SCHEMA_REGEX_LENGTH", len(exact.regex) - 1)
+    relaxed = schema_to_regex(schema)
+    assert sorted((u.keyword, u.pointer) for u in relaxed.unenforced) == [("oneOf", "/prefixItems/1"),
+                                                                           ("uniqueItems", "/prefixItems/0")]
+    assert "too large" in relaxed.unenforced[0].reason and len(relaxed.regex) < len(exact.regex)
