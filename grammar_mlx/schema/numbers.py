@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from .. import limits
@@ -348,6 +349,27 @@ def build_number(nz: Normalizer, integer: bool, atoms: list[Loc]) -> Node:
 
 
 def multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction) -> Node:
+    """`_multiple_node`, memoized (failures too): a schema distributes one multipleOf over many
+    branches, each with the same step and bounds."""
+    budgets = (limits.MULTIPLE_OF_RESIDUES, limits.MULTIPLE_OF_CYCLE, limits.CHAR_DFA_STATES, limits.CHAR_AST_NODES,
+               limits.CHAR_AST_DEPTH)
+    hit = _multiple_or_why(integer, lo, hi, step, budgets)
+    if isinstance(hit, str):
+        raise fa.AutomatonTooLarge(hit)
+    return hit
+
+
+@lru_cache(maxsize=256)
+def _multiple_or_why(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction,
+                     budgets: tuple[int, ...]) -> Node | str:
+    """The node, or why not (`budgets`: the limits in force, part of the key)."""
+    try:
+        return _multiple_node(integer, lo, hi, step)
+    except fa.AutomatonTooLarge as e:
+        return str(e)
+
+
+def _multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction) -> Node:
     """The multiples of `step` within [lo, hi] as a Number whose `text` is their exact character
     language: canonical integers when `integer` (or an integral step), else positional decimals
     (`-12.50`, any trailing zeros, no exponent, no `-0`), the format bounded numbers take.
@@ -391,6 +413,13 @@ def _multiple_dfa(step: Fraction, integer: bool) -> fa.DFA:
     digit may follow), 0..d fraction digits read (d: any more must be 0)."""
     digits = 0 if integer else _fraction_digits(step)
     k = int(step * 10**digits)
+    coprime = k  # k's part coprime to 10: its residues form one cycle of the minimal DFA
+    for p in (2, 5):
+        while coprime % p == 0:
+            coprime //= p
+    if coprime > limits.MULTIPLE_OF_CYCLE:
+        raise fa.AutomatonTooLarge(f"a cycle of at least {coprime} residues, over limits.MULTIPLE_OF_CYCLE = "
+                                   f"{limits.MULTIPLE_OF_CYCLE}")
     if k * (digits + 1) > limits.MULTIPLE_OF_RESIDUES:
         raise fa.AutomatonTooLarge(f"{k} residues over {digits} fraction digits: over "
                                    f"limits.MULTIPLE_OF_RESIDUES = {limits.MULTIPLE_OF_RESIDUES}")

@@ -294,7 +294,9 @@ def test_multiple_of_past_the_limits_is_reported(monkeypatch):
     exceed limits.MULTIPLE_OF_RESIDUES, stays reported with the reason; strict mode refuses it."""
     result = schema_to_regex({"type": "integer", "multipleOf": 11})
     assert [(u.keyword, u.pointer) for u in result.unenforced] == [("multipleOf", "")]
-    assert "a cycle of 11 residues, over limits.MULTIPLE_OF_CYCLE = 8" in result.unenforced[0].reason
+    assert "a cycle of at least 11 residues, over limits.MULTIPLE_OF_CYCLE = 8" in result.unenforced[0].reason
+    result = schema_to_regex({"type": "integer", "multipleOf": 24})  # 3 x 8: the minimal DFA's cycle is 12
+    assert "a cycle of 12 residues, over limits.MULTIPLE_OF_CYCLE = 8" in result.unenforced[0].reason
     monkeypatch.setattr(limits, "MULTIPLE_OF_CYCLE", 20)  # mod 9 is then written back, and over the AST budget
     result = schema_to_regex({"type": "integer", "multipleOf": 9})
     assert "regex from automaton exceeds" in result.unenforced[0].reason
