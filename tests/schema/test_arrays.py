@@ -235,13 +235,16 @@ def test_unique_items_contract_against_jsonschema(schema):
 
 
 def test_contains_over_parts_that_are_not_exact_stays_reported():
-    # `not {pattern}` has no exact form: the non-matching items cannot be written, so contains is
+    # `not {format}` has no exact form: the non-matching items cannot be written, so contains is
     # reported (the negation's own report is not: it is not part of the result).
-    result = schema_to_regex({"type": "array", "items": {"type": "string"}, "contains": {"pattern": "^a"}})
+    result = schema_to_regex({"type": "array", "items": {"type": "string"}, "contains": {"format": "date"}})
     assert [(u.keyword, u.pointer) for u in result.unenforced] == [("contains", "")]
     assert "'not' at /contains" in result.unenforced[0].reason
     with pytest.raises(UnsupportedSchemaError, match="contains"):
-        schema_to_regex({"type": "array", "contains": {"pattern": "^a"}}, strict=True)
+        schema_to_regex({"type": "array", "contains": {"format": "date"}}, strict=True)
+    # `not {pattern}` has one (the pattern's complement): exact.
+    exact = schema_to_regex({"type": "array", "items": {"type": "string"}, "contains": {"pattern": "^a"}})
+    assert exact.unenforced == ()
 
 
 def test_counts_and_domains_past_their_limits_stay_reported(monkeypatch):
