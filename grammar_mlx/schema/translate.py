@@ -34,8 +34,10 @@ Semantics: JSON Schema 2020-12 unless `$schema` names draft 4, 6, 7 or 2019-09 (
 bounds, `$ref` siblings ignored up to draft 7, `items` arrays, `dependencies`, draft-7 content
 assertions). `$ref` (pointers, `$id`s, anchors; recursion), `$defs`/`definitions`, `allOf` (merged
 keyword by keyword), `anyOf`/`oneOf` (distributed; `oneOf` exact when its branches are provably
-disjoint), `not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
-unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts),
+disjoint, or each branch keeps only what the overlapping ones reject),
+`not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
+unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts,
+`pattern`),
 `enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds,
 `multipleOf` (a residue automaton over the digits: `schema.numbers`), `minLength`/`maxLength`,
 `pattern` (ECMA-262 search semantics, lookarounds
@@ -66,10 +68,10 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
 
 Reported in `unenforced`: `uniqueItems` over infinite or large item domains, `contains` whose negation
 has no union form, `multipleOf` / counts past their automaton bounds (limits.MULTIPLE_OF_RESIDUES,
-CONTAINS_STATES, UNIQUE_DOMAIN, COUNTED_ARRAY_LENGTH), non-disjoint
-`oneOf`, `not`/`if` of schemas without a union form (`pattern`, `items`, ...), `format: regex` and
-`idn-*`, lookaround/back-references/word boundaries in `pattern`, counts the object shape cannot
-express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
+CONTAINS_STATES, UNIQUE_DOMAIN, COUNTED_ARRAY_LENGTH), `oneOf` whose overlapping branches cannot
+be excluded from each other exactly, `not`/`if` of schemas without a union form (`format`, `items`,
+...), `format: regex` and `idn-*`, lookaround/back-references/word boundaries in `pattern`, counts
+the object shape cannot express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
 (`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); a regex
 over limits.SCHEMA_REGEX_LENGTH characters at depth 0, or nesting over limits.MAX_REGEX_NESTING groups, raises
 `GrammarTooLargeError` (the cap is checked as the regex grows, so refusing a huge schema costs no
