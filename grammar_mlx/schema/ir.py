@@ -59,14 +59,16 @@ class Literal:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Number:
-    """Numbers within the bounds; with `step`, only its multiples, written as the character-level
-    AST `text` (canonical integers, or positional decimals: `schema.numbers.multiple_node`)."""
+    """Numbers within the bounds; with `step`, only its multiples, and none of the `excluded` steps'
+    multiples, then written as the character-level AST `text` (canonical integers, or positional
+    decimals: `schema.numbers.multiple_node`)."""
 
     integer: bool
     lo: Bound | None = None
     hi: Bound | None = None
     step: Fraction | None = None
     text: Regex | None = None
+    excluded: tuple[Fraction, ...] = ()  # and multiples of none of these (`not {multipleOf}`, not integers)
 
     @property
     def bounded(self) -> bool:
@@ -260,6 +262,8 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
             return False
         if node.step is not None and Fraction(d) % node.step != 0:
             return False
+        if any(Fraction(d) % e == 0 for e in node.excluded):
+            return False
         return hi is None or not (d > hi.value or (hi.exclusive and d == hi.value))
     if isinstance(node, String):
         return isinstance(x, str) and node.matches(x)
@@ -340,7 +344,7 @@ def serialize(node: Node | None, x: Any, table: Table) -> str:
         d = to_decimal(x)
         if node.integer and d == d.to_integral_value():
             return str(int(d))
-        if node.bounded or node.step is not None:
+        if node.bounded or node.step is not None or node.excluded:
             return positional(d)
         return dumps(x)
     if isinstance(node, Array) and isinstance(x, list):

@@ -426,6 +426,10 @@ def _native_not(neg: Any) -> bool:
     keys = set(neg) - ANNOTATIONS
     if not keys <= {"type", "enum", "const"} or len(keys) > 1:
         return False
+    named = neg.get("type")
+    named = named if isinstance(named, list) else [named]
+    if "integer" in named and "number" not in named:
+        return False  # removing the integers leaves the non-integer numbers: `negation` writes them
     values = neg.get("enum", []) if "enum" in neg else [neg.get("const")] if "const" in neg else []
     return isinstance(values, list) and all(not isinstance(v, (list, dict)) for v in values)
 
@@ -459,9 +463,9 @@ def exclude(node: Node, values: list[Any]) -> Node:
 
 def _number_piece(node: Number, lo: Bound | None, hi: Bound | None) -> Node:
     """`node` within narrower bounds (its multiples rebuilt for them: fa.AutomatonTooLarge)."""
-    if node.step is None:
+    if node.step is None and not node.excluded:
         return Number(node.integer, lo, hi)
-    return multiple_node(node.integer, lo, hi, node.step)
+    return multiple_node(node.integer, lo, hi, node.step, node.excluded)
 
 
 def _within(d: Decimal, node: Number) -> bool:

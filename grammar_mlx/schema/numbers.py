@@ -22,6 +22,7 @@ from ..regex.charset import CharSet
 from ..regex.rust import parse as parse_rust
 from .formats import INTEGER_FORMATS
 from .ir import NEVER, Bound, Literal, Node, Number, is_number, to_decimal
+from .logic import NOT_MULTIPLE_OF, Built
 
 if TYPE_CHECKING:
     from .loc import Loc
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 INTEGER = r"(?:0|-?[1-9][0-9]*)"
 NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
+# Positional decimals without -0: the format of numbers under a fractional multipleOf or its negation.
+POSITIONAL = r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?|-(?:0\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?)"
 
 
 def range_regex(lo: Bound | None, hi: Bound | None, *, integer: bool) -> str | None:
@@ -322,25 +325,39 @@ def build_number(nz: Normalizer, integer: bool, atoms: list[Loc]) -> Node:
             if not is_number(m) or m <= 0:
                 raise InvalidSchemaError(f"multipleOf at {atom.pointer or '/'} must be a positive number")
             multiples.append((Fraction(to_decimal(m)), atom))
-    if not multiples:
+    # `not {multipleOf}` / `not {type: integer}`, written by `schema.logic.negation`
+    excluding = [atom for atom in atoms if isinstance(atom.schema, Built) and atom.has(NOT_MULTIPLE_OF)]
+    excluded = tuple(sorted({Fraction(to_decimal(atom.get(NOT_MULTIPLE_OF))) for atom in excluding}))
+    if not multiples and not excluded:
         return Number(integer, lo, hi)
-    step = multiples[0][0]
-    for m, _ in multiples[1:]:
-        step = _lcm(step, m)
-    if integer:
-        step = _lcm(step, Fraction(1))  # the integers among the multiples (of 0.5: every integer)
-    if step.denominator == 1:
-        integer = True
-        if step == 1:
-            return Number(integer, lo, hi)
-    values = _enumerate_multiples(step, lo, hi)
+    step: Fraction | None = None
+    if multiples:
+        step = multiples[0][0]
+        for m, _ in multiples[1:]:
+            step = _lcm(step, m)
+        if integer:
+            step = _lcm(step, Fraction(1))  # the integers among the multiples (of 0.5: every integer)
+        if step.denominator == 1:
+            integer = True
+            if step == 1:
+                step = None
+    unit = Fraction(1) if integer else step  # every value is a multiple of this
+    if unit is not None and any(unit % e == 0 for e in excluded):
+        return NEVER  # every value is excluded
+    if step is None and not excluded:
+        return Number(integer, lo, hi)
+    values = None if step is None else _enumerate_multiples(step, lo, hi)
     if values is not None:
-        return Literal(tuple(values)) if values else NEVER
+        kept = [v for v in values if not any(Fraction(to_decimal(v)) % e == 0 for e in excluded)]
+        return Literal(tuple(kept)) if kept else NEVER
     try:
-        return multiple_node(integer, lo, hi, step)
+        return multiple_node(integer, lo, hi, step, excluded)
     except fa.AutomatonTooLarge as e:
         for _, atom in multiples:
             nz.report("multipleOf", atom, f"the multiples of {step} within the bounds are too large an automaton ({e})")
+        for atom in excluding:
+            nz.report("not", atom, f"the numbers that are not multiples of {atom.get(NOT_MULTIPLE_OF)} within the "
+                                   f"bounds are too large an automaton ({e})")
         return Number(integer, lo, hi)
 
 
@@ -348,38 +365,43 @@ def build_number(nz: Normalizer, integer: bool, atoms: list[Loc]) -> Node:
 # multipleOf as an automaton over the number's text.
 
 
-def multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction) -> Node:
+def multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction | None,
+                  excluded: tuple[Fraction, ...] = ()) -> Node:
     """`_multiple_node`, memoized (failures too): a schema distributes one multipleOf over many
     branches, each with the same step and bounds."""
     budgets = (limits.MULTIPLE_OF_RESIDUES, limits.MULTIPLE_OF_CYCLE, limits.CHAR_DFA_STATES, limits.CHAR_AST_NODES,
                limits.CHAR_AST_DEPTH)
-    hit = _multiple_or_why(integer, lo, hi, step, budgets)
+    hit = _multiple_or_why(integer, lo, hi, step, excluded, budgets)
     if isinstance(hit, str):
         raise fa.AutomatonTooLarge(hit)
     return hit
 
 
 @lru_cache(maxsize=256)
-def _multiple_or_why(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction,
-                     budgets: tuple[int, ...]) -> Node | str:
+def _multiple_or_why(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction | None,
+                     excluded: tuple[Fraction, ...], budgets: tuple[int, ...]) -> Node | str:
     """The node, or why not (`budgets`: the limits in force, part of the key)."""
     try:
-        return _multiple_node(integer, lo, hi, step)
+        return _multiple_node(integer, lo, hi, step, excluded)
     except fa.AutomatonTooLarge as e:
         return str(e)
 
 
-def _multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction) -> Node:
+def _multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction | None,
+                   excluded: tuple[Fraction, ...]) -> Node:
     """The multiples of `step` within [lo, hi] as a Number whose `text` is their exact character
     language: canonical integers when `integer` (or an integral step), else positional decimals
     (`-12.50`, any trailing zeros, no exponent, no `-0`), the format bounded numbers take.
     `fa.AutomatonTooLarge` when the automaton exceeds limits.MULTIPLE_OF_RESIDUES or
     limits.MULTIPLE_OF_CYCLE, or the character automata's budgets."""
-    if step.denominator == 1:
+    if step is not None and step.denominator == 1:
         integer = True
-    if integer:
+    if integer and step is not None:
         step = _lcm(step, Fraction(1))
-    dfa = _multiple_dfa(step, integer)
+    dfa = _multiple_dfa(step, integer) if step is not None else fa.to_dfa(parse_rust(
+        INTEGER if integer else POSITIONAL))
+    for e in excluded:  # the same text format on both sides: a value's spellings are all in or all out
+        dfa = fa.product(dfa, _multiple_dfa(_lcm(e, Fraction(1)) if integer else e, integer), "minus")
     if lo is not None or hi is not None:
         bounds = range_regex(lo, hi, integer=integer)
         if bounds is None:
@@ -393,7 +415,7 @@ def _multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Frac
         # refused before state elimination spends seconds finding out.
         raise fa.AutomatonTooLarge(f"a cycle of {cycle} residues, over limits.MULTIPLE_OF_CYCLE = "
                                    f"{limits.MULTIPLE_OF_CYCLE}")
-    return Number(integer, lo, hi, step, fa.to_ast(dfa))
+    return Number(integer, lo, hi, step, fa.to_ast(dfa), excluded)
 
 
 def _fraction_digits(step: Fraction) -> int:

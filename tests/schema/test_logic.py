@@ -9,7 +9,7 @@ from functools import cache
 import pytest
 
 from grammar_mlx.errors import InvalidSchemaError
-from grammar_mlx.schema.logic import NOT_PATTERN, Built, alternatives, negation
+from grammar_mlx.schema.logic import NOT_MULTIPLE_OF, NOT_PATTERN, Built, alternatives, negation
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -89,9 +89,8 @@ def test_negation_forms():
 
 
 @pytest.mark.parametrize("schema", [
-    {"type": "integer"},  # the non-integer numbers have no schema of their own
     {"enum": [[1]]}, {"const": {"a": 1}},  # excluding containers
-    {"format": "date"}, {"multipleOf": 2}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
+    {"format": "date"}, {"multipleOf": "2"}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
     {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {}}, {"if": {}},
     {"oneOf": [{}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
     {"$ref": "https://elsewhere.test/s.json"},  # not resolvable
@@ -100,6 +99,19 @@ def test_negation_forms():
 ])
 def test_negation_without_a_union_form_is_none(schema):
     assert negation(schema, resolve) is None
+
+
+def test_multiples_and_integers_negate_to_the_numbers_left():
+    """`not {multipleOf: k}`: the numbers k does not divide (a front-end keyword of `Built`
+    schemas); `not {type: integer}`: the other types and the numbers 1 does not divide."""
+    (neg,) = negation({"multipleOf": 2}, resolve)
+    assert isinstance(neg, Built) and neg == {"type": "number", NOT_MULTIPLE_OF: 2}
+    assert negation(Built({NOT_MULTIPLE_OF: 2}), resolve) == [
+        {"type": ["null", "boolean", "string", "array", "object"]}, {"type": "number", "multipleOf": 2}]
+    assert negation({"type": "integer"}, resolve) == [
+        {"type": ["null", "boolean", "string", "array", "object"]}, {"type": "number", NOT_MULTIPLE_OF: 1}]
+    assert negation({"type": ["integer", "number"]}, resolve) == [{"type": ["null", "boolean", "string", "array",
+                                                                              "object"]}]
 
 
 def test_a_pattern_negates_to_the_strings_it_does_not_match():

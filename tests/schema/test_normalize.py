@@ -137,10 +137,12 @@ def test_not_removes_types_and_values():
         Emitter(nz.table, "", 3).emit(node), "6")
 
 
-def test_not_of_integers_within_numbers_is_reported():
+def test_not_of_integers_within_numbers_is_exact():
+    # The non-integer numbers: numbers that are not multiples of 1 (a residue automaton).
     nz, node = normalized({"type": "number", "not": {"type": "integer"}})
-    assert isinstance(node, Number) and not node.integer
-    assert nz.unenforced == {("not", ""): "excluding integers from numbers is not enforced"}
+    node = deref(nz, node)
+    assert isinstance(node, Number) and not node.integer and node.excluded == (1,) and nz.unenforced == {}
+    assert members({"type": "number", "not": {"type": "integer"}}) == [2.5]
 
 
 def test_negations_with_a_union_form_are_distributed():

@@ -268,11 +268,23 @@ MULTIPLE_INSTANCES = [0, 3, -3, 6, 7, -7, -98, -105, 60, 120, 0.0, 1000, 2000, 2
                       1000.2, 4.5, 9, 5, 10, 12.5, -0.0, 1e-7, 2.5e3, 1e21, "x", None]
 
 
+MULTIPLE_SCHEMAS += [
+    {"type": "integer", "not": {"multipleOf": 2}},  # the negations: numbers the step does not divide
+    {"type": "integer", "multipleOf": 3, "not": {"multipleOf": 2}, "minimum": -50},
+    {"type": "number", "not": {"type": "integer"}},  # the non-integer numbers
+    {"not": {"type": "integer"}, "maximum": 100},
+    {"type": "number", "multipleOf": 0.25, "not": {"multipleOf": 0.5}},
+    {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]},
+    {"oneOf": [{"multipleOf": 2}, {"multipleOf": 3}], "type": "integer"},
+]
+
+
 @pytest.mark.parametrize("schema", MULTIPLE_SCHEMAS, ids=range(len(MULTIPLE_SCHEMAS)))
 def test_multiple_of_contract_against_jsonschema(schema):
-    """multipleOf over unbounded and wide ranges is now exact (nothing reported): an instance is in
-    the grammar, and its canonical text matches the regex, exactly when jsonschema (with exact
-    decimal multipleOf) validates it."""
+    """multipleOf over unbounded and wide ranges is now exact (nothing reported), and so are its
+    negation and the non-integer numbers (`not {type: integer}`): an instance is in the grammar,
+    and its canonical text matches the regex, exactly when jsonschema (with exact decimal
+    multipleOf) validates it."""
     result = schema_to_regex(schema)
     assert result.unenforced == ()
     compiled = re.compile(result.regex)
