@@ -347,35 +347,24 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
     (`Emitter.lower_depth`), cost 0 when no object's first-property limit depends on the cost."""
     try:
         with memo_scope():
-            tried: list[Normalizer] = []
-            try:
-                return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects, tried)
-            except CompileTimeoutError:
-                raise
-            except GrammarTooLargeError:
-                # oneOf made exact by excluding overlapping branches, and counted arrays, write
-                # much more: without them (reported, as before), the regex may fit.
-                if not any(nz.costly_used for nz in tried):
-                    raise
-                return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects, [],
-                                             costly_exact=False)
+            return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects)
     except RecursionError:
         raise _too_deep("the schema") from None
 
 
 def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
-                          open_objects: bool, tried: list[Normalizer], *,
-                          costly_exact: bool = True) -> tuple[Normalizer, str | None, int]:
-    """`_translate`'s loop over first-choice costs and depths; each normalizer made is added to
-    `tried`."""
+                          open_objects: bool) -> tuple[Normalizer, str | None, int]:
+    """`_translate`'s loop over first-choice costs and depths. The first regex over the cap that
+    holds costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays) is written
+    again without them at the same depth (they are then reported, as before) before any depth is
+    lowered: they write much more, and dropping them costs one more attempt, not a second ladder."""
     nz: Normalizer | None = None
     root: Node | None = None
+    costly = True
     for cost in (MAX_FIRST_CHOICE_COST, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
         if nz is None or table is None:
-            nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects,
-                            costly_exact=costly_exact)
-            tried.append(nz)
+            nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects, costly_exact=costly)
             root = nz.node([nz.root_loc])
         else:
             nz = copy.copy(nz)
@@ -392,6 +381,13 @@ def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion
             except CompileTimeoutError:
                 raise
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower
+                if costly and nz.costly_used:
+                    costly = False
+                    nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects,
+                                    costly_exact=False)
+                    root = nz.node([nz.root_loc])
+                    cyclic = cyclic_keys(nz.table)
+                    continue
                 depth = emitter.lower_depth()
                 if depth is None and (cost == 0 or not nz.first_choices_narrowable):
                     raise
