@@ -328,3 +328,20 @@ def test_dependency_alternatives_never_close_the_object():
     # The closed default still applies to the properties the user declares.
     nz, node = normalized({"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}})
     assert conforms(node, {"a": 1}, nz.table) and not conforms(node, {"a": 1, "x": 2}, nz.table)
+
+
+def test_a_failed_attempt_leaves_no_trace():
+    """Normalizer.attempt: an exact construction that would report something returns why, and undoes
+    its reports, the table nodes it added (built again later, they report again: no silent
+    violation through the memo) and the branch budget it spent; strict mode does not raise in it."""
+    nz = Normalizer({"anyOf": [{"pattern": "(?<=a)b"}, {}]}, strict=True)
+    loc = nz.root_loc
+    before = (dict(nz.unenforced), len(nz.table), nz._branches)
+    result, why = nz.attempt(lambda: nz.node([loc]))
+    assert result is None and why is not None and "'pattern' at /anyOf/0 would not be enforced" in why
+    assert (dict(nz.unenforced), len(nz.table), nz._branches) == before and nz.strict
+    with pytest.raises(UnsupportedSchemaError, match="pattern"):
+        nz.node([loc])  # outside the attempt the same conjunction reports (strict: raises)
+    exact = Normalizer({"type": "integer"})
+    node, why = exact.attempt(lambda: exact.node([exact.root_loc]))
+    assert why is None and node is not None and len(exact.table) == 1
