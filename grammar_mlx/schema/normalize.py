@@ -260,25 +260,34 @@ class Normalizer:
         branches; where two may (not provably disjoint), each keeps only the values the other
         rejects (branch i and not branch j: `not` as the normalizer writes it), exact when those
         negations are (`attempt`). Otherwise oneOf is reported and the branches kept as they are."""
-        first = next(((i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes))
-                      if not disjoint(nodes[i], nodes[j], self.table)), None)
+        # A branch whose negation has no union form (read off the schema, cheaply) cannot be
+        # excluded from another: the first overlap that needs one ends the search.
+        hopeless = {j for j, loc in enumerate(locs) if not isinstance(nodes[j], Literal)
+                    and negation(loc.schema, self._resolver(loc)) is None}
+        overlaps: dict[int, list[int]] = {}
+        first: tuple[int, int] | None = None
+        stuck: int | None = None
+        for i in range(len(nodes)):
+            for j in range(i + 1, len(nodes)):
+                check_deadline(STAGE)
+                if disjoint(nodes[i], nodes[j], self.table):
+                    continue
+                first = first or (i, j)
+                overlaps.setdefault(i, []).append(j)
+                overlaps.setdefault(j, []).append(i)
+                # i keeps what j rejects (j's negation) unless i's values are listed; and vice versa.
+                needed = [b for a, b in ((i, j), (j, i)) if b in hopeless and not isinstance(nodes[a], Literal)]
+                if needed or not self.costly_exact:  # reported: the other pairs need not be tested
+                    stuck = needed[0] if needed else None
+                    break
+            else:
+                continue
+            break
         if first is None:
             return nodes
-        # Every branch's negation must have a union form (cheap to tell, from the schema alone)
-        # before the other pairs are tested (automata) and the exclusions built.
-        hopeless = next((j for j, loc in enumerate(locs) if not isinstance(nodes[j], Literal)
-                         and negation(loc.schema, self._resolver(loc)) is None), None)
-        overlaps: dict[int, list[int]] = {}
-        if hopeless is None and self.costly_exact:
-            for i in range(len(nodes)):
-                check_deadline(STAGE)
-                for j in range(i + 1, len(nodes)):
-                    if (i, j) == first or not disjoint(nodes[i], nodes[j], self.table):
-                        overlaps.setdefault(i, []).append(j)
-                        overlaps.setdefault(j, []).append(i)
-        if hopeless is not None:
+        if stuck is not None:
             reason = (f"branches {first[0]} and {first[1]} may both match one value (not excluded exactly: branch "
-                      f"{hopeless}'s negation has no exact form)")
+                      f"{stuck}'s negation has no exact form)")
         elif not self.costly_exact:
             reason = (f"branches {first[0]} and {first[1]} may both match one value (excluding one from the other, "
                       "the regex is too large)")
