@@ -354,13 +354,25 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
 
 def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
                           open_objects: bool) -> tuple[Normalizer, str | None, int]:
-    """`_translate`'s loop over first-choice costs and depths. The first regex over the cap that
-    holds costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays) is written
-    again without them at the same depth (they are then reported, as before) before any depth is
-    lowered: they write much more, and dropping them costs one more attempt, not a second ladder."""
+    """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
+    held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
+    runs again without them (they are then reported, as before): they write much more. A lower
+    depth (a narrowing) is preferred to dropping them (a keyword left unenforced)."""
+    try:
+        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=True)
+    except _CostlyTooLarge:
+        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False)
+
+
+class _CostlyTooLarge(Exception):
+    """No depth fits, with costly exact forms in the regex."""
+
+
+def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
+                  costly: bool) -> tuple[Normalizer, str | None, int]:
     nz: Normalizer | None = None
     root: Node | None = None
-    costly = True
+    used = False
     for cost in (MAX_FIRST_CHOICE_COST, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
         if nz is None or table is None:
@@ -369,6 +381,7 @@ def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion
         else:
             nz = copy.copy(nz)
             nz.table, nz.first_choice_cost = table, cost
+        used = used or nz.costly_used
         cyclic = cyclic_keys(nz.table)
         depth: int | None = max_recursion_depth
         while depth is not None:
@@ -381,15 +394,10 @@ def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion
             except CompileTimeoutError:
                 raise
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower
-                if costly and nz.costly_used:
-                    costly = False
-                    nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects,
-                                    costly_exact=False)
-                    root = nz.node([nz.root_loc])
-                    cyclic = cyclic_keys(nz.table)
-                    continue
                 depth = emitter.lower_depth()
                 if depth is None and (cost == 0 or not nz.first_choices_narrowable):
+                    if used:
+                        raise _CostlyTooLarge() from None
                     raise
     raise AssertionError("unreachable")
 
