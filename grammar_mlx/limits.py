@@ -228,3 +228,24 @@ __all__ += ["MAX_TOOLS", "REASONING_EFFORT_BUDGETS"]
 # (a live writer renames its file within a compile's write): the next write of that entry removes it.
 CACHE_STALE_TEMP_SECONDS = _env_seconds("GRAMMAR_MLX_CACHE_STALE_TEMP_SECONDS", 3600.0)
 __all__ += ["CACHE_STALE_TEMP_SECONDS"]
+
+# --- JSON Schema keywords enforced by automata (schema/numbers.py, schema/arrays.py, schema/logic.py) -
+# MULTIPLE_OF_RESIDUES: residues x fraction positions of a multipleOf automaton (multipleOf 7: 7;
+# 0.25 over two fraction digits: 25 x 3); past it multipleOf is reported unenforced.
+# CONTAINS_STATES: (items so far, matching items so far) states of a contains/minContains/maxContains
+# count; UNIQUE_DOMAIN: distinct values an item of a uniqueItems array may take (the automaton
+# tracks the set of values used: 2^n states); past either the keyword is reported as before.
+# COUNTED_ARRAY_LENGTH: characters of one such array's regex (each item's regex is written once per
+# automaton edge); past it the count is relaxed to the plain array and reported (strict: refused).
+# MULTIPLE_OF_CYCLE: the largest cycle of residues written back as a regex (mod 7: 7; mod 9: 9, whose
+# regex is already over limits.CHAR_AST_NODES).
+# ONE_OF_EXCLUDED: oneOf branches that may overlap another one, each then built as "this branch and
+# not the overlapping ones" (every negation distributes over the conjunction as a union).
+MULTIPLE_OF_RESIDUES = _env_int("GRAMMAR_MLX_MULTIPLE_OF_RESIDUES", 1_000)
+MULTIPLE_OF_CYCLE = _env_int("GRAMMAR_MLX_MULTIPLE_OF_CYCLE", 8)
+ONE_OF_EXCLUDED = _env_int("GRAMMAR_MLX_ONE_OF_EXCLUDED", 8)
+CONTAINS_STATES = _env_int("GRAMMAR_MLX_CONTAINS_STATES", 256)
+UNIQUE_DOMAIN = _env_int("GRAMMAR_MLX_UNIQUE_DOMAIN", 5)
+COUNTED_ARRAY_LENGTH = _env_int("GRAMMAR_MLX_COUNTED_ARRAY_LENGTH", 200_000)
+__all__ += ["MULTIPLE_OF_RESIDUES", "MULTIPLE_OF_CYCLE", "ONE_OF_EXCLUDED", "CONTAINS_STATES", "UNIQUE_DOMAIN",
+            "COUNTED_ARRAY_LENGTH"]

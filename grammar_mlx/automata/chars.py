@@ -220,6 +220,57 @@ def _explore(first: State, accepts: Callable[[State], bool],
     return minimize(DFA(trans, accept))
 
 
+def explore(first: State, accepts: Callable[[State], bool],
+            successors: Callable[[State], Iterable[tuple[CharSet, State]]], what: str) -> DFA:
+    """A DFA given by its states (any hashable values: counters, residues, subsets) rather than by
+    an AST: the minimal DFA of the states reachable from `first`, within limits.CHAR_DFA_STATES
+    (`AutomatonTooLarge` past it, naming `what`). `successors(state)` gives (characters, next state)
+    with disjoint character sets; a state with no successor for a character rejects it."""
+    return _explore(first, accepts, successors, what)
+
+
+def largest_cycle(dfa: DFA) -> int:
+    """States in the DFA's largest strongly connected component (1 for an acyclic DFA): what state
+    elimination's output grows with, so a caller can refuse before writing back a hopeless one."""
+    n = len(dfa.trans)
+    order: list[int] = []
+    seen = [False] * n
+    for root in range(n):  # first pass: states by finishing time
+        if seen[root]:
+            continue
+        seen[root] = True
+        stack = [(root, iter(dfa.trans[root]))]
+        while stack:
+            state, edges = stack[-1]
+            for _, target in edges:
+                if not seen[target]:
+                    seen[target] = True
+                    stack.append((target, iter(dfa.trans[target])))
+                    break
+            else:
+                stack.pop()
+                order.append(state)
+    reverse: list[list[int]] = [[] for _ in range(n)]
+    for state, row in enumerate(dfa.trans):
+        for _, target in row:
+            reverse[target].append(state)
+    component = [-1] * n
+    best = 0
+    for root in reversed(order):  # second pass over the reversed edges: one component per tree
+        if component[root] >= 0:
+            continue
+        component[root], size, todo = root, 0, [root]
+        while todo:
+            state = todo.pop()
+            size += 1
+            for source in reverse[state]:
+                if component[source] < 0:
+                    component[source] = root
+                    todo.append(source)
+        best = max(best, size)
+    return best
+
+
 def _merge_row(row: list[tuple[CharSet, int]]) -> list[tuple[CharSet, int]]:
     by_target: dict[int, CharSet] = {}
     for chars, target in row:

@@ -8,16 +8,18 @@ values (`{}`, `true`) nest containers at most `max_recursion_depth` deep.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 from .. import limits
+from ..automata import chars as fa
 from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
-from ..regex.charset import escape_text, json_char_regex, json_text
+from ..regex.charset import CharSet, escape_text, json_char_regex, json_text
 from ..regex.syntax import NEVER as NO_NAME
+from ..regex.syntax import Alt, Chars, Repeat, Seq, to_regex
 from ..regex.syntax import Node as Regex
-from ..regex.syntax import to_regex
+from .arrays import contains_sequences, contains_symbols, distinct_sequences, distinct_symbols
 from .ir import (
     AnyValue,
     Array,
@@ -49,8 +51,11 @@ Counts = tuple[tuple[Hashable, int], ...]
 
 class Emitter:
     def __init__(self, table: Table, whitespace: str, max_recursion_depth: int,
-                 cyclic: set[Hashable] | None = None) -> None:
+                 cyclic: set[Hashable] | None = None, strict: bool = False) -> None:
         self.table = table
+        self.strict = strict
+        # (keyword, pointer) -> reason: counts this emitter relaxed (see `counted_array`)
+        self.relaxed: dict[tuple[str, str], str] = {}
         self.ws = whitespace
         self.max_depth = max_recursion_depth
         self.cyclic = cyclic_keys(table) if cyclic is None else cyclic
@@ -95,6 +100,8 @@ class Emitter:
         if isinstance(node, Literal):
             return self._distinct(self.literal(v) for v in node.values)
         if isinstance(node, Number):
+            if node.text is not None:
+                return to_regex(node.text)
             return range_regex(node.lo, node.hi, integer=node.integer)
         if isinstance(node, String):
             return self.string(node)
@@ -185,6 +192,8 @@ class Emitter:
 
     def array(self, node: Array, counts: Counts) -> str | None:
         w, sep = self.ws, self.ws + "," + self.ws
+        if node.contains is not None or node.distinct is not None:
+            return self.counted_array(node, counts)
         prefix: list[str] = []
         for item in node.prefix:
             text = self.emit(item, counts)
@@ -225,6 +234,50 @@ class Emitter:
         if body is None:
             return r"\[" + w + r"\]" if lo == 0 else None
         if lo == 0:
+            return r"\[" + w + "(?:" + body + w + r")?\]"
+        return r"\[" + w + body + w + r"\]"
+
+    def counted_array(self, node: Array, counts: Counts) -> str | None:
+        """An array under `contains` or `uniqueItems`: the item-sequence automaton of
+        `schema.arrays` written with each item symbol's regex (symbols without one left out)."""
+        w, sep = self.ws, self.ws + "," + self.ws
+        texts: dict[int, str] = {}
+        try:
+            if node.contains is not None:
+                for symbol, part, led in contains_symbols(node, node.contains):
+                    text = self.emit(part, counts)
+                    if text is not None:
+                        texts[symbol] = (sep if led else "") + text
+                ast = contains_sequences(node, node.contains, set(texts))
+            else:
+                assert node.distinct is not None
+                symbols, _ = distinct_symbols(node.distinct)
+                for symbol, (values, led) in symbols.items():
+                    alternation = _alternation([self.literal(v) for v in values])
+                    assert alternation is not None
+                    texts[symbol] = (sep if led else "") + alternation
+                ast = distinct_sequences(node, node.distinct, set(texts))
+            empty_ok = node.min_items == 0 and (node.contains is None or node.contains.lo == 0)
+            if ast == NO_NAME:
+                return r"\[" + w + r"\]" if empty_ok else None
+
+            def symbol_regex(chars: CharSet) -> str:
+                return "(?:" + "|".join(texts[cp] for lo, hi in chars.ranges for cp in range(lo, hi + 1)) + ")"
+
+            if _written_length(ast, symbol_regex) > limits.COUNTED_ARRAY_LENGTH:
+                raise fa.AutomatonTooLarge(f"its regex exceeds limits.COUNTED_ARRAY_LENGTH = "
+                                           f"{limits.COUNTED_ARRAY_LENGTH} characters")
+            body = to_regex(ast, symbol_regex)
+        except fa.AutomatonTooLarge as e:
+            # Too large to write: the plain array, the keyword reported (strict: refused).
+            keyword = "contains" if node.contains is not None else "uniqueItems"
+            pointer = node.contains.pointer if node.contains is not None else node.distinct.pointer if (
+                node.distinct is not None) else ""
+            if self.strict:
+                raise GrammarTooLargeError(f"{keyword!r} at {pointer or '/'}: counting the items: {e}") from None
+            self.relaxed.setdefault((keyword, pointer), f"counting the items is too large to write ({e})")
+            return self.array(Array(node.prefix, node.rest, node.min_items, node.max_items), counts)
+        if empty_ok:
             return r"\[" + w + "(?:" + body + w + r")?\]"
         return r"\[" + w + body + w + r"\]"
 
@@ -314,6 +367,26 @@ class Emitter:
         if empty_ok:
             return r"\{" + w + "(?:" + body + w + r")?\}"
         return r"\{" + w + body + w + r"\}"
+
+
+def _written_length(ast: Regex, symbol_regex: Callable[[CharSet], str]) -> int:
+    """About how long `to_regex(ast, symbol_regex)` is (each symbol's text counted at each use,
+    plus a few characters per node), without writing it."""
+    lengths: dict[CharSet, int] = {}
+    total, stack = 0, [ast]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Chars):
+            if item.chars not in lengths:
+                lengths[item.chars] = len(symbol_regex(item.chars))
+            total += lengths[item.chars]
+        elif isinstance(item, (Seq, Alt)):
+            total += 4
+            stack.extend(item.items)
+        elif isinstance(item, Repeat):
+            total += 8
+            stack.append(item.item)
+    return total
 
 
 def _alternation(parts: list[str] | list[str | None]) -> str | None:
@@ -426,6 +499,9 @@ def _refs(node: Node | None) -> tuple[Hashable, ...]:
             stack.extend(n.prefix)
             if n.rest is not None:
                 stack.append(n.rest)
+            if n.contains is not None:
+                stack.extend(part for pair in n.contains.prefix for part in pair)
+                stack.extend(n.contains.rest or ())
         elif isinstance(n, Object):
             stack.extend(p.value for p in n.properties)
             stack.extend(e.value for e in n.extras)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Hashable
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
@@ -58,9 +59,16 @@ class Literal:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Number:
+    """Numbers within the bounds; with `step`, only its multiples, and none of the `excluded` steps'
+    multiples, then written as the character-level AST `text` (canonical integers, or positional
+    decimals: `schema.numbers.multiple_node`)."""
+
     integer: bool
     lo: Bound | None = None
     hi: Bound | None = None
+    step: Fraction | None = None
+    text: Regex | None = None
+    excluded: tuple[Fraction, ...] = ()  # and multiples of none of these (`not {multipleOf}`, not integers)
 
     @property
     def bounded(self) -> bool:
@@ -90,11 +98,41 @@ def _python_regex(ast: Regex) -> re.Pattern[str]:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Contains:
+    """`contains` counted: each position's items split into those matching the `contains` schema
+    and those not (two nodes whose union is the position's node), between `lo` and `hi` matching."""
+
+    prefix: tuple[tuple[Node, Node], ...]  # per prefix position: (matching, not matching)
+    rest: tuple[Node, Node] | None  # the same for the items after the prefix
+    lo: int
+    hi: int | None
+    pointer: str = ""  # of the schema holding `contains` (reported if the emitter relaxes it)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Distinct:
+    """`uniqueItems` over finite item domains: the values each position may take (those of the
+    position's node, each spelled as that node writes it); no two items of the array equal."""
+
+    prefix: tuple[tuple[Any, ...], ...]
+    rest: tuple[Any, ...] | None
+    pointer: str = ""  # of the schema holding `uniqueItems`
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Array:
     prefix: tuple[Node, ...]  # positional item nodes
     rest: Node | None  # node for items after the prefix; None: no more items
     min_items: int = 0
     max_items: int | None = None
+    contains: Contains | None = None
+    distinct: Distinct | None = None
+
+    def split(self, i: int) -> tuple[Node, Node] | None:
+        """Position i's (matching, not matching) nodes under `contains`."""
+        if self.contains is None:
+            return None
+        return self.contains.prefix[i] if i < len(self.contains.prefix) else self.contains.rest
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -222,6 +260,10 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
         lo, hi = node.lo, node.hi
         if lo is not None and (d < lo.value or (lo.exclusive and d == lo.value)):
             return False
+        if node.step is not None and Fraction(d) % node.step != 0:
+            return False
+        if any(Fraction(d) % e == 0 for e in node.excluded):
+            return False
         return hi is None or not (d > hi.value or (hi.exclusive and d == hi.value))
     if isinstance(node, String):
         return isinstance(x, str) and node.matches(x)
@@ -230,11 +272,18 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
             return False
         if node.max_items is not None and len(x) > node.max_items:
             return False
+        matching = 0
         for i, item in enumerate(x):
             sub = node.prefix[i] if i < len(node.prefix) else node.rest
             if sub is None or not conforms(sub, item, table, bounds, counts):
                 return False
-        return True
+            split = node.split(i)
+            if split is not None and conforms(split[0], item, table, bounds, counts):
+                matching += 1
+        if node.contains is not None and (matching < node.contains.lo or (
+                node.contains.hi is not None and matching > node.contains.hi)):
+            return False
+        return node.distinct is None or len({json_key(item) for item in x}) == len(x)
     if isinstance(node, Object):
         if not isinstance(x, dict):
             return False
@@ -295,13 +344,16 @@ def serialize(node: Node | None, x: Any, table: Table) -> str:
         d = to_decimal(x)
         if node.integer and d == d.to_integral_value():
             return str(int(d))
-        if node.bounded:
+        if node.bounded or node.step is not None or node.excluded:
             return positional(d)
         return dumps(x)
     if isinstance(node, Array) and isinstance(x, list):
         parts = []
         for i, item in enumerate(x):
             sub = node.prefix[i] if i < len(node.prefix) else node.rest
+            split = node.split(i)
+            if split is not None:  # written as the part it belongs to writes it
+                sub = split[0] if conforms(split[0], item, table) else split[1]
             parts.append(serialize(sub if sub is not None else ANY, item, table))
         return "[" + ",".join(parts) + "]"
     if isinstance(node, Object) and isinstance(x, dict):

@@ -2,7 +2,8 @@
 
 A regex has no negation, but many negated schemas are a union of plain ones (De Morgan over the
 keywords, each keyword negated within its own type): `not {required: [a]}` is `{properties: {a:
-false}}`, `not {minLength: 3}` is any non-string or a string of at most 2 characters, and so on.
+false}}`, `not {minLength: 3}` is a string of at most 2 characters (every non-string has the
+minimum length: none is left), `not {pattern: P}` the strings P does not match, and so on.
 `negation` builds those schemas (None where a keyword has no such form: `pattern`, `items`, ...), and
 the normalizer distributes the conjunction over them like an `anyOf`:
 
@@ -36,7 +37,7 @@ INERT = frozenset({
 })
 # Validation keywords `negation` has no union for.
 _OPAQUE = frozenset({
-    "pattern", "format", "multipleOf", "divisibleBy", "items", "prefixItems", "additionalItems", "contains",
+    "format", "divisibleBy", "items", "prefixItems", "additionalItems", "contains",
     "uniqueItems", "unevaluatedItems", "additionalProperties", "patternProperties", "propertyNames",
     "unevaluatedProperties", "dependencies", "dependentRequired", "dependentSchemas", "if", "oneOf",
     "$dynamicRef", "$recursiveRef", "disallow", "extends",
@@ -51,7 +52,16 @@ _FLIP_COUNTS = {
 class Built(dict[str, Any]):
     """A schema the front end writes (a negation, a dependency's "absent" alternative). Its
     `properties` say what a keyword admits of the objects, never which keys they may hold: it does
-    not close an object (`schema.objects`: the closed default is for the schemas a user writes)."""
+    not close an object (`schema.objects`: the closed default is for the schemas a user writes).
+    It may hold `NOT_PATTERN`, a keyword of its own that no user schema has."""
+
+
+# In a `Built` schema only: the strings the (ECMA-262) pattern does not match (`schema.strings`
+# builds it as the complement of the pattern's language): `not {pattern: P}`.
+NOT_PATTERN = "grammar-mlx:not-pattern"
+# In a `Built` schema only: the numbers that are not multiples of the value (`schema.numbers`):
+# `not {multipleOf: k}`, and with 1 the non-integer numbers (`not {type: integer}`).
+NOT_MULTIPLE_OF = "grammar-mlx:not-multiple-of"
 
 
 def negation(schema: Any, resolve: Resolver, depth: int = 0) -> list[Any] | None:
@@ -91,12 +101,26 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
         if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(t, str) for t in value)):
             raise InvalidSchemaError("type must be a type name or an array of them")
         named = set(value) if isinstance(value, list) else {value}
-        if "integer" in named and "number" not in named:
-            return None  # the non-integer numbers have no schema of their own
+        non_integers = "integer" in named and "number" not in named
         if "number" in named:
             named.add("integer")
+        if non_integers:
+            named.add("number")  # (the non-integer numbers come last)
         rest = [t for t in TYPES if t not in named and not (t == "integer" and "number" not in named)]
-        return [{"type": rest}] if rest else []
+        others: list[Any] = [{"type": rest}] if rest else []
+        # The non-integer numbers: numbers that are not multiples of 1.
+        return others + [Built({"type": "number", NOT_MULTIPLE_OF: 1})] if non_integers else others
+    if key == "pattern":
+        # {pattern: P} holds for every non-string: its negation is the strings P does not match.
+        return [Built({"type": "string", NOT_PATTERN: value})] if isinstance(value, str) else None
+    if key == "multipleOf":
+        # {multipleOf: k} holds for every non-number: its negation is the numbers k does not divide.
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return [Built({"type": "number", NOT_MULTIPLE_OF: value})] if ok else None
+    if key == NOT_MULTIPLE_OF and isinstance(schema, Built):
+        return [{"type": [t for t in TYPES if t not in ("integer", "number")]}, {"type": "number", "multipleOf": value}]
+    if key == NOT_PATTERN and isinstance(schema, Built):
+        return [{"type": [t for t in TYPES if t != "string"]}, {"type": "string", "pattern": value}]
     if key in ("enum", "const"):
         values = value if key == "enum" else [value]
         if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):

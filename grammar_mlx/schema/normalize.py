@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import limits
 from ..automata import chars as fa
-from ..errors import GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
+from ..errors import CompileTimeoutError, GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
 from ..regex.syntax import Chars, repeat
@@ -47,7 +47,7 @@ from .ir import (
 from .loc import ROOT_URI, Loc, Resources, draft_of, rebase
 from .logic import INERT as ANNOTATIONS
 from .logic import alternatives, negation
-from .numbers import build_number
+from .numbers import build_number, multiple_node
 from .objects import MAX_FIRST_CHOICE_COST, build_object, minus_names
 from .strings import build_string
 
@@ -61,6 +61,7 @@ class Unenforced:
     reason: str
 
 
+T = TypeVar("T")
 CONTENT = frozenset({"contentEncoding", "contentMediaType"})  # assertions in draft 7
 STAGE = "translating the schema"  # what a deadline that passes here names
 
@@ -71,6 +72,11 @@ class Normalizer:
     strict: bool = False
     open_objects: bool = False  # absent additionalProperties next to properties: allow extra keys
     first_choice_cost: int = MAX_FIRST_CHOICE_COST  # see schema.objects._first_choices
+    # Exact forms whose regex is much larger than the inexact one: overlapping oneOf branches made
+    # exclusive (`_exclusive`), uniqueItems and contains counted (`schema.arrays`). `costly_used` is
+    # set when one was built: translation retries without them when the regex does not fit.
+    costly_exact: bool = True
+    costly_used: bool = False
     draft: int = 2020
     table: Table = field(default_factory=dict)
     unenforced: dict[tuple[str, str], str] = field(default_factory=dict)  # (keyword, pointer) -> reason
@@ -100,6 +106,36 @@ class Normalizer:
         if self.strict:
             raise GrammarTooLargeError(f"{keyword!r} at {loc.pointer or '/'}: {reason}")
         self.unenforced.setdefault((keyword, loc.pointer), reason)
+
+    def attempt(self, build: Callable[[], T]) -> tuple[T | None, str | None]:
+        """Run `build`, a construction that is exact only if nothing in it is reported: returns
+        (its result, None), or (None, why) naming the first keyword it would have reported (or the
+        size guard it hit). A failed attempt leaves no trace: its reports, the nodes it added to the
+        table (a later conjunction with the same key must report again) and the branch budget it
+        spent are undone; strict mode does not raise inside it."""
+        reported, nodes, branches, strict = set(self.unenforced), len(self.table), self._branches, self.strict
+        self.strict = False
+        why = None
+        try:
+            result = build()
+        except CompileTimeoutError:
+            raise
+        except GrammarTooLargeError as e:
+            why = str(e)
+        finally:
+            self.strict = strict
+        new = [key for key in self.unenforced if key not in reported]
+        if why is None and not new:
+            return result, None
+        if why is None:
+            keyword, pointer = new[0]
+            why = f"{keyword!r} at {pointer or '/'} would not be enforced"
+        for key in new:
+            del self.unenforced[key]
+        for added in list(self.table)[nodes:]:
+            del self.table[added]
+        self._branches = branches
+        return None, why
 
     # -- conjunctions -------------------------------------------------------------------------
 
@@ -174,9 +210,10 @@ class Normalizer:
                         raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a non-empty array")
                     rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
                     self._spend(len(branches), atom)
-                    nodes = [self.node(rest + [atom.child(kw, j).below(atom)]) for j in range(len(branches))]
+                    locs = [atom.child(kw, j).below(atom) for j in range(len(branches))]
+                    nodes = [self.node(rest + [loc]) for loc in locs]
                     if kw == "oneOf":
-                        self._check_exclusive(atom, nodes)
+                        nodes = self._exclusive(atom, rest, locs, nodes)
                     return union(nodes, self.table)
         for i, atom in enumerate(atoms):
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
@@ -218,14 +255,67 @@ class Normalizer:
 
         return resolve
 
-    def _check_exclusive(self, atom: Loc, nodes: list[Node]) -> None:
-        """oneOf is anyOf when no value can satisfy two branches; otherwise report it."""
+    def _exclusive(self, atom: Loc, rest: list[Loc], locs: list[Loc], nodes: list[Node]) -> list[Node]:
+        """oneOf's branches made pairwise disjoint: oneOf is anyOf when no value can satisfy two
+        branches; where two may (not provably disjoint), each keeps only the values the other
+        rejects (branch i and not branch j: `not` as the normalizer writes it), exact when those
+        negations are (`attempt`). Otherwise oneOf is reported and the branches kept as they are."""
+        # A branch whose negation has no union form (read off the schema, cheaply) cannot be
+        # excluded from another: the first overlap that needs one ends the search.
+        hopeless = {j for j, loc in enumerate(locs) if not isinstance(nodes[j], Literal)
+                    and negation(loc.schema, self._resolver(loc)) is None}
+        overlaps: dict[int, list[int]] = {}
+        first: tuple[int, int] | None = None
+        stuck: int | None = None
         for i in range(len(nodes)):
-            check_deadline(STAGE)
             for j in range(i + 1, len(nodes)):
-                if not disjoint(nodes[i], nodes[j], self.table):
-                    self.report("oneOf", atom, f"branches {i} and {j} may both match one value")
-                    return
+                check_deadline(STAGE)
+                if disjoint(nodes[i], nodes[j], self.table):
+                    continue
+                first = first or (i, j)
+                overlaps.setdefault(i, []).append(j)
+                overlaps.setdefault(j, []).append(i)
+                # i keeps what j rejects (j's negation) unless i's values are listed; and vice versa.
+                needed = [b for a, b in ((i, j), (j, i)) if b in hopeless and not isinstance(nodes[a], Literal)]
+                if needed or not self.costly_exact:  # reported: the other pairs need not be tested
+                    stuck = needed[0] if needed else None
+                    break
+            else:
+                continue
+            break
+        if first is None:
+            return nodes
+        if stuck is not None:
+            reason = (f"branches {first[0]} and {first[1]} may both match one value (not excluded exactly: branch "
+                      f"{stuck}'s negation has no exact form)")
+        elif not self.costly_exact:
+            reason = (f"branches {first[0]} and {first[1]} may both match one value (excluding one from the other, "
+                      "the regex is too large)")
+        elif len(overlaps) <= limits.ONE_OF_EXCLUDED:
+
+            def build() -> list[Node]:
+                out = list(nodes)
+                for i, others in overlaps.items():
+                    literal = nodes[i]
+                    if isinstance(literal, Literal):  # finitely many values: keep those no other branch has
+                        kept = tuple(v for v in literal.values
+                                     if not any(conforms(nodes[j], v, self.table) for j in others))
+                        out[i] = Literal(kept) if kept else NEVER
+                        continue
+                    excluded = [locs[j].built({"not": locs[j].schema}, f"oneOf.not{j}", evaluates=False)
+                                for j in others]
+                    out[i] = self.node(rest + [locs[i]] + excluded)
+                return out
+
+            exclusive, why = self.attempt(build)
+            if exclusive is not None:
+                self.costly_used = True
+                return exclusive
+            reason = f"branches {first[0]} and {first[1]} may both match one value (not excluded exactly: {why})"
+        else:
+            reason = f"branches {first[0]} and {first[1]} may both match one value"
+        self.report("oneOf", atom, reason)
+        return nodes
 
     # -- one conjunction without anyOf/oneOf ----------------------------------------------------
 
@@ -353,6 +443,10 @@ def _native_not(neg: Any) -> bool:
     keys = set(neg) - ANNOTATIONS
     if not keys <= {"type", "enum", "const"} or len(keys) > 1:
         return False
+    named = neg.get("type")
+    named = named if isinstance(named, list) else [named]
+    if "integer" in named and "number" not in named:
+        return False  # removing the integers leaves the non-integer numbers: `negation` writes them
     values = neg.get("enum", []) if "enum" in neg else [neg.get("const")] if "const" in neg else []
     return isinstance(values, list) and all(not isinstance(v, (list, dict)) for v in values)
 
@@ -377,11 +471,18 @@ def exclude(node: Node, values: list[Any]) -> Node:
                 continue
             if not _within(cut, node):
                 continue  # not a member: nothing to remove (and the pieces must stay within the range)
-            pieces.append(Number(node.integer, lo, Bound(cut, True)))
+            pieces.append(_number_piece(node, lo, Bound(cut, True)))
             lo = Bound(cut, True)
-        pieces.append(Number(node.integer, lo, node.hi))
+        pieces.append(_number_piece(node, lo, node.hi))
         return union(pieces, {})
     return node
+
+
+def _number_piece(node: Number, lo: Bound | None, hi: Bound | None) -> Node:
+    """`node` within narrower bounds (its multiples rebuilt for them: fa.AutomatonTooLarge)."""
+    if node.step is None and not node.excluded:
+        return Number(node.integer, lo, hi)
+    return multiple_node(node.integer, lo, hi, node.step, node.excluded)
 
 
 def _within(d: Decimal, node: Number) -> bool:

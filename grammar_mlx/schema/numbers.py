@@ -9,14 +9,20 @@ grows with the number of digits of the bounds, not with the width of the range.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from .. import limits
+from ..automata import chars as fa
 from ..errors import InvalidSchemaError
+from ..regex.charset import CharSet
+from ..regex.rust import parse as parse_rust
 from .formats import INTEGER_FORMATS
 from .ir import NEVER, Bound, Literal, Node, Number, is_number, to_decimal
+from .logic import NOT_MULTIPLE_OF, Built
 
 if TYPE_CHECKING:
     from .loc import Loc
@@ -24,6 +30,8 @@ if TYPE_CHECKING:
 
 INTEGER = r"(?:0|-?[1-9][0-9]*)"
 NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
+# Positional decimals without -0: the format of numbers under a fractional multipleOf or its negation.
+POSITIONAL = r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?|-(?:0\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?)"
 
 
 def range_regex(lo: Bound | None, hi: Bound | None, *, integer: bool) -> str | None:
@@ -317,23 +325,165 @@ def build_number(nz: Normalizer, integer: bool, atoms: list[Loc]) -> Node:
             if not is_number(m) or m <= 0:
                 raise InvalidSchemaError(f"multipleOf at {atom.pointer or '/'} must be a positive number")
             multiples.append((Fraction(to_decimal(m)), atom))
-    if not multiples:
+    # `not {multipleOf}` / `not {type: integer}`, written by `schema.logic.negation`
+    excluding = [atom for atom in atoms if isinstance(atom.schema, Built) and atom.has(NOT_MULTIPLE_OF)]
+    excluded = tuple(sorted({Fraction(to_decimal(atom.get(NOT_MULTIPLE_OF))) for atom in excluding}))
+    if not multiples and not excluded:
         return Number(integer, lo, hi)
-    step = multiples[0][0]
-    for m, _ in multiples[1:]:
-        step = _lcm(step, m)
-    if integer:
-        step = _lcm(step, Fraction(1))  # the integers among the multiples (of 0.5: every integer)
-    if step.denominator == 1:
-        integer = True
-        if step == 1:
-            return Number(integer, lo, hi)
-    values = _enumerate_multiples(step, lo, hi)
+    step: Fraction | None = None
+    if multiples:
+        step = multiples[0][0]
+        for m, _ in multiples[1:]:
+            step = _lcm(step, m)
+        if integer:
+            step = _lcm(step, Fraction(1))  # the integers among the multiples (of 0.5: every integer)
+        if step.denominator == 1:
+            integer = True
+            if step == 1:
+                step = None
+    unit = Fraction(1) if integer else step  # every value is a multiple of this
+    if unit is not None and any(unit % e == 0 for e in excluded):
+        return NEVER  # every value is excluded
+    if step is None and not excluded:
+        return Number(integer, lo, hi)
+    values = None if step is None else _enumerate_multiples(step, lo, hi)
     if values is not None:
-        return Literal(tuple(values)) if values else NEVER
-    for _, atom in multiples:
-        nz.report("multipleOf", atom, "multipleOf over an unbounded or wide range is not enforced")
-    return Number(integer, lo, hi)
+        kept = [v for v in values if not any(Fraction(to_decimal(v)) % e == 0 for e in excluded)]
+        return Literal(tuple(kept)) if kept else NEVER
+    try:
+        return multiple_node(integer, lo, hi, step, excluded)
+    except fa.AutomatonTooLarge as e:
+        for _, atom in multiples:
+            nz.report("multipleOf", atom, f"the multiples of {step} within the bounds are too large an automaton ({e})")
+        for atom in excluding:
+            nz.report("not", atom, f"the numbers that are not multiples of {atom.get(NOT_MULTIPLE_OF)} within the "
+                                   f"bounds are too large an automaton ({e})")
+        return Number(integer, lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# multipleOf as an automaton over the number's text.
+
+
+def multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction | None,
+                  excluded: tuple[Fraction, ...] = ()) -> Node:
+    """`_multiple_node`, memoized (failures too): a schema distributes one multipleOf over many
+    branches, each with the same step and bounds."""
+    budgets = (limits.MULTIPLE_OF_RESIDUES, limits.MULTIPLE_OF_CYCLE, limits.CHAR_DFA_STATES, limits.CHAR_AST_NODES,
+               limits.CHAR_AST_DEPTH)
+    hit = _multiple_or_why(integer, lo, hi, step, excluded, budgets)
+    if isinstance(hit, str):
+        raise fa.AutomatonTooLarge(hit)
+    return hit
+
+
+@lru_cache(maxsize=256)
+def _multiple_or_why(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction | None,
+                     excluded: tuple[Fraction, ...], budgets: tuple[int, ...]) -> Node | str:
+    """The node, or why not (`budgets`: the limits in force, part of the key)."""
+    try:
+        return _multiple_node(integer, lo, hi, step, excluded)
+    except fa.AutomatonTooLarge as e:
+        return str(e)
+
+
+def _multiple_node(integer: bool, lo: Bound | None, hi: Bound | None, step: Fraction | None,
+                   excluded: tuple[Fraction, ...]) -> Node:
+    """The multiples of `step` within [lo, hi] as a Number whose `text` is their exact character
+    language: canonical integers when `integer` (or an integral step), else positional decimals
+    (`-12.50`, any trailing zeros, no exponent, no `-0`), the format bounded numbers take.
+    `fa.AutomatonTooLarge` when the automaton exceeds limits.MULTIPLE_OF_RESIDUES or
+    limits.MULTIPLE_OF_CYCLE, or the character automata's budgets."""
+    if step is not None and step.denominator == 1:
+        integer = True
+    if integer and step is not None:
+        step = _lcm(step, Fraction(1))
+    dfa = _multiple_dfa(step, integer) if step is not None else fa.to_dfa(parse_rust(
+        INTEGER if integer else POSITIONAL))
+    for e in excluded:  # the same text format on both sides: a value's spellings are all in or all out
+        dfa = fa.product(dfa, _multiple_dfa(_lcm(e, Fraction(1)) if integer else e, integer), "minus")
+    if lo is not None or hi is not None:
+        bounds = range_regex(lo, hi, integer=integer)
+        if bounds is None:
+            return NEVER
+        dfa = fa.product(dfa, fa.to_dfa(parse_rust(bounds)), "and")
+    if dfa.is_empty():
+        return NEVER
+    cycle = fa.largest_cycle(dfa)
+    if cycle > limits.MULTIPLE_OF_CYCLE:
+        # The residues form a cycle whose regex grows exponentially with its length (mod 9, 11, 13):
+        # refused before state elimination spends seconds finding out.
+        raise fa.AutomatonTooLarge(f"a cycle of {cycle} residues, over limits.MULTIPLE_OF_CYCLE = "
+                                   f"{limits.MULTIPLE_OF_CYCLE}")
+    return Number(integer, lo, hi, step, fa.to_ast(dfa), excluded)
+
+
+def _fraction_digits(step: Fraction) -> int:
+    """The least d with step * 10**d an integer (a JSON number's denominator divides a power of 10)."""
+    d = 0
+    while (step * 10**d).denominator != 1:
+        d += 1
+    return d
+
+
+def _multiple_dfa(step: Fraction, integer: bool) -> fa.DFA:
+    """Texts of the multiples of `step` (integers: `0|-?[1-9][0-9]*`; decimals: that, then an
+    optional `.` and digits). A value v is a multiple of step = K / 10**d exactly when v * 10**d is
+    an integer divisible by K: the automaton reads the integer part and the first d fraction digits
+    modulo K, and any later fraction digit must be 0. A state is (negative, residue, nonzero digit
+    seen, position): position -2 before any digit, -1 in the integer part (`zero`: it is `0`, no
+    digit may follow), 0..d fraction digits read (d: any more must be 0)."""
+    digits = 0 if integer else _fraction_digits(step)
+    k = int(step * 10**digits)
+    coprime = k  # k's part coprime to 10: its residues form one cycle of the minimal DFA
+    for p in (2, 5):
+        while coprime % p == 0:
+            coprime //= p
+    if coprime > limits.MULTIPLE_OF_CYCLE:
+        raise fa.AutomatonTooLarge(f"a cycle of at least {coprime} residues, over limits.MULTIPLE_OF_CYCLE = "
+                                   f"{limits.MULTIPLE_OF_CYCLE}")
+    if k * (digits + 1) > limits.MULTIPLE_OF_RESIDUES:
+        raise fa.AutomatonTooLarge(f"{k} residues over {digits} fraction digits: over "
+                                   f"limits.MULTIPLE_OF_RESIDUES = {limits.MULTIPLE_OF_RESIDUES}")
+    # (negative, residue, nonzero, part, fraction digits read, zero integer part / fraction started)
+    State = tuple[bool, int, bool, str, int, bool]
+
+    def accepts(state: State) -> bool:
+        negative, residue, nonzero, part, read, flag = state
+        if part in ("start", "sign") or (part == "frac" and not flag) or (negative and not nonzero):
+            return False
+        return residue * 10 ** (digits - (read if part == "frac" else 0)) % k == 0
+
+    def successors(state: State) -> Iterator[tuple[CharSet, State]]:
+        negative, residue, nonzero, part, read, flag = state
+        out: dict[State, list[int]] = {}
+        if part == "start":
+            out[(True, 0, False, "sign", 0, False)] = [ord("-")]
+        if part in ("start", "sign"):
+            if not (negative and integer):  # -0 only as -0.x with a nonzero digit
+                out.setdefault((negative, 0, False, "int", 0, True), []).append(ord("0"))
+            for d in range(1, 10):
+                out.setdefault((negative, d % k, True, "int", 0, False), []).append(ord("0") + d)
+        elif part == "int":
+            if not flag:
+                for d in range(10):
+                    target = (negative, (10 * residue + d) % k, nonzero or d > 0, "int", 0, False)
+                    out.setdefault(target, []).append(ord("0") + d)
+            if not integer:
+                out[(negative, residue, nonzero, "frac", 0, False)] = [ord(".")]
+        else:
+            for d in range(10):
+                if read < digits:
+                    target = (negative, (10 * residue + d) % k, nonzero or d > 0, "frac", read + 1, True)
+                elif d == 0:
+                    target = (negative, residue, nonzero, "frac", read, True)
+                else:
+                    continue
+                out.setdefault(target, []).append(ord("0") + d)
+        for target, points in out.items():
+            yield CharSet.of(*points), target
+
+    return fa.explore((False, 0, False, "start", 0, False), accepts, successors, "multipleOf states")
 
 
 def _tighter_lo(a: Bound, b: Bound) -> bool:

@@ -24,6 +24,7 @@ from ..regex.syntax import Node as Regex
 from .formats import STRING_FORMATS, UNENFORCED_FORMATS, format_language
 from .ir import NEVER, Node, String
 from .loc import Loc, count_bounds
+from .logic import NOT_PATTERN, Built
 
 if TYPE_CHECKING:
     from .normalize import Normalizer
@@ -38,6 +39,13 @@ def build_string(nz: Normalizer, atoms: list[Loc]) -> Node:
             ast = pattern_language(nz, pattern, atom)
             if ast is not None:
                 languages.append((ast, "pattern", atom))
+        if isinstance(atom.schema, Built) and atom.has(NOT_PATTERN):  # `not {pattern}`: the complement
+            ast = pattern_language(nz, atom.get(NOT_PATTERN), atom)
+            if ast is not None:
+                try:
+                    languages.append((fa.minus(fa.universal(), ast), "not", atom))
+                except fa.AutomatonTooLarge as e:
+                    nz.report("not", atom, f"the strings a pattern does not match: too large an automaton ({e})")
         fmt = atom.get("format")
         if isinstance(fmt, str):
             if fmt in UNENFORCED_FORMATS:

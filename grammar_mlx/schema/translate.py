@@ -24,8 +24,9 @@ says whether the regex accepts it):
   Basic Multilingual Plane: other characters are written as themselves). Strings under `pattern`,
   `format`, `enum`/`const`, and property names are written as `json.dumps(..., ensure_ascii=False)`
   writes them, so the regex can check the decoded text. Lengths count code points.
-- Numbers: integers without leading zeros or `-0`; bounded numbers positionally (`0.00001`, no
-  exponent), through exact digit-by-digit range regexes; other numbers in any JSON form. An
+- Numbers: integers without leading zeros or `-0`; bounded numbers and numbers under a fractional
+  `multipleOf` positionally (`0.00001`, no exponent), through exact digit-by-digit range regexes
+  and residue automata; other numbers in any JSON form. An
   integral float under an integer schema (`1.0`) is written `1`.
 - `enum`/`const` values exactly as the schema lists them (key order and number spelling included).
 
@@ -33,17 +34,21 @@ Semantics: JSON Schema 2020-12 unless `$schema` names draft 4, 6, 7 or 2019-09 (
 bounds, `$ref` siblings ignored up to draft 7, `items` arrays, `dependencies`, draft-7 content
 assertions). `$ref` (pointers, `$id`s, anchors; recursion), `$defs`/`definitions`, `allOf` (merged
 keyword by keyword), `anyOf`/`oneOf` (distributed; `oneOf` exact when its branches are provably
-disjoint), `not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
-unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts),
-`enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds and
-small `multipleOf` ranges, `minLength`/`maxLength`, `pattern` (ECMA-262 search semantics, lookarounds
+disjoint, or each branch keeps only what the overlapping ones reject),
+`not`/`if`/`then`/`else`/`dependentRequired`/`dependentSchemas`/`dependencies` (as exact
+unions where the negated schema has one: types, values, `required`, `properties`, bounds, counts,
+`pattern`),
+`enum`/`const`, type lists, keywords without `type` (other types stay allowed), numeric bounds,
+`multipleOf` (a residue automaton over the digits: `schema.numbers`), `minLength`/`maxLength`,
+`pattern` (ECMA-262 search semantics, lookarounds
 right after a leading `^` included; a class
 is the intersection of its ECMA-262 and Python `re` readings, so `\\d` is `[0-9]`), `format` (see
 `schema.formats`), `pattern` x `format` x lengths intersected by automata, `prefixItems`/`items`,
 `minItems`/`maxItems`, `properties`/`required`/`additionalProperties`/`patternProperties`/
 `propertyNames` with key languages split by automata (extra keys never repeat a declared name),
 `minProperties`/`maxProperties` where the object's shape fixes the count, `unevaluatedProperties`/
-`unevaluatedItems` (seeing their own in-place subschemas only).
+`unevaluatedItems` (seeing their own in-place subschemas only), `contains`/`minContains`/`maxContains`
+and `uniqueItems` over finite item domains (item-sequence automata: `schema.arrays`).
 
 Narrowings (valid documents the regex leaves out; outputs stay valid):
 - absent `additionalProperties` next to `properties`/`patternProperties` (or `required`) admits no
@@ -61,10 +66,12 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
   IDNA A-labels; `time`/`date-time` have no leap second; `email` has no general address literal;
   surrogate-pair escapes are not generated.
 
-Reported in `unenforced`: `uniqueItems`, `contains`, `multipleOf` over wide ranges, non-disjoint
-`oneOf`, `not`/`if` of schemas without a union form (`pattern`, `items`, ...), `format: regex` and
-`idn-*`, lookaround/back-references/word boundaries in `pattern`, counts the object shape cannot
-express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
+Reported in `unenforced`: `uniqueItems` over infinite or large item domains, `contains` whose negation
+has no union form, `multipleOf` / counts past their automaton bounds (limits.MULTIPLE_OF_RESIDUES,
+CONTAINS_STATES, UNIQUE_DOMAIN, COUNTED_ARRAY_LENGTH), `oneOf` whose overlapping branches cannot
+be excluded from each other exactly, `not`/`if` of schemas without a union form (`format`, `items`,
+...), `format: regex` and `idn-*`, lookaround/back-references/word boundaries in `pattern`, counts
+the object shape cannot express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
 (`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); a regex
 over limits.SCHEMA_REGEX_LENGTH characters at depth 0, or nesting over limits.MAX_REGEX_NESTING groups, raises
 `GrammarTooLargeError` (the cap is checked as the regex grows, so refusing a huge schema costs no
@@ -347,28 +354,50 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
 
 def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
                           open_objects: bool) -> tuple[Normalizer, str | None, int]:
-    """`_translate`'s loop over first-choice costs and depths."""
+    """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
+    held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
+    runs again without them (they are then reported, as before): they write much more. A lower
+    depth (a narrowing) is preferred to dropping them (a keyword left unenforced)."""
+    try:
+        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=True)
+    except _CostlyTooLarge:
+        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False)
+
+
+class _CostlyTooLarge(Exception):
+    """No depth fits, with costly exact forms in the regex."""
+
+
+def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
+                  costly: bool) -> tuple[Normalizer, str | None, int]:
     nz: Normalizer | None = None
     root: Node | None = None
+    used = False
     for cost in (MAX_FIRST_CHOICE_COST, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
         if nz is None or table is None:
-            nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects)
+            nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects, costly_exact=costly)
             root = nz.node([nz.root_loc])
         else:
             nz = copy.copy(nz)
             nz.table, nz.first_choice_cost = table, cost
+        used = used or nz.costly_used
         cyclic = cyclic_keys(nz.table)
         depth: int | None = max_recursion_depth
         while depth is not None:
-            emitter = Emitter(nz.table, ws, depth, cyclic)
+            emitter = Emitter(nz.table, ws, depth, cyclic, strict)
             try:
-                return nz, emitter.emit(root), depth
+                regex = emitter.emit(root)
+                for key, reason in emitter.relaxed.items():
+                    nz.unenforced.setdefault(key, reason)
+                return nz, regex, depth
             except CompileTimeoutError:
                 raise
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower
                 depth = emitter.lower_depth()
                 if depth is None and (cost == 0 or not nz.first_choices_narrowable):
+                    if used:
+                        raise _CostlyTooLarge() from None
                     raise
     raise AssertionError("unreachable")
 

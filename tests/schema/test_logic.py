@@ -9,7 +9,7 @@ from functools import cache
 import pytest
 
 from grammar_mlx.errors import InvalidSchemaError
-from grammar_mlx.schema.logic import alternatives, negation
+from grammar_mlx.schema.logic import NOT_MULTIPLE_OF, NOT_PATTERN, Built, alternatives, negation
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -89,17 +89,40 @@ def test_negation_forms():
 
 
 @pytest.mark.parametrize("schema", [
-    {"type": "integer"},  # the non-integer numbers have no schema of their own
     {"enum": [[1]]}, {"const": {"a": 1}},  # excluding containers
-    {"pattern": "a"}, {"format": "date"}, {"multipleOf": 2}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
+    {"format": "date"}, {"multipleOf": "2"}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
     {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {}}, {"if": {}},
     {"oneOf": [{}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
     {"$ref": "https://elsewhere.test/s.json"},  # not resolvable
-    {"properties": {"a": {"pattern": "x"}}}, {"anyOf": [{"pattern": "x"}, {}]}, {"allOf": [{"format": "email"}]},
+    {"properties": {"a": {"format": "date"}}}, {"anyOf": [{"format": "date"}, {}]}, {"allOf": [{"format": "email"}]},
     3, "string",
 ])
 def test_negation_without_a_union_form_is_none(schema):
     assert negation(schema, resolve) is None
+
+
+def test_multiples_and_integers_negate_to_the_numbers_left():
+    """`not {multipleOf: k}`: the numbers k does not divide (a front-end keyword of `Built`
+    schemas); `not {type: integer}`: the other types and the numbers 1 does not divide."""
+    (neg,) = negation({"multipleOf": 2}, resolve)
+    assert isinstance(neg, Built) and neg == {"type": "number", NOT_MULTIPLE_OF: 2}
+    assert negation(Built({NOT_MULTIPLE_OF: 2}), resolve) == [
+        {"type": ["null", "boolean", "string", "array", "object"]}, {"type": "number", "multipleOf": 2}]
+    assert negation({"type": "integer"}, resolve) == [
+        {"type": ["null", "boolean", "string", "array", "object"]}, {"type": "number", NOT_MULTIPLE_OF: 1}]
+    assert negation({"type": ["integer", "number"]}, resolve) == [{"type": ["null", "boolean", "string", "array",
+                                                                              "object"]}]
+
+
+def test_a_pattern_negates_to_the_strings_it_does_not_match():
+    """`not {pattern: P}`: only strings (P holds for every non-string), those P does not match, as a
+    front-end keyword of `Built` schemas; negated again: the non-strings and the strings P matches."""
+    (neg,) = negation({"pattern": "^a"}, resolve)
+    assert isinstance(neg, Built) and neg == {"type": "string", NOT_PATTERN: "^a"}
+    assert negation(Built({NOT_PATTERN: "^a"}), resolve) == [
+        {"type": ["null", "boolean", "integer", "number", "array", "object"]}, {"type": "string", "pattern": "^a"}]
+    assert negation({NOT_PATTERN: "^a"}, resolve) == []  # in a user's schema: an unknown keyword
+    assert negation({"pattern": 1}, resolve) is None
 
 
 def test_negation_gives_up_past_its_depth():
@@ -155,8 +178,8 @@ def test_if_then_else_as_a_union(schema):
 
 
 def test_if_without_then_or_else_adds_nothing():
-    assert alternatives("if", {"pattern": "a"}, {"if": {"pattern": "a"}}, resolve, 64) == [[]]
-    assert alternatives("if", {"pattern": "a"}, {"if": {"pattern": "a"}, "then": {}}, resolve, 64) is None
+    assert alternatives("if", {"format": "date"}, {"if": {"format": "date"}}, resolve, 64) == [[]]
+    assert alternatives("if", {"format": "date"}, {"if": {"format": "date"}, "then": {}}, resolve, 64) is None
 
 
 def test_dependent_required_and_schemas():

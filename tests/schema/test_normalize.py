@@ -98,11 +98,15 @@ def test_any_of_distributes_the_conjunction():
     assert members({"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]}) == [5, 9, 10]
 
 
-def test_one_of_is_reported_only_when_branches_may_overlap():
+def test_one_of_is_reported_only_when_overlapping_branches_cannot_be_excluded():
     assert report({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == {}
     assert report({"oneOf": [{"const": 1}, {"const": 2}]}) == {}
+    # Overlapping branches, each built as "this one and not the other": exact where the negations are.
     schema = {"type": "object", "properties": {"p": {"oneOf": [{"type": "string"}, {"minLength": 1}]}}}
-    assert report(schema) == {("oneOf", "/properties/p"): "branches 0 and 1 may both match one value"}
+    assert report(schema) == {}
+    schema = {"type": "object", "properties": {"p": {"oneOf": [{"type": "string"}, {"format": "date"}]}}}
+    assert report(schema) == {("oneOf", "/properties/p"): "branches 0 and 1 may both match one value (not "
+                              "excluded exactly: branch 1's negation has no exact form)"}
 
 
 def test_enum_and_const_keep_the_values_every_other_keyword_allows():
@@ -133,10 +137,12 @@ def test_not_removes_types_and_values():
         Emitter(nz.table, "", 3).emit(node), "6")
 
 
-def test_not_of_integers_within_numbers_is_reported():
+def test_not_of_integers_within_numbers_is_exact():
+    # The non-integer numbers: numbers that are not multiples of 1 (a residue automaton).
     nz, node = normalized({"type": "number", "not": {"type": "integer"}})
-    assert isinstance(node, Number) and not node.integer
-    assert nz.unenforced == {("not", ""): "excluding integers from numbers is not enforced"}
+    node = deref(nz, node)
+    assert isinstance(node, Number) and not node.integer and node.excluded == (1,) and nz.unenforced == {}
+    assert members({"type": "number", "not": {"type": "integer"}}) == [2.5]
 
 
 def test_negations_with_a_union_form_are_distributed():
@@ -147,10 +153,10 @@ def test_negations_with_a_union_form_are_distributed():
 
 
 def test_forms_without_a_union_are_reported_and_left_out():
-    nz, node = normalized({"type": "string", "not": {"pattern": "a"}})
+    nz, node = normalized({"type": "string", "not": {"format": "date"}})
     assert nz.unenforced == {("not", ""): "this negated schema is not expressible as a union of schemas"}
-    assert isinstance(node, String) and node.matches("a")  # not enforced: still allowed
-    nz, node = normalized({"type": "string", "if": {"pattern": "a"}, "then": {"maxLength": 1}})
+    assert isinstance(node, String) and node.matches("2020-01-01")  # not enforced: still allowed
+    nz, node = normalized({"type": "string", "if": {"format": "date"}, "then": {"maxLength": 1}})
     assert nz.unenforced == {("if", ""): "not expressible as a union here (or too many alternatives)"}
 
 
@@ -322,3 +328,20 @@ def test_dependency_alternatives_never_close_the_object():
     # The closed default still applies to the properties the user declares.
     nz, node = normalized({"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}})
     assert conforms(node, {"a": 1}, nz.table) and not conforms(node, {"a": 1, "x": 2}, nz.table)
+
+
+def test_a_failed_attempt_leaves_no_trace():
+    """Normalizer.attempt: an exact construction that would report something returns why, and undoes
+    its reports, the table nodes it added (built again later, they report again: no silent
+    violation through the memo) and the branch budget it spent; strict mode does not raise in it."""
+    nz = Normalizer({"anyOf": [{"pattern": "(?<=a)b"}, {}]}, strict=True)
+    loc = nz.root_loc
+    before = (dict(nz.unenforced), len(nz.table), nz._branches)
+    result, why = nz.attempt(lambda: nz.node([loc]))
+    assert result is None and why is not None and "'pattern' at /anyOf/0 would not be enforced" in why
+    assert (dict(nz.unenforced), len(nz.table), nz._branches) == before and nz.strict
+    with pytest.raises(UnsupportedSchemaError, match="pattern"):
+        nz.node([loc])  # outside the attempt the same conjunction reports (strict: raises)
+    exact = Normalizer({"type": "integer"})
+    node, why = exact.attempt(lambda: exact.node([exact.root_loc]))
+    assert why is None and node is not None and len(exact.table) == 1

@@ -7,15 +7,18 @@ import itertools
 import random
 import re
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
-from schema_fsm import ByteDFA
+from schema_fsm import ByteDFA, oracle
 
-from grammar_mlx.errors import InvalidSchemaError
-from grammar_mlx.schema import schema_to_regex
+from grammar_mlx import limits
+from grammar_mlx.errors import InvalidSchemaError, UnsupportedSchemaError
+from grammar_mlx.regex.syntax import to_regex
+from grammar_mlx.schema import canonical_json, in_grammar, schema_to_regex
 from grammar_mlx.schema.ir import NEVER, Bound, Number, Ref, to_decimal
 from grammar_mlx.schema.normalize import Normalizer
-from grammar_mlx.schema.numbers import INTEGER, NUMBER, range_regex
+from grammar_mlx.schema.numbers import INTEGER, NUMBER, multiple_node, range_regex
 
 CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]*")
 POSITIONAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
@@ -197,14 +200,135 @@ def test_integer_multiples_of_a_fraction_are_integers():
     assert [t for t in ("0", "0.25", "0.5", "1") if re.fullmatch(regex, t)] == ["0", "1"]
 
 
-def test_integral_steps_make_integers_and_wide_ranges_are_reported():
+def test_integral_steps_make_integers_and_unbounded_multiples_are_automata():
     _, node = normalized({"type": "number", "multipleOf": 1})
-    assert isinstance(node, Number) and node.integer
+    assert isinstance(node, Number) and node.integer and node.step is None
     nz, node = normalized({"type": "integer", "multipleOf": 3})
-    assert isinstance(node, Number) and nz.unenforced == {
-        ("multipleOf", ""): "multipleOf over an unbounded or wide range is not enforced"}
+    assert isinstance(node, Number) and node.step == 3 and node.text is not None and not nz.unenforced
     nz, node = normalized({"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 1000})
-    assert isinstance(node, Number) and set(nz.unenforced) == {("multipleOf", "")}  # over MAX_ENUMERATED values
+    assert isinstance(node, Number) and node.step == Fraction(1, 2) and not nz.unenforced  # over MAX_ENUMERATED
     for bad in (0, -2, "2", True):
         with pytest.raises(InvalidSchemaError, match="multipleOf at / must be a positive number"):
             normalized({"type": "number", "multipleOf": bad})
+
+
+# -- multipleOf as an automaton -------------------------------------------------------------------
+
+STEPS = ["1", "2", "3", "5", "6", "7", "10", "12", "25", "60", "100", "1000", "0.5", "0.25", "0.01", "0.1", "0.3",
+         "0.05", "1.5", "2.5", "0.125", "0.75"]
+
+
+def _in_format(text: str, integer: bool) -> bool:
+    """The output format of a multipleOf number: canonical integers, or positional decimals without -0."""
+    if integer:
+        return CANONICAL_INTEGER.fullmatch(text) is not None
+    return POSITIONAL.fullmatch(text) is not None and re.fullmatch(r"-0(\.0*)?", text) is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_multiple_automata_match_fraction_arithmetic(seed):
+    """multiple_node's character language, on random probes in and out of the format (leading zeros,
+    -0, exponents, trailing zeros, empty fractions), is exactly the multiples of the step within the
+    bounds: checked with Fraction arithmetic."""
+    rng = random.Random(seed)
+    for _ in range(25):
+        step = Fraction(Decimal(rng.choice(STEPS)))
+        integer = rng.random() < 0.4
+        lo = None if rng.random() < 0.4 else Bound(Decimal(_random_decimal(rng)), rng.random() < 0.5)
+        hi = None if rng.random() < 0.4 else Bound(Decimal(_random_decimal(rng)), rng.random() < 0.5)
+        node = multiple_node(integer, lo, hi, step)
+        integral = integer or step.denominator == 1
+        compiled = None if node is NEVER else re.compile(to_regex(node.text))
+        probes = _probes(rng, lo, hi) + [str(int(k * step)) if (k * step).denominator == 1 else
+                                         format(Decimal(k * step.numerator) / step.denominator, "f")
+                                         for k in range(-40, 41)]
+        probes += ["", "-", "-0", "0.", ".5", "00", "01", "-0.0", "0.00", "1e3", "1.", "-00.5", "0.50", "2.500"]
+        for text in probes:
+            expected = _in_format(text, integral) and _inside(Decimal(text), lo, hi) and (
+                Fraction(Decimal(text)) % step == 0)
+            got = compiled is not None and compiled.fullmatch(text) is not None
+            assert got == expected, (step, integer, lo, hi, text)
+
+
+MULTIPLE_SCHEMAS = [
+    {"type": "integer", "multipleOf": 3},
+    {"type": "integer", "multipleOf": 7, "minimum": -100},
+    {"type": "integer", "multipleOf": 60, "exclusiveMinimum": 0, "maximum": 100000},
+    {"type": "integer", "multipleOf": 1000},
+    {"type": "number", "multipleOf": 0.01},
+    {"type": "number", "multipleOf": 0.25, "minimum": -3},
+    {"type": "number", "multipleOf": 0.3, "exclusiveMaximum": 1000},
+    {"type": "number", "allOf": [{"multipleOf": 0.5}, {"multipleOf": 0.75}]},
+    {"type": "integer", "multipleOf": 0.75},
+    {"multipleOf": 5, "minimum": 0},  # other types stay allowed
+    {"type": ["number", "string"], "multipleOf": 2.5, "not": {"enum": [5, 10]}},
+]
+MULTIPLE_INSTANCES = [0, 3, -3, 6, 7, -7, -98, -105, 60, 120, 0.0, 1000, 2000, 2500, 3000, 100020, 99960, 60.0,
+                      0.01, 0.07, 0.005, 1.1, 0.25, 0.5, 0.75, -2.75, -3, -3.25, 1.5, 2.25, 3.75, 0.3, 0.9, 999.9,
+                      1000.2, 4.5, 9, 5, 10, 12.5, -0.0, 1e-7, 2.5e3, 1e21, "x", None]
+
+
+MULTIPLE_SCHEMAS += [
+    {"type": "integer", "not": {"multipleOf": 2}},  # the negations: numbers the step does not divide
+    {"type": "integer", "multipleOf": 3, "not": {"multipleOf": 2}, "minimum": -50},
+    {"type": "number", "not": {"type": "integer"}},  # the non-integer numbers
+    {"not": {"type": "integer"}, "maximum": 100},
+    {"type": "number", "multipleOf": 0.25, "not": {"multipleOf": 0.5}},
+    {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]},
+    {"oneOf": [{"multipleOf": 2}, {"multipleOf": 3}], "type": "integer"},
+]
+
+
+@pytest.mark.parametrize("schema", MULTIPLE_SCHEMAS, ids=range(len(MULTIPLE_SCHEMAS)))
+def test_multiple_of_contract_against_jsonschema(schema):
+    """multipleOf over unbounded and wide ranges is now exact (nothing reported), and so are its
+    negation and the non-integer numbers (`not {type: integer}`): an instance is in the grammar,
+    and its canonical text matches the regex, exactly when jsonschema (with exact decimal
+    multipleOf) validates it."""
+    result = schema_to_regex(schema)
+    assert result.unenforced == ()
+    compiled = re.compile(result.regex)
+    validator = oracle(schema)
+    for instance in MULTIPLE_INSTANCES:
+        valid = validator.is_valid(instance)
+        assert in_grammar(instance, schema) == valid, instance
+        assert (compiled.fullmatch(canonical_json(instance, schema)) is not None) == valid, instance
+
+
+def test_multiple_of_regexes_compile_to_byte_automata():
+    regex = schema_to_regex({"type": "array", "items": {"type": "integer", "multipleOf": 7}}).regex
+    dfa = ByteDFA(regex)
+    assert dfa.accepts("[14,-7,0,700]") and not dfa.accepts("[15]") and not dfa.accepts("[-0]")
+
+
+def test_multiple_of_past_the_limits_is_reported(monkeypatch):
+    """A step whose residue automaton writes back too large a regex (mod 9, 11), or whose residues
+    exceed limits.MULTIPLE_OF_RESIDUES, stays reported with the reason; strict mode refuses it."""
+    result = schema_to_regex({"type": "integer", "multipleOf": 11})
+    assert [(u.keyword, u.pointer) for u in result.unenforced] == [("multipleOf", "")]
+    assert "a cycle of at least 11 residues, over limits.MULTIPLE_OF_CYCLE = 8" in result.unenforced[0].reason
+    result = schema_to_regex({"type": "integer", "multipleOf": 24})  # 3 x 8: the minimal DFA's cycle is 12
+    assert "a cycle of 12 residues, over limits.MULTIPLE_OF_CYCLE = 8" in result.unenforced[0].reason
+    monkeypatch.setattr(limits, "MULTIPLE_OF_CYCLE", 20)  # mod 9 is then written back, and over the AST budget
+    result = schema_to_regex({"type": "integer", "multipleOf": 9})
+    assert "regex from automaton exceeds" in result.unenforced[0].reason
+    monkeypatch.setattr(limits, "MULTIPLE_OF_RESIDUES", 10)
+    result = schema_to_regex({"type": "number", "multipleOf": 0.25})  # 25 residues x 3 positions
+    assert "limits.MULTIPLE_OF_RESIDUES = 10" in result.unenforced[0].reason
+    assert re.fullmatch(result.regex, "0.3")  # the bounds alone
+    with pytest.raises(UnsupportedSchemaError, match="multipleOf"):
+        schema_to_regex({"type": "number", "multipleOf": 0.25}, strict=True)
+
+
+def test_largest_cycle_of_character_automata():
+    """automata.chars.largest_cycle (what the multipleOf guard reads): 1 for an acyclic DFA, else
+    the largest strongly connected component; a residue automaton's is its cycle of residues."""
+    from grammar_mlx.automata import chars as fa
+    from grammar_mlx.regex.rust import parse as parse_rust
+    from grammar_mlx.schema.numbers import _multiple_dfa
+
+    assert fa.largest_cycle(fa.to_dfa(parse_rust("abc|ab"))) == 1
+    assert fa.largest_cycle(fa.to_dfa(parse_rust("(ab)*c"))) == 2
+    assert fa.largest_cycle(fa.to_dfa(parse_rust("(abc)*(de)*"))) == 3
+    assert fa.largest_cycle(_multiple_dfa(Fraction(7), True)) == 7
+    assert fa.largest_cycle(_multiple_dfa(Fraction("0.25"), False)) == 1  # a decimal step: the digits after
