@@ -762,7 +762,7 @@ def test_length_safe_budgets_complete_with_and_without_a_draft(servers):
         json.loads(reply.choices[0].message.content)
 
 
-NESTED_UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]},
+NESTED_UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 3},
                                                            "maxItems": 2, "uniqueItems": True}}, "required": ["tags"]}
 
 
