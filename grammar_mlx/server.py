@@ -301,17 +301,7 @@ class GrammarSpec:
     segment: Segment | None = field(default=None, compare=False)
 
 
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return _JSON_TYPES.get(type(value), type(value).__name__)
-
-
-_JSON_TYPES: dict[type, str] = {str: "string", list: "array", dict: "object"}
+_json_type = tool_calls.json_type  # one naming of JSON types for every request field
 
 
 def _check_keys(value: dict[str, Any], allowed: set[str], param: str) -> None:

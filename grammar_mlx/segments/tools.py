@@ -90,7 +90,8 @@ class NamedTool:
 ToolChoice = Union[Literal["auto", "none", "required"], NamedTool]  # noqa: UP007 (a runtime alias)
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """A JSON value's type as error messages name it ("null", "boolean", "number", ...)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -112,14 +113,14 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise _invalid(f"tools must be a list of function tools, got {_json_type(value)}", "tools")
+        raise _invalid(f"tools must be a list of function tools, got {json_type(value)}", "tools")
     if len(value) > limits.MAX_TOOLS:
         raise _invalid(f"tools has {len(value)} entries; at most {limits.MAX_TOOLS} are accepted", "tools")
     specs: list[ToolSpec] = []
     for i, tool in enumerate(value):
         param = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise _invalid(f"{param} must be an object, got {_json_type(tool)}", param)
+            raise _invalid(f"{param} must be an object, got {json_type(tool)}", param)
         unknown = sorted(set(tool) - _TOOL_KEYS)
         if unknown:
             raise _invalid(f"{param} has unknown field(s) {', '.join(map(repr, unknown))}; allowed: type, function",
@@ -129,7 +130,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
         function = tool.get("function")
         param = f"{param}.function"
         if not isinstance(function, dict):
-            raise _invalid(f"{param} must be an object, got {_json_type(function)}", param)
+            raise _invalid(f"{param} must be an object, got {json_type(function)}", param)
         unknown = sorted(set(function) - _FUNCTION_KEYS)
         if unknown:
             raise _invalid(f"{param} has unknown field(s) {', '.join(map(repr, unknown))}; allowed: "
@@ -142,16 +143,16 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
             raise _invalid(f"{param}.name {name!r} is offered twice", f"{param}.name")
         description = function.get("description")
         if description is not None and not isinstance(description, str):
-            raise _invalid(f"{param}.description must be a string, got {_json_type(description)}",
+            raise _invalid(f"{param}.description must be a string, got {json_type(description)}",
                            f"{param}.description")
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
-            raise _invalid(f"{param}.strict must be a boolean, got {_json_type(strict)}", f"{param}.strict")
+            raise _invalid(f"{param}.strict must be a boolean, got {json_type(strict)}", f"{param}.strict")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = EMPTY_PARAMETERS
         if not isinstance(parameters, dict):
-            raise _invalid(f"{param}.parameters must be a JSON Schema object, got {_json_type(parameters)}",
+            raise _invalid(f"{param}.parameters must be a JSON Schema object, got {json_type(parameters)}",
                            f"{param}.parameters")
         try:
             json.dumps(parameters, allow_nan=False)
@@ -192,7 +193,7 @@ def parse_parallel_tool_calls(value: Any) -> bool:
     if value is None:
         return True
     if not isinstance(value, bool):
-        raise InvalidRequestError(f"parallel_tool_calls must be a boolean, got {_json_type(value)}",
+        raise InvalidRequestError(f"parallel_tool_calls must be a boolean, got {json_type(value)}",
                                   param="parallel_tool_calls", code="invalid_argument")
     return value
 
