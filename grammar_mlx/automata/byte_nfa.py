@@ -169,6 +169,7 @@ class ByteNFA:
         self.literal_bytes = bytearray(256)
         self.ranges: set[tuple[int, int]] = set()
         self._templates: dict[tuple[tuple[int, int], ...], Template] = {}
+        self._memo: dict[tuple[int, int], int] = {}  # (id(AST node), continuation) -> start state
         self.match = self._split([])
         self.eps[self.match] = None
         self.start = -1
@@ -220,24 +221,49 @@ class ByteNFA:
 
     def compile(self, node: Node, nxt: int) -> int:
         """Start state of `node` (a `regex.syntax` AST), continuing at `nxt` (built back to front:
-        nothing to patch)."""
+        nothing to patch). A node met again with the same continuation is the same states (L(node)
+        then L(nxt) either way): a schema's AST is a DAG whose shared parts, such as the tail of an
+        object's optional properties, are built once."""
+        key = (id(node), nxt)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
         # Exact type tests, not isinstance: this runs once per AST node of regexes with 10^5 nodes,
         # and the node classes are final.
-        if type(node) is Literal:
-            return self._chain(node.text.encode("utf-8"), nxt)
-        if type(node) is Chars:
-            return self._set(node.chars.ranges, nxt)
         if type(node) is Seq:
-            for item in reversed(node.items):
-                nxt = self.compile(item, nxt)
-            return nxt
-        if type(node) is Alt:
+            start = self._sequence(node, nxt)
+        elif type(node) is Literal:
+            start = self._chain(node.text.encode("utf-8"), nxt)
+        elif type(node) is Chars:
+            start = self._set(node.chars.ranges, nxt)
+        elif type(node) is Alt:
             self._check(1)
-            return self._split([self.compile(b, nxt) for b in node.items])
-        if type(node) is Anchor:
+            start = self._split([self.compile(b, nxt) for b in node.items])
+        elif type(node) is Anchor:
             raise Unsupported("anchors")
-        if type(node) is not Repeat:
+        elif type(node) is not Repeat:
             raise TypeError(f"not a regex AST node: {node!r}")
+        else:
+            start = self._repeat(node, nxt)
+        self._memo[key] = start
+        return start
+
+    def _sequence(self, node: Seq, nxt: int) -> int:
+        """A sequence whose last item may be a sequence again, and so on (a chain of optional
+        properties): the chain is walked in a loop, not by recursion; every link continues at `nxt`."""
+        spine: list[Seq] = []
+        cur: Node = node
+        while type(cur) is Seq and cur.items and (id(cur), nxt) not in self._memo:
+            spine.append(cur)
+            cur = cur.items[-1]
+        start = self._memo[(id(cur), nxt)] if type(cur) is Seq and cur.items else self.compile(cur, nxt)
+        for link in reversed(spine):
+            for item in reversed(link.items[:-1]):
+                start = self.compile(item, start)
+            self._memo[(id(link), nxt)] = start
+        return start
+
+    def _repeat(self, node: Repeat, nxt: int) -> int:
         item, lo, hi = node.item, node.lo, node.hi
         if hi is None:
             self._check(1)
@@ -256,15 +282,18 @@ class ByteNFA:
         return start
 
 
-def build_nfa(pattern: str, max_states: int = limits.MAX_NFA_STATES) -> ByteNFA:
-    """Parse (`regex.rust.parse`) and compile `pattern`; `InvalidRegexError` for a syntax error,
+def build_nfa(pattern: str | Node, max_states: int = limits.MAX_NFA_STATES) -> ByteNFA:
+    """Parse (`regex.rust.parse`) and compile `pattern` (or compile an AST of `regex.syntax`, such as
+    a schema's: no text on the way); `InvalidRegexError` for a syntax error,
     `Unsupported` for what outlines-core must handle, `GrammarTooLargeError` past `max_states`,
     `CompileTimeoutError` past the compile deadline in force (`grammar_mlx.limits`)."""
     nfa = ByteNFA(max_states)
     try:
-        nfa.start = nfa.compile(parse(pattern), nfa.match)
+        nfa.start = nfa.compile(parse(pattern) if isinstance(pattern, str) else pattern, nfa.match)
     except RecursionError:
         raise Unsupported("nesting too deep") from None
+    finally:
+        nfa._memo.clear()  # keys hold ids of the AST's nodes: meaningless once the caller drops it
     return nfa
 
 

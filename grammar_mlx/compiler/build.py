@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
@@ -29,6 +30,7 @@ from ..errors import (
 )
 from ..limits import Deadline, deadline_scope
 from ..regex.rust import Unsupported, check_syntax
+from ..regex.syntax import Node as RegexNode
 from ..vocabulary.token_bytes import Vocabulary, vocabulary_of
 from . import cache
 from .cache import default_cache_dir
@@ -171,7 +173,8 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
     with deadline_scope(opts.deadline):
         # The extensions (anchors at the ends, JavaScript escapes) written as regex-automata reads
         # them, for every engine and the cache key alike.
-        return _compile("regex", canonical(pattern), _target(tokenizer, logits_width, opts), (), opts, started)
+        return _compile("regex", _Source.of_regex(canonical(pattern)), _target(tokenizer, logits_width, opts), (), opts,
+                        started)
 
 
 def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
@@ -194,7 +197,35 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
         target = _target(tokenizer, logits_width, opts)  # argument mistakes before a long translation
         translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects)
         opts.deadline.check("translating the schema")
-        return _compile("json_schema", translated.regex, target, translated.unenforced, opts, started)
+        # The language is a function of the schema, the options and the translator's limits: that is
+        # its cache key, so the regex text is never written on the way (only if something reads it).
+        key = json.dumps({"schema": translated.schema, "whitespace": whitespace, "strict": strict,
+                          "open_objects": open_objects, "limits": _translation_limits()}, sort_keys=True)
+        source = _Source("schema:" + key, lambda: translated.regex, translated.ast, translated.size)
+        return _compile("json_schema", source, target, translated.unenforced, opts, started)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What `_compile` compiles: a regex's text, or a schema's regex AST (`ast`, compiled straight
+    to the byte NFA) whose text `text()` writes only for outlines-core or a reader of `.regex`."""
+
+    key: str  # names the language in cache keys: the regex itself, or the schema with its options
+    text: Callable[[], str]
+    ast: RegexNode | None = None
+    size: int = 0  # the text's length
+
+    @staticmethod
+    def of_regex(regex: str) -> _Source:
+        return _Source(regex, lambda: regex, None, len(regex))
+
+
+def _translation_limits() -> dict[str, float]:
+    """The limits a schema's translation may read (its narrowings and reports depend on them):
+    every numeric limit but the per-compile budgets."""
+    skip = {"COMPILE_TIMEOUT", "COMPILE_MEMORY", "CACHE_STALE_TEMP_SECONDS"}
+    return {name: value for name in limits.__all__ if name not in skip
+            and isinstance(value := getattr(limits, name), (int, float)) and not isinstance(value, bool)}
 
 
 def _digest(fields: dict[str, Any]) -> str:
@@ -207,21 +238,21 @@ def _target(tokenizer: Any, logits_width: int | None, opts: _Options) -> tuple[V
     return (vocab, *_width_and_eos(vocab, logits_width))
 
 
-def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ...]],
+def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[int, ...]],
              unenforced: tuple[Unenforced, ...], opts: _Options, started: float) -> CompiledGrammar:
-    """The grammar of `regex` for `target` (see `_target`), run under `opts.deadline` (the caller's
+    """The grammar of `source` for `target` (see `_target`), run under `opts.deadline` (the caller's
     `deadline_scope`)."""
-    if len(regex) > limits.MAX_REGEX_LENGTH:
+    if source.size > limits.MAX_REGEX_LENGTH:
         raise GrammarTooLargeError(
-            f"the regex has {len(regex):,} characters, over the limit of {limits.MAX_REGEX_LENGTH:,} "
+            f"the regex has {source.size:,} characters, over the limit of {limits.MAX_REGEX_LENGTH:,} "
             "(GRAMMAR_MLX_MAX_REGEX_LENGTH)")
     vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
-    if mode == "eager" or engine == "outlines":
+    if source.ast is None and (mode == "eager" or engine == "outlines"):
         # The NFA engine's parser checks syntax on its way; outlines-core's wrapping (?:R)\x00 would
         # balance a stray ")(" and build a DFA for a regex that is not one.
-        check_syntax(regex)
-    key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": regex,
+        check_syntax(source.text())
+    key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": source.key,
                    "vocab": vocab.fingerprint, "width": width, "eos": eos})
     # The live memo hands out the very object: its key holds everything the object is, beyond the
     # tables the disk key covers (an `unenforced` report differs between schemas of the same regex).
@@ -232,7 +263,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
         if live is not None:
             return live
 
-    common = GrammarFields(regex=regex, unenforced=unenforced, logits_width=width, eos_token_ids=eos)
+    common = GrammarFields(regex=source.text, unenforced=unenforced, logits_width=width, eos_token_ids=eos)
     jobs = _Jobs(opts.deadline, opts.memory_limit, opts.progress)
     grammar: CompiledGrammar
     try:
@@ -252,14 +283,14 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
         if mode != "eager" and engine == "auto" and directory is not None:
             # outlines-core's complete DFA, already on disk, costs a file read and walks faster than
             # rows determinized on demand: use it when a previous compile left it.
-            cached = _byte_dfa(regex, directory, jobs, build=False)
+            cached = _byte_dfa(source, directory, jobs, build=False)
             if cached is not None:
                 dfa, dfa_meta, dfa_hit = cached
                 built_by = "outlines"
                 chosen, reason = _choose_mode(mode, dfa)
                 reason += "; engine outlines-core: its byte DFA is in the cache"
         if dfa is None and mode != "eager" and engine != "outlines":
-            lazy_dfa, nfa_meta, engine_note = _nfa_engine(regex, trie)
+            lazy_dfa, nfa_meta, engine_note = _nfa_engine(source, trie)
             if lazy_dfa is None and engine == "nfa":
                 raise InvalidArgumentError(
                     f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
@@ -273,7 +304,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
                     dfa, dfa_meta, chosen = small, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
                     reason = _small_enough(dfa.num_states)
         if dfa is None:
-            dfa, dfa_meta, dfa_hit = _byte_dfa(regex, directory, jobs)
+            dfa, dfa_meta, dfa_hit = _byte_dfa(source, directory, jobs)
             built_by = "outlines"
             chosen, reason = _choose_mode(mode, dfa)
             if engine == "outlines":
@@ -284,7 +315,7 @@ def _compile(kind: str, regex: str, target: tuple[Vocabulary, int, tuple[int, ..
             job: dict[str, Any] = {
                 "fingerprint": f"{vocab.fingerprint}:{width}", "eos_ids": list(eos), "logits_width": width,
                 "table": dfa.table, "accepting": dfa.accepting, "classes": dfa.classes,
-                "initial_state": dfa.initial, "regex": regex}
+                "initial_state": dfa.initial, "regex": source.key}
             built = jobs.run("tables", job, (job["fingerprint"], lambda: (trie.arrays(), width)))
             if not _valid(built[0], built[1], width):
                 raise CompileWorkerError("the compile worker returned token tables that fail their checks")
@@ -330,7 +361,7 @@ def _eager(loaded: _Entry, vocab: Vocabulary, common: GrammarFields, started: fl
     return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
 
 
-def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[ByteDFA | None, dict[str, Any], str]:
+def _nfa_engine(source: _Source, trie: TokenTrie) -> tuple[ByteDFA | None, dict[str, Any], str]:
     """The regex's byte NFA with a DFA determinized on demand (`byte_nfa`), built in-process in
     linear time, or None and why outlines-core's complete DFA is needed instead (a construct the
     NFA does not reproduce). Raises `InvalidRegexError` for a syntax error.
@@ -339,7 +370,7 @@ def _nfa_engine(regex: str, trie: TokenTrie) -> tuple[ByteDFA | None, dict[str, 
     lazy index keeps only tokens into states from which tokens can reach acceptance (lazy.py)."""
     started = time.perf_counter()
     try:
-        nfa = build_nfa(regex, limits.MAX_NFA_STATES)
+        nfa = build_nfa(source.ast if source.ast is not None else source.text(), limits.MAX_NFA_STATES)
         dfa = determinize(nfa, limits.MAX_DFA_STATES, alphabet=trie.single_bytes)
     except Unsupported as exc:
         return None, {}, f"the regex uses what the byte NFA does not reproduce exactly ({exc})"
@@ -369,16 +400,16 @@ def _small_enough(states: int) -> str:
 
 
 @overload
-def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs,
+def _byte_dfa(source: _Source, directory: Path | None, jobs: _Jobs,
               build: Literal[True] = True) -> tuple[ByteDFA, dict[str, Any], bool]: ...
 @overload
-def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs,
+def _byte_dfa(source: _Source, directory: Path | None, jobs: _Jobs,
               build: bool) -> tuple[ByteDFA, dict[str, Any], bool] | None: ...
-def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs,
+def _byte_dfa(source: _Source, directory: Path | None, jobs: _Jobs,
               build: bool = True) -> tuple[ByteDFA, dict[str, Any], bool] | None:
     """(the regex's byte DFA, its metadata, whether it came from the cache): from the cache (keyed by
-    the regex alone; `directory` None: no cache), else built by a worker (or None when `build` is False)."""
-    key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": regex})
+    the language alone; `directory` None: no cache), else built by a worker (or None when `build` is False)."""
+    key = _digest({"format": _DFA_FORMAT, "version": __version__, "kind": "byte-dfa", "regex": source.key})
     cached = cache.load(directory, key) if directory is not None else None
     hit = cached is not None and _valid_dfa(*cached)
     written: bool | None = None
@@ -387,7 +418,7 @@ def _byte_dfa(regex: str, directory: Path | None, jobs: _Jobs,
     elif not build:
         return None
     else:
-        loaded = jobs.run("dfa", {"regex": regex, "max_states": limits.MAX_DFA_STATES}, None)
+        loaded = jobs.run("dfa", {"regex": source.text(), "max_states": limits.MAX_DFA_STATES}, None)
         if not _valid_dfa(*loaded):
             raise CompileWorkerError("the compile worker returned a byte automaton that fails its checks")
         written = cache.store(directory, key, *loaded) if directory is not None else None

@@ -11,7 +11,7 @@ import sys
 import threading
 import weakref
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 import numpy as np
@@ -40,7 +40,7 @@ class GrammarFields(TypedDict):
     """What every compiled grammar is besides its tables and statistics: the regex it matches, the
     schema keywords that regex does not enforce, the logits width and the EOS ids below it."""
 
-    regex: str
+    regex: str | Callable[[], str]  # or how to write it: a schema's text is written on first use
     unenforced: tuple[Unenforced, ...]
     logits_width: int
     eos_token_ids: tuple[int, ...]
@@ -72,10 +72,10 @@ class CompiledGrammar:
     initial_state: int
     terminal_state: int
 
-    def __init__(self, vocabulary: Vocabulary, *, regex: str, unenforced: tuple[Unenforced, ...],
+    def __init__(self, vocabulary: Vocabulary, *, regex: str | Callable[[], str], unenforced: tuple[Unenforced, ...],
                  logits_width: int, eos_token_ids: tuple[int, ...], stats: dict[str, Any]) -> None:
         self.vocabulary = vocabulary
-        self.regex = regex
+        self._regex = regex
         self.unenforced = tuple(unenforced)
         self.logits_width = logits_width
         self.eos_token_ids = eos_token_ids
@@ -91,6 +91,18 @@ class CompiledGrammar:
     def _check_state(self, state: int) -> None:
         if not 0 <= state < self.num_states:
             raise InvalidArgumentError(f"state {state} is out of range 0..{self.num_states - 1}")
+
+    @property
+    def regex(self) -> str:
+        """The regex this grammar matches (full match; a schema's is written from its AST on first
+        read: export and debugging, the grammar never needs it)."""
+        if not isinstance(self._regex, str):
+            self._regex = self._regex()
+        return self._regex
+
+    @regex.setter
+    def regex(self, value: str) -> None:
+        self._regex = value
 
     @property
     def stats(self) -> dict[str, Any]:

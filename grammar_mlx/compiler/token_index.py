@@ -189,10 +189,12 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
     if pending:
         dfa.ensure_rows([state])
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
-    column = dfa.node_classes(trie)  # the byte class of every node
+    # The byte class of a node: looked up for the nodes a sparse level visits (a first mask visits
+    # few), for every node only once a level is dense (`node_classes`, kept on the DFA).
+    classes, node_byte = dfa.classes, trie.byte
     levels = trie._levels
     a, b = levels[0]
-    st = table[state * width + column[a:b]]
+    st = table[state * width + classes.take(node_byte[a:b])]
     idx = np.flatnonzero(st != dead).astype(np.int32) + a
     st = st[idx - a]
     seen_idx, seen_st = [idx], [st]
@@ -209,7 +211,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
             break
         ends = np.cumsum(counts)
         child = np.arange(total, dtype=np.int32) + np.repeat(trie.child_start[idx] - (ends - counts), counts)
-        at = np.repeat(st, counts) * width + column.take(child, mode="clip")
+        at = np.repeat(st, counts) * width + classes.take(node_byte.take(child, mode="clip"))
         nst = table.take(at, mode="clip")
         if pending and len(nst) and nst.min() < 0:
             dfa.ensure_rows(at[nst < 0] // width)
@@ -224,6 +226,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
         return _sparse_row(trie, np.concatenate(seen_idx), np.concatenate(seen_st))
 
     # Dense from level `dense_from`: every node's state, dead ones included (dead loops to dead).
+    column = dfa.node_classes(trie)
     node_st, buf = trie.scratch()
     node_st[: trie.level_start[dense_from]].fill(dead)
     for i, s in zip(seen_idx, seen_st):

@@ -1,4 +1,12 @@
-"""The value-shape graph (`schema.ir`) written as one regex over JSON text.
+"""The value-shape graph (`schema.ir`) as one regex AST over JSON text (`regex.syntax` nodes), which
+the byte NFA compiles directly (`automata.byte_nfa`); `to_regex` writes it as text for export.
+
+The AST is a DAG, hash-consed (`Builder`): structurally equal parts are one object, so a `$defs`
+entry, a property's value or the tail of an object's optional properties is built once however
+often it is used, and alternatives are deduplicated by identity. Each node carries the length its
+regex text would have (`Builder.size`, the DAG unfolded): the translator's narrowings (recursion
+depth, first property) are chosen by that length against limits.SCHEMA_REGEX_LENGTH as before, so
+the language does not depend on how it is represented.
 
 Whitespace `W` (empty by default) may stand after `{`, `[`, `,` and `:` and before `}`, `]`, `,`
 and `:`. A `Ref` inside a cycle of the graph is unrolled at most `max_recursion_depth` times along any
@@ -9,15 +17,18 @@ values (`{}`, `true`) nest containers at most `max_recursion_depth` deep.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from functools import lru_cache
 from typing import Any
 
 from .. import limits
 from ..automata import chars as fa
 from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
-from ..regex.charset import CharSet, escape_text, json_char_regex, json_text
+from ..regex.charset import CharSet, json_char_regex, json_text
+from ..regex.rust import parse as parse_regex
+from ..regex.syntax import EMPTY, Alt, Chars, Repeat, Seq
 from ..regex.syntax import NEVER as NO_NAME
-from ..regex.syntax import Alt, Chars, Repeat, Seq, to_regex
+from ..regex.syntax import Literal as Text
 from ..regex.syntax import Node as Regex
 from .arrays import contains_sequences, contains_symbols, distinct_sequences, distinct_symbols
 from .ir import (
@@ -49,6 +60,139 @@ TOO_LONG = (f"the schema's regex exceeds {limits.SCHEMA_REGEX_LENGTH} characters
 Counts = tuple[tuple[Hashable, int], ...]
 
 
+@lru_cache(maxsize=4096)
+def _parsed(text: str) -> Regex:
+    """A small regex of the translator's own (a number range, a JSON character class) as an AST."""
+    return parse_regex(text)
+
+
+class Builder:
+    """Hash-consed regex AST construction: each node is made once per structure (children compared
+    by identity, which hash-consing makes structural), and `size[id(node)]` is the length of its
+    regex text. A node whose text would pass `cap` raises `GrammarTooLargeError` as it is made."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = limits.SCHEMA_REGEX_LENGTH if cap is None else cap
+        self.nodes: dict[tuple[Any, ...], Regex] = {}
+        self.size: dict[int, int] = {id(EMPTY): 0}
+        self.depth: dict[int, int] = {id(EMPTY): 0}  # group nesting of the text (`nesting_depth`)
+
+    def _made(self, key: tuple[Any, ...], node: Regex, size: int, depth: int = 0) -> Regex:
+        if size > self.cap:
+            raise GrammarTooLargeError(TOO_LONG)
+        self.nodes[key] = node
+        self.size[id(node)] = size
+        self.depth[id(node)] = depth
+        return node
+
+    def text(self, text: str) -> Regex:
+        """The literal `text`."""
+        if not text:
+            return EMPTY
+        key = ("T", text)
+        hit = self.nodes.get(key)
+        return hit if hit is not None else self._made(key, Text(text), len(text) + (len(text) >> 3))
+
+    def regex(self, text: str) -> Regex:
+        """The translator's own regex text (a few dozen characters: number ranges, character classes)."""
+        if not text:
+            return EMPTY
+        key = ("R", text)
+        hit = self.nodes.get(key)
+        if hit is not None:
+            return hit
+        node = _parsed(text)
+        return self._made(key, node, len(text), nesting_depth(node))
+
+    def chars(self, chars: CharSet, written: Callable[[CharSet], str]) -> Regex:
+        key = ("C", chars, written)
+        hit = self.nodes.get(key)
+        if hit is None:
+            text = written(chars)
+            hit = self.nodes[key] = self.regex(text)
+        return hit
+
+    def seq(self, *items: Regex | None) -> Regex | None:
+        """The concatenation (None: some item has no value)."""
+        kept: list[Regex] = []
+        for item in items:
+            if item is None:
+                return None
+            if item is not EMPTY:
+                kept.append(item)
+        if not kept:
+            return EMPTY
+        if len(kept) == 1:
+            return kept[0]
+        key = ("S", *map(id, kept))
+        hit = self.nodes.get(key)
+        if hit is not None:
+            return hit
+        size, depth = self.size, self.depth
+        return self._made(key, Seq(tuple(kept)), sum(size[id(x)] for x in kept), max(depth[id(x)] for x in kept))
+
+    def alt(self, items: Iterable[Regex | None]) -> Regex | None:
+        """The alternation of the distinct items (None skipped; None when none is left)."""
+        distinct: dict[int, Regex] = {}
+        for item in items:
+            check_deadline(STAGE)
+            if item is not None:
+                distinct.setdefault(id(item), item)
+        if not distinct:
+            return None
+        if len(distinct) == 1:
+            return next(iter(distinct.values()))
+        key = ("A", *distinct)
+        hit = self.nodes.get(key)
+        if hit is not None:
+            return hit
+        size, depth = self.size, self.depth
+        return self._made(key, Alt(tuple(distinct.values())), sum(size[k] + 1 for k in distinct) + 3,
+                          1 + max(depth[k] for k in distinct))
+
+    def repeat(self, item: Regex | None, lo: int, hi: int | None) -> Regex | None:
+        """item{lo,hi} (None item: empty when lo is 0)."""
+        if hi == 0 or item is EMPTY:
+            return EMPTY
+        if item is None:
+            return EMPTY if lo == 0 else None
+        if (lo, hi) == (1, 1):
+            return item
+        key = ("X", id(item), lo, hi)
+        hit = self.nodes.get(key)
+        if hit is not None:
+            return hit
+        grouped = type(item) is Seq or (type(item) is Text and len(item.text) > 1)
+        return self._made(key, Repeat(item, lo, hi), self.size[id(item)] + 10, self.depth[id(item)] + grouped)
+
+    def optional(self, item: Regex | None) -> Regex:
+        return self.repeat(item, 0, 1) or EMPTY
+
+    def mapped(self, ast: Regex, leaf: Callable[[CharSet], Regex], memo: dict[int, Regex]) -> Regex:
+        """`ast` (a character-level AST) with each class replaced by `leaf(chars)` and each literal
+        character by `leaf` of it: the same shape, over other text (JSON-encoded characters, array
+        item symbols). `memo` (by node identity) is the caller's, one per `leaf`."""
+        hit = memo.get(id(ast))
+        if hit is not None:
+            return hit
+        out: Regex | None
+        if type(ast) is Chars:
+            out = leaf(ast.chars)
+        elif type(ast) is Text:
+            out = self.seq(*(leaf(CharSet.of(c)) for c in ast.text))
+        elif type(ast) is Seq:
+            out = self.seq(*(self.mapped(x, leaf, memo) for x in ast.items))
+        elif type(ast) is Alt:
+            out = self.alt(self.mapped(x, leaf, memo) for x in ast.items)
+        elif type(ast) is Repeat:
+            out = self.repeat(self.mapped(ast.item, leaf, memo), ast.lo, ast.hi)
+        else:
+            raise AssertionError(f"not a character-level AST node: {ast!r}")
+        assert out is not None, "a mapped class is never empty"
+        memo[id(ast)] = out
+        return out
+
+
 class Emitter:
     def __init__(self, table: Table, whitespace: str, max_recursion_depth: int,
                  cyclic: set[Hashable] | None = None, strict: bool = False) -> None:
@@ -56,22 +200,31 @@ class Emitter:
         self.strict = strict
         # (keyword, pointer) -> reason: counts this emitter relaxed (see `counted_array`)
         self.relaxed: dict[tuple[str, str], str] = {}
-        self.ws = whitespace
+        self.ast = Builder()
+        self.ws = self.ast.regex(whitespace)
         self.max_depth = max_recursion_depth
         self.cyclic = cyclic_keys(table) if cyclic is None else cyclic
-        self.memo: dict[tuple[Hashable, Counts], str | None] = {}
-        self.any_memo: dict[int, str] = {}
-        self.string_memo: dict[Regex, str] = {}  # character-level AST -> its JSON-string regex
-        # id(AST) -> (AST, regex): the same object again needs no deep hash
-        self.string_by_id: dict[int, tuple[Regex, str]] = {}
+        self.memo: dict[tuple[Hashable, Counts], Regex | None] = {}
+        self.any_memo: dict[int, Regex] = {}
+        self.json_memo: dict[int, Regex] = {}  # id(character-level AST) -> its JSON-string AST
+        self.json_keep: list[Regex] = []  # keeps those ASTs alive, so their ids are not reused
+        self.literal_memo: dict[str, Regex] = {}  # dumps(value) -> its AST
         # What the text so far read of max_recursion_depth: a cyclic Ref's bound, a generic value's
         # (which reads min(depth, limits.MAX_ANY_DEPTH)). See `lower_depth`.
         self.bounded_recursion = False
         self.bounded_any = False
 
-    def emit(self, node: Node | None, counts: Counts = ()) -> str | None:
-        """Regex text for `node` (safe to concatenate), or None when the node has no value within
-        the recursion bound. `counts`: (key, times entered) for the cyclic keys on the path."""
+    def size(self, node: Regex) -> int:
+        """The length of `node`'s regex text."""
+        return self.ast.size[id(node)]
+
+    def nesting(self, node: Regex) -> int:
+        """The group nesting of `node`'s regex text (`nesting_depth`)."""
+        return self.ast.depth[id(node)]
+
+    def emit(self, node: Node | None, counts: Counts = ()) -> Regex | None:
+        """The regex AST of `node`, or None when the node has no value within the recursion bound.
+        `counts`: (key, times entered) for the cyclic keys on the path."""
         check_deadline(STAGE)
         if isinstance(node, Ref):
             key = node.key
@@ -86,47 +239,30 @@ class Emitter:
                 self.memo[memo_key] = None  # a cycle back here before completion is empty
                 self.memo[memo_key] = self.emit(self.table[key], counts)
             return self.memo[memo_key]
-        text = self._emit(node, counts)
-        if text is not None and len(text) > limits.SCHEMA_REGEX_LENGTH:
-            raise GrammarTooLargeError(TOO_LONG)
-        return text
+        return self._emit(node, counts)
 
-    def _emit(self, node: Node | None, counts: Counts) -> str | None:
+    def _emit(self, node: Node | None, counts: Counts) -> Regex | None:
         if isinstance(node, Never):
             return None
         if isinstance(node, AnyValue):
             self.bounded_any = True
             return self.any_value(min(self.max_depth, limits.MAX_ANY_DEPTH))
         if isinstance(node, Literal):
-            return self._distinct(self.literal(v) for v in node.values)
+            return self.ast.alt(self.literal(v) for v in node.values)
         if isinstance(node, Number):
             if node.text is not None:
-                return to_regex(node.text)
-            return range_regex(node.lo, node.hi, integer=node.integer)
+                return self.json_string(node.text, raw=True)
+            text = range_regex(node.lo, node.hi, integer=node.integer)
+            return None if text is None else self.ast.regex(text)
         if isinstance(node, String):
             return self.string(node)
         if isinstance(node, Union):
-            return self._distinct(self.emit(item, counts) for item in node.items)
+            return self.ast.alt(self.emit(item, counts) for item in node.items)
         if isinstance(node, Array):
             return self.array(node, counts)
         if isinstance(node, Object):
             return self.object(node, counts)
         raise AssertionError(f"not an IR node: {node!r}")
-
-    @staticmethod
-    def _distinct(texts: Iterable[str | None]) -> str | None:
-        """The alternation of the distinct texts (None skipped), refused as soon as those exceed the
-        cap: the alternation holds each of them once."""
-        distinct: dict[str, None] = {}
-        total = 0
-        for text in texts:
-            check_deadline(STAGE)
-            if text is not None and text not in distinct:
-                distinct[text] = None
-                total += len(text)
-                if total > limits.SCHEMA_REGEX_LENGTH:
-                    raise GrammarTooLargeError(TOO_LONG)
-        return _alternation(list(distinct))
 
     def lower_depth(self) -> int | None:
         """After `emit` failed: the next lower max_recursion_depth whose text may differ, or None
@@ -141,65 +277,101 @@ class Emitter:
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def string(self, node: String) -> str:
+    def quoted(self, body: Regex | None) -> Regex | None:
+        quote = self.ast.text('"')
+        return self.ast.seq(quote, body, quote)
+
+    def string(self, node: String) -> Regex | None:
         """A string node's JSON texts (a property key's too)."""
         if node.ast is None:
-            return '"' + _counted(STRING_CHAR, node.min_len, node.max_len) + '"'
-        return '"' + self.json_string(node.ast) + '"'
+            return self.quoted(self.ast.repeat(self.ast.regex(STRING_CHAR), node.min_len, node.max_len))
+        if node.ast == NO_NAME:
+            return None
+        return self.quoted(self.json_string(node.ast))
 
-    def json_string(self, ast: Regex) -> str:
-        """The regex of a string language's canonical JSON texts (many properties share one format
-        or pattern: written once)."""
-        hit = self.string_by_id.get(id(ast))
+    def json_string(self, ast: Regex, raw: bool = False) -> Regex:
+        """The AST of a string language's canonical JSON texts (many properties share one format or
+        pattern: built once); `raw`: `ast` is already over the JSON text (a number's digits)."""
+        hit = self.json_memo.get(id(ast))
+        if hit is None:
+            written = _raw_char if raw else json_char_regex
+            hit = self.json_memo[id(ast)] = self.ast.mapped(
+                ast, lambda chars: self.ast.chars(chars, written), {})
+            self.json_keep.append(ast)
+        return hit
+
+    def literal(self, v: Any) -> Regex:
+        text = dumps(v) if not isinstance(v, (list, dict, str)) else None
+        if text is not None:
+            return self.ast.text(text)
+        key = dumps(v)
+        hit = self.literal_memo.get(key)
         if hit is not None:
-            return hit[1]
-        text = self.string_memo.get(ast)
-        if text is None:
-            text = self.string_memo[ast] = to_regex(ast, json_char_regex)
-        self.string_by_id[id(ast)] = (ast, text)  # keeps ast alive, so its id is not reused
-        return text
-
-    def literal(self, v: Any) -> str:
-        w = self.ws
-        if isinstance(v, list):
-            if not v:
-                return r"\[" + w + r"\]"
-            return r"\[" + w + _joined([self.literal(x) for x in v], w + "," + w) + w + r"\]"
-        if isinstance(v, dict):
-            if not v:
-                return r"\{" + w + r"\}"
-            items = ['"' + escape_text(json_text(k)) + '"' + w + ":" + w + self.literal(x) for k, x in v.items()]
-            return r"\{" + w + _joined(items, w + "," + w) + w + r"\}"
+            return hit
+        ast, w = self.ast, self.ws
+        out: Regex | None
         if isinstance(v, str):
-            return '"' + escape_text(json_text(v)) + '"'
-        return escape_text(dumps(v))
+            out = ast.text('"' + json_text(v) + '"')
+        elif isinstance(v, list):
+            items: list[Regex | None] = []
+            for i, x in enumerate(v):
+                if i:
+                    items.extend((w, ast.text(","), w))
+                items.append(self.literal(x))
+            out = ast.seq(ast.text("["), w, *items, w, ast.text("]"))
+        else:
+            members: list[Regex | None] = []
+            for i, (k, x) in enumerate(v.items()):
+                if i:
+                    members.extend((w, ast.text(","), w))
+                members.extend((ast.text('"' + json_text(k) + '"'), w, ast.text(":"), w, self.literal(x)))
+            out = ast.seq(ast.text("{"), w, *members, w, ast.text("}"))
+        assert out is not None
+        self.literal_memo[key] = out
+        return out
 
-    def any_value(self, depth: int) -> str:
+    def separator(self) -> Regex:
+        out = self.ast.seq(self.ws, self.ast.text(","), self.ws)
+        assert out is not None
+        return out
+
+    def any_value(self, depth: int) -> Regex:
         if depth in self.any_memo:
             return self.any_memo[depth]
-        scalar = f"(?:null|true|false|{NUMBER}|{STRING})"
+        ast, w, sep = self.ast, self.ws, self.separator()
+        scalars = [ast.text("null"), ast.text("true"), ast.text("false"), ast.regex(NUMBER), ast.regex(STRING)]
         if depth <= 0:
-            text = scalar
+            out = ast.alt(scalars)
         else:
             inner = self.any_value(depth - 1)
-            w, sep = self.ws, self.ws + "," + self.ws
-            array = r"\[" + w + "(?:" + inner + "(?:" + sep + inner + ")*" + w + r")?\]"
-            member = STRING + w + ":" + w + inner
-            obj = r"\{" + w + "(?:" + member + "(?:" + sep + member + ")*" + w + r")?\}"
-            text = f"(?:{scalar[3:-1]}|{array}|{obj})"
-        self.any_memo[depth] = text
-        return text
+            array = ast.seq(ast.text("["), w, ast.optional(ast.seq(inner, ast.repeat(ast.seq(sep, inner), 0, None), w)),
+                            ast.text("]"))
+            member = ast.seq(ast.regex(STRING), w, ast.text(":"), w, inner)
+            obj = ast.seq(ast.text("{"), w, ast.optional(ast.seq(member, ast.repeat(ast.seq(sep, member), 0, None), w)),
+                          ast.text("}"))
+            out = ast.alt([*scalars, array, obj])
+        assert out is not None
+        self.any_memo[depth] = out
+        return out
 
-    def array(self, node: Array, counts: Counts) -> str | None:
-        w, sep = self.ws, self.ws + "," + self.ws
+    def bracketed(self, open_: str, body: Regex | None, close: str, empty_ok: bool) -> Regex | None:
+        """open W body W close, or with empty_ok also the empty container."""
+        ast, w = self.ast, self.ws
+        if body is None:
+            return ast.seq(ast.text(open_), w, ast.text(close)) if empty_ok else None
+        inner = ast.seq(body, w)
+        return ast.seq(ast.text(open_), w, ast.optional(inner) if empty_ok else inner, ast.text(close))
+
+    def array(self, node: Array, counts: Counts) -> Regex | None:
+        ast, sep = self.ast, self.separator()
         if node.contains is not None or node.distinct is not None:
             return self.counted_array(node, counts)
-        prefix: list[str] = []
+        prefix: list[Regex] = []
         for item in node.prefix:
-            text = self.emit(item, counts)
-            if text is None:
+            value = self.emit(item, counts)
+            if value is None:
                 break  # the array ends before an impossible position
-            prefix.append(text)
+            prefix.append(value)
         rest = self.emit(node.rest, counts) if node.rest is not None and len(prefix) == len(node.prefix) else None
         hi = node.max_items
         if rest is None:
@@ -208,66 +380,60 @@ class Emitter:
         if hi is not None and hi < lo:
             return None
 
-        def tail(i: int) -> str:
+        def tail(i: int) -> Regex | None:
             """The items after the first i, given that i were written (i >= 1); each optional
-            position opens a group that closes after all later ones."""
-            parts: list[str] = []
-            optional = 0
-            while i < len(prefix):
-                if hi is not None and i >= hi:
-                    return _joined(parts) + ")?" * optional
-                if i >= lo:
-                    parts.append("(?:")
-                    optional += 1
-                parts.append(sep + prefix[i])
-                i += 1
-            if rest is not None and (hi is None or i < hi):
-                parts.append(_counted(sep + rest, max(lo - i, 0), None if hi is None else hi - i, group=True))
-            return _joined(parts) + ")?" * optional
+            position is a group holding all later ones."""
+            if hi is not None and i >= hi:
+                return EMPTY
+            if i < len(prefix):
+                after = ast.seq(sep, prefix[i], tail(i + 1))
+                return ast.optional(after) if i >= lo else after
+            if rest is not None:
+                return ast.repeat(ast.seq(sep, rest), max(lo - i, 0), None if hi is None else hi - i)
+            return EMPTY
 
+        body: Regex | None
         if prefix and (hi is None or hi >= 1):
-            body = prefix[0] + tail(1)
+            body = ast.seq(prefix[0], tail(1))
         elif rest is not None and (hi is None or hi >= 1):
-            body = rest + _counted(sep + rest, max(lo - 1, 0), None if hi is None else hi - 1, group=True)
+            body = ast.seq(rest, ast.repeat(ast.seq(sep, rest), max(lo - 1, 0), None if hi is None else hi - 1))
         else:
             body = None
-        if body is None:
-            return r"\[" + w + r"\]" if lo == 0 else None
-        if lo == 0:
-            return r"\[" + w + "(?:" + body + w + r")?\]"
-        return r"\[" + w + body + w + r"\]"
+        return self.bracketed("[", body, "]", lo == 0)
 
-    def counted_array(self, node: Array, counts: Counts) -> str | None:
+    def counted_array(self, node: Array, counts: Counts) -> Regex | None:
         """An array under `contains` or `uniqueItems`: the item-sequence automaton of
-        `schema.arrays` written with each item symbol's regex (symbols without one left out)."""
-        w, sep = self.ws, self.ws + "," + self.ws
-        texts: dict[int, str] = {}
+        `schema.arrays` with each item symbol's AST substituted (symbols without one left out)."""
+        ast, sep = self.ast, self.separator()
+        symbols: dict[int, Regex] = {}
         try:
             if node.contains is not None:
                 for symbol, part, led in contains_symbols(node, node.contains):
-                    text = self.emit(part, counts)
-                    if text is not None:
-                        texts[symbol] = (sep if led else "") + text
-                ast = contains_sequences(node, node.contains, set(texts))
+                    value = self.emit(part, counts)
+                    if value is not None:
+                        symbols[symbol] = ast.seq(sep, value) if led else value  # type: ignore[assignment]
+                sequences = contains_sequences(node, node.contains, set(symbols))
             else:
                 assert node.distinct is not None
-                symbols, _ = distinct_symbols(node.distinct)
-                for symbol, (values, led) in symbols.items():
-                    alternation = _alternation([self.literal(v) for v in values])
-                    assert alternation is not None
-                    texts[symbol] = (sep if led else "") + alternation
-                ast = distinct_sequences(node, node.distinct, set(texts))
+                spelled, _ = distinct_symbols(node.distinct)
+                for symbol, (values, led) in spelled.items():
+                    value = ast.alt(self.literal(v) for v in values)
+                    assert value is not None
+                    symbols[symbol] = ast.seq(sep, value) if led else value  # type: ignore[assignment]
+                sequences = distinct_sequences(node, node.distinct, set(symbols))
             empty_ok = node.min_items == 0 and (node.contains is None or node.contains.lo == 0)
-            if ast == NO_NAME:
-                return r"\[" + w + r"\]" if empty_ok else None
+            if sequences == NO_NAME:
+                return self.bracketed("[", None, "]", empty_ok)
 
-            def symbol_regex(chars: CharSet) -> str:
-                return "(?:" + "|".join(texts[cp] for lo, hi in chars.ranges for cp in range(lo, hi + 1)) + ")"
+            def symbol_ast(chars: CharSet) -> Regex:
+                out = ast.alt(symbols[cp] for lo, hi in chars.ranges for cp in range(lo, hi + 1))
+                assert out is not None
+                return out
 
-            if _written_length(ast, symbol_regex) > limits.COUNTED_ARRAY_LENGTH:
+            if _written_length(sequences, lambda chars: self.size(symbol_ast(chars))) > limits.COUNTED_ARRAY_LENGTH:
                 raise fa.AutomatonTooLarge(f"its regex exceeds limits.COUNTED_ARRAY_LENGTH = "
                                            f"{limits.COUNTED_ARRAY_LENGTH} characters")
-            body = to_regex(ast, symbol_regex)
+            body = ast.mapped(sequences, symbol_ast, {})
         except fa.AutomatonTooLarge as e:
             # Too large to write: the plain array, the keyword reported (strict: refused).
             keyword = "contains" if node.contains is not None else "uniqueItems"
@@ -277,108 +443,86 @@ class Emitter:
                 raise GrammarTooLargeError(f"{keyword!r} at {pointer or '/'}: counting the items: {e}") from None
             self.relaxed.setdefault((keyword, pointer), f"counting the items is too large to write ({e})")
             return self.array(Array(node.prefix, node.rest, node.min_items, node.max_items), counts)
-        if empty_ok:
-            return r"\[" + w + "(?:" + body + w + r")?\]"
-        return r"\[" + w + body + w + r"\]"
+        return self.bracketed("[", body, "]", empty_ok)
 
-    def object(self, node: Object, counts: Counts) -> str | None:
-        w, sep = self.ws, self.ws + "," + self.ws
-        props: list[tuple[str, bool, bool]] = []  # (text, required, may come first)
-        # The first alternative below holds every property text from the first one that may come
-        # first: once those exceed the cap, so does the object's regex, unless the object has no
-        # value at all (a required property or the extra properties have none). Only that is
-        # still decided, without keeping more text (memory stays bounded by the cap).
-        counted, too_long = 0, False
+    def object(self, node: Object, counts: Counts) -> Regex | None:
+        ast, w, sep = self.ast, self.ws, self.separator()
+        colon = ast.seq(w, ast.text(":"), w)
+        props: list[tuple[Regex, bool, bool]] = []  # (member, required, may come first)
         for i, prop in enumerate(node.properties):
-            if too_long and not prop.required:
-                continue
             value = self.emit(prop.value, counts)
             if value is None:
                 if prop.required:
                     return None
                 continue
-            if too_long:
-                continue
-            key = '"' + escape_text(json_text(prop.name)) + '"'
             first_ok = node.first_choices is None or i < node.first_choices or prop.required
-            text = key + w + ":" + w + value
-            if counted or first_ok:
-                counted += len(text)
-                if counted > limits.SCHEMA_REGEX_LENGTH:
-                    too_long, props = True, []
-                    continue
-            props.append((text, prop.required, first_ok))
-        extra_items: list[str] = []
-        any_extra = False
+            member = ast.seq(ast.text('"' + json_text(prop.name) + '"'), colon, value)
+            assert member is not None
+            props.append((member, prop.required, first_ok))
+        extra_items: list[Regex | None] = []
         for entry in node.extras:
             if entry.key.ast == NO_NAME:  # every name is declared or excluded: no such property
                 continue
             value = self.emit(entry.value, counts)
             if value is not None:
-                any_extra = True
-                if not too_long:
-                    extra_items.append(self.string(entry.key) + w + ":" + w + value)
+                extra_items.append(ast.seq(self.string(entry.key), colon, value))
         lo, hi = node.min_extra, node.max_extra
-        if too_long:
-            if not any_extra and lo > 0:
-                return None
-            raise GrammarTooLargeError(TOO_LONG)
-        extra_alternation = _alternation(extra_items)
-        if extra_alternation is None:
+        extra = ast.alt(extra_items)
+        if extra is None:
             if lo > 0:
                 return None
             hi = 0  # no extra property: `extra` is never written
-        extra = extra_alternation or ""
 
-        def after(i: int) -> str:
-            """Declared properties from i on, when something was written before (each led by a comma)."""
-            parts: list[str] = []
-            for text, required, _ in props[i:]:
-                parts.append(sep + text if required else "(?:" + sep + text + ")?")
-            return _joined(parts)
+        # after[i]: declared properties from i on, when something was written before (each led by
+        # a comma); one node per i, shared by every alternative that reaches it.
+        after: list[Regex] = [EMPTY] * (len(props) + 1)
+        for i in range(len(props) - 1, -1, -1):
+            member, required, _ = props[i]
+            led = ast.seq(sep, member)
+            after[i] = ast.seq(led if required else ast.optional(led), after[i + 1])  # type: ignore[assignment]
 
-        # first(i): properties from i on when nothing was written yet. The extra properties come
-        # last, after whichever declared one came first: one tail for all those alternatives
-        # ((A|B)X is AX|BX), so the extra properties' text is written twice, not once per
-        # alternative (an open object's generic values would repeat per optional property).
-        alternatives: list[str] = []
+        # The extra properties come last, after whichever declared one came first: one tail for all
+        # those alternatives ((A|B)X is AX|BX).
+        alternatives: list[Regex | None] = []
         empty_ok = True
-        extras_first: str | None = None  # the alternative where an extra property comes first
-        for i, (text, required, first_ok) in enumerate(props):
+        extras_first: Regex | None = None  # the alternative where an extra property comes first
+        for i, (member, required, first_ok) in enumerate(props):
             if first_ok:
-                alternatives.append(text + after(i + 1))
+                alternatives.append(ast.seq(member, after[i + 1]))
             if required:
                 empty_ok = False
                 break
         else:
             if hi != 0:
-                extras_first = extra + _counted(sep + extra, max(lo - 1, 0), None if hi is None else hi - 1,
-                                                group=True)
+                extras_first = ast.seq(extra, ast.repeat(ast.seq(sep, extra), max(lo - 1, 0),
+                                                         None if hi is None else hi - 1))
             if lo > 0:
                 empty_ok = False
-        declared_first = _alternation(alternatives)
+        declared_first = ast.alt(alternatives)
         if declared_first is not None and hi != 0:
-            declared_first = _joined([declared_first, _counted(sep + extra, lo, hi, group=True)])
-        body = _alternation([declared_first, extras_first])
+            declared_first = ast.seq(declared_first, ast.repeat(ast.seq(sep, extra), lo, hi))
+        body = ast.alt([declared_first, extras_first])
         if node.nonempty:
             empty_ok = False
-        if body is None:
-            return r"\{" + w + r"\}" if empty_ok else None
-        if empty_ok:
-            return r"\{" + w + "(?:" + body + w + r")?\}"
-        return r"\{" + w + body + w + r"\}"
+        return self.bracketed("{", body, "}", empty_ok)
 
 
-def _written_length(ast: Regex, symbol_regex: Callable[[CharSet], str]) -> int:
-    """About how long `to_regex(ast, symbol_regex)` is (each symbol's text counted at each use,
-    plus a few characters per node), without writing it."""
+def _raw_char(chars: CharSet) -> str:
+    from ..regex.charset import charset_regex
+
+    return charset_regex(chars)
+
+
+def _written_length(ast: Regex, symbol_length: Callable[[CharSet], int]) -> int:
+    """About how long the regex of `ast` is with each class written as a symbol of
+    `symbol_length(chars)` characters (counted at each use), plus a few characters per node."""
     lengths: dict[CharSet, int] = {}
     total, stack = 0, [ast]
     while stack:
         item = stack.pop()
         if isinstance(item, Chars):
             if item.chars not in lengths:
-                lengths[item.chars] = len(symbol_regex(item.chars))
+                lengths[item.chars] = symbol_length(item.chars)
             total += lengths[item.chars]
         elif isinstance(item, (Seq, Alt)):
             total += 4
@@ -389,40 +533,29 @@ def _written_length(ast: Regex, symbol_regex: Callable[[CharSet], str]) -> int:
     return total
 
 
-def _alternation(parts: list[str] | list[str | None]) -> str | None:
-    present = [p for p in parts if p is not None]
-    if not present:
-        return None
-    unique = list(dict.fromkeys(present))
-    return unique[0] if len(unique) == 1 else "(?:" + _joined(unique, "|") + ")"
-
-
-def _joined(parts: list[str], separator: str = "") -> str:
-    """`separator.join(parts)`, refused before it is built when it would exceed limits.SCHEMA_REGEX_LENGTH:
-    every text joined here ends up in the regex (or in a node over the cap), so the cap holds while
-    the regex grows instead of after a huge string exists."""
-    total = sum(map(len, parts)) + len(separator) * max(len(parts) - 1, 0)
-    if total > limits.SCHEMA_REGEX_LENGTH:
-        raise GrammarTooLargeError(TOO_LONG)
-    return separator.join(parts)
-
-
-def _counted(atom: str, lo: int, hi: int | None, group: bool = False) -> str:
-    if hi == 0:
-        return ""
-    if group:
-        atom = "(?:" + atom + ")"
-    if (lo, hi) == (0, None):
-        return atom + "*"
-    if (lo, hi) == (1, None):
-        return atom + "+"
-    if (lo, hi) == (0, 1):
-        return atom + "?"
-    if (lo, hi) == (1, 1):
-        return atom
-    if hi is None:
-        return atom + f"{{{lo},}}"
-    return atom + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
+def nesting_depth(node: Regex) -> int:
+    """The deepest group nesting of the AST's regex text (alternations and repeated sequences open
+    groups; a repeated alternation is one), over the DAG without unfolding it and without recursion (a chain of optional
+    properties nests one sequence in the next)."""
+    memo: dict[int, int] = {}
+    stack: list[tuple[Regex, bool]] = [(node, False)]
+    while stack:
+        x, ready = stack.pop()
+        if id(x) in memo:
+            continue
+        children = x.items if type(x) in (Seq, Alt) else (x.item,) if type(x) is Repeat else ()  # type: ignore[union-attr]
+        if not ready:
+            stack.append((x, True))
+            stack.extend((c, False) for c in children if id(c) not in memo)
+            continue
+        inner = max((memo[id(c)] for c in children), default=0)
+        if type(x) is Alt:
+            inner += 1
+        elif type(x) is Repeat and (type(x.item) is Seq or (
+                type(x.item) is Text and len(x.item.text) > 1)):
+            inner += 1
+        memo[id(x)] = inner
+    return memo[id(node)]
 
 
 def cyclic_keys(table: Table) -> set[Hashable]:
@@ -506,25 +639,3 @@ def _refs(node: Node | None) -> tuple[Hashable, ...]:
             stack.extend(p.value for p in n.properties)
             stack.extend(e.value for e in n.extras)
     return tuple(out)
-
-
-def nesting_depth(regex: str) -> int:
-    """The deepest group nesting of a regex (classes and escapes skipped)."""
-    depth = best = 0
-    i, n, in_class = 0, len(regex), False
-    while i < n:
-        c = regex[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            depth += 1
-            best = max(best, depth)
-        elif c == ")":
-            depth -= 1
-        i += 1
-    return best

@@ -96,7 +96,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -114,7 +114,9 @@ from ..errors import (
     InvalidSchemaError,
 )
 from ..limits import check_deadline
-from .emit import Emitter, cyclic_keys, nesting_depth
+from ..regex.syntax import Node as Regex
+from ..regex.syntax import to_regex
+from .emit import Emitter, cyclic_keys
 from .ir import Bounds, Node, conforms, serialize
 from .normalize import Normalizer, Unenforced
 from .objects import MAX_FIRST_CHOICE_COST, first_property_narrowed
@@ -129,9 +131,19 @@ Path = tuple["Path", str | int] | None
 
 @dataclass(frozen=True)
 class SchemaRegex:
-    regex: str  # the regex outlines-core compiles (Rust regex-automata syntax; full match)
+    """A schema's grammar: the regex AST the byte NFA compiles (`ast`), its text for export and for
+    outlines-core (`regex`, written on first use), and what it does not enforce."""
+
+    ast: Regex  # the grammar (a `regex.syntax` DAG; full match)
     unenforced: tuple[Unenforced, ...]  # keywords an output may violate
     schema: dict | bool  # the schema as parsed (Pydantic models: model_json_schema())
+    size: int  # the length of `regex`, known without writing it
+
+    @cached_property
+    def regex(self) -> str:
+        """The regex text (Rust regex-automata syntax, also Python `re`): export and debugging, and
+        what outlines-core compiles."""
+        return to_regex(self.ast)
 
 
 def load_schema(schema: object) -> dict | bool:
@@ -319,16 +331,16 @@ def schema_to_regex(
     _check_open_objects(open_objects)
     doc = load_schema(schema)
     ws = whitespace_regex(whitespace)
-    nz, regex, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects)
-    if regex is None:
+    nz, translated, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects)
+    if translated is None:
         raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
-    depth = nesting_depth(regex)
+    ast, size, depth = translated
     if depth > limits.MAX_REGEX_NESTING:
         raise GrammarTooLargeError(
             f"the schema's regex nests {depth} groups deep (limit {limits.MAX_REGEX_NESTING}); the schema is nested "
             "too deeply")
     unenforced = tuple(Unenforced(k, p, reason) for (k, p), reason in nz.unenforced.items())
-    return SchemaRegex(regex, unenforced, doc)
+    return SchemaRegex(ast, unenforced, doc, size)
 
 
 def _check_open_objects(open_objects: object) -> None:
@@ -337,11 +349,12 @@ def _check_open_objects(open_objects: object) -> None:
 
 
 def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
-               open_objects: bool = False) -> tuple[Normalizer, str | None, int]:
+               open_objects: bool = False) -> tuple[Normalizer, tuple[Regex, int, int] | None, int]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
-    Returns (the normalizer, the regex, the depth used).
+    Returns (the normalizer, the regex AST with its text's length and group nesting (None: no value), the
+    depth used).
 
     A retry that would write the same text is skipped: depths the failed attempt would write alike
     (`Emitter.lower_depth`), cost 0 when no object's first-property limit depends on the cost."""
@@ -353,7 +366,7 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
 
 
 def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
-                          open_objects: bool) -> tuple[Normalizer, str | None, int]:
+                          open_objects: bool) -> tuple[Normalizer, tuple[Regex, int, int] | None, int]:
     """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
     held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
     runs again without them (they are then reported, as before): they write much more. A lower
@@ -369,7 +382,7 @@ class _CostlyTooLarge(Exception):
 
 
 def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
-                  costly: bool) -> tuple[Normalizer, str | None, int]:
+                  costly: bool) -> tuple[Normalizer, tuple[Regex, int, int] | None, int]:
     nz: Normalizer | None = None
     root: Node | None = None
     used = False
@@ -387,10 +400,10 @@ def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: 
         while depth is not None:
             emitter = Emitter(nz.table, ws, depth, cyclic, strict)
             try:
-                regex = emitter.emit(root)
+                ast = emitter.emit(root)
                 for key, reason in emitter.relaxed.items():
                     nz.unenforced.setdefault(key, reason)
-                return nz, regex, depth
+                return nz, None if ast is None else (ast, emitter.size(ast), emitter.nesting(ast)), depth
             except CompileTimeoutError:
                 raise
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower

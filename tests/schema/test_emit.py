@@ -1,4 +1,4 @@
-"""schema.emit: IR nodes written as regex text.
+"""schema.emit: IR nodes built as a hash-consed regex AST (written as text with `to_regex` here).
 
 The central property: for a node, the regex full-matches `serialize(node, x)` exactly when `x` is a
 member of the node within the emitter's bounds (`conforms` with `Bounds`), over a universe of small
@@ -17,13 +17,13 @@ import pytest
 from grammar_mlx import limits
 from grammar_mlx.errors import GrammarTooLargeError
 from grammar_mlx.regex.charset import CharSet
+from grammar_mlx.regex.rust import parse
 from grammar_mlx.regex.syntax import NEVER as NO_STRING
-from grammar_mlx.regex.syntax import Chars, alt, literal, repeat, seq
+from grammar_mlx.regex.syntax import Alt, Chars, alt, literal, repeat, seq, to_regex
 from grammar_mlx.schema.emit import (
     STRING,
+    Builder,
     Emitter,
-    _alternation,
-    _counted,
     cyclic_keys,
     nesting_depth,
 )
@@ -70,12 +70,21 @@ SMALL_INT = Number(True, Bound(Decimal(0), False), Bound(Decimal(9), False))
 POSITIVE = Number(False, Bound(Decimal(0), True), None)
 
 
+def written(emitter: Emitter, node) -> str | None:
+    """The regex text of what `emitter` builds for `node` (None: no value)."""
+    ast = emitter.emit(node)
+    return None if ast is None else to_regex(ast)
+
+
 def check_exact(node, table: dict | None = None, depth: int = 3, ws: str = "") -> str:
     """The regex accepts the canonical text of every member of `node` (within the emitter's bounds)
     and of no other value of the universe; the compact regex refuses other spellings."""
     table = {} if table is None else table
     emitter = Emitter(table, ws, depth)
-    regex = emitter.emit(node)
+    ast = emitter.emit(node)
+    regex = None if ast is None else to_regex(ast)
+    if ast is not None:  # the length the translator's cap reads is the text's, near enough
+        assert len(regex) / 2 - 8 <= emitter.size(ast) <= 2 * len(regex) + 8, (emitter.size(ast), len(regex))
     compiled = re.compile(regex) if regex is not None else None
     bounds = Bounds(frozenset(emitter.cyclic), depth, min(depth, limits.MAX_ANY_DEPTH))
     members = 0
@@ -96,7 +105,7 @@ def test_literals_are_written_as_listed():
     regex = check_exact(Literal(("a", 'q"', "é\n", 1.0, None, [7, "a"], {"b": None, "a": None})))
     assert re.fullmatch(regex, "1.0") and not re.fullmatch(regex, "1")
     assert re.fullmatch(regex, '{"b":null,"a":null}') and not re.fullmatch(regex, '{"a":null,"b":null}')
-    assert Emitter({}, "", 3).emit(Literal(())) is None
+    assert written(Emitter({}, "", 3), Literal(())) is None
 
 
 def test_numbers_and_strings():
@@ -111,7 +120,7 @@ def test_numbers_and_strings():
 
 
 def test_unconstrained_strings_take_every_escape():
-    regex = Emitter({}, "", 3).emit(String(None, 2, 2))
+    regex = written(Emitter({}, "", 3), String(None, 2, 2))
     for text in ('"ab"', '"\\n\\/"', '"\\u00e9x"', '"é😀"', '"\\"\\\\"'):
         assert re.fullmatch(regex, text), text
     for text in ('"a"', '"abc"', '"\\x"', '"\\ud83d\\ude00"', '"\n."'):
@@ -121,9 +130,10 @@ def test_unconstrained_strings_take_every_escape():
 def test_unions_and_never():
     check_exact(Union((NULL, SMALL_INT, String(WORD))))
     # Equal branches are written once.
-    assert Emitter({}, "", 3).emit(Union((NULL, BOOLEAN, NULL))) == "(?:null|(?:true|false))"
-    assert Emitter({}, "", 3).emit(Union((NEVER, NULL))) == "null"
-    assert Emitter({}, "", 3).emit(NEVER) is None
+    union = Emitter({}, "", 3).emit(Union((NULL, BOOLEAN, NULL)))
+    assert isinstance(union, Alt) and len(union.items) == 2 and to_regex(union) == "(?:null|true|false)"
+    assert written(Emitter({}, "", 3), Union((NEVER, NULL))) == "null"
+    assert written(Emitter({}, "", 3), NEVER) is None
 
 
 @pytest.mark.parametrize("node", [
@@ -145,7 +155,7 @@ def test_an_impossible_position_ends_the_array():
     node = Array((SMALL_INT, NEVER, NULL), NULL)
     regex = check_exact(node)
     assert re.fullmatch(regex, "[7]") and not re.fullmatch(regex, "[7,null]")
-    assert Emitter({}, "", 3).emit(Array((SMALL_INT, NEVER), None, 2)) is None  # two items cannot be
+    assert written(Emitter({}, "", 3), Array((SMALL_INT, NEVER), None, 2)) is None  # two items cannot be
 
 
 OPTIONAL_AB = (Property("a", NULL, False), Property("b", SMALL_INT, False))
@@ -176,7 +186,9 @@ def test_objects_keep_declaration_order_and_never_repeat_a_key():
 
 
 def test_impossible_objects():
-    emit = Emitter({}, "", 3).emit
+    def emit(node):
+        return written(Emitter({}, "", 3), node)
+
     assert emit(Object((Property("a", NEVER, True),), ())) is None
     assert emit(Object((), (Extra(String(WORD), NEVER),), 1)) is None  # an extra is needed, none can be
     assert emit(Object((), (), nonempty=True)) is None
@@ -192,7 +204,7 @@ def test_whitespace_stands_only_where_json_allows_it():
         assert re.fullmatch(regex, text), text
     for text in ('{   "a":[]}', '{"a":[1 2]}', '{"a":[1,2] ,}', ' {"a":[]}', '{"a":[]} ', '{"a":[1]," b":null}'):
         assert not re.fullmatch(regex, text), text
-    literal_regex = Emitter({}, ws, 3).emit(Literal(([1, {"k": "v"}],)))
+    literal_regex = written(Emitter({}, ws, 3), Literal(([1, {"k": "v"}],)))
     assert re.fullmatch(literal_regex, '[ 1 , { "k" : "v" } ]') and not re.fullmatch(literal_regex, '[1,{"k":"v" }]x')
 
 
@@ -209,7 +221,7 @@ def nested(depth: int) -> dict:
 def test_recursion_unrolls_to_the_depth_bound(depth):
     table = tree_table()
     emitter = Emitter(table, "", depth)
-    regex = re.compile(emitter.emit(Ref("node")))
+    regex = re.compile(written(emitter, Ref("node")))
     assert emitter.cyclic == {"node"} and emitter.bounded_recursion and not emitter.bounded_any
     bounds = Bounds(frozenset({"node"}), depth, 0)
     for d in range(depth + 3):
@@ -221,7 +233,7 @@ def test_recursion_unrolls_to_the_depth_bound(depth):
 
 def test_recursion_without_a_base_case_has_no_value():
     table = {"loop": Array((Ref("loop"),), None, 1)}  # every value holds another one
-    assert Emitter(table, "", 3).emit(Ref("loop")) is None
+    assert written(Emitter(table, "", 3), Ref("loop")) is None
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 3])
@@ -230,7 +242,7 @@ def test_generic_values_nest_to_min_depth_and_the_generic_limit(depth):
     regex = check_exact(Array((), ANY), depth=depth)
     assert emitter.emit(ANY) is not None and emitter.bounded_any and not emitter.bounded_recursion
     levels = min(depth, limits.MAX_ANY_DEPTH)
-    generic = re.compile(emitter.emit(ANY))
+    generic = re.compile(written(emitter, ANY))
     value: object = 1
     for d in range(levels + 2):
         assert (generic.fullmatch(json.dumps(value, separators=(",", ":"))) is not None) == (d <= levels)
@@ -246,7 +258,7 @@ def test_lower_depth_is_none_when_depth_was_never_read():
 
 
 def test_any_value_takes_every_scalar_form():
-    scalar = re.compile(Emitter({}, "", 0).any_value(0))
+    scalar = re.compile(to_regex(Emitter({}, "", 0).any_value(0)))
     for text in ("null", "true", "-0.5e+3", '"\\u00e9"', "0"):
         assert scalar.fullmatch(text), text
     for text in ("[]", "{}", "01", "nul", "'a'"):
@@ -257,17 +269,17 @@ def test_the_length_cap_is_enforced_as_the_regex_grows(monkeypatch):
     monkeypatch.setattr(limits, "SCHEMA_REGEX_LENGTH", 200)
     wide = Literal(tuple(f"value{i}" for i in range(40)))
     with pytest.raises(GrammarTooLargeError, match="exceeds"):
-        Emitter({}, "", 3).emit(wide)
+        written(Emitter({}, "", 3), wide)
     props = tuple(Property(f"property_{i}", String(None, 0, 5), False) for i in range(20))
     with pytest.raises(GrammarTooLargeError):
-        Emitter({}, "", 3).emit(Object(props, ()))
+        written(Emitter({}, "", 3), Object(props, ()))
     # Over the cap but without any value: that is decided first (no error, no regex).
     impossible = Object((*props, Property("z", NEVER, True)), ())
-    assert Emitter({}, "", 3).emit(impossible) is None
+    assert written(Emitter({}, "", 3), impossible) is None
     array = Array(tuple(String(None, 0, 9) for _ in range(20)), None)
     with pytest.raises(GrammarTooLargeError):
-        Emitter({}, "", 3).emit(array)
-    assert Emitter({}, "", 3).emit(Literal(("short",))) == '"short"'
+        written(Emitter({}, "", 3), array)
+    assert written(Emitter({}, "", 3), Literal(("short",))) == '"short"'
 
 
 def test_cyclic_keys():
@@ -286,17 +298,29 @@ def test_cyclic_keys():
     assert cyclic_keys(chain) == set(range(2001))
 
 
-def test_nesting_depth_skips_classes_and_escapes():
-    assert nesting_depth("a") == 0
-    assert nesting_depth("(a(b)(c(d)))") == 3
-    assert nesting_depth(r"(a[(()]\(\()") == 1
-    assert nesting_depth(r"[\]((]x") == 0
-    assert nesting_depth(STRING) == 3
+def test_nesting_depth_counts_groups_without_unfolding_or_recursion():
+    assert nesting_depth(parse("a")) == 0
+    assert nesting_depth(parse("a(?:b|c(?:d|e))")) == 2
+    assert nesting_depth(parse("(?:ab)*")) == 1 and nesting_depth(parse("a*")) == 0
+    assert nesting_depth(parse(STRING)) == 3
+    b = Builder()
+    chain = b.text("x")
+    for i in range(5000):  # a chain of optional properties: sequences nested 5000 deep, no groups
+        chain = b.seq(b.text(f",p{i}"), chain)
+    assert nesting_depth(chain) == 0
 
 
-def test_counted_and_alternation_forms():
-    assert [_counted("x", lo, hi) for lo, hi in ((0, None), (1, None), (0, 1), (1, 1), (2, None), (2, 2), (1, 3))] == [
-        "x*", "x+", "x?", "x", "x{2,}", "x{2}", "x{1,3}"]
-    assert _counted("x", 0, 0) == "" and _counted("ab", 0, None, group=True) == "(?:ab)*"
-    assert _alternation([]) is None and _alternation([None, "a"]) == "a"
-    assert _alternation(["a", "b", "a"]) == "(?:a|b)"
+def test_the_builder_shares_equal_structure_and_writes_each_repeat_form():
+    b = Builder()
+    ab = b.seq(b.text("a"), b.text("b"))
+    assert ab is b.seq(b.text("a"), b.text("b")) and b.alt([ab, b.seq(b.text("a"), b.text("b"))]) is ab
+    x = b.text("x")
+    forms = [to_regex(b.repeat(x, lo, hi)) for lo, hi in ((0, None), (1, None), (0, 1), (1, 1), (2, None), (2, 2),
+                                                         (1, 3))]
+    assert forms == ["x*", "x+", "x?", "x", "x{2,}", "x{2}", "x{1,3}"]
+    assert b.repeat(x, 0, 0) == b.seq() and to_regex(b.repeat(ab, 0, None)) == "(?:ab)*"
+    assert b.alt([]) is None and b.alt([None, x]) is x and to_regex(b.alt([x, ab, x])) == "(?:x|ab)"
+    assert b.seq(x, None) is None and b.repeat(None, 0, 3) == b.seq() and b.repeat(None, 1, 3) is None
+    small = Builder(cap=20)
+    with pytest.raises(GrammarTooLargeError):
+        small.seq(*(small.text(f"part{i}") for i in range(10)))
