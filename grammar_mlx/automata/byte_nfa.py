@@ -151,16 +151,41 @@ def _edges(first: int, items: list[tuple[int, tuple[tuple[int, int], ...], int]]
     return edges
 
 
+@lru_cache(maxsize=1024)
+def _class_template(ranges: tuple[tuple[int, int], ...]) -> tuple[Template, list[int]]:
+    """`class_template(ranges)` and, per template state, the fewest bytes to the character's end
+    (the same few classes, JSON's string characters, digits, recur in every schema: made once).
+    Read-only: NFAs copy the rows as they instantiate them."""
+    template = class_template(ranges)
+    dists = [0] * len(template)  # 0: not known yet (every state is at least 1 byte from the end)
+
+    def fewest(i: int) -> int:  # acyclic, at most 4 bytes deep
+        if not dists[i]:
+            dists[i] = 1 + min(0 if t < 0 else fewest(t - 1) for _, _, t in template[i])
+        return dists[i]
+
+    for i in range(len(template)):
+        fewest(i)
+    return template, dists
+
+
 # --- the NFA --------------------------------------------------------------------------------------
 
 
 class ByteNFA:
-    """A Thompson NFA over bytes. State q is a byte state (`trans[q]`: list of (lo, hi, target)
-    byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets) or the match state."""
+    """A Thompson NFA over bytes, built on demand. State q is a byte state (`trans[q]`: list of
+    (lo, hi, target) byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets), the
+    match state, or pending: a part of the AST (a sequence, an alternation, a repetition with the
+    count left) not built yet, expanded by `expand` when an epsilon closure first reaches it. So a
+    compile costs one pass over the AST (its byte classes and each node's shortest text) and the
+    states a walk reaches: a counted repetition's states exist for the counts reached, a part of the
+    schema no generation enters costs nothing. `dist[q]` is the fewest bytes from q to the match,
+    known when q is made (from the AST), the distance over any alphabet every edge's range meets."""
 
     def __init__(self, max_states: int = limits.MAX_NFA_STATES):
         self.trans: list[list[tuple[int, int, int]] | None] = []
         self.eps: list[list[int] | None] = []
+        self.dist = array("i")
         self.max_states = int(max_states)
         self.bounds = bytearray(257)  # bytes where a range starts or ends: the class boundaries
         self.bounds[1] = 1  # NUL alone in class 0
@@ -168,132 +193,185 @@ class ByteNFA:
         # (what liveness over an alphabet needs to know: `_nfa_liveness`).
         self.literal_bytes = bytearray(256)
         self.ranges: set[tuple[int, int]] = set()
-        self._templates: dict[tuple[tuple[int, int], ...], Template] = {}
-        self._memo: dict[tuple[int, int], int] = {}  # (id(AST node), continuation) -> start state
-        self.match = self._split([])
-        self.eps[self.match] = None
+        self._templates: dict[tuple[tuple[int, int], ...], tuple[Template, list[int]]] = {}
+        self._memo: dict[tuple[int, ...], int] = {}  # (id(node)[, lo, hi], continuation) -> state
+        self._pending: dict[int, tuple[Node, int, int | None, int]] = {}  # state -> (node, lo, hi, continuation)
+        self._fewest: dict[int, int] = {}  # id(node) -> the fewest bytes of its text (`_FAR`: none)
+        self.root: Node | None = None  # the AST the pending states point into (kept alive: ids)
+        self.match = self._new(None, None, 0)
         self.start = -1
 
     def __len__(self) -> int:
         return len(self.trans)
 
-    def _check(self, more: int) -> None:
-        if len(self.trans) // _CHECK_EVERY != (len(self.trans) + more) // _CHECK_EVERY:
+    @property
+    def pending(self) -> int:
+        """How many states are not built yet."""
+        return len(self._pending)
+
+    def _new(self, ranges: list[tuple[int, int, int]] | None, targets: list[int] | None, dist: int) -> int:
+        trans = self.trans
+        if len(trans) % _CHECK_EVERY == 0:
             check_deadline("building the byte NFA")
-        if len(self.trans) + more > self.max_states:
+        if len(trans) >= self.max_states:
             raise GrammarTooLargeError(
-                f"the regex's byte NFA needs over {self.max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); "
-                "counted repetitions are expanded: use smaller bounds")
-
-    def _split(self, targets: list[int]) -> int:
-        self.trans.append(None)
+                f"the regex's byte NFA needs over {self.max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); states are "
+                "built as generation reaches them, counted repetitions one count at a time: use smaller bounds")
+        trans.append(ranges)
         self.eps.append(targets)
-        return len(self.trans) - 1
+        self.dist.append(min(dist, _FAR))
+        return len(trans) - 1
 
-    def _set(self, ranges: tuple[tuple[int, int], ...], nxt: int) -> int:
-        """One character of the code point set: its minimal byte DFA (`class_template`) ending at
-        `nxt`, instantiated from the template (relative state numbers, -1 = `nxt`)."""
-        template = self._templates.get(ranges)
-        if template is None:
-            template = self._templates[ranges] = class_template(ranges)
-            for rows in template:  # the class boundaries and byte ranges this NFA has
+    # -- the AST pass ----------------------------------------------------------------------------
+
+    def prepare(self, root: Node) -> None:
+        """One pass over the AST (a DAG: each node once, no recursion): the byte class boundaries and
+        edge ranges of everything the NFA may ever build, and each node's fewest bytes. Raises
+        `Unsupported` for anchors and classes of no encodable character, before anything is built."""
+        self.root = root
+        fewest, stack = self._fewest, [(root, False)]
+        bounds, literal = self.bounds, self.literal_bytes
+        while stack:
+            node, ready = stack.pop()
+            if id(node) in fewest:
+                continue
+            kind = type(node)
+            if kind is Literal:
+                data = node.text.encode("utf-8")  # type: ignore[union-attr]
+                for c in data:
+                    bounds[c] = bounds[c + 1] = 1
+                    literal[c] = 1
+                fewest[id(node)] = len(data)
+            elif kind is Chars:
+                _, dists = self._template(node.chars.ranges)  # type: ignore[union-attr]
+                fewest[id(node)] = dists[0]
+            elif kind is Anchor:
+                raise Unsupported("anchors")
+            elif kind is Seq or kind is Alt or kind is Repeat:
+                children = (node.item,) if kind is Repeat else node.items  # type: ignore[union-attr]
+                if not ready:
+                    check_deadline("building the byte NFA")
+                    stack.append((node, True))
+                    stack.extend((c, False) for c in children if id(c) not in fewest)
+                    continue
+                if kind is Seq:
+                    fewest[id(node)] = min(_FAR, sum(fewest[id(c)] for c in children))
+                elif kind is Alt:
+                    fewest[id(node)] = min((fewest[id(c)] for c in children), default=_FAR)
+                else:
+                    lo, item = node.lo, fewest[id(children[0])]  # type: ignore[union-attr]
+                    fewest[id(node)] = 0 if lo == 0 else min(_FAR, lo * item)
+            else:
+                raise TypeError(f"not a regex AST node: {node!r}")
+
+    def _template(self, ranges: tuple[tuple[int, int], ...]) -> tuple[Template, list[int]]:
+        """The class template of `ranges` and its states' fewest bytes to the end (`_class_template`),
+        its byte ranges added to this NFA's classes."""
+        hit = self._templates.get(ranges)
+        if hit is None:
+            hit = self._templates[ranges] = _class_template(ranges)
+            for rows in hit[0]:
                 for lo, hi, _ in rows:
                     self.bounds[lo] = self.bounds[hi + 1] = 1
                     self.ranges.add((lo, hi))
-        self._check(len(template))
-        base = len(self.trans) - 1  # template states are numbered from 1; the first is the start
-        trans, eps = self.trans, self.eps
-        for rows in template:
-            trans.append([(lo, hi, nxt if t < 0 else base + t) for lo, hi, t in rows])
-            eps.append(None)
-        return base + 1
+        return hit
 
-    def _chain(self, data: bytes, nxt: int) -> int:
-        self._check(len(data))
-        bounds, trans, eps, literal = self.bounds, self.trans, self.eps, self.literal_bytes
-        for b in reversed(data):
-            bounds[b] = bounds[b + 1] = 1
-            literal[b] = 1
-            trans.append([(b, b, nxt)])
-            eps.append(None)
-            nxt = len(trans) - 1
-        return nxt
+    # -- building ----------------------------------------------------------------------------------
 
     def compile(self, node: Node, nxt: int) -> int:
-        """Start state of `node` (a `regex.syntax` AST), continuing at `nxt` (built back to front:
-        nothing to patch). A node met again with the same continuation is the same states (L(node)
-        then L(nxt) either way): a schema's AST is a DAG whose shared parts, such as the tail of an
-        object's optional properties, are built once."""
+        """Start state of `node` (a `regex.syntax` AST that `prepare` has seen), continuing at `nxt`.
+        A node met again with the same continuation is the same states (L(node) then L(nxt) either
+        way): the shared parts of a schema's DAG, such as the tail of an object's optional
+        properties, are one set of states. Literals and classes are built at once, the rest is a
+        pending state until reached."""
+        if type(node) is Repeat:
+            return self._repeat(node, node.lo, node.hi, nxt)
         key = (id(node), nxt)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        # Exact type tests, not isinstance: this runs once per AST node of regexes with 10^5 nodes,
-        # and the node classes are final.
-        if type(node) is Seq:
-            start = self._sequence(node, nxt)
-        elif type(node) is Literal:
+        if type(node) is Literal:
             start = self._chain(node.text.encode("utf-8"), nxt)
         elif type(node) is Chars:
             start = self._set(node.chars.ranges, nxt)
-        elif type(node) is Alt:
-            self._check(1)
-            start = self._split([self.compile(b, nxt) for b in node.items])
-        elif type(node) is Anchor:
-            raise Unsupported("anchors")
-        elif type(node) is not Repeat:
-            raise TypeError(f"not a regex AST node: {node!r}")
+        elif type(node) is Seq and not node.items:
+            start = nxt
         else:
-            start = self._repeat(node, nxt)
+            start = self._new(None, None, self._fewest[id(node)] + self.dist[nxt])
+            self._pending[start] = (node, 0, None, nxt)
         self._memo[key] = start
         return start
 
-    def _sequence(self, node: Seq, nxt: int) -> int:
-        """A sequence whose last item may be a sequence again, and so on (a chain of optional
-        properties): the chain is walked in a loop, not by recursion; every link continues at `nxt`."""
-        spine: list[Seq] = []
-        cur: Node = node
-        while type(cur) is Seq and cur.items and (id(cur), nxt) not in self._memo:
-            spine.append(cur)
-            cur = cur.items[-1]
-        start = self._memo[(id(cur), nxt)] if type(cur) is Seq and cur.items else self.compile(cur, nxt)
-        for link in reversed(spine):
-            for item in reversed(link.items[:-1]):
-                start = self.compile(item, start)
-            self._memo[(id(link), nxt)] = start
-        return start
+    def _repeat(self, node: Repeat, lo: int, hi: int | None, nxt: int) -> int:
+        """`node.item` repeated lo..hi more times, then `nxt`: pending until reached, so each count
+        is built when a walk gets there."""
+        if hi == 0:
+            return nxt
+        key = (id(node), lo, -1 if hi is None else hi, nxt)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._new(None, None, lo * self._fewest[id(node.item)] + self.dist[nxt])
+            self._pending[hit] = (node, lo, hi, nxt)
+            self._memo[key] = hit
+        return hit
 
-    def _repeat(self, node: Repeat, nxt: int) -> int:
-        item, lo, hi = node.item, node.lo, node.hi
-        if hi is None:
-            self._check(1)
-            loop = self._split([])
-            self.eps[loop] = [self.compile(item, loop), nxt]
-            start = loop
-        else:
+    def expand(self, q: int) -> None:
+        """Build pending state q one level down: it becomes a split into what it stands for (whose
+        parts are built, or pending in turn)."""
+        node, lo, hi, nxt = self._pending.pop(q)
+        if type(node) is Seq:
             start = nxt
-            for _ in range(hi - lo):  # x{0,k} as (x(x(...)?)?)?
-                self._check(1)
-                split = self._split([])
-                self.eps[split] = [self.compile(item, start), nxt]
-                start = split
-        for _ in range(lo):
-            start = self.compile(item, start)
-        return start
+            for item in reversed(node.items):
+                start = self.compile(item, start)
+            targets = [start]
+        elif type(node) is Alt:
+            targets = [self.compile(b, nxt) for b in node.items]
+        else:
+            assert type(node) is Repeat
+            item = node.item
+            if lo > 0:
+                targets = [self.compile(item, self._repeat(node, lo - 1, None if hi is None else hi - 1, nxt))]
+            elif hi is None:
+                targets = [self.compile(item, q), nxt]  # q is the loop
+            else:
+                targets = [self.compile(item, self._repeat(node, 0, hi - 1, nxt)), nxt]
+        self.eps[q] = targets
+
+    def expand_all(self) -> None:
+        """Build every pending state (the passes that read the whole NFA need it)."""
+        while self._pending:
+            self.expand(next(iter(self._pending)))
+
+    def _set(self, ranges: tuple[tuple[int, int], ...], nxt: int) -> int:
+        """One character of the code point set: its minimal byte DFA (`class_template`) ending at
+        `nxt`, instantiated from the template (relative state numbers, -1 = `nxt`)."""
+        template, dists = self._template(ranges)
+        base = len(self.trans) - 1  # template states are numbered from 1; the first is the start
+        after = self.dist[nxt]
+        for rows, d in zip(template, dists):
+            self._new([(lo, hi, nxt if t < 0 else base + t) for lo, hi, t in rows], None, d + after)
+        return base + 1
+
+    def _chain(self, data: bytes, nxt: int) -> int:
+        after = self.dist[nxt]
+        for i, b in enumerate(reversed(data), 1):
+            nxt = self._new([(b, b, nxt)], None, after + i)
+        return nxt
 
 
 def build_nfa(pattern: str | Node, max_states: int = limits.MAX_NFA_STATES) -> ByteNFA:
-    """Parse (`regex.rust.parse`) and compile `pattern` (or compile an AST of `regex.syntax`, such as
-    a schema's: no text on the way); `InvalidRegexError` for a syntax error,
-    `Unsupported` for what outlines-core must handle, `GrammarTooLargeError` past `max_states`,
-    `CompileTimeoutError` past the compile deadline in force (`grammar_mlx.limits`)."""
+    """Parse (`regex.rust.parse`) `pattern` (or take an AST of `regex.syntax`, such as a schema's:
+    no text on the way) and prepare its NFA, built on demand from the start state; `InvalidRegexError`
+    for a syntax error, `Unsupported` for what outlines-core must handle, `GrammarTooLargeError`
+    once more than `max_states` states are built, `CompileTimeoutError` past the compile deadline
+    in force (`grammar_mlx.limits`)."""
     nfa = ByteNFA(max_states)
     try:
-        nfa.start = nfa.compile(parse(pattern) if isinstance(pattern, str) else pattern, nfa.match)
+        nfa.prepare(parse(pattern) if isinstance(pattern, str) else pattern)
     except RecursionError:
         raise Unsupported("nesting too deep") from None
-    finally:
-        nfa._memo.clear()  # keys hold ids of the AST's nodes: meaningless once the caller drops it
+    assert nfa.root is not None
+    nfa.start = nfa.compile(nfa.root, nfa.match)
     return nfa
 
 
@@ -352,7 +430,8 @@ class Determinizer:
         if members is None:
             return None
         if self._nfa_distance is None:
-            self._nfa_distance = _nfa_distances(self.nfa, self.alphabet)
+            # Every edge's range meets the alphabet: the NFA's own distances are those over it.
+            self._nfa_distance = self.nfa.dist if self.all_live else _nfa_distances(self.nfa, self.alphabet)
         best = min(map(self._nfa_distance.__getitem__, members))
         return -1 if best == _FAR else best
 
@@ -361,13 +440,18 @@ class Determinizer:
         hit = self._closure.get(q)
         if hit is not None:
             return hit
-        eps, seen, out, stack = self.nfa.eps, {q}, [], [q]
+        nfa = self.nfa
+        eps, pending, seen, out, stack = nfa.eps, nfa._pending, {q}, [], [q]
         while stack:
             s = stack.pop()
             targets = eps[s]
-            if targets is None:  # a byte state, or the match state
-                out.append(s)
-                continue
+            if targets is None:
+                if s not in pending:  # a byte state, or the match state
+                    out.append(s)
+                    continue
+                nfa.expand(s)
+                targets = eps[s]
+                assert targets is not None
             for t in targets:
                 if t not in seen:
                     seen.add(t)
@@ -484,6 +568,7 @@ def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array:
     """Per NFA state, the fewest bytes of `alphabet` to the match (`_FAR`: none): a 0-1 breadth-first
     search backward from the match, epsilon edges weighing 0 and byte edges whose range holds a byte
     of the alphabet 1."""
+    nfa.expand_all()
     first, preds, weights = _reverse_edges(nfa, _usable_prefix(alphabet), "the byte NFA's distances")
     dist = array("i", [_FAR]) * len(nfa.trans)
     dist[nfa.match] = 0
@@ -511,6 +596,7 @@ def _nfa_liveness(nfa: ByteNFA, alphabet: frozenset[int]) -> bytearray | None:
     if all(prefix[b + 1] > prefix[b] for b in range(256) if literal[b]) and all(
             prefix[hi + 1] > prefix[lo] for lo, hi in nfa.ranges):
         return None
+    nfa.expand_all()  # rare (a vocabulary without some single bytes): the whole NFA is read
     first, preds, _ = _reverse_edges(nfa, prefix, "the byte NFA's liveness")
     live = bytearray(len(nfa.trans))
     live[nfa.match] = 1

@@ -61,9 +61,11 @@ Counts = tuple[tuple[Hashable, int], ...]
 
 
 @lru_cache(maxsize=4096)
-def _parsed(text: str) -> Regex:
-    """A small regex of the translator's own (a number range, a JSON character class) as an AST."""
-    return parse_regex(text)
+def _parsed(text: str) -> tuple[Regex, int]:
+    """A small regex of the translator's own (a number range, a JSON character class) as an AST,
+    with its group nesting."""
+    node = parse_regex(text)
+    return node, nesting_depth(node)
 
 
 class Builder:
@@ -101,8 +103,8 @@ class Builder:
         hit = self.nodes.get(key)
         if hit is not None:
             return hit
-        node = _parsed(text)
-        return self._made(key, node, len(text), nesting_depth(node))
+        node, depth = _parsed(text)
+        return self._made(key, node, len(text), depth)
 
     def chars(self, chars: CharSet, written: Callable[[CharSet], str]) -> Regex:
         key = ("C", chars, written)

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from grammar_mlx import CompileTimeoutError, GrammarTooLargeError
 from grammar_mlx.automata.byte_dfa import ByteDFA
-from grammar_mlx.automata.byte_nfa import build_nfa, class_template, determinize
+from grammar_mlx.automata.byte_nfa import _nfa_distances, build_nfa, class_template, determinize
 from grammar_mlx.regex.rust import Unsupported, parse
 from grammar_mlx.regex.syntax import Chars
 
@@ -289,9 +289,44 @@ def test_deadline_stops_the_nfa_build():
         build_nfa("(?:[a-z]{1,40}|x){1,400}")
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(regex=regexes(), walk=st.lists(st.sampled_from(ALPHABET), max_size=8).map("".join))
+def test_distances_known_on_demand_equal_a_search_of_the_whole_nfa(regex, walk):
+    """Each state's fewest bytes to the match is set when the state is built (from the AST); after
+    a walk has built part of the NFA, and after every pending state is built, it equals a backward
+    search over the complete NFA (`_nfa_distances`, over all bytes)."""
+    nfa = build_nfa(regex)
+    dfa = determinize(nfa, 100_000)
+    run(dfa, walk.encode())
+    known = list(nfa.dist)
+    searched = _nfa_distances(nfa, frozenset(range(1, 256)))  # builds the rest first
+    assert nfa.pending == 0
+    assert known == list(searched[: len(known)]) and list(nfa.dist) == list(searched), regex
+
+
+def test_states_are_built_as_walks_reach_them():
+    """A heavy counted repetition compiles in a few states; walks build the counts they reach."""
+    nfa = build_nfa("(?:[a-z]{1,40}){1,40}")
+    assert len(nfa) < 40 and nfa.pending
+    dfa = determinize(nfa, 100_000)
+    q = dfa.initial
+    for _ in range(5):
+        q = dfa.next(q, ord("a"))
+    few = len(nfa)
+    assert few < 100 and nfa.pending
+    for _ in range(200):
+        q = dfa.next(q, ord("a"))
+    assert few < len(nfa) and dfa.accepting[q]
+
+
 def test_limits_are_typed_errors():
+    # States are built when walks reach them, so the limit is met (a typed error) by the walk.
+    nfa = build_nfa("(?:[a-z]{1,40}){1,40}", max_states=1000)
+    dfa = determinize(nfa, 100_000)
     with pytest.raises(GrammarTooLargeError, match="byte NFA needs over 1,000 states"):
-        build_nfa("(?:[a-z]{1,40}){1,40}", max_states=1000)
+        q = dfa.initial
+        for _ in range(1600):
+            q = dfa.next(q, ord("a"))
     dfa = determinize(build_nfa(r"(a|b)*a(a|b){12}"), max_states=300)
     rng = random.Random(0)
     with pytest.raises(GrammarTooLargeError, match="reached 300 states"):
