@@ -150,18 +150,29 @@ def _split(groups: Sequence[tuple[CharSet, Label]]) -> list[tuple[CharSet, froze
             ends.setdefault(hi + 1, []).append(label)
     cuts = sorted(starts.keys() | ends.keys())
     active: dict[Label, int] = {}
-    by_labels: dict[frozenset[Label], list[tuple[int, int]]] = {}
+    by_labels: dict[frozenset[Label], list[list[int]]] = {}
+    labels: frozenset[Label] = frozenset()
     for lo, hi in zip(cuts, cuts[1:]):
+        changed = False
         for label in ends.get(lo, ()):
+            changed = True
             if active[label] == 1:
                 del active[label]
             else:
                 active[label] -= 1
         for label in starts.get(lo, ()):
+            changed = True
             active[label] = active.get(label, 0) + 1
         if active:
-            by_labels.setdefault(frozenset(active), []).append((lo, hi - 1))
-    return [(CharSet.normalize(ranges), labels) for labels, ranges in by_labels.items()]
+            if changed:
+                labels = frozenset(active)
+            ranges = by_labels.setdefault(labels, [])
+            if ranges and ranges[-1][1] == lo - 1:  # intervals come in order: adjacent ones merge here
+                ranges[-1][1] = hi - 1
+            else:
+                ranges.append([lo, hi - 1])
+    # The inputs are sets (no surrogates), the intervals sorted, disjoint and merged: already normal.
+    return [(CharSet(tuple((a, b) for a, b in ranges)), labels) for labels, ranges in by_labels.items()]
 
 
 def to_dfa(node: Node) -> DFA:

@@ -205,6 +205,26 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
         return _compile("json_schema", source, target, translated.unenforced, opts, started)
 
 
+def compile_regex_ast(ast: RegexNode, key: str, tokenizer: Any, *, logits_width: int | None = None,
+                      unenforced: tuple[Unenforced, ...] = (), **options: Unpack[CompileOptions]) -> CompiledGrammar:
+    """Internal (segments): compile a regex AST of `regex.syntax` straight to the byte NFA. `key`
+    names its language in cache keys (two ASTs of one key must match the same strings)."""
+    from ..regex.syntax import to_regex
+
+    started = time.perf_counter()
+    opts = _options(**options)
+    with deadline_scope(opts.deadline):
+        target = _target(tokenizer, logits_width, opts)
+        text: list[str] = []
+
+        def written() -> str:
+            if not text:
+                text.append(to_regex(ast))
+            return text[0]
+
+        return _compile("regex_ast", _Source("ast:" + key, written, ast, 0), target, unenforced, opts, started)
+
+
 @dataclass(frozen=True)
 class _Source:
     """What `_compile` compiles: a regex's text, or a schema's regex AST (`ast`, compiled straight
@@ -242,12 +262,17 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
              unenforced: tuple[Unenforced, ...], opts: _Options, started: float) -> CompiledGrammar:
     """The grammar of `source` for `target` (see `_target`), run under `opts.deadline` (the caller's
     `deadline_scope`)."""
-    if source.size > limits.MAX_REGEX_LENGTH:
-        raise GrammarTooLargeError(
-            f"the regex has {source.size:,} characters, over the limit of {limits.MAX_REGEX_LENGTH:,} "
-            "(GRAMMAR_MLX_MAX_REGEX_LENGTH)")
     vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
+    needs_text = source.ast is None or mode == "eager" or engine == "outlines"
+    size = source.size if source.size or not needs_text else len(source.text())
+    if size > limits.MAX_REGEX_LENGTH and needs_text:
+        # A schema's AST is compiled as it is (its text may be far longer than its DAG); text is
+        # what outlines-core builds from.
+        raise GrammarTooLargeError(
+            f"the regex has {size:,} characters, over the limit of {limits.MAX_REGEX_LENGTH:,} "
+            "(GRAMMAR_MLX_MAX_REGEX_LENGTH)" + ("" if source.ast is None else
+                                              "; mode='lazy' with engine='auto' compiles it without its text"))
     if source.ast is None and (mode == "eager" or engine == "outlines"):
         # The NFA engine's parser checks syntax on its way; outlines-core's wrapping (?:R)\x00 would
         # balance a stray ")(" and build a DFA for a regex that is not one.

@@ -330,6 +330,8 @@ def _emit(node: Node, char_regex: CharRegex, memo: dict[CharSet, str]) -> str:
         else:
             suffix = f"{{{lo},{hi}}}"
         return inner + suffix
+    if isinstance(node, Anchor):
+        return "$" if node.end else "^"
     raise AssertionError(f"not an AST node: {node!r}")
 
 

@@ -4,9 +4,11 @@ the byte NFA compiles directly (`automata.byte_nfa`); `to_regex` writes it as te
 The AST is a DAG, hash-consed (`Builder`): structurally equal parts are one object, so a `$defs`
 entry, a property's value or the tail of an object's optional properties is built once however
 often it is used, and alternatives are deduplicated by identity. Each node carries the length its
-regex text would have (`Builder.size`, the DAG unfolded): the translator's narrowings (recursion
-depth, first property) are chosen by that length against limits.SCHEMA_REGEX_LENGTH as before, so
-the language does not depend on how it is represented.
+regex text would have (`Builder.size`, the DAG unfolded): limits.SCHEMA_REGEX_LENGTH bounds the DAG
+itself (`Builder.total`), what compiling costs: the byte NFA is built on demand from it, so the
+unfolded text (quadratic in an object's optional properties, exponential in recursion depth) costs
+nothing unless someone asks for it; the translator lowers recursion depth only when the DAG passes
+the cap.
 
 Whitespace `W` (empty by default) may stand after `{`, `[`, `,` and `:` and before `}`, `]`, `,`
 and `:`. A `Ref` inside a cycle of the graph is unrolled at most `max_recursion_depth` times along any
@@ -53,8 +55,8 @@ _HEX = "[0-9a-fA-F]"
 STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u(?:[0-9a-cA-CeEfF]' + _HEX + "{3}|[dD][0-7]" + _HEX + "{2})))"
 STRING = '"' + STRING_CHAR + '*"'
 STAGE = "translating the schema"  # what a deadline that passes here names
-TOO_LONG = (f"the schema's regex exceeds {limits.SCHEMA_REGEX_LENGTH} characters (recursion or nesting too deep; "
-            "lower max_recursion_depth or simplify the schema)")
+TOO_LONG = (f"the schema's regex exceeds {limits.SCHEMA_REGEX_LENGTH} characters, each shared part counted once "
+            "(recursion or nesting too deep; lower max_recursion_depth or simplify the schema)")
 
 # (cyclic Ref key, times entered) along the path to a node, sorted.
 Counts = tuple[tuple[Hashable, int], ...]
@@ -70,17 +72,21 @@ def _parsed(text: str) -> tuple[Regex, int]:
 
 class Builder:
     """Hash-consed regex AST construction: each node is made once per structure (children compared
-    by identity, which hash-consing makes structural), and `size[id(node)]` is the length of its
-    regex text. A node whose text would pass `cap` raises `GrammarTooLargeError` as it is made."""
+    by identity, which hash-consing makes structural). `size[id(node)]` is the length of its regex
+    text, the DAG unfolded; `total` the size of the DAG itself, each node counted once (its own
+    characters: a literal's text, an alternation's bars), which is what compiling it costs. Once
+    `total` passes `cap`, the node being made raises `GrammarTooLargeError`."""
 
     def __init__(self, cap: int | None = None) -> None:
         self.cap = limits.SCHEMA_REGEX_LENGTH if cap is None else cap
+        self.total = 0
         self.nodes: dict[tuple[Any, ...], Regex] = {}
         self.size: dict[int, int] = {id(EMPTY): 0}
         self.depth: dict[int, int] = {id(EMPTY): 0}  # group nesting of the text (`nesting_depth`)
 
-    def _made(self, key: tuple[Any, ...], node: Regex, size: int, depth: int = 0) -> Regex:
-        if size > self.cap:
+    def _made(self, key: tuple[Any, ...], node: Regex, size: int, own: int, depth: int = 0) -> Regex:
+        self.total += own
+        if self.total > self.cap:
             raise GrammarTooLargeError(TOO_LONG)
         self.nodes[key] = node
         self.size[id(node)] = size
@@ -93,7 +99,8 @@ class Builder:
             return EMPTY
         key = ("T", text)
         hit = self.nodes.get(key)
-        return hit if hit is not None else self._made(key, Text(text), len(text) + (len(text) >> 3))
+        size = len(text) + (len(text) >> 3)
+        return hit if hit is not None else self._made(key, Text(text), size, size)
 
     def regex(self, text: str) -> Regex:
         """The translator's own regex text (a few dozen characters: number ranges, character classes)."""
@@ -104,7 +111,7 @@ class Builder:
         if hit is not None:
             return hit
         node, depth = _parsed(text)
-        return self._made(key, node, len(text), depth)
+        return self._made(key, node, len(text), len(text), depth)
 
     def chars(self, chars: CharSet, written: Callable[[CharSet], str]) -> Regex:
         key = ("C", chars, written)
@@ -131,7 +138,7 @@ class Builder:
         if hit is not None:
             return hit
         size, depth = self.size, self.depth
-        return self._made(key, Seq(tuple(kept)), sum(size[id(x)] for x in kept), max(depth[id(x)] for x in kept))
+        return self._made(key, Seq(tuple(kept)), sum(size[id(x)] for x in kept), 1, max(depth[id(x)] for x in kept))
 
     def alt(self, items: Iterable[Regex | None]) -> Regex | None:
         """The alternation of the distinct items (None skipped; None when none is left)."""
@@ -150,7 +157,7 @@ class Builder:
             return hit
         size, depth = self.size, self.depth
         return self._made(key, Alt(tuple(distinct.values())), sum(size[k] + 1 for k in distinct) + 3,
-                          1 + max(depth[k] for k in distinct))
+                          len(distinct) + 3, 1 + max(depth[k] for k in distinct))
 
     def repeat(self, item: Regex | None, lo: int, hi: int | None) -> Regex | None:
         """item{lo,hi} (None item: empty when lo is 0)."""
@@ -165,7 +172,7 @@ class Builder:
         if hit is not None:
             return hit
         grouped = type(item) is Seq or (type(item) is Text and len(item.text) > 1)
-        return self._made(key, Repeat(item, lo, hi), self.size[id(item)] + 10, self.depth[id(item)] + grouped)
+        return self._made(key, Repeat(item, lo, hi), self.size[id(item)] + 10, 10, self.depth[id(item)] + grouped)
 
     def optional(self, item: Regex | None) -> Regex:
         return self.repeat(item, 0, 1) or EMPTY
@@ -206,6 +213,7 @@ class Emitter:
         self.ws = self.ast.regex(whitespace)
         self.max_depth = max_recursion_depth
         self.cyclic = cyclic_keys(table) if cyclic is None else cyclic
+        self.reach = cyclic_reach(table, self.cyclic) if self.cyclic else {}
         self.memo: dict[tuple[Hashable, Counts], Regex | None] = {}
         self.any_memo: dict[int, Regex] = {}
         self.json_memo: dict[int, Regex] = {}  # id(character-level AST) -> its JSON-string AST
@@ -236,6 +244,11 @@ class Emitter:
                 if entered > self.max_depth:
                     return None
                 counts = tuple(sorted({**dict(counts), key: entered + 1}.items(), key=repr))
+            if counts:
+                # Only the counts of cyclic keys this definition can reach decide what it is: a
+                # definition used at every depth of a recursion is then built once, not once per depth.
+                reach = self.reach.get(key)
+                counts = tuple(kv for kv in counts if reach is None or kv[0] in reach)
             memo_key = (key, counts)
             if memo_key not in self.memo:
                 self.memo[memo_key] = None  # a cycle back here before completion is empty
@@ -616,6 +629,24 @@ def cyclic_keys(table: Table) -> set[Hashable]:
                 if len(component) > 1 or v in looped:
                     cyclic.update(component)
     return cyclic
+
+
+def cyclic_reach(table: Table, cyclic: set[Hashable]) -> dict[Hashable, frozenset[Hashable]]:
+    """Per key of the table, the cyclic keys its definition reaches through Refs (itself included
+    when cyclic): a least fixpoint over the Ref graph, iterated until nothing changes."""
+    edges = {key: _refs(value) for key, value in table.items()}
+    reach: dict[Hashable, frozenset[Hashable]] = {
+        key: frozenset(k for k in (key, *targets) if k in cyclic) for key, targets in edges.items()}
+    changed = True
+    while changed:
+        check_deadline(STAGE)
+        changed = False
+        for key, targets in edges.items():
+            grown = reach[key].union(*(reach.get(t, frozenset()) for t in targets))
+            if len(grown) != len(reach[key]):
+                reach[key] = grown
+                changed = True
+    return reach
 
 
 def _refs(node: Node | None) -> tuple[Hashable, ...]:

@@ -119,7 +119,7 @@ from ..regex.syntax import to_regex
 from .emit import Emitter, cyclic_keys
 from .ir import Bounds, Node, conforms, serialize
 from .normalize import Normalizer, Unenforced
-from .objects import MAX_FIRST_CHOICE_COST, first_property_narrowed
+from .objects import first_property_narrowed
 
 # Object/array nesting of a schema document (const/enum values included): the translator recurses
 # once or more per level, and the metaschema check about six frames per level.
@@ -377,6 +377,9 @@ def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion
         return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False)
 
 
+_UNLIMITED = 1 << 62  # a first-choice cost no object reaches
+
+
 class _CostlyTooLarge(Exception):
     """No depth fits, with costly exact forms in the regex."""
 
@@ -386,7 +389,9 @@ def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: 
     nz: Normalizer | None = None
     root: Node | None = None
     used = False
-    for cost in (MAX_FIRST_CHOICE_COST, 0):
+    # No first-property limit at first: the AST shares the tail of an object's optional properties
+    # between the choices of its first one, so n choices cost n nodes (the limit is for the text).
+    for cost in (_UNLIMITED, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
         if nz is None or table is None:
             nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects, costly_exact=costly)

@@ -1,8 +1,8 @@
 """`compile_segments`: a segment spec and a tokenizer → a `SegmentGrammar`.
 
-Lowering (`program.lower`) names the positions; here each text run is compiled by the existing
-compiler (`compile_regex`: the cache, the live memo and the modes apply, so a JSON Schema's grammar
-is shared with plain requests of the same schema), each watched free text gets its `text_until`
+Lowering (`program.lower`) names the positions; here each text run's regex AST is compiled by the
+existing compiler (`compiler.build.compile_regex_ast`, straight to the byte NFA: the cache, the live
+memo and the modes apply, keyed by the run), each watched free text gets its `text_until`
 automaton wrapped in a lazy index, and the follow sets become the nodes' exits, checked for
 determinism. One deadline (`timeout`) covers the whole compile.
 """
@@ -18,11 +18,12 @@ import numpy as np
 
 from .. import limits
 from ..automata.byte_dfa import ByteDFA
-from ..compiler.build import _options, _target, compile_regex, token_trie
+from ..compiler.build import _options, _target, compile_regex_ast, token_trie
 from ..compiler.grammar import CompiledGrammar, LazyGrammar
 from ..compiler.lazy import LazyIndex
 from ..errors import GrammarError, InvalidArgumentError
 from ..limits import deadline_scope
+from ..regex.syntax import Node as RegexNode
 from ..vocabulary.token_bytes import Vocabulary
 from .grammar import Entry, Exits, Node, Position, SegmentGrammar
 from .program import Atom, Lowered, describe, lower
@@ -105,15 +106,18 @@ class _Builder:
 
     # -- inner grammars --------------------------------------------------------------------------
 
-    def regex_grammar(self, regex: str) -> CompiledGrammar:
+    def regex_grammar(self, regex: str, ast: RegexNode) -> CompiledGrammar:
+        """The grammar of a text run: its AST compiled straight to the byte NFA, once per `regex`
+        (the run's key)."""
         g = self.grammars.get(regex)
         if g is None:
             remaining = self.deadline.remaining()
             self.deadline.check("compiling a text segment")
             timeout = None if remaining == float("inf") else max(remaining, 1e-3)
-            g = compile_regex(regex, self.tokenizer if not isinstance(self.tokenizer, Vocabulary) else self.vocab,
-                              logits_width=self.width, eos_token_ids=self.eos if self._eos_override() else None,
-                              timeout=timeout, **self.inner_options)
+            g = compile_regex_ast(ast, regex, self.tokenizer if not isinstance(self.tokenizer, Vocabulary) else
+                                  self.vocab, logits_width=self.width,
+                                  eos_token_ids=self.eos if self._eos_override() else None, timeout=timeout,
+                                  **self.inner_options)
             self.grammars[regex] = g
             self.inner.append(g)
         return g
@@ -173,7 +177,8 @@ class _Builder:
         if atom.kind == "free":
             return Position(atom, Exits(), forbid=atom.forbid, role=atom.role, path=atom.path)
         if atom.kind == "text":
-            return Position(atom, Exits(), grammar=self.regex_grammar(atom.regex), role=atom.role, path=atom.path)
+            return Position(atom, Exits(), grammar=self.regex_grammar(atom.regex, atom.ast), role=atom.role,
+                            path=atom.path)
         stop_anywhere = atom.end is None
         watch = text_watch(list(atom.patterns), list(atom.forbidden), stop_anywhere=stop_anywhere, end=atom.end)
         name = "<text until " + " | ".join(p.decode(errors="replace") for p in atom.patterns) + ">"

@@ -27,6 +27,13 @@ from .. import limits
 from ..errors import GrammarError, GrammarTooLargeError, InvalidArgumentError
 from ..regex.charset import escape_text
 from ..regex.rust import canonical
+from ..regex.rust import parse as parse_regex
+from ..regex.syntax import EMPTY
+from ..regex.syntax import Alt as AstAlt
+from ..regex.syntax import Literal as RegexLiteral
+from ..regex.syntax import Node as RegexNode
+from ..regex.syntax import Repeat as AstRepeat
+from ..regex.syntax import Seq as AstSeq
 from ..vocabulary.token_bytes import Vocabulary
 from .spec import (
     Choice,
@@ -54,7 +61,8 @@ class Atom:
     role: str
     index: int = -1
     token: int = -1  # special
-    regex: str = ""  # text
+    regex: str = ""  # text: the run's regex, a key naming its language (a schema's by the schema)
+    ast: RegexNode = EMPTY  # text: the run as a regex AST, what is compiled
     unenforced: tuple[Any, ...] = ()
     forbid: frozenset[int] = frozenset()  # free: control ids it may not emit
     max_tokens: int | None = None  # free, watch
@@ -62,6 +70,27 @@ class Atom:
     patterns: tuple[bytes, ...] = ()  # watch: the text tags watched (texttag: its one pattern)
     forbidden: tuple[bool, ...] = ()  # watch: which patterns may never appear
     end: int | None = None  # watch: the pattern that ends it (None: it may stop anywhere)
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A text-only segment's regex: `key` names its language (regex text, a schema standing for
+    its own), `ast` is what is compiled, `unenforced` what its schemas do not enforce."""
+
+    key: str
+    ast: RegexNode
+    unenforced: tuple[Any, ...]
+
+
+def _concatenation(parts: list[_Text]) -> _Text:
+    asts = tuple(p.ast for p in parts if p.ast is not EMPTY)
+    return _Text("".join(p.key for p in parts), asts[0] if len(asts) == 1 else AstSeq(asts),
+                 tuple(u for p in parts for u in p.unenforced))
+
+
+def _alternation(parts: list[_Text]) -> _Text:
+    return _Text("(?:" + "|".join(p.key for p in parts) + ")", AstAlt(tuple(p.ast for p in parts)),
+                 tuple(u for p in parts for u in p.unenforced))
 
 
 @dataclass(frozen=True)
@@ -152,19 +181,20 @@ class _Lowering:
 
     # -- text-only subtrees as one regex ---------------------------------------------------------
 
-    def regex_of(self, seg: Segment, path: str) -> tuple[str, tuple[Any, ...]] | None:
+    def regex_of(self, seg: Segment, path: str) -> _Text | None:
         """The regex of a text-only segment (None when it holds a control token or free text)."""
         if isinstance(seg, Text):
             if not isinstance(seg.literal, str):
                 raise InvalidArgumentError(f"{path}: Text takes a str, got {type(seg.literal).__name__}")
-            return escape_text(seg.literal), ()
+            return _Text(escape_text(seg.literal), RegexLiteral(seg.literal) if seg.literal else EMPTY, ())
         if isinstance(seg, Regex):
             if not isinstance(seg.pattern, str):
                 raise InvalidArgumentError(f"{path}: Regex takes a str pattern, got {type(seg.pattern).__name__}")
             # Anchors and the other extensions of compile_regex's dialect, read as it reads them
             # before the pattern is merged into a longer run.
             try:
-                return f"(?:{canonical(seg.pattern)})", ()
+                pattern = canonical(seg.pattern)
+                return _Text(f"(?:{pattern})", parse_regex(pattern), ())
             except GrammarError as exc:
                 exc.args = (f"{path}: {exc}", *exc.args[1:])  # the same error, naming the segment
                 raise
@@ -177,43 +207,52 @@ class _Lowering:
             except GrammarError as exc:
                 exc.args = (f"{path}: {exc}", *exc.args[1:])  # the same error, naming the segment
                 raise
-            return f"(?:{translated.regex})", tuple(translated.unenforced)
+            # The schema's AST as it is (its text may be far longer); the key names the language.
+            key = json.dumps({"schema": translated.schema, "whitespace": seg.whitespace, "strict": seg.strict,
+                              "open_objects": seg.open_objects}, sort_keys=True)
+            return _Text(f"(?:\x00schema {key}\x00)", translated.ast, tuple(translated.unenforced))
         if isinstance(seg, Seq):
             parts = [self.regex_of(s, f"{path}.items[{i}]") for i, s in enumerate(_items(seg, path))]
             if any(p is None for p in parts):
                 return None
-            return "".join(p[0] for p in parts if p), tuple(u for p in parts if p for u in p[1])
+            return _concatenation([p for p in parts if p is not None])
         if isinstance(seg, Choice):
             options = _options(seg, path)
             parts = [self.regex_of(s, f"{path}.options[{i}]") for i, s in enumerate(options)]
             if any(p is None for p in parts):
                 return None
-            return "(?:" + "|".join(p[0] for p in parts if p) + ")", tuple(u for p in parts if p for u in p[1])
+            return _alternation([p for p in parts if p is not None])
         if isinstance(seg, Repeat):
             lo, hi = _bounds(seg, path)
             item = self.regex_of(seg.item, f"{path}.item")
             sep = None if seg.separator is None else self.regex_of(seg.separator, f"{path}.separator")
             if item is None or (seg.separator is not None and sep is None):
                 return None
-            unenforced = item[1] + (sep[1] if sep else ())
+            unenforced = item.unenforced + (sep.unenforced if sep else ())
             if hi == 0:
-                return "", ()
+                return _Text("", EMPTY, ())
             if sep is None:
-                return f"(?:{item[0]}){{{lo},{'' if hi is None else hi}}}", unenforced
+                return _Text(f"(?:{item.key}){{{lo},{'' if hi is None else hi}}}", AstRepeat(item.ast, lo, hi),
+                             unenforced)
             tail_hi = "" if hi is None else str(hi - 1)
-            body = f"(?:{item[0]}(?:{sep[0]}{item[0]}){{{max(lo - 1, 0)},{tail_hi}}})"
-            return (body if lo >= 1 else f"(?:{body})?"), unenforced
+            key = f"(?:{item.key}(?:{sep.key}{item.key}){{{max(lo - 1, 0)},{tail_hi}}})"
+            body = AstSeq((item.ast, AstRepeat(AstSeq((sep.ast, item.ast)), max(lo - 1, 0),
+                                                None if hi is None else hi - 1)))
+            if lo >= 1:
+                return _Text(key, body, unenforced)
+            return _Text(f"(?:{key})?", AstRepeat(body, 0, 1), unenforced)
         return None
 
     # -- the atom expression ---------------------------------------------------------------------
 
     def lower(self, seg: Segment, path: str, role: str) -> _Node:
         text = self.regex_of(seg, path)
-        if text is not None and not text[0]:  # nothing to write (an empty Seq or Text): no position
+        if text is not None and not text.key:  # nothing to write (an empty Seq or Text): no position
             return _EPS
         if text is not None:
             role = "tag" if getattr(seg, "role", None) == "tag" else role
-            return self.atom(kind="text", path=path, role=role, regex=text[0], unenforced=text[1])
+            return self.atom(kind="text", path=path, role=role, regex=text.key, ast=text.ast,
+                             unenforced=text.unenforced)
         if isinstance(seg, Token):
             return self.atom(kind="special", path=path, role="tag", token=self.token_id(seg, path))
         if isinstance(seg, Seq):
@@ -239,7 +278,7 @@ class _Lowering:
         (`Seq(Regex(a), Token(X), ...)` | `Seq(Regex(b), Token(X), ...)`): one text alternation, then
         the shared rest (named by the first option's paths), so they can be told apart. None when
         they do not have that shape."""
-        heads: list[tuple[str, tuple[Any, ...]]] = []
+        heads: list[_Text] = []
         rest: tuple[Segment, ...] | None = None
         cut0 = 0
         for i, option in enumerate(options):
@@ -257,36 +296,37 @@ class _Lowering:
                 rest, cut0 = tuple(items[cut:]), cut
             elif tuple(items[cut:]) != rest:
                 return None
-            heads.append(("".join(r for r, _ in texts), tuple(u for _, us in texts for u in us)))
+            heads.append(_concatenation([t for t in texts if t is not None]))
         assert rest is not None
         first = options[0]
         base = f"{path}.options[0]" + (".items" if isinstance(first, Seq) else "")
-        head = self.atom(kind="text", path=f"{path}.options", role=role,
-                         regex="(?:" + "|".join(r for r, _ in heads) + ")",
-                         unenforced=tuple(u for _, us in heads for u in us))
+        joined = _alternation(heads)
+        head = self.atom(kind="text", path=f"{path}.options", role=role, regex=joined.key, ast=joined.ast,
+                         unenforced=joined.unenforced)
         tail = self.lower_seq([(f"{base}[{cut0 + k}]", item) for k, item in enumerate(rest)], role)
         return _Cat((head, tail))
 
     def lower_seq(self, items: list[tuple[str, Segment]], role: str) -> _Node:
         parts: list[_Node] = []
-        run: list[tuple[str, tuple[Any, ...]]] = []
+        run: list[_Text] = []
         run_path = ""
 
         def flush() -> None:
-            if run and not any(r for r, _ in run):
+            if run and not any(t.key for t in run):
                 run.clear()
             if run:
-                parts.append(self.atom(kind="text", path=run_path, role=role, regex="".join(r for r, _ in run),
-                                       unenforced=tuple(u for _, us in run for u in us)))
+                joined = _concatenation(run)
+                parts.append(self.atom(kind="text", path=run_path, role=role, regex=joined.key, ast=joined.ast,
+                                       unenforced=joined.unenforced))
                 run.clear()
 
         for item_path, item in items:
             text = self.regex_of(item, item_path)
-            if text is not None and not text[0]:
+            if text is not None and not text.key:
                 continue
             if text is not None and getattr(item, "role", None) == "tag":  # a text tag: a run of its own
                 flush()
-                parts.append(self.atom(kind="text", path=item_path, role="tag", regex=text[0]))
+                parts.append(self.atom(kind="text", path=item_path, role="tag", regex=text.key, ast=text.ast))
                 continue
             if text is not None:
                 if not run:

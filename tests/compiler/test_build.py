@@ -250,9 +250,16 @@ def test_size_limits(qwen_vocab, monkeypatch):
         for _ in range(10_000):
             lazy.mask_row(state)
             state = lazy.next_state(state, int(rng.choice(ab)))
+    # The byte NFA is built as walks reach its states (a counted repetition one count at a time):
+    # a large count compiles at once, and a generation that builds past the cap gets a typed error.
     monkeypatch.setattr(limits, "MAX_NFA_STATES", 500)
+    counted = compile_regex(r"[a-z]{1,600}", qwen_vocab, use_cache=False)
+    assert counted.stats["nfa_states"] < 50
+    state, a = counted.initial_state, qwen_vocab.token_bytes.index(b"a")
     with pytest.raises(GrammarTooLargeError, match="byte NFA needs over 500 states"):
-        compile_regex(r"[a-z]{1,600}", qwen_vocab, use_cache=False)
+        for _ in range(600):
+            counted.mask_row(state)
+            state = counted.next_state(state, a)
 
 
 @pytest.mark.parametrize("regex, mode", [(EXPLODING, "lazy"), ('"[^"]{0,400}"', "eager")])
