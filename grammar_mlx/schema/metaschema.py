@@ -201,14 +201,7 @@ def fast_verdict(schema: dict | bool) -> FastVerdict:
         uri = schema["$schema"]
         if not isinstance(uri, str):
             raise InvalidSchemaError(f"$schema must be a URI string, not {uri!r}")
-        if uri in _DRAFTS_SPELLED:
-            draft = _DRAFTS_SPELLED[uri]
-        else:
-            try:
-                normalized = urlsplit(uri).geturl()
-            except ValueError:  # jsonschema's registry lookup raises on it too: let that path decide
-                return _UNDECIDED
-            draft = _DRAFTS.get(normalized, _DRAFT2020)
+        draft = _draft_named(uri)
         if draft is None:
             return _UNDECIDED
         candidates: tuple[_Draft, ...] = (draft,)
@@ -227,6 +220,18 @@ def fast_verdict(schema: dict | bool) -> FastVerdict:
     if len(problems) < len(candidates):
         return _UNDECIDED
     return FastVerdict(False, problems[reported])
+
+
+def _draft_named(uri: str) -> _Draft | None:
+    """The draft jsonschema's `validator_for` picks for `uri` (2020-12 for an unknown one); None for
+    draft 3 and for a URI `urlsplit` refuses (jsonschema's lookup raises on it)."""
+    if uri in _DRAFTS_SPELLED:
+        return _DRAFTS_SPELLED[uri]
+    try:
+        normalized = urlsplit(uri).geturl()
+    except ValueError:
+        return None
+    return _DRAFTS.get(normalized, _DRAFT2020)
 
 
 Path = tuple[Any, Any] | None  # (parent path, key or index): a JSON pointer built only for a message
@@ -358,25 +363,44 @@ def _is_non_negative(value: object, integral_floats: bool) -> bool:
 
 def _distinct(values: list) -> bool:
     """Whether jsonschema's `uniqueItems` holds: numbers equal by value (1 == 1.0), booleans apart
-    from numbers. Arrays and objects among them: `_Undecided`."""
-    seen: set[tuple[str, object]] = set()
+    from numbers, objects and arrays inside the items by structure. `_Undecided` for two or more items
+    with an array among them (jsonschema sorts such items and compares neighbours only, so its answer
+    is not structural equality), and for NaN or nesting past `_FREEZE_DEPTH`."""
+    if len(values) < 2:
+        return True
+    seen: set[object] = set()
     for v in values:
-        if isinstance(v, bool):
-            item: tuple[str, object] = ("bool", v)
-        elif isinstance(v, (int, float)):
-            if v != v:  # NaN: equal to nothing, not even itself
-                raise _Undecided
-            item = ("number", v)
-        elif isinstance(v, str):
-            item = ("string", v)
-        elif v is None:
-            item = ("null", None)
-        else:
+        if isinstance(v, list):
             raise _Undecided
+        item = _frozen(v, 0)
         if item in seen:
             return False
         seen.add(item)
     return True
+
+
+_FREEZE_DEPTH = 16
+
+
+def _frozen(value: object, depth: int) -> object:
+    """A hashable key equal for values jsonschema's `equal` calls equal."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float)):
+        if value != value:  # NaN: equal to nothing, not even itself
+            raise _Undecided
+        return ("number", value)
+    if isinstance(value, str):
+        return ("string", value)
+    if value is None:
+        return ("null",)
+    if depth >= _FREEZE_DEPTH:
+        raise _Undecided
+    if isinstance(value, list):
+        return ("array", tuple(_frozen(v, depth + 1) for v in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((k, _frozen(v, depth + 1)) for k, v in value.items()))
+    raise _Undecided
 
 
 def _problem(path: Path, value: object, what: str) -> str:
