@@ -25,6 +25,7 @@ Both paths check the compile deadline (`limits.check_deadline`), and neither rec
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -427,9 +428,10 @@ def _is_json(value: object) -> bool:
 
 
 def _show(value: object, limit: int = 80) -> str:
-    import json
-
-    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (RecursionError, ValueError):  # nested past the interpreter's stack
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
     return text if len(text) <= limit else text[:limit] + "..."
 
 

@@ -25,6 +25,8 @@ CORPORA = ("maskbench-public.jsonl.gz", "draft7.jsonl.gz", "draft2020-12.jsonl.g
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
 DRAFT2020 = "https://json-schema.org/draft/2020-12/schema"
+DRAFT_URIS = [DRAFT4, "http://json-schema.org/draft-06/schema#", DRAFT7, "https://json-schema.org/draft/2019-09/schema",
+              DRAFT2020]
 
 
 def jsonschema_error(schema) -> str | None:
@@ -102,6 +104,8 @@ def test_mutated_corpus_schemas_agree_with_jsonschema(corpus_schemas, monkeypatc
         if key == "$schema":
             continue
         target[key] = copy.deepcopy(rng.choice(BAD_VALUES))
+        if rng.random() < 0.4:  # under each draft's own metaschema too
+            schema["$schema"] = rng.choice(DRAFT_URIS)
         cases.append(schema)
     counts = {"rejected": 0, "fast_invalid": 0, "fast_valid": 0}
     for schema in cases:
@@ -118,6 +122,7 @@ def test_mutated_corpus_schemas_agree_with_jsonschema(corpus_schemas, monkeypatc
             with pytest.raises(InvalidSchemaError, match="JSON Schema"):
                 check_metaschema(schema)
     # Each rejected mutation is one the walk found too (none left undecided)
+    print(counts)
     assert counts["fast_invalid"] == counts["rejected"] > 200, counts
     assert counts["fast_valid"] == len(cases) - counts["rejected"], counts
     # Without jsonschema the walk's verdict stands
