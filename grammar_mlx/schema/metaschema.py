@@ -13,10 +13,13 @@ assert `format` (`uri`, `regex`). Which drafts: the one `$schema` names (an unkn
 without `$schema`, any of 7, 2020-12, 4 (real-world schemas omit `$schema` and use older keyword
 forms); a schema valid under one is accepted.
 
-When the walk finds a problem, or meets what it does not decide (a `$schema` of draft 3 or one
-`urllib` cannot split, non-JSON Python values such as tuples or Decimals, the distinctness of
-objects or arrays in a draft 4 `enum`), and `jsonschema` (a test extra) is installed, jsonschema's
-metaschema validators decide and word the error, as they did before this walk existed. Without
+When the walk finds a problem, or meets what it does not decide, and `jsonschema` (a test extra) is
+installed, jsonschema's metaschema validators decide and word the error, as they did before this
+walk existed. Not decided: a `$schema` of draft 3 or one `urllib` cannot split; a wrong-looking value
+holding non-JSON Python values (tuples, Decimals: jsonschema's type checks read them their own way);
+whether a draft 4 `enum` is distinct when it has arrays among its items (jsonschema sorts and
+compares neighbours only, which is not structural equality), a NaN, or items nested past
+`_FREEZE_DEPTH`. Without
 jsonschema the walk's verdict stands: a problem raises `InvalidSchemaError` naming the JSON pointer
 (the 2020-12 draft's problem when no `$schema` is given); an undecided schema is accepted.
 
