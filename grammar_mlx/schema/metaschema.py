@@ -15,7 +15,7 @@ forms); a schema valid under one is accepted.
 
 When the walk finds a problem, or meets what it does not decide, and `jsonschema` (a test extra) is
 installed, jsonschema's metaschema validators decide and word the error, as they did before this
-walk existed. Not decided: a `$schema` of draft 3 or one `urllib` cannot split; a wrong-looking value
+walk existed. Not decided: a `$schema` of draft 3; a wrong-looking value
 holding non-JSON Python values (tuples, Decimals: jsonschema's type checks read them their own way);
 whether a draft 4 `enum` is distinct when it has arrays among its items (jsonschema sorts and
 compares neighbours only, which is not structural equality), a NaN, or items nested past
@@ -200,7 +200,7 @@ def check_metaschema(schema: dict | bool) -> None:
 
 def fast_verdict(schema: dict | bool) -> FastVerdict:
     """The walk's verdict on `schema`, without jsonschema. Raises `InvalidSchemaError` for a `$schema`
-    that is not a string (as the jsonschema path does)."""
+    that is not a string, or not a URI (as the jsonschema path does)."""
     if isinstance(schema, dict) and "$schema" in schema:
         uri = schema["$schema"]
         if not isinstance(uri, str):
@@ -228,14 +228,18 @@ def fast_verdict(schema: dict | bool) -> FastVerdict:
 
 def _draft_named(uri: str) -> _Draft | None:
     """The draft jsonschema's `validator_for` picks for `uri` (2020-12 for an unknown one); None for
-    draft 3 and for a URI `urlsplit` refuses (jsonschema's lookup raises on it)."""
+    draft 3. `InvalidSchemaError` for a URI `urlsplit` refuses (jsonschema's lookup raises on it)."""
     if uri in _DRAFTS_SPELLED:
         return _DRAFTS_SPELLED[uri]
+    return _DRAFTS.get(_normalized_uri(uri), _DRAFT2020)
+
+
+def _normalized_uri(uri: str) -> str:
+    """`uri` as jsonschema's registry of metaschemas normalizes its keys."""
     try:
-        normalized = urlsplit(uri).geturl()
-    except ValueError:
-        return None
-    return _DRAFTS.get(normalized, _DRAFT2020)
+        return urlsplit(uri).geturl()
+    except ValueError as e:  # "http://[::1": an unclosed IPv6 host
+        raise InvalidSchemaError(f"$schema must be a URI, not {uri!r} ({e})") from None
 
 
 Path = tuple[Any, Any] | None  # (parent path, key or index): a JSON pointer built only for a message
@@ -463,6 +467,7 @@ def _check_with_jsonschema(schema: dict | bool) -> None:
     if isinstance(schema, dict) and "$schema" in schema:
         if not isinstance(schema["$schema"], str):
             raise InvalidSchemaError(f"$schema must be a URI string, not {schema['$schema']!r}")
+        _normalized_uri(schema["$schema"])  # validator_for's lookup would raise ValueError on it
         cls = validators.validator_for(schema, default=None)
         candidates = [cls] if cls is not None else [jsonschema.Draft202012Validator]
         reported = candidates[0]

@@ -224,13 +224,28 @@ def test_with_jsonschema_problems_are_worded_by_jsonschema():
                                  "http://json-schema.org/draft-06/schema#", "https://json-schema.org/draft/2019-09/schema",
                                  "https://json-schema.org/draft/2020-12/schema#", "HTTP://json-schema.org/draft-07/schema#",
                                  "https://json-schema.org/draft-07/schema#", "http://json-schema.org/draft-07/schema/",
-                                 "http://json-schema.org/schema#", "", "urn:x", "http://json-schema.org/draft-03/schema#"])
+                                 "http://json-schema.org/schema#", "", "urn:x", "http://json-schema.org/draft-03/schema#",
+                                 "http://JSON-SCHEMA.org/draft-07/schema#", "http://json-schema.org/draft-07/schema?#",
+                                 " http://json-schema.org/draft-07/schema#", "http://json-schema.org/draft-07/schema#x"])
 def test_schema_uris_pick_the_draft_jsonschema_picks(uri):
     cls = jsonschema.validators.validator_for({"$schema": uri}, default=None) or jsonschema.Draft202012Validator
     draft = _draft_named(uri)
     expected = {"Draft4Validator": "draft 4", "Draft6Validator": "draft 6", "Draft7Validator": "draft 7",
                 "Draft201909Validator": "draft 2019-09", "Draft202012Validator": "draft 2020-12"}.get(cls.__name__)
     assert (draft.name if draft is not None else None) == expected
+
+
+def test_a_schema_uri_urlsplit_refuses_is_an_invalid_schema_on_both_paths(monkeypatch):
+    """jsonschema's own lookup raises a bare ValueError on it; both paths say InvalidSchemaError."""
+    schema = {"$schema": "http://[::1", "type": "string"}
+    with pytest.raises(ValueError, match="IPv6"):
+        jsonschema.validators.validator_for(schema, default=None)
+    for path in (check_metaschema, _check_with_jsonschema):
+        with pytest.raises(InvalidSchemaError, match=r"\$schema must be a URI, not 'http://\[::1'"):
+            path(schema)
+    monkeypatch.setitem(sys.modules, "jsonschema", None)
+    with pytest.raises(InvalidSchemaError, match="must be a URI"):
+        check_metaschema(schema)
 
 
 def _wide(n: int) -> dict:
