@@ -94,10 +94,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, cached_property, lru_cache
-from typing import Any
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -118,11 +116,12 @@ from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
 from .emit import Emitter, cyclic_keys
 from .ir import Bounds, Node, conforms, serialize
+from .metaschema import check_metaschema
 from .normalize import Normalizer, Unenforced
 from .objects import first_property_narrowed
 
 # Object/array nesting of a schema document (const/enum values included): the translator recurses
-# once or more per level, and the metaschema check about six frames per level.
+# once or more per level (the metaschema walk does not; its jsonschema fallback does).
 
 
 # Where a value sits in a document: (the parent's path, the key or index), None at the root.
@@ -174,7 +173,7 @@ def load_schema(schema: object) -> dict | bool:
         )
     _check_json_value(schema, "schema", InvalidSchemaError, text=True)
     try:
-        _check_metaschema(schema)
+        check_metaschema(schema)
     except RecursionError:
         raise _too_deep("the schema") from None
     return schema
@@ -251,60 +250,6 @@ def _too_deep(what: str) -> GrammarTooLargeError:
         f"{what} nests too deeply for the translator (a long chain of $refs, recursion unrolled "
         "max_recursion_depth times, or a deeply nested pattern or set of property names); lower "
         "max_recursion_depth or flatten the schema")
-
-
-def _check_metaschema(schema: dict | bool) -> None:
-    """Validate against the draft's metaschema when `jsonschema` is installed (a test extra).
-
-    Without `$schema`, a schema valid under any of 2020-12, 7, 4 is accepted: real-world schemas omit
-    `$schema` and use older keyword forms (`items: [...]`, boolean `exclusiveMinimum`). Draft 7 is
-    tried first (its metaschema validates several times faster than 2020-12's dynamic references);
-    a schema valid under none is reported by its 2020-12 error."""
-    try:
-        import jsonschema
-        from jsonschema import validators
-    except ImportError:
-        return
-    if isinstance(schema, dict) and "$schema" in schema:
-        if not isinstance(schema["$schema"], str):
-            raise InvalidSchemaError(f"$schema must be a URI string, not {schema['$schema']!r}")
-        cls = validators.validator_for(schema, default=None)
-        candidates = [cls] if cls is not None else [jsonschema.Draft202012Validator]
-        reported = candidates[0]
-    else:
-        candidates = [jsonschema.Draft7Validator, jsonschema.Draft202012Validator, jsonschema.Draft4Validator]
-        reported = jsonschema.Draft202012Validator
-    errors = {}
-    for cls in candidates:
-        checked = _deadline_checked(cls)
-        try:
-            error = jsonschema.exceptions.best_match(checked(cls.META_SCHEMA).iter_errors(schema))
-        except (GrammarError, RecursionError):
-            raise
-        except Exception as e:  # noqa: BLE001 - jsonschema's own bugs on odd input (draft 3 `extends`)
-            errors[cls] = f"not a valid JSON Schema: the {cls.__name__} check fails on it ({type(e).__name__}: {e})"
-            continue
-        if error is None:
-            return
-        where = "/" + "/".join(str(p) for p in error.absolute_path)
-        errors[cls] = f"not a valid JSON Schema at {where}: {error.message}"
-    raise InvalidSchemaError(errors[reported])
-
-
-@cache
-def _deadline_checked(cls: Any) -> Any:  # a jsonschema validator class (untyped)
-    """`cls` with the compile deadline checked before each keyword it evaluates: validating a wide
-    schema against its metaschema takes seconds, and must stop when the deadline passes."""
-    from jsonschema import validators
-
-    def checked(keyword: Callable[..., Any]) -> Callable[..., Any]:
-        def validate(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-            check_deadline("checking the schema against its metaschema")
-            return keyword(validator, value, instance, schema)
-
-        return validate
-
-    return validators.extend(cls, {name: checked(fn) for name, fn in cls.VALIDATORS.items()})
 
 
 def schema_to_regex(

@@ -579,7 +579,7 @@ def test_malformed_keyword_values_raise_invalid_schema_error(monkeypatch):
     """Without jsonschema (a test extra) the translator alone must refuse them, typed."""
     import grammar_mlx.schema.translate as schema_module
 
-    monkeypatch.setattr(schema_module, "_check_metaschema", lambda schema: None)
+    monkeypatch.setattr(schema_module, "check_metaschema", lambda schema: None)
     for schema in ({"not": {"minItems": [False]}}, {"not": {"required": "a"}}, {"not": {"type": {}}},
                    {"type": "object", "dependentRequired": ["a"]}, {"not": {"properties": 3}},
                    {"not": {"anyOf": {}}}, {"type": "string", "pattern": "a{" + "9" * 5000 + "}"}):
@@ -623,7 +623,7 @@ def test_random_json_values_as_schemas_raise_only_grammar_errors(monkeypatch):
     cases = [schema(3) for _ in range(150)]
     for with_metaschema in (True, False):
         if not with_metaschema:
-            monkeypatch.setattr(schema_module, "_check_metaschema", lambda schema: None)
+            monkeypatch.setattr(schema_module, "check_metaschema", lambda schema: None)
         for case in cases:
             # Each call runs at once, inside this iteration: binding `case` as a default keeps that explicit.
             for call in (lambda case=case: schema_to_regex(case),
