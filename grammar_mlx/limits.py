@@ -13,7 +13,7 @@ Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / 
 | `COMPILE_TIMEOUT` | 60 s | `GRAMMAR_MLX_COMPILE_TIMEOUT` | the whole compile, schema translation included |
 | `COMPILE_MEMORY` | 8 GiB | `GRAMMAR_MLX_COMPILE_MEMORY` | a compile worker's address space (Linux; 0: none) |
 | `MAX_REGEX_LENGTH` | 1,000,000 | `GRAMMAR_MLX_MAX_REGEX_LENGTH` | characters of a regex given to the compiler |
-| `MAX_NFA_STATES` | 1,000,000 | `GRAMMAR_MLX_MAX_NFA_STATES` | states of a byte NFA, counted repetitions expanded |
+| `MAX_NFA_STATES` | 1,000,000 | `GRAMMAR_MLX_MAX_NFA_STATES` | byte NFA states built (as walks reach them) |
 | `MAX_DFA_STATES` | 250,000 | `GRAMMAR_MLX_MAX_DFA_STATES` | states of a byte DFA, complete or built on demand |
 | `AUTO_EAGER_MAX_STATES` | 8 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` goes eager up to this many byte states |
 
@@ -34,7 +34,7 @@ JSON Schema translation (fixed; see docs/json-schema.md for what each relaxes or
 
 | name | value | bounds |
 |---|---|---|
-| `SCHEMA_REGEX_LENGTH` | 500,000 | characters of the regex a schema translates to |
+| `SCHEMA_REGEX_LENGTH` | 500,000 | characters of the regex AST a schema translates to, each shared part counted once |
 | `MAX_REGEX_NESTING` | 80 | group nesting of that regex |
 | `MAX_SCHEMA_DEPTH` | 100 | object/array nesting of a schema document (const/enum values included) |
 | `MAX_INTEGER_DIGITS` | 4,300 | digits of an integer in a schema (Python's int/str limit) |

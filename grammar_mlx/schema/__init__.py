@@ -3,7 +3,8 @@ what that regex does not enforce; `canonical_json` writes an instance the way th
 
 The data path inside: `loc` (documents, `$ref`/`$id` resolution) → `normalize` (a schema to the
 IR of `ir`, keyword by keyword: `objects`, `arrays`, `strings`, `numbers`, `formats`, `logic`,
-`exclusive`) → `emit` (the IR as regex text). Imports `regex`, `automata.chars`, `errors`, `limits`.
+`exclusive`) → `emit` (the IR as a hash-consed regex AST, which the byte NFA compiles directly).
+Imports `regex`, `automata.chars`, `errors`, `limits`.
 The contract, the output format and what is reported: `translate`'s docstring and
 docs/json-schema.md.
 """

@@ -1,5 +1,9 @@
 """JSON Schema -> the regex of its valid JSON texts, with a report of what that regex does not enforce.
 
+The regex is an AST (`SchemaRegex.ast`, a DAG of `regex.syntax` nodes: `schema.emit`), which the
+byte NFA compiles as it is; `SchemaRegex.regex` writes it as text on first read, for export and for
+outlines-core.
+
     >>> r = schema_to_regex({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}}})
     >>> r.regex, r.unenforced          # ('\\{(?:"a":[1-9][0-9]*)?\\}', ())
     >>> canonical_json({"a": 2.0}, schema)   # '{"a":2}': any valid instance in the grammar's format
@@ -58,10 +62,9 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
 - recursive `$ref`s unroll `max_recursion_depth` times (default 3; 0 to limits.MAX_REGEX_NESTING = 80, else
   `InvalidArgumentError`), lowered as far as needed to fit limits.SCHEMA_REGEX_LENGTH; generic values (`{}`,
   `true`) nest at most min(that, limits.MAX_ANY_DEPTH = 2) containers;
-- objects with many optional properties before the first required one must start with one of the
-  first few (`schema.objects.MAX_FIRST_CHOICE_COST`; outlines-core does not minimize its DFA, and
-  every allowed first property repeats the rest of the object); if the regex is still too large,
-  with the first one;
+- objects with many optional properties before the first required one must start with the first
+  one, only where the AST would otherwise pass limits.SCHEMA_REGEX_LENGTH (any of them may come first
+  otherwise: the choices share the rest of the object);
 - extra property names hold no character JSON must escape; `hostname` has at most 4 labels and no
   IDNA A-labels; `time`/`date-time` have no leap second; `email` has no general address literal;
   surrogate-pair escapes are not generated.
@@ -72,11 +75,11 @@ CONTAINS_STATES, UNIQUE_DOMAIN, COUNTED_ARRAY_LENGTH), `oneOf` whose overlapping
 be excluded from each other exactly, `not`/`if` of schemas without a union form (`format`, `items`,
 ...), `format: regex` and `idn-*`, lookaround/back-references/word boundaries in `pattern`, counts
 the object shape cannot express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
-(`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); a regex
-over limits.SCHEMA_REGEX_LENGTH characters at depth 0, or nesting over limits.MAX_REGEX_NESTING groups, raises
-`GrammarTooLargeError` (the cap is checked as the regex grows, so refusing a huge schema costs no
-more than translating one within it); every automaton step has a budget, so nothing hangs. Unknown
-keywords and unknown `format`s constrain nothing (JSON Schema's rule) and are not reported.
+(`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); an AST
+over limits.SCHEMA_REGEX_LENGTH characters at depth 0 (each shared part counted once), or nesting over
+limits.MAX_REGEX_NESTING groups, raises `GrammarTooLargeError` (the cap is checked as the AST grows,
+so refusing a huge schema costs no more than translating one within it); every automaton step has
+a budget, so nothing hangs. Unknown keywords and unknown `format`s constrain nothing (JSON Schema's rule) and are not reported.
 
 Inputs no JSON document holds raise `InvalidSchemaError` naming where (a JSON pointer): NaN and
 Infinity (JSON text such as `1e400` reads as Infinity), integers over limits.MAX_INTEGER_DIGITS digits, lone
