@@ -79,7 +79,8 @@ the object shape cannot express, remote `$ref`s, `$dynamicRef`. Size guards: cou
 over limits.SCHEMA_REGEX_LENGTH characters at depth 0 (each shared part counted once), or nesting over
 limits.MAX_REGEX_NESTING groups, raises `GrammarTooLargeError` (the cap is checked as the AST grows,
 so refusing a huge schema costs no more than translating one within it); every automaton step has
-a budget, so nothing hangs. Unknown keywords and unknown `format`s constrain nothing (JSON Schema's rule) and are not reported.
+a budget, so nothing hangs. Unknown keywords and unknown `format`s constrain nothing (JSON
+Schema's rule) and are not reported.
 
 Inputs no JSON document holds raise `InvalidSchemaError` naming where (a JSON pointer): NaN and
 Infinity (JSON text such as `1e400` reads as Infinity), integers over limits.MAX_INTEGER_DIGITS digits, lone
