@@ -35,7 +35,7 @@ JSON Schema translation (fixed; see docs/json-schema.md for what each relaxes or
 | name | value | bounds |
 |---|---|---|
 | `SCHEMA_REGEX_LENGTH` | 500,000 | characters of the regex AST a schema translates to, each shared part counted once |
-| `MAX_REGEX_NESTING` | 80 | group nesting of that regex |
+| `MAX_REGEX_NESTING` | 80 | group nesting of that regex where outlines-core builds it; max_recursion_depth |
 | `MAX_SCHEMA_DEPTH` | 100 | object/array nesting of a schema document (const/enum values included) |
 | `MAX_INTEGER_DIGITS` | 4,300 | digits of an integer in a schema (Python's int/str limit) |
 | `MAX_REPEAT` | 1,000 | counted repetitions (maxLength, maxItems, {m,n}) kept exact; above: relaxed, reported |

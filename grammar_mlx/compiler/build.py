@@ -201,7 +201,8 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
         # its cache key, so the regex text is never written on the way (only if something reads it).
         key = json.dumps({"schema": translated.schema, "whitespace": whitespace, "strict": strict,
                           "open_objects": open_objects, "limits": _translation_limits()}, sort_keys=True)
-        source = _Source("schema:" + key, lambda: translated.regex, translated.ast, translated.size)
+        source = _Source("schema:" + key, lambda: translated.regex, translated.ast, translated.size,
+                         translated.nesting)
         return _compile("json_schema", source, target, translated.unenforced, opts, started)
 
 
@@ -233,7 +234,8 @@ class _Source:
     key: str  # names the language in cache keys: the regex itself, or the schema with its options
     text: Callable[[], str]
     ast: RegexNode | None = None
-    size: int = 0  # the text's length
+    size: int = 0  # the text's length (0: unknown)
+    nesting: int = 0  # the text's group nesting, where known
 
     @staticmethod
     def of_regex(regex: str) -> _Source:
@@ -265,6 +267,10 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
     vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
     needs_text = source.ast is None or mode == "eager" or engine == "outlines"
+    if needs_text and source.nesting > limits.MAX_REGEX_NESTING:
+        raise GrammarTooLargeError(
+            f"the schema's regex nests {source.nesting} groups deep, over the {limits.MAX_REGEX_NESTING} outlines-core "
+            "takes; mode='lazy' with engine='auto' compiles it")
     size = source.size if source.size or not needs_text else len(source.text())
     if size > limits.MAX_REGEX_LENGTH and needs_text:
         # A schema's AST is compiled as it is (its text may be far longer than its DAG); text is

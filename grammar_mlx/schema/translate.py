@@ -77,7 +77,8 @@ be excluded from each other exactly, `not`/`if` of schemas without a union form 
 the object shape cannot express, remote `$ref`s, `$dynamicRef`. Size guards: counted repetitions above limits.MAX_REPEAT
 (`maxLength: 65535`) are relaxed to unbounded and reported (strict: `GrammarTooLargeError`); an AST
 over limits.SCHEMA_REGEX_LENGTH characters at depth 0 (each shared part counted once), or nesting over
-limits.MAX_REGEX_NESTING groups, raises `GrammarTooLargeError` (the cap is checked as the AST grows,
+limits.MAX_REGEX_NESTING groups where outlines-core must build it (`mode="eager"`,
+`engine="outlines"`), raises `GrammarTooLargeError` (the cap is checked as the AST grows,
 so refusing a huge schema costs no more than translating one within it); every automaton step has
 a budget, so nothing hangs. Unknown keywords and unknown `format`s constrain nothing (JSON
 Schema's rule) and are not reported.
@@ -141,6 +142,7 @@ class SchemaRegex:
     unenforced: tuple[Unenforced, ...]  # keywords an output may violate
     schema: dict | bool  # the schema as parsed (Pydantic models: model_json_schema())
     size: int  # the length of `regex`, known without writing it
+    nesting: int  # its group nesting (outlines-core takes at most limits.MAX_REGEX_NESTING)
 
     @cached_property
     def regex(self) -> str:
@@ -283,13 +285,9 @@ def schema_to_regex(
     nz, translated, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects)
     if translated is None:
         raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
-    ast, size, depth = translated
-    if depth > limits.MAX_REGEX_NESTING:
-        raise GrammarTooLargeError(
-            f"the schema's regex nests {depth} groups deep (limit {limits.MAX_REGEX_NESTING}); the schema is nested "
-            "too deeply")
+    ast, size, nesting = translated
     unenforced = tuple(Unenforced(k, p, reason) for (k, p), reason in nz.unenforced.items())
-    return SchemaRegex(ast, unenforced, doc, size)
+    return SchemaRegex(ast, unenforced, doc, size, nesting)
 
 
 def _check_open_objects(open_objects: object) -> None:
