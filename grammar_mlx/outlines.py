@@ -45,6 +45,7 @@ is the request's context. One processor follows one request: use `copy()` (Outli
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -83,6 +84,8 @@ def _unwrap(tokenizer: Any) -> Any:
 class RegexLogitsProcessor:
     """Outlines-compatible processor for a regex (full match, outlines-core syntax)."""
 
+    _regex: str | Callable[[], str]  # the regex, or how to write it (`regex`)
+
     def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "mlx", *,
                  logits_width: int | None = None, max_tokens: int | None = None,
                  reasoning: Reasoning | bool | None = None, prompt_ids: list[int] | None = None,
@@ -103,7 +106,15 @@ class RegexLogitsProcessor:
     def _body(self) -> Segment:
         return Regex(self.regex)
 
-    def _init(self, regex: str, tokenizer: Any, tensor_library_name: str, logits_width: int | None,
+    @property
+    def regex(self) -> str:
+        """The regex matched (a schema's written from its AST on first read)."""
+        if not isinstance(self._regex, str):
+            self._regex = self._regex()
+        return self._regex
+
+    def _init(self, regex: str | Callable[[], str], tokenizer: Any, tensor_library_name: str,
+              logits_width: int | None,
               unenforced: tuple[Unenforced, ...], compile_options: CompileOptions,
               max_tokens: int | None = None) -> None:
         if tensor_library_name not in _SUPPORTED_LIBRARIES:
@@ -118,7 +129,7 @@ class RegexLogitsProcessor:
             raise InvalidArgumentError(f"logits_width must be a positive int or None, got {logits_width!r}")
         self.max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)
         self.tensor_library_name = tensor_library_name
-        self.regex = regex
+        self._regex = regex
         self.unenforced = unenforced
         self._tokenizer = _unwrap(tokenizer)
         self._compile_options = compile_options
@@ -200,7 +211,7 @@ class JSONLogitsProcessor(RegexLogitsProcessor):
         self.schema = translated.schema
         self.whitespace_pattern = whitespace_pattern
         self.strict = strict
-        self._init(translated.regex, tokenizer, tensor_library_name, logits_width, translated.unenforced,
+        self._init(lambda: translated.regex, tokenizer, tensor_library_name, logits_width, translated.unenforced,
                    compile_options, max_tokens)
 
     def _body(self) -> Segment:
