@@ -151,12 +151,29 @@ def _edges(first: int, items: list[tuple[int, tuple[tuple[int, int], ...], int]]
     return edges
 
 
+@lru_cache(maxsize=4096)
+def _literal_bits(text: str) -> tuple[int, int, int]:
+    """(UTF-8 length, class-boundary bits, byte bits) of a literal (`ByteNFA.prepare`)."""
+    data = text.encode("utf-8")
+    edges = seen = 0
+    for c in data:
+        edges |= (1 << c) | (1 << (c + 1))
+        seen |= 1 << c
+    return len(data), edges, seen
+
+
 @lru_cache(maxsize=1024)
-def _class_template(ranges: tuple[tuple[int, int], ...]) -> tuple[Template, list[int]]:
-    """`class_template(ranges)` and, per template state, the fewest bytes to the character's end
-    (the same few classes, JSON's string characters, digits, recur in every schema: made once).
-    Read-only: NFAs copy the rows as they instantiate them."""
+def _class_template(ranges: tuple[tuple[int, int], ...]
+                    ) -> tuple[Template, list[int], int, frozenset[tuple[int, int]]]:
+    """`class_template(ranges)`; per template state, the fewest bytes to the character's end; the
+    class-boundary bits and byte ranges of its edges (the same few classes, JSON's string characters,
+    digits, recur in every schema: made once). Read-only: NFAs copy the rows as they instantiate them."""
     template = class_template(ranges)
+    edges, spans = 0, set()
+    for rows in template:
+        for lo, hi, _ in rows:
+            edges |= (1 << lo) | (1 << (hi + 1))
+            spans.add((lo, hi))
     dists = [0] * len(template)  # 0: not known yet (every state is at least 1 byte from the end)
 
     def fewest(i: int) -> int:  # acyclic, at most 4 bytes deep
@@ -166,7 +183,7 @@ def _class_template(ranges: tuple[tuple[int, int], ...]) -> tuple[Template, list
 
     for i in range(len(template)):
         fewest(i)
-    return template, dists
+    return template, dists, edges, frozenset(spans)
 
 
 # --- the NFA --------------------------------------------------------------------------------------
@@ -187,12 +204,12 @@ class ByteNFA:
         self.eps: list[list[int] | None] = []
         self.dist = array("i")
         self.max_states = int(max_states)
-        self.bounds = bytearray(257)  # bytes where a range starts or ends: the class boundaries
-        self.bounds[1] = 1  # NUL alone in class 0
-        # Every byte range an edge has: single bytes of literals, and the ranges of class templates
-        # (what liveness over an alphabet needs to know: `_nfa_liveness`).
-        self.literal_bytes = bytearray(256)
-        self.ranges: set[tuple[int, int]] = set()
+        # Bit b: a byte range starts or ends at b (the class boundaries; NUL alone in class 0), and
+        # bit b of `_literal`: some literal has byte b. With the class templates' ranges, every byte
+        # range an edge may have (what liveness over an alphabet needs to know: `_nfa_liveness`).
+        self._bounds = 1 << 1
+        self._literal = 0
+        self._template_ranges: list[frozenset[tuple[int, int]]] = []
         self._templates: dict[tuple[tuple[int, int], ...], tuple[Template, list[int]]] = {}
         self._memo: dict[tuple[int, ...], int] = {}  # (id(node)[, lo, hi], continuation) -> state
         self._pending: dict[int, tuple[Node, int, int | None, int]] = {}  # state -> (node, lo, hi, continuation)
@@ -230,18 +247,16 @@ class ByteNFA:
         `Unsupported` for anchors and classes of no encodable character, before anything is built."""
         self.root = root
         fewest, stack = self._fewest, [(root, False)]
-        bounds, literal = self.bounds, self.literal_bytes
         while stack:
             node, ready = stack.pop()
             if id(node) in fewest:
                 continue
             kind = type(node)
             if kind is Literal:
-                data = node.text.encode("utf-8")  # type: ignore[union-attr]
-                for c in data:
-                    bounds[c] = bounds[c + 1] = 1
-                    literal[c] = 1
-                fewest[id(node)] = len(data)
+                length, edges, seen = _literal_bits(node.text)  # type: ignore[union-attr]
+                self._bounds |= edges
+                self._literal |= seen
+                fewest[id(node)] = length
             elif kind is Chars:
                 _, dists = self._template(node.chars.ranges)  # type: ignore[union-attr]
                 fewest[id(node)] = dists[0]
@@ -269,12 +284,26 @@ class ByteNFA:
         its byte ranges added to this NFA's classes."""
         hit = self._templates.get(ranges)
         if hit is None:
-            hit = self._templates[ranges] = _class_template(ranges)
-            for rows in hit[0]:
-                for lo, hi, _ in rows:
-                    self.bounds[lo] = self.bounds[hi + 1] = 1
-                    self.ranges.add((lo, hi))
+            template, dists, edges, spans = _class_template(ranges)
+            hit = self._templates[ranges] = (template, dists)
+            self._bounds |= edges
+            self._template_ranges.append(spans)
         return hit
+
+    @property
+    def bounds(self) -> bytearray:
+        """`bounds[b]`: a byte range of the NFA starts or ends at byte b (b in 0..256)."""
+        return bytearray(self._bounds >> b & 1 for b in range(257))
+
+    @property
+    def literal_bytes(self) -> bytearray:
+        """`literal_bytes[b]`: some literal of the regex holds byte b."""
+        return bytearray(self._literal >> b & 1 for b in range(256))
+
+    @property
+    def ranges(self) -> frozenset[tuple[int, int]]:
+        """The byte ranges of the class templates' edges."""
+        return frozenset().union(*self._template_ranges)
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -397,7 +426,8 @@ class Determinizer:
 
     def __init__(self, nfa: ByteNFA, alphabet: Iterable[int] | None):
         self.nfa = nfa
-        starts = np.flatnonzero(np.frombuffer(bytes(nfa.bounds[:256]), dtype=np.uint8))
+        starts = np.flatnonzero(np.unpackbits(np.frombuffer(nfa._bounds.to_bytes(33, "little"), dtype=np.uint8),
+                                              bitorder="little")[:256])
         marks = np.zeros(256, dtype=np.int32)
         marks[starts] = 1
         marks[NUL] = 0
@@ -587,15 +617,20 @@ def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array:
     return dist
 
 
+@lru_cache(maxsize=64)
+def _alphabet_bits(alphabet: frozenset[int]) -> int:
+    return sum(1 << b for b in alphabet)
+
+
 def _nfa_liveness(nfa: ByteNFA, alphabet: frozenset[int]) -> bytearray | None:
     """Which NFA states reach the match over `alphabet` (a backward pass over the NFA's edges whose
     byte range holds a byte of it), or None when all do: every edge's range holds a byte of the
     alphabet, so every edge can be taken (see the module docstring)."""
-    prefix = _usable_prefix(alphabet)
-    literal = list(nfa.literal_bytes)
-    if all(prefix[b + 1] > prefix[b] for b in range(256) if literal[b]) and all(
-            prefix[hi + 1] > prefix[lo] for lo, hi in nfa.ranges):
+    bits = _alphabet_bits(alphabet)
+    if not nfa._literal & ~bits and all(bits >> lo & ((2 << (hi - lo)) - 1)
+                                        for spans in nfa._template_ranges for lo, hi in spans):
         return None
+    prefix = _usable_prefix(alphabet)
     nfa.expand_all()  # rare (a vocabulary without some single bytes): the whole NFA is read
     first, preds, _ = _reverse_edges(nfa, prefix, "the byte NFA's liveness")
     live = bytearray(len(nfa.trans))
