@@ -143,6 +143,7 @@ class SchemaRegex:
     schema: dict | bool  # the schema as parsed (Pydantic models: model_json_schema())
     size: int  # the length of `regex`, known without writing it
     nesting: int  # its group nesting (outlines-core takes at most limits.MAX_REGEX_NESTING)
+    ast_size: int  # the AST's own size, each shared part once: what limits.SCHEMA_REGEX_LENGTH bounds
 
     @cached_property
     def regex(self) -> str:
@@ -285,9 +286,9 @@ def schema_to_regex(
     nz, translated, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects)
     if translated is None:
         raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
-    ast, size, nesting = translated
+    ast, size, nesting, ast_size = translated
     unenforced = tuple(Unenforced(k, p, reason) for (k, p), reason in nz.unenforced.items())
-    return SchemaRegex(ast, unenforced, doc, size, nesting)
+    return SchemaRegex(ast, unenforced, doc, size, nesting, ast_size)
 
 
 def _check_open_objects(open_objects: object) -> None:
@@ -296,7 +297,7 @@ def _check_open_objects(open_objects: object) -> None:
 
 
 def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
-               open_objects: bool = False) -> tuple[Normalizer, tuple[Regex, int, int] | None, int]:
+               open_objects: bool = False) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, int]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
@@ -313,7 +314,7 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
 
 
 def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
-                          open_objects: bool) -> tuple[Normalizer, tuple[Regex, int, int] | None, int]:
+                          open_objects: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, int]:
     """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
     held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
     runs again without them (they are then reported, as before): they write much more. A lower
@@ -332,7 +333,7 @@ class _CostlyTooLarge(Exception):
 
 
 def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
-                  costly: bool) -> tuple[Normalizer, tuple[Regex, int, int] | None, int]:
+                  costly: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, int]:
     nz: Normalizer | None = None
     root: Node | None = None
     used = False
@@ -355,7 +356,8 @@ def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: 
                 ast = emitter.emit(root)
                 for key, reason in emitter.relaxed.items():
                     nz.unenforced.setdefault(key, reason)
-                return nz, None if ast is None else (ast, emitter.size(ast), emitter.nesting(ast)), depth
+                return nz, None if ast is None else (ast, emitter.size(ast), emitter.nesting(ast),
+                                                     emitter.ast.total), depth
             except CompileTimeoutError:
                 raise
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower

@@ -293,15 +293,16 @@ def test_counted_arrays_too_large_to_write_are_relaxed_and_reported(monkeypatch)
 
 def test_costly_exact_forms_are_dropped_when_the_regex_does_not_fit(monkeypatch):
     """Exact uniqueItems / contains / exclusive oneOf write much more than the plain forms: when the
-    schema's regex exceeds limits.SCHEMA_REGEX_LENGTH with them, translation retries without them
+    schema's regex AST exceeds limits.SCHEMA_REGEX_LENGTH with them, translation retries without them
     (reported, as before) instead of refusing the schema."""
     schema = {"type": "array", "items": False, "prefixItems": [
         {"type": "array", "items": {"enum": ["a", "b", "c", "d"]}, "uniqueItems": True},
         {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}]}
     exact = schema_to_regex(schema)
     assert exact.unenforced == ()
-    monkeypatch.setattr(limits, "SCHEMA_REGEX_LENGTH", len(exact.regex) - 1)
+    monkeypatch.setattr(limits, "SCHEMA_REGEX_LENGTH", exact.ast_size - 1)
     relaxed = schema_to_regex(schema)
     assert sorted((u.keyword, u.pointer) for u in relaxed.unenforced) == [("oneOf", "/prefixItems/1"),
                                                                            ("uniqueItems", "/prefixItems/0")]
-    assert "too large" in relaxed.unenforced[0].reason and len(relaxed.regex) < len(exact.regex)
+    assert "too large" in relaxed.unenforced[0].reason and relaxed.ast_size < exact.ast_size
+    assert len(relaxed.regex) < len(exact.regex)
