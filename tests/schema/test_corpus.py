@@ -10,19 +10,20 @@ For each schema of a fixed sample (the full sweep is `bench/fidelity.py`):
 - valid instances are in the grammar at a high rate (what is left out is a documented narrowing).
 
 Schemas whose regex outlines-core cannot turn into a DFA within a few seconds (it also builds an
-unanchored DFA, slow for generic values at the top level) are checked with Python `re`, unsampled.
+unanchored DFA, slow for generic values at the top level), or whose regex text is long, are
+checked with our own byte NFA over the schema's regex AST (determinized as the walk goes), unsampled.
 """
 
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
 from conftest import read_corpus
 from schema_fsm import ByteDFA, oracle, seeded
 
+from grammar_mlx.automata.byte_nfa import build_nfa, determinize
 from grammar_mlx.errors import GrammarError
 from grammar_mlx.schema import canonical_json, in_grammar, schema_to_regex
 
@@ -40,8 +41,8 @@ def _check_schema(schema, tests: list[dict], label: str, report: dict) -> None:
         report["errors"].append((label, f"{type(e).__name__}: {e}"))
         return
     exact = not result.unenforced
-    dfa = ByteDFA.within(result.regex, DFA_SECONDS) if len(result.regex) <= MAX_REGEX_FOR_SAMPLING else None
-    accepts = dfa.accepts if dfa is not None else re.compile(result.regex).fullmatch
+    dfa = ByteDFA.within(result.regex, DFA_SECONDS) if result.size <= MAX_REGEX_FOR_SAMPLING else None
+    accepts = dfa.accepts if dfa is not None else _nfa_accepts(result.ast)
     check = oracle(schema)
     if dfa is not None:
         rng = seeded(0)
@@ -67,6 +68,21 @@ def _check_schema(schema, tests: list[dict], label: str, report: dict) -> None:
             report["valid_accepted"] += accepted
         elif accepted and exact:
             report["false_accepts"].append((label, test.get("description"), text[:200]))
+
+
+def _nfa_accepts(ast):
+    """Full-match test of the byte NFA of a regex AST (its DFA built as texts are walked)."""
+    dfa = determinize(build_nfa(ast))
+
+    def accepts(text: str) -> bool:
+        q = dfa.initial
+        for b in text.encode():
+            q = dfa.next(q, b)
+            if q == dfa.dead:
+                return False
+        return bool(dfa.accepting[q])
+
+    return accepts
 
 
 def _report() -> dict:
