@@ -293,6 +293,9 @@ def _merge_row(row: list[tuple[CharSet, int]]) -> list[tuple[CharSet, int]]:
 # Products and minimization.
 
 
+_END = 0x110000  # past the last code point
+
+
 def product(a: DFA, b: DFA, mode: str) -> DFA:
     """`mode`: "and" (a ∩ b), "minus" (a − b), "or" (a ∪ b). -1 stands for a side's dead state."""
 
@@ -303,18 +306,46 @@ def product(a: DFA, b: DFA, mode: str) -> DFA:
         return (mode == "and" and in_a and in_b) or (mode == "minus" and in_a and not in_b) or (
             mode == "or" and (in_a or in_b))
 
+    flat_a: dict[int, list[tuple[int, int, int]]] = {}
+    flat_b: dict[int, list[tuple[int, int, int]]] = {}
+
+    def flat(dfa: DFA, memo: dict[int, list[tuple[int, int, int]]], q: int) -> list[tuple[int, int, int]]:
+        """State q's row as sorted (lo, hi, target) ranges (a row's sets are disjoint)."""
+        hit = memo.get(q)
+        if hit is None:
+            hit = memo[q] = sorted((lo, hi, t) for chars, t in dfa.trans[q] for lo, hi in chars.ranges) if (
+                q >= 0) else []
+        return hit
+
     def successors(pair: tuple[int, int]) -> Iterator[tuple[CharSet, tuple[int, int]]]:
-        x, y = pair
-        groups: list[tuple[CharSet, tuple[str, int]]] = [(c, ("a", t)) for c, t in (a.trans[x] if x >= 0 else [])]
-        groups += [(c, ("b", t)) for c, t in (b.trans[y] if y >= 0 else [])]
-        for chars, labels in _split(groups):
-            nx = next((t for side, t in labels if side == "a"), -1)
-            ny = next((t for side, t in labels if side == "b"), -1)
-            if nx < 0 and (mode != "or" or ny < 0):
-                continue
-            if mode == "and" and ny < 0:
-                continue
-            yield chars, (nx, ny)
+        # Both rows are partitions into disjoint ranges: one merge of the two sorted range lists
+        # gives every interval with its pair of targets (-1: that side has none).
+        ra, rb = flat(a, flat_a, pair[0]), flat(b, flat_b, pair[1])
+        by_pair: dict[tuple[int, int], list[list[int]]] = {}
+        i = j = 0
+        na, nb = len(ra), len(rb)
+        lo = min(ra[0][0] if na else _END, rb[0][0] if nb else _END)
+        while lo < _END:
+            while i < na and ra[i][1] < lo:
+                i += 1
+            while j < nb and rb[j][1] < lo:
+                j += 1
+            in_a = i < na and ra[i][0] <= lo
+            in_b = j < nb and rb[j][0] <= lo
+            # This interval runs to the next range boundary of either side.
+            hi = min(ra[i][1] if in_a else (ra[i][0] - 1 if i < na else _END),
+                     rb[j][1] if in_b else (rb[j][0] - 1 if j < nb else _END))
+            nx = ra[i][2] if in_a else -1
+            ny = rb[j][2] if in_b else -1
+            if (nx >= 0 or ny >= 0) and not (nx < 0 and mode != "or") and not (mode == "and" and ny < 0):
+                spans = by_pair.setdefault((nx, ny), [])
+                if spans and spans[-1][1] == lo - 1:
+                    spans[-1][1] = hi
+                else:
+                    spans.append([lo, hi])
+            lo = hi + 1
+        for target, spans in by_pair.items():
+            yield CharSet(tuple((x, y) for x, y in spans)), target
 
     return _explore((0, 0), accepts, successors, "product states")
 

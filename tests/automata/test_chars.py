@@ -6,9 +6,12 @@ import itertools
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grammar_mlx.automata import chars as fa
 from grammar_mlx.regex.ecma import parse_ecma
+from grammar_mlx.regex.rust import parse
 from grammar_mlx.regex.syntax import alt, literal, search_language, to_regex
 
 WORDS = ["".join(p) for n in range(6) for p in itertools.product("ab_", repeat=n)]
@@ -127,3 +130,34 @@ def test_every_automaton_stage_checks_the_deadline():
         with deadline_scope(expired), pytest.raises(CompileTimeoutError):
             stage()
     assert fa.to_ast(fa.product(da, db, "minus")) is not None  # no deadline in force: fine
+
+
+_PIECES = st.sampled_from(["a", "b", "_", "é", "[ab]", "[^a]", "[a-é]", "[^_é]", "."])
+
+
+def _patterns(depth: int = 2) -> st.SearchStrategy[str]:
+    if depth == 0:
+        return _PIECES
+    inner = _patterns(depth - 1)
+    return st.one_of(
+        _PIECES,
+        st.lists(inner, min_size=2, max_size=3).map("".join),
+        st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(?:" + "|".join(xs) + ")"),
+        st.tuples(inner, st.sampled_from(["*", "+", "?", "{1,2}"])).map(lambda t: "(?:" + t[0] + ")" + t[1]),
+    )
+
+
+PRODUCT_WORDS = ["".join(p) for n in range(5) for p in itertools.product("ab_é", repeat=n)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(left=_patterns(), right=_patterns())
+def test_products_are_the_set_operations(left, right):
+    """Intersection, difference and union of two DFAs (rows merged range by range) against the
+    strings each accepts."""
+    a, b = fa.to_dfa(parse(left)), fa.to_dfa(parse(right))
+    in_a = {w for w in PRODUCT_WORDS if a.accepts(w)}
+    in_b = {w for w in PRODUCT_WORDS if b.accepts(w)}
+    for mode, expected in (("and", in_a & in_b), ("minus", in_a - in_b), ("or", in_a | in_b)):
+        got = fa.product(a, b, mode)
+        assert {w for w in PRODUCT_WORDS if got.accepts(w)} == expected, (left, right, mode)
