@@ -12,7 +12,7 @@ dialect common to Rust regex-automata and Python `re`, so tests can check them w
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..limits import check_deadline
 from .charset import ANY, REGEX_META, CharSet, charset_regex
@@ -47,21 +47,43 @@ class Literal:
     text: str
 
 
-@dataclass(slots=True, unsafe_hash=True)
+# The composite nodes keep their hash once computed: hashing is deep, and a schema's AST is a DAG
+# whose shared parts would otherwise be hashed again at every use (sets of alternatives, memos).
+
+
+@dataclass(slots=True, eq=True)
 class Seq:
     items: tuple[Node, ...]
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((Seq, self.items))
+        return self._hash
 
 
-@dataclass(slots=True, unsafe_hash=True)
+@dataclass(slots=True, eq=True)
 class Alt:
     items: tuple[Node, ...]
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((Alt, self.items))
+        return self._hash
 
 
-@dataclass(slots=True, unsafe_hash=True)
+@dataclass(slots=True, eq=True)
 class Repeat:
     item: Node
     lo: int
     hi: int | None  # None: unbounded
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((Repeat, self.item, self.lo, self.hi))
+        return self._hash
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -91,6 +113,7 @@ def seq(*items: Node) -> Node:
 
 def alt(*items: Node) -> Node:
     flat: list[Node] = []
+    seen: set[Node] = set()  # the branches so far: one hash each, not a comparison with every other
     chars: int | None = None
     for item in items:
         for sub in item.items if isinstance(item, Alt) else (item,):
@@ -103,7 +126,8 @@ def alt(*items: Node) -> Node:
                     merged = flat[chars]
                     assert isinstance(merged, Chars)
                     flat[chars] = Chars(merged.chars | sub.chars)
-            elif sub not in flat:
+            elif sub not in seen:
+                seen.add(sub)
                 flat.append(sub)
     if EMPTY in flat and len(flat) > 1:
         rest = [x for x in flat if x != EMPTY]
