@@ -4,7 +4,8 @@ the same run, through one harness (bench/engines.py), with the genuine Qwen3 tok
 
 The sample: a seeded stratified sample of `../shared/corpora/maskbench-public.jsonl.gz`,
 --per-subset schemas of each of its 19 subsets (all of a smaller one); --n takes the first N of it in
-round-robin order over the subsets (a quick, still stratified run).
+round-robin order over the subsets (a quick, still stratified run). bench/fidelity.py reads the same
+sample.
 
 Every engine runs in its own persistent worker process (forked once after its tokenizer state is
 built, warmed with one small schema), takes the schemas one at a time and times itself with
