@@ -14,6 +14,9 @@ Requests:
   see each engine's `exact` below), `note` (why not exact / the error), engine details.
 - ("check", [token ids, ...]): for the grammar compiled last, whether each token sequence is accepted:
   every token consumed and the grammar accepting (EOS allowed) at the end.
+- ("sample", (byte tokens, text token limit, seeds)): for the grammar compiled last, one
+  `random_walk` per seed (the same walk rule for every engine): the token ids, None where a walk
+  got stuck or ran past its length.
 
 What "exact" means per engine:
 - ours: `grammar.unenforced` is empty (the compiler lists every keyword it cannot enforce exactly).
@@ -107,6 +110,21 @@ class Engine:
     def accepts(self, ids: list[int]) -> bool:
         raise NotImplementedError
 
+    # A random walk over the single-byte tokens (sampled outputs): start, the next bytes allowed
+    # (and whether the text so far is complete), take one.
+    def walk_start(self) -> None:
+        raise NotImplementedError
+
+    def walk_next(self, byte_tokens: list[int]) -> tuple[list[int], bool]:
+        raise NotImplementedError
+
+    def walk_take(self, token: int) -> None:
+        raise NotImplementedError
+
+    def walk_all(self) -> list[int]:
+        """Every token the last `walk_next` allowed."""
+        raise NotImplementedError
+
 
 class Ours(Engine):
     """`compile_json_schema(text, vocabulary, logits_width=, use_cache=False, mode=)`: mode "auto" is what
@@ -157,6 +175,19 @@ class Ours(Engine):
     def accepts(self, ids: list[int]) -> bool:
         return bool(self.grammar.matches(ids))
 
+    def walk_start(self) -> None:
+        self.state = self.grammar.initial_state
+
+    def walk_next(self, byte_tokens: list[int]) -> tuple[list[int], bool]:
+        g, state = self.grammar, self.state
+        return [b for b, t in enumerate(byte_tokens) if g.next_state(state, t) >= 0], bool(g.is_accepting(state))
+
+    def walk_take(self, token: int) -> None:
+        self.state = self.grammar.next_state(self.state, token)
+
+    def walk_all(self) -> list[int]:
+        return [int(t) for t in self.grammar.allowed_tokens(self.state)]
+
 
 class LLGuidance(Engine):
     """`LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})` +
@@ -203,6 +234,20 @@ class LLGuidance(Engine):
         ok = consumed == len(ids) and not self.matcher.is_error() and self.matcher.is_accepting()
         self.matcher.reset()
         return bool(ok)
+
+    def walk_start(self) -> None:
+        self.matcher.reset()
+        self.walk_mask = self.lnp.allocate_token_bitmask(1, self.tokenizer.vocab_size)
+
+    def walk_next(self, byte_tokens: list[int]) -> tuple[list[int], bool]:
+        self.lnp.fill_next_token_bitmask(self.matcher, self.walk_mask, 0)
+        return allowed_bytes(self.walk_mask, byte_tokens), bool(self.matcher.is_accepting())
+
+    def walk_take(self, token: int) -> None:
+        self.matcher.consume_token(token)
+
+    def walk_all(self) -> list[int]:
+        return all_allowed(self.walk_mask)
 
 
 class XGrammar(Engine):
@@ -263,6 +308,67 @@ class XGrammar(Engine):
         self.matcher.reset()
         return bool(ok)
 
+    def walk_start(self) -> None:
+        self.matcher.reset()
+
+    def walk_next(self, byte_tokens: list[int]) -> tuple[list[int], bool]:
+        self.matcher.fill_next_token_bitmask(self.bitmask, 0)
+        return allowed_bytes(self.bitmask, byte_tokens), bool(self.matcher.is_completed())
+
+    def walk_take(self, token: int) -> None:
+        self.matcher.accept_token(token)
+
+    def walk_all(self) -> list[int]:
+        return all_allowed(self.bitmask)
+
+
+def allowed_bytes(bitmask: np.ndarray, byte_tokens: list[int]) -> list[int]:
+    """The bytes whose single-byte token a (1, ceil(V/32)) int32 bitmask allows."""
+    words = bitmask.reshape(-1).view(np.uint32)
+    return [b for b, t in enumerate(byte_tokens) if (int(words[t >> 5]) >> (t & 31)) & 1]
+
+
+def all_allowed(bitmask: np.ndarray) -> list[int]:
+    bits = np.unpackbits(bitmask.reshape(-1).view(np.uint8), bitorder="little")
+    return [int(t) for t in np.flatnonzero(bits)]
+
+
+PRINTABLE = frozenset(range(0x20, 0x7F))
+CLOSERS = frozenset(b'"]}')
+WALK_STEPS = 1500
+
+
+def random_walk(engine: Engine, byte_tokens: list[int], text_limit: int, seed: int) -> list[int] | None:
+    """A seeded random walk of the engine's grammar, the same rule for every engine: where the text is
+    complete, stop with probability 1/2; else one of the single-byte tokens allowed, uniformly from the
+    printable ASCII ones (any allowed byte where none is), a closing `"`, `]` or `}` with probability
+    0.3 where one is allowed (0.8 after 300 steps) so walks end; where no single byte is allowed
+    (llguidance allows only the canonical token where its grammar forces bytes), any allowed text
+    token (id below `text_limit`). The token ids; None: stuck or too long."""
+    import random
+
+    rng = random.Random(seed)
+    engine.walk_start()
+    out: list[int] = []
+    for step in range(WALK_STEPS):
+        allowed, complete = engine.walk_next(byte_tokens)
+        if complete and (not allowed or rng.random() < 0.5):
+            return out
+        pool = [b for b in allowed if b in PRINTABLE] or allowed
+        if pool:
+            closers = [b for b in pool if b in CLOSERS]
+            if closers and rng.random() < (0.3 if step < 300 else 0.8):
+                pool = closers
+            token = byte_tokens[rng.choice(pool)]
+        else:
+            tokens = [t for t in engine.walk_all() if t < text_limit]
+            if not tokens:
+                return out if complete else None
+            token = rng.choice(tokens)
+        engine.walk_take(token)
+        out.append(token)
+    return None
+
 
 def make_engines(names: list[str], tokenizer: Any, width: int, timeout: float) -> list[Engine]:
     """The engines by name: ours (mode auto, as the server), ours-lazy, ours-open (open_objects),
@@ -301,6 +407,9 @@ def _serve(engine: Engine, conn: Connection) -> None:
                 conn.send(("ok", engine.first_mask(payload)))
             elif kind == "check":
                 conn.send(("ok", [engine.accepts(ids) for ids in payload]))
+            elif kind == "sample":
+                byte_tokens, text_limit, seeds = payload
+                conn.send(("ok", [random_walk(engine, byte_tokens, text_limit, seed) for seed in seeds]))
             else:
                 return
     except (EOFError, KeyboardInterrupt):
@@ -408,11 +517,12 @@ def versions(engines: list[Engine]) -> dict[str, str]:
     return {e.name: e.version() for e in engines}
 
 
-def measure(workers: list[Worker], text: str, timeout: float,
-            instances: list[list[int]] | None = None) -> dict[str, dict[str, Any]]:
+def measure(workers: list[Worker], text: str, timeout: float, instances: list[list[int]] | None = None,
+            walks: tuple[list[int], int, list[int]] | None = None) -> dict[str, dict[str, Any]]:
     """Each engine in turn (never two at once): compile `text` and the first mask within `timeout`;
-    then, when `instances` are given and it compiled, which of them it accepts (within `timeout`
-    again). {engine: its reply, with `status` "ok" / "timeout" / "error" and `accepted`}."""
+    then, when `instances` are given and it compiled, which of them it accepts, and when `walks`
+    (byte tokens, text token limit, seeds) are, its random walks (each within `timeout` again). {engine: its reply,
+    with `status` "ok" / "timeout" / "error", `accepted` and `walks`}."""
     out: dict[str, dict[str, Any]] = {}
     for worker in workers:
         status, reply = worker.call("compile", text, timeout)
@@ -427,5 +537,10 @@ def measure(workers: list[Worker], text: str, timeout: float,
             reply["accepted"] = accepted if checked == "ok" else None
             if checked != "ok":
                 reply["check_failed"] = checked if checked == "timeout" else accepted
+        if walks is not None and reply["compiled"] and "check_failed" not in reply:
+            walked, texts = worker.call("sample", walks, timeout)
+            reply["walks"] = texts if walked == "ok" else None
+            if walked != "ok":
+                reply["walks_failed"] = walked if walked == "timeout" else texts
         out[worker.engine.name] = reply
     return out

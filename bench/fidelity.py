@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -58,10 +59,13 @@ from engines import (  # noqa: E402
     stratified_sample,
     versions,
 )
+from schema_fsm import oracle  # noqa: E402
 
+import grammar_mlx as gm  # noqa: E402
 from grammar_mlx.schema import canonical_json  # noqa: E402
 
 DEFAULT_ENGINES = "ours,ours-open,llguidance,xgrammar"
+SAMPLES = 2
 
 
 def instances(row: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], list[bool], int]:
@@ -78,9 +82,54 @@ def instances(row: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], lis
     return ids, valid, unwritable
 
 
+class _Slow(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Slow
+
+
+def judge(walks: list[list[int] | None], token_bytes: dict[int, bytes], check: Any) -> dict[str, Any]:
+    """Counts over an engine's random walks: finished, not JSON, violating the schema (jsonschema, formats
+    checked, multipleOf exact; a validation slower than 5 s is left out), and the first violation."""
+    out: dict[str, Any] = {"walked": len(walks), "finished": 0, "bad_json": 0, "violations": 0, "unjudged": 0}
+    for ids in walks:
+        if ids is None:
+            continue
+        raw = b"".join(token_bytes[t] for t in ids)
+        out["finished"] += 1
+        try:
+            value = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            out["bad_json"] += 1
+            out.setdefault("first_bad_json", raw.decode("utf-8", "replace")[:300])
+            continue
+        if check is None:
+            out["unjudged"] += 1
+            continue
+        signal.setitimer(signal.ITIMER_REAL, 5.0)
+        try:
+            valid = check.is_valid(value)
+        except _Slow:
+            out["unjudged"] += 1
+            continue
+        except Exception:  # noqa: BLE001 - jsonschema itself failing on the schema: not judged
+            out["unjudged"] += 1
+            continue
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if not valid:
+            out["violations"] += 1
+            out.setdefault("first_violation", raw.decode("utf-8")[:300])
+    return out
+
+
 def tally(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
     t = dict.fromkeys(("schemas", "valid_all", "compiled", "exact", "timeouts", "check_failed", "valid",
-                       "valid_accepted", "invalid", "invalid_accepted", "invalid_exact", "invalid_accepted_exact"), 0)
+                       "valid_accepted", "invalid", "invalid_accepted", "invalid_exact", "invalid_accepted_exact",
+                       "walks", "walks_finished", "walks_bad_json", "walks_violating", "walks_exact",
+                       "walks_violating_exact"), 0)
     for r in rows:
         m, valid = r[name], r["valid"]
         t["schemas"] += 1
@@ -89,6 +138,16 @@ def tally(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
         t["exact"] += m["compiled"] and m["exact"]
         t["timeouts"] += m["status"] == "timeout"
         t["check_failed"] += "check_failed" in m
+        w = m.get("walk_counts")
+        if w is not None:
+            judged = w["finished"] - w["bad_json"] - w["unjudged"]
+            t["walks"] += w["walked"]
+            t["walks_finished"] += w["finished"]
+            t["walks_bad_json"] += w["bad_json"]
+            t["walks_violating"] += w["violations"]
+            if m["exact"]:
+                t["walks_exact"] += judged
+                t["walks_violating_exact"] += w["violations"] + w["bad_json"]
         accepted = m.get("accepted")
         if not m["compiled"] or accepted is None:
             continue
@@ -144,6 +203,9 @@ def print_table(summary: dict[str, Any], names: list[str], timeout: float) -> No
         ("invalid accepted where exact", lambda s: f"{s['invalid_accepted_exact']} / {s['invalid_exact']}"),
         ("invalid accepted where compiled", lambda s: f"{s['invalid_accepted']} / {s['invalid']}"),
         (f"timeouts at {timeout:g} s", lambda s: str(s["timeouts"])),
+        ("sampled outputs: finished / walks", lambda s: f"{s['walks_finished']} / {s['walks']}"),
+        ("  not JSON / violating (all compiled)", lambda s: f"{s['walks_bad_json']} / {s['walks_violating']}"),
+        ("  silent violations where exact", lambda s: f"{s['walks_violating_exact']} / {s['walks_exact']}"),
         ("instance checks failed", lambda s: str(s["check_failed"])),
     ]
     for label, fn in lines:
@@ -180,6 +242,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--engines", default=DEFAULT_ENGINES)
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="random walks per engine and schema")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fidelity.json")
     args = parser.parse_args()
     if not CORPUS.exists():
@@ -190,6 +253,12 @@ def main() -> None:
     tokenizer = load_qwen()
     engines = make_engines(args.engines.split(","), tokenizer, QWEN_WIDTH, args.timeout)
     names = [e.name for e in engines]
+    text_tokens = gm.vocabulary_of(tokenizer).text_tokens()
+    byte_tokens = [text_tokens[bytes([b])][0] for b in range(256)]
+    token_bytes = {t: text for text, ids in text_tokens.items() for t in ids}
+    text_limit = max(token_bytes) + 1
+    seeds = list(range(args.samples))
+    signal.signal(signal.SIGALRM, _alarm)
     workers = [Worker(e) for e in engines]
     for w in workers:
         w.start()
@@ -201,7 +270,17 @@ def main() -> None:
     try:
         for row in rows_in:
             ids, valid, unwritable = instances(row, tokenizer)
-            result = measure(workers, schema_text(row), args.timeout, ids)
+            walks = (byte_tokens, text_limit, seeds) if seeds else None
+            result = measure(workers, schema_text(row), args.timeout, ids, walks)
+            if any(r.get("walks") for r in result.values()):
+                try:
+                    check = oracle(row["schema"])
+                except Exception:  # noqa: BLE001 - a schema jsonschema cannot read: walks not judged
+                    check = None
+                for r in result.values():
+                    walks = r.pop("walks", None)
+                    if walks is not None:
+                        r["walk_counts"] = judge(walks, token_bytes, check)
             rows.append({"id": row["id"], "subset": row["subset"], "valid": valid, "unwritable": unwritable, **result})
 
             print(f"{row['id'][:40]:<40} {row['subset'][:22]:<22} {len(ids):>5}"
