@@ -239,7 +239,7 @@ class LLGuidance(Engine):
         self.matcher.reset()
 
     def walk_next(self, byte_tokens: list[int]) -> tuple[list[int], bool]:
-        self.lnp.fill_next_token_bitmask(self.matcher, self.walk_mask, 0)
+        self.lnp.fill_next_token_bitmask(self.matcher, self.bitmask, 0)
         return allowed_bytes(self.bitmask, byte_tokens), bool(self.matcher.is_accepting())
 
     def walk_take(self, token: int) -> None:
