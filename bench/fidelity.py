@@ -14,23 +14,29 @@ Per engine and schema:
 - the corpus's instances, each written once by `grammar_mlx.schema.canonical_json(instance, schema)`
   (keys in the schema's order, compact) and tokenized with the Qwen3 tokenizer without special
   tokens, the same token ids for every engine; accepted = every token consumed and the grammar
-  accepting (EOS allowed) at the end. An instance `canonical_json` cannot write is left out for all.
+  accepting (EOS allowed) at the end. An instance `canonical_json` cannot write is left out for all;
+- sampled outputs: --samples (2) seeded random walks of the engine's own masks, one rule for every
+  engine (`engines.random_walk`: printable single-byte tokens, closers favoured so walks end, any
+  allowed token where no single byte is, as where llguidance forces a canonical token), parsed and
+  validated with jsonschema (tests/schema_fsm.oracle: formats checked, multipleOf exact); a silent
+  violation is an invalid or non-JSON output where the engine claims exact (must be 0).
 Reported: compiled %, compiled and claims exact %, valid instances accepted % (of the schemas the
 engine compiled; and of all, a schema it did not compile rejecting its instances), invalid instances
-accepted where the engine claims exact (count / total; must be 0) and where it compiled, timeouts;
+accepted where the engine claims exact (count / total; must be 0) and where it compiled, timeouts,
+sampled outputs (finished, not JSON, violating; silent violations where exact);
 the same per subset; the ids behind every rejected valid instance and every invalid one accepted where
 exact. `ours-open` (open_objects=True: a missing additionalProperties allows extra keys) is the
 option the issue's >= 97 % valid-acceptance target is for; `ours` is the default (>= 95 %).
 
 `--per-subset 2000` takes the whole file. The previous comparison with outlines-core's translator (its
-regex and ours through outlines-core's byte DFA, sampled outputs validated) is retired: the corpus tests
-(tests/schema/test_corpus.py) check sampled outputs; this is the table against the engines users pick.
+regex and ours through outlines-core's byte DFA) is retired (git history has it): the sampled outputs
+above now walk each engine's own masks.
 
 Writes bench/results/fidelity.json (summary, per-subset table, per-schema rows, load average at start
 and end, versions).
 
     python bench/fidelity.py [--per-subset 40] [--n N] [--seed 0] [--timeout 30]
-                             [--engines ours,ours-open,llguidance,xgrammar] [--out PATH]
+                             [--engines ours,ours-open,llguidance,xgrammar] [--samples 2] [--out PATH]
 """
 
 from __future__ import annotations
