@@ -21,8 +21,8 @@ leads to a match, whatever single bytes the vocabulary lacks (lazy.py; eager: `b
 `VocabularyMismatchError` when no token sequence matches at all, `EmptyLanguageError` when no text
 does. A syntax error is an `InvalidRegexError` naming the problem and its position, whichever engine
 compiles the regex (`regex.rust.parse`).
-`mode="auto"` (the default) picks eager when a complete cache file exists or when the DFA is small
-(at most `limits.AUTO_EAGER_MAX_STATES` states: then the full tables cost little); lazy otherwise.
+`mode="auto"` (the default) picks eager when a complete cache file exists or when the DFA has at most
+`limits.AUTO_EAGER_MAX_STATES` states (default 0: never; the first mask needs one row); lazy otherwise.
 `stats["mode"]`, `stats["engine"]` and `stats["mode_reason"]` tell which and why. See
 docs/compiled-grammar.md.
 

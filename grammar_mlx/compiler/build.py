@@ -288,7 +288,8 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
     # The live memo hands out the very object: its key holds everything the object is, beyond the
     # tables the disk key covers (an `unenforced` report differs between schemas of the same regex).
     live_key = _digest({"tables": key, "unenforced": [repr(u) for u in unenforced], "mode": mode,
-                        "engine": engine, "max_dfa_states": limits.MAX_DFA_STATES})
+                        "engine": engine, "max_dfa_states": limits.MAX_DFA_STATES,
+                        "auto_eager_states": limits.AUTO_EAGER_MAX_STATES})
     if directory is not None:
         live = _LIVE.get(live_key)
         if live is not None:
@@ -327,7 +328,8 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
                     f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
             if lazy_dfa is not None:
                 built_by, dfa_hit = "nfa", False
-                small = None if mode == "lazy" else _complete_if_small(lazy_dfa, limits.AUTO_EAGER_MAX_STATES)
+                small = None if mode == "lazy" or limits.AUTO_EAGER_MAX_STATES <= 0 else _complete_if_small(
+                    lazy_dfa, limits.AUTO_EAGER_MAX_STATES)
                 if small is None:
                     dfa, dfa_meta, chosen = lazy_dfa, {"dfa_seconds": None}, "lazy"
                     reason = ("requested" if mode == "lazy" else "auto") + f"; {engine_note}"

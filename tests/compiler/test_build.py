@@ -284,7 +284,12 @@ def test_state_out_of_range(grammars, mode):
     assert grammar.next_state(grammar.initial_state, 10**9) == -1
 
 
-def test_auto_mode_and_its_reasons(qwen_vocab, tmp_path):
+def test_auto_mode_and_its_reasons(qwen_vocab, tmp_path, monkeypatch):
+    from grammar_mlx import limits
+
+    default = compile_regex("(yes|no)", qwen_vocab, cache_dir=tmp_path)  # lazy: the first mask is one row
+    assert default.mode == "lazy" and default.stats["engine"] == "nfa"
+    monkeypatch.setattr(limits, "AUTO_EAGER_MAX_STATES", 8)  # GRAMMAR_MLX_AUTO_EAGER_STATES=8
     small = compile_regex("(yes|no)", qwen_vocab, cache_dir=tmp_path)
     assert small.mode == "eager" and "byte states" in small.stats["mode_reason"]
     assert small.stats["engine"] == "nfa"  # the on-demand DFA, complete after 3 rows, turned into tables
