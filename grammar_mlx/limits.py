@@ -15,7 +15,7 @@ Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / 
 | `MAX_REGEX_LENGTH` | 1,000,000 | `GRAMMAR_MLX_MAX_REGEX_LENGTH` | characters of a regex given to the compiler |
 | `MAX_NFA_STATES` | 1,000,000 | `GRAMMAR_MLX_MAX_NFA_STATES` | byte NFA states built (as walks reach them) |
 | `MAX_DFA_STATES` | 250,000 | `GRAMMAR_MLX_MAX_DFA_STATES` | states of a byte DFA, complete or built on demand |
-| `AUTO_EAGER_MAX_STATES` | 0 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` goes eager up to this many byte states (0: never) |
+| `AUTO_EAGER_MAX_STATES` | 0 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` goes eager up to this many byte states |
 
 A compiled grammar's memory and search (per grammar; the last four: lazy grammars):
 

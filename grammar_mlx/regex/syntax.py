@@ -319,27 +319,47 @@ def restrict_length(node: Node, lo: int, hi: int | None) -> Node | None:
 # Emission.
 
 def to_regex(node: Node, char_regex: CharRegex = charset_regex) -> str:
-    """Emit the AST; `char_regex` writes one character class (character level or JSON-encoded)."""
-    return _atomic(node, char_regex, {}, in_seq=True)
+    """Emit the AST; `char_regex` writes one character class (character level or JSON-encoded).
+    Without recursion (a schema's AST nests a sequence per optional property), each node written
+    once (a DAG's shared parts are written where they are used, from one text)."""
+    memo: dict[CharSet, str] = {}
+    text: dict[int, str] = {}
+    stack: list[tuple[Node, bool]] = [(node, False)]
+    while stack:
+        x, ready = stack.pop()
+        if id(x) in text:
+            continue
+        kids = x.items if isinstance(x, (Seq, Alt)) else (x.item,) if isinstance(x, Repeat) else ()
+        if not ready and kids:
+            stack.append((x, True))
+            stack.extend((k, False) for k in kids if id(k) not in text)
+            continue
+        text[id(x)] = _written(x, char_regex, memo, text)
+    return _atomic(node, text, in_seq=True)
 
 
-def _emit(node: Node, char_regex: CharRegex, memo: dict[CharSet, str]) -> str:
+def _char(chars: CharSet, char_regex: CharRegex, memo: dict[CharSet, str]) -> str:
+    hit = memo.get(chars)
+    if hit is None:
+        hit = memo[chars] = char_regex(chars)
+    return hit
+
+
+def _written(node: Node, char_regex: CharRegex, memo: dict[CharSet, str], text: dict[int, str]) -> str:
+    """`node`'s text, its children's already in `text`."""
     if isinstance(node, Chars):
-        key = node.chars
-        if key not in memo:
-            memo[key] = char_regex(node.chars)
-        return memo[key]
+        return _char(node.chars, char_regex, memo)
     if isinstance(node, Literal):
-        return "".join(_emit(Chars(CharSet.of(c)), char_regex, memo) for c in node.text)
+        return "".join(_char(CharSet.of(c), char_regex, memo) for c in node.text)
     if isinstance(node, Seq):
-        return "".join(_atomic(item, char_regex, memo, in_seq=True) for item in node.items)
+        return "".join(_atomic(item, text, in_seq=True) for item in node.items)
     if isinstance(node, Alt):
         if not node.items:
             raise AssertionError("the empty language has no regex (callers handle it first)")
         check_deadline("translating the schema")  # per alternation: a key language may have thousands
-        return "|".join(_emit(item, char_regex, memo) for item in node.items)
+        return "|".join(text[id(item)] for item in node.items)
     if isinstance(node, Repeat):
-        inner = _atomic(node.item, char_regex, memo, in_seq=False)
+        inner = _atomic(node.item, text, in_seq=False)
         lo, hi = node.lo, node.hi
         if (lo, hi) == (0, None):
             suffix = "*"
@@ -359,13 +379,18 @@ def _emit(node: Node, char_regex: CharRegex, memo: dict[CharSet, str]) -> str:
     raise AssertionError(f"not an AST node: {node!r}")
 
 
-def _atomic(node: Node, char_regex: CharRegex, memo: dict[CharSet, str], in_seq: bool) -> str:
-    text = _emit(node, char_regex, memo)
+def _atomic(node: Node, text: dict[int, str], in_seq: bool) -> str:
+    """`node`'s text as one item of a sequence (`in_seq`) or as the operand of a quantifier."""
+    written = text[id(node)]
     if isinstance(node, Alt) and len(node.items) > 1:
-        return "(?:" + text + ")"
-    if in_seq or is_atom(text):
-        return text
-    return "(?:" + text + ")"
+        return "(?:" + written + ")"
+    if in_seq:
+        return written
+    # A quantifier's operand: a class or a single escaped character as it is, anything else grouped
+    # (decided by the node, so no long text is scanned).
+    if isinstance(node, (Chars, Literal)) and len(written) <= 12 and is_atom(written):
+        return written
+    return "(?:" + written + ")"
 
 
 def is_atom(text: str) -> bool:

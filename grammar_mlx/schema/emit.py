@@ -464,11 +464,14 @@ class Emitter:
         ast, w, sep = self.ast, self.ws, self.separator()
         colon = ast.seq(w, ast.text(":"), w)
         props: list[tuple[Regex, bool, bool]] = []  # (member, required, may come first)
-        for i, prop in enumerate(node.properties):
+        values = []
+        for prop in node.properties:  # every value first: a required one without any ends it here
             value = self.emit(prop.value, counts)
+            if value is None and prop.required:
+                return None
+            values.append(value)
+        for i, (prop, value) in enumerate(zip(node.properties, values)):
             if value is None:
-                if prop.required:
-                    return None
                 continue
             first_ok = node.first_choices is None or i < node.first_choices or prop.required
             member = ast.seq(ast.text('"' + json_text(prop.name) + '"'), colon, value)

@@ -148,7 +148,17 @@ class SchemaRegex:
     @cached_property
     def regex(self) -> str:
         """The regex text (Rust regex-automata syntax, also Python `re`): export and debugging, and
-        what outlines-core compiles."""
+        what outlines-core compiles. `GrammarTooLargeError` when it would be over
+        limits.MAX_REGEX_LENGTH characters (the AST shares what the text repeats: it may be far
+        larger) or nest over limits.MAX_REGEX_NESTING groups; compiling needs no text."""
+        if self.size > limits.MAX_REGEX_LENGTH:
+            raise GrammarTooLargeError(
+                f"the schema's regex text would have about {self.size:,} characters, over limits.MAX_REGEX_LENGTH = "
+                f"{limits.MAX_REGEX_LENGTH:,} (its AST, {self.ast_size:,}, compiles as it is)")
+        if self.nesting > limits.MAX_REGEX_NESTING:
+            raise GrammarTooLargeError(
+                f"the schema's regex text nests {self.nesting} groups deep, over limits.MAX_REGEX_NESTING = "
+                f"{limits.MAX_REGEX_NESTING} (its AST compiles as it is)")
         return to_regex(self.ast)
 
 

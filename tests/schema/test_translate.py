@@ -10,6 +10,7 @@ import time
 import pytest
 from schema_fsm import ByteDFA, oracle, seeded
 
+from grammar_mlx.automata.byte_nfa import build_nfa, determinize
 from grammar_mlx.errors import (
     CompileTimeoutError,
     EmptyLanguageError,
@@ -140,13 +141,24 @@ def test_size_guards_relax_and_report_or_raise_in_strict_mode():
     assert reported({"type": "string", "maxLength": MAX_REPEAT}) == []
 
 
-def test_exponential_schemas_raise_grammar_too_large():
+def test_exponential_schemas_translate_to_a_shared_ast_whose_text_is_refused():
+    """Each level uses the one below six times: the text is exponential (6^11 strings), the AST
+    linear (each definition built once). It compiles from the AST; its text is a typed refusal."""
     defs = {"l0": {"type": "string"}}
     for i in range(1, 12):
         defs[f"l{i}"] = {"type": "object", "properties": {k: {"$ref": f"#/$defs/l{i - 1}"} for k in "abcdef"},
                          "required": list("abcdef")}
-    with pytest.raises(GrammarTooLargeError):
-        schema_to_regex({"$defs": defs, "$ref": "#/$defs/l11"})
+    schema = {"$defs": defs, "$ref": "#/$defs/l11"}
+    result = schema_to_regex(schema)
+    assert result.ast_size < 5_000 and result.size > 10**9
+    with pytest.raises(GrammarTooLargeError, match="MAX_REGEX_LENGTH"):
+        result.regex  # noqa: B018 - the property raises
+    dfa = determinize(build_nfa(result.ast))  # a document has 6^11 strings: walk one path into it
+    q = dfa.initial
+    for b in ('{"a":' * 11 + '"x","b":"y","c":"","d":"","e":"","f":""},"b":{"a":').encode():
+        q = dfa.next(q, b)
+        assert q != dfa.dead
+    assert dfa.next(q, ord("[")) == dfa.dead
 
 
 # -- the canonical format ----------------------------------------------------------------------
@@ -449,12 +461,17 @@ def test_unevaluated_keywords_see_only_their_own_subschemas():
     assert accepts(items, '["a",1,2]', '["a","b"]') == [True, False]
 
 
-def test_wide_optional_objects_start_with_a_leading_property():
+def test_wide_optional_objects_may_start_with_any_property():
+    """n optional properties: each may come first, every choice sharing the rest of the object (n
+    nodes, not n^2 text)."""
     props = {f"p{i:02}": {"type": "boolean"} for i in range(40)}
     schema = {"type": "object", "properties": props, "additionalProperties": False}
     first, late = {"p00": True, "p39": False}, {"p39": True}
-    assert accepts(schema, canonical_json(first, schema), canonical_json(late, schema)) == [True, False]
-    assert in_grammar(first, schema) and not in_grammar(late, schema)
+    assert accepts(schema, canonical_json(first, schema), canonical_json(late, schema)) == [True, True]
+    assert in_grammar(first, schema) and in_grammar(late, schema)
+    wide = {f"p{i:03}": {"type": "boolean"} for i in range(400)}
+    result = schema_to_regex({"type": "object", "properties": wide, "additionalProperties": False})
+    assert result.ast_size < 40_000 < result.size  # the text repeats the rest once per first choice
 
 
 def test_top_level_generic_values_build_fast():
