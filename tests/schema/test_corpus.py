@@ -1,6 +1,7 @@
 """Corpus tests: MaskBench schemas and the JSON-Schema-Test-Suite, through outlines-core's byte DFA.
 
-For each schema of a fixed sample (the full sweep is `bench/fidelity.py`):
+For each schema of a fixed sample (`bench/fidelity.py` compares the engines on a stratified sample;
+`--per-subset 2000` for every schema):
 
 - sampled outputs (random walks of the byte DFA, fixed seeds) parse, and validate with jsonschema
   whenever the `unenforced` report is empty;
