@@ -38,7 +38,7 @@ JSON Schema translation (fixed; see docs/json-schema.md for what each relaxes or
 | `MAX_REGEX_NESTING` | 80 | group nesting of that regex where outlines-core builds it; max_recursion_depth |
 | `MAX_SCHEMA_DEPTH` | 100 | object/array nesting of a schema document (const/enum values included) |
 | `MAX_INTEGER_DIGITS` | 4,300 | digits of an integer in a schema (Python's int/str limit) |
-| `MAX_REPEAT` | 1,000 | counted repetitions (maxLength, maxItems, {m,n}) kept exact; above: relaxed, reported |
+| `MAX_REPEAT` | 100,000 | counted repetitions (maxLength, maxItems, {m,n}) kept exact; above: relaxed, reported |
 | `MAX_UNION_BRANCHES` | 1,000 | anyOf/oneOf/if/not/dependencies branches distributed per schema |
 | `MAX_LOGIC_ALTERNATIVES` | 64 | alternatives one if/not/dependencies keyword becomes |
 | `MAX_ENUMERATED` | 1,000 | values a bounded multipleOf range is enumerated into |
@@ -120,7 +120,7 @@ SCHEMA_REGEX_LENGTH = 500_000
 MAX_REGEX_NESTING = 80  # regex-automata's NFA compiler refuses deeper regexes
 MAX_SCHEMA_DEPTH = 100  # the translator recurses once or more per level, the metaschema check ~6 frames
 MAX_INTEGER_DIGITS = 4300  # Python's default int <-> str limit (json.loads refuses longer)
-MAX_REPEAT = 1_000
+MAX_REPEAT = 100_000
 MAX_UNION_BRANCHES = 1_000
 MAX_LOGIC_ALTERNATIVES = 64
 MAX_ENUMERATED = 1_000
