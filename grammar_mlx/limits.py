@@ -42,7 +42,7 @@ JSON Schema translation (fixed; see docs/json-schema.md for what each relaxes or
 | `MAX_UNION_BRANCHES` | 1,000 | anyOf/oneOf/if/not/dependencies branches distributed per schema |
 | `MAX_LOGIC_ALTERNATIVES` | 64 | alternatives one if/not/dependencies keyword becomes |
 | `MAX_ENUMERATED` | 1,000 | values a bounded multipleOf range is enumerated into |
-| `MAX_ANY_DEPTH` | 2 | container nesting of generic values (`{}`, `true`, json_object members) |
+| `MAX_ANY_DEPTH` | 4 | container nesting of generic values (`{}`, `true`, json_object members) |
 | `MAX_WHITESPACE` | 64 | characters of whitespace a `whitespace=` pattern may allow in one run |
 | `CHAR_NFA_STATES`, `CHAR_DFA_STATES` | 20,000, 4,000 | the character automata of `pattern`/`format` intersections |
 | `CHAR_AST_NODES`, `CHAR_AST_DEPTH` | 20,000, 60 | the regexes those automata are written back as |
@@ -124,7 +124,7 @@ MAX_REPEAT = 100_000
 MAX_UNION_BRANCHES = 1_000
 MAX_LOGIC_ALTERNATIVES = 64
 MAX_ENUMERATED = 1_000
-MAX_ANY_DEPTH = 2  # each level of generic nesting multiplies the automaton
+MAX_ANY_DEPTH = 4  # each level is one AST node; the automaton (stacks of containers) grows fourfold
 MAX_WHITESPACE = 64
 CHAR_NFA_STATES = 20_000
 CHAR_DFA_STATES = 4_000

@@ -266,11 +266,11 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
     `deadline_scope`)."""
     vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
-    needs_text = source.ast is None or mode == "eager" or engine == "outlines"
+    needs_text = source.ast is None or engine == "outlines"
     if needs_text and source.nesting > limits.MAX_REGEX_NESTING:
         raise GrammarTooLargeError(
             f"the schema's regex nests {source.nesting} groups deep, over the {limits.MAX_REGEX_NESTING} outlines-core "
-            "takes; mode='lazy' with engine='auto' compiles it")
+            "takes; engine='auto' compiles it")
     size = source.size if source.size or not needs_text else len(source.text())
     if size > limits.MAX_REGEX_LENGTH and needs_text:
         # A schema's AST is compiled as it is (its text may be far longer than its DAG); text is
@@ -278,7 +278,7 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
         raise GrammarTooLargeError(
             f"the regex has {size:,} characters, over the limit of {limits.MAX_REGEX_LENGTH:,} "
             "(GRAMMAR_MLX_MAX_REGEX_LENGTH)" + ("" if source.ast is None else
-                                              "; mode='lazy' with engine='auto' compiles it without its text"))
+                                              "; engine='auto' compiles it without its text"))
     if source.ast is None and (mode == "eager" or engine == "outlines"):
         # The NFA engine's parser checks syntax on its way; outlines-core's wrapping (?:R)\x00 would
         # balance a stray ")(" and build a DFA for a regex that is not one.
@@ -321,12 +321,23 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
                 built_by = "outlines"
                 chosen, reason = _choose_mode(mode, dfa)
                 reason += "; engine outlines-core: its byte DFA is in the cache"
-        if dfa is None and mode != "eager" and engine != "outlines":
+        # A schema's AST needs no text even for eager tables: its on-demand DFA is completed instead.
+        if dfa is None and engine != "outlines" and (mode != "eager" or source.ast is not None):
             lazy_dfa, nfa_meta, engine_note = _nfa_engine(source, trie)
             if lazy_dfa is None and engine == "nfa":
                 raise InvalidArgumentError(
                     f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
-            if lazy_dfa is not None:
+            if lazy_dfa is not None and mode == "eager":
+                built_by, dfa_hit = "nfa", False
+                complete = _complete_if_small(lazy_dfa, limits.MAX_DFA_STATES)
+                if complete is None:
+                    raise GrammarTooLargeError(
+                        f"the grammar's byte DFA has over {limits.MAX_DFA_STATES:,} states "
+                        "(GRAMMAR_MLX_MAX_DFA_STATES): mode='eager' needs it complete; mode='lazy' builds the states "
+                        "a generation visits")
+                dfa, dfa_meta, chosen = complete, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
+                reason = f"requested; {engine_note}, completed ({complete.num_states:,} states)"
+            elif lazy_dfa is not None:
                 built_by, dfa_hit = "nfa", False
                 small = None if mode == "lazy" or limits.AUTO_EAGER_MAX_STATES <= 0 else _complete_if_small(
                     lazy_dfa, limits.AUTO_EAGER_MAX_STATES)

@@ -13,7 +13,8 @@ the cap.
 Whitespace `W` (empty by default) may stand after `{`, `[`, `,` and `:` and before `}`, `]`, `,`
 and `:`. A `Ref` inside a cycle of the graph is unrolled at most `max_recursion_depth` times along any
 path; past that the branch is empty, so recursive structures are generated to bounded depth. Generic
-values (`{}`, `true`) nest containers at most `max_recursion_depth` deep.
+values (`{}`, `true`) nest containers at most limits.MAX_ANY_DEPTH deep (its AST is linear in that
+depth: each level is one node, used twice).
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ class Builder:
 
 class Emitter:
     def __init__(self, table: Table, whitespace: str, max_recursion_depth: int,
-                 cyclic: set[Hashable] | None = None, strict: bool = False) -> None:
+                 cyclic: set[Hashable] | None = None, strict: bool = False, any_depth: int | None = None) -> None:
         self.table = table
         self.strict = strict
         # (keyword, pointer) -> reason: counts this emitter relaxed (see `counted_array`)
@@ -212,6 +213,8 @@ class Emitter:
         self.ast = Builder()
         self.ws = self.ast.regex(whitespace)
         self.max_depth = max_recursion_depth
+        # Generic values nest at most this many containers (limits.MAX_ANY_DEPTH unless lowered).
+        self.any_depth = limits.MAX_ANY_DEPTH if any_depth is None else any_depth
         self.cyclic = cyclic_keys(table) if cyclic is None else cyclic
         self.reach = cyclic_reach(table, self.cyclic) if self.cyclic else {}
         self.memo: dict[tuple[Hashable, Counts], Regex | None] = {}
@@ -261,7 +264,7 @@ class Emitter:
             return None
         if isinstance(node, AnyValue):
             self.bounded_any = True
-            return self.any_value(min(self.max_depth, limits.MAX_ANY_DEPTH))
+            return self.any_value(self.any_depth)
         if isinstance(node, Literal):
             return self.ast.alt(self.literal(v) for v in node.values)
         if isinstance(node, Number):
@@ -279,15 +282,15 @@ class Emitter:
             return self.object(node, counts)
         raise AssertionError(f"not an IR node: {node!r}")
 
-    def lower_depth(self) -> int | None:
-        """After `emit` failed: the next lower max_recursion_depth whose text may differ, or None
-        when every lower depth writes what this one wrote (so fails the same way). The emitter is
-        deterministic, so a depth it never read up to the failure changes nothing before it."""
-        if self.bounded_recursion:
-            return self.max_depth - 1 if self.max_depth > 0 else None
-        if self.bounded_any:
-            lower = min(self.max_depth, limits.MAX_ANY_DEPTH) - 1
-            return lower if lower >= 0 else None
+    def lower_depth(self) -> tuple[int, int] | None:
+        """After `emit` failed: the next lower (recursion depth, generic depth) whose AST may differ
+        (the recursion depth first, then the generic one), or None when every lower one builds what
+        this one built (so fails the same way). The emitter is deterministic, so a depth it never
+        read up to the failure changes nothing before it."""
+        if self.bounded_recursion and self.max_depth > 0:
+            return self.max_depth - 1, self.any_depth
+        if self.bounded_any and self.any_depth > 0:
+            return self.max_depth, self.any_depth - 1
         return None
 
     # -- pieces --------------------------------------------------------------------------------
@@ -445,8 +448,9 @@ class Emitter:
                 assert out is not None
                 return out
 
-            if _written_length(sequences, lambda chars: self.size(symbol_ast(chars))) > limits.COUNTED_ARRAY_LENGTH:
-                raise fa.AutomatonTooLarge(f"its regex exceeds limits.COUNTED_ARRAY_LENGTH = "
+            # The item symbols are shared nodes: what grows is the sequence automaton's own AST.
+            if _written_length(sequences, lambda chars: 8 * chars.size()) > limits.COUNTED_ARRAY_LENGTH:
+                raise fa.AutomatonTooLarge(f"its AST exceeds limits.COUNTED_ARRAY_LENGTH = "
                                            f"{limits.COUNTED_ARRAY_LENGTH} characters")
             body = ast.mapped(sequences, symbol_ast, {})
         except fa.AutomatonTooLarge as e:
@@ -532,8 +536,8 @@ def _raw_char(chars: CharSet) -> str:
 
 
 def _written_length(ast: Regex, symbol_length: Callable[[CharSet], int]) -> int:
-    """About how long the regex of `ast` is with each class written as a symbol of
-    `symbol_length(chars)` characters (counted at each use), plus a few characters per node."""
+    """About how large `ast` is with each class standing for `symbol_length(chars)` characters
+    (counted at each use), plus a few characters per node."""
     lengths: dict[CharSet, int] = {}
     total, stack = 0, [ast]
     while stack:

@@ -61,7 +61,7 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
   writes for `not` and dependencies never close an object);
 - recursive `$ref`s unroll `max_recursion_depth` times (default 3; 0 to limits.MAX_REGEX_NESTING = 80, else
   `InvalidArgumentError`), lowered as far as needed to fit limits.SCHEMA_REGEX_LENGTH; generic values (`{}`,
-  `true`) nest at most min(that, limits.MAX_ANY_DEPTH = 2) containers;
+  `true`) nest at most limits.MAX_ANY_DEPTH = 4 containers (lowered too when the AST is too large);
 - objects with many optional properties before the first required one must start with the first
   one, only where the AST would otherwise pass limits.SCHEMA_REGEX_LENGTH (any of them may come first
   otherwise: the choices share the rest of the object);
@@ -307,7 +307,7 @@ def _check_open_objects(open_objects: object) -> None:
 
 
 def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
-               open_objects: bool = False) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, int]:
+               open_objects: bool = False) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
@@ -324,7 +324,7 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
 
 
 def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
-                          open_objects: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, int]:
+                          open_objects: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
     held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
     runs again without them (they are then reported, as before): they write much more. A lower
@@ -343,7 +343,7 @@ class _CostlyTooLarge(Exception):
 
 
 def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
-                  costly: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, int]:
+                  costly: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     nz: Normalizer | None = None
     root: Node | None = None
     used = False
@@ -359,20 +359,20 @@ def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: 
             nz.table, nz.first_choice_cost = table, cost
         used = used or nz.costly_used
         cyclic = cyclic_keys(nz.table)
-        depth: int | None = max_recursion_depth
-        while depth is not None:
-            emitter = Emitter(nz.table, ws, depth, cyclic, strict)
+        depths: tuple[int, int] | None = (max_recursion_depth, limits.MAX_ANY_DEPTH)
+        while depths is not None:
+            emitter = Emitter(nz.table, ws, depths[0], cyclic, strict, any_depth=depths[1])
             try:
                 ast = emitter.emit(root)
                 for key, reason in emitter.relaxed.items():
                     nz.unenforced.setdefault(key, reason)
                 return nz, None if ast is None else (ast, emitter.size(ast), emitter.nesting(ast),
-                                                     emitter.ast.total), depth
+                                                     emitter.ast.total), depths
             except CompileTimeoutError:
                 raise
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower
-                depth = emitter.lower_depth()
-                if depth is None and (cost == 0 or not nz.first_choices_narrowable):
+                depths = emitter.lower_depth()
+                if depths is None and (cost == 0 or not nz.first_choices_narrowable):
                     if used:
                         raise _CostlyTooLarge() from None
                     raise
@@ -439,10 +439,11 @@ def _normalized(schema_text: str, open_objects: bool) -> tuple[Normalizer, Node]
 
 
 @lru_cache(maxsize=64)
-def _compact(schema_text: str, max_recursion_depth: int, open_objects: bool) -> tuple[Normalizer, Node, int]:
+def _compact(schema_text: str, max_recursion_depth: int, open_objects: bool
+             ) -> tuple[Normalizer, Node, tuple[int, int]]:
     """The normalizer, root node and depth of the compact grammar `schema_to_regex` emits."""
-    nz, _, depth = _translate(json.loads(schema_text), "", False, max_recursion_depth, open_objects)
-    return nz, nz.node([nz.root_loc]), depth
+    nz, _, depths = _translate(json.loads(schema_text), "", False, max_recursion_depth, open_objects)
+    return nz, nz.node([nz.root_loc]), depths
 
 
 def canonical_json(instance: object, schema: object, *, open_objects: bool = False) -> str:
@@ -477,8 +478,8 @@ def in_grammar(instance: object, schema: object, *, max_recursion_depth: int = 3
     _check_open_objects(open_objects)
     doc = load_schema(schema)
     _check_instance(instance)
-    nz, root, depth = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth, open_objects)
-    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, min(depth, limits.MAX_ANY_DEPTH))
+    nz, root, (depth, any_depth) = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth, open_objects)
+    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, any_depth)
     try:
         return conforms(root, instance, nz.table, bounds)
     except RecursionError:

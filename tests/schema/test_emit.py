@@ -76,17 +76,17 @@ def written(emitter: Emitter, node) -> str | None:
     return None if ast is None else to_regex(ast)
 
 
-def check_exact(node, table: dict | None = None, depth: int = 3, ws: str = "") -> str:
+def check_exact(node, table: dict | None = None, depth: int = 3, ws: str = "", any_depth: int | None = None) -> str:
     """The regex accepts the canonical text of every member of `node` (within the emitter's bounds)
     and of no other value of the universe; the compact regex refuses other spellings."""
     table = {} if table is None else table
-    emitter = Emitter(table, ws, depth)
+    emitter = Emitter(table, ws, depth, any_depth=any_depth)
     ast = emitter.emit(node)
     regex = None if ast is None else to_regex(ast)
     if ast is not None:  # the length the translator's cap reads is the text's, near enough
         assert len(regex) / 2 - 8 <= emitter.size(ast) <= 2 * len(regex) + 8, (emitter.size(ast), len(regex))
     compiled = re.compile(regex) if regex is not None else None
-    bounds = Bounds(frozenset(emitter.cyclic), depth, min(depth, limits.MAX_ANY_DEPTH))
+    bounds = Bounds(frozenset(emitter.cyclic), depth, emitter.any_depth)
     members = 0
     for x in UNIVERSE:
         text = serialize(node, x, table)
@@ -228,7 +228,7 @@ def test_recursion_unrolls_to_the_depth_bound(depth):
         text = serialize(Ref("node"), nested(d), table)
         assert (regex.fullmatch(text) is not None) == (d <= depth) == conforms(Ref("node"), nested(d), table, bounds)
     assert regex.fullmatch('{"v":1,"kids":[]}')
-    assert emitter.lower_depth() == (depth - 1 if depth else None)
+    assert emitter.lower_depth() == ((depth - 1, limits.MAX_ANY_DEPTH) if depth else None)
 
 
 def test_recursion_without_a_base_case_has_no_value():
@@ -236,18 +236,20 @@ def test_recursion_without_a_base_case_has_no_value():
     assert written(Emitter(table, "", 3), Ref("loop")) is None
 
 
-@pytest.mark.parametrize("depth", [0, 1, 2, 3])
-def test_generic_values_nest_to_min_depth_and_the_generic_limit(depth):
-    emitter = Emitter({}, "", depth)
-    regex = check_exact(Array((), ANY), depth=depth)
+@pytest.mark.parametrize("levels", [0, 1, 2, 3])
+def test_generic_values_nest_to_their_own_depth(levels):
+    """Generic values nest `any_depth` containers (limits.MAX_ANY_DEPTH unless the translator
+    lowers it), whatever the recursion depth."""
+    assert Emitter({}, "", 0).any_depth == limits.MAX_ANY_DEPTH
+    emitter = Emitter({}, "", 3, any_depth=levels)
+    regex = check_exact(Array((), ANY), any_depth=levels)
     assert emitter.emit(ANY) is not None and emitter.bounded_any and not emitter.bounded_recursion
-    levels = min(depth, limits.MAX_ANY_DEPTH)
     generic = re.compile(written(emitter, ANY))
     value: object = 1
     for d in range(levels + 2):
         assert (generic.fullmatch(json.dumps(value, separators=(",", ":"))) is not None) == (d <= levels)
         value = {"k": value, "j": 1} if d % 2 else [1, value]  # nests one container deeper
-    assert emitter.lower_depth() == (levels - 1 if levels else None)
+    assert emitter.lower_depth() == ((3, levels - 1) if levels else None)
     assert regex
 
 
