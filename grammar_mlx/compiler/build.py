@@ -199,8 +199,9 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
         opts.deadline.check("translating the schema")
         # The language is a function of the schema, the options and the translator's limits: that is
         # its cache key, so the regex text is never written on the way (only if something reads it).
-        key = json.dumps({"schema": translated.schema, "whitespace": whitespace, "strict": strict,
-                          "open_objects": open_objects, "limits": _translation_limits()}, sort_keys=True)
+        # Not `strict`: a strict translation that succeeds relaxed nothing, so it is the same grammar.
+        key = json.dumps({"schema": translated.schema, "whitespace": whitespace, "open_objects": open_objects,
+                          "limits": _translation_limits()}, sort_keys=True)
         source = _Source("schema:" + key, lambda: translated.regex, translated.ast, translated.size,
                          translated.nesting)
         return _compile("json_schema", source, target, translated.unenforced, opts, started)
