@@ -18,7 +18,7 @@ from ..automata import chars as fa
 from ..errors import InvalidSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
-from ..regex.charset import JSON_SPECIAL, CharSet
+from ..regex.charset import CharSet
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Alt, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
 from ..regex.syntax import Literal as RegexLiteral
@@ -48,9 +48,10 @@ MAX_KEY_REGIONS = 64
 STAGE = "translating the schema"  # what a deadline that passes here names
 MAX_FIRST_CHOICE_COST = 256  # properties x leading optional choices kept exact (see _first_choices)
 MIN_FIRST_CHOICES = 2
-# Extra property names never hold characters JSON must escape (quote, backslash, controls): a
-# narrowing that keeps each character class of a key language one regex class.
-EXTRA_KEY_CHARS = ANY_CHAR - JSON_SPECIAL
+# Extra property names may hold any character; those JSON must escape (quote, backslash, controls)
+# are written as `json.dumps` writes them (the emitter writes every key language canonically escaped):
+# real schemas key maps by PHP namespaces (`Vendor\\Pkg\\`) and Windows paths.
+EXTRA_KEY_CHARS = ANY_CHAR
 EXTRA_KEY = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
 
 
