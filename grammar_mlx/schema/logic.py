@@ -17,11 +17,12 @@ removes the values or types directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ..errors import InvalidSchemaError
 from .exclusive import TYPES
+from .ir import json_key
 
 # `$ref` -> the schema it names (None when it cannot be resolved).
 Resolver = Callable[[str], Any]
@@ -181,10 +182,12 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
 
 
 def alternatives(keyword: str, value: Any, schema: dict[str, Any], resolve: Resolver,
-                 limit: int) -> list[Alternative] | None:
+                 limit: int, keep: Callable[[Alternative], bool] | None = None) -> list[Alternative] | None:
     """For `if`, `dependencies`, `dependentRequired`, `dependentSchemas`: the conjunction as a union,
     each alternative a list of (schema, counts for unevaluated*) to add to it; None when not
-    expressible or over `limit` alternatives (then reported)."""
+    expressible or over `limit` alternatives (then reported). `keep(partial)`: False when a partial
+    dependency alternative certainly contradicts the rest of the conjunction (every alternative
+    extending it is empty: it is dropped, and does not count toward `limit`)."""
     if keyword == "if":
         if "then" not in schema and "else" not in schema:
             return [[]]  # (the `if` annotations are then lost: harmless, unevaluated* narrows)
@@ -206,6 +209,72 @@ def alternatives(keyword: str, value: Any, schema: dict[str, Any], resolve: Reso
         else:
             return None
         out = [alt + [choice] for alt in out for choice in (absent, present)]
+        if keep is not None:
+            out = [alt for alt in out if keep(alt)]
         if len(out) > limit:
             return None
     return out
+
+
+# What `const`/`enum` say about one value, for pruning: (the values allowed, by `json_key`, or None
+# when not listed; the values excluded by `not {const}` / `not {enum}` when none are listed).
+Values = tuple[frozenset[Hashable] | None, frozenset[Hashable]]
+ANY_VALUES: Values = (None, frozenset())
+NO_VALUES: Values = (frozenset(), frozenset())
+
+
+def meet(a: Values, b: Values) -> Values:
+    """The values both allow."""
+    allowed = b[0] if a[0] is None else a[0] if b[0] is None else a[0] & b[0]
+    excluded = a[1] | b[1]
+    return (allowed - excluded, frozenset()) if allowed is not None else (None, excluded)
+
+
+def _join(parts: list[Values]) -> Values:
+    """The values some part allows."""
+    known = [p[0] for p in parts if p[0] is not None]
+    listed = frozenset[Hashable]().union(*known)
+    if len(known) == len(parts):
+        return (listed, frozenset())
+    unknown = [p[1] for p in parts if p[0] is None]
+    return (None, frozenset[Hashable].intersection(*unknown) - listed)
+
+
+def value_set(schema: Any, resolve: Resolver, legacy_ref: bool, depth: int = 0) -> Values:
+    """The values `schema` admits, as far as its `const`/`enum` (through `allOf`/`anyOf`/`oneOf`,
+    `not {const|enum}` and `$ref`) say: a superset of its language, so an empty result proves the
+    schema unsatisfiable and anything else proves nothing. `legacy_ref`: draft <= 7 (a `$ref`'s
+    siblings are ignored)."""
+    if schema is False:
+        return NO_VALUES
+    if not isinstance(schema, dict) or depth > 8:
+        return ANY_VALUES
+    out = ANY_VALUES
+    if isinstance(schema.get("$ref"), str):
+        try:
+            target = resolve(schema["$ref"])
+        except InvalidSchemaError:
+            target = None  # the normalizer itself raises where it matters
+        out = value_set(target, resolve, legacy_ref, depth + 1) if target is not None else ANY_VALUES
+        if legacy_ref:
+            return out
+    if "const" in schema:
+        out = meet(out, (frozenset({json_key(schema["const"])}), frozenset()))
+    if isinstance(schema.get("enum"), list):
+        out = meet(out, (frozenset(json_key(v) for v in schema["enum"]), frozenset()))
+    for key in ("allOf", "anyOf", "oneOf"):
+        members = schema.get(key)
+        if isinstance(members, list) and members:
+            parts = [value_set(m, resolve, legacy_ref, depth + 1) for m in members]
+            for part in parts if key == "allOf" else [_join(parts)]:
+                out = meet(out, part)
+    neg = schema.get("not")
+    if isinstance(neg, dict) and set(neg) - INERT <= {"const", "enum"}:
+        negated = value_set(neg, resolve, legacy_ref, depth + 1)[0]
+        if negated is not None:
+            out = meet(out, (None, negated))
+    return out
+
+
+def is_empty(values: Values) -> bool:
+    return values[0] is not None and not values[0]

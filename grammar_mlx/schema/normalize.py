@@ -45,8 +45,8 @@ from .ir import (
     to_decimal,
 )
 from .loc import ROOT_URI, Loc, Resources, draft_of, rebase
+from .logic import ANY_VALUES, Alternative, Values, alternatives, is_empty, meet, negation, value_set
 from .logic import INERT as ANNOTATIONS
-from .logic import alternatives, negation
 from .numbers import build_number, multiple_node
 from .objects import MAX_FIRST_CHOICE_COST, build_object, minus_names
 from .strings import build_string
@@ -209,9 +209,12 @@ class Normalizer:
                     if not isinstance(branches, list) or not branches:
                         raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a non-empty array")
                     rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
-                    self._spend(len(branches), atom)
                     locs = [atom.child(kw, j).below(atom) for j in range(len(branches))]
-                    nodes = [self.node(rest + [loc]) for loc in locs]
+                    # Branches that contradict the rest (a discriminator's other values) are empty:
+                    # not distributed further, they cost no budget.
+                    live = [self._satisfiable(rest + [loc]) for loc in locs]
+                    self._spend(sum(live), atom)
+                    nodes = [self.node(rest + [loc]) if ok else NEVER for loc, ok in zip(locs, live)]
                     if kw == "oneOf":
                         nodes = self._exclusive(atom, rest, locs, nodes)
                     return union(nodes, self.table)
@@ -219,24 +222,64 @@ class Normalizer:
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
                 if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
                     continue
+                others = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
+
+                def keep(alt: Alternative, others: list[Loc] = others, atom: Loc = atom, kw: str = kw) -> bool:
+                    """A partial dependency alternative that may hold together with the rest."""
+                    return self._satisfiable(others + [atom.built(s, f"{kw}?{k}", evaluates)
+                                                       for k, (s, evaluates) in enumerate(alt)])
+
                 try:
                     if kw == "not":
                         neg = negation(atom.get(kw), self._resolver(atom))
                         alts = None if neg is None else [[(n, False)] for n in neg]
                     else:
                         alts = alternatives(kw, atom.get(kw), atom.schema, self._resolver(atom),
-                                            limits.MAX_LOGIC_ALTERNATIVES)
+                                            limits.MAX_LOGIC_ALTERNATIVES, keep)
                 except InvalidSchemaError as e:
                     raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'}: {e}") from None
                 if alts is None or len(alts) > limits.MAX_LOGIC_ALTERNATIVES:
                     continue  # left for _flat, which reports it
-                self._spend(len(alts), atom)
                 rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
-                nodes = [self.node(rest + [atom.built(s, f"{kw}{j}.{k}", evaluates)
-                                           for k, (s, evaluates) in enumerate(alt)])
+                built = [[atom.built(s, f"{kw}{j}.{k}", evaluates) for k, (s, evaluates) in enumerate(alt)]
                          for j, alt in enumerate(alts)]
-                return union(nodes, self.table)
+                built = [b for b in built if self._satisfiable(rest + b)]
+                self._spend(len(built), atom)
+                return union([self.node(rest + b) for b in built], self.table)
         return self._flat(atoms)
+
+    def _satisfiable(self, locs: list[Loc]) -> bool:
+        """False only where the conjunction certainly holds no value, read off cheaply: its `type`s
+        leave none, or leave only objects and a required property has no value its `properties`
+        schemas all admit by `const`/`enum` (`logic.value_set`), or must be absent (`false`). Used to
+        prune distributed alternatives: a discriminated `allOf` of n `if`/`then`s has n + 2
+        satisfiable combinations of its 2^n."""
+        atoms = self._expand(locs)
+        if atoms is None:
+            return False
+        types = set(TYPES)
+        required: set[str] = set()
+        values: dict[str, Values] = {}
+        for atom in atoms:
+            if atom.has("type"):
+                t = atom.get("type")
+                names = set(t) if isinstance(t, list) else {t}
+                if not names <= set(TYPES):
+                    return True  # (draft 3 forms; the normalizer reads them)
+                types &= names | ({"integer"} if "number" in names else set())
+            needed = atom.get("required")
+            if isinstance(needed, list):
+                required.update(n for n in needed if isinstance(n, str))
+            props = atom.get("properties")
+            if isinstance(props, dict):
+                resolve = self._resolver(atom)
+                for name, sub in props.items():
+                    values[name] = meet(values.get(name, ANY_VALUES), value_set(sub, resolve, atom.legacy_ref))
+        if not types:
+            return False
+        if types - {"object"}:
+            return True
+        return not any(is_empty(values[name]) for name in required if name in values)
 
     def _spend(self, branches: int, atom: Loc) -> None:
         self._branches += branches

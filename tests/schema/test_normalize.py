@@ -345,3 +345,79 @@ def test_a_failed_attempt_leaves_no_trace():
     exact = Normalizer({"type": "integer"})
     node, why = exact.attempt(lambda: exact.node([exact.root_loc]))
     assert why is None and node is not None and len(exact.table) == 1
+
+
+# -- pruning contradictory alternatives ---------------------------------------------------------
+
+
+def _discriminated(n: int) -> dict:
+    """minecraft-item-modifier's shape (JsonSchemaStore): an allOf of n if/then pairs on one
+    discriminator's value."""
+    return {"type": "object", "required": ["kind"],
+            "properties": {"kind": {"enum": [f"k{i}" for i in range(n)]}},
+            "allOf": [{"if": {"properties": {"kind": {"const": f"k{i}"}}},
+                       "then": {"properties": {f"p{i}": {"type": "integer", "minimum": i}}, "required": [f"p{i}"]}}
+                      for i in range(n)]}
+
+
+def test_discriminated_if_then_chains_prune_contradictory_combinations():
+    """2^12 combinations of 12 if/then pairs distributed naively exceed limits.MAX_UNION_BRANCHES;
+    only 12 + 2 are satisfiable (a discriminator has one value), and those are all that is built.
+    Exact: a value is a member exactly when jsonschema validates it."""
+    import jsonschema
+
+    schema = _discriminated(12)
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    assert nz._branches < 300  # quadratic in n: each prefix of the chain is satisfiable a few ways
+    check = jsonschema.Draft202012Validator(schema)
+    probes = [{"kind": f"k{i}", f"p{j}": v} for i in range(12) for j in (i, (i + 1) % 12) for v in (i, i - 1, "x")]
+    probes += [{"kind": "k3"}, {"kind": "zz", "p0": 1}, {"p0": 0}, {}]
+    for x in probes:
+        assert conforms(node, x, nz.table) == check.is_valid(x), x
+
+
+def test_dependency_products_prune_contradictions():
+    """dependentRequired alternatives (absent / present) that contradict the rest (a property
+    required elsewhere cannot be absent; a value listed nowhere cannot be present) are dropped while
+    the product is built, so they neither count toward limits.MAX_LOGIC_ALTERNATIVES nor get built."""
+    import jsonschema
+
+    names = [f"n{i}" for i in range(8)]
+    schema = {"type": "object", "required": names[:7], "properties": {n: {"type": "integer"} for n in names},
+              "dependentRequired": {n: [names[(i + 1) % 8]] for i, n in enumerate(names)}}
+    nz, node = normalized(schema)  # 2^8 alternatives naively, over limits.MAX_LOGIC_ALTERNATIVES
+    assert nz.unenforced == {}
+    check = jsonschema.Draft202012Validator(schema)
+    full = {n: 1 for n in names}
+    for x in [full, {n: 1 for n in names[:7]}, {**full, "n0": "a"}, {n: 1 for n in names[1:]}]:
+        assert conforms(node, x, nz.table) == check.is_valid(x), x
+
+
+def test_satisfiable_reads_types_required_and_listed_values():
+    nz = Normalizer({})
+    loc = nz.root_loc
+
+    def sat(*schemas) -> bool:
+        return nz._satisfiable([loc.built(s, f"t{i}") for i, s in enumerate(schemas)])
+
+    assert sat({"properties": {"a": {"const": 1}}}, {"properties": {"a": {"const": 2}}})  # non-objects, a absent
+    assert not sat({"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}},
+                   {"properties": {"a": {"enum": [2, 3]}}})
+    assert sat({"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}},
+               {"properties": {"a": {"enum": [1.0, 3]}}})  # 1 == 1.0
+    assert not sat({"type": "object", "required": ["a"]}, {"properties": {"a": False}})
+    assert not sat({"type": "string"}, {"type": "integer"})
+    assert not sat({"type": ["object"], "required": ["a"]},
+                   {"properties": {"a": {"anyOf": [{"const": 1}, {"enum": [2]}], "not": {"enum": [1, 2]}}}})
+    assert sat({"type": "object", "required": ["a"]}, {"properties": {"a": {"not": {"const": 1}}}})
+    # not {const, enum} excludes only what both list.
+    assert sat({"type": "object", "required": ["a"], "properties": {"a": {"enum": [1, 2]}}},
+               {"properties": {"a": {"not": {"const": 1, "enum": [2]}}}})
+    # Draft 7 ignores a $ref's siblings: `const` next to it says nothing.
+    nz7 = Normalizer({"$schema": DRAFT7, "definitions": {"one": {"const": 1}}})
+    loc7 = nz7.root_loc
+    both = [loc7.built({"type": "object", "required": ["a"], "properties": {"a": {"const": 2}}}, "x"),
+            loc7.built({"properties": {"a": {"$ref": "#/definitions/one", "const": 2}}}, "y")]
+    assert not nz7._satisfiable(both)
+    assert not nz7._satisfiable(both[:1] + [loc7.built({"properties": {"a": {"$ref": "#/definitions/one"}}}, "z")])
