@@ -263,8 +263,9 @@ class Normalizer:
         for atom in atoms:
             if atom.has("type"):
                 t = atom.get("type")
-                names = set(t) if isinstance(t, list) else {t}
-                if not names <= set(TYPES):
+                listed = t if isinstance(t, list) else [t]
+                names = {n for n in listed if isinstance(n, str)}
+                if len(names) < len(listed) or not names <= set(TYPES):
                     return True  # (draft 3 forms; the normalizer reads them)
                 types &= names | ({"integer"} if "number" in names else set())
             needed = atom.get("required")
