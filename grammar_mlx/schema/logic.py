@@ -40,7 +40,7 @@ INERT = frozenset({
 _OPAQUE = frozenset({
     "format", "divisibleBy", "items", "prefixItems", "additionalItems", "contains",
     "uniqueItems", "unevaluatedItems", "additionalProperties", "patternProperties", "propertyNames",
-    "unevaluatedProperties", "dependencies", "dependentRequired", "dependentSchemas", "if", "oneOf",
+    "unevaluatedProperties", "dependencies", "dependentRequired", "dependentSchemas", "if",
     "$dynamicRef", "$recursiveRef", "disallow", "extends",
 })
 _FLIP_COUNTS = {
@@ -159,7 +159,7 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
         return [{"type": "number", "maximum": value}]
     if key == "exclusiveMaximum":
         return [{"type": "number", "minimum": value}]
-    if key in ("allOf", "anyOf") and (not isinstance(value, list) or not value):
+    if key in ("allOf", "anyOf", "oneOf") and (not isinstance(value, list) or not value):
         raise InvalidSchemaError(f"{key} must be a non-empty array")
     if key == "allOf":
         out = []
@@ -176,6 +176,13 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
         if any(not n for n in negs):
             return []  # some branch accepts everything
         return [{"allOf": [{"anyOf": n} for n in negs]}]
+    if key == "oneOf":
+        # Not exactly one branch: none (every branch's negation), or some two at once.
+        negs = [negation(sub, resolve, depth + 1) for sub in value]
+        if None in negs:
+            return None
+        out = [] if any(not n for n in negs) else [{"allOf": [{"anyOf": n} for n in negs]}]
+        return out + [{"allOf": [a, b]} for i, a in enumerate(value) for b in value[i + 1 :]]
     if key == "not":
         return [value]
     return []  # an unknown keyword constrains nothing

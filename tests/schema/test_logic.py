@@ -50,6 +50,11 @@ NEGATABLE = [
     {"anyOf": [{"type": "string"}, {}]}, {"not": {"type": "string"}}, {"$ref": "#/$defs/s"},
     {"$ref": "#/$defs/n", "type": "number"}, {"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}},
     {"title": "annotations only", "x-unknown": 1}, {"not": {"$ref": "#/$defs/s"}}, True, False,
+    # oneOf: no branch, or two at once (the JSON-Schema-Test-Suite's `not {oneOf}` cases, Synthesized).
+    {"oneOf": [{}]}, {"oneOf": [{"type": "string"}, {"minimum": 2}]}, {"oneOf": [{"minLength": 2}, {"maxLength": 2}],
+                                                                        "type": "string"},
+    {"oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"properties": {"a": {"type": "string"}}}]},
+    {"oneOf": [{}, {"type": "string"}]}, {"oneOf": [True, False, {"const": 1}]},
 ]
 
 
@@ -92,7 +97,7 @@ def test_negation_forms():
     {"enum": [[1]]}, {"const": {"a": 1}},  # excluding containers
     {"format": "date"}, {"multipleOf": "2"}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
     {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {}}, {"if": {}},
-    {"oneOf": [{}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
+    {"oneOf": [{"format": "date"}, {}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
     {"$ref": "https://elsewhere.test/s.json"},  # not resolvable
     {"properties": {"a": {"format": "date"}}}, {"anyOf": [{"format": "date"}, {}]}, {"allOf": [{"format": "email"}]},
     3, "string",
@@ -199,3 +204,26 @@ def test_alternatives_limit_and_malformed_values():
     assert alternatives("dependencies", {"a": 3}, {}, resolve, 64) is None
     with pytest.raises(InvalidSchemaError, match="dependentRequired must be an object"):
         alternatives("dependentRequired", ["a"], {}, resolve, 64)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "not": {"oneOf": [{"minLength": 2}, {"maxLength": 4}]}},
+    {"allOf": [{"enum": ["foo", "f", "foobar", 3]}, {"not": {"oneOf": [{"minLength": 2}, {"maxLength": 4}],
+                                                            "type": "string"}}]},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+     "additionalProperties": False, "not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}},
+], ids=repr)
+def test_not_one_of_is_exact_end_to_end(schema):
+    """`not {oneOf}` through schema_to_regex: exact, and the regex accepts a probe's canonical text
+    exactly when jsonschema validates it."""
+    import re
+
+    from grammar_mlx.schema import canonical_json, schema_to_regex
+
+    result = schema_to_regex(schema)
+    assert result.unenforced == ()
+    probes = VALUES + ["abcd", "abcde", "foo", "foobar", "f", {"a": 1, "b": 2}, {"a": 1}, {"b": 1}]
+    check = jsonschema.Draft202012Validator(schema)
+    for value in probes:
+        accepted = re.fullmatch(result.regex, canonical_json(value, schema)) is not None
+        assert accepted == check.is_valid(value), value
