@@ -9,8 +9,10 @@ language excludes the declared names (a key never appears twice from the grammar
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .. import limits
@@ -18,7 +20,7 @@ from ..automata import chars as fa
 from ..errors import InvalidSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
-from ..regex.charset import CharSet
+from ..regex.charset import NOTHING, CharSet
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Alt, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
 from ..regex.syntax import Literal as RegexLiteral
@@ -39,7 +41,7 @@ from .ir import (
 )
 from .loc import Loc, count_bounds, in_scope
 from .logic import Built
-from .strings import pattern_language
+from .strings import disputed_chars, pattern_language
 
 if TYPE_CHECKING:
     from .normalize import Normalizer
@@ -61,6 +63,7 @@ class _Info(TypedDict):
     atom: Loc
     props: dict[str, Loc]  # declared name -> its schema
     patterns: list[tuple[Regex, Loc]]  # (key language AST, value schema) per patternProperties entry
+    texts: list[str]  # the patterns themselves, in the same order
     additional: Loc | None
     unevaluated: Loc | None
     required: list[str]
@@ -112,10 +115,12 @@ def _info(nz: Normalizer, atom: Loc) -> _Info:
     if not isinstance(required, list) or not all(isinstance(n, str) for n in required):
         raise InvalidSchemaError(f"required at {atom.pointer or '/'} must be an array of strings")
     compiled: list[tuple[Regex, Loc]] = []
+    texts: list[str] = []
     for pattern in patterns:
         ast = pattern_language(nz, pattern, atom, "patternProperties")
         if ast is not None:
             compiled.append((ast, atom.child("patternProperties", pattern)))
+            texts.append(pattern)
     located: dict[str, Loc] = {}
     for name in props:
         check_deadline(STAGE)
@@ -124,6 +129,7 @@ def _info(nz: Normalizer, atom: Loc) -> _Info:
         "atom": atom,
         "props": located,
         "patterns": compiled,
+        "texts": texts,
         "additional": atom.child("additionalProperties") if atom.has("additionalProperties") else None,
         "unevaluated": atom.child("unevaluatedProperties") if atom.has("unevaluatedProperties") else None,
         "required": required,
@@ -142,7 +148,10 @@ def _value_locs(infos: list[_Info], name: str | None = None,
             locs.append(info["props"][name])
             hit = True
         for j, (ast, loc) in enumerate(info["patterns"]):
-            if (name is not None and String(ast).matches(name)) or (i, j) in matched:
+            # A declared name gets a pattern's schema where either reading of the pattern matches
+            # it (ECMA-262's, as parsed, or Python's, jsonschema's): both constraints then hold.
+            if (name is not None and (String(ast).matches(name) or _python_search(info["texts"][j], name))) or (
+                    (i, j) in matched):
                 locs.append(loc)
                 hit = True
         if not hit and info["additional"] is not None:
@@ -187,6 +196,14 @@ def string_language(node: Node | None, table: Table, seen: set[Hashable] | None 
     return alt()
 
 
+@lru_cache(maxsize=1024)
+def _python_search(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False  # not Python syntax: jsonschema cannot read it either
+
+
 def _resolved(nz: Normalizer, node: Node) -> Node | None:
     return nz.table.get(node.key) if isinstance(node, Ref) else node
 
@@ -202,8 +219,16 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
             return (Extra(String(minus_names(EXTRA_KEY, names)), value),)
         except fa.AutomatonTooLarge:
             return ()  # narrowing: no extra properties
+    # Keys are split by which patterns match them, each pattern read the narrow way (`pattern_language`);
+    # over characters both readings agree on (`disputed_chars`), that split is Python's too.
+    disputed = NOTHING
+    for info in infos:
+        for text in info["texts"]:
+            disputed = disputed | disputed_chars(text)
+    key_chars = EXTRA_KEY_CHARS - disputed
+    base = EXTRA_KEY if not disputed else repeat(Chars(key_chars), 0, None)
     try:
-        keys = fa.to_dfa(EXTRA_KEY if key_filter is None else fa.intersect([EXTRA_KEY, key_filter]))
+        keys = fa.to_dfa(base if key_filter is None else fa.intersect([base, key_filter]))
         regions: list[tuple[fa.DFA, frozenset[tuple[int, int]]]] = [] if keys.is_empty() else [(keys, frozenset())]
         for i, j, ast in patterns:
             dfa = fa.to_dfa(ast)
@@ -227,7 +252,7 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
         if isinstance(_resolved(nz, value), Never):
             continue
         try:
-            region_ast = _pattern_region(region, [asts[m] for m in matched]) if key_filter is None else None
+            region_ast = _pattern_region(region, [asts[m] for m in matched], key_chars) if key_filter is None else None
             if region_ast is None:
                 region_ast = fa.to_ast(region)
             declared_inside = [n for n in names if region.accepts(n)]
@@ -239,7 +264,7 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
     return tuple(extras)
 
 
-def _pattern_region(region: fa.DFA, matched: list[Regex]) -> Regex | None:
+def _pattern_region(region: fa.DFA, matched: list[Regex], key_chars: CharSet) -> Regex | None:
     """The region's key language as the one pattern it matches, when it is exactly that pattern's
     language over the characters keys hold (a lone patternProperties entry, or one the others do
     not overlap), else None. Writing a region back from its automaton (`fa.to_ast`) nests a
@@ -247,7 +272,7 @@ def _pattern_region(region: fa.DFA, matched: list[Regex]) -> Regex | None:
     keeps it one node."""
     if len(matched) != 1:
         return None
-    candidate = narrowed(matched[0], EXTRA_KEY_CHARS)
+    candidate = narrowed(matched[0], key_chars)
     dfa = fa.to_dfa(candidate)
     if fa.product(region, dfa, "minus").is_empty() and fa.product(dfa, region, "minus").is_empty():
         return candidate

@@ -346,3 +346,24 @@ def test_pattern_property_regions_keep_long_counted_key_patterns():
     (extra,) = node.extras
     assert [extra.key.matches(k) for k in ("ab", "é" * 300, "id", "a", "a\"b", "x" * 301, "a\nb")] == [
         True, True, False, False, True, False, False]
+
+
+def test_pattern_property_regions_hold_under_both_readings():
+    """Keys are split by the patterns they match; a key Python's `re` reads as matching a pattern
+    that ECMA-262's reading does not ("a\\n" for `^a$`, "\\u0663" for `^\\d$`) would get the wrong
+    schema: extra keys hold only characters both readings agree on. A declared name either reading
+    matches gets the pattern's schema."""
+    schema = {"type": "object", "properties": {"a\n": {}}, "patternProperties": {"^a$": {"type": "integer"},
+                                                                                 "^\\d$": {"type": "integer"}},
+              "additionalProperties": {"type": "string"}}
+    check = jsonschema.Draft202012Validator(schema)
+    regex = schema_to_regex(schema)
+    assert not regex.unenforced
+    for instance in [{"a": 1}, {"a": "x"}, {"b": "x"}, {"b": 1}, {"5": 1}, {"5": "x"}, {"\u0663": "x"},
+                     {"\u0663": 1}, {"a\n": 1}, {"a\n": "x"}, {"b\n": "x"}, {"é": "x"}]:
+        text = canonical_json(instance, schema)
+        accepted = re.fullmatch(regex.regex, text) is not None
+        assert accepted == in_grammar(instance, schema)
+        assert not accepted or check.is_valid(instance), instance
+    assert re.fullmatch(regex.regex, canonical_json({"b": "x", "é": "y", "7": 7}, schema))  # é: no digit
+    assert not re.fullmatch(regex.regex, canonical_json({"a\n": "x"}, schema))  # Python's `^a$` matches "a\n"
