@@ -83,7 +83,12 @@ class Normalizer:
     # Set when some object's first-property limit depends on first_choice_cost (schema.objects):
     # only then does a retry with cost 0 write another regex.
     first_choices_narrowable: bool = False
+    # A membership oracle (`_member`): nothing is narrowed — every narrowing site raises `Narrowed`
+    # instead — so `conforms` on its nodes accepts every value of the schema (reported keywords
+    # only widen it).
+    members_only: bool = False
     _branches: int = 0
+    _oracle: Normalizer | None = None
 
     def __post_init__(self) -> None:
         self.draft = draft_of(self.root)
@@ -100,6 +105,11 @@ class Normalizer:
                 f"{keyword!r} at {pointer or '/'} cannot be enforced: {reason}", keyword=keyword, pointer=pointer
             )
         self.unenforced.setdefault((keyword, pointer), reason)
+
+    def narrowing(self, what: str) -> None:
+        """A narrowing site (valid values left out): in a membership oracle, give up instead."""
+        if self.members_only:
+            raise Narrowed(what)
 
     def too_large(self, keyword: str, loc: Loc, reason: str) -> None:
         """A size guard: relaxed and reported, or in strict mode a GrammarTooLargeError."""
@@ -372,13 +382,6 @@ class Normalizer:
                 self.report("disallow", atom, "draft 3 is not supported")
         if "number" in types:
             types.discard("integer")  # number already holds the integers
-        excluded: list[Any] = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
-        for atom in atoms:
-            if atom.has("not"):
-                types = self._apply_not(atom, types, excluded)
-            for kw in ("if", "dependencies", "dependentRequired", "dependentSchemas"):
-                if atom.has(kw) and atom.get(kw):
-                    self.report(kw, atom, "not expressible as a union here (or too many alternatives)")
         values = None
         for atom in atoms:
             for kw in ("enum", "const"):
@@ -391,8 +394,21 @@ class Normalizer:
                     else:
                         allowed = {json_key(w) for w in new}
                         values = [v for v in values if json_key(v) in allowed]
+        excluded: list[Any] = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
+        # `not` without a union form, next to enum/const: decided value by value (`_member`).
+        decided: list[tuple[Loc, Node]] = []
+        for atom in atoms:
+            if atom.has("not"):
+                negated = None if values is None or _native_not(atom.get("not")) else self._member_node(atom)
+                if negated is not None:
+                    decided.append((atom, negated))
+                else:
+                    types = self._apply_not(atom, types, excluded)
+            for kw in ("if", "dependencies", "dependentRequired", "dependentSchemas"):
+                if atom.has(kw) and atom.get(kw):
+                    self.report(kw, atom, "not expressible as a union here (or too many alternatives)")
         if values is not None:
-            return self._literal(values, atoms, types)
+            return self._literal(values, atoms, types, decided)
         parts = []
         for t in TYPES:
             if t in types:
@@ -427,16 +443,44 @@ class Normalizer:
                 out.add("integer")
         return out
 
-    def _literal(self, values: list[Any], atoms: list[Loc], types: set[str]) -> Node:
-        """enum/const: the listed values that also satisfy every other keyword."""
-        rest = [a.drop("enum", "const") for a in atoms]
+    def _literal(self, values: list[Any], atoms: list[Loc], types: set[str],
+                 decided: list[tuple[Loc, Node]] | None = None) -> Node:
+        """enum/const: the listed values that also satisfy every other keyword; `decided`: atoms
+        whose `not` is decided here, each with the oracle's node of the negated schema."""
+        decided = decided or []
+        negated = {atom.key for atom, _ in decided}
+        rest = [a.drop("enum", "const", "not") if a.key in negated else a.drop("enum", "const") for a in atoms]
         rest_node = self.node(rest)
+        oracle = self._oracle
         kept = []
         for v in values:
             check_deadline(STAGE)
-            if _has_type(v, types) and conforms(rest_node, v, self.table):
-                kept.append(v)
+            if not (_has_type(v, types) and conforms(rest_node, v, self.table)):
+                continue
+            if oracle is not None and any(conforms(node, v, oracle.table) for _, node in decided):
+                continue
+            kept.append(v)
         return Literal(tuple(kept)) if kept else NEVER
+
+    def _member_node(self, atom: Loc) -> Node | None:
+        """The node of `atom`'s negated schema in the membership oracle (a normalizer of the same
+        document that narrows nothing: open objects, no first-property limit, no narrowed formats),
+        or None when building it would narrow (then `not` stays reported). `conforms` on it is True
+        for every value of that schema, so a listed value it rejects certainly satisfies `not`
+        (and one it accepts is left out: at worst a narrowing)."""
+        if self._oracle is None:
+            self._oracle = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
+                                      costly_exact=False, members_only=True)
+        oracle = self._oracle
+        reported, nodes, branches = dict(oracle.unenforced), len(oracle.table), oracle._branches
+        try:
+            return oracle.node([atom.child("not").below(atom)])
+        except (Narrowed, GrammarTooLargeError):
+            # Nodes built on the way may hold the narrowing: forget them (a later question asks again).
+            for added in list(oracle.table)[nodes:]:
+                del oracle.table[added]
+            oracle.unenforced, oracle._branches = reported, branches
+            return None
 
     def _apply_not(self, atom: Loc, types: set[str], excluded: list[Any]) -> set[str]:
         """`not` where it removes whole types or listed values; other forms were distributed as a
@@ -476,6 +520,10 @@ class Normalizer:
         if t == "array":
             return build_array(self, atoms)
         return build_object(self, atoms)
+
+
+class Narrowed(Exception):
+    """A membership oracle met a narrowing (`Normalizer.narrowing`)."""
 
 
 def _native_not(neg: Any) -> bool:

@@ -26,6 +26,7 @@ from ..regex.syntax import Alt, Chars, Repeat, Seq, alt, literal, repeat, restri
 from ..regex.syntax import Literal as RegexLiteral
 from ..regex.syntax import Node as Regex
 from .ir import (
+    ANY,
     NEVER,
     AnyValue,
     Extra,
@@ -71,6 +72,8 @@ class _Info(TypedDict):
 
 def build_object(nz: Normalizer, atoms: list[Loc]) -> Node:
     infos = [_info(nz, atom) for atom in atoms]
+    if any(info["unevaluated"] is not None for info in infos):
+        nz.narrowing("unevaluatedProperties sees only its own in-place subschemas")
     # Declared names in order, then names only in `required` (dicts: ordered sets, so a wide
     # object costs linear time, not a list search per name).
     declared = dict.fromkeys(n for info in infos for n in info["props"])
@@ -218,6 +221,7 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
         try:
             return (Extra(String(minus_names(EXTRA_KEY, names)), value),)
         except fa.AutomatonTooLarge:
+            nz.narrowing("extra property names")
             return ()  # narrowing: no extra properties
     # Keys are split by which patterns match them, each pattern read the narrow way (`pattern_language`);
     # over characters both readings agree on (`disputed_chars`), that split is Python's too.
@@ -244,6 +248,7 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
             if len(regions) > MAX_KEY_REGIONS:
                 raise fa.AutomatonTooLarge(f"more than {MAX_KEY_REGIONS} key regions")
     except fa.AutomatonTooLarge:
+        nz.narrowing("key regions")
         return _narrow_extras(nz, infos, names, patterns, closed)
     asts = {(i, j): ast for i, j, ast in patterns}
     extras: list[Extra] = []
@@ -259,8 +264,14 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
             if declared_inside:
                 region_ast = minus_names(region_ast, declared_inside)
         except fa.AutomatonTooLarge:
+            nz.narrowing("a key region")
             continue  # narrowing: keys of this region are not generated
         extras.append(Extra(String(region_ast), value))
+    if disputed and nz.members_only:
+        # A membership oracle narrows nothing: a key holding a disputed character may be any
+        # pattern's, and take any value (a superset, as an oracle must be).
+        anything = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
+        extras.append(Extra(String(seq(anything, Chars(disputed), anything)), ANY))
     return tuple(extras)
 
 

@@ -25,7 +25,7 @@ from ..regex.syntax import (
     search_language,
 )
 from ..regex.syntax import Node as Regex
-from .formats import STRING_FORMATS, UNENFORCED_FORMATS, format_language
+from .formats import NARROWED_FORMATS, STRING_FORMATS, UNENFORCED_FORMATS, format_language
 from .ir import NEVER, Node, String
 from .loc import Loc, count_bounds
 from .logic import NOT_PATTERN, Built
@@ -58,6 +58,8 @@ def build_string(nz: Normalizer, atoms: list[Loc]) -> Node:
             if fmt in UNENFORCED_FORMATS:
                 nz.report("format", atom, UNENFORCED_FORMATS[fmt])
             elif fmt in STRING_FORMATS:
+                if fmt in NARROWED_FORMATS:
+                    nz.narrowing(f"format {fmt!r} is a subset of the format")
                 languages.append((format_language(fmt), "format", atom))
         if nz.draft <= 7:
             # Draft 7 lets validators assert content; 2019-09 on, content* only annotate.

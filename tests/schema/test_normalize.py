@@ -421,3 +421,45 @@ def test_satisfiable_reads_types_required_and_listed_values():
             loc7.built({"properties": {"a": {"$ref": "#/definitions/one", "const": 2}}}, "y")]
     assert not nz7._satisfiable(both)
     assert not nz7._satisfiable(both[:1] + [loc7.built({"properties": {"a": {"$ref": "#/definitions/one"}}}, "z")])
+
+
+# -- not, next to enum/const: decided value by value --------------------------------------------
+
+ENUM_NOT = [
+    # Synthesized (MaskBench): the JSON-Schema-Test-Suite's instances as an enum, the schema negated.
+    ({"allOf": [{"enum": [{"bar": 2}, {"foo": 1}, {"bar": 2, "foo": 3}, {}]},
+                {"not": {"patternProperties": {"b.*": False, "f.*": True}}}]}, 2),
+    ({"allOf": [{"enum": ["this is a string", 3]},
+                {"not": {"$defs": {"s": {"type": "string"}}, "enum": [{"$ref": "#/allOf/1/not/$defs/s"}]}}]}, 2),
+    ({"enum": [{"a": 1, "b": 2}, {"a": 1}, 5], "not": {"properties": {"a": {}}, "additionalProperties": False}}, 1),
+    ({"enum": [{"a\n": 1}, {"a": "x"}, {"b": 1}], "not": {"patternProperties": {"^a$": {"type": "integer"}}}}, 1),
+    ({"enum": [[1, 2], [1, "a"], [], "x"], "not": {"items": {"type": "integer"}}}, 1),
+    ({"enum": [{"foo": {"bar": 1}}, {"foo": {"bar": 1, "x": 2}}],  # the negated schema's closed-looking object is open
+      "not": {"properties": {"foo": {"properties": {"bar": {}}}}, "required": ["foo"]}}, 0),
+]
+
+
+@pytest.mark.parametrize(("schema", "kept"), ENUM_NOT, ids=repr)
+def test_not_next_to_enum_is_decided_per_value(schema, kept):
+    """`not S` without a union form, in a conjunction with enum/const: each listed value is kept
+    exactly when the membership oracle (a normalizer that narrows nothing) rejects it under S.
+    Exact against jsonschema, and nothing is reported."""
+    import jsonschema
+
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    check = jsonschema.Draft202012Validator(schema)
+    values = next(a.get("enum") for a in nz._expand([nz.root_loc]) if a.has("enum"))
+    assert [v for v in values if conforms(node, v, nz.table)] == [v for v in values if check.is_valid(v)]
+    assert len([v for v in values if check.is_valid(v)]) == kept
+
+
+def test_not_next_to_enum_stays_reported_where_the_oracle_would_narrow():
+    """A negated schema the IR only narrows (an email pattern leaves some addresses out) cannot
+    decide membership: `not` is reported as before, and every listed value kept."""
+    schema = {"enum": ["a@b.com", "x"], "not": {"format": "email"}}
+    nz, node = normalized(schema)
+    assert set(nz.unenforced) == {("not", "")}
+    assert [conforms(node, v, nz.table) for v in ("a@b.com", "x")] == [True, True]
+    # The oracle gave up without leaving nodes behind.
+    assert nz._oracle is not None and nz._oracle.table == {}
