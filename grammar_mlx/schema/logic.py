@@ -39,7 +39,7 @@ INERT = frozenset({
 # Validation keywords `negation` has no union for.
 _OPAQUE = frozenset({
     "format", "divisibleBy", "items", "prefixItems", "additionalItems", "contains",
-    "uniqueItems", "unevaluatedItems", "additionalProperties", "patternProperties", "propertyNames",
+    "uniqueItems", "unevaluatedItems", "additionalProperties", "patternProperties",
     "unevaluatedProperties", "dependencies", "dependentRequired", "dependentSchemas", "if",
     "$dynamicRef", "$recursiveRef", "disallow", "extends",
 })
@@ -176,6 +176,22 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
         if any(not n for n in negs):
             return []  # some branch accepts everything
         return [{"allOf": [{"anyOf": n} for n in negs]}]
+    if key == "propertyNames":
+        # Some key outside the names' language: a union where that outside is finite (the listed
+        # names of `propertyNames: {not: {enum}}`: one of them present), or everything (false).
+        if value is False:
+            return [Built({"type": "object", "minProperties": 1})]
+        if value is True or value == {}:
+            return []
+        inner = value.get("not") if isinstance(value, dict) and set(value) - INERT == {"not"} else None
+        if not isinstance(inner, dict) or not set(inner) - INERT <= {"enum", "const"} or not set(inner) - INERT:
+            return None
+        listed = [inner["const"]] if "const" in inner else []
+        listed += inner["enum"] if isinstance(inner.get("enum"), list) else []
+        if "const" in inner and "enum" in inner:  # both must hold: the names listed by both
+            listed = [n for n in inner["enum"] if n == inner["const"]]
+        names = dict.fromkeys(n for n in listed if isinstance(n, str))
+        return [Built({"type": "object", "required": [n]}) for n in names]
     if key == "oneOf":
         # Not exactly one branch: none (every branch's negation), or some two at once.
         negs = [negation(sub, resolve, depth + 1) for sub in value]

@@ -55,6 +55,9 @@ NEGATABLE = [
                                                                         "type": "string"},
     {"oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"properties": {"a": {"type": "string"}}}]},
     {"oneOf": [{}, {"type": "string"}]}, {"oneOf": [True, False, {"const": 1}]},
+    # propertyNames: some key outside the names (Handwritten existsName1, pnmp*): finitely many outside.
+    {"propertyNames": {"not": {"const": "a"}}}, {"propertyNames": {"not": {"enum": ["a", "b", 3]}}},
+    {"propertyNames": False}, {"propertyNames": True}, {"propertyNames": {"not": {"const": "a", "enum": ["a", "c"]}}},
 ]
 
 
@@ -96,7 +99,7 @@ def test_negation_forms():
 @pytest.mark.parametrize("schema", [
     {"enum": [[1]]}, {"const": {"a": 1}},  # excluding containers
     {"format": "date"}, {"multipleOf": "2"}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
-    {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {}}, {"if": {}},
+    {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {"maxLength": 1}}, {"if": {}},
     {"oneOf": [{"format": "date"}, {}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
     {"$ref": "https://elsewhere.test/s.json"},  # not resolvable
     {"properties": {"a": {"format": "date"}}}, {"anyOf": [{"format": "date"}, {}]}, {"allOf": [{"format": "email"}]},
@@ -212,17 +215,21 @@ def test_alternatives_limit_and_malformed_values():
                                                             "type": "string"}}]},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
      "additionalProperties": False, "not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}},
+    {"type": "object", "not": {"propertyNames": {"not": {"const": "0"}}}},  # Handwritten existsName1
+    {"type": "object", "not": {"anyOf": [{"propertyNames": {"not": {"enum": ["a", "0"]}}},
+                                         {"propertyNames": {"not": {"enum": ["b", "0"]}}}]}},  # pnmp1's shape
 ], ids=repr)
-def test_not_one_of_is_exact_end_to_end(schema):
-    """`not {oneOf}` through schema_to_regex: exact, and the regex accepts a probe's canonical text
-    exactly when jsonschema validates it."""
+def test_negations_are_exact_end_to_end(schema):
+    """`not {oneOf}`, `not {propertyNames}` through schema_to_regex: exact, and the regex accepts a
+    probe's canonical text exactly when jsonschema validates it."""
     import re
 
     from grammar_mlx.schema import canonical_json, schema_to_regex
 
     result = schema_to_regex(schema)
     assert result.unenforced == ()
-    probes = VALUES + ["abcd", "abcde", "foo", "foobar", "f", {"a": 1, "b": 2}, {"a": 1}, {"b": 1}]
+    probes = VALUES + ["abcd", "abcde", "foo", "foobar", "f", {"a": 1, "b": 2}, {"a": 1}, {"b": 1}, {"0": 1},
+                       {"0": 1, "a": 2}, {"a": 1, "b": 2, "0": 3}]
     check = jsonschema.Draft202012Validator(schema)
     for value in probes:
         accepted = re.fullmatch(result.regex, canonical_json(value, schema)) is not None
