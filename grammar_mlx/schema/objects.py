@@ -405,7 +405,8 @@ def _counted(nz: Normalizer, atoms: list[Loc], infos: list[_Info], properties: l
             nonempty = True
         elif n_optional == 0 and extras:
             min_extra = min_p - n_required
-            _report(nz, atoms, "minProperties", "extra property names may repeat, so they may count less")
+            if min_extra > 1:  # one extra property is one more key, however its name repeats
+                _report(nz, atoms, "minProperties", "extra property names may repeat, so they may count less")
         else:
             _report(nz, atoms, "minProperties", "a count over optional properties is not enforced")
     if max_p is not None and (extras or max_p < len(properties)):

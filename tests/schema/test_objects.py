@@ -186,10 +186,19 @@ def test_property_counts_the_shape_fixes_are_exact():
 
 
 def test_property_counts_the_shape_cannot_express_are_reported():
-    shape, report = counts({"type": "object", "minProperties": 2, "properties": {"a": {}}, "required": ["a"],
+    shape, report = counts({"type": "object", "minProperties": 3, "properties": {"a": {}}, "required": ["a"],
                             "additionalProperties": True})
-    assert shape == (["a"], 1, 1, None, False)  # enforced as one extra, but extra names may repeat
+    assert shape == (["a"], 1, 2, None, False)  # enforced as two extras, but extra names may repeat
     assert report == {("minProperties", ""): "extra property names may repeat, so they may count less"}
+    # One extra property: at least one key beyond the declared ones, however its name repeats.
+    schema = {"type": "object", "minProperties": 2, "properties": {"a": {}}, "required": ["a"],
+              "additionalProperties": {"type": "integer"}}
+    shape, report = counts(schema)
+    assert shape == (["a"], 1, 1, None, False) and report == {}
+    check = jsonschema.Draft202012Validator(schema)
+    regex = schema_to_regex(schema).regex
+    for instance in [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": "x"}, {"b": 2}, {"a": None, "b": 2, "c": 3}]:
+        assert (re.fullmatch(regex, canonical_json(instance, schema)) is not None) == check.is_valid(instance)
     assert counts({"type": "object", "minProperties": 2, "properties": {"a": {}, "b": {}, "c": {}}})[1] == {
         ("minProperties", ""): "a count over optional properties is not enforced"}
     assert counts({"type": "object", "maxProperties": 1, "properties": {"a": {}, "b": {}}})[1] == {
