@@ -65,10 +65,18 @@ NOT_PATTERN = "grammar-mlx:not-pattern"
 NOT_MULTIPLE_OF = "grammar-mlx:not-multiple-of"
 
 
-def negation(schema: Any, resolve: Resolver, depth: int = 0) -> list[Any] | None:
+# Keywords that have a union form only where the keys an object may hold are known (`keys`).
+_KEYED = frozenset({"additionalProperties", "patternProperties"})
+
+
+def negation(schema: Any, resolve: Resolver, depth: int = 0, keys: frozenset[str] | None = None) -> list[Any] | None:
     """Schemas whose union holds exactly the values `schema` rejects; None when not expressible.
 
-    `resolve(ref)` returns the schema a `$ref` names (None when it cannot)."""
+    `resolve(ref)` returns the schema a `$ref` names (None when it cannot). `keys`: the values in
+    question are known to be objects with keys among these only, or non-objects (a closed object's
+    declared names: one `oneOf` branch excluded from another, `schema.normalize`); then
+    `additionalProperties` and `patternProperties` negate too (one of those keys present with a
+    value they reject), and the result is exact among those values only."""
     if depth > 8:
         return None
     if schema is True:
@@ -82,22 +90,68 @@ def negation(schema: Any, resolve: Resolver, depth: int = 0) -> list[Any] | None
         if target is None:
             return None
         rest = {k: v for k, v in schema.items() if k != "$ref"}
-        negated, negated_rest = negation(target, resolve, depth + 1), negation(rest, resolve, depth + 1)
+        negated, negated_rest = negation(target, resolve, depth + 1, keys), negation(rest, resolve, depth + 1, keys)
         return None if negated is None or negated_rest is None else negated + negated_rest
     out: list[Any] = []
     for key, value in schema.items():
         if key in INERT or key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
             continue
+        if key in _KEYED and keys is not None:
+            part = _negate_keyed(key, value, schema, resolve, depth, keys)
+            if part is None:
+                return None
+            out.extend(part)
+            continue
         if key in _OPAQUE:
             return None
-        part = _negate_keyword(key, value, schema, resolve, depth)
+        part = _negate_keyword(key, value, schema, resolve, depth, keys)
         if part is None:
             return None
         out.extend(part)
     return out
 
 
-def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resolver, depth: int) -> list[Any] | None:
+def _negate_keyed(key: str, value: Any, schema: dict[str, Any], resolve: Resolver, depth: int,
+                  keys: frozenset[str]) -> list[Any] | None:
+    """`additionalProperties` / `patternProperties` negated among objects whose keys are `keys`:
+    some key they govern present with a value their schema rejects. None where a key's match with a
+    pattern depends on the reading (ECMA-262 or Python's `re`, `schema.strings.disputed_chars`)."""
+    from .strings import matches_pattern  # (strings imports this module)
+
+    props = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    if not isinstance(props, dict) or not isinstance(patterns, dict):
+        raise InvalidSchemaError("properties and patternProperties must be objects")
+    governed: list[tuple[str, Any]] = []  # (key, the schema its value must meet)
+    if key == "additionalProperties":
+        for name in sorted(keys):
+            if name in props:
+                continue
+            hits = [matches_pattern(p, name) for p in patterns]
+            if None in hits:
+                return None
+            if not any(hits):
+                governed.append((name, value))
+    else:
+        for pattern, sub in value.items():
+            for name in sorted(keys):
+                hit = matches_pattern(pattern, name)
+                if hit is None:
+                    return None
+                if hit:
+                    governed.append((name, sub))
+    out: list[Any] = []
+    for name, sub in governed:
+        neg = negation(sub, resolve, depth + 1)
+        if neg is None:
+            return None
+        if neg:
+            out.append(Built({"type": "object", "required": [name], "properties": {name: {"anyOf": neg}}}))
+    return out
+
+
+def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resolver, depth: int,
+                    keys: frozenset[str] | None = None) -> list[Any] | None:
     if key == "type":
         if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(t, str) for t in value)):
             raise InvalidSchemaError("type must be a type name or an array of them")
@@ -164,13 +218,13 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
     if key == "allOf":
         out = []
         for sub in value:
-            neg = negation(sub, resolve, depth + 1)
+            neg = negation(sub, resolve, depth + 1, keys)
             if neg is None:
                 return None
             out.extend(neg)
         return out
     if key == "anyOf":
-        negs = [negation(sub, resolve, depth + 1) for sub in value]
+        negs = [negation(sub, resolve, depth + 1, keys) for sub in value]
         if None in negs:
             return None
         if any(not n for n in negs):
@@ -194,7 +248,7 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
         return [Built({"type": "object", "required": [n]}) for n in names]
     if key == "oneOf":
         # Not exactly one branch: none (every branch's negation), or some two at once.
-        negs = [negation(sub, resolve, depth + 1) for sub in value]
+        negs = [negation(sub, resolve, depth + 1, keys) for sub in value]
         if None in negs:
             return None
         out = [] if any(not n for n in negs) else [{"allOf": [{"anyOf": n} for n in negs]}]

@@ -22,6 +22,7 @@ from ..automata import chars as fa
 from ..errors import CompileTimeoutError, GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
+from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Chars, repeat
 from .arrays import build_array
 from .exclusive import TYPES, disjoint, union
@@ -36,9 +37,11 @@ from .ir import (
     Never,
     Node,
     Number,
+    Object,
     Ref,
     String,
     Table,
+    Union,
     conforms,
     is_number,
     json_key,
@@ -292,6 +295,24 @@ class Normalizer:
             return True
         return not any(is_empty(values[name]) for name in required if name in values)
 
+    def _closed_keys(self, node: Node) -> frozenset[str] | None:
+        """The keys a node's objects may hold, when it has no extra properties (a closed object, or
+        a union of such and non-objects); None otherwise."""
+        resolved = self.table.get(node.key) if isinstance(node, Ref) else node
+        items = resolved.items if isinstance(resolved, Union) else (resolved,)
+        names: set[str] = set()
+        for item in items:
+            item = self.table.get(item.key) if isinstance(item, Ref) else item
+            if isinstance(item, Object):
+                if any(extra.key.ast != NO_STRING for extra in item.extras):  # (an empty key language: none)
+                    return None
+                names.update(p.name for p in item.properties)
+            elif isinstance(item, Literal):
+                names.update(k for v in item.values if isinstance(v, dict) for k in v)
+            elif item is None or isinstance(item, AnyValue):
+                return None
+        return frozenset(names)
+
     def _spend(self, branches: int, atom: Loc) -> None:
         self._branches += branches
         if self._branches > limits.MAX_UNION_BRANCHES:
@@ -315,9 +336,24 @@ class Normalizer:
         rejects (branch i and not branch j: `not` as the normalizer writes it), exact when those
         negations are (`attempt`). Otherwise oneOf is reported and the branches kept as they are."""
         # A branch whose negation has no union form (read off the schema, cheaply) cannot be
-        # excluded from another: the first overlap that needs one ends the search.
-        hopeless = {j for j, loc in enumerate(locs) if not isinstance(nodes[j], Literal)
-                    and negation(loc.schema, self._resolver(loc)) is None}
+        # excluded from another: the first overlap that needs one ends the search. Within a
+        # closed object's keys (`_closed_keys`), more schemas negate (additionalProperties, ...).
+        keys = [self._closed_keys(node) for node in nodes]
+        within_memo: dict[tuple[int, int], list[Any] | None] = {}
+
+        def negated(j: int, within: int) -> list[Any] | None:
+            """Branch j's negation among branch `within`'s values (None: no union form)."""
+            if (j, within) not in within_memo:
+                ks = keys[within]
+                within_memo[j, within] = None if ks is None else negation(locs[j].schema, self._resolver(locs[j]),
+                                                                          keys=ks)
+            return within_memo[j, within]
+
+        general = {j for j, loc in enumerate(locs) if not isinstance(nodes[j], Literal)
+                   and negation(loc.schema, self._resolver(loc)) is not None}
+
+        def hopeless(j: int, within: int) -> bool:
+            return j not in general and not isinstance(nodes[j], Literal) and negated(j, within) is None
         overlaps: dict[int, list[int]] = {}
         first: tuple[int, int] | None = None
         stuck: int | None = None
@@ -330,7 +366,7 @@ class Normalizer:
                 overlaps.setdefault(i, []).append(j)
                 overlaps.setdefault(j, []).append(i)
                 # i keeps what j rejects (j's negation) unless i's values are listed; and vice versa.
-                needed = [b for a, b in ((i, j), (j, i)) if b in hopeless and not isinstance(nodes[a], Literal)]
+                needed = [b for a, b in ((i, j), (j, i)) if not isinstance(nodes[a], Literal) and hopeless(b, a)]
                 if needed or not self.costly_exact:  # reported: the other pairs need not be tested
                     stuck = needed[0] if needed else None
                     break
@@ -356,8 +392,15 @@ class Normalizer:
                                      if not any(conforms(nodes[j], v, self.table) for j in others))
                         out[i] = Literal(kept) if kept else NEVER
                         continue
-                    excluded = [locs[j].built({"not": locs[j].schema}, f"oneOf.not{j}", evaluates=False)
-                                for j in others]
+                    excluded = []
+                    for j in others:
+                        if j in general or isinstance(nodes[j], Literal):
+                            excluded.append(locs[j].built({"not": locs[j].schema}, f"oneOf.not{j}", evaluates=False))
+                            continue
+                        within = negated(j, i)  # exact among branch i's values only: all it is used for
+                        assert within is not None  # (else (j, i) is hopeless)
+                        excluded.append(locs[j].built({"anyOf": within} if within else False, f"oneOf.not{j}.in{i}",
+                                                      evaluates=False))
                     out[i] = self.node(rest + [locs[i]] + excluded)
                 return out
 

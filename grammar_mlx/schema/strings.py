@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -148,6 +149,22 @@ def disputed_chars(pattern: str) -> CharSet:
             out = out | LINE_TERMINATORS
         i += 1
     return out
+
+
+def matches_pattern(pattern: Any, text: str) -> bool | None:
+    """Does `pattern` match `text` under both readings (ECMA-262 as parsed here, and Python's `re`)?
+    None when the readings disagree, or the pattern is unsupported or malformed."""
+    if not isinstance(pattern, str):
+        return None
+    try:
+        narrow = String(_search_language(pattern)).matches(text)
+    except PatternError:
+        return None
+    try:
+        wide = re.search(pattern, text) is not None
+    except re.error:
+        return None
+    return narrow if narrow == wide else None
 
 
 def pattern_language(nz: Normalizer, pattern: Any, atom: Loc, keyword: str = "pattern") -> Regex | None:

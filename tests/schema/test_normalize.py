@@ -463,3 +463,41 @@ def test_not_next_to_enum_stays_reported_where_the_oracle_would_narrow():
     assert [conforms(node, v, nz.table) for v in ("a@b.com", "x")] == [True, True]
     # The oracle gave up without leaving nodes behind.
     assert nz._oracle is not None and nz._oracle.table == {}
+
+
+ONE_OF_CLOSED = [
+    # Github_hard o68391 (MaskBench) `runIf`: closed branches sharing a required property.
+    {"oneOf": [{"properties": {"pageID": {"type": "string"}, "optionID": {"type": "string"}},
+                "additionalProperties": False, "required": ["pageID"]},
+               {"properties": {"pageID": {"type": "string"}, "regex": {"type": "string"}},
+                "additionalProperties": False, "required": ["pageID"]},
+               {"properties": {"permutation": {"type": "number"}}, "additionalProperties": False}]},
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "additionalProperties": False},
+               {"type": "object", "properties": {"a": {}, "c": {"type": "string"}}, "additionalProperties": False}]},
+    {"oneOf": [{"type": "object", "properties": {"x1": {}, "y": {}}, "additionalProperties": False},
+               {"type": "object", "properties": {"x1": {}, "x2": {}}, "patternProperties": {"^x1$": {"type": "integer"}},
+                "additionalProperties": False}]},
+]
+
+
+@pytest.mark.parametrize("schema", ONE_OF_CLOSED, ids=repr)
+def test_one_of_excludes_closed_branches_within_their_keys(schema):
+    """A closed object's values hold only its declared keys, so another branch's
+    `additionalProperties`/`patternProperties` negate among them (one of those keys present with a
+    value the other branch rejects): oneOf exact, each value a member exactly when jsonschema says.
+    (Against an open branch, the closed one's negation still has no union form: reported.)"""
+    import jsonschema
+
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    check = jsonschema.Draft202012Validator(schema)
+    probes = [{}, {"pageID": "p"}, {"pageID": "p", "optionID": "o"}, {"pageID": "p", "regex": "r"},
+              {"pageID": "p", "optionID": "o", "regex": "r"}, {"permutation": 1}, {"pageID": 1},
+              {"a": 1}, {"a": 1, "b": 2}, {"a": "x"}, {"a": 1, "c": "s"}, {"a": 1, "c": 2}, {"b": None},
+              {"x1": 1}, {"x1": "s"}, {"y": 1}, {"x1": 1, "y": 2}, {"x2": 3}, {"x1": 1, "z": 0}, "s", 3, None,
+              {"a": 1, "c": "s"}, {"c": "s"}, {"x1": 1, "x2": 2}, {"x2": "s"}]
+    for x in probes:
+        assert conforms(node, x, nz.table) == check.is_valid(x), x
+    open_branch = {"oneOf": [{"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+                             {"type": "object", "additionalProperties": {"type": "string"}}]}
+    assert set(report(open_branch)) == {("oneOf", "")}
