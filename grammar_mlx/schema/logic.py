@@ -24,7 +24,8 @@ from ..errors import InvalidSchemaError
 from .exclusive import TYPES
 from .ir import json_key
 
-# `$ref` -> the schema it names (None when it cannot be resolved).
+# `$ref` -> the schema it names (None when it cannot be resolved). A resolver whose `legacy_ref`
+# attribute is true reads draft <= 7, where a `$ref`'s siblings are ignored.
 Resolver = Callable[[str], Any]
 # Schemas (JSON) to add to a conjunction, each with whether it counts for unevaluated*.
 Alternative = list[tuple[Any, bool]]
@@ -89,7 +90,8 @@ def negation(schema: Any, resolve: Resolver, depth: int = 0, keys: frozenset[str
         target = resolve(schema["$ref"])
         if target is None:
             return None
-        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        # Draft <= 7 ignores a $ref's siblings (the resolver says which: `legacy_ref`).
+        rest = {} if getattr(resolve, "legacy_ref", False) else {k: v for k, v in schema.items() if k != "$ref"}
         negated, negated_rest = negation(target, resolve, depth + 1, keys), negation(rest, resolve, depth + 1, keys)
         return None if negated is None or negated_rest is None else negated + negated_rest
     out: list[Any] = []

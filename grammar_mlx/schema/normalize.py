@@ -321,14 +321,9 @@ class Normalizer:
                 f"(at {atom.pointer or '/'})"
             )
 
-    def _resolver(self, atom: Loc) -> Callable[[str], Any]:
+    def _resolver(self, atom: Loc) -> _Resolve:
         """`$ref` -> the schema it names, from `atom`'s base URI (for `negation`)."""
-
-        def resolve(ref: str) -> Any:
-            target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
-            return None if target is None else target.schema
-
-        return resolve
+        return _Resolve(self.resources, atom)
 
     def _exclusive(self, atom: Loc, rest: list[Loc], locs: list[Loc], nodes: list[Node]) -> list[Node]:
         """oneOf's branches made pairwise disjoint: oneOf is anyOf when no value can satisfy two
@@ -563,6 +558,24 @@ class Normalizer:
         if t == "array":
             return build_array(self, atoms)
         return build_object(self, atoms)
+
+
+@dataclass(frozen=True)
+class _Resolve:
+    """`$ref` -> the schema it names, from `atom`'s base URI; `legacy_ref` (draft <= 7: a `$ref`'s
+    siblings are ignored) is read by `logic.negation`."""
+
+    resources: Resources
+    atom: Loc
+
+    @property
+    def legacy_ref(self) -> bool:
+        return self.atom.legacy_ref
+
+    def __call__(self, ref: str) -> Any:
+        atom = self.atom
+        target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
+        return None if target is None else target.schema
 
 
 class Narrowed(Exception):

@@ -17,6 +17,8 @@ DEFS = {"s": {"type": "string", "maxLength": 1}, "n": {"minimum": 0}}
 VALUES = [None, True, False, 0, 1, 2, 2.5, 3, 5, 7, -1, -0.5, "", "a", "ab", "abc", [], [1], [1, 2], ["a", "b", "c"],
           {}, {"a": 1}, {"a": "x"}, {"b": 2}, {"b": 5}, {"a": 1, "b": 2}, {"a": "xy", "b": "q"}, {"c": None}]
 TYPES = ["null", "boolean", "integer", "number", "string", "array", "object"]
+DRAFT7_URI = "http://json-schema.org/draft-07/schema#"
+DRAFT2020_URI = "https://json-schema.org/draft/2020-12/schema"
 
 
 def resolve(ref: str):
@@ -234,3 +236,28 @@ def test_negations_are_exact_end_to_end(schema):
     for value in probes:
         accepted = re.fullmatch(result.regex, canonical_json(value, schema)) is not None
         assert accepted == check.is_valid(value), value
+
+
+def test_negated_refs_ignore_their_siblings_up_to_draft7():
+    """Draft 7: `{"$ref": ..., "minimum": 5}` is the $ref's schema alone, so its negation must not
+    add the numbers below 5 (`not` accepted 3 for `{"type": "number", "not": {"$ref": <integer>,
+    "minimum": 5}}`, which draft 7 rejects)."""
+    import re
+
+    from grammar_mlx.schema import canonical_json, schema_to_regex
+
+    class Legacy:
+        legacy_ref = True
+
+        def __call__(self, ref: str):
+            return resolve(ref)
+
+    assert negation({"$ref": "#/$defs/n", "maximum": 1}, Legacy()) == negation(DEFS["n"], resolve)
+    assert len(negation({"$ref": "#/$defs/n", "maximum": 1}, resolve)) == 2  # 2020-12: siblings apply
+    for draft, cls in ((7, jsonschema.Draft7Validator), (2020, jsonschema.Draft202012Validator)):
+        schema = {"$schema": {7: DRAFT7_URI, 2020: DRAFT2020_URI}[draft], "definitions": {"i": {"type": "integer"}},
+                  "type": "number", "not": {"$ref": "#/definitions/i", "minimum": 5}}
+        result = schema_to_regex(schema)
+        assert result.unenforced == ()
+        for x in (3, 7, 2.5, 7.5):
+            assert (re.fullmatch(result.regex, canonical_json(x, schema)) is not None) == cls(schema).is_valid(x)

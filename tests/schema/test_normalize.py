@@ -475,8 +475,8 @@ ONE_OF_CLOSED = [
     {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "additionalProperties": False},
                {"type": "object", "properties": {"a": {}, "c": {"type": "string"}}, "additionalProperties": False}]},
     {"oneOf": [{"type": "object", "properties": {"x1": {}, "y": {}}, "additionalProperties": False},
-               {"type": "object", "properties": {"x1": {}, "x2": {}}, "patternProperties": {"^x1$": {"type": "integer"}},
-                "additionalProperties": False}]},
+               {"type": "object", "properties": {"x1": {}, "x2": {}},
+                "patternProperties": {"^x1$": {"type": "integer"}}, "additionalProperties": False}]},
 ]
 
 
