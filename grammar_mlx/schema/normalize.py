@@ -437,7 +437,9 @@ class Normalizer:
         decided: list[tuple[Loc, Node]] = []
         for atom in atoms:
             if atom.has("not"):
-                negated = None if values is None or _native_not(atom.get("not")) else self._member_node(atom)
+                # (Not in an oracle itself: its nodes may only widen, and an oracle's "member" may be wrong.)
+                negated = (None if values is None or self.members_only or _native_not(atom.get("not"))
+                           else self._member_node(atom))
                 if negated is not None:
                     decided.append((atom, negated))
                 else:

@@ -501,3 +501,19 @@ def test_one_of_excludes_closed_branches_within_their_keys(schema):
     open_branch = {"oneOf": [{"type": "object", "properties": {"a": {}}, "additionalProperties": False},
                              {"type": "object", "additionalProperties": {"type": "string"}}]}
     assert set(report(open_branch)) == {("oneOf", "")}
+
+
+def test_an_oracle_never_decides_a_nested_not_by_values():
+    """Inside the membership oracle, a nested enum + `not` is not decided by a second oracle: that
+    one's "member" may be a wrong yes (uniqueItems over strings is reported, so it admits
+    ["a", "a"]), and dropping the value would shrink the first oracle below the schema, so that the
+    outer `not` kept ["a", "a"], which the schema rejects. Now a narrowing at worst."""
+    import jsonschema
+
+    inner = {"enum": [["a", "a"], ["a", "b"]], "not": {"type": "array", "items": {"type": "string"},
+                                                       "uniqueItems": True}, "format": "date"}
+    schema = {"enum": [["a", "a"], ["a", "b"], 5], "not": inner}
+    nz, node = normalized(schema)
+    check = jsonschema.Draft202012Validator(schema)
+    members = [v for v in schema["enum"] if conforms(node, v, nz.table)]
+    assert all(check.is_valid(v) for v in members) and ["a", "a"] not in members and 5 in members
