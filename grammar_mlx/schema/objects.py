@@ -20,7 +20,7 @@ from ..automata import chars as fa
 from ..errors import InvalidSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
-from ..regex.charset import NOTHING, CharSet
+from ..regex.charset import JSON_SPECIAL, NOTHING, CharSet
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Alt, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
 from ..regex.syntax import Literal as RegexLiteral
@@ -342,7 +342,13 @@ def minus_names(ast: Regex, names: list[str]) -> Regex:
     if not names:
         return ast
     if ast == EXTRA_KEY:
-        return _names_complement(names, EXTRA_KEY_CHARS)
+        if any(ord(c) in JSON_SPECIAL for n in names for c in n):
+            return _names_complement(names, EXTRA_KEY_CHARS)
+        # Keys holding a character JSON escapes are no name: written apart, so that each class of
+        # the names' trie stays one regex class (an escape alternative in each would multiply it).
+        anything = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
+        return alt(_names_complement(names, EXTRA_KEY_CHARS - JSON_SPECIAL),
+                   seq(anything, Chars(JSON_SPECIAL), anything))
     try:
         return fa.minus(ast, alt(*(literal(n) for n in names)))
     except fa.AutomatonTooLarge:
