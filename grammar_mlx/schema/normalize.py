@@ -92,6 +92,7 @@ class Normalizer:
     members_only: bool = False
     _branches: int = 0
     _oracle: Normalizer | None = None
+    _exact: Normalizer | None = None  # exact membership, for listed values (`_exact_node`)
 
     def __post_init__(self) -> None:
         self.draft = draft_of(self.root)
@@ -493,14 +494,47 @@ class Normalizer:
         rest_node = self.node(rest)
         oracle = self._oracle
         kept = []
+        exact: Node | None = None
         for v in values:
             check_deadline(STAGE)
-            if not (_has_type(v, types) and conforms(rest_node, v, self.table)):
+            if not _has_type(v, types):
                 continue
+            if not conforms(rest_node, v, self.table):
+                # A listed value the narrowed node leaves out (a key the closed default refuses)
+                # is kept where the schema, read without any narrowing and exactly, holds it.
+                if exact is None:
+                    exact = self._exact_node(rest) or NEVER
+                if not conforms(exact, v, self._exact_table()):
+                    continue
             if oracle is not None and any(conforms(node, v, oracle.table) for _, node in decided):
                 continue
             kept.append(v)
         return Literal(tuple(kept)) if kept else NEVER
+
+    def _exact_table(self) -> Table:
+        return self._exact.table if self._exact is not None else {}
+
+    def _exact_node(self, locs: list[Loc]) -> Node | None:
+        """The node of the conjunction `locs` in a normalizer of the same document that narrows
+        nothing, when it is built without reporting anything (then `conforms` on it is exact both
+        ways); None otherwise. Only such builds stay in its table."""
+        if self.members_only:
+            return None
+        if self._exact is None:
+            self._exact = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
+                                     costly_exact=True, members_only=True)
+        exact = self._exact
+        reported, nodes, branches = dict(exact.unenforced), len(exact.table), exact._branches
+        try:
+            node = exact.node(locs)
+            if exact.unenforced == reported:
+                return node
+        except (Narrowed, GrammarTooLargeError):
+            pass
+        for added in list(exact.table)[nodes:]:
+            del exact.table[added]
+        exact.unenforced, exact._branches = reported, branches
+        return None
 
     def _member_node(self, atom: Loc) -> Node | None:
         """The node of `atom`'s negated schema in the membership oracle (a normalizer of the same

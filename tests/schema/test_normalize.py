@@ -517,3 +517,26 @@ def test_an_oracle_never_decides_a_nested_not_by_values():
     check = jsonschema.Draft202012Validator(schema)
     members = [v for v in schema["enum"] if conforms(node, v, nz.table)]
     assert all(check.is_valid(v) for v in members) and ["a", "a"] not in members and 5 in members
+
+
+@pytest.mark.parametrize("schema", [
+    # Synthesized (MaskBench) draft2019_09_nonvalid_anyOf_id9 / patternProperties_id9: refused as empty.
+    {"allOf": [{"enum": [{"bar": 2, "foo": "baz"}]}, {"not": {"not": {"anyOf": [
+        {"properties": {"bar": {"type": "integer"}}, "required": ["bar"]},
+        {"properties": {"foo": {"type": "string"}}, "required": ["foo"]}]}}}]},
+    {"allOf": [{"enum": [{"answer 1": "42"}, {"a_x_3": 3}]}, {"not": {"not": {"patternProperties": {
+        "X_": {"type": "string"}, "[0-9]{2,}": {"type": "boolean"}}}}}]},
+    {"enum": [{"a": 1, "extra": True}, {"a": "x"}], "properties": {"a": {"type": "integer"}}},
+], ids=repr)
+def test_listed_values_are_filtered_without_the_closed_default(schema):
+    """enum/const values are the schema author's, not keys a model would invent: a value the closed
+    default alone refuses (an undeclared key) is kept where the schema, normalized exactly and
+    without narrowing, holds it. Exact against jsonschema."""
+    import jsonschema
+
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    check = jsonschema.Draft201909Validator(schema)
+    values = next(a.get("enum") for a in nz._expand([nz.root_loc]) if a.has("enum"))
+    assert [v for v in values if conforms(node, v, nz.table)] == [v for v in values if check.is_valid(v)]
+    assert any(check.is_valid(v) for v in values)
