@@ -42,6 +42,7 @@ def build_array(nz: Normalizer, atoms: list[Loc]) -> Node:
         own[atom.key] = (len(prefix), rest is not None)
     for atom in atoms:
         if atom.has("unevaluatedItems"):
+            nz.narrowing("unevaluatedItems sees only its own in-place subschemas")
             # Items past those its own in-place subschemas evaluate.
             scope = [a for a in atoms if a.evaluates and in_scope(a, atom)]
             if any(own[a.key][1] for a in scope):

@@ -142,6 +142,10 @@ STRING_FORMATS: dict[str, str] = {
     "url": URI,
 }
 
+# Formats whose pattern is a subset of the format (see above: host names, email address literals,
+# leap seconds): a membership oracle (`Normalizer.members_only`) cannot read them.
+NARROWED_FORMATS = frozenset({"email", "hostname", "host-name", "time", "date-time", "datetime"})
+
 # Standard formats whose meaning this front end does not enforce (reported as unenforced).
 UNENFORCED_FORMATS = {
     "regex": "a regex's syntax is not a regular language",

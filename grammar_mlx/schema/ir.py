@@ -310,6 +310,15 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
     raise AssertionError(f"not an IR node: {node!r}")
 
 
+def _any_depth_needed(node: Node, x: Any, table: Table) -> int:
+    """The least generic-value nesting (`Bounds.any_depth`) within which `x` is a member of `node`."""
+    deepest = nesting(x)
+    for depth in range(deepest):
+        if conforms(node, x, table, Bounds(frozenset(), deepest + 1, depth)):
+            return depth
+    return deepest
+
+
 def nesting(x: Any) -> int:
     """How many containers deep a JSON value is (a scalar: 0)."""
     if isinstance(x, list):
@@ -331,10 +340,14 @@ def serialize(node: Node | None, x: Any, table: Table) -> str:
     if isinstance(node, Ref):
         return serialize(table[node.key], x, table)
     if isinstance(node, Union):
-        for item in node.items:
-            if conforms(item, x, table):
-                return serialize(item, x, table)
-        return dumps(x)
+        matching = [item for item in node.items if conforms(item, x, table)]
+        if len(matching) > 1:
+            # Several branches hold `x`, each writing it its own way (key order): the one that holds
+            # it with the shallowest generic values is the one the regex's bounded generic values
+            # (limits.MAX_ANY_DEPTH) most likely accept: {"_meta": {}, "capabilities": {...}} is an
+            # InitializeResult, not a Result whose `additionalProperties: {}` nests it.
+            matching = [min(matching, key=lambda item: _any_depth_needed(item, x, table))]
+        return serialize(matching[0], x, table) if matching else dumps(x)
     if isinstance(node, Literal):
         for v in node.values:
             if json_equal(v, x):

@@ -17,13 +17,15 @@ removes the values or types directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ..errors import InvalidSchemaError
 from .exclusive import TYPES
+from .ir import json_key
 
-# `$ref` -> the schema it names (None when it cannot be resolved).
+# `$ref` -> the schema it names (None when it cannot be resolved). A resolver whose `legacy_ref`
+# attribute is true reads draft <= 7, where a `$ref`'s siblings are ignored.
 Resolver = Callable[[str], Any]
 # Schemas (JSON) to add to a conjunction, each with whether it counts for unevaluated*.
 Alternative = list[tuple[Any, bool]]
@@ -38,8 +40,8 @@ INERT = frozenset({
 # Validation keywords `negation` has no union for.
 _OPAQUE = frozenset({
     "format", "divisibleBy", "items", "prefixItems", "additionalItems", "contains",
-    "uniqueItems", "unevaluatedItems", "additionalProperties", "patternProperties", "propertyNames",
-    "unevaluatedProperties", "dependencies", "dependentRequired", "dependentSchemas", "if", "oneOf",
+    "uniqueItems", "unevaluatedItems", "additionalProperties", "patternProperties",
+    "unevaluatedProperties", "dependencies", "dependentRequired", "dependentSchemas", "if",
     "$dynamicRef", "$recursiveRef", "disallow", "extends",
 })
 _FLIP_COUNTS = {
@@ -64,10 +66,18 @@ NOT_PATTERN = "grammar-mlx:not-pattern"
 NOT_MULTIPLE_OF = "grammar-mlx:not-multiple-of"
 
 
-def negation(schema: Any, resolve: Resolver, depth: int = 0) -> list[Any] | None:
+# Keywords that have a union form only where the keys an object may hold are known (`keys`).
+_KEYED = frozenset({"additionalProperties", "patternProperties"})
+
+
+def negation(schema: Any, resolve: Resolver, depth: int = 0, keys: frozenset[str] | None = None) -> list[Any] | None:
     """Schemas whose union holds exactly the values `schema` rejects; None when not expressible.
 
-    `resolve(ref)` returns the schema a `$ref` names (None when it cannot)."""
+    `resolve(ref)` returns the schema a `$ref` names (None when it cannot). `keys`: the values in
+    question are known to be objects with keys among these only, or non-objects (a closed object's
+    declared names: one `oneOf` branch excluded from another, `schema.normalize`); then
+    `additionalProperties` and `patternProperties` negate too (one of those keys present with a
+    value they reject), and the result is exact among those values only."""
     if depth > 8:
         return None
     if schema is True:
@@ -80,23 +90,70 @@ def negation(schema: Any, resolve: Resolver, depth: int = 0) -> list[Any] | None
         target = resolve(schema["$ref"])
         if target is None:
             return None
-        rest = {k: v for k, v in schema.items() if k != "$ref"}
-        negated, negated_rest = negation(target, resolve, depth + 1), negation(rest, resolve, depth + 1)
+        # Draft <= 7 ignores a $ref's siblings (the resolver says which: `legacy_ref`).
+        rest = {} if getattr(resolve, "legacy_ref", False) else {k: v for k, v in schema.items() if k != "$ref"}
+        negated, negated_rest = negation(target, resolve, depth + 1, keys), negation(rest, resolve, depth + 1, keys)
         return None if negated is None or negated_rest is None else negated + negated_rest
     out: list[Any] = []
     for key, value in schema.items():
         if key in INERT or key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
             continue
+        if key in _KEYED and keys is not None:
+            part = _negate_keyed(key, value, schema, resolve, depth, keys)
+            if part is None:
+                return None
+            out.extend(part)
+            continue
         if key in _OPAQUE:
             return None
-        part = _negate_keyword(key, value, schema, resolve, depth)
+        part = _negate_keyword(key, value, schema, resolve, depth, keys)
         if part is None:
             return None
         out.extend(part)
     return out
 
 
-def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resolver, depth: int) -> list[Any] | None:
+def _negate_keyed(key: str, value: Any, schema: dict[str, Any], resolve: Resolver, depth: int,
+                  keys: frozenset[str]) -> list[Any] | None:
+    """`additionalProperties` / `patternProperties` negated among objects whose keys are `keys`:
+    some key they govern present with a value their schema rejects. None where a key's match with a
+    pattern depends on the reading (ECMA-262 or Python's `re`, `schema.strings.disputed_chars`)."""
+    from .strings import matches_pattern  # (strings imports this module)
+
+    props = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    if not isinstance(props, dict) or not isinstance(patterns, dict):
+        raise InvalidSchemaError("properties and patternProperties must be objects")
+    governed: list[tuple[str, Any]] = []  # (key, the schema its value must meet)
+    if key == "additionalProperties":
+        for name in sorted(keys):
+            if name in props:
+                continue
+            hits = [matches_pattern(p, name) for p in patterns]
+            if None in hits:
+                return None
+            if not any(hits):
+                governed.append((name, value))
+    else:
+        for pattern, sub in value.items():
+            for name in sorted(keys):
+                hit = matches_pattern(pattern, name)
+                if hit is None:
+                    return None
+                if hit:
+                    governed.append((name, sub))
+    out: list[Any] = []
+    for name, sub in governed:
+        neg = negation(sub, resolve, depth + 1)
+        if neg is None:
+            return None
+        if neg:
+            out.append(Built({"type": "object", "required": [name], "properties": {name: {"anyOf": neg}}}))
+    return out
+
+
+def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resolver, depth: int,
+                    keys: frozenset[str] | None = None) -> list[Any] | None:
     if key == "type":
         if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(t, str) for t in value)):
             raise InvalidSchemaError("type must be a type name or an array of them")
@@ -158,33 +215,58 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
         return [{"type": "number", "maximum": value}]
     if key == "exclusiveMaximum":
         return [{"type": "number", "minimum": value}]
-    if key in ("allOf", "anyOf") and (not isinstance(value, list) or not value):
+    if key in ("allOf", "anyOf", "oneOf") and (not isinstance(value, list) or not value):
         raise InvalidSchemaError(f"{key} must be a non-empty array")
     if key == "allOf":
         out = []
         for sub in value:
-            neg = negation(sub, resolve, depth + 1)
+            neg = negation(sub, resolve, depth + 1, keys)
             if neg is None:
                 return None
             out.extend(neg)
         return out
     if key == "anyOf":
-        negs = [negation(sub, resolve, depth + 1) for sub in value]
+        negs = [negation(sub, resolve, depth + 1, keys) for sub in value]
         if None in negs:
             return None
         if any(not n for n in negs):
             return []  # some branch accepts everything
         return [{"allOf": [{"anyOf": n} for n in negs]}]
+    if key == "propertyNames":
+        # Some key outside the names' language: a union where that outside is finite (the listed
+        # names of `propertyNames: {not: {enum}}`: one of them present), or everything (false).
+        if value is False:
+            return [Built({"type": "object", "minProperties": 1})]
+        if value is True or value == {}:
+            return []
+        inner = value.get("not") if isinstance(value, dict) and set(value) - INERT == {"not"} else None
+        if not isinstance(inner, dict) or not set(inner) - INERT <= {"enum", "const"} or not set(inner) - INERT:
+            return None
+        listed = [inner["const"]] if "const" in inner else []
+        listed += inner["enum"] if isinstance(inner.get("enum"), list) else []
+        if "const" in inner and "enum" in inner:  # both must hold: the names listed by both
+            listed = [n for n in inner["enum"] if n == inner["const"]]
+        names = dict.fromkeys(n for n in listed if isinstance(n, str))
+        return [Built({"type": "object", "required": [n]}) for n in names]
+    if key == "oneOf":
+        # Not exactly one branch: none (every branch's negation), or some two at once.
+        negs = [negation(sub, resolve, depth + 1, keys) for sub in value]
+        if None in negs:
+            return None
+        out = [] if any(not n for n in negs) else [{"allOf": [{"anyOf": n} for n in negs]}]
+        return out + [{"allOf": [a, b]} for i, a in enumerate(value) for b in value[i + 1 :]]
     if key == "not":
         return [value]
     return []  # an unknown keyword constrains nothing
 
 
 def alternatives(keyword: str, value: Any, schema: dict[str, Any], resolve: Resolver,
-                 limit: int) -> list[Alternative] | None:
+                 limit: int, keep: Callable[[Alternative], bool] | None = None) -> list[Alternative] | None:
     """For `if`, `dependencies`, `dependentRequired`, `dependentSchemas`: the conjunction as a union,
     each alternative a list of (schema, counts for unevaluated*) to add to it; None when not
-    expressible or over `limit` alternatives (then reported)."""
+    expressible or over `limit` alternatives (then reported). `keep(partial)`: False when a partial
+    dependency alternative certainly contradicts the rest of the conjunction (every alternative
+    extending it is empty: it is dropped, and does not count toward `limit`)."""
     if keyword == "if":
         if "then" not in schema and "else" not in schema:
             return [[]]  # (the `if` annotations are then lost: harmless, unevaluated* narrows)
@@ -206,6 +288,72 @@ def alternatives(keyword: str, value: Any, schema: dict[str, Any], resolve: Reso
         else:
             return None
         out = [alt + [choice] for alt in out for choice in (absent, present)]
+        if keep is not None:
+            out = [alt for alt in out if keep(alt)]
         if len(out) > limit:
             return None
     return out
+
+
+# What `const`/`enum` say about one value, for pruning: (the values allowed, by `json_key`, or None
+# when not listed; the values excluded by `not {const}` / `not {enum}` when none are listed).
+Values = tuple[frozenset[Hashable] | None, frozenset[Hashable]]
+ANY_VALUES: Values = (None, frozenset())
+NO_VALUES: Values = (frozenset(), frozenset())
+
+
+def meet(a: Values, b: Values) -> Values:
+    """The values both allow."""
+    allowed = b[0] if a[0] is None else a[0] if b[0] is None else a[0] & b[0]
+    excluded = a[1] | b[1]
+    return (allowed - excluded, frozenset()) if allowed is not None else (None, excluded)
+
+
+def _join(parts: list[Values]) -> Values:
+    """The values some part allows."""
+    known = [p[0] for p in parts if p[0] is not None]
+    listed = frozenset[Hashable]().union(*known)
+    if len(known) == len(parts):
+        return (listed, frozenset())
+    unknown = [p[1] for p in parts if p[0] is None]
+    return (None, frozenset[Hashable].intersection(*unknown) - listed)
+
+
+def value_set(schema: Any, resolve: Resolver, legacy_ref: bool, depth: int = 0) -> Values:
+    """The values `schema` admits, as far as its `const`/`enum` (through `allOf`/`anyOf`/`oneOf`,
+    `not {const|enum}` and `$ref`) say: a superset of its language, so an empty result proves the
+    schema unsatisfiable and anything else proves nothing. `legacy_ref`: draft <= 7 (a `$ref`'s
+    siblings are ignored)."""
+    if schema is False:
+        return NO_VALUES
+    if not isinstance(schema, dict) or depth > 8:
+        return ANY_VALUES
+    out = ANY_VALUES
+    if isinstance(schema.get("$ref"), str):
+        try:
+            target = resolve(schema["$ref"])
+        except InvalidSchemaError:
+            target = None  # the normalizer itself raises where it matters
+        out = value_set(target, resolve, legacy_ref, depth + 1) if target is not None else ANY_VALUES
+        if legacy_ref:
+            return out
+    if "const" in schema:
+        out = meet(out, (frozenset({json_key(schema["const"])}), frozenset()))
+    if isinstance(schema.get("enum"), list):
+        out = meet(out, (frozenset(json_key(v) for v in schema["enum"]), frozenset()))
+    for key in ("allOf", "anyOf", "oneOf"):
+        members = schema.get(key)
+        if isinstance(members, list) and members:
+            parts = [value_set(m, resolve, legacy_ref, depth + 1) for m in members]
+            for part in parts if key == "allOf" else [_join(parts)]:
+                out = meet(out, part)
+    neg = schema.get("not")
+    if isinstance(neg, dict) and set(neg) - INERT <= {"const", "enum"}:
+        negated = value_set(neg, resolve, legacy_ref, depth + 1)[0]
+        if negated is not None:
+            out = meet(out, (None, negated))
+    return out
+
+
+def is_empty(values: Values) -> bool:
+    return values[0] is not None and not values[0]

@@ -22,6 +22,7 @@ from ..automata import chars as fa
 from ..errors import CompileTimeoutError, GrammarTooLargeError, InvalidSchemaError, UnsupportedSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
+from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Chars, repeat
 from .arrays import build_array
 from .exclusive import TYPES, disjoint, union
@@ -36,17 +37,19 @@ from .ir import (
     Never,
     Node,
     Number,
+    Object,
     Ref,
     String,
     Table,
+    Union,
     conforms,
     is_number,
     json_key,
     to_decimal,
 )
 from .loc import ROOT_URI, Loc, Resources, draft_of, rebase
+from .logic import ANY_VALUES, Alternative, Values, alternatives, is_empty, meet, negation, value_set
 from .logic import INERT as ANNOTATIONS
-from .logic import alternatives, negation
 from .numbers import build_number, multiple_node
 from .objects import MAX_FIRST_CHOICE_COST, build_object, minus_names
 from .strings import build_string
@@ -83,7 +86,13 @@ class Normalizer:
     # Set when some object's first-property limit depends on first_choice_cost (schema.objects):
     # only then does a retry with cost 0 write another regex.
     first_choices_narrowable: bool = False
+    # A membership oracle (`_member`): nothing is narrowed — every narrowing site raises `Narrowed`
+    # instead — so `conforms` on its nodes accepts every value of the schema (reported keywords
+    # only widen it).
+    members_only: bool = False
     _branches: int = 0
+    _oracle: Normalizer | None = None
+    _exact: Normalizer | None = None  # exact membership, for listed values (`_exact_node`)
 
     def __post_init__(self) -> None:
         self.draft = draft_of(self.root)
@@ -100,6 +109,11 @@ class Normalizer:
                 f"{keyword!r} at {pointer or '/'} cannot be enforced: {reason}", keyword=keyword, pointer=pointer
             )
         self.unenforced.setdefault((keyword, pointer), reason)
+
+    def narrowing(self, what: str) -> None:
+        """A narrowing site (valid values left out): in a membership oracle, give up instead."""
+        if self.members_only:
+            raise Narrowed(what)
 
     def too_large(self, keyword: str, loc: Loc, reason: str) -> None:
         """A size guard: relaxed and reported, or in strict mode a GrammarTooLargeError."""
@@ -209,9 +223,12 @@ class Normalizer:
                     if not isinstance(branches, list) or not branches:
                         raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'} must be a non-empty array")
                     rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
-                    self._spend(len(branches), atom)
                     locs = [atom.child(kw, j).below(atom) for j in range(len(branches))]
-                    nodes = [self.node(rest + [loc]) for loc in locs]
+                    # Branches that contradict the rest (a discriminator's other values) are empty:
+                    # not distributed further, they cost no budget.
+                    live = [self._satisfiable(rest + [loc]) for loc in locs]
+                    self._spend(sum(live), atom)
+                    nodes = [self.node(rest + [loc]) if ok else NEVER for loc, ok in zip(locs, live)]
                     if kw == "oneOf":
                         nodes = self._exclusive(atom, rest, locs, nodes)
                     return union(nodes, self.table)
@@ -219,24 +236,83 @@ class Normalizer:
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
                 if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
                     continue
+                others = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
+
+                def keep(alt: Alternative, others: list[Loc] = others, atom: Loc = atom, kw: str = kw) -> bool:
+                    """A partial dependency alternative that may hold together with the rest."""
+                    return self._satisfiable(others + [atom.built(s, f"{kw}?{k}", evaluates)
+                                                       for k, (s, evaluates) in enumerate(alt)])
+
                 try:
                     if kw == "not":
                         neg = negation(atom.get(kw), self._resolver(atom))
                         alts = None if neg is None else [[(n, False)] for n in neg]
                     else:
                         alts = alternatives(kw, atom.get(kw), atom.schema, self._resolver(atom),
-                                            limits.MAX_LOGIC_ALTERNATIVES)
+                                            limits.MAX_LOGIC_ALTERNATIVES, keep)
                 except InvalidSchemaError as e:
                     raise InvalidSchemaError(f"{kw} at {atom.pointer or '/'}: {e}") from None
                 if alts is None or len(alts) > limits.MAX_LOGIC_ALTERNATIVES:
                     continue  # left for _flat, which reports it
-                self._spend(len(alts), atom)
                 rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
-                nodes = [self.node(rest + [atom.built(s, f"{kw}{j}.{k}", evaluates)
-                                           for k, (s, evaluates) in enumerate(alt)])
+                built = [[atom.built(s, f"{kw}{j}.{k}", evaluates) for k, (s, evaluates) in enumerate(alt)]
                          for j, alt in enumerate(alts)]
-                return union(nodes, self.table)
+                built = [b for b in built if self._satisfiable(rest + b)]
+                self._spend(len(built), atom)
+                return union([self.node(rest + b) for b in built], self.table)
         return self._flat(atoms)
+
+    def _satisfiable(self, locs: list[Loc]) -> bool:
+        """False only where the conjunction certainly holds no value, read off cheaply: its `type`s
+        leave none, or leave only objects and a required property has no value its `properties`
+        schemas all admit by `const`/`enum` (`logic.value_set`), or must be absent (`false`). Used to
+        prune distributed alternatives: a discriminated `allOf` of n `if`/`then`s has n + 2
+        satisfiable combinations of its 2^n."""
+        atoms = self._expand(locs)
+        if atoms is None:
+            return False
+        types = set(TYPES)
+        required: set[str] = set()
+        values: dict[str, Values] = {}
+        for atom in atoms:
+            if atom.has("type"):
+                t = atom.get("type")
+                listed = t if isinstance(t, list) else [t]
+                names = {n for n in listed if isinstance(n, str)}
+                if len(names) < len(listed) or not names <= set(TYPES):
+                    return True  # (draft 3 forms; the normalizer reads them)
+                types &= names | ({"integer"} if "number" in names else set())
+            needed = atom.get("required")
+            if isinstance(needed, list):
+                required.update(n for n in needed if isinstance(n, str))
+            props = atom.get("properties")
+            if isinstance(props, dict):
+                resolve = self._resolver(atom)
+                for name, sub in props.items():
+                    values[name] = meet(values.get(name, ANY_VALUES), value_set(sub, resolve, atom.legacy_ref))
+        if not types:
+            return False
+        if types - {"object"}:
+            return True
+        return not any(is_empty(values[name]) for name in required if name in values)
+
+    def _closed_keys(self, node: Node) -> frozenset[str] | None:
+        """The keys a node's objects may hold, when it has no extra properties (a closed object, or
+        a union of such and non-objects); None otherwise."""
+        resolved = self.table.get(node.key) if isinstance(node, Ref) else node
+        items = resolved.items if isinstance(resolved, Union) else (resolved,)
+        names: set[str] = set()
+        for item in items:
+            item = self.table.get(item.key) if isinstance(item, Ref) else item
+            if isinstance(item, Object):
+                if any(extra.key.ast != NO_STRING for extra in item.extras):  # (an empty key language: none)
+                    return None
+                names.update(p.name for p in item.properties)
+            elif isinstance(item, Literal):
+                names.update(k for v in item.values if isinstance(v, dict) for k in v)
+            elif item is None or isinstance(item, AnyValue):
+                return None
+        return frozenset(names)
 
     def _spend(self, branches: int, atom: Loc) -> None:
         self._branches += branches
@@ -246,14 +322,9 @@ class Normalizer:
                 f"(at {atom.pointer or '/'})"
             )
 
-    def _resolver(self, atom: Loc) -> Callable[[str], Any]:
+    def _resolver(self, atom: Loc) -> _Resolve:
         """`$ref` -> the schema it names, from `atom`'s base URI (for `negation`)."""
-
-        def resolve(ref: str) -> Any:
-            target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
-            return None if target is None else target.schema
-
-        return resolve
+        return _Resolve(self.resources, atom)
 
     def _exclusive(self, atom: Loc, rest: list[Loc], locs: list[Loc], nodes: list[Node]) -> list[Node]:
         """oneOf's branches made pairwise disjoint: oneOf is anyOf when no value can satisfy two
@@ -261,9 +332,24 @@ class Normalizer:
         rejects (branch i and not branch j: `not` as the normalizer writes it), exact when those
         negations are (`attempt`). Otherwise oneOf is reported and the branches kept as they are."""
         # A branch whose negation has no union form (read off the schema, cheaply) cannot be
-        # excluded from another: the first overlap that needs one ends the search.
-        hopeless = {j for j, loc in enumerate(locs) if not isinstance(nodes[j], Literal)
-                    and negation(loc.schema, self._resolver(loc)) is None}
+        # excluded from another: the first overlap that needs one ends the search. Within a
+        # closed object's keys (`_closed_keys`), more schemas negate (additionalProperties, ...).
+        keys = [self._closed_keys(node) for node in nodes]
+        within_memo: dict[tuple[int, int], list[Any] | None] = {}
+
+        def negated(j: int, within: int) -> list[Any] | None:
+            """Branch j's negation among branch `within`'s values (None: no union form)."""
+            if (j, within) not in within_memo:
+                ks = keys[within]
+                within_memo[j, within] = None if ks is None else negation(locs[j].schema, self._resolver(locs[j]),
+                                                                          keys=ks)
+            return within_memo[j, within]
+
+        general = {j for j, loc in enumerate(locs) if not isinstance(nodes[j], Literal)
+                   and negation(loc.schema, self._resolver(loc)) is not None}
+
+        def hopeless(j: int, within: int) -> bool:
+            return j not in general and not isinstance(nodes[j], Literal) and negated(j, within) is None
         overlaps: dict[int, list[int]] = {}
         first: tuple[int, int] | None = None
         stuck: int | None = None
@@ -276,7 +362,7 @@ class Normalizer:
                 overlaps.setdefault(i, []).append(j)
                 overlaps.setdefault(j, []).append(i)
                 # i keeps what j rejects (j's negation) unless i's values are listed; and vice versa.
-                needed = [b for a, b in ((i, j), (j, i)) if b in hopeless and not isinstance(nodes[a], Literal)]
+                needed = [b for a, b in ((i, j), (j, i)) if not isinstance(nodes[a], Literal) and hopeless(b, a)]
                 if needed or not self.costly_exact:  # reported: the other pairs need not be tested
                     stuck = needed[0] if needed else None
                     break
@@ -302,8 +388,15 @@ class Normalizer:
                                      if not any(conforms(nodes[j], v, self.table) for j in others))
                         out[i] = Literal(kept) if kept else NEVER
                         continue
-                    excluded = [locs[j].built({"not": locs[j].schema}, f"oneOf.not{j}", evaluates=False)
-                                for j in others]
+                    excluded = []
+                    for j in others:
+                        if j in general or isinstance(nodes[j], Literal):
+                            excluded.append(locs[j].built({"not": locs[j].schema}, f"oneOf.not{j}", evaluates=False))
+                            continue
+                        within = negated(j, i)  # exact among branch i's values only: all it is used for
+                        assert within is not None  # (else (j, i) is hopeless)
+                        excluded.append(locs[j].built({"anyOf": within} if within else False, f"oneOf.not{j}.in{i}",
+                                                      evaluates=False))
                     out[i] = self.node(rest + [locs[i]] + excluded)
                 return out
 
@@ -328,13 +421,6 @@ class Normalizer:
                 self.report("disallow", atom, "draft 3 is not supported")
         if "number" in types:
             types.discard("integer")  # number already holds the integers
-        excluded: list[Any] = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
-        for atom in atoms:
-            if atom.has("not"):
-                types = self._apply_not(atom, types, excluded)
-            for kw in ("if", "dependencies", "dependentRequired", "dependentSchemas"):
-                if atom.has(kw) and atom.get(kw):
-                    self.report(kw, atom, "not expressible as a union here (or too many alternatives)")
         values = None
         for atom in atoms:
             for kw in ("enum", "const"):
@@ -347,8 +433,23 @@ class Normalizer:
                     else:
                         allowed = {json_key(w) for w in new}
                         values = [v for v in values if json_key(v) in allowed]
+        excluded: list[Any] = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
+        # `not` without a union form, next to enum/const: decided value by value (`_member`).
+        decided: list[tuple[Loc, Node]] = []
+        for atom in atoms:
+            if atom.has("not"):
+                # (Not in an oracle itself: its nodes may only widen, and an oracle's "member" may be wrong.)
+                negated = (None if values is None or self.members_only or _native_not(atom.get("not"))
+                           else self._member_node(atom))
+                if negated is not None:
+                    decided.append((atom, negated))
+                else:
+                    types = self._apply_not(atom, types, excluded)
+            for kw in ("if", "dependencies", "dependentRequired", "dependentSchemas"):
+                if atom.has(kw) and atom.get(kw):
+                    self.report(kw, atom, "not expressible as a union here (or too many alternatives)")
         if values is not None:
-            return self._literal(values, atoms, types)
+            return self._literal(values, atoms, types, decided)
         parts = []
         for t in TYPES:
             if t in types:
@@ -383,16 +484,77 @@ class Normalizer:
                 out.add("integer")
         return out
 
-    def _literal(self, values: list[Any], atoms: list[Loc], types: set[str]) -> Node:
-        """enum/const: the listed values that also satisfy every other keyword."""
-        rest = [a.drop("enum", "const") for a in atoms]
+    def _literal(self, values: list[Any], atoms: list[Loc], types: set[str],
+                 decided: list[tuple[Loc, Node]] | None = None) -> Node:
+        """enum/const: the listed values that also satisfy every other keyword; `decided`: atoms
+        whose `not` is decided here, each with the oracle's node of the negated schema."""
+        decided = decided or []
+        negated = {atom.key for atom, _ in decided}
+        rest = [a.drop("enum", "const", "not") if a.key in negated else a.drop("enum", "const") for a in atoms]
         rest_node = self.node(rest)
+        oracle = self._oracle
         kept = []
+        exact: Node | None = None
         for v in values:
             check_deadline(STAGE)
-            if _has_type(v, types) and conforms(rest_node, v, self.table):
-                kept.append(v)
+            if not _has_type(v, types):
+                continue
+            if not conforms(rest_node, v, self.table):
+                # A listed value the narrowed node leaves out (a key the closed default refuses)
+                # is kept where the schema, read without any narrowing and exactly, holds it.
+                if exact is None:
+                    exact = self._exact_node(rest) or NEVER
+                if not conforms(exact, v, self._exact_table()):
+                    continue
+            if oracle is not None and any(conforms(node, v, oracle.table) for _, node in decided):
+                continue
+            kept.append(v)
         return Literal(tuple(kept)) if kept else NEVER
+
+    def _exact_table(self) -> Table:
+        return self._exact.table if self._exact is not None else {}
+
+    def _exact_node(self, locs: list[Loc]) -> Node | None:
+        """The node of the conjunction `locs` in a normalizer of the same document that narrows
+        nothing, when it is built without reporting anything (then `conforms` on it is exact both
+        ways); None otherwise. Only such builds stay in its table."""
+        if self.members_only:
+            return None
+        if self._exact is None:
+            self._exact = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
+                                     costly_exact=True, members_only=True)
+        exact = self._exact
+        reported, nodes, branches = dict(exact.unenforced), len(exact.table), exact._branches
+        try:
+            node = exact.node(locs)
+            if exact.unenforced == reported:
+                return node
+        except (Narrowed, GrammarTooLargeError):
+            pass
+        for added in list(exact.table)[nodes:]:
+            del exact.table[added]
+        exact.unenforced, exact._branches = reported, branches
+        return None
+
+    def _member_node(self, atom: Loc) -> Node | None:
+        """The node of `atom`'s negated schema in the membership oracle (a normalizer of the same
+        document that narrows nothing: open objects, no first-property limit, no narrowed formats),
+        or None when building it would narrow (then `not` stays reported). `conforms` on it is True
+        for every value of that schema, so a listed value it rejects certainly satisfies `not`
+        (and one it accepts is left out: at worst a narrowing)."""
+        if self._oracle is None:
+            self._oracle = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
+                                      costly_exact=False, members_only=True)
+        oracle = self._oracle
+        reported, nodes, branches = dict(oracle.unenforced), len(oracle.table), oracle._branches
+        try:
+            return oracle.node([atom.child("not").below(atom)])
+        except (Narrowed, GrammarTooLargeError):
+            # Nodes built on the way may hold the narrowing: forget them (a later question asks again).
+            for added in list(oracle.table)[nodes:]:
+                del oracle.table[added]
+            oracle.unenforced, oracle._branches = reported, branches
+            return None
 
     def _apply_not(self, atom: Loc, types: set[str], excluded: list[Any]) -> set[str]:
         """`not` where it removes whole types or listed values; other forms were distributed as a
@@ -432,6 +594,28 @@ class Normalizer:
         if t == "array":
             return build_array(self, atoms)
         return build_object(self, atoms)
+
+
+@dataclass(frozen=True)
+class _Resolve:
+    """`$ref` -> the schema it names, from `atom`'s base URI; `legacy_ref` (draft <= 7: a `$ref`'s
+    siblings are ignored) is read by `logic.negation`."""
+
+    resources: Resources
+    atom: Loc
+
+    @property
+    def legacy_ref(self) -> bool:
+        return self.atom.legacy_ref
+
+    def __call__(self, ref: str) -> Any:
+        atom = self.atom
+        target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
+        return None if target is None else target.schema
+
+
+class Narrowed(Exception):
+    """A membership oracle met a narrowing (`Normalizer.narrowing`)."""
 
 
 def _native_not(neg: Any) -> bool:

@@ -9,8 +9,10 @@ language excludes the declared names (a key never appears twice from the grammar
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .. import limits
@@ -18,12 +20,13 @@ from ..automata import chars as fa
 from ..errors import InvalidSchemaError
 from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
-from ..regex.charset import JSON_SPECIAL, CharSet
+from ..regex.charset import JSON_SPECIAL, NOTHING, CharSet
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Alt, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
 from ..regex.syntax import Literal as RegexLiteral
 from ..regex.syntax import Node as Regex
 from .ir import (
+    ANY,
     NEVER,
     AnyValue,
     Extra,
@@ -39,7 +42,7 @@ from .ir import (
 )
 from .loc import Loc, count_bounds, in_scope
 from .logic import Built
-from .strings import pattern_language
+from .strings import disputed_chars, pattern_language
 
 if TYPE_CHECKING:
     from .normalize import Normalizer
@@ -48,9 +51,10 @@ MAX_KEY_REGIONS = 64
 STAGE = "translating the schema"  # what a deadline that passes here names
 MAX_FIRST_CHOICE_COST = 256  # properties x leading optional choices kept exact (see _first_choices)
 MIN_FIRST_CHOICES = 2
-# Extra property names never hold characters JSON must escape (quote, backslash, controls): a
-# narrowing that keeps each character class of a key language one regex class.
-EXTRA_KEY_CHARS = ANY_CHAR - JSON_SPECIAL
+# Extra property names may hold any character; those JSON must escape (quote, backslash, controls)
+# are written as `json.dumps` writes them (the emitter writes every key language canonically escaped):
+# real schemas key maps by PHP namespaces (`Vendor\\Pkg\\`) and Windows paths.
+EXTRA_KEY_CHARS = ANY_CHAR
 EXTRA_KEY = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
 
 
@@ -60,6 +64,7 @@ class _Info(TypedDict):
     atom: Loc
     props: dict[str, Loc]  # declared name -> its schema
     patterns: list[tuple[Regex, Loc]]  # (key language AST, value schema) per patternProperties entry
+    texts: list[str]  # the patterns themselves, in the same order
     additional: Loc | None
     unevaluated: Loc | None
     required: list[str]
@@ -67,6 +72,8 @@ class _Info(TypedDict):
 
 def build_object(nz: Normalizer, atoms: list[Loc]) -> Node:
     infos = [_info(nz, atom) for atom in atoms]
+    if any(info["unevaluated"] is not None for info in infos):
+        nz.narrowing("unevaluatedProperties sees only its own in-place subschemas")
     # Declared names in order, then names only in `required` (dicts: ordered sets, so a wide
     # object costs linear time, not a list search per name).
     declared = dict.fromkeys(n for info in infos for n in info["props"])
@@ -111,10 +118,12 @@ def _info(nz: Normalizer, atom: Loc) -> _Info:
     if not isinstance(required, list) or not all(isinstance(n, str) for n in required):
         raise InvalidSchemaError(f"required at {atom.pointer or '/'} must be an array of strings")
     compiled: list[tuple[Regex, Loc]] = []
+    texts: list[str] = []
     for pattern in patterns:
         ast = pattern_language(nz, pattern, atom, "patternProperties")
         if ast is not None:
             compiled.append((ast, atom.child("patternProperties", pattern)))
+            texts.append(pattern)
     located: dict[str, Loc] = {}
     for name in props:
         check_deadline(STAGE)
@@ -123,6 +132,7 @@ def _info(nz: Normalizer, atom: Loc) -> _Info:
         "atom": atom,
         "props": located,
         "patterns": compiled,
+        "texts": texts,
         "additional": atom.child("additionalProperties") if atom.has("additionalProperties") else None,
         "unevaluated": atom.child("unevaluatedProperties") if atom.has("unevaluatedProperties") else None,
         "required": required,
@@ -141,7 +151,10 @@ def _value_locs(infos: list[_Info], name: str | None = None,
             locs.append(info["props"][name])
             hit = True
         for j, (ast, loc) in enumerate(info["patterns"]):
-            if (name is not None and String(ast).matches(name)) or (i, j) in matched:
+            # A declared name gets a pattern's schema where either reading of the pattern matches
+            # it (ECMA-262's, as parsed, or Python's, jsonschema's): both constraints then hold.
+            if (name is not None and (String(ast).matches(name) or _python_search(info["texts"][j], name))) or (
+                    (i, j) in matched):
                 locs.append(loc)
                 hit = True
         if not hit and info["additional"] is not None:
@@ -186,6 +199,14 @@ def string_language(node: Node | None, table: Table, seen: set[Hashable] | None 
     return alt()
 
 
+@lru_cache(maxsize=1024)
+def _python_search(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False  # not Python syntax: jsonschema cannot read it either
+
+
 def _resolved(nz: Normalizer, node: Node) -> Node | None:
     return nz.table.get(node.key) if isinstance(node, Ref) else node
 
@@ -200,9 +221,18 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
         try:
             return (Extra(String(minus_names(EXTRA_KEY, names)), value),)
         except fa.AutomatonTooLarge:
+            nz.narrowing("extra property names")
             return ()  # narrowing: no extra properties
+    # Keys are split by which patterns match them, each pattern read the narrow way (`pattern_language`);
+    # over characters both readings agree on (`disputed_chars`), that split is Python's too.
+    disputed = NOTHING
+    for info in infos:
+        for text in info["texts"]:
+            disputed = disputed | disputed_chars(text)
+    key_chars = EXTRA_KEY_CHARS - disputed
+    base = EXTRA_KEY if not disputed else repeat(Chars(key_chars), 0, None)
     try:
-        keys = fa.to_dfa(EXTRA_KEY if key_filter is None else fa.intersect([EXTRA_KEY, key_filter]))
+        keys = fa.to_dfa(base if key_filter is None else fa.intersect([base, key_filter]))
         regions: list[tuple[fa.DFA, frozenset[tuple[int, int]]]] = [] if keys.is_empty() else [(keys, frozenset())]
         for i, j, ast in patterns:
             dfa = fa.to_dfa(ast)
@@ -218,6 +248,7 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
             if len(regions) > MAX_KEY_REGIONS:
                 raise fa.AutomatonTooLarge(f"more than {MAX_KEY_REGIONS} key regions")
     except fa.AutomatonTooLarge:
+        nz.narrowing("key regions")
         return _narrow_extras(nz, infos, names, patterns, closed)
     asts = {(i, j): ast for i, j, ast in patterns}
     extras: list[Extra] = []
@@ -226,19 +257,25 @@ def _extras(nz: Normalizer, infos: list[_Info], names: list[str], key_filter: Re
         if isinstance(_resolved(nz, value), Never):
             continue
         try:
-            region_ast = _pattern_region(region, [asts[m] for m in matched]) if key_filter is None else None
+            region_ast = _pattern_region(region, [asts[m] for m in matched], key_chars) if key_filter is None else None
             if region_ast is None:
                 region_ast = fa.to_ast(region)
             declared_inside = [n for n in names if region.accepts(n)]
             if declared_inside:
                 region_ast = minus_names(region_ast, declared_inside)
         except fa.AutomatonTooLarge:
+            nz.narrowing("a key region")
             continue  # narrowing: keys of this region are not generated
         extras.append(Extra(String(region_ast), value))
+    if disputed and nz.members_only:
+        # A membership oracle narrows nothing: a key holding a disputed character may be any
+        # pattern's, and take any value (a superset, as an oracle must be).
+        anything = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
+        extras.append(Extra(String(seq(anything, Chars(disputed), anything)), ANY))
     return tuple(extras)
 
 
-def _pattern_region(region: fa.DFA, matched: list[Regex]) -> Regex | None:
+def _pattern_region(region: fa.DFA, matched: list[Regex], key_chars: CharSet) -> Regex | None:
     """The region's key language as the one pattern it matches, when it is exactly that pattern's
     language over the characters keys hold (a lone patternProperties entry, or one the others do
     not overlap), else None. Writing a region back from its automaton (`fa.to_ast`) nests a
@@ -246,7 +283,7 @@ def _pattern_region(region: fa.DFA, matched: list[Regex]) -> Regex | None:
     keeps it one node."""
     if len(matched) != 1:
         return None
-    candidate = narrowed(matched[0], EXTRA_KEY_CHARS)
+    candidate = narrowed(matched[0], key_chars)
     dfa = fa.to_dfa(candidate)
     if fa.product(region, dfa, "minus").is_empty() and fa.product(dfa, region, "minus").is_empty():
         return candidate
@@ -305,7 +342,13 @@ def minus_names(ast: Regex, names: list[str]) -> Regex:
     if not names:
         return ast
     if ast == EXTRA_KEY:
-        return _names_complement(names, EXTRA_KEY_CHARS)
+        if any(ord(c) in JSON_SPECIAL for n in names for c in n):
+            return _names_complement(names, EXTRA_KEY_CHARS)
+        # Keys holding a character JSON escapes are no name: written apart, so that each class of
+        # the names' trie stays one regex class (an escape alternative in each would multiply it).
+        anything = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
+        return alt(_names_complement(names, EXTRA_KEY_CHARS - JSON_SPECIAL),
+                   seq(anything, Chars(JSON_SPECIAL), anything))
     try:
         return fa.minus(ast, alt(*(literal(n) for n in names)))
     except fa.AutomatonTooLarge:
@@ -368,7 +411,8 @@ def _counted(nz: Normalizer, atoms: list[Loc], infos: list[_Info], properties: l
             nonempty = True
         elif n_optional == 0 and extras:
             min_extra = min_p - n_required
-            _report(nz, atoms, "minProperties", "extra property names may repeat, so they may count less")
+            if min_extra > 1:  # one extra property is one more key, however its name repeats
+                _report(nz, atoms, "minProperties", "extra property names may repeat, so they may count less")
         else:
             _report(nz, atoms, "minProperties", "a count over optional properties is not enforced")
     if max_p is not None and (extras or max_p < len(properties)):

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from .. import limits
 from ..automata import chars as fa
 from ..errors import InvalidSchemaError
+from ..regex.charset import ANY as ANY_CHAR
+from ..regex.charset import LINE_TERMINATORS, NOTHING, CharSet, class_escape
 from ..regex.ecma import parse_ecma, parse_ecma_leading_lookarounds
 from ..regex.syntax import (
     Alt,
     Anchor,
+    Chars,
     PatternError,
     Repeat,
     Seq,
     alt,
     max_count,
+    repeat,
     restrict_length,
     search_language,
 )
 from ..regex.syntax import Node as Regex
-from .formats import STRING_FORMATS, UNENFORCED_FORMATS, format_language
+from .formats import NARROWED_FORMATS, STRING_FORMATS, UNENFORCED_FORMATS, format_language
 from .ir import NEVER, Node, String
 from .loc import Loc, count_bounds
 from .logic import NOT_PATTERN, Built
@@ -43,7 +48,10 @@ def build_string(nz: Normalizer, atoms: list[Loc]) -> Node:
             ast = pattern_language(nz, atom.get(NOT_PATTERN), atom)
             if ast is not None:
                 try:
-                    languages.append((fa.minus(fa.universal(), ast), "not", atom))
+                    # Over the characters both readings of the pattern agree on: the complement of
+                    # the narrow reading alone holds strings Python's `re` says the pattern matches.
+                    within = ANY_CHAR - disputed_chars(atom.get(NOT_PATTERN))
+                    languages.append((fa.minus(repeat(Chars(within), 0, None), ast), "not", atom))
                 except fa.AutomatonTooLarge as e:
                     nz.report("not", atom, f"the strings a pattern does not match: too large an automaton ({e})")
         fmt = atom.get("format")
@@ -51,6 +59,8 @@ def build_string(nz: Normalizer, atoms: list[Loc]) -> Node:
             if fmt in UNENFORCED_FORMATS:
                 nz.report("format", atom, UNENFORCED_FORMATS[fmt])
             elif fmt in STRING_FORMATS:
+                if fmt in NARROWED_FORMATS:
+                    nz.narrowing(f"format {fmt!r} is a subset of the format")
                 languages.append((format_language(fmt), "format", atom))
         if nz.draft <= 7:
             # Draft 7 lets validators assert content; 2019-09 on, content* only annotate.
@@ -113,6 +123,48 @@ def _restrict_length(nz: Normalizer, ast: Regex, min_len: int, max_len: int | No
                 if atom.has(kw):
                     nz.report(kw, atom, f"length bound together with pattern/format too large ({e})")
         return ast
+
+
+def disputed_chars(pattern: str) -> CharSet:
+    """The characters on which ECMA-262 (JSON Schema's dialect) and Python's `re` (what `jsonschema`
+    validates with) may read `pattern` differently: where `\\d \\w \\s` (and their negations)
+    differ, the line terminators `.` matches in Python only, and the newline before which Python's
+    `$` also matches. A pattern's language (`pattern_language`: the narrow reading, a subset of
+    both) is then the same under both readings on strings without these characters, so a
+    complement taken over the others (`not {pattern}`, keys matching none of `patternProperties`)
+    is exact under both. Read off the text; a `.` or `$` inside a class counts too (it only narrows)."""
+    out = NOTHING
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            letter = pattern[i + 1]
+            if letter in "dDwWsS":
+                out = out | ~(class_escape(letter.lower()) | class_escape(letter.upper()))
+            i += 2
+            continue
+        if c == "$":
+            out = out | CharSet.of("\n")
+        elif c == ".":
+            out = out | LINE_TERMINATORS
+        i += 1
+    return out
+
+
+def matches_pattern(pattern: Any, text: str) -> bool | None:
+    """Does `pattern` match `text` under both readings (ECMA-262 as parsed here, and Python's `re`)?
+    None when the readings disagree, or the pattern is unsupported or malformed."""
+    if not isinstance(pattern, str):
+        return None
+    try:
+        narrow = String(_search_language(pattern)).matches(text)
+    except PatternError:
+        return None
+    try:
+        wide = re.search(pattern, text) is not None
+    except re.error:
+        return None
+    return narrow if narrow == wide else None
 
 
 def pattern_language(nz: Normalizer, pattern: Any, atom: Loc, keyword: str = "pattern") -> Regex | None:

@@ -221,3 +221,23 @@ def test_dumps_and_positional():
         dumps(float("nan"))
     assert [positional(Decimal(t)) for t in ("1E+2", "-1e-7", "0.5", "12.50", "-0.0")] == [
         "100", "-0.0000001", "0.5", "12.50", "0.0"]
+
+
+def test_a_value_several_branches_hold_is_written_as_the_shallowest_generic_one():
+    """MCPspec ServerResult (MaskBench): an instance both `Result` (generic members) and
+    `InitializeResult` (declared ones) hold was written in Result's key order, whose generic values
+    nest past limits.MAX_ANY_DEPTH, so the regex refused the text while `in_grammar` (through
+    InitializeResult) said yes. The branch holding it with the shallowest generic values writes it."""
+    from grammar_mlx.schema import canonical_json, in_grammar, schema_to_regex
+
+    deep = {"type": "object", "properties": {"b": {"type": "object", "properties": {"c": {"type": "object"}}}}}
+    schema = {"anyOf": [{"type": "object", "additionalProperties": {}},
+                        {"type": "object", "properties": {"z": {"type": "string"}, "a": deep}, "required": ["a"],
+                         "additionalProperties": False}]}
+    instance = {"a": {"b": {"c": {"d": 1}}}, "z": "s"}
+    text = canonical_json(instance, schema)
+    assert text.startswith('{"z"')  # the second branch's order
+    assert in_grammar(instance, schema)
+    assert re.fullmatch(schema_to_regex(schema).regex, text)
+    shallow = {"q": 1, "z": "s", "a": {}}  # held by the first branch only: written by it
+    assert canonical_json(shallow, schema) == '{"q":1,"z":"s","a":{}}'

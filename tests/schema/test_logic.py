@@ -17,6 +17,8 @@ DEFS = {"s": {"type": "string", "maxLength": 1}, "n": {"minimum": 0}}
 VALUES = [None, True, False, 0, 1, 2, 2.5, 3, 5, 7, -1, -0.5, "", "a", "ab", "abc", [], [1], [1, 2], ["a", "b", "c"],
           {}, {"a": 1}, {"a": "x"}, {"b": 2}, {"b": 5}, {"a": 1, "b": 2}, {"a": "xy", "b": "q"}, {"c": None}]
 TYPES = ["null", "boolean", "integer", "number", "string", "array", "object"]
+DRAFT7_URI = "http://json-schema.org/draft-07/schema#"
+DRAFT2020_URI = "https://json-schema.org/draft/2020-12/schema"
 
 
 def resolve(ref: str):
@@ -50,6 +52,14 @@ NEGATABLE = [
     {"anyOf": [{"type": "string"}, {}]}, {"not": {"type": "string"}}, {"$ref": "#/$defs/s"},
     {"$ref": "#/$defs/n", "type": "number"}, {"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}},
     {"title": "annotations only", "x-unknown": 1}, {"not": {"$ref": "#/$defs/s"}}, True, False,
+    # oneOf: no branch, or two at once (the JSON-Schema-Test-Suite's `not {oneOf}` cases, Synthesized).
+    {"oneOf": [{}]}, {"oneOf": [{"type": "string"}, {"minimum": 2}]}, {"oneOf": [{"minLength": 2}, {"maxLength": 2}],
+                                                                        "type": "string"},
+    {"oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"properties": {"a": {"type": "string"}}}]},
+    {"oneOf": [{}, {"type": "string"}]}, {"oneOf": [True, False, {"const": 1}]},
+    # propertyNames: some key outside the names (Handwritten existsName1, pnmp*): finitely many outside.
+    {"propertyNames": {"not": {"const": "a"}}}, {"propertyNames": {"not": {"enum": ["a", "b", 3]}}},
+    {"propertyNames": False}, {"propertyNames": True}, {"propertyNames": {"not": {"const": "a", "enum": ["a", "c"]}}},
 ]
 
 
@@ -91,8 +101,8 @@ def test_negation_forms():
 @pytest.mark.parametrize("schema", [
     {"enum": [[1]]}, {"const": {"a": 1}},  # excluding containers
     {"format": "date"}, {"multipleOf": "2"}, {"items": {}}, {"contains": {}}, {"uniqueItems": True},
-    {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {}}, {"if": {}},
-    {"oneOf": [{}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
+    {"additionalProperties": False}, {"patternProperties": {}}, {"propertyNames": {"maxLength": 1}}, {"if": {}},
+    {"oneOf": [{"format": "date"}, {}]}, {"dependentRequired": {}}, {"$dynamicRef": "#"},
     {"$ref": "https://elsewhere.test/s.json"},  # not resolvable
     {"properties": {"a": {"format": "date"}}}, {"anyOf": [{"format": "date"}, {}]}, {"allOf": [{"format": "email"}]},
     3, "string",
@@ -199,3 +209,55 @@ def test_alternatives_limit_and_malformed_values():
     assert alternatives("dependencies", {"a": 3}, {}, resolve, 64) is None
     with pytest.raises(InvalidSchemaError, match="dependentRequired must be an object"):
         alternatives("dependentRequired", ["a"], {}, resolve, 64)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "not": {"oneOf": [{"minLength": 2}, {"maxLength": 4}]}},
+    {"allOf": [{"enum": ["foo", "f", "foobar", 3]}, {"not": {"oneOf": [{"minLength": 2}, {"maxLength": 4}],
+                                                            "type": "string"}}]},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+     "additionalProperties": False, "not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}},
+    {"type": "object", "not": {"propertyNames": {"not": {"const": "0"}}}},  # Handwritten existsName1
+    {"type": "object", "not": {"anyOf": [{"propertyNames": {"not": {"enum": ["a", "0"]}}},
+                                         {"propertyNames": {"not": {"enum": ["b", "0"]}}}]}},  # pnmp1's shape
+], ids=repr)
+def test_negations_are_exact_end_to_end(schema):
+    """`not {oneOf}`, `not {propertyNames}` through schema_to_regex: exact, and the regex accepts a
+    probe's canonical text exactly when jsonschema validates it."""
+    import re
+
+    from grammar_mlx.schema import canonical_json, schema_to_regex
+
+    result = schema_to_regex(schema)
+    assert result.unenforced == ()
+    probes = VALUES + ["abcd", "abcde", "foo", "foobar", "f", {"a": 1, "b": 2}, {"a": 1}, {"b": 1}, {"0": 1},
+                       {"0": 1, "a": 2}, {"a": 1, "b": 2, "0": 3}]
+    check = jsonschema.Draft202012Validator(schema)
+    for value in probes:
+        accepted = re.fullmatch(result.regex, canonical_json(value, schema)) is not None
+        assert accepted == check.is_valid(value), value
+
+
+def test_negated_refs_ignore_their_siblings_up_to_draft7():
+    """Draft 7: `{"$ref": ..., "minimum": 5}` is the $ref's schema alone, so its negation must not
+    add the numbers below 5 (`not` accepted 3 for `{"type": "number", "not": {"$ref": <integer>,
+    "minimum": 5}}`, which draft 7 rejects)."""
+    import re
+
+    from grammar_mlx.schema import canonical_json, schema_to_regex
+
+    class Legacy:
+        legacy_ref = True
+
+        def __call__(self, ref: str):
+            return resolve(ref)
+
+    assert negation({"$ref": "#/$defs/n", "maximum": 1}, Legacy()) == negation(DEFS["n"], resolve)
+    assert len(negation({"$ref": "#/$defs/n", "maximum": 1}, resolve)) == 2  # 2020-12: siblings apply
+    for draft, cls in ((7, jsonschema.Draft7Validator), (2020, jsonschema.Draft202012Validator)):
+        schema = {"$schema": {7: DRAFT7_URI, 2020: DRAFT2020_URI}[draft], "definitions": {"i": {"type": "integer"}},
+                  "type": "number", "not": {"$ref": "#/definitions/i", "minimum": 5}}
+        result = schema_to_regex(schema)
+        assert result.unenforced == ()
+        for x in (3, 7, 2.5, 7.5):
+            assert (re.fullmatch(result.regex, canonical_json(x, schema)) is not None) == cls(schema).is_valid(x)

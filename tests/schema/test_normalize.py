@@ -346,3 +346,198 @@ def test_a_failed_attempt_leaves_no_trace():
     exact = Normalizer({"type": "integer"})
     node, why = exact.attempt(lambda: exact.node([exact.root_loc]))
     assert why is None and node is not None and len(exact.table) == 1
+
+
+# -- pruning contradictory alternatives ---------------------------------------------------------
+
+
+def _discriminated(n: int) -> dict:
+    """minecraft-item-modifier's shape (JsonSchemaStore): an allOf of n if/then pairs on one
+    discriminator's value."""
+    return {"type": "object", "required": ["kind"],
+            "properties": {"kind": {"enum": [f"k{i}" for i in range(n)]}},
+            "allOf": [{"if": {"properties": {"kind": {"const": f"k{i}"}}},
+                       "then": {"properties": {f"p{i}": {"type": "integer", "minimum": i}}, "required": [f"p{i}"]}}
+                      for i in range(n)]}
+
+
+def test_discriminated_if_then_chains_prune_contradictory_combinations():
+    """2^12 combinations of 12 if/then pairs distributed naively exceed limits.MAX_UNION_BRANCHES;
+    only 12 + 2 are satisfiable (a discriminator has one value), and those are all that is built.
+    Exact: a value is a member exactly when jsonschema validates it."""
+    import jsonschema
+
+    schema = _discriminated(12)
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    assert nz._branches < 300  # quadratic in n: each prefix of the chain is satisfiable a few ways
+    check = jsonschema.Draft202012Validator(schema)
+    probes = [{"kind": f"k{i}", f"p{j}": v} for i in range(12) for j in (i, (i + 1) % 12) for v in (i, i - 1, "x")]
+    probes += [{"kind": "k3"}, {"kind": "zz", "p0": 1}, {"p0": 0}, {}]
+    for x in probes:
+        assert conforms(node, x, nz.table) == check.is_valid(x), x
+
+
+def test_dependency_products_prune_contradictions():
+    """dependentRequired alternatives (absent / present) that contradict the rest (a property
+    required elsewhere cannot be absent; a value listed nowhere cannot be present) are dropped while
+    the product is built, so they neither count toward limits.MAX_LOGIC_ALTERNATIVES nor get built."""
+    import jsonschema
+
+    names = [f"n{i}" for i in range(8)]
+    schema = {"type": "object", "required": names[:7], "properties": {n: {"type": "integer"} for n in names},
+              "dependentRequired": {n: [names[(i + 1) % 8]] for i, n in enumerate(names)}}
+    nz, node = normalized(schema)  # 2^8 alternatives naively, over limits.MAX_LOGIC_ALTERNATIVES
+    assert nz.unenforced == {}
+    check = jsonschema.Draft202012Validator(schema)
+    full = {n: 1 for n in names}
+    for x in [full, {n: 1 for n in names[:7]}, {**full, "n0": "a"}, {n: 1 for n in names[1:]}]:
+        assert conforms(node, x, nz.table) == check.is_valid(x), x
+
+
+def test_satisfiable_reads_types_required_and_listed_values():
+    nz = Normalizer({})
+    loc = nz.root_loc
+
+    def sat(*schemas) -> bool:
+        return nz._satisfiable([loc.built(s, f"t{i}") for i, s in enumerate(schemas)])
+
+    assert sat({"properties": {"a": {"const": 1}}}, {"properties": {"a": {"const": 2}}})  # non-objects, a absent
+    assert not sat({"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}},
+                   {"properties": {"a": {"enum": [2, 3]}}})
+    assert sat({"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}},
+               {"properties": {"a": {"enum": [1.0, 3]}}})  # 1 == 1.0
+    assert not sat({"type": "object", "required": ["a"]}, {"properties": {"a": False}})
+    assert not sat({"type": "string"}, {"type": "integer"})
+    assert not sat({"type": ["object"], "required": ["a"]},
+                   {"properties": {"a": {"anyOf": [{"const": 1}, {"enum": [2]}], "not": {"enum": [1, 2]}}}})
+    assert sat({"type": "object", "required": ["a"]}, {"properties": {"a": {"not": {"const": 1}}}})
+    # not {const, enum} excludes only what both list.
+    assert sat({"type": "object", "required": ["a"], "properties": {"a": {"enum": [1, 2]}}},
+               {"properties": {"a": {"not": {"const": 1, "enum": [2]}}}})
+    # Draft 7 ignores a $ref's siblings: `const` next to it says nothing.
+    nz7 = Normalizer({"$schema": DRAFT7, "definitions": {"one": {"const": 1}}})
+    loc7 = nz7.root_loc
+    both = [loc7.built({"type": "object", "required": ["a"], "properties": {"a": {"const": 2}}}, "x"),
+            loc7.built({"properties": {"a": {"$ref": "#/definitions/one", "const": 2}}}, "y")]
+    assert not nz7._satisfiable(both)
+    assert not nz7._satisfiable(both[:1] + [loc7.built({"properties": {"a": {"$ref": "#/definitions/one"}}}, "z")])
+
+
+# -- not, next to enum/const: decided value by value --------------------------------------------
+
+ENUM_NOT = [
+    # Synthesized (MaskBench): the JSON-Schema-Test-Suite's instances as an enum, the schema negated.
+    ({"allOf": [{"enum": [{"bar": 2}, {"foo": 1}, {"bar": 2, "foo": 3}, {}]},
+                {"not": {"patternProperties": {"b.*": False, "f.*": True}}}]}, 2),
+    ({"allOf": [{"enum": ["this is a string", 3]},
+                {"not": {"$defs": {"s": {"type": "string"}}, "enum": [{"$ref": "#/allOf/1/not/$defs/s"}]}}]}, 2),
+    ({"enum": [{"a": 1, "b": 2}, {"a": 1}, 5], "not": {"properties": {"a": {}}, "additionalProperties": False}}, 1),
+    ({"enum": [{"a\n": 1}, {"a": "x"}, {"b": 1}], "not": {"patternProperties": {"^a$": {"type": "integer"}}}}, 1),
+    ({"enum": [[1, 2], [1, "a"], [], "x"], "not": {"items": {"type": "integer"}}}, 1),
+    ({"enum": [{"foo": {"bar": 1}}, {"foo": {"bar": 1, "x": 2}}],  # the negated schema's closed-looking object is open
+      "not": {"properties": {"foo": {"properties": {"bar": {}}}}, "required": ["foo"]}}, 0),
+]
+
+
+@pytest.mark.parametrize(("schema", "kept"), ENUM_NOT, ids=repr)
+def test_not_next_to_enum_is_decided_per_value(schema, kept):
+    """`not S` without a union form, in a conjunction with enum/const: each listed value is kept
+    exactly when the membership oracle (a normalizer that narrows nothing) rejects it under S.
+    Exact against jsonschema, and nothing is reported."""
+    import jsonschema
+
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    check = jsonschema.Draft202012Validator(schema)
+    values = next(a.get("enum") for a in nz._expand([nz.root_loc]) if a.has("enum"))
+    assert [v for v in values if conforms(node, v, nz.table)] == [v for v in values if check.is_valid(v)]
+    assert len([v for v in values if check.is_valid(v)]) == kept
+
+
+def test_not_next_to_enum_stays_reported_where_the_oracle_would_narrow():
+    """A negated schema the IR only narrows (an email pattern leaves some addresses out) cannot
+    decide membership: `not` is reported as before, and every listed value kept."""
+    schema = {"enum": ["a@b.com", "x"], "not": {"format": "email"}}
+    nz, node = normalized(schema)
+    assert set(nz.unenforced) == {("not", "")}
+    assert [conforms(node, v, nz.table) for v in ("a@b.com", "x")] == [True, True]
+    # The oracle gave up without leaving nodes behind.
+    assert nz._oracle is not None and nz._oracle.table == {}
+
+
+ONE_OF_CLOSED = [
+    # Github_hard o68391 (MaskBench) `runIf`: closed branches sharing a required property.
+    {"oneOf": [{"properties": {"pageID": {"type": "string"}, "optionID": {"type": "string"}},
+                "additionalProperties": False, "required": ["pageID"]},
+               {"properties": {"pageID": {"type": "string"}, "regex": {"type": "string"}},
+                "additionalProperties": False, "required": ["pageID"]},
+               {"properties": {"permutation": {"type": "number"}}, "additionalProperties": False}]},
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "additionalProperties": False},
+               {"type": "object", "properties": {"a": {}, "c": {"type": "string"}}, "additionalProperties": False}]},
+    {"oneOf": [{"type": "object", "properties": {"x1": {}, "y": {}}, "additionalProperties": False},
+               {"type": "object", "properties": {"x1": {}, "x2": {}},
+                "patternProperties": {"^x1$": {"type": "integer"}}, "additionalProperties": False}]},
+]
+
+
+@pytest.mark.parametrize("schema", ONE_OF_CLOSED, ids=repr)
+def test_one_of_excludes_closed_branches_within_their_keys(schema):
+    """A closed object's values hold only its declared keys, so another branch's
+    `additionalProperties`/`patternProperties` negate among them (one of those keys present with a
+    value the other branch rejects): oneOf exact, each value a member exactly when jsonschema says.
+    (Against an open branch, the closed one's negation still has no union form: reported.)"""
+    import jsonschema
+
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    check = jsonschema.Draft202012Validator(schema)
+    probes = [{}, {"pageID": "p"}, {"pageID": "p", "optionID": "o"}, {"pageID": "p", "regex": "r"},
+              {"pageID": "p", "optionID": "o", "regex": "r"}, {"permutation": 1}, {"pageID": 1},
+              {"a": 1}, {"a": 1, "b": 2}, {"a": "x"}, {"a": 1, "c": "s"}, {"a": 1, "c": 2}, {"b": None},
+              {"x1": 1}, {"x1": "s"}, {"y": 1}, {"x1": 1, "y": 2}, {"x2": 3}, {"x1": 1, "z": 0}, "s", 3, None,
+              {"a": 1, "c": "s"}, {"c": "s"}, {"x1": 1, "x2": 2}, {"x2": "s"}]
+    for x in probes:
+        assert conforms(node, x, nz.table) == check.is_valid(x), x
+    open_branch = {"oneOf": [{"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+                             {"type": "object", "additionalProperties": {"type": "string"}}]}
+    assert set(report(open_branch)) == {("oneOf", "")}
+
+
+def test_an_oracle_never_decides_a_nested_not_by_values():
+    """Inside the membership oracle, a nested enum + `not` is not decided by a second oracle: that
+    one's "member" may be a wrong yes (uniqueItems over strings is reported, so it admits
+    ["a", "a"]), and dropping the value would shrink the first oracle below the schema, so that the
+    outer `not` kept ["a", "a"], which the schema rejects. Now a narrowing at worst."""
+    import jsonschema
+
+    inner = {"enum": [["a", "a"], ["a", "b"]], "not": {"type": "array", "items": {"type": "string"},
+                                                       "uniqueItems": True}, "format": "date"}
+    schema = {"enum": [["a", "a"], ["a", "b"], 5], "not": inner}
+    nz, node = normalized(schema)
+    check = jsonschema.Draft202012Validator(schema)
+    members = [v for v in schema["enum"] if conforms(node, v, nz.table)]
+    assert all(check.is_valid(v) for v in members) and ["a", "a"] not in members and 5 in members
+
+
+@pytest.mark.parametrize("schema", [
+    # Synthesized (MaskBench) draft2019_09_nonvalid_anyOf_id9 / patternProperties_id9: refused as empty.
+    {"allOf": [{"enum": [{"bar": 2, "foo": "baz"}]}, {"not": {"not": {"anyOf": [
+        {"properties": {"bar": {"type": "integer"}}, "required": ["bar"]},
+        {"properties": {"foo": {"type": "string"}}, "required": ["foo"]}]}}}]},
+    {"allOf": [{"enum": [{"answer 1": "42"}, {"a_x_3": 3}]}, {"not": {"not": {"patternProperties": {
+        "X_": {"type": "string"}, "[0-9]{2,}": {"type": "boolean"}}}}}]},
+    {"enum": [{"a": 1, "extra": True}, {"a": "x"}], "properties": {"a": {"type": "integer"}}},
+], ids=repr)
+def test_listed_values_are_filtered_without_the_closed_default(schema):
+    """enum/const values are the schema author's, not keys a model would invent: a value the closed
+    default alone refuses (an undeclared key) is kept where the schema, normalized exactly and
+    without narrowing, holds it. Exact against jsonschema."""
+    import jsonschema
+
+    nz, node = normalized(schema)
+    assert nz.unenforced == {}
+    check = jsonschema.Draft201909Validator(schema)
+    values = next(a.get("enum") for a in nz._expand([nz.root_loc]) if a.has("enum"))
+    assert [v for v in values if conforms(node, v, nz.table)] == [v for v in values if check.is_valid(v)]
+    assert any(check.is_valid(v) for v in values)

@@ -5,8 +5,10 @@ and the key-language helpers (`minus_names`, `string_language`)."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
+import jsonschema
 import pytest
 
 from grammar_mlx import limits
@@ -15,6 +17,7 @@ from grammar_mlx.errors import GrammarTooLargeError, InvalidSchemaError
 from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.syntax import NEVER as NO_STRING
 from grammar_mlx.regex.syntax import full_language, literal
+from grammar_mlx.schema import canonical_json, in_grammar, schema_to_regex
 from grammar_mlx.schema.ir import (
     ANY,
     NEVER,
@@ -183,10 +186,19 @@ def test_property_counts_the_shape_fixes_are_exact():
 
 
 def test_property_counts_the_shape_cannot_express_are_reported():
-    shape, report = counts({"type": "object", "minProperties": 2, "properties": {"a": {}}, "required": ["a"],
+    shape, report = counts({"type": "object", "minProperties": 3, "properties": {"a": {}}, "required": ["a"],
                             "additionalProperties": True})
-    assert shape == (["a"], 1, 1, None, False)  # enforced as one extra, but extra names may repeat
+    assert shape == (["a"], 1, 2, None, False)  # enforced as two extras, but extra names may repeat
     assert report == {("minProperties", ""): "extra property names may repeat, so they may count less"}
+    # One extra property: at least one key beyond the declared ones, however its name repeats.
+    schema = {"type": "object", "minProperties": 2, "properties": {"a": {}}, "required": ["a"],
+              "additionalProperties": {"type": "integer"}}
+    shape, report = counts(schema)
+    assert shape == (["a"], 1, 1, None, False) and report == {}
+    check = jsonschema.Draft202012Validator(schema)
+    regex = schema_to_regex(schema).regex
+    for instance in [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": "x"}, {"b": 2}, {"a": None, "b": 2, "c": 3}]:
+        assert (re.fullmatch(regex, canonical_json(instance, schema)) is not None) == check.is_valid(instance)
     assert counts({"type": "object", "minProperties": 2, "properties": {"a": {}, "b": {}, "c": {}}})[1] == {
         ("minProperties", ""): "a count over optional properties is not enforced"}
     assert counts({"type": "object", "maxProperties": 1, "properties": {"a": {}, "b": {}}})[1] == {
@@ -260,7 +272,32 @@ def test_minus_names_on_the_extra_key_language():
     names = ["a", "ab", "", "é"]
     language = String(minus_names(EXTRA_KEY, names))
     for key in KEYS:
-        assert language.matches(key) == ('"' not in key and key not in names), key
+        assert language.matches(key) == (key not in names), key
+
+
+def test_extra_keys_may_hold_characters_json_escapes():
+    """Keys with a quote, backslash or control character (PHP namespaces `Vendor\\Pkg\\` in
+    composer.json's `psr-4` map): written escaped, as json.dumps writes them, and valid."""
+    keys = ['Vendor\\Pkg\\', 'say "hi"', "tab\there", "nul\u0000", "\u007f"]
+    schemas = [
+        {"type": "object", "additionalProperties": {"type": "string"}},
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+        {"type": "object", "patternProperties": {"^[A-Z]": {"type": "string"}}, "additionalProperties": False},
+        {"type": "object", "propertyNames": {"maxLength": 12}, "additionalProperties": {"type": "string"}},
+    ]
+    for schema in schemas:
+        check = jsonschema.Draft202012Validator(schema)
+        regex = schema_to_regex(schema)
+        assert not regex.unenforced
+        for key in keys:
+            instance = {key: "x"}
+            text = canonical_json(instance, schema)
+            assert json.loads(text) == instance
+            accepted = re.fullmatch(regex.regex, text) is not None
+            assert accepted == in_grammar(instance, schema) == check.is_valid(instance), (schema, key)
+    open_schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    text = canonical_json({"a": 1, 'q"\\': [1]}, open_schema, open_objects=True)
+    assert re.fullmatch(schema_to_regex(open_schema, open_objects=True).regex, text)
 
 
 def test_minus_names_on_a_pattern_language():
@@ -312,9 +349,30 @@ def test_pattern_property_regions_keep_long_counted_key_patterns():
     key = node.extras[0].key
     assert [key.matches(k) for k in ("a", "x" * 255, "", "x" * 256, "a b", 'a"')] == [True, True, False, False,
                                                                                           False, False]
-    # A declared property and a pattern that holds characters keys never hold (quote, controls).
+    # A declared property and a pattern whose keys may hold characters JSON escapes (a quote).
     nz, node = normalized({"type": "object", "properties": {"id": {}},
                            "patternProperties": {"^.{2,300}$": {"type": "null"}}})
     (extra,) = node.extras
-    assert [extra.key.matches(k) for k in ("ab", "é" * 300, "id", "a", "a\"b", "x" * 301)] == [True, True, False,
-                                                                                                 False, False, False]
+    assert [extra.key.matches(k) for k in ("ab", "é" * 300, "id", "a", "a\"b", "x" * 301, "a\nb")] == [
+        True, True, False, False, True, False, False]
+
+
+def test_pattern_property_regions_hold_under_both_readings():
+    """Keys are split by the patterns they match; a key Python's `re` reads as matching a pattern
+    that ECMA-262's reading does not ("a\\n" for `^a$`, "\\u0663" for `^\\d$`) would get the wrong
+    schema: extra keys hold only characters both readings agree on. A declared name either reading
+    matches gets the pattern's schema."""
+    schema = {"type": "object", "properties": {"a\n": {}}, "patternProperties": {"^a$": {"type": "integer"},
+                                                                                 "^\\d$": {"type": "integer"}},
+              "additionalProperties": {"type": "string"}}
+    check = jsonschema.Draft202012Validator(schema)
+    regex = schema_to_regex(schema)
+    assert not regex.unenforced
+    for instance in [{"a": 1}, {"a": "x"}, {"b": "x"}, {"b": 1}, {"5": 1}, {"5": "x"}, {"\u0663": "x"},
+                     {"\u0663": 1}, {"a\n": 1}, {"a\n": "x"}, {"b\n": "x"}, {"é": "x"}]:
+        text = canonical_json(instance, schema)
+        accepted = re.fullmatch(regex.regex, text) is not None
+        assert accepted == in_grammar(instance, schema)
+        assert not accepted or check.is_valid(instance), instance
+    assert re.fullmatch(regex.regex, canonical_json({"b": "x", "é": "y", "7": 7}, schema))  # é: no digit
+    assert not re.fullmatch(regex.regex, canonical_json({"a\n": "x"}, schema))  # Python's `^a$` matches "a\n"

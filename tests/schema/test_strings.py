@@ -206,3 +206,44 @@ def test_other_lookarounds_stay_reported(pattern):
     nz = Normalizer({"type": "string"})
     assert pattern_language(nz, pattern, nz.root_loc) is None
     assert [kw for kw, _ in nz.unenforced] == ["pattern"]
+
+
+# -- patterns negated: both readings agree ------------------------------------------------------
+
+DISPUTED_PROBES = ["", "a", "ab", "a\n", "\n", "\r", "\u2028", "\x1c", "\ufeff", " ", "\u00a0", "1", "\u0663", "_",
+                   "\u00e9", "a b", "a\r", "x1y"]
+
+
+@pytest.mark.parametrize("pattern", ["^a$", "^.$", "^\\s$", "\\S", "^\\d+$", "\\D", "^\\w*$", "\\W", "a.b", "^[a.]$"])
+def test_negated_patterns_hold_under_both_readings(pattern):
+    """`not {pattern}` is the complement of the pattern over the characters ECMA-262 and Python's
+    `re` (jsonschema's) read alike: `^\\s$` against "\\x1c" (a Python space, not an ECMA one) or
+    `^a$` against "a\\n" (Python's `$` matches before a final newline) were accepted although
+    jsonschema says the pattern matches. Exact: accepted strings validate, and every valid string
+    without a disputed character is accepted."""
+    import jsonschema
+
+    from grammar_mlx.schema import canonical_json, schema_to_regex
+    from grammar_mlx.schema.strings import disputed_chars
+
+    schema = {"type": "string", "not": {"pattern": pattern}}
+    result = schema_to_regex(schema)
+    assert result.unenforced == ()
+    check = jsonschema.Draft202012Validator(schema)
+    disputed = disputed_chars(pattern)
+    for text in DISPUTED_PROBES:
+        accepted = re.fullmatch(result.regex, canonical_json(text, schema)) is not None
+        valid = check.is_valid(text)
+        assert not accepted or valid, (pattern, text)
+        if valid and not any(ord(c) in disputed for c in text):
+            assert accepted, (pattern, text)
+
+
+def test_disputed_characters_are_read_off_the_pattern():
+    from grammar_mlx.schema.strings import disputed_chars
+
+    assert not disputed_chars("^[a-z]+-[0-9]{2}\\.\\$x$"[:-1])  # escaped `.` and `$`: none
+    assert [ord("\n") in disputed_chars(p) for p in ("^a$", "a.", "a")] == [True, True, False]
+    assert 0x2028 in disputed_chars("a.b") and 0x2028 not in disputed_chars("a$")
+    assert 0x663 in disputed_chars("\\d") and 0x663 in disputed_chars("[^\\D]") and 0x663 not in disputed_chars("\\s")
+    assert 0x1C in disputed_chars("\\s") and 0x30 not in disputed_chars("\\d")
