@@ -65,7 +65,7 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
 - objects with many optional properties before the first required one must start with the first
   one, only where the AST would otherwise pass limits.SCHEMA_REGEX_LENGTH (any of them may come first
   otherwise: the choices share the rest of the object);
-- extra property names hold no character JSON must escape; `hostname` has at most 4 labels and no
+- `hostname` has at most 4 labels and no
   IDNA A-labels; `time`/`date-time` have no leap second; `email` has no general address literal;
   surrogate-pair escapes are not generated.
 
@@ -466,9 +466,9 @@ def canonical_json(instance: object, schema: object, *, open_objects: bool = Fal
 def in_grammar(instance: object, schema: object, *, max_recursion_depth: int = 3, open_objects: bool = False) -> bool:
     """Does the regex of `schema_to_regex(schema, max_recursion_depth=..., open_objects=...)` accept
     `canonical_json(instance, schema, open_objects=...)`? False for instances outside the schema, and
-    for valid ones the documented narrowings leave out (nesting and recursion depth, property names
-    with escaped characters, absent `additionalProperties` unless `open_objects`, the first-property
-    limit of wide optional objects).
+    for valid ones the documented narrowings leave out (nesting and recursion depth, absent
+    `additionalProperties` unless `open_objects`, the first-property limit of wide optional objects
+    where the AST is too large).
     Decided on the normalized schema, not the regex (compact grammar): tests hold the two against
     each other."""
     if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
