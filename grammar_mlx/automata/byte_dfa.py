@@ -188,7 +188,8 @@ class ByteDFA:
         for a state whose row is known (and for a stored DFA: `distance_by` covers it)."""
         if self._source is None:
             return None
-        return self._source.member_distance(q)
+        with self._lock:  # the row source may build the rest of its NFA for this (rows share it)
+            return self._source.member_distance(q)
 
     def next(self, state: int, byte: int) -> int:
         self.ensure_rows([state])
