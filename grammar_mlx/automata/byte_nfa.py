@@ -2,20 +2,21 @@
 
 outlines-core determinizes a whole regex before the first mask can be computed: seconds for
 10^4–10^5-state JSON grammars, never for some. Here the regex is parsed (`regex.rust`, into the
-AST of `regex.syntax`) and compiled in linear time into a Thompson NFA over bytes, and DFA states
-(epsilon-closed sets of NFA states) are created only when a token walk reaches them: the automaton
-costs what a generation visits. `determinize` returns an `automata.byte_dfa.ByteDFA` built on
+AST of `regex.syntax`; a JSON Schema arrives as that AST) into a Thompson NFA over bytes that is
+itself built on demand (`ByteNFA`: one pass over the AST, then states as closures reach them),
+and DFA states (epsilon-closed sets of NFA states) are created only when a token walk reaches them:
+the automaton costs what a generation visits. `determinize` returns an `automata.byte_dfa.ByteDFA` built on
 demand, whose rows a `Determinizer` computes (the ByteDFA's row source).
 
 Semantics are Rust regex-automata's in its default (Unicode) mode, what outlines-core compiles (see
-`regex.rust`): each character class is compiled as the UTF-8 encodings of its code points, counted
-repetitions expanded, NUL (byte 0) never matched. Whatever the engine does not reproduce exactly
+`regex.rust`): each character class is compiled as the UTF-8 encodings of its code points, a
+counted repetition one count at a time, NUL (byte 0) never matched. Whatever the engine does not reproduce exactly
 raises `regex.rust.Unsupported` (the parser's constructs, a class left empty, nesting past Python's
 recursion limit), and the compiler falls back to outlines-core's DFA (its `stats` `mode_reason`
 says so).
 
-Limits: `max_states` NFA states (`build_nfa`; default and the compiler's: `limits.MAX_NFA_STATES`,
-`GRAMMAR_MLX_MAX_NFA_STATES`, counted repetitions included) and `max_states` DFA states per
+Limits: `max_states` NFA states built (`build_nfa`; default and the compiler's: `limits.MAX_NFA_STATES`,
+`GRAMMAR_MLX_MAX_NFA_STATES`) and `max_states` DFA states per
 automaton (`determinize`; the compiler passes `MAX_DFA_STATES`); each raises `GrammarTooLargeError`.
 Parsing, building and the liveness pass check the compile deadline in force (`limits`) and raise
 `CompileTimeoutError` once it passes. DFA states are never discarded: their ids are held by the
@@ -29,17 +30,19 @@ Liveness over an alphabet (`determinize(..., alphabet=)`, the vocabulary's singl
 `live[q]` says whether some string of those bytes leads from DFA state q to acceptance. Decided
 exactly at the NFA level, without determinizing: a DFA state is such a set of NFA states, so it is
 live iff one of them is, and the NFA states that reach the match over the alphabet are one backward
-pass over the NFA (`_nfa_liveness`, once per grammar). Every NFA state reaches the match over all
-text bytes (a class left empty is `Unsupported`), so where every edge's byte range holds a byte of
-the alphabet — JSON grammars with any real vocabulary — every state is live (`all_live`) and the
-pass is skipped. (Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not
+pass over the whole NFA (`_nfa_liveness`, once per grammar, building it all). Every NFA state
+reaches the match over all text bytes (a class left empty is `Unsupported`), so where every edge's
+byte range holds a byte of the alphabet (`ByteNFA.every_edge_meets`) — JSON grammars with any real
+vocabulary — every state is live (`all_live`) and the pass is skipped. (Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not
 count.) A state that is not live over single bytes may still be live over longer tokens:
 `compiler.lazy.LazyIndex` decides those.
 
 Distances over the alphabet (token budgets' single-byte bound, `compiler.lazy.LazyIndex.byte_bound`):
-the fewest bytes from a DFA state to acceptance is the least over its NFA states, which one 0-1
-backward search over the NFA gives (`_nfa_distances`, on the first `Determinizer.member_distance`);
-known while the DFA state's row is not computed (its NFA states are dropped then).
+the fewest bytes from a DFA state to acceptance is the least over its NFA states. Where every edge
+meets the alphabet that is `ByteNFA.dist`, set as each state is made from the AST's shortest
+texts; otherwise one 0-1 backward search over the whole NFA gives it (`_nfa_distances`, on the first
+`Determinizer.member_distance`). Known while the DFA state's row is not computed (its NFA states
+are dropped then).
 """
 
 from __future__ import annotations
@@ -290,20 +293,16 @@ class ByteNFA:
             self._template_ranges.append(spans)
         return hit
 
-    @property
-    def bounds(self) -> bytearray:
-        """`bounds[b]`: a byte range of the NFA starts or ends at byte b (b in 0..256)."""
-        return bytearray(self._bounds >> b & 1 for b in range(257))
+    def class_starts(self) -> np.ndarray:
+        """The bytes (0..255) where a byte range of the NFA starts or ends: the class boundaries."""
+        bits = np.unpackbits(np.frombuffer(self._bounds.to_bytes(33, "little"), dtype=np.uint8), bitorder="little")
+        return np.flatnonzero(bits[:256])
 
-    @property
-    def literal_bytes(self) -> bytearray:
-        """`literal_bytes[b]`: some literal of the regex holds byte b."""
-        return bytearray(self._literal >> b & 1 for b in range(256))
-
-    @property
-    def ranges(self) -> frozenset[tuple[int, int]]:
-        """The byte ranges of the class templates' edges."""
-        return frozenset().union(*self._template_ranges)
+    def every_edge_meets(self, alphabet: int) -> bool:
+        """Whether every byte range an edge may have (a literal's byte, a class template's range)
+        holds a byte of `alphabet` (bit b: byte b)."""
+        return not self._literal & ~alphabet and all(alphabet >> lo & ((2 << (hi - lo)) - 1)
+                                                     for spans in self._template_ranges for lo, hi in spans)
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -426,8 +425,7 @@ class Determinizer:
 
     def __init__(self, nfa: ByteNFA, alphabet: Iterable[int] | None):
         self.nfa = nfa
-        starts = np.flatnonzero(np.unpackbits(np.frombuffer(nfa._bounds.to_bytes(33, "little"), dtype=np.uint8),
-                                              bitorder="little")[:256])
+        starts = nfa.class_starts()
         marks = np.zeros(256, dtype=np.int32)
         marks[starts] = 1
         marks[NUL] = 0
@@ -626,9 +624,7 @@ def _nfa_liveness(nfa: ByteNFA, alphabet: frozenset[int]) -> bytearray | None:
     """Which NFA states reach the match over `alphabet` (a backward pass over the NFA's edges whose
     byte range holds a byte of it), or None when all do: every edge's range holds a byte of the
     alphabet, so every edge can be taken (see the module docstring)."""
-    bits = _alphabet_bits(alphabet)
-    if not nfa._literal & ~bits and all(bits >> lo & ((2 << (hi - lo)) - 1)
-                                        for spans in nfa._template_ranges for lo, hi in spans):
+    if nfa.every_edge_meets(_alphabet_bits(alphabet)):
         return None
     prefix = _usable_prefix(alphabet)
     nfa.expand_all()  # rare (a vocabulary without some single bytes): the whole NFA is read
