@@ -33,9 +33,9 @@ live iff one of them is, and the NFA states that reach the match over the alphab
 pass over the whole NFA (`_nfa_liveness`, once per grammar, building it all). Every NFA state
 reaches the match over all text bytes (a class left empty is `Unsupported`), so where every edge's
 byte range holds a byte of the alphabet (`ByteNFA.every_edge_meets`) — JSON grammars with any real
-vocabulary — every state is live (`all_live`) and the pass is skipped. (Ranges of bytes UTF-8 never uses, such as F5..FF, occur in no edge and do not
-count.) A state that is not live over single bytes may still be live over longer tokens:
-`compiler.lazy.LazyIndex` decides those.
+vocabulary — every state is live (`all_live`) and the pass is skipped. (Ranges of bytes UTF-8
+never uses, such as F5..FF, occur in no edge and do not count.) A state that is not live over
+single bytes may still be live over longer tokens: `compiler.lazy.LazyIndex` decides those.
 
 Distances over the alphabet (token budgets' single-byte bound, `compiler.lazy.LazyIndex.byte_bound`):
 the fewest bytes from a DFA state to acceptance is the least over its NFA states. Where every edge
