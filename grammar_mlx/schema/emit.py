@@ -27,7 +27,7 @@ from .. import limits
 from ..automata import chars as fa
 from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
-from ..regex.charset import CharSet, json_char_regex, json_text
+from ..regex.charset import CharSet, charset_regex, json_char_regex, json_text
 from ..regex.rust import parse as parse_regex
 from ..regex.syntax import EMPTY, Alt, Chars, Repeat, Seq
 from ..regex.syntax import NEVER as NO_NAME
@@ -312,7 +312,7 @@ class Emitter:
         pattern: built once); `raw`: `ast` is already over the JSON text (a number's digits)."""
         hit = self.json_memo.get(id(ast))
         if hit is None:
-            written = _raw_char if raw else json_char_regex
+            written = charset_regex if raw else json_char_regex
             hit = self.json_memo[id(ast)] = self.ast.mapped(
                 ast, lambda chars: self.ast.chars(chars, written), {})
             self.json_keep.append(ast)
@@ -527,12 +527,6 @@ class Emitter:
         if node.nonempty:
             empty_ok = False
         return self.bracketed("{", body, "}", empty_ok)
-
-
-def _raw_char(chars: CharSet) -> str:
-    from ..regex.charset import charset_regex
-
-    return charset_regex(chars)
 
 
 def _written_length(ast: Regex, symbol_length: Callable[[CharSet], int]) -> int:
