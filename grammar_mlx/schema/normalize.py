@@ -523,18 +523,7 @@ class Normalizer:
         if self._exact is None:
             self._exact = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
                                      costly_exact=True, members_only=True)
-        exact = self._exact
-        reported, nodes, branches = dict(exact.unenforced), len(exact.table), exact._branches
-        try:
-            node = exact.node(locs)
-            if exact.unenforced == reported:
-                return node
-        except (Narrowed, GrammarTooLargeError):
-            pass
-        for added in list(exact.table)[nodes:]:
-            del exact.table[added]
-        exact.unenforced, exact._branches = reported, branches
-        return None
+        return _unnarrowed_node(self._exact, locs, quiet=True)
 
     def _member_node(self, atom: Loc) -> Node | None:
         """The node of `atom`'s negated schema in the membership oracle (a normalizer of the same
@@ -545,16 +534,7 @@ class Normalizer:
         if self._oracle is None:
             self._oracle = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
                                       costly_exact=False, members_only=True)
-        oracle = self._oracle
-        reported, nodes, branches = dict(oracle.unenforced), len(oracle.table), oracle._branches
-        try:
-            return oracle.node([atom.child("not").below(atom)])
-        except (Narrowed, GrammarTooLargeError):
-            # Nodes built on the way may hold the narrowing: forget them (a later question asks again).
-            for added in list(oracle.table)[nodes:]:
-                del oracle.table[added]
-            oracle.unenforced, oracle._branches = reported, branches
-            return None
+        return _unnarrowed_node(self._oracle, [atom.child("not").below(atom)], quiet=False)
 
     def _apply_not(self, atom: Loc, types: set[str], excluded: list[Any]) -> set[str]:
         """`not` where it removes whole types or listed values; other forms were distributed as a
@@ -616,6 +596,23 @@ class _Resolve:
 
 class Narrowed(Exception):
     """A membership oracle met a narrowing (`Normalizer.narrowing`)."""
+
+
+def _unnarrowed_node(oracle: Normalizer, locs: list[Loc], quiet: bool) -> Node | None:
+    """`oracle.node(locs)` in a normalizer that narrows nothing (`_exact_node`, `_member_node`), or
+    None when building it would narrow or, with `quiet`, report anything; then the nodes built on
+    the way, which may hold the narrowing, are forgotten (a later question asks again)."""
+    reported, nodes, branches = dict(oracle.unenforced), len(oracle.table), oracle._branches
+    try:
+        node = oracle.node(locs)
+        if not quiet or oracle.unenforced == reported:
+            return node
+    except (Narrowed, GrammarTooLargeError):
+        pass
+    for added in list(oracle.table)[nodes:]:
+        del oracle.table[added]
+    oracle.unenforced, oracle._branches = reported, branches
+    return None
 
 
 def _native_not(neg: Any) -> bool:
