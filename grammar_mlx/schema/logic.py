@@ -17,7 +17,7 @@ removes the values or types directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from ..errors import InvalidSchemaError
@@ -142,6 +142,12 @@ def _negate_keyed(key: str, value: Any, schema: dict[str, Any], resolve: Resolve
                     return None
                 if hit:
                     governed.append((name, sub))
+    return _some_value_rejected(governed, resolve, depth)
+
+
+def _some_value_rejected(governed: Iterable[tuple[str, Any]], resolve: Resolver, depth: int) -> list[Any] | None:
+    """Objects holding one of the (name, schema) pairs' names with a value its schema rejects: one
+    alternative per pair whose schema has a negation (None where one has no exact negation)."""
     out: list[Any] = []
     for name, sub in governed:
         neg = negation(sub, resolve, depth + 1)
@@ -192,14 +198,7 @@ def _negate_keyword(key: str, value: Any, schema: dict[str, Any], resolve: Resol
     if key == "properties":
         if not isinstance(value, dict):
             raise InvalidSchemaError("properties must be an object")
-        out: list[Any] = []
-        for name, sub in value.items():
-            neg = negation(sub, resolve, depth + 1)
-            if neg is None:
-                return None
-            if neg:
-                out.append(Built({"type": "object", "required": [name], "properties": {name: {"anyOf": neg}}}))
-        return out
+        return _some_value_rejected(value.items(), resolve, depth)
     if key in _FLIP_COUNTS:
         kind, other, step = _FLIP_COUNTS[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
