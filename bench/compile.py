@@ -52,13 +52,13 @@ from compile_legacy import CORPUS, VOCABULARIES, load_vocabulary, sample  # noqa
 from engines import (  # noqa: E402
     QWEN_WIDTH,
     REPO,
-    Worker,
     load_qwen,
     make_engines,
     measure,
     ms,
     pct,
     schema_text,
+    start_workers,
     stratified_sample,
     versions,
 )
@@ -169,11 +169,7 @@ def main() -> None:
     tokenizer = load_qwen()
     engines = make_engines(args.engines.split(","), tokenizer, QWEN_WIDTH, args.timeout)
     names = [e.name for e in engines]
-    workers = [Worker(e) for e in engines]
-    for w in workers:
-        w.start()
-    print(f"set-up {time.perf_counter() - started:.1f} s; engines {versions(engines)}; {len(rows_in)} schemas; "
-          f"load average {load_start}", flush=True)
+    workers = start_workers(engines, len(rows_in), started, load_start)
     print(f"{'id':<40} {'subset':<22}" + "".join(f"{n[:11]:>12}" for n in names)
           + "   (ms; E error, T timeout; * inexact)")
     rows: list[dict[str, Any]] = []

@@ -512,6 +512,16 @@ def ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1e3, 2)
 
 
+def start_workers(engines: list[Engine], schemas: int, started: float, load: tuple[float, ...]) -> list[Worker]:
+    """A started worker per engine, and the set-up line both benchmarks print."""
+    workers = [Worker(e) for e in engines]
+    for w in workers:
+        w.start()
+    print(f"set-up {time.perf_counter() - started:.1f} s; engines {versions(engines)}; {schemas} schemas; "
+          f"load average {load}", flush=True)
+    return workers
+
+
 def versions(engines: list[Engine]) -> dict[str, str]:
     return {e.name: e.version() for e in engines}
 

@@ -57,11 +57,11 @@ from engines import (  # noqa: E402
     CORPUS,
     QWEN_WIDTH,
     REPO,
-    Worker,
     load_qwen,
     make_engines,
     measure,
     schema_text,
+    start_workers,
     stratified_sample,
     versions,
 )
@@ -265,11 +265,7 @@ def main() -> None:
     text_limit = max(token_bytes) + 1
     seeds = list(range(args.samples))
     signal.signal(signal.SIGALRM, _alarm)
-    workers = [Worker(e) for e in engines]
-    for w in workers:
-        w.start()
-    print(f"set-up {time.perf_counter() - started:.1f} s; engines {versions(engines)}; {len(rows_in)} schemas; "
-          f"load average {load_start}", flush=True)
+    workers = start_workers(engines, len(rows_in), started, load_start)
     print(f"{'id':<40} {'subset':<22} {'inst':>5}" + "".join(f"{n[:11]:>12}" for n in names)
           + "   (valid accepted / valid; E error, T timeout, * inexact, !N invalid accepted)")
     rows: list[dict[str, Any]] = []
