@@ -330,7 +330,10 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
                     f"engine='nfa' cannot compile this grammar: {engine_note}; use engine='auto'")
             if lazy_dfa is not None and mode == "eager":
                 built_by, dfa_hit = "nfa", False
-                complete = _complete_if_small(lazy_dfa, limits.MAX_DFA_STATES)
+                try:
+                    complete = _complete_if_small(lazy_dfa, limits.MAX_DFA_STATES)
+                except GrammarTooLargeError:  # the on-demand DFA's own cap, worded for a generation
+                    complete = None
                 if complete is None:
                     raise GrammarTooLargeError(
                         f"the grammar's byte DFA has over {limits.MAX_DFA_STATES:,} states "

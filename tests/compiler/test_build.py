@@ -443,6 +443,19 @@ def test_a_huge_schema_stops_at_the_deadline(tmp_path):
     assert caller.parent.name in ("schema", "automata", "regex"), result["frames"]
 
 
+def test_eager_schemas_complete_their_dfa_or_refuse_typed(qwen_vocab, monkeypatch):
+    """mode='eager' on a schema completes the on-demand DFA (no regex text); past MAX_DFA_STATES it
+    is a typed refusal that names the way out."""
+    from grammar_mlx import limits
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 40}}, "required": ["a"]}
+    eager = compile_json_schema(schema, qwen_vocab, mode="eager", use_cache=False)
+    assert eager.mode == "eager" and eager.stats["engine"] == "nfa" and "completed" in eager.stats["mode_reason"]
+    monkeypatch.setattr(limits, "MAX_DFA_STATES", 20)
+    with pytest.raises(GrammarTooLargeError, match="mode='eager' needs it complete"):
+        compile_json_schema(schema, qwen_vocab, mode="eager", use_cache=False)
+
+
 def test_open_objects_allows_the_keys_json_schema_allows(qwen_vocab, qwen_hf_tokenizer):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     closed = compile_json_schema(schema, qwen_vocab)
