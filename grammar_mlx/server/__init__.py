@@ -2,7 +2,8 @@
 
     python -m grammar_mlx serve [--model PATH_OR_ID] [--draft-model PATH_OR_ID | --draft-layers N]
                                 [--num-draft-tokens K] [--host 127.0.0.1] [--port 8080]
-                                [--max-body-mb MB] [--context-length N] ...
+                                [--max-body-mb MB] [--context-length N] [--api-key KEY | --api-key-file F]
+                                [--max-queued N] ...
     python -m grammar_mlx.server ...            (the same options)
 
 `--model` takes a `.gguf` file, an MLX model directory or a Hugging Face id (`grammar_mlx.models.
@@ -81,6 +82,13 @@ server turns into `tool_calls`. Other formats are not constrained: the response 
 `X-Grammar-Unenforced: [["tools", "/tools"]]`, and a strict tool or a `response_format` beside such
 tools is a 400 `unsupported_tool_format`. See docs/segments.md.
 
+Access (docs/server.md, "Access"; `access`): with API keys (`--api-key KEY`, repeatable,
+`--api-key-file`, `GRAMMAR_MLX_API_KEY`) every request but `GET /health` needs `Authorization: Bearer
+KEY`, else a 401 `invalid_api_key` answered from its headers, before its body is read (keys compared in
+constant time, never logged). `--max-queued N` (default `DEFAULT_MAX_QUEUED`, 64) bounds the completion
+requests held at once; past it a 429 `rate_limit_exceeded` with `Retry-After`, also before the body.
+Bound to a non-loopback address without a key, the server prints one warning line at start.
+
 Limits, checked in the request's handler thread before any work reaches the generation thread (which
 all requests share), in this order:
 
@@ -146,6 +154,7 @@ against, and verified at start-up.
 
 from ..errors import ServerUnavailableError
 from ..segments import tools as tool_calls
+from . import access
 from .cache import DEFAULT_CACHE_ENTRIES, DEFAULT_CACHE_MB, GrammarCache, Grammars, grammar_nbytes
 from .errors import ERROR_CODES, ErrorCode, error_body, error_response, error_status_and_code, errors_markdown
 from .generator import (
@@ -171,6 +180,7 @@ from .programs import (
     served_think_tags,
 )
 from .request import (
+    DEFAULT_MAX_QUEUED,
     JSON_OBJECT_SCHEMA,
     FastForwarded,
     GrammarSpec,
@@ -245,4 +255,6 @@ __all__ = [
     "check_body",
     "parse_thinking_budget",
     "tool_calls",
+    "access",
+    "DEFAULT_MAX_QUEUED",
 ]

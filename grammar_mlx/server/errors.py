@@ -68,10 +68,14 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
                                                                           "model's", default=True),
     ErrorCode("max_tokens_too_small", 400, errors.TokenBudgetError, "(`param` `max_tokens`)", default=True),
     ErrorCode("invalid_argument", 400, errors.InvalidArgumentError, "a bad argument", default=True),
+    ErrorCode("invalid_api_key", 401, _IRE, "keys are configured and the request's `Authorization: Bearer` "
+                                             "holds none of them (refused before its body is read)"),
     ErrorCode("not_found", 404, None, "a POST to another path"),
     ErrorCode("request_timeout", 408, _IRE, "the client stopped sending its body"),
     ErrorCode("length_required", 411, _IRE, "no Content-Length (chunked bodies are refused)"),
     ErrorCode("request_too_large", 413, _IRE, "a body over `--max-body-mb`, refused before it is read"),
+    ErrorCode("rate_limit_exceeded", 429, _IRE, "`--max-queued` requests are held already (with `Retry-After`; "
+                                                 "refused before its body is read)"),
     ErrorCode("compile_worker_failed", 503, errors.CompileWorkerError,
               "a compile worker died or misbehaved, even after a retry (transient)", default=True),
     ErrorCode("server_unavailable", 503, _SUE, "the server cannot serve now (transient)", default=True),

@@ -186,6 +186,7 @@ class GrammarResponseGenerator(ResponseGeneratorSeams):
         self.closing = threading.Event()
         self._stop_ranks = threading.Event()  # under mlx.launch: rank 0 tells every rank to stop
         self._in_flight = 0
+        self._admitted = 0  # completion requests holding a place (`admit`)
         self._idle = threading.Condition()
         install_logits_hook()
         prompt_cache = prompt_cache if prompt_cache is not None else ExactPromptCache()
@@ -287,6 +288,19 @@ class GrammarResponseGenerator(ResponseGeneratorSeams):
             return cast(Tokenized, super().prompt_tokens(tokenizer, request, args))
         prompt, segments, segment_types, initial_state, vision = tokenized
         return list(prompt), [list(s) for s in segments], list(segment_types), initial_state, vision
+
+    def admit(self) -> bool:
+        """Take one of the `limits.max_queued` places for a completion request; False when none is
+        free (the caller answers 429). Each True is followed by one `release()`."""
+        with self._idle:
+            if self._admitted >= self.limits.max_queued:
+                return False
+            self._admitted += 1
+            return True
+
+    def release(self) -> None:
+        with self._idle:
+            self._admitted -= 1
 
     @contextmanager
     def serving(self) -> Iterator[None]:

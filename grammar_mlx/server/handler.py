@@ -24,6 +24,7 @@ from ..runtime.processor import check_token_budget
 from ..schema import Unenforced
 from ..segments import tools as tool_calls
 from ..segments.tools import NamedTool, ToolChoice, ToolSpec
+from .access import check_authorization
 from .errors import error_body, error_response
 from .generator import (
     NO_FAST_FORWARD_DISTRIBUTED,
@@ -42,6 +43,7 @@ from .programs import (
     served_think_tags,
 )
 from .request import (
+    RETRY_AFTER_SECONDS,
     FastForwarded,
     GrammarSpec,
     check_body,
@@ -99,6 +101,8 @@ class GrammarAPIHandler(APIHandlerSeams):
     safety net."""
 
     response_generator: GrammarResponseGenerator
+    api_keys: tuple[str, ...] = ()  # with any, every request but GET /health needs one (`make_server`)
+    _unread = 0
     _unenforced: tuple[Unenforced, ...]  # the served grammar's report, sent as X-Grammar-Unenforced
     _answer: _Answer | None = None
 
@@ -120,19 +124,30 @@ class GrammarAPIHandler(APIHandlerSeams):
         self._answer = None  # set by handle_completion for this request
         self.stream = False
         self._unread = 0
-        with self.response_generator.serving():
+        generator = self.response_generator
+        with generator.serving():
             try:
+                self._check_access()
                 if self.path not in POST_PATHS:
                     self.close_connection = True  # its body, if any, is not read
                     self._send_json(404, error_body(f"no such endpoint: POST {self.path}", 404, "not_found"))
                     return
-                raw = self._read_body()
-                check_body(raw, self.path)
-                socket_file, self.rfile = self.rfile, io.BytesIO(raw)  # mlx-lm reads the checked body
+                if not generator.admit():
+                    self._refuse_unread()
+                    raise InvalidRequestError(
+                        f"the server holds {generator.limits.max_queued} requests already (--max-queued "
+                        f"{generator.limits.max_queued}); retry after {RETRY_AFTER_SECONDS} s",
+                        status=429, code="rate_limit_exceeded")
                 try:
-                    super().do_POST()
+                    raw = self._read_body()
+                    check_body(raw, self.path)
+                    socket_file, self.rfile = self.rfile, io.BytesIO(raw)  # mlx-lm reads the checked body
+                    try:
+                        super().do_POST()
+                    finally:
+                        self.rfile = socket_file
                 finally:
-                    self.rfile = socket_file
+                    generator.release()
             except (BrokenPipeError, ConnectionResetError):
                 logging.info("client disconnected")
             except GenerationRefused as e:
@@ -144,6 +159,34 @@ class GrammarAPIHandler(APIHandlerSeams):
             finally:
                 if self._unread:
                     self._discard_unread()
+
+    def do_GET(self) -> None:
+        self._headers_sent = False
+        self._unenforced = ()
+        self.stream = False
+        if self.path != "/health":
+            try:
+                self._check_access()
+            except InvalidRequestError as e:
+                self._send_error(*error_response(e))
+                return
+        super().do_GET()
+
+    def _check_access(self) -> None:
+        """Refuse (401) a request without one of the server's API keys, before its body is read."""
+        try:
+            check_authorization(self.headers.get("Authorization"), self.api_keys)
+        except InvalidRequestError:
+            self._refuse_unread()
+            raise
+
+    def _refuse_unread(self) -> None:
+        # Refused before its body is read: the connection closes after the answer, and the body the
+        # client may still be sending is discarded unbuffered (`_discard_unread`) so it reads the answer.
+        self.close_connection = True
+        declared = self.headers.get("Content-Length") or ""
+        if re.fullmatch(r"[0-9]{1,20}", declared.strip()):
+            self._unread = int(declared)
 
     def _read_body(self) -> bytes:
         """The request body, at most `max_body_bytes` of it read; refused before reading when its
@@ -441,6 +484,10 @@ class GrammarAPIHandler(APIHandlerSeams):
         data = json.dumps(body).encode()
         self.set_completion_headers(status)
         self.send_header("Content-Length", str(len(data)))
+        if status == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        elif status == 429:
+            self.send_header("Retry-After", str(RETRY_AFTER_SECONDS))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -461,8 +508,10 @@ class GrammarAPIHandler(APIHandlerSeams):
 
 
 
-def make_server(host: str, port: int, response_generator: GrammarResponseGenerator) -> ThreadingHTTPServer:
-    """The stdlib threading HTTP server mlx_lm.server uses, with the grammar handler."""
+def make_server(host: str, port: int, response_generator: GrammarResponseGenerator, *,
+                api_keys: tuple[str, ...] = ()) -> ThreadingHTTPServer:
+    """The stdlib threading HTTP server mlx_lm.server uses, with the grammar handler; with `api_keys`,
+    every request but GET /health needs `Authorization: Bearer KEY` for one of them (`access`)."""
     family, _, _, _, found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     address = cast("tuple[str, int] | tuple[str, int, int, int]", found)  # an IP address: a host and a port
     fingerprint = mlx_server.get_system_fingerprint()
@@ -470,5 +519,8 @@ def make_server(host: str, port: int, response_generator: GrammarResponseGenerat
     class Server(ThreadingHTTPServer):
         address_family = family
 
-    return Server(address, lambda *a, **k: GrammarAPIHandler(response_generator, *a, system_fingerprint=fingerprint,
-                                                              **k))
+    class Handler(GrammarAPIHandler):
+        pass
+
+    Handler.api_keys = tuple(api_keys)
+    return Server(address, lambda *a, **k: Handler(response_generator, *a, system_fingerprint=fingerprint, **k))

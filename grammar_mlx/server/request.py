@@ -15,6 +15,8 @@ from ..segments import tools as tool_calls
 
 __all__ = [
     "JSON_OBJECT_SCHEMA",
+    "DEFAULT_MAX_QUEUED",
+    "RETRY_AFTER_SECONDS",
     "GrammarSpec",
     "parse_response_format",
     "parse_thinking_budget",
@@ -27,6 +29,10 @@ __all__ = [
 ]
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
+# Completion requests held at once (`--max-queued`): twice mlx-lm's default decode batch (32), so that
+# a full batch can have its successors waiting while it decodes.
+DEFAULT_MAX_QUEUED = 64
+RETRY_AFTER_SECONDS = 1  # the Retry-After of a 429: a decode step frees a place within about that
 
 
 @dataclass(frozen=True)
@@ -183,11 +189,13 @@ class ServerLimits:
 
     `max_body_bytes`: the largest request body read (413 above it). `context_length`: the model's
     context in tokens, None when unknown (no prompt-length check then). `body_timeout`: seconds a
-    client may pause while sending its body (408 after)."""
+    client may pause while sending its body (408 after). `max_queued`: completion requests held at
+    once, from their headers to their last byte (being read, waiting or generating; 429 past it)."""
 
     max_body_bytes: int = 8 * 2**20
     context_length: int | None = None
     body_timeout: float = 30.0
+    max_queued: int = DEFAULT_MAX_QUEUED
 
 
 def context_length_of(model: Any) -> int | None:

@@ -19,11 +19,19 @@ from ..distributed import all_agree, load_sharded, world
 from ..errors import GrammarError, InvalidArgumentError, ModelLoadError
 from ..models import logits_width_of
 from ..vocabulary import Vocabulary, vocabulary_of
+from .access import API_KEY_ENV, load_api_keys, open_to_network_warning
 from .cache import DEFAULT_CACHE_ENTRIES, DEFAULT_CACHE_MB, GrammarCache, Grammars
 from .generator import ExactPromptCache, GrammarResponseGenerator, LoadedModelProvider
 from .handler import make_server
 from .mlx_lm_seams import check_mlx_lm
-from .request import JSON_OBJECT_SCHEMA, GrammarSpec, ServerLimits, context_length_of, default_max_body_bytes
+from .request import (
+    DEFAULT_MAX_QUEUED,
+    JSON_OBJECT_SCHEMA,
+    GrammarSpec,
+    ServerLimits,
+    context_length_of,
+    default_max_body_bytes,
+)
 
 __all__ = [
     "SHUTDOWN_GRACE_SECONDS",
@@ -107,7 +115,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        help="use the model's first N layers as its draft")
     parser.add_argument("--num-draft-tokens", type=_positive_int, default=3,
                         help="tokens drafted per speculative step (default 3; a request's num_draft_tokens wins)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1: this machine only); any other address without "
+                             "an API key is open to whoever reaches it, and the server says so at start")
+    parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                        help="with one, every request but GET /health needs 'Authorization: Bearer KEY' (401 "
+                             "otherwise); repeatable, any of them is accepted. A key on the command line is "
+                             f"visible to other local users: prefer --api-key-file or ${API_KEY_ENV}")
+    parser.add_argument("--api-key-file", default=None, metavar="FILE",
+                        help="a file of API keys, one a line (blank lines and lines starting with # skipped)")
+    parser.add_argument("--max-queued", type=_positive_int, default=DEFAULT_MAX_QUEUED,
+                        help="completion requests held at once (being read, waiting or generating); past it a "
+                             f"request gets 429 with Retry-After (default {DEFAULT_MAX_QUEUED})")
     parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     parser.add_argument("--max-tokens", type=_positive_int, default=512, help="default token budget (512)")
     parser.add_argument("--length-safe", action=argparse.BooleanOptionalAction, default=True,
@@ -162,12 +181,15 @@ def serve_main(args: argparse.Namespace) -> int:
         if value is not None and not value > 0:
             print(f"error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
             return 2
+    group = world()
     try:
         check_mlx_lm()  # before the model loads: an mlx-lm whose internals moved is refused at once
-    except ModelLoadError as e:
+        # Under mlx.launch rank 0 alone answers HTTP, so it alone checks keys (the other ranks only
+        # follow what it shares); a rank 0 that stops here makes mlx.launch stop the others.
+        api_keys = load_api_keys(args.api_key, args.api_key_file) if group.rank() == 0 else ()
+    except (ModelLoadError, InvalidArgumentError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    group = world()
     if group.size() > 1 and (args.draft_model is not None or args.draft_layers is not None):
         # mlx_lm.server's rule: a draft model is not sharded, and its steps would not be in lockstep.
         print("error: --draft-model and --draft-layers are not supported under mlx.launch (distributed)",
@@ -201,7 +223,7 @@ def serve_main(args: argparse.Namespace) -> int:
     provider = LoadedModelProvider(mlx_cli_args(args), model, tokenizer, draft, model_id=model_id, draft_id=draft_id)
     context = args.context_length if args.context_length is not None else context_length_of(model)
     max_body = int(args.max_body_mb * 2**20) if args.max_body_mb is not None else default_max_body_bytes(context)
-    limits = ServerLimits(max_body_bytes=max_body, context_length=context)
+    limits = ServerLimits(max_body_bytes=max_body, context_length=context, max_queued=args.max_queued)
     generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars, limits,
                                          length_safe=args.length_safe,
                                          fast_forward=None if args.fast_forward == "off" else args.fast_forward)
@@ -215,7 +237,7 @@ def serve_main(args: argparse.Namespace) -> int:
         generator.join()
         _exit_now(0)
     try:
-        httpd = make_server(args.host, args.port, generator)
+        httpd = make_server(args.host, args.port, generator, api_keys=api_keys)  # rank 0 alone answers HTTP
     except OSError as e:
         generator.stop_and_join()
         print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
@@ -224,6 +246,9 @@ def serve_main(args: argparse.Namespace) -> int:
         threading.Thread(target=_preload, args=(grammars, GrammarSpec("json_schema", JSON_OBJECT_SCHEMA)),
                          daemon=True, name="preload-json-object").start()
     host, port = httpd.socket.getsockname()[:2]  # server_address, as the socket has it (typed for AF_UNIX too)
+    warning = open_to_network_warning(host, port, api_keys)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     shown = f"[{host}]" if ":" in host else host
     print(f"grammar-mlx server listening on http://{shown}:{port} (model {model_id}"
           f"{f', draft {draft_id}' if draft_id else ''})", flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -54,3 +55,20 @@ def test_length_safe_request_field_and_server_default():
     parser = argparse.ArgumentParser()
     server.add_serve_arguments(parser)
     assert parser.parse_args([]).length_safe is True and parser.parse_args(["--no-length-safe"]).length_safe is False
+
+
+def test_admission_holds_at_most_max_queued_places():
+    generator = SimpleNamespace(_idle=threading.Condition(), _admitted=0, limits=server.ServerLimits(max_queued=2))
+    admit, release = server.GrammarResponseGenerator.admit, server.GrammarResponseGenerator.release
+    assert admit(generator) and admit(generator) and not admit(generator)
+    release(generator)
+    assert admit(generator) and not admit(generator)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    server.add_serve_arguments(parser)
+    args = parser.parse_args([])
+    assert args.max_queued == server.DEFAULT_MAX_QUEUED and args.api_key == [] and args.api_key_file is None
+    assert parser.parse_args(["--api-key", "a", "--api-key", "b"]).api_key == ["a", "b"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-queued", "0"])
