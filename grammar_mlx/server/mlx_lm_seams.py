@@ -65,6 +65,7 @@ class Seam:
     fixes: str
     params: tuple[str, ...] | None = None
     instance: bool = False
+    checked: tuple[str, ...] = CHECKED_VERSIONS  # the mlx-lm releases it was read and tested against
 
 
 SEAMS: tuple[Seam, ...] = (
