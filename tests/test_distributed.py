@@ -322,7 +322,7 @@ def test_what_rank_0_shares_is_the_spec_not_the_compiled_grammar():
                                         tokenized=([1, 2], [[1, 2]], ["user"], "normal", None), generated=[7])
     args = server.ConstrainedGenerationArguments(None, None, None, [], 10, 3, False, 0, None, None,
                                                  grammar=compiled, grammar_spec=spec)
-    shared_request, shared_args = pickle.loads(pickle.dumps(server._portable(request, args)))
+    shared_request, shared_args = pickle.loads(pickle.dumps(server.portable(request, args)))
     assert shared_request.grammar is None and shared_args.grammar is None and shared_request.generated is None
     assert shared_args.grammar_spec == spec and shared_args.grammar_spec.segment == spec.segment
     assert shared_request.tokenized == request.tokenized
@@ -331,16 +331,19 @@ def test_what_rank_0_shares_is_the_spec_not_the_compiled_grammar():
 
 
 class Rank:
-    """What `GrammarResponseGenerator._share_request` reads of its generator, for one rank."""
+    """What `GrammarResponseGenerator.share_request` reads of its generator, for one rank."""
 
     def __init__(self, rank: int, shared, build) -> None:
         import threading
         from types import SimpleNamespace
 
-        self._is_distributed, self._rank, self._stop = True, rank, False
+        self.is_distributed, self.rank, self.stopped = True, rank, False
         self._stop_ranks = threading.Event()
-        self._share_object = lambda obj: shared if rank else obj  # what mlx-lm's broadcast hands each rank
+        self.share_object = lambda obj: shared if rank else obj  # what mlx-lm's broadcast hands each rank
         self.grammars = SimpleNamespace(get=build)
+
+    def stop_generation(self) -> None:
+        self.stopped = True
 
 
 def shared_request():
@@ -352,7 +355,7 @@ def shared_request():
     request = server.ConstrainedRequest("text", "Hi", [], None, None, grammar="compiled", grammar_spec=spec)
     args = server.ConstrainedGenerationArguments(None, None, None, [], 10, 3, False, 0, None, None,
                                                  grammar="compiled", grammar_spec=spec)
-    return (Queue(), request, args), server._portable(request, args)
+    return (Queue(), request, args), server.portable(request, args)
 
 
 @pytest.mark.parametrize("agreed", [True, False])
@@ -361,7 +364,7 @@ def test_every_rank_builds_the_grammar_from_the_spec_or_no_rank_runs_the_request
     from grammar_mlx.errors import CompileTimeoutError
 
     votes = []
-    monkeypatch.setattr(server, "all_agree", lambda ok: votes.append(ok) or agreed)
+    monkeypatch.setattr(server.generator, "all_agree", lambda ok: votes.append(ok) or agreed)
     full, portable = shared_request()
     built = []
 
@@ -370,7 +373,7 @@ def test_every_rank_builds_the_grammar_from_the_spec_or_no_rank_runs_the_request
         return "compiled on rank 1"
 
     # Rank 1 gets the portable request and compiles its spec.
-    got = server.GrammarResponseGenerator._share_request(Rank(1, portable, build), None)
+    got = server.GrammarResponseGenerator.share_request(Rank(1, portable, build), None)
     assert built == [full[2].grammar_spec] and votes == [True]
     if agreed:
         _, request, args = got
@@ -378,7 +381,7 @@ def test_every_rank_builds_the_grammar_from_the_spec_or_no_rank_runs_the_request
     else:
         assert got is None  # another rank could not: this one does not run it either
     # Rank 0 keeps its own compiled grammar; when a rank could not build it, the client gets a 503.
-    got = server.GrammarResponseGenerator._share_request(Rank(0, None, build), full)
+    got = server.GrammarResponseGenerator.share_request(Rank(0, None, build), full)
     if agreed:
         assert all(a is b for a, b in zip(got, full, strict=True))
     else:
@@ -391,7 +394,7 @@ def test_every_rank_builds_the_grammar_from_the_spec_or_no_rank_runs_the_request
         raise CompileTimeoutError("too slow here")
 
     votes.clear()
-    server.GrammarResponseGenerator._share_request(Rank(1, portable, fail), None)
+    server.GrammarResponseGenerator.share_request(Rank(1, portable, fail), None)
     assert votes == [False]
 
 
@@ -400,6 +403,6 @@ def test_rank_0_shares_the_stop_and_every_rank_stops():
 
     rank0 = Rank(0, None, None)
     rank0._stop_ranks.set()
-    assert server.GrammarResponseGenerator._share_request(rank0, shared_request()[0]) is None and rank0._stop
-    rank1 = Rank(1, server._STOP_RANKS, None)
-    assert server.GrammarResponseGenerator._share_request(rank1, None) is None and rank1._stop
+    assert server.GrammarResponseGenerator.share_request(rank0, shared_request()[0]) is None and rank0.stopped
+    rank1 = Rank(1, server.generator.STOP_RANKS, None)
+    assert server.GrammarResponseGenerator.share_request(rank1, None) is None and rank1.stopped

@@ -354,7 +354,7 @@ def test_logits_width_of_reads_args_or_probes():
     """The one logits-width helper (generation, the server and the CLI import this one)."""
     from grammar_mlx import generate, server
 
-    assert generate.logits_width_of is server.logits_width_of is models.logits_width_of
+    assert generate.logits_width_of is server.serve.logits_width_of is models.logits_width_of
     assert not hasattr(server, "logits_width")
 
     class WithArgs:

@@ -1,6 +1,6 @@
-"""grammar_mlx.server: response_format parsing, the grammar cache and the mlx-lm hook in process; then
-two real servers (embedded SmolLM2, with and without a truncated draft) in subprocesses on free
-loopback ports, driven by the real `openai` client."""
+"""grammar_mlx.server live: two real servers (embedded SmolLM2, with and without a truncated draft) in
+subprocesses on free loopback ports, driven by the real `openai` client, and the server in process
+with faults injected. The unit tests of the package's modules are in tests/server/."""
 
 from __future__ import annotations
 
@@ -20,467 +20,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import jsonschema
-import mlx.core as mx
 import pytest
-from fake_grammar import random_grammar
 
 from grammar_mlx import server
-from grammar_mlx.errors import (
-    EmptyLanguageError,
-    GrammarError,
-    InvalidRegexError,
-    InvalidRequestError,
-    InvalidSchemaError,
-    TokenBudgetError,
-    UnsupportedSchemaError,
-)
 from grammar_mlx.models import logits_width_of
-from grammar_mlx.runtime.processor import GrammarProcessor
-from grammar_mlx.server import (
-    GrammarCache,
-    GrammarSpec,
-    error_response,
-    parse_response_format,
-)
+from grammar_mlx.server import error_response
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-# --- response_format -------------------------------------------------------------------------------
-
-
-def test_parse_response_format_kinds():
-    opened = parse_response_format({"type": "json_schema", "json_schema": {"schema": {}, "open_objects": True}})
-    assert opened is not None and opened.open_objects
-    with pytest.raises(InvalidRequestError, match="open_objects must be a boolean"):
-        parse_response_format({"type": "json_schema", "json_schema": {"schema": {}, "open_objects": 1}})
-    assert parse_response_format(None) is None
-    assert parse_response_format({"type": "text"}) is None
-    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
-    spec = parse_response_format({"type": "json_schema",
-                                  "json_schema": {"name": "x", "schema": schema, "strict": True}})
-    # Key order is kept: it is the order of the output's properties, so it belongs to the key.
-    assert spec == GrammarSpec(
-        "json_schema", '{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}', True, None)
-    assert parse_response_format({"type": "json_schema", "json_schema": {"schema": schema}}).strict is False
-    no_strict = {"type": "json_schema", "json_schema": {"schema": schema, "strict": None}}
-    assert parse_response_format(no_strict).strict is False
-    assert parse_response_format({"type": "json_object"}) == GrammarSpec("json_schema", '{"type":"object"}')
-    assert parse_response_format({"type": "json_object", "whitespace": "[ ]?"}).whitespace == "[ ]?"
-    assert parse_response_format({"type": "regex", "regex": "a|b"}) == GrammarSpec("regex", "a|b")
-    ws = parse_response_format({"type": "json_schema", "json_schema": {"schema": schema, "whitespace": "[ \n]{0,2}"}})
-    assert ws.whitespace == "[ \n]{0,2}"
-
-
-@pytest.mark.parametrize("value, param, words", [
-    ("json", "response_format", "must be an object"),
-    ({"type": "xml"}, "response_format.type", "one of text, json_object, json_schema, regex"),
-    ({}, "response_format.type", "got None"),
-    ({"type": "json_schema"}, "response_format.json_schema", "needs \"json_schema\""),
-    ({"type": "json_schema", "schema": {"type": "object"}}, "response_format", "unknown field(s) 'schema'"),
-    ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema", "is required"),
-    ({"type": "json_schema", "json_schema": {"schema": [1]}}, "response_format.json_schema.schema", "got array"),
-    ({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}, "response_format.json_schema.strict",
-     "must be a boolean"),
-    ({"type": "json_schema", "json_schema": {"schema": {}, "name": 3}}, "response_format.json_schema.name",
-     "must be a string"),
-    ({"type": "json_schema", "json_schema": {"schema": {}, "stric": True}}, "response_format.json_schema",
-     "unknown field(s) 'stric'"),
-    ({"type": "json_schema", "json_schema": {"schema": {"maximum": float("nan")}}},
-     "response_format.json_schema.schema", "no NaN"),
-    ({"type": "regex"}, "response_format.regex", "needs \"regex\""),
-    ({"type": "regex", "regex": "a", "x": 1}, "response_format", "unknown field(s) 'x'"),
-    ({"type": "text", "json_schema": {}}, "response_format", "unknown field(s) 'json_schema'"),
-    ({"type": "json_object", "whitespace": 2}, "response_format.whitespace", "must be a regex string"),
-])
-def test_parse_response_format_errors(value, param, words):
-    with pytest.raises(InvalidRequestError) as info:
-        parse_response_format(value)
-    assert info.value.param == param
-    assert words in str(info.value)
-
-
-def test_error_response_shapes():
-    spec = GrammarSpec("json_schema", '{"type":"array","uniqueItems":true}', True)
-    status, body = error_response(UnsupportedSchemaError("'uniqueItems' at /x", keyword="uniqueItems", pointer="/x"),
-                                  spec)
-    assert status == 400
-    assert body == {"error": {"message": "'uniqueItems' at /x", "type": "invalid_request_error",
-                              "param": "response_format.json_schema.schema", "code": "unsupported_schema_keyword",
-                              "keyword": "uniqueItems", "pointer": "/x"}}
-    status, body = error_response(InvalidRegexError("bad", position=3),
-                                  GrammarSpec("regex", "(a", origin="response_format"))
-    assert (status, body["error"]["code"], body["error"]["param"], body["error"]["position"]) == (
-        400, "invalid_regex", "response_format.regex", 3)
-    status, body = error_response(InvalidRegexError("ws"), GrammarSpec("json_schema", "{}", False, "\\s*"))
-    assert body["error"]["param"] == "response_format.json_schema.whitespace"
-    status, body = error_response(EmptyLanguageError("none"),
-                                  GrammarSpec("json_schema", '{"type":"object"}', origin="response_format"))
-    assert (status, body["error"]["code"], body["error"]["param"]) == (400, "empty_grammar", "response_format")
-    status, body = error_response(InvalidRequestError("no", param="adapters"))
-    assert (status, body["error"]["param"], body["error"]["code"]) == (400, "adapters", "invalid_response_format")
-    status, body = error_response(KeyError("boom"))
-    assert status == 500 and body["error"]["type"] == "server_error" and "boom" in body["error"]["message"]
-
-
-def all_grammar_error_classes():
-    import grammar_mlx.errors as errors
-
-    return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, GrammarError)]
-
-
-def test_every_grammar_error_has_its_own_status_and_code():
-    rows = {}
-    for cls in all_grammar_error_classes() + [server.ServerUnavailableError]:
-        error = cls.__new__(cls)
-        Exception.__init__(error, "x")
-        for name, value in (("param", None), ("status", 400), ("code", None), ("keyword", None),
-                            ("pointer", None), ("position", None)):
-            if not hasattr(error, name):
-                setattr(error, name, value)
-        status, body = error_response(error)
-        rows[cls.__name__] = (status, body["error"]["code"], body["error"]["type"])
-    codes = [code for _, code, _ in rows.values()]
-    assert len(set(codes)) == len(codes), rows  # stable and distinct: a client can tell them apart
-    assert rows["GrammarError"][1] == "grammar_error"  # the net is used only by the base class itself
-    assert rows["CompileTimeoutError"] == (400, "compile_timeout", "invalid_request_error")
-    assert rows["GrammarTooLargeError"] == (400, "grammar_too_large", "invalid_request_error")
-    assert rows["CompileWorkerError"] == (503, "compile_worker_failed", "server_error")
-    assert rows["InvalidArgumentError"] == (400, "invalid_argument", "invalid_request_error")
-    assert all((status >= 500) == (kind == "server_error") for status, _, kind in rows.values())
-    too_large = InvalidRequestError("big", status=413, code="request_too_large")
-    assert error_response(too_large)[0] == 413 and error_response(too_large)[1]["error"]["code"] == "request_too_large"
-    shutting = server.ServerUnavailableError("stopping", code="server_shutting_down")
-    assert server.error_status_and_code(shutting) == (503, "server_shutting_down")
-
-
-@pytest.mark.parametrize("raw, path, param, code, words", [
-    (b'{"messages": "\xff"}', "/v1/chat/completions", None, "invalid_body", "not UTF-8"),
-    (b'{"messages": [', "/v1/chat/completions", None, "invalid_body", "not valid JSON"),
-    (b"[1]", "/v1/chat/completions", None, "invalid_body", "must be a JSON object, got array"),
-    (b"[" * 100_000 + b"]" * 100_000, "/v1/chat/completions", None, "invalid_body", "nested too deeply"),
-    (b'{"messages": "hi"}', "/v1/chat/completions", "messages", "invalid_prompt", "got string"),
-    (b'{"messages": []}', "/chat/completions", "messages", "invalid_prompt", "non-empty list"),
-    (b'{"messages": [1]}', "/v1/chat/completions", "messages", "invalid_prompt", "message objects"),
-    (b'{"prompt": ["a"]}', "/v1/completions", "prompt", "invalid_prompt", "got array"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', "/v1/chat/completions", "n",
-     "unsupported_parameter", "n must be 1"),
-    (b'{"prompt": "hi", "n": "1"}', "/v1/completions", "n", "unsupported_parameter", "got '1'"),
-])
-def test_check_body_refusals(raw, path, param, code, words):
-    with pytest.raises(InvalidRequestError) as info:
-        server._check_body(raw, path)
-    assert (info.value.param, info.value.code, info.value.status) == (param, code, 400)
-    assert words in str(info.value)
-
-
-def test_check_body_accepts_what_mlx_lm_serves():
-    server._check_body('{"messages": [{"role": "user", "content": "h\u00e9"}], "n": 1}'.encode(),
-                       "/v1/chat/completions")
-    server._check_body(b'{"prompt": "hi"}', "/v1/completions")
-
-
-def fit(body, max_tokens, prompt_tokens, context=100):
-    from types import SimpleNamespace
-
-    handler = SimpleNamespace(body=body, max_tokens=max_tokens, response_generator=SimpleNamespace(
-        limits=server.ServerLimits(context_length=context)))
-    server.GrammarAPIHandler._fit_context(handler, prompt_tokens, "messages")
-    return handler.max_tokens
-
-
-def test_prompt_length_against_the_context():
-    assert fit({}, 512, 90) == 10  # the server's default budget shrinks to what the context leaves
-    assert fit({}, 5, 90) == 5
-    assert fit({"max_tokens": 10}, 10, 90) == 10
-    for body, prompt, param, words in (({}, 100, "messages", "the prompt is 100 tokens; the model's context is 100"),
-                                       ({"max_tokens": 11}, 90, "max_tokens", "plus max_tokens (11) is 101 tokens")):
-        with pytest.raises(InvalidRequestError) as info:
-            fit(body, body.get("max_tokens", 512), prompt)
-        assert (info.value.code, info.value.param) == ("context_length_exceeded", param)
-        assert words in str(info.value)
-    assert fit({"max_tokens": 10**6}, 10**6, 10**5, context=None) == 10**6  # unknown context: no check
-
-
-def test_context_length_and_default_body_limit():
-    from types import SimpleNamespace
-
-    assert server.context_length_of(SimpleNamespace(args=SimpleNamespace(max_position_embeddings=8192))) == 8192
-    assert server.context_length_of(SimpleNamespace(args=SimpleNamespace(n_positions=1024))) == 1024
-    assert server.context_length_of(SimpleNamespace(args=SimpleNamespace(max_position_embeddings=None))) is None
-    assert server.context_length_of(object()) is None
-    assert server.default_max_body_bytes(8192) == 2**20
-    assert server.default_max_body_bytes(131072) == 8 * 2**20
-    assert server.default_max_body_bytes(None) == 8 * 2**20
-
-
-# --- the grammar cache -----------------------------------------------------------------------------
-
-
-HANG_BOUND = 30  # seconds: a "did not hang" bound on waiting for other threads, which take milliseconds
-
-
-def wait_until(condition, what: str) -> None:
-    """Poll `condition` until it holds; fail, naming `what`, only if it has not after HANG_BOUND."""
-    deadline = time.monotonic() + HANG_BOUND
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not so after {HANG_BOUND} s (a hang)")
-        time.sleep(0.001)
-
-
-class Sized:
-    def __init__(self, name, size):
-        self.name, self.size = name, size
-
-
-def sized_cache(**options):
-    return GrammarCache(nbytes=lambda value: value.size, **options)
-
-
-def test_cache_hits_and_lru_bounds():
-    cache = sized_cache(max_entries=2, max_bytes=100)
-    built = []
-
-    def build(name, size=10):
-        return lambda: built.append(name) or Sized(name, size)
-
-    a = cache.get("a", build("a"))
-    assert cache.get("a", build("a")) is a and built == ["a"]
-    cache.get("b", build("b"))
-    cache.get("a", build("a"))  # a is now the most recent
-    cache.get("c", build("c"))  # over 2 entries: b (least recent) goes
-    assert "a" in cache and "c" in cache and "b" not in cache
-    cache.get("d", build("d", 85))  # 10 + 85 + 10 > 100: evict least recent until it fits
-    assert "d" in cache and cache.bytes <= 100 and len(cache) <= 2
-    big = cache.get("big", build("big", 101))  # larger than the whole budget: returned, not kept
-    assert big.name == "big" and "big" not in cache and "d" in cache
-    assert cache.stats()["hits"] == 2
-
-
-def test_cache_remeasures_growing_entries_and_survives_unmeasurable_ones():
-    cache = sized_cache(max_entries=10, max_bytes=100)
-    lazy = cache.get("lazy", lambda: Sized("lazy", 10))
-    cache.get("other", lambda: Sized("other", 10))
-    lazy.size = 60  # a lazily compiled grammar grew while in use
-    assert cache.get("lazy", lambda: None) is lazy
-    assert cache.bytes == 70
-    lazy.size = 95
-    cache.get("lazy", lambda: None)
-    assert "other" not in cache and cache.bytes == 95  # the least recent entry made room
-    lazy.size = 101
-    assert cache.get("lazy", lambda: None) is lazy and "lazy" not in cache and cache.bytes == 0
-
-    def unmeasurable(value):
-        raise GrammarError("no size")
-
-    cache = GrammarCache(nbytes=unmeasurable)
-    release = threading.Event()
-
-    def build():
-        assert release.wait(10)
-        return Sized("x", 1)
-
-    with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(cache.get, "k", build) for _ in range(3)]
-        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
-        release.set()
-        values = [f.result(HANG_BOUND) for f in futures]  # nobody hangs on an unresolved build
-    assert all(v is values[0] for v in values) and "k" not in cache and cache.stats()["building"] == 0
-
-
-def test_cache_concurrent_same_key_builds_once_and_other_keys_do_not_wait():
-    cache = sized_cache()
-    release = threading.Event()
-    started = threading.Event()
-    calls = []
-
-    def slow():
-        calls.append("slow")
-        started.set()
-        assert release.wait(10)
-        return Sized("slow", 1)
-
-    with ThreadPoolExecutor(6) as pool:
-        waiters = [pool.submit(cache.get, "k", slow) for _ in range(5)]
-        assert started.wait(10)
-        # An unrelated key is served while "k" is still compiling.
-        assert cache.get("other", lambda: Sized("other", 1)).name == "other"
-        assert not any(w.done() for w in waiters)
-        release.set()
-        results = [w.result(10) for w in waiters]
-    assert calls == ["slow"]
-    assert all(r is results[0] for r in results)
-    stats = cache.stats()
-    assert stats["misses"] == 2 and stats["waits"] + stats["hits"] == 4 and stats["building"] == 0
-
-
-def test_cache_keeps_grammar_errors_fresh_and_drops_other_failures():
-    cache = sized_cache()
-    calls = []
-
-    def bad():
-        calls.append(1)
-        raise UnsupportedSchemaError("'not' at /a", keyword="not", pointer="/a")
-
-    errors = []
-    for _ in range(3):
-        with pytest.raises(UnsupportedSchemaError) as info:
-            cache.get("bad", bad)
-        errors.append(info.value)
-    assert len(calls) == 1  # the same input fails the same way: compiled once
-    assert all(e.keyword == "not" and e.pointer == "/a" for e in errors)
-    assert errors[1] is not errors[2]  # each raise its own object (no shared, growing traceback)
-
-    def crash():
-        calls.append(2)
-        raise RuntimeError("worker crashed")
-
-    for _ in range(2):
-        with pytest.raises(RuntimeError):
-            cache.get("crash", crash)
-    assert calls.count(2) == 2 and "crash" not in cache and cache.stats()["building"] == 0
-
-
-def test_cache_does_not_keep_transient_errors():
-    from grammar_mlx.errors import CompileTimeoutError, CompileWorkerError
-
-    cache = sized_cache()
-    release, started = threading.Event(), threading.Event()
-    outcomes = iter([CompileWorkerError("worker killed", exit_code=-9), CompileTimeoutError("too slow")])
-    calls = []
-
-    def flaky():
-        calls.append(1)
-        started.set()
-        assert release.wait(10)
-        error = next(outcomes, None)
-        if error is not None:
-            raise error
-        return Sized("ok", 1)
-
-    with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(cache.get, "k", flaky)]
-        assert started.wait(10)
-        futures += [pool.submit(cache.get, "k", flaky) for _ in range(2)]  # wait on the same build
-        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
-        release.set()
-        for f in futures:
-            with pytest.raises(CompileWorkerError):  # the builder and both waiters
-                f.result(10)
-    assert "k" not in cache and cache.stats()["building"] == 0
-    with pytest.raises(CompileTimeoutError):  # the next call built again
-        cache.get("k", flaky)
-    assert cache.get("k", flaky).name == "ok" and len(calls) == 3
-    assert cache.get("k", flaky).name == "ok" and len(calls) == 3  # and a success is kept
-
-
-def test_cache_waiters_get_the_builders_error():
-    cache = sized_cache()
-    release = threading.Event()
-
-    def bad():
-        assert release.wait(10)
-        raise InvalidSchemaError("no")
-
-    with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(cache.get, "k", bad) for _ in range(3)]
-        wait_until(lambda: cache.stats()["waits"] == 2, "two callers wait on the one build")
-        release.set()
-        for f in futures:
-            with pytest.raises(InvalidSchemaError):
-                f.result(HANG_BOUND)
-    assert cache.stats()["misses"] == 1  # built once: the waiters got the builder's error, not their own
-
-
-# --- the prompt cache ------------------------------------------------------------------------------
-
-
-def kv_layers(*offsets):
-    from mlx_lm.models.cache import KVCache
-
-    layers = []
-    for n in offsets:
-        layer = KVCache()
-        layer.update_and_fetch(mx.zeros((1, 1, n, 2)), mx.zeros((1, 1, n, 2)))
-        layers.append(layer)
-    return layers
-
-
-def test_prompt_cache_stores_an_entry_under_the_tokens_its_layers_hold():
-    cache = server.ExactPromptCache(4)
-    # A speculative run's cache: the model's layers lack the last yielded token, the draft's two.
-    cache.insert_cache("m", [1, 2, 3, 4, 5], kv_layers(4, 4, 3))
-    entry, rest = cache.fetch_nearest_cache("m", [1, 2, 3, 4, 5, 6])
-    assert [layer.offset for layer in entry] == [3, 3, 3] and rest == [4, 5, 6]
-    # A prompt equal to a stored key: one token is processed again, for the next token's logits.
-    cache.insert_cache("m", [7, 8, 9], kv_layers(3, 3))
-    entry, rest = cache.fetch_nearest_cache("m", [7, 8, 9])
-    assert [layer.offset for layer in entry] == [2, 2] and rest == [9]
-    assert cache.fetch_nearest_cache("m", [7, 8, 9])[0][0].offset == 2  # the stored entry is untouched
-    cache.insert_cache("m", [5], kv_layers(0, 0))  # holds nothing: not stored
-    assert cache.fetch_nearest_cache("m", [5]) == (None, [5])
-
-
-# --- the mlx-lm hook -------------------------------------------------------------------------------
-
-
-def test_logits_hook_appends_a_fresh_processor_only_for_grammar_args():
-    from mlx_lm import server as mlx_server
-
-    server.install_logits_hook()
-    server.install_logits_hook()  # idempotent: wrapped once
-    hook = mlx_server._make_logits_processors
-    assert hook.grammar_mlx_hook
-
-    def args(grammar, **extra):
-        logits = mlx_server.LogitsProcessorArguments({5: 1.0}, 0.0, 20, 0.0, 20, 0.0, 20)
-        sampling = mlx_server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.1)
-        values = dict(model=server._SERVED, sampling=sampling, logits=logits, stop_words=[], max_tokens=5,
-                      num_draft_tokens=3, logprobs=False, top_logprobs=-1, seed=None, chat_template_kwargs=None)
-        if grammar is None:
-            return mlx_server.GenerationArguments(**values)
-        return server.ConstrainedGenerationArguments(**values, grammar=grammar, **extra)
-
-    plain = hook(args(None))
-    assert len(plain) == 1 and not any(isinstance(p, GrammarProcessor) for p in plain)
-    grammar = random_grammar(0)
-    first, second = hook(args(grammar)), hook(args(grammar))
-    assert isinstance(first[-1], GrammarProcessor) and first[-1].compiled is grammar
-    assert first[-1] is not second[-1]  # one processor per request
-    # The grammar mask comes last: a positive logit_bias cannot revive a forbidden token.
-    logits = mx.zeros((1, grammar.logits_width))
-    for p in first:
-        logits = p(mx.array([1, 2]), logits)
-    allowed = set(grammar.allowed_tokens(grammar.initial_state).tolist())
-    assert (5 in allowed) == bool(mx.isfinite(logits[0, 5]).item())
-    # Length-safe for the request's budget unless the request turned it off.
-    assert first[-1].max_tokens == 5 and hook(args(grammar, length_safe=False))[-1].max_tokens is None
-
-
-def test_length_safe_request_field_and_server_default():
-    def handler(body, default=True):
-        return SimpleNamespace(body=body, response_generator=SimpleNamespace(length_safe=default))
-
-    read = server.GrammarAPIHandler._length_safe
-    assert read(handler({})) is True and read(handler({}, default=False)) is False
-    assert read(handler({"length_safe": False})) is False and read(handler({"length_safe": True}, False)) is True
-    for bad in ("false", 0, [], {}):
-        with pytest.raises(InvalidRequestError) as info:
-            read(handler({"length_safe": bad}))
-        assert info.value.param == "length_safe" and error_response(info.value)[1]["error"]["code"] == (
-            "invalid_argument")
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    server.add_serve_arguments(parser)
-    assert parser.parse_args([]).length_safe is True and parser.parse_args(["--no-length-safe"]).length_safe is False
-
-
-def test_a_token_budget_error_is_a_400_on_max_tokens():
-    status, body = error_response(TokenBudgetError("needs 9", needed=9, max_tokens=4),
-                                  GrammarSpec("json_schema", "{}"))
-    assert (status, body["error"]["code"], body["error"]["param"]) == (400, "max_tokens_too_small", "max_tokens")
 
 
 # --- live servers ----------------------------------------------------------------------------------
@@ -491,13 +37,14 @@ ASK = [{"role": "user", "content": "Reply with a JSON object: a color and whethe
 
 
 class Server:
-    def __init__(self, name: str, *options: str):
+    def __init__(self, name: str, *options: str, env: dict[str, str] | None = None):
         self.name = name
         self.log = tempfile.NamedTemporaryFile(prefix=f"grammar-mlx-{name}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grammar_mlx.server", "--host", "127.0.0.1", "--port", "0", "--max-tokens", "40",
              "--log-level", "WARNING", *options],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=self.log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            cwd=REPO, stdout=subprocess.PIPE, stderr=self.log,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
         self.url = None
 
     def wait_ready(self, timeout: float = 180) -> None:
@@ -513,10 +60,10 @@ class Server:
                 if not chunk and self.proc.poll() is not None:
                     self.fail("exited")
                 line += chunk
-        match = re.search(rb"listening on (http://127\.0\.0\.1:\d+)", line)
+        match = re.search(rb"listening on http://(127\.0\.0\.1|0\.0\.0\.0):(\d+)", line)
         if match is None:
             self.fail(f"unexpected first line {line!r}")
-        self.url = match.group(1).decode()
+        self.url = f"http://127.0.0.1:{match.group(2).decode()}"  # a server on every address answers here too
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
@@ -532,12 +79,15 @@ class Server:
         raise AssertionError(f"{self.name} server {why}; log:\n{self.tail()}")
 
     def tail(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-4000:]
+        return self.log_text()[-4000:]
 
-    def client(self):
+    def log_text(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def client(self, api_key: str = "unused"):
         import openai
 
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -930,6 +480,19 @@ def test_a_model_that_does_not_load_exits_with_a_message(tmp_path):
     assert "listening" not in run.stdout
 
 
+def test_an_mlx_lm_whose_seam_moved_is_refused_at_start_naming_the_versions():
+    # mlx-lm's private function gone (as a release could do): the server refuses before loading a model.
+    code = ("import sys; import mlx_lm.server as s; del s.ResponseGenerator._share_request; "
+            "from grammar_mlx.server import main; sys.exit(main(['--port', '0']))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    first = run.stderr.splitlines()[0]
+    assert first.startswith("error: grammar_mlx.server cannot run on the installed mlx-lm "), run.stderr
+    assert "mlx_lm.server.ResponseGenerator._share_request is gone" in first
+    assert "Supported: mlx-lm>=0.32,<0.33" in first
+    assert "listening" not in run.stdout
+
+
 def test_draft_layers_past_the_model_exit_2_naming_the_flag():
     run = subprocess.run([sys.executable, "-m", "grammar_mlx.server", "--port", "0", "--draft-layers", "100"],
                          cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -1075,7 +638,7 @@ def test_a_transient_compile_failure_is_not_cached(in_process, monkeypatch):
 
     from grammar_mlx.errors import CompileWorkerError
 
-    real = server.compile_json_schema
+    real = server.cache.compile_json_schema
     failures = []
 
     def compile_once_failing(*args, **kwargs):
@@ -1084,7 +647,7 @@ def test_a_transient_compile_failure_is_not_cached(in_process, monkeypatch):
             raise CompileWorkerError("the compile worker died (exit -9)", exit_code=-9)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(server, "compile_json_schema", compile_once_failing)
+    monkeypatch.setattr(server.cache, "compile_json_schema", compile_once_failing)
     schema = {"type": "object", "properties": {"transient": {"type": "boolean"}}, "required": ["transient"],
               "additionalProperties": False}
     short = [{"role": "user", "content": "Is it?"}]  # the in-process context is small
@@ -1113,10 +676,10 @@ def test_a_request_waiting_to_start_is_refused_once_the_server_stops(smollm_path
         generator.closing.set()
         request = mlx_server.CompletionRequest("text", "hi", [], None, None)
         args = mlx_server.GenerationArguments(
-            model=server._SERVED, sampling=mlx_server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.1),
+            model=server.SERVED_MODEL, sampling=mlx_server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.1),
             logits=mlx_server.LogitsProcessorArguments(None, 0.0, 20, 0.0, 20, 0.0, 20), stop_words=[], max_tokens=1,
             num_draft_tokens=3, logprobs=False, top_logprobs=-1, seed=None, chat_template_kwargs=None)
-        with pytest.raises(server._Refused) as info:
+        with pytest.raises(server.GenerationRefused) as info:
             generator.generate(request, args)
         assert not isinstance(info.value, Exception)
         assert error_response(info.value.error)[0] == 503

@@ -122,7 +122,7 @@ def plan(tokenizer, body, request_type="chat"):
                               response_generator=SimpleNamespace(model_provider=SimpleNamespace(
                                   tokenizer=tokenizer, cli_args=SimpleNamespace(chat_template_args={}))))
     request = SimpleNamespace(request_type=request_type, messages=[{"role": "user", "content": "hi"}])
-    return server.GrammarAPIHandler._plan(handler, request, None, server._Answer())[1]
+    return server.GrammarAPIHandler._plan(handler, request, None, server.handler._Answer())[1]
 
 
 def test_tools_in_a_format_that_is_not_constrained(qwen_tool_tokenizer):

@@ -1,0 +1,342 @@
+"""Every place the server reaches into mlx-lm's private internals, and nothing else.
+
+`mlx_lm.server` offers no extension points; the server subclasses its public classes
+(`ModelProvider`, `ResponseGenerator`, `APIHandler`, `LRUPromptCache`) and, where that is not enough,
+overrides or reads private members. Those are all here, each a `Seam` that says what it fixes, and
+reached from the rest of the package through plain names (`ResponseGeneratorSeams`,
+`APIHandlerSeams`, `install_logits_hook`), so that an mlx-lm release that moves one breaks here,
+at start-up, with a message naming it, and never silently.
+
+`check_mlx_lm()` (called before the model loads, and by `install_logits_hook`) verifies that every
+seam's target exists with the parameters the server relies on and raises `ModelLoadError` naming the
+installed and the supported mlx-lm versions otherwise. An installed version outside `SUPPORTED` whose
+seams all check out is served, with one warning.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import threading
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from importlib import metadata
+from queue import Queue
+from typing import TYPE_CHECKING, Any
+
+from mlx_lm import server as mlx_server
+from mlx_lm.generate import GenerationResponse, generation_stream
+
+from ..errors import ModelLoadError, ServerUnavailableError
+from ..runtime import GrammarProcessor
+
+if TYPE_CHECKING:
+    from ..generate import LogitsProcessor
+    from .request import FastForwarded
+
+__all__ = [
+    "SUPPORTED",
+    "CHECKED_VERSIONS",
+    "SEAMS",
+    "Seam",
+    "check_mlx_lm",
+    "install_logits_hook",
+    "GenerationRefused",
+    "ResponseGeneratorSeams",
+    "APIHandlerSeams",
+]
+
+SUPPORTED = ">=0.32,<0.33"  # as pinned in pyproject.toml
+_SUPPORTED_RANGE = ((0, 32), (0, 33))  # [low, high)
+CHECKED_VERSIONS = ("0.32.2",)  # the mlx-lm releases every seam below was read and tested against
+
+
+@dataclass(frozen=True)
+class Seam:
+    """One private mlx-lm (or http.server) member the server patches, overrides or reads.
+
+    `owner` is a dotted path to a module or class; `name` the member; `params` the leading parameter
+    names the server calls it with or overrides it with (None: not a function); for an instance
+    attribute (`instance=True`) the owner's source must assign it (`self.NAME = ...`)."""
+
+    owner: str
+    name: str
+    fixes: str
+    params: tuple[str, ...] | None = None
+    instance: bool = False
+    checked: tuple[str, ...] = CHECKED_VERSIONS  # the mlx-lm releases it was read and tested against
+
+
+SEAMS: tuple[Seam, ...] = (
+    Seam("mlx_lm.server", "_make_logits_processors",
+         "a request carrying a grammar gets a fresh GrammarProcessor last in its processor list "
+         "(wrapped; every other request gets exactly mlx-lm's)", ("args",)),
+    Seam("mlx_lm.server", "stream_generate",
+         "the single-request loop: a fast-forward request runs through grammar_mlx.decode.stream_generate "
+         "(wrapped; called positionally)", ("model", "tokenizer", "prompt", "max_tokens", "draft_model", "stream")),
+    Seam("mlx_lm.server.ResponseGenerator", "_tokenize",
+         "the prompt is tokenized (and checked against the context) in the handler thread; the generation "
+         "thread reuses it", ("self", "tokenizer", "request", "args")),
+    Seam("mlx_lm.server.ResponseGenerator", "_share_request",
+         "under mlx.launch the grammar travels as its spec and every rank agrees it could compile it; "
+         "rank 0 shares the stop", ("self", "request")),
+    Seam("mlx_lm.server.ResponseGenerator", "_share_object", "mlx-lm's broadcast from rank 0 (called)",
+         ("self", "obj")),
+    Seam("mlx_lm.server.ResponseGenerator", "_is_batchable",
+         "a fast-forward request takes the single path (the batch steps one token a row)", ("self", "args")),
+    Seam("mlx_lm.server.ResponseGenerator", "_await_response",
+         "a request waiting for tokens ends when the server stops", ("self", "response_queue")),
+    Seam("mlx_lm.server.ResponseGenerator", "_rank", "this process's rank (read)", instance=True),
+    Seam("mlx_lm.server.ResponseGenerator", "_is_distributed", "whether it runs under mlx.launch (read)",
+         instance=True),
+    Seam("mlx_lm.server.ResponseGenerator", "_stop", "stops the generation loop at shutdown (set)", instance=True),
+    Seam("mlx_lm.server.ResponseGenerator", "_generation_thread", "joined at shutdown, with a deadline",
+         instance=True),
+    Seam("mlx_lm.server.APIHandler", "_set_completion_headers",
+         "JSON answers (errors, models) with mlx-lm's status line and CORS headers", ("self", "status_code")),
+    Seam("http.server.BaseHTTPRequestHandler", "_headers_buffer",
+         "an error after a status line was buffered but not sent replaces it (non-streaming path)",
+         instance=True),
+    Seam("mlx_lm.server.APIHandler", "handle_completion",
+         "answers every Exception from ResponseGenerator.generate() as a 404: a refusal passes through it "
+         "as GenerationRefused (a BaseException)", ("self", "request", "stop_words")),
+)
+
+
+def _installed_version() -> str:
+    try:
+        return metadata.version("mlx-lm")
+    except metadata.PackageNotFoundError:
+        import mlx_lm
+
+        return str(getattr(mlx_lm, "__version__", "unknown"))
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def _resolve(path: str) -> Any:
+    """The module or class a dotted path names (the longest importable prefix, then attributes)."""
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            target: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            target = getattr(target, name)
+        return target
+    raise ImportError(path)
+
+
+def _problem(seam: Seam) -> str | None:
+    """What is wrong with one seam's target, or None."""
+    try:
+        owner = _resolve(seam.owner)
+    except (ImportError, AttributeError):
+        return f"{seam.owner} is gone"
+    if seam.instance:
+        classes = [c for c in getattr(owner, "__mro__", ()) if c is not object]
+        try:
+            sources = "".join(inspect.getsource(c) for c in classes)
+        except (OSError, TypeError):
+            return f"cannot read {seam.owner}'s source to find {seam.name}"
+        if not re.search(rf"self\.{re.escape(seam.name)}\s*(:[^=\n]*)?=", sources):
+            return f"{seam.owner} no longer sets {seam.name}"
+        return None
+    target = getattr(owner, seam.name, None)
+    target = getattr(target, "grammar_mlx_original", target)  # our own wrapper: check what it wraps
+    if target is None:
+        return f"{seam.owner}.{seam.name} is gone"
+    if seam.params is not None:
+        if not callable(target):
+            return f"{seam.owner}.{seam.name} is no longer a function"
+        try:
+            params = tuple(inspect.signature(target).parameters)
+        except (TypeError, ValueError):
+            return f"cannot read the signature of {seam.owner}.{seam.name}"
+        if params[:len(seam.params)] != seam.params:
+            return (f"{seam.owner}.{seam.name} takes ({', '.join(params)}), "
+                    f"the server needs ({', '.join(seam.params)}, ...)")
+    return None
+
+
+_checked_lock = threading.Lock()
+_checked = False
+
+
+def check_mlx_lm(*, force: bool = False) -> None:
+    """Verify every seam's target (once per process unless `force`). Raises `ModelLoadError` naming
+    the seams that changed, the installed mlx-lm and the supported range."""
+    global _checked
+    with _checked_lock:
+        if _checked and not force:
+            return
+        installed = _installed_version()
+        problems = [p for p in map(_problem, SEAMS) if p is not None]
+        if problems:
+            raise ModelLoadError(
+                f"grammar_mlx.server cannot run on the installed mlx-lm {installed}: {'; '.join(problems)}. "
+                f"Supported: mlx-lm{SUPPORTED} (checked against {', '.join(CHECKED_VERSIONS)}); "
+                f"install one with: pip install 'mlx-lm{SUPPORTED}'")
+        low, high = _SUPPORTED_RANGE
+        if not low <= _version_tuple(installed)[:2] < high:
+            logging.warning("mlx-lm %s is outside the supported range %s; its seams check out, so the server "
+                            "runs, untested on it", installed, SUPPORTED)
+        _checked = True
+
+
+# --- _make_logits_processors and stream_generate ---------------------------------------------------
+
+_hook_lock = threading.Lock()
+# The fast-forward of the request whose processors the generation thread made last: mlx-lm's
+# `_serve_single` makes them right before it calls `stream_generate`, in the same thread.
+_serving = threading.local()
+
+
+def install_logits_hook() -> None:
+    """Wrap mlx_lm.server's `_make_logits_processors` (once): generation arguments that carry a
+    grammar get a fresh `GrammarProcessor` after their other processors (so bias and penalties can
+    never revive a forbidden token), length-safe for the request's `max_tokens` unless its
+    `length_safe` is off; all other arguments get exactly what mlx-lm gives them. The same function
+    serves the batched and the single (draft) paths.
+
+    And mlx_lm.server's `stream_generate` (the single path's loop): a request with a fast-forward
+    mode (never batched, `batchable`) runs through `grammar_mlx.decode.stream_generate`, which
+    feeds the text its grammar forces to the model in one pass and counts those tokens; every other
+    request runs through mlx-lm's own. Raises `ModelLoadError` when the seams do not check out."""
+    check_mlx_lm()
+    with _hook_lock:
+        original = mlx_server._make_logits_processors
+        if getattr(original, "grammar_mlx_hook", False):
+            return
+
+        def make_logits_processors(args: mlx_server.GenerationArguments) -> list[LogitsProcessor]:
+            processors = original(args)
+            grammar = getattr(args, "grammar", None)
+            _serving.fast_forward = None
+            if grammar is not None:
+                budget = args.max_tokens if getattr(args, "length_safe", True) else None
+                processors = [*processors, GrammarProcessor(grammar, max_tokens=budget)]
+                _serving.fast_forward = getattr(args, "fast_forward", None)
+            return processors
+
+        original_stream = mlx_server.stream_generate
+
+        def stream_generate(model: Any, tokenizer: Any, prompt: Any, max_tokens: int = 256, draft_model: Any = None,
+                            stream: Any = generation_stream,
+                            **kwargs: Any) -> Generator[GenerationResponse, None, None]:
+            record: FastForwarded | None = getattr(_serving, "fast_forward", None)
+            _serving.fast_forward = None
+            if record is None:
+                yield from original_stream(model, tokenizer, prompt, max_tokens, draft_model, stream, **kwargs)
+                return
+            from ..decode import stream_generate as fast_forward_stream
+
+            for response in fast_forward_stream(model, tokenizer, prompt, max_tokens, draft_model, stream,
+                                                fast_forward=record.mode, **kwargs):
+                record.tokens += bool(getattr(response, "from_grammar", False))
+                yield response
+
+        make_logits_processors.__dict__.update(grammar_mlx_hook=True, grammar_mlx_original=original)
+        stream_generate.__dict__.update(grammar_mlx_original=original_stream)
+        mlx_server._make_logits_processors = make_logits_processors
+        mlx_server.stream_generate = stream_generate
+
+
+# --- ResponseGenerator -----------------------------------------------------------------------------
+
+
+class GenerationRefused(BaseException):
+    """Carries a `ServerUnavailableError` raised while a request waits for generation to start out
+    of mlx-lm's `APIHandler.handle_completion`, which answers every `Exception` from `generate()` as
+    a 404 (its `{"error": str}` shape): a BaseException passes through it to the handler, which
+    answers the 503 the error means. Raised only by `ResponseGeneratorSeams.generate`."""
+
+    def __init__(self, error: ServerUnavailableError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class ResponseGeneratorSeams(mlx_server.ResponseGenerator):
+    """mlx-lm's ResponseGenerator with its private members behind plain names: subclasses override
+    `prompt_tokens`, `share_request`, `batchable` and `await_response`, and read `rank`,
+    `is_distributed`, `share_object`, `stop_generation`, `join_generation`."""
+
+    # overridden by the subclass; defaults: mlx-lm's own behaviour
+    def prompt_tokens(self, tokenizer: Any, request: mlx_server.CompletionRequest, args: Any) -> Any:
+        return self.mlx_tokenize(tokenizer, request, args)
+
+    def share_request(self, request: Any) -> Any:
+        return super()._share_request(request)
+
+    def batchable(self, args: mlx_server.GenerationArguments) -> bool:
+        return bool(super()._is_batchable(args))
+
+    def await_response(self, response_queue: Queue[Any]) -> Any:
+        return super()._await_response(response_queue)
+
+    # the seams
+    def _tokenize(self, tokenizer: Any, request: mlx_server.CompletionRequest, args: Any) -> Any:
+        return self.prompt_tokens(tokenizer, request, args)
+
+    def _share_request(self, request: Any) -> Any:
+        return self.share_request(request)
+
+    def _is_batchable(self, args: mlx_server.GenerationArguments) -> bool:
+        return self.batchable(args)
+
+    def _await_response(self, response_queue: Queue[Any]) -> Any:
+        return self.await_response(response_queue)
+
+    def generate(self, request: mlx_server.CompletionRequest, generation_args: mlx_server.GenerationArguments,
+                 progress_callback: Callable[[int, int], None] | None = None) -> Any:
+        try:
+            return super().generate(request, generation_args, progress_callback)
+        except ServerUnavailableError as e:
+            raise GenerationRefused(e) from None
+
+    # what the subclass reads and calls
+    def mlx_tokenize(self, tokenizer: Any, request: mlx_server.CompletionRequest, args: Any) -> Any:
+        """mlx-lm's own tokenization of a request (prompt, segments, segment types, initial state, vision)."""
+        return mlx_server.ResponseGenerator._tokenize(self, tokenizer, request, args)
+
+    def share_object(self, obj: Any) -> Any:
+        """mlx-lm's broadcast of `obj` from rank 0 (what every rank gets)."""
+        return self._share_object(obj)
+
+    @property
+    def rank(self) -> int:
+        return int(self._rank)
+
+    @property
+    def is_distributed(self) -> bool:
+        return bool(self._is_distributed)
+
+    def stop_generation(self) -> None:
+        """The generation loop stops at its next turn."""
+        self._stop = True
+
+    def join_generation(self, timeout: float | None) -> bool:
+        """Wait at most `timeout` seconds for the generation thread; True when it has ended."""
+        self._generation_thread.join(timeout)
+        return not self._generation_thread.is_alive()
+
+
+# --- APIHandler ------------------------------------------------------------------------------------
+
+
+class APIHandlerSeams(mlx_server.APIHandler):
+    """mlx-lm's APIHandler with the private members the server's handler uses behind plain names."""
+
+    def set_completion_headers(self, status: int) -> None:
+        """mlx-lm's status line and headers for a JSON answer (CORS included)."""
+        self._set_completion_headers(status)
+
+    def drop_buffered_headers(self) -> None:
+        """Forget a status line and headers buffered but not yet sent (http.server's buffer)."""
+        self._headers_buffer: list[bytes] = []

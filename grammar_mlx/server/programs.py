@@ -1,0 +1,184 @@
+"""A request's segments program: the reasoning prefix, the tool-call program or the
+`response_format` grammar (`grammar_mlx.segments`), its cache key, and what the response path reads
+back from the generated tokens (reasoning tokens, a budget that cut free text)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+from ..errors import GrammarError, InvalidRequestError
+from ..schema import Unenforced, schema_to_regex
+from ..segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text
+from ..segments import tools as tool_calls
+from ..segments.spec import ReasoningText
+from ..segments.tools import NamedTool, ToolChoice, ToolSpec
+from .request import GrammarSpec
+
+if TYPE_CHECKING:
+    from .cache import ServedGrammar
+
+__all__ = [
+    "REASONING_GAP",
+    "served_think_tags",
+    "content_segment",
+    "segment_program",
+    "segment_key",
+    "schema_unenforced",
+    "check_tool_schemas",
+    "reasoning_token_count",
+    "cut_free_text",
+]
+
+REASONING_GAP = r"[ \n]{0,4}"  # what a model writes between its end of reasoning and a tool call
+
+
+@functools.lru_cache(maxsize=8)
+def served_think_tags(tokenizer: Any) -> tuple[str | int, str | int] | None:
+    """The served tokenizer's think tags (`reasoning_tags`), a control token as its id and a text tag
+    as its text, or None: read once per tokenizer (a tag looked up by its text reads the whole
+    vocabulary), and passed on as the explicit tags of `reasoning_state` and `Reasoning`."""
+    from ..segments.reasoning import reasoning_tags
+
+    tags = reasoning_tags(tokenizer)
+    if tags is None:
+        return None
+    ids = tokenizer.get_vocab()
+
+    def plain(tag: Tag) -> str | int:
+        if isinstance(tag, Text):
+            return tag.literal
+        return tag.tag if isinstance(tag.tag, int) else int(ids[tag.tag])
+
+    return plain(tags[0]), plain(tags[1])
+
+
+def content_segment(spec: GrammarSpec | None) -> Segment | None:
+    """The `response_format` grammar as a segment."""
+    if spec is None:
+        return None
+    if spec.kind == "regex":
+        return Regex(spec.text)
+    return JSONSchema(json.loads(spec.text), strict=spec.strict, whitespace=spec.whitespace,
+                      open_objects=spec.open_objects)
+
+
+def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[ToolSpec, ...], choice: ToolChoice,
+                    parallel: bool, budget: int | None, state: str) -> Segment | None:
+    """The segments program of a request, or None when it needs none (no grammar, or `content`
+    alone, compiled as it always was): the reasoning prefix for `state` ("closed", "open", "model",
+    from `reasoning_state`) with the `budget`, then the tool-call program (`tool_calls.
+    tool_call_segment`, with `content` as the answer that is not a call) or `content`, or free text.
+    Tools in a format that is not constrained leave the body free (checked by the caller)."""
+    body = content_segment(content)
+    # `none` in a format with no call tag (the fallback's): there is nothing to forbid.
+    nothing_to_forbid = choice == "none" and tool_calls.call_start_tag(tokenizer) is None
+    with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice) and not nothing_to_forbid
+    thinking = state != "closed"
+    if with_tools:
+        body = tool_calls.tool_call_segment(tokenizer, tools, choice, parallel, content=body)
+        if thinking and (choice == "required" or isinstance(choice, NamedTool)):
+            # Qwen writes `</think>\n\n<tool_call>`: the gap (dropped from the answer) before the call.
+            body = Seq((Regex(REASONING_GAP), body))
+    elif tools:
+        body = None
+    if thinking and (body is not None or budget is not None):
+        from ..segments.reasoning import Reasoning, with_reasoning
+
+        tags = served_think_tags(tokenizer)
+        start, end = tags if tags is not None else (None, None)
+        program = with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
+                                 Reasoning(budget=budget, start=start, end=end), state)
+        trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
+        return program if trigger is None else _forbid_in_reasoning(program, trigger)
+    return body if with_tools else None
+
+
+def _forbid_in_reasoning(segment: Segment, tag: Tag) -> Segment:
+    # A call starts only where the grammar starts one: mlx-lm's text split would read the tag inside
+    # the reasoning as a call too (its reasoning -> tool transition). `with_reasoning` forbids the
+    # triggers of a `Triggered` body itself; a required, named or `none` program's tag is added here.
+    if isinstance(segment, ReasoningText):
+        return segment if tag in segment.forbid else dataclasses.replace(segment, forbid=(*segment.forbid, tag))
+    if isinstance(segment, Seq):
+        return Seq(tuple(_forbid_in_reasoning(s, tag) for s in segment.items))
+    if isinstance(segment, Choice):
+        return Choice(tuple(_forbid_in_reasoning(s, tag) for s in segment.options))
+    return segment
+
+
+def _segment_json(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return {"": type(value).__name__, **{f.name: _segment_json(getattr(value, f.name)) for f in fields(value)}}
+    if isinstance(value, (tuple, list)):
+        return [_segment_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _segment_json(v) for k, v in value.items()}
+    return value
+
+
+def segment_key(segment: Segment) -> str:
+    """A segments program as canonical JSON: every field of every node, schemas with their key
+    order kept (it orders the output), so equal keys compile to equal grammars."""
+    return json.dumps(_segment_json(segment), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def schema_unenforced(schema: str, strict: bool, whitespace: str | None,
+                       open_objects: bool = False) -> tuple[Unenforced, ...]:
+    # The translation alone (no automaton): cheap, and remembered for the next request.
+    return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace,
+                           open_objects=open_objects).unenforced
+
+
+def check_tool_schemas(tools: tuple[ToolSpec, ...]) -> tuple[Unenforced, ...]:
+    """Translate each tool's `parameters` alone (remembered), so that a bad schema is refused naming
+    its tool (`param` tools[i].function.parameters); the unenforced keywords of all, pointers under
+    /tools/i/function/parameters."""
+    unenforced: list[Unenforced] = []
+    for i, tool in enumerate(tools):
+        try:
+            found = schema_unenforced(json.dumps(tool.parameters, separators=(",", ":")), tool.strict,
+                                       tool_calls.ARGUMENTS_WHITESPACE)
+        except RecursionError:
+            raise InvalidRequestError("the schema is nested too deeply to translate",
+                                      param=f"tools[{i}].function.parameters", code="invalid_schema") from None
+        except GrammarError as e:
+            e.param = f"tools[{i}].function.parameters"  # type: ignore[attr-defined]  # read by error_response
+            raise
+        unenforced += [Unenforced(u.keyword, f"/tools/{i}/function/parameters{u.pointer}", u.reason) for u in found]
+    return tuple(unenforced)
+
+
+
+def reasoning_token_count(tokens: list[int], start: int, end: int, *, open_: bool) -> int:
+    """How many of the generated `tokens` are reasoning: inside `start`..`end` (the tags not
+    counted, but a start tag inside the reasoning is); `open_` when the prompt left it open."""
+    count, inside = 0, open_
+    for token in tokens:
+        if inside:
+            if token == end:
+                inside = False
+            else:
+                count += 1  # a start tag written while thinking is thinking too
+        elif token == start:
+            inside = True
+    return count
+
+
+def cut_free_text(grammar: ServedGrammar, tokens: list[int], max_tokens: int) -> bool:
+    """Whether a length-safe generation's last token, EOS at the budget's end, was forced by the
+    budget in free text (the text was cut: OpenAI's "length") rather than allowed alone by the
+    grammar (a complete JSON answer or call: "stop"): the budget row at the last token differs from
+    the grammar's own row there. Replays the tokens (the grammar's transitions are pure)."""
+    if len(tokens) != max_tokens or not tokens or tokens[-1] not in grammar.eos_token_ids:
+        return False
+    state = grammar.initial_state
+    for token in tokens[:-1]:
+        state = grammar.next_state(state, token)
+        if state < 0:
+            return False
+    return bool(grammar.budget_mask_row(state, 1) != grammar.mask_row(state))

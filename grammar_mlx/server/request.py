@@ -1,0 +1,263 @@
+"""Reading a request: `response_format` into a `GrammarSpec`, the reasoning fields, the body's
+shape, and the limits a request is checked against (docs/server.md, "Limits")."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import limits
+from ..errors import InvalidRequestError
+from ..runtime.fast_forward import FastForwardMode
+from ..segments import Segment
+from ..segments import tools as tool_calls
+
+__all__ = [
+    "JSON_OBJECT_SCHEMA",
+    "DEFAULT_MAX_QUEUED",
+    "RETRY_AFTER_SECONDS",
+    "GrammarSpec",
+    "parse_response_format",
+    "parse_thinking_budget",
+    "parse_enable_thinking",
+    "ServerLimits",
+    "context_length_of",
+    "default_max_body_bytes",
+    "check_body",
+    "FastForwarded",
+]
+
+JSON_OBJECT_SCHEMA = '{"type":"object"}'
+# Completion requests held at once (`--max-queued`): twice mlx-lm's default decode batch (32), so that
+# a full batch can have its successors waiting while it decodes.
+DEFAULT_MAX_QUEUED = 64
+RETRY_AFTER_SECONDS = 1  # the Retry-After of a 429: a decode step frees a place within about that
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What to compile: `kind` "json_schema" (text = the schema as compact JSON), "regex", or
+    "segments" (`segment`, a `grammar_mlx.segments` program; text = `segment_key(segment)`).
+
+    `origin` is the request field it came from (for error messages; not part of the cache key), as
+    is `segment` (its key is `text`)."""
+
+    kind: str
+    text: str
+    strict: bool = False
+    whitespace: str | None = None
+    open_objects: bool = False  # a missing additionalProperties allows extra keys (JSON Schema's reading)
+    origin: str = field(default="response_format.json_schema", compare=False)
+    segment: Segment | None = field(default=None, compare=False)
+
+
+_json_type = tool_calls.json_type  # one naming of JSON types for every request field
+
+
+def _check_keys(value: dict[str, Any], allowed: set[str], param: str) -> None:
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise InvalidRequestError(
+            f"{param} has unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}",
+            param=param)
+
+
+def _whitespace(value: dict[str, Any], param: str) -> str | None:
+    ws = value.get("whitespace")
+    if ws is not None and not isinstance(ws, str):
+        raise InvalidRequestError(f"{param}.whitespace must be a regex string, got {_json_type(ws)}",
+                                  param=f"{param}.whitespace")
+    return ws
+
+
+def parse_response_format(value: Any) -> GrammarSpec | None:
+    """The grammar a request's `response_format` asks for (None: unconstrained).
+
+    Raises `InvalidRequestError` (with `param`) for anything malformed; the schema or regex itself is
+    checked when it is compiled."""
+    param = "response_format"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(
+            f'response_format must be an object such as {{"type": "json_schema", "json_schema": {{...}}}}, '
+            f"got {_json_type(value)}", param=param)
+    kind = value.get("type")
+    if kind == "text":
+        _check_keys(value, {"type"}, param)
+        return None
+    if kind == "json_object":
+        _check_keys(value, {"type", "whitespace"}, param)
+        return GrammarSpec("json_schema", JSON_OBJECT_SCHEMA, False, _whitespace(value, param), origin=param)
+    if kind == "regex":
+        _check_keys(value, {"type", "regex"}, param)
+        regex = value.get("regex")
+        if not isinstance(regex, str):
+            raise InvalidRequestError(
+                f'response_format of type "regex" needs "regex": a regex string, got {_json_type(regex)}',
+                param=f"{param}.regex")
+        return GrammarSpec("regex", regex, origin=param)
+    if kind == "json_schema":
+        _check_keys(value, {"type", "json_schema"}, param)
+        spec = value.get("json_schema")
+        param = f"{param}.json_schema"
+        if not isinstance(spec, dict):
+            raise InvalidRequestError(
+                f'response_format of type "json_schema" needs "json_schema": {{"name": ..., "schema": {{...}}}}, '
+                f"got {_json_type(spec)}", param=param)
+        _check_keys(spec, {"name", "description", "schema", "strict", "whitespace", "open_objects"}, param)
+        open_objects = spec.get("open_objects", False)
+        if not isinstance(open_objects, bool):
+            raise InvalidRequestError(f"{param}.open_objects must be a boolean, got {_json_type(open_objects)}",
+                                      param=f"{param}.open_objects")
+        for key in ("name", "description"):
+            if spec.get(key) is not None and not isinstance(spec[key], str):
+                raise InvalidRequestError(f"{param}.{key} must be a string, got {_json_type(spec[key])}",
+                                          param=f"{param}.{key}")
+        if "schema" not in spec:
+            raise InvalidRequestError(f"{param}.schema is required (the JSON Schema of the output)",
+                                      param=f"{param}.schema")
+        schema = spec["schema"]
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidRequestError(f"{param}.schema must be a JSON Schema object, got {_json_type(schema)}",
+                                      param=f"{param}.schema")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequestError(f"{param}.strict must be a boolean, got {_json_type(strict)}",
+                                      param=f"{param}.strict")
+        try:
+            text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (ValueError, RecursionError):
+            raise InvalidRequestError(f"{param}.schema must be plain JSON (no NaN or Infinity, bounded nesting)",
+                                      param=f"{param}.schema") from None
+        return GrammarSpec("json_schema", text, bool(strict), _whitespace(spec, param), open_objects, origin=param)
+    raise InvalidRequestError(
+        f"response_format.type must be one of text, json_object, json_schema, regex; got {kind!r}",
+        param="response_format.type")
+
+
+
+def parse_thinking_budget(body: dict[str, Any], has_thinking: bool) -> int | None:
+    """The request's thinking budget in tokens: `thinking_budget` (an int >= 0) or `reasoning_effort`
+    (`limits.REASONING_EFFORT_BUDGETS`), at most one of them; None when neither is given. Raises
+    `InvalidRequestError`: a bad value (`invalid_argument`), or either for a model without think tags
+    (`unsupported_parameter`)."""
+    budget, effort = body.get("thinking_budget"), body.get("reasoning_effort")
+    if budget is not None and effort is not None:
+        raise InvalidRequestError("give thinking_budget or reasoning_effort, not both", param="reasoning_effort",
+                                  code="invalid_argument")
+    if budget is not None:
+        param = "thinking_budget"
+        if type(budget) is not int or budget < 0:
+            raise InvalidRequestError(f"thinking_budget must be an integer >= 0 (tokens), got {json.dumps(budget)}",
+                                      param=param, code="invalid_argument")
+    elif effort is not None:
+        param = "reasoning_effort"
+        if not isinstance(effort, str) or effort not in limits.REASONING_EFFORT_BUDGETS:
+            allowed = ", ".join(limits.REASONING_EFFORT_BUDGETS)
+            raise InvalidRequestError(f"reasoning_effort must be one of {allowed}, got {json.dumps(effort)}",
+                                      param=param, code="invalid_argument")
+        budget = limits.REASONING_EFFORT_BUDGETS[effort]
+    else:
+        return None
+    if not has_thinking:
+        raise InvalidRequestError(f"{param}: the served model has no reasoning (think) tags", param=param,
+                                  code="unsupported_parameter")
+    return budget
+
+
+def parse_enable_thinking(kwargs: Any, defaults: dict[str, Any] | None = None) -> bool | None:
+    """`enable_thinking` from the request's `chat_template_kwargs` over the server's
+    `--chat-template-args` (None: not said). Raises `InvalidRequestError` for a non-object
+    `chat_template_kwargs` or a non-boolean `enable_thinking`."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidRequestError(f"chat_template_kwargs must be an object, got {_json_type(kwargs)}",
+                                  param="chat_template_kwargs", code="invalid_argument")
+    merged = {**(defaults or {}), **(kwargs or {})}
+    value = merged.get("enable_thinking")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequestError(f"chat_template_kwargs.enable_thinking must be a boolean, got {_json_type(value)}",
+                                  param="chat_template_kwargs.enable_thinking", code="invalid_argument")
+    return value
+
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask of the server (see the module docstring, "Limits").
+
+    `max_body_bytes`: the largest request body read (413 above it). `context_length`: the model's
+    context in tokens, None when unknown (no prompt-length check then). `body_timeout`: seconds a
+    client may pause while sending its body (408 after). `max_queued`: completion requests held at
+    once, from their headers to their last byte (being read, waiting or generating; 429 past it)."""
+
+    max_body_bytes: int = 8 * 2**20
+    context_length: int | None = None
+    body_timeout: float = 30.0
+    max_queued: int = DEFAULT_MAX_QUEUED
+
+
+def context_length_of(model: Any) -> int | None:
+    """The model's context in tokens, from its config (`max_position_embeddings` or the names other
+    architectures give it), or None when the config does not say."""
+    args = getattr(model, "args", None)
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
+                 "max_sequence_length"):
+        value = getattr(args, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def default_max_body_bytes(context_length: int | None) -> int:
+    """The default body limit: room for a prompt that fills the context (64 bytes a token, which
+    covers JSON-escaped text of any script) plus the rest of the request, at least 1 MiB; 8 MiB when
+    the context is unknown."""
+    if context_length is None:
+        return 8 * 2**20
+    return max(2**20, 64 * context_length)
+
+
+
+def check_body(raw: bytes, path: str) -> None:
+    """Refuse a body that is not a UTF-8 JSON object, lacks the endpoint's `messages` (a list of
+    objects) or `prompt` (a string), or asks for more than one choice."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequestError(f"the request body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",
+                                  code="invalid_body") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidRequestError(f"the request body is not valid JSON: {e}", code="invalid_body") from None
+    except RecursionError:
+        raise InvalidRequestError("the request body is nested too deeply", code="invalid_body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"the request body must be a JSON object, got {_json_type(body)}",
+                                  code="invalid_body")
+    if path == "/v1/completions":
+        if not isinstance(body.get("prompt"), str):
+            raise InvalidRequestError(f"prompt must be a string, got {_json_type(body.get('prompt'))}",
+                                      param="prompt", code="invalid_prompt")
+    else:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequestError("messages must be a non-empty list of message objects "
+                                      f"({{\"role\": ..., \"content\": ...}}), got {_json_type(messages)}",
+                                      param="messages", code="invalid_prompt")
+    n = body.get("n")
+    if n is not None and not (type(n) is int and n == 1):
+        raise InvalidRequestError(f"n must be 1: this server returns one choice per request (got {n!r})",
+                                  param="n", code="unsupported_parameter")
+
+
+
+@dataclass
+class FastForwarded:
+    """A constrained request's fast-forward mode, and how many of its tokens the generation thread
+    fast-forwarded (read by the handler for `usage` once generation ended)."""
+
+    mode: FastForwardMode
+    tokens: int = 0
