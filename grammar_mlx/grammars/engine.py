@@ -1,0 +1,461 @@
+"""`CFGGrammar`: the token automaton of a context-free grammar, a `MaskedGrammar` like any other.
+
+How it works. The grammar (`cfg.lower`) is BNF over terminals that are regexes; each terminal is
+compiled by the existing byte NFA into a lazily determinized `ByteDFA`. The parser is Earley's,
+run byte by byte, whose items scanning a terminal carry that terminal's DFA state:
+
+- an *item* is `(rule, dot, origin, q)`: `q >= 0` for an item whose next symbol is a terminal (the
+  terminal's DFA state: how far into the lexeme it is), `q = -1` for one waiting on a nonterminal
+  (kept only for completions that come back to it) or the accept marker (rule 0 complete);
+- an Earley *set* is a frozenset of items whose origins are the ids of earlier sets (or SELF, the
+  set itself, for items predicted there). Sets are hash-consed: equal sets are one id, and the
+  id is the grammar state. Since an origin is an id, equal configurations (same items, same
+  origins, recursively) are one state and one mask row, whatever the position: the state is a
+  persistent, shared stack of Earley sets. Left recursion (and every `*`/`+`, lowered to it) keeps
+  the state bounded; right recursion adds a set per level, as any CFG must for real nesting;
+- a byte steps each scanning item through its terminal's DFA (dead: dropped; accepting: the
+  terminal may end here, so its items advance, complete and predict as in Earley, with nullable
+  symbols skipped at prediction, Aycock and Horspool's fix). A set with no item is dead. Every rule
+  derives some string (`cfg.lower` refuses others), so any live set extends to a sentence.
+  `(set, byte) -> set` is memoized: `next_state` walks a token's bytes through that memo.
+
+A state's mask (the xgrammar observation): a token either stays inside the lexemes being scanned
+(no terminal ends before its last byte, and none needs to) or it crosses a lexeme boundary.
+- inside: per scanning pair (terminal, DFA state) one vectorized walk of the vocabulary's trie
+  through that terminal's DFA gives every trie node's DFA state: the tokens whose walk stays live
+  (the precomputed row of that pair) and the *exit* nodes, where the terminal may end and the trie
+  goes on. Both are kept per pair, and pairs are shared by all states of the grammar;
+- crossing: from each exit node, the set reached by ending the terminal there (the same for all
+  exits of a pair) walks the node's subtree byte by byte through the memo. That set is small in
+  practice: the tokens that go on past a lexeme's end (`",`, `}]`) are few.
+The union, with EOS where the set accepts, is added to the grammar's `MaskTable` (rows deduplicated).
+
+Costs: a new pair costs one trie walk (numpy, about the trie's node count); a new state costs its
+crossing walks in Python (the exits' subtrees that stay alive) and a row; `next_state` costs a
+dict read per byte once the memo has the step. States are never discarded (ids are held by
+processors); the mask table's byte limit (`limits.LAZY_MASK_BYTES`) bounds distinct rows.
+
+What a token that the vocabulary cannot finish does: a terminal's DFA state counts as live when
+some *byte string* completes it, so with a vocabulary lacking some bytes a row may hold a token into
+a dead end (the regex compiler prunes those; this engine does not).
+
+Token budgets: distances are not computed (`distance` is None: nothing proven), so a token budget
+narrows nothing: `budget_mask_row` is `mask_row`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import limits
+from ..automata.byte_dfa import ByteDFA
+from ..automata.byte_nfa import build_nfa, determinize
+from ..compiler.mask_table import MaskTable
+from ..compiler.token_index import TokenTrie
+from ..errors import InvalidArgumentError, VocabularyMismatchError
+from ..regex import syntax as rx
+from ..vocabulary.token_bytes import Vocabulary
+from .cfg import Lowered
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from ..schema.normalize import Unenforced
+
+__all__ = ["CFGGrammar"]
+
+SELF = -1  # an item's origin: the set holding it
+TERMINAL = 0  # the state after EOS (only EOS)
+_Item = tuple[int, int, int, int]
+
+
+class _Pair:
+    """What one (terminal, DFA state) contributes to masks: the tokens staying inside the terminal,
+    and the trie nodes with children where the terminal may end."""
+
+    __slots__ = ("exits", "inside")
+
+    def __init__(self, inside: np.ndarray, exits: list[int]):
+        self.inside = inside
+        self.exits = exits
+
+
+class CFGGrammar:
+    """The compiled automaton of a context-free grammar (module docstring). Built by
+    `compile_grammar`; satisfies `runtime.processor.MaskedGrammar`, so `GrammarProcessor`, the state
+    stack, the history follower and fast-forward take it as they take a `CompiledGrammar`."""
+
+    mode = "cfg"
+
+    def __init__(self, lowered: Lowered, vocabulary: Vocabulary, trie: TokenTrie, *, logits_width: int,
+                 eos_token_ids: tuple[int, ...], description: str, stats: dict[str, Any]) -> None:
+        self.vocabulary = vocabulary
+        self.logits_width = int(logits_width)
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.unenforced: tuple[Unenforced, ...] = ()
+        self.regex = description  # what the grammar "matches", for reprs and logs
+        self._stats = stats
+        self._trie = trie
+        self._eos = frozenset(self.eos_token_ids)
+        self._eos_ids = np.array(sorted(self._eos), dtype=np.int32)
+        self._lock = threading.RLock()
+        # Rules: symbols n >= 0 nonterminals, -(k + 1) terminal k.
+        self._lhs = [lhs for lhs, _ in lowered.rules]
+        self._rhs = [rhs for _, rhs in lowered.rules]
+        self._rules_of: list[list[int]] = [[] for _ in lowered.names]
+        for r, lhs in enumerate(self._lhs):
+            if r:
+                self._rules_of[lhs].append(r)
+        self._dfas: list[ByteDFA] = [determinize(build_nfa(node), limits.MAX_DFA_STATES)
+                                     for node in lowered.terminals]
+        self._term_nullable = [rx.nullable(node) for node in lowered.terminals]
+        self._nullable = self._nullables()
+        self._byte_next: list[dict[int, int]] = [{} for _ in lowered.terminals]  # per terminal: q*256+b -> q'
+        # Sets: id -> items, items -> id; id 0 is the terminal state (no items, EOS only).
+        self._sets: list[frozenset[_Item]] = [frozenset()]
+        self._set_ids: dict[frozenset[_Item], int] = {}
+        self._waiters: dict[int, dict[int, list[tuple[int, int, int]]]] = {}  # set -> nonterminal -> items
+        self._step: dict[int, int] = {}  # set * 256 + byte -> set (-1: dead)
+        self._accepting: list[bool] = [True]
+        self._pairs: dict[tuple[int, int], _Pair] = {}
+        self._rows: dict[int, int] = {}  # state -> mask row
+        self.table = MaskTable(self.logits_width, limits.LAZY_MASK_BYTES)
+        # The trie as Python lists, for the byte-by-byte walks of the crossing tokens.
+        self._child_start = trie.child_start.tolist()
+        self._child_count = trie.child_count.tolist()
+        self._node_byte = trie.byte.tolist()
+        self._node_tokens: dict[int, list[int]] = {}
+        for node, first in enumerate(trie.end_first.tolist()):
+            if first >= 0:
+                self._node_tokens[node] = [first]
+        for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
+            self._node_tokens[node].append(extra)
+        self._token_bytes = vocabulary.token_bytes
+        initial = self._closure([(0, 0, SELF)], [])
+        if initial < 0:  # cannot happen for a productive grammar; kept as a guard
+            raise VocabularyMismatchError("the grammar's start matches nothing")
+        self.initial_state = initial
+        self.terminal_state = TERMINAL
+        if not self.is_accepting(initial) and not len(self.allowed_tokens(initial)):
+            raise VocabularyMismatchError("no token of the vocabulary can start this grammar's text")
+
+    def __repr__(self) -> str:
+        return f"CFGGrammar(states={len(self._sets)}, rows={self.table.num_rows}, {self.regex[:60]!r})"
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return {**self._stats, "states": len(self._sets), "lexeme_pairs": len(self._pairs),
+                "mask_rows": self.table.num_rows}
+
+    @property
+    def num_states(self) -> int:
+        """States discovered so far (ids never change)."""
+        return len(self._sets)
+
+    # -- the Earley machinery ---------------------------------------------------------------------
+
+    def _nullables(self) -> list[bool]:
+        nullable = [False] * len(self._rules_of)
+        changed = True
+        while changed:
+            changed = False
+            for r, rhs in enumerate(self._rhs):
+                lhs = self._lhs[r]
+                if not nullable[lhs] and all(self._term_nullable[-s - 1] if s < 0 else nullable[s] for s in rhs):
+                    nullable[lhs] = changed = True
+        return nullable
+
+    def _waiters_of(self, origin: int) -> dict[int, list[tuple[int, int, int]]]:
+        got = self._waiters.get(origin)
+        if got is None:
+            got = {}
+            rhs_of = self._rhs
+            for r, d, o, q in self._sets[origin]:
+                if q < 0 and d < len(rhs_of[r]):
+                    got.setdefault(rhs_of[r][d], []).append((r, d, origin if o == SELF else o))
+            self._waiters[origin] = got
+        return got
+
+    def _closure(self, seeds: list[tuple[int, int, int]], scans: list[_Item]) -> int:
+        """The set of `scans` (items already stepped) and the closure of `seeds` (items just
+        advanced past a symbol; origins already resolved, SELF for this new set): interned id,
+        or -1 when empty."""
+        items: set[_Item] = set(scans)
+        seen: set[tuple[int, int, int]] = set()
+        predicted: set[int] = set()
+        stack = list(seeds)
+        rhs_of, lhs_of, rules_of = self._rhs, self._lhs, self._rules_of
+        dfas, term_nullable, nullable = self._dfas, self._term_nullable, self._nullable
+        while stack:
+            item = stack.pop()
+            if item in seen:
+                continue
+            seen.add(item)
+            r, d, o = item
+            rhs = rhs_of[r]
+            if d == len(rhs):
+                if r == 0:
+                    items.add((0, d, o, -1))
+                elif o != SELF:  # a zero-length completion was taken care of at prediction
+                    for r2, d2, o2 in self._waiters_of(o).get(lhs_of[r], ()):
+                        stack.append((r2, d2 + 1, o2))
+                continue
+            sym = rhs[d]
+            if sym < 0:
+                t = -sym - 1
+                items.add((r, d, o, dfas[t].initial))
+                if term_nullable[t]:
+                    stack.append((r, d + 1, o))
+            else:
+                items.add((r, d, o, -1))
+                if sym not in predicted:
+                    predicted.add(sym)
+                    stack.extend((r2, 0, SELF) for r2 in rules_of[sym])
+                if nullable[sym]:
+                    stack.append((r, d + 1, o))
+        if not items:
+            return -1
+        key = frozenset(items)
+        sid = self._set_ids.get(key)
+        if sid is None:
+            sid = self._set_ids[key] = len(self._sets)
+            self._sets.append(key)
+            self._accepting.append(any(r == 0 and q < 0 and d == 1 for r, d, _, q in key))
+        return sid
+
+    def _term_next(self, t: int, q: int, byte: int) -> int:
+        memo = self._byte_next[t]
+        key = q * 256 + byte
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = self._dfas[t].next(q, byte)
+        return got
+
+    def _step_byte(self, state: int, byte: int) -> int:
+        key = state * 256 + byte
+        got = self._step.get(key)
+        if got is not None:
+            return got
+        with self._lock:
+            seeds: list[tuple[int, int, int]] = []
+            scans: list[_Item] = []
+            rhs_of, dfas = self._rhs, self._dfas
+            for r, d, o, q in self._sets[state]:
+                if q < 0:
+                    continue
+                t = -rhs_of[r][d] - 1
+                q2 = self._term_next(t, q, byte)
+                dfa = dfas[t]
+                if q2 == dfa.dead:
+                    continue
+                origin = state if o == SELF else o
+                scans.append((r, d, origin, q2))
+                if dfa.accepting[q2]:
+                    seeds.append((r, d + 1, origin))
+            got = self._closure(seeds, scans) if (seeds or scans) else -1
+            self._step[key] = got
+        return got
+
+    # -- the transition function ------------------------------------------------------------------
+
+    def _check_state(self, state: int) -> None:
+        if not isinstance(state, (int, np.integer)) or not 0 <= state < len(self._sets):
+            raise InvalidArgumentError(f"state {state!r} is not a state of this grammar")
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id`, or -1 when the token is not allowed in `state`."""
+        if token_id in self._eos:
+            self._check_state(state)
+            return TERMINAL if self._accepting[state] else -1
+        if state == TERMINAL:
+            return -1
+        if not 0 <= token_id < self.logits_width or token_id >= len(self._token_bytes):
+            return -1
+        data = self._token_bytes[token_id]
+        if not data:
+            return -1
+        self._check_state(state)
+        step = self._step
+        for byte in data:
+            nxt = step.get(state * 256 + byte)
+            state = self._step_byte(state, byte) if nxt is None else nxt
+            if state < 0:
+                return -1
+        return state
+
+    def is_accepting(self, state: int) -> bool:
+        self._check_state(state)
+        return self._accepting[state]
+
+    def matches(self, token_ids: Iterable[int]) -> bool:
+        """Whether the token sequence (EOS optional at the end) is a complete match."""
+        state = self.initial_state
+        for t in token_ids:
+            state = self.next_state(state, int(t))
+            if state < 0:
+                return False
+        return self.is_accepting(state)
+
+    def accepts_text(self, text: str | bytes) -> bool:
+        """Whether the grammar matches `text` exactly (bytes walked one at a time, no tokens)."""
+        data = text.encode() if isinstance(text, str) else text
+        state = self.initial_state
+        for byte in data:
+            state = self._step_byte(state, byte)
+            if state < 0:
+                return False
+        return self._accepting[state]
+
+    def token_text(self, token_id: int) -> str:
+        return self.vocabulary.token_text(token_id)
+
+    # -- masks ------------------------------------------------------------------------------------
+
+    def _pair(self, t: int, q: int) -> _Pair:
+        """The trie walked through terminal t's DFA from state q (module docstring)."""
+        key = (t, q)
+        got = self._pairs.get(key)
+        if got is not None:
+            return got
+        trie, dfa = self._trie, self._dfas[t]
+        dead = dfa.dead
+        node_st = np.full(trie.num_nodes + 1, dead, dtype=np.int32)
+        dfa.ensure_rows([q])
+        parent_st: np.ndarray | None = None
+        for j, (a, b) in enumerate(trie._levels):
+            if a == b:
+                continue
+            byte_class = dfa.classes.take(trie.byte[a:b])
+            if j == 0:
+                src = np.full(b - a, q, dtype=np.int64)
+            else:
+                src = node_st.take(trie.parent[a:b]).astype(np.int64)
+            at = src * dfa.num_classes + byte_class
+            st = dfa.table.take(at)
+            if len(st) and st.min() < 0:  # rows not computed yet
+                dfa.ensure_rows(np.unique(src[st < 0]))
+                st = dfa.table.take(at)
+            node_st[a:b] = st
+            parent_st = st
+        del parent_st
+        live = node_st != dead
+        per_token = node_st.take(trie.token_node)
+        inside = np.flatnonzero(per_token[: self.logits_width] != dead).astype(np.int32)
+        accepting = dfa.accepting
+        exits_mask = live[:-1].copy()
+        exits_mask &= trie.child_count > 0
+        candidates = np.flatnonzero(exits_mask)
+        exits = candidates[accepting.take(node_st.take(candidates))].tolist() if len(candidates) else []
+        pair = self._pairs[key] = _Pair(inside, exits)
+        return pair
+
+    def _ids(self, state: int) -> np.ndarray:
+        """Sorted allowed ids of a state (EOS where accepting)."""
+        if state == TERMINAL:
+            return self._eos_ids
+        parts: list[np.ndarray] = []
+        crossing: set[int] = set()
+        groups: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for r, d, o, q in self._sets[state]:
+            if q >= 0:
+                t = -self._rhs[r][d] - 1
+                groups.setdefault((t, q), []).append((r, d + 1, state if o == SELF else o))
+        for (t, q), seeds in groups.items():
+            pair = self._pair(t, q)
+            parts.append(pair.inside)
+            if pair.exits:
+                branch = self._closure(seeds, [])
+                if branch >= 0:
+                    self._walk_subtrees(branch, pair.exits, crossing)
+        if self._accepting[state]:
+            parts.append(self._eos_ids)
+        if crossing:
+            parts.append(np.fromiter((t for t in crossing if t < self.logits_width), dtype=np.int32))
+        return _union(parts)
+
+    def _walk_subtrees(self, start: int, nodes: list[int], out: set[int]) -> None:
+        """Tokens below each of `nodes` (their bytes past the node) that set `start` allows."""
+        child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
+        node_tokens, step = self._node_tokens, self._step
+        stack = [(n, start) for n in nodes]
+        while stack:
+            n, s = stack.pop()
+            c0 = child_start[n]
+            for c in range(c0, c0 + child_count[n]):
+                b = node_byte[c]
+                nxt = step.get(s * 256 + b)
+                if nxt is None:
+                    nxt = self._step_byte(s, b)
+                if nxt < 0:
+                    continue
+                toks = node_tokens.get(c)
+                if toks:
+                    out.update(toks)
+                if child_count[c]:
+                    stack.append((c, nxt))
+
+    def mask_row(self, state: int) -> int:
+        """The row of `device_masks()` holding `state`'s mask."""
+        row = self._rows.get(state)
+        if row is not None:
+            return row
+        self._check_state(state)
+        with self._lock:
+            row = self._rows.get(state)
+            if row is None:
+                row = self._rows[state] = self.table.add(self._ids(state))
+        return row
+
+    def device_masks(self) -> mx.array:
+        """The grammar's mask table: every row `mask_row` returned so far."""
+        return self.table.device_masks()
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        """Sorted ids allowed in `state` (decoded from its mask row)."""
+        row = self.mask_row(state)
+        bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+
+    # -- token budgets: nothing proven ------------------------------------------------------------
+
+    def distance(self, state: int) -> int | None:
+        """Not computed for context-free grammars: None (no completion proven)."""
+        self._check_state(state)
+        return 0 if state == TERMINAL else None
+
+    def distance_bound(self, state: int) -> int | None:
+        return self.distance(state)
+
+    @property
+    def min_completion_tokens(self) -> int | None:
+        return None
+
+    def budget_mask_row(self, state: int, left: int) -> int:
+        """`mask_row(state)`: without distances a budget narrows nothing (module docstring)."""
+        return self.mask_row(state)
+
+    def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
+        return self.allowed_tokens(state)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs."""
+        items = sum(len(s) for s in self._sets) * 100 + len(self._sets) * 250
+        memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
+        pairs = sum(int(p.inside.nbytes) + 40 * len(p.exits) + 200 for p in self._pairs.values())
+        return int(self.table.nbytes + items + memos + pairs + sum(d.nbytes for d in self._dfas)
+                   + sys.getsizeof(self._node_tokens) * 3)
+
+
+def _union(parts: list[np.ndarray]) -> np.ndarray:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return np.zeros(0, dtype=np.int32)
+    if len(parts) == 1:
+        return np.asarray(parts[0], dtype=np.int32)
+    return np.unique(np.concatenate(parts)).astype(np.int32)
