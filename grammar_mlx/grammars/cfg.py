@@ -140,6 +140,21 @@ def _recursive(rules: dict[str, Rule]) -> set[str]:
     return out
 
 
+def _flat(expr: Expr) -> list[tuple[Expr, ...]]:
+    """`expr` as alternatives of item sequences, distributing only over its alternatives,
+    optionals and a sequence's last item (what a right-linear rule needs)."""
+    if isinstance(expr, Alts):
+        return [alt for x in expr.items for alt in _flat(x)]
+    if isinstance(expr, Rep) and (expr.lo, expr.hi) == (0, 1):
+        return [*_flat(expr.item), ()]
+    if isinstance(expr, Cat) and expr.items:
+        head = expr.items[:-1]
+        return [head + tail for tail in _flat(expr.items[-1])]
+    if isinstance(expr, Term) and expr.node == rx.EMPTY:
+        return [()]
+    return [(expr,)]
+
+
 def _empty(node: rx.Node) -> bool:
     return rx.length_range(node)[0] >= rx._INF
 
@@ -186,6 +201,7 @@ class _Lowerer:
 
     def run(self) -> Lowered:
         start = self.source.start
+        self._reduce_right_linear()
         for name in self.rules:
             if not self._rule_regular(name):
                 self.nt[name] = len(self.names)
@@ -201,6 +217,48 @@ class _Lowerer:
 
     # -- regular parts ---------------------------------------------------------------------------
 
+    def _reduce_right_linear(self) -> None:
+        """A rule recursive only through itself at the ends of its alternatives (`ws ::= ([ \\t] ws)?`,
+        `A ::= x A | y`) is regular: `(x)* y`. Found to a fixed point (one reduced rule may make
+        another's other references regular), so such rules cost no parser state."""
+        changed = True
+        while changed:
+            changed = False
+            for name in sorted(self.recursive):
+                node = self._right_linear(name)
+                if node is not None:
+                    self.recursive.discard(name)
+                    self.regular.clear()
+                    self.regex[name] = node
+                    changed = True
+
+    def _right_linear(self, name: str) -> rx.Node | None:
+        loops: list[rx.Node] = []
+        bases: list[rx.Node] = []
+        self.recursive.discard(name)  # the prefixes are judged with the rule itself set aside
+        self.regular.clear()
+        try:
+            for alt in _flat(self.rules[name].expr):
+                if alt and isinstance(alt[-1], Ref) and alt[-1].name == name:
+                    prefix = alt[:-1]
+                    target = loops
+                else:
+                    prefix = alt
+                    target = bases
+                refs: list[Ref] = []
+                for x in prefix:
+                    _refs(x, refs)
+                if any(r.name == name for r in refs) or not all(self._is_regular(x) for x in prefix):
+                    return None
+                target.append(rx.seq(*(self._as_regex(x) for x in prefix)) if prefix else rx.EMPTY)
+        finally:
+            self.recursive.add(name)
+            self.regular.clear()
+            self.regex.pop(name, None)
+        if not bases:
+            return None
+        return rx.seq(rx.repeat(rx.alt(*loops), 0, None), rx.alt(*bases)) if loops else rx.alt(*bases)
+
     def _is_regular(self, expr: Expr) -> bool:
         if isinstance(expr, Term):
             return True
@@ -213,6 +271,8 @@ class _Lowerer:
     def _rule_regular(self, name: str) -> bool:
         """A rule on no cycle whose references are all regular (the rules below it form a DAG)."""
         got = self.regular.get(name)
+        if got is None and name in self.regex:  # a reduced right-linear rule (or one already written)
+            return True
         if got is None:
             got = self.regular[name] = name not in self.recursive and self._is_regular(self.rules[name].expr)
         return got
@@ -327,25 +387,25 @@ class _Lowerer:
                     continue
                 if all(productive_t[-s - 1] if s < 0 else productive[s] for s in rhs):
                     productive[lhs] = changed = True
+        # The rule to blame: a recursive one first (the cycle that never ends), else the first.
+        dead = [name for name, n in self.nt.items() if not productive[n]]
+        dead.sort(key=lambda name: name not in self.recursive)
         if productive[0]:
-            # Rules reachable from the start that derive nothing make alternatives dead: refuse
-            # them (a grammar with a rule that can never finish is a mistake, as llama.cpp says).
-            for name, n in self.nt.items():
-                if not productive[n]:
-                    raise error(f"rule {name!r} derives no string (every alternative recurses without end "
-                                "or matches nothing)", self.rules[name].pos)
+            # A reachable rule that derives nothing makes its alternatives dead: refused, as a
+            # mistake (a rule that can never finish).
+            if dead:
+                raise error(f"rule {dead[0]!r} derives no string (every alternative recurses without end "
+                            "or matches nothing)", self.rules[dead[0]].pos)
             for lhs, rhs in self.out:
                 for s in rhs:
                     if s < 0 and not productive_t[-s - 1]:
                         raise error("a part of the grammar matches no string (an empty character class?)",
                                     self._where(lhs))
             return
-        pos = self.rules[self.source.start].pos
-        culprit = next((name for name, n in self.nt.items() if not productive[n]), self.source.start)
+        culprit = dead[0] if dead else self.source.start
+        pos = self.rules[culprit].pos if culprit in self.rules else self.source.start_pos
         raise EmptyGrammarError(f"the grammar's language is empty: rule {culprit!r} derives no string",
-                                line=self.rules.get(culprit, self.rules[self.source.start]).pos.line
-                                if culprit in self.rules else pos.line,
-                                column=self.rules[culprit].pos.column if culprit in self.rules else pos.column)
+                                line=pos.line, column=pos.column)
 
     def _where(self, lhs: int) -> Pos:
         name = self.names[lhs]
