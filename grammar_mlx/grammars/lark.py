@@ -352,7 +352,7 @@ class _Parser:
     def string(self) -> str:
         at = self.pos()
         self.i += 1
-        out = []
+        out: list[str] = []
         t = self.text
         while True:
             if self.i >= len(t) or t[self.i] == "\n":

@@ -16,8 +16,10 @@ def gbnf(text: str, **kw):
 
 CASES = [
     # (grammar, accepted, rejected)
-    ('root ::= "1. " move " " move "\\n"\nmove ::= [a-h] [1-8]\n', ["1. e4 e5\n"], ["1. e4 e5", "1.e4 e5\n", "1. e9 e5\n"]),
-    ('root ::= pawn | castle\npawn ::= [a-h] [1-8]\ncastle ::= "O-O" "-O"?\n', ["a1", "O-O", "O-O-O"], ["O-O-", "a9", ""]),
+    ('root ::= "1. " move " " move "\\n"\nmove ::= [a-h] [1-8]\n', ["1. e4 e5\n"],
+     ["1. e4 e5", "1.e4 e5\n", "1. e9 e5\n"]),
+    ('root ::= pawn | castle\npawn ::= [a-h] [1-8]\ncastle ::= "O-O" "-O"?\n', ["a1", "O-O", "O-O-O"],
+     ["O-O-", "a9", ""]),
     ('root ::= ("ab" | "c")*\n', ["", "ab", "cab", "abcc"], ["a", "b", "abb"]),
     ('root ::= "x"+\n', ["x", "xxx"], [""]),
     ('root ::= "x"? "y"\n', ["y", "xy"], ["xxy", "x"]),
