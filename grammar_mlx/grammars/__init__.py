@@ -51,7 +51,8 @@ def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start
     vocab = vocabulary_of(tokenizer, eos_token_ids=eos_token_ids)
     width, eos = _width_and_eos(vocab, logits_width)
     trie = token_trie(vocab, width)
-    stats: dict[str, Any] = {"mode": "cfg", "syntax": syntax, "terminals": len(lowered.terminals), "rules": len(lowered.rules)}
+    stats: dict[str, Any] = {"mode": "cfg", "syntax": syntax, "terminals": len(lowered.terminals),
+                             "rules": len(lowered.rules)}
     grammar = CFGGrammar(lowered, vocab, trie, logits_width=width, eos_token_ids=eos,
                          description=f"{syntax} grammar ({len(source.rules)} rules)", stats=stats)
     grammar.mask_row(grammar.initial_state)  # the first mask: compile includes it

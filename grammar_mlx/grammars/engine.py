@@ -45,8 +45,8 @@ narrows nothing: `budget_mask_row` is `mask_row`.
 
 from __future__ import annotations
 
-import sys
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,9 @@ __all__ = ["CFGGrammar"]
 
 SELF = -1  # an item's origin: the set holding it
 TERMINAL = 0  # the state after EOS (only EOS)
+# A subtree of at most this many nodes below a lexeme's end is walked byte by byte (a dict read per
+# node); a larger one level by level in numpy, per scanning pair.
+SMALL_SUBTREE = 256
 _Item = tuple[int, int, int, int]
 
 
@@ -125,16 +128,9 @@ class CFGGrammar:
         self._pairs: dict[tuple[int, int], _Pair] = {}
         self._rows: dict[int, int] = {}  # state -> mask row
         self.table = MaskTable(self.logits_width, limits.LAZY_MASK_BYTES)
-        # The trie as Python lists, for the byte-by-byte walks of the crossing tokens.
-        self._child_start = trie.child_start.tolist()
-        self._child_count = trie.child_count.tolist()
-        self._node_byte = trie.byte.tolist()
-        self._node_tokens: dict[int, list[int]] = {}
-        for node, first in enumerate(trie.end_first.tolist()):
-            if first >= 0:
-                self._node_tokens[node] = [first]
-        for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
-            self._node_tokens[node].append(extra)
+        view = _trie_view(trie)
+        self._child_start, self._child_count, self._node_byte = view.child_start, view.child_count, view.byte
+        self._end_first, self._end_more, self._descendants = view.end_first, view.end_more, view.descendants
         self._token_bytes = vocabulary.token_bytes
         initial = self._closure([(0, 0, SELF)], [])
         if initial < 0:  # cannot happen for a productive grammar; kept as a guard
@@ -316,43 +312,64 @@ class CFGGrammar:
 
     # -- masks ------------------------------------------------------------------------------------
 
-    def _pair(self, t: int, q: int) -> _Pair:
-        """The trie walked through terminal t's DFA from state q (module docstring)."""
-        key = (t, q)
-        got = self._pairs.get(key)
-        if got is not None:
-            return got
+    def _walk_range(self, t: int, q: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Terminal t's DFA walked from state q over the trie nodes from the level range [lo, hi)
+        down (one subtree, or the whole trie): (live nodes, their states), level by level, one
+        gather per level."""
         trie, dfa = self._trie, self._dfas[t]
         dead = dfa.dead
-        node_st = np.full(trie.num_nodes + 1, dead, dtype=np.int32)
         dfa.ensure_rows([q])
-        parent_st: np.ndarray | None = None
-        for j, (a, b) in enumerate(trie._levels):
-            if a == b:
-                continue
-            byte_class = dfa.classes.take(trie.byte[a:b])
-            if j == 0:
-                src = np.full(b - a, q, dtype=np.int64)
+        nodes: list[np.ndarray] = []
+        states: list[np.ndarray] = []
+        prev_lo, prev_st = -1, np.zeros(0, dtype=np.int32)
+        first = True
+        while lo < hi:
+            byte_class = dfa.classes.take(trie.byte[lo:hi])
+            if first:
+                src = np.full(hi - lo, q, dtype=np.int64)
+                first = False
             else:
-                src = node_st.take(trie.parent[a:b]).astype(np.int64)
+                src = prev_st.take(trie.parent[lo:hi] - prev_lo).astype(np.int64)
             at = src * dfa.num_classes + byte_class
             st = dfa.table.take(at)
             if len(st) and st.min() < 0:  # rows not computed yet
                 dfa.ensure_rows(np.unique(src[st < 0]))
                 st = dfa.table.take(at)
-            node_st[a:b] = st
-            parent_st = st
-        del parent_st
-        live = node_st != dead
-        per_token = node_st.take(trie.token_node)
-        inside = np.flatnonzero(per_token[: self.logits_width] != dead).astype(np.int32)
-        accepting = dfa.accepting
-        exits_mask = live[:-1].copy()
-        exits_mask &= trie.child_count > 0
-        candidates = np.flatnonzero(exits_mask)
-        exits = candidates[accepting.take(node_st.take(candidates))].tolist() if len(candidates) else []
-        pair = self._pairs[key] = _Pair(inside, exits)
-        return pair
+            live = np.flatnonzero(st != dead)
+            if not len(live):
+                break
+            nodes.append(live + lo)
+            states.append(st[live])
+            prev_lo, prev_st = lo, st
+            lo, hi = self._child_start[lo], self._child_start[hi - 1] + self._child_count[hi - 1]
+        if not nodes:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty.astype(np.int32)
+        return np.concatenate(nodes), np.concatenate(states)
+
+    def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """(token ids ending at `nodes`, the nodes with children where terminal t may end)."""
+        trie = self._trie
+        first = trie.end_first.take(nodes)
+        ids = first[first >= 0]
+        if len(trie.end_more_node):
+            more = trie.end_more_id[np.isin(trie.end_more_node, nodes)]
+            if len(more):
+                ids = np.concatenate([ids, more])
+        ids = np.sort(ids[ids < self.logits_width]).astype(np.int32)
+        ends = self._dfas[t].accepting.take(states) & (trie.child_count.take(nodes) > 0)
+        return ids, nodes[ends].tolist()
+
+    def _pair(self, t: int, q: int) -> _Pair:
+        """The whole trie walked through terminal t's DFA from state q (module docstring)."""
+        key = (t, q)
+        got = self._pairs.get(key)
+        if got is None:
+            levels = self._trie._levels
+            nodes, states = self._walk_range(t, q, *levels[0]) if levels else (np.zeros(0, np.int64),
+                                                                                np.zeros(0, np.int32))
+            got = self._pairs[key] = _Pair(*self._split(t, nodes, states))
+        return got
 
     def _ids(self, state: int) -> np.ndarray:
         """Sorted allowed ids of a state (EOS where accepting)."""
@@ -360,28 +377,44 @@ class CFGGrammar:
             return self._eos_ids
         parts: list[np.ndarray] = []
         crossing: set[int] = set()
-        groups: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-        for r, d, o, q in self._sets[state]:
-            if q >= 0:
-                t = -self._rhs[r][d] - 1
-                groups.setdefault((t, q), []).append((r, d + 1, state if o == SELF else o))
-        for (t, q), seeds in groups.items():
-            pair = self._pair(t, q)
-            parts.append(pair.inside)
-            if pair.exits:
-                branch = self._closure(seeds, [])
-                if branch >= 0:
-                    self._walk_subtrees(branch, pair.exits, crossing)
+        self._below(state, -1, parts, crossing)
         if self._accepting[state]:
             parts.append(self._eos_ids)
         if crossing:
             parts.append(np.fromiter((t for t in crossing if t < self.logits_width), dtype=np.int32))
         return _union(parts)
 
+    def _below(self, state: int, node: int, parts: list[np.ndarray], crossing: set[int]) -> None:
+        """The tokens whose bytes past trie `node` (-1: the root) set `state` allows, into `parts`
+        (arrays) and `crossing` (ids): per scanning pair, the tokens inside its terminal, and from
+        each node where the terminal may end, the same for the set that ending it there leaves.
+        A small subtree is walked byte by byte instead (cheaper than its numpy calls)."""
+        if node >= 0 and self._descendants[node] <= SMALL_SUBTREE:
+            self._walk_subtrees(state, [node], crossing)
+            return
+        groups: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for r, d, o, q in self._sets[state]:
+            if q >= 0:
+                t = -self._rhs[r][d] - 1
+                groups.setdefault((t, q), []).append((r, d + 1, state if o == SELF else o))
+        for (t, q), seeds in groups.items():
+            if node < 0:
+                pair = self._pair(t, q)
+                inside, exits = pair.inside, pair.exits
+            else:
+                c0 = self._child_start[node]
+                inside, exits = self._split(t, *self._walk_range(t, q, c0, c0 + self._child_count[node]))
+            parts.append(inside)
+            if exits:
+                branch = self._closure(seeds, [])
+                if branch >= 0:
+                    for e in exits:
+                        self._below(branch, e, parts, crossing)
+
     def _walk_subtrees(self, start: int, nodes: list[int], out: set[int]) -> None:
         """Tokens below each of `nodes` (their bytes past the node) that set `start` allows."""
         child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
-        node_tokens, step = self._node_tokens, self._step
+        end_first, end_more, step = self._end_first, self._end_more, self._step
         stack = [(n, start) for n in nodes]
         while stack:
             n, s = stack.pop()
@@ -393,9 +426,12 @@ class CFGGrammar:
                     nxt = self._step_byte(s, b)
                 if nxt < 0:
                     continue
-                toks = node_tokens.get(c)
-                if toks:
-                    out.update(toks)
+                first = end_first[c]
+                if first >= 0:
+                    out.add(first)
+                    more = end_more.get(c)
+                    if more:
+                        out.update(more)
                 if child_count[c]:
                     stack.append((c, nxt))
 
@@ -449,7 +485,42 @@ class CFGGrammar:
         memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
         pairs = sum(int(p.inside.nbytes) + 40 * len(p.exits) + 200 for p in self._pairs.values())
         return int(self.table.nbytes + items + memos + pairs + sum(d.nbytes for d in self._dfas)
-                   + sys.getsizeof(self._node_tokens) * 3)
+                   )
+
+
+class _TrieView:
+    """A trie's arrays as Python lists (the byte-by-byte walks read them per node), and each node's
+    count of descendants; one per trie, shared by its grammars."""
+
+    def __init__(self, trie: TokenTrie):
+        self.child_start: list[int] = trie.child_start.tolist()
+        self.child_count: list[int] = trie.child_count.tolist()
+        self.byte: list[int] = trie.byte.tolist()
+        self.end_first: list[int] = trie.end_first.tolist()
+        self.end_more: dict[int, list[int]] = {}
+        for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
+            self.end_more.setdefault(node, []).append(extra)
+        self.descendants: list[int] = _descendants(trie).tolist()
+
+
+_VIEWS: weakref.WeakKeyDictionary[TokenTrie, _TrieView] = weakref.WeakKeyDictionary()
+_VIEWS_LOCK = threading.Lock()
+
+
+def _trie_view(trie: TokenTrie) -> _TrieView:
+    with _VIEWS_LOCK:
+        view = _VIEWS.get(trie)
+        if view is None:
+            view = _VIEWS[trie] = _TrieView(trie)
+        return view
+
+
+def _descendants(trie: TokenTrie) -> np.ndarray:
+    """Per trie node, the number of nodes below it (levels from the deepest up)."""
+    count = np.zeros(trie.num_nodes, dtype=np.int64)
+    for a, b in reversed(trie._levels[1:]):
+        np.add.at(count, trie.parent[a:b], count[a:b] + 1)
+    return count
 
 
 def _union(parts: list[np.ndarray]) -> np.ndarray:
