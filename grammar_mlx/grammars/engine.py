@@ -229,7 +229,13 @@ class CFGGrammar:
         key = q * 256 + byte
         got = memo.get(key)
         if got is None:
-            got = memo[key] = self._dfas[t].next(q, byte)
+            dfa = self._dfas[t]
+            at = q * dfa.num_classes + int(dfa.classes[byte])
+            got = int(dfa.table[at])
+            if got < 0:  # the row is not computed yet
+                dfa.ensure_rows([q])
+                got = int(dfa.table[at])
+            memo[key] = got
         return got
 
     def _step_byte(self, state: int, byte: int) -> int:
@@ -313,38 +319,39 @@ class CFGGrammar:
     # -- masks ------------------------------------------------------------------------------------
 
     def _walk_range(self, t: int, q: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Terminal t's DFA walked from state q over the trie nodes from the level range [lo, hi)
-        down (one subtree, or the whole trie): (live nodes, their states), level by level, one
-        gather per level."""
+        """Terminal t's DFA walked from state q over the trie nodes of the level range [lo, hi)
+        and below (one subtree, or the whole trie): (live nodes, their states). Sparse: each
+        level expands only the children of the previous level's live nodes (a restrictive
+        state such as "after `{`" costs little)."""
         trie, dfa = self._trie, self._dfas[t]
-        dead = dfa.dead
+        dead, width = dfa.dead, dfa.num_classes
         dfa.ensure_rows([q])
         nodes: list[np.ndarray] = []
         states: list[np.ndarray] = []
-        prev_lo, prev_st = -1, np.zeros(0, dtype=np.int32)
-        first = True
-        while lo < hi:
-            byte_class = dfa.classes.take(trie.byte[lo:hi])
-            if first:
-                src = np.full(hi - lo, q, dtype=np.int64)
-                first = False
-            else:
-                src = prev_st.take(trie.parent[lo:hi] - prev_lo).astype(np.int64)
-            at = src * dfa.num_classes + byte_class
+        idx = np.arange(lo, hi, dtype=np.int64)
+        src = np.full(hi - lo, q, dtype=np.int64)
+        while len(idx):
+            at = src * width + dfa.classes.take(trie.byte.take(idx))
             st = dfa.table.take(at)
-            if len(st) and st.min() < 0:  # rows not computed yet
+            if st.min() < 0:  # rows not computed yet
                 dfa.ensure_rows(np.unique(src[st < 0]))
                 st = dfa.table.take(at)
-            live = np.flatnonzero(st != dead)
-            if not len(live):
+            keep = st != dead
+            idx, st = idx[keep], st[keep]
+            if not len(idx):
                 break
-            nodes.append(live + lo)
-            states.append(st[live])
-            prev_lo, prev_st = lo, st
-            lo, hi = self._child_start[lo], self._child_start[hi - 1] + self._child_count[hi - 1]
+            nodes.append(idx)
+            states.append(st)
+            counts = trie.child_count.take(idx)
+            total = int(counts.sum())
+            if total == 0:
+                break
+            ends = np.cumsum(counts)
+            idx = (np.arange(total, dtype=np.int64)
+                   + np.repeat(trie.child_start.take(idx).astype(np.int64) - (ends - counts), counts))
+            src = np.repeat(st, counts).astype(np.int64)
         if not nodes:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty.astype(np.int32)
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
         return np.concatenate(nodes), np.concatenate(states)
 
     def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -408,8 +415,39 @@ class CFGGrammar:
             if exits:
                 branch = self._closure(seeds, [])
                 if branch >= 0:
-                    for e in exits:
-                        self._below(branch, e, parts, crossing)
+                    self._enter(branch, exits, parts, crossing)
+
+    def _enter(self, state: int, exits: list[int], parts: list[np.ndarray], crossing: set[int]) -> None:
+        """The tokens below the `exits` nodes that `state` (a terminal just ended there) allows:
+        their children's bytes stepped at once (most kill the state: one numpy pass), then the
+        survivors' tokens and what lies below them."""
+        trie = self._trie
+        ex = np.asarray(exits, dtype=np.int64)
+        counts = trie.child_count.take(ex)
+        total = int(counts.sum())
+        if total == 0:
+            return
+        ends = np.cumsum(counts)
+        first_kid = trie.child_start.take(ex).astype(np.int64)
+        kids = np.arange(total, dtype=np.int64) + np.repeat(first_kid - (ends - counts), counts)
+        kid_bytes = trie.byte.take(kids)
+        nxt_of = np.full(256, -1, dtype=np.int64)
+        step = self._step
+        for b in np.unique(kid_bytes).tolist():
+            got = step.get(state * 256 + b)
+            nxt_of[b] = self._step_byte(state, b) if got is None else got
+        nxt = nxt_of.take(kid_bytes)
+        keep = nxt >= 0
+        end_first, end_more, child_count = self._end_first, self._end_more, self._child_count
+        for c, s2 in zip(kids[keep].tolist(), nxt[keep].tolist()):
+            first = end_first[c]
+            if first >= 0:
+                crossing.add(first)
+                more = end_more.get(c)
+                if more:
+                    crossing.update(more)
+            if child_count[c]:
+                self._below(s2, c, parts, crossing)
 
     def _walk_subtrees(self, start: int, nodes: list[int], out: set[int]) -> None:
         """Tokens below each of `nodes` (their bytes past the node) that set `start` allows."""
