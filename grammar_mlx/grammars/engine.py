@@ -74,6 +74,8 @@ TERMINAL = 0  # the state after EOS (only EOS)
 # A subtree of at most this many nodes below a lexeme's end is walked byte by byte (a dict read per
 # node); a larger one level by level in numpy, per scanning pair.
 SMALL_SUBTREE = 256
+# A whole-trie walk turns dense at the first level where more than this share of nodes is live.
+DENSE_SHARE = 0.25
 _Item = tuple[int, int, int, int]
 
 
@@ -330,7 +332,12 @@ class CFGGrammar:
         states: list[np.ndarray] = []
         idx = np.arange(lo, hi, dtype=np.int64)
         src = np.full(hi - lo, q, dtype=np.int64)
+        whole = lo == 0 and trie.num_levels > 0 and hi == trie._levels[0][1]
+        level = 0
         while len(idx):
+            if whole and level and len(idx) > DENSE_SHARE * (trie._levels[level][1] - trie._levels[level][0]):
+                return self._dense_rest(t, level, nodes, states)
+            level += 1
             at = src * width + dfa.classes.take(trie.byte.take(idx))
             st = dfa.table.take(at)
             if st.min() < 0:  # rows not computed yet
@@ -353,6 +360,26 @@ class CFGGrammar:
         if not nodes:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
         return np.concatenate(nodes), np.concatenate(states)
+
+    def _dense_rest(self, t: int, level: int, nodes: list[np.ndarray], states: list[np.ndarray]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """A whole-trie walk from `level` on, once most nodes are live: every node of a level in one
+        gather from its parent's state (dead ones included), as `token_index.walk`'s dense phase."""
+        trie, dfa = self._trie, self._dfas[t]
+        dead, width = dfa.dead, dfa.num_classes
+        node_st = np.full(trie.num_nodes, dead, dtype=np.int32)
+        for i, st in zip(nodes, states):
+            node_st[i] = st
+        column = dfa.node_classes(trie)
+        for a, b in trie._levels[level:]:
+            at = node_st.take(trie.parent[a:b]).astype(np.int64) * width + column[a:b]
+            st = dfa.table.take(at)
+            if st.min() < 0:
+                dfa.ensure_rows(np.unique(at[st < 0] // width))
+                st = dfa.table.take(at)
+            node_st[a:b] = st
+        live = np.flatnonzero(node_st != dead)
+        return live, node_st[live]
 
     def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """(token ids ending at `nodes`, the nodes with children where terminal t may end)."""
