@@ -108,3 +108,24 @@ def test_batch_generator_requests_match_their_solo_runs(models, grammars, qwen_t
         alone, _ = run_stream(models["main"], qwen_tokenizer, prompt, [GrammarProcessor(g)], max_tokens=MAX_TOKENS)
         assert out == alone
         check_prefix(g, out)
+
+
+def test_fast_forward_proposes_the_forced_text_of_a_grammar(qwen_tokenizer):
+    from grammar_mlx.runtime.fast_forward import FastForward, tokenizer_encoder
+
+    text = 'root ::= "{\\"name\\": \\"" [a-z]+ "\\", \\"args\\": " arr "}"\narr ::= "[" (arr ("," arr)*)? "]"\n'
+    g = compile_grammar(text, qwen_tokenizer, syntax="gbnf", logits_width=W)
+    ff = FastForward(g, tokenizer_encoder(qwen_tokenizer))
+    run, states = ff.forced_run(g.initial_state)
+    assert run == b'{"name": "' and states[-1] >= 0
+    tokens, after = ff.canonical_tokens(g.initial_state)
+    state = g.initial_state
+    for t, s in zip(tokens, after):
+        state = g.next_state(state, t)
+        assert state == s >= 0
+    assert qwen_tokenizer.decode(list(tokens)) == run.decode()[:len(qwen_tokenizer.decode(list(tokens)))]
+    # Inside the recursion: after `[[` only `[` or `]` may come; nothing is forced there.
+    s = g.initial_state
+    for t in qwen_tokenizer.encode('{"name": "x", "args": [[', add_special_tokens=False):
+        s = g.next_state(s, t)
+    assert s >= 0 and ff.forced_run(s)[0] == b""
