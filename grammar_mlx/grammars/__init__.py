@@ -55,6 +55,7 @@ def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start
                              "rules": len(lowered.rules)}
     grammar = CFGGrammar(lowered, vocab, trie, logits_width=width, eos_token_ids=eos,
                          description=f"{syntax} grammar ({len(source.rules)} rules)", stats=stats)
+    grammar.unenforced = tuple(source.unenforced)
     grammar.mask_row(grammar.initial_state)  # the first mask: compile includes it
     stats["compile_seconds"] = time.perf_counter() - started
     return grammar

@@ -19,6 +19,7 @@ context-free one with every terminal replaced by its regular language.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import EmptyGrammarError, InvalidGrammarError
 from ..regex import syntax as rx
@@ -80,6 +81,7 @@ class Source:
     rules: dict[str, Rule]
     start: str
     start_pos: Pos = field(default_factory=lambda: Pos(1, 1))
+    unenforced: tuple[Any, ...] = ()  # schema keywords a `%json` terminal does not enforce
 
 
 def error(message: str, pos: Pos) -> InvalidGrammarError:

@@ -10,8 +10,12 @@ literals: the ignored text may appear after every terminal and at the start), `%
 (`-> ALIAS`, or `common (A, B)`) with Lark's common terminals defined here. The start rule is
 `start` unless `start=` names another.
 
+`%json { schema }` (llguidance's extension) stands for the schema's JSON texts, as
+`compile_json_schema` writes them (compact; recursive references unrolled to the translator's
+default depth); the keywords it cannot enforce are the grammar's `unenforced`.
+
 Not supported (an `InvalidGrammarError` naming the place): regex flags, `%declare`, templates,
-`%json`, `%llguidance`, special-token references `<…>`, imports from other modules.
+`%llguidance`, special-token references `<…>`, imports from other modules.
 
 Terminals match any of their strings: adjacent terminals may split a text in any way the grammar
 allows (Lark's `lexer="dynamic_complete"`), not by longest match as Lark's standard lexers and
@@ -21,9 +25,11 @@ same language either way.
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
+from typing import Any
 
-from ..errors import InvalidGrammarError, InvalidRegexError
+from ..errors import GrammarError, InvalidGrammarError, InvalidRegexError
 from ..regex import rust
 from ..regex import syntax as rx
 from ..regex.charset import CharSet
@@ -79,6 +85,7 @@ class _Parser:
         self.rules: dict[str, Rule] = {}
         self.ignore: list[Expr] = []
         self.depth = 0  # open groups: newlines inside them are spaces
+        self.unenforced: list[Any] = []  # schema keywords a %json terminal does not enforce
 
     def pos(self, at: int | None = None) -> Pos:
         at = self.i if at is None else at
@@ -344,10 +351,32 @@ class _Parser:
         if c == "<":
             raise error("special-token references (<...>) are not supported", at)
         if c == "%":
-            raise error("%json and other inline directives are not supported", at)
+            if self.text.startswith("%json", self.i):
+                return self.json_schema(at)
+            raise error("inline directives other than %json are not supported", at)
         if c and (c.isalpha() or c == "_"):
             return Ref(self.name(), at)
         raise error(f"unexpected {c!r}" if c else "unexpected end of grammar", at)
+
+    def json_schema(self, at: Pos) -> Expr:
+        """`%json { schema }`: the schema's canonical JSON texts (as `compile_json_schema` writes
+        them: compact, recursion unrolled to its default depth), one terminal."""
+        from ..schema.translate import schema_to_regex
+
+        self.i += len("%json")
+        while self.peek() in (" ", "\t", "\r", "\n") and self.peek():
+            self.i += 1
+        try:
+            schema, end = json.JSONDecoder().raw_decode(self.text, self.i)
+        except json.JSONDecodeError as e:
+            raise error(f"%json: the schema is not valid JSON: {e.msg}", self.pos(e.pos)) from None
+        self.i = end
+        try:
+            translated = schema_to_regex(schema)
+        except GrammarError as e:
+            raise error(f"%json: {e}", at) from None
+        self.unenforced.extend(translated.unenforced)
+        return Term(translated.ast, at)
 
     def string(self) -> str:
         at = self.pos()
@@ -420,7 +449,7 @@ class _Parser:
         if _is_terminal(start):
             raise error(f"the start {start!r} is a terminal; it must be a rule", self.rules[start].pos)
         if not self.ignore:
-            return Source(self.rules, start, self.rules[start].pos)
+            return Source(self.rules, start, self.rules[start].pos, tuple(self.unenforced))
         ign = self.ignore[0] if len(self.ignore) == 1 else Alts(tuple(self.ignore), _pos_of(self.ignore[0]))
         skip = Rep(ign, 0, None, _pos_of(ign))
         rules = {}
@@ -428,7 +457,7 @@ class _Parser:
             rules[name] = rule if _is_terminal(name) else Rule(_with_ignore(rule.expr, skip), rule.pos)
         top = "<ignored then start>"
         rules[top] = Rule(Cat((skip, Ref(start, self.rules[start].pos)), self.rules[start].pos), self.rules[start].pos)
-        return Source(rules, top, self.rules[start].pos)
+        return Source(rules, top, self.rules[start].pos, tuple(self.unenforced))
 
 
 def _pos_of(expr: Expr) -> Pos:

@@ -5,6 +5,7 @@ grammars are typed errors with their position."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import lark
@@ -139,7 +140,9 @@ BAD = [
     ("%import common.NOPE\nstart: \"a\"\n", "no terminal 'NOPE'", 1, 16),
     ("%import other.X\nstart: \"a\"\n", "only %import common", 1, 9),
     ("%declare X\nstart: \"a\"\n", "%declare is not supported", 1, 1),
-    ('start: "a" %json {}\n', "not supported", 1, 12),
+    ('start: "a" %foo\n', "other than %json are not supported", 1, 12),
+    ('start: %json {"type": }\n', "not valid JSON", 1, 23),
+    ('start: %json {"type": "nope"}\n', "%json", 1, 8),
     ('start: "abc\n', "unterminated string literal", 1, 8),
 ]
 
@@ -160,3 +163,19 @@ def test_an_empty_language_is_an_empty_language_error():
 def test_start_option():
     g = ours('start: "a"\nother: "b" other | "c"\n', start="other")
     assert g.accepts_text("bbc") and not g.accepts_text("a")
+
+
+def test_json_schema_inside_a_grammar():
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": ' \
+             '{"type": "boolean"}}}, "required": ["a"], "additionalProperties": false}'
+    g = ours(f'start: "Answer: " obj "\\n"\nobj: %json {schema}\n')
+    for text in ['Answer: {"a":1}\n', 'Answer: {"a":-3,"b":[true,false]}\n']:
+        assert g.accepts_text(text), text
+    for text in ['Answer: {"a":"x"}\n', 'Answer: {"b":[]}\n', 'Answer: {"a":1}', '{"a":1}\n']:
+        assert not g.accepts_text(text), text
+    rng = random.Random(9)
+    for _ in range(6):
+        out = random_walk(g, rng, max_tokens=40)
+        if out is not None:
+            body = json.loads(out.decode()[len("Answer: "):])
+            assert isinstance(body["a"], int) and set(body) <= {"a", "b"}
