@@ -98,6 +98,7 @@ class Lowered:
     terminals: list[rx.Node]
     rules: list[tuple[int, tuple[int, ...]]]
     names: list[str]  # per nonterminal, for messages
+    term_pos: list[Pos]  # per terminal, where its first part is written
 
 
 def _refs(expr: Expr, out: list[Ref]) -> None:
@@ -195,6 +196,7 @@ class _Lowerer:
         self.regex: dict[str, rx.Node] = {}  # regular rules' languages
         self.regular: dict[str, bool] = {}
         self.terminals: list[rx.Node] = []
+        self.term_pos: list[Pos] = []
         self.term_ids: dict[rx.Node, int] = {}
         self.nt: dict[str, int] = {}
         self.names: list[str] = ["<start>"]
@@ -215,7 +217,7 @@ class _Lowerer:
         top = self._symbols(Ref(start, self.source.start_pos))
         self.out[0] = (0, top)
         self._check_productive()
-        return Lowered(self.terminals, self.out, self.names)
+        return Lowered(self.terminals, self.out, self.names, self.term_pos)
 
     # -- regular parts ---------------------------------------------------------------------------
 
@@ -293,7 +295,7 @@ class _Lowerer:
             return rx.alt(*(self._as_regex(x) for x in expr.items))
         return rx.repeat(self._as_regex(expr.item), expr.lo, expr.hi)
 
-    def _terminal(self, node: rx.Node) -> int | None:
+    def _terminal(self, node: rx.Node, pos: Pos) -> int | None:
         """The symbol of a regular language (None: only the empty string, nothing to scan)."""
         if node == rx.EMPTY:
             return None
@@ -301,6 +303,7 @@ class _Lowerer:
         if k is None:
             k = self.term_ids[node] = len(self.terminals)
             self.terminals.append(node)
+            self.term_pos.append(pos)
         return -(k + 1)
 
     # -- rules -----------------------------------------------------------------------------------
@@ -318,17 +321,20 @@ class _Lowerer:
         items = expr.items if isinstance(expr, Cat) else (expr,)
         out: list[int] = []
         run: list[rx.Node] = []
+        run_pos: list[Pos] = []
 
         def flush() -> None:
             if run:
-                sym = self._terminal(rx.seq(*run))
+                sym = self._terminal(rx.seq(*run), run_pos[0])
                 if sym is not None:
                     out.append(sym)
                 run.clear()
+                run_pos.clear()
 
         for x in items:
             if self._is_regular(x):
                 run.append(self._as_regex(x))
+                run_pos.append(x.pos)
                 continue
             flush()
             if isinstance(x, Ref):

@@ -57,8 +57,9 @@ from ..automata.byte_dfa import ByteDFA
 from ..automata.byte_nfa import build_nfa, determinize
 from ..compiler.mask_table import MaskTable
 from ..compiler.token_index import TokenTrie
-from ..errors import InvalidArgumentError, VocabularyMismatchError
+from ..errors import InvalidArgumentError, InvalidGrammarError, VocabularyMismatchError
 from ..regex import syntax as rx
+from ..regex.rust import Unsupported
 from ..vocabulary.token_bytes import Vocabulary
 from .cfg import Lowered
 
@@ -116,8 +117,13 @@ class CFGGrammar:
         for r, lhs in enumerate(self._lhs):
             if r:
                 self._rules_of[lhs].append(r)
-        self._dfas: list[ByteDFA] = [determinize(build_nfa(node), limits.MAX_DFA_STATES)
-                                     for node in lowered.terminals]
+        self._dfas: list[ByteDFA] = []
+        for node, pos in zip(lowered.terminals, lowered.term_pos):
+            try:
+                self._dfas.append(determinize(build_nfa(node), limits.MAX_DFA_STATES))
+            except Unsupported as e:  # e.g. a class of NUL only: text never holds NUL
+                raise InvalidGrammarError(f"this part of the grammar cannot be matched: {e}", line=pos.line,
+                                          column=pos.column) from None
         self._term_nullable = [rx.nullable(node) for node in lowered.terminals]
         self._nullable = self._nullables()
         self._byte_next: list[dict[int, int]] = [{} for _ in lowered.terminals]  # per terminal: q*256+b -> q'

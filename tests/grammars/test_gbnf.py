@@ -78,6 +78,7 @@ BAD = [
     ('root "a"\n', "expected '::='", 1, 6),
     ('root ::= "a"\nroot ::= "b"\n', "defined twice", 2, 1),
     ('root ::= <think>\n', "token references", 1, 10),
+    ('root ::= "(" root ")" | "\\x00"\n', "cannot be matched", 1, 25),
 ]
 
 
