@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -134,11 +134,15 @@ class CFGGrammar:
         self._step: dict[int, int] = {}  # set * 256 + byte -> set (-1: dead)
         self._accepting: list[bool] = [True]
         self._pairs: dict[tuple[int, int], _Pair] = {}
+        self._pair_groups: dict[int, list[tuple[tuple[int, int], Callable[[], int]]]] = {}
+        self._first: dict[int, int] = {}  # state -> the bytes it can take (bits)
+        self._pair_first: dict[tuple[int, int], int] = {}
         self._rows: dict[int, int] = {}  # state -> mask row
         self.table = MaskTable(self.logits_width, limits.LAZY_MASK_BYTES)
         view = _trie_view(trie)
         self._child_start, self._child_count, self._node_byte = view.child_start, view.child_count, view.byte
         self._end_first, self._end_more, self._descendants = view.end_first, view.end_more, view.descendants
+        self._child_bytes = view.child_bytes
         self._token_bytes = vocabulary.token_bytes
         initial = self._closure([(0, 0, SELF)], [])
         if initial < 0:  # cannot happen for a productive grammar; kept as a guard
@@ -430,14 +434,9 @@ class CFGGrammar:
         each node where the terminal may end, the same for the set that ending it there leaves.
         A small subtree is walked byte by byte instead (cheaper than its numpy calls)."""
         if node >= 0 and self._descendants[node] <= SMALL_SUBTREE:
-            self._walk_subtrees(state, [node], crossing)
+            self._small_below(state, node, crossing)
             return
-        groups: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-        for r, d, o, q in self._sets[state]:
-            if q >= 0:
-                t = -self._rhs[r][d] - 1
-                groups.setdefault((t, q), []).append((r, d + 1, state if o == SELF else o))
-        for (t, q), seeds in groups.items():
+        for (t, q), branch in self._groups(state):
             if node < 0:
                 pair = self._pair(t, q)
                 inside, exits = pair.inside, pair.exits
@@ -446,9 +445,88 @@ class CFGGrammar:
                 inside, exits = self._split(t, *self._walk_range(t, q, c0, c0 + self._child_count[node]))
             parts.append(inside)
             if exits:
-                branch = self._closure(seeds, [])
-                if branch >= 0:
-                    self._enter(branch, exits, parts, crossing)
+                b = branch()
+                if b >= 0:
+                    self._enter(b, exits, parts, crossing)
+
+    def _groups(self, state: int) -> list[tuple[tuple[int, int], Callable[[], int]]]:
+        """A state's scanning pairs, each with (a memoized maker of) the set that ending the pair's
+        terminal leaves: the items waiting on it, advanced and closed."""
+        got = self._pair_groups.get(state)
+        if got is not None:
+            return got
+        seeds_of: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for r, d, o, q in self._sets[state]:
+            if q >= 0:
+                t = -self._rhs[r][d] - 1
+                seeds_of.setdefault((t, q), []).append((r, d + 1, state if o == SELF else o))
+        got = [(key, self._branch_maker(seeds)) for key, seeds in seeds_of.items()]
+        self._pair_groups[state] = got
+        return got
+
+    def _branch_maker(self, seeds: list[tuple[int, int, int]]) -> Callable[[], int]:
+        made: list[int] = []
+
+        def branch() -> int:
+            if not made:
+                made.append(self._closure(seeds, []))
+            return made[0]
+
+        return branch
+
+    def _first_bytes(self, state: int) -> int:
+        """The bytes that do not kill `state`, as a 256-bit int: those some scanning item's DFA
+        takes (a set lives on only through its scanning items)."""
+        got = self._first.get(state)
+        if got is None:
+            got = 0
+            for (t, q), _ in self._groups(state):
+                key = (t, q)
+                bits = self._pair_first.get(key)
+                if bits is None:
+                    dfa = self._dfas[t]
+                    dfa.ensure_rows([q])
+                    row = dfa.table[q * dfa.num_classes:(q + 1) * dfa.num_classes]
+                    live = np.flatnonzero(row.take(dfa.classes) != dfa.dead).tolist()
+                    bits = self._pair_first[key] = sum(1 << b for b in live)
+                got |= bits
+            self._first[state] = got
+        return got
+
+    def _small_below(self, state: int, node: int, crossing: set[int]) -> None:
+        """`_below` for a small subtree, in Python: per scanning pair a walk of the terminal's DFA
+        alone (no parser work inside a lexeme), the parser consulted only where the terminal may
+        end and the subtree goes on."""
+        child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
+        end_first, end_more, child_bytes = self._end_first, self._end_more, self._child_bytes
+        for (t, q), branch in self._groups(state):
+            dfa = self._dfas[t]
+            memo, dead, accepting = self._byte_next[t], dfa.dead, dfa.accepting
+            stack = [(node, q)]
+            while stack:
+                n, qq = stack.pop()
+                c0 = child_start[n]
+                for c in range(c0, c0 + child_count[n]):
+                    b = node_byte[c]
+                    q2 = memo.get(qq * 256 + b)
+                    if q2 is None:
+                        q2 = self._term_next(t, qq, b)
+                        accepting = dfa.accepting  # the DFA may have grown
+                    if q2 == dead:
+                        continue
+                    first = end_first[c]
+                    if first >= 0:
+                        crossing.add(first)
+                        more = end_more.get(c)
+                        if more:
+                            crossing.update(more)
+                    if child_count[c]:
+                        stack.append((c, q2))
+                        if accepting[q2]:
+                            s2 = branch()
+                            # Most ends lead nowhere: no child byte can start what follows.
+                            if s2 >= 0 and child_bytes[c] & self._first_bytes(s2):
+                                self._small_below(s2, c, crossing)
 
     def _enter(self, state: int, exits: list[int], parts: list[np.ndarray], crossing: set[int]) -> None:
         """The tokens below the `exits` nodes that `state` (a terminal just ended there) allows:
@@ -481,30 +559,6 @@ class CFGGrammar:
                     crossing.update(more)
             if child_count[c]:
                 self._below(s2, c, parts, crossing)
-
-    def _walk_subtrees(self, start: int, nodes: list[int], out: set[int]) -> None:
-        """Tokens below each of `nodes` (their bytes past the node) that set `start` allows."""
-        child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
-        end_first, end_more, step = self._end_first, self._end_more, self._step
-        stack = [(n, start) for n in nodes]
-        while stack:
-            n, s = stack.pop()
-            c0 = child_start[n]
-            for c in range(c0, c0 + child_count[n]):
-                b = node_byte[c]
-                nxt = step.get(s * 256 + b)
-                if nxt is None:
-                    nxt = self._step_byte(s, b)
-                if nxt < 0:
-                    continue
-                first = end_first[c]
-                if first >= 0:
-                    out.add(first)
-                    more = end_more.get(c)
-                    if more:
-                        out.update(more)
-                if child_count[c]:
-                    stack.append((c, nxt))
 
     def mask_row(self, state: int) -> int:
         """The row of `device_masks()` holding `state`'s mask."""
@@ -572,6 +626,15 @@ class _TrieView:
         for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
             self.end_more.setdefault(node, []).append(extra)
         self.descendants: list[int] = _descendants(trie).tolist()
+        # Per node, the bytes of its children as a 256-bit int (four 64-bit words, then joined).
+        words = np.zeros((trie.num_nodes, 4), dtype=np.uint64)
+        if trie.num_levels > 1:
+            kids = np.arange(int(trie.level_start[1]), trie.num_nodes)
+            kb = trie.byte[kids].astype(np.uint64)
+            np.bitwise_or.at(words, (trie.parent[kids], (kb >> np.uint64(6)).astype(np.int64)),
+                             np.left_shift(np.uint64(1), kb & np.uint64(63)))
+        w = words.tolist()
+        self.child_bytes: list[int] = [a | b << 64 | c << 128 | d << 192 for a, b, c, d in w]
 
 
 _VIEWS: weakref.WeakKeyDictionary[TokenTrie, _TrieView] = weakref.WeakKeyDictionary()
