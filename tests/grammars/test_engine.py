@@ -215,3 +215,17 @@ def test_protocol_pieces(json_grammar):
     assert g.budget_mask_row(g.initial_state, 3) == g.mask_row(g.initial_state)
     assert g.distance(g.initial_state) is None and g.min_completion_tokens is None
     assert g.nbytes > 0 and g.stats["mode"] == "cfg"
+
+
+def test_nesting_has_no_depth_bound(json_grammar):
+    g = json_grammar
+    for depth in (1, 50, 300):
+        doc = "[" * depth + '{"a":' * depth + "1" + "}" * depth + "]" * depth
+        assert g.accepts_text(doc) and json_valid(doc)
+        assert not g.accepts_text(doc[:-1]) and not g.accepts_text(doc + "]")
+    # Tokens along a deep document: every prefix state allows exactly what next_state allows.
+    state = g.initial_state
+    for t in [b"[{", b'"a"', b":"] * 20:
+        state = g.next_state(state, TOKENS.index(t))
+        assert state >= 0
+    check_row(g, state)
