@@ -15,6 +15,7 @@ from .compiler import CompiledGrammar, CompileOptions, EagerGrammar, LazyGrammar
 from .errors import (
     CompileTimeoutError,
     CompileWorkerError,
+    EmptyGrammarError,
     EmptyLanguageError,
     GenerationError,
     GrammarError,
@@ -22,6 +23,7 @@ from .errors import (
     GrammarViolationError,
     HistoryError,
     InvalidArgumentError,
+    InvalidGrammarError,
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
@@ -48,6 +50,7 @@ from .generate import (
     stream_json,
     stream_regex,
 )
+from .grammars import CFGGrammar, compile_grammar
 from .kernels import apply_token_bitmask
 from .models import default_model, load_gguf, load_model, logits_width_of, tokenizer_from_gguf, truncated_draft
 from .runtime import (
@@ -79,6 +82,8 @@ __all__ = [
     "CompileOptions",
     "compile_json_schema",
     "compile_regex",
+    "compile_grammar",
+    "CFGGrammar",
     "GrammarProcessor",
     "StateStack",
     "StatefulProcessor",
@@ -108,12 +113,14 @@ __all__ = [
     "GrammarError",
     "CompileTimeoutError",
     "CompileWorkerError",
+    "EmptyGrammarError",
     "EmptyLanguageError",
     "GenerationError",
     "GrammarTooLargeError",
     "GrammarViolationError",
     "HistoryError",
     "InvalidArgumentError",
+    "InvalidGrammarError",
     "InvalidRegexError",
     "InvalidRequestError",
     "InvalidSchemaError",

@@ -163,3 +163,20 @@ class TokenBudgetError(InvalidArgumentError):
         super().__init__(message)
         self.needed = needed
         self.max_tokens = max_tokens
+
+
+class InvalidGrammarError(GrammarError, ValueError):
+    """A context-free grammar (GBNF or Lark, `compile_grammar`) that does not parse or cannot be
+    used: a syntax error, an undefined rule, a missing start rule, unbalanced parentheses, bad
+    repetition bounds, a rule that derives no string. `line` and `column` (1-based) locate it in
+    the grammar's text; the message ends with them."""
+
+    def __init__(self, message: str, *, line: int, column: int):
+        super().__init__(f"{message} (line {line}, column {column})")
+        self.line = line
+        self.column = column
+
+
+class EmptyGrammarError(InvalidGrammarError, EmptyLanguageError):
+    """A grammar whose start rule derives no string: both an `InvalidGrammarError` (it names the
+    start rule's position) and an `EmptyLanguageError` (the language is empty)."""

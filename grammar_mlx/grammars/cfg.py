@@ -1,0 +1,421 @@
+"""The one grammar IR both front ends (`gbnf`, `lark`) parse into, and its lowering for the engine.
+
+A front end produces a `Source`: named rules, each an `Expr` (terminals as regex ASTs of
+`regex.syntax`, references to rules, sequences, alternatives, counted repetitions), every node with
+its position in the grammar's text. `lower` checks it (undefined rules, a missing start, bad
+repetition bounds, rules that derive no string: `InvalidGrammarError` with line and column; an
+empty start: `EmptyGrammarError`) and turns it into a `Lowered` grammar for `engine`:
+
+- every rule that takes part in no recursion is inlined into the regexes of the rules using it,
+  and each maximal run of regular items of a sequence becomes one terminal (one regex, compiled by
+  the byte NFA like any other). What remains are the recursive rules, over few, long terminals;
+- repetitions of non-regular items become left-recursive helper rules (`R ::= R x | ε`): the Earley
+  engine keeps left recursion in bounded state, right recursion grows one state per iteration.
+
+A terminal matches any of its regex's strings (no longest-match lexer): the language is exactly the
+context-free one with every terminal replaced by its regular language.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import EmptyGrammarError, InvalidGrammarError
+from ..regex import syntax as rx
+
+__all__ = ["Alts", "Cat", "Expr", "Lowered", "Pos", "Ref", "Rep", "Rule", "Source", "Term", "lower"]
+
+
+@dataclass(frozen=True, slots=True)
+class Pos:
+    line: int
+    column: int
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    node: rx.Node
+    pos: Pos
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    name: str
+    pos: Pos
+
+
+@dataclass(frozen=True, slots=True)
+class Cat:
+    items: tuple[Expr, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True, slots=True)
+class Alts:
+    items: tuple[Expr, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True, slots=True)
+class Rep:
+    item: Expr
+    lo: int
+    hi: int | None
+    pos: Pos
+
+
+Expr = Term | Ref | Cat | Alts | Rep
+
+
+@dataclass(slots=True)
+class Rule:
+    expr: Expr
+    pos: Pos
+
+
+@dataclass(slots=True)
+class Source:
+    """A parsed grammar: rules by name (in definition order) and the start rule's name."""
+
+    rules: dict[str, Rule]
+    start: str
+    start_pos: Pos = field(default_factory=lambda: Pos(1, 1))
+    unenforced: tuple[Any, ...] = ()  # schema keywords a `%json` terminal does not enforce
+
+
+def error(message: str, pos: Pos) -> InvalidGrammarError:
+    return InvalidGrammarError(message, line=pos.line, column=pos.column)
+
+
+# Symbols of the lowered grammar: a nonterminal n >= 0, a terminal k as -(k + 1).
+
+
+@dataclass(slots=True)
+class Lowered:
+    """BNF over regex terminals. Rule 0 is `S' -> start`; `rules[i] = (lhs, rhs)`."""
+
+    terminals: list[rx.Node]
+    rules: list[tuple[int, tuple[int, ...]]]
+    names: list[str]  # per nonterminal, for messages
+    term_pos: list[Pos]  # per terminal, where its first part is written
+
+
+def _refs(expr: Expr, out: list[Ref]) -> None:
+    if isinstance(expr, Ref):
+        out.append(expr)
+    elif isinstance(expr, (Cat, Alts)):
+        for item in expr.items:
+            _refs(item, out)
+    elif isinstance(expr, Rep):
+        _refs(expr.item, out)
+
+
+def _check_bounds(expr: Expr) -> None:
+    if isinstance(expr, Rep):
+        if expr.lo < 0 or (expr.hi is not None and expr.hi < expr.lo):
+            raise error(f"bad repetition bounds {{{expr.lo},{'' if expr.hi is None else expr.hi}}}", expr.pos)
+        _check_bounds(expr.item)
+    elif isinstance(expr, (Cat, Alts)):
+        for item in expr.items:
+            _check_bounds(item)
+
+
+def _recursive(rules: dict[str, Rule]) -> set[str]:
+    """Rules that can reach themselves through references (one search per rule: grammars are small)."""
+    graph: dict[str, set[str]] = {}
+    for name, rule in rules.items():
+        refs: list[Ref] = []
+        _refs(rule.expr, refs)
+        graph[name] = {r.name for r in refs}
+    out: set[str] = set()
+    for name in graph:
+        seen: set[str] = set()
+        todo = list(graph[name])
+        while todo:
+            n = todo.pop()
+            if n == name:
+                out.add(name)
+                break
+            if n not in seen:
+                seen.add(n)
+                todo.extend(graph[n])
+    return out
+
+
+def _flat(expr: Expr) -> list[tuple[Expr, ...]]:
+    """`expr` as alternatives of item sequences, distributing only over its alternatives,
+    optionals and a sequence's last item (what a right-linear rule needs)."""
+    if isinstance(expr, Alts):
+        return [alt for x in expr.items for alt in _flat(x)]
+    if isinstance(expr, Rep) and (expr.lo, expr.hi) == (0, 1):
+        return [*_flat(expr.item), ()]
+    if isinstance(expr, Cat) and expr.items:
+        head = expr.items[:-1]
+        return [head + tail for tail in _flat(expr.items[-1])]
+    if isinstance(expr, Term) and expr.node == rx.EMPTY:
+        return [()]
+    return [(expr,)]
+
+
+def _empty(node: rx.Node) -> bool:
+    return rx.length_range(node)[0] >= rx._INF
+
+
+def lower(source: Source) -> Lowered:
+    rules = source.rules
+    if source.start not in rules:
+        raise error(f"the start rule {source.start!r} is not defined", source.start_pos)
+    for rule in rules.values():
+        _check_bounds(rule.expr)
+        refs: list[Ref] = []
+        _refs(rule.expr, refs)
+        for r in refs:
+            if r.name not in rules:
+                raise error(f"undefined rule {r.name!r}", r.pos)
+    # Only what the start reaches matters (an unused rule may be anything that parses).
+    reach = [source.start]
+    seen = {source.start}
+    while reach:
+        refs = []
+        _refs(rules[reach.pop()].expr, refs)
+        for r in refs:
+            if r.name not in seen:
+                seen.add(r.name)
+                reach.append(r.name)
+    rules = {n: r for n, r in rules.items() if n in seen}
+    recursive = _recursive(rules)
+    return _Lowerer(rules, recursive, source).run()
+
+
+class _Lowerer:
+    def __init__(self, rules: dict[str, Rule], recursive: set[str], source: Source):
+        self.rules = rules
+        self.recursive = recursive
+        self.source = source
+        self.regex: dict[str, rx.Node] = {}  # regular rules' languages
+        self.regular: dict[str, bool] = {}
+        self.terminals: list[rx.Node] = []
+        self.term_pos: list[Pos] = []
+        self.term_ids: dict[rx.Node, int] = {}
+        self.nt: dict[str, int] = {}
+        self.names: list[str] = ["<start>"]
+        self.out: list[tuple[int, tuple[int, ...]]] = [(0, ())]  # rule 0 filled at the end
+        self.aux: dict[tuple[str, Expr], int] = {}
+
+    def run(self) -> Lowered:
+        start = self.source.start
+        self._reduce_right_linear()
+        for name in self.rules:
+            if not self._rule_regular(name):
+                self.nt[name] = len(self.names)
+                self.names.append(name)
+        for name, rule in self.rules.items():
+            if name in self.nt:
+                for alt in self._alternatives(rule.expr):
+                    self.out.append((self.nt[name], alt))
+        top = self._symbols(Ref(start, self.source.start_pos))
+        self.out[0] = (0, top)
+        self._check_productive()
+        return Lowered(self.terminals, self.out, self.names, self.term_pos)
+
+    # -- regular parts ---------------------------------------------------------------------------
+
+    def _reduce_right_linear(self) -> None:
+        """A rule recursive only through itself at the ends of its alternatives (`ws ::= ([ \\t] ws)?`,
+        `A ::= x A | y`) is regular: `(x)* y`. Found to a fixed point (one reduced rule may make
+        another's other references regular), so such rules cost no parser state."""
+        changed = True
+        while changed:
+            changed = False
+            for name in sorted(self.recursive):
+                node = self._right_linear(name)
+                if node is not None:
+                    self.recursive.discard(name)
+                    self.regular.clear()
+                    self.regex[name] = node
+                    changed = True
+
+    def _right_linear(self, name: str) -> rx.Node | None:
+        loops: list[rx.Node] = []
+        bases: list[rx.Node] = []
+        self.recursive.discard(name)  # the prefixes are judged with the rule itself set aside
+        self.regular.clear()
+        try:
+            for alt in _flat(self.rules[name].expr):
+                if alt and isinstance(alt[-1], Ref) and alt[-1].name == name:
+                    prefix = alt[:-1]
+                    target = loops
+                else:
+                    prefix = alt
+                    target = bases
+                refs: list[Ref] = []
+                for x in prefix:
+                    _refs(x, refs)
+                if any(r.name == name for r in refs) or not all(self._is_regular(x) for x in prefix):
+                    return None
+                target.append(rx.seq(*(self._as_regex(x) for x in prefix)) if prefix else rx.EMPTY)
+        finally:
+            self.recursive.add(name)
+            self.regular.clear()
+            self.regex.pop(name, None)
+        if not bases:
+            return None
+        return rx.seq(rx.repeat(rx.alt(*loops), 0, None), rx.alt(*bases)) if loops else rx.alt(*bases)
+
+    def _is_regular(self, expr: Expr) -> bool:
+        if isinstance(expr, Term):
+            return True
+        if isinstance(expr, Ref):
+            return self._rule_regular(expr.name)
+        if isinstance(expr, (Cat, Alts)):
+            return all(self._is_regular(x) for x in expr.items)
+        return self._is_regular(expr.item)
+
+    def _rule_regular(self, name: str) -> bool:
+        """A rule on no cycle whose references are all regular (the rules below it form a DAG)."""
+        got = self.regular.get(name)
+        if got is None and name in self.regex:  # a reduced right-linear rule (or one already written)
+            return True
+        if got is None:
+            got = self.regular[name] = name not in self.recursive and self._is_regular(self.rules[name].expr)
+        return got
+
+    def _as_regex(self, expr: Expr) -> rx.Node:
+        if isinstance(expr, Term):
+            return expr.node
+        if isinstance(expr, Ref):
+            node = self.regex.get(expr.name)
+            if node is None:
+                node = self.regex[expr.name] = self._as_regex(self.rules[expr.name].expr)
+            return node
+        if isinstance(expr, Cat):
+            return rx.seq(*(self._as_regex(x) for x in expr.items))
+        if isinstance(expr, Alts):
+            return rx.alt(*(self._as_regex(x) for x in expr.items))
+        return rx.repeat(self._as_regex(expr.item), expr.lo, expr.hi)
+
+    def _terminal(self, node: rx.Node, pos: Pos) -> int | None:
+        """The symbol of a regular language (None: only the empty string, nothing to scan)."""
+        if node == rx.EMPTY:
+            return None
+        k = self.term_ids.get(node)
+        if k is None:
+            k = self.term_ids[node] = len(self.terminals)
+            self.terminals.append(node)
+            self.term_pos.append(pos)
+        return -(k + 1)
+
+    # -- rules -----------------------------------------------------------------------------------
+
+    def _alternatives(self, expr: Expr) -> list[tuple[int, ...]]:
+        if isinstance(expr, Alts) and not self._is_regular(expr):
+            out: list[tuple[int, ...]] = []
+            for x in expr.items:
+                out.extend(self._alternatives(x))
+            return out
+        return [self._symbols(expr)]
+
+    def _symbols(self, expr: Expr) -> tuple[int, ...]:
+        """One alternative: a sequence of symbols (regular runs merged into one terminal)."""
+        items = expr.items if isinstance(expr, Cat) else (expr,)
+        out: list[int] = []
+        run: list[rx.Node] = []
+        run_pos: list[Pos] = []
+
+        def flush() -> None:
+            if run:
+                sym = self._terminal(rx.seq(*run), run_pos[0])
+                if sym is not None:
+                    out.append(sym)
+                run.clear()
+                run_pos.clear()
+
+        for x in items:
+            if self._is_regular(x):
+                run.append(self._as_regex(x))
+                run_pos.append(x.pos)
+                continue
+            flush()
+            if isinstance(x, Ref):
+                out.append(self.nt[x.name])
+            elif isinstance(x, Cat):
+                out.extend(self._symbols(x))
+            else:
+                out.append(self._helper(x))
+        flush()
+        return tuple(out)
+
+    def _new_nt(self, name: str) -> int:
+        n = len(self.names)
+        self.names.append(name)
+        return n
+
+    def _helper(self, expr: Expr) -> int:
+        """A nonterminal for a non-regular group or repetition."""
+        key = ("", expr)
+        hit = self.aux.get(key)
+        if hit is not None:
+            return hit
+        if isinstance(expr, Alts):
+            n = self.aux[key] = self._new_nt(f"<group {expr.pos.line}:{expr.pos.column}>")
+            for alt in self._alternatives(expr):
+                self.out.append((n, alt))
+            return n
+        assert isinstance(expr, Rep)
+        item = self._symbols(expr.item)
+        n = self.aux[key] = self._new_nt(f"<repeat {expr.pos.line}:{expr.pos.column}>")
+        # x{lo} then: unbounded -> a left-recursive star; bounded -> nested optionals.
+        tail: tuple[int, ...] = ()
+        if expr.hi is None:
+            star = self._new_nt(f"<star {expr.pos.line}:{expr.pos.column}>")
+            self.out.append((star, ()))
+            self.out.append((star, (star, *item)))
+            tail = (star,)
+        elif expr.hi > expr.lo:
+            opt = None
+            for _ in range(expr.hi - expr.lo):
+                nxt = self._new_nt(f"<optional {expr.pos.line}:{expr.pos.column}>")
+                self.out.append((nxt, ()))
+                self.out.append((nxt, (*item, *((opt,) if opt is not None else ()))))
+                opt = nxt
+            assert opt is not None
+            tail = (opt,)
+        self.out.append((n, item * expr.lo + tail))
+        return n
+
+    def _check_productive(self) -> None:
+        productive_t = [not _empty(t) for t in self.terminals]
+        productive = [False] * len(self.names)
+        changed = True
+        while changed:
+            changed = False
+            for lhs, rhs in self.out:
+                if productive[lhs]:
+                    continue
+                if all(productive_t[-s - 1] if s < 0 else productive[s] for s in rhs):
+                    productive[lhs] = changed = True
+        # The rule to blame: a recursive one first (the cycle that never ends), else the first.
+        dead = [name for name, n in self.nt.items() if not productive[n]]
+        dead.sort(key=lambda name: name not in self.recursive)
+        if productive[0]:
+            # A reachable rule that derives nothing makes its alternatives dead: refused, as a
+            # mistake (a rule that can never finish).
+            if dead:
+                raise error(f"rule {dead[0]!r} derives no string (every alternative recurses without end "
+                            "or matches nothing)", self.rules[dead[0]].pos)
+            for lhs, rhs in self.out:
+                for s in rhs:
+                    if s < 0 and not productive_t[-s - 1]:
+                        raise error("a part of the grammar matches no string (an empty character class?)",
+                                    self._where(lhs))
+            return
+        culprit = dead[0] if dead else self.source.start
+        pos = self.rules[culprit].pos if culprit in self.rules else self.source.start_pos
+        raise EmptyGrammarError(f"the grammar's language is empty: rule {culprit!r} derives no string",
+                                line=pos.line, column=pos.column)
+
+    def _where(self, lhs: int) -> Pos:
+        name = self.names[lhs]
+        rule = self.rules.get(name)
+        return rule.pos if rule is not None else self.source.start_pos

@@ -1,0 +1,666 @@
+"""`CFGGrammar`: the token automaton of a context-free grammar, a `MaskedGrammar` like any other.
+
+How it works. The grammar (`cfg.lower`) is BNF over terminals that are regexes; each terminal is
+compiled by the existing byte NFA into a lazily determinized `ByteDFA`. The parser is Earley's,
+run byte by byte, whose items scanning a terminal carry that terminal's DFA state:
+
+- an *item* is `(rule, dot, origin, q)`: `q >= 0` for an item whose next symbol is a terminal (the
+  terminal's DFA state: how far into the lexeme it is), `q = -1` for one waiting on a nonterminal
+  (kept only for completions that come back to it) or the accept marker (rule 0 complete);
+- an Earley *set* is a frozenset of items whose origins are the ids of earlier sets (or SELF, the
+  set itself, for items predicted there). Sets are hash-consed: equal sets are one id, and the
+  id is the grammar state. Since an origin is an id, equal configurations (same items, same
+  origins, recursively) are one state and one mask row, whatever the position: the state is a
+  persistent, shared stack of Earley sets. Left recursion (and every `*`/`+`, lowered to it) keeps
+  the state bounded; right recursion adds a set per level, as any CFG must for real nesting;
+- a byte steps each scanning item through its terminal's DFA (dead: dropped; accepting: the
+  terminal may end here, so its items advance, complete and predict as in Earley, with nullable
+  symbols skipped at prediction, Aycock and Horspool's fix). A set with no item is dead. Every rule
+  derives some string (`cfg.lower` refuses others), so any live set extends to a sentence.
+  `(set, byte) -> set` is memoized: `next_state` walks a token's bytes through that memo.
+
+A state's mask (the xgrammar observation): a token either stays inside the lexemes being scanned
+(no terminal ends before its last byte, and none needs to) or it crosses a lexeme boundary.
+- inside: per scanning pair (terminal, DFA state) one vectorized walk of the vocabulary's trie
+  through that terminal's DFA gives every trie node's DFA state: the tokens whose walk stays live
+  (the precomputed row of that pair) and the *exit* nodes, where the terminal may end and the trie
+  goes on. Both are kept per pair, and pairs are shared by all states of the grammar;
+- crossing: from each exit node, the set reached by ending the terminal there (the same for all
+  exits of a pair) walks the node's subtree byte by byte through the memo. That set is small in
+  practice: the tokens that go on past a lexeme's end (`",`, `}]`) are few.
+The union, with EOS where the set accepts, is added to the grammar's `MaskTable` (rows deduplicated).
+
+Costs: a new pair costs one trie walk (numpy, about the trie's node count); a new state costs its
+crossing walks in Python (the exits' subtrees that stay alive) and a row; `next_state` costs a
+dict read per byte once the memo has the step. States are never discarded (ids are held by
+processors); the mask table's byte limit (`limits.LAZY_MASK_BYTES`) bounds distinct rows.
+
+What a token that the vocabulary cannot finish does: a terminal's DFA state counts as live when
+some *byte string* completes it, so with a vocabulary lacking some bytes a row may hold a token into
+a dead end (the regex compiler prunes those; this engine does not).
+
+Token budgets: distances are not computed (`distance` is None: nothing proven), so a token budget
+narrows nothing: `budget_mask_row` is `mask_row`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import limits
+from ..automata.byte_dfa import ByteDFA
+from ..automata.byte_nfa import build_nfa, determinize
+from ..compiler.mask_table import MaskTable
+from ..compiler.token_index import TokenTrie
+from ..errors import InvalidArgumentError, InvalidGrammarError, VocabularyMismatchError
+from ..regex import syntax as rx
+from ..regex.rust import Unsupported
+from ..vocabulary.token_bytes import Vocabulary
+from .cfg import Lowered
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from ..schema.normalize import Unenforced
+
+__all__ = ["CFGGrammar"]
+
+SELF = -1  # an item's origin: the set holding it
+TERMINAL = 0  # the state after EOS (only EOS)
+# A subtree of at most this many nodes below a lexeme's end is walked byte by byte (a dict read per
+# node); a larger one level by level in numpy, per scanning pair.
+SMALL_SUBTREE = 256
+# A whole-trie walk turns dense at the first level where more than this share of nodes is live.
+DENSE_SHARE = 0.25
+_Item = tuple[int, int, int, int]
+
+
+class _Pair:
+    """What one (terminal, DFA state) contributes to masks: the tokens staying inside the terminal,
+    and the trie nodes with children where the terminal may end."""
+
+    __slots__ = ("exits", "inside")
+
+    def __init__(self, inside: np.ndarray, exits: list[int]):
+        self.inside = inside
+        self.exits = exits
+
+
+class CFGGrammar:
+    """The compiled automaton of a context-free grammar (module docstring). Built by
+    `compile_grammar`; satisfies `runtime.processor.MaskedGrammar`, so `GrammarProcessor`, the state
+    stack, the history follower and fast-forward take it as they take a `CompiledGrammar`."""
+
+    mode = "cfg"
+
+    def __init__(self, lowered: Lowered, vocabulary: Vocabulary, trie: TokenTrie, *, logits_width: int,
+                 eos_token_ids: tuple[int, ...], description: str, stats: dict[str, Any]) -> None:
+        self.vocabulary = vocabulary
+        self.logits_width = int(logits_width)
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.unenforced: tuple[Unenforced, ...] = ()
+        self.regex = description  # what the grammar "matches", for reprs and logs
+        self._stats = stats
+        self._trie = trie
+        self._eos = frozenset(self.eos_token_ids)
+        self._eos_ids = np.array(sorted(self._eos), dtype=np.int32)
+        self._lock = threading.RLock()
+        # Rules: symbols n >= 0 nonterminals, -(k + 1) terminal k.
+        self._lhs = [lhs for lhs, _ in lowered.rules]
+        self._rhs = [rhs for _, rhs in lowered.rules]
+        self._rules_of: list[list[int]] = [[] for _ in lowered.names]
+        for r, lhs in enumerate(self._lhs):
+            if r:
+                self._rules_of[lhs].append(r)
+        self._dfas: list[ByteDFA] = []
+        for node, pos in zip(lowered.terminals, lowered.term_pos):
+            try:
+                self._dfas.append(determinize(build_nfa(node), limits.MAX_DFA_STATES))
+            except Unsupported as e:  # e.g. a class of NUL only: text never holds NUL
+                raise InvalidGrammarError(f"this part of the grammar cannot be matched: {e}", line=pos.line,
+                                          column=pos.column) from None
+        self._term_nullable = [rx.nullable(node) for node in lowered.terminals]
+        self._nullable = self._nullables()
+        self._byte_next: list[dict[int, int]] = [{} for _ in lowered.terminals]  # per terminal: q*256+b -> q'
+        # Sets: id -> items, items -> id; id 0 is the terminal state (no items, EOS only).
+        self._sets: list[frozenset[_Item]] = [frozenset()]
+        self._set_ids: dict[frozenset[_Item], int] = {}
+        self._waiters: dict[int, dict[int, list[tuple[int, int, int]]]] = {}  # set -> nonterminal -> items
+        self._step: dict[int, int] = {}  # set * 256 + byte -> set (-1: dead)
+        self._accepting: list[bool] = [True]
+        self._pairs: dict[tuple[int, int], _Pair] = {}
+        self._pair_groups: dict[int, list[tuple[tuple[int, int], Callable[[], int]]]] = {}
+        self._first: dict[int, int] = {}  # state -> the bytes it can take (bits)
+        self._pair_first: dict[tuple[int, int], int] = {}
+        self._rows: dict[int, int] = {}  # state -> mask row
+        self.table = MaskTable(self.logits_width, limits.LAZY_MASK_BYTES)
+        view = _trie_view(trie)
+        self._child_start, self._child_count, self._node_byte = view.child_start, view.child_count, view.byte
+        self._end_first, self._end_more, self._descendants = view.end_first, view.end_more, view.descendants
+        self._child_bytes = view.child_bytes
+        self._token_bytes = vocabulary.token_bytes
+        initial = self._closure([(0, 0, SELF)], [])
+        if initial < 0:  # cannot happen for a productive grammar; kept as a guard
+            raise VocabularyMismatchError("the grammar's start matches nothing")
+        self.initial_state = initial
+        self.terminal_state = TERMINAL
+        if not self.is_accepting(initial) and not len(self.allowed_tokens(initial)):
+            raise VocabularyMismatchError("no token of the vocabulary can start this grammar's text")
+
+    def __repr__(self) -> str:
+        return f"CFGGrammar(states={len(self._sets)}, rows={self.table.num_rows}, {self.regex[:60]!r})"
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return {**self._stats, "states": len(self._sets), "lexeme_pairs": len(self._pairs),
+                "mask_rows": self.table.num_rows}
+
+    @property
+    def num_states(self) -> int:
+        """States discovered so far (ids never change)."""
+        return len(self._sets)
+
+    # -- the Earley machinery ---------------------------------------------------------------------
+
+    def _nullables(self) -> list[bool]:
+        nullable = [False] * len(self._rules_of)
+        changed = True
+        while changed:
+            changed = False
+            for r, rhs in enumerate(self._rhs):
+                lhs = self._lhs[r]
+                if not nullable[lhs] and all(self._term_nullable[-s - 1] if s < 0 else nullable[s] for s in rhs):
+                    nullable[lhs] = changed = True
+        return nullable
+
+    def _waiters_of(self, origin: int) -> dict[int, list[tuple[int, int, int]]]:
+        got = self._waiters.get(origin)
+        if got is None:
+            got = {}
+            rhs_of = self._rhs
+            for r, d, o, q in self._sets[origin]:
+                if q < 0 and d < len(rhs_of[r]):
+                    got.setdefault(rhs_of[r][d], []).append((r, d, origin if o == SELF else o))
+            self._waiters[origin] = got
+        return got
+
+    def _closure(self, seeds: list[tuple[int, int, int]], scans: list[_Item]) -> int:
+        """The set of `scans` (items already stepped) and the closure of `seeds` (items just
+        advanced past a symbol; origins already resolved, SELF for this new set): interned id,
+        or -1 when empty."""
+        items: set[_Item] = set(scans)
+        seen: set[tuple[int, int, int]] = set()
+        predicted: set[int] = set()
+        stack = list(seeds)
+        rhs_of, lhs_of, rules_of = self._rhs, self._lhs, self._rules_of
+        dfas, term_nullable, nullable = self._dfas, self._term_nullable, self._nullable
+        while stack:
+            item = stack.pop()
+            if item in seen:
+                continue
+            seen.add(item)
+            r, d, o = item
+            rhs = rhs_of[r]
+            if d == len(rhs):
+                if r == 0:
+                    items.add((0, d, o, -1))
+                elif o != SELF:  # a zero-length completion was taken care of at prediction
+                    for r2, d2, o2 in self._waiters_of(o).get(lhs_of[r], ()):
+                        stack.append((r2, d2 + 1, o2))
+                continue
+            sym = rhs[d]
+            if sym < 0:
+                t = -sym - 1
+                items.add((r, d, o, dfas[t].initial))
+                if term_nullable[t]:
+                    stack.append((r, d + 1, o))
+            else:
+                items.add((r, d, o, -1))
+                if sym not in predicted:
+                    predicted.add(sym)
+                    stack.extend((r2, 0, SELF) for r2 in rules_of[sym])
+                if nullable[sym]:
+                    stack.append((r, d + 1, o))
+        if not items:
+            return -1
+        key = frozenset(items)
+        sid = self._set_ids.get(key)
+        if sid is None:
+            sid = self._set_ids[key] = len(self._sets)
+            self._sets.append(key)
+            self._accepting.append(any(r == 0 and q < 0 and d == 1 for r, d, _, q in key))
+        return sid
+
+    def _term_next(self, t: int, q: int, byte: int) -> int:
+        memo = self._byte_next[t]
+        key = q * 256 + byte
+        got = memo.get(key)
+        if got is None:
+            dfa = self._dfas[t]
+            at = q * dfa.num_classes + int(dfa.classes[byte])
+            got = int(dfa.table[at])
+            if got < 0:  # the row is not computed yet
+                dfa.ensure_rows([q])
+                got = int(dfa.table[at])
+            memo[key] = got
+        return got
+
+    def _step_byte(self, state: int, byte: int) -> int:
+        key = state * 256 + byte
+        got = self._step.get(key)
+        if got is not None:
+            return got
+        with self._lock:
+            seeds: list[tuple[int, int, int]] = []
+            scans: list[_Item] = []
+            rhs_of, dfas = self._rhs, self._dfas
+            for r, d, o, q in self._sets[state]:
+                if q < 0:
+                    continue
+                t = -rhs_of[r][d] - 1
+                q2 = self._term_next(t, q, byte)
+                dfa = dfas[t]
+                if q2 == dfa.dead:
+                    continue
+                origin = state if o == SELF else o
+                scans.append((r, d, origin, q2))
+                if dfa.accepting[q2]:
+                    seeds.append((r, d + 1, origin))
+            got = self._closure(seeds, scans) if (seeds or scans) else -1
+            self._step[key] = got
+        return got
+
+    # -- the transition function ------------------------------------------------------------------
+
+    def _check_state(self, state: int) -> None:
+        if not isinstance(state, (int, np.integer)) or not 0 <= state < len(self._sets):
+            raise InvalidArgumentError(f"state {state!r} is not a state of this grammar")
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id`, or -1 when the token is not allowed in `state`."""
+        if token_id in self._eos:
+            self._check_state(state)
+            return TERMINAL if self._accepting[state] else -1
+        if state == TERMINAL:
+            return -1
+        if not 0 <= token_id < self.logits_width or token_id >= len(self._token_bytes):
+            return -1
+        data = self._token_bytes[token_id]
+        if not data:
+            return -1
+        self._check_state(state)
+        step = self._step
+        for byte in data:
+            nxt = step.get(state * 256 + byte)
+            state = self._step_byte(state, byte) if nxt is None else nxt
+            if state < 0:
+                return -1
+        return state
+
+    def is_accepting(self, state: int) -> bool:
+        self._check_state(state)
+        return self._accepting[state]
+
+    def matches(self, token_ids: Iterable[int]) -> bool:
+        """Whether the token sequence (EOS optional at the end) is a complete match."""
+        state = self.initial_state
+        for t in token_ids:
+            state = self.next_state(state, int(t))
+            if state < 0:
+                return False
+        return self.is_accepting(state)
+
+    def accepts_text(self, text: str | bytes) -> bool:
+        """Whether the grammar matches `text` exactly (bytes walked one at a time, no tokens)."""
+        data = text.encode() if isinstance(text, str) else text
+        state = self.initial_state
+        for byte in data:
+            state = self._step_byte(state, byte)
+            if state < 0:
+                return False
+        return self._accepting[state]
+
+    def token_text(self, token_id: int) -> str:
+        return self.vocabulary.token_text(token_id)
+
+    # -- masks ------------------------------------------------------------------------------------
+
+    def _walk_range(self, t: int, q: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Terminal t's DFA walked from state q over the trie nodes of the level range [lo, hi)
+        and below (one subtree, or the whole trie): (live nodes, their states). Sparse: each
+        level expands only the children of the previous level's live nodes (a restrictive
+        state such as "after `{`" costs little)."""
+        trie, dfa = self._trie, self._dfas[t]
+        dead, width = dfa.dead, dfa.num_classes
+        dfa.ensure_rows([q])
+        nodes: list[np.ndarray] = []
+        states: list[np.ndarray] = []
+        idx = np.arange(lo, hi, dtype=np.int64)
+        src = np.full(hi - lo, q, dtype=np.int64)
+        whole = lo == 0 and trie.num_levels > 0 and hi == trie._levels[0][1]
+        level = 0
+        while len(idx):
+            if whole and level and len(idx) > DENSE_SHARE * (trie._levels[level][1] - trie._levels[level][0]):
+                return self._dense_rest(t, level, nodes, states)
+            level += 1
+            at = src * width + dfa.classes.take(trie.byte.take(idx))
+            st = dfa.table.take(at)
+            if st.min() < 0:  # rows not computed yet
+                dfa.ensure_rows(np.unique(src[st < 0]))
+                st = dfa.table.take(at)
+            keep = st != dead
+            idx, st = idx[keep], st[keep]
+            if not len(idx):
+                break
+            nodes.append(idx)
+            states.append(st)
+            counts = trie.child_count.take(idx)
+            total = int(counts.sum())
+            if total == 0:
+                break
+            ends = np.cumsum(counts)
+            idx = (np.arange(total, dtype=np.int64)
+                   + np.repeat(trie.child_start.take(idx).astype(np.int64) - (ends - counts), counts))
+            src = np.repeat(st, counts).astype(np.int64)
+        if not nodes:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        return np.concatenate(nodes), np.concatenate(states)
+
+    def _dense_rest(self, t: int, level: int, nodes: list[np.ndarray], states: list[np.ndarray]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """A whole-trie walk from `level` on, once most nodes are live: every node of a level in one
+        gather from its parent's state (dead ones included), as `token_index.walk`'s dense phase."""
+        trie, dfa = self._trie, self._dfas[t]
+        dead, width = dfa.dead, dfa.num_classes
+        node_st = np.full(trie.num_nodes, dead, dtype=np.int32)
+        for i, st in zip(nodes, states):
+            node_st[i] = st
+        column = dfa.node_classes(trie)
+        for a, b in trie._levels[level:]:
+            at = node_st.take(trie.parent[a:b]).astype(np.int64) * width + column[a:b]
+            st = dfa.table.take(at)
+            if st.min() < 0:
+                dfa.ensure_rows(np.unique(at[st < 0] // width))
+                st = dfa.table.take(at)
+            node_st[a:b] = st
+        live = np.flatnonzero(node_st != dead)
+        return live, node_st[live]
+
+    def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """(token ids ending at `nodes`, the nodes with children where terminal t may end)."""
+        trie = self._trie
+        first = trie.end_first.take(nodes)
+        ids = first[first >= 0]
+        if len(trie.end_more_node):
+            more = trie.end_more_id[np.isin(trie.end_more_node, nodes)]
+            if len(more):
+                ids = np.concatenate([ids, more])
+        ids = np.sort(ids[ids < self.logits_width]).astype(np.int32)
+        ends = self._dfas[t].accepting.take(states) & (trie.child_count.take(nodes) > 0)
+        return ids, nodes[ends].tolist()
+
+    def _pair(self, t: int, q: int) -> _Pair:
+        """The whole trie walked through terminal t's DFA from state q (module docstring)."""
+        key = (t, q)
+        got = self._pairs.get(key)
+        if got is None:
+            levels = self._trie._levels
+            nodes, states = self._walk_range(t, q, *levels[0]) if levels else (np.zeros(0, np.int64),
+                                                                                np.zeros(0, np.int32))
+            got = self._pairs[key] = _Pair(*self._split(t, nodes, states))
+        return got
+
+    def _ids(self, state: int) -> np.ndarray:
+        """Sorted allowed ids of a state (EOS where accepting)."""
+        if state == TERMINAL:
+            return self._eos_ids
+        parts: list[np.ndarray] = []
+        crossing: set[int] = set()
+        self._below(state, -1, parts, crossing)
+        if self._accepting[state]:
+            parts.append(self._eos_ids)
+        if crossing:
+            parts.append(np.fromiter((t for t in crossing if t < self.logits_width), dtype=np.int32))
+        return _union(parts)
+
+    def _below(self, state: int, node: int, parts: list[np.ndarray], crossing: set[int]) -> None:
+        """The tokens whose bytes past trie `node` (-1: the root) set `state` allows, into `parts`
+        (arrays) and `crossing` (ids): per scanning pair, the tokens inside its terminal, and from
+        each node where the terminal may end, the same for the set that ending it there leaves.
+        A small subtree is walked byte by byte instead (cheaper than its numpy calls)."""
+        if node >= 0 and self._descendants[node] <= SMALL_SUBTREE:
+            self._small_below(state, node, crossing)
+            return
+        for (t, q), branch in self._groups(state):
+            if node < 0:
+                pair = self._pair(t, q)
+                inside, exits = pair.inside, pair.exits
+            else:
+                c0 = self._child_start[node]
+                inside, exits = self._split(t, *self._walk_range(t, q, c0, c0 + self._child_count[node]))
+            parts.append(inside)
+            if exits:
+                b = branch()
+                if b >= 0:
+                    self._enter(b, exits, parts, crossing)
+
+    def _groups(self, state: int) -> list[tuple[tuple[int, int], Callable[[], int]]]:
+        """A state's scanning pairs, each with (a memoized maker of) the set that ending the pair's
+        terminal leaves: the items waiting on it, advanced and closed."""
+        got = self._pair_groups.get(state)
+        if got is not None:
+            return got
+        seeds_of: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for r, d, o, q in self._sets[state]:
+            if q >= 0:
+                t = -self._rhs[r][d] - 1
+                seeds_of.setdefault((t, q), []).append((r, d + 1, state if o == SELF else o))
+        got = [(key, self._branch_maker(seeds)) for key, seeds in seeds_of.items()]
+        self._pair_groups[state] = got
+        return got
+
+    def _branch_maker(self, seeds: list[tuple[int, int, int]]) -> Callable[[], int]:
+        made: list[int] = []
+
+        def branch() -> int:
+            if not made:
+                made.append(self._closure(seeds, []))
+            return made[0]
+
+        return branch
+
+    def _first_bytes(self, state: int) -> int:
+        """The bytes that do not kill `state`, as a 256-bit int: those some scanning item's DFA
+        takes (a set lives on only through its scanning items)."""
+        got = self._first.get(state)
+        if got is None:
+            got = 0
+            for (t, q), _ in self._groups(state):
+                key = (t, q)
+                bits = self._pair_first.get(key)
+                if bits is None:
+                    dfa = self._dfas[t]
+                    dfa.ensure_rows([q])
+                    row = dfa.table[q * dfa.num_classes:(q + 1) * dfa.num_classes]
+                    live = np.flatnonzero(row.take(dfa.classes) != dfa.dead).tolist()
+                    bits = self._pair_first[key] = sum(1 << b for b in live)
+                got |= bits
+            self._first[state] = got
+        return got
+
+    def _small_below(self, state: int, node: int, crossing: set[int]) -> None:
+        """`_below` for a small subtree, in Python: per scanning pair a walk of the terminal's DFA
+        alone (no parser work inside a lexeme), the parser consulted only where the terminal may
+        end and the subtree goes on."""
+        child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
+        end_first, end_more, child_bytes = self._end_first, self._end_more, self._child_bytes
+        for (t, q), branch in self._groups(state):
+            dfa = self._dfas[t]
+            memo, dead, accepting = self._byte_next[t], dfa.dead, dfa.accepting
+            stack = [(node, q)]
+            while stack:
+                n, qq = stack.pop()
+                c0 = child_start[n]
+                for c in range(c0, c0 + child_count[n]):
+                    b = node_byte[c]
+                    q2 = memo.get(qq * 256 + b)
+                    if q2 is None:
+                        q2 = self._term_next(t, qq, b)
+                        accepting = dfa.accepting  # the DFA may have grown
+                    if q2 == dead:
+                        continue
+                    first = end_first[c]
+                    if first >= 0:
+                        crossing.add(first)
+                        more = end_more.get(c)
+                        if more:
+                            crossing.update(more)
+                    if child_count[c]:
+                        stack.append((c, q2))
+                        if accepting[q2]:
+                            s2 = branch()
+                            # Most ends lead nowhere: no child byte can start what follows.
+                            if s2 >= 0 and child_bytes[c] & self._first_bytes(s2):
+                                self._small_below(s2, c, crossing)
+
+    def _enter(self, state: int, exits: list[int], parts: list[np.ndarray], crossing: set[int]) -> None:
+        """The tokens below the `exits` nodes that `state` (a terminal just ended there) allows:
+        their children's bytes stepped at once (most kill the state: one numpy pass), then the
+        survivors' tokens and what lies below them."""
+        trie = self._trie
+        ex = np.asarray(exits, dtype=np.int64)
+        counts = trie.child_count.take(ex)
+        total = int(counts.sum())
+        if total == 0:
+            return
+        ends = np.cumsum(counts)
+        first_kid = trie.child_start.take(ex).astype(np.int64)
+        kids = np.arange(total, dtype=np.int64) + np.repeat(first_kid - (ends - counts), counts)
+        kid_bytes = trie.byte.take(kids)
+        nxt_of = np.full(256, -1, dtype=np.int64)
+        step = self._step
+        for b in np.unique(kid_bytes).tolist():
+            got = step.get(state * 256 + b)
+            nxt_of[b] = self._step_byte(state, b) if got is None else got
+        nxt = nxt_of.take(kid_bytes)
+        keep = nxt >= 0
+        end_first, end_more, child_count = self._end_first, self._end_more, self._child_count
+        for c, s2 in zip(kids[keep].tolist(), nxt[keep].tolist()):
+            first = end_first[c]
+            if first >= 0:
+                crossing.add(first)
+                more = end_more.get(c)
+                if more:
+                    crossing.update(more)
+            if child_count[c]:
+                self._below(s2, c, parts, crossing)
+
+    def mask_row(self, state: int) -> int:
+        """The row of `device_masks()` holding `state`'s mask."""
+        row = self._rows.get(state)
+        if row is not None:
+            return row
+        self._check_state(state)
+        with self._lock:
+            row = self._rows.get(state)
+            if row is None:
+                row = self._rows[state] = self.table.add(self._ids(state))
+        return row
+
+    def device_masks(self) -> mx.array:
+        """The grammar's mask table: every row `mask_row` returned so far."""
+        return self.table.device_masks()
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        """Sorted ids allowed in `state` (decoded from its mask row)."""
+        row = self.mask_row(state)
+        bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+
+    # -- token budgets: nothing proven ------------------------------------------------------------
+
+    def distance(self, state: int) -> int | None:
+        """Not computed for context-free grammars: None (no completion proven)."""
+        self._check_state(state)
+        return 0 if state == TERMINAL else None
+
+    def distance_bound(self, state: int) -> int | None:
+        return self.distance(state)
+
+    @property
+    def min_completion_tokens(self) -> int | None:
+        return None
+
+    def budget_mask_row(self, state: int, left: int) -> int:
+        """`mask_row(state)`: without distances a budget narrows nothing (module docstring)."""
+        return self.mask_row(state)
+
+    def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
+        return self.allowed_tokens(state)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs."""
+        items = sum(len(s) for s in self._sets) * 100 + len(self._sets) * 250
+        memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
+        pairs = sum(int(p.inside.nbytes) + 40 * len(p.exits) + 200 for p in self._pairs.values())
+        return int(self.table.nbytes + items + memos + pairs + sum(d.nbytes for d in self._dfas)
+                   )
+
+
+class _TrieView:
+    """A trie's arrays as Python lists (the byte-by-byte walks read them per node), and each node's
+    count of descendants; one per trie, shared by its grammars."""
+
+    def __init__(self, trie: TokenTrie):
+        self.child_start: list[int] = trie.child_start.tolist()
+        self.child_count: list[int] = trie.child_count.tolist()
+        self.byte: list[int] = trie.byte.tolist()
+        self.end_first: list[int] = trie.end_first.tolist()
+        self.end_more: dict[int, list[int]] = {}
+        for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
+            self.end_more.setdefault(node, []).append(extra)
+        self.descendants: list[int] = _descendants(trie).tolist()
+        # Per node, the bytes of its children as a 256-bit int (four 64-bit words, then joined).
+        words = np.zeros((trie.num_nodes, 4), dtype=np.uint64)
+        if trie.num_levels > 1:
+            kids = np.arange(int(trie.level_start[1]), trie.num_nodes)
+            kb = trie.byte[kids].astype(np.uint64)
+            np.bitwise_or.at(words, (trie.parent[kids], (kb >> np.uint64(6)).astype(np.int64)),
+                             np.left_shift(np.uint64(1), kb & np.uint64(63)))
+        w = words.tolist()
+        self.child_bytes: list[int] = [a | b << 64 | c << 128 | d << 192 for a, b, c, d in w]
+
+
+_VIEWS: weakref.WeakKeyDictionary[TokenTrie, _TrieView] = weakref.WeakKeyDictionary()
+_VIEWS_LOCK = threading.Lock()
+
+
+def _trie_view(trie: TokenTrie) -> _TrieView:
+    with _VIEWS_LOCK:
+        view = _VIEWS.get(trie)
+        if view is None:
+            view = _VIEWS[trie] = _TrieView(trie)
+        return view
+
+
+def _descendants(trie: TokenTrie) -> np.ndarray:
+    """Per trie node, the number of nodes below it (levels from the deepest up)."""
+    count = np.zeros(trie.num_nodes, dtype=np.int64)
+    for a, b in reversed(trie._levels[1:]):
+        np.add.at(count, trie.parent[a:b], count[a:b] + 1)
+    return count
+
+
+def _union(parts: list[np.ndarray]) -> np.ndarray:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return np.zeros(0, dtype=np.int32)
+    if len(parts) == 1:
+        return np.asarray(parts[0], dtype=np.int32)
+    return np.unique(np.concatenate(parts)).astype(np.int32)

@@ -1,0 +1,231 @@
+"""The engine (`grammars.engine.CFGGrammar`): every mask equals {t : next_state(state, t) >= 0} on
+random walks, walks stay inside the language (checked by Python's json, an independent arithmetic
+parser, and state ids), equal configurations are one state, and the protocol pieces hold."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from grammar_helpers import EOS, TOKENS, VOCAB, WIDTH, check_row, random_walk
+
+from grammar_mlx.errors import InvalidArgumentError
+from grammar_mlx.grammars import compile_grammar
+
+# Full JSON (RFC 8259), written from the RFC in GBNF: any value at the top, whitespace anywhere.
+JSON_GBNF = r"""
+root   ::= ws value ws
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( member ( ws "," ws member )* ws )? "}"
+member ::= string ws ":" ws value
+array  ::= "[" ws ( value ( ws "," ws value )* ws )? "]"
+string ::= "\"" char* "\""
+char   ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws     ::= [ \t\n\r]*
+"""
+
+ARITH_GBNF = r"""
+root   ::= expr
+expr   ::= expr ("+" | "-") term | term
+term   ::= term ("*" | "/") factor | factor
+factor ::= "-" factor | "(" expr ")" | [0-9]+
+"""
+
+
+@pytest.fixture(scope="module")
+def json_grammar():
+    return compile_grammar(JSON_GBNF, VOCAB, syntax="gbnf", logits_width=WIDTH)
+
+
+@pytest.fixture(scope="module")
+def arith_grammar():
+    return compile_grammar(ARITH_GBNF, VOCAB, syntax="gbnf", logits_width=WIDTH)
+
+
+def json_valid(text: str) -> bool:
+    def no_constant(name):
+        raise ValueError(name)
+
+    try:
+        json.loads(text, parse_constant=no_constant)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    kind = rng.choice(["obj", "arr", "str", "num", "lit"] if depth < 5 else ["str", "num", "lit"])
+    if kind == "obj":
+        return {random_string(rng): random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if kind == "arr":
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if kind == "str":
+        return random_string(rng)
+    if kind == "num":
+        return rng.choice([0, -3, 17, 2.5, -0.125, 1e21, 3e-7])
+    return rng.choice([True, False, None])
+
+
+def random_string(rng: random.Random) -> str:
+    return "".join(rng.choice('ab"\\/\n\té\u00e9あ\U0001F600 \x01') for _ in range(rng.randint(0, 5)))
+
+
+def test_json_documents_against_python_json(json_grammar):
+    rng = random.Random(0)
+    for i in range(150):
+        doc = random_value(rng)
+        text = json.dumps(doc, ensure_ascii=bool(i % 2), indent=rng.choice([None, 1, "\t"]))
+        if rng.random() < 0.3:
+            text = " " + text.replace(",", " ,\r\n", 1) + "\n"
+        assert json_grammar.accepts_text(text), text
+        # A mutation: accepted exactly when Python's json accepts it.
+        pos = rng.randrange(len(text) + 1)
+        op = rng.random()
+        if op < 0.4 and text:
+            mutated = text[:pos] + text[pos + 1:]
+        elif op < 0.8:
+            mutated = text[:pos] + rng.choice('{}[],:"\\0-.eE tx\x02') + text[pos:]
+        else:
+            mutated = text[:pos] + text[pos:pos + 3][::-1] + text[pos + 3:]
+        assert json_grammar.accepts_text(mutated) == json_valid(mutated), repr(mutated)
+
+
+def test_random_walks_through_json_masks_are_json(json_grammar):
+    rng = random.Random(1)
+    done = 0
+    for _ in range(25):
+        out = random_walk(json_grammar, rng, max_tokens=40)
+        if out is not None:
+            assert json_valid(out.decode()), out
+            done += 1
+    assert done >= 10
+
+
+def arith_valid(text: str) -> bool:
+    """An independent recursive-descent recognizer (right-recursive loops, no eval)."""
+    pos = 0
+
+    def factor() -> bool:
+        nonlocal pos
+        if text[pos:pos + 1] == "-":
+            pos += 1
+            return factor()
+        if text[pos:pos + 1] == "(":
+            pos += 1
+            if not expr() or text[pos:pos + 1] != ")":
+                return False
+            pos += 1
+            return True
+        start = pos
+        while pos < len(text) and text[pos].isdigit():
+            pos += 1
+        return pos > start
+
+    def chain(item, ops) -> bool:
+        nonlocal pos
+        if not item():
+            return False
+        while text[pos:pos + 1] and text[pos] in ops:
+            pos += 1
+            if not item():
+                return False
+        return True
+
+    def term() -> bool:
+        return chain(factor, "*/")
+
+    def expr() -> bool:
+        return chain(term, "+-")
+
+    return expr() and pos == len(text)
+
+
+def test_arithmetic_left_recursion_against_a_recursive_descent_parser(arith_grammar):
+    rng = random.Random(2)
+    alphabet = "0123456789+-*/()"
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 9)))
+        assert arith_grammar.accepts_text(text) == arith_valid(text), text
+    for text in ["1+2*3", "-(4-5)/6", "((7))", "1--2", "12*(3+4)-5"]:
+        assert arith_grammar.accepts_text(text) and arith_valid(text)
+
+
+def test_random_walks_through_arithmetic_masks_stay_in_the_language(arith_grammar):
+    rng = random.Random(3)
+    for _ in range(25):
+        out = random_walk(arith_grammar, rng, max_tokens=30)
+        if out is not None:
+            assert arith_valid(out.decode()), out
+
+
+def test_left_recursion_keeps_the_state_bounded(arith_grammar):
+    g = arith_grammar
+    seen = set()
+    state = g.initial_state
+    plus, one = TOKENS.index(b"+"), TOKENS.index(b"1")
+    for _ in range(200):
+        state = g.next_state(g.next_state(state, one), plus)
+        seen.add(state)
+    assert len(seen) <= 2  # `1+1+1+…`: the same configuration again and again
+
+
+def test_equal_configurations_are_one_state_and_one_row(json_grammar):
+    g = json_grammar
+    a = b = g.initial_state
+    for t in [b"[", b"1", b","]:
+        a = g.next_state(a, TOKENS.index(t))
+    for t in [b"[", b"12", b","]:
+        b = g.next_state(b, TOKENS.index(t))
+    assert a == b and g.mask_row(a) == g.mask_row(b)
+
+
+def test_tokens_crossing_lexemes_and_multibyte_characters(json_grammar):
+    g = json_grammar
+    s = g.next_state(g.initial_state, TOKENS.index(b'{"'))
+    s = g.next_state(s, TOKENS.index(b"\xc3\xa9"))
+    s = g.next_state(s, TOKENS.index(b'":"'))
+    s = g.next_state(s, TOKENS.index(b'x"'))
+    s = g.next_state(s, TOKENS.index(b"}"))
+    assert s >= 0 and g.is_accepting(s)
+    for state in {g.initial_state, s}:
+        check_row(g, state)
+    # A lone UTF-8 lead byte inside a string is allowed (the character may finish), not at the top.
+    lead = 0xC3 - 1
+    assert g.next_state(g.initial_state, lead) == -1
+    inside = g.next_state(g.initial_state, TOKENS.index(b'"'))
+    assert g.next_state(inside, lead) >= 0
+
+
+def test_protocol_pieces(json_grammar):
+    g = json_grammar
+    assert g.next_state(g.initial_state, EOS) == -1
+    assert g.next_state(g.initial_state, WIDTH - 1) == -1  # a padding id
+    assert g.next_state(g.initial_state, -5) == -1
+    end = g.next_state(g.next_state(g.initial_state, TOKENS.index(b"null")), EOS)
+    assert end == g.terminal_state and g.allowed_tokens(end).tolist() == [EOS]
+    assert g.matches([TOKENS.index(b"true")]) and g.matches([TOKENS.index(b"true"), EOS])
+    assert not g.matches([TOKENS.index(b"tr")] if b"tr" in TOKENS else [TOKENS.index(b"t")])
+    rows = np.asarray(g.device_masks())
+    assert rows.shape[1] == -(-WIDTH // 32)
+    with pytest.raises(InvalidArgumentError):
+        g.mask_row(10**9)
+    assert g.budget_mask_row(g.initial_state, 3) == g.mask_row(g.initial_state)
+    assert g.distance(g.initial_state) is None and g.min_completion_tokens is None
+    assert g.nbytes > 0 and g.stats["mode"] == "cfg"
+
+
+def test_nesting_has_no_depth_bound(json_grammar):
+    g = json_grammar
+    for depth in (1, 50, 300):
+        doc = "[" * depth + '{"a":' * depth + "1" + "}" * depth + "]" * depth
+        assert g.accepts_text(doc) and json_valid(doc)
+        assert not g.accepts_text(doc[:-1]) and not g.accepts_text(doc + "]")
+    # Tokens along a deep document: every prefix state allows exactly what next_state allows.
+    state = g.initial_state
+    for t in [b"[{", b'"a"', b":"] * 20:
+        state = g.next_state(state, TOKENS.index(t))
+        assert state >= 0
+    check_row(g, state)
