@@ -20,13 +20,28 @@ Run it alone (one rank) and under `mlx.launch -n N --backend ring` (N ranks, the
 
 Rank 0 prints the table and writes bench/results/distributed-MODEL-N.json. Two ranks on one 2-core
 CPU share it: their figures say what the distribution costs here, not what N machines gain.
+
+    python bench/distributed.py --sweep [--ranks 3] [--tokens 40]
+
+3. The sweep (run it alone: it starts one process, then `mlx.launch -n RANKS` itself): SWEEP's
+   prompts and schemas on SmolLM2, greedy, fast-forward off (what the server does under
+   mlx.launch), recorded step by step (tests/distributed_rank.py `recorded`). It prints, per case,
+   whether the ranks' answer equals one process's token for token, where not the step it diverged
+   at and one process's top-two gap of allowed logits there, the largest raw-logit difference
+   between one process and the ranks over the steps with the same history (the tensor-parallel
+   rounding error), whether every rank's tokens, masks and logits equal rank 0's, and whether one
+   process's default (fast-forward "canonical") gives the same text. Writes
+   bench/results/distributed-sweep-smollm-RANKS.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +52,46 @@ import mlx.core as mx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's package, then the test helpers
 
-from distributed_rank import SCHEMA, load  # noqa: E402
+from distributed_rank import CASES, SCHEMA, compare, load  # noqa: E402
+
+_PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+           "required": ["name", "age"]}
+_TWO = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                         "country": {"type": "string", "maxLength": 12}},
+        "required": ["city", "country"]}
+SWEEP = [*CASES,  # issue 27's request first
+         ("Paris is the capital of France. Give the city and its country as JSON.", _TWO),
+         ("Alan Turing was 41. Reply in JSON.", _PERSON),
+         ("Marie Curie was 66. Reply in JSON.", _PERSON),
+         ("Grace Hopper was 85. Reply in JSON.", _PERSON),
+         ("Bob is 7 years old. Reply in JSON.", _PERSON),
+         ("Describe a person as JSON.", _PERSON),
+         ("Rome is in Italy. Give the city and its country as JSON.", _TWO),
+         ("Tokyo is the capital of Japan. Reply in JSON.", _TWO),
+         ("Is the sky blue? Answer as JSON.", {"type": "object", "properties": {"answer": {"type": "boolean"}},
+                                               "required": ["answer"]}),
+         ("Is fire cold? Answer as JSON.", {"type": "object", "properties": {"answer": {"type": "boolean"}},
+                                            "required": ["answer"]}),
+         ("What is 2 + 3? Answer as JSON.", {"type": "object", "properties": {
+             "result": {"type": "integer", "minimum": 0, "maximum": 100}}, "required": ["result"]}),
+         ("How do you feel today? Pick one.", {"enum": ["happy", "sad", "tired", "excited"]}),
+         ("Pick a pet for a small flat.", {"enum": ["cat", "dog", "fish", "parrot", "horse"]}),
+         ("List two fruits as JSON.", {"type": "array", "items": {"type": "string", "maxLength": 10},
+                                       "minItems": 2, "maxItems": 2}),
+         ("Give a product with a price as JSON.", {"type": "object", "properties": {
+             "product": {"type": "string", "maxLength": 12}, "price": {"type": "number"}},
+             "required": ["product", "price"]}),
+         ("Rate the film Casablanca from 1 to 5 as JSON.", {"type": "object", "properties": {
+             "stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": {"type": "string", "maxLength": 20}},
+             "required": ["stars", "comment"]}),
+         ("Name a planet and say whether it has rings. Reply in JSON.", {"type": "object", "properties": {
+             "planet": {"enum": ["Mercury", "Venus", "Earth", "Mars", "Jupiter", "Saturn", "Uranus", "Neptune"]},
+             "rings": {"type": "boolean"}}, "required": ["planet", "rings"]}),
+         ("Write a greeting as JSON.", {"type": "object", "properties": {"greeting": {"type": "string",
+                                                                                     "maxLength": 20}},
+                                        "required": ["greeting"]}),
+         ]
 
 GRAMMARS = {
     "person (schema)": ("schema", SCHEMA),
@@ -133,11 +187,84 @@ def per_token(tokenizer, model, tokens: int) -> dict:
             "plain_ms_per_token": plain * 1e3, "plain_tokens": response.generation_tokens}
 
 
+def run_cases(ranks: int, out: Path, tokens: int, bound: float) -> list[dict]:
+    """tests/distributed_rank.py's SWEEP run, alone (ranks 1, also recording fast-forward "canonical")
+    or under `mlx.launch -n RANKS --backend ring`; every rank's record."""
+    from test_distributed import free_ports
+
+    out.mkdir()
+    (out / "cases.json").write_text(json.dumps(SWEEP))
+    command = [sys.executable, str(ROOT / "tests" / "distributed_rank.py"), str(out), "cases", str(tokens),
+               str(out / "cases.json"), *(["canonical"] if ranks == 1 else [])]
+    if ranks > 1:
+        command = [str(Path(sys.executable).with_name("mlx.launch")), "-n", str(ranks), "--backend", "ring",
+                   "--starting-port", str(free_ports(ranks)), *command]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRAMMAR_MLX_CACHE_DIR": str(out / "cache")}
+    proc = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(f"{ranks} rank(s) did not finish the sweep in {bound:g} s") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{ranks} rank(s) failed:\n{err[-3000:]}")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def sweep(ranks: int, tokens: int, bound: float) -> None:
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as directory:
+        started = time.perf_counter()
+        [single] = run_cases(1, Path(directory) / "1", tokens, bound)
+        many = run_cases(ranks, Path(directory) / str(ranks), tokens, bound)
+        seconds = time.perf_counter() - started
+        rows = []
+        for i, (reference, got) in enumerate(zip(single["cases"], many[0]["cases"], strict=True)):
+            row = compare(reference, np.load(Path(directory) / "1" / f"logits0-{i}.npy"),
+                          got, np.load(Path(directory) / str(ranks) / f"logits0-{i}.npy"))
+            row["ranks_agree"] = all(other["cases"][i][field] == got[field] for other in many[1:]
+                                     for field in ("token_ids", "masks", "logits"))
+            row.update(prompt=SWEEP[i][0], tokens=len(reference["token_ids"]), one_process=reference["text"],
+                       ranks_text=got["text"], canonical=reference["canonical_text"])
+            rows.append(row)
+    print(f"SmolLM2-135M, greedy, fast-forward off: one process vs {ranks} ranks (mlx.launch --backend ring)")
+    print(f"{'#':>2} {'tok':>3} {'same':<4} {'div@':>4} {'gap there':>9} {'max |dlogit|':>12} {'min gap':>8} "
+          f"{'ranks=r0':<8} {'canon=off':<9} answer (one process)")
+    for i, r in enumerate(rows):
+        at = "-" if r["diverged_at"] is None else str(r["diverged_at"])
+        gap = "-" if r["gap_at_divergence"] is None else f"{r['gap_at_divergence']:.4f}"
+        min_gap = "-" if r["min_gap"] is None else f"{r['min_gap']:.4f}"
+        print(f"{i:>2} {r['tokens']:>3} {'yes' if r['same'] else 'NO':<4} {at:>4} {gap:>9} "
+              f"{r['max_logit_diff']:>12.2e} {min_gap:>8} {'yes' if r['ranks_agree'] else 'NO':<8} "
+              f"{'yes' if r['canonical'] == r['one_process'] else 'no':<9} {r['one_process']}")
+        if not r["same"]:
+            print(f"{'':>3} {ranks} ranks: {r['ranks_text']}")
+    error = max(r["max_logit_diff"] for r in rows)
+    summary = {"cases": len(rows), "same_as_one_process": sum(r["same"] for r in rows),
+               "every_rank_as_rank_0": sum(r["ranks_agree"] for r in rows),
+               "canonical_same_as_off": sum(r["canonical"] == r["one_process"] for r in rows),
+               "tp_rounding_error": error, "seconds": seconds}
+    print(f"{summary['same_as_one_process']}/{len(rows)} answers equal one process's token for token; every rank "
+          f"equals rank 0 in {summary['every_rank_as_rank_0']}/{len(rows)}; largest raw-logit difference "
+          f"(tensor-parallel rounding) {error:.2e}; one process's default (fast-forward canonical) gives the "
+          f"fast-forward-off text in {summary['canonical_same_as_off']}/{len(rows)}")
+    out = ROOT / "bench" / "results" / f"distributed-sweep-smollm-{ranks}.json"
+    out.write_text(json.dumps({"model": "smollm", "ranks": ranks, "max_tokens": tokens, "summary": summary,
+                               "cases": rows}, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=("tiny", "smollm"), default="tiny")
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--sweep", action="store_true", help="one process vs --ranks ranks on SWEEP (run alone)")
+    parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--bound", type=float, default=1800, help="seconds each sweep run may take")
     args = parser.parse_args()
+    if args.sweep:
+        sweep(args.ranks, args.tokens, args.bound)
+        return
     from grammar_mlx.distributed import shard_model, world
 
     group = world()

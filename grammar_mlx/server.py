@@ -1203,6 +1203,12 @@ _NO_FAST_FORWARD_DISTRIBUTED = ("fast_forward is not available under mlx.launch:
                                 "path, which cannot stop a request on every rank at once; requests are batched")
 
 
+_FAST_FORWARD_OFF_DISTRIBUTED = ("--fast-forward %s is not available under mlx.launch: it is off (requests are "
+                                 "batched), so answers are plain greedy decoding's, token for token what one process "
+                                 "serves with --fast-forward off or verified; its default, canonical, can answer "
+                                 "differently (docs/distributed.md)")
+
+
 def _portable(request: mlx_server.CompletionRequest, args: mlx_server.GenerationArguments,
               ) -> tuple[mlx_server.CompletionRequest, mlx_server.GenerationArguments]:
     """The request and its arguments as sent to the other ranks: without the compiled grammar (its
@@ -1817,7 +1823,8 @@ def serve_main(args: argparse.Namespace) -> int:
             print(f"error: rank {group.rank()}: another rank could not load the model", file=sys.stderr)
         return 2
     if group.size() > 1 and args.fast_forward != "off":
-        logging.info("fast-forward is off under mlx.launch (requests are batched)")
+        if group.rank() == 0:  # canonical fast-forward changes answers: say which one-process answers these are
+            logging.warning(_FAST_FORWARD_OFF_DISTRIBUTED, args.fast_forward)
         args.fast_forward = "off"
     cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
     grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir,
