@@ -128,8 +128,8 @@ def test_the_embedded_smollm2_sharded_over_three_ranks_gives_the_single_process_
 
 @pytest.mark.slow
 def test_issue_27s_request_on_three_smollm2_ranks_is_one_process_s_answer_token_for_token(ring, tmp_path):
-    # Issue 27: the server on one process answered {"name":"Ada Lovelace","age":39} and on three ranks
-    # ...36. Not the ranks: one process's default is canonical fast-forward, which the server under
+    # Issue 27: one process's server and three ranks' answered this "age":39 and "age":36. Not the
+    # ranks: one process's default is canonical fast-forward (it answers 39), which the server under
     # mlx.launch cannot run (it decodes every token). Decoded the same way (fast-forward off), three
     # ranks give one process's tokens, every rank the same tokens, masks and logits as rank 0, and
     # the logits differ from one process's only by tensor-parallel rounding.
@@ -146,7 +146,7 @@ def test_issue_27s_request_on_three_smollm2_ranks_is_one_process_s_answer_token_
                 assert rank["cases"][i][field] == ranks[0]["cases"][i][field], (rank["rank"], i, field)
         got = compare(reference, np.load(tmp_path / "cases-1" / f"logits0-{i}.npy"),
                       ranks[0]["cases"][i], np.load(tmp_path / "cases-3" / f"logits0-{i}.npy"))
-        assert 0 < got["max_logit_diff"] < 1e-2, got  # sharded for real, and rounding only
+        assert got["max_logit_diff"] < 1e-2, got  # rounding only
         if not got["same"]:  # rounding moves every logit by at most max_logit_diff: only a near-tie can flip
             assert got["gap_at_divergence"] <= 2 * got["max_logit_diff"], (i, got)
     assert single["cases"][0]["text"] == '{"name":"Ada Lovelace","age":36}'
