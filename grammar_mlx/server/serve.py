@@ -52,6 +52,7 @@ _FAST_FORWARD_OFF_DISTRIBUTED = ("--fast-forward %s is not available under mlx.l
                                  "serves with --fast-forward off or verified; its default, canonical, can answer "
                                  "differently (docs/distributed.md)")
 
+
 def served_vocabulary(tokenizer: Any) -> Vocabulary:
     """The tokenizer's Vocabulary, with exactly the EOS ids mlx-lm stops on: the grammar allows EOS
     only where it is complete, and that must be the EOS that ends generation."""
