@@ -197,17 +197,18 @@ def remember(tokenizer: Any, vocab: Vocabulary) -> None:
 def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = None) -> str | None:
     """A key for the Vocabulary `vocabulary_of(tokenizer, eos_token_ids=...)` gives, computed without
     decoding a token: a hash of the tokenizer's `tokenizer.json` bytes (found beside the tokenizer's
-    `name_or_path`) and of what else the table depends on (its control and added tokens, size, EOS
-    ids, class). None when the tokenizer has no such file or cannot be read: the caller decodes it.
+    `name_or_path`; without one, as for a GGUF file's tokenizer, of its vocabulary in id order and
+    its decoder) and of what else the table depends on (its control and added tokens, size, EOS ids,
+    class). None when the tokenizer cannot be read so: the caller decodes it.
 
     Content, not a path: another file at the same place is another key. A tokenizer changed in
     memory after loading is what `agrees_with` catches, on a sample of ids."""
     try:
         hf = _hf_of(tokenizer)
         source = _tokenizer_file(hf)
-        if source is None:
+        content = source.read_bytes() if source is not None else _vocabulary_content(hf)
+        if content is None:
             return None
-        content = source.read_bytes()
         added = sorted((int(i), str(t), bool(getattr(t, "special", False)))
                        for i, t in (getattr(hf, "added_tokens_decoder", None) or {}).items())
         backend = getattr(hf, "backend_tokenizer", None)
@@ -220,6 +221,22 @@ def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = 
     h = hashlib.sha256(described.encode())
     h.update(content)
     return h.hexdigest()
+
+
+def _vocabulary_content(hf: Any) -> bytes | None:
+    """A fast tokenizer's token strings in id order and its decoder, as bytes (what the table is
+    decoded from, without decoding it)."""
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    vocab: dict[str, int] = hf.get_vocab()
+    tokens, ids = list(vocab), np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    order = np.argsort(ids, kind="stable")
+    ordered = [tokens[k] for k in order.tolist()]
+    # The ids and each token's length delimit the joined strings, so no two vocabularies read alike.
+    delimiters = ids[order].astype("<i8").tobytes() + np.fromiter(map(len, ordered), "<i8", len(ordered)).tobytes()
+    decoder = backend.decoder.__getstate__() if backend.decoder is not None else b""
+    return b"".join((delimiters, "".join(ordered).encode("utf-8", "surrogatepass"), b"decoder:", bytes(decoder)))
 
 
 def _tokenizer_file(hf: Any) -> Path | None:

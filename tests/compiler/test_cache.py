@@ -51,8 +51,8 @@ def entries(cache_dir) -> dict[str, list]:
     for path in (p for p in cache_dir.rglob("*") if p.is_file()):
         assert path.suffix == ".gmx" and path.parent.name == path.stem[:2], path
         arrays, meta = read_tables(path, path.stem)
-        kind = "index" if meta.get("kind") in ("vocabulary", "token-trie") else "tables" if "offsets" in arrays else "dfa"
-        found[kind].append(path)
+        index = meta.get("kind") in ("vocabulary", "token-trie")
+        found["index" if index else "tables" if "offsets" in arrays else "dfa"].append(path)
     return found
 
 
