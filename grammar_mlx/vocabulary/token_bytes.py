@@ -97,7 +97,7 @@ class Vocabulary:
         for eos in eos_token_ids:
             if not 0 <= eos < len(lengths):
                 raise TokenizerError(f"EOS id {eos} is outside the vocabulary (size {len(lengths)})")
-        h = hashlib.sha256()
+        h = hashlib.sha1(usedforsecurity=False)  # a content key over megabytes, as tokenizer_fingerprint's
         h.update(json.dumps([encoding, sorted(eos_token_ids), len(lengths)]).encode())
         # The lengths (-1 for None) delimit the bytes, so no two tables serialize alike.
         h.update(lengths.astype("<i4").tobytes())
@@ -218,7 +218,8 @@ def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = 
                                 "added": added, "eos": eos, "eos_given": eos_token_ids is not None})
     except (OSError, TypeError, ValueError, TokenizerError):
         return None
-    h = hashlib.sha256(described.encode())
+    # SHA-1: a content key over megabytes (a few times faster than SHA-256 here), not a security boundary.
+    h = hashlib.sha1(described.encode(), usedforsecurity=False)
     h.update(content)
     return h.hexdigest()
 
