@@ -62,7 +62,10 @@ def load_vocabulary(tokenizer: Any, eos_token_ids: list[int] | tuple[int, ...] |
         tokenizer = token_bytes.load_tokenizer_path(Path(tokenizer))
     if eos_token_ids is None and (known := token_bytes.remembered(tokenizer)) is not None:
         return known, "memory"
-    fingerprint = token_bytes.tokenizer_fingerprint(tokenizer, eos_token_ids) if cache_dir is not None else None
+    read: dict[str, Any] = {}  # a vocabulary dict the key was hashed from, decoded then, not read twice
+    fingerprint = None
+    if cache_dir is not None:
+        fingerprint = token_bytes.tokenizer_fingerprint(tokenizer, eos_token_ids, read=read)
     if fingerprint is None:
         return vocabulary_of(tokenizer, eos_token_ids=eos_token_ids), "built"
     key = vocabulary_key(fingerprint)
@@ -73,7 +76,7 @@ def load_vocabulary(tokenizer: Any, eos_token_ids: list[int] | tuple[int, ...] |
         if eos_token_ids is None:
             token_bytes.remember(tokenizer, vocab)
         return vocab, "disk"
-    vocab = vocabulary_of(tokenizer, eos_token_ids=eos_token_ids)
+    vocab = token_bytes.build_vocabulary(tokenizer, eos_token_ids, read.get("vocab"))
     cache.store(cache_dir, key, {"flat": np.frombuffer(vocab.flat, np.uint8), "lengths": vocab.lengths},
                 {"kind": "vocabulary", "eos_token_ids": list(vocab.eos_token_ids), "encoding": vocab.encoding})
     return vocab, "built"

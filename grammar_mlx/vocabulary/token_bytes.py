@@ -194,7 +194,8 @@ def remember(tokenizer: Any, vocab: Vocabulary) -> None:
         pass
 
 
-def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = None) -> str | None:
+def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = None, *,
+                          read: dict[str, Any] | None = None) -> str | None:
     """A key for the Vocabulary `vocabulary_of(tokenizer, eos_token_ids=...)` gives, computed without
     decoding a token: a hash of the tokenizer's `tokenizer.json` bytes (found beside the tokenizer's
     `name_or_path`; without one, as for a GGUF file's tokenizer, of its vocabulary in id order and
@@ -202,11 +203,12 @@ def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = 
     class). None when the tokenizer cannot be read so: the caller decodes it.
 
     Content, not a path: another file at the same place is another key. A tokenizer changed in
-    memory after loading is what `agrees_with` catches, on a sample of ids."""
+    memory after loading is what `agrees_with` catches, on a sample of ids. `read`, when given,
+    receives the vocabulary dict read on the way (`read["vocab"]`), for `build_vocabulary`."""
     try:
         hf = _hf_of(tokenizer)
         source = _tokenizer_file(hf)
-        content = source.read_bytes() if source is not None else _vocabulary_content(hf)
+        content = source.read_bytes() if source is not None else _vocabulary_content(hf, read)
         if content is None:
             return None
         added = sorted((int(i), str(t), bool(getattr(t, "special", False)))
@@ -224,13 +226,15 @@ def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = 
     return h.hexdigest()
 
 
-def _vocabulary_content(hf: Any) -> bytes | None:
+def _vocabulary_content(hf: Any, read: dict[str, Any] | None) -> bytes | None:
     """A fast tokenizer's token strings in id order and its decoder, as bytes (what the table is
     decoded from, without decoding it)."""
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
         return None
     vocab: dict[str, int] = hf.get_vocab()
+    if read is not None:
+        read["vocab"] = vocab
     tokens, ids = list(vocab), np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
     order = np.argsort(ids, kind="stable")
     ordered = [tokens[k] for k in order.tolist()]
@@ -385,10 +389,19 @@ def _token_to_bytes(token: str, encoding: str) -> bytes | None:
     return token.replace(_SPM_SPACE, " ").encode("utf-8")
 
 
-def _build(tokenizer: Any, eos_override: Iterable[int] | None) -> Vocabulary:
+def build_vocabulary(tokenizer: Any, eos_token_ids: Iterable[int] | None,
+                     vocab: dict[str, int] | None = None) -> Vocabulary:
+    """`vocabulary_of` without its memo; `vocab`: the tokenizer's `get_vocab()`, when already read."""
+    vocabulary = _build(tokenizer, eos_token_ids, vocab)
+    if eos_token_ids is None:
+        remember(tokenizer, vocabulary)
+    return vocabulary
+
+
+def _build(tokenizer: Any, eos_override: Iterable[int] | None, read: dict[str, int] | None = None) -> Vocabulary:
     hf = _hf_of(tokenizer)
     try:
-        vocab: dict[str, int] = hf.get_vocab()
+        vocab: dict[str, int] = hf.get_vocab() if read is None else read
     except Exception as exc:
         raise TokenizerError(f"cannot read the vocabulary of {type(hf).__name__}: {exc}") from exc
     if not vocab:
