@@ -36,7 +36,9 @@ pass it.
 
 The modules: `build` (options, engines, modes, the live memo), `grammar` (the grammar classes),
 `lazy` (rows on first visit), `token_index` (the vocabulary's trie and the walk of a byte DFA over
-it), `pool` + `worker` (compile worker processes and their protocol), `cache` (the on-disk cache).
+it), `pool` + `worker` (compile worker processes and their protocol), `cache` (the on-disk cache),
+`index_cache` (the vocabulary index on disk: a fresh process reads a tokenizer's token bytes and
+trie instead of decoding and building them; a grammar's stats say `vocabulary_source` / `trie_source`).
 Imports `automata`, `schema` (lazily, in `compile_json_schema`), `vocabulary`, `errors`, `limits`.
 
 Workers belong to the process, not to the thread that started them (a lifeline pipe, see

@@ -31,8 +31,8 @@ from ..errors import (
 from ..limits import Deadline, deadline_scope
 from ..regex.rust import Unsupported, check_syntax
 from ..regex.syntax import Node as RegexNode
-from ..vocabulary.token_bytes import Vocabulary, vocabulary_of
-from . import cache
+from ..vocabulary.token_bytes import Vocabulary
+from . import cache, index_cache
 from .cache import default_cache_dir
 from .grammar import CompiledGrammar, EagerGrammar, GrammarFields, LazyGrammar
 from .lazy import LazyIndex
@@ -60,16 +60,23 @@ _TRIES: weakref.WeakKeyDictionary[Vocabulary, dict[int, TokenTrie]] = weakref.We
 _TRIES_LOCK = threading.Lock()
 
 
-def token_trie(vocab: Vocabulary, width: int) -> TokenTrie:
-    """The vocabulary's token trie for `width` (ids below it), built once per vocabulary object and
-    shared by all its grammars (building it walks every token, a cost each compile would otherwise
-    pay again)."""
+def token_trie(vocab: Vocabulary, width: int, cache_dir: Path | None = None) -> TokenTrie:
+    """The vocabulary's token trie for `width` (ids below it), built (or read from the on-disk
+    index in `cache_dir`) once per vocabulary object and shared by all its grammars (building it
+    walks every token, a cost each compile would otherwise pay again)."""
+    return _token_trie(vocab, width, cache_dir)[0]
+
+
+def _token_trie(vocab: Vocabulary, width: int, cache_dir: Path | None) -> tuple[TokenTrie, str]:
+    """(`token_trie`, how it was got: "memory", "disk" or "built")."""
     with _TRIES_LOCK:
         per_width = _TRIES.setdefault(vocab, {})
         trie = per_width.get(width)
-        if trie is None:
-            trie = per_width[width] = TokenTrie.build(vocab.text_tokens(), width)
-        return trie
+        if trie is not None:
+            return trie, "memory"
+        trie, how = index_cache.load_trie(vocab, width, cache_dir)
+        per_width[width] = trie
+        return trie, how
 
 
 def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tuple[int, ...]]:
@@ -173,8 +180,8 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
     with deadline_scope(opts.deadline):
         # The extensions (anchors at the ends, JavaScript escapes) written as regex-automata reads
         # them, for every engine and the cache key alike.
-        return _compile("regex", _Source.of_regex(canonical(pattern)), _target(tokenizer, logits_width, opts), (), opts,
-                        started)
+        target, index = _located(tokenizer, logits_width, opts)
+        return _compile("regex", _Source.of_regex(canonical(pattern)), target, (), opts, started, index)
 
 
 def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
@@ -194,7 +201,7 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
     started = time.perf_counter()
     opts = _options(**options)
     with deadline_scope(opts.deadline):
-        target = _target(tokenizer, logits_width, opts)  # argument mistakes before a long translation
+        target, index = _located(tokenizer, logits_width, opts)  # argument mistakes before a long translation
         translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects)
         opts.deadline.check("translating the schema")
         # The language is a function of the schema, the options and the translator's limits: that is
@@ -204,7 +211,7 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
                           "limits": _translation_limits()}, sort_keys=True)
         source = _Source("schema:" + key, lambda: translated.regex, translated.ast, translated.size,
                          translated.nesting)
-        return _compile("json_schema", source, target, translated.unenforced, opts, started)
+        return _compile("json_schema", source, target, translated.unenforced, opts, started, index)
 
 
 def compile_regex_ast(ast: RegexNode, key: str, tokenizer: Any, *, logits_width: int | None = None,
@@ -216,7 +223,7 @@ def compile_regex_ast(ast: RegexNode, key: str, tokenizer: Any, *, logits_width:
     started = time.perf_counter()
     opts = _options(**options)
     with deadline_scope(opts.deadline):
-        target = _target(tokenizer, logits_width, opts)
+        target, index = _located(tokenizer, logits_width, opts)
         text: list[str] = []
 
         def written() -> str:
@@ -224,7 +231,7 @@ def compile_regex_ast(ast: RegexNode, key: str, tokenizer: Any, *, logits_width:
                 text.append(to_regex(ast))
             return text[0]
 
-        return _compile("regex_ast", _Source("ast:" + key, written, ast, 0), target, unenforced, opts, started)
+        return _compile("regex_ast", _Source("ast:" + key, written, ast, 0), target, unenforced, opts, started, index)
 
 
 @dataclass(frozen=True)
@@ -257,14 +264,25 @@ def _digest(fields: dict[str, Any]) -> str:
 
 def _target(tokenizer: Any, logits_width: int | None, opts: _Options) -> tuple[Vocabulary, int, tuple[int, ...]]:
     """(vocabulary, logits width, EOS ids below it) a grammar is compiled for."""
-    vocab = vocabulary_of(tokenizer, eos_token_ids=opts.eos_token_ids)
-    return (vocab, *_width_and_eos(vocab, logits_width))
+    return _located(tokenizer, logits_width, opts)[0]
+
+
+def _located(tokenizer: Any, logits_width: int | None,
+             opts: _Options) -> tuple[tuple[Vocabulary, int, tuple[int, ...]], dict[str, Any]]:
+    """`_target`, and how its vocabulary was got (the vocabulary index's stats)."""
+    started = time.perf_counter()
+    vocab, how = index_cache.load_vocabulary(tokenizer, opts.eos_token_ids, opts.cache_dir)
+    target = (vocab, *_width_and_eos(vocab, logits_width))
+    return target, {"vocabulary_source": how, "trie_source": None,
+                    "vocabulary_index_seconds": time.perf_counter() - started}
 
 
 def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[int, ...]],
-             unenforced: tuple[Unenforced, ...], opts: _Options, started: float) -> CompiledGrammar:
+             unenforced: tuple[Unenforced, ...], opts: _Options, started: float,
+             index: dict[str, Any] | None = None) -> CompiledGrammar:
     """The grammar of `source` for `target` (see `_target`), run under `opts.deadline` (the caller's
-    `deadline_scope`)."""
+    `deadline_scope`). `index`: how the vocabulary index was got (`_located`), for the stats."""
+    index = dict(index or {"vocabulary_source": None, "trie_source": None, "vocabulary_index_seconds": None})
     vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
     needs_text = source.ast is None or engine == "outlines"
@@ -304,11 +322,14 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
             loaded = cache.load(directory, key)
             if loaded is not None and _valid(loaded[0], loaded[1], width):
                 grammar = _eager(loaded, vocab, common, started, cache_hit=True, dfa_seconds=None,
-                                 reason="complete tables in the cache")
+                                 reason="complete tables in the cache", index=index)
                 _LIVE[live_key] = grammar
                 return grammar
 
-        trie = token_trie(vocab, width)
+        trie_started = time.perf_counter()
+        trie, index["trie_source"] = _token_trie(vocab, width, directory)
+        index["vocabulary_index_seconds"] = (index["vocabulary_index_seconds"] or 0.0) + (
+            time.perf_counter() - trie_started)
         opts.deadline.check("indexing the vocabulary")
         dfa: ByteDFA | None = None
         engine_note = ""
@@ -369,14 +390,14 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
                 raise CompileWorkerError("the compile worker returned token tables that fail their checks")
             written = cache.store(directory, key, *built) if directory is not None else None
             grammar = _eager(built, vocab, common, started, cache_hit=False, cache_written=written,
-                             dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason, engine=built_by)
+                             dfa_seconds=dfa_meta.get("dfa_seconds"), reason=reason, engine=built_by, index=index)
         else:
             growing = built_by == "nfa"  # an on-demand DFA has no final state count
             stats = {
                 "mode": "lazy", "engine": built_by, "mode_reason": reason, "cache_hit": dfa_hit,
                 "cache_written": dfa_meta.get("cache_written"),
                 "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
-                "index_seconds": None, "byte_states": None if growing else dfa.num_states, **nfa_meta,
+                "index_seconds": None, "byte_states": None if growing else dfa.num_states, **nfa_meta, **index,
             }
             grammar = LazyGrammar(LazyIndex(dfa, trie, eos, width), vocab, stats=stats, **common)
     finally:
@@ -389,7 +410,7 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
 
 def _eager(loaded: _Entry, vocab: Vocabulary, common: GrammarFields, started: float, *, cache_hit: bool,
            dfa_seconds: float | None, reason: str, engine: str | None = None,
-           cache_written: bool | None = None) -> EagerGrammar:
+           cache_written: bool | None = None, index: dict[str, Any] | None = None) -> EagerGrammar:
     arrays, meta = loaded
     stats = {
         "mode": "eager",
@@ -405,6 +426,8 @@ def _eager(loaded: _Entry, vocab: Vocabulary, common: GrammarFields, started: fl
         "num_masks": int(len(arrays["masks"])),
         "mask_bytes": meta.get("mask_bytes"),
         "mask_bytes_before_dedup": meta.get("mask_bytes_before_dedup"),
+        # The vocabulary index: "given" / "memory" / "disk" / "built" (the trie: None when unused).
+        **(index or {}),
     }
     return EagerGrammar(arrays, meta, vocab, stats=stats, **common)
 

@@ -1,8 +1,9 @@
 """On-disk cache of compiled automata: one self-checking file per entry.
 
 The compiler keeps two kinds of entries here: outlines-core's byte DFA of a regex, and an eager
-grammar's complete tables. Only the compiling process reads and writes them; compile workers send
-their results back over their pipe and touch no file.
+grammar's complete tables; beside them, the vocabulary index (a tokenizer's decoded token bytes and
+its token tries: `index_cache.py`). Only the compiling process reads and writes them; compile
+workers send their results back over their pipe and touch no file.
 
 Layout of a file: `MAGIC`, a little-endian u32 header length, a JSON header, then the arrays, each
 aligned to 64 bytes. The header names the cache key, each array's dtype/shape/offset, free-form

@@ -26,10 +26,11 @@ module, so the compile worker loads it without the package's `__init__` (worker.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 import numpy as np
 
-from ..automata.byte_dfa import NUL, ByteDFA
+from ..automata.byte_dfa import ByteDFA
 
 __all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx"]
 
@@ -77,40 +78,78 @@ class TokenTrie:
     @classmethod
     def build(cls, token_bytes: dict[bytes, list[int]], width: int) -> TokenTrie:
         """`token_bytes`: bytes -> the ids that produce them (several ids may share bytes)."""
-        groups: dict[bytes, list[int]] = {}
-        for b, ids in token_bytes.items():
-            if ids[-1] >= width or ids[0] < 0 or len(ids) > 1:
-                ids = sorted(i for i in ids if 0 <= i < width)
-            if ids and b and NUL not in b:
-                groups[b] = ids
-        keys = sorted(groups)
-        n = len(keys)
+        pieces = [b for b, ids in token_bytes.items() for _ in ids]
+        ids = np.fromiter((i for group in token_bytes.values() for i in group), dtype=np.int64, count=len(pieces))
+        lens = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        keep = (lens > 0) & (ids >= 0) & (ids < width)
+        pieces = [p for p, k in zip(pieces, keep.tolist()) if k]
+        matrix = np.array(pieces, dtype=f"S{max(1, int(lens.max(initial=0)))}")
+        ids, lens = ids[keep], lens[keep]
+        order = np.argsort(ids, kind="stable")
+        return cls._build(matrix[order], ids[order], lens[order], width)
+
+    @classmethod
+    def of_arrays(cls, flat: bytes, lengths: np.ndarray, width: int, exclude: Iterable[int] = ()) -> TokenTrie:
+        """The trie of a vocabulary in its array form (`Vocabulary.flat` / `.lengths`: every id's
+        bytes back to back, and its length, -1 for an id that is never text), the ids in `exclude`
+        (EOS) left out."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        starts = np.cumsum(np.maximum(lengths, 0)) - np.maximum(lengths, 0)
+        present = lengths > 0
+        present[[i for i in exclude if 0 <= i < len(lengths)]] = False
+        present[width:] = False
+        ids = np.flatnonzero(present)
+        lens = lengths[ids]
+        # One row per piece, NUL-padded, filled by one scatter of the pieces' bytes.
+        rows = np.zeros((len(ids), max(1, int(lens.max(initial=0)))), dtype=np.uint8)
+        owner = np.repeat(np.arange(len(ids)), lens)
+        offset = np.arange(len(owner)) - np.repeat(np.cumsum(lens) - lens, lens)
+        rows[owner, offset] = np.frombuffer(flat, np.uint8)[np.repeat(starts[ids], lens) + offset]
+        return cls._build(rows.view(f"S{rows.shape[1]}").reshape(-1), ids, lens, width)
+
+    @classmethod
+    def _build(cls, matrix: np.ndarray, ids: np.ndarray, lens: np.ndarray, width: int) -> TokenTrie:
+        """The trie of the pieces `matrix[k]` (NUL-padded, `lens[k]` bytes, nonempty) produced by id
+        `ids[k]` (below `width`, ascending), vectorized: sorted once, each piece opens a node per
+        level past its longest common prefix with the previous piece."""
+        if len(ids):
+            # A piece with a NUL (never text: the grammar's end marker) is one whose nonzero bytes
+            # fall short of its length.
+            rows = matrix.view(np.uint8).reshape(len(ids), -1)
+            clean = np.count_nonzero(rows, axis=1) == lens
+            if not clean.all():
+                matrix, ids, lens = matrix[clean], ids[clean], lens[clean]
+        n = len(ids)
         if n == 0:
             empty = np.zeros(0, np.int32)
             return cls({"byte": empty, "parent": empty, "child_start": empty, "child_count": empty,
                         "level_start": np.zeros(1, np.int64), "token_node": np.zeros(width, np.int32),
                         "end_first": empty, "end_more_node": empty, "end_more_id": empty}, width)
-        id_lists = [groups[k] for k in keys]
-        first_id = np.fromiter((ids[0] for ids in id_lists), dtype=np.int32, count=n)
-        lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
-        flat = np.frombuffer(b"".join(keys), dtype=np.uint8)
-        starts = np.cumsum(lens) - lens
-        # lcp[i]: bytes token i shares with token i-1 (sorted), found by comparing a growing window.
+        # Without NULs inside pieces, NUL padding sorts a prefix first: numpy's order is bytes order;
+        # stable, so the ids sharing a piece stay ascending (the first is the smallest).
+        order = np.argsort(matrix, kind="stable")
+        matrix, ids, lens = matrix[order], ids[order], lens[order]
+        opens = np.ones(n, dtype=bool)
+        opens[1:] = matrix[1:] != matrix[:-1]
+        key_of = np.cumsum(opens) - 1  # the distinct piece each entry is
+        keys = np.flatnonzero(opens)
+        first_id = ids[keys].astype(np.int32)
+        more_key, more_id = key_of[~opens], ids[~opens].astype(np.int32)
+        rows = matrix[keys].view(np.uint8).reshape(len(keys), -1)
+        lens = lens[keys]
+        n = len(keys)
+        # lcp[i]: bytes piece i shares with piece i-1; distinct NUL-free pieces differ within the row
+        # (padding included), so the first differing column is it. In chunks, to bound the memory.
         lcp = np.zeros(n, dtype=np.int64)
-        open_ = np.arange(1, n)  # pairs whose common prefix may still grow
-        j = 0
-        while len(open_):
-            ok = (lens[open_] > j) & (lens[open_ - 1] > j)
-            open_ = open_[ok]
-            same = flat[starts[open_] + j] == flat[starts[open_ - 1] + j]
-            open_ = open_[same]
-            lcp[open_] += 1
-            j += 1
+        step = max(1, (1 << 24) // rows.shape[1])
+        for lo in range(1, n, step):
+            hi = min(n, lo + step)
+            lcp[lo:hi] = np.argmax(rows[lo:hi] != rows[lo - 1 : hi - 1], axis=1)
 
-        # Level by level over the tokens still long enough: token i opens a new node at level j
+        # Level by level over the pieces still long enough: piece i opens a new node at level j
         # iff lcp[i] <= j < lens[i] (sorted order makes equal prefixes adjacent).
         active = np.arange(n)
-        node_of = np.zeros(n, dtype=np.int64)  # node index of each active token at the previous level
+        node_of = np.zeros(n, dtype=np.int64)  # node index of each active piece at the previous level
         level_start = [0]
         bytes_: list[np.ndarray] = []
         parents: list[np.ndarray] = []
@@ -123,7 +162,7 @@ class TokenTrie:
             local = np.cumsum(new) - 1
             count = int(local[-1]) + 1
             opened = active[new]
-            bytes_.append(flat[starts[opened] + j].astype(np.int32))
+            bytes_.append(rows[opened, j].astype(np.int32))
             parents.append((node_of[opened] if j else np.full(len(opened), -1)).astype(np.int32))
             node_of[active] = total + local
             ends = lens[active] == j + 1
@@ -144,15 +183,12 @@ class TokenTrie:
             here, below, end = level_start[lv], level_start[lv + 1], level_start[lv + 2]
             kids = parent[below:end]
             nodes = np.arange(here, below)
-            lo = np.searchsorted(kids, nodes, side="left")
-            hi = np.searchsorted(kids, nodes, side="right")
-            child_start[here:below] = below + lo
-            child_count[here:below] = hi - lo
+            lo_ = np.searchsorted(kids, nodes, side="left")
+            hi_ = np.searchsorted(kids, nodes, side="right")
+            child_start[here:below] = below + lo_
+            child_count[here:below] = hi_ - lo_
         token_node = np.full(width, total, dtype=np.int32)
         token_node[first_id] = end_node
-        more = [(i, extra) for i, ids in enumerate(id_lists) if len(ids) > 1 for extra in ids[1:]]
-        more_key = np.array([i for i, _ in more], dtype=np.int64)
-        more_id = np.array([e for _, e in more], dtype=np.int32)
         token_node[more_id] = end_node[more_key]
         more_node = end_node[more_key].astype(np.int32)
         return cls({

@@ -45,12 +45,14 @@ def fresh(regex, vocab, cache_dir, **kw):
 
 
 def entries(cache_dir) -> dict[str, list]:
-    """The cache's files by kind; anything else (a temporary file left behind) fails the test."""
-    found = {"dfa": [], "tables": []}
+    """The cache's files by kind (the vocabulary index's, tests/compiler/test_index_cache.py, apart);
+    anything else (a temporary file left behind) fails the test."""
+    found: dict[str, list] = {"dfa": [], "tables": [], "index": []}
     for path in (p for p in cache_dir.rglob("*") if p.is_file()):
         assert path.suffix == ".gmx" and path.parent.name == path.stem[:2], path
-        arrays, _ = read_tables(path, path.stem)
-        found["tables" if "offsets" in arrays else "dfa"].append(path)
+        arrays, meta = read_tables(path, path.stem)
+        index = meta.get("kind") in ("vocabulary", "token-trie")
+        found["index" if index else "tables" if "offsets" in arrays else "dfa"].append(path)
     return found
 
 
