@@ -30,8 +30,9 @@ import threading
 import numpy as np
 
 from ..automata.byte_dfa import NUL, ByteDFA
+from . import native
 
-__all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx"]
+__all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx", "walk_reference"]
 
 
 class TokenTrie:
@@ -177,6 +178,18 @@ DENSE_SHARE = 0.25
 
 def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
     """Token row of byte state `state`: (sorted allowed token ids, the state after each), int32.
+
+    EOS is not included (the caller adds it where `dfa.accepting[state]`). `backend="numpy"` runs
+    the native walk (`native.walk`, one loop over the live trie nodes) where it is built, else
+    `walk_reference`, which computes the same row; `backend="mlx"` runs `walk_reference`'s dense
+    levels as MLX ops."""
+    if backend == "numpy" and trie.num_nodes and native.available():
+        return native.walk(trie, dfa, state)
+    return walk_reference(trie, dfa, state, backend)
+
+
+def walk_reference(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
+    """`walk` in numpy (and MLX): the reference the native walk is tested equal to, and its fallback.
 
     EOS is not included (the caller adds it where `dfa.accepting[state]`). The sparse levels always
     run in numpy (few live nodes: a GPU would only add launches); `backend="mlx"` runs the dense
