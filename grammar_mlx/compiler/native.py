@@ -135,15 +135,32 @@ class _TrieBuffers:
         self.width = trie.width
         self.local = threading.local()
 
-    def scratch(self) -> tuple[np.ndarray, ...]:
-        s = getattr(self.local, "bufs", None)
+    def scratch(self) -> _Scratch:
+        s = getattr(self.local, "scratch", None)
         if s is None:
-            s = self.local.bufs = (
-                np.empty(self.num_nodes, np.int32), np.empty(self.num_nodes, np.int32),  # live nodes, states
-                np.full(self.width, -1, np.int32),  # per-token scratch (-1 between calls)
-                np.empty(self.width, np.int32), np.empty(self.width, np.int32),  # the row, before copying
-                np.zeros(3, np.int64), np.empty(MAX_UNKNOWN, np.int32))  # cursor, missing rows
+            s = self.local.scratch = _Scratch(self.num_nodes, self.width)
         return s
+
+
+class _Scratch:
+    """One thread's buffers for `walk` and their addresses (`ctypes` arguments, taken once)."""
+
+    def __init__(self, num_nodes: int, width: int) -> None:
+        self.nodes = np.empty(num_nodes, np.int32)  # live nodes, level by level
+        self.states = np.empty(num_nodes, np.int32)  # the state at each
+        self.per_token = np.full(width, -1, np.int32)  # -1 between calls (gm_row restores it)
+        self.out_tokens = np.empty(width, np.int32)
+        self.out_states = np.empty(width, np.int32)
+        self.cursor = np.zeros(3, np.int64)
+        self.unknown = np.empty(MAX_UNKNOWN, np.int32)
+        self.seen = np.zeros(0, np.uint8)  # flags of missing rows (zero between calls), per DFA state
+        self.ptrs = tuple(a.ctypes.data for a in (self.nodes, self.states, self.per_token, self.out_tokens,
+                                                  self.out_states, self.cursor, self.unknown))
+
+    def seen_for(self, states: int) -> np.ndarray:
+        if len(self.seen) < states:
+            self.seen = np.zeros(max(states, 2 * len(self.seen)), np.uint8)
+        return self.seen
 
 
 _BUFFERS: weakref.WeakKeyDictionary[TokenTrie, _TrieBuffers] = weakref.WeakKeyDictionary()
@@ -165,40 +182,30 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
     assert lib is not None, "native.walk without the library (check available() first)"
     if trie.num_nodes == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
-    pending = not dfa.complete
-    if pending:
-        dfa.ensure_rows([state])
-    buf = _buffers(trie)
-    nodes, states, per_token, out_tokens, out_states, cursor, unknown = buf.scratch()
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
-    node_class = dfa.node_classes(trie)
-    a, b = trie._levels[0]
-    st = table[state * width + node_class[a:b]]
-    live = np.flatnonzero(st != dead)
-    k = len(live)
-    nodes[:k] = live + a
-    states[:k] = st[live]
-    cursor[:] = (0, k, k)
+    pending = not dfa.complete
+    if pending and table[state * width] < 0:
+        dfa.ensure_rows([state])
+        table = dfa.table
+    buf = _buffers(trie)
+    sc = buf.scratch()
+    nodes, states, per_token, out_tokens, out_states, cursor, unknown = sc.ptrs
+    sc.cursor[:] = (-1, trie._levels[0][1], state)  # level 0 from `state` (see gm_walk)
     child_start, child_count, end_first, more_node, more_id = buf.ptrs
-    node_class_ptr = node_class.ctypes.data
-    seen = np.zeros(len(table) // width, np.uint8)  # dedupes the missing rows (zero between calls)
+    node_class = dfa.node_classes(trie).ctypes.data
     while True:
-        missing = lib.gm_walk(table.ctypes.data, width, dead, node_class_ptr, child_start, child_count,
-                              nodes.ctypes.data, states.ctypes.data, cursor.ctypes.data, unknown.ctypes.data,
-                              MAX_UNKNOWN, seen.ctypes.data, len(seen))
+        seen = sc.seen_for(len(table) // width)
+        missing = lib.gm_walk(table.ctypes.data, width, dead, node_class, child_start, child_count, nodes, states,
+                              cursor, unknown, MAX_UNKNOWN, seen.ctypes.data, len(seen))
         if missing == 0:
             break
         if missing < 0 or not pending:  # pragma: no cover - a complete DFA has no unknown row
             raise AssertionError("native walk met an unknown row of a complete DFA")
-        dfa.ensure_rows(unknown[:missing].copy())
+        dfa.ensure_rows(sc.unknown[:missing].copy())
         table = dfa.table  # `ensure_rows` may have grown (replaced) it
-        if len(seen) * width < len(table):
-            seen = np.zeros(len(table) // width, np.uint8)
-    count = int(cursor[2])
-    found = lib.gm_row(nodes.ctypes.data, states.ctypes.data, count, end_first, more_node, more_id,
-                       len(buf.more_id), per_token.ctypes.data, trie.width, out_tokens.ctypes.data,
-                       out_states.ctypes.data)
-    return out_tokens[:found].copy(), out_states[:found].copy()
+    found = lib.gm_row(nodes, states, int(sc.cursor[2]), end_first, more_node, more_id, len(buf.more_id), per_token,
+                       trie.width, out_tokens, out_states)
+    return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:

@@ -4,7 +4,8 @@
 // gm_walk expands the live nodes of a token trie level by level from a byte-DFA state: a node is
 // live when the bytes from the root to it never reach the dead state. Live (node, state) pairs are
 // appended to `nodes`/`states`; `cursor` = {lo, hi, count}: the pairs [lo, hi) are the level being
-// expanded, `count` the pairs written. A DFA built on demand holds UNKNOWN (negative) in rows not
+// expanded, `count` the pairs written; {-1, level-0 nodes, start state} starts a walk (the start
+// state's row must be known). A DFA built on demand holds UNKNOWN (negative) in rows not
 // computed yet: a level that meets one is not kept (count goes back to hi); the distinct source
 // states whose row is missing are written to `unknown` and their number returned, so that the caller
 // computes those rows and calls again with the same cursor. 0: the walk is done.
@@ -27,6 +28,19 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
                 const int32_t* child_start, const int32_t* child_count, int32_t* nodes, int32_t* states,
                 int64_t* cursor, int32_t* unknown, int64_t max_unknown, uint8_t* seen, int64_t seen_len) {
     int64_t lo = cursor[0], hi = cursor[1], count = cursor[2];
+    if (lo < 0) {  // a new walk: the root's children (level 0, nodes 0..hi-1) from state `count`
+        const int32_t* row = table + count * width;  // the caller computed this row
+        count = 0;
+        for (int32_t c = 0; c < hi; ++c) {
+            const int32_t t = row[node_class[c]];
+            if (t == dead) continue;
+            nodes[count] = c;
+            states[count] = t;
+            ++count;
+        }
+        lo = 0;
+        hi = count;
+    }
     while (lo < hi) {
         int64_t missing = 0;
         const int64_t start = count;
