@@ -17,7 +17,10 @@ have not reached the dead state, expanding their children level by level: dead b
 nothing, so a restrictive state such as "after `{`" is cheap) and turns *dense* at the first level
 where most nodes are still alive (every node of the level in one gather, no compaction: an "inside
 a string" state, where almost every token is allowed). `walk_mlx` runs the dense levels as MLX
-ops, for a GPU. `bench/compile.py --legacy` measures a state's first visit.
+ops, for a GPU. `walk` runs the same row as one native loop over the live nodes where the native
+library is built (`native`, row_walk.cpp), `walk_reference` being the numpy path it is tested equal
+to. `bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
+generation.
 
 This module imports only numpy (MLX lazily, in `walk_mlx`), `automata.byte_dfa` and the errors
 module, so the compile worker loads it without the package's `__init__` (worker.py).
