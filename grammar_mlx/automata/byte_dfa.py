@@ -149,7 +149,14 @@ class ByteDFA:
             return
         with self._lock:
             width = self.num_classes
-            for q in np.unique(np.asarray(states)).tolist():
+            ids = np.asarray(states)
+            if len(ids) > 64:  # a walk's level: flag the distinct states (no sort of the level)
+                flags = np.zeros(self._num_states + 1, dtype=bool)
+                flags[ids] = True
+                todo = np.flatnonzero(flags).tolist()
+            else:
+                todo = np.unique(ids).tolist()
+            for q in todo:
                 if self.table[q * width] == UNKNOWN:  # class 0 (NUL) leads to the dead state once known
                     row = self._source.compute_row(self, q)  # type: ignore[union-attr]
                     self.table[q * width : (q + 1) * width] = row  # the table `compute_row` may have grown

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import GrammarTooLargeError
+from . import native
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -93,7 +94,14 @@ class MaskTable:
             return copy[1]
 
     def pack(self, tokens: np.ndarray) -> np.ndarray:
-        """The packed row allowing exactly `tokens` (ids below `width`); call under the lock."""
+        """The packed row allowing exactly `tokens` (ids below `width`); call under the lock. Native
+        (`native.pack`) where built, else `pack_reference` (the same words)."""
+        if native.available():
+            return native.pack(tokens, self.words)
+        return self.pack_reference(tokens)
+
+    def pack_reference(self, tokens: np.ndarray) -> np.ndarray:
+        """`pack` in numpy."""
         bits = self._bits
         if bits is None:
             bits = self._bits = np.zeros(self.words * 32, dtype=bool)

@@ -17,7 +17,10 @@ have not reached the dead state, expanding their children level by level: dead b
 nothing, so a restrictive state such as "after `{`" is cheap) and turns *dense* at the first level
 where most nodes are still alive (every node of the level in one gather, no compaction: an "inside
 a string" state, where almost every token is allowed). `walk_mlx` runs the dense levels as MLX
-ops, for a GPU. `bench/compile.py --legacy` measures a state's first visit.
+ops, for a GPU. `walk` runs the same row as one native loop over the live nodes where the native
+library is built (`native`, row_walk.cpp), `walk_reference` being the numpy path it is tested equal
+to. `bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
+generation.
 
 This module imports only numpy (MLX lazily, in `walk_mlx`), `automata.byte_dfa` and the errors
 module, so the compile worker loads it without the package's `__init__` (worker.py).
@@ -31,8 +34,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..automata.byte_dfa import ByteDFA
+from . import native
 
-__all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx"]
+__all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx", "walk_reference"]
 
 
 class TokenTrie:
@@ -213,6 +217,18 @@ DENSE_SHARE = 0.25
 
 def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
     """Token row of byte state `state`: (sorted allowed token ids, the state after each), int32.
+
+    EOS is not included (the caller adds it where `dfa.accepting[state]`). `backend="numpy"` runs
+    the native walk (`native.walk`, one loop over the live trie nodes) where it is built, else
+    `walk_reference`, which computes the same row; `backend="mlx"` runs `walk_reference`'s dense
+    levels as MLX ops."""
+    if backend == "numpy" and trie.num_nodes and native.available():
+        return native.walk(trie, dfa, state)
+    return walk_reference(trie, dfa, state, backend)
+
+
+def walk_reference(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
+    """`walk` in numpy (and MLX): the reference the native walk is tested equal to, and its fallback.
 
     EOS is not included (the caller adds it where `dfa.accepting[state]`). The sparse levels always
     run in numpy (few live nodes: a GPU would only add launches); `backend="mlx"` runs the dense

@@ -1,0 +1,219 @@
+"""The token-row walk and mask packing as native code (row_walk.cpp), built from source on first use.
+
+`token_index.walk` (numpy) is the reference: `walk`, `pack` here compute the same rows and masks
+(tests/compiler/test_native.py holds them equal on random regexes and corpus schemas), in one loop
+per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
+over its live trie nodes.
+
+Built with the system's C++ compiler (`$CXX`, else g++, else c++) into the grammar cache directory
+(`cache.default_cache_dir()/native`, keyed by a hash of the source and the platform), atomically,
+once per machine; loaded with ctypes. Where no compiler is found, the build fails, or
+`GRAMMAR_MLX_NATIVE=0`, `available()` is False and the numpy path runs (same rows). Nothing here
+raises to a caller: a failed build is logged once and remembered.
+
+This module imports only the standard library and numpy (the compile worker loads token_index,
+which imports it lazily, without the package's `__init__`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..automata.byte_dfa import ByteDFA
+    from .token_index import TokenTrie
+
+__all__ = ["available", "pack", "walk"]
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("row_walk.cpp")
+MAX_UNKNOWN = 4096  # distinct missing DFA rows reported per call (more: the next call finds them)
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+_TRIED = False
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build_dir() -> Path:
+    try:
+        from .cache import default_cache_dir
+
+        return default_cache_dir() / "native"
+    except Exception:  # noqa: BLE001 - the cache module is optional here (bare worker imports)
+        return Path(tempfile.gettempdir()) / "grammar_mlx-native"
+
+
+def _build() -> ctypes.CDLL | None:
+    if os.environ.get("GRAMMAR_MLX_NATIVE", "1").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    cxx = _compiler()
+    if cxx is None or not SOURCE.exists():
+        return None
+    source = SOURCE.read_bytes()
+    tag = hashlib.sha256(source + platform.platform().encode() + cxx.encode()).hexdigest()[:16]
+    directory = _build_dir()
+    target = directory / f"row_walk-{tag}.so"
+    if not target.exists():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
+            os.close(fd)
+            try:
+                subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-std=c++11", "-o", tmp, str(SOURCE)],
+                               check=True, capture_output=True, timeout=120)
+                os.replace(tmp, target)  # atomic: a concurrent build writes the same file
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", b"") or b""
+            log.warning("native row walk not built (%s: %s); using the numpy walk", type(exc).__name__,
+                        detail.decode(errors="replace")[-500:] or exc)
+            return None
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as exc:
+        log.warning("native row walk not loaded (%s); using the numpy walk", exc)
+        return None
+    lib.gm_walk.restype = _I
+    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I]
+    lib.gm_row.restype = _I
+    lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
+    lib.gm_pack.restype = None
+    lib.gm_pack.argtypes = [_P, _I, _P, _I]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded native library, built on the first call (None where it cannot be)."""
+    global _LIB, _TRIED
+    if not _TRIED:
+        with _LOCK:
+            if not _TRIED:
+                _LIB = _build()
+                _TRIED = True
+    return _LIB
+
+
+def available() -> bool:
+    return library() is not None
+
+
+class _TrieBuffers:
+    """A trie's constant arrays as pointers (contiguous int32), and per-thread scratch buffers."""
+
+    def __init__(self, trie: TokenTrie) -> None:
+        self.child_start = np.ascontiguousarray(trie.child_start, dtype=np.int32)
+        self.child_count = np.ascontiguousarray(trie.child_count, dtype=np.int32)
+        self.end_first = np.ascontiguousarray(trie.end_first, dtype=np.int32)
+        self.more_node = np.ascontiguousarray(trie.end_more_node, dtype=np.int32)
+        self.more_id = np.ascontiguousarray(trie.end_more_id, dtype=np.int32)
+        self.ptrs = tuple(a.ctypes.data for a in (self.child_start, self.child_count, self.end_first,
+                                                  self.more_node, self.more_id))
+        self.num_nodes = trie.num_nodes
+        self.width = trie.width
+        self.local = threading.local()
+
+    def scratch(self) -> _Scratch:
+        s = getattr(self.local, "scratch", None)
+        if s is None:
+            s = self.local.scratch = _Scratch(self.num_nodes, self.width)
+        return s
+
+
+class _Scratch:
+    """One thread's buffers for `walk` and their addresses (`ctypes` arguments, taken once)."""
+
+    def __init__(self, num_nodes: int, width: int) -> None:
+        self.nodes = np.empty(num_nodes, np.int32)  # live nodes, level by level
+        self.states = np.empty(num_nodes, np.int32)  # the state at each
+        self.per_token = np.full(width, -1, np.int32)  # -1 between calls (gm_row restores it)
+        self.out_tokens = np.empty(width, np.int32)
+        self.out_states = np.empty(width, np.int32)
+        self.cursor = np.zeros(3, np.int64)
+        self.unknown = np.empty(MAX_UNKNOWN, np.int32)
+        self.seen = np.zeros(0, np.uint8)  # flags of missing rows (zero between calls), per DFA state
+        self.ptrs = tuple(a.ctypes.data for a in (self.nodes, self.states, self.per_token, self.out_tokens,
+                                                  self.out_states, self.cursor, self.unknown))
+
+    def seen_for(self, states: int) -> np.ndarray:
+        if len(self.seen) < states:
+            self.seen = np.zeros(max(states, 2 * len(self.seen)), np.uint8)
+        return self.seen
+
+
+_BUFFERS: weakref.WeakKeyDictionary[TokenTrie, _TrieBuffers] = weakref.WeakKeyDictionary()
+
+
+def _buffers(trie: TokenTrie) -> _TrieBuffers:
+    b = _BUFFERS.get(trie)
+    if b is None:
+        with _LOCK:
+            b = _BUFFERS.get(trie)
+            if b is None:
+                b = _BUFFERS[trie] = _TrieBuffers(trie)
+    return b
+
+
+def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
+    """`token_index.walk(trie, dfa, state)` (the same row), natively; call only where `available()`."""
+    lib = library()
+    assert lib is not None, "native.walk without the library (check available() first)"
+    if trie.num_nodes == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    table, dead, width = dfa.table, dfa.dead, dfa.num_classes
+    pending = not dfa.complete
+    if pending and table[state * width] < 0:
+        dfa.ensure_rows([state])
+        table = dfa.table
+    buf = _buffers(trie)
+    sc = buf.scratch()
+    nodes, states, per_token, out_tokens, out_states, cursor, unknown = sc.ptrs
+    sc.cursor[:] = (-1, trie._levels[0][1], state)  # level 0 from `state` (see gm_walk)
+    child_start, child_count, end_first, more_node, more_id = buf.ptrs
+    node_class = dfa.node_classes(trie).ctypes.data
+    while True:
+        seen = sc.seen_for(len(table) // width)
+        missing = lib.gm_walk(table.ctypes.data, width, dead, node_class, child_start, child_count, nodes, states,
+                              cursor, unknown, MAX_UNKNOWN, seen.ctypes.data, len(seen))
+        if missing == 0:
+            break
+        if missing < 0 or not pending:  # pragma: no cover - a complete DFA has no unknown row
+            raise AssertionError("native walk met an unknown row of a complete DFA")
+        dfa.ensure_rows(sc.unknown[:missing].copy())
+        table = dfa.table  # `ensure_rows` may have grown (replaced) it
+    found = lib.gm_row(nodes, states, int(sc.cursor[2]), end_first, more_node, more_id, len(buf.more_id), per_token,
+                       trie.width, out_tokens, out_states)
+    return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+
+
+def pack(tokens: np.ndarray, words: int) -> np.ndarray:
+    """The packed mask (`words` little-endian uint32, bit t of word t // 32) allowing `tokens`
+    (sorted or not, ids below 32 * words); call only where `available()`."""
+    lib = library()
+    assert lib is not None, "native.pack without the library (check available() first)"
+    ids = np.ascontiguousarray(tokens, dtype=np.int32)
+    out = np.empty(words, dtype="<u4")
+    lib.gm_pack(ids.ctypes.data, len(ids), out.ctypes.data, words)
+    return out

@@ -1,0 +1,208 @@
+"""The native row walk and mask packing (grammar_mlx/compiler/native.py, row_walk.cpp) against the
+numpy reference (`token_index.walk_reference`, `MaskTable.pack_reference`): rows identical on random
+vocabularies and random regexes, on the Qwen3 vocabulary with corpus schemas (every state a
+generation of their instances visits, rows and mask-table rows), with a complete DFA and one built on
+demand (whose rows the native walk meets unknown and has computed); and the fallback when the
+library cannot be built.
+
+Two DFAs built on demand by different walks may number their states differently, so next states
+are compared by what they are: the set of NFA states each DFA state stands for.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from conftest import read_corpus
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grammar_mlx import compile_json_schema, compile_regex, vocabulary_of
+from grammar_mlx.automata.byte_dfa import ByteDFA
+from grammar_mlx.automata.byte_nfa import build_nfa, determinize
+from grammar_mlx.compiler import native, token_index
+from grammar_mlx.compiler.mask_table import MaskTable
+from grammar_mlx.compiler.token_index import TokenTrie, walk_reference
+from grammar_mlx.schema import canonical_json
+
+QWEN_WIDTH = 151_936
+JSON_STRING = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+CYRILLIC = r"[\u0400-\u04FF]{1,3}( [\U0001F600-\U0001F64F]+)?"
+SCHEMA_IDS = ["BFCL_simple_10.json", "Github_trivial---o10069.json", "JME_0.json", "Snowplow---sp_11_Normalized.json"]
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native walk is not built")
+
+
+def names(dfa: ByteDFA) -> dict[int, object]:
+    """What each state of a DFA stands for: its NFA state set (built on demand), or its id (complete)."""
+    source = getattr(dfa, "_source", None)
+    if source is None:
+        return {q: q for q in range(dfa.num_states + 1)}
+    named: dict[int, object] = {sid: nfa_set for nfa_set, sid in source._ids.items()}
+    named[dfa.dead] = "dead"
+    return named
+
+
+def same_row(a: tuple[np.ndarray, np.ndarray], dfa_a: ByteDFA, b: tuple[np.ndarray, np.ndarray],
+             dfa_b: ByteDFA) -> bool:
+    if not np.array_equal(a[0], b[0]) or a[0].dtype != b[0].dtype or a[1].dtype != b[1].dtype:
+        return False
+    na, nb = names(dfa_a), names(dfa_b)
+    return [na[q] for q in a[1].tolist()] == [nb[q] for q in b[1].tolist()]
+
+
+# -- random vocabularies, random regexes ----------------------------------------------------------------
+
+ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b",", b"x", b"\x00"]
+ATOMS = ["a", "b", "c", "é", "x", "0", "1", ",", r"\[", r"\]", "[a-c]", "[^a]", "[01]", "."]
+
+
+def regexes() -> st.SearchStrategy[str]:
+    atom = st.sampled_from(ATOMS)
+    return st.recursive(atom, lambda inner: st.one_of(
+        st.lists(inner, min_size=2, max_size=3).map("".join),
+        st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(" + "|".join(xs) + ")"),
+        st.tuples(inner, st.sampled_from(["*", "+", "?", "{0,3}", "{2}"])).map(lambda p: f"({p[0]}){p[1]}"),
+    ), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    tokens=st.lists(st.one_of(st.none(), st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=6).map(b"".join)),
+                    min_size=1, max_size=60),
+    regex=regexes(),
+    cut=st.integers(0, 5),
+    engine=st.sampled_from(["outlines", "nfa"]),
+)
+def test_native_walk_equals_the_numpy_walk_on_random_regexes(tokens, regex, cut, engine):
+    width = max(1, len(tokens) - cut)
+    groups: dict[bytes, list[int]] = {}
+    for i, b in enumerate(tokens):
+        if b is not None:
+            groups.setdefault(b, []).append(i)  # equal bytes under several ids (end_more)
+    trie = TokenTrie.build(groups, width)
+
+    def make() -> ByteDFA:
+        return ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
+
+    fast, slow = make(), make()  # fresh each: the native walk meets (and computes) unknown rows itself
+    order = names(fast)
+    state = 0 if engine == "outlines" else 1
+    while state <= fast.num_states - (engine == "outlines"):
+        got = native.walk(trie, fast, state)
+        order = names(fast)
+        slow_state = state if engine == "outlines" else _state_of(slow, order[state])
+        want = walk_reference(trie, slow, slow_state)
+        assert same_row(got, fast, want, slow), (regex, state, got, want)
+        state += 1
+
+
+def _state_of(dfa: ByteDFA, nfa_set: object) -> int:
+    """The id of the state standing for `nfa_set` in an on-demand DFA, determinizing it until it has one."""
+    source = dfa._source
+    q = 1
+    while nfa_set not in source._ids:
+        dfa.ensure_rows([q])
+        q += 1
+    return source._ids[nfa_set]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(width=st.integers(1, 300), data=st.data())
+def test_native_pack_equals_numpy(width, data):
+    tokens = np.array(sorted(data.draw(st.sets(st.integers(0, width - 1)))), dtype=np.int32)
+    table = MaskTable(width, 1 << 20)
+    assert np.array_equal(native.pack(tokens, table.words), table.pack_reference(tokens))
+    assert native.pack(tokens, table.words).dtype == table.pack_reference(tokens).dtype
+
+
+# -- the Qwen3 vocabulary: corpus schemas and wide regexes -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab(qwen_hf_tokenizer):
+    return vocabulary_of(qwen_hf_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def corpus_rows(corpora):
+    rows = {row["id"]: row for row in read_corpus("maskbench-public.jsonl.gz") if row["id"] in SCHEMA_IDS}
+    assert set(rows) == set(SCHEMA_IDS), f"schemas gone from the corpus: {set(SCHEMA_IDS) - set(rows)}"
+    return rows
+
+
+def _compare_generation(fast, slow, ids: list[int], rng: random.Random, steps: int) -> int:
+    """Walk `ids` (then random tokens) through both grammars, comparing every row and mask on the way."""
+    fi, si = fast.index, slow.index
+    qf, qs = fast.initial_state, slow.initial_state
+    checked = 0
+    for step in range(len(ids) + steps):
+        row_f, row_s = fi.row(qf), si.row(qs)
+        assert same_row(row_f, fi.dfa, row_s, si.dfa), (step, qf, qs)
+        mask_f = fi.table.rows[fi.mask_row(qf)]
+        mask_s = si.table.rows[si.mask_row(qs)]
+        assert np.array_equal(mask_f, mask_s), (step, qf)
+        checked += 1
+        text = [i for i, t in enumerate(row_f[0].tolist()) if t not in fast.eos_token_ids]
+        if not text:
+            break
+        k = int(np.searchsorted(row_f[0], ids[step])) if step < len(ids) else -1
+        if not 0 <= k < len(row_f[0]) or row_f[0][k] != ids[step]:  # past an instance (or an invalid one)
+            k = rng.choice(text)
+        qf, qs = int(row_f[1][k]), int(row_s[1][k])
+    return checked
+
+
+@pytest.mark.parametrize("schema_id", SCHEMA_IDS)
+def test_native_rows_equal_numpy_rows_on_corpus_schemas(schema_id, corpus_rows, qwen_vocab, qwen_hf_tokenizer,
+                                                        monkeypatch):
+    schema = corpus_rows[schema_id]["schema"]
+    fast = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    slow = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    assert fast is not slow
+    monkeypatch.setattr(slow.index, "_walk", walk_reference)
+    monkeypatch.setattr(slow.index.table, "pack", slow.index.table.pack_reference)
+    rng = random.Random(schema_id)
+    checked = 0
+    for test in corpus_rows[schema_id]["tests"][:3]:
+        ids = qwen_hf_tokenizer.encode(canonical_json(test["data"], schema), add_special_tokens=False)
+        checked += _compare_generation(fast, slow, ids, rng, steps=20)
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("regex", [JSON_STRING, CYRILLIC, r"[a-z ]{0,40}\d+"])
+@pytest.mark.parametrize("engine", ["nfa", "outlines"])
+def test_native_rows_equal_numpy_rows_on_dense_regexes(regex, engine, qwen_vocab, monkeypatch):
+    """Wide states (almost every token allowed): the native walk's dense rows, and the sparse ones."""
+    fast = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False, engine=engine)
+    slow = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False, engine=engine)
+    monkeypatch.setattr(slow.index, "_walk", walk_reference)
+    monkeypatch.setattr(slow.index.table, "pack", slow.index.table.pack_reference)
+    checked = sum(_compare_generation(fast, slow, [], random.Random(seed), steps=12) for seed in range(4))
+    assert checked >= 8
+
+
+# -- the fallback --------------------------------------------------------------------------------------
+
+
+def test_no_compiler_means_no_library_and_the_numpy_walk(monkeypatch):
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    assert native._build() is None
+    monkeypatch.setenv("GRAMMAR_MLX_NATIVE", "0")
+    monkeypatch.setattr(native, "_compiler", lambda: "g++")
+    assert native._build() is None
+
+
+def test_walk_takes_the_numpy_path_without_the_library(monkeypatch):
+    trie = TokenTrie.build({b"ab": [0], b"a": [1], b"b": [2], b"ba": [3]}, 4)
+    dfa = ByteDFA.from_outlines("(ab)*", 100)
+    want = token_index.walk(trie, dfa, dfa.initial)
+    calls = []
+    monkeypatch.setattr(native, "available", lambda: False)
+    monkeypatch.setattr(token_index, "walk_reference",
+                        lambda *a, **k: calls.append(a) or walk_reference(*a, **k))
+    got = token_index.walk(trie, dfa, dfa.initial)
+    assert calls and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert got[0].tolist() == [0, 1]
