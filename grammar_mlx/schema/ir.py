@@ -20,7 +20,7 @@ from typing import Any
 
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Node as Regex
-from ..regex.syntax import to_regex
+from ..regex.syntax import fullmatch, to_regex
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,12 @@ class String:
     def matches(self, text: str) -> bool:
         if self.ast is None:
             return self.min_len <= len(text) and (self.max_len is None or len(text) <= self.max_len)
-        return _python_regex(self.ast).fullmatch(text) is not None
+        if self.ast == NO_STRING:
+            return False
+        try:
+            return fullmatch(self.ast, text)
+        except (RecursionError, ValueError):  # nested past the recursion limit, or an anchor: Python's `re`
+            return _python_regex(self.ast).fullmatch(text) is not None
 
 
 @lru_cache(maxsize=4096)
