@@ -273,7 +273,6 @@ class Normalizer:
             return False
         types = set(TYPES)
         required: set[str] = set()
-        values: dict[str, Values] = {}
         for atom in atoms:
             if atom.has("type"):
                 t = atom.get("type")
@@ -285,15 +284,18 @@ class Normalizer:
             needed = atom.get("required")
             if isinstance(needed, list):
                 required.update(n for n in needed if isinstance(n, str))
+        if not types:
+            return False
+        if types - {"object"} or not required:
+            return True
+        # Only the required properties' value sets decide: the others are never read.
+        values: dict[str, Values] = {}
+        for atom in atoms:
             props = atom.get("properties")
             if isinstance(props, dict):
                 resolve = self._resolver(atom)
-                for name, sub in props.items():
-                    values[name] = meet(values.get(name, ANY_VALUES), value_set(sub, resolve, atom.legacy_ref))
-        if not types:
-            return False
-        if types - {"object"}:
-            return True
+                for name in required & props.keys():
+                    values[name] = meet(values.get(name, ANY_VALUES), value_set(props[name], resolve, atom.legacy_ref))
         return not any(is_empty(values[name]) for name in required if name in values)
 
     def _closed_keys(self, node: Node) -> frozenset[str] | None:
