@@ -219,12 +219,14 @@ class Emitter:
         # Recursion is bounded per cyclic definition (each entered at most max_depth + 1 times on a
         # path), so a definition is emitted once per vector of counts it can reach: with many
         # mutually recursive definitions (normalized documents) up to (max_depth + 2)^k variants.
-        # Past `memo_budget` variants that raises `UnrollTooWide`, and the translator emits again
+        # Past `memo_budget` variants (room for two mutually recursive definitions reached from
+        # everywhere: 25 variants each) that raises `UnrollTooWide`, and the translator emits again
         # with `shared_count`: one count for all of them (at most max_depth + 1 cyclic entries on a
         # path: a narrowing, the same bound where one definition recurses), so a definition has at
         # most max_depth + 2 variants and the emitter's time is linear in the table.
         self.shared_count = shared_count
-        self.memo_budget = 200 + 8 * len(table)
+        self.memo_budget = 500 + 25 * len(table)
+        self._ranks: dict[Hashable, str] = {}  # a cyclic key's repr: the canonical order of `counts`
         self.strict = strict
         # (keyword, pointer) -> reason: counts this emitter relaxed (see `counted_array`)
         self.relaxed: dict[tuple[str, str], str] = {}
@@ -244,6 +246,14 @@ class Emitter:
         # (which reads min(depth, limits.MAX_ANY_DEPTH)). See `lower_depth`.
         self.bounded_recursion = False
         self.bounded_any = False
+
+    def _rank(self, item: tuple[Hashable, int]) -> str:
+        """The sort key of one count: its key's repr, written once per key (keys are tuples of
+        pointers and sets: writing them at every Ref was most of a large document's emit)."""
+        rank = self._ranks.get(item[0])
+        if rank is None:
+            rank = self._ranks[item[0]] = repr(item[0])
+        return rank
 
     def size(self, node: Regex) -> int:
         """The length of `node`'s regex text."""
@@ -265,7 +275,7 @@ class Emitter:
                 entered = dict(counts).get(counter, 0)
                 if entered > self.max_depth:
                     return None
-                counts = tuple(sorted({**dict(counts), counter: entered + 1}.items(), key=repr))
+                counts = tuple(sorted({**dict(counts), counter: entered + 1}.items(), key=self._rank))
             if counts:
                 # Only the counts of cyclic keys this definition can reach decide what it is: a
                 # definition used at every depth of a recursion is then built once, not once per depth.

@@ -231,6 +231,7 @@ class Bounds:
     cyclic: frozenset[Hashable]  # Ref keys
     max_depth: int
     any_depth: int
+    shared: bool = False  # one count for all cyclic Refs (at most 1 + max_depth of them on a path)
 
 
 def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
@@ -243,10 +244,11 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
             # assumed satisfied.
             return True
         if bounds is not None and node.key in bounds.cyclic:
-            entered = dict(counts).get(node.key, 0)
+            counter = "*" if bounds.shared else node.key
+            entered = dict(counts).get(counter, 0)
             if entered > bounds.max_depth:
                 return False
-            counts = tuple(sorted({**dict(counts), node.key: entered + 1}.items(), key=repr))
+            counts = tuple(sorted({**dict(counts), counter: entered + 1}.items(), key=repr))
         return conforms(target, x, table, bounds, counts)
     if isinstance(node, AnyValue):
         return bounds is None or nesting(x) <= bounds.any_depth

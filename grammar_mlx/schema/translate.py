@@ -367,6 +367,7 @@ def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: 
                 ast = emitter.emit(root)
                 for key, reason in emitter.relaxed.items():
                     nz.unenforced.setdefault(key, reason)
+                nz.shared_recursion = shared
                 return nz, None if ast is None else (ast, emitter.size(ast), emitter.nesting(ast),
                                                      emitter.ast.total), depths
             except CompileTimeoutError:
@@ -483,7 +484,7 @@ def in_grammar(instance: object, schema: object, *, max_recursion_depth: int = 3
     doc = load_schema(schema)
     _check_instance(instance)
     nz, root, (depth, any_depth) = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth, open_objects)
-    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, any_depth)
+    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, any_depth, shared=nz.shared_recursion)
     try:
         return conforms(root, instance, nz.table, bounds)
     except RecursionError:
