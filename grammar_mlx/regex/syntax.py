@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..limits import check_deadline
 from .charset import ANY, REGEX_META, CharSet, charset_regex
@@ -99,7 +100,14 @@ NEVER = Alt(())
 
 
 def literal(text: str) -> Seq:
-    return Seq(tuple(Chars(CharSet.of(c)) for c in text))
+    return Seq(tuple(map(_char_node, text)))
+
+
+@lru_cache(maxsize=8192)
+def _char_node(c: str) -> Chars:
+    """One character's node, made once (nodes are never changed: shared freely), as key
+    complements spell every prefix of every name."""
+    return Chars(CharSet.of(c))
 
 
 def seq(*items: Node) -> Node:
