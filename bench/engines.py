@@ -395,10 +395,11 @@ def make_engines(names: list[str], tokenizer: Any, width: int, timeout: float) -
 # --- the worker process and its handle in the parent ------------------------------------------------
 
 
-def _serve(engine: Engine, conn: Connection) -> None:
+def _serve(engine: Engine, conn: Connection, warm: bool = True) -> None:
     os.setsid()  # its own process group: a timeout kills ours' compile pool with it
     try:
-        engine.first_mask(WARM_SCHEMA)
+        if warm:
+            engine.first_mask(WARM_SCHEMA)
         conn.send(("ready", None))
         while True:
             kind, payload = conn.recv()
@@ -418,10 +419,15 @@ def _serve(engine: Engine, conn: Connection) -> None:
 
 
 class Worker:
-    """The parent's handle on one engine's worker process."""
+    """The parent's handle on one engine's worker process. `fresh`: a fresh child per schema, forked
+    from the parent (tokenizer state built, nothing compiled, no warm-up schema) and ended after its
+    answers, so each schema meets the process as an unseen one meets a new server process;
+    `name` is then the engine's name + "@fresh"."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, fresh: bool = False):
         self.engine = engine
+        self.fresh = fresh
+        self.name = engine.name + ("@fresh" if fresh else "")
         self.process: Any = None
         self.conn: Connection | None = None
         self.respawns = 0
@@ -429,7 +435,7 @@ class Worker:
     def start(self) -> None:
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(self.engine, child), daemon=True)
+        self.process = ctx.Process(target=_serve, args=(self.engine, child, not self.fresh), daemon=True)
         self.process.start()
         child.close()
         if not self.conn.poll(300) or self.conn.recv()[0] != "ready":
@@ -497,6 +503,12 @@ def stratified_sample(per_subset: int, seed: int, n: int | None = None) -> list[
     return ordered[:n] if n else ordered
 
 
+def whole_corpus(only: set[str] | None = None) -> list[dict[str, Any]]:
+    """Every schema of the corpus (those whose id is in `only`, when given), in round-robin order over
+    the subsets (seeded shuffles within each: a run cut short is still stratified)."""
+    return [row for row in stratified_sample(10**9, 0) if only is None or row["id"] in only]
+
+
 def schema_text(row: dict[str, Any]) -> str:
     return row["schema"] if isinstance(row["schema"], str) else json.dumps(row["schema"])
 
@@ -512,11 +524,14 @@ def ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1e3, 2)
 
 
-def start_workers(engines: list[Engine], schemas: int, started: float, load: tuple[float, ...]) -> list[Worker]:
-    """A started worker per engine, and the set-up line both benchmarks print."""
-    workers = [Worker(e) for e in engines]
+def start_workers(engines: list[Engine], schemas: int, started: float, load: tuple[float, ...],
+                  processes: tuple[str, ...] = ("warm",)) -> list[Worker]:
+    """A worker per engine and process kind ("warm": persistent; "fresh": a child per schema, see
+    `Worker`), the warm ones started, and the set-up line both benchmarks print."""
+    workers = [Worker(e, fresh=kind == "fresh") for kind in processes for e in engines]
     for w in workers:
-        w.start()
+        if not w.fresh:
+            w.start()
     print(f"set-up {time.perf_counter() - started:.1f} s; engines {versions(engines)}; {schemas} schemas; "
           f"load average {load}", flush=True)
     return workers
@@ -551,5 +566,7 @@ def measure(workers: list[Worker], text: str, timeout: float, instances: list[li
             reply["walks"] = texts if walked == "ok" else None
             if walked != "ok":
                 reply["walks_failed"] = walked if walked == "timeout" else texts
-        out[worker.engine.name] = reply
+        out[worker.name] = reply
+        if worker.fresh:
+            worker.kill()
     return out

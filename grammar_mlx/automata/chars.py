@@ -583,10 +583,77 @@ def intersect(nodes: Sequence[Node]) -> Node:
 
 
 def _intersect(nodes: Sequence[Node]) -> Node:
-    dfa = to_dfa(nodes[0])
-    for node in nodes[1:]:
+    # Length languages (`length_language`) are counters, not automata: each one bounds the product
+    # with a count of characters read (`with_length`), the others are multiplied first.
+    lengths = [b for b in map(_length_bounds, nodes) if b is not None]
+    others = [node for node in nodes if _length_bounds(node) is None]
+    dfa = to_dfa(others[0]) if others else to_dfa(universal())
+    for node in others[1:]:
         dfa = product(dfa, to_dfa(node), "and")
+    if lengths:
+        lo = max(b[0] for b in lengths)
+        his = [b[1] for b in lengths if b[1] is not None]
+        dfa = with_length(dfa, lo, min(his) if his else None)
     return to_ast(dfa)
+
+
+def _length_bounds(node: Node) -> tuple[int, int | None] | None:
+    """(lo, hi) of a length language (`length_language`: any `lo..hi` characters), else None."""
+    if isinstance(node, Repeat) and isinstance(node.item, Chars) and node.item.chars == ANY:
+        return node.lo, node.hi
+    return None
+
+
+def with_length(dfa: DFA, lo: int, hi: int | None) -> DFA:
+    """The minimal DFA of the strings of `dfa` with `lo..hi` characters (hi None: no upper bound):
+    the product with a character counter, as `product(dfa, to_dfa(length_language(lo, hi)), "and")`
+    but without its range merging (every edge of a state moves the counter alike), and without the
+    pairs that cannot reach acceptance within `hi` characters (so they count against no budget)."""
+    if hi is not None and hi < lo:
+        return DFA([[]], set())
+    nearest = _fewest_to_accept(dfa)
+    cap = lo if hi is None else hi  # unbounded: the counter stops at lo (every count past it alike)
+    accept = dfa.accept
+
+    def accepts(pair: tuple[int, int]) -> bool:
+        return pair[0] in accept and pair[1] >= lo
+
+    def successors(pair: tuple[int, int]) -> Iterator[tuple[CharSet, tuple[int, int]]]:
+        p, n = pair
+        if hi is not None and n >= hi:
+            return
+        m = n + 1 if n < cap else n
+        for chars, t in dfa.trans[p]:
+            if nearest[t] >= 0 and (hi is None or m + nearest[t] <= hi):
+                yield chars, (t, m)
+
+    if nearest[0] < 0 or (hi is not None and nearest[0] > hi):
+        return DFA([[]], set())
+    return _explore((0, 0), accepts, successors, "product states")
+
+
+def _fewest_to_accept(dfa: DFA) -> list[int]:
+    """Per state, the fewest characters to an accepting state (-1: none), one backward search."""
+    n = len(dfa.trans)
+    reverse: list[list[int]] = [[] for _ in range(n)]
+    for s, row in enumerate(dfa.trans):
+        for _, t in row:
+            reverse[t].append(s)
+    dist = [-1] * n
+    layer = sorted(dfa.accept)
+    for s in layer:
+        dist[s] = 0
+    d = 0
+    while layer:
+        d += 1
+        following = []
+        for t in layer:
+            for s in reverse[t]:
+                if dist[s] < 0:
+                    dist[s] = d
+                    following.append(s)
+        layer = following
+    return dist
 
 
 def minus(node: Node, removed: Node) -> Node:
@@ -633,6 +700,44 @@ def _memoized(key: tuple[Hashable, ...], compute: Callable[[], Node]) -> Node:
 
 def is_empty(node: Node) -> bool:
     return to_dfa(node).is_empty()
+
+
+def meet_is_empty(a: Node, b: Node) -> bool:
+    """Whether L(a) ∩ L(b) is empty, as `is_empty(intersect([a, b]))` answers it, but searching the
+    product only until a pair of accepting states turns up: nothing minimized or written back.
+    `AutomatonTooLarge` where the search passes limits.CHAR_DFA_STATES pairs first."""
+    return _memoized(("meet-empty", a, b), lambda: EMPTY if _meet_is_empty(to_dfa(a), to_dfa(b)) else NEVER) is EMPTY
+
+
+def _meet_is_empty(a: DFA, b: DFA) -> bool:
+    seen = {(0, 0)}
+    todo = [(0, 0)]
+    while todo:
+        check_deadline(STAGE)
+        x, y = todo.pop()
+        if x in a.accept and y in b.accept:
+            return False
+        for chars, t in a.trans[x]:
+            for other, u in b.trans[y]:
+                if (t, u) not in seen and _overlap(chars.ranges, other.ranges):
+                    if len(seen) >= limits.CHAR_DFA_STATES:
+                        raise AutomatonTooLarge(f"more than {limits.CHAR_DFA_STATES} product states")
+                    seen.add((t, u))
+                    todo.append((t, u))
+    return True
+
+
+def _overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
+    """Whether two sorted, disjoint range tuples share a code point."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][1] < b[j][0]:
+            i += 1
+        elif b[j][1] < a[i][0]:
+            j += 1
+        else:
+            return True
+    return False
 
 
 def length_language(lo: int, hi: int | None) -> Node:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..limits import check_deadline
 from .charset import ANY, REGEX_META, CharSet, charset_regex
@@ -99,7 +100,14 @@ NEVER = Alt(())
 
 
 def literal(text: str) -> Seq:
-    return Seq(tuple(Chars(CharSet.of(c)) for c in text))
+    return Seq(tuple(map(_char_node, text)))
+
+
+@lru_cache(maxsize=8192)
+def _char_node(c: str) -> Chars:
+    """One character's node, made once (nodes are never changed: shared freely), as key
+    complements spell every prefix of every name."""
+    return Chars(CharSet.of(c))
 
 
 def seq(*items: Node) -> Node:
@@ -260,6 +268,61 @@ def _has_anchor(node: Node) -> bool:
     if isinstance(node, Repeat):
         return _has_anchor(node.item)
     return False
+
+
+def fullmatch(node: Node, text: str) -> bool:
+    """Whether the anchor-free AST matches all of `text`: what `re.fullmatch(to_regex(node), text)`
+    answers, by a simulation over the text's positions (the set of positions each node may end at,
+    memoized per node and start set), so nothing is written or compiled for one string (a key
+    complement's regex takes Python's `re` a tenth of a second to compile)."""
+    memo: dict[tuple[int, frozenset[int]], frozenset[int]] = {}
+    return len(text) in _ends(node, frozenset((0,)), text, memo)
+
+
+def _ends(node: Node, starts: frozenset[int], text: str, memo: dict[tuple[int, frozenset[int]], frozenset[int]]
+          ) -> frozenset[int]:
+    if not starts:
+        return starts
+    kind = type(node)
+    if kind is Chars:
+        chars = node.chars  # type: ignore[union-attr]
+        return frozenset(i + 1 for i in starts if i < len(text) and ord(text[i]) in chars)
+    if kind is Literal:
+        lit = node.text  # type: ignore[union-attr]
+        return frozenset(i + len(lit) for i in starts if text.startswith(lit, i))
+    key = (id(node), starts)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    if kind is Seq:
+        out = starts
+        for item in node.items:  # type: ignore[union-attr]
+            out = _ends(item, out, text, memo)
+            if not out:
+                break
+    elif kind is Alt:
+        out = frozenset().union(*(_ends(item, starts, text, memo) for item in node.items))  # type: ignore[union-attr]
+    elif kind is Repeat:
+        item, lo, hi = node.item, node.lo, node.hi  # type: ignore[union-attr]
+        out, count = starts, 0
+        while count < lo and out:
+            following = _ends(item, out, text, memo)
+            count += 1
+            if following == out:  # a fixed point: every further count ends at the same positions
+                count = lo
+            out = following
+        # Past `lo`, a position reached again was first reached at a smaller count, which leaves at
+        # least as many repetitions to go: only new positions carry on.
+        frontier, reached = out, set(out)
+        while frontier and (hi is None or count < hi):
+            frontier = _ends(item, frontier, text, memo) - reached
+            reached |= frontier
+            count += 1
+        out = frozenset(reached)
+    else:
+        raise ValueError(f"fullmatch takes an anchor-free AST, not {node!r}")
+    memo[key] = out
+    return out
 
 
 def search_language(node: Node) -> Node:

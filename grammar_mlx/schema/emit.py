@@ -203,10 +203,30 @@ class Builder:
         return out
 
 
+class UnrollTooWide(Exception):
+    """Internal: counting the recursion per cyclic definition makes too many variants of the
+    definitions (`Emitter.memo_budget`); the translator emits again with one shared count."""
+
+
+SHARED = "*"  # the one count of every cyclic definition under `shared_count`
+
+
 class Emitter:
     def __init__(self, table: Table, whitespace: str, max_recursion_depth: int,
-                 cyclic: set[Hashable] | None = None, strict: bool = False, any_depth: int | None = None) -> None:
+                 cyclic: set[Hashable] | None = None, strict: bool = False, any_depth: int | None = None,
+                 shared_count: bool = False) -> None:
         self.table = table
+        # Recursion is bounded per cyclic definition (each entered at most max_depth + 1 times on a
+        # path), so a definition is emitted once per vector of counts it can reach: with many
+        # mutually recursive definitions (normalized documents) up to (max_depth + 2)^k variants.
+        # Past `memo_budget` variants (room for two mutually recursive definitions reached from
+        # everywhere: 25 variants each) that raises `UnrollTooWide`, and the translator emits again
+        # with `shared_count`: one count for all of them (at most max_depth + 1 cyclic entries on a
+        # path: a narrowing, the same bound where one definition recurses), so a definition has at
+        # most max_depth + 2 variants and the emitter's time is linear in the table.
+        self.shared_count = shared_count
+        self.memo_budget = 500 + 25 * len(table)
+        self._ranks: dict[Hashable, str] = {}  # a cyclic key's repr: the canonical order of `counts`
         self.strict = strict
         # (keyword, pointer) -> reason: counts this emitter relaxed (see `counted_array`)
         self.relaxed: dict[tuple[str, str], str] = {}
@@ -227,6 +247,14 @@ class Emitter:
         self.bounded_recursion = False
         self.bounded_any = False
 
+    def _rank(self, item: tuple[Hashable, int]) -> str:
+        """The sort key of one count: its key's repr, written once per key (keys are tuples of
+        pointers and sets: writing them at every Ref was most of a large document's emit)."""
+        rank = self._ranks.get(item[0])
+        if rank is None:
+            rank = self._ranks[item[0]] = repr(item[0])
+        return rank
+
     def size(self, node: Regex) -> int:
         """The length of `node`'s regex text."""
         return self.ast.size[id(node)]
@@ -243,17 +271,21 @@ class Emitter:
             key = node.key
             if key in self.cyclic:
                 self.bounded_recursion = True
-                entered = dict(counts).get(key, 0)
+                counter = SHARED if self.shared_count else key
+                entered = dict(counts).get(counter, 0)
                 if entered > self.max_depth:
                     return None
-                counts = tuple(sorted({**dict(counts), key: entered + 1}.items(), key=repr))
+                counts = tuple(sorted({**dict(counts), counter: entered + 1}.items(), key=self._rank))
             if counts:
                 # Only the counts of cyclic keys this definition can reach decide what it is: a
                 # definition used at every depth of a recursion is then built once, not once per depth.
                 reach = self.reach.get(key)
-                counts = tuple(kv for kv in counts if reach is None or kv[0] in reach)
+                counts = tuple(kv for kv in counts if reach is None or kv[0] in reach or (
+                    kv[0] == SHARED and self.shared_count and bool(reach)))
             memo_key = (key, counts)
             if memo_key not in self.memo:
+                if len(self.memo) >= self.memo_budget and not self.shared_count:
+                    raise UnrollTooWide()
                 self.memo[memo_key] = None  # a cycle back here before completion is empty
                 self.memo[memo_key] = self.emit(self.table[key], counts)
             return self.memo[memo_key]

@@ -108,7 +108,7 @@ def disjoint(first: Node, second: Node, table: Table) -> bool:
         return _ranges_disjoint(a, b)
     if isinstance(a, String) and isinstance(b, String) and a.ast is not None and b.ast is not None:
         try:
-            return fa.is_empty(fa.intersect([a.ast, b.ast]))
+            return fa.meet_is_empty(a.ast, b.ast)
         except fa.AutomatonTooLarge:
             return False
     return False

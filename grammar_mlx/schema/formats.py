@@ -169,4 +169,15 @@ INTEGER_FORMATS: dict[str, tuple[int, int]] = {
 @cache
 def format_language(name: str) -> Regex:
     """The character-level AST (full match) of a format of `STRING_FORMATS` (KeyError for another name)."""
-    return full_language(parse_ecma(STRING_FORMATS[name]))
+    language = full_language(parse_ecma(STRING_FORMATS[name]))
+    _BUILT.add(id(language))  # kept alive by the cache: the id is never reused
+    return language
+
+
+_BUILT: set[int] = set()
+
+
+def is_format_language(ast: Regex) -> bool:
+    """Whether `ast` is the very AST `format_language` returned for some format (one built so far:
+    an AST not built yet cannot be in hand), without parsing the formats not met."""
+    return id(ast) in _BUILT

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..regex.syntax import NEVER as NO_STRING
 from ..regex.syntax import Node as Regex
-from ..regex.syntax import to_regex
+from ..regex.syntax import fullmatch, to_regex
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,12 @@ class String:
     def matches(self, text: str) -> bool:
         if self.ast is None:
             return self.min_len <= len(text) and (self.max_len is None or len(text) <= self.max_len)
-        return _python_regex(self.ast).fullmatch(text) is not None
+        if self.ast == NO_STRING:
+            return False
+        try:
+            return fullmatch(self.ast, text)
+        except (RecursionError, ValueError):  # nested past the recursion limit, or an anchor: Python's `re`
+            return _python_regex(self.ast).fullmatch(text) is not None
 
 
 @lru_cache(maxsize=4096)
@@ -226,6 +231,7 @@ class Bounds:
     cyclic: frozenset[Hashable]  # Ref keys
     max_depth: int
     any_depth: int
+    shared: bool = False  # one count for all cyclic Refs (at most 1 + max_depth of them on a path)
 
 
 def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
@@ -238,10 +244,11 @@ def conforms(node: Node, x: Any, table: Table, bounds: Bounds | None = None,
             # assumed satisfied.
             return True
         if bounds is not None and node.key in bounds.cyclic:
-            entered = dict(counts).get(node.key, 0)
+            counter = "*" if bounds.shared else node.key
+            entered = dict(counts).get(counter, 0)
             if entered > bounds.max_depth:
                 return False
-            counts = tuple(sorted({**dict(counts), node.key: entered + 1}.items(), key=repr))
+            counts = tuple(sorted({**dict(counts), counter: entered + 1}.items(), key=repr))
         return conforms(target, x, table, bounds, counts)
     if isinstance(node, AnyValue):
         return bounds is None or nesting(x) <= bounds.any_depth

@@ -86,6 +86,9 @@ class Normalizer:
     # Set when some object's first-property limit depends on first_choice_cost (schema.objects):
     # only then does a retry with cost 0 write another regex.
     first_choices_narrowable: bool = False
+    # Set by the translator when the regex counts recursion once for all cyclic definitions
+    # (`schema.emit.Emitter`'s shared_count): `in_grammar` bounds membership the same way.
+    shared_recursion: bool = False
     # A membership oracle (`_member`): nothing is narrowed — every narrowing site raises `Narrowed`
     # instead — so `conforms` on its nodes accepts every value of the schema (reported keywords
     # only widen it).
@@ -273,7 +276,6 @@ class Normalizer:
             return False
         types = set(TYPES)
         required: set[str] = set()
-        values: dict[str, Values] = {}
         for atom in atoms:
             if atom.has("type"):
                 t = atom.get("type")
@@ -285,15 +287,18 @@ class Normalizer:
             needed = atom.get("required")
             if isinstance(needed, list):
                 required.update(n for n in needed if isinstance(n, str))
+        if not types:
+            return False
+        if types - {"object"} or not required:
+            return True
+        # Only the required properties' value sets decide: the others are never read.
+        values: dict[str, Values] = {}
+        for atom in atoms:
             props = atom.get("properties")
             if isinstance(props, dict):
                 resolve = self._resolver(atom)
-                for name, sub in props.items():
-                    values[name] = meet(values.get(name, ANY_VALUES), value_set(sub, resolve, atom.legacy_ref))
-        if not types:
-            return False
-        if types - {"object"}:
-            return True
+                for name in required & props.keys():
+                    values[name] = meet(values.get(name, ANY_VALUES), value_set(props[name], resolve, atom.legacy_ref))
         return not any(is_empty(values[name]) for name in required if name in values)
 
     def _closed_keys(self, node: Node) -> frozenset[str] | None:

@@ -26,7 +26,7 @@ from ..regex.syntax import (
     search_language,
 )
 from ..regex.syntax import Node as Regex
-from .formats import NARROWED_FORMATS, STRING_FORMATS, UNENFORCED_FORMATS, format_language
+from .formats import NARROWED_FORMATS, STRING_FORMATS, UNENFORCED_FORMATS, format_language, is_format_language
 from .ir import NEVER, Node, String
 from .loc import Loc, count_bounds
 from .logic import NOT_PATTERN, Built
@@ -84,17 +84,11 @@ def build_string(nz: Normalizer, atoms: list[Loc]) -> Node:
                 nz.report(kw, atom, f"intersection with another pattern/format too large ({e})")
     if min_len > 0 or max_len is not None:
         ast = _restrict_length(nz, ast, min_len, max_len, atoms)
-    if id(ast) not in _format_ids() and max_count(ast) > limits.MAX_REPEAT:  # formats have small counts
+    if not is_format_language(ast) and max_count(ast) > limits.MAX_REPEAT:  # formats have small counts
         ast = _relax_counts(ast)
         for _, kw, atom in languages:
             nz.too_large(kw, atom, f"counted repetition above {limits.MAX_REPEAT} relaxed to unbounded")
     return NEVER if ast == alt() else String(ast)
-
-
-@lru_cache(maxsize=1)
-def _format_ids() -> frozenset[int]:
-    """Identities of the format ASTs (`format_language` keeps each one alive for good)."""
-    return frozenset(id(format_language(name)) for name in STRING_FORMATS)
 
 
 def _length_guard(nz: Normalizer, min_len: int, max_len: int | None, atoms: list[Loc]) -> tuple[int, int | None]:

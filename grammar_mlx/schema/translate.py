@@ -119,7 +119,7 @@ from ..errors import (
 from ..limits import check_deadline
 from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
-from .emit import Emitter, cyclic_keys
+from .emit import Emitter, UnrollTooWide, cyclic_keys
 from .ir import Bounds, Node, conforms, serialize
 from .metaschema import check_metaschema
 from .normalize import Normalizer, Unenforced
@@ -360,16 +360,21 @@ def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: 
         used = used or nz.costly_used
         cyclic = cyclic_keys(nz.table)
         depths: tuple[int, int] | None = (max_recursion_depth, limits.MAX_ANY_DEPTH)
+        shared = False  # one recursion count for all cyclic definitions (`Emitter`'s UnrollTooWide)
         while depths is not None:
-            emitter = Emitter(nz.table, ws, depths[0], cyclic, strict, any_depth=depths[1])
+            emitter = Emitter(nz.table, ws, depths[0], cyclic, strict, any_depth=depths[1], shared_count=shared)
             try:
                 ast = emitter.emit(root)
                 for key, reason in emitter.relaxed.items():
                     nz.unenforced.setdefault(key, reason)
+                nz.shared_recursion = shared
                 return nz, None if ast is None else (ast, emitter.size(ast), emitter.nesting(ast),
                                                      emitter.ast.total), depths
             except CompileTimeoutError:
                 raise
+            except UnrollTooWide:
+                shared = True
+                continue
             except (GrammarTooLargeError, RecursionError):  # too long, or unrolled too deep: retry lower
                 depths = emitter.lower_depth()
                 if depths is None and (cost == 0 or not nz.first_choices_narrowable):
@@ -479,7 +484,7 @@ def in_grammar(instance: object, schema: object, *, max_recursion_depth: int = 3
     doc = load_schema(schema)
     _check_instance(instance)
     nz, root, (depth, any_depth) = _compact(json.dumps(doc, sort_keys=False), max_recursion_depth, open_objects)
-    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, any_depth)
+    bounds = Bounds(frozenset(cyclic_keys(nz.table)), depth, any_depth, shared=nz.shared_recursion)
     try:
         return conforms(root, instance, nz.table, bounds)
     except RecursionError:

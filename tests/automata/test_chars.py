@@ -161,3 +161,37 @@ def test_products_are_the_set_operations(left, right):
     for mode, expected in (("and", in_a & in_b), ("minus", in_a - in_b), ("or", in_a | in_b)):
         got = fa.product(a, b, mode)
         assert {w for w in PRODUCT_WORDS if got.accepts(w)} == expected, (left, right, mode)
+
+
+def _equivalent(x: fa.DFA, y: fa.DFA) -> bool:
+    return fa.product(x, y, "minus").is_empty() and fa.product(y, x, "minus").is_empty()
+
+
+@settings(max_examples=200, deadline=None)
+@given(pattern=_patterns(), lo=st.integers(0, 4), span=st.one_of(st.none(), st.integers(-1, 3)))
+def test_length_counter_is_the_product_with_the_length_language(pattern, lo, span):
+    """`with_length` (a counter, pairs that cannot finish in time never made) accepts exactly what
+    the product with the length language's DFA accepts, and `intersect` with a length language
+    writes back that language."""
+    hi = None if span is None else lo + span
+    a = fa.to_dfa(parse(pattern))
+    expected = fa.product(a, fa.to_dfa(fa.length_language(lo, hi)), "and")
+    got = fa.with_length(a, lo, hi)
+    assert _equivalent(got, expected), (pattern, lo, hi)
+    written = fa.to_dfa(fa.intersect([parse(pattern), fa.length_language(lo, hi)]))
+    assert _equivalent(written, expected), (pattern, lo, hi)
+    assert {w for w in PRODUCT_WORDS if got.accepts(w)} == {
+        w for w in PRODUCT_WORDS if a.accepts(w) and lo <= len(w) and (hi is None or len(w) <= hi)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(left=_patterns(), right=_patterns())
+def test_meet_is_empty_answers_as_the_written_intersection(left, right):
+    a, b = parse(left), parse(right)
+    assert fa.meet_is_empty(a, b) == fa.is_empty(fa.intersect([a, b])), (left, right)
+
+
+def test_length_counter_keeps_the_budget():
+    """A counter product past limits.CHAR_DFA_STATES pairs is refused, as the automaton product is."""
+    with pytest.raises(fa.AutomatonTooLarge):
+        fa.with_length(fa.to_dfa(_language("^(?:[ab]+_){0,60}[ab]+$")), 0, 400)

@@ -4,11 +4,14 @@ parser: test_ecma.py; the Rust one: test_rust.py; character sets: test_charset.p
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from schema_fsm import ByteDFA
 
 from grammar_mlx.regex.charset import json_char_regex, json_text
@@ -16,6 +19,7 @@ from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.rust import parse as parse_rust
 from grammar_mlx.regex.syntax import (
     full_language,
+    fullmatch,
     length_range,
     restrict_length,
     search_language,
@@ -103,3 +107,32 @@ def test_both_dialects_parse_into_one_ast(pattern):
         want = ref.fullmatch(text) is not None
         assert (rust_re.fullmatch(text) is not None) == want == (ecma_re.fullmatch(text) is not None), text
 
+
+
+_FULLMATCH_PIECES = st.sampled_from(["a", "b", "ab", "[ab]", "[^a]", ".", "(?:)", "é"])
+
+
+def _fullmatch_patterns(depth: int = 3) -> st.SearchStrategy[str]:
+    if depth == 0:
+        return _FULLMATCH_PIECES
+    inner = _fullmatch_patterns(depth - 1)
+    return st.one_of(
+        _FULLMATCH_PIECES,
+        st.lists(inner, min_size=2, max_size=3).map("".join),
+        st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(?:" + "|".join(xs) + ")"),
+        st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{0,2}", "{1,3}", "{2,}"])).map(
+            lambda t: "(?:" + t[0] + ")" + t[1]),
+    )
+
+
+_FULLMATCH_WORDS = ["".join(p) for n in range(6) for p in itertools.product("abé", repeat=n)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pattern=_fullmatch_patterns())
+def test_fullmatch_is_python_re_fullmatch(pattern):
+    """The position simulation answers as Python's `re` does on the regex the AST writes."""
+    node = parse_rust(pattern)
+    compiled = re.compile(to_regex(node))
+    for word in _FULLMATCH_WORDS:
+        assert fullmatch(node, word) == (compiled.fullmatch(word) is not None), (pattern, word)

@@ -24,6 +24,7 @@ from grammar_mlx.schema.emit import (
     STRING,
     Builder,
     Emitter,
+    UnrollTooWide,
     cyclic_keys,
     nesting_depth,
 )
@@ -229,6 +230,44 @@ def test_recursion_unrolls_to_the_depth_bound(depth):
         assert (regex.fullmatch(text) is not None) == (d <= depth) == conforms(Ref("node"), nested(d), table, bounds)
     assert regex.fullmatch('{"v":1,"kids":[]}')
     assert emitter.lower_depth() == ((depth - 1, limits.MAX_ANY_DEPTH) if depth else None)
+
+
+def web_table(k: int) -> dict:
+    """k mutually recursive definitions: d_i := {"v": 0..9, "d_j"?: d_j for every j}."""
+    return {f"d{i}": Object((Property("v", SMALL_INT, True),
+                             *(Property(f"d{j}", Ref(f"d{j}"), False) for j in range(k))), ()) for i in range(k)}
+
+
+def chain(keys: list[int]) -> dict:
+    """d_keys[0] holding d_keys[1] holding ... (one property each)."""
+    value: dict = {"v": 1}
+    for k in reversed(keys[1:]):
+        value = {"v": 1, f"d{k}": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_many_cyclic_definitions_share_one_recursion_count(depth):
+    """Per-definition counts give a web of k definitions (depth + 2)^k variants: past the memo
+    budget the emitter says so, and with `shared_count` a path enters cyclic definitions at most
+    depth + 1 times in all, each definition emitted at most depth + 2 times."""
+    table = web_table(12)
+    with pytest.raises(UnrollTooWide):
+        Emitter(table, "", depth).emit(Ref("d0"))
+    emitter = Emitter(table, "", depth, shared_count=True)
+    regex = re.compile(written(emitter, Ref("d0")))
+    assert len(emitter.memo) <= len(table) * (depth + 2)
+    for length in range(1, depth + 4):
+        path = [0] + [(7 * i) % 12 for i in range(1, length)]
+        text = json.dumps(chain(path), separators=(",", ":"))
+        assert (regex.fullmatch(text) is not None) == (length <= depth + 1), text
+
+
+def test_one_cyclic_definition_counts_alike_shared_or_not():
+    """Where one definition recurses, the shared count is its own count: the same regex."""
+    for depth in (0, 1, 2):
+        assert written(Emitter(tree_table(), "", depth), Ref("node")) == written(
+            Emitter(tree_table(), "", depth, shared_count=True), Ref("node"))
 
 
 def test_recursion_without_a_base_case_has_no_value():

@@ -703,3 +703,23 @@ def test_float_subclasses_read_by_value():
     schema = {"type": "number", "minimum": np.float64(1.5), "maximum": 3}
     assert accepts(schema, "1.5", "1.4", "3") == [True, False, True]
     assert canonical_json(np.float64(2.0), {"type": "integer"}) == "2"
+
+
+def test_many_mutually_recursive_definitions_share_one_count_in_regex_and_in_grammar():
+    """A web of definitions that each may hold every other one: per-definition recursion counts
+    would write (depth + 2)^k variants, so the regex counts one recursion for all of them, and
+    `in_grammar` (the IR's membership) bounds it the same way."""
+    k = 12
+    defs = {f"d{i}": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                          **{f"d{j}": {"$ref": f"#/$defs/d{j}"} for j in range(k)}},
+                      "required": ["v"], "additionalProperties": False} for i in range(k)}
+    schema = {"$defs": defs, "$ref": "#/$defs/d0"}
+    result = schema_to_regex(schema, max_recursion_depth=1)
+    compiled = re.compile(result.regex)
+    for length in range(1, 5):
+        value: dict = {"v": 1}
+        for i in range(length - 1):
+            value = {"v": 1, f"d{(5 * i + 3) % k}": value}
+        text = canonical_json(value, schema)
+        assert (compiled.fullmatch(text) is not None) == in_grammar(value, schema, max_recursion_depth=1), text
+        assert in_grammar(value, schema, max_recursion_depth=1) == (length <= 2), text
