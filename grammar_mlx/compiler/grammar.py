@@ -21,6 +21,7 @@ from ..errors import (
     GrammarError,
     InvalidArgumentError,
 )
+from ..runtime.stack import walk_to
 from ..vocabulary.token_bytes import Vocabulary
 from .lazy import LazyIndex
 from .mask_table import MaskTable
@@ -257,12 +258,8 @@ class CompiledGrammar:
 
     def matches(self, token_ids: Iterable[int]) -> bool:
         """Whether the token sequence (EOS optional at the end) is a complete match."""
-        state = self.initial_state
-        for t in token_ids:
-            state = self.next_state(state, int(t))
-            if state < 0:
-                return False
-        return self.is_accepting(state)
+        state = walk_to(self, token_ids)
+        return state >= 0 and self.is_accepting(state)
 
 
 class EagerGrammar(CompiledGrammar):

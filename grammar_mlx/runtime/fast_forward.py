@@ -168,11 +168,6 @@ class FastForward:
             self._info[state] = info
         return info
 
-    def forced_byte(self, state: int) -> int | None:
-        """The byte `state` forces, or None when it offers a choice (or accepts)."""
-        forced = self._inspect(state)[0]
-        return None if forced is None else forced[0]
-
     def forced_run(self, state: int) -> tuple[bytes, list[int]]:
         """(the bytes forced from `state` on, at most `max_bytes`; the state before each byte and
         after the last: one more state than bytes)."""

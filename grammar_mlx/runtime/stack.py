@@ -16,7 +16,7 @@ reach it (see `restore`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from operator import index as _as_index
 from typing import Any, NamedTuple, Protocol
 
@@ -27,7 +27,7 @@ from ..errors import (
     StateStackError,
 )
 
-__all__ = ["StackGrammar", "StackSnapshot", "StateStack"]
+__all__ = ["StackGrammar", "StackSnapshot", "StateStack", "walk", "walk_to"]
 
 _stack_ids = itertools.count(1)
 
@@ -45,6 +45,32 @@ class StackGrammar(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
     def allowed_tokens(self, state: int) -> Sized: ...
+
+
+def walk(grammar: StackGrammar, tokens: Iterable[int], state: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """(token, state before it, state after it) for each of `tokens`, from `state` (the grammar's
+    initial state by default). Stops after the first token the grammar forbids, whose state after is
+    -1. The one walk of a token sequence through a grammar: `matches`, replayed statistics
+    (`runtime.processor.budget_steered_positions`), generation loops and the server's cut check all
+    read it."""
+    before = grammar.initial_state if state is None else state
+    next_state = grammar.next_state
+    for token in tokens:
+        token = int(token)
+        after = next_state(before, token)
+        yield token, before, after
+        if after < 0:
+            return
+        before = after
+
+
+def walk_to(grammar: StackGrammar, tokens: Iterable[int], state: int | None = None) -> int:
+    """The state after `tokens` from `state` (the initial state by default), or -1 when the grammar
+    forbids one of them (`walk`, read to its end)."""
+    after = grammar.initial_state if state is None else state
+    for _, _, after in walk(grammar, tokens, after):
+        pass
+    return after
 
 
 class StackSnapshot(NamedTuple):

@@ -54,7 +54,6 @@ __all__ = [
     "PenaltyProcessor",
     "RollbackTarget",
     "StatefulProcessor",
-    "ThinkingBudgetProcessor",
 ]
 
 # mlx-lm needs 2 (see above); 16 leaves room for other callers, and the window is read on every call.
@@ -314,73 +313,6 @@ class StatefulProcessor(Generic[TargetT]):
                 raise StateStackError("the processor was reset since this snapshot was taken")
         for f, (_, handle) in zip(followers, snapshot.rows):
             f.target.restore(handle)
-
-
-# -- thinking budget -------------------------------------------------------------------------------
-
-
-class ThinkingBudgetProcessor(StatefulProcessor[StateStack]):
-    """Forces the end-of-thinking token after `budget` thinking tokens.
-
-    Thinking starts at generation start when `starts_thinking` is true or the context's last token
-    is `think_start_id` (a prompt ending in "<think>"), else at the first generated
-    `think_start_id`. Thinking tokens are the generated tokens after that start and before
-    `think_end_id`; once `budget` of them exist, the next logits allow only `think_end_id`, and
-    keep doing so until it appears (if a caller overrides the mask). The count is read from the
-    history, so rejected speculative drafts never count.
-    """
-
-    def __init__(
-        self,
-        think_end_id: int,
-        budget: int,
-        *,
-        think_start_id: int | None = None,
-        starts_thinking: bool = False,
-        overlap: int | None = DEFAULT_OVERLAP,
-    ) -> None:
-        super().__init__(overlap=overlap)
-        budget = int_at_least("budget", budget, 0)
-        self.think_end_id = int_at_least("think_end_id", think_end_id, 0)
-        self.think_start_id = int_at_least_or_none("think_start_id", think_start_id, 0)
-        self.budget = budget
-        self.starts_thinking = bool(starts_thinking)
-        # States: 0 before thinking; 1 + c while thinking with c tokens so far (c <= budget);
-        # budget + 2 + c once thinking ended after c tokens.
-        self._forced = budget + 1
-        self._ended = budget + 2
-
-    def _step(self, state: int, token: int) -> int:
-        if state == 0:
-            return 1 if token == self.think_start_id else 0
-        if state >= self._ended:
-            return state
-        if token == self.think_end_id:
-            return self._ended + state - 1
-        return state + 1 if state < self._forced else state
-
-    def _make_target(self, context: Any) -> StateStack:
-        starts = self.starts_thinking or (
-            self.think_start_id is not None and len(context) > 0 and int(context[-1]) == self.think_start_id
-        )
-        return StateStack(self._step, 1 if starts else 0)
-
-    def thinking_tokens(self, row: int = 0) -> int:
-        """Thinking tokens generated so far in `row` (0 before thinking starts)."""
-        state = self.targets[row].state
-        return state - self._ended if state >= self._ended else max(0, state - 1)
-
-    def is_forcing(self, row: int = 0) -> bool:
-        """Whether `row`'s next logits allow only `think_end_id`."""
-        return self.targets[row].state == self._forced
-
-    def _process(self, logits: mx.array, targets: list[StateStack]) -> mx.array:
-        forced = [t.state == self._forced for t in targets]
-        if not any(forced):
-            return logits
-        is_end = mx.arange(logits.shape[-1]) == self.think_end_id
-        keep = mx.logical_or(mx.logical_not(mx.array(forced))[:, None], is_end[None])
-        return mx.where(keep, logits, mx.array(-mx.inf, logits.dtype))
 
 
 # -- repetition / presence / frequency penalties ---------------------------------------------------

@@ -133,7 +133,7 @@ def _load_tokenizer_path(path: Path) -> Any:
     if not path.exists():
         raise TokenizerError(f"tokenizer path {path} does not exist")
     if path.suffix == ".gguf":
-        from ..models import tokenizer_from_gguf
+        from .gguf import tokenizer_from_gguf
 
         return tokenizer_from_gguf(path)
     try:
