@@ -67,10 +67,10 @@ def walk(grammar: StackGrammar, tokens: Iterable[int], state: int | None = None)
 def walk_to(grammar: StackGrammar, tokens: Iterable[int], state: int | None = None) -> int:
     """The state after `tokens` from `state` (the initial state by default), or -1 when the grammar
     forbids one of them (`walk`, read to its end)."""
-    after = grammar.initial_state if state is None else state
-    for _, _, after in walk(grammar, tokens, after):
-        pass
-    return after
+    last = grammar.initial_state if state is None else state
+    for _, _, after in walk(grammar, tokens, last):
+        last = after
+    return last
 
 
 class StackSnapshot(NamedTuple):

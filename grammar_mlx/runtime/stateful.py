@@ -37,7 +37,6 @@ notices whenever the first token of its window differs and then compares everyth
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from itertools import count
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -45,6 +44,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 import mlx.core as mx
 import numpy as np
 
+from ..arguments import int_at_least, int_at_least_or_none
 from ..errors import HistoryError, InvalidArgumentError, StateStackError
 from .stack import StackSnapshot, StateStack
 
@@ -83,32 +83,6 @@ TargetT = TypeVar("TargetT", bound=RollbackTarget)
 
 # memoryview formats of integer buffers (an mx.array history is read through its buffer).
 INT_FORMATS = frozenset("bBhHiIlLqQ")
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        return None
-
-
-def int_at_least(name: str, value: Any, minimum: int) -> int:
-    """`value` as an int when it is an integer (numpy ints too, not bools) >= `minimum`; else
-    `InvalidArgumentError` naming the argument."""
-    number = _int_or_none(value)
-    if number is None or number < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return number
-
-
-def int_at_least_or_none(name: str, value: Any, minimum: int) -> int | None:
-    """`int_at_least`, or None for None."""
-    if value is None:
-        return None
-    number = _int_or_none(value)
-    if number is None or number < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum} or None, got {value!r}")
-    return number
 
 
 def _finite(name: str, value: Any) -> float:
