@@ -123,7 +123,9 @@ class HistoryFollower(Generic[TargetT]):
         n = m if m < d else d  # min(), without a builtin call on this per-token path
         w = self.overlap
         start = n - w if w is not None and n > w else 0
-        new = _as_list(history[ctx + start :])
+        new = history[ctx + start :]
+        if type(new) is not list:  # _as_list, inline: this runs on every token
+            new = new.tolist() if isinstance(new, (memoryview, np.ndarray)) else list(new)
         p = target.common_prefix(new, start)
         if p == start and 0 < start < n:
             # The window's first token already differs, so the rewrite may reach further back
