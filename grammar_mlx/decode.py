@@ -63,8 +63,8 @@ from mlx_lm.generate import (
 from mlx_lm.generate import stream_generate as mlx_stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .request import encode_text, wrapped
 from .runtime.fast_forward import (
     FAST_FORWARD_MODES,
     FastForward,
@@ -136,13 +136,9 @@ def stream_generate(
         return
     if max_tokens == 0:
         raise ValueError("Maximum number of tokens must be non-zero (use -1 for no limit).")
-    if not isinstance(tokenizer, TokenizerWrapper):
-        tokenizer = TokenizerWrapper(tokenizer)
+    tokenizer = wrapped(tokenizer)  # mlx-lm's wrapper, built once per tokenizer
     if not isinstance(prompt, mx.array):
-        if isinstance(prompt, str):
-            add_special_tokens = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
-            prompt = tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        prompt = mx.array(cast("list[int]", prompt))
+        prompt = mx.array(encode_text(tokenizer, prompt) if isinstance(prompt, str) else prompt)
     kwargs.pop("input_embeddings", None)
     if draft_model is None:
         kwargs.pop("num_draft_tokens", None)

@@ -32,12 +32,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import numpy as np
 
 from .. import limits
 from ..errors import GrammarTooLargeError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from ..vocabulary.tokenizer import Tokenizer
 
 __all__ = ["FAST_FORWARD_MODES", "LOOKBACK", "FastForward", "FastForwardGrammar", "FastForwardMode", "check_mode",
            "fast_forward_for", "tokenizer_encoder"]
@@ -298,7 +301,7 @@ def fast_forward_for(grammar: FastForwardGrammar, encode: Encode) -> FastForward
         return ff
 
 
-def tokenizer_encoder(tokenizer: Any) -> Encode:
+def tokenizer_encoder(tokenizer: Tokenizer) -> Encode:
     """`text -> ids` without special tokens, for an mlx-lm `TokenizerWrapper` or a Hugging Face
     tokenizer."""
     encode = tokenizer.encode

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError, TokenizerError
+from .tokenizer import TokenizerSource
 
 _SPM_SPACE = "\u2581"
 
@@ -106,7 +107,8 @@ class Vocabulary:
 _CACHE: weakref.WeakKeyDictionary[Any, Vocabulary] = weakref.WeakKeyDictionary()
 
 
-def vocabulary_of(tokenizer: Any, *, eos_token_ids: list[int] | tuple[int, ...] | None = None) -> Vocabulary:
+def vocabulary_of(tokenizer: TokenizerSource, *,
+                  eos_token_ids: list[int] | tuple[int, ...] | None = None) -> Vocabulary:
     """Build (or fetch) the Vocabulary of an mlx-lm TokenizerWrapper, a Hugging Face tokenizer,
     a `Vocabulary`, or a path to a tokenizer directory, `tokenizer.json` or `.gguf` file."""
     if isinstance(tokenizer, Vocabulary):
