@@ -90,7 +90,7 @@ class RegexLogitsProcessor:
 
     _regex: str | Callable[[], str]  # the regex, or how to write it (`regex`)
 
-    def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "mlx", *,
+    def __init__(self, regex_string: str, tokenizer: Tokenizer, tensor_library_name: str = "mlx", *,
                  logits_width: int | None = None, max_tokens: int | None = None,
                  reasoning: Reasoning | bool | None = None, prompt_ids: list[int] | None = None,
                  **compile_options: Unpack[CompileOptions]) -> None:
@@ -115,7 +115,7 @@ class RegexLogitsProcessor:
             self._regex = self._regex()
         return self._regex
 
-    def _init(self, regex: str | Callable[[], str], tokenizer: Any, tensor_library_name: str,
+    def _init(self, regex: str | Callable[[], str], tokenizer: Tokenizer, tensor_library_name: str,
               logits_width: int | None,
               unenforced: tuple[Unenforced, ...], compile_options: CompileOptions,
               max_tokens: int | None = None) -> None:
@@ -190,7 +190,7 @@ class RegexLogitsProcessor:
 class JSONLogitsProcessor(RegexLogitsProcessor):
     """Outlines-compatible processor for a JSON Schema (dict, JSON text, or Pydantic model class)."""
 
-    def __init__(self, schema: Schema, tokenizer: Any, tensor_library_name: str = "mlx",
+    def __init__(self, schema: Schema, tokenizer: Tokenizer, tensor_library_name: str = "mlx",
                  whitespace_pattern: str | None = None, *, logits_width: int | None = None,
                  strict: bool = False, open_objects: bool = False, max_tokens: int | None = None,
                  reasoning: Reasoning | bool | None = None, prompt_ids: list[int] | None = None,
