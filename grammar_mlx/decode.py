@@ -50,7 +50,7 @@ import functools
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import mlx.core as mx
 from mlx_lm.generate import (
@@ -76,9 +76,6 @@ from .runtime.fast_forward import (
     tokenizer_encoder,
 )
 from .runtime.processor import GrammarProcessor
-
-if TYPE_CHECKING:
-    import mlx.nn as nn
 
 __all__ = ["FAST_FORWARD_MODES", "FastForwardMode", "FastForwardResponse", "fast_forward_step",
            "grammar_processor_of", "stream_generate"]
@@ -130,7 +127,7 @@ def stream_generate(
     attribute on the grammar processor (set per request, e.g. by a server) overrides the argument."""
     # mlx-lm's functions take its models as `nn.Module`s (every mlx-lm model is one); the package
     # reads them through the `Model` protocol.
-    module, draft_module = cast("nn.Module", model), cast("nn.Module | None", draft_model)
+    module, draft_module = cast(Any, model), cast(Any, draft_model)
     processor = grammar_processor_of(kwargs.get("logits_processors"))
     # A processor may carry its request's own mode (the server sets it per request): it wins.
     mode = check_mode(getattr(processor, "fast_forward", fast_forward))

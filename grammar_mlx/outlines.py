@@ -48,7 +48,7 @@ is the request's context. One processor follows one request: use `copy()` (Outli
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
@@ -81,8 +81,8 @@ def _unwrap(tokenizer: Any) -> Tokenizer:
     inner = getattr(tokenizer, "tokenizer", None)
     if (not hasattr(tokenizer, "all_special_ids") and inner is not None
             and hasattr(inner, "get_vocab") and hasattr(inner, "all_special_ids")):
-        return inner
-    return tokenizer
+        return cast(Tokenizer, inner)
+    return cast(Tokenizer, tokenizer)
 
 
 class RegexLogitsProcessor:

@@ -40,13 +40,14 @@ from .segments import JSONSchema, Reasoning, Regex, SegmentGrammar, compile_segm
 from .segments.spec import Segment
 
 if TYPE_CHECKING:
-    import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 __all__ = [
     "DEFAULT_FAST_FORWARD",
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_NUM_DRAFT_TOKENS",
+    "COMPILE_OPTION_NAMES",
+    "OPTION_NAMES",
     "SCHEMA_OPTIONS",
     "Finished",
     "GenerationStats",
@@ -58,11 +59,18 @@ __all__ = [
     "Schema",
     "body",
     "check",
+    "clip",
+    "drain",
+    "encode_text",
     "grammar_for",
+    "is_messages",
+    "is_token_ids",
     "options_from",
     "prepare",
     "processor_for",
+    "prompt_ids_of",
     "reasoning_of",
+    "shared_prefix_layers",
     "stream",
     "wrapped",
 ]
@@ -402,7 +410,7 @@ def _prefill_once_for_both(model: Model, draft_model: Model,
     shared = shared_prefix_layers(model, draft_model)
     if shared == 0 or len(prompt_ids) < 2:
         return None
-    cache = make_prompt_cache(cast("nn.Module", model))
+    cache = make_prompt_cache(cast(Any, model))
     if len(cache) != len(cast(Any, model).model.layers) or any(type(c) is not KVCache for c in cache):
         return None
     prefix = mx.array(prompt_ids[:-1])
@@ -483,7 +491,7 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
     if mode is not None:
         responses = fast_forward_generate(model, wrapper, mx.array(model_input), fast_forward=mode, **kwargs)
     else:
-        responses = stream_generate(cast("nn.Module", model), wrapper, mx.array(model_input), **kwargs)
+        responses = stream_generate(cast(Any, model), wrapper, mx.array(model_input), **kwargs)
 
     def tokens() -> Iterator[int]:
         nonlocal first
@@ -562,6 +570,6 @@ def drain(chunks: Generator[str, None, Finished], on_text: Callable[[str], objec
         try:
             chunk = next(chunks)
         except StopIteration as stop:
-            return stop.value
+            return cast(Finished, stop.value)
         if on_text is not None:
             on_text(chunk)

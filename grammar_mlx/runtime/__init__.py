@@ -2,7 +2,7 @@
 mlx-lm's `(tokens, logits)` calls into pushes and rollbacks (`stateful`), and the logits processors
 built on it (`processor.GrammarProcessor`; `stateful`'s penalty processor), and
 fast-forward (`fast_forward`: the text a grammar forces, as the tokenizer's canonical tokens).
-Imports `kernels`, `errors` and `limits` only: a grammar is read through the protocols
+Imports `kernels`, `errors`, `arguments` and `limits` only: a grammar is read through the protocols
 `stack.StackGrammar` and `processor.MaskedGrammar` (a compiled grammar and a segment grammar have
 both).
 """

@@ -36,10 +36,11 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from ..arguments import int_at_least_or_none
 from ..errors import InvalidArgumentError, TokenBudgetError
 from ..kernels.dispatch import apply_token_bitmask, row_masker
 from .stack import StackGrammar, StateStack, walk
-from .stateful import DEFAULT_OVERLAP, StatefulProcessor, int_at_least_or_none
+from .stateful import DEFAULT_OVERLAP, StatefulProcessor
 
 __all__ = ["ALLOW_ALL", "GrammarProcessor", "MaskedGrammar", "budget_steered_positions", "check_token_budget"]
 
