@@ -59,7 +59,6 @@ from .runtime import (
     PenaltyProcessor,
     StatefulProcessor,
     StateStack,
-    ThinkingBudgetProcessor,
 )
 from .runtime.fast_forward import FAST_FORWARD_MODES, FastForwardMode
 from .segments import Reasoning, SegmentGrammar, compile_segments, reasoning_state, reasoning_tags, with_reasoning
@@ -88,7 +87,6 @@ __all__ = [
     "StateStack",
     "StatefulProcessor",
     "HistoryFollower",
-    "ThinkingBudgetProcessor",
     "PenaltyProcessor",
     "apply_token_bitmask",
     "Vocabulary",

@@ -63,8 +63,9 @@ from mlx_lm.generate import (
 from mlx_lm.generate import stream_generate as mlx_stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .protocols import Model, Tokenizer
+from .request import encode_text, wrapped
 from .runtime.fast_forward import (
     FAST_FORWARD_MODES,
     FastForward,
@@ -105,11 +106,11 @@ def grammar_processor_of(logits_processors: Sequence[Any] | None) -> GrammarProc
 
 
 def stream_generate(
-    model: Any,
-    tokenizer: Any,
+    model: Model,
+    tokenizer: Tokenizer,
     prompt: str | mx.array | list[int],
     max_tokens: int = 256,
-    draft_model: Any = None,
+    draft_model: Model | None = None,
     stream: Any = generation_stream,
     *,
     fast_forward: FastForwardMode | Literal[False] | None = "canonical",
@@ -124,25 +125,24 @@ def stream_generate(
     `FastForwardResponse`s (`GenerationResponse`s) with mlx-lm's stop rules: EOS ends the stream
     (finish "stop"), so does the `max_tokens`-th token (finish "length"). A `fast_forward`
     attribute on the grammar processor (set per request, e.g. by a server) overrides the argument."""
+    # mlx-lm's functions take its models as `nn.Module`s (every mlx-lm model is one); the package
+    # reads them through the `Model` protocol.
+    module, draft_module = cast(Any, model), cast(Any, draft_model)
     processor = grammar_processor_of(kwargs.get("logits_processors"))
     # A processor may carry its request's own mode (the server sets it per request): it wins.
     mode = check_mode(getattr(processor, "fast_forward", fast_forward))
     cache = kwargs.get("prompt_cache")
     trimmable = cache is None or can_trim_prompt_cache(
-        cache if draft_model is None else cache[: len(model.layers)])
+        cache if draft_model is None else cache[: len(module.layers)])
     if (mode is None or processor is None or kwargs.get("input_embeddings") is not None
             or (not trimmable and (draft_model is not None or mode == "verified"))):
-        yield from mlx_stream_generate(model, tokenizer, prompt, max_tokens, draft_model, stream, **kwargs)
+        yield from mlx_stream_generate(module, wrapped(tokenizer), prompt, max_tokens, draft_module, stream, **kwargs)
         return
     if max_tokens == 0:
         raise ValueError("Maximum number of tokens must be non-zero (use -1 for no limit).")
-    if not isinstance(tokenizer, TokenizerWrapper):
-        tokenizer = TokenizerWrapper(tokenizer)
+    tokenizer = wrapped(tokenizer)  # mlx-lm's wrapper, built once per tokenizer
     if not isinstance(prompt, mx.array):
-        if isinstance(prompt, str):
-            add_special_tokens = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
-            prompt = tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        prompt = mx.array(cast("list[int]", prompt))
+        prompt = mx.array(encode_text(tokenizer, prompt) if isinstance(prompt, str) else prompt)
     kwargs.pop("input_embeddings", None)
     if draft_model is None:
         kwargs.pop("num_draft_tokens", None)
@@ -155,7 +155,7 @@ def stream_generate(
                               stream=stream, max_tokens=max_tokens, eos_token_ids=eos, **kwargs)
     token, logprobs, source, n = 0, mx.array([]), "model", 0
     prompt_tps = 0.0
-    with wired_limit(model, [stream]):
+    with wired_limit(module, [stream]):
         tic = time.perf_counter()
         try:
             for n, (token, logprobs, source) in enumerate(steps):

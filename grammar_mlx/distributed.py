@@ -24,10 +24,6 @@ def world() -> mx.distributed.Group:
     return mx.distributed.init()
 
 
-def is_distributed() -> bool:
-    return world().size() > 1
-
-
 def all_agree(ok: bool, group: mx.distributed.Group | None = None) -> bool:
     """True on every rank when `ok` is True on every rank; a collective: every rank must call it."""
     group = group if group is not None else world()

@@ -66,24 +66,43 @@ tokens (so rejected draft tokens never count).
 
 from __future__ import annotations
 
-import codecs
 import json
-import time
-import weakref
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, TypeVar, cast, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
-import mlx.core as mx
-
-from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
-from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
+from .arguments import int_at_least_or_none
+from .compiler import CompiledGrammar, CompileOptions
+from .errors import GenerationError, InvalidArgumentError
 from .models import logits_width_of
+from .protocols import Model, Tokenizer, TokenizerSource
+from .request import (
+    COMPILE_OPTION_NAMES,
+    DEFAULT_FAST_FORWARD,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_NUM_DRAFT_TOKENS,
+    OPTION_NAMES,
+    GenerationStats,
+    Grammar,
+    LogitsProcessor,
+    Options,
+    Prompt,
+    Sampler,
+    Schema,
+    body,
+    clip,
+    drain,
+    grammar_for,
+    options_from,
+    prepare,
+    processor_for,
+    reasoning_of,
+    shared_prefix_layers,
+    stream,
+)
 from .runtime import GrammarProcessor
-from .runtime.fast_forward import FastForwardMode, check_mode
-from .runtime.processor import budget_steered_positions
-from .runtime.stateful import int_at_least_or_none
-from .segments import JSONSchema, Reasoning, Regex, SegmentGrammar, compile_segments, reasoning_state, with_reasoning
+from .runtime.fast_forward import FastForwardMode
+from .segments import Reasoning
 from .segments.spec import Segment
 
 if TYPE_CHECKING:
@@ -98,6 +117,7 @@ __all__ = [
     "GenerationStats",
     "Reasoning",
     "JSONGenerationOptions",
+    "ProcessorOptions",
     "StructuredOutput",
     "generate_json",
     "generate_regex",
@@ -110,38 +130,22 @@ __all__ = [
     "stream_regex",
 ]
 
-DEFAULT_MAX_TOKENS = 512
-DEFAULT_NUM_DRAFT_TOKENS = 2  # mlx-lm's default
-DEFAULT_FAST_FORWARD: FastForwardMode = "canonical"
-
-Schema = dict[str, Any] | bool | str | bytes | type  # what schema.load_schema reads
-Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
-Sampler = Callable[[mx.array], mx.array]
-LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+# Kept under their former names here: the request model (`grammar_mlx.request`) holds them now.
+_Settings = Options
+_SETTINGS = OPTION_NAMES
+_shared_prefix_layers = shared_prefix_layers
+_clip = clip
 
 
-# --- options ---------------------------------------------------------------------------------------
+# --- options: the keyword types of `Options` (request.py documents and defaults each) -------------
 
 
 class GenerationOptions(CompileOptions, total=False):
-    """The keywords every `generate_*` / `stream_*` entry point takes: these, and the compiler's
-    (`CompileOptions`: `cache_dir`, `use_cache`, `timeout`, `memory_limit`, `progress`, ...).
+    """The keywords every `generate_*` / `stream_*` entry point takes: the `Options` a regex means
+    (`grammar_mlx.request.Options` documents each, with its default), and the compiler's
+    (`CompileOptions`)."""
 
-    `draft_model`: a draft for mlx-lm's speculative decoding (e.g. `truncated_draft(model, n)`;
-    default none), proposing `num_draft_tokens` per step (default `DEFAULT_NUM_DRAFT_TOKENS`).
-    `sampler`: an mlx-lm sampler (`mlx_lm.sample_utils.make_sampler`); None (the default) is greedy.
-    `max_tokens`: the token budget, EOS included (default `DEFAULT_MAX_TOKENS`). `length_safe`
-    (default True): mask so that the output completes within `max_tokens` (the module docstring);
-    False masks to the grammar alone, so the budget can end an incomplete output. `chat` (default
-    True): a str prompt is sent as one user message through the chat template; False encodes it as
-    is. `logits_processors`: run before the grammar's mask (default none). `fast_forward`:
-    "canonical" (default), "verified" or False (the module docstring). `reasoning`: let a thinking
-    model think first (`Reasoning(budget=...)`, or True for `Reasoning()`), the grammar applying from
-    its end tag on; None or False (the default): no thinking, the grammar starts at the first token
-    (module docstring, "Reasoning").
-    """
-
-    draft_model: Any
+    draft_model: Model | None
     num_draft_tokens: int
     sampler: Sampler | None
     max_tokens: int
@@ -153,111 +157,33 @@ class GenerationOptions(CompileOptions, total=False):
 
 
 class JSONGenerationOptions(GenerationOptions, total=False):
-    """`GenerationOptions` plus a schema's: `strict` (default True) raises `UnsupportedSchemaError`
-    for keywords the grammar cannot enforce exactly (False accepts them, listed in the grammar's
-    `.unenforced`; validation may then fail); `whitespace`, a bounded pattern of JSON whitespace
-    allowed between tokens (default none: compact JSON); `validate` (default True): parse and
-    validate the output as the module docstring says."""
+    """`GenerationOptions` plus a schema's (`request.SCHEMA_OPTIONS`: `strict`, `whitespace`,
+    `open_objects`, `validate`; `Options` documents each)."""
 
     strict: bool
     whitespace: str | None
+    open_objects: bool
     validate: bool
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """The `JSONGenerationOptions` that are not the compiler's, with their defaults."""
+class ProcessorOptions(CompileOptions, total=False):
+    """The keywords both processor factories take, beside a schema's: `model` (or `logits_width`) so
+    the mask matches the model's logits, which can be wider than the tokenizer; `max_tokens`, the
+    budget given to mlx-lm, for length-safe masking (None, the default: the grammar alone);
+    `reasoning` with `prompt_ids`, the prompt's token ids as given to mlx-lm (`Options`); and the
+    compiler's (`CompileOptions`)."""
 
-    draft_model: Any = None
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
-    sampler: Sampler | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    length_safe: bool = True
-    chat: bool = True
-    logits_processors: Sequence[LogitsProcessor] | None = None
-    fast_forward: FastForwardMode | Literal[False] | None = DEFAULT_FAST_FORWARD
-    reasoning: Reasoning | bool | None = None
-    strict: bool = True
-    whitespace: str | None = None
-    validate: bool = True
+    model: Model | None
+    logits_width: int | None
+    max_tokens: int | None
+    reasoning: Reasoning | bool | None
+    prompt_ids: Sequence[int] | None
 
 
-_SETTINGS = frozenset(f.name for f in fields(_Settings))
-_COMPILE_OPTIONS = frozenset(CompileOptions.__annotations__)
-_SCHEMA_SETTINGS = frozenset(JSONGenerationOptions.__annotations__) - frozenset(GenerationOptions.__annotations__)
-
-
-def _split(options: Mapping[str, Any], caller: str, *, schema: bool = True) -> tuple[_Settings, CompileOptions]:
-    """An entry point's keywords as (its settings, with defaults; the compile options, whose values
-    the compiler checks). A name outside the entry point's options (for a regex: a schema's keyword
-    too) is a TypeError, as Python raises for any function, before anything runs."""
-    allowed = _SETTINGS | _COMPILE_OPTIONS if schema else (_SETTINGS - _SCHEMA_SETTINGS) | _COMPILE_OPTIONS
-    stray = sorted(set(options) - allowed)
-    if stray:
-        raise TypeError(f"{caller}() got an unexpected keyword argument {stray[0]!r}")
-    settings = _Settings(**{k: v for k, v in options.items() if k in _SETTINGS})
-    return settings, cast(CompileOptions, {k: v for k, v in options.items() if k in _COMPILE_OPTIONS})
+_PROCESSOR_OPTIONS = frozenset(ProcessorOptions.__annotations__) - COMPILE_OPTION_NAMES
 
 
 # --- results ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GenerationStats:
-    """What one generation cost. See the module docstring for the definitions."""
-
-    prompt_tokens: int
-    generated_tokens: int
-    draft_tokens: int
-    prompt_seconds: float  # until the first token arrived (prompt processing + first step)
-    generation_seconds: float  # from the first token to the last
-    finish_reason: str  # "stop": EOS after a complete match; "length": the token budget ran out
-    num_draft_tokens: int | None  # None without a draft model
-    compile_seconds: float | None = None
-    cache_hit: bool | None = None
-    min_completion_tokens: int | None = None  # with length-safe decoding: the grammar's shortest completion
-    budget_steered_tokens: int = 0  # positions whose mask the budget narrowed (0 without length-safe decoding)
-    forced_tokens: int = 0  # tokens fast-forwarded (written from the grammar, no decode step of their own)
-    fast_forward: str | None = None  # the fast-forward mode used ("canonical", "verified"), None when off
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Share of generated tokens that came from the draft (None without a draft model)."""
-        if self.num_draft_tokens is None or self.generated_tokens == 0:
-            return None
-        return self.draft_tokens / self.generated_tokens
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        if self.generated_tokens < 2 or self.generation_seconds <= 0:
-            return None
-        return (self.generated_tokens - 1) / self.generation_seconds
-
-    @property
-    def prompt_tokens_per_second(self) -> float | None:
-        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else None
-
-    def summary(self) -> str:
-        """One line for humans (the CLI prints it on stderr)."""
-        parts = []
-        if self.compile_seconds is not None:
-            hit = "cache hit" if self.cache_hit else "cache miss"
-            parts.append(f"compile {self.compile_seconds:.2f} s ({hit})")
-        pps = self.prompt_tokens_per_second
-        parts.append(f"prompt {self.prompt_tokens} tok" + (f" @ {pps:.1f} tok/s" if pps else ""))
-        tps = self.tokens_per_second
-        parts.append(f"generated {self.generated_tokens} tok" + (f" @ {tps:.2f} tok/s" if tps else ""))
-        rate = self.acceptance_rate
-        if rate is not None:
-            parts.append(f"draft acceptance {rate:.0%} ({self.draft_tokens}/{self.generated_tokens}, "
-                         f"k={self.num_draft_tokens})")
-        if self.fast_forward is not None:
-            share = self.forced_tokens / self.generated_tokens if self.generated_tokens else 0.0
-            parts.append(f"forced {self.forced_tokens}/{self.generated_tokens} ({share:.0%}, {self.fast_forward})")
-        if self.budget_steered_tokens:
-            parts.append(f"budget steered {self.budget_steered_tokens} tok")
-        parts.append(f"finish {self.finish_reason}")
-        return " | ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -278,7 +204,7 @@ class StructuredOutput:
     reasoning: str | None = None  # with `reasoning`: the thinking text (tags excluded)
 
 
-# --- helpers shared by the entry points -----------------------------------------------------------
+# --- JSON: parse and validate ----------------------------------------------------------------------
 
 
 def jsonschema_available() -> bool:
@@ -289,331 +215,6 @@ def jsonschema_available() -> bool:
         return False
     return True
 
-
-_WRAPPERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def _wrapped(tokenizer: Any) -> Any:
-    """mlx-lm's TokenizerWrapper of a Hugging Face tokenizer, built once per tokenizer (building its
-    streaming detokenizer reads the whole vocabulary)."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-    if isinstance(tokenizer, TokenizerWrapper):
-        return tokenizer
-    try:
-        wrapper = _WRAPPERS.get(tokenizer)
-        if wrapper is None:
-            wrapper = _WRAPPERS[tokenizer] = TokenizerWrapper(tokenizer)
-        return wrapper
-    except TypeError:  # not weak-referenceable
-        return TokenizerWrapper(tokenizer)
-
-
-def _prompt_ids(tokenizer: Any, prompt: Prompt, chat: bool, enable_thinking: bool | None = None) -> list[int]:
-    """Token ids of the prompt; with `chat`, a str or message list goes through the chat template
-    (told `enable_thinking` unless None)."""
-    if isinstance(prompt, mx.array):
-        return [int(t) for t in cast("list[int]", prompt.reshape(-1).tolist())]  # 1-D: a list of ints
-    if type(prompt).__module__ == "numpy" and hasattr(prompt, "tolist"):
-        prompt = cast("list[int]", cast(Any, prompt).reshape(-1).tolist())
-    if _is_token_ids(prompt):
-        if not prompt:
-            raise InvalidArgumentError("prompt is empty (no token ids)")
-        return list(prompt)
-    if isinstance(prompt, str) and not chat:
-        bos = getattr(tokenizer, "bos_token", None)
-        # As mlx-lm does for a str prompt: add BOS unless the text already starts with it.
-        ids = list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
-        if not ids:
-            raise InvalidArgumentError("prompt is empty (it encodes to no tokens)")
-        return ids
-    if isinstance(prompt, str):
-        messages: list[Mapping[str, Any]] = [{"role": "user", "content": prompt}]
-    elif _is_messages(prompt):
-        messages = list(prompt)
-        if not messages:
-            raise InvalidArgumentError("prompt is empty (no chat messages)")
-        if not chat:
-            raise InvalidArgumentError("prompt: a list of chat messages needs chat=True")
-    else:
-        raise InvalidArgumentError(
-            f"prompt must be a str, a list of chat messages, or token ids, not {type(prompt).__name__}")
-    if not getattr(tokenizer, "has_chat_template", False):
-        raise InvalidArgumentError("chat=True, but the tokenizer has no chat template; pass chat=False to "
-                                   "use the prompt as is")
-    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
-    if isinstance(templated, Mapping):
-        templated = templated["input_ids"]
-    return [int(t) for t in templated]
-
-
-def _is_token_ids(prompt: object) -> TypeGuard[Sequence[int]]:
-    return isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-
-
-def _is_messages(prompt: object) -> TypeGuard[Sequence[Mapping[str, Any]]]:
-    return isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt)
-
-
-def _check_draft(model: Any, draft_model: Any, num_draft_tokens: int) -> None:
-    if draft_model is None:
-        return
-    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise InvalidArgumentError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
-    model_width, draft_width = logits_width_of(model), logits_width_of(draft_model)
-    if model_width != draft_width:
-        raise InvalidArgumentError(
-            f"draft_model: its logits width ({draft_width}) differs from the model's ({model_width}); "
-            "a draft must share the model's vocabulary")
-
-
-def _check_arguments(model: Any, settings: _Settings, on_text: Callable[[str], Any] | None) -> None:
-    """Every argument mistake a generation can make, raised before anything is compiled or run."""
-    max_tokens, sampler, logits_processors = settings.max_tokens, settings.sampler, settings.logits_processors
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidArgumentError(f"max_tokens must be a positive int, got {max_tokens!r}")
-    if not isinstance(settings.length_safe, bool):
-        raise InvalidArgumentError(f"length_safe must be True or False, got {settings.length_safe!r:.80}")
-    check_mode(settings.fast_forward)
-    if settings.reasoning is not None and not isinstance(settings.reasoning, (bool, Reasoning)):
-        raise InvalidArgumentError(
-            f"reasoning must be a Reasoning, True, False or None, got {settings.reasoning!r:.80}")
-    if sampler is not None and not callable(sampler):
-        raise InvalidArgumentError(f"sampler must be callable (logprobs -> tokens) or None, got {sampler!r:.80}")
-    if logits_processors is not None and (
-            isinstance(logits_processors, (str, bytes)) or not isinstance(logits_processors, Sequence)
-            or not all(callable(p) for p in logits_processors)):
-        raise InvalidArgumentError(
-            f"logits_processors must be a list of callables (tokens, logits) -> logits, got {logits_processors!r:.80}")
-    if on_text is not None and not callable(on_text):
-        raise InvalidArgumentError(f"on_text must be callable (text chunk) or None, got {on_text!r:.80}")
-    _check_draft(model, settings.draft_model, settings.num_draft_tokens)
-
-
-# --- the one loop: mlx-lm's stream_generate, read token by token -----------------------------------
-
-
-def _shared_prefix_layers(model: Any, draft_model: Any) -> int:
-    """How many leading layers the draft shares (the same modules) with the model: all of the draft's
-    for a `truncated_draft`, else 0."""
-    inner, draft_inner = getattr(model, "model", None), getattr(draft_model, "model", None)
-    layers, draft_layers = getattr(inner, "layers", None), getattr(draft_inner, "layers", None)
-    if not isinstance(layers, list) or not isinstance(draft_layers, list) or len(draft_layers) >= len(layers):
-        return 0
-    if getattr(inner, "embed_tokens", None) is None or getattr(inner, "embed_tokens", None) is not getattr(
-            draft_inner, "embed_tokens", None):
-        return 0
-    if any(a is not b for a, b in zip(layers, draft_layers)):
-        return 0
-    return len(draft_layers)
-
-
-def _prefill_once_for_both(model: Any, draft_model: Any, prompt_ids: list[int]) -> tuple[list[Any], list[int]] | None:
-    """For a draft made of the model's own first layers: prefill the prompt once, with the model, and
-    give the draft copies of those layers' caches (what its own prefill would compute: the same
-    modules on the same inputs). Returns (prompt_cache for mlx-lm, the prompt's last token), or None
-    when the draft is not such a truncation or the caches are not plain KV caches.
-
-    mlx-lm's speculative loop takes `prompt_cache` as the model's caches followed by the draft's and
-    prefills whatever prompt it is given; given only the last token, it prefills nothing."""
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
-    shared = _shared_prefix_layers(model, draft_model)
-    if shared == 0 or len(prompt_ids) < 2:
-        return None
-    cache = make_prompt_cache(model)
-    if len(cache) != len(model.model.layers) or any(type(c) is not KVCache for c in cache):
-        return None
-    prefix = mx.array(prompt_ids[:-1])
-    step = 512  # mlx-lm's speculative prefill step, so the model's cache is computed as it would be
-    for start in range(0, prefix.size, step):
-        model(prefix[start:start + step][None], cache=cache)
-        mx.eval([c.state for c in cache])
-    draft_cache = []
-    for c in cache[:shared]:
-        copy = KVCache()
-        # Slices are new arrays: the two caches never write into one buffer.
-        copy.keys, copy.values = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
-        copy.offset = c.offset
-        draft_cache.append(copy)
-    return cache + draft_cache, prompt_ids[-1:]
-
-
-
-@dataclass
-class _Finished:
-    text: str
-    token_ids: list[int]
-    from_draft: list[bool]
-    from_grammar: list[bool]
-    stats: GenerationStats
-    reasoning: str | None = None
-
-
-def _reasoning_of(settings: _Settings) -> Reasoning | None:
-    r = settings.reasoning
-    return Reasoning() if r is True else (r or None)
-
-
-def _prepared(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings,
-              on_text: Callable[[str], Any] | None = None) -> tuple[Any, list[int]]:
-    """Check the arguments and tokenize the prompt (before any compile): (mlx-lm wrapper, prompt ids).
-    A thinking model's chat template is told whether to think (`enable_thinking`), from `reasoning`."""
-    _check_arguments(model, settings, on_text)
-    wrapper = _wrapped(tokenizer)
-    thinking = _reasoning_of(settings) is not None if getattr(wrapper, "has_thinking", False) else None
-    return wrapper, _prompt_ids(wrapper, prompt, settings.chat, thinking)
-
-
-Grammar = CompiledGrammar | SegmentGrammar
-
-
-def _grammar_for(body: Segment, compiled: Callable[[], CompiledGrammar], wrapper: Any, model: Any,
-                 prompt_ids: list[int], settings: _Settings, compile_options: CompileOptions) -> Grammar:
-    """The grammar of a generation: `compiled()` alone, or, with `reasoning`, `body` after the
-    thinking section (a segment program; where generation starts is read from the prompt). JSON may
-    follow the end tag after a few spaces or newlines (dropped from the text); a regex's match
-    starts right at it."""
-    reasoning = _reasoning_of(settings)
-    if reasoning is None:
-        return compiled()
-    where = reasoning_state(wrapper, prompt_ids, None, start=reasoning.start, end=reasoning.end)
-    return compile_segments(with_reasoning(body, wrapper, reasoning, where, gap=isinstance(body, JSONSchema)), wrapper,
-                            logits_width=logits_width_of(model), **compile_options)
-
-
-def _stream(model: Any, wrapper: Any, prompt_ids: list[int], grammar: Grammar, settings: _Settings,
-            prompt_cache: Any = None, *, json_text: bool = False) -> Generator[str, None, _Finished]:
-    """Yield text chunks as mlx-lm produces tokens; return the finished generation. The arguments
-    were checked by `_prepared`. With a segment grammar only the answer's text ("content") is
-    yielded and kept as the text; the reasoning is returned apart, the tags in neither. For JSON
-    (`json_text`) the whitespace between the end tag and the value is dropped.
-
-    Raises TokenBudgetError before decoding when length-safe decoding is on and the grammar cannot
-    complete within the budget; GenerationError (with the raw text) when the budget ran out before
-    the grammar completed.
-    """
-    from mlx_lm.generate import stream_generate
-
-    from .decode import stream_generate as fast_forward_generate
-
-    mode = check_mode(settings.fast_forward)
-    draft_model, num_draft_tokens, max_tokens = settings.draft_model, settings.num_draft_tokens, settings.max_tokens
-    # Built before decoding: with a budget it checks the grammar's shortest completion fits.
-    grammar_processor = GrammarProcessor(grammar, max_tokens=max_tokens if settings.length_safe else None)
-    # The grammar's mask goes last, so no other processor can re-enable a token it forbids.
-    processors = [*(settings.logits_processors or ()), grammar_processor]
-    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "sampler": settings.sampler, "logits_processors": processors}
-    model_input = prompt_ids
-    started = time.perf_counter()
-    if draft_model is not None:
-        kwargs.update(draft_model=draft_model, num_draft_tokens=num_draft_tokens)
-        if prompt_cache is None:
-            shared = _prefill_once_for_both(model, draft_model, prompt_ids)
-            if shared is not None:
-                prompt_cache, model_input = shared
-    if prompt_cache is not None:
-        kwargs["prompt_cache"] = prompt_cache
-
-    token_bytes = grammar.vocabulary.token_bytes
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    role_of = grammar.role if isinstance(grammar, SegmentGrammar) else None
-    gap = role_of is not None and json_text
-    thought = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    reasoning: list[str] = []
-    chunks: list[str] = []
-    token_ids: list[int] = []
-    from_draft: list[bool] = []
-    from_grammar: list[bool] = []
-    state = grammar.initial_state
-    finish = "length"
-    first = None
-    if mode is not None:
-        responses = fast_forward_generate(model, wrapper, mx.array(model_input), fast_forward=mode, **kwargs)
-    else:
-        responses = stream_generate(model, wrapper, mx.array(model_input), **kwargs)
-    try:
-        for response in responses:
-            if first is None:
-                first = time.perf_counter()
-            token = int(response.token)
-            token_ids.append(token)
-            forced = bool(getattr(response, "from_grammar", False))
-            from_grammar.append(forced)
-            from_draft.append(bool(response.from_draft) and not forced)
-            role = role_of(state, token) if role_of is not None else "content"
-            nxt = grammar.next_state(state, token)
-            if nxt < 0:
-                # Only a sampler that ignores -inf or a processor outside ours can get here.
-                text = "".join(chunks) + decoder.decode(b"", final=True)
-                raise GrammarViolationError(
-                    f"mlx-lm produced token {token} ({grammar.token_text(token)!r}), which the grammar "
-                    f"forbids after {text!r}", position=len(token_ids) - 1, token_id=token, text=text,
-                    num_allowed=len(grammar.allowed_tokens(state)))
-            state = nxt
-            if state == grammar.terminal_state:
-                finish = "stop"
-                break
-            piece = token_bytes[token] if token < len(token_bytes) else None
-            if piece and role == "reasoning":
-                reasoning.append(thought.decode(piece))
-            elif piece and role != "tag":
-                chunk = decoder.decode(piece)
-                if gap and not chunks:  # the whitespace a model writes after its end tag, before JSON
-                    chunk = chunk.lstrip(" \n")
-                if chunk:
-                    chunks.append(chunk)
-                    yield chunk
-    finally:
-        responses.close()
-    tail = decoder.decode(b"", final=True)
-    if tail:
-        chunks.append(tail)
-        yield tail
-    ended = time.perf_counter()
-    text = "".join(chunks)
-    thinking = "".join(reasoning) + thought.decode(b"", final=True) if role_of is not None else None
-    if first is None:
-        first = ended
-    steered = budget_steered_positions(grammar, token_ids, max_tokens) if settings.length_safe else 0
-    stats = GenerationStats(
-        prompt_tokens=len(prompt_ids), generated_tokens=len(token_ids), draft_tokens=sum(from_draft),
-        prompt_seconds=first - started, generation_seconds=ended - first, finish_reason=finish,
-        num_draft_tokens=num_draft_tokens if draft_model is not None else None,
-        compile_seconds=grammar.stats.get("compile_seconds"), cache_hit=grammar.stats.get("cache_hit"),
-        min_completion_tokens=grammar_processor.min_completion_tokens, budget_steered_tokens=steered,
-        forced_tokens=sum(from_grammar), fast_forward=mode)
-    if finish != "stop" and not grammar.is_accepting(state):
-        if role_of is not None and role_of(state) == "reasoning":
-            raise GenerationError(
-                f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens while the "
-                "model was still reasoning; raise max_tokens or give the reasoning a budget "
-                f"(Reasoning(budget=...)). Reasoning so far: {_clip(thinking or '')}", text=text)
-        advice = "" if settings.length_safe else ", or keep length_safe on"
-        raise GenerationError(
-            f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens, before the "
-            f"grammar completed; raise max_tokens or bound the output (maxLength, maxItems){advice}. Text so far: "
-            f"{_clip(text)}", text=text)
-    return _Finished(text, token_ids, from_draft, from_grammar, stats, thinking)
-
-
-def _clip(text: str, limit: int = 200) -> str:
-    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
-
-
-def _drain(chunks: Generator[str, None, _Finished], on_text: Callable[[str], Any] | None) -> _Finished:
-    while True:
-        try:
-            chunk = next(chunks)
-        except StopIteration as stop:
-            return stop.value
-        if on_text is not None:
-            on_text(chunk)
-
-
-# --- JSON: parse and validate ----------------------------------------------------------------------
 
 _VALIDATORS: dict[str, Any] = {}
 
@@ -673,37 +274,33 @@ def _pydantic_class(schema: Any) -> _ModelClass | None:
     return schema if isinstance(schema, type) and hasattr(schema, "model_validate") else None
 
 
-def _compile_json(schema: Schema, tokenizer: Any, model: Any, settings: _Settings, compile_options: CompileOptions,
-                  wrapper: Any, prompt_ids: list[int]) -> tuple[Grammar, Any]:
+def _compile_json(schema: Schema, tokenizer: Tokenizer, model: Model, options: Options,
+                  compile_options: CompileOptions, prompt_ids: list[int]) -> tuple[Grammar, Any]:
     from .schema import load_schema
 
     doc = load_schema(schema)
-    body = JSONSchema(doc, strict=settings.strict, whitespace=settings.whitespace)
-    grammar = _grammar_for(body, lambda: compile_json_schema(
-        doc, tokenizer, logits_width=logits_width_of(model), whitespace=settings.whitespace, strict=settings.strict,
-        **compile_options), wrapper, model, prompt_ids, settings, compile_options)
-    return grammar, doc
+    return grammar_for(body(schema=doc, options=options), tokenizer, logits_width_of(model),
+                       reasoning_of(options.reasoning), prompt_ids, compile_options), doc
 
 
-def _compile_regex(pattern: str, tokenizer: Any, model: Any, settings: _Settings, compile_options: CompileOptions,
-                   wrapper: Any, prompt_ids: list[int]) -> Grammar:
-    return _grammar_for(Regex(pattern), lambda: compile_regex(
-        pattern, tokenizer, logits_width=logits_width_of(model), **compile_options),
-        wrapper, model, prompt_ids, settings, compile_options)
+def _compile_regex(pattern: str, tokenizer: Tokenizer, model: Model, options: Options,
+                   compile_options: CompileOptions, prompt_ids: list[int]) -> Grammar:
+    return grammar_for(body(regex=pattern), tokenizer, logits_width_of(model), reasoning_of(options.reasoning),
+                       prompt_ids, compile_options)
 
 
 # --- public entry points ---------------------------------------------------------------------------
 
 
 def generate_structured(
-    model: Any,
-    tokenizer: Any,
+    model: Model,
+    tokenizer: Tokenizer,
     prompt: Prompt,
     *,
     schema: Schema | None = None,
     regex: str | None = None,
     grammar: CompiledGrammar | None = None,
-    prompt_cache: Any = None,
+    prompt_cache: list[Any] | None = None,
     on_text: Callable[[str], Any] | None = None,
     **options: Unpack[JSONGenerationOptions],
 ) -> StructuredOutput:
@@ -716,10 +313,9 @@ def generate_structured(
     is), a list of chat messages, or token ids (used as is). `prompt_cache` goes to mlx-lm. `on_text`
     is called with each chunk of text as it is generated (the chunks join to `.text`; e.g. to print
     it). `options`: the `JSONGenerationOptions` (`draft_model`, `num_draft_tokens`, `sampler`,
-    `max_tokens`, `length_safe`, `chat`, `logits_processors`, `fast_forward`; for a schema `strict`,
-    `whitespace`, `validate`), and
-    the compiler's (`CompileOptions`: `cache_dir`, `use_cache`, `timeout`, `memory_limit`,
-    `progress`, ...), unused with `grammar`.
+    `max_tokens`, `length_safe`, `chat`, `logits_processors`, `fast_forward`, `reasoning`; for a
+    schema `strict`, `whitespace`, `open_objects`, `validate`: `request.Options` documents each, with
+    its default), and the compiler's (`CompileOptions`), unused with `grammar`.
 
     Raises `InvalidArgumentError` for argument mistakes (before compiling anything), `TokenBudgetError`
     (an `InvalidArgumentError`, with `.needed` and `.max_tokens`; before decoding) when length-safe
@@ -728,15 +324,15 @@ def generate_structured(
     `length_safe=False`) or the output fails validation, and the compiler's errors for bad schemas or
     regexes.
     """
-    settings, compile_options = _split(options, "generate_structured")
+    settings, compile_options = options_from(options, "generate_structured")
     return _generate(model, tokenizer, prompt, settings, compile_options, schema=schema, regex=regex,
                      grammar=grammar, prompt_cache=prompt_cache, on_text=on_text)
 
 
-def _generate(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings, compile_options: CompileOptions, *,
+def _generate(model: Model, tokenizer: Tokenizer, prompt: Prompt, options: Options, compile_options: CompileOptions, *,
               schema: Schema | None = None, regex: str | None = None, grammar: CompiledGrammar | None = None,
-              prompt_cache: Any = None, on_text: Callable[[str], Any] | None = None) -> StructuredOutput:
-    """`generate_structured` with its options split (`_split`)."""
+              prompt_cache: list[Any] | None = None, on_text: Callable[[str], Any] | None = None) -> StructuredOutput:
+    """`generate_structured` with its options split (`request.options_from`)."""
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
         raise InvalidArgumentError("give exactly one of schema=, regex= or grammar=")
     if grammar is not None and not isinstance(grammar, CompiledGrammar):
@@ -745,22 +341,22 @@ def _generate(model: Any, tokenizer: Any, prompt: Prompt, settings: _Settings, c
         raise InvalidArgumentError(
             f"grammar= was compiled for logits width {grammar.logits_width}, the model's is "
             f"{logits_width_of(model)}; compile with logits_width=logits_width_of(model)")
-    if grammar is not None and settings.reasoning:
+    if grammar is not None and options.reasoning:
         raise InvalidArgumentError("reasoning= needs schema= or regex= (a precompiled grammar starts at the "
                                    "first token; compile a segment program with the reasoning instead)")
-    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings, on_text)
+    wrapper, prompt_ids = prepare(model, tokenizer, prompt, options, on_text)
     doc = None
     used: Grammar | None = grammar
     if schema is not None:
-        used, doc = _compile_json(schema, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
+        used, doc = _compile_json(schema, tokenizer, model, options, compile_options, prompt_ids)
     elif regex is not None:
-        used = _compile_regex(regex, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
+        used = _compile_regex(regex, tokenizer, model, options, compile_options, prompt_ids)
     assert used is not None
-    finished = _drain(_stream(model, wrapper, prompt_ids, used, settings, prompt_cache, json_text=schema is not None),
-                      on_text)
+    finished = drain(stream(model, wrapper, prompt_ids, used, options, prompt_cache, json_text=schema is not None),
+                     on_text)
     value: Any = finished.text
     if schema is not None:
-        value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), settings.validate)
+        value = _parse_and_validate(finished.text, doc, _pydantic_class(schema), options.validate)
     return StructuredOutput(finished.text, value, finished.token_ids, finished.from_draft, finished.stats,
                             finished.from_grammar, finished.reasoning)
 
@@ -769,12 +365,12 @@ _Model = TypeVar("_Model")  # instances of a Pydantic model class
 
 
 @overload
-def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: type[_Model],
+def generate_json(model: Model, tokenizer: Tokenizer, prompt: Prompt, schema: type[_Model],
                   **options: Unpack[JSONGenerationOptions]) -> _Model: ...
 @overload
-def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: dict[str, Any] | bool | str | bytes,
+def generate_json(model: Model, tokenizer: Tokenizer, prompt: Prompt, schema: dict[str, Any] | bool | str | bytes,
                   **options: Unpack[JSONGenerationOptions]) -> Any: ...
-def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
+def generate_json(model: Model, tokenizer: Tokenizer, prompt: Prompt, schema: Schema,
                   **options: Unpack[JSONGenerationOptions]) -> Any:
     """Generate one JSON value that satisfies `schema`; return it parsed and validated.
 
@@ -785,10 +381,10 @@ def generate_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
     `GenerationError` (raw text in `.text`) when `max_tokens` ran out before the JSON was complete.
     Arguments as for `generate_structured`.
     """
-    return _generate(model, tokenizer, prompt, *_split(options, "generate_json"), schema=schema).value
+    return _generate(model, tokenizer, prompt, *options_from(options, "generate_json"), schema=schema).value
 
 
-def generate_regex(model: Any, tokenizer: Any, prompt: Prompt, pattern: str,
+def generate_regex(model: Model, tokenizer: Tokenizer, prompt: Prompt, pattern: str,
                    **options: Unpack[GenerationOptions]) -> str:
     """Generate text that fully matches `pattern`; return it.
 
@@ -796,10 +392,11 @@ def generate_regex(model: Any, tokenizer: Any, prompt: Prompt, pattern: str,
     with the raw text when `max_tokens` ran out before a complete match). Arguments as for
     `generate_structured`.
     """
-    return _generate(model, tokenizer, prompt, *_split(options, "generate_regex", schema=False), regex=pattern).text
+    return _generate(model, tokenizer, prompt, *options_from(options, "generate_regex", schema=False),
+                     regex=pattern).text
 
 
-def stream_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
+def stream_json(model: Model, tokenizer: Tokenizer, prompt: Prompt, schema: Schema,
                 **options: Unpack[JSONGenerationOptions]) -> Iterator[str]:
     """Yield the JSON text in chunks as it is generated (the chunks join to the whole text).
 
@@ -807,99 +404,62 @@ def stream_json(model: Any, tokenizer: Any, prompt: Prompt, schema: Schema,
     validated as in `generate_json` (Pydantic validators included); an incomplete or invalid output
     raises `GenerationError` then. Arguments as for `generate_structured`.
     """
-    settings, compile_options = _split(options, "stream_json")
-    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings)
-    grammar, doc = _compile_json(schema, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
-    finished = yield from _stream(model, wrapper, prompt_ids, grammar, settings, json_text=True)
+    settings, compile_options = options_from(options, "stream_json")
+    wrapper, prompt_ids = prepare(model, tokenizer, prompt, settings)
+    grammar, doc = _compile_json(schema, tokenizer, model, settings, compile_options, prompt_ids)
+    finished = yield from stream(model, wrapper, prompt_ids, grammar, settings, json_text=True)
     _parse_and_validate(finished.text, doc, _pydantic_class(schema), settings.validate)
 
 
-def stream_regex(model: Any, tokenizer: Any, prompt: Prompt, pattern: str,
+def stream_regex(model: Model, tokenizer: Tokenizer, prompt: Prompt, pattern: str,
                  **options: Unpack[GenerationOptions]) -> Iterator[str]:
     """Yield text matching `pattern` in chunks; `GenerationError` after the last one if incomplete."""
-    settings, compile_options = _split(options, "stream_regex", schema=False)
-    wrapper, prompt_ids = _prepared(model, tokenizer, prompt, settings)
-    grammar = _compile_regex(pattern, tokenizer, model, settings, compile_options, wrapper, prompt_ids)
-    yield from _stream(model, wrapper, prompt_ids, grammar, settings)
+    settings, compile_options = options_from(options, "stream_regex", schema=False)
+    wrapper, prompt_ids = prepare(model, tokenizer, prompt, settings)
+    grammar = _compile_regex(pattern, tokenizer, model, settings, compile_options, prompt_ids)
+    yield from stream(model, wrapper, prompt_ids, grammar, settings)
 
 
 # --- processor factories for callers of mlx-lm -----------------------------------------------------
 
 
-def _width(model: Any, logits_width: int | None) -> int | None:
-    if logits_width is not None:
-        return logits_width
-    return logits_width_of(model) if model is not None else None
+def _processor(spec: Callable[[], Segment], tokenizer: TokenizerSource, keywords: Mapping[str, Any],
+               caller: str) -> GrammarProcessor:
+    """A fresh `GrammarProcessor` for a factory's spec and `ProcessorOptions`."""
+    stray = sorted(set(keywords) - _PROCESSOR_OPTIONS - COMPILE_OPTION_NAMES)
+    if stray:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {stray[0]!r}")
+    compile_options: CompileOptions = {k: v for k, v in keywords.items() if k in COMPILE_OPTION_NAMES}  # type: ignore[assignment]
+    max_tokens = int_at_least_or_none("max_tokens", keywords.get("max_tokens"), 1)  # before compiling
+    reasoning = reasoning_of(keywords.get("reasoning"))
+    width, model = keywords.get("logits_width"), keywords.get("model")
+    if width is None and model is not None:
+        width = logits_width_of(model)
+    return processor_for(grammar_for(spec(), tokenizer, width, reasoning, keywords.get("prompt_ids"),
+                                     compile_options), max_tokens)
 
 
-def json_logits_processor(
-    schema: Schema,
-    tokenizer: Any,
-    *,
-    model: Any = None,
-    logits_width: int | None = None,
-    strict: bool = True,
-    whitespace: str | None = None,
-    max_tokens: int | None = None,
-    reasoning: Reasoning | bool | None = None,
-    prompt_ids: Sequence[int] | None = None,
-    **compile_options: Unpack[CompileOptions],
-) -> GrammarProcessor:
+def json_logits_processor(schema: Schema, tokenizer: TokenizerSource, *, strict: bool = Options.strict,
+                          whitespace: str | None = Options.whitespace, open_objects: bool = Options.open_objects,
+                          **options: Unpack[ProcessorOptions]) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `schema`, to pass in mlx-lm's `logits_processors=[...]`.
 
-    Give `model` (or `logits_width`) so the mask matches the model's logits, which can be wider than
-    the tokenizer. Build one per generation: the processor follows one request. Compiling again is
-    cheap (the tables are cached in memory and on disk). `max_tokens`: the budget given to mlx-lm,
-    for length-safe masking (the output completes within it; `TokenBudgetError` here when it cannot);
-    None (the default) masks to the grammar alone. `reasoning` (`Reasoning`, or True): the model thinks
-    first and the schema applies from its end tag on; it needs `prompt_ids`, the prompt's token ids as
-    given to mlx-lm (a processor never sees the prompt under speculative decoding, so the prompt says
-    whether it already opened the thinking). `compile_options`: the `CompileOptions`.
+    Build one per generation: the processor follows one request. Compiling again is cheap (the
+    tables are cached in memory and on disk). `options`: the `ProcessorOptions` (`model` or
+    `logits_width`, `max_tokens`: `TokenBudgetError` here when the grammar cannot complete within
+    it, `reasoning` with `prompt_ids`, and the `CompileOptions`); `strict`, `whitespace`,
+    `open_objects` as `request.Options` documents them.
     """
-    max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)  # before compiling
-    width = _width(model, logits_width)
-    if reasoning:
-        from .schema import load_schema
+    from .schema import load_schema
 
-        body = JSONSchema(load_schema(schema), strict=strict, whitespace=whitespace)
-        return GrammarProcessor(_with_reasoning_grammar(body, tokenizer, width, reasoning, prompt_ids,
-                                                        compile_options), max_tokens=max_tokens)
-    grammar = compile_json_schema(schema, tokenizer, logits_width=width, strict=strict,
-                                  whitespace=whitespace, **compile_options)
-    return GrammarProcessor(grammar, max_tokens=max_tokens)
+    def spec() -> Segment:
+        return body(schema=load_schema(schema),
+                    options=Options(strict=strict, whitespace=whitespace, open_objects=open_objects))
+
+    return _processor(spec, tokenizer, options, "json_logits_processor")
 
 
-def _with_reasoning_grammar(body: Segment, tokenizer: Any, width: int | None, reasoning: Reasoning | bool,
-                            prompt_ids: Sequence[int] | None, compile_options: CompileOptions) -> SegmentGrammar:
-    if not isinstance(reasoning, Reasoning) and reasoning is not True:
-        raise InvalidArgumentError(f"reasoning must be a Reasoning, True, False or None, got {reasoning!r:.80}")
-    if prompt_ids is None or not _is_token_ids(list(prompt_ids)):
-        raise InvalidArgumentError(
-            "reasoning= needs prompt_ids=, the prompt's token ids: under speculative decoding a processor never "
-            "sees the prompt, so it cannot tell whether the prompt already opened the thinking")
-    wrapper = _wrapped(tokenizer)
-    settings = Reasoning() if reasoning is True else reasoning
-    where = reasoning_state(wrapper, list(prompt_ids), None, start=settings.start, end=settings.end)
-    return compile_segments(with_reasoning(body, wrapper, settings, where, gap=isinstance(body, JSONSchema)),
-                            wrapper, logits_width=width, **compile_options)
-
-
-def regex_logits_processor(
-    pattern: str,
-    tokenizer: Any,
-    *,
-    model: Any = None,
-    logits_width: int | None = None,
-    max_tokens: int | None = None,
-    reasoning: Reasoning | bool | None = None,
-    prompt_ids: Sequence[int] | None = None,
-    **compile_options: Unpack[CompileOptions],
-) -> GrammarProcessor:
+def regex_logits_processor(pattern: str, tokenizer: TokenizerSource,
+                           **options: Unpack[ProcessorOptions]) -> GrammarProcessor:
     """A fresh `GrammarProcessor` for `pattern` (full match); see `json_logits_processor`."""
-    max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)  # before compiling
-    if reasoning:
-        return GrammarProcessor(_with_reasoning_grammar(Regex(pattern), tokenizer, _width(model, logits_width),
-                                                        reasoning, prompt_ids, compile_options),
-                                max_tokens=max_tokens)
-    grammar = compile_regex(pattern, tokenizer, logits_width=_width(model, logits_width), **compile_options)
-    return GrammarProcessor(grammar, max_tokens=max_tokens)
+    return _processor(lambda: body(regex=pattern), tokenizer, options, "regex_logits_processor")

@@ -43,6 +43,8 @@ from .vocabulary.gguf import (
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+    from .protocols import Model
+
 __all__ = [
     "default_model",
     "load_gguf",
@@ -376,7 +378,7 @@ def default_model() -> tuple[nn.Module, TokenizerWrapper]:
         return _default
 
 
-def logits_width_of(model: Any) -> int:
+def logits_width_of(model: Model) -> int:
     """The width of `model`'s logits: its output vocabulary, which can exceed the tokenizer's.
 
     The one helper for it (generation, the server, the CLI). mlx-lm models size their output head by

@@ -31,6 +31,8 @@ Differences from Outlines, on purpose:
   completes within it (`GrammarProcessor`); a budget below the grammar's shortest completion raises
   `TokenBudgetError` where the grammar is compiled (construction with `logits_width=`, else the
   first call). Default None: the grammar alone, as Outlines does.
+- Extension `open_objects=` (JSON; as `compile_json_schema`): a missing `additionalProperties`
+  allows extra keys, as JSON Schema reads it (default False: objects are closed).
 - Extension `reasoning=` (`grammar_mlx.Reasoning(budget=...)`, or True) with `prompt_ids=` (the
   prompt's token ids as given to mlx-lm): a thinking model thinks first and the grammar applies from
   its end tag on (docs/segments.md). The prompt ids say whether the prompt already opened the
@@ -46,21 +48,23 @@ is the request's context. One processor follows one request: use `copy()` (Outli
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
-from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
+from .arguments import int_at_least_or_none
+from .compiler import CompiledGrammar, CompileOptions
 from .errors import InvalidArgumentError
+from .protocols import Tokenizer
+from .request import Grammar, body, grammar_for, processor_for, reasoning_of
 from .runtime import GrammarProcessor
-from .runtime.stateful import int_at_least_or_none
-from .segments import JSONSchema, Reasoning, Regex, SegmentGrammar
+from .segments import JSONSchema, Reasoning, SegmentGrammar
 from .segments.spec import Segment
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .generate import Schema
+    from .request import Schema
     from .schema import Unenforced
 
 __all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
@@ -68,7 +72,7 @@ __all__ = ["JSONLogitsProcessor", "RegexLogitsProcessor"]
 _SUPPORTED_LIBRARIES = ("mlx",)
 
 
-def _unwrap(tokenizer: Any) -> Any:
+def _unwrap(tokenizer: Any) -> Tokenizer:
     """The object to read the vocabulary from: an Outlines TransformerTokenizer's Hugging Face tokenizer.
 
     Outlines' wrapper hashes by fingerprinting the whole tokenizer (through `datasets`, which may not
@@ -77,8 +81,8 @@ def _unwrap(tokenizer: Any) -> Any:
     inner = getattr(tokenizer, "tokenizer", None)
     if (not hasattr(tokenizer, "all_special_ids") and inner is not None
             and hasattr(inner, "get_vocab") and hasattr(inner, "all_special_ids")):
-        return inner
-    return tokenizer
+        return cast(Tokenizer, inner)
+    return cast(Tokenizer, tokenizer)
 
 
 class RegexLogitsProcessor:
@@ -86,7 +90,7 @@ class RegexLogitsProcessor:
 
     _regex: str | Callable[[], str]  # the regex, or how to write it (`regex`)
 
-    def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "mlx", *,
+    def __init__(self, regex_string: str, tokenizer: Tokenizer, tensor_library_name: str = "mlx", *,
                  logits_width: int | None = None, max_tokens: int | None = None,
                  reasoning: Reasoning | bool | None = None, prompt_ids: list[int] | None = None,
                  **compile_options: Unpack[CompileOptions]) -> None:
@@ -94,17 +98,15 @@ class RegexLogitsProcessor:
         self._init(regex_string, tokenizer, tensor_library_name, logits_width, (), compile_options, max_tokens)
 
     def _reasoning_of(self, reasoning: Reasoning | bool | None, prompt_ids: list[int] | None) -> None:
-        if reasoning is not None and not isinstance(reasoning, (bool, Reasoning)):
-            raise InvalidArgumentError(f"reasoning must be a Reasoning, True, False or None, got {reasoning!r:.80}")
-        if reasoning and prompt_ids is None:
+        self.reasoning = reasoning_of(reasoning)
+        if self.reasoning is not None and prompt_ids is None:
             raise InvalidArgumentError(
                 "reasoning= needs prompt_ids=, the prompt's token ids: under speculative decoding a processor never "
                 "sees the prompt, so it cannot tell whether the prompt already opened the thinking")
-        self.reasoning = reasoning or None
         self.prompt_ids = None if prompt_ids is None else [int(t) for t in prompt_ids]
 
     def _body(self) -> Segment:
-        return Regex(self.regex)
+        return body(regex=self.regex)
 
     @property
     def regex(self) -> str:
@@ -113,7 +115,7 @@ class RegexLogitsProcessor:
             self._regex = self._regex()
         return self._regex
 
-    def _init(self, regex: str | Callable[[], str], tokenizer: Any, tensor_library_name: str,
+    def _init(self, regex: str | Callable[[], str], tokenizer: Tokenizer, tensor_library_name: str,
               logits_width: int | None,
               unenforced: tuple[Unenforced, ...], compile_options: CompileOptions,
               max_tokens: int | None = None) -> None:
@@ -124,34 +126,23 @@ class RegexLogitsProcessor:
             raise InvalidArgumentError(
                 f"tensor_library_name={tensor_library_name!r} is not supported; grammar_mlx masks MLX "
                 f"arrays only (use 'mlx'){hint}")
-        if logits_width is not None and (isinstance(logits_width, bool) or not isinstance(logits_width, int)
-                                         or logits_width < 1):
-            raise InvalidArgumentError(f"logits_width must be a positive int or None, got {logits_width!r}")
+        int_at_least_or_none("logits_width", logits_width, 1, kind="a positive int or None")
         self.max_tokens = int_at_least_or_none("max_tokens", max_tokens, 1)
         self.tensor_library_name = tensor_library_name
         self._regex = regex
         self.unenforced = unenforced
         self._tokenizer = _unwrap(tokenizer)
         self._compile_options = compile_options
-        self._compiled: CompiledGrammar | SegmentGrammar | None = None
+        self._compiled: Grammar | None = None
         self._processor: GrammarProcessor | None = None
         if logits_width is not None:
             self._start(logits_width)
 
     def _start(self, logits_width: int) -> GrammarProcessor:
-        if self.reasoning is not None:
-            from .generate import _with_reasoning_grammar
-
-            compiled: CompiledGrammar | SegmentGrammar = _with_reasoning_grammar(
-                self._body(), self._tokenizer, logits_width, self.reasoning, self.prompt_ids, self._compile_options)
-        else:
-            compiled = self._compile(logits_width)
-        self._compiled = compiled
-        processor = self._processor = GrammarProcessor(compiled, max_tokens=self.max_tokens)
+        compiled = self._compiled = grammar_for(self._body(), self._tokenizer, logits_width, self.reasoning,
+                                                self.prompt_ids, self._compile_options)
+        processor = self._processor = processor_for(compiled, self.max_tokens)
         return processor
-
-    def _compile(self, logits_width: int) -> CompiledGrammar:
-        return compile_regex(self.regex, self._tokenizer, logits_width=logits_width, **self._compile_options)
 
     def __call__(self, input_ids: Any, logits: mx.array) -> mx.array:
         processor = self._processor
@@ -170,7 +161,7 @@ class RegexLogitsProcessor:
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         if self._compiled is not None:
-            twin._processor = GrammarProcessor(self._compiled, max_tokens=self.max_tokens)
+            twin._processor = processor_for(self._compiled, self.max_tokens)
         return twin
 
     def reset(self) -> None:
@@ -199,26 +190,24 @@ class RegexLogitsProcessor:
 class JSONLogitsProcessor(RegexLogitsProcessor):
     """Outlines-compatible processor for a JSON Schema (dict, JSON text, or Pydantic model class)."""
 
-    def __init__(self, schema: Schema, tokenizer: Any, tensor_library_name: str = "mlx",
+    def __init__(self, schema: Schema, tokenizer: Tokenizer, tensor_library_name: str = "mlx",
                  whitespace_pattern: str | None = None, *, logits_width: int | None = None,
-                 strict: bool = False, max_tokens: int | None = None,
+                 strict: bool = False, open_objects: bool = False, max_tokens: int | None = None,
                  reasoning: Reasoning | bool | None = None, prompt_ids: list[int] | None = None,
                  **compile_options: Unpack[CompileOptions]) -> None:
         from .schema import schema_to_regex
 
         self._reasoning_of(reasoning, prompt_ids)
-        translated = schema_to_regex(schema, whitespace=whitespace_pattern, strict=strict)
+        translated = schema_to_regex(schema, whitespace=whitespace_pattern, strict=strict, open_objects=open_objects)
         self.schema = translated.schema
         self.whitespace_pattern = whitespace_pattern
         self.strict = strict
+        self.open_objects = open_objects
         self._init(lambda: translated.regex, tokenizer, tensor_library_name, logits_width, translated.unenforced,
                    compile_options, max_tokens)
 
     def _body(self) -> Segment:
-        return JSONSchema(self.schema, strict=self.strict, whitespace=self.whitespace_pattern)
-
-    def _compile(self, logits_width: int) -> CompiledGrammar:
         # Through the schema compiler (not the regex one), so the cache entry is the one generate_json
         # and `grammar-mlx compile --schema` use.
-        return compile_json_schema(self.schema, self._tokenizer, logits_width=logits_width,
-                                   whitespace=self.whitespace_pattern, strict=self.strict, **self._compile_options)
+        return JSONSchema(self.schema, strict=self.strict, whitespace=self.whitespace_pattern,
+                          open_objects=self.open_objects)

@@ -334,7 +334,7 @@ def test_entry_points_share_one_options_type():
 
     assert _SETTINGS == set(JSONGenerationOptions.__annotations__) - set(CompileOptions.__annotations__)
     assert set(CompileOptions.__annotations__) < set(GenerationOptions.__annotations__)
-    assert set(GenerationOptions.__annotations__) | {"strict", "whitespace", "validate"} == set(
+    assert set(GenerationOptions.__annotations__) | {"strict", "whitespace", "open_objects", "validate"} == set(
         JSONGenerationOptions.__annotations__)
     defaults = _Settings()
     assert (defaults.max_tokens, defaults.num_draft_tokens, defaults.chat, defaults.strict, defaults.validate,

@@ -43,11 +43,17 @@ if TYPE_CHECKING:
     import mlx.core as mx
     from outlines_core import Vocabulary
 
-    from ..compiler.token_index import TokenTrie
-
 UNKNOWN = -1  # a row not computed yet (DFAs built on demand)
 NUL = 0  # the compile sentinel byte: never part of a match
 TEXT_BYTES = frozenset(range(1, 256))
+
+
+class TokenTrie(Protocol):
+    """What a DFA reads from a vocabulary's token trie (`compiler.token_index.TokenTrie` is one):
+    each node's last byte, to map the nodes to byte classes (`ByteDFA.node_classes`)."""
+
+    @property
+    def byte(self) -> np.ndarray: ...
 
 
 class RowSource(Protocol):

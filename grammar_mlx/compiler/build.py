@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 import os
 import sys
 import threading
@@ -20,6 +19,7 @@ import numpy as np
 
 from .. import limits
 from .._version import __version__
+from ..arguments import int_at_least
 from ..automata.byte_dfa import ByteDFA
 from ..automata.byte_nfa import build_nfa, determinize
 from ..errors import (
@@ -32,6 +32,7 @@ from ..limits import Deadline, deadline_scope
 from ..regex.rust import Unsupported, check_syntax
 from ..regex.syntax import Node as RegexNode
 from ..vocabulary.token_bytes import Vocabulary
+from ..vocabulary.tokenizer import TokenizerSource
 from . import cache, index_cache
 from .cache import default_cache_dir
 from .grammar import CompiledGrammar, EagerGrammar, GrammarFields, LazyGrammar
@@ -83,13 +84,7 @@ def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tu
     if logits_width is None:
         width = vocab.size
     else:
-        try:
-            index: int | None = operator.index(logits_width)  # an int (numpy's included), not a float or a bool
-        except TypeError:
-            index = None
-        if index is None or isinstance(logits_width, bool) or index <= 0:
-            raise InvalidArgumentError(f"logits_width must be a positive integer, got {logits_width!r}")
-        width = index
+        width = int_at_least("logits_width", logits_width, 1, kind="a positive integer")
     eos = tuple(i for i in vocab.eos_token_ids if i < width)
     if not eos:
         raise InvalidArgumentError(f"no EOS id of {vocab.eos_token_ids} fits logits_width {width}")
@@ -163,7 +158,7 @@ def _options(*, mode: str = "auto", engine: str = "auto", cache_dir: str | os.Pa
         eos_token_ids=eos_token_ids)
 
 
-def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = None,
+def compile_regex(pattern: str, tokenizer: TokenizerSource, *, logits_width: int | None = None,
                   **options: Unpack[CompileOptions]) -> CompiledGrammar:
     """Compile a regex (full match, Rust regex syntax with a few extensions: docs/compiled-grammar.md)
     for `tokenizer`.
@@ -184,7 +179,7 @@ def compile_regex(pattern: str, tokenizer: Any, *, logits_width: int | None = No
         return _compile("regex", _Source.of_regex(canonical(pattern)), target, (), opts, started, index)
 
 
-def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None = None,
+def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width: int | None = None,
                         whitespace: str | None = None, strict: bool = False, open_objects: bool = False,
                         **options: Unpack[CompileOptions]) -> CompiledGrammar:
     """Compile a JSON Schema (dict, JSON text, or Pydantic model class) for `tokenizer`.
@@ -214,7 +209,7 @@ def compile_json_schema(schema: Any, tokenizer: Any, *, logits_width: int | None
         return _compile("json_schema", source, target, translated.unenforced, opts, started, index)
 
 
-def compile_regex_ast(ast: RegexNode, key: str, tokenizer: Any, *, logits_width: int | None = None,
+def compile_regex_ast(ast: RegexNode, key: str, tokenizer: TokenizerSource, *, logits_width: int | None = None,
                       unenforced: tuple[Unenforced, ...] = (), **options: Unpack[CompileOptions]) -> CompiledGrammar:
     """Internal (segments): compile a regex AST of `regex.syntax` straight to the byte NFA. `key`
     names its language in cache keys (two ASTs of one key must match the same strings)."""

@@ -21,6 +21,7 @@ from ..errors import (
     GrammarError,
     InvalidArgumentError,
 )
+from ..runtime.stack import walk_to
 from ..vocabulary.token_bytes import Vocabulary
 from .lazy import LazyIndex
 from .mask_table import MaskTable
@@ -257,12 +258,8 @@ class CompiledGrammar:
 
     def matches(self, token_ids: Iterable[int]) -> bool:
         """Whether the token sequence (EOS optional at the end) is a complete match."""
-        state = self.initial_state
-        for t in token_ids:
-            state = self.next_state(state, int(t))
-            if state < 0:
-                return False
-        return self.is_accepting(state)
+        state = walk_to(self, token_ids)
+        return state >= 0 and self.is_accepting(state)
 
 
 class EagerGrammar(CompiledGrammar):
@@ -290,6 +287,8 @@ class EagerGrammar(CompiledGrammar):
                             + self._int_list_bytes(self._mask_rows, self.mask_id))
         # The deduplicated mask table, seeded with `masks` (row ids = `mask_id`), grown by budget rows.
         self.table = MaskTable(self.logits_width, int(self.masks.nbytes) + limits.LAZY_MASK_BYTES, seed=self.masks)
+        # The table's own method, bound here: a processor reads it on every token, one frame less.
+        self.device_masks = self.table.device_masks  # type: ignore[method-assign]
         self._lock = threading.Lock()
         # Token budgets: exact distances of every state (computed on first use), -1 where unreachable.
         self._distances: np.ndarray | None = None
@@ -443,6 +442,7 @@ class LazyGrammar(CompiledGrammar):
         self.terminal_state = index.terminal
         self._known_mask_row = index.mask_of.get  # mask_row's per-token path: a filled state's row
         self._known_slack = index.slack.get  # budget_mask_row's: a state's slack, once known
+        self.device_masks = index.device_masks  # type: ignore[method-assign]  # per token: one frame less
         # A lookup shares its row's arrays with the index; once the index drops the row, the lookup
         # alone keeps them, and they count here (weakly bound: no cycle keeps the grammar alive).
         index.on_evict = weakref.WeakMethod(self._row_dropped)

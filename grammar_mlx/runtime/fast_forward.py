@@ -32,12 +32,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import numpy as np
 
 from .. import limits
 from ..errors import GrammarTooLargeError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from ..vocabulary.tokenizer import Tokenizer
 
 __all__ = ["FAST_FORWARD_MODES", "LOOKBACK", "FastForward", "FastForwardGrammar", "FastForwardMode", "check_mode",
            "fast_forward_for", "tokenizer_encoder"]
@@ -167,11 +170,6 @@ class FastForward:
         if len(self._info) < self.max_states:
             self._info[state] = info
         return info
-
-    def forced_byte(self, state: int) -> int | None:
-        """The byte `state` forces, or None when it offers a choice (or accepts)."""
-        forced = self._inspect(state)[0]
-        return None if forced is None else forced[0]
 
     def forced_run(self, state: int) -> tuple[bytes, list[int]]:
         """(the bytes forced from `state` on, at most `max_bytes`; the state before each byte and
@@ -303,7 +301,7 @@ def fast_forward_for(grammar: FastForwardGrammar, encode: Encode) -> FastForward
         return ff
 
 
-def tokenizer_encoder(tokenizer: Any) -> Encode:
+def tokenizer_encoder(tokenizer: Tokenizer) -> Encode:
     """`text -> ids` without special tokens, for an mlx-lm `TokenizerWrapper` or a Hugging Face
     tokenizer."""
     encode = tokenizer.encode

@@ -36,10 +36,11 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from ..arguments import int_at_least_or_none
 from ..errors import InvalidArgumentError, TokenBudgetError
 from ..kernels.dispatch import apply_token_bitmask, row_masker
-from .stack import StackGrammar, StateStack
-from .stateful import DEFAULT_OVERLAP, StatefulProcessor, int_at_least_or_none
+from .stack import StackGrammar, StateStack, walk
+from .stateful import DEFAULT_OVERLAP, StatefulProcessor
 
 __all__ = ["ALLOW_ALL", "GrammarProcessor", "MaskedGrammar", "budget_steered_positions", "check_token_budget"]
 
@@ -127,16 +128,9 @@ def budget_steered_positions(compiled: MaskedGrammar, tokens: Sequence[int], max
     budget `max_tokens`: replayed from the tokens kept, with the rows the processor chose there
     (a function of state and position), so rejected speculative drafts never count. Stops at the
     first token the grammar forbids."""
-    state = compiled.initial_state
-    mask_row, budget_row, next_state = compiled.mask_row, compiled.budget_mask_row, compiled.next_state
-    steered = 0
-    for generated, token in enumerate(tokens):
-        if budget_row(state, max_tokens - generated) != mask_row(state):
-            steered += 1
-        state = next_state(state, int(token))
-        if state < 0:
-            break
-    return steered
+    mask_row, budget_row = compiled.mask_row, compiled.budget_mask_row
+    return sum(budget_row(before, max_tokens - generated) != mask_row(before)
+               for generated, (_, before, _) in enumerate(walk(compiled, tokens)))
 
 
 def _no_budget(state: int, left: int) -> int:

@@ -16,7 +16,7 @@ reach it (see `restore`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from operator import index as _as_index
 from typing import Any, NamedTuple, Protocol
 
@@ -27,7 +27,7 @@ from ..errors import (
     StateStackError,
 )
 
-__all__ = ["StackGrammar", "StackSnapshot", "StateStack"]
+__all__ = ["StackGrammar", "StackSnapshot", "StateStack", "walk", "walk_to"]
 
 _stack_ids = itertools.count(1)
 
@@ -45,6 +45,32 @@ class StackGrammar(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
     def allowed_tokens(self, state: int) -> Sized: ...
+
+
+def walk(grammar: StackGrammar, tokens: Iterable[int], state: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """(token, state before it, state after it) for each of `tokens`, from `state` (the grammar's
+    initial state by default). Stops after the first token the grammar forbids, whose state after is
+    -1. The one walk of a token sequence through a grammar: `matches`, replayed statistics
+    (`runtime.processor.budget_steered_positions`), generation loops and the server's cut check all
+    read it."""
+    before = grammar.initial_state if state is None else state
+    next_state = grammar.next_state
+    for token in tokens:
+        token = int(token)
+        after = next_state(before, token)
+        yield token, before, after
+        if after < 0:
+            return
+        before = after
+
+
+def walk_to(grammar: StackGrammar, tokens: Iterable[int], state: int | None = None) -> int:
+    """The state after `tokens` from `state` (the initial state by default), or -1 when the grammar
+    forbids one of them (`walk`, read to its end)."""
+    last = grammar.initial_state if state is None else state
+    for _, _, after in walk(grammar, tokens, last):
+        last = after
+    return last
 
 
 class StackSnapshot(NamedTuple):
@@ -73,11 +99,13 @@ class StateStack:
 
     `next_state(state, token) -> int` must be pure and return -1 for a forbidden token.
     `describe(state, token) -> (decoded text, number of allowed tokens)` fills violation errors.
+    `depth` (the number of tokens on the stack) and `state` (the state after them) are read as
+    attributes and written only by the stack itself.
     """
 
     __slots__ = (
         "_next_state", "_describe", "_id", "_tokens", "_states", "_stamps",
-        "_cap", "_depth", "_top", "_clock",
+        "_cap", "depth", "state", "_top", "_clock",
     )
 
     def __init__(
@@ -102,7 +130,9 @@ class StateStack:
         self._states[0] = initial_state
         self._stamps: list[int] = [0] * cap
         self._cap = cap
-        self._depth = 0
+        # Read-only for callers; plain attributes, not properties: both are read on every token.
+        self.depth = 0  # number of tokens on the stack
+        self.state = initial_state  # the state after all live tokens
         self._top = 0  # live history + redo tail = tokens[:_top]
         self._clock = 0
 
@@ -123,41 +153,31 @@ class StateStack:
     # -- reading ---------------------------------------------------------------------------------
 
     @property
-    def depth(self) -> int:
-        """Number of tokens on the stack."""
-        return self._depth
-
-    @property
-    def state(self) -> int:
-        """The state after all live tokens."""
-        return self._states[self._depth]
-
-    @property
     def initial_state(self) -> int:
         return self._states[0]
 
     def __len__(self) -> int:
-        return self._depth
+        return self.depth
 
     def token_at(self, i: int) -> int:
         """The token at 0-based position `i` (< depth)."""
         if type(i) is not int:  # a numpy int is converted; a bool, float, ... raises
             i = _index_arg("i", i)
-        if not 0 <= i < self._depth:
-            raise StateStackError(f"token_at({i}) outside the live history of depth {self._depth}")
+        if not 0 <= i < self.depth:
+            raise StateStackError(f"token_at({i}) outside the live history of depth {self.depth}")
         return self._tokens[i]
 
     def state_at(self, depth: int) -> int:
         """The state after the first `depth` tokens (0 <= depth <= self.depth)."""
         if type(depth) is not int:  # a numpy int is converted; a bool, float, ... raises
             depth = _index_arg("depth", depth)
-        if not 0 <= depth <= self._depth:
-            raise StateStackError(f"state_at({depth}) outside 0..{self._depth}")
+        if not 0 <= depth <= self.depth:
+            raise StateStackError(f"state_at({depth}) outside 0..{self.depth}")
         return self._states[depth]
 
     def tokens(self, start: int = 0, stop: int | None = None) -> list[int]:
         """A copy of the live tokens [start:stop]."""
-        stop = self._depth if stop is None else min(stop, self._depth)
+        stop = self.depth if stop is None else min(stop, self.depth)
         return self._tokens[start:stop]
 
     def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
@@ -168,8 +188,8 @@ class StateStack:
         match (the common case) it is one list comparison.
         """
         end = start + len(tokens)
-        if end > self._depth:
-            end = self._depth
+        if end > self.depth:
+            end = self.depth
         if end <= start:
             return start
         mine = self._tokens[start:end]
@@ -190,11 +210,12 @@ class StateStack:
             token = _as_index(token)
         except TypeError:
             raise InvalidArgumentError(f"token must be an int (a token id), got {token!r:.80}") from None
-        d = self._depth
+        d = self.depth
         if d < self._top and self._tokens[d] == token:
             # Redo: the slot already holds this token and the state it leads to.
-            self._depth = d + 1
-            return self._states[d + 1]
+            self.depth = d + 1
+            state = self.state = self._states[d + 1]
+            return state
         state = self._states[d]
         nxt = self._next_state(state, token) if token >= 0 else -1
         if nxt < 0:
@@ -214,32 +235,35 @@ class StateStack:
         self._clock += 1
         self._stamps[d] = self._clock
         self._top = d + 1
-        self._depth = d + 1
+        self.depth = d + 1
+        self.state = nxt
         return nxt
 
     def extend(self, tokens: Sequence[int]) -> int:
         """Push several tokens; on a violation the stack keeps the valid ones before it."""
         for token in tokens:
             self.push(token)
-        return self._states[self._depth]
+        return self._states[self.depth]
 
     def pop(self, k: int = 1) -> int:
         """Pop k tokens in O(1) and return the new state."""
         if type(k) is not int:  # a numpy int is converted; a bool, float, ... raises
             k = _index_arg("k", k)
-        if not 0 <= k <= self._depth:
-            raise StateStackError(f"cannot pop {k} tokens from a stack of depth {self._depth}")
-        self._depth -= k
-        return self._states[self._depth]
+        if not 0 <= k <= self.depth:
+            raise StateStackError(f"cannot pop {k} tokens from a stack of depth {self.depth}")
+        self.depth -= k
+        state = self.state = self._states[self.depth]
+        return state
 
     def truncate(self, depth: int) -> int:
         """Pop down to `depth` tokens (0 <= depth <= self.depth) and return the new state."""
         if type(depth) is not int:  # a numpy int is converted; a bool, float, ... raises
             depth = _index_arg("depth", depth)
-        if not 0 <= depth <= self._depth:
-            raise StateStackError(f"cannot truncate a stack of depth {self._depth} to {depth}")
-        self._depth = depth
-        return self._states[depth]
+        if not 0 <= depth <= self.depth:
+            raise StateStackError(f"cannot truncate a stack of depth {self.depth} to {depth}")
+        self.depth = depth
+        state = self.state = self._states[depth]
+        return state
 
     def _grow(self) -> None:
         extra = self._cap  # doubling keeps push amortised O(1)
@@ -252,7 +276,7 @@ class StateStack:
 
     def snapshot(self) -> StackSnapshot:
         """An O(1) handle on the current history."""
-        d = self._depth
+        d = self.depth
         return StackSnapshot(self._id, d, self._stamps[d - 1] if d else 0)
 
     def is_valid(self, snapshot: StackSnapshot) -> bool:
@@ -276,8 +300,9 @@ class StateStack:
                 f"cannot restore {whose} snapshot at depth {snapshot.depth}: its history has been "
                 "overwritten since it was taken"
             )
-        self._depth = snapshot.depth
-        return self._states[self._depth]
+        self.depth = snapshot.depth
+        state = self.state = self._states[self.depth]
+        return state
 
     def __repr__(self) -> str:
-        return f"StateStack(depth={self._depth}, state={self.state}, redo={self._top - self._depth})"
+        return f"StateStack(depth={self.depth}, state={self.state}, redo={self._top - self.depth})"

@@ -37,7 +37,6 @@ notices whenever the first token of its window differs and then compares everyth
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from itertools import count
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -45,6 +44,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 import mlx.core as mx
 import numpy as np
 
+from ..arguments import int_at_least, int_at_least_or_none
 from ..errors import HistoryError, InvalidArgumentError, StateStackError
 from .stack import StackSnapshot, StateStack
 
@@ -54,7 +54,6 @@ __all__ = [
     "PenaltyProcessor",
     "RollbackTarget",
     "StatefulProcessor",
-    "ThinkingBudgetProcessor",
 ]
 
 # mlx-lm needs 2 (see above); 16 leaves room for other callers, and the window is read on every call.
@@ -84,32 +83,6 @@ TargetT = TypeVar("TargetT", bound=RollbackTarget)
 
 # memoryview formats of integer buffers (an mx.array history is read through its buffer).
 INT_FORMATS = frozenset("bBhHiIlLqQ")
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        return None
-
-
-def int_at_least(name: str, value: Any, minimum: int) -> int:
-    """`value` as an int when it is an integer (numpy ints too, not bools) >= `minimum`; else
-    `InvalidArgumentError` naming the argument."""
-    number = _int_or_none(value)
-    if number is None or number < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return number
-
-
-def int_at_least_or_none(name: str, value: Any, minimum: int) -> int | None:
-    """`int_at_least`, or None for None."""
-    if value is None:
-        return None
-    number = _int_or_none(value)
-    if number is None or number < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum} or None, got {value!r}")
-    return number
 
 
 def _finite(name: str, value: Any) -> float:
@@ -150,7 +123,9 @@ class HistoryFollower(Generic[TargetT]):
         n = m if m < d else d  # min(), without a builtin call on this per-token path
         w = self.overlap
         start = n - w if w is not None and n > w else 0
-        new = _as_list(history[ctx + start :])
+        new = history[ctx + start :]
+        if type(new) is not list:  # _as_list, inline: this runs on every token
+            new = new.tolist() if isinstance(new, (memoryview, np.ndarray)) else list(new)
         p = target.common_prefix(new, start)
         if p == start and 0 < start < n:
             # The window's first token already differs, so the rewrite may reach further back
@@ -314,73 +289,6 @@ class StatefulProcessor(Generic[TargetT]):
                 raise StateStackError("the processor was reset since this snapshot was taken")
         for f, (_, handle) in zip(followers, snapshot.rows):
             f.target.restore(handle)
-
-
-# -- thinking budget -------------------------------------------------------------------------------
-
-
-class ThinkingBudgetProcessor(StatefulProcessor[StateStack]):
-    """Forces the end-of-thinking token after `budget` thinking tokens.
-
-    Thinking starts at generation start when `starts_thinking` is true or the context's last token
-    is `think_start_id` (a prompt ending in "<think>"), else at the first generated
-    `think_start_id`. Thinking tokens are the generated tokens after that start and before
-    `think_end_id`; once `budget` of them exist, the next logits allow only `think_end_id`, and
-    keep doing so until it appears (if a caller overrides the mask). The count is read from the
-    history, so rejected speculative drafts never count.
-    """
-
-    def __init__(
-        self,
-        think_end_id: int,
-        budget: int,
-        *,
-        think_start_id: int | None = None,
-        starts_thinking: bool = False,
-        overlap: int | None = DEFAULT_OVERLAP,
-    ) -> None:
-        super().__init__(overlap=overlap)
-        budget = int_at_least("budget", budget, 0)
-        self.think_end_id = int_at_least("think_end_id", think_end_id, 0)
-        self.think_start_id = int_at_least_or_none("think_start_id", think_start_id, 0)
-        self.budget = budget
-        self.starts_thinking = bool(starts_thinking)
-        # States: 0 before thinking; 1 + c while thinking with c tokens so far (c <= budget);
-        # budget + 2 + c once thinking ended after c tokens.
-        self._forced = budget + 1
-        self._ended = budget + 2
-
-    def _step(self, state: int, token: int) -> int:
-        if state == 0:
-            return 1 if token == self.think_start_id else 0
-        if state >= self._ended:
-            return state
-        if token == self.think_end_id:
-            return self._ended + state - 1
-        return state + 1 if state < self._forced else state
-
-    def _make_target(self, context: Any) -> StateStack:
-        starts = self.starts_thinking or (
-            self.think_start_id is not None and len(context) > 0 and int(context[-1]) == self.think_start_id
-        )
-        return StateStack(self._step, 1 if starts else 0)
-
-    def thinking_tokens(self, row: int = 0) -> int:
-        """Thinking tokens generated so far in `row` (0 before thinking starts)."""
-        state = self.targets[row].state
-        return state - self._ended if state >= self._ended else max(0, state - 1)
-
-    def is_forcing(self, row: int = 0) -> bool:
-        """Whether `row`'s next logits allow only `think_end_id`."""
-        return self.targets[row].state == self._forced
-
-    def _process(self, logits: mx.array, targets: list[StateStack]) -> mx.array:
-        forced = [t.state == self._forced for t in targets]
-        if not any(forced):
-            return logits
-        is_end = mx.arange(logits.shape[-1]) == self.think_end_id
-        keep = mx.logical_or(mx.logical_not(mx.array(forced))[:, None], is_end[None])
-        return mx.where(keep, logits, mx.array(-mx.inf, logits.dtype))
 
 
 # -- repetition / presence / frequency penalties ---------------------------------------------------

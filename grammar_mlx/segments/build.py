@@ -25,6 +25,7 @@ from ..errors import GrammarError, InvalidArgumentError
 from ..limits import deadline_scope
 from ..regex.syntax import Node as RegexNode
 from ..vocabulary.token_bytes import Vocabulary
+from ..vocabulary.tokenizer import TokenizerSource
 from .grammar import Entry, Exits, Node, Position, SegmentGrammar
 from .program import Atom, Lowered, describe, lower
 from .spec import Segment
@@ -40,7 +41,7 @@ __all__ = ["compile_segments"]
 _LIVE: weakref.WeakValueDictionary[str, SegmentGrammar] = weakref.WeakValueDictionary()
 
 
-def compile_segments(segment: Segment, tokenizer: Any, *, logits_width: int | None = None,
+def compile_segments(segment: Segment, tokenizer: TokenizerSource, *, logits_width: int | None = None,
                      **options: Unpack[CompileOptions]) -> SegmentGrammar:
     """Compile a segment spec (`grammar_mlx.segments.spec`) for `tokenizer` (an mlx-lm
     `TokenizerWrapper`, a Hugging Face tokenizer, or what `compile_regex` takes).

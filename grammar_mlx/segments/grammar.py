@@ -49,6 +49,7 @@ from ..compiler.grammar import CompiledGrammar
 from ..compiler.mask_table import MaskTable
 from ..errors import InvalidArgumentError
 from ..runtime.processor import ALLOW_ALL
+from ..runtime.stack import walk_to
 from ..vocabulary.token_bytes import Vocabulary
 from .program import Atom
 from .text_until import TextWatch
@@ -292,12 +293,8 @@ class SegmentGrammar:
 
     def matches(self, token_ids: Iterable[int]) -> bool:
         """Whether the token sequence (EOS optional at the end) is a complete match."""
-        state = self.initial_state
-        for t in token_ids:
-            state = self.next_state(state, int(t))
-            if state < 0:
-                return False
-        return self.is_accepting(state)
+        state = walk_to(self, token_ids)
+        return state >= 0 and self.is_accepting(state)
 
     # -- roles -----------------------------------------------------------------------------------
 

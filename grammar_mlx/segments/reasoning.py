@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..arguments import int_at_least_or_none
 from ..errors import InvalidArgumentError
 from ..vocabulary.token_bytes import vocabulary_of
 from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, TagText, Text, Token, Triggered
@@ -45,9 +46,8 @@ class Reasoning:
     required: bool = False
 
     def __post_init__(self) -> None:
-        b = self.budget
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
-            raise InvalidArgumentError(f"Reasoning.budget must be a non-negative int or None, got {b!r}")
+        budget = int_at_least_or_none("Reasoning.budget", self.budget, 0, kind="a non-negative int or None")
+        object.__setattr__(self, "budget", budget)  # a numpy int as an int (frozen: set once, here)
         for name in ("start", "end"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int)) or v == ""):

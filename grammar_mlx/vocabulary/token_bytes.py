@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, TokenizerError
+from .tokenizer import TokenizerSource
 
 _SPM_SPACE = "\u2581"
 
@@ -162,7 +163,8 @@ class Vocabulary:
 _CACHE: weakref.WeakKeyDictionary[Any, Vocabulary] = weakref.WeakKeyDictionary()
 
 
-def vocabulary_of(tokenizer: Any, *, eos_token_ids: list[int] | tuple[int, ...] | None = None) -> Vocabulary:
+def vocabulary_of(tokenizer: TokenizerSource, *,
+                  eos_token_ids: list[int] | tuple[int, ...] | None = None) -> Vocabulary:
     """Build (or fetch) the Vocabulary of an mlx-lm TokenizerWrapper, a Hugging Face tokenizer,
     a `Vocabulary`, or a path to a tokenizer directory, `tokenizer.json` or `.gguf` file."""
     if isinstance(tokenizer, Vocabulary):
@@ -286,7 +288,7 @@ def load_tokenizer_path(path: Path) -> Any:
     if not path.exists():
         raise TokenizerError(f"tokenizer path {path} does not exist")
     if path.suffix == ".gguf":
-        from ..models import tokenizer_from_gguf
+        from .gguf import tokenizer_from_gguf
 
         return tokenizer_from_gguf(path)
     try:

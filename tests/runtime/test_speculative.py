@@ -34,11 +34,9 @@ from grammar_mlx.runtime.stack import StateStack
 from grammar_mlx.runtime.stateful import (
     HistoryFollower,
     PenaltyProcessor,
-    ThinkingBudgetProcessor,
 )
 
 TRACES = load_traces()
-THINK_START, THINK_END = 151_667, 151_668  # <think>, </think> in Qwen3
 
 
 def test_fixtures_are_present():
@@ -135,23 +133,15 @@ def test_trace_replay_through_a_history_sensitive_machine(name):
 
 
 @pytest.mark.parametrize("name", sorted(TRACES))
-def test_trace_replay_of_budget_and_penalty_processors(name):
+def test_trace_replay_of_penalty_processor(name):
     trace = TRACES[name]
     lg = mx.array(np.random.default_rng(1).normal(size=(1, QWEN_LOGITS_WIDTH)).astype(np.float32))
     for seq in trace["sequences"]:
         ctx = len(seq["calls"][0])
-        budget = ThinkingBudgetProcessor(THINK_END, 6, starts_thinking=True, overlap=2)
         penalty = PenaltyProcessor(frequency_penalty=0.5, window=5, overlap=2)
         for history in seq["calls"]:
-            h = mx.array(history)
-            out = budget(h, lg)
-            penalty(h, lg)
-            gen = history[ctx:]
-            n = min(len(gen), 6)
-            assert budget.thinking_tokens() == n and budget.is_forcing() == (len(gen) >= 6)
-            if len(gen) >= 6:
-                assert np.flatnonzero(np.isfinite(np.asarray(out[0]))).tolist() == [THINK_END]
-            assert penalty.counts() == dict(Counter(gen[-5:]))
+            penalty(mx.array(history), lg)
+            assert penalty.counts() == dict(Counter(history[ctx:][-5:]))
 
 
 def test_recorded_outputs_are_complete_matches_and_valid_json(grammars, qwen_tokenizer):
@@ -233,22 +223,6 @@ def test_batch_generator_with_different_grammars(models, grammars, qwen_tokenize
         check_complete(grammars[name], SPECS[name], out, qwen_tokenizer)
         alone, _ = run_stream(models["main"], qwen_tokenizer, prompt, [GrammarProcessor(grammars[name])])
         assert out == alone
-
-
-@pytest.mark.slow
-def test_thinking_budget_fires_exactly_at_n_under_speculation(models, qwen_tokenizer):
-    prompt = qwen_tokenizer.encode("Think:") + [THINK_START]
-    n = 9
-
-    def run(**kw):
-        proc = ThinkingBudgetProcessor(THINK_END, n, think_start_id=THINK_START)
-        out, _ = run_stream(models["main"], qwen_tokenizer, prompt, [proc], max_tokens=n + 4, **kw)
-        return out
-
-    plain = run()
-    assert THINK_END not in plain[:n] and plain[n] == THINK_END
-    for k in (1, 3, 5):
-        assert run(draft_model=models["biased"], num_draft_tokens=k) == plain
 
 
 @pytest.mark.slow

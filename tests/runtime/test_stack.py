@@ -15,7 +15,7 @@ from grammar_mlx.errors import (
     InvalidArgumentError,
     StateStackError,
 )
-from grammar_mlx.runtime.stack import StackSnapshot, StateStack
+from grammar_mlx.runtime.stack import StackSnapshot, StateStack, walk, walk_to
 
 
 def replay_hash(tokens) -> int:
@@ -252,3 +252,24 @@ def test_stack_over_a_grammar_matches_replay():
             s.push(t)
             history.append(t)
         assert s.state == replay(g, history)
+
+
+def test_walk_yields_each_step_and_stops_after_a_forbidden_token():
+    import random
+
+    g = random_grammar(5)
+    rng = random.Random(5)
+    for _ in range(200):
+        tokens = [rng.randrange(48) for _ in range(rng.randrange(8))]
+        steps = list(walk(g, tokens))
+        expected = replay(g, tokens)
+        state = g.initial_state
+        for i, (token, before, after) in enumerate(steps):
+            assert (token, before) == (tokens[i], state) and after == g.next_state(before, token)
+            state = after
+        if expected >= 0:
+            assert len(steps) == len(tokens) and walk_to(g, tokens) == expected == state
+        else:  # -1 - i: token i is forbidden, and the walk ends on it
+            assert len(steps) == -expected and steps[-1][2] == -1 and walk_to(g, tokens) == -1
+    assert walk_to(g, []) == g.initial_state and walk_to(g, [], 3) == 3
+    assert list(walk(g, [np.int64(t) for t in g.allowed_tokens(0)[:1]]))[0][0] == int(g.allowed_tokens(0)[0])

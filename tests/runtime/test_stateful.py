@@ -23,32 +23,13 @@ from grammar_mlx.runtime.stack import StateStack
 from grammar_mlx.runtime.stateful import (
     HistoryFollower,
     PenaltyProcessor,
-    ThinkingBudgetProcessor,
 )
 
 V = 32
-START, END = 30, 31
 
 
 def logits_for(batch: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(batch, V)).astype(np.float32) * 3
-
-
-def thinking_oracle(gen, budget, starts):
-    """(thinking tokens so far, forced?) computed from scratch."""
-    thinking, count = starts, 0
-    for t in gen:
-        if not thinking:
-            thinking = t == START
-            if thinking:
-                count = 0
-            continue
-        if t == END:
-            return count, False
-        count = min(count + 1, budget)
-    if not thinking:
-        return 0, False
-    return count, count == budget
 
 
 def penalty_oracle(gen, logits, rep, pres, freq, window):
@@ -151,87 +132,6 @@ def test_a_statestack_target_ends_where_the_general_protocol_does(overlap):
         fg.sync(list(history))
         assert direct.tokens() == gen and general.stack.tokens() == gen
         assert direct.state == general.stack.state
-
-
-# -- thinking budget --------------------------------------------------------------------------------
-
-
-def test_budget_forces_end_exactly_after_n_thinking_tokens():
-    proc = ThinkingBudgetProcessor(END, 3, think_start_id=START)
-    lg = logits_for(1, 0)
-    ctx = [1, 2]
-    np.testing.assert_array_equal(np.asarray(proc(mx.array(ctx), mx.array(lg))), lg)
-    gen = [5, START]  # thinking starts when the model opens it
-    for n in range(4):
-        out = np.asarray(proc(mx.array(ctx + gen), mx.array(lg)))
-        assert proc.thinking_tokens() == n
-        if n < 3:
-            np.testing.assert_array_equal(out, lg)
-            gen.append(4)
-        else:
-            assert proc.is_forcing()
-            assert np.isfinite(out[0, END]) and np.isinf(np.delete(out[0], END)).all()
-    gen.append(END)
-    np.testing.assert_array_equal(np.asarray(proc(mx.array(ctx + gen), mx.array(lg))), lg)
-    gen += [START, 4, 4, 4, 4]  # a second <think> after the end is ordinary text
-    np.testing.assert_array_equal(np.asarray(proc(mx.array(ctx + gen), mx.array(lg))), lg)
-    assert not proc.is_forcing()
-
-
-def test_budget_keeps_forcing_if_a_caller_overrides_it_and_recovers_on_rollback():
-    proc = ThinkingBudgetProcessor(END, 2, starts_thinking=True)
-    lg = mx.array(logits_for(1, 1))
-    proc(mx.array([9]), lg)
-    proc(mx.array([9, 4, 4, 4, 4]), lg)  # two past the budget: still forcing
-    assert proc.is_forcing() and proc.thinking_tokens() == 2
-    proc(mx.array([9, 4]), lg)
-    assert not proc.is_forcing() and proc.thinking_tokens() == 1
-
-
-def test_context_ending_in_think_start_counts_from_generation_start():
-    proc = ThinkingBudgetProcessor(END, 2, think_start_id=START)
-    lg = mx.array(logits_for(1, 2))
-    proc(mx.array([3, START]), lg)  # the last prompt token opens thinking (seen in both modes)
-    proc(mx.array([3, START, 4, 4]), lg)
-    assert proc.is_forcing()
-    zero = ThinkingBudgetProcessor(END, 0, starts_thinking=True)
-    out = np.asarray(zero(mx.array([3]), lg))
-    assert np.isinf(np.delete(out[0], END)).all()
-    for kwargs, name in [({"budget": -1}, "budget"), ({"budget": 2.5}, "budget"), ({"budget": True}, "budget"),
-                         ({"think_end_id": "</think>"}, "think_end_id"), ({"think_end_id": -2}, "think_end_id"),
-                         ({"think_start_id": 1.0}, "think_start_id"), ({"overlap": 0}, "overlap")]:
-        args = {"think_end_id": END, "budget": 2, **kwargs}
-        with pytest.raises(InvalidArgumentError, match=f"^{name} must be an int"):
-            ThinkingBudgetProcessor(args.pop("think_end_id"), args.pop("budget"), **args)
-    assert ThinkingBudgetProcessor(np.int64(END), np.int32(3)).budget == 3
-
-
-@pytest.mark.parametrize("budget", [1, 7, 200])
-def test_budget_under_speculative_rewrites_matches_oracle(budget):
-    rng = random.Random(budget)
-    proc = ThinkingBudgetProcessor(END, budget, think_start_id=START, overlap=8)
-    lg = logits_for(1, 3)
-    proc(mx.array([1]), mx.array(lg))
-    forced_at = []
-    for gen in random_histories(rng, 400, 6, [4, 5, 6] * 20 + [START, END]):
-        out = np.asarray(proc(mx.array([1] + gen), mx.array(lg)))
-        count, forced = thinking_oracle(gen, budget, False)
-        assert proc.thinking_tokens() == count and proc.is_forcing() == forced
-        if forced:
-            assert np.isinf(np.delete(out[0], END)).all()
-            forced_at.append(count)
-        else:
-            np.testing.assert_array_equal(out, lg)
-    assert set(forced_at) <= {budget}
-
-
-def test_budget_with_batch_rows():
-    proc = ThinkingBudgetProcessor(END, 2, starts_thinking=True)
-    lg = logits_for(2, 4)
-    proc([mx.array([1]), mx.array([1])], mx.array(lg))
-    out = np.asarray(proc([mx.array([1, 4, 4]), mx.array([1, 4])], mx.array(lg)))
-    assert np.isinf(np.delete(out[0], END)).all()
-    np.testing.assert_array_equal(out[1], lg[1])
 
 
 # -- penalties --------------------------------------------------------------------------------------
