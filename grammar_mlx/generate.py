@@ -195,6 +195,10 @@ def _split(options: Mapping[str, Any], caller: str, *, schema: bool = True) -> t
     stray = sorted(set(options) - allowed)
     if stray:
         raise TypeError(f"{caller}() got an unexpected keyword argument {stray[0]!r}")
+    if "num_draft_tokens" in options and options.get("draft_model") is None:  # refused, not silently ignored
+        raise InvalidArgumentError(
+            f"num_draft_tokens={options['num_draft_tokens']!r} without a draft_model: it sets how many tokens a "
+            "draft proposes; pass draft_model= (e.g. truncated_draft(model, n)) or drop num_draft_tokens")
     settings = _Settings(**{k: v for k, v in options.items() if k in _SETTINGS})
     return settings, cast(CompileOptions, {k: v for k, v in options.items() if k in _COMPILE_OPTIONS})
 
