@@ -364,15 +364,19 @@ def _generate(args: argparse.Namespace) -> int:
     from .models import load_model, logits_width_of, truncated_draft
 
     status = _Status(args.quiet)
-    status(f"loading the model {args.model or _DEFAULT_MODEL_NAME} ...")
-    model, tokenizer = load_model(location)
-    draft = None
-    if args.draft_layers is not None:
-        _check_draft_layers(args.draft_layers, len(model.model.layers) if hasattr(model, "model") else None)
-        draft = truncated_draft(model, args.draft_layers)
-    elif draft_location is not None:
-        status(f"loading the draft model {args.draft_model} ...")
-        draft, _ = load_model(draft_location)
+    try:
+        status(f"loading the model {args.model or _DEFAULT_MODEL_NAME} ...")
+        model, tokenizer = load_model(location)
+        draft = None
+        if args.draft_layers is not None:
+            _check_draft_layers(args.draft_layers, len(model.model.layers) if hasattr(model, "model") else None)
+            draft = truncated_draft(model, args.draft_layers)
+        elif draft_location is not None:
+            status(f"loading the draft model {args.draft_model} ...")
+            draft, _ = load_model(draft_location)
+    except BaseException:
+        status.clear()  # the error line starts at the line's beginning
+        raise
 
     if args.seed is not None:
         mx.random.seed(args.seed)

@@ -500,3 +500,18 @@ def test_progress_shows_on_a_terminal_only_and_quiet_silences_it(capsys, monkeyp
                  "--no-progress"]) == 0
     shown = terminal.getvalue()
     assert "\rloading the tokenizer" in shown and "\rcompiling the grammar" in shown and shown.endswith("\r\x1b[K")
+
+
+def test_an_error_after_the_status_line_starts_on_a_clean_line(monkeypatch, qwen_model_dir):
+    from grammar_mlx import models
+    from grammar_mlx.errors import ModelLoadError
+
+    def fail(location):
+        raise ModelLoadError("the weights are truncated")
+
+    monkeypatch.setattr(models, "load_model", fail)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["generate", "--regex", "a", "--prompt", "x", "--model", str(qwen_model_dir)]) == 1
+    assert terminal.getvalue().startswith("\rloading the model")
+    assert terminal.getvalue().endswith("\r\x1b[Kerror: the weights are truncated\n")
