@@ -388,14 +388,15 @@ def _generate(args: argparse.Namespace) -> int:
     stream = _TerminalStream(sys.stdout, progress, status) if sys.stdout.isatty() else None
     try:
         # Compiled here first so that the status line can say when the prompt is read; the same
-        # call in generate_structured then gets this grammar from the compiler's in-process memo.
+        # call in generate_structured then gets this grammar from the compiler's in-process memo
+        # (a weak one: `compiled` keeps it alive until then).
         status("compiling the grammar ...")
         width = logits_width_of(model)
         if schema is not None:
-            compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
-                                strict=not args.no_strict, **options)
+            compiled = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
+                                           strict=not args.no_strict, **options)
         else:
-            compile_regex(args.regex, tokenizer, logits_width=width, **options)
+            compiled = compile_regex(args.regex, tokenizer, logits_width=width, **options)
         if progress is not None:
             progress.close()
         status("reading the prompt (prefill) ...")
@@ -407,6 +408,7 @@ def _generate(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens, length_safe=not args.no_length_safe, chat=not args.no_chat,
             strict=not args.no_strict, fast_forward=False if args.fast_forward == "off" else args.fast_forward,
             whitespace=args.whitespace, on_text=stream, **options)
+        del compiled
     finally:
         status.clear()
         if progress is not None:

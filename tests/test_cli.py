@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -476,9 +477,21 @@ class _Terminal(io.StringIO):
 def test_progress_shows_on_a_terminal_only_and_quiet_silences_it(capsys, monkeypatch, qwen_model_dir, tmp_path):
     argv = ["generate", "--regex", "[0-9]{3}", "--prompt", "Digits: ", "--no-chat", "--max-tokens", "8",
             "--model", str(qwen_model_dir), "--cache-dir", str(tmp_path), "--no-progress"]
+    from grammar_mlx.compiler import build
+
+    builds = []
+    real = build._compile_for
+
+    def spy(*args, **kwargs):  # weakly: the test must not be what keeps the first grammar alive
+        grammar = real(*args, **kwargs)
+        builds.append((weakref.ref(grammar), bool(builds) and builds[0][0]() is grammar))
+        return grammar
+
+    monkeypatch.setattr(build, "_compile_for", spy)
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(argv) == 0
+    assert len(builds) == 2 and builds[1][1]  # compiled before the prefill status, then the memo's, not rebuilt
     shown = terminal.getvalue()
     steps = ["\rloading the model", "\rcompiling the grammar", "\rreading the prompt (prefill)"]
     assert all(step in shown for step in steps), shown
