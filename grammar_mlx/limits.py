@@ -16,6 +16,7 @@ Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / 
 | `MAX_NFA_STATES` | 1,000,000 | `GRAMMAR_MLX_MAX_NFA_STATES` | byte NFA states built (as walks reach them) |
 | `MAX_DFA_STATES` | 250,000 | `GRAMMAR_MLX_MAX_DFA_STATES` | states of a byte DFA, complete or built on demand |
 | `AUTO_EAGER_MAX_STATES` | 0 | `GRAMMAR_MLX_AUTO_EAGER_STATES` | `mode="auto"` goes eager up to this many byte states |
+| `MAX_LOGITS_WIDTH` | 2,097,152 | `GRAMMAR_MLX_MAX_LOGITS_WIDTH` | a `logits_width` (vocabularies reach ~262k ids) |
 
 A compiled grammar's memory and search (per grammar; the last four: lazy grammars):
 
@@ -66,7 +67,7 @@ from .errors import CompileTimeoutError, InvalidArgumentError
 
 __all__ = [
     "COMPILE_TIMEOUT", "COMPILE_MEMORY", "MAX_REGEX_LENGTH", "MAX_NFA_STATES", "MAX_DFA_STATES",
-    "AUTO_EAGER_MAX_STATES", "LOOKUP_BYTES", "LAZY_ROW_BYTES", "LAZY_MASK_BYTES", "LIVENESS_WALKS",
+    "AUTO_EAGER_MAX_STATES", "MAX_LOGITS_WIDTH", "LOOKUP_BYTES", "LAZY_ROW_BYTES", "LAZY_MASK_BYTES", "LIVENESS_WALKS",
     "DISTANCE_WALKS",
     "ROW_CACHE_BYTES", "SCHEMA_REGEX_LENGTH", "MAX_REGEX_NESTING", "MAX_SCHEMA_DEPTH", "MAX_INTEGER_DIGITS",
     "MAX_REPEAT", "MAX_UNION_BRANCHES", "MAX_LOGIC_ALTERNATIVES", "MAX_ENUMERATED", "MAX_ANY_DEPTH",
@@ -107,6 +108,8 @@ MAX_REGEX_LENGTH = _env_int("GRAMMAR_MLX_MAX_REGEX_LENGTH", 1_000_000)
 MAX_NFA_STATES = _env_int("GRAMMAR_MLX_MAX_NFA_STATES", 1_000_000)
 MAX_DFA_STATES = _env_int("GRAMMAR_MLX_MAX_DFA_STATES", 250_000)
 AUTO_EAGER_MAX_STATES = _env_int("GRAMMAR_MLX_AUTO_EAGER_STATES", 0)
+# A width past any vocabulary is a mistake (a mask row is width/8 bytes, every table scales with it).
+MAX_LOGITS_WIDTH = _env_int("GRAMMAR_MLX_MAX_LOGITS_WIDTH", 1 << 21)
 
 LOOKUP_BYTES = _env_int("GRAMMAR_MLX_LOOKUP_BYTES", 64 << 20)
 LAZY_ROW_BYTES = _env_int("GRAMMAR_MLX_LAZY_ROW_BYTES", 256 << 20)

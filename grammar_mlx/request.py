@@ -149,6 +149,10 @@ def options_from(keywords: Mapping[str, Any], caller: str, *, schema: bool = Tru
     stray = sorted(set(keywords) - allowed)
     if stray:
         raise TypeError(f"{caller}() got an unexpected keyword argument {stray[0]!r}")
+    if "num_draft_tokens" in keywords and keywords.get("draft_model") is None:  # refused, not silently ignored
+        raise InvalidArgumentError(
+            f"num_draft_tokens={keywords['num_draft_tokens']!r} without a draft_model: it sets how many tokens a "
+            "draft proposes; pass draft_model= (e.g. truncated_draft(model, n)) or drop num_draft_tokens")
     options = Options(**{k: v for k, v in keywords.items() if k in OPTION_NAMES})
     return options, cast(CompileOptions, {k: v for k, v in keywords.items() if k in COMPILE_OPTION_NAMES})
 

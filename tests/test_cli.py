@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,12 @@ def assert_one_error_line(err: str, *fragments: str) -> None:
     (["generate", "--schema", ANSWER, "--prompt", "  "], "prompt is empty"),
     (["compile", "--regex", "a", "--logits-width", "x"], "positive integer"),
     (["compile", "--regex", "a", "--timeout", "0"], "number > 0"),
+    (["compile", "--regex", "a", "--logits-width", "100000000"], "over the limit of 2,097,152"),
+    (["generate", "--schema", ANSWER, "--prompt", "x", "--top-p", "5"], "probability from 0 to 1, got 5"),
+    (["generate", "--schema", ANSWER, "--prompt", "x", "--top-p", "-0.1"], "number >= 0"),
+    (["generate", "--schema", ANSWER, "--prompt", "x", "--temp", "inf"], "finite number >= 0"),
+    (["generate", "--schema", ANSWER, "--prompt", "x", "--top-p", "0.9"], "--temp 0 decodes greedily"),
+    (["generate", "--schema", ANSWER, "--prompt", "x", "--num-draft-tokens", "3"], "add --draft-layers N"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
     code, out, err = run_main(capsys, *argv)
@@ -158,7 +167,7 @@ def test_compile_warms_the_cache_that_generate_uses(capsys, tmp_path, smollm_pat
     cache = str(tmp_path / "cache")
     code, out, err = run_main(capsys, "compile", "--schema", ANSWER, "--cache-dir", cache, "--mode", "eager")
     assert code == 0, err
-    for label in ("states", "masks", "transitions", "mask bytes", "compile time", "cache", "unenforced"):
+    for label in ("grammar states", "masks", "transitions", "mask bytes", "compile time", "cache", "unenforced"):
         assert any(line.startswith(label) for line in out.splitlines()), (label, out)
     assert "miss" in out and "compiling grammar" in err  # progress is on by default
 
@@ -228,8 +237,8 @@ def test_compile_reports_what_a_lazy_grammar_holds_and_eager_gives_complete_tabl
     assert code == 0, err
     lines = dict(line.split("  ", 1) for line in out.splitlines() if "  " in line)
     assert lines["mode"].strip().startswith("lazy (requested")
-    assert "byte NFA of" in lines["byte automaton"] and "so far" in lines["byte automaton"]
-    assert "discovered so far" in lines["states"]
+    for label in ("byte NFA", "byte DFA", "grammar states"):  # lazy counts say they are counts so far
+        assert lines[label].strip().endswith(")") and "built so far" in lines[label], (label, out)
     assert lines["filled so far"].strip().startswith("1 state, 1 mask, ")
     assert "--mode eager" in lines["full tables"]
     assert not any(key.strip() in ("masks", "transitions", "mask bytes") for key in lines), out
@@ -239,14 +248,16 @@ def test_compile_reports_what_a_lazy_grammar_holds_and_eager_gives_complete_tabl
     report = json.loads(out)
     assert report["tables_complete"] is False and report["engine"] == "nfa"
     assert report["masks"] is None and report["transitions"] is None and report["mask_bytes"] is None
-    filled = report["filled_so_far"]
-    assert filled["states_filled"] >= 1 and filled["masks"] >= 1 and filled["transitions"] > 0
-    assert report["first_step_allowed_tokens"] > 0 and report["nbytes"] > filled["mask_bytes"] > 0
+    assert report["states"] is None and report["byte_states"] is None  # the on-demand DFA has no total yet
+    built = report["built_so_far"]
+    assert built["states_filled"] >= 1 and built["masks"] >= 1 and built["transitions"] > 0
+    assert built["states"] == built["byte_states"] + 1 and built["nfa_states"] > 0  # the terminal state
+    assert report["first_step_allowed_tokens"] > 0 and report["nbytes"] > built["mask_bytes"] > 0
 
     code, out, _ = run_main(capsys, "compile", "--regex", "(yes|no)", "--cache-dir", cache, "--mode", "eager",
                             "--no-progress", "--json")
     report = json.loads(out)
-    assert code == 0 and report["tables_complete"] is True and "filled_so_far" not in report
+    assert code == 0 and report["tables_complete"] is True and "built_so_far" not in report
     assert report["masks"] > 0 and report["transitions"] > 0 and report["mask_bytes"] > 0
     assert report["states"] > 0 and report["nbytes"] >= report["mask_bytes"]
 
@@ -364,3 +375,156 @@ def test_generate_fast_forward_modes(capsys, smollm_path):
     assert "forced" in logs["canonical"] and "forced" not in logs["off"]
     assert main([*base, "--fast-forward", "always"]) == 2
     assert "--fast-forward: invalid choice" in capsys.readouterr().err
+
+
+# --- issue 29: each message names the cause and the fix ---------------------------------------------
+
+
+def test_whitespace_syntax_error_names_the_problem_not_an_internal_message(capsys):
+    code, out, err = run_main(capsys, "compile", "--schema", ANSWER, "--whitespace", "[a-z")
+    assert code == 1 and out == ""
+    assert_one_error_line(err, "whitespace pattern '[a-z' does not compile", "unclosed character class")
+    assert "Failed to build DFA" not in err
+
+
+def test_logits_width_below_the_vocabulary_names_the_width_as_the_cause(capsys, smollm_path):
+    code, out, err = run_main(capsys, "compile", "--schema", ANSWER, "--logits-width", "10", "--no-progress")
+    assert code == 1 and out == ""
+    assert_one_error_line(err, "logits_width 10 is below the vocabulary's 49,152 ids",
+                          "pass the model's logits width")
+
+
+def test_the_api_bounds_logits_width_too(qwen_tokenizer):
+    from grammar_mlx import InvalidArgumentError, compile_regex, limits
+
+    with pytest.raises(InvalidArgumentError, match="over the limit of 2,097,152"):
+        compile_regex("a", qwen_tokenizer, logits_width=100_000_000)
+    assert limits.MAX_LOGITS_WIDTH == 1 << 21
+    assert "`MAX_LOGITS_WIDTH`" in (REPO / "grammar_mlx" / "limits.py").read_text(encoding="utf-8")
+
+
+def test_the_api_refuses_num_draft_tokens_without_a_draft():
+    from grammar_mlx import InvalidArgumentError, generate_json, generate_regex
+
+    # Checked with the keywords, before the model or tokenizer is touched.
+    for call in (lambda: generate_regex(None, None, "x", "a", num_draft_tokens=3),
+                 lambda: generate_json(None, None, "x", {"type": "integer"}, num_draft_tokens=3, draft_model=None)):
+        with pytest.raises(InvalidArgumentError, match="num_draft_tokens=3 without a draft_model"):
+            call()
+
+
+def test_unique_items_over_a_range_too_wide_says_the_bound(capsys, tmp_path):
+    schema = tmp_path / "digits.json"
+    schema.write_text(json.dumps({"type": "array", "uniqueItems": True,
+                                  "items": {"type": "integer", "minimum": 0, "maximum": 9}}))
+    code, _, err = run_main(capsys, "generate", "--schema", str(schema), "--prompt", "x")
+    assert code == 1
+    assert_one_error_line(err, "uniqueItems", "at most limits.UNIQUE_DOMAIN = 5 distinct values",
+                          "GRAMMAR_MLX_UNIQUE_DOMAIN", "--no-strict")
+
+
+def test_invalid_schema_json_names_the_file(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n,}")
+    for command in (["generate", "--prompt", "x"], ["compile"]):
+        code, out, err = run_main(capsys, *command, "--schema", str(bad))
+        assert code == 1 and out == ""
+        assert_one_error_line(err, f"--schema {bad}: schema is not valid JSON", "line 2 column 1")
+
+
+def test_version_on_the_command_line_and_the_package(capsys):
+    import re
+
+    import grammar_mlx
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"grammar-mlx {grammar_mlx.__version__}\n"
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.search(r'^version = "([^"]+)"', pyproject, flags=re.M).group(1) == grammar_mlx.__version__
+
+
+def test_every_term_of_the_compile_report_is_explained(capsys, monkeypatch, qwen_tokenizer, tmp_path):
+    """Each label `compile` prints is defined in docs/compiled-grammar.md's "What `compile` reports"
+    and in `compile --help`."""
+    import grammar_mlx.cli as cli
+
+    doc = (REPO / "docs" / "compiled-grammar.md").read_text(encoding="utf-8")
+    section = doc.split("## What `compile` reports", 1)[1].split("\n## ", 1)[0]
+    defined = set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.M))
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    help_text = capsys.readouterr().out
+    monkeypatch.setattr(cli, "_tokenizer_and_width", lambda args: (qwen_tokenizer, 151_936))
+    labels = set()
+    for regex, mode in (("[a-z]{1,40}@[a-z]{1,30}\\.(com|org)", "lazy"), ("(yes|no)", "eager")):
+        code, out, err = run_main(capsys, "compile", "--regex", regex, "--mode", mode, "--no-progress",
+                                  "--cache-dir", str(tmp_path))
+        assert code == 0, err
+        labels |= {line.split("  ", 1)[0] for line in out.splitlines() if line[:1].strip()}
+    assert {"byte NFA", "byte DFA", "grammar states", "masks", "transitions", "filled so far"} <= labels
+    assert labels <= defined, labels - defined
+    for term in ("byte NFA", "byte DFA", "grammar states", "filled", "masks", "transitions", "so far"):
+        assert f"\n  {term} " in help_text, term
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_shows_on_a_terminal_only_and_quiet_silences_it(capsys, monkeypatch, qwen_model_dir, tmp_path):
+    argv = ["generate", "--regex", "[0-9]{3}", "--prompt", "Digits: ", "--no-chat", "--max-tokens", "8",
+            "--model", str(qwen_model_dir), "--cache-dir", str(tmp_path), "--no-progress"]
+    from grammar_mlx.compiler import build
+
+    builds = []
+    real = build._compile_for
+
+    def spy(*args, **kwargs):  # weakly: the test must not be what keeps the first grammar alive
+        grammar = real(*args, **kwargs)
+        builds.append((weakref.ref(grammar), bool(builds) and builds[0][0]() is grammar))
+        return grammar
+
+    monkeypatch.setattr(build, "_compile_for", spy)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv) == 0
+    assert len(builds) == 2 and builds[1][1]  # compiled before the prefill status, then the memo's, not rebuilt
+    shown = terminal.getvalue()
+    steps = ["\rloading the model", "\rcompiling the grammar", "\rreading the prompt (prefill)"]
+    assert all(step in shown for step in steps), shown
+    assert [shown.index(step) for step in steps] == sorted(shown.index(step) for step in steps)
+    status, stats = shown.rsplit("\r\x1b[K", 1)  # the status line is cleared before the stats line
+    assert stats.startswith("compile ") and stats.count("\n") == 1
+
+    for quiet, stderr in ((True, _Terminal()), (False, io.StringIO())):  # --quiet, or stderr into a pipe
+        monkeypatch.setattr(sys, "stderr", stderr)
+        assert main([*argv, *(["--quiet"] if quiet else [])]) == 0
+        assert "\r" not in stderr.getvalue()
+        assert stderr.getvalue() == "" if quiet else stderr.getvalue().startswith("compile ")
+        assert stderr.getvalue().count("\n") == (0 if quiet else 1)
+    assert capsys.readouterr().out.split() == ["555"] * 3  # the output is the same each time
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["compile", "--regex", "[0-9]{3}", "--model", str(qwen_model_dir), "--cache-dir", str(tmp_path),
+                 "--no-progress"]) == 0
+    shown = terminal.getvalue()
+    assert "\rloading the tokenizer" in shown and "\rcompiling the grammar" in shown and shown.endswith("\r\x1b[K")
+
+
+def test_an_error_after_the_status_line_starts_on_a_clean_line(monkeypatch, qwen_model_dir):
+    from grammar_mlx import models
+    from grammar_mlx.errors import ModelLoadError
+
+    def fail(location):
+        raise ModelLoadError("the weights are truncated")
+
+    monkeypatch.setattr(models, "load_model", fail)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["generate", "--regex", "a", "--prompt", "x", "--model", str(qwen_model_dir)]) == 1
+    assert terminal.getvalue().startswith("\rloading the model")
+    assert terminal.getvalue().endswith("\r\x1b[Kerror: the weights are truncated\n")

@@ -27,6 +27,7 @@ from ..errors import (
     GrammarTooLargeError,
     InvalidArgumentError,
     InvalidRegexError,
+    VocabularyMismatchError,
 )
 from ..limits import Deadline, deadline_scope
 from ..regex.rust import Unsupported, check_syntax
@@ -85,6 +86,10 @@ def _width_and_eos(vocab: Vocabulary, logits_width: int | None) -> tuple[int, tu
         width = vocab.size
     else:
         width = int_at_least("logits_width", logits_width, 1, kind="a positive integer")
+    if width > limits.MAX_LOGITS_WIDTH:
+        raise InvalidArgumentError(
+            f"logits_width {width:,} is over the limit of {limits.MAX_LOGITS_WIDTH:,} (GRAMMAR_MLX_MAX_LOGITS_WIDTH): "
+            f"pass the model's logits width (logits_width_of(model)); the vocabulary has {vocab.size:,} ids")
     eos = tuple(i for i in vocab.eos_token_ids if i < width)
     if not eos:
         raise InvalidArgumentError(f"no EOS id of {vocab.eos_token_ids} fits logits_width {width}")
@@ -248,7 +253,7 @@ class _Source:
 def _translation_limits() -> dict[str, float]:
     """The limits a schema's translation may read (its narrowings and reports depend on them):
     every numeric limit but the per-compile budgets."""
-    skip = {"COMPILE_TIMEOUT", "COMPILE_MEMORY", "CACHE_STALE_TEMP_SECONDS"}
+    skip = {"COMPILE_TIMEOUT", "COMPILE_MEMORY", "CACHE_STALE_TEMP_SECONDS", "MAX_LOGITS_WIDTH"}
     return {name: value for name in limits.__all__ if name not in skip
             and isinstance(value := getattr(limits, name), (int, float)) and not isinstance(value, bool)}
 
@@ -276,7 +281,24 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
              unenforced: tuple[Unenforced, ...], opts: _Options, started: float,
              index: dict[str, Any] | None = None) -> CompiledGrammar:
     """The grammar of `source` for `target` (see `_target`), run under `opts.deadline` (the caller's
-    `deadline_scope`). `index`: how the vocabulary index was got (`_located`), for the stats."""
+    `deadline_scope`). `index`: how the vocabulary index was got (`_located`), for the stats. A logits
+    width below the vocabulary's ids drops the tokens past it: where that leaves no way through the
+    grammar, the error names the width as the cause."""
+    vocab, width, _ = target
+    try:
+        return _compile_for(kind, source, target, unenforced, opts, started, index)
+    except VocabularyMismatchError as exc:
+        if width >= vocab.size:
+            raise
+        raise VocabularyMismatchError(
+            f"logits_width {width:,} is below the vocabulary's {vocab.size:,} ids, so the tokens from id {width:,} on "
+            f"are dropped and the rest cannot spell the grammar: pass the model's logits width "
+            f"(logits_width_of(model); the CLI reads it from the model without --logits-width)") from exc
+
+
+def _compile_for(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[int, ...]],
+                 unenforced: tuple[Unenforced, ...], opts: _Options, started: float,
+                 index: dict[str, Any] | None) -> CompiledGrammar:
     index = dict(index or {"vocabulary_source": None, "trie_source": None, "vocabulary_index_seconds": None})
     vocab, width, eos = target
     mode, engine, directory = opts.mode, opts.engine, opts.cache_dir
@@ -356,7 +378,7 @@ def _compile(kind: str, source: _Source, target: tuple[Vocabulary, int, tuple[in
                         "(GRAMMAR_MLX_MAX_DFA_STATES): mode='eager' needs it complete; mode='lazy' builds the states "
                         "a generation visits")
                 dfa, dfa_meta, chosen = complete, {"dfa_seconds": nfa_meta["nfa_seconds"]}, "eager"
-                reason = f"requested; {engine_note}, completed ({complete.num_states:,} states)"
+                reason = f"requested; {engine_note}, completed to {complete.num_states:,} byte DFA states"
             elif lazy_dfa is not None:
                 built_by, dfa_hit = "nfa", False
                 small = None if mode == "lazy" or limits.AUTO_EAGER_MAX_STATES <= 0 else _complete_if_small(
@@ -442,7 +464,8 @@ def _nfa_engine(source: _Source, trie: TokenTrie) -> tuple[ByteDFA | None, dict[
         return None, {}, f"the regex uses what the byte NFA does not reproduce exactly ({exc})"
     seconds = time.perf_counter() - started
     return dfa, {"nfa_seconds": seconds, "nfa_states": len(nfa), "byte_classes": dfa.num_classes}, (
-        f"engine nfa: byte NFA of {len(nfa):,} states, its DFA determinized on demand")
+        f"engine nfa: the byte NFA built on demand ({len(nfa):,} states at compile time), its DFA determinized "
+        "on demand")
 
 
 def _complete_if_small(dfa: ByteDFA, limit: int) -> ByteDFA | None:

@@ -228,8 +228,9 @@ def _distinct(nz: Normalizer, atoms: list[Loc], array: Array, contains: Contains
         prefix = [domain(node, nz.table) for node in array.prefix]
         rest = None if array.rest is None else domain(array.rest, nz.table)
         if any(d is None for d in prefix) or (array.rest is not None and rest is None):
-            why = ("item uniqueness is enforced only over finite item domains (enum, const, booleans, small "
-                   "integer ranges)")
+            why = ("item uniqueness is enforced only over finite item domains (enum, const, booleans, null, "
+                   f"integer ranges) of at most limits.UNIQUE_DOMAIN = {limits.UNIQUE_DOMAIN} distinct values "
+                   "(GRAMMAR_MLX_UNIQUE_DOMAIN)")
         else:
             distinct = Distinct(tuple(d for d in prefix if d is not None), rest, holders[0].pointer)
             keys = {json_key(v) for values in [*distinct.prefix, distinct.rest or ()] for v in values}

@@ -390,8 +390,11 @@ def whitespace_regex(whitespace: str | None) -> str:
         return ""
     if not isinstance(whitespace, str):
         raise InvalidArgumentError(f"whitespace must be a regex string or None, not {type(whitespace).__name__}")
+    from ..regex.rust import canonical
+
     try:
-        dfa = byte_automaton(whitespace)
+        # Our parser first: its syntax errors name the problem and position (outlines-core's do not).
+        dfa = byte_automaton(canonical(whitespace))
     except GrammarError as e:
         raise InvalidRegexError(f"whitespace pattern {whitespace!r} does not compile: {e}") from None
     allowed = {9, 10, 13, 32}
