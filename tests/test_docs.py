@@ -1,7 +1,8 @@
 """Every code block in README.md and docs/*.md runs, so a snippet cannot rot.
 
 A page's Python blocks run in order in one fresh interpreter (a later block may use what an earlier
-one defined, as a reader would run them), with the embedded model; `json` blocks must parse. Any
+one defined, as a reader would run them), with the embedded model; `json` blocks must parse, and
+`gbnf` / `lark` blocks must parse and lower as grammars. Any
 other block, or a Python block that cannot run here (it needs a GPU, several processes, a running
 server, or sets up a machine), is marked in the markdown by an HTML comment on the line before it:
 
@@ -23,10 +24,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from grammar_mlx.grammars import parse_grammar
+from grammar_mlx.grammars.cfg import lower
+
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", flags=re.S | re.M)
+# Grammar blocks (```gbnf, ```lark) must parse and lower, as compile_grammar checks them.
+GRAMMAR_SYNTAXES = ("gbnf", "lark")
 _MARK = re.compile(r"<!-- docs-test: skip: (.+?) -->\n\Z")
-# Pages whose owners have still to mark their blocks that need a running server (issue 29).
-_PENDING = {"server.md": "its blocks start or need a running server; docs/server.md's owner marks them"}
 
 
 @dataclass(frozen=True)
@@ -81,20 +85,20 @@ def test_blocks_are_found_with_their_markers_and_unmarked_shell_is_refused():
 
 
 def unrunnable(found: list[Block]) -> list[Block]:
-    return [b for b in found if b.skip is None and b.lang not in ("python", "json")]
+    return [b for b in found if b.skip is None and b.lang not in ("python", "json", *GRAMMAR_SYNTAXES)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
 def test_every_code_block_runs(page: Path, smollm_path, tmp_path):
-    if page.name in _PENDING:
-        pytest.skip(f"{page.name}: {_PENDING[page.name]}")
     found = blocks(page.read_text(encoding="utf-8"))
     assert not unrunnable(found), [f"{page.name}:{b.line} ({b.lang or 'no language'}) needs a docs-test marker"
                                    for b in unrunnable(found)]
     for b in found:
         if b.skip is None and b.lang == "json":
             json.loads(b.source)
+        if b.skip is None and b.lang in GRAMMAR_SYNTAXES:  # a grammar block is checked as compile_grammar would
+            lower(parse_grammar(b.source, syntax=b.lang))
     python = [b for b in found if b.skip is None and b.lang == "python"]
     if not python:
         return
