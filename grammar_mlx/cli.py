@@ -532,6 +532,9 @@ def compile_report(grammar: Any) -> dict:
         "compile_seconds": round(float(s.get("compile_seconds") or 0.0), 3),
         "cache_hit": s.get("cache_hit"),
         "cache_written": s.get("cache_written"),
+        "vocabulary_source": s.get("vocabulary_source"),
+        "trie_source": s.get("trie_source"),
+        "vocabulary_index_seconds": s.get("vocabulary_index_seconds"),
         "unenforced": [{"keyword": u.keyword, "pointer": u.pointer, "reason": u.reason} for u in grammar.unenforced],
     }
     if lazy:
@@ -545,6 +548,11 @@ def compile_report(grammar: Any) -> dict:
             "mask_bytes": s.get("mask_bytes"),
         }
     return report
+
+
+# How the vocabulary index was got (the compiler's `vocabulary_source` / `trie_source` stats).
+_SOURCES = {"given": "given", "memory": "from this process", "disk": "read from the cache",
+            "built": "built (and cached)", None: "not needed (complete tables from the cache)"}
 
 
 def _report_text(report: dict) -> str:
@@ -593,6 +601,12 @@ def _report_text(report: dict) -> str:
         ("compile time", f"{report['compile_seconds']:.2f} s"),
         ("cache", _cache_line(report)),
     ]
+    if report["vocabulary_source"] is not None:
+        seconds = report["vocabulary_index_seconds"]
+        took = f", {seconds:.2f} s" if isinstance(seconds, (int, float)) else ""
+        vocabulary, trie = report["vocabulary_source"], report["trie_source"]
+        rows.append(("vocabulary index", f"token bytes {_SOURCES.get(vocabulary, vocabulary)}, "
+                                         f"token trie {_SOURCES.get(trie, trie)}{took}"))
     if report["unenforced"]:
         for i, u in enumerate(report["unenforced"]):
             rows.append(("unenforced" if i == 0 else "", f"{u['keyword']} at {u['pointer'] or '/'}: {u['reason']}"))

@@ -11,6 +11,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from ..errors import GrammarError, InvalidRequestError
+from ..runtime.stack import walk_to
 from ..schema import Unenforced, schema_to_regex
 from ..segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text
 from ..segments import tools as tool_calls
@@ -176,9 +177,5 @@ def cut_free_text(grammar: ServedGrammar, tokens: list[int], max_tokens: int) ->
     the grammar's own row there. Replays the tokens (the grammar's transitions are pure)."""
     if len(tokens) != max_tokens or not tokens or tokens[-1] not in grammar.eos_token_ids:
         return False
-    state = grammar.initial_state
-    for token in tokens[:-1]:
-        state = grammar.next_state(state, token)
-        if state < 0:
-            return False
-    return bool(grammar.budget_mask_row(state, 1) != grammar.mask_row(state))
+    state = walk_to(grammar, tokens[:-1])
+    return state >= 0 and bool(grammar.budget_mask_row(state, 1) != grammar.mask_row(state))

@@ -9,16 +9,19 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 
+from ..compiler.cache import default_cache_dir
+from ..compiler.index_cache import load_vocabulary
 from ..compiler.pool import _POOL
 from ..distributed import all_agree, load_sharded, world
 from ..errors import GrammarError, InvalidArgumentError, ModelLoadError
 from ..models import logits_width_of
-from ..vocabulary import Vocabulary, vocabulary_of
+from ..vocabulary import Vocabulary
 from .access import API_KEY_ENV, load_api_keys, open_to_network_warning
 from .cache import DEFAULT_CACHE_ENTRIES, DEFAULT_CACHE_MB, GrammarCache, Grammars
 from .generator import ExactPromptCache, GrammarResponseGenerator, LoadedModelProvider
@@ -53,12 +56,15 @@ _FAST_FORWARD_OFF_DISTRIBUTED = ("--fast-forward %s is not available under mlx.l
                                  "differently (docs/distributed.md)")
 
 
-def served_vocabulary(tokenizer: Any) -> Vocabulary:
+def served_vocabulary(tokenizer: Any, cache_dir: str | None = None) -> Vocabulary:
     """The tokenizer's Vocabulary, with exactly the EOS ids mlx-lm stops on: the grammar allows EOS
-    only where it is complete, and that must be the EOS that ends generation."""
-    vocab = vocabulary_of(tokenizer)
+    only where it is complete, and that must be the EOS that ends generation. Read through the
+    vocabulary index (`cache_dir`, default the grammar cache's directory), so a fresh server does not
+    decode the vocabulary again."""
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    vocab, _ = load_vocabulary(tokenizer, None, directory)
     eos = sorted(tokenizer.eos_token_ids)
-    return vocab if sorted(vocab.eos_token_ids) == eos else vocabulary_of(tokenizer, eos_token_ids=eos)
+    return vocab if sorted(vocab.eos_token_ids) == eos else load_vocabulary(tokenizer, eos, directory)[0]
 
 
 def load_served_models(model: str | None, draft_model: str | None,
@@ -213,7 +219,7 @@ def serve_main(args: argparse.Namespace) -> int:
         width = logits_width_of(model)
         if draft is not None and logits_width_of(draft) != width:
             raise ModelLoadError("the draft model's output width differs from the model's")
-        vocabulary = served_vocabulary(tokenizer)
+        vocabulary = served_vocabulary(tokenizer, args.cache_dir)
         loaded = True
     except GrammarError as e:
         print(f"error: {e}", file=sys.stderr)
