@@ -214,12 +214,14 @@ SERVER_BOUND = 180  # seconds: "it did not hang" for a start or a stop
 class Served:
     """`python -m grammar_mlx serve` on a tiny model, alone or under `mlx.launch -n RANKS`."""
 
-    def __init__(self, model_dir: Path, tmp_path: Path, ranks: int) -> None:
+    def __init__(self, model_dir: Path, tmp_path: Path, ranks: int, api_key: str | None = None) -> None:
         # One process decodes every token as the ranks do (fast-forward off); the ranks run the
         # server's default, which under mlx.launch is off too.
+        self.api_key = api_key
         serve = [sys.executable, "-m", "grammar_mlx", "serve", "--model", str(model_dir), "--port", "0",
                  "--max-tokens", "48", *(["--fast-forward", "off"] if ranks == 1 else []), "--no-preload-json-object",
-                 "--log-level", "WARNING", "--cache-dir", str(tmp_path / f"cache-{ranks}")]
+                 "--log-level", "WARNING", "--cache-dir", str(tmp_path / f"cache-{ranks}"),
+                 *(["--api-key", api_key] if api_key is not None else [])]
         argv = serve if ranks == 1 else [str(LAUNCH), "-n", str(ranks), "--backend", "ring", "--starting-port",
                                          str(free_ports(ranks)), *serve]
         self.log = (tmp_path / f"server-{ranks}.log").open("w+")
@@ -244,10 +246,11 @@ class Served:
         self.log.seek(0)
         return self.log.read()[-4000:]
 
-    def client(self):
+    def client(self, api_key: str | None = None):
         import openai
 
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=SERVER_BOUND)
+        key = api_key or self.api_key or "unused"
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=SERVER_BOUND)
 
     def ranks(self) -> dict[int, int]:
         """{rank: pid} of the server processes in this session (Linux /proc)."""
@@ -310,10 +313,14 @@ def test_the_server_under_mlx_launch_answers_as_one_process_does(ring, qwen_mode
         expected = answers(single.client())
     finally:
         assert single.stop() == 0
-    served = Served(qwen_model_dir, tmp_path, 2)
+    key = "sk-distributed-0123456789abcdef"  # rank 0 checks it; the other ranks never see a request
+    served = Served(qwen_model_dir, tmp_path, 2, api_key=key)
     try:
         assert sorted(served.ranks()) == [0, 1]
         client = served.client()
+        with pytest.raises(openai.AuthenticationError) as refused:
+            person(served.client(api_key=key + "x"))
+        assert refused.value.body["code"] == "invalid_api_key"
         got = answers(client)
         # A bad schema is a 400 from rank 0 (no rank gets the request), and the ranks go on serving.
         with pytest.raises(openai.BadRequestError) as refused:
@@ -331,6 +338,7 @@ def test_the_server_under_mlx_launch_answers_as_one_process_does(ring, qwen_mode
     # ... and rank 0 said why they are one process's --fast-forward off answers, not its default's.
     log = (tmp_path / "server-2.log").read_text()
     assert log.count("--fast-forward canonical is not available under mlx.launch") == 1, log[-3000:]
+    assert key not in log
     value = json.loads(got[0])
     assert set(value) == {"name", "age"} and got[1] == "stop" and json.loads(got[2]) == value
     assert [name for name, arguments in got[4]] == ["lookup"] and set(got[4][0][1]) == {"city"}
