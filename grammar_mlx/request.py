@@ -30,6 +30,7 @@ import mlx.core as mx
 from .arguments import int_at_least
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
+from .grammars.engine import CFGGrammar
 from .models import logits_width_of
 from .protocols import Model, Tokenizer, TokenizerSource
 from .runtime import GrammarProcessor
@@ -83,7 +84,7 @@ Schema = dict[str, Any] | bool | str | bytes | type  # what schema.load_schema r
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
-Grammar = CompiledGrammar | SegmentGrammar
+Grammar = CompiledGrammar | SegmentGrammar | CFGGrammar
 
 
 # --- options ---------------------------------------------------------------------------------------
