@@ -2,6 +2,7 @@
 
     grammar-mlx generate --schema examples/schemas/person.json --prompt "..." --draft-layers 24
     grammar-mlx compile --schema examples/schemas/person.json
+    grammar-mlx generate --grammar arithmetic.gbnf --prompt "..."     # GBNF or Lark (--syntax)
 
 `generate` prints the output on stdout and one stats line on stderr (compile time, cache hit, prompt
 and generation speed, draft acceptance rate). When stderr is a terminal, a status line there says
@@ -28,9 +29,14 @@ canonical` (the default) writes it as the tokenizer's canonical tokens without a
 `--fast-forward off`'s, token for token); `off` decodes every token. The stats line says how many
 tokens were forced.
 
-Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas, a model that
-cannot be loaded, a token budget too small or one that ran out) prints one `error:` line on stderr
-and exits non-zero:
+`--grammar FILE` takes a context-free grammar (docs/grammars.md): GBNF for a `.gbnf` file, Lark for
+a `.lark` one, otherwise GBNF when the text holds `::=` (`--syntax` says it; `--start` names the
+start rule). Such a grammar has no token-budget distances: length-safe decoding cannot make it
+finish, so a budget that ends first is an error as with `--no-length-safe`.
+
+Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas or grammars
+(`--grammar FILE:LINE:COLUMN: ...`), a model that cannot be loaded, a token budget too small or one
+that ran out) prints one `error:` line on stderr and exits non-zero:
 2 for bad arguments (a `--model` path that does not exist, `--draft-layers` past the model's layers,
 an empty prompt, `--top-p` outside 0..1 or without `--temp`, `--num-draft-tokens` without a draft:
 all found before the model loads), 1 for the rest, 130 when interrupted. `--version` prints the
