@@ -2,6 +2,7 @@
 
     grammar-mlx generate --schema examples/schemas/person.json --prompt "..." --draft-layers 24
     grammar-mlx compile --schema examples/schemas/person.json
+    grammar-mlx generate --grammar arithmetic.gbnf --prompt "..."     # GBNF or Lark (--syntax)
 
 `generate` prints the output on stdout and one stats line on stderr (compile time, cache hit, prompt
 and generation speed, draft acceptance rate). When stderr is a terminal, a status line there says
@@ -28,9 +29,14 @@ canonical` (the default) writes it as the tokenizer's canonical tokens without a
 `--fast-forward off`'s, token for token); `off` decodes every token. The stats line says how many
 tokens were forced.
 
-Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas, a model that
-cannot be loaded, a token budget too small or one that ran out) prints one `error:` line on stderr
-and exits non-zero:
+`--grammar FILE` takes a context-free grammar (docs/grammars.md): GBNF for a `.gbnf` file, Lark for
+a `.lark` one, otherwise GBNF when the text holds `::=` (`--syntax` says it; `--start` names the
+start rule). Such a grammar has no token-budget distances: length-safe decoding cannot make it
+finish, so a budget that ends first is an error as with `--no-length-safe`.
+
+Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas or grammars
+(`--grammar FILE:LINE:COLUMN: ...`), a model that cannot be loaded, a token budget too small or one
+that ran out) prints one `error:` line on stderr and exits non-zero:
 2 for bad arguments (a `--model` path that does not exist, `--draft-layers` past the model's layers,
 an empty prompt, `--top-p` outside 0..1 or without `--temp`, `--num-draft-tokens` without a draft:
 all found before the model loads), 1 for the rest, 130 when interrupted. `--version` prints the
@@ -140,6 +146,11 @@ def _add_grammar_options(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--schema", metavar="FILE", help="JSON Schema file ('-' reads stdin)")
     which.add_argument("--regex", metavar="PATTERN", help="regex the whole output must match")
+    which.add_argument("--grammar", metavar="FILE", help="context-free grammar file, GBNF or Lark ('-' reads stdin)")
+    p.add_argument("--syntax", choices=("gbnf", "lark"),
+                   help="the --grammar file's syntax (default: gbnf for a .gbnf file, lark for a .lark file, "
+                   "else gbnf when the text holds '::=' and lark otherwise)")
+    p.add_argument("--start", metavar="RULE", help="the --grammar start rule (default: root for GBNF, start for Lark)")
     p.add_argument("--model", metavar="PATH",
                    help=f"a .gguf file, an mlx-lm model directory or hub id (default: {_DEFAULT_MODEL_NAME})")
     p.add_argument("--whitespace", metavar="PATTERN",
@@ -247,6 +258,40 @@ def _load_schema(args: argparse.Namespace, strict: bool) -> Any:
     return doc
 
 
+def _load_grammar(args: argparse.Namespace) -> tuple[str, str]:
+    """Read and check the --grammar file (text, syntax) before any model loads; a mistake is an
+    error naming FILE:line:column."""
+    from .errors import InvalidGrammarError
+    from .grammars import parse_grammar
+    from .grammars.cfg import lower
+    from .server.request import grammar_syntax_of
+
+    text = _read_text(args.grammar, "--grammar file")
+    suffix = Path(args.grammar).suffix
+    syntax = args.syntax or {".gbnf": "gbnf", ".lark": "lark"}.get(suffix) or grammar_syntax_of(text)
+    try:
+        lower(parse_grammar(text, syntax="gbnf" if syntax == "gbnf" else "lark", start=args.start))
+    except InvalidGrammarError as exc:
+        where = "stdin" if args.grammar == "-" else args.grammar
+        message = str(exc).removesuffix(f" (line {exc.line}, column {exc.column})")
+        raise _InputError(f"--grammar {where}:{exc.line}:{exc.column}: {message} ({syntax})") from None
+    return text, syntax
+
+
+def _check_grammar_flags(args: argparse.Namespace) -> None:
+    for flag in ("syntax", "start"):
+        if getattr(args, flag) is not None and args.grammar is None:
+            raise _UsageError(f"--{flag} needs --grammar")
+
+
+def _compile_grammar(args: argparse.Namespace, grammar: tuple[str, str], tokenizer: Any, width: int) -> Any:
+    from .grammars import compile_grammar
+
+    text, syntax = grammar
+    return compile_grammar(text, tokenizer, syntax="gbnf" if syntax == "gbnf" else "lark", start=args.start,
+                           logits_width=width)
+
+
 def _model_location(flag: str, value: str | None) -> str | Path:
     """Where a model flag points (the embedded model for `--model` without a value). A path that does
     not exist or is not a model is a bad argument (exit 2), found before anything loads."""
@@ -342,7 +387,9 @@ def _check_sampling_and_draft(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> int:
     # Every argument is checked before the model loads (seconds), so a mistake is reported at once.
     _check_sampling_and_draft(args)
+    _check_grammar_flags(args)
     schema = _load_schema(args, strict=not args.no_strict) if args.schema is not None else None
+    grammar = _load_grammar(args) if args.grammar is not None else None
     if args.prompt_file is not None:
         prompt = _read_text(args.prompt_file, "--prompt-file")
     else:
@@ -395,6 +442,8 @@ def _generate(args: argparse.Namespace) -> int:
         if schema is not None:
             compiled = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
                                            strict=not args.no_strict, **options)
+        elif grammar is not None:
+            compiled = _compile_grammar(args, grammar, tokenizer, width)
         else:
             compiled = compile_regex(args.regex, tokenizer, logits_width=width, **options)
         if progress is not None:
@@ -404,7 +453,8 @@ def _generate(args: argparse.Namespace) -> int:
         if draft is not None:
             drafting = {"draft_model": draft, "num_draft_tokens": args.num_draft_tokens or _NUM_DRAFT_TOKENS}
         out = generate_structured(
-            model, tokenizer, prompt, schema=schema, regex=args.regex, **drafting, sampler=sampler,
+            model, tokenizer, prompt, schema=schema, regex=args.regex, grammar=compiled if grammar else None,
+            **drafting, sampler=sampler,
             max_tokens=args.max_tokens, length_safe=not args.no_length_safe, chat=not args.no_chat,
             strict=not args.no_strict, fast_forward=False if args.fast_forward == "off" else args.fast_forward,
             whitespace=args.whitespace, on_text=stream, **options)
@@ -469,7 +519,9 @@ def _compile(args: argparse.Namespace) -> int:
     from .compiler import compile_json_schema, compile_regex
     from .compiler.cache import default_cache_dir
 
+    _check_grammar_flags(args)
     schema = _load_schema(args, strict=args.strict) if args.schema is not None else None
+    grammar_file = _load_grammar(args) if args.grammar is not None else None
     status = _Status(args.quiet)
     status(f"loading the tokenizer of {args.model or _DEFAULT_MODEL_NAME} ...")
     try:
@@ -483,6 +535,8 @@ def _compile(args: argparse.Namespace) -> int:
         if schema is not None:
             grammar = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
                                           strict=args.strict, **options)
+        elif grammar_file is not None:
+            grammar = _compile_grammar(args, grammar_file, tokenizer, width)
         else:
             grammar = compile_regex(args.regex, tokenizer, logits_width=width, **options)
     finally:
@@ -490,7 +544,8 @@ def _compile(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
     report = {
-        "grammar": f"schema {args.schema}" if schema is not None else f"regex {args.regex!r}",
+        "grammar": (f"schema {args.schema}" if schema is not None else f"{grammar_file[1]} grammar {args.grammar}"
+                    if grammar_file is not None else f"regex {args.regex!r}"),
         "model": str(args.model or _DEFAULT_MODEL_NAME),
         "logits_width": width,
         **compile_report(grammar),
@@ -514,7 +569,7 @@ def compile_report(grammar: Any) -> dict:
     costs what the first generated token would, and shows the tables' real width."""
     first_step = len(grammar.allowed_tokens(grammar.initial_state))
     s = grammar.stats
-    lazy = s.get("mode") == "lazy"
+    lazy = s.get("mode") in ("lazy", "cfg")  # a context-free grammar builds its rows as they are met too
     on_demand = lazy and s.get("engine") == "nfa"  # the byte DFA itself grows as walks reach states
     report: dict[str, Any] = {
         "mode": s.get("mode"),

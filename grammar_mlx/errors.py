@@ -16,6 +16,8 @@ Argument mistakes are `InvalidArgumentError` (a `ValueError`, like the errors ab
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class GrammarError(Exception):
     """Base class of every error raised by grammar_mlx."""
@@ -173,8 +175,19 @@ class InvalidGrammarError(GrammarError, ValueError):
 
     def __init__(self, message: str, *, line: int, column: int):
         super().__init__(f"{message} (line {line}, column {column})")
+        self.reason = message
         self.line = line
         self.column = column
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy and pickle rebuild it from its parts (the server's cache hands each caller a copy;
+        # mlx.launch ranks pickle errors): the keyword-only position defeats the default.
+        return _rebuilt_grammar_error, (type(self), self.reason, self.line, self.column)
+
+
+def _rebuilt_grammar_error(cls: type[InvalidGrammarError], reason: str, line: int, column: int
+                           ) -> InvalidGrammarError:
+    return cls(reason, line=line, column=column)
 
 
 class EmptyGrammarError(InvalidGrammarError, EmptyLanguageError):

@@ -108,6 +108,8 @@ from .segments.spec import Segment
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .grammars import CFGGrammar
+
 __all__ = [
     "DEFAULT_FAST_FORWARD",
     "DEFAULT_MAX_TOKENS",
@@ -299,14 +301,14 @@ def generate_structured(
     *,
     schema: Schema | None = None,
     regex: str | None = None,
-    grammar: CompiledGrammar | None = None,
+    grammar: CompiledGrammar | CFGGrammar | None = None,
     prompt_cache: list[Any] | None = None,
     on_text: Callable[[str], Any] | None = None,
     **options: Unpack[JSONGenerationOptions],
 ) -> StructuredOutput:
     """Generate under exactly one of `schema` (JSON Schema dict / JSON text / Pydantic model class),
-    `regex` (full match, outlines-core syntax) or `grammar` (a precompiled `CompiledGrammar`, whose
-    logits width must be the model's).
+    `regex` (full match, outlines-core syntax) or `grammar` (a precompiled `CompiledGrammar`, or a
+    context-free `CFGGrammar` from `compile_grammar`, whose logits width must be the model's).
 
     `model`, `tokenizer`: an mlx-lm model and its tokenizer (TokenizerWrapper or Hugging Face).
     `prompt`: a str (sent as one user message through the chat template when `chat`, else encoded as
@@ -330,13 +332,17 @@ def generate_structured(
 
 
 def _generate(model: Model, tokenizer: Tokenizer, prompt: Prompt, options: Options, compile_options: CompileOptions, *,
-              schema: Schema | None = None, regex: str | None = None, grammar: CompiledGrammar | None = None,
+              schema: Schema | None = None, regex: str | None = None,
+              grammar: CompiledGrammar | CFGGrammar | None = None,
               prompt_cache: list[Any] | None = None, on_text: Callable[[str], Any] | None = None) -> StructuredOutput:
     """`generate_structured` with its options split (`request.options_from`)."""
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
         raise InvalidArgumentError("give exactly one of schema=, regex= or grammar=")
-    if grammar is not None and not isinstance(grammar, CompiledGrammar):
-        raise InvalidArgumentError(f"grammar= must be a CompiledGrammar, not {type(grammar).__name__}")
+    from .grammars import CFGGrammar
+
+    if grammar is not None and not isinstance(grammar, (CompiledGrammar, CFGGrammar)):
+        raise InvalidArgumentError(
+            f"grammar= must be a CompiledGrammar or a CFGGrammar (compile_grammar), not {type(grammar).__name__}")
     if grammar is not None and grammar.logits_width != logits_width_of(model):
         raise InvalidArgumentError(
             f"grammar= was compiled for logits width {grammar.logits_width}, the model's is "

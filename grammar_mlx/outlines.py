@@ -53,12 +53,12 @@ from typing import TYPE_CHECKING, Any, cast
 import mlx.core as mx
 
 from .arguments import int_at_least_or_none
-from .compiler import CompiledGrammar, CompileOptions
+from .compiler import CompileOptions
 from .errors import InvalidArgumentError
 from .protocols import Tokenizer
 from .request import Grammar, body, grammar_for, processor_for, reasoning_of
 from .runtime import GrammarProcessor
-from .segments import JSONSchema, Reasoning, SegmentGrammar
+from .segments import JSONSchema, Reasoning
 from .segments.spec import Segment
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ class RegexLogitsProcessor:
     # -- inspection ------------------------------------------------------------------------------
 
     @property
-    def compiled(self) -> CompiledGrammar | SegmentGrammar | None:
+    def compiled(self) -> Grammar | None:
         """The compiled grammar (None until the first call when no logits_width was given)."""
         return self._compiled
 

@@ -30,6 +30,7 @@ import mlx.core as mx
 from .arguments import int_at_least
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
+from .grammars.engine import CFGGrammar
 from .models import logits_width_of
 from .protocols import Model, Tokenizer, TokenizerSource
 from .runtime import GrammarProcessor
@@ -83,7 +84,7 @@ Schema = dict[str, Any] | bool | str | bytes | type  # what schema.load_schema r
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
-Grammar = CompiledGrammar | SegmentGrammar
+Grammar = CompiledGrammar | SegmentGrammar | CFGGrammar
 
 
 # --- options ---------------------------------------------------------------------------------------
@@ -557,10 +558,12 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
                 "model was still reasoning; raise max_tokens or give the reasoning a budget "
                 f"(Reasoning(budget=...)). Reasoning so far: {clip(thinking or '')}", text=text)
         advice = "" if options.length_safe else ", or keep length_safe on"
+        bound = "bound the output (maxLength, maxItems)"
+        if isinstance(grammar, CFGGrammar):  # no budget distances: length-safe decoding cannot end it
+            advice, bound = "", "bound the grammar's repetitions"
         raise GenerationError(
             f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens, before the "
-            f"grammar completed; raise max_tokens or bound the output (maxLength, maxItems){advice}. Text so far: "
-            f"{clip(text)}", text=text)
+            f"grammar completed; raise max_tokens or {bound}{advice}. Text so far: {clip(text)}", text=text)
     return Finished(text, token_ids, from_draft, from_grammar, stats, thinking)
 
 

@@ -528,3 +528,59 @@ def test_an_error_after_the_status_line_starts_on_a_clean_line(monkeypatch, qwen
     assert main(["generate", "--regex", "a", "--prompt", "x", "--model", str(qwen_model_dir)]) == 1
     assert terminal.getvalue().startswith("\rloading the model")
     assert terminal.getvalue().endswith("\r\x1b[Kerror: the weights are truncated\n")
+
+
+# --- --grammar: context-free grammar files ----------------------------------------------------------
+
+SUM_GBNF = 'root ::= "(" term ("+" term)? ")"\nterm ::= [0-9] | "(" [0-9] "*" [0-9] ")"\n'
+SUM_LARK = 'start: "(" term ("+" term)? ")"\nterm: DIGIT | "(" DIGIT "*" DIGIT ")"\nDIGIT: /[0-9]/\n'
+
+
+def test_bad_grammar_files_name_file_line_and_column_before_a_model_loads(capsys, tmp_path, no_model_loads):
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text('root ::= "a" item\nitem ::= "b" missing\n')
+    for command in (["generate", "--prompt", "x"], ["compile"]):
+        code, out, err = run_main(capsys, *command, "--grammar", str(bad))
+        assert code == 1 and out == ""
+        assert_one_error_line(err, f"--grammar {bad}:2:14: undefined rule 'missing' (gbnf)")
+    lark_file = tmp_path / "bad.lark"
+    lark_file.write_text('start: "x"\n  | ("a"\n')
+    code, _, err = run_main(capsys, "generate", "--prompt", "x", "--grammar", str(lark_file))
+    assert code == 1
+    assert_one_error_line(err, f"--grammar {lark_file}:2:", "(lark)")
+    # --syntax wins over the name: the GBNF text read as Lark fails where Lark's syntax breaks.
+    good = tmp_path / "sum.gbnf"
+    good.write_text(SUM_GBNF)
+    code, _, err = run_main(capsys, "compile", "--grammar", str(good), "--syntax", "lark")
+    assert code == 1
+    assert_one_error_line(err, f"--grammar {good}:1:", "(lark)")
+    code, _, err = run_main(capsys, "generate", "--prompt", "x", "--grammar", str(tmp_path / "none.gbnf"))
+    assert code == 1
+    assert_one_error_line(err, "cannot read --grammar file")
+    for flag in ("--syntax", "--start"):
+        code, _, err = run_main(capsys, "generate", "--prompt", "x", "--regex", "a", flag, "gbnf")
+        assert code == 2
+        assert_one_error_line(err, f"{flag} needs --grammar")
+
+
+def test_generate_and_compile_with_a_grammar_file(capsys, tmp_path, qwen_model_dir):
+    lark = pytest.importorskip("lark", reason="the lark library is the oracle (test extra)")
+    oracle = lark.Lark(SUM_LARK, parser="earley")
+    (tmp_path / "sum.gbnf").write_text(SUM_GBNF)
+    (tmp_path / "sum.txt").write_text(SUM_LARK)  # no telling suffix, no `::=`: Lark
+    for name, extra in (("sum.gbnf", ()), ("sum.txt", ()), ("sum.txt", ("--syntax", "lark"))):
+        code, out, err = run_main(capsys, "generate", "--model", str(qwen_model_dir), "--grammar",
+                                  str(tmp_path / name), *extra, "--prompt", "x", "--max-tokens", "40", "--quiet")
+        assert code == 0, err
+        oracle.parse(out.rstrip("\n"))  # raises when the output is outside the grammar
+    (tmp_path / "long.gbnf").write_text("root ::= [a-z]{200,}")
+    code, _, err = run_main(capsys, "generate", "--model", str(qwen_model_dir), "--grammar",
+                            str(tmp_path / "long.gbnf"), "--prompt", "x", "--max-tokens", "4", "--quiet")
+    assert code == 1  # no budget distances: the budget ends first, which is an error as with --no-length-safe
+    assert_one_error_line(err, "token budget (max_tokens=4) ran out", "bound the grammar's repetitions")
+    code, out, err = run_main(capsys, "compile", "--model", str(qwen_model_dir), "--grammar",
+                              str(tmp_path / "sum.gbnf"), "--json", "--no-progress")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["grammar"] == f"gbnf grammar {tmp_path / 'sum.gbnf'}" and report["mode"] == "cfg"
+    assert report["first_step_allowed_tokens"] > 0 and not report["tables_complete"]

@@ -35,6 +35,18 @@ per-request `draft_model` are refused (400).
   skips that).
 - Extension `{"type": "regex", "regex": "..."}`: the whole output matches the regex (outlines-core /
   Rust regex syntax, full match).
+- Extension `{"type": "grammar", "grammar": "...", "syntax": "lark" | "gbnf", "start": "rule"}`: the
+  whole output is in the context-free grammar's language (`grammar_mlx.grammars`; `syntax` default
+  "lark", as OpenAI's and llguidance's grammar formats; `start` default `start` / `root`).
+- Beside `response_format`, the top-level grammar fields of other servers: llama.cpp's `grammar`
+  (GBNF) and vLLM's `guided_grammar` (GBNF when its text holds `::=`, Lark otherwise); an empty
+  string is no grammar. A request takes one constraint: two of `response_format` (other than
+  text), `grammar`, `guided_grammar` are a 400 `conflicting_constraints`. A bad grammar is a 400
+  `invalid_grammar` with `line` and `column` (also in the message); cached by syntax, text and start.
+  A grammar constrains the whole output from the first token: a reasoning model does not think
+  under it, and one beside tools, a thinking budget or a prompt that opened the thinking is a 400
+  `unsupported_parameter`. It has no token-budget distances, so length-safe masking cannot steer
+  it to an end: a budget that ends first gives `finish_reason: "length"` with the partial text.
 - Extension `"whitespace": "<regex>"`, inside `json_schema` or beside `"type": "json_object"`: a
   bounded JSON-whitespace pattern allowed between JSON tokens, e.g. `"[ \\n]{0,2}"`; default compact.
 - Extension `"open_objects": true` inside `json_schema`: a missing `additionalProperties` allows
@@ -188,6 +200,8 @@ from .request import (
     check_body,
     context_length_of,
     default_max_body_bytes,
+    grammar_syntax_of,
+    parse_constraint,
     parse_enable_thinking,
     parse_response_format,
     parse_thinking_budget,
@@ -206,6 +220,8 @@ __all__ = [
     "GrammarSpec",
     "GrammarCache",
     "Grammars",
+    "grammar_syntax_of",
+    "parse_constraint",
     "parse_response_format",
     "parse_thinking_budget",
     "parse_enable_thinking",

@@ -16,9 +16,10 @@ from ..vocabulary import Vocabulary
 from .request import GrammarSpec
 
 if TYPE_CHECKING:
+    from ..grammars import CFGGrammar
     from ..segments.grammar import SegmentGrammar
 
-    ServedGrammar: TypeAlias = "CompiledGrammar | SegmentGrammar"
+    ServedGrammar: TypeAlias = "CompiledGrammar | SegmentGrammar | CFGGrammar"
 
 __all__ = ["DEFAULT_CACHE_ENTRIES", "DEFAULT_CACHE_MB", "grammar_nbytes", "GrammarCache", "Grammars"]
 
@@ -185,6 +186,12 @@ class Grammars:
                 return compile_segments(spec.segment, self.tokenizer, logits_width=self.logits_width, **options)
             except RecursionError:
                 raise InvalidSchemaError("the schema is nested too deeply to translate") from None
+        if spec.kind == "grammar":
+            from ..grammars import compile_grammar
+
+            # No compile options: the grammar engine builds its rows lazily, as they are met.
+            return compile_grammar(spec.text, self.vocabulary, syntax="gbnf" if spec.syntax == "gbnf" else "lark",
+                                   start=spec.start, logits_width=self.logits_width)
         if spec.kind == "regex":
             return compile_regex(spec.text, self.vocabulary, logits_width=self.logits_width, **options)
         try:

@@ -13,6 +13,7 @@ from typing import Any
 from .. import errors
 from ..errors import (
     GrammarError,
+    InvalidGrammarError,
     InvalidRegexError,
     InvalidRequestError,
     ServerUnavailableError,
@@ -20,7 +21,8 @@ from ..errors import (
 )
 from .request import GrammarSpec
 
-__all__ = ["ErrorCode", "ERROR_CODES", "error_status_and_code", "error_body", "error_response", "errors_markdown"]
+__all__ = ["ErrorCode", "ERROR_CODES", "error_status_and_code", "error_body", "error_response", "errors_markdown",
+           "grammar_param"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("unsupported_parameter", 400, _IRE, "a field this server does not serve (`n` > 1, `adapters`, "
                                                    "a per-request `draft_model`, ...)"),
     ErrorCode("invalid_argument", 400, _IRE, "a request extension field with a bad value"),
+    ErrorCode("conflicting_constraints", 400, _IRE, "more than one of `response_format`, `grammar` and "
+                                                     "`guided_grammar` (with `param`, the second)"),
     ErrorCode("invalid_tools", 400, _IRE, "malformed `tools`"),
     ErrorCode("invalid_tool_choice", 400, _IRE, "a `tool_choice` that is malformed or names no offered tool"),
     ErrorCode("unsupported_tool_format", 400, _IRE, "a strict tool or a `response_format` beside tools whose "
@@ -60,6 +64,10 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
               "strict: a keyword the grammar cannot enforce (with `keyword`, `pointer`)", default=True),
     ErrorCode("invalid_schema", 400, errors.InvalidSchemaError, "not a valid JSON Schema", default=True),
     ErrorCode("invalid_regex", 400, errors.InvalidRegexError, "not a valid regex (with `position`)", default=True),
+    ErrorCode("invalid_grammar", 400, errors.InvalidGrammarError, "not a valid GBNF or Lark grammar, or one "
+              "whose rules cannot be used (with `line`, `column`; the message names them)", default=True),
+    ErrorCode("empty_start_rule", 400, errors.EmptyGrammarError, "a grammar whose start rule derives no string "
+              "(with `line`, `column`)", default=True),
     ErrorCode("empty_grammar", 400, errors.EmptyLanguageError, "the grammar matches nothing", default=True),
     ErrorCode("compile_timeout", 400, errors.CompileTimeoutError,
               "the compile passed `--compile-timeout` (transient: not cached)", default=True),
@@ -133,6 +141,8 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
     elif param is None and spec is not None:
         if spec.kind == "segments":
             param = spec.origin
+        elif spec.kind == "grammar":
+            param = grammar_param(spec)
         elif spec.kind == "regex":
             param = f"{spec.origin}.regex"
         elif isinstance(error, InvalidRegexError) and spec.whitespace is not None:
@@ -146,7 +156,14 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
         body["error"].update(keyword=error.keyword, pointer=error.pointer)
     if isinstance(error, InvalidRegexError):
         body["error"].update(position=error.position)
+    if isinstance(error, InvalidGrammarError):
+        body["error"].update(line=error.line, column=error.column)
     return status, body
+
+
+def grammar_param(spec: GrammarSpec) -> str:
+    """The request field holding a "grammar" spec's text."""
+    return f"{spec.origin}.grammar" if spec.origin == "response_format" else spec.origin
 
 
 def errors_markdown() -> str:

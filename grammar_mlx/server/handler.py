@@ -25,7 +25,7 @@ from ..schema import Unenforced
 from ..segments import tools as tool_calls
 from ..segments.tools import NamedTool, ToolChoice, ToolSpec
 from .access import check_authorization
-from .errors import error_body, error_response
+from .errors import error_body, error_response, grammar_param
 from .generator import (
     NO_FAST_FORWARD_DISTRIBUTED,
     ConstrainedRequest,
@@ -47,8 +47,8 @@ from .request import (
     FastForwarded,
     GrammarSpec,
     check_body,
+    parse_constraint,
     parse_enable_thinking,
-    parse_response_format,
     parse_thinking_budget,
 )
 
@@ -87,6 +87,8 @@ class _Answer:
 
 def _content_param(spec: GrammarSpec) -> str:
     """The request field a `response_format` grammar's compile error is about."""
+    if spec.kind == "grammar":
+        return grammar_param(spec)
     if spec.kind == "regex":
         return f"{spec.origin}.regex"
     return spec.origin if spec.origin == "response_format" else f"{spec.origin}.schema"
@@ -252,7 +254,7 @@ class GrammarAPIHandler(APIHandlerSeams):
                 raise InvalidRequestError("draft_model cannot be chosen per request; start the server with "
                                           "--draft-model or --draft-layers", param="draft_model",
                                           code="unsupported_parameter")
-            spec = content = parse_response_format(self.body.get("response_format"))
+            spec = content = parse_constraint(self.body)
             length_safe = self._length_safe()
             fast_forward = self._fast_forward()
             request, plan = self._plan(request, spec, answer)
@@ -310,7 +312,8 @@ class GrammarAPIHandler(APIHandlerSeams):
             if family != tool_calls.FALLBACK_FORMAT:
                 strict = next((i for i, t in enumerate(tools) if t.strict), None)
                 if strict is not None or content is not None:
-                    why = (f"tools[{strict}] is strict" if strict is not None else "response_format is given")
+                    given = content.origin if content is not None else "response_format"
+                    why = f"tools[{strict}] is strict" if strict is not None else f"{given} is given"
                     raise InvalidRequestError(
                         f"{why}, but tool calls in the served model's {family!r} format are not constrained "
                         f"(constrained: {', '.join(tool_calls.CONSTRAINED_FORMATS)})",

@@ -63,6 +63,9 @@ def content_segment(spec: GrammarSpec | None) -> Segment | None:
         return None
     if spec.kind == "regex":
         return Regex(spec.text)
+    if spec.kind == "grammar":
+        raise InvalidRequestError(f"{spec.origin}: a context-free grammar is not a segment", param=spec.origin,
+                                  code="unsupported_parameter")
     return JSONSchema(json.loads(spec.text), strict=spec.strict, whitespace=spec.whitespace,
                       open_objects=spec.open_objects)
 
@@ -74,11 +77,14 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
     from `reasoning_state`) with the `budget`, then the tool-call program (`tool_calls.
     tool_call_segment`, with `content` as the answer that is not a call) or `content`, or free text.
     Tools in a format that is not constrained leave the body free (checked by the caller)."""
-    body = content_segment(content)
     # `none` in a format with no call tag (the fallback's): there is nothing to forbid.
     nothing_to_forbid = choice == "none" and tool_calls.call_start_tag(tokenizer) is None
     with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice) and not nothing_to_forbid
     thinking = state != "closed"
+    if content is not None and content.kind == "grammar":
+        _check_grammar_alone(content, with_tools, state, budget)
+        return None
+    body = content_segment(content)
     if with_tools:
         body = tool_calls.tool_call_segment(tokenizer, tools, choice, parallel, content=body)
         if thinking and (choice == "required" or isinstance(choice, NamedTool)):
@@ -96,6 +102,20 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
         trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
         return program if trigger is None else _forbid_in_reasoning(program, trigger)
     return body if with_tools else None
+
+
+def _check_grammar_alone(content: GrammarSpec, with_tools: bool, state: str, budget: int | None) -> None:
+    # A context-free grammar is not a segment (segments lower to one regular automaton): it is served
+    # alone, from the first generated token. A model that may open its thinking itself ("model")
+    # then writes no thinking; a prompt that opened it, a budget or tools would need the grammar
+    # inside a program, which is refused rather than served unconstrained.
+    why = ("tools are offered" if with_tools else "the prompt opens a thinking section" if state == "open"
+           else "a thinking budget is given" if budget is not None and state != "closed" else None)
+    if why is not None:
+        raise InvalidRequestError(
+            f"{content.origin}: a context-free grammar constrains the whole output, but {why}; send it without "
+            'tools or thinking budget (chat_template_kwargs {"enable_thinking": false} closes the thinking)',
+            param=content.origin, code="unsupported_parameter")
 
 
 def _forbid_in_reasoning(segment: Segment, tag: Tag) -> Segment:

@@ -18,7 +18,10 @@ __all__ = [
     "DEFAULT_MAX_QUEUED",
     "RETRY_AFTER_SECONDS",
     "GrammarSpec",
+    "GRAMMAR_SYNTAXES",
+    "grammar_syntax_of",
     "parse_response_format",
+    "parse_constraint",
     "parse_thinking_budget",
     "parse_enable_thinking",
     "ServerLimits",
@@ -37,8 +40,10 @@ RETRY_AFTER_SECONDS = 1  # the Retry-After of a 429: a decode step frees a place
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """What to compile: `kind` "json_schema" (text = the schema as compact JSON), "regex", or
-    "segments" (`segment`, a `grammar_mlx.segments` program; text = `segment_key(segment)`).
+    """What to compile: `kind` "json_schema" (text = the schema as compact JSON), "regex", "grammar"
+    (a context-free grammar: text in `syntax` "lark" or "gbnf", from rule `start`, None: the
+    syntax's default), or "segments" (`segment`, a `grammar_mlx.segments` program; text =
+    `segment_key(segment)`).
 
     `origin` is the request field it came from (for error messages; not part of the cache key), as
     is `segment` (its key is `text`)."""
@@ -50,6 +55,17 @@ class GrammarSpec:
     open_objects: bool = False  # a missing additionalProperties allows extra keys (JSON Schema's reading)
     origin: str = field(default="response_format.json_schema", compare=False)
     segment: Segment | None = field(default=None, compare=False)
+    syntax: str | None = None  # "grammar": "lark" or "gbnf"
+    start: str | None = None  # "grammar": the start rule
+
+
+GRAMMAR_SYNTAXES = ("lark", "gbnf")
+
+
+def grammar_syntax_of(text: str) -> str:
+    """The syntax of a grammar whose request field does not say it (vLLM's `guided_grammar`): GBNF
+    when the text holds `::=` (GBNF's rule sign, which Lark never uses), Lark otherwise."""
+    return "gbnf" if "::=" in text else "lark"
 
 
 _json_type = tool_calls.json_type  # one naming of JSON types for every request field
@@ -98,6 +114,22 @@ def parse_response_format(value: Any) -> GrammarSpec | None:
                 f'response_format of type "regex" needs "regex": a regex string, got {_json_type(regex)}',
                 param=f"{param}.regex")
         return GrammarSpec("regex", regex, origin=param)
+    if kind == "grammar":
+        _check_keys(value, {"type", "grammar", "syntax", "start"}, param)
+        grammar = value.get("grammar")
+        if not isinstance(grammar, str):
+            raise InvalidRequestError(
+                f'response_format of type "grammar" needs "grammar": the grammar\'s text, got {_json_type(grammar)}',
+                param=f"{param}.grammar")
+        syntax = value.get("syntax", "lark")
+        if syntax not in GRAMMAR_SYNTAXES:
+            raise InvalidRequestError(f"{param}.syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got "
+                                      f"{json.dumps(syntax)[:80]}", param=f"{param}.syntax")
+        start = value.get("start")
+        if start is not None and not isinstance(start, str):
+            raise InvalidRequestError(f"{param}.start must be a rule name (a string), got {_json_type(start)}",
+                                      param=f"{param}.start")
+        return GrammarSpec("grammar", grammar, origin=param, syntax=syntax, start=start)
     if kind == "json_schema":
         _check_keys(value, {"type", "json_schema"}, param)
         spec = value.get("json_schema")
@@ -133,8 +165,37 @@ def parse_response_format(value: Any) -> GrammarSpec | None:
                                       param=f"{param}.schema") from None
         return GrammarSpec("json_schema", text, bool(strict), _whitespace(spec, param), open_objects, origin=param)
     raise InvalidRequestError(
-        f"response_format.type must be one of text, json_object, json_schema, regex; got {kind!r}",
+        f"response_format.type must be one of text, json_object, json_schema, regex, grammar; got {kind!r}",
         param="response_format.type")
+
+
+# The top-level grammar fields other servers take: llama.cpp's `grammar` (GBNF) and vLLM's
+# `guided_grammar` (its syntax read by `grammar_syntax_of`).
+_GRAMMAR_FIELDS = (("grammar", "gbnf"), ("guided_grammar", None))
+
+
+def parse_constraint(body: dict[str, Any]) -> GrammarSpec | None:
+    """The one constraint a request body asks for: its `response_format`, llama.cpp's `grammar` or
+    vLLM's `guided_grammar` (None: unconstrained). An empty grammar string is no grammar, as in
+    llama.cpp. Raises `InvalidRequestError`: a malformed field, or two constraints in one request
+    (`conflicting_constraints`)."""
+    given: list[tuple[str, GrammarSpec]] = []
+    spec = parse_response_format(body.get("response_format"))
+    if spec is not None:
+        given.append(("response_format", spec))
+    for name, syntax in _GRAMMAR_FIELDS:
+        text = body.get(name)
+        if text is None or text == "":
+            continue
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"{name} must be a grammar's text (a string), got {_json_type(text)}",
+                                      param=name)
+        given.append((name, GrammarSpec("grammar", text, origin=name, syntax=syntax or grammar_syntax_of(text))))
+    if len(given) > 1:
+        names = " and ".join(name for name, _ in given)
+        raise InvalidRequestError(f"a request takes one constraint; this one gives {names}",
+                                  param=given[1][0], code="conflicting_constraints")
+    return given[0][1] if given else None
 
 
 

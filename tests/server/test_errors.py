@@ -55,7 +55,7 @@ def test_every_grammar_error_has_its_own_status_and_code():
         error = cls.__new__(cls)
         Exception.__init__(error, "x")
         for name, value in (("param", None), ("status", 400), ("code", None), ("keyword", None),
-                            ("pointer", None), ("position", None)):
+                            ("pointer", None), ("position", None), ("line", 1), ("column", 1)):
             if not hasattr(error, name):
                 setattr(error, name, value)
         status, body = error_response(error)
@@ -108,3 +108,20 @@ def test_every_code_the_package_raises_is_a_row_with_its_status():
     assert {"invalid_body", "request_too_large", "rank_grammar_failed", "not_found"} <= codes
     for row in server.ERROR_CODES:
         assert (row.status >= 500) == (server.error_body("m", row.status, row.code)["error"]["type"] == "server_error")
+
+
+def test_a_bad_grammar_is_a_400_naming_its_field_line_and_column():
+    from grammar_mlx.errors import EmptyGrammarError, InvalidGrammarError
+
+    error = InvalidGrammarError("undefined rule 'foo'", line=2, column=7)
+    for origin, param in (("response_format", "response_format.grammar"), ("grammar", "grammar"),
+                          ("guided_grammar", "guided_grammar")):
+        status, body = error_response(error, GrammarSpec("grammar", "x", origin=origin, syntax="gbnf"))
+        assert (status, body["error"]["code"], body["error"]["param"]) == (400, "invalid_grammar", param)
+        assert (body["error"]["line"], body["error"]["column"]) == (2, 7)
+        assert "line 2, column 7" in body["error"]["message"]
+    status, body = error_response(EmptyGrammarError("root derives no string", line=1, column=1),
+                                  GrammarSpec("grammar", "x", origin="grammar", syntax="gbnf"))
+    assert (status, body["error"]["code"], body["error"]["line"]) == (400, "empty_start_rule", 1)
+    status, body = error_response(InvalidRequestError("two", param="grammar", code="conflicting_constraints"))
+    assert (status, body["error"]["code"]) == (400, "conflicting_constraints")

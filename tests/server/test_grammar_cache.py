@@ -194,3 +194,52 @@ def test_cache_waiters_get_the_builders_error():
             with pytest.raises(InvalidSchemaError):
                 f.result(HANG_BOUND)
     assert cache.stats()["misses"] == 1  # built once: the waiters got the builder's error, not their own
+
+
+# --- context-free grammars through the cache ---------------------------------------------------------
+
+
+def _byte_vocabulary():
+    from grammar_mlx.vocabulary.token_bytes import Vocabulary
+
+    tokens = [bytes([b]) for b in range(1, 256)] + [b"12", b"+1", b"1+"]
+    return Vocabulary(tuple(tokens) + (None,), (len(tokens),), "byte-level"), len(tokens) + 2
+
+
+def test_grammars_compile_a_grammar_spec_once_per_syntax_text_and_start():
+    from grammar_mlx.errors import InvalidGrammarError
+    from grammar_mlx.grammars import CFGGrammar
+    from grammar_mlx.server import Grammars, GrammarSpec
+
+    vocabulary, width = _byte_vocabulary()
+    grammars = Grammars(vocabulary, width)
+    spec = GrammarSpec("grammar", 'root ::= num ("+" num)*\nnum ::= [0-9]+\n', syntax="gbnf")
+    grammar = grammars.get(spec)
+    assert isinstance(grammar, CFGGrammar) and grammar.logits_width == width
+    assert grammar.matches([ord(c) - 1 for c in "1+23"])  # byte b is id b - 1
+    assert not grammar.matches([ord(c) - 1 for c in "1++"])
+    assert grammar.min_completion_tokens is None  # no token-budget distances: length-safe masking is a no-op
+    assert grammars.get(GrammarSpec("grammar", spec.text, syntax="gbnf", origin="grammar")) is grammar
+    assert grammars.cache.stats()["hits"] == 1
+    started = grammars.get(GrammarSpec("grammar", spec.text, syntax="gbnf", start="num"))
+    assert started is not grammar and started.matches([ord(c) - 1 for c in "12"])
+    assert not started.matches([ord(c) - 1 for c in "1+2"])
+    bad = GrammarSpec("grammar", 'root ::= "a" (b\n', syntax="gbnf")
+    for _ in range(2):  # the error is cached like a grammar
+        with pytest.raises(InvalidGrammarError) as e:
+            grammars.get(bad)
+        assert (e.value.line, e.value.column) >= (1, 1)
+    assert grammars.cache.stats()["hits"] == 2
+
+
+def test_a_grammar_error_copies_and_pickles_with_its_position():
+    import copy
+    import pickle
+
+    from grammar_mlx.errors import EmptyGrammarError, InvalidGrammarError
+
+    for error in (InvalidGrammarError("undefined rule 'x'", line=2, column=14),
+                  EmptyGrammarError("root derives no string", line=1, column=1)):
+        for twin in (copy.copy(error), pickle.loads(pickle.dumps(error))):
+            assert type(twin) is type(error) and str(twin) == str(error)
+            assert (twin.line, twin.column) == (error.line, error.column)

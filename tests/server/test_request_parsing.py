@@ -12,6 +12,8 @@ from grammar_mlx.errors import (
 )
 from grammar_mlx.server import (
     GrammarSpec,
+    grammar_syntax_of,
+    parse_constraint,
     parse_response_format,
 )
 
@@ -104,3 +106,67 @@ def test_context_length_and_default_body_limit():
     assert server.default_max_body_bytes(8192) == 2**20
     assert server.default_max_body_bytes(131072) == 8 * 2**20
     assert server.default_max_body_bytes(None) == 8 * 2**20
+
+
+# --- grammars: response_format "grammar", llama.cpp's `grammar`, vLLM's `guided_grammar` ------------
+
+LARK_SUM = 'start: NUM ("+" NUM)*\nNUM: /[0-9]+/\n'
+GBNF_SUM = 'root ::= num ("+" num)*\nnum ::= [0-9]+\n'
+
+
+def test_response_format_grammar_defaults_to_lark_and_keys_on_syntax_text_and_start():
+    spec = parse_response_format({"type": "grammar", "grammar": LARK_SUM})
+    assert spec == GrammarSpec("grammar", LARK_SUM, syntax="lark")
+    assert spec.origin == "response_format"
+    gbnf = parse_response_format({"type": "grammar", "grammar": GBNF_SUM, "syntax": "gbnf", "start": "num"})
+    assert (gbnf.kind, gbnf.syntax, gbnf.start) == ("grammar", "gbnf", "num")
+    # The cache key: the same text under another syntax or start is another grammar.
+    assert gbnf != GrammarSpec("grammar", GBNF_SUM, syntax="gbnf")
+    assert gbnf == GrammarSpec("grammar", GBNF_SUM, syntax="gbnf", start="num", origin="grammar")
+
+
+@pytest.mark.parametrize("value, param, words", [
+    ({"type": "grammar"}, "response_format.grammar", "needs \"grammar\""),
+    ({"type": "grammar", "grammar": 3}, "response_format.grammar", "got number"),
+    ({"type": "grammar", "grammar": "x", "syntax": "ebnf"}, "response_format.syntax", "lark, gbnf"),
+    ({"type": "grammar", "grammar": "x", "start": 1}, "response_format.start", "rule name"),
+    ({"type": "grammar", "grammar": "x", "schema": {}}, "response_format", "unknown field"),
+])
+def test_response_format_grammar_errors(value, param, words):
+    with pytest.raises(InvalidRequestError, match=words) as e:
+        parse_response_format(value)
+    assert e.value.param == param and server.error_status_and_code(e.value) == (400, "invalid_response_format")
+
+
+def test_parse_constraint_reads_each_grammar_field():
+    assert parse_constraint({}) is None
+    assert parse_constraint({"response_format": {"type": "text"}, "grammar": ""}) is None  # "" is none, as llama.cpp
+    llama = parse_constraint({"grammar": GBNF_SUM})
+    assert (llama.kind, llama.syntax, llama.origin, llama.text) == ("grammar", "gbnf", "grammar", GBNF_SUM)
+    # llama.cpp's field is GBNF whatever it holds; a Lark text there fails as GBNF when compiled.
+    assert parse_constraint({"grammar": LARK_SUM}).syntax == "gbnf"
+    vllm_lark = parse_constraint({"guided_grammar": LARK_SUM})
+    assert (vllm_lark.syntax, vllm_lark.origin) == ("lark", "guided_grammar")
+    assert parse_constraint({"guided_grammar": GBNF_SUM}).syntax == "gbnf"  # `::=` says GBNF
+    assert grammar_syntax_of(GBNF_SUM) == "gbnf" and grammar_syntax_of(LARK_SUM) == "lark"
+    rf = parse_constraint({"response_format": {"type": "regex", "regex": "a"}, "guided_grammar": None})
+    assert rf == GrammarSpec("regex", "a")
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"response_format": {"type": "json_object"}, "grammar": GBNF_SUM}, "grammar", "response_format and grammar"),
+    ({"response_format": {"type": "grammar", "grammar": LARK_SUM}, "guided_grammar": LARK_SUM}, "guided_grammar",
+     "response_format and guided_grammar"),
+    ({"grammar": GBNF_SUM, "guided_grammar": GBNF_SUM}, "guided_grammar", "grammar and guided_grammar"),
+])
+def test_two_constraints_are_refused(body, param, words):
+    with pytest.raises(InvalidRequestError, match=words) as e:
+        parse_constraint(body)
+    assert (e.value.param, e.value.code) == (param, "conflicting_constraints")
+
+
+@pytest.mark.parametrize("field", ["grammar", "guided_grammar"])
+def test_a_grammar_field_must_be_a_string(field):
+    with pytest.raises(InvalidRequestError, match=f"{field} must be a grammar's text") as e:
+        parse_constraint({field: {"rules": []}})
+    assert e.value.param == field

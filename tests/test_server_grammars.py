@@ -1,0 +1,104 @@
+"""grammar_mlx.server live with context-free grammars: a served tiny qwen3 model directory in a
+subprocess, driven by the real `openai` client, through `response_format` {"type": "grammar"},
+llama.cpp's `grammar` field and vLLM's `guided_grammar`. The request parsing is unit-tested in
+tests/server/test_request.py."""
+
+from __future__ import annotations
+
+import pytest
+from test_server import Server
+
+lark = pytest.importorskip("lark", reason="the lark library is the oracle of the Lark grammars (test extra)")
+
+# Finite languages, so that a random-weight model completes them within the budget (a CFG has no
+# token-budget distances: length-safe masking cannot make it finish, see docs/grammars.md).
+LIST_LARK = 'start: "[" NAME ("," NAME)? ("," NAME)? "]"\nNAME: /[a-z]{1,3}/\n'
+SUM_GBNF = 'root ::= "(" term ("+" term)? ")"\nterm ::= [0-9] | "(" [0-9] "*" [0-9] ")"\n'
+SUM_LARK = 'start: "(" term ("+" term)? ")"\nterm: DIGIT | "(" DIGIT "*" DIGIT ")"\nDIGIT: /[0-9]/\n'
+ASK = [{"role": "user", "content": "Write something."}]
+
+
+@pytest.fixture(scope="module")
+def grammar_server(qwen_model_dir):
+    pytest.importorskip("openai", reason="the openai client is a test extra")
+    served = Server("grammars", "--model", str(qwen_model_dir), "--no-preload-json-object")
+    try:
+        served.wait_ready()
+        yield served
+    finally:
+        served.stop()
+    assert served.proc.returncode == 0
+
+
+def parses(grammar_text: str, text: str) -> bool:
+    try:
+        lark.Lark(grammar_text, parser="earley", lexer="dynamic").parse(text)
+    except lark.exceptions.LarkError:
+        return False
+    return True
+
+
+def test_response_format_grammar_output_parses_by_the_grammar(grammar_server):
+    client = grammar_server.client()
+    reply = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=40,
+        response_format={"type": "grammar", "grammar": LIST_LARK})  # type: ignore[arg-type]
+    text = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop" and parses(LIST_LARK, text), text
+    stream = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=40, stream=True,
+        response_format={"type": "grammar", "grammar": SUM_GBNF, "syntax": "gbnf"})  # type: ignore[arg-type]
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert parses(SUM_LARK, streamed), streamed
+
+
+def test_llama_cpp_grammar_field_on_both_endpoints(grammar_server):
+    client = grammar_server.client()
+    chat = client.chat.completions.create(model="m", messages=ASK, max_tokens=40, extra_body={"grammar": SUM_GBNF})
+    assert chat.choices[0].finish_reason == "stop" and parses(SUM_LARK, chat.choices[0].message.content)
+    done = client.completions.create(model="m", prompt="Sum:", max_tokens=40, extra_body={"grammar": SUM_GBNF})
+    assert done.choices[0].finish_reason == "stop" and parses(SUM_LARK, done.choices[0].text), done.choices[0].text
+
+
+def test_vllm_guided_grammar_reads_lark_and_gbnf(grammar_server):
+    client = grammar_server.client()
+    for text, oracle in ((LIST_LARK, LIST_LARK), (SUM_GBNF, SUM_LARK)):
+        done = client.completions.create(model="m", prompt="Out:", max_tokens=40, extra_body={"guided_grammar": text})
+        assert done.choices[0].finish_reason == "stop" and parses(oracle, done.choices[0].text), done.choices[0].text
+
+
+def test_a_grammar_cut_by_max_tokens_finishes_with_length(grammar_server):
+    # No completion fits in 4 tokens: no refusal (the grammar has no budget distances) and no crash.
+    done = grammar_server.client().completions.create(
+        model="m", prompt="Out:", max_tokens=4, extra_body={"grammar": "root ::= [a-z]{200,}"})
+    assert done.choices[0].finish_reason == "length"
+    assert done.choices[0].text.isalpha() and done.choices[0].text.islower()
+
+
+def test_a_bad_grammar_is_a_400_naming_line_and_column(grammar_server):
+    import openai
+
+    client = grammar_server.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt="x", max_tokens=5,
+                                  extra_body={"grammar": 'root ::= "a" item\nitem ::= "b" missing\n'})
+    error = info.value.body
+    assert (error["code"], error["param"], error["line"], error["column"]) == ("invalid_grammar", "grammar", 2, 14)
+    assert "line 2, column 14" in error["message"] and "missing" in error["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=ASK, max_tokens=5,
+                                       response_format={"type": "grammar", "grammar": "start: (\"a\""})  # type: ignore[arg-type]
+    error = info.value.body
+    assert (error["code"], error["param"]) == ("invalid_grammar", "response_format.grammar")
+    assert error["line"] == 1 and f"column {error['column']}" in error["message"]
+
+
+def test_two_constraints_in_one_request_are_a_400(grammar_server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        grammar_server.client().chat.completions.create(
+            model="m", messages=ASK, max_tokens=5, response_format={"type": "json_object"},
+            extra_body={"guided_grammar": LIST_LARK})
+    error = info.value.body
+    assert (error["code"], error["param"]) == ("conflicting_constraints", "guided_grammar")
