@@ -131,7 +131,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _cache_line(report: dict) -> str:
+def _cache_line(report: dict[str, Any]) -> str:
     where = report["cache_dir"]
     if report["cache_hit"]:
         return f"hit in {where}"
@@ -558,7 +558,7 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def compile_report(grammar: Any) -> dict:
+def compile_report(grammar: Any) -> dict[str, Any]:
     """What a compiled grammar holds, for `compile`, in the terms docs/compiled-grammar.md ("What
     `compile` reports") defines: `states` are the grammar's states (one per byte DFA state, and the
     terminal state entered on EOS), `byte_states` the byte DFA's. An eager grammar's tables are
@@ -610,7 +610,7 @@ _SOURCES = {"given": "given", "memory": "from this process", "disk": "read from 
             "built": "built (and cached)", None: "not needed (complete tables from the cache)"}
 
 
-def _report_text(report: dict) -> str:
+def _report_text(report: dict[str, Any]) -> str:
     rows = [
         ("grammar", report["grammar"]),
         ("model", f"{report['model']} (logits width {report['logits_width']:,})"),

@@ -92,7 +92,7 @@ class FactorRoPE(nn.Module):
     """
 
     def __init__(self, dims: int, base: float, factors: mx.array, scale: float = 1.0):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # mlx.nn.Module's, unannotated (see pyproject.toml)
         self.dims = dims
         self.scale = scale  # linear position scaling, if the file also asks for it
         wavelengths = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
@@ -422,7 +422,7 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
     if isinstance(layer_types, list):
         changes["layer_types"] = layer_types[:num_layers]
     model_class: Any = type(model)  # an mlx-lm Model class: Model(args)
-    draft = model_class(replace(args, **changes))  # lazy parameters, replaced below before any use
+    draft: nn.Module = model_class(replace(args, **changes))  # lazy parameters, replaced below before any use
     for name, child in inner.children().items():
         if name != "layers":
             setattr(draft.model, name, child)

@@ -438,7 +438,7 @@ class Determinizer:
         self._ids: dict[frozenset[int], int] = {}
         self._nfa_live = _nfa_liveness(nfa, self.alphabet)
         self.all_live = self._nfa_live is None
-        self._nfa_distance: array | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
+        self._nfa_distance: array[int] | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
         # Python objects held by the memos (sets, closures, transitions), in bytes: see `nbytes`.
         self._py_bytes = 3 * sys.getsizeof({})
 
@@ -560,10 +560,11 @@ def _usable_prefix(alphabet: frozenset[int]) -> list[int]:
     them iff `prefix[hi + 1] > prefix[lo]`."""
     usable = np.zeros(256, dtype=bool)
     usable[sorted(alphabet)] = True
-    return np.concatenate([[0], np.cumsum(usable)]).tolist()
+    prefix: list[int] = np.concatenate([[0], np.cumsum(usable)]).tolist()
+    return prefix
 
 
-def _reverse_edges(nfa: ByteNFA, prefix: list[int], stage: str) -> tuple[array, array, array]:
+def _reverse_edges(nfa: ByteNFA, prefix: list[int], stage: str) -> tuple[array[int], array[int], array[int]]:
     """The NFA's edges that can be taken over the alphabet of `prefix` (`_usable_prefix`), grouped
     by target: the predecessors of state t are `preds[first[t]:first[t + 1]]`, each with its weight
     (1: a byte edge, 0: an epsilon edge)."""
@@ -592,7 +593,7 @@ def _reverse_edges(nfa: ByteNFA, prefix: list[int], stage: str) -> tuple[array, 
     return first, preds, weights
 
 
-def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array:
+def _nfa_distances(nfa: ByteNFA, alphabet: frozenset[int]) -> array[int]:
     """Per NFA state, the fewest bytes of `alphabet` to the match (`_FAR`: none): a 0-1 breadth-first
     search backward from the match, epsilon edges weighing 0 and byte edges whose range holds a byte
     of the alphabet 1."""

@@ -47,6 +47,9 @@ Label = TypeVar("Label", bound=Hashable)
 STAGE = "translating the schema"  # what a deadline that passes here names
 
 
+Ranges = tuple[tuple[int, int], ...]  # CharSet.ranges: sorted, disjoint inclusive ranges
+
+
 class AutomatonTooLarge(Exception):
     """Internal: a construction exceeded its budget."""
 
@@ -390,7 +393,8 @@ def minimize(dfa: DFA) -> DFA:
     return DFA(trans, accept)
 
 
-def _equivalence_classes(rows: dict, live: set, accept: set) -> dict[int, int]:
+def _equivalence_classes(rows: dict[int, list[tuple[CharSet, int]]], live: set[int],
+                         accept: set[int]) -> dict[int, int]:
     """The coarsest partition of `live` into states with the same language, as state -> class id,
     classes numbered in the order of their least state.
 
@@ -398,7 +402,7 @@ def _equivalence_classes(rows: dict, live: set, accept: set) -> dict[int, int]:
     block when the characters that lead them into A differ; after a block splits, only the smaller
     parts need to serve as splitters again (the largest is implied), so each transition is looked at
     O(log n) times, not once per round as in Moore's algorithm (a chain of n states takes n rounds)."""
-    into: dict[int, list[tuple[int, tuple]]] = {s: [] for s in live}  # target -> [(source, ranges)]
+    into: dict[int, list[tuple[int, Ranges]]] = {s: [] for s in live}  # target -> [(source, ranges)]
     for s, row in rows.items():
         for chars, t in row:
             into[t].append((s, chars.ranges))
@@ -411,11 +415,11 @@ def _equivalence_classes(rows: dict, live: set, accept: set) -> dict[int, int]:
         check_deadline(STAGE)
         splitter = pending.pop()
         # The characters from each predecessor into the splitter block.
-        leads: dict[int, list] = {}
+        leads: dict[int, list[Ranges]] = {}
         for t in members[splitter]:
             for s, ranges in into[t]:
                 leads.setdefault(s, []).append(ranges)
-        touched: dict[int, dict[tuple, list[int]]] = {}
+        touched: dict[int, dict[Ranges, list[int]]] = {}
         for s, parts in leads.items():
             key = parts[0] if len(parts) == 1 else _union_ranges(parts)
             touched.setdefault(block_of[s], {}).setdefault(key, []).append(s)
@@ -442,7 +446,7 @@ def _equivalence_classes(rows: dict, live: set, accept: set) -> dict[int, int]:
     return {s: rank[b] for s, b in block_of.items()}
 
 
-def _union_ranges(parts: list[tuple]) -> tuple:
+def _union_ranges(parts: list[Ranges]) -> Ranges:
     """The union of disjoint normalized range tuples, normalized (adjacent ranges joined)."""
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(r for ranges in parts for r in ranges):

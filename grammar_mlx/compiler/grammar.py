@@ -127,7 +127,8 @@ class CompiledGrammar:
             self._check_state(state)
             entry = self._lookup(state)
         if type(entry) is dict:
-            return entry.get(token_id, -1)
+            target: int = entry.get(token_id, -1)
+            return target
         if not 0 <= token_id < self.logits_width:
             return -1
         ids, nxt = entry
@@ -135,7 +136,8 @@ class CompiledGrammar:
             j = bisect_left(ids, token_id)
             if j < len(ids) and ids[j] == token_id:
                 return -1
-            return nxt.item(token_id - j)
+            step: int = nxt.item(token_id - j)
+            return step
         # An int32 needle: a Python int would make numpy convert the whole row to int64 per call.
         i = int(ids.searchsorted(np.int32(token_id)))
         if i < len(ids) and ids[i] == token_id:
@@ -315,7 +317,8 @@ class EagerGrammar(CompiledGrammar):
     def mask_row(self, state: int) -> int:
         if not 0 <= state < self.num_states:
             self._check_state(state)
-        return self._mask_rows[state]
+        row: int = self._mask_rows[state]
+        return row
 
     def device_masks(self) -> mx.array:
         """The mask table as an `mx.array`, created once: no mask bytes move per token (a budget

@@ -51,7 +51,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -193,7 +193,7 @@ class LazyIndex:
     @property
     def accepting(self) -> np.ndarray:
         """Whether each state so far accepts (a copy: a growing DFA's array is replaced as it grows)."""
-        accepting = self.dfa.accepting[: self.dfa.num_states + 1].copy()
+        accepting: np.ndarray = self.dfa.accepting[: self.dfa.num_states + 1].copy()
         accepting[self.terminal] = True
         return accepting
 
@@ -240,7 +240,8 @@ class LazyIndex:
 
     def _byte_live_of(self, states: np.ndarray) -> np.ndarray:
         byte_live = self._byte_live
-        return self.dfa.live[states] if byte_live is None else byte_live[states]
+        live: np.ndarray = self.dfa.live[states] if byte_live is None else byte_live[states]
+        return live
 
     def _live(self, states: np.ndarray) -> np.ndarray:
         """Whether each state is live (a copy), deciding the states the bytes do not."""
@@ -626,7 +627,7 @@ class LazyIndex:
             + self.dfa.nbytes
         )
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
             rows = list(self._rows.values())
             return {

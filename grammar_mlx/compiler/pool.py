@@ -209,7 +209,7 @@ class _Worker:
             filled += n
         return buf
 
-    def _receive(self, deadline: Deadline) -> tuple:
+    def _receive(self, deadline: Deadline) -> tuple[Any, ...]:
         try:
             (size,) = worker_protocol.HEADER.unpack(self._read_exact(worker_protocol.HEADER.size, deadline))
             if size > 1 << 40:  # not a length this protocol writes: the stream is garbage

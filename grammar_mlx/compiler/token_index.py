@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -362,11 +363,11 @@ def walk_mlx(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.
     return walk(trie, dfa, state, backend="mlx")
 
 
-_DEVICE_TRIES: dict[int, tuple[TokenTrie, dict]] = {}
+_DEVICE_TRIES: dict[int, tuple[TokenTrie, dict[str, Any]]] = {}
 _DEVICE_LOCK = threading.Lock()
 
 
-def _device_trie(trie: TokenTrie) -> dict:
+def _device_trie(trie: TokenTrie) -> dict[str, Any]:
     """The trie's level arrays as MLX arrays (parent indices local to the previous level), once."""
     import mlx.core as mx
 

@@ -79,6 +79,7 @@ def apply(backend: str, logits: mx.array, mask_table: mx.array, rows: mx.array) 
     the arguments are checked already (`dispatch`)."""
     batch, vocab = logits.shape
     grid, threadgroup = launch_geometry(batch, vocab)
+    out: mx.array
     (out,) = _kernel(backend)(
         inputs=[logits, mask_table, rows],
         template=[("T", logits.dtype)],

@@ -359,7 +359,8 @@ def _count(digits: str) -> int:
     digits = digits.lstrip("0") or "0"
     if len(digits) <= _MAX_COUNT_DIGITS:
         return int(digits)
-    return 10**_MAX_COUNT_DIGITS * min(len(digits), 10**6)
+    scale: int = 10**_MAX_COUNT_DIGITS  # int ** int is typed Any (a negative exponent gives a float)
+    return scale * min(len(digits), 10**6)
 
 
 def _as_set(item: int | CharSet) -> CharSet:

@@ -12,9 +12,9 @@ docs/json-schema.md.
 from ..limits import MAX_REGEX_NESTING as MAX_NESTING
 from ..limits import MAX_REPEAT, MAX_WHITESPACE
 from ..limits import SCHEMA_REGEX_LENGTH as MAX_REGEX_LENGTH
+from .normalize import Unenforced
 from .translate import (
     SchemaRegex,
-    Unenforced,
     byte_automaton,
     canonical_json,
     in_grammar,

@@ -183,7 +183,7 @@ class _Undecided(Exception):
     pass
 
 
-def check_metaschema(schema: dict | bool) -> None:
+def check_metaschema(schema: dict[str, Any] | bool) -> None:
     """Raise `InvalidSchemaError` unless `schema` is valid under its draft's metaschema (see the module
     docstring); `CompileTimeoutError` when the compile deadline in force passes."""
     verdict = fast_verdict(schema)
@@ -198,7 +198,7 @@ def check_metaschema(schema: dict | bool) -> None:
     _check_with_jsonschema(schema)
 
 
-def fast_verdict(schema: dict | bool) -> FastVerdict:
+def fast_verdict(schema: dict[str, Any] | bool) -> FastVerdict:
     """The walk's verdict on `schema`, without jsonschema. Raises `InvalidSchemaError` for a `$schema`
     that is not a string, or not a URI (as the jsonschema path does)."""
     if isinstance(schema, dict) and "$schema" in schema:
@@ -369,7 +369,7 @@ def _is_non_negative(value: object, integral_floats: bool) -> bool:
     return integral_floats and isinstance(value, float) and value.is_integer() and value >= 0
 
 
-def _distinct(values: list) -> bool:
+def _distinct(values: list[Any]) -> bool:
     """Whether jsonschema's `uniqueItems` holds: numbers equal by value (1 == 1.0), booleans apart
     from numbers, objects and arrays inside the items by structure. `_Undecided` for two or more items
     with an array among them (jsonschema sorts such items and compares neighbours only, so its answer
@@ -452,7 +452,7 @@ def _pointer(path: Path) -> str:
 
 # --- the jsonschema path: its metaschema validators (a test extra) ----------------------------------
 
-def _check_with_jsonschema(schema: dict | bool) -> None:
+def _check_with_jsonschema(schema: dict[str, Any] | bool) -> None:
     """Validate against the draft's metaschema with `jsonschema` (does nothing when not installed).
 
     Without `$schema`, a schema valid under any of 2020-12, 7, 4 is accepted: real-world schemas omit

@@ -452,7 +452,8 @@ def _multiple_dfa(step: Fraction, integer: bool) -> fa.DFA:
         negative, residue, nonzero, part, read, flag = state
         if part in ("start", "sign") or (part == "frac" and not flag) or (negative and not nonzero):
             return False
-        return residue * 10 ** (digits - (read if part == "frac" else 0)) % k == 0
+        scale: int = 10 ** (digits - (read if part == "frac" else 0))  # int ** int is typed Any
+        return residue * scale % k == 0
 
     def successors(state: State) -> Iterator[tuple[CharSet, State]]:
         negative, residue, nonzero, part, read, flag = state

@@ -101,6 +101,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -140,7 +141,7 @@ class SchemaRegex:
 
     ast: Regex  # the grammar (a `regex.syntax` DAG; full match)
     unenforced: tuple[Unenforced, ...]  # keywords an output may violate
-    schema: dict | bool  # the schema as parsed (Pydantic models: model_json_schema())
+    schema: dict[str, Any] | bool  # the schema as parsed (Pydantic models: model_json_schema())
     size: int  # the length of `regex`, known without writing it
     nesting: int  # its group nesting (outlines-core takes at most limits.MAX_REGEX_NESTING)
     ast_size: int  # the AST's own size, each shared part once: what limits.SCHEMA_REGEX_LENGTH bounds
@@ -162,7 +163,7 @@ class SchemaRegex:
         return to_regex(self.ast)
 
 
-def load_schema(schema: object) -> dict | bool:
+def load_schema(schema: object) -> dict[str, Any] | bool:
     """A schema from a dict, JSON text (str/bytes) or a Pydantic v2 model class, checked for shape."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         model = schema
@@ -240,7 +241,8 @@ def _check_json_value(value: object, what: str, error: type[Exception], *, text:
 
 @lru_cache(maxsize=1)
 def _integer_limit() -> int:
-    return 10**limits.MAX_INTEGER_DIGITS
+    limit: int = 10**limits.MAX_INTEGER_DIGITS  # int ** int is typed Any
+    return limit
 
 
 def _check_unicode(text: str, path: Path, what: str, kind: str, error: type[Exception]) -> None:
@@ -270,7 +272,7 @@ def _too_deep(what: str) -> GrammarTooLargeError:
 
 
 def schema_to_regex(
-    schema: dict | bool | str | bytes | type,
+    schema: dict[str, Any] | bool | str | bytes | type,
     *,
     whitespace: str | None = None,
     strict: bool = False,
@@ -306,7 +308,7 @@ def _check_open_objects(open_objects: object) -> None:
         raise InvalidArgumentError(f"open_objects must be True or False, not {open_objects!r}")
 
 
-def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
+def _translate(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int,
                open_objects: bool = False) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
@@ -323,7 +325,7 @@ def _translate(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int
         raise _too_deep("the schema") from None
 
 
-def _translate_within_cap(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int,
+def _translate_within_cap(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int,
                           open_objects: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
     held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
@@ -342,7 +344,7 @@ class _CostlyTooLarge(Exception):
     """No depth fits, with costly exact forms in the regex."""
 
 
-def _depth_ladder(doc: dict | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
+def _depth_ladder(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
                   costly: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     nz: Normalizer | None = None
     root: Node | None = None

@@ -173,7 +173,8 @@ class Grammars:
         self.tokenizer = tokenizer
 
     def get(self, spec: GrammarSpec) -> ServedGrammar:
-        return self.cache.get(spec, lambda: self._compile(spec))
+        served: ServedGrammar = self.cache.get(spec, lambda: self._compile(spec))
+        return served
 
     def _compile(self, spec: GrammarSpec) -> ServedGrammar:
         options: CompileOptions = {"timeout": self.timeout, "cache_dir": self.cache_dir}

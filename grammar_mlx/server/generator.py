@@ -275,7 +275,8 @@ class GrammarResponseGenerator(ResponseGeneratorSeams):
         args = SimpleNamespace(chat_template_kwargs=chat_template_kwargs)  # the one field mlx-lm's tokenization reads
         param = "messages" if request.request_type == "chat" else "prompt"
         try:
-            return self.mlx_tokenize(tokenizer, request, args)
+            tokenized: Tokenized = self.mlx_tokenize(tokenizer, request, args)
+            return tokenized
         except (TemplateError, TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
             raise InvalidRequestError(f"cannot build the prompt from {param}: {type(e).__name__}: {e}",
                                       param=param, code="invalid_prompt") from None

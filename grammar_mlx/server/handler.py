@@ -145,7 +145,7 @@ class GrammarAPIHandler(APIHandlerSeams):
                     check_body(raw, self.path)
                     socket_file, self.rfile = self.rfile, io.BytesIO(raw)  # mlx-lm reads the checked body
                     try:
-                        super().do_POST()
+                        super().do_POST()  # type: ignore[no-untyped-call]  # mlx-lm's, unannotated (pyproject.toml)
                     finally:
                         self.rfile = socket_file
                 finally:
@@ -172,7 +172,7 @@ class GrammarAPIHandler(APIHandlerSeams):
             except InvalidRequestError as e:
                 self._send_error(*error_response(e))
                 return
-        super().do_GET()
+        super().do_GET()  # type: ignore[no-untyped-call]  # mlx-lm's, unannotated (see pyproject.toml)
 
     def _check_access(self) -> None:
         """Refuse (401) a request without one of the server's API keys, before its body is read."""

@@ -32,7 +32,7 @@ from ..errors import ModelLoadError, ServerUnavailableError
 from ..runtime import GrammarProcessor
 
 if TYPE_CHECKING:
-    from ..generate import LogitsProcessor
+    from ..request import LogitsProcessor
     from .request import FastForwarded
 
 __all__ = [
@@ -211,7 +211,7 @@ def install_logits_hook() -> None:
     request runs through mlx-lm's own. Raises `ModelLoadError` when the seams do not check out."""
     check_mlx_lm()
     with _hook_lock:
-        original = mlx_server._make_logits_processors
+        original: Callable[[mlx_server.GenerationArguments], list[LogitsProcessor]] = mlx_server._make_logits_processors
         if getattr(original, "grammar_mlx_hook", False):
             return
 
@@ -272,13 +272,13 @@ class ResponseGeneratorSeams(mlx_server.ResponseGenerator):
         return self.mlx_tokenize(tokenizer, request, args)
 
     def share_request(self, request: Any) -> Any:
-        return super()._share_request(request)
+        return super()._share_request(request)  # type: ignore[no-untyped-call]  # mlx-lm's, unannotated; untyped_calls_exclude cannot name super() calls
 
     def batchable(self, args: mlx_server.GenerationArguments) -> bool:
-        return bool(super()._is_batchable(args))
+        return bool(super()._is_batchable(args))  # type: ignore[no-untyped-call]  # mlx-lm's, unannotated; untyped_calls_exclude cannot name super() calls
 
     def await_response(self, response_queue: Queue[Any]) -> Any:
-        return super()._await_response(response_queue)
+        return super()._await_response(response_queue)  # type: ignore[no-untyped-call]  # mlx-lm's, unannotated; untyped_calls_exclude cannot name super() calls
 
     # the seams
     def _tokenize(self, tokenizer: Any, request: mlx_server.CompletionRequest, args: Any) -> Any:

@@ -368,7 +368,7 @@ def _encoding_of(hf: Any, vocab: dict[str, int]) -> str:
     raise TokenizerError(f"unsupported tokenizer decoder {kinds or decoder!r}: need byte-level BPE or SentencePiece")
 
 
-def _decoder_kinds(decoder: dict | None) -> set[str]:
+def _decoder_kinds(decoder: dict[str, Any] | None) -> set[str]:
     if not decoder:
         return set()
     kinds = {decoder.get("type", "")}
