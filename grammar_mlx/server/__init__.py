@@ -192,6 +192,7 @@ from .programs import (
     served_think_tags,
 )
 from .request import (
+    CONSTRAINT_FIELDS,
     DEFAULT_MAX_QUEUED,
     JSON_OBJECT_SCHEMA,
     FastForwarded,
@@ -222,6 +223,7 @@ __all__ = [
     "Grammars",
     "grammar_syntax_of",
     "parse_constraint",
+    "CONSTRAINT_FIELDS",
     "parse_response_format",
     "parse_thinking_budget",
     "parse_enable_thinking",

@@ -19,10 +19,9 @@ from ..errors import (
     ServerUnavailableError,
     UnsupportedSchemaError,
 )
-from .request import GrammarSpec
+from .request import GrammarSpec, text_param
 
-__all__ = ["ErrorCode", "ERROR_CODES", "error_status_and_code", "error_body", "error_response", "errors_markdown",
-           "grammar_param"]
+__all__ = ["ErrorCode", "ERROR_CODES", "error_status_and_code", "error_body", "error_response", "errors_markdown"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,11 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("unsupported_parameter", 400, _IRE, "a field this server does not serve (`n` > 1, `adapters`, "
                                                    "a per-request `draft_model`, ...)"),
     ErrorCode("invalid_argument", 400, _IRE, "a request extension field with a bad value"),
-    ErrorCode("conflicting_constraints", 400, _IRE, "more than one of `response_format`, `grammar` and "
-                                                     "`guided_grammar` (with `param`, the second)"),
+    ErrorCode("invalid_constraint", 400, _IRE, "a malformed constraint field beside `response_format` "
+              "(`guided_*`, `structured_outputs`, `json_schema`, `grammar`): a wrong type, an empty "
+              "`guided_choice` or a non-string choice, a whitespace pattern without JSON"),
+    ErrorCode("conflicting_constraints", 400, _IRE, "more than one constraint field (`response_format`, `guided_*`, "
+              "`structured_outputs` or one of its keys, `json_schema`, `grammar`; `param` the second)"),
     ErrorCode("invalid_tools", 400, _IRE, "malformed `tools`"),
     ErrorCode("invalid_tool_choice", 400, _IRE, "a `tool_choice` that is malformed or names no offered tool"),
     ErrorCode("unsupported_tool_format", 400, _IRE, "a strict tool or a `response_format` beside tools whose "
@@ -141,16 +143,10 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
     elif param is None and spec is not None:
         if spec.kind == "segments":
             param = spec.origin
-        elif spec.kind == "grammar":
-            param = grammar_param(spec)
-        elif spec.kind == "regex":
-            param = f"{spec.origin}.regex"
-        elif isinstance(error, InvalidRegexError) and spec.whitespace is not None:
-            param = f"{spec.origin}.whitespace"
-        elif spec.origin == "response_format":  # json_object: the request holds no schema
-            param = spec.origin
+        elif isinstance(error, InvalidRegexError) and spec.kind == "json_schema" and spec.whitespace is not None:
+            param = spec.whitespace_param
         else:
-            param = f"{spec.origin}.schema"
+            param = text_param(spec)
     body = error_body(str(error), status, code, param)
     if isinstance(error, UnsupportedSchemaError):
         body["error"].update(keyword=error.keyword, pointer=error.pointer)
@@ -159,11 +155,6 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
     if isinstance(error, InvalidGrammarError):
         body["error"].update(line=error.line, column=error.column)
     return status, body
-
-
-def grammar_param(spec: GrammarSpec) -> str:
-    """The request field holding a "grammar" spec's text."""
-    return f"{spec.origin}.grammar" if spec.origin == "response_format" else spec.origin
 
 
 def errors_markdown() -> str:

@@ -25,7 +25,7 @@ from ..schema import Unenforced
 from ..segments import tools as tool_calls
 from ..segments.tools import NamedTool, ToolChoice, ToolSpec
 from .access import check_authorization
-from .errors import error_body, error_response, grammar_param
+from .errors import error_body, error_response
 from .generator import (
     NO_FAST_FORWARD_DISTRIBUTED,
     ConstrainedRequest,
@@ -50,6 +50,7 @@ from .request import (
     parse_constraint,
     parse_enable_thinking,
     parse_thinking_budget,
+    text_param,
 )
 
 if TYPE_CHECKING:
@@ -83,15 +84,6 @@ class _Answer:
     free_text: Any = None  # a length-safe segments grammar with free text, and its budget
     max_tokens: int = 0
     fast_forward: FastForwarded | None = None
-
-
-def _content_param(spec: GrammarSpec) -> str:
-    """The request field a `response_format` grammar's compile error is about."""
-    if spec.kind == "grammar":
-        return grammar_param(spec)
-    if spec.kind == "regex":
-        return f"{spec.origin}.regex"
-    return spec.origin if spec.origin == "response_format" else f"{spec.origin}.schema"
 
 
 POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
@@ -354,7 +346,7 @@ class GrammarAPIHandler(APIHandlerSeams):
         answer.strip_content = state != "closed" and (json_content or calls_only)
         origin = "tools" if plan.tools and plan.choice != "none" else "thinking_budget"
         if content is not None:
-            origin = _content_param(content)
+            origin = text_param(content)
         return GrammarSpec("segments", segment_key(program), origin=origin, segment=program)
 
     def generate_response(self, text: str, finish_reason: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

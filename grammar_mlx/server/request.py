@@ -1,14 +1,18 @@
-"""Reading a request: `response_format` into a `GrammarSpec`, the reasoning fields, the body's
-shape, and the limits a request is checked against (docs/server.md, "Limits")."""
+"""Reading a request: its constraint fields (`response_format`, vLLM's `guided_*` and
+`structured_outputs`, llama.cpp's `json_schema` and `grammar`: `CONSTRAINT_FIELDS`) into one
+`GrammarSpec`, the reasoning fields, the body's shape, and the limits a request is checked against
+(docs/server.md, "Limits")."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import limits
 from ..errors import InvalidRequestError
+from ..regex.charset import escape_text
 from ..runtime.fast_forward import FastForwardMode
 from ..segments import Segment
 from ..segments import tools as tool_calls
@@ -22,6 +26,11 @@ __all__ = [
     "grammar_syntax_of",
     "parse_response_format",
     "parse_constraint",
+    "CONSTRAINT_FIELDS",
+    "CONSTRAINT_OPTIONS",
+    "STRUCTURED_OUTPUTS_CONSTRAINTS",
+    "STRUCTURED_OUTPUTS_OPTIONS",
+    "text_param",
     "parse_thinking_budget",
     "parse_enable_thinking",
     "ServerLimits",
@@ -57,6 +66,12 @@ class GrammarSpec:
     segment: Segment | None = field(default=None, compare=False)
     syntax: str | None = None  # "grammar": "lark" or "gbnf"
     start: str | None = None  # "grammar": the start rule
+    whitespace_origin: str | None = field(default=None, compare=False)  # None: `origin`.whitespace
+
+    @property
+    def whitespace_param(self) -> str:
+        """The request field holding the `whitespace` regex."""
+        return self.whitespace_origin or f"{self.origin}.whitespace"
 
 
 GRAMMAR_SYNTAXES = ("lark", "gbnf")
@@ -71,12 +86,12 @@ def grammar_syntax_of(text: str) -> str:
 _json_type = tool_calls.json_type  # one naming of JSON types for every request field
 
 
-def _check_keys(value: dict[str, Any], allowed: set[str], param: str) -> None:
+def _check_keys(value: dict[str, Any], allowed: set[str], param: str, code: str | None = None) -> None:
     unknown = sorted(set(value) - allowed)
     if unknown:
         raise InvalidRequestError(
             f"{param} has unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}",
-            param=param)
+            param=param, code=code)
 
 
 def _whitespace(value: dict[str, Any], param: str) -> str | None:
@@ -151,52 +166,178 @@ def parse_response_format(value: Any) -> GrammarSpec | None:
             raise InvalidRequestError(f"{param}.schema is required (the JSON Schema of the output)",
                                       param=f"{param}.schema")
         schema = spec["schema"]
-        if not isinstance(schema, (dict, bool)):
-            raise InvalidRequestError(f"{param}.schema must be a JSON Schema object, got {_json_type(schema)}",
-                                      param=f"{param}.schema")
         strict = spec.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise InvalidRequestError(f"{param}.strict must be a boolean, got {_json_type(strict)}",
                                       param=f"{param}.strict")
-        try:
-            text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (ValueError, RecursionError):
-            raise InvalidRequestError(f"{param}.schema must be plain JSON (no NaN or Infinity, bounded nesting)",
-                                      param=f"{param}.schema") from None
+        text = _schema_text(schema, f"{param}.schema")
         return GrammarSpec("json_schema", text, bool(strict), _whitespace(spec, param), open_objects, origin=param)
     raise InvalidRequestError(
         f"response_format.type must be one of text, json_object, json_schema, regex, grammar; got {kind!r}",
         param="response_format.type")
 
 
-# The top-level grammar fields other servers take: llama.cpp's `grammar` (GBNF) and vLLM's
-# `guided_grammar` (its syntax read by `grammar_syntax_of`).
-_GRAMMAR_FIELDS = (("grammar", "gbnf"), ("guided_grammar", None))
+def _schema_text(schema: Any, param: str, code: str | None = None) -> str:
+    """A schema (an object or a boolean) as the compact JSON text a "json_schema" spec holds."""
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidRequestError(f"{param} must be a JSON Schema object, got {_json_type(schema)}", param=param,
+                                  code=code)
+    try:
+        return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):
+        raise InvalidRequestError(f"{param} must be plain JSON (no NaN or Infinity, bounded nesting)",
+                                  param=param, code=code) from None
 
 
-def parse_constraint(body: dict[str, Any]) -> GrammarSpec | None:
-    """The one constraint a request body asks for: its `response_format`, llama.cpp's `grammar` or
-    vLLM's `guided_grammar` (None: unconstrained). An empty grammar string is no grammar, as in
-    llama.cpp. Raises `InvalidRequestError`: a malformed field, or two constraints in one request
-    (`conflicting_constraints`)."""
-    given: list[tuple[str, GrammarSpec]] = []
-    spec = parse_response_format(body.get("response_format"))
-    if spec is not None:
-        given.append(("response_format", spec))
-    for name, syntax in _GRAMMAR_FIELDS:
-        text = body.get(name)
-        if text is None or text == "":
-            continue
-        if not isinstance(text, str):
-            raise InvalidRequestError(f"{name} must be a grammar's text (a string), got {_json_type(text)}",
-                                      param=name)
-        given.append((name, GrammarSpec("grammar", text, origin=name, syntax=syntax or grammar_syntax_of(text))))
+# The constraint fields beside `response_format`, each read by one function of (value, param) into a
+# GrammarSpec whose `origin` is `param`, the field holding the constraint. Their bad values are
+# `invalid_constraint` (JSON text that is not JSON: `invalid_schema`).
+def _bad(param: str, wants: str, value: Any) -> InvalidRequestError:
+    return InvalidRequestError(f"{param} must be {wants}, got {_json_type(value)}", param=param,
+                               code="invalid_constraint")
+
+
+def _json_field(value: Any, param: str) -> GrammarSpec:
+    # vLLM's `guided_json` and `structured_outputs.json`: a schema object, or its JSON text.
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise InvalidRequestError(f"{param} is text but not JSON: {e}", param=param,
+                                      code="invalid_schema") from None
+    if not isinstance(value, (dict, bool)):
+        raise _bad(param, "a JSON Schema (an object, or its JSON text)", value)
+    return GrammarSpec("json_schema", _schema_text(value, param, "invalid_constraint"), origin=param)
+
+
+def _schema_field(value: Any, param: str) -> GrammarSpec:
+    # llama.cpp's `json_schema`: the schema object itself.
+    if not isinstance(value, (dict, bool)):
+        raise _bad(param, "a JSON Schema object", value)
+    return GrammarSpec("json_schema", _schema_text(value, param, "invalid_constraint"), origin=param)
+
+
+def _json_object_field(value: Any, param: str) -> GrammarSpec | None:
+    if not isinstance(value, bool):
+        raise _bad(param, "a boolean", value)
+    return GrammarSpec("json_schema", JSON_OBJECT_SCHEMA, origin=param) if value else None
+
+
+def _regex_field(value: Any, param: str) -> GrammarSpec:
+    if not isinstance(value, str):
+        raise _bad(param, "a regex (a string)", value)
+    return GrammarSpec("regex", value, origin=param)
+
+
+def _choice_field(value: Any, param: str) -> GrammarSpec:
+    # Each choice is literal text: the regex is their alternation, each escaped.
+    if not isinstance(value, list) or not value:
+        raise _bad(param, "a non-empty list of strings", value)
+    for i, choice in enumerate(value):
+        if not isinstance(choice, str):
+            raise _bad(f"{param}[{i}]", "a string", choice)
+    return GrammarSpec("regex", "|".join(escape_text(choice) for choice in value), origin=param)
+
+
+def _grammar_field(syntax: str | None) -> Callable[[Any, str], GrammarSpec | None]:
+    # llama.cpp's `grammar` (GBNF) and vLLM's `guided_grammar` (syntax read by `grammar_syntax_of`);
+    # an empty string is no grammar, as in llama.cpp.
+    def read(value: Any, param: str) -> GrammarSpec | None:
+        if not isinstance(value, str):
+            raise _bad(param, "a grammar's text (a string)", value)
+        if value == "":
+            return None
+        return GrammarSpec("grammar", value, origin=param, syntax=syntax or grammar_syntax_of(value))
+    return read
+
+
+def _structured_outputs(value: Any, param: str) -> GrammarSpec | None:
+    # vLLM's `structured_outputs` object: at most one of its constraint keys, and its options.
+    if not isinstance(value, dict):
+        raise _bad(param, "an object", value)
+    _check_keys(value, {*STRUCTURED_OUTPUTS_CONSTRAINTS, *STRUCTURED_OUTPUTS_OPTIONS, "whitespace_pattern",
+                        "structural_tag"}, param, "invalid_constraint")
+    if value.get("structural_tag") is not None:
+        raise InvalidRequestError(f"{param}.structural_tag is not supported: use tools (constrained tool calls) "
+                                  "or one of json, regex, choice, grammar", param=f"{param}.structural_tag",
+                                  code="unsupported_parameter")
+    for key in STRUCTURED_OUTPUTS_OPTIONS:
+        if value.get(key) is not None and not isinstance(value[key], bool):
+            raise _bad(f"{param}.{key}", "a boolean", value[key])
+    spec = _one_constraint(value, STRUCTURED_OUTPUTS_CONSTRAINTS, f"{param}.")
+    return _with_whitespace(spec, value.get("whitespace_pattern"), f"{param}.whitespace_pattern")
+
+
+STRUCTURED_OUTPUTS_CONSTRAINTS: dict[str, Callable[[Any, str], GrammarSpec | None]] = {
+    "json": _json_field, "regex": _regex_field, "choice": _choice_field, "grammar": _grammar_field(None),
+    "json_object": _json_object_field,
+}
+# Flags accepted and checked (booleans) that change nothing: the output is compact unless
+# `whitespace_pattern` says otherwise, objects are closed where the schema has no
+# additionalProperties, and the one engine has no fallback.
+STRUCTURED_OUTPUTS_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
+
+# Every top-level constraint field: `response_format`, vLLM's and llama.cpp's.
+CONSTRAINT_FIELDS: dict[str, Callable[[Any, str], GrammarSpec | None]] = {
+    "response_format": lambda value, _: parse_response_format(value),
+    "json_schema": _schema_field,
+    "grammar": _grammar_field("gbnf"),
+    "guided_json": _json_field,
+    "guided_regex": _regex_field,
+    "guided_choice": _choice_field,
+    "guided_grammar": _grammar_field(None),
+    "structured_outputs": _structured_outputs,
+}
+# The fields that shape a constraint rather than give one.
+CONSTRAINT_OPTIONS = ("guided_whitespace_pattern", "guided_decoding_backend")
+
+
+def _one_constraint(body: dict[str, Any], fields: dict[str, Callable[[Any, str], GrammarSpec | None]],
+                    prefix: str = "") -> GrammarSpec | None:
+    given = [(f"{prefix}{name}", spec) for name, read in fields.items() if body.get(name) is not None
+             for spec in [read(body[name], f"{prefix}{name}")] if spec is not None]
     if len(given) > 1:
         names = " and ".join(name for name, _ in given)
         raise InvalidRequestError(f"a request takes one constraint; this one gives {names}",
                                   param=given[1][0], code="conflicting_constraints")
     return given[0][1] if given else None
 
+
+def _with_whitespace(spec: GrammarSpec | None, whitespace: Any, param: str) -> GrammarSpec | None:
+    if whitespace is None:
+        return spec
+    if not isinstance(whitespace, str):
+        raise _bad(param, "a regex (a string)", whitespace)
+    if spec is None or spec.kind != "json_schema":
+        raise InvalidRequestError(f"{param} is the whitespace of JSON output, but the request asks for no JSON",
+                                  param=param, code="invalid_constraint")
+    if spec.whitespace is not None:
+        raise InvalidRequestError(f"{param}: the whitespace is given twice ({spec.whitespace_param})",
+                                  param=param, code="invalid_constraint")
+    return replace(spec, whitespace=whitespace, whitespace_origin=param)
+
+
+def parse_constraint(body: dict[str, Any]) -> GrammarSpec | None:
+    """The one constraint a request body asks for, from `CONSTRAINT_FIELDS` (None: unconstrained; a
+    null field is an absent one), with `guided_whitespace_pattern` as its JSON whitespace.
+    `guided_decoding_backend` is checked to be a string and otherwise ignored: the server has one
+    engine, which constrains exactly whatever backend is named. Raises `InvalidRequestError`: a
+    malformed field, or two constraints in one request (`conflicting_constraints`, `param` the
+    second)."""
+    backend = body.get("guided_decoding_backend")
+    if backend is not None and not isinstance(backend, str):
+        raise _bad("guided_decoding_backend", "a backend's name (a string)", backend)
+    spec = _one_constraint(body, CONSTRAINT_FIELDS)
+    return _with_whitespace(spec, body.get("guided_whitespace_pattern"), "guided_whitespace_pattern")
+
+
+def text_param(spec: GrammarSpec) -> str:
+    """The request field holding a spec's constraint (its grammar, regex or schema)."""
+    if spec.origin == "response_format" and spec.kind in ("regex", "grammar"):
+        return f"response_format.{spec.kind}"
+    if spec.origin == "response_format.json_schema":
+        return f"{spec.origin}.schema"
+    return spec.origin
 
 
 def parse_thinking_budget(body: dict[str, Any], has_thinking: bool) -> int | None:
