@@ -38,11 +38,22 @@ per-request `draft_model` are refused (400).
 - Extension `{"type": "grammar", "grammar": "...", "syntax": "lark" | "gbnf", "start": "rule"}`: the
   whole output is in the context-free grammar's language (`grammar_mlx.grammars`; `syntax` default
   "lark", as OpenAI's and llguidance's grammar formats; `start` default `start` / `root`).
-- Beside `response_format`, the top-level grammar fields of other servers: llama.cpp's `grammar`
-  (GBNF) and vLLM's `guided_grammar` (GBNF when its text holds `::=`, Lark otherwise); an empty
-  string is no grammar. A request takes one constraint: two of `response_format` (other than
-  text), `grammar`, `guided_grammar` are a 400 `conflicting_constraints`. A bad grammar is a 400
-  `invalid_grammar` with `line` and `column` (also in the message); cached by syntax, text and start.
+- Beside `response_format`, the constraint fields of other servers' clients (`request.
+  CONSTRAINT_FIELDS`): llama.cpp's `grammar` (GBNF) and `json_schema` (a bare schema object);
+  vLLM's `guided_json` (a schema object or its JSON text), `guided_regex`, `guided_choice` (a
+  non-empty list of strings: the output is exactly one of them, each literal text), `guided_grammar`
+  (GBNF when its text holds `::=`, Lark otherwise), and the `structured_outputs` object (one of
+  `json`, `regex`, `choice`, `grammar`, `json_object: true`; `whitespace_pattern`; the flags
+  `disable_any_whitespace`, `disable_additional_properties`, `disable_fallback` are checked and
+  change nothing; `structural_tag` is a 400 `unsupported_parameter`). Schemas from these fields
+  compile non-strictly. `guided_whitespace_pattern` is the JSON whitespace of whichever field asks
+  for JSON; `guided_decoding_backend` must be a string and is otherwise ignored (one engine, exact
+  whatever it names). An empty grammar string is no grammar; a null field is an absent one. A
+  request takes one constraint: two of these fields, `response_format` (other than text) among
+  them, or two keys of `structured_outputs`, are a 400 `conflicting_constraints` (`param` the
+  second); a malformed one is a 400 `invalid_constraint` (JSON text that is not JSON:
+  `invalid_schema`). A bad grammar is a 400 `invalid_grammar` with `line` and `column` (also in the
+  message); cached by syntax, text and start.
   A grammar constrains the whole output from the first token: a reasoning model does not think
   under it, and one beside tools, a thinking budget or a prompt that opened the thinking is a 400
   `unsupported_parameter`. It has no token-budget distances, so length-safe masking cannot steer
