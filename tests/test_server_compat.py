@@ -92,7 +92,8 @@ def test_completions_endpoint_and_the_openai_clients_extra_body(servers):
     assert status == 200, answer
     jsonschema.validate(json.loads(answer["choices"][0]["text"]), CITY)
     client = servers["plain"].client()
-    reply = client.chat.completions.create(model="m", messages=ASK, max_tokens=10, extra_body={"guided_choice": CHOICES})
+    reply = client.chat.completions.create(model="m", messages=ASK, max_tokens=10,
+                                           extra_body={"guided_choice": CHOICES})
     assert reply.choices[0].message.content in CHOICES
     done = client.completions.create(model="m", prompt="Pick:", max_tokens=10,
                                      extra_body={"structured_outputs": {"choice": CHOICES}})
