@@ -11,7 +11,10 @@ import urllib.request
 
 import jsonschema
 import pytest
+import test_server
 from test_server import Server
+
+servers = test_server.servers  # the plain and draft SmolLM2 servers, a pair of this module's own
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                          "population": {"type": "integer", "minimum": 0, "maximum": 99999}},
@@ -19,20 +22,6 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength":
 CHOICES = ["Paris", "New York", "a.b (c)*"]  # the last is literal text, not a regex
 DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
 ASK = [{"role": "user", "content": "Name a city and its population as JSON."}]
-
-
-@pytest.fixture(scope="module")
-def servers(smollm_path):
-    plain = Server("compat", "--no-preload-json-object")
-    draft = Server("compat-draft", "--draft-layers", "8", "--num-draft-tokens", "3", "--no-preload-json-object")
-    try:
-        plain.wait_ready()
-        draft.wait_ready()
-        yield {"plain": plain, "draft": draft}
-    finally:
-        plain.stop()
-        draft.stop()
-    assert plain.proc.returncode == 0 and draft.proc.returncode == 0
 
 
 def post(served: Server, path: str, body: dict) -> tuple[int, dict]:
