@@ -1,6 +1,8 @@
 """The HTTP handler: mlx-lm's request handler plus the body limits, `response_format`, tools and
 reasoning fields, the prompt-length check, the compile, OpenAI-shaped errors, and the response
-rewrites (reasoning tokens in `usage`, the gap after the reasoning, fallback-format tool calls)."""
+rewrites (reasoning tokens in `usage`, the gap after the reasoning, fallback-format tool calls).
+A `/v1/responses` request is served as the chat request it translates to, its answer rewritten by
+`responses.ResponsesWriter` in place of the socket's `wfile`."""
 
 from __future__ import annotations
 
@@ -33,7 +35,6 @@ from .generator import (
     Tokenized,
 )
 from .mlx_lm_seams import APIHandlerSeams, GenerationRefused
-from .responses import RESPONSES_PATH, ResponsesWriter, ResponseStore, translate
 from .programs import (
     check_tool_schemas,
     cut_free_text,
@@ -53,6 +54,7 @@ from .request import (
     parse_enable_thinking,
     parse_thinking_budget,
 )
+from .responses import RESPONSES_PATH, ResponseStore, ResponsesWriter, translate
 
 if TYPE_CHECKING:
     from .cache import ServedGrammar
@@ -152,7 +154,8 @@ class GrammarAPIHandler(APIHandlerSeams):
                         raw, self.path = json.dumps(exchange.chat).encode(), "/v1/chat/completions"
                         del self.headers["Content-Length"]  # mlx-lm reads the chat body by its length
                         self.headers["Content-Length"] = str(len(raw))
-                        self.wfile = cast("io.BufferedIOBase", ResponsesWriter(socket_wfile, exchange, self.response_store))
+                        writer = ResponsesWriter(socket_wfile, exchange, self.response_store)
+                        self.wfile = cast("io.BufferedIOBase", writer)
                     check_body(raw, self.path)
                     socket_file, self.rfile = self.rfile, io.BytesIO(raw)  # mlx-lm reads the checked body
                     try:

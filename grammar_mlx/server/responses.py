@@ -26,6 +26,7 @@ entries (`DEFAULT_STORE_ENTRIES`); an id that is not there (never stored, or evi
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import threading
@@ -33,7 +34,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from ..errors import InvalidRequestError
 from ..segments.tools import json_type
@@ -209,7 +210,7 @@ def _tools(value: Any, choice: Any) -> tuple[list[dict[str, Any]], Any, CustomTo
     if not isinstance(value, list):
         raise _invalid(f"tools must be a list, got {json_type(value)}", "tools", "invalid_tools")
     functions: list[dict[str, Any]] = []
-    customs: dict[str, tuple[int, dict[str, Any]]] = {}
+    customs: dict[str, tuple[int, dict[str, Any] | None]] = {}
     for i, tool in enumerate(value):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind == "function":
@@ -588,7 +589,7 @@ class ResponsesWriter:
     path writes (HTTP head, then a JSON body or SSE chunks) reaches `out` as the Responses answer,
     and a complete answer is stored when the request says `store`."""
 
-    def __init__(self, out: BinaryIO, exchange: Exchange, store: ResponseStore) -> None:
+    def __init__(self, out: IO[bytes] | io.BufferedIOBase, exchange: Exchange, store: ResponseStore) -> None:
         self.out, self.exchange, self.store = out, exchange, store
         self._buffer = b""
         self._head: bytes | None = None

@@ -27,7 +27,6 @@ from .cache import DEFAULT_CACHE_ENTRIES, DEFAULT_CACHE_MB, GrammarCache, Gramma
 from .generator import ExactPromptCache, GrammarResponseGenerator, LoadedModelProvider
 from .handler import make_server
 from .mlx_lm_seams import check_mlx_lm
-from .responses import DEFAULT_STORE_ENTRIES, ResponseStore
 from .request import (
     DEFAULT_MAX_QUEUED,
     JSON_OBJECT_SCHEMA,
@@ -36,6 +35,7 @@ from .request import (
     context_length_of,
     default_max_body_bytes,
 )
+from .responses import DEFAULT_STORE_ENTRIES, ResponseStore
 
 __all__ = [
     "SHUTDOWN_GRACE_SECONDS",
