@@ -114,7 +114,6 @@ class Exchange:
     history: list[dict[str, Any]]  # the conversation's messages without instructions
     custom: CustomTool | None = None
     store: bool = True
-    stream: bool = False
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -341,8 +340,7 @@ def translate(body: Any, store: ResponseStore) -> Exchange:
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "text": body.get("text") or {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [], "store": body.get("store", True)}
-    return Exchange(chat, echo, history, custom, store=body.get("store", True) is not False,
-                    stream=chat["stream"])
+    return Exchange(chat, echo, history, custom, store=body.get("store", True) is not False)
 
 
 def chat_param(param: str | None, exchange: Exchange | None) -> str | None:
