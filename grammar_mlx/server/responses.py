@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import re
 import threading
 import time
 import uuid
@@ -114,6 +115,7 @@ class Exchange:
     history: list[dict[str, Any]]  # the conversation's messages without instructions
     custom: CustomTool | None = None
     store: bool = True
+    tool_indexes: tuple[int, ...] = ()  # each chat tool's index in the Responses `tools` (custom tools dropped)
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -202,13 +204,15 @@ def _text_format(text: Any) -> dict[str, Any] | None:
     return fmt  # text, json_object and the extensions (regex, grammar) read as on the chat endpoint
 
 
-def _tools(value: Any, choice: Any) -> tuple[list[dict[str, Any]], Any, CustomTool | None, dict[str, Any] | None]:
-    """(chat tools, chat tool_choice, the custom tool that constrains the answer, its response_format)."""
+def _tools(value: Any, choice: Any) -> tuple[list[tuple[int, dict[str, Any]]], Any, CustomTool | None,
+                                             dict[str, Any] | None]:
+    """(chat tools with their Responses indexes, chat tool_choice, the custom tool that constrains the
+    answer, its response_format)."""
     if value is None:
         value = []
     if not isinstance(value, list):
         raise _invalid(f"tools must be a list, got {json_type(value)}", "tools", "invalid_tools")
-    functions: list[dict[str, Any]] = []
+    functions: list[tuple[int, dict[str, Any]]] = []
     customs: dict[str, tuple[int, dict[str, Any] | None]] = {}
     for i, tool in enumerate(value):
         kind = tool.get("type") if isinstance(tool, dict) else None
@@ -216,7 +220,7 @@ def _tools(value: Any, choice: Any) -> tuple[list[dict[str, Any]], Any, CustomTo
             function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
             if function.get("parameters") is None:
                 function["parameters"] = {"type": "object", "properties": {}}
-            functions.append({"type": "function", "function": function})
+            functions.append((i, {"type": "function", "function": function}))
         elif kind == "custom":
             name = tool.get("name")
             if not isinstance(name, str) or not name:
@@ -330,7 +334,7 @@ def translate(body: Any, store: ResponseStore) -> Exchange:
     if response_format is not None:
         chat["response_format"] = response_format
     if tools:
-        chat["tools"] = tools
+        chat["tools"] = [tool for _, tool in tools]
         if choice is not None:
             chat["tool_choice"] = choice
     _reasoning(body.get("reasoning"), chat)
@@ -340,7 +344,8 @@ def translate(body: Any, store: ResponseStore) -> Exchange:
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "text": body.get("text") or {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [], "store": body.get("store", True)}
-    return Exchange(chat, echo, history, custom, store=body.get("store", True) is not False)
+    return Exchange(chat, echo, history, custom, store=body.get("store", True) is not False,
+                    tool_indexes=tuple(i for i, _ in tools))
 
 
 def chat_param(param: str | None, exchange: Exchange | None) -> str | None:
@@ -358,8 +363,12 @@ def chat_param(param: str | None, exchange: Exchange | None) -> str | None:
             return f"tools[{exchange.custom.index}].format.definition"
         rest = param.removeprefix("response_format").removeprefix(".json_schema")
         return f"text.format{rest}"
-    if param.startswith("tools[") and ".function" in param:
-        return param.replace(".function", "", 1)
+    match = re.match(r"tools\[(\d+)\](?:\.function)?", param)
+    if match is not None:
+        index = int(match.group(1))
+        if exchange is not None and index < len(exchange.tool_indexes):
+            index = exchange.tool_indexes[index]
+        return f"tools[{index}]{param[match.end():]}"
     if param.startswith("tool_choice.function"):
         return param.replace(".function", "", 1)
     return param

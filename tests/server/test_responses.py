@@ -125,6 +125,11 @@ def test_chat_params_are_named_as_the_responses_fields():
         "tools[1].function.parameters", "tool_choice.function.name", "temperature", None)] == [
         "input", "max_output_tokens", "reasoning.effort", "text.format", "text.format.schema",
         "tools[1].parameters", "tool_choice.name", "temperature", None]
+    # Custom tools dropped (tool_choice none): a chat tool's index is its index among the Responses tools.
+    custom = {"type": "custom", "name": "c"}
+    exchange = translate({"input": "x", "tool_choice": "none", "tools": [
+        custom, {"type": "function", "name": "f", "parameters": SCHEMA}]}, ResponseStore())
+    assert chat_param("tools[0].function.parameters", exchange) == "tools[1].parameters"
 
 
 def test_store_is_bounded_and_continues_a_conversation():
