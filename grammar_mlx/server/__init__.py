@@ -15,7 +15,11 @@ model as its draft (`truncated_draft`). `--port 0` picks a free port; the first 
 Endpoints are mlx_lm.server's: `POST /v1/chat/completions` (also `/chat/completions`) and
 `/v1/completions`, streamed (SSE) or not; `GET /health`; `GET /v1/models` lists the served model.
 The request's `model` is echoed back, never loaded: the server serves one model. `adapters` and a
-per-request `draft_model` are refused (400).
+per-request `draft_model` are refused (400). `POST /v1/responses` (also `/responses`) and `GET
+/v1/responses/{id}` are OpenAI's Responses API, served as the chat request each translates to
+(`responses`; docs/server.md, "Responses"); answers are kept for `previous_response_id` in a bounded
+store (`--responses-store N`, default `DEFAULT_STORE_ENTRIES`, 256; an unknown or evicted id is a 404
+`response_not_found`).
 
 `response_format` (both endpoints):
 
@@ -167,7 +171,8 @@ Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm deco
 requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them
 one at a time through speculative decoding, which the processor follows through rejected drafts.
 
-The package's parts: `request` (the request's fields, limits and body checks), `programs` (reasoning
+The package's parts: `request` (the request's fields, limits and body checks), `responses` (the
+Responses API as a translation of the chat request and answer), `programs` (reasoning
 and tool-call segments programs), `cache` (the single-flight LRU grammar cache), `errors` (the error
 table), `generator` (mlx-lm's provider, prompt cache and response generator as served), `handler`
 (HTTP), `serve` (the command) and `mlx_lm_seams`, the only module that touches mlx-lm's private
@@ -218,6 +223,7 @@ from .request import (
     parse_response_format,
     parse_thinking_budget,
 )
+from .responses import DEFAULT_STORE_ENTRIES, ResponseStore
 from .serve import (
     SHUTDOWN_GRACE_SECONDS,
     add_serve_arguments,
@@ -229,6 +235,8 @@ from .serve import (
 )
 
 __all__ = [
+    "DEFAULT_STORE_ENTRIES",
+    "ResponseStore",
     "GrammarSpec",
     "GrammarCache",
     "Grammars",

@@ -54,8 +54,12 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
               "`guided_choice` or a non-string choice, a whitespace pattern without JSON"),
     ErrorCode("conflicting_constraints", 400, _IRE, "more than one constraint field (`response_format`, `guided_*`, "
               "`structured_outputs` or one of its keys, `json_schema`, `grammar`; `param` the second)"),
+    ErrorCode("invalid_input", 400, _IRE, "/v1/responses: a malformed `input` item or `instructions`, or one "
+                                           "this server does not serve (images, files)"),
     ErrorCode("invalid_tools", 400, _IRE, "malformed `tools`"),
     ErrorCode("invalid_tool_choice", 400, _IRE, "a `tool_choice` that is malformed or names no offered tool"),
+    ErrorCode("unsupported_grammar_syntax", 400, _IRE, "/v1/responses: a custom tool's grammar `syntax` other "
+                                                        "than `regex` and `lark`"),
     ErrorCode("unsupported_tool_format", 400, _IRE, "a strict tool or a `response_format` beside tools whose "
                                                      "format is not constrained"),
     ErrorCode("context_length_exceeded", 400, _IRE, "the prompt, or the prompt plus `max_tokens`, does not fit "
@@ -81,6 +85,8 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("invalid_api_key", 401, _IRE, "keys are configured and the request's `Authorization: Bearer` "
                                              "holds none of them (refused before its body is read)"),
     ErrorCode("not_found", 404, None, "a POST to another path"),
+    ErrorCode("response_not_found", 404, _IRE, "/v1/responses: a `previous_response_id` or `GET /v1/responses/{id}` "
+                                                "that names no stored response (never stored, or evicted)"),
     ErrorCode("request_timeout", 408, _IRE, "the client stopped sending its body"),
     ErrorCode("length_required", 411, _IRE, "no Content-Length (chunked bodies are refused)"),
     ErrorCode("request_too_large", 413, _IRE, "a body over `--max-body-mb`, refused before it is read"),

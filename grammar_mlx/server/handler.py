@@ -1,6 +1,8 @@
 """The HTTP handler: mlx-lm's request handler plus the body limits, `response_format`, tools and
 reasoning fields, the prompt-length check, the compile, OpenAI-shaped errors, and the response
-rewrites (reasoning tokens in `usage`, the gap after the reasoning, fallback-format tool calls)."""
+rewrites (reasoning tokens in `usage`, the gap after the reasoning, fallback-format tool calls).
+A `/v1/responses` request is served as the chat request it translates to, its answer rewritten by
+`responses.ResponsesWriter` in place of the socket's `wfile`."""
 
 from __future__ import annotations
 
@@ -47,11 +49,13 @@ from .request import (
     FastForwarded,
     GrammarSpec,
     check_body,
+    decode_body,
     parse_constraint,
     parse_enable_thinking,
     parse_thinking_budget,
     text_param,
 )
+from .responses import RESPONSES_PATH, ResponseStore, ResponsesWriter, translate
 
 if TYPE_CHECKING:
     from .cache import ServedGrammar
@@ -86,7 +90,7 @@ class _Answer:
     fast_forward: FastForwarded | None = None
 
 
-POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
+POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions", RESPONSES_PATH, "/responses")
 _DRAIN_SECONDS = 5.0  # how long the unread rest of a refused body is discarded, so the client reads the 413
 
 
@@ -96,6 +100,7 @@ class GrammarAPIHandler(APIHandlerSeams):
 
     response_generator: GrammarResponseGenerator
     api_keys: tuple[str, ...] = ()  # with any, every request but GET /health needs one (`make_server`)
+    response_store: ResponseStore  # stored Responses answers (`make_server`)
     _unread = 0
     _unenforced: tuple[Unenforced, ...]  # the served grammar's report, sent as X-Grammar-Unenforced
     _answer: _Answer | None = None
@@ -119,6 +124,7 @@ class GrammarAPIHandler(APIHandlerSeams):
         self.stream = False
         self._unread = 0
         generator = self.response_generator
+        socket_wfile = self.wfile
         with generator.serving():
             try:
                 self._check_access()
@@ -134,6 +140,14 @@ class GrammarAPIHandler(APIHandlerSeams):
                         status=429, code="rate_limit_exceeded")
                 try:
                     raw = self._read_body()
+                    if self.path in (RESPONSES_PATH, "/responses"):
+                        # Served as the chat request it translates to; its answer rewritten on the way out.
+                        exchange = translate(decode_body(raw), self.response_store)
+                        raw, self.path = json.dumps(exchange.chat).encode(), "/v1/chat/completions"
+                        del self.headers["Content-Length"]  # mlx-lm reads the chat body by its length
+                        self.headers["Content-Length"] = str(len(raw))
+                        writer = ResponsesWriter(socket_wfile, exchange, self.response_store)
+                        self.wfile = cast("io.BufferedIOBase", writer)
                     check_body(raw, self.path)
                     socket_file, self.rfile = self.rfile, io.BytesIO(raw)  # mlx-lm reads the checked body
                     try:
@@ -151,6 +165,7 @@ class GrammarAPIHandler(APIHandlerSeams):
                     logging.exception("request failed")
                 self._send_error(*error_response(e))
             finally:
+                self.wfile = socket_wfile
                 if self._unread:
                     self._discard_unread()
 
@@ -161,6 +176,10 @@ class GrammarAPIHandler(APIHandlerSeams):
         if self.path != "/health":
             try:
                 self._check_access()
+                if self.path.startswith(RESPONSES_PATH + "/"):
+                    stored = self.response_store.get(self.path[len(RESPONSES_PATH) + 1:])
+                    self._send_json(200, stored.response)
+                    return
             except InvalidRequestError as e:
                 self._send_error(*error_response(e))
                 return
@@ -504,9 +523,10 @@ class GrammarAPIHandler(APIHandlerSeams):
 
 
 def make_server(host: str, port: int, response_generator: GrammarResponseGenerator, *,
-                api_keys: tuple[str, ...] = ()) -> ThreadingHTTPServer:
+                api_keys: tuple[str, ...] = (), responses: ResponseStore | None = None) -> ThreadingHTTPServer:
     """The stdlib threading HTTP server mlx_lm.server uses, with the grammar handler; with `api_keys`,
-    every request but GET /health needs `Authorization: Bearer KEY` for one of them (`access`)."""
+    every request but GET /health needs `Authorization: Bearer KEY` for one of them (`access`).
+    `responses`: where `/v1/responses` keeps stored answers (default a `ResponseStore` of its default size)."""
     family, _, _, _, found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     address = cast("tuple[str, int] | tuple[str, int, int, int]", found)  # an IP address: a host and a port
     fingerprint = mlx_server.get_system_fingerprint()
@@ -518,4 +538,5 @@ def make_server(host: str, port: int, response_generator: GrammarResponseGenerat
         pass
 
     Handler.api_keys = tuple(api_keys)
+    Handler.response_store = responses if responses is not None else ResponseStore()
     return Server(address, lambda *a, **k: Handler(response_generator, *a, system_fingerprint=fingerprint, **k))

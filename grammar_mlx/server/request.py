@@ -37,6 +37,7 @@ __all__ = [
     "context_length_of",
     "default_max_body_bytes",
     "check_body",
+    "decode_body",
     "FastForwarded",
 ]
 
@@ -422,9 +423,8 @@ def default_max_body_bytes(context_length: int | None) -> int:
 
 
 
-def check_body(raw: bytes, path: str) -> None:
-    """Refuse a body that is not a UTF-8 JSON object, lacks the endpoint's `messages` (a list of
-    objects) or `prompt` (a string), or asks for more than one choice."""
+def decode_body(raw: bytes) -> Any:
+    """The body's JSON value; an `invalid_body` error when it is not UTF-8 JSON."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -436,6 +436,13 @@ def check_body(raw: bytes, path: str) -> None:
         raise InvalidRequestError(f"the request body is not valid JSON: {e}", code="invalid_body") from None
     except RecursionError:
         raise InvalidRequestError("the request body is nested too deeply", code="invalid_body") from None
+    return body
+
+
+def check_body(raw: bytes, path: str) -> None:
+    """Refuse a body that is not a UTF-8 JSON object, lacks the endpoint's `messages` (a list of
+    objects) or `prompt` (a string), or asks for more than one choice."""
+    body = decode_body(raw)
     if not isinstance(body, dict):
         raise InvalidRequestError(f"the request body must be a JSON object, got {_json_type(body)}",
                                   code="invalid_body")

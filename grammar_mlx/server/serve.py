@@ -35,6 +35,7 @@ from .request import (
     context_length_of,
     default_max_body_bytes,
 )
+from .responses import DEFAULT_STORE_ENTRIES, ResponseStore
 
 __all__ = [
     "SHUTDOWN_GRACE_SECONDS",
@@ -176,6 +177,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-length", type=_positive_int, default=None,
                         help="the model's context in tokens, for the prompt-length check (default: from the "
                              "model's config, e.g. max_position_embeddings; no check when it has none)")
+    parser.add_argument("--responses-store", type=_positive_int, default=DEFAULT_STORE_ENTRIES,
+                        help="stored /v1/responses answers kept in memory for previous_response_id and GET, least "
+                             f"recently used out ({DEFAULT_STORE_ENTRIES})")
     parser.add_argument("--preload-json-object", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the json_object grammar in the background at start (default on)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
@@ -251,7 +255,8 @@ def serve_main(args: argparse.Namespace) -> int:
         generator.join()
         _exit_now(0)
     try:
-        httpd = make_server(args.host, args.port, generator, api_keys=api_keys)  # rank 0 alone answers HTTP
+        httpd = make_server(args.host, args.port, generator, api_keys=api_keys,
+                            responses=ResponseStore(args.responses_store))  # rank 0 alone answers HTTP
     except OSError as e:
         generator.stop_and_join()
         print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)

@@ -166,13 +166,14 @@ def _fields_read(source: str) -> set[str]:
     return set(re.findall(r'body(?:\.get\(\s*|\[)"(\w+)"', source))
 
 
-def _table_rows(docs: str) -> list[tuple[set[str], str]]:
-    start = docs.index("<!-- request fields: chat and completions -->")
-    end = docs.index("<!-- end of the request fields -->")
+def _table_rows(docs: str, start_marker: str = "<!-- request fields: chat and completions -->",
+                end_marker: str = "<!-- end of the request fields -->") -> list[tuple[set[str], str]]:
+    start = docs.index(start_marker)
+    end = docs.index(end_marker)
     rows = []
     for line in docs[start:end].splitlines()[3:]:
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        rows.append((set(re.findall(r"`([\w.]+)`", cells[0])), cells[3]))
+        rows.append((set(re.findall(r"`([\w.]+)`", cells[0])), cells[-1]))
     return rows
 
 
@@ -184,7 +185,8 @@ def test_the_request_fields_table_names_every_field_read_and_only_those():
     listed = set().union(*(names for names, _ in rows))
     read = _fields_read(Path(mlx_lm.server.__file__).read_text(encoding="utf-8"))
     for path in (REPO / "grammar_mlx" / "server").glob("*.py"):
-        read |= _fields_read(path.read_text(encoding="utf-8"))
+        if path.name != "responses.py":  # its own fields: the next test
+            read |= _fields_read(path.read_text(encoding="utf-8"))
     read |= {"chat_template_kwargs", *CONSTRAINT_FIELDS, *CONSTRAINT_OPTIONS}
     read |= {f"structured_outputs.{key}" for key in (*STRUCTURED_OUTPUTS_CONSTRAINTS, *STRUCTURED_OUTPUTS_OPTIONS,
                                                      "whitespace_pattern", "structural_tag")}
@@ -195,3 +197,19 @@ def test_the_request_fields_table_names_every_field_read_and_only_those():
     for names, cell in rows:
         named = set(re.findall(r"`([a-z_]+)`", cell)) - listed
         assert named <= codes, (names, named - codes)
+
+
+def test_the_responses_fields_table_names_every_field_the_endpoint_reads():
+    from grammar_mlx.server import responses
+
+    docs = (REPO / "docs" / "server.md").read_text(encoding="utf-8")
+    rows = _table_rows(docs, "<!-- request fields: responses -->", "<!-- end of the responses fields -->")
+    # The rows of the endpoint's own fields; the passed-through chat extensions have a row of their own.
+    own = [names for names, _ in rows if not names & responses._PASSED]
+    listed = {name.split(".")[0] for names in own for name in names}
+    assert responses._FIELDS - listed == set(), "fields /v1/responses reads that docs/server.md's table does not list"
+    assert listed - responses._FIELDS == set(), "fields the Responses table lists that /v1/responses does not read"
+    codes = {row.code for row in server.ERROR_CODES}
+    for _, cell in rows:
+        named = set(re.findall(r"`([a-z_]+)`", cell))
+        assert named <= codes, named - codes
