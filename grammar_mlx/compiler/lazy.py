@@ -60,7 +60,7 @@ from ..automata.byte_dfa import ByteDFA
 from ..errors import InvalidArgumentError, VocabularyMismatchError
 from ..limits import check_deadline
 from .mask_table import MaskTable
-from .token_index import TokenTrie, walk, walk_mlx
+from .token_index import StringSlice, TokenTrie, walk, walk_mlx, walk_parts
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -85,6 +85,14 @@ STATE_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + SET_SLOT_BYTES
 DISTANCE_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES
 SUCCESSORS_OVERHEAD_BYTES = ARRAY_HEADER_BYTES + DICT_SLOT_BYTES + INT_BYTES
 BUDGET_ROW_BYTES = DICT_SLOT_BYTES + 64 + 3 * INT_BYTES
+
+
+def _whole_row(walker: Callable[[TokenTrie, ByteDFA, int], tuple[np.ndarray, np.ndarray]]
+               ) -> Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]]:
+    """A row walk as `walk_parts` answers: no slice, the whole row."""
+    def parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
+        return (None, *walker(trie, dfa, state))
+    return parts
 
 
 def default_backend() -> str:
@@ -121,7 +129,9 @@ class LazyIndex:
         self.dfa = dfa
         self.trie = trie
         self.backend = backend
-        self._walk = walk if backend == "numpy" else walk_mlx
+        # (string slice or None, the row of the other tokens): see `token_index.walk_parts`.
+        self._walk_parts: Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]] = (
+            walk_parts if backend == "numpy" else _whole_row(walk_mlx))
         self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
@@ -311,23 +321,32 @@ class LazyIndex:
             if entry is not None:  # another thread filled it while this one waited
                 return entry
             started = time.perf_counter()
+            packed = None
             if state == self.terminal:
                 tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
             else:
-                tokens, nxt = self._walk(self.trie, self.dfa, state)
+                # A state inside a string: the trie's string slice (all back to `state`) plus the
+                # walk of the other tokens, its mask the slice's words with theirs.
+                sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
                 if not self._all_live and len(nxt):
                     keep = self._live(nxt)
                     if not keep.all():  # tokens into dead ends: never allowed
                         self.dead_end_tokens += int(len(keep) - np.count_nonzero(keep))
                         tokens, nxt = tokens[keep], nxt[keep]
+                if sl is not None and not self._all_live and not self._live(np.array([state], dtype=np.int32))[0]:
+                    self.dead_end_tokens += len(sl.tokens)  # the slice leads back here: a dead end
+                    sl = None
                 if self.dfa.accepting[state]:
                     at = np.searchsorted(tokens, self.eos)
                     tokens = np.insert(tokens, at, self.eos)
                     nxt = np.insert(nxt, at, np.int32(self.terminal))
+                if sl is not None:
+                    packed = sl.words | self.table.pack(tokens)
+                    tokens, nxt = sl.row(state, tokens, nxt)
             tokens.setflags(write=False)
             nxt.setflags(write=False)
             if state not in self.mask_of:
-                self.mask_of[state] = self.table.add(tokens)
+                self.mask_of[state] = self.table.add(tokens, packed)
             entry = (tokens, nxt)
             self._store(state, entry)
             elapsed = time.perf_counter() - started
