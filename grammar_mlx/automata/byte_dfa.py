@@ -154,6 +154,8 @@ class ByteDFA:
         """Compute the rows of `states` (ids of existing states) that are still UNKNOWN."""
         if self._pending == 0:
             return
+        if type(states) is list and len(states) == 1 and self.table[states[0] * self.num_classes] != UNKNOWN:
+            return  # the common single known row: no lock, no array
         with self._lock:
             width = self.num_classes
             ids = np.asarray(states)

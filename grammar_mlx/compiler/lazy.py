@@ -63,7 +63,11 @@ from .mask_table import MaskTable
 from .token_index import StringSlice, TokenTrie, walk, walk_mlx, walk_parts
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import mlx.core as mx
+
+    from .lazy_store import RowStore
 
 BACKENDS = ("numpy", "mlx")
 _FAR = np.iinfo(np.int64).max  # a distance farther than any budget (none proven)
@@ -193,6 +197,14 @@ class LazyIndex:
         self.fill_seconds_max = 0.0
         self.rows_evicted = 0
         self.states_seen: set[int] = set()
+        # Saved rows (`lazy_store`): where this index's entry lives (set by `lazy_store.attach`),
+        # the entry loaded from it, how many filled states it held and how many were restored; the
+        # states whose row holds the string slice (saved without it).
+        self.row_store: tuple[Path, str] | None = None
+        self._store: RowStore | None = None
+        self.store_rows = 0
+        self.rows_restored = 0
+        self._sliced: set[int] = set()
 
     @property
     def num_states(self) -> int:
@@ -324,6 +336,11 @@ class LazyIndex:
             packed = None
             if state == self.terminal:
                 tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
+            elif (restored := self._restore(state)) is not None:  # a saved row (`lazy_store`)
+                tokens, nxt, packed, sl = restored
+                self.rows_restored += 1
+                if sl is not None:
+                    self._sliced.add(state)
             else:
                 # A state inside a string: the trie's string slice (all back to `state`) plus the
                 # walk of the other tokens, its mask the slice's words with theirs.
@@ -343,12 +360,13 @@ class LazyIndex:
                 if sl is not None:
                     packed = sl.words | self.table.pack(tokens)
                     tokens, nxt = sl.row(state, tokens, nxt)
+                    self._sliced.add(state)
             tokens.setflags(write=False)
             nxt.setflags(write=False)
             if state not in self.mask_of:
                 self.mask_of[state] = self.table.add(tokens, packed)
             entry = (tokens, nxt)
-            self._store(state, entry)
+            self._hold(state, entry)
             elapsed = time.perf_counter() - started
             self.fills += 1
             self.fill_seconds += elapsed
@@ -356,7 +374,11 @@ class LazyIndex:
             self.states_seen.add(state)
             return entry
 
-    def _store(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
+    def _restore(self, state: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, StringSlice | None] | None:
+        store = self._store
+        return None if store is None else store.restore(self, state)
+
+    def _hold(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
         size = entry[0].nbytes + entry[1].nbytes
         self._rows[state] = entry
         self._used[state] = 1
@@ -643,7 +665,8 @@ class LazyIndex:
             + (self._u1_all.nbytes if self._u1_all is not None else 0)
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
-            + self.dfa.nbytes
+            + self.dfa.nbytes + (self._store.nbytes if self._store is not None else 0)
+            + len(self._sliced) * SET_SLOT_BYTES
         )
 
     def stats(self) -> dict[str, Any]:
@@ -672,4 +695,9 @@ class LazyIndex:
                 "distance_walks": self.distance_walks_done,
                 "distance_undecided": self.distance_undecided,
                 "budget_rows": len(self._budget_rows),
+                # The saved rows (`lazy_store`): None where none are kept for this grammar.
+                "row_store": None if self.row_store is None else ("hit" if self._store is not None else "miss"),
+                "row_store_rows": self.store_rows,
+                "rows_restored": self.rows_restored,
+                **({"cache_hit": True} if self._store is not None else {}),
             }

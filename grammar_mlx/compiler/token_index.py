@@ -205,6 +205,14 @@ class TokenTrie:
             "end_more_node": more_node, "end_more_id": more_id,
         }, width)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of text token `token` (read back from its node's parents)."""
+        node, out = int(self.token_node[token]), bytearray()
+        while node >= 0:
+            out.append(int(self.byte[node]))
+            node = int(self.parent[node])
+        return bytes(reversed(out))
+
     def subset(self, ids: np.ndarray) -> TokenTrie:
         """The trie of the tokens `ids` (sorted text ids of this trie) alone, same width: their
         bytes read back from the nodes (one pass per level, deepest first), then built afresh."""
