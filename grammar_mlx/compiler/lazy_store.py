@@ -99,9 +99,14 @@ class RowStore:
         c = self.canonical[state]
         lo, hi = int(self.row_start[c]), int(self.row_start[c + 1])
         tokens, succ = self.tokens[lo:hi], self.succ[lo:hi]
-        kinds, first = np.unique(succ, return_index=True)
-        states = np.empty(len(kinds), dtype=np.int32)
         dfa, trie = index.dfa, index.trie
+        # Each successor found through its shortest token: the fewest DFA rows computed on the way.
+        length = np.searchsorted(trie.level_start, trie.token_node[tokens], side="right")
+        order = np.lexsort((length, succ))
+        ordered = succ[order]
+        first = order[np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])] if len(order) else order
+        kinds = succ[first]
+        states = np.empty(len(kinds), dtype=np.int32)
         for k, (d, i) in enumerate(zip(kinds.tolist(), first.tolist())):
             if d < 0:
                 states[k] = index.terminal
