@@ -38,9 +38,10 @@ the same calls. Beside it, llguidance's matcher on the same schema and tokens, a
 on Linux, and ours includes applying the mask, so the comparison leans its way). Every call of
 every round is pooled: mean, p50, p90, p99, cold and warm apart. Restored calls: after each cold
 replay its rows are saved (compiler/lazy_store.py, to a temporary directory), and a grammar compiled
-afresh loads them and replays the pattern (what a new process compiling the same grammar meets). `--baseline DIR` also measures
-another checkout's package (e.g. main's) in the same run: each code base is measured in a child
-process of its own (the package imported from that root), one after the other. The rows go to the
+afresh loads them and replays the pattern (what a new process compiling the same grammar meets).
+`--baseline DIR` also measures another checkout's package (e.g. main's) in the same run: each code
+base is measured in a child process of its own (the package imported from that root), one after the
+other. The rows go to the
 "cold" key of the results file (the other keys are kept).
 
     python bench/processor.py [--rounds N] [--cpu N] [--max-tokens N] [--out bench/results/processor.json]
@@ -386,7 +387,8 @@ def cold_main(args) -> None:
                   f"{m['mean_us'] / llg['mean_us']:>8.2f} {m['p99_us'] / llg['p99_us']:>7.2f} | {cpu_text}")
     print("cold = a fresh lazy grammar's first replay (every state's first visit), warm = a second replay "
           "of the same grammar; restored = a fresh grammar's first replay with the rows the cold replay saved "
-          "(compiler/lazy_store.py, as a new process would load them); floor = mx.eval(logits + 0); llg = llguidance's matcher (consume + fill "
+          "(compiler/lazy_store.py, as a new process would load them); floor = mx.eval(logits + 0); "
+          "llg = llguidance's matcher (consume + fill "
           "bitmask; no mask applied, which ours includes); ratios against the same child's floor and "
           "llguidance; cpu = the calling thread's CPU time per call (what machine load does not inflate; "
           "MLX evaluates on its own thread, so ours excludes part of applying the mask). "

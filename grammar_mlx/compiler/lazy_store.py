@@ -167,7 +167,8 @@ def save(index: LazyIndex) -> bool:
     if where is None:
         return False
     with index._lock:
-        if index.liveness_undecided or index.fills - index.rows_restored == 0:
+        walked = index.fills - index.rows_restored - (index.terminal in index.states_seen)  # the EOS row is no walk
+        if index.liveness_undecided or walked == 0:
             return False
         arrays = _canonical(index)
     if arrays is None:

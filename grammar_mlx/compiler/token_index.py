@@ -19,7 +19,11 @@ where most nodes are still alive (every node of the level in one gather, no comp
 a string" state, where almost every token is allowed). `walk_mlx` runs the dense levels as MLX
 ops, for a GPU. `walk` runs the same row as one native loop over the live nodes where the native
 library is built (`native`, row_walk.cpp), `walk_reference` being the numpy path it is tested equal
-to. `bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
+to. Inside a string almost every token is allowed and leads back to the same state: `StringSlice`
+sets those tokens apart once per trie (whole UTF-8 characters other than the string's delimiters),
+so where a state loops on that text (`StringSlice.loops`) its row is the slice, all back to the
+state, merged with a walk of the small trie of the other tokens (`walk_parts`), natively or not.
+`bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
 generation.
 
 This module imports only numpy (MLX lazily, in `walk_mlx`), `automata.byte_dfa` and the errors
