@@ -307,8 +307,12 @@ class StringSlice:
         """Whether every character of the slice leads `dfa` from `state` back to `state` (never to
         the dead state on the way): a search over (position in a character, grammar state) pairs,
         computing the rows it meets; False once it would follow more than `MAX_PAIRS` pairs."""
-        edges = self._class_edges(dfa)
         width, dead, pending = dfa.num_classes, dfa.dead, not dfa.complete
+        if pending:
+            dfa.ensure_rows([state])
+        if dfa.table[state * width + dfa.classes[0x61]] != state:  # "a" first: most states fail here
+            return False
+        edges = self._class_edges(dfa)
         seen, todo = {(0, state)}, [(0, state)]
         while todo:
             r, q = todo.pop()
