@@ -36,9 +36,12 @@ the same calls. Beside it, llguidance's matcher on the same schema and tokens, a
 (`LLMatcher.grammar_from_json_schema` + `LLMatcher`, as bench/engines.py drives it): per call
 `consume_token` + `fill_next_token_bitmask` (its "matcher"; its MLX apply is a Metal kernel, absent
 on Linux, and ours includes applying the mask, so the comparison leans its way). Every call of
-every round is pooled: mean, p50, p90, p99, cold and warm apart. `--baseline DIR` also measures
-another checkout's package (e.g. main's) in the same run: each code base is measured in a child
-process of its own (the package imported from that root), one after the other. The rows go to the
+every round is pooled: mean, p50, p90, p99, cold and warm apart. Restored calls: after each cold
+replay its rows are saved (compiler/lazy_store.py, to a temporary directory), and a grammar compiled
+afresh loads them and replays the pattern (what a new process compiling the same grammar meets).
+`--baseline DIR` also measures another checkout's package (e.g. main's) in the same run: each code
+base is measured in a child process of its own (the package imported from that root), one after the
+other. The rows go to the
 "cold" key of the results file (the other keys are kept).
 
     python bench/processor.py [--rounds N] [--cpu N] [--max-tokens N] [--out bench/results/processor.json]
@@ -52,8 +55,10 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -271,16 +276,39 @@ def cold_child(rounds: int) -> dict:
     llg_tok = llguidance.hf.from_tokenizer(tok, n_vocab=WIDTH)
     bitmask = lnp.allocate_token_bitmask(1, llg_tok.vocab_size)
     schema_text = json.dumps(SCHEMA)
-    samples: dict[str, list[float]] = {"cold": [], "warm": [], "floor": [], "llg_matcher": []}
-    cpu: dict[str, list[int]] = {"cold": [], "warm": [], "llg_matcher": []}  # the calling thread's CPU ns
-    fills = []
+    try:  # saved lazy rows (a code base without them measures no "restored" calls)
+        from grammar_mlx.compiler import lazy_store
+    except ImportError:
+        lazy_store = None
+    kinds = ("cold", "warm", "restored", "llg_matcher") if lazy_store is not None else ("cold", "warm", "llg_matcher")
+    samples: dict[str, list[float]] = {k: [] for k in (*kinds, "floor")}
+    cpu: dict[str, list[int]] = {k: [] for k in kinds}  # the calling thread's CPU ns
+    fills, restores = [], []
     pc, tt = time.perf_counter_ns, time.thread_time_ns
-    for _ in range(rounds):
+    store_dir = Path(tempfile.mkdtemp(prefix="grammar-mlx-bench-rows-"))
+    for round_ in range(rounds):
+        key = f"benchrows{round_:031d}"
         fresh = compile_json_schema(SCHEMA, tok, logits_width=WIDTH, mode="lazy", use_cache=False)
+        if lazy_store is not None:
+            lazy_store.attach(fresh.index, store_dir, key)  # a miss: the entry is written after the replay
         samples["cold"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
                                                         cpu["cold"])]
         fills.append({k: fresh.stats[k] for k in ("fills", "fill_seconds", "fill_seconds_max", "byte_states_built")
                       if k in fresh.stats})
+        if lazy_store is not None:
+            # A fresh grammar (as in a new process) with the rows the cold replay saved.
+            t0 = pc()
+            lazy_store.save(fresh.index)
+            saved_s = (pc() - t0) / 1e9
+            again = compile_json_schema(SCHEMA, tok, logits_width=WIDTH, mode="lazy", use_cache=False)
+            t0 = pc()
+            hit = lazy_store.attach(again.index, store_dir, key)
+            load_s = (pc() - t0) / 1e9
+            samples["restored"] += [t / 1e3 for t in time_round(
+                histories, logits, lambda again=again: GrammarProcessor(again), cpu["restored"])]
+            restores.append({"hit": hit, "save_seconds": saved_s, "load_seconds": load_s,
+                             **{k: again.stats[k] for k in ("rows_restored", "fills", "fill_seconds",
+                                                            "byte_states_built", "row_store_rows")}})
         samples["warm"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
                                                         cpu["warm"])]
         samples["floor"] += [t / 1e3 for t in time_floor(histories, logits)]
@@ -297,8 +325,9 @@ def cold_child(rounds: int) -> dict:
             sys.exit(f"llguidance refused the document: {matcher.get_error()}")
     import grammar_mlx
 
+    shutil.rmtree(store_dir, ignore_errors=True)
     return {"package": str(Path(grammar_mlx.__file__).parent), "native": _native_state(),
-            "document_tokens": len(tokens), "rounds": rounds, "fills": fills,
+            "document_tokens": len(tokens), "rounds": rounds, "fills": fills, "restores": restores,
             **{k: summary(v) for k, v in samples.items()},
             "cpu": {k: summary([t / 1e3 for t in v]) for k, v in cpu.items()}}
 
@@ -341,8 +370,8 @@ def cold_main(args) -> None:
     rows = []
     for name, r in results.items():
         floor, llg = r["floor"]["mean_us"], r["llg_matcher"]
-        for kind in ("cold", "warm", "llg_matcher", "floor"):
-            if name != "this" and kind.startswith("llg"):
+        for kind in ("cold", "warm", "restored", "llg_matcher", "floor"):
+            if (name != "this" and kind.startswith("llg")) or kind not in r:
                 continue
             m = r[kind]
             c = r.get("cpu", {}).get(kind)
@@ -357,7 +386,9 @@ def cold_main(args) -> None:
                   f"{m['p99_us']:>8.0f} {m['max_us']:>8.0f} | {m['mean_us'] / floor:>10.2f} "
                   f"{m['mean_us'] / llg['mean_us']:>8.2f} {m['p99_us'] / llg['p99_us']:>7.2f} | {cpu_text}")
     print("cold = a fresh lazy grammar's first replay (every state's first visit), warm = a second replay "
-          "of the same grammar; floor = mx.eval(logits + 0); llg = llguidance's matcher (consume + fill "
+          "of the same grammar; restored = a fresh grammar's first replay with the rows the cold replay saved "
+          "(compiler/lazy_store.py, as a new process would load them); floor = mx.eval(logits + 0); "
+          "llg = llguidance's matcher (consume + fill "
           "bitmask; no mask applied, which ours includes); ratios against the same child's floor and "
           "llguidance; cpu = the calling thread's CPU time per call (what machine load does not inflate; "
           "MLX evaluates on its own thread, so ours excludes part of applying the mask). "

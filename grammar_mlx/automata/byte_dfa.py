@@ -127,7 +127,8 @@ class ByteDFA:
         self._pending = 0  # states whose row is UNKNOWN
         self.rows_computed = num_states + 1 if source is None else 1  # a version for copies of the table
         self._lock = threading.RLock()
-        self._node_classes: tuple[TokenTrie, np.ndarray] | None = None
+        # Per token trie walked (a vocabulary's, its string slice's rest): the trie, its node classes.
+        self._node_classes: dict[int, tuple[TokenTrie, np.ndarray]] = {}
         # MLX copies of (table, classes) and the table's version when copied: token_index.walk_mlx.
         self.device: tuple[mx.array, mx.array, tuple[int, int, int]] | None = None
 
@@ -153,6 +154,8 @@ class ByteDFA:
         """Compute the rows of `states` (ids of existing states) that are still UNKNOWN."""
         if self._pending == 0:
             return
+        if type(states) is list and len(states) == 1 and self.table[states[0] * self.num_classes] != UNKNOWN:
+            return  # the common single known row: no lock, no array
         with self._lock:
             width = self.num_classes
             ids = np.asarray(states)
@@ -215,9 +218,9 @@ class ByteDFA:
 
     def node_classes(self, trie: TokenTrie) -> np.ndarray:
         """The byte class of every node of a token trie (the walk's column index), once per trie."""
-        cached = self._node_classes
-        if cached is None or cached[0] is not trie:
-            cached = self._node_classes = (trie, self.classes.take(trie.byte))
+        cached = self._node_classes.get(id(trie))
+        if cached is None:  # (the entry holds its trie, so no other trie takes its id)
+            cached = self._node_classes[id(trie)] = (trie, self.classes.take(trie.byte))
         return cached[1]
 
     @property
@@ -227,8 +230,7 @@ class ByteDFA:
         total = self.table.nbytes + self.accepting.nbytes + self.classes.nbytes
         if self._live is not None:
             total += self._live.nbytes
-        if self._node_classes is not None:
-            total += self._node_classes[1].nbytes
+        total += sum(classes.nbytes for _, classes in self._node_classes.values())
         if self.device is not None:
             total += self.device[0].nbytes + self.device[1].nbytes
         if self._source is not None:

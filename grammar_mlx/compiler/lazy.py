@@ -5,7 +5,10 @@ outlines-core's complete DFA, or the byte NFA's DFA determinized on demand (`byt
 which computes the DFA rows a walk needs as it goes). The first time a state is asked for (`row`,
 `mask_row`), its token row is walked over the vocabulary's trie (`token_index.walk`) and kept; its
 mask is packed, deduplicated against the rows seen so far and appended to the mask table. A
-generation visits a small fraction of the states, so it pays for those only.
+generation visits a small fraction of the states, so it pays for those only. A state inside a string
+walks only the tokens outside the trie's string slice (`token_index.walk_parts`); its mask is the
+slice's words with theirs. Rows filled in one process can be saved and restored in the next
+(`lazy_store`, attached per grammar: stats `row_store`, `row_store_rows`, `rows_restored`).
 
 Exact for every vocabulary: a token is allowed iff its bytes lead to a state from which *tokens of
 this vocabulary* can reach acceptance (a state is "live"), so every state a generation reaches has a
@@ -60,10 +63,14 @@ from ..automata.byte_dfa import ByteDFA
 from ..errors import InvalidArgumentError, VocabularyMismatchError
 from ..limits import check_deadline
 from .mask_table import MaskTable
-from .token_index import TokenTrie, walk, walk_mlx
+from .token_index import StringSlice, TokenTrie, walk, walk_mlx, walk_parts
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import mlx.core as mx
+
+    from .lazy_store import RowStore
 
 BACKENDS = ("numpy", "mlx")
 _FAR = np.iinfo(np.int64).max  # a distance farther than any budget (none proven)
@@ -85,6 +92,14 @@ STATE_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + SET_SLOT_BYTES
 DISTANCE_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES
 SUCCESSORS_OVERHEAD_BYTES = ARRAY_HEADER_BYTES + DICT_SLOT_BYTES + INT_BYTES
 BUDGET_ROW_BYTES = DICT_SLOT_BYTES + 64 + 3 * INT_BYTES
+
+
+def _whole_row(walker: Callable[[TokenTrie, ByteDFA, int], tuple[np.ndarray, np.ndarray]]
+               ) -> Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]]:
+    """A row walk as `walk_parts` answers: no slice, the whole row."""
+    def parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
+        return (None, *walker(trie, dfa, state))
+    return parts
 
 
 def default_backend() -> str:
@@ -121,7 +136,9 @@ class LazyIndex:
         self.dfa = dfa
         self.trie = trie
         self.backend = backend
-        self._walk = walk if backend == "numpy" else walk_mlx
+        # (string slice or None, the row of the other tokens): see `token_index.walk_parts`.
+        self._walk_parts: Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]] = (
+            walk_parts if backend == "numpy" else _whole_row(walk_mlx))
         self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
@@ -183,6 +200,14 @@ class LazyIndex:
         self.fill_seconds_max = 0.0
         self.rows_evicted = 0
         self.states_seen: set[int] = set()
+        # Saved rows (`lazy_store`): where this index's entry lives (set by `lazy_store.attach`),
+        # the entry loaded from it, how many filled states it held and how many were restored; the
+        # states whose row holds the string slice (saved without it).
+        self.row_store: tuple[Path, str] | None = None
+        self._store: RowStore | None = None
+        self.store_rows = 0
+        self.rows_restored = 0
+        self._sliced: set[int] = set()
 
     @property
     def num_states(self) -> int:
@@ -311,25 +336,40 @@ class LazyIndex:
             if entry is not None:  # another thread filled it while this one waited
                 return entry
             started = time.perf_counter()
+            packed = None
             if state == self.terminal:
                 tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
+            elif (restored := self._restore(state)) is not None:  # a saved row (`lazy_store`)
+                tokens, nxt, packed, sl = restored
+                self.rows_restored += 1
+                if sl is not None:
+                    self._sliced.add(state)
             else:
-                tokens, nxt = self._walk(self.trie, self.dfa, state)
+                # A state inside a string: the trie's string slice (all back to `state`) plus the
+                # walk of the other tokens, its mask the slice's words with theirs.
+                sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
                 if not self._all_live and len(nxt):
                     keep = self._live(nxt)
                     if not keep.all():  # tokens into dead ends: never allowed
                         self.dead_end_tokens += int(len(keep) - np.count_nonzero(keep))
                         tokens, nxt = tokens[keep], nxt[keep]
+                if sl is not None and not self._all_live and not self._live(np.array([state], dtype=np.int32))[0]:
+                    self.dead_end_tokens += len(sl.tokens)  # the slice leads back here: a dead end
+                    sl = None
                 if self.dfa.accepting[state]:
                     at = np.searchsorted(tokens, self.eos)
                     tokens = np.insert(tokens, at, self.eos)
                     nxt = np.insert(nxt, at, np.int32(self.terminal))
+                if sl is not None:
+                    packed = sl.words | self.table.pack(tokens)
+                    tokens, nxt = sl.row(state, tokens, nxt)
+                    self._sliced.add(state)
             tokens.setflags(write=False)
             nxt.setflags(write=False)
             if state not in self.mask_of:
-                self.mask_of[state] = self.table.add(tokens)
+                self.mask_of[state] = self.table.add(tokens, packed)
             entry = (tokens, nxt)
-            self._store(state, entry)
+            self._hold(state, entry)
             elapsed = time.perf_counter() - started
             self.fills += 1
             self.fill_seconds += elapsed
@@ -337,7 +377,11 @@ class LazyIndex:
             self.states_seen.add(state)
             return entry
 
-    def _store(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
+    def _restore(self, state: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, StringSlice | None] | None:
+        store = self._store
+        return None if store is None else store.restore(self, state)
+
+    def _hold(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
         size = entry[0].nbytes + entry[1].nbytes
         self._rows[state] = entry
         self._used[state] = 1
@@ -624,7 +668,8 @@ class LazyIndex:
             + (self._u1_all.nbytes if self._u1_all is not None else 0)
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
-            + self.dfa.nbytes
+            + self.dfa.nbytes + (self._store.nbytes if self._store is not None else 0)
+            + len(self._sliced) * SET_SLOT_BYTES
         )
 
     def stats(self) -> dict[str, Any]:
@@ -653,4 +698,9 @@ class LazyIndex:
                 "distance_walks": self.distance_walks_done,
                 "distance_undecided": self.distance_undecided,
                 "budget_rows": len(self._budget_rows),
+                # The saved rows (`lazy_store`): None where none are kept for this grammar.
+                "row_store": None if self.row_store is None else ("hit" if self._store is not None else "miss"),
+                "row_store_rows": self.store_rows,
+                "rows_restored": self.rows_restored,
+                **({"cache_hit": True} if self._store is not None else {}),
             }

@@ -109,11 +109,12 @@ class MaskTable:
         bits[tokens] = True
         return np.packbits(bits, bitorder="little").view("<u4")
 
-    def add(self, tokens: np.ndarray) -> int:
+    def add(self, tokens: np.ndarray, packed: np.ndarray | None = None) -> int:
         """The id of the row allowing exactly `tokens`: an equal row's, or a new row written before
-        its id is returned."""
+        its id is returned. `packed`: the row's words where the caller has them (`pack(tokens)`)."""
         with self._lock:
-            packed = self.pack(tokens)
+            if packed is None:
+                packed = self.pack(tokens)
             key = hash(packed.tobytes())
             index = self._content_index()
             same = index.get(key)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "pack", "walk"]
+__all__ = ["available", "merge", "pack", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
@@ -100,6 +100,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
+    lib.gm_merge.restype = _I
+    lib.gm_merge.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _I, _P, _P]
     lib.gm_pack.restype = None
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
     return lib
@@ -206,6 +208,21 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
     found = lib.gm_row(nodes, states, int(sc.cursor[2]), end_first, more_node, more_id, len(buf.more_id), per_token,
                        trie.width, out_tokens, out_states)
     return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+
+
+def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The row of the ids `base` (sorted, each to `base_state`) and `tokens` (sorted, disjoint from
+    `base`, each to its `states`), sorted; call only where `available()`."""
+    lib = library()
+    assert lib is not None, "native.merge without the library (check available() first)"
+    base = np.ascontiguousarray(base, dtype=np.int32)
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    states = np.ascontiguousarray(states, dtype=np.int32)
+    n = len(base) + len(tokens)
+    out_tokens, out_states = np.empty(n, np.int32), np.empty(n, np.int32)
+    lib.gm_merge(base.ctypes.data, len(base), base_state, tokens.ctypes.data, states.ctypes.data, len(tokens),
+                 out_tokens.ctypes.data, out_states.ctypes.data)
+    return out_tokens, out_states
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:

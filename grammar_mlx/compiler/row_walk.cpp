@@ -14,6 +14,8 @@
 // ids sharing a node's bytes, end_more) with their states, sorted by id. `per_token` is a scratch of
 // `width` int32 that holds -1 everywhere on entry and on return.
 //
+// gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
+//
 // gm_pack writes the packed mask (bit t of word t / 32) of sorted ids.
 
 #include <algorithm>
@@ -122,6 +124,21 @@ int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const
         }
     }
     return found;
+}
+
+int64_t gm_merge(const int32_t* base, int64_t base_len, int32_t base_state, const int32_t* tokens,
+                 const int32_t* states, int64_t count, int32_t* out_tokens, int32_t* out_states) {
+    int64_t i = 0, j = 0, k = 0;
+    while (i < base_len || j < count) {
+        if (j == count || (i < base_len && base[i] < tokens[j])) {
+            out_tokens[k] = base[i++];
+            out_states[k++] = base_state;
+        } else {
+            out_tokens[k] = tokens[j];
+            out_states[k++] = states[j++];
+        }
+    }
+    return k;
 }
 
 void gm_pack(const int32_t* tokens, int64_t count, uint32_t* words, int64_t num_words) {

@@ -19,7 +19,11 @@ where most nodes are still alive (every node of the level in one gather, no comp
 a string" state, where almost every token is allowed). `walk_mlx` runs the dense levels as MLX
 ops, for a GPU. `walk` runs the same row as one native loop over the live nodes where the native
 library is built (`native`, row_walk.cpp), `walk_reference` being the numpy path it is tested equal
-to. `bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
+to. Inside a string almost every token is allowed and leads back to the same state: `StringSlice`
+sets those tokens apart once per trie (whole UTF-8 characters other than the string's delimiters),
+so where a state loops on that text (`StringSlice.loops`) its row is the slice, all back to the
+state, merged with a walk of the small trie of the other tokens (`walk_parts`), natively or not.
+`bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
 generation.
 
 This module imports only numpy (MLX lazily, in `walk_mlx`), `automata.byte_dfa` and the errors
@@ -29,6 +33,7 @@ module, so the compile worker loads it without the package's `__init__` (worker.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,7 +42,7 @@ import numpy as np
 from ..automata.byte_dfa import ByteDFA
 from . import native
 
-__all__ = ["DENSE_SHARE", "TokenTrie", "walk", "walk_mlx", "walk_reference"]
+__all__ = ["DENSE_SHARE", "StringSlice", "TokenTrie", "walk", "walk_parts", "walk_mlx", "walk_reference"]
 
 
 class TokenTrie:
@@ -72,6 +77,7 @@ class TokenTrie:
         level0 = int(self.level_start[1]) if self.num_levels else 0
         self.single_bytes = frozenset(int(self.byte[n]) for n in range(level0) if self.end_first[n] >= 0)
         self._scratch = threading.local()
+        self._slice: StringSlice | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name in self.ARRAYS}
@@ -203,12 +209,162 @@ class TokenTrie:
             "end_more_node": more_node, "end_more_id": more_id,
         }, width)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of text token `token` (read back from its node's parents)."""
+        node, out = int(self.token_node[token]), bytearray()
+        while node >= 0:
+            out.append(int(self.byte[node]))
+            node = int(self.parent[node])
+        return bytes(reversed(out))
+
+    def subset(self, ids: np.ndarray) -> TokenTrie:
+        """The trie of the tokens `ids` (sorted text ids of this trie) alone, same width: their
+        bytes read back from the nodes (one pass per level, deepest first), then built afresh."""
+        ids = np.asarray(ids, dtype=np.int64)
+        nodes = self.token_node[ids].astype(np.int64)
+        lens = np.searchsorted(self.level_start, nodes, side="right")  # a level-j node spells j + 1 bytes
+        rows = np.zeros((len(ids), max(1, int(lens.max(initial=0)))), dtype=np.uint8)
+        at, pos, cur = np.arange(len(ids)), lens - 1, nodes
+        while len(at):
+            rows[at, pos] = self.byte[cur]
+            cur = self.parent[cur].astype(np.int64)
+            going = cur >= 0
+            at, pos, cur = at[going], pos[going] - 1, cur[going]
+        return TokenTrie._build(rows.view(f"S{rows.shape[1]}").reshape(-1), ids, lens, self.width)
+
+    def string_slice(self) -> StringSlice:
+        """This trie's `StringSlice` (built on the first call, then kept)."""
+        sl = self._slice
+        if sl is None:
+            with _SLICE_LOCK:
+                sl = self._slice
+                if sl is None:
+                    sl = self._slice = StringSlice(self)
+        return sl
+
     def scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """Two node-sized int32 buffers, one pair per thread."""
         s = getattr(self._scratch, "bufs", None)
         if s is None:
             s = self._scratch.bufs = (np.empty(self.num_nodes + 1, np.int32), np.empty(self.num_nodes + 1, np.int32))
         return s
+
+
+_SLICE_LOCK = threading.Lock()
+_TEXT_DEAD = 8  # the dead state of `_text_table`
+
+
+def _text_table() -> np.ndarray:
+    """A DFA over bytes (state 0 the start, 1-7 inside a character, 8 dead) reading well-formed
+    UTF-8 characters other than the JSON string's delimiters: `"`, backslash, controls, DEL."""
+    t = np.full((9, 256), _TEXT_DEAD, dtype=np.int32)
+    t[0, [b for b in range(0x20, 0x7F) if b not in (0x22, 0x5C)]] = 0
+    t[0, 0xC2:0xE0] = 1
+    t[0, 0xE0], t[0, 0xE1:0xED], t[0, 0xED], t[0, 0xEE:0xF0] = 3, 2, 4, 2
+    t[0, 0xF0], t[0, 0xF1:0xF4], t[0, 0xF4] = 6, 5, 7
+    t[1, 0x80:0xC0] = 0
+    t[2, 0x80:0xC0] = 1
+    t[3, 0xA0:0xC0] = 1
+    t[4, 0x80:0xA0] = 1
+    t[5, 0x80:0xC0] = 2
+    t[6, 0x90:0xC0] = 2
+    t[7, 0x80:0x90] = 2
+    t[_TEXT_DEAD] = _TEXT_DEAD
+    return t
+
+
+class StringSlice:
+    """The tokens that are plain string text, and the trie of the others: what makes a first visit
+    of an "inside a string" state cheap.
+
+    `tokens`: the sorted ids whose bytes are whole well-formed UTF-8 characters, none of them `"`,
+    backslash, a control character or DEL (`_text_table`'s loop): most of a real vocabulary.
+    `rest`: the trie of every other text token. Where a grammar state `q` loops on that text (every
+    such character leads from `q` back to `q`, with no dead end inside a character: `loops`), each
+    of `tokens` leads from `q` to `q`, so `q`'s row is `tokens` (all to `q`) merged with the walk of
+    `rest` from `q`: exactly the full walk's row, at the cost of walking the few nodes of `rest`."""
+
+    MAX_PAIRS = 64  # (character position, grammar state) pairs `loops` follows before it gives up
+
+    def __init__(self, trie: TokenTrie):
+        table = _text_table()
+        text = ByteDFA(table.ravel(), np.zeros(9, dtype=bool), 0, np.arange(256, dtype=np.int32))
+        ids, ends = walk_reference(trie, text, 0)
+        self.tokens: np.ndarray = ids[ends == 0].astype(np.int32)
+        self.tokens.setflags(write=False)
+        others = trie.token_node[: trie.width] < trie.num_nodes  # text ids ...
+        others[self.tokens] = False  # ... outside the slice
+        self.rest = trie.subset(np.flatnonzero(others))
+        # Per character position: the bytes that continue it and the position each leads to; the
+        # same by byte class, per DFA walked.
+        self._edges = [(np.flatnonzero(table[r] != _TEXT_DEAD), table[r][table[r] != _TEXT_DEAD]) for r in range(8)]
+        self._edges_of: weakref.WeakKeyDictionary[ByteDFA, list[list[tuple[int, int]]]] = weakref.WeakKeyDictionary()
+        self.words = np.zeros(-(-trie.width // 32), dtype="<u4")  # the slice's packed mask
+        np.bitwise_or.at(self.words, self.tokens >> 5, np.left_shift(1, self.tokens & 31).astype("<u4"))
+        self.words.setflags(write=False)
+
+    def loops(self, dfa: ByteDFA, state: int) -> bool:
+        """Whether every character of the slice leads `dfa` from `state` back to `state` (never to
+        the dead state on the way): a search over (position in a character, grammar state) pairs,
+        computing the rows it meets; False once it would follow more than `MAX_PAIRS` pairs."""
+        width, dead, pending = dfa.num_classes, dfa.dead, not dfa.complete
+        if pending:
+            dfa.ensure_rows([state])
+        if dfa.table[state * width + dfa.classes[0x61]] != state:  # "a" first: most states fail here
+            return False
+        edges = self._class_edges(dfa)
+        seen, todo = {(0, state)}, [(0, state)]
+        while todo:
+            r, q = todo.pop()
+            if pending:
+                dfa.ensure_rows([q])
+            row = dfa.table[q * width : (q + 1) * width].tolist()
+            for column, after in edges[r]:
+                nxt = row[column]
+                if nxt == dead or (after == 0 and nxt != state):
+                    return False
+                if after and (after, nxt) not in seen:
+                    if len(seen) >= self.MAX_PAIRS:
+                        return False
+                    seen.add((after, nxt))
+                    todo.append((after, nxt))
+        return True
+
+    def _class_edges(self, dfa: ByteDFA) -> list[list[tuple[int, int]]]:
+        """Per character position, the distinct (byte class of `dfa`, next position) of its bytes."""
+        edges = self._edges_of.get(dfa)
+        if edges is None:
+            edges = self._edges_of[dfa] = [
+                sorted(set(zip(dfa.classes[byte].tolist(), after.tolist()))) for byte, after in self._edges]
+        return edges
+
+    def row(self, state: int, tokens: np.ndarray, nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`state`'s row: `rest`'s row (`tokens`, `nxt`, sorted) merged with the slice, all to `state`."""
+        if native.available():
+            return native.merge(self.tokens, state, tokens, nxt)
+        n = len(self.tokens) + len(tokens)
+        at = np.searchsorted(self.tokens, tokens) + np.arange(len(tokens))  # their places in the merged row
+        base = np.ones(n, dtype=bool)
+        base[at] = False
+        out_tokens = np.empty(n, dtype=np.int32)
+        out_tokens[base] = self.tokens
+        out_tokens[at] = tokens
+        out_states = np.full(n, state, dtype=np.int32)
+        out_states[at] = nxt
+        return out_tokens, out_states
+
+
+def walk_parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
+    """`walk`'s row in two parts: (the trie's string slice where `state` loops on it, else None;
+    the row of the other tokens). With a slice, the row is `slice.row(state, *rest)`: the slice's
+    tokens, all to `state`, merged with the rest's walk; without one, the rest is the whole row."""
+    inner = native.walk if native.available() else walk_reference
+    sl = trie.string_slice()
+    if sl.loops(dfa, state):
+        if sl.rest.num_nodes == 0:
+            return sl, np.zeros(0, np.int32), np.zeros(0, np.int32)
+        return (sl, *inner(sl.rest, dfa, state))
+    return (None, *inner(trie, dfa, state))
 
 
 # A walk stays sparse while at most this share of a level's nodes is alive; denser levels are
@@ -223,9 +379,10 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> t
     the native walk (`native.walk`, one loop over the live trie nodes) where it is built, else
     `walk_reference`, which computes the same row; `backend="mlx"` runs `walk_reference`'s dense
     levels as MLX ops."""
-    if backend == "numpy" and trie.num_nodes and native.available():
-        return native.walk(trie, dfa, state)
-    return walk_reference(trie, dfa, state, backend)
+    if backend != "numpy" or trie.num_nodes == 0:
+        return walk_reference(trie, dfa, state, backend)
+    sl, tokens, nxt = walk_parts(trie, dfa, state)
+    return (tokens, nxt) if sl is None else sl.row(state, tokens, nxt)
 
 
 def walk_reference(trie: TokenTrie, dfa: ByteDFA, state: int, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:

@@ -23,6 +23,7 @@ from grammar_mlx import compile_json_schema, compile_regex, vocabulary_of
 from grammar_mlx.automata.byte_dfa import ByteDFA
 from grammar_mlx.automata.byte_nfa import build_nfa, determinize
 from grammar_mlx.compiler import native, token_index
+from grammar_mlx.compiler.lazy import _whole_row
 from grammar_mlx.compiler.mask_table import MaskTable
 from grammar_mlx.compiler.token_index import TokenTrie, walk_reference
 from grammar_mlx.schema import canonical_json
@@ -162,7 +163,7 @@ def test_native_rows_equal_numpy_rows_on_corpus_schemas(schema_id, corpus_rows, 
     fast = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
     slow = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
     assert fast is not slow
-    monkeypatch.setattr(slow.index, "_walk", walk_reference)
+    monkeypatch.setattr(slow.index, "_walk_parts", _whole_row(walk_reference))  # no slice, numpy
     monkeypatch.setattr(slow.index.table, "pack", slow.index.table.pack_reference)
     rng = random.Random(schema_id)
     checked = 0
@@ -178,7 +179,7 @@ def test_native_rows_equal_numpy_rows_on_dense_regexes(regex, engine, qwen_vocab
     """Wide states (almost every token allowed): the native walk's dense rows, and the sparse ones."""
     fast = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False, engine=engine)
     slow = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False, engine=engine)
-    monkeypatch.setattr(slow.index, "_walk", walk_reference)
+    monkeypatch.setattr(slow.index, "_walk_parts", _whole_row(walk_reference))  # no slice, numpy
     monkeypatch.setattr(slow.index.table, "pack", slow.index.table.pack_reference)
     checked = sum(_compare_generation(fast, slow, [], random.Random(seed), steps=12) for seed in range(4))
     assert checked >= 8

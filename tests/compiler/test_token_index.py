@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from grammar_mlx import vocabulary_of
 from grammar_mlx.automata.byte_dfa import ByteDFA
 from grammar_mlx.automata.byte_nfa import build_nfa, determinize
-from grammar_mlx.compiler import token_index
+from grammar_mlx.compiler import native, token_index
+from grammar_mlx.compiler.build import token_trie
 from grammar_mlx.compiler.lazy import LazyIndex
 from grammar_mlx.compiler.token_index import TokenTrie, walk, walk_mlx
 
@@ -43,8 +44,11 @@ def brute_force(dfa: ByteDFA, token_bytes: list[bytes | None], width: int, state
     return np.array(tokens, dtype=np.int32), np.array(nxt, dtype=np.int32)
 
 
-SMALL_REGEXES = [r"[a-c]{0,4}", r"(ab|ba)*c", r"é+|e", r"\[(0|1)(,(0|1))*\]", r"x?"]
-ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b",", b"x", b"\x00"]
+SMALL_REGEXES = [r"[a-c]{0,4}", r"(ab|ba)*c", r"é+|e", r"\[(0|1)(,(0|1))*\]", r"x?",
+                 # string loops: the slice holds (every text character back to the state), or not
+                 r'"([^"\\\x00-\x1f]|\\n)*"', r'x[^"]*', r'"[ -~]*"', r'"([^"]{2})*"', r'"[^é"\\]*"']
+ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b",", b"x", b"\x00",
+            b'"', b"\\", b"n", b" ", b"\xe4\xb8\xad", b"\xc3\xa9"]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -56,10 +60,12 @@ ALPHABET = [b"a", b"b", b"c", b"e", b"\xc3", b"\xa9", b"[", b"]", b"0", b"1", b"
     share=st.sampled_from([0.0, token_index.DENSE_SHARE, 2.0]),
     backend=st.sampled_from(["numpy", "mlx"]),
     engine=st.sampled_from(["outlines", "nfa"]),
+    use_native=st.booleans(),
 )
-def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend, engine):
+def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend, engine, use_native):
     """Also with an on-demand DFA (engine "nfa"), fresh per example: the walk meets rows not yet
-    computed in its sparse and dense levels and must fill them before the brute force does."""
+    computed in its sparse and dense levels and must fill them before the brute force does. The
+    numpy backend takes the string slice where a state loops on it, natively or not."""
     width = max(1, len(tokens) - cut)  # ids at or past the width are never allowed
     groups: dict[bytes, list[int]] = {}
     for i, b in enumerate(tokens):
@@ -67,8 +73,9 @@ def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend,
             groups.setdefault(b, []).append(i)  # equal bytes under several ids
     trie = TokenTrie.build(groups, width)
     dfa = ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
-    old = token_index.DENSE_SHARE
+    old, available = token_index.DENSE_SHARE, native.available
     token_index.DENSE_SHARE = share  # 0: dense from level 1; 2: always sparse
+    native.available = available if use_native else lambda: False  # type: ignore[assignment]
     try:
         state = 0 if engine == "outlines" else 1  # an on-demand DFA's state 0 is its dead state
         while state < dfa.num_states + (engine == "nfa"):  # an on-demand DFA gains states as rows are computed
@@ -78,7 +85,37 @@ def test_walk_equals_a_brute_force_byte_walk(tokens, regex, cut, share, backend,
             assert got[0].dtype == got[1].dtype == np.int32
             state += 1
     finally:
-        token_index.DENSE_SHARE = old
+        token_index.DENSE_SHARE, native.available = old, available  # type: ignore[assignment]
+
+
+def test_the_text_slice_is_whole_characters_without_delimiters():
+    tokens = [b"ab", b"\xc3\xa9", b"\xc3", b'a"', b"a\\", b"\x7f", b"\xe4\xb8\xad!", b"\xed\xa0\x80", b" ", b"\t"]
+    trie = TokenTrie.build({b: [i] for i, b in enumerate(tokens)}, len(tokens))
+    sl = trie.string_slice()
+    assert sl.tokens.tolist() == [0, 1, 6, 8]  # a surrogate (ED A0 80) is no well-formed UTF-8
+    assert (sl.rest.token_node[: len(tokens)] < sl.rest.num_nodes).tolist() == [
+        t not in (0, 1, 6, 8) for t in range(len(tokens))]
+    assert sl.words.tolist() == [(1 << 0) | (1 << 1) | (1 << 6) | (1 << 8)]
+    assert trie.string_slice() is sl
+
+
+def test_the_string_slice_engages_inside_a_json_string(qwen_vocab):
+    trie = token_trie(qwen_vocab, QWEN_WIDTH)
+    sl = trie.string_slice()
+    assert sl.rest.num_nodes < trie.num_nodes // 4  # the point of it: most of the trie is plain text
+    for engine in ("outlines", "nfa"):
+        dfa = (ByteDFA.from_outlines(JSON_STRING, 10_000) if engine == "outlines"
+               else determinize(build_nfa(JSON_STRING), 10_000))
+        inside = dfa.next(dfa.initial, ord('"'))
+        assert sl.loops(dfa, inside) and not sl.loops(dfa, dfa.initial)
+        escape = dfa.next(inside, ord("\\"))
+        assert not sl.loops(dfa, escape)
+        for state in (dfa.initial, inside, escape):
+            got, want = walk(trie, dfa, state), token_index.walk_reference(trie, dfa, state)
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        index = LazyIndex(dfa, trie, qwen_vocab.eos_token_ids, QWEN_WIDTH)
+        tokens, _ = index.row(inside)  # the slice's words OR the rest's: the packed row of the row
+        assert np.array_equal(index.table._table[1][index.mask_row(inside)], index.table.pack_reference(tokens))
 
 
 def test_trie_levels_are_consistent(qwen_vocab):

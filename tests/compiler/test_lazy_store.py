@@ -1,0 +1,155 @@
+"""Saved lazy rows (compiler/lazy_store.py): a fresh grammar with the entry restores every row the
+first one filled, each equal to a walk's (masks included), and goes on walking past them; a corrupt,
+inconsistent or unwritable entry is a miss, never an error."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+
+from grammar_mlx import compile_json_schema
+from grammar_mlx.compiler import cache, lazy_store
+from grammar_mlx.schema import canonical_json
+
+WIDTH = 151_936
+KEY = "lazyrows" + "0" * 32
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+                   "n": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["name", "tags", "n", "ok"], "additionalProperties": False,
+}
+DOCUMENT = {"name": "Zoë \"Q\" Ng", "tags": ["a\\b", "中文"], "n": -12, "ok": False}
+
+
+def fresh(tokenizer):
+    return compile_json_schema(SCHEMA, tokenizer, logits_width=WIDTH, mode="lazy", use_cache=False)
+
+
+def trace(grammar, tokens: list[int]) -> list[tuple[list[int], np.ndarray]]:
+    """Along `tokens` (then EOS): each state's allowed ids and its mask row's words."""
+    out, state = [], grammar.initial_state
+    table = None
+    for t in [*tokens, grammar.eos_token_ids[0]]:
+        row = grammar.mask_row(state)
+        table = grammar.index.table._table[1]
+        out.append((grammar.allowed_tokens(state).tolist(), table[row].copy()))
+        state = grammar.next_state(state, t)
+        assert state >= 0
+    return out
+
+
+def wander(grammar, seed: int, steps: int) -> list[list[int]]:
+    """Allowed ids along random tokens of the rows (another way through the grammar)."""
+    rng, state, out = random.Random(seed), grammar.initial_state, []
+    for _ in range(steps):
+        allowed = grammar.allowed_tokens(state)
+        out.append(allowed.tolist())
+        t = int(allowed[rng.randrange(len(allowed))])
+        if t in grammar.eos_token_ids:
+            break
+        state = grammar.next_state(state, t)
+    return out
+
+
+@pytest.fixture(scope="module")
+def document_tokens(qwen_hf_tokenizer) -> list[int]:
+    return qwen_hf_tokenizer.encode(canonical_json(DOCUMENT, SCHEMA), add_special_tokens=False)
+
+
+def test_saved_rows_reload_equal(tmp_path, qwen_hf_tokenizer, document_tokens):
+    first = fresh(qwen_hf_tokenizer)
+    assert lazy_store.attach(first.index, tmp_path, KEY) is False
+    assert first.stats["row_store"] == "miss" and "cache_hit" not in first.index.stats()
+    want = trace(first, document_tokens)
+    assert first.index._sliced  # string states took the slice, and are saved without it
+    assert lazy_store.save(first.index)
+    filled = first.stats["states_filled"]
+
+    second = fresh(qwen_hf_tokenizer)
+    assert lazy_store.attach(second.index, tmp_path, KEY) is True
+    got = trace(second, document_tokens)
+    assert [a for a, _ in got] == [a for a, _ in want]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got, want))
+    s = second.stats
+    assert s["row_store"] == "hit" and s["cache_hit"] is True and s["row_store_rows"] >= filled - 1
+    assert s["rows_restored"] == s["fills"] - (second.terminal_state in second.index.states_seen)
+    assert lazy_store.save(second.index) is False  # nothing new to write
+
+    # Past the saved rows: walked as without the entry (a grammar without it is the replay).
+    plain = fresh(qwen_hf_tokenizer)
+    for seed in range(3):
+        assert wander(second, seed, 25) == wander(plain, seed, 25)
+    assert second.stats["fills"] > s["fills"]
+    assert lazy_store.save(second.index)  # new rows: the entry grows
+    third = fresh(qwen_hf_tokenizer)
+    assert lazy_store.attach(third.index, tmp_path, KEY)
+    assert third.stats["row_store_rows"] > s["row_store_rows"]
+    assert [a for a, _ in trace(third, document_tokens)] == [a for a, _ in want]
+    assert wander(third, 1, 25) == wander(plain, 1, 25)
+
+
+def test_a_corrupt_or_inconsistent_entry_is_a_miss(tmp_path, qwen_hf_tokenizer, document_tokens, caplog):
+    first = fresh(qwen_hf_tokenizer)
+    lazy_store.attach(first.index, tmp_path, KEY)
+    want = trace(first, document_tokens)
+    assert lazy_store.save(first.index)
+    path = cache.entry_path(tmp_path, KEY)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the CRC no longer matches
+    path.write_bytes(bytes(data))
+    g = fresh(qwen_hf_tokenizer)
+    assert lazy_store.attach(g.index, tmp_path, KEY) is False
+    assert [a for a, _ in trace(g, document_tokens)] == [a for a, _ in want]
+
+    arrays = {"filled": np.ones(2, np.uint8), "sliced": np.zeros(2, np.uint8), "row_start": np.array([0, 1, 5]),
+              "tokens": np.array([1, 2], np.int32), "succ": np.array([0, 9], np.int32), "mask": np.zeros(2, np.int64),
+              "masks": np.zeros((1, WIDTH // 32), "<u4")}
+    assert cache.store(tmp_path, KEY, arrays, {"format": lazy_store.FORMAT})
+    g = fresh(qwen_hf_tokenizer)
+    with caplog.at_level(logging.WARNING, logger="grammar_mlx.cache"):
+        assert lazy_store.attach(g.index, tmp_path, KEY) is False
+    assert "inconsistent" in caplog.text
+    assert [a for a, _ in trace(g, document_tokens)] == [a for a, _ in want]
+
+
+def test_an_entry_that_maps_nowhere_is_dropped_and_rows_are_walked(tmp_path, qwen_hf_tokenizer, document_tokens,
+                                                                  caplog):
+    first = fresh(qwen_hf_tokenizer)
+    lazy_store.attach(first.index, tmp_path, KEY)
+    want = trace(first, document_tokens)
+    assert lazy_store.save(first.index)
+    arrays, meta = cache.load(tmp_path, KEY)
+    # The initial state's row: its first token swapped for one that no JSON object starts with.
+    tokens = arrays["tokens"].copy()
+    tokens[0] = qwen_hf_tokenizer.encode("zz", add_special_tokens=False)[0]
+    assert cache.store(tmp_path, KEY, {**arrays, "tokens": tokens}, meta)
+    g = fresh(qwen_hf_tokenizer)
+    assert lazy_store.attach(g.index, tmp_path, KEY)
+    with caplog.at_level(logging.WARNING, logger="grammar_mlx.cache"):
+        got = trace(g, document_tokens)
+    assert "not used further" in caplog.text
+    assert [a for a, _ in got] == [a for a, _ in want]
+    assert g.stats["rows_restored"] == 0
+
+
+def test_an_unwritable_directory_is_best_effort(tmp_path, qwen_hf_tokenizer, document_tokens):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache directory should be")
+    g = fresh(qwen_hf_tokenizer)
+    assert lazy_store.attach(g.index, blocked, KEY) is False
+    trace(g, document_tokens)
+    assert lazy_store.save(g.index) is False
+    lazy_store.save_all()  # the exit hook: no raise either
+
+
+def test_an_index_with_an_undecided_liveness_search_is_not_saved(tmp_path, qwen_hf_tokenizer, document_tokens):
+    g = fresh(qwen_hf_tokenizer)
+    lazy_store.attach(g.index, tmp_path, KEY)
+    trace(g, document_tokens)
+    g.index.liveness_undecided = 1  # as after a cut-off search: its verdicts depend on the order
+    assert lazy_store.save(g.index) is False
+    assert not cache.entry_path(tmp_path, KEY).exists()
