@@ -255,6 +255,7 @@ class Emitter:
         self.reach = cyclic_reach(table, self.cyclic) if self.cyclic else {}
         self.memo: dict[tuple[Hashable, Counts], Regex | None] = {}
         self.any_memo: dict[int, Regex] = {}
+        self.key_memo: dict[str, Regex] = {}  # a declared property's name -> its quoted JSON text
         self.json_memo: dict[int, Regex] = {}  # id(character-level AST) -> its JSON-string AST
         self.json_keep: list[Regex] = []  # keeps those ASTs alive, so their ids are not reused
         self.literal_memo: dict[str, Regex] = {}  # dumps(value) -> its AST
@@ -526,7 +527,10 @@ class Emitter:
             if value is None:
                 continue
             first_ok = node.first_choices is None or i < node.first_choices or prop.required
-            member = ast.seq(ast.text('"' + json_text(prop.name) + '"'), colon, value)
+            name = self.key_memo.get(prop.name)
+            if name is None:  # a document's definitions repeat a few names, each emitted per recursion count
+                name = self.key_memo[prop.name] = ast.text('"' + json_text(prop.name) + '"')
+            member = ast.seq(name, colon, value)
             assert member is not None
             props.append((member, prop.required, first_ok))
         extra_items: list[Regex | None] = []
