@@ -4,7 +4,10 @@ A regex has no intersection or complement, but JSON Schema needs both: `pattern`
 `minLength` on one string, and property names that match no `patternProperties` pattern and no
 declared name (`additionalProperties`). These are built here on DFAs over code-point ranges (the
 alphabet is partitioned per state, so `\\p{L}` costs ranges, not characters), minimized, and converted
-back to an AST by state elimination. Every step has a size budget; over it, `AutomatonTooLarge` says
+back to an AST by state elimination — except a length bound (`minLength`/`maxLength` on a pattern
+or format): `bounded` keeps the pattern's minimal DFA and a count (`LengthBound`, a `regex.syntax.
+Bounded` node) whose pairs the byte NFA makes as walks reach them, since the product with a count
+is states times the bound and its regex far larger. Every step has a size budget; over it, `AutomatonTooLarge` says
 so and the caller reports the constraint as unenforced instead of hanging. Every step also checks the
 compile deadline (`grammar_mlx.limits`).
 

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar_mlx.automata import chars as fa
+from grammar_mlx.automata.byte_nfa import build_nfa, determinize
 from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.rust import parse
-from grammar_mlx.automata.byte_nfa import build_nfa, determinize
 from grammar_mlx.regex.syntax import Bounded, alt, fullmatch, length_range, literal, search_language, to_regex
 
 WORDS = ["".join(p) for n in range(6) for p in itertools.product("ab_", repeat=n)]
