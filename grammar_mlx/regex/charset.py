@@ -142,13 +142,7 @@ def _python_class(name: str) -> CharSet:
 
 @lru_cache(maxsize=1)
 def _all_characters() -> tuple[str, str]:
-    # Decoded from UTF-32 in one call: joining a million `chr`s costs a fresh process a second.
-    import numpy as np
-
-    def text(lo: int, hi: int) -> str:
-        return np.arange(lo, hi, dtype="<u4").tobytes().decode("utf-32-le")
-
-    return text(0, SURROGATES[0]), text(SURROGATES[1] + 1, MAX_CODE_POINT + 1)
+    return "".join(map(chr, range(SURROGATES[0]))), "".join(map(chr, range(SURROGATES[1] + 1, MAX_CODE_POINT + 1)))
 
 
 @cache
