@@ -193,14 +193,14 @@ def _class_template(ranges: tuple[tuple[int, int], ...]
 
 
 class ByteNFA:
-    """A Thompson NFA over bytes, built on demand. State q is a byte state (`trans[q]`: list of
-    (lo, hi, target) byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets), the
-    match state, or pending: a part of the AST (a sequence, an alternation, a repetition with the
-    count left, a `Bounded` node's (DFA state, count) pair) not built yet, expanded by `expand` when an epsilon closure first reaches it. So a
-    compile costs one pass over the AST (its byte classes and each node's shortest text) and the
-    states a walk reaches: a counted repetition's states exist for the counts reached, a part of the
-    schema no generation enters costs nothing. `dist[q]` is the fewest bytes from q to the match,
-    known when q is made (from the AST), the distance over any alphabet every edge's range meets."""
+    """A Thompson NFA over bytes, built on demand. State q is a byte state (`trans[q]`: list of (lo, hi, target)
+    byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets), the match state, or pending: a part
+    of the AST (a sequence, an alternation, a repetition with the count left, a `Bounded` node's (DFA state,
+    count) pair) not built yet, expanded by `expand` when an epsilon closure first reaches it. So a compile
+    costs one pass over the AST (its byte classes and each node's shortest text) and the states a walk reaches:
+    a counted repetition's states exist for the counts reached, a part of the schema no generation enters costs
+    nothing. `dist[q]` is the fewest bytes from q to the match, known when q is made (from the AST), the
+    distance over any alphabet every edge's range meets."""
 
     def __init__(self, max_states: int = limits.MAX_NFA_STATES):
         self.trans: list[list[tuple[int, int, int]] | None] = []

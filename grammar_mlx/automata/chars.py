@@ -652,7 +652,6 @@ class LengthBound:
         self.edges = sum(map(len, self.rows))
         self.span = hi if hi is not None else lo + len(dfa.trans)
         self.lengths = _accepted_lengths(dfa, self.span)
-        self._fewest: dict[tuple[int, ...], dict[tuple[int, int], int]] = {}
 
     def _window(self, count: int) -> tuple[int, int]:
         """The lengths of the rest still allowed after `count` characters."""
@@ -692,35 +691,11 @@ class LengthBound:
         return LengthBound(minimize(DFA(kept, set(self.dfa.accept))), self.lo, self.hi)
 
     def fewest(self, state: int, count: int, costs: tuple[int, ...]) -> int:
-        """The fewest total cost of a rest from (state, count) to acceptance, a character of
-        `charsets[i]` costing `costs[i]` (bytes: the byte NFA's distances); 1 << 30 for none."""
-        memo = self._fewest.setdefault(costs, {})
-        hit = memo.get((state, count))
-        if hit is None:
-            hit = memo[(state, count)] = self._search(state, count, costs)
-        return hit
-
-    def _search(self, state: int, count: int, costs: tuple[int, ...]) -> int:
-        # Dijkstra over the live pairs from (state, count): they all reach acceptance, and the
-        # cheapest way never revisits a pair, so the search ends at the first accepting pair popped.
-        seen: set[tuple[int, int]] = set()
-        todo = [(0, state, count)]
-        while todo:
-            cost, q, k = heapq.heappop(todo)
-            if (q, k) in seen:
-                continue
-            if self.accepting(q, k):
-                return cost
-            seen.add((q, k))
-            if len(seen) > limits.CHAR_DFA_STATES:  # a bound, not the fewest: the cost of some way on
-                return cost + self._any_way(q, k, costs)
-            for i, t, following in self.row(q, k):
-                if (t, following) not in seen:
-                    heapq.heappush(todo, (cost + costs[i], t, following))
-        return 1 << 30
-
-    def _any_way(self, state: int, count: int, costs: tuple[int, ...]) -> int:
-        """The cost of some rest to acceptance: its shortest length times the dearest character."""
+        """The total cost of a rest from (state, count) to acceptance, a character of `charsets[i]`
+        costing `costs[i]` (bytes: the byte NFA's distances): the rest's fewest characters times
+        the dearest character's cost, read off the length masks (no search per pair). The fewest
+        cost when every character costs the same (a JSON string's classes: one byte each), else a
+        cost some rest has (at least the fewest: what a distance bound may be)."""
         a, b = self._window(count)
         bits = (self.lengths[state] >> a) & ((1 << (b - a + 1)) - 1)
         return (a + (bits & -bits).bit_length() - 1) * max(costs, default=0)
