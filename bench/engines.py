@@ -499,7 +499,8 @@ def stratified_sample(per_subset: int, seed: int, n: int | None = None) -> list[
             by_subset.setdefault(row["subset"], []).append(row)
     rng = random.Random(seed)
     picks = {name: rng.sample(rows, min(per_subset, len(rows))) for name, rows in sorted(by_subset.items())}
-    ordered = [picks[name][i] for i in range(per_subset) for name in sorted(picks) if i < len(picks[name])]
+    longest = max(map(len, picks.values()), default=0)  # not per_subset: --all passes a huge one
+    ordered = [picks[name][i] for i in range(longest) for name in sorted(picks) if i < len(picks[name])]
     return ordered[:n] if n else ordered
 
 

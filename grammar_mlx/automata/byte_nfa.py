@@ -61,7 +61,7 @@ from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
 from ..regex.charset import MAX_CODE_POINT, CharSet
 from ..regex.rust import Unsupported, parse
-from ..regex.syntax import Alt, Anchor, Chars, Literal, Node, Repeat, Seq
+from ..regex.syntax import Alt, Anchor, Bounded, Chars, Literal, Node, Repeat, Seq
 from .byte_dfa import NUL, ByteDFA
 
 __all__ = ["ByteNFA", "Determinizer", "build_nfa", "class_template", "determinize"]
@@ -193,14 +193,14 @@ def _class_template(ranges: tuple[tuple[int, int], ...]
 
 
 class ByteNFA:
-    """A Thompson NFA over bytes, built on demand. State q is a byte state (`trans[q]`: list of
-    (lo, hi, target) byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets), the
-    match state, or pending: a part of the AST (a sequence, an alternation, a repetition with the
-    count left) not built yet, expanded by `expand` when an epsilon closure first reaches it. So a
-    compile costs one pass over the AST (its byte classes and each node's shortest text) and the
-    states a walk reaches: a counted repetition's states exist for the counts reached, a part of the
-    schema no generation enters costs nothing. `dist[q]` is the fewest bytes from q to the match,
-    known when q is made (from the AST), the distance over any alphabet every edge's range meets."""
+    """A Thompson NFA over bytes, built on demand. State q is a byte state (`trans[q]`: list of (lo, hi, target)
+    byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets), the match state, or pending: a part
+    of the AST (a sequence, an alternation, a repetition with the count left, a `Bounded` node's (DFA state,
+    count) pair) not built yet, expanded by `expand` when an epsilon closure first reaches it. So a compile
+    costs one pass over the AST (its byte classes and each node's shortest text) and the states a walk reaches:
+    a counted repetition's states exist for the counts reached, a part of the schema no generation enters costs
+    nothing. `dist[q]` is the fewest bytes from q to the match, known when q is made (from the AST), the
+    distance over any alphabet every edge's range meets."""
 
     def __init__(self, max_states: int = limits.MAX_NFA_STATES):
         self.trans: list[list[tuple[int, int, int]] | None] = []
@@ -215,8 +215,10 @@ class ByteNFA:
         self._template_ranges: list[frozenset[tuple[int, int]]] = []
         self._templates: dict[tuple[tuple[int, int], ...], tuple[Template, list[int]]] = {}
         self._memo: dict[tuple[int, ...], int] = {}  # (id(node)[, lo, hi], continuation) -> state
-        self._pending: dict[int, tuple[Node, int, int | None, int]] = {}  # state -> (node, lo, hi, continuation)
+        # state -> (node, lo, hi, continuation); a `Bounded` node's: (node, DFA state, count, continuation)
+        self._pending: dict[int, tuple[Node, int, int | None, int]] = {}
         self._fewest: dict[int, int] = {}  # id(node) -> the fewest bytes of its text (`_FAR`: none)
+        self._costs: dict[int, tuple[int, ...]] = {}  # id(Bounded node) -> its leaves' fewest bytes
         self.root: Node | None = None  # the AST the pending states point into (kept alive: ids)
         self.match = self._new(None, None, 0)
         self.start = -1
@@ -279,6 +281,14 @@ class ByteNFA:
                 else:
                     lo, item = node.lo, fewest[id(children[0])]  # type: ignore[union-attr]
                     fewest[id(node)] = 0 if lo == 0 else min(_FAR, lo * item)
+            elif kind is Bounded:
+                if not ready:
+                    check_deadline("building the byte NFA")
+                    stack.append((node, True))
+                    stack.extend((c, False) for c in node.leaves if id(c) not in fewest)  # type: ignore[union-attr]
+                    continue
+                costs = self._costs[id(node)] = tuple(fewest[id(c)] for c in node.leaves)  # type: ignore[union-attr]
+                fewest[id(node)] = min(_FAR, node.core.fewest(0, 0, costs))  # type: ignore[union-attr]
             else:
                 raise TypeError(f"not a regex AST node: {node!r}")
 
@@ -314,6 +324,8 @@ class ByteNFA:
         pending state until reached."""
         if type(node) is Repeat:
             return self._repeat(node, node.lo, node.hi, nxt)
+        if type(node) is Bounded:
+            return self._pair(node, 0, 0, nxt)
         key = (id(node), nxt)
         hit = self._memo.get(key)
         if hit is not None:
@@ -343,6 +355,18 @@ class ByteNFA:
             self._memo[key] = hit
         return hit
 
+    def _pair(self, node: Bounded, state: int, count: int, nxt: int) -> int:
+        """The (DFA state, count) pair of a `Bounded` node, then `nxt`: pending until reached, so the
+        product with the count is built only where a walk goes (every pair it gives is live)."""
+        key = (id(node), state, count, -2, nxt)
+        hit = self._memo.get(key)
+        if hit is None:
+            fewest = node.core.fewest(state, count, self._costs[id(node)])
+            hit = self._new(None, None, fewest + self.dist[nxt])
+            self._pending[hit] = (node, state, count, nxt)
+            self._memo[key] = hit
+        return hit
+
     def expand(self, q: int) -> None:
         """Build pending state q one level down: it becomes a split into what it stands for (whose
         parts are built, or pending in turn)."""
@@ -354,6 +378,13 @@ class ByteNFA:
             targets = [start]
         elif type(node) is Alt:
             targets = [self.compile(b, nxt) for b in node.items]
+        elif type(node) is Bounded:
+            assert hi is not None  # (DFA state, count)
+            core, leaves = node.core, node.leaves
+            targets = [self.compile(leaves[i], self._pair(node, t, following, nxt))
+                       for i, t, following in core.row(lo, hi)]
+            if core.accepting(lo, hi):
+                targets.append(nxt)
         else:
             assert type(node) is Repeat
             item = node.item

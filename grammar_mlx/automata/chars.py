@@ -4,7 +4,10 @@ A regex has no intersection or complement, but JSON Schema needs both: `pattern`
 `minLength` on one string, and property names that match no `patternProperties` pattern and no
 declared name (`additionalProperties`). These are built here on DFAs over code-point ranges (the
 alphabet is partitioned per state, so `\\p{L}` costs ranges, not characters), minimized, and converted
-back to an AST by state elimination. Every step has a size budget; over it, `AutomatonTooLarge` says
+back to an AST by state elimination — except a length bound (`minLength`/`maxLength` on a pattern
+or format): `bounded` keeps the pattern's minimal DFA and a count (`LengthBound`, a `regex.syntax.
+Bounded` node) whose pairs the byte NFA makes as walks reach them, since the product with a count
+is states times the bound and its regex far larger. Every step has a size budget; over it, `AutomatonTooLarge` says
 so and the caller reports the constraint as unenforced instead of hanging. Every step also checks the
 compile deadline (`grammar_mlx.limits`).
 
@@ -26,12 +29,14 @@ from contextvars import ContextVar
 from typing import TypeVar
 
 from .. import limits
+from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
 from ..regex.charset import ANY, CharSet
 from ..regex.syntax import (
     EMPTY,
     NEVER,
     Alt,
+    Bounded,
     Chars,
     Literal,
     Node,
@@ -135,6 +140,18 @@ class _NFA:
                     self.eps[cur].append(a)
                     cur = b
                 self.eps[cur].append(t)
+        elif isinstance(node, Bounded):
+            # Within a further product (a complement, a disjointness test): the pairs explored.
+            assert node.plain(), "a character-level node"
+            core = node.core
+            assert isinstance(core, LengthBound)
+            dfa = with_length(core.dfa, core.lo, core.hi)
+            states = [self.state() for _ in dfa.trans]
+            for q, row in enumerate(dfa.trans):
+                self.edges[states[q]].extend((chars, states[target]) for chars, target in row)
+                if q in dfa.accept:
+                    self.eps[states[q]].append(t)
+            self.eps[s].append(states[0])
         else:
             raise AssertionError(f"not an AST node: {node!r}")
         return s, t
@@ -599,6 +616,151 @@ def _intersect(nodes: Sequence[Node]) -> Node:
         his = [b[1] for b in lengths if b[1] is not None]
         dfa = with_length(dfa, lo, min(his) if his else None)
     return to_ast(dfa)
+
+
+def bounded(node: Node, lo: int, hi: int | None) -> Node:
+    """`intersect([node, length_language(lo, hi)])` without the product: the minimal DFA of `node`
+    and the count, as a `Bounded` node whose (state, count) pairs are made as they are reached
+    (`LengthBound`). `AutomatonTooLarge` where `node`'s own DFA passes the budget."""
+    return _memoized(("bounded", node, lo, hi), lambda: _bounded(node, lo, hi))
+
+
+def _bounded(node: Node, lo: int, hi: int | None) -> Node:
+    if isinstance(node, Bounded):
+        assert node.plain() and isinstance(node.core, LengthBound)
+        core = node.core.restricted(lo, hi)
+    else:
+        core = LengthBound(to_dfa(node), lo, hi)
+    return Bounded.of(core) if core.live(0, 0) else NEVER
+
+
+class LengthBound:
+    """The strings of a minimal DFA with lo..hi characters (hi None: at least lo), as (state, count)
+    pairs: the product with a character counter, never built as a whole. A pair is live when the
+    state accepts some rest of a length the count still allows; `row` gives live pairs only, so an
+    automaton built from them has no dead end. What is known per state: the set of lengths it
+    accepts, as a bit mask over 0..span (hi, or lo + the number of states when unbounded: a rest of
+    at least m characters exists iff one of m .. m + states - 1 does), from one backward pass per
+    length that stops at the first repeated layer (the layers are periodic from there)."""
+
+    def __init__(self, dfa: DFA, lo: int, hi: int | None):
+        self.dfa, self.lo, self.hi = dfa, lo, hi
+        self.cap = lo if hi is None else hi  # unbounded: the count stops at lo (every count past it alike)
+        index: dict[CharSet, int] = {}
+        self.rows = [[(index.setdefault(chars, len(index)), t) for chars, t in row] for row in dfa.trans]
+        self.charsets = tuple(index)
+        self.edges = sum(map(len, self.rows))
+        self.span = hi if hi is not None else lo + len(dfa.trans)
+        self.lengths = _accepted_lengths(dfa, self.span)
+
+    def _window(self, count: int) -> tuple[int, int]:
+        """The lengths of the rest still allowed after `count` characters."""
+        return max(0, self.lo - count), (self.span if self.hi is None else self.hi - count)
+
+    def live(self, state: int, count: int) -> bool:
+        a, b = self._window(count)
+        return b >= a and bool((self.lengths[state] >> a) & ((1 << (b - a + 1)) - 1))
+
+    def row(self, state: int, count: int) -> list[tuple[int, int, int]]:
+        if self.hi is not None and count >= self.hi:
+            return []
+        following = count + 1 if count < self.cap else count
+        return [(i, t, following) for i, t in self.rows[state] if self.live(t, following)]
+
+    def accepting(self, state: int, count: int) -> bool:
+        return count >= self.lo and state in self.dfa.accept
+
+    def length_range(self) -> tuple[int, int | None]:
+        a, b = self._window(0)
+        bits = (self.lengths[0] >> a) & ((1 << (b - a + 1)) - 1)
+        if not bits:
+            return 1 << 62, 0
+        shortest = a + (bits & -bits).bit_length() - 1
+        if self.hi is None:
+            return shortest, None if _has_live_cycle(self.dfa) else a + bits.bit_length() - 1
+        return shortest, a + bits.bit_length() - 1
+
+    def restricted(self, lo: int, hi: int | None) -> LengthBound:
+        lo = max(lo, self.lo)
+        hi = self.hi if hi is None else hi if self.hi is None else min(hi, self.hi)
+        return LengthBound(self.dfa, lo, hi)
+
+    def narrowed(self, chars: CharSet) -> LengthBound:
+        """The strings of those characters only."""
+        kept = [[(c & chars, t) for c, t in row if c & chars] for row in self.dfa.trans]
+        return LengthBound(minimize(DFA(kept, set(self.dfa.accept))), self.lo, self.hi)
+
+    def fewest(self, state: int, count: int, costs: tuple[int, ...]) -> int:
+        """The total cost of a rest from (state, count) to acceptance, a character of `charsets[i]`
+        costing `costs[i]` (bytes: the byte NFA's distances): the rest's fewest characters times
+        the dearest character's cost, read off the length masks (no search per pair). The fewest
+        cost when every character costs the same (a JSON string's classes: one byte each), else a
+        cost some rest has (at least the fewest: what a distance bound may be)."""
+        a, b = self._window(count)
+        bits = (self.lengths[state] >> a) & ((1 << (b - a + 1)) - 1)
+        return (a + (bits & -bits).bit_length() - 1) * max(costs, default=0)
+
+    def expanded(self) -> Node:
+        try:
+            return to_ast(with_length(self.dfa, self.lo, self.hi))
+        except AutomatonTooLarge as e:
+            raise GrammarTooLargeError(f"a length bound with a pattern cannot be written as regex text ({e})") from None
+
+
+def narrowed(node: Bounded, chars: CharSet) -> Node:
+    """The strings of the character-level `node` made of `chars` only."""
+    assert node.plain() and isinstance(node.core, LengthBound)
+    core = node.core.narrowed(chars)
+    return Bounded.of(core) if core.live(0, 0) else NEVER
+
+
+def _accepted_lengths(dfa: DFA, span: int) -> list[int]:
+    """Per state, bit l set iff it accepts some string of exactly l characters (l <= span)."""
+    n = len(dfa.trans)
+    reverse: list[set[int]] = [set() for _ in range(n)]
+    for q, row in enumerate(dfa.trans):
+        for _, t in row:
+            reverse[t].add(q)
+    masks = [0] * n
+    layer = frozenset(dfa.accept)
+    first: dict[frozenset[int], int] = {}
+    layers: list[frozenset[int]] = []
+    for length in range(span + 1):
+        if not layer:
+            break
+        if layer in first:  # periodic from here: layer `length` is layer `start`, and so on
+            start = first[layer]
+            period = length - start
+            _repeat_layers(masks, layers[start:], start, period, span)
+            return masks
+        check_deadline(STAGE)
+        first[layer] = length
+        layers.append(layer)
+        bit = 1 << length
+        for q in layer:
+            masks[q] |= bit
+        layer = frozenset(q for t in layer for q in reverse[t])
+    return masks
+
+
+def _repeat_layers(masks: list[int], cycle: list[frozenset[int]], start: int, period: int, span: int) -> None:
+    """Set the bits of lengths start + period .. span from the layers of one period (already set
+    for start .. start + period - 1)."""
+    copies = (span - start) // period + 1  # periods from `start` on, the last one cut at span
+    repunit = ((1 << (period * copies)) - 1) // ((1 << period) - 1)
+    keep = (1 << (span + 1)) - 1
+    for q in range(len(masks)):
+        block = 0
+        for offset, layer in enumerate(cycle):
+            if q in layer:
+                block |= 1 << offset
+        if block:
+            masks[q] |= ((block * repunit) << start) & keep
+
+
+def _has_live_cycle(dfa: DFA) -> bool:
+    """Whether the minimal DFA (every state live) accepts arbitrarily long strings."""
+    return largest_cycle(dfa) > 1 or any(t == q for q, row in enumerate(dfa.trans) for _, t in row)
 
 
 def _length_bounds(node: Node) -> tuple[int, int | None] | None:

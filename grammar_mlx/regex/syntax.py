@@ -11,9 +11,10 @@ dialect common to Rust regex-automata and Python `re`, so tests can check them w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Protocol
 
 from ..limits import check_deadline
 from .charset import ANY, REGEX_META, CharSet, charset_regex
@@ -92,7 +93,47 @@ class Anchor:
     end: bool  # False: `^`, True: `$`
 
 
-Node = Chars | Literal | Seq | Alt | Repeat | Anchor  # a regex: what every parser builds
+class LengthCore(Protocol):
+    """What a `Bounded` node stands for (`automata.chars.LengthBound`): a character DFA's strings of
+    lo..hi characters, as (DFA state, characters so far) pairs made on demand, every pair it gives
+    live (some string of the language continues from it)."""
+
+    charsets: tuple[CharSet, ...]  # the distinct character sets of the DFA's edges
+    edges: int  # the DFA's edges (what it costs to hold)
+    lo: int
+    hi: int | None
+
+    def row(self, state: int, count: int) -> list[tuple[int, int, int]]: ...  # (charset index, state, count)
+    def accepting(self, state: int, count: int) -> bool: ...
+    def fewest(self, state: int, count: int, costs: tuple[int, ...]) -> int: ...  # over charset costs
+    def length_range(self) -> tuple[int, int | None]: ...
+    def restricted(self, lo: int, hi: int | None) -> LengthCore: ...
+    def expanded(self) -> Node: ...  # the character-level AST (state elimination; may be huge)
+
+
+@dataclass(slots=True, eq=False)
+class Bounded:
+    """A pattern's (or format's) language cut to lo..hi characters without writing the product
+    out: the character DFA and the count (`core`), whose (state, count) pairs the byte NFA builds
+    as generation reaches them (`automata.byte_nfa`). `leaves[i]` is the AST one character of
+    `core.charsets[i]` is written as (the class itself, or its JSON encodings once the emitter has
+    mapped it); `write` the same as a function, for the text export (None: the classes as they are).
+    Compared by identity (a hash-consed DAG's nodes are)."""
+
+    core: LengthCore
+    leaves: tuple[Node, ...]
+    write: Callable[[CharSet], Node] | None = None
+
+    @staticmethod
+    def of(core: LengthCore) -> Bounded:
+        return Bounded(core, tuple(Chars(c) for c in core.charsets))
+
+    def plain(self) -> bool:
+        """Whether the leaves are the character classes themselves (a character-level node)."""
+        return self.write is None
+
+
+Node = Chars | Literal | Seq | Alt | Repeat | Anchor | Bounded  # a regex: what every parser builds
 CharRegex = Callable[[CharSet], str]  # how one character of a set is written (`to_regex`)
 
 EMPTY = Seq(())
@@ -184,6 +225,8 @@ def length_range(node: Node) -> tuple[int, int | None]:
         if node.hi is None and b == 0:
             repeated = 0
         return a * node.lo, repeated
+    if isinstance(node, Bounded):
+        return node.core.length_range()
     raise AssertionError(f"not an AST node: {node!r}")
 
 
@@ -200,6 +243,8 @@ def max_count(node: Node) -> int:
         return max(node.lo, node.hi or 0, max_count(node.item))
     if isinstance(node, (Seq, Alt)):
         return max((max_count(item) for item in node.items), default=0)
+    if isinstance(node, Bounded):  # a counter, not a repetition: its automaton grows only as it is walked
+        return max(node.core.lo, node.core.hi or 0)
     return 0
 
 
@@ -319,10 +364,29 @@ def _ends(node: Node, starts: frozenset[int], text: str, memo: dict[tuple[int, f
             reached |= frontier
             count += 1
         out = frozenset(reached)
+    elif kind is Bounded and node.plain():  # type: ignore[union-attr]
+        out = frozenset(end for i in starts for end in _bounded_ends(node, i, text))  # type: ignore[arg-type]
     else:
         raise ValueError(f"fullmatch takes an anchor-free AST, not {node!r}")
     memo[key] = out
     return out
+
+
+def _bounded_ends(node: Bounded, start: int, text: str) -> Iterator[int]:
+    """Where a match of the character-level `node` starting at `start` may end."""
+    core, state, count, at = node.core, 0, 0, start
+    while True:
+        if core.accepting(state, count):
+            yield at
+        if at >= len(text):
+            return
+        cp = ord(text[at])
+        for i, target, following in core.row(state, count):
+            if cp in core.charsets[i]:
+                state, count, at = target, following, at + 1
+                break
+        else:
+            return
 
 
 def search_language(node: Node) -> Node:
@@ -351,6 +415,8 @@ def restrict_length(node: Node, lo: int, hi: int | None) -> Node | None:
         return node
     if (hi is not None and a > hi) or (b is not None and b < lo):
         return NEVER
+    if isinstance(node, Bounded) and node.plain():
+        return Bounded.of(node.core.restricted(lo, hi))
     if isinstance(node, Alt):
         parts = [restrict_length(item, lo, hi) for item in node.items]
         kept = [p for p in parts if p is not None]
@@ -439,7 +505,36 @@ def _written(node: Node, char_regex: CharRegex, memo: dict[CharSet, str], text: 
         return inner + suffix
     if isinstance(node, Anchor):
         return "$" if node.end else "^"
+    if isinstance(node, Bounded):  # written out only here (export, outlines-core): state elimination
+        return "(?:" + to_regex(substitute(node.core.expanded(), node.write), char_regex) + ")"
     raise AssertionError(f"not an AST node: {node!r}")
+
+
+def substitute(node: Node, leaf: Callable[[CharSet], Node] | None) -> Node:
+    """The character-level `node` with each class (and literal character) replaced by `leaf` of it."""
+    if leaf is None:
+        return node
+    memo: dict[int, Node] = {}
+
+    def walk(x: Node) -> Node:
+        hit = memo.get(id(x))
+        if hit is None:
+            if isinstance(x, Chars):
+                hit = leaf(x.chars)
+            elif isinstance(x, Literal):
+                hit = seq(*(leaf(CharSet.of(c)) for c in x.text))
+            elif isinstance(x, Seq):
+                hit = Seq(tuple(walk(y) for y in x.items))
+            elif isinstance(x, Alt):
+                hit = Alt(tuple(walk(y) for y in x.items))
+            elif isinstance(x, Repeat):
+                hit = Repeat(walk(x.item), x.lo, x.hi)
+            else:
+                raise AssertionError(f"not a character-level AST node: {x!r}")
+            memo[id(x)] = hit
+        return hit
+
+    return walk(node)
 
 
 def _atomic(node: Node, text: dict[int, str], in_seq: bool) -> str:

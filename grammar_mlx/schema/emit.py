@@ -29,7 +29,7 @@ from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
 from ..regex.charset import CharSet, charset_regex, json_char_regex, json_text
 from ..regex.rust import parse as parse_regex
-from ..regex.syntax import EMPTY, Alt, Chars, Repeat, Seq
+from ..regex.syntax import EMPTY, Alt, Bounded, Chars, Repeat, Seq
 from ..regex.syntax import NEVER as NO_NAME
 from ..regex.syntax import Literal as Text
 from ..regex.syntax import Node as Regex
@@ -175,6 +175,20 @@ class Builder:
         grouped = type(item) is Seq or (type(item) is Text and len(item.text) > 1)
         return self._made(key, Repeat(item, lo, hi), self.size[id(item)] + 10, 10, self.depth[id(item)] + grouped)
 
+    def bounded(self, node: Bounded, leaves: tuple[Regex, ...], leaf: Callable[[CharSet], Regex]) -> Regex:
+        """`node` with its classes written as `leaves` (its DFA and count shared, not copied). Costs
+        the DAG its DFA's edges: the byte NFA makes its pairs with the count as they are reached."""
+        key = ("B", id(node.core), *map(id, leaves))
+        hit = self.nodes.get(key)
+        if hit is not None:
+            return hit
+        written = node.write
+        # Written out as text (export only): each class as its leaf.
+        write = leaf if written is None else (lambda chars: self.mapped(written(chars), leaf, {}))
+        own = 8 * node.core.edges + sum(self.size[id(x)] for x in leaves)
+        return self._made(key, Bounded(node.core, leaves, write), own, own,
+                          1 + max((self.depth[id(x)] for x in leaves), default=0))
+
     def optional(self, item: Regex | None) -> Regex:
         return self.repeat(item, 0, 1) or EMPTY
 
@@ -196,6 +210,8 @@ class Builder:
             out = self.alt(self.mapped(x, leaf, memo) for x in ast.items)
         elif type(ast) is Repeat:
             out = self.repeat(self.mapped(ast.item, leaf, memo), ast.lo, ast.hi)
+        elif type(ast) is Bounded:
+            out = self.bounded(ast, tuple(self.mapped(x, leaf, memo) for x in ast.leaves), leaf)
         else:
             raise AssertionError(f"not a character-level AST node: {ast!r}")
         assert out is not None, "a mapped class is never empty"
@@ -239,6 +255,7 @@ class Emitter:
         self.reach = cyclic_reach(table, self.cyclic) if self.cyclic else {}
         self.memo: dict[tuple[Hashable, Counts], Regex | None] = {}
         self.any_memo: dict[int, Regex] = {}
+        self.key_memo: dict[str, Regex] = {}  # a declared property's name -> its quoted JSON text
         self.json_memo: dict[int, Regex] = {}  # id(character-level AST) -> its JSON-string AST
         self.json_keep: list[Regex] = []  # keeps those ASTs alive, so their ids are not reused
         self.literal_memo: dict[str, Regex] = {}  # dumps(value) -> its AST
@@ -510,7 +527,10 @@ class Emitter:
             if value is None:
                 continue
             first_ok = node.first_choices is None or i < node.first_choices or prop.required
-            member = ast.seq(ast.text('"' + json_text(prop.name) + '"'), colon, value)
+            name = self.key_memo.get(prop.name)
+            if name is None:  # a document's definitions repeat a few names, each emitted per recursion count
+                name = self.key_memo[prop.name] = ast.text('"' + json_text(prop.name) + '"')
+            member = ast.seq(name, colon, value)
             assert member is not None
             props.append((member, prop.required, first_ok))
         extra_items: list[Regex | None] = []

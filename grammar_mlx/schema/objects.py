@@ -22,7 +22,7 @@ from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
 from ..regex.charset import JSON_SPECIAL, NOTHING, CharSet
 from ..regex.syntax import NEVER as NO_STRING
-from ..regex.syntax import Alt, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
+from ..regex.syntax import Alt, Bounded, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
 from ..regex.syntax import Literal as RegexLiteral
 from ..regex.syntax import Node as Regex
 from .ir import (
@@ -304,6 +304,8 @@ def narrowed(ast: Regex, chars: CharSet) -> Regex:
         return alt(*(narrowed(item, chars) for item in ast.items))
     if isinstance(ast, Repeat):
         return repeat(narrowed(ast.item, chars), ast.lo, ast.hi)
+    if isinstance(ast, Bounded):
+        return fa.narrowed(ast, chars)
     raise AssertionError(f"not an anchor-free AST node: {ast!r}")
 
 

@@ -110,7 +110,7 @@ def _restrict_length(nz: Normalizer, ast: Regex, min_len: int, max_len: int | No
     if folded is not None:
         return folded
     try:
-        return fa.intersect([ast, fa.length_language(min_len, max_len)])
+        return fa.bounded(ast, min_len, max_len)
     except fa.AutomatonTooLarge as e:
         for atom in atoms:
             for kw in ("minLength", "maxLength"):
@@ -209,4 +209,4 @@ def _relax_counts(node: Regex) -> Regex:
         return Seq(tuple(_relax_counts(i) for i in node.items))
     if isinstance(node, Alt):
         return Alt(tuple(_relax_counts(i) for i in node.items))
-    return node
+    return node  # a `Bounded` node's count is within MAX_REPEAT (`_length_guard`)

@@ -62,6 +62,10 @@ Narrowings (valid documents the regex leaves out; outputs stay valid):
 - recursive `$ref`s unroll `max_recursion_depth` times (default 3; 0 to limits.MAX_REGEX_NESTING = 80, else
   `InvalidArgumentError`), lowered as far as needed to fit limits.SCHEMA_REGEX_LENGTH; generic values (`{}`,
   `true`) nest at most limits.MAX_ANY_DEPTH = 4 containers (lowered too when the AST is too large);
+- where counting each recursive definition's entries apart would make too many variants of the
+  definitions (documents of many mutually recursive definitions: `schema.emit.Emitter`'s
+  memo budget), one count bounds them all: at most `max_recursion_depth` + 1 recursive entries on
+  a path in all, not per definition (`in_grammar` bounds membership the same way);
 - objects with many optional properties before the first required one must start with the first
   one, only where the AST would otherwise pass limits.SCHEMA_REGEX_LENGTH (any of them may come first
   otherwise: the choices share the rest of the object);

@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar_mlx.automata import chars as fa
+from grammar_mlx.automata.byte_nfa import build_nfa, determinize
 from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.rust import parse
-from grammar_mlx.regex.syntax import alt, literal, search_language, to_regex
+from grammar_mlx.regex.syntax import Bounded, alt, fullmatch, length_range, literal, search_language, to_regex
 
 WORDS = ["".join(p) for n in range(6) for p in itertools.product("ab_", repeat=n)]
 
@@ -195,3 +196,52 @@ def test_length_counter_keeps_the_budget():
     """A counter product past limits.CHAR_DFA_STATES pairs is refused, as the automaton product is."""
     with pytest.raises(fa.AutomatonTooLarge):
         fa.with_length(fa.to_dfa(_language("^(?:[ab]+_){0,60}[ab]+$")), 0, 400)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pattern=_patterns(), lo=st.integers(0, 4), span=st.one_of(st.none(), st.integers(-1, 3)))
+def test_bounded_node_is_the_length_product_made_on_demand(pattern, lo, span):
+    """`bounded` (the DFA and the count, pairs made as they are reached) matches what the product
+    with the length language matches; its length range, the pairs' liveness (every pair `row` gives
+    still reaches acceptance) and its text agree with that product."""
+    hi = None if span is None else lo + span
+    node = fa.bounded(parse(pattern), lo, hi)
+    expected = fa.with_length(fa.to_dfa(parse(pattern)), lo, hi)
+    assert {w for w in PRODUCT_WORDS if fullmatch(node, w)} == {w for w in PRODUCT_WORDS if expected.accepts(w)}
+    if expected.is_empty():
+        assert node == alt()
+        return
+    assert isinstance(node, Bounded)
+    core = node.core
+    assert _equivalent(fa.to_dfa(node), expected)  # as a further product's operand
+    assert _equivalent(fa.to_dfa(parse(to_regex(node))), expected)  # the text export
+    assert length_range(node) == length_range(fa.to_ast(expected))
+    todo, seen = [(0, 0)], {(0, 0)}
+    while todo:
+        state, count = todo.pop()
+        assert core.live(state, count)
+        for _, t, following in core.row(state, count):
+            if (t, following) not in seen:
+                seen.add((t, following))
+                todo.append((t, following))
+
+
+def test_bounded_lengths_past_a_period_and_wide_bounds():
+    """The accepted lengths repeat with the DFA's cycles (set from one period), so wide bounds cost
+    no more than narrow ones; the byte NFA builds the pairs as a walk reaches them."""
+    words = _language("^(?:a+_)*a+$")  # lengths 1.. with an `_` never first or last
+    node = fa.bounded(words, 5, 90_000)
+    assert isinstance(node, Bounded)
+    assert fullmatch(node, "aa_aa") and not fullmatch(node, "aaaa") and not fullmatch(node, "a_a_")
+    assert fullmatch(node, "a_" * 44_999 + "a") and not fullmatch(node, "a_" * 45_000 + "a")
+    assert length_range(node) == (5, 90_000)
+    nfa = build_nfa(node)
+    dfa = determinize(nfa, 100_000)
+    q = dfa.initial
+    for b in b"a_a_a":
+        q = dfa.next(q, b)
+    assert dfa.accepting[q] and len(nfa) < 200  # a few pairs, not 90,000 counts
+    assert fa.bounded(_language("^[0-9]{16}$"), 17, None) == alt()
+    with_pattern = fa.bounded(_language("^(?:\\S+\\s+){0,49}\\S+$"), 1, 500)
+    assert fullmatch(with_pattern, "a " * 49 + "b") and not fullmatch(with_pattern, "a " * 50 + "b")
+    assert fullmatch(with_pattern, "x" * 500) and not fullmatch(with_pattern, "x" * 501)

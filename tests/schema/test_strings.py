@@ -152,6 +152,7 @@ def test_an_intersection_over_budget_is_reported_and_keeps_the_first_language(mo
         raise fa.AutomatonTooLarge("over budget (test)")
 
     monkeypatch.setattr(fa, "intersect", over_budget)
+    monkeypatch.setattr(fa, "bounded", lambda node, lo, hi: over_budget([node]))  # the length's automaton
     nz, node = normalized({"type": "string", "pattern": "^a", "format": "date"})
     assert set(nz.unenforced) == {("format", "")}
     assert node.matches("a") and not node.matches("2020-01-01")
@@ -247,3 +248,27 @@ def test_disputed_characters_are_read_off_the_pattern():
     assert 0x2028 in disputed_chars("a.b") and 0x2028 not in disputed_chars("a$")
     assert 0x663 in disputed_chars("\\d") and 0x663 in disputed_chars("[^\\D]") and 0x663 not in disputed_chars("\\s")
     assert 0x1C in disputed_chars("\\s") and 0x30 not in disputed_chars("\\d")
+
+
+def test_a_length_bound_with_a_pattern_is_enforced_in_the_json_text():
+    """Pattern x length (a word count under a character count, the product a minimized DFA could
+    not hold): enforced, counted in decoded characters while the byte NFA reads JSON escapes."""
+    import json
+
+    from grammar_mlx.automata.byte_nfa import build_nfa, determinize
+    from grammar_mlx.schema import schema_to_regex
+
+    schema = {"type": "string", "pattern": "^(?:\\S+\\s+){0,49}\\S+$", "minLength": 3, "maxLength": 500}
+    result = schema_to_regex(schema)
+    assert not result.unenforced
+    dfa = determinize(build_nfa(result.ast))
+
+    def accepts(value: str) -> bool:
+        q = dfa.initial
+        for b in json.dumps(value, ensure_ascii=False).encode():
+            q = dfa.next(q, b)
+        return bool(dfa.accepting[q])
+
+    assert accepts('a "b"') and accepts("\\" * 500) and not accepts("\\" * 501)
+    assert accepts("a " * 49 + "b") and not accepts("a " * 50 + "b")
+    assert not accepts("ab") and not accepts("ab ") and accepts("é\né")
