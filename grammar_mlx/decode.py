@@ -21,14 +21,18 @@ in one forward pass. Two modes:
   width is wasted compute where a pass costs about its width (a CPU).
 
 With a `draft_model` (hybrid): where the grammar forces text, the forced tokens are the proposals
-(free: no draft step); elsewhere the draft model proposes up to `num_draft_tokens`, verified as in
-mlx-lm's speculative decoding, and a draft stretch ends where the grammar starts to force text. The
-draft never changes the output: "verified" with a draft is plain greedy decoding, "canonical" with
-a draft is "canonical" without one (greedy: token for token).
+(free: no draft step); where the grammar offers a choice next (after a forced run too, in the same
+pass: the draft's cache is fed the run first) the draft model proposes up to `num_draft_tokens`,
+verified as in mlx-lm's speculative decoding. A draft stretch ends at a token after which the grammar
+starts to force text; that token, when the model agrees, is the draft's and is fed with the forced run
+next (as a run without a draft feeds the model's own token there), so the positions where the
+grammar offers a choice are drafted as often as without fast-forward. The draft never changes the
+output: "verified" with a draft is plain greedy decoding, "canonical" with a draft is "canonical"
+without one (greedy: token for token).
 
-Where only the last position's logits are read (a canonical pass, a plain step), models whose
+Where only the last positions' logits are read (a canonical pass, a plain step), models whose
 `__call__` is the body then the tied embedding or `lm_head` (mlx-lm's llama, qwen2, qwen3) compute
-the head at that position only; any other model computes every position's and the loop slices.
+the head at those positions only; any other model computes every position's and the loop slices.
 
 Anything else (no grammar processor last, `fast_forward` off, `input_embeddings`, a prompt cache
 that cannot be trimmed where trimming is needed) goes to mlx-lm's own `stream_generate` unchanged.
@@ -424,7 +428,9 @@ def fast_forward_step(
                     # One pass verifies the chain: the grammar's tokens (kept as they are in "canonical",
                     # checked in "verified"), then the draft's, checked.
                     chain = proposal + drafted
-                    sources: list[Source] = ["grammar"] * len(proposal) + ["draft"] * len(drafted)
+                    grammar_source: list[Source] = ["grammar"]
+                    draft_source: list[Source] = ["draft"]
+                    sources = grammar_source * len(proposal) + draft_source * len(drafted)
                     stops = [False] * len(proposal) + forces
                     start = len(proposal) if mode == "canonical" else 0  # the first position checked
                     logits = forward([y, *chain], tail=len(chain) + 1 - start)
