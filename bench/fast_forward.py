@@ -239,6 +239,8 @@ def draft_acceptance(model, tokenizer, draft, prompt, schema, max_tokens: int, n
         out[mode] = {"free": free, "drafted": drafted, "tokens": len(result.token_ids),
                      "draft_tokens": sum(result.from_draft), "forced": sum(result.from_grammar),
                      "seconds": seconds, "cpu_seconds": cpu_seconds, "token_ids": result.token_ids}
+        print(f"  draft, fast-forward {mode}: {drafted}/{free} free positions drafted, {len(result.token_ids)} tokens "
+              f"({sum(result.from_grammar)} forced), CPU {cpu_seconds:.1f} s", flush=True)
     return out
 
 
