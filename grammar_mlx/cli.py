@@ -56,7 +56,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
@@ -94,7 +94,7 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: {message} (see --help)")
 
 
-def _int_at_least(minimum: int, kind: str) -> Any:
+def _int_at_least(minimum: int, kind: str) -> Callable[[str], int]:
     """An argparse type: an int of at least `minimum` (`kind` names it in the message)."""
     def parse(text: str) -> int:
         try:
