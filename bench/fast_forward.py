@@ -273,6 +273,7 @@ def main() -> None:
     parser.add_argument("--draft-layers", type=int, default=24, help="draft: the model's first N layers (0: none)")
     parser.add_argument("--num-draft-tokens", type=int, default=2)
     parser.add_argument("--draft-only", action="store_true", help="only the draft acceptance part")
+    parser.add_argument("--case", action="append", help="only this case (repeatable)")
     parser.add_argument("--out", help="default: bench/results/fast_forward.json (--quick: fast_forward_quick.json)")
     args = parser.parse_args()
     if args.out is None:
@@ -280,6 +281,8 @@ def main() -> None:
                        / (("fast_forward_draft" if args.draft_only else "fast_forward")
                           + ("_quick.json" if args.quick else ".json")))
     cases = CASES[:2] if args.quick else CASES
+    if args.case:
+        cases = [c for c in CASES if c[0] in args.case]
     model, tokenizer = default_model()
     draft = truncated_draft(model, args.draft_layers) if args.draft_layers else None
     load_before = os.getloadavg()
