@@ -18,7 +18,13 @@ the share of forced tokens, and whether each mode's parsed object equals constra
 (verified must be token-identical: checked). The BLAS MLX's CPU matmuls use is reported
 (bench/e2e.py's report), with the load average before and after; ratios are from the same run.
 
-    python bench/fast_forward.py [--quick] [--out bench/results/fast_forward.json]
+With a draft (`--draft-layers N`, the model's first N layers; 0: none) each case also runs with the
+draft and fast-forward off, canonical and verified, and the bench prints the draft's acceptance on
+free positions (where the grammar forces no byte, so the same positions count in every mode): the
+share of their tokens that came from the draft (target: no lower with fast-forward than without).
+`--draft-only` runs that part alone.
+
+    python bench/fast_forward.py [--quick] [--draft-layers N] [--draft-only] [--out PATH]
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e import blas_report  # noqa: E402
 
+from grammar_mlx import compile_json_schema  # noqa: E402
 from grammar_mlx.generate import generate_structured  # noqa: E402
-from grammar_mlx.models import default_model  # noqa: E402
+from grammar_mlx.models import default_model, logits_width_of, truncated_draft  # noqa: E402
+from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder  # noqa: E402
 
 
 def obj(properties: dict, **extra: object) -> dict:
@@ -204,18 +212,92 @@ def unconstrained(model, tokenizer, prompt_ids: list[int], length: int) -> dict:
     return {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu, "tokens": n}
 
 
+DRAFT_MODES = ("off", "canonical", "verified")
+
+
+def draft_acceptance(model, tokenizer, draft, prompt, schema, max_tokens: int, num_draft_tokens: int) -> dict:
+    """Per fast-forward mode, with the draft: (free positions, their tokens from the draft, tokens,
+    forced tokens, seconds, CPU seconds). A position is free where the grammar forces no byte."""
+    grammar = compile_json_schema(schema, tokenizer, logits_width=logits_width_of(model), strict=True)
+    ff = fast_forward_for(grammar, tokenizer_encoder(tokenizer))
+    out = {}
+    for mode in DRAFT_MODES:
+        started, cpu = time.perf_counter(), time.process_time()
+        result = generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=max_tokens,
+                                     fast_forward=False if mode == "off" else mode, draft_model=draft,
+                                     num_draft_tokens=num_draft_tokens)
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+        state, free, drafted = grammar.initial_state, 0, 0
+        for token, from_draft, from_grammar in zip(result.token_ids, result.from_draft, result.from_grammar):
+            if not ff.forced_run(state)[0]:
+                free += 1
+                drafted += bool(from_draft and not from_grammar)
+            nxt = grammar.next_state(state, token)
+            if nxt < 0:
+                break
+            state = nxt
+        out[mode] = {"free": free, "drafted": drafted, "tokens": len(result.token_ids),
+                     "draft_tokens": sum(result.from_draft), "forced": sum(result.from_grammar),
+                     "seconds": seconds, "cpu_seconds": cpu_seconds, "token_ids": result.token_ids}
+        print(f"  draft, fast-forward {mode}: {drafted}/{free} free positions drafted, {len(result.token_ids)} tokens "
+              f"({sum(result.from_grammar)} forced), CPU {cpu_seconds:.1f} s", flush=True)
+    return out
+
+
+def print_draft_table(rows: list[dict]) -> dict:
+    print("\ndraft acceptance on free positions (drafted / free; tokens from the draft / tokens; CPU s)")
+    print(f"{'case':<12} " + " ".join(f"{m:>30}" for m in DRAFT_MODES))
+    for r in rows:
+        cells = [f"{d['drafted']:>3}/{d['free']:<3} {d['draft_tokens']:>3}/{d['tokens']:<3} {d['cpu_seconds']:>7.1f}"
+                 for d in (r["draft"][m] for m in DRAFT_MODES)]
+        print(f"{r['case']:<12} " + " ".join(f"{c:>30}" for c in cells))
+    summary = {}
+    for m in DRAFT_MODES:
+        free = sum(r["draft"][m]["free"] for r in rows)
+        drafted = sum(r["draft"][m]["drafted"] for r in rows)
+        summary[m] = {"free": free, "drafted": drafted, "acceptance_on_free": drafted / free if free else 0.0,
+                      "cpu_seconds": sum(r["draft"][m]["cpu_seconds"] for r in rows),
+                      "seconds": sum(r["draft"][m]["seconds"] for r in rows)}
+    print("total: " + ", ".join(f"{m} {summary[m]['acceptance_on_free']:.0%} ({summary[m]['drafted']}/"
+                                f"{summary[m]['free']}, CPU {summary[m]['cpu_seconds']:.1f} s)" for m in DRAFT_MODES))
+    same = sum(r["draft"]["verified"]["token_ids"] == r["draft"]["off"]["token_ids"] for r in rows)
+    print(f"with the draft, verified token-identical to off in {same}/{len(rows)}")
+    summary["verified_token_identical_to_off"] = same
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two cases only")
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--draft-layers", type=int, default=24, help="draft: the model's first N layers (0: none)")
+    parser.add_argument("--num-draft-tokens", type=int, default=2)
+    parser.add_argument("--draft-only", action="store_true", help="only the draft acceptance part")
+    parser.add_argument("--case", action="append", help="only this case (repeatable)")
     parser.add_argument("--out", help="default: bench/results/fast_forward.json (--quick: fast_forward_quick.json)")
     args = parser.parse_args()
     if args.out is None:
         args.out = str(Path(__file__).resolve().parent / "results"
-                       / ("fast_forward_quick.json" if args.quick else "fast_forward.json"))
+                       / (("fast_forward_draft" if args.draft_only else "fast_forward")
+                          + ("_quick.json" if args.quick else ".json")))
     cases = CASES[:2] if args.quick else CASES
+    if args.case:
+        cases = [c for c in CASES if c[0] in args.case]
     model, tokenizer = default_model()
+    draft = truncated_draft(model, args.draft_layers) if args.draft_layers else None
     load_before = os.getloadavg()
+    if args.draft_only:
+        if draft is None:
+            parser.error("--draft-only needs --draft-layers N (N > 0)")
+        rows = [{"case": name, "draft": draft_acceptance(model, tokenizer, draft, prompt, schema, args.max_tokens,
+                                                         args.num_draft_tokens)} for name, schema, prompt, _ in cases]
+        draft_summary = print_draft_table(rows)
+        load_after = os.getloadavg()
+        print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+        write(args.out, {"draft_summary": draft_summary, "cases": rows, "load_average": [load_before, load_after],
+                         "draft_layers": args.draft_layers, "num_draft_tokens": args.num_draft_tokens,
+                         "max_tokens": args.max_tokens, "quick": args.quick})
+        return
     rows = []
     for i, (name, schema, prompt, expected) in enumerate(cases):
         generate_structured(model, tokenizer, prompt, schema=schema, max_tokens=args.max_tokens)  # warm-up
@@ -245,6 +327,9 @@ def main() -> None:
         row["verified_token_identical"] = runs["verified"]["token_ids"] == base["token_ids"]
         row["constrained_value"] = base["value"]
         row["canonical_value"] = runs["canonical"]["value"]
+        if draft is not None:
+            row["draft"] = draft_acceptance(model, tokenizer, draft, prompt, schema, args.max_tokens,
+                                            args.num_draft_tokens)
         rows.append(row)
         print(f"{name}: constrained {base['tokens']} tok {base['seconds']:.1f} s | canonical "
               f"{runs['canonical']['tokens']} tok ({runs['canonical']['forced']} forced) "
@@ -312,11 +397,17 @@ def main() -> None:
     print(f"fields equal to the prompt's answer: constrained {s['fields_right']['constrained']:.0f}, canonical "
           f"{s['fields_right']['canonical']:.0f}, verified {s['fields_right']['verified']:.0f} of "
           f"{s['fields_scored']:.0f}")
+    if draft is not None:
+        summary["draft"] = print_draft_table(rows)
     blas = blas_report()
     print(f"BLAS: {blas['active']}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    result = {"summary": summary, "cases": rows, "blas": blas, "load_average": [load_before, load_after],
-              "max_tokens": args.max_tokens, "quick": args.quick}
-    out = Path(args.out)
+    write(args.out, {"summary": summary, "cases": rows, "blas": blas, "load_average": [load_before, load_after],
+                     "max_tokens": args.max_tokens, "quick": args.quick, "draft_layers": args.draft_layers,
+                     "num_draft_tokens": args.num_draft_tokens})
+
+
+def write(path: str, result: dict) -> None:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {out}")

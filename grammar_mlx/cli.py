@@ -42,6 +42,10 @@ an empty prompt, `--top-p` outside 0..1 or without `--temp`, `--num-draft-tokens
 all found before the model loads), 1 for the rest, 130 when interrupted. `--version` prints the
 version.
 `GRAMMAR_MLX_DEBUG=1` adds the traceback.
+
+`generate` is an adapter over `grammar_mlx.request`: its flags make one `request.Options` (whose
+defaults the flags show), run through `generate.generate_with`; `compile` builds the grammar through
+`request.grammar_for`, the path (and cache entry) generation uses.
 """
 
 from __future__ import annotations
@@ -52,19 +56,22 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from .errors import GrammarError, UnsupportedSchemaError
+from .request import Options
+from .runtime.fast_forward import FAST_FORWARD_MODES
 
 if TYPE_CHECKING:
-    from .compiler import CompileOptions
+    from .compiler import CompiledGrammar, CompileOptions
+    from .grammars.engine import CFGGrammar
+    from .request import Grammar
 
 __all__ = ["main", "build_parser"]
 
 _DEFAULT_MODEL_NAME = "embedded SmolLM2-135M-Instruct (Q4_1)"
-_NUM_DRAFT_TOKENS = 2
 _COMPILE_TERMS = """terms of the report (docs/compiled-grammar.md, "What compile reports"):
   byte NFA        the regex's automaton over UTF-8 bytes (engine nfa), itself built on demand
   byte DFA        the deterministic byte automaton: complete, or determinized from the NFA on demand
@@ -87,14 +94,22 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: {message} (see --help)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int, kind: str) -> Callable[[str], int]:
+    """An argparse type: an int of at least `minimum` (`kind` names it in the message)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _logits_width(text: str) -> int:
@@ -155,6 +170,9 @@ def _add_grammar_options(p: argparse.ArgumentParser) -> None:
                    help=f"a .gguf file, an mlx-lm model directory or hub id (default: {_DEFAULT_MODEL_NAME})")
     p.add_argument("--whitespace", metavar="PATTERN",
                    help="bounded JSON whitespace allowed between tokens, e.g. '[ \\n]{0,2}' (default: none)")
+    p.add_argument("--open-objects", action="store_true",
+                   help="a schema object without additionalProperties allows other keys, as JSON Schema reads it "
+                   "(default: only the keys it names)")
     p.add_argument("--cache-dir", metavar="DIR", help="compiled-table cache (default: $GRAMMAR_MLX_CACHE_DIR "
                    "or ~/.cache/grammar_mlx)")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
@@ -187,16 +205,17 @@ def build_parser() -> argparse.ArgumentParser:
     draft.add_argument("--draft-layers", type=_positive_int, metavar="N",
                        help="speculative decoding with the model's first N layers as the draft")
     gen.add_argument("--num-draft-tokens", type=_positive_int, metavar="K",
-                     help=f"tokens the draft proposes per step (default: {_NUM_DRAFT_TOKENS}); needs --draft-layers "
-                     "or --draft-model")
-    gen.add_argument("--max-tokens", type=_positive_int, default=256, metavar="N",
-                     help="token budget, end of sequence included (default: 256); the output completes within "
-                     "it, or an error names the budget the grammar needs")
+                     help=f"tokens the draft proposes per step (default: {Options.num_draft_tokens}); needs "
+                     "--draft-layers or --draft-model")
+    gen.add_argument("--max-tokens", type=_positive_int, default=Options.max_tokens, metavar="N",
+                     help=f"token budget, end of sequence included (default: {Options.max_tokens}); the output "
+                     "completes within it, or an error names the budget the grammar needs")
     gen.add_argument("--no-length-safe", action="store_true",
                      help="mask to the grammar alone: the budget may end the output incomplete (an error)")
-    gen.add_argument("--fast-forward", choices=("canonical", "verified", "off"), default="canonical",
-                     help="write forced text without a decode step per token: canonical (default: fastest), "
-                     "verified (only where the model agrees: the same output as off), or off")
+    fast_forward = Options.fast_forward or "off"
+    gen.add_argument("--fast-forward", choices=(*FAST_FORWARD_MODES, "off"), default=fast_forward,
+                     help="write forced text without a decode step per token: canonical (fastest), verified (only "
+                     f"where the model agrees: the same output as off), or off (default: {fast_forward})")
     gen.add_argument("--temp", type=_non_negative_float, default=0.0, help="sampling temperature (default: 0, greedy)")
     gen.add_argument("--top-p", type=_probability, default=0.0,
                      help="nucleus sampling, 0 to 1 (default: 0, off; 1 is off too); needs --temp > 0")
@@ -205,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-strict", action="store_true",
                      help="accept schema keywords the grammar cannot enforce exactly (the output is still "
                      "validated)")
+    gen.add_argument("--no-validate", action="store_true",
+                     help="do not validate the output against the schema (it matches the grammar all the same)")
+    gen.add_argument("--reasoning", action="store_true",
+                     help="let a thinking model think first; the grammar applies from the end of its thinking "
+                     "(stdout gets the answer alone)")
+    gen.add_argument("--reasoning-budget", type=_non_negative_int, metavar="N",
+                     help="at most N thinking tokens, then the thinking is closed; needs --reasoning")
 
     comp = sub.add_parser("compile", help="compile a schema or regex into the cache and report its tables",
                           description="Compile a JSON Schema or regex for a model's tokenizer into the on-disk "
@@ -243,7 +269,7 @@ class _InputError(Exception):
     pass
 
 
-def _load_schema(args: argparse.Namespace, strict: bool) -> Any:
+def _load_schema(args: argparse.Namespace, options: Options) -> Any:
     """Read and translate the schema before any model loads, so schema errors come at once."""
     from .errors import InvalidSchemaError
     from .schema import load_schema, schema_to_regex
@@ -254,7 +280,7 @@ def _load_schema(args: argparse.Namespace, strict: bool) -> Any:
     except InvalidSchemaError as exc:
         where = "stdin" if args.schema == "-" else args.schema
         raise InvalidSchemaError(f"--schema {where}: {exc}") from None
-    schema_to_regex(doc, whitespace=args.whitespace, strict=strict)
+    schema_to_regex(doc, whitespace=options.whitespace, strict=options.strict, open_objects=options.open_objects)
     return doc
 
 
@@ -282,14 +308,24 @@ def _check_grammar_flags(args: argparse.Namespace) -> None:
     for flag in ("syntax", "start"):
         if getattr(args, flag) is not None and args.grammar is None:
             raise _UsageError(f"--{flag} needs --grammar")
+    if args.open_objects and args.schema is None:
+        raise _UsageError("--open-objects is about schema objects: it needs --schema")
 
 
-def _compile_grammar(args: argparse.Namespace, grammar: tuple[str, str], tokenizer: Any, width: int) -> Any:
-    from .grammars import compile_grammar
+def _compiled(args: argparse.Namespace, schema: Any, grammar_file: tuple[str, str] | None, options: Options,
+              tokenizer: Any, width: int, compile_options: CompileOptions) -> Grammar:
+    """The grammar of the command: a --grammar file's, or the request's body through
+    `request.grammar_for` (the path and cache entry `generate_*` use)."""
+    from .request import body, grammar_for
 
-    text, syntax = grammar
-    return compile_grammar(text, tokenizer, syntax="gbnf" if syntax == "gbnf" else "lark", start=args.start,
-                           logits_width=width)
+    if grammar_file is not None:
+        from .grammars import compile_grammar
+
+        text, syntax = grammar_file
+        return compile_grammar(text, tokenizer, syntax="gbnf" if syntax == "gbnf" else "lark", start=args.start,
+                               logits_width=width)
+    spec = body(schema=schema, options=options) if schema is not None else body(regex=args.regex)
+    return grammar_for(spec, tokenizer, width, None, None, compile_options)
 
 
 def _model_location(flag: str, value: str | None) -> str | Path:
@@ -374,6 +410,25 @@ def _compile_options(args: argparse.Namespace, progress: _ProgressBar | None) ->
 # --- generate --------------------------------------------------------------------------------------
 
 
+def _options(args: argparse.Namespace) -> Options:
+    """`generate`'s request options from its flags (`request.Options` documents each and holds the
+    defaults); the draft model joins once loaded."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from .segments import Reasoning
+
+    given: dict[str, Any] = {}
+    if args.num_draft_tokens is not None:
+        given["num_draft_tokens"] = args.num_draft_tokens
+    if args.reasoning:
+        given["reasoning"] = Reasoning(budget=args.reasoning_budget)
+    return Options(
+        sampler=make_sampler(temp=args.temp, top_p=args.top_p) if args.temp > 0 else None,
+        max_tokens=args.max_tokens, length_safe=not args.no_length_safe, chat=not args.no_chat,
+        fast_forward=False if args.fast_forward == "off" else args.fast_forward, strict=not args.no_strict,
+        whitespace=args.whitespace, open_objects=args.open_objects, validate=not args.no_validate, **given)
+
+
 def _check_sampling_and_draft(args: argparse.Namespace) -> None:
     """Options that only mean something with another one are refused without it (not ignored)."""
     if args.num_draft_tokens is not None and args.draft_layers is None and args.draft_model is None:
@@ -382,13 +437,21 @@ def _check_sampling_and_draft(args: argparse.Namespace) -> None:
     if args.top_p not in (0, 1) and args.temp == 0:
         raise _UsageError(f"--top-p {args.top_p:g} applies when sampling, and --temp 0 decodes greedily: add --temp "
                           "(e.g. --temp 0.7), or drop --top-p")
+    if args.reasoning_budget is not None and not args.reasoning:
+        raise _UsageError(f"--reasoning-budget {args.reasoning_budget}: it bounds a thinking model's thinking; add "
+                          "--reasoning, or drop it")
+    if args.reasoning and args.grammar is not None:
+        raise _UsageError("--reasoning needs --schema or --regex (a --grammar applies from the first token)")
+    if args.no_validate and args.schema is None:
+        raise _UsageError("--no-validate is about the schema's validation: it needs --schema")
 
 
 def _generate(args: argparse.Namespace) -> int:
     # Every argument is checked before the model loads (seconds), so a mistake is reported at once.
     _check_sampling_and_draft(args)
     _check_grammar_flags(args)
-    schema = _load_schema(args, strict=not args.no_strict) if args.schema is not None else None
+    options = _options(args)
+    schema = _load_schema(args, options) if args.schema is not None else None
     grammar = _load_grammar(args) if args.grammar is not None else None
     if args.prompt_file is not None:
         prompt = _read_text(args.prompt_file, "--prompt-file")
@@ -403,11 +466,11 @@ def _generate(args: argparse.Namespace) -> int:
 
         _check_draft_layers(args.draft_layers, num_hidden_layers(location))
 
-    import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
+    from dataclasses import replace
 
-    from .compiler import compile_json_schema, compile_regex
-    from .generate import generate_structured
+    import mlx.core as mx
+
+    from .generate import generate_with
     from .models import load_model, logits_width_of, truncated_draft
 
     status = _Status(args.quiet)
@@ -427,37 +490,27 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.seed is not None:
         mx.random.seed(args.seed)
-    sampler = make_sampler(temp=args.temp, top_p=args.top_p) if args.temp > 0 else None
+    options = replace(options, draft_model=draft)
     progress = None if args.no_progress or args.quiet else _ProgressBar()
-    options = _compile_options(args, progress)
+    compile_options = _compile_options(args, progress)
     # On a terminal the text appears as it is generated (as mlx_lm.generate does); into a pipe or a
     # file it is written whole at the end, so a script reads one complete document.
     stream = _TerminalStream(sys.stdout, progress, status) if sys.stdout.isatty() else None
     try:
         # Compiled here first so that the status line can say when the prompt is read; the same
-        # call in generate_structured then gets this grammar from the compiler's in-process memo
-        # (a weak one: `compiled` keeps it alive until then).
-        status("compiling the grammar ...")
-        width = logits_width_of(model)
-        if schema is not None:
-            compiled = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
-                                           strict=not args.no_strict, **options)
-        elif grammar is not None:
-            compiled = _compile_grammar(args, grammar, tokenizer, width)
-        else:
-            compiled = compile_regex(args.regex, tokenizer, logits_width=width, **options)
+        # call in generate_with then gets this grammar from the compiler's in-process memo (a weak
+        # one: `compiled` keeps it alive until then). With reasoning the grammar depends on the
+        # prompt's ids: generate_with compiles it.
+        compiled = None
+        if options.reasoning is None:
+            status("compiling the grammar ...")
+            compiled = _compiled(args, schema, grammar, options, tokenizer, logits_width_of(model), compile_options)
         if progress is not None:
             progress.close()
         status("reading the prompt (prefill) ...")
-        drafting: dict[str, Any] = {}
-        if draft is not None:
-            drafting = {"draft_model": draft, "num_draft_tokens": args.num_draft_tokens or _NUM_DRAFT_TOKENS}
-        out = generate_structured(
-            model, tokenizer, prompt, schema=schema, regex=args.regex, grammar=compiled if grammar else None,
-            **drafting, sampler=sampler,
-            max_tokens=args.max_tokens, length_safe=not args.no_length_safe, chat=not args.no_chat,
-            strict=not args.no_strict, fast_forward=False if args.fast_forward == "off" else args.fast_forward,
-            whitespace=args.whitespace, on_text=stream, **options)
+        out = generate_with(model, tokenizer, prompt, options, compile_options, schema=schema, regex=args.regex,
+                            grammar=cast("CompiledGrammar | CFGGrammar", compiled) if grammar else None,
+                            on_text=stream)
         del compiled
     finally:
         status.clear()
@@ -516,11 +569,12 @@ def _tokenizer_and_width(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from .compiler import compile_json_schema, compile_regex
     from .compiler.cache import default_cache_dir
 
     _check_grammar_flags(args)
-    schema = _load_schema(args, strict=args.strict) if args.schema is not None else None
+    # The compiler's default, not generation's: `compile` lists what it relaxes (--strict refuses).
+    options = Options(strict=args.strict, whitespace=args.whitespace, open_objects=args.open_objects)
+    schema = _load_schema(args, options) if args.schema is not None else None
     grammar_file = _load_grammar(args) if args.grammar is not None else None
     status = _Status(args.quiet)
     status(f"loading the tokenizer of {args.model or _DEFAULT_MODEL_NAME} ...")
@@ -529,16 +583,9 @@ def _compile(args: argparse.Namespace) -> int:
     finally:
         status.clear()
     progress = None if args.no_progress or args.quiet else _ProgressBar()
-    options = _compile_options(args, progress)
     status("compiling the grammar ...")
     try:
-        if schema is not None:
-            grammar = compile_json_schema(schema, tokenizer, logits_width=width, whitespace=args.whitespace,
-                                          strict=args.strict, **options)
-        elif grammar_file is not None:
-            grammar = _compile_grammar(args, grammar_file, tokenizer, width)
-        else:
-            grammar = compile_regex(args.regex, tokenizer, logits_width=width, **options)
+        grammar = _compiled(args, schema, grammar_file, options, tokenizer, width, _compile_options(args, progress))
     finally:
         status.clear()
         if progress is not None:

@@ -21,14 +21,18 @@ in one forward pass. Two modes:
   width is wasted compute where a pass costs about its width (a CPU).
 
 With a `draft_model` (hybrid): where the grammar forces text, the forced tokens are the proposals
-(free: no draft step); elsewhere the draft model proposes up to `num_draft_tokens`, verified as in
-mlx-lm's speculative decoding, and a draft stretch ends where the grammar starts to force text. The
-draft never changes the output: "verified" with a draft is plain greedy decoding, "canonical" with
-a draft is "canonical" without one (greedy: token for token).
+(free: no draft step); where the grammar offers a choice next (after a forced run too, in the same
+pass: the draft's cache is fed the run first) the draft model proposes up to `num_draft_tokens`,
+verified as in mlx-lm's speculative decoding. A draft stretch ends at a token after which the grammar
+starts to force text; that token, when the model agrees, is the draft's and is fed with the forced run
+next (as a run without a draft feeds the model's own token there), so the positions where the
+grammar offers a choice are drafted as often as without fast-forward. The draft never changes the
+output: "verified" with a draft is plain greedy decoding, "canonical" with a draft is "canonical"
+without one (greedy: token for token).
 
-Where only the last position's logits are read (a canonical pass, a plain step), models whose
+Where only the last positions' logits are read (a canonical pass, a plain step), models whose
 `__call__` is the body then the tied embedding or `lm_head` (mlx-lm's llama, qwen2, qwen3) compute
-the head at that position only; any other model computes every position's and the loop slices.
+the head at those positions only; any other model computes every position's and the loop slices.
 
 Anything else (no grammar processor last, `fast_forward` off, `input_embeddings`, a prompt cache
 that cannot be trimmed where trimming is needed) goes to mlx-lm's own `stream_generate` unchanged.
@@ -203,10 +207,10 @@ def _plain_heads() -> tuple[Callable[..., Any], ...]:
 _PLAIN_HEADS = _plain_heads()
 
 
-def _last_position_logits(model: Any) -> Callable[[mx.array, list[Any]], mx.array] | None:
-    """`(inputs (1, L), cache) -> logits (1, 1, V)` computing the head at the last position only,
-    for the architectures of `_PLAIN_HEADS` (None for any other model: the caller slices the full
-    logits)."""
+def _tail_logits(model: Any) -> Callable[[mx.array, list[Any], int], mx.array] | None:
+    """`(inputs (1, L), cache, tail) -> logits (1, tail, V)` computing the head at the last `tail`
+    positions only, for the architectures of `_PLAIN_HEADS` (None for any other model: the caller
+    slices the full logits)."""
     if type(model).__call__ not in _PLAIN_HEADS:
         return None
     body, args = model.model, model.args
@@ -215,8 +219,8 @@ def _last_position_logits(model: Any) -> Callable[[mx.array, list[Any]], mx.arra
     else:
         head = model.lm_head
 
-    def run(inputs: mx.array, cache: list[Any]) -> mx.array:
-        return cast(mx.array, head(body(inputs, cache)[:, -1:, :]))
+    def run(inputs: mx.array, cache: list[Any], tail: int) -> mx.array:
+        return cast(mx.array, head(body(inputs, cache)[:, -tail:, :]))
 
     return run
 
@@ -264,7 +268,7 @@ def fast_forward_step(
     quantize = functools.partial(maybe_quantize_kv_cache, quantized_kv_start=quantized_kv_start,
                                  kv_group_size=kv_group_size, kv_bits=kv_bits)
     progress = prompt_progress_callback or (lambda *_: None)
-    last_only = _last_position_logits(model)
+    tail_logits = _tail_logits(model)
     num_draft_tokens = max(1, int(num_draft_tokens or 2))
 
     history = list(prompt_ids)  # what the processors see: the prompt, then every token kept
@@ -276,16 +280,16 @@ def fast_forward_step(
     # doubles after a proposal kept whole and drops to one past the agreement after a rejection.
     verify_cap = max(1, ff.max_tokens)
 
-    def forward(inputs: list[int], every_position: bool) -> mx.array:
-        """Feed `inputs` to the model; logits (L, V) at every position, or (1, V) at the last."""
+    def forward(inputs: list[int], tail: int) -> mx.array:
+        """Feed `inputs` to the model; logits (tail, V) at its last `tail` positions."""
         nonlocal model_held
         x = mx.array(inputs, mx.uint32)[None]
-        if not every_position and last_only is not None:
-            logits = last_only(x, model_cache)
+        if tail < len(inputs) and tail_logits is not None:
+            logits = tail_logits(x, model_cache, tail)
         else:
             logits = model(x, cache=model_cache)
-            if not every_position:
-                logits = logits[:, -1:, :]
+            if tail < len(inputs):
+                logits = logits[:, -tail:, :]
         quantize(model_cache)
         model_held += len(inputs)
         return logits[0]
@@ -316,18 +320,22 @@ def fast_forward_step(
     def forced_logprobs(token: int, width: int) -> mx.array:
         return mx.where(mx.arange(width) == token, 0.0, -mx.inf)
 
-    def draft(state: int, generated: int, k: int) -> tuple[list[int], list[bool]]:
-        """Up to k draft tokens after `history` (stopping after one where the grammar forces text or
-        ends); whether the grammar forces text after each."""
+    def draft(state: int, generated: int, k: int, after: list[int]) -> tuple[list[int], list[bool]]:
+        """Up to k draft tokens after `history` + `after` (the forced tokens of this round: the
+        draft's cache is fed them first), stopping after one where the grammar forces text or ends;
+        whether the grammar forces text after each."""
         nonlocal draft_held
-        inputs = history[draft_held:]
+        context = history + after
+        inputs = context[draft_held:]
         tokens: list[int] = []
         forces: list[bool] = []
         for i in range(k):
-            logits = draft_model(mx.array(inputs, mx.uint32)[None], cache=draft_cache)[:, -1, :]
+            logits = draft_model(mx.array(inputs, mx.uint32)[None], cache=draft_cache)
             quantize(draft_cache)
             draft_held += len(inputs)
-            d, _ = process(history + tokens, logits)
+            if not primed:  # the processors' first call fixes the context: the prompt's last position
+                process(history, logits[:, len(history) - draft_held + len(inputs) - 1, :])
+            d, _ = process(context + tokens, logits[:, -1, :])
             token = _item(d)
             nxt = grammar.next_state(state, token)
             if nxt < 0:
@@ -376,7 +384,7 @@ def fast_forward_step(
             while True:
                 if y_out and (y in eos_token_ids or (max_tokens >= 0 and generated >= max_tokens)):
                     # The caller stops at y: feed it (as generate_step does) and end.
-                    forward([y], every_position=False)
+                    forward([y], tail=1)
                     mx.async_eval([c.state for c in model_cache])
                     yielded += 1
                     yield y, y_logprobs, y_source
@@ -388,10 +396,20 @@ def fast_forward_step(
                 if can_trim and (proposal or draft_model is not None) and not can_trim_prompt_cache(model_cache):
                     proposal, after = [], []  # a cache that stopped being trimmable: plain steps
                     can_trim = False
+                # The draft proposes where the model would sample next: after the forced tokens of this
+                # round when the grammar offers a choice there (a run cut short goes on next round), so
+                # the position after a forced run is drafted as it is without fast-forward.
+                drafted: list[int] = []
+                forces: list[bool] = []
+                if draft_model is not None and can_trim:
+                    q, g = (after[-1], generated + len(proposal)) if proposal else (state, generated)
+                    room = num_draft_tokens if max_tokens < 0 else min(num_draft_tokens, max_tokens - g)
+                    if room > 0 and not (proposal and forced(q, g)[0]):
+                        drafted, forces = draft(q, g, room, proposal)
                 base = len(history)
-                if proposal and mode == "canonical":
-                    every = last_only is None or not primed
-                    logits = forward([y, *proposal], every_position=every)
+                s_source: Source = "model"
+                if proposal and mode == "canonical" and not drafted:
+                    logits = forward([y, *proposal], tail=1 if primed else 1 + len(proposal))
                     if not primed:  # the processors' first call: the context, then the proposal
                         process(history, logits[:1])
                     s, s_logprobs = process(history + proposal, logits[-1:])
@@ -406,45 +424,56 @@ def fast_forward_step(
                     kept = proposal
                     states = after
                     s_token = _item(s)
-                elif proposal or (draft_model is not None and can_trim):
-                    source: Source = "grammar" if proposal else "draft"
-                    forces: list[bool] = []
-                    if not proposal:
-                        room = num_draft_tokens if max_tokens < 0 else min(num_draft_tokens, max_tokens - generated)
-                        proposal, forces = draft(state, generated, max(room, 0))
-                    logits = forward([y, *proposal], every_position=True)
+                elif proposal or drafted or (draft_model is not None and can_trim):
+                    # One pass verifies the chain: the grammar's tokens (kept as they are in "canonical",
+                    # checked in "verified"), then the draft's, checked.
+                    chain = proposal + drafted
+                    grammar_source: list[Source] = ["grammar"]
+                    draft_source: list[Source] = ["draft"]
+                    sources = grammar_source * len(proposal) + draft_source * len(drafted)
+                    stops = [False] * len(proposal) + forces
+                    start = len(proposal) if mode == "canonical" else 0  # the first position checked
+                    logits = forward([y, *chain], tail=len(chain) + 1 - start)
                     sampled, logprob_rows = [], []
-                    for i in range(len(proposal) + 1):
-                        s, lp = process(history + proposal[:i], logits[i : i + 1])
+                    for i in range(start, len(chain) + 1):
+                        s, lp = process(history + chain[:i], logits[i - start : i - start + 1])
                         sampled.append(s)
                         logprob_rows.append(lp)
                     mx.eval(sampled)
                     choices = [_item(s) for s in sampled]
-                    n = 0
-                    # Kept while the model agrees; a draft stretch also ends after a token where the grammar
-                    # starts to force text (as a run without a draft would fast-forward there).
-                    while n < len(proposal) and choices[n] == proposal[n] and not (forces and forces[n]):
+                    n = start
+                    while n < len(chain) and choices[n - start] == chain[n]:
                         n += 1
-                    trim_model(len(proposal) - n)
-                    if source == "grammar":  # verified: propose about as far as the model agreed last time
-                        verify_cap = min(ff.max_tokens, 2 * verify_cap) if n == len(proposal) else n + 1
+                        if stops[n - 1]:
+                            break
+                    if proposal and mode == "verified":  # propose about as far as the model agreed last time
+                        verify_cap = min(ff.max_tokens, 2 * verify_cap) if n >= len(proposal) else n + 1
+                    if n > start and stops[n - 1]:
+                        # A draft token the model agrees with, after which the grammar forces text: it is
+                        # the token to feed next (with the forced run, as a run without a draft feeds the
+                        # model's own token), so the cache drops it and the model's choice after it.
+                        n -= 1
+                        s_token, s_logprobs, s_source = chain[n], logprob_rows[n - start], "draft"
+                    else:
+                        s_token, s_logprobs = choices[n - start], logprob_rows[n - start]
+                    trim_model(len(chain) - n)
                     if draft_model is not None:
                         trim_draft(base + n)
                     if y_out:
                         yielded += 1
                         yield y, y_logprobs, y_source
-                    kept = proposal[:n]
+                    kept = chain[:n]
                     states = []
                     q = state
                     for t in kept:
                         q = grammar.next_state(q, t)
                         states.append(q)
-                    for t, lp in zip(kept, logprob_rows):
+                    width = logits.shape[-1]
+                    for i, t in enumerate(kept):
                         yielded += 1
-                        yield t, lp, source
-                    s_token, s_logprobs = choices[n], logprob_rows[n]
+                        yield t, (forced_logprobs(t, width) if i < start else logprob_rows[i - start]), sources[i]
                 else:  # a plain step
-                    logits = forward([y], every_position=False)
+                    logits = forward([y], tail=1)
                     s, s_logprobs = process(history, logits)
                     mx.async_eval(s, s_logprobs)
                     if y_out:
@@ -463,7 +492,7 @@ def fast_forward_step(
                     mx.clear_cache()
                 if max_tokens >= 0 and generated >= max_tokens:
                     return  # the caller has taken its last token (the last of the proposal)
-                y, y_logprobs, y_source, y_out = s_token, s_logprobs, "model", True
+                y, y_logprobs, y_source, y_out = s_token, s_logprobs, s_source, True
                 history.append(y)
                 generated += 1
                 nxt = grammar.next_state(state, y)

@@ -124,6 +124,7 @@ __all__ = [
     "generate_json",
     "generate_regex",
     "generate_structured",
+    "generate_with",
     "json_logits_processor",
     "jsonschema_available",
     "logits_width_of",
@@ -327,15 +328,18 @@ def generate_structured(
     regexes.
     """
     settings, compile_options = options_from(options, "generate_structured")
-    return _generate(model, tokenizer, prompt, settings, compile_options, schema=schema, regex=regex,
+    return generate_with(model, tokenizer, prompt, settings, compile_options, schema=schema, regex=regex,
                      grammar=grammar, prompt_cache=prompt_cache, on_text=on_text)
 
 
-def _generate(model: Model, tokenizer: Tokenizer, prompt: Prompt, options: Options, compile_options: CompileOptions, *,
-              schema: Schema | None = None, regex: str | None = None,
-              grammar: CompiledGrammar | CFGGrammar | None = None,
-              prompt_cache: list[Any] | None = None, on_text: Callable[[str], Any] | None = None) -> StructuredOutput:
-    """`generate_structured` with its options split (`request.options_from`)."""
+def generate_with(model: Model, tokenizer: Tokenizer, prompt: Prompt, options: Options,
+                  compile_options: CompileOptions | None = None, *, schema: Schema | None = None,
+                  regex: str | None = None, grammar: CompiledGrammar | CFGGrammar | None = None,
+                  prompt_cache: list[Any] | None = None,
+                  on_text: Callable[[str], Any] | None = None) -> StructuredOutput:
+    """`generate_structured` with its options as a `request.Options` and the compiler's apart (what
+    `request.options_from` splits keywords into; the CLI builds an `Options` itself)."""
+    compile_options = compile_options if compile_options is not None else {}
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
         raise InvalidArgumentError("give exactly one of schema=, regex= or grammar=")
     from .grammars import CFGGrammar
@@ -387,7 +391,7 @@ def generate_json(model: Model, tokenizer: Tokenizer, prompt: Prompt, schema: Sc
     `GenerationError` (raw text in `.text`) when `max_tokens` ran out before the JSON was complete.
     Arguments as for `generate_structured`.
     """
-    return _generate(model, tokenizer, prompt, *options_from(options, "generate_json"), schema=schema).value
+    return generate_with(model, tokenizer, prompt, *options_from(options, "generate_json"), schema=schema).value
 
 
 def generate_regex(model: Model, tokenizer: Tokenizer, prompt: Prompt, pattern: str,
@@ -398,7 +402,7 @@ def generate_regex(model: Model, tokenizer: Tokenizer, prompt: Prompt, pattern: 
     with the raw text when `max_tokens` ran out before a complete match). Arguments as for
     `generate_structured`.
     """
-    return _generate(model, tokenizer, prompt, *options_from(options, "generate_regex", schema=False),
+    return generate_with(model, tokenizer, prompt, *options_from(options, "generate_regex", schema=False),
                      regex=pattern).text
 
 

@@ -51,11 +51,37 @@ def assert_one_error_line(err: str, *fragments: str) -> None:
     (["generate", "--schema", ANSWER, "--prompt", "x", "--temp", "inf"], "finite number >= 0"),
     (["generate", "--schema", ANSWER, "--prompt", "x", "--top-p", "0.9"], "--temp 0 decodes greedily"),
     (["generate", "--schema", ANSWER, "--prompt", "x", "--num-draft-tokens", "3"], "add --draft-layers N"),
+    (["generate", "--schema", ANSWER, "--prompt", "x", "--reasoning-budget", "8"], "add --reasoning"),
+    (["generate", "--schema", ANSWER, "--prompt", "x", "--reasoning", "--reasoning-budget", "-1"], "integer >= 0"),
+    (["generate", "--regex", "a", "--prompt", "x", "--no-validate"], "--no-validate"),
+    (["generate", "--regex", "a", "--prompt", "x", "--open-objects"], "--open-objects"),
+    (["compile", "--regex", "a", "--open-objects"], "needs --schema"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
     code, out, err = run_main(capsys, *argv)
     assert code == 2 and out == ""
     assert_one_error_line(err, fragment)
+
+
+def test_generate_flags_make_one_request_options(tmp_path):
+    # The flags' defaults are request.Options' own, and every flag reaches its option.
+    from dataclasses import fields
+
+    from grammar_mlx.cli import _options, build_parser
+    from grammar_mlx.request import Options
+    from grammar_mlx.segments import Reasoning
+
+    defaults = _options(build_parser().parse_args(["generate", "--schema", ANSWER, "--prompt", "x"]))
+    assert defaults == Options()
+    given = _options(build_parser().parse_args([
+        "generate", "--schema", ANSWER, "--prompt", "x", "--draft-layers", "3", "--num-draft-tokens", "4",
+        "--max-tokens", "9", "--no-length-safe", "--no-chat", "--fast-forward", "off", "--no-strict",
+        "--whitespace", "[ ]?", "--open-objects", "--no-validate", "--reasoning", "--reasoning-budget", "5",
+        "--temp", "0.5"]))
+    assert given.sampler is not None and given.reasoning == Reasoning(budget=5)
+    changed = {f.name for f in fields(Options) if getattr(given, f.name) != getattr(Options(), f.name)}
+    # The draft model joins once loaded; logits processors are the Python API's alone.
+    assert changed == {f.name for f in fields(Options)} - {"draft_model", "logits_processors"}
 
 
 def test_unreadable_and_invalid_inputs_exit_1_before_loading_a_model(capsys, tmp_path):

@@ -17,6 +17,7 @@ from grammar_mlx import compile_json_schema, compile_regex
 from grammar_mlx.decode import FastForwardResponse, stream_generate
 from grammar_mlx.errors import InvalidArgumentError
 from grammar_mlx.runtime import GrammarProcessor
+from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder
 from grammar_mlx.server import tokens_held
 
 SCHEMA = {"type": "object", "properties": {
@@ -106,6 +107,43 @@ def test_a_draft_changes_nothing(model, drafts, qwen_tokenizer, prompt, grammar,
         if name == "copy":
             assert drafted, "a draft equal to the model has proposals accepted"
         assert [r.from_grammar for r in hybrid] == [r.from_grammar for r in canonical]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_draft_proposes_around_a_forced_run(model, drafts, qwen_tokenizer, prompt, grammar, canonical, k):
+    # A draft equal to the model: the token right after a forced run is the draft's (proposed in the run's
+    # pass), and so is one right before a forced run that the draft proposed (it is kept, not re-sampled).
+    hybrid = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward="canonical",
+                 draft_model=drafts["copy"], num_draft_tokens=k)
+    assert tokens(hybrid) == tokens(canonical)
+    after_run = [b for a, b in zip(hybrid, hybrid[1:]) if a.from_grammar and not b.from_grammar]
+    assert len(after_run) >= 3, "the schema forces several runs"
+    assert all(r.from_draft for r in after_run), [(r.text, r.from_draft) for r in after_run]
+    # A drafted token the model agrees with right before a forced run is kept as the draft's, with the
+    # model's distribution at its position.
+    before_run = [a for a, b in zip(hybrid, hybrid[1:]) if b.from_grammar and a.from_draft and not a.from_grammar]
+    assert before_run and all(r.logprobs[r.token].item() > -mx.inf for r in before_run)
+
+
+def test_the_draft_pays_no_less_with_fast_forward(model, drafts, qwen_tokenizer, prompt, grammar):
+    # The share of free positions (where the grammar forces no byte) whose token came from the draft.
+    ff = fast_forward_for(grammar, tokenizer_encoder(qwen_tokenizer))
+
+    def drafted_share(responses):
+        state, free, drafted = grammar.initial_state, 0, 0
+        for r in responses:
+            if not ff.forced_run(state)[0]:
+                free += 1
+                drafted += r.from_draft
+            state = grammar.next_state(state, r.token)
+        return drafted / free
+
+    off = run(mlx_stream_generate, model, qwen_tokenizer, prompt, grammar, draft_model=drafts["copy"],
+              num_draft_tokens=2)
+    for mode in ("canonical", "verified"):
+        on = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=mode,
+                 draft_model=drafts["copy"], num_draft_tokens=2)
+        assert drafted_share(on) >= drafted_share(off), mode
 
 
 def test_a_budget_that_binds_from_the_start(model, qwen_tokenizer, prompt, grammar):

@@ -16,13 +16,16 @@ thinking, since a body follows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 from ..arguments import int_at_least_or_none
 from ..errors import InvalidArgumentError
 from ..vocabulary.token_bytes import vocabulary_of
+from ..vocabulary.tokenizer import Tokenizer
 from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, TagText, Text, Token, Triggered
+from .tools import ServedTokenizer
 
 __all__ = ["Reasoning", "ReasoningState", "reasoning_state", "reasoning_tags", "with_reasoning"]
 
@@ -32,6 +35,12 @@ ReasoningState = Literal["closed", "open", "model"]
 GAP = r"[ \n]{0,4}"
 # The prompt tail searched for think tags (mlx_lm.server's window for the same question).
 TAIL_TOKENS = 11
+
+
+class TokenArray(Protocol):
+    """Token ids as an array (mlx or numpy): read through `tolist`."""
+
+    def tolist(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,7 @@ class Reasoning:
             raise InvalidArgumentError(f"Reasoning.required must be True or False, got {self.required!r}")
 
 
-def _tag(tokenizer: Any, value: str | int, what: str) -> Tag:
+def _tag(tokenizer: Tokenizer, value: str | int, what: str) -> Tag:
     """A control token where `value` is one (by id, or by a text the vocabulary has as one
     never-text token), else the text itself."""
     vocab = vocabulary_of(tokenizer)
@@ -72,7 +81,7 @@ def _tag(tokenizer: Any, value: str | int, what: str) -> Tag:
     return Text(value)
 
 
-def reasoning_tags(tokenizer: Any, start: str | int | None = None,
+def reasoning_tags(tokenizer: Tokenizer, start: str | int | None = None,
                    end: str | int | None = None) -> tuple[Tag, Tag] | None:
     """(start tag, end tag) of the model's thinking, or None when neither the tokenizer nor the
     override names them. A multi-token tag (`<|channel>thought`) is its text."""
@@ -89,11 +98,11 @@ def reasoning_tags(tokenizer: Any, start: str | int | None = None,
     return _tag(tokenizer, s, "start"), _tag(tokenizer, e, "end")
 
 
-def _tag_ids(tokenizer: Any, tag: Tag) -> tuple[int, ...]:
+def _tag_ids(tokenizer: Tokenizer, tag: Tag) -> tuple[int, ...]:
     if isinstance(tag, Token):
         if isinstance(tag.tag, int):
             return (tag.tag,)
-        return (int(tokenizer.get_vocab()[tag.tag]),)
+        return (int(cast(Any, tokenizer).get_vocab()[tag.tag]),)  # a Token tag was found in get_vocab
     encode = getattr(tokenizer, "encode", None)
     if encode is None:
         raise InvalidArgumentError("reasoning_state needs a tokenizer that can encode the text think tags")
@@ -108,8 +117,9 @@ def _rfind(tokens: list[int], seq: tuple[int, ...], start: int) -> int:
     return -1
 
 
-def reasoning_state(tokenizer: Any, prompt_ids: list[int] | Any, enable_thinking: bool | None = None, *,
-                    start: str | int | None = None, end: str | int | None = None) -> ReasoningState:
+def reasoning_state(tokenizer: ServedTokenizer, prompt_ids: Sequence[int] | TokenArray,
+                    enable_thinking: bool | None = None, *, start: str | int | None = None,
+                    end: str | int | None = None) -> ReasoningState:
     """Where generation starts relative to the thinking section: "closed" when thinking is disabled
     (`enable_thinking is False`), the model has no think tags, or the prompt's tail closes the last
     start tag (Qwen3's `enable_thinking=false` renders `<think>\\n\\n</think>\\n\\n`); "open" when the
@@ -120,7 +130,8 @@ def reasoning_state(tokenizer: Any, prompt_ids: list[int] | Any, enable_thinking
     tags = reasoning_tags(tokenizer, start, end)
     if tags is None:
         return "closed"
-    tokens = [int(t) for t in (prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else prompt_ids)]
+    ids = prompt_ids.tolist() if not isinstance(prompt_ids, Sequence) else prompt_ids
+    tokens = [int(t) for t in ids]
     start_ids, end_ids = _tag_ids(tokenizer, tags[0]), _tag_ids(tokenizer, tags[1])
     window = max(0, len(tokens) - TAIL_TOKENS - max(len(start_ids), len(end_ids)))
     s = _rfind(tokens, start_ids, window)
@@ -132,7 +143,8 @@ def reasoning_state(tokenizer: Any, prompt_ids: list[int] | Any, enable_thinking
     return "model"
 
 
-def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: str, *, gap: bool = True) -> Segment:
+def with_reasoning(body: Segment, tokenizer: Tokenizer, reasoning: Reasoning, state: str, *,
+                   gap: bool = True) -> Segment:
     """`body` prefixed by the thinking section for a generation starting in `state`
     (`reasoning_state`): "open" → the thinking text, its end tag, then body; "model" → optionally
     (always, with `required`) the start tag and the thinking text first; "closed" → body. A short run
@@ -171,7 +183,7 @@ def with_reasoning(body: Segment, tokenizer: Any, reasoning: Reasoning, state: s
     return Seq((prefix, *rest))
 
 
-def _pieces(tokenizer: Any, tag: Tag) -> tuple[Segment, ...]:
+def _pieces(tokenizer: Tokenizer, tag: Tag) -> tuple[Segment, ...]:
     """A start tag as the segments that spell it: a text tag holding control tokens
     (`<|channel>thought`) is those tokens and the text between them; text is a `TagText`."""
     if isinstance(tag, Token):

@@ -32,11 +32,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Union, cast
+from typing import Any, Literal, Protocol, Union, cast
 
 from .. import limits
 from ..errors import InvalidArgumentError, InvalidRequestError
 from ..vocabulary import vocabulary_of
+from ..vocabulary.tokenizer import Tokenizer
 from .spec import Choice, FreeText, JSONSchema, Repeat, Section, Segment, Seq, Tag, Text, Token, Triggered
 
 __all__ = [
@@ -87,10 +88,26 @@ class NamedTool:
     name: str
 
 
+# `tool_format` and `is_constrained` keep `Any`: the server passes mlx-lm's
+# `ModelProvider.tokenizer`, which mypy reads as None (mlx-lm initializes it so); they become
+# `Tokenizer` once grammar_mlx/server/handler.py casts it.
+ServedTokenizer = Any
+
+
+class ToolCallingTokenizer(Tokenizer, Protocol):
+    """What the package reads of a tokenizer whose chat template has a native tool-call format:
+    mlx-lm's `TokenizerWrapper` names the tags (`tool_parser` tells the format: `tool_format`)."""
+
+    tool_call_start: str
+    tool_call_end: str
+    tool_call_start_tokens: tuple[int, ...] | None
+    tool_call_end_tokens: tuple[int, ...] | None
+
+
 ToolChoice = Union[Literal["auto", "none", "required"], NamedTool]  # noqa: UP007 (a runtime alias)
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     """A JSON value's type as error messages name it ("null", "boolean", "number", ...)."""
     if value is None:
         return "null"
@@ -106,7 +123,7 @@ def _invalid(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="invalid_tools")
 
 
-def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
+def parse_tools(value: object) -> tuple[ToolSpec, ...]:
     """The request's `tools` (absent, null or `[]`: none). Each must be `{"type": "function",
     "function": {"name", "description"?, "parameters"?, "strict"?}}` with a unique OpenAI-style name;
     at most `limits.MAX_TOOLS`. Raises `InvalidRequestError` (code `invalid_tools`, `param` the field)."""
@@ -163,7 +180,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
     return tuple(specs)
 
 
-def parse_tool_choice(value: Any, tools: tuple[ToolSpec, ...]) -> ToolChoice:
+def parse_tool_choice(value: object, tools: tuple[ToolSpec, ...]) -> ToolChoice:
     """The request's `tool_choice`: absent or null is `"auto"` with tools and `"none"` without (as
     OpenAI). `"required"` and a named function need tools, and the name must be offered. Raises
     `InvalidRequestError` (code `invalid_tool_choice`, `param` "tool_choice")."""
@@ -188,7 +205,7 @@ def parse_tool_choice(value: Any, tools: tuple[ToolSpec, ...]) -> ToolChoice:
                               code="invalid_tool_choice")
 
 
-def parse_parallel_tool_calls(value: Any) -> bool:
+def parse_parallel_tool_calls(value: object) -> bool:
     """The request's `parallel_tool_calls` (default true)."""
     if value is None:
         return True
@@ -198,7 +215,7 @@ def parse_parallel_tool_calls(value: Any) -> bool:
     return value
 
 
-def tool_format(tokenizer: Any) -> str:
+def tool_format(tokenizer: ServedTokenizer) -> str:
     """The tool-call format of the tokenizer's chat template: mlx-lm's tool parser module name
     (`json_tools`, `mistral`, `pythonic`, ...), or `FALLBACK_FORMAT` when it has none."""
     parser = getattr(tokenizer, "tool_parser", None)
@@ -207,7 +224,7 @@ def tool_format(tokenizer: Any) -> str:
     return str(getattr(parser, "__module__", "")).rsplit(".", 1)[-1] or FALLBACK_FORMAT
 
 
-def is_constrained(tokenizer: Any, choice: ToolChoice) -> bool:
+def is_constrained(tokenizer: ServedTokenizer, choice: ToolChoice) -> bool:
     """Whether `tool_call_segment` constrains calls of this tokenizer's format for `choice`: the
     `json_tools` family always; the fallback format for `"required"` and a named function; any
     format for `"none"` (nothing may start a call)."""
@@ -219,7 +236,7 @@ def is_constrained(tokenizer: Any, choice: ToolChoice) -> bool:
     return family in CONSTRAINED_FORMATS
 
 
-def _tag(tokenizer: Any, text: str, ids: tuple[int, ...] | None) -> Tag:
+def _tag(tokenizer: Tokenizer, text: str, ids: tuple[int, ...] | None) -> Tag:
     # A tag that is one control token of the vocabulary is matched as that token (the model's real
     # signal, and what mlx-lm's text state machine sees decoded); any other is literal text.
     if ids is not None and len(ids) == 1 and vocabulary_of(tokenizer).token_bytes[ids[0]] is None:
@@ -227,12 +244,12 @@ def _tag(tokenizer: Any, text: str, ids: tuple[int, ...] | None) -> Tag:
     return Text(text)
 
 
-def call_start_tag(tokenizer: Any) -> Tag | None:
+def call_start_tag(tokenizer: Tokenizer) -> Tag | None:
     """The tag that starts a call in the tokenizer's native format (None: the fallback format)."""
     start = getattr(tokenizer, "tool_call_start", None)
     if tool_format(tokenizer) == FALLBACK_FORMAT or not start:
         return None
-    return _tag(tokenizer, start, tokenizer.tool_call_start_tokens)
+    return _tag(tokenizer, start, getattr(tokenizer, "tool_call_start_tokens", None))
 
 
 def _call_body(tools: tuple[ToolSpec, ...], *, prefix: str, suffix: str) -> Segment:
@@ -258,7 +275,7 @@ def _offered(tools: tuple[ToolSpec, ...], choice: ToolChoice) -> tuple[ToolSpec,
     return tools
 
 
-def tool_call_segment(tokenizer: Any, tools: tuple[ToolSpec, ...], choice: ToolChoice, parallel: bool, *,
+def tool_call_segment(tokenizer: Tokenizer, tools: tuple[ToolSpec, ...], choice: ToolChoice, parallel: bool, *,
                       content: Segment | None = None) -> Segment:
     """The segment of a completion that may (or must) call `tools` in the tokenizer's native format
     (see the module docstring); `content` is what an answer that is not a call must be (None: free
@@ -282,8 +299,9 @@ def tool_call_segment(tokenizer: Any, tools: tuple[ToolSpec, ...], choice: ToolC
         if not many:
             return one
         return Seq((Text("["), Repeat(one, min=1, separator=Text(", ")), Text("]")))
-    start = _tag(tokenizer, tokenizer.tool_call_start, tokenizer.tool_call_start_tokens)
-    end = _tag(tokenizer, tokenizer.tool_call_end, tokenizer.tool_call_end_tokens)
+    native = cast(ToolCallingTokenizer, tokenizer)  # a native format's tokenizer names its tags (`tool_format`)
+    start = _tag(tokenizer, native.tool_call_start, native.tool_call_start_tokens)
+    end = _tag(tokenizer, native.tool_call_end, native.tool_call_end_tokens)
     body = _call_body(offered, prefix="\n", suffix="\n")
     call = Seq((start, body, end))
     if choice == "required" or isinstance(choice, NamedTool):
