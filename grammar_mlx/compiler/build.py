@@ -34,7 +34,7 @@ from ..regex.rust import Unsupported, check_syntax
 from ..regex.syntax import Node as RegexNode
 from ..vocabulary.token_bytes import Vocabulary
 from ..vocabulary.tokenizer import TokenizerSource
-from . import cache, index_cache
+from . import cache, index_cache, lazy_store
 from .cache import default_cache_dir
 from .grammar import CompiledGrammar, EagerGrammar, GrammarFields, LazyGrammar
 from .lazy import LazyIndex
@@ -416,7 +416,10 @@ def _compile_for(kind: str, source: _Source, target: tuple[Vocabulary, int, tupl
                 "compile_seconds": time.perf_counter() - started, "dfa_seconds": dfa_meta.get("dfa_seconds"),
                 "index_seconds": None, "byte_states": None if growing else dfa.num_states, **nfa_meta, **index,
             }
-            grammar = LazyGrammar(LazyIndex(dfa, trie, eos, width), vocab, stats=stats, **common)
+            lazy_index = LazyIndex(dfa, trie, eos, width)
+            if directory is not None:  # the rows an earlier process filled for this grammar
+                lazy_store.attach(lazy_index, directory, _digest({"rows-of": key, "engine": built_by}))
+            grammar = LazyGrammar(lazy_index, vocab, stats=stats, **common)
     finally:
         if opts.progress_line and opts.progress is not None:  # progress_line: progress is the stderr line
             opts.progress("done", 1, 1)

@@ -153,3 +153,37 @@ def test_an_index_with_an_undecided_liveness_search_is_not_saved(tmp_path, qwen_
     g.index.liveness_undecided = 1  # as after a cut-off search: its verdicts depend on the order
     assert lazy_store.save(g.index) is False
     assert not cache.entry_path(tmp_path, KEY).exists()
+
+
+def test_a_fresh_process_compiling_the_same_grammar_restores_the_rows(tmp_path, document_tokens):
+    # Through compile_json_schema's cache directory, as the CLI runs it: the first process fills rows
+    # and saves them at exit; the second one says it hit and restores them, masks equal.
+    import json
+    import subprocess
+    import sys
+
+    from conftest import qwen_tokenizer_dir
+
+    script = f"""
+import json, sys
+sys.path.insert(0, {str(__import__('pathlib').Path(__file__).resolve().parent.parent)!r})
+from transformers import PreTrainedTokenizerFast
+from grammar_mlx import compile_json_schema
+tok = PreTrainedTokenizerFast.from_pretrained({str(qwen_tokenizer_dir())!r})
+g = compile_json_schema({SCHEMA!r}, tok, logits_width={WIDTH}, mode="lazy", cache_dir={str(tmp_path)!r})
+state, rows = g.initial_state, []
+for t in {document_tokens!r}:
+    rows.append(g.allowed_tokens(state).tolist()[:50])
+    state = g.next_state(state, t)
+print(json.dumps({{"stats": {{k: g.stats.get(k) for k in ("cache_hit", "row_store", "rows_restored")}}, "rows": rows}}))
+"""
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["stats"]["row_store"] == "miss"
+    assert second["stats"]["row_store"] == "hit" and second["stats"]["cache_hit"] is True
+    assert second["stats"]["rows_restored"] > 0
+    assert second["rows"] == first["rows"]
