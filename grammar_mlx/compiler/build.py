@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from ..grammars.engine import CFGGrammar
-
     from ..schema.normalize import Unenforced
 
 # A worker job's or a cache entry's result: named arrays and JSON metadata.

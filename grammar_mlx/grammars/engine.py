@@ -21,7 +21,8 @@ run byte by byte, whose items scanning a terminal carry that terminal's DFA stat
 
 A state's mask (the xgrammar observation): a token either stays inside the lexemes being scanned
 (no terminal ends before its last byte, and none needs to) or it crosses a lexeme boundary.
-- inside: per scanning pair (terminal, DFA state) one vectorized walk of the vocabulary's trie
+- inside: per scanning pair (terminal, DFA state) one walk of the vocabulary's trie (the native
+  `compiler.native.live_nodes` where it is built, else vectorized numpy)
   through that terminal's DFA gives every trie node's DFA state: the tokens whose walk stays live
   (the precomputed row of that pair) and the *exit* nodes, where the terminal may end and the trie
   goes on. Both are kept per pair, and pairs are shared by all states of the grammar;
@@ -30,7 +31,7 @@ A state's mask (the xgrammar observation): a token either stays inside the lexem
   practice: the tokens that go on past a lexeme's end (`",`, `}]`) are few.
 The union, with EOS where the set accepts, is added to the grammar's `MaskTable` (rows deduplicated).
 
-Costs: a new pair costs one trie walk (numpy, about the trie's node count); a new state costs its
+Costs: a new pair costs one trie walk (over its live nodes); a new state costs its
 crossing walks in Python (the exits' subtrees that stay alive) and a row; `next_state` costs a
 dict read per byte once the memo has the step. States are never discarded (ids are held by
 processors); the mask table's byte limit (`limits.LAZY_MASK_BYTES`) bounds distinct rows.
@@ -74,7 +75,7 @@ __all__ = ["CFGGrammar"]
 SELF = -1  # an item's origin: the set holding it
 TERMINAL = 0  # the state after EOS (only EOS)
 # A subtree of at most this many nodes below a lexeme's end is walked byte by byte (a dict read per
-# node); a larger one level by level in numpy, per scanning pair.
+# node); a larger one by a trie walk per scanning pair (native, `compiler.native`, or numpy).
 SMALL_SUBTREE = 256
 # A whole-trie walk turns dense at the first level where more than this share of nodes is live.
 DENSE_SHARE = 0.25

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from ..automata.chars import memo_scope
 from ..errors import EmptyLanguageError
@@ -31,7 +32,7 @@ from ..schema.translate import load_schema, whitespace_regex
 from .cfg import Alts, Cat, Expr, Pos, Rep, Rule, Term
 from .cfg import Ref as RuleRef
 
-__all__ = ["SchemaRules", "has_ref", "schema_rules"]
+__all__ = ["SchemaRules", "may_recurse", "schema_rules"]
 
 _AT = Pos(1, 1)  # a schema's rules have no place in a grammar text
 
@@ -65,17 +66,48 @@ class _RuleEmitter(Emitter):
         return super().emit(node, counts)
 
 
-def has_ref(schema: Any) -> bool:
-    """Whether a loaded schema holds a reference anywhere (without one it cannot recurse)."""
-    stack = [schema]
+def may_recurse(schema: Any) -> bool:
+    """Whether a loaded schema's `$ref`s may cycle, read from the document alone (no normalizing:
+    a schema without a cycle pays only this walk): a local pointer's target holding a `$ref` whose
+    target holds ... the first one. Other references (`$id`s, anchors, remote, dynamic) may cycle."""
+    refs: list[tuple[tuple[str, ...], tuple[str, ...]]] = []  # (where the $ref is, its target)
+    stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
     while stack:
-        x = stack.pop()
+        x, path = stack.pop()
         if isinstance(x, dict):
-            if any(k in x for k in ("$ref", "$dynamicRef", "$recursiveRef")):
+            if "$dynamicRef" in x or "$recursiveRef" in x:
                 return True
-            stack.extend(x.values())
+            ref = x.get("$ref")
+            if ref is not None:
+                if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+                    return True
+                parts = ref[2:].split("/") if ref != "#" else []
+                refs.append((path, tuple(unquote(p).replace("~1", "/").replace("~0", "~") for p in parts)))
+            stack.extend((v, (*path, str(k))) for k, v in x.items())
         elif isinstance(x, list):
-            stack.extend(x)
+            stack.extend((v, (*path, str(i))) for i, v in enumerate(x))
+    if not refs:
+        return False
+    # A cycle among the references: edge r -> r' where r' lies inside r's target.
+    inside = [[j for j, (at, _) in enumerate(refs) if at[:len(target)] == target] for _, target in refs]
+    done: set[int] = set()
+    for root in range(len(refs)):
+        if root in done:
+            continue
+        on_path = {root}
+        work = [(root, iter(inside[root]))]
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                work.pop()
+                on_path.discard(node)
+                done.add(node)
+            elif nxt in on_path:
+                return True
+            elif nxt not in done:
+                on_path.add(nxt)
+                work.append((nxt, iter(inside[nxt])))
     return False
 
 
@@ -83,7 +115,7 @@ def schema_rules(schema: Any, *, whitespace: str | None = None, strict: bool = F
                  prefix: str = "$ref") -> SchemaRules | None:
     """The rules of a schema whose `$ref`s cycle, or None when none does (the regular path's)."""
     doc = load_schema(schema)
-    if not has_ref(doc):
+    if not may_recurse(doc):
         return None
     ws = whitespace_regex(whitespace)
     with memo_scope():

@@ -34,7 +34,7 @@ from ..errors import GrammarError, InvalidGrammarError, InvalidRegexError
 from ..regex import rust
 from ..regex import syntax as rx
 from ..regex.charset import CharSet
-from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, error
+from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, collect_refs, error
 
 __all__ = ["COMMON", "parse_lark"]
 
@@ -464,7 +464,7 @@ class _Parser:
         for name, rule in self.rules.items():
             if _is_terminal(name):
                 refs: list[Ref] = []
-                _collect(rule.expr, refs)
+                collect_refs(rule.expr, refs)
                 for r in refs:
                     if not _is_terminal(r.name):
                         raise error(f"terminal {name!r} refers to rule {r.name!r} (terminals are regular)", r.pos)
@@ -484,16 +484,6 @@ class _Parser:
 
 def _pos_of(expr: Expr) -> Pos:
     return expr.pos
-
-
-def _collect(expr: Expr, out: list[Ref]) -> None:
-    if isinstance(expr, Ref):
-        out.append(expr)
-    elif isinstance(expr, (Cat, Alts)):
-        for x in expr.items:
-            _collect(x, out)
-    elif isinstance(expr, Rep):
-        _collect(expr.item, out)
 
 
 def _with_ignore(expr: Expr, skip: Expr) -> Expr:

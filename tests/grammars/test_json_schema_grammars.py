@@ -18,7 +18,7 @@ from grammar_mlx import compile_json_schema, limits
 from grammar_mlx.compiler.grammar import CompiledGrammar
 from grammar_mlx.errors import EmptyLanguageError, GrammarError, InvalidSchemaError
 from grammar_mlx.grammars import CFGGrammar, compile_grammar, compile_recursive_schema
-from grammar_mlx.grammars.json_schema import has_ref, schema_rules
+from grammar_mlx.grammars.json_schema import may_recurse, schema_rules
 from grammar_mlx.schema import canonical_json
 from grammar_mlx.schema.ir import Bounds, conforms
 from grammar_mlx.schema.normalize import Normalizer
@@ -77,7 +77,10 @@ def test_the_depth_bound_stays_an_option_and_acyclic_schemas_keep_the_regular_pa
     flat = {"type": "object", "properties": {"a": {"$ref": "#/$defs/s"}}, "$defs": {"s": {"type": "string"}}}
     assert schema_rules(flat) is None and compile_recursive_schema(flat, VOCAB, logits_width=WIDTH) is None
     assert isinstance(compile_json_schema(flat, VOCAB, logits_width=WIDTH, use_cache=False), CompiledGrammar)
-    assert not has_ref({"type": "array", "items": {"type": "string"}})
+    assert not may_recurse({"type": "array", "items": {"type": "string"}}) and not may_recurse(flat)
+    assert may_recurse(TREE) and may_recurse({"properties": {"a": {"$ref": "#"}}})
+    assert may_recurse({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"})
+    assert not may_recurse({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "integer"}}, "$ref": "#/$defs/a"})
 
 
 def test_masks_equal_next_state_on_random_walks_and_outputs_validate(tree_grammar):
@@ -146,7 +149,7 @@ def test_a_recursive_json_terminal_inside_a_lark_grammar():
 def _recursive_groups(name: str, step: int = 1) -> list[tuple[object, list[dict], str]]:
     """The corpus's schemas whose `$ref`s cycle, every `step`-th of those holding a `$ref`."""
     out = []
-    for row in [row for row in read_corpus(name) if has_ref(row["schema"])][::step]:
+    for row in [row for row in read_corpus(name) if may_recurse(row["schema"])][::step]:
         schema = row["schema"]
         if name.startswith("draft") and isinstance(schema, dict) and "$schema" not in schema:
             uri = {"draft7": "http://json-schema.org/draft-07/schema#",
