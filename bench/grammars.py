@@ -121,10 +121,10 @@ def _walk(g: Any, rng: random.Random, n: int) -> list[int]:
 
 
 def _ours(syntax: str, text: str, tok: Any) -> Any:
-    from grammar_mlx import compile_grammar, compile_json_schema, vocabulary_of
+    from grammar_mlx import compile_grammar, compile_json_schema
 
-    if syntax == "json_schema":  # the vocabulary as compile_grammar gets it (no index cache on disk)
-        return compile_json_schema(json.loads(text), vocabulary_of(tok), logits_width=WIDTH, use_cache=False)
+    if syntax == "json_schema":
+        return compile_json_schema(json.loads(text), tok, logits_width=WIDTH, use_cache=False)
     return compile_grammar(text, tok, syntax=syntax, logits_width=WIDTH)
 
 

@@ -207,13 +207,13 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
     started = time.perf_counter()
     opts = _options(**options)
     with deadline_scope(opts.deadline):
-        target, index = _located(tokenizer, logits_width, opts)  # argument mistakes before a long translation
         if max_recursion_depth is None:  # cycles unbounded, through the context-free engine
-            vocab, width, eos = target
-            recursive = compile_recursive_schema(schema, vocab, whitespace=whitespace, strict=strict,
-                                                 open_objects=open_objects, logits_width=width, eos_token_ids=eos)
+            recursive = compile_recursive_schema(schema, tokenizer, whitespace=whitespace, strict=strict,
+                                                 open_objects=open_objects, logits_width=logits_width,
+                                                 eos_token_ids=opts.eos_token_ids)
             if recursive is not None:
                 return recursive
+        target, index = _located(tokenizer, logits_width, opts)  # argument mistakes before a long translation
         translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects,
                                      max_recursion_depth=3 if max_recursion_depth is None else max_recursion_depth)
         opts.deadline.check("translating the schema")

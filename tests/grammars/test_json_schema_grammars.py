@@ -16,7 +16,7 @@ from schema_fsm import oracle
 
 from grammar_mlx import compile_json_schema, limits
 from grammar_mlx.compiler.grammar import CompiledGrammar
-from grammar_mlx.errors import EmptyLanguageError, GrammarError, InvalidSchemaError
+from grammar_mlx.errors import EmptyLanguageError, GrammarError, InvalidArgumentError, InvalidSchemaError
 from grammar_mlx.grammars import CFGGrammar, compile_grammar, compile_recursive_schema
 from grammar_mlx.grammars.json_schema import may_recurse, schema_rules
 from grammar_mlx.schema import canonical_json
@@ -130,6 +130,8 @@ def test_a_definition_that_never_ends_is_pruned_and_an_empty_schema_is_refused()
 
 
 def test_strict_and_bad_schemas_are_typed_errors():
+    with pytest.raises(InvalidArgumentError):
+        compile_json_schema(TREE, VOCAB, logits_width=WIDTH, max_recursion_depth=-1)
     with pytest.raises(InvalidSchemaError):
         compile_json_schema({"$ref": "#/$defs/missing"}, VOCAB, logits_width=WIDTH)
     g = compile_json_schema(TREE, VOCAB, logits_width=WIDTH, strict=True)

