@@ -178,13 +178,10 @@ def _buffers(trie: TokenTrie) -> _TrieBuffers:
 
 def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
     """`token_index.walk(trie, dfa, state)` (the same row), natively; call only where `available()`."""
-    lib = library()
-    assert lib is not None, "native.walk without the library (check available() first)"
-    if trie.num_nodes == 0:
+    walked = _walked(trie, dfa, state, -1)
+    if walked is None:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
-    buf = _buffers(trie)
-    sc = buf.scratch()
-    count = _walk_live(lib, trie, dfa, state, -1, buf, sc)
+    lib, buf, sc, count = walked
     nodes, states, per_token, out_tokens, out_states, _, _ = sc.ptrs
     _, _, end_first, more_node, more_id = buf.ptrs
     found = lib.gm_row(nodes, states, count, end_first, more_node, more_id, len(buf.more_id), per_token,
@@ -196,14 +193,23 @@ def live_nodes(trie: TokenTrie, dfa: ByteDFA, state: int, below: int = -1) -> tu
     """The trie nodes below node `below` (-1: the root) whose bytes from there keep `dfa` alive
     from `state`, and the DFA state at each (what `walk`'s row is read from; the context-free
     engine reads its lexemes' ends from them too); call only where `available()`."""
-    lib = library()
-    assert lib is not None, "native.live_nodes without the library (check available() first)"
-    if trie.num_nodes == 0:
+    walked = _walked(trie, dfa, state, below)
+    if walked is None:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    _, _, sc, count = walked
+    return sc.nodes[:count].copy(), sc.states[:count].copy()
+
+
+def _walked(trie: TokenTrie, dfa: ByteDFA, state: int, below: int
+            ) -> tuple[ctypes.CDLL, _TrieBuffers, _Scratch, int] | None:
+    """The live pairs of a walk in this thread's scratch (None: an empty trie)."""
+    lib = library()
+    assert lib is not None, "native walk without the library (check available() first)"
+    if trie.num_nodes == 0:
+        return None
     buf = _buffers(trie)
     sc = buf.scratch()
-    count = _walk_live(lib, trie, dfa, state, below, buf, sc)
-    return sc.nodes[:count].copy(), sc.states[:count].copy()
+    return lib, buf, sc, _walk_live(lib, trie, dfa, state, below, buf, sc)
 
 
 def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, below: int, buf: _TrieBuffers,

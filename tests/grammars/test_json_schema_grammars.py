@@ -79,7 +79,8 @@ def test_the_depth_bound_stays_an_option_and_acyclic_schemas_keep_the_regular_pa
     assert isinstance(compile_json_schema(flat, VOCAB, logits_width=WIDTH, use_cache=False), CompiledGrammar)
     assert not may_recurse({"type": "array", "items": {"type": "string"}}) and not may_recurse(flat)
     assert may_recurse(TREE) and may_recurse({"properties": {"a": {"$ref": "#"}}})
-    assert may_recurse({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"})
+    mutual = {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}}
+    assert may_recurse({"$defs": mutual, "$ref": "#/$defs/a"})
     assert not may_recurse({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "integer"}}, "$ref": "#/$defs/a"})
 
 
