@@ -44,6 +44,7 @@ from .token_index import TokenTrie
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from ..grammars.engine import CFGGrammar
     from ..schema.normalize import Unenforced
 
 # A worker job's or a cache entry's result: named arrays and JSON metadata.
@@ -186,7 +187,8 @@ def compile_regex(pattern: str, tokenizer: TokenizerSource, *, logits_width: int
 
 def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width: int | None = None,
                         whitespace: str | None = None, strict: bool = False, open_objects: bool = False,
-                        **options: Unpack[CompileOptions]) -> CompiledGrammar:
+                        max_recursion_depth: int | None = None,
+                        **options: Unpack[CompileOptions]) -> CompiledGrammar | CFGGrammar:
     """Compile a JSON Schema (dict, JSON text, or Pydantic model class) for `tokenizer`.
 
     The grammar produces JSON in `grammar_mlx.schema`'s canonical format (compact by default).
@@ -195,14 +197,25 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
     `additionalProperties` as JSON Schema does (extra keys allowed) instead of closing the object
     (docs/json-schema.md). `options` are the `CompileOptions`; `timeout` covers the schema's
     translation too.
+
+    A schema whose `$ref`s cycle compiles to a context-free `CFGGrammar` with no depth bound
+    (`grammars.json_schema`); `max_recursion_depth=n` unrolls the cycles n times into a regex instead.
     """
+    from ..grammars import compile_recursive_schema
     from ..schema.translate import schema_to_regex
 
     started = time.perf_counter()
     opts = _options(**options)
     with deadline_scope(opts.deadline):
+        if max_recursion_depth is None:  # cycles unbounded, through the context-free engine
+            recursive = compile_recursive_schema(schema, tokenizer, whitespace=whitespace, strict=strict,
+                                                 open_objects=open_objects, logits_width=logits_width,
+                                                 eos_token_ids=opts.eos_token_ids)
+            if recursive is not None:
+                return recursive
         target, index = _located(tokenizer, logits_width, opts)  # argument mistakes before a long translation
-        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects)
+        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects,
+                                     max_recursion_depth=3 if max_recursion_depth is None else max_recursion_depth)
         opts.deadline.check("translating the schema")
         # The language is a function of the schema, the options and the translator's limits: that is
         # its cache key, so the regex text is never written on the way (only if something reads it).

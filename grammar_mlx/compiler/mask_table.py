@@ -182,3 +182,21 @@ class MaskTable:
         index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES
         bits = 0 if self._bits is None else self._bits.nbytes
         return int(own + (copy[1].nbytes if copy is not None else 0) + index + bits)
+
+
+def union_ids(parts: list[np.ndarray]) -> np.ndarray:
+    """The sorted distinct ids of `parts` (arrays of token ids), as `MaskTable.add` takes them."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return np.zeros(0, dtype=np.int32)
+    if len(parts) == 1:
+        return np.asarray(parts[0], dtype=np.int32)
+    total = sum(len(p) for p in parts)
+    if total < 4096:
+        return np.unique(np.concatenate(parts)).astype(np.int32)
+    # Large rows (free text, a JSON string, an identifier): one pass over a bit per id, no sort.
+    top = max(int(p.max()) for p in parts) + 1
+    marks = np.zeros(top, dtype=bool)
+    for p in parts:
+        marks[p] = True
+    return np.flatnonzero(marks).astype(np.int32)

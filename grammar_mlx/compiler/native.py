@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "merge", "pack", "walk"]
+__all__ = ["available", "live_nodes", "merge", "pack", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
@@ -180,20 +180,61 @@ def _buffers(trie: TokenTrie) -> _TrieBuffers:
 
 def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
     """`token_index.walk(trie, dfa, state)` (the same row), natively; call only where `available()`."""
-    lib = library()
-    assert lib is not None, "native.walk without the library (check available() first)"
-    if trie.num_nodes == 0:
+    walked = _walked(trie, dfa, state, -1)
+    if walked is None:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    lib, buf, sc, count = walked
+    nodes, states, per_token, out_tokens, out_states, _, _ = sc.ptrs
+    _, _, end_first, more_node, more_id = buf.ptrs
+    found = lib.gm_row(nodes, states, count, end_first, more_node, more_id, len(buf.more_id), per_token,
+                       trie.width, out_tokens, out_states)
+    return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+
+
+def live_nodes(trie: TokenTrie, dfa: ByteDFA, state: int, below: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """The trie nodes below node `below` (-1: the root) whose bytes from there keep `dfa` alive
+    from `state`, and the DFA state at each (what `walk`'s row is read from; the context-free
+    engine reads its lexemes' ends from them too); call only where `available()`."""
+    walked = _walked(trie, dfa, state, below)
+    if walked is None:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    _, _, sc, count = walked
+    return sc.nodes[:count].copy(), sc.states[:count].copy()
+
+
+def _walked(trie: TokenTrie, dfa: ByteDFA, state: int, below: int
+            ) -> tuple[ctypes.CDLL, _TrieBuffers, _Scratch, int] | None:
+    """The live pairs of a walk in this thread's scratch (None: an empty trie)."""
+    lib = library()
+    assert lib is not None, "native walk without the library (check available() first)"
+    if trie.num_nodes == 0:
+        return None
+    buf = _buffers(trie)
+    sc = buf.scratch()
+    return lib, buf, sc, _walk_live(lib, trie, dfa, state, below, buf, sc)
+
+
+def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, below: int, buf: _TrieBuffers,
+               sc: _Scratch) -> int:
+    """gm_walk to its end (missing rows computed between calls); the live pairs' count in `sc`."""
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     pending = not dfa.complete
     if pending and table[state * width] < 0:
         dfa.ensure_rows([state])
         table = dfa.table
-    buf = _buffers(trie)
-    sc = buf.scratch()
-    nodes, states, per_token, out_tokens, out_states, cursor, unknown = sc.ptrs
-    sc.cursor[:] = (-1, trie._levels[0][1], state)  # level 0 from `state` (see gm_walk)
-    child_start, child_count, end_first, more_node, more_id = buf.ptrs
+    if below < 0:
+        sc.cursor[:] = (-1, trie._levels[0][1], state)  # level 0 from `state` (see gm_walk)
+    else:  # the children of `below` that live, as the level the walk expands first
+        first = int(trie.child_start[below])
+        kids = np.arange(first, first + int(trie.child_count[below]), dtype=np.int32)
+        st = table.take(state * width + dfa.classes.take(trie.byte.take(kids)))
+        keep = st != dead
+        k = int(keep.sum())
+        sc.nodes[:k] = kids[keep]
+        sc.states[:k] = st[keep]
+        sc.cursor[:] = (0, k, k)
+    nodes, states, _, _, _, cursor, unknown = sc.ptrs
+    child_start, child_count, _, _, _ = buf.ptrs
     node_class = dfa.node_classes(trie).ctypes.data
     while True:
         seen = sc.seen_for(len(table) // width)
@@ -205,9 +246,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
             raise AssertionError("native walk met an unknown row of a complete DFA")
         dfa.ensure_rows(sc.unknown[:missing].copy())
         table = dfa.table  # `ensure_rows` may have grown (replaced) it
-    found = lib.gm_row(nodes, states, int(sc.cursor[2]), end_first, more_node, more_id, len(buf.more_id), per_token,
-                       trie.width, out_tokens, out_states)
-    return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+    return int(sc.cursor[2])
 
 
 def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

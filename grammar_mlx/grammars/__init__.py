@@ -12,12 +12,13 @@ from typing import Any, Literal
 from ..compiler.build import _width_and_eos, token_trie
 from ..errors import InvalidArgumentError, InvalidGrammarError
 from ..vocabulary.token_bytes import vocabulary_of
-from .cfg import Source, lower
+from .cfg import Pos, Rule, Source, lower
 from .engine import CFGGrammar
 from .gbnf import parse_gbnf
+from .json_schema import schema_rules
 from .lark import parse_lark
 
-__all__ = ["CFGGrammar", "compile_grammar", "parse_grammar"]
+__all__ = ["CFGGrammar", "compile_grammar", "compile_recursive_schema", "parse_grammar"]
 
 Syntax = Literal["lark", "gbnf"]
 
@@ -47,6 +48,14 @@ def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start
     (also an `EmptyLanguageError`) when its language is empty."""
     started = time.perf_counter()
     source = parse_grammar(text, syntax=syntax, start=start)
+    return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
+                          description=f"{syntax} grammar ({len(source.rules)} rules)", syntax=syntax,
+                          started=started)
+
+
+def compile_source(source: Source, tokenizer: Any, *, logits_width: int | None, eos_token_ids: Any,
+                   description: str, syntax: str, started: float) -> CFGGrammar:
+    """A parsed grammar (`cfg.Source`) lowered and compiled, its first mask included."""
     lowered = lower(source)
     vocab = vocabulary_of(tokenizer, eos_token_ids=eos_token_ids)
     width, eos = _width_and_eos(vocab, logits_width)
@@ -54,8 +63,24 @@ def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start
     stats: dict[str, Any] = {"mode": "cfg", "syntax": syntax, "terminals": len(lowered.terminals),
                              "rules": len(lowered.rules)}
     grammar = CFGGrammar(lowered, vocab, trie, logits_width=width, eos_token_ids=eos,
-                         description=f"{syntax} grammar ({len(source.rules)} rules)", stats=stats)
+                         description=description, stats=stats)
     grammar.unenforced = tuple(source.unenforced)
     grammar.mask_row(grammar.initial_state)  # the first mask: compile includes it
     stats["compile_seconds"] = time.perf_counter() - started
     return grammar
+
+
+def compile_recursive_schema(schema: Any, tokenizer: Any, *, whitespace: str | None = None, strict: bool = False,
+                             open_objects: bool = False, logits_width: int | None = None,
+                             eos_token_ids: list[int] | tuple[int, ...] | None = None) -> CFGGrammar | None:
+    """A JSON Schema whose `$ref`s cycle compiled with no depth bound (`json_schema`), or None for
+    one without a cycle (the regular path, `compile_json_schema`, compiles it)."""
+    started = time.perf_counter()
+    got = schema_rules(schema, whitespace=whitespace, strict=strict, open_objects=open_objects)
+    if got is None:
+        return None
+    rules = {"<schema>": Rule(got.root, Pos(1, 1)), **got.rules}
+    source = Source(rules, "<schema>", unenforced=got.unenforced)
+    return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
+                          description=f"recursive JSON Schema ({len(got.rules)} recursive definitions)",
+                          syntax="json_schema", started=started)

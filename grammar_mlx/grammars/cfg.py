@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import EmptyGrammarError, InvalidGrammarError
 from ..regex import syntax as rx
 
-__all__ = ["Alts", "Cat", "Expr", "Lowered", "Pos", "Ref", "Rep", "Rule", "Source", "Term", "lower"]
+__all__ = ["Alts", "Cat", "Expr", "Lowered", "Pos", "Ref", "Rep", "Rule", "Source", "Term", "collect_refs", "lower"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +101,15 @@ class Lowered:
     term_pos: list[Pos]  # per terminal, where its first part is written
 
 
-def _refs(expr: Expr, out: list[Ref]) -> None:
+def collect_refs(expr: Expr, out: list[Ref]) -> None:
+    """The rule references in `expr`, appended to `out`."""
     if isinstance(expr, Ref):
         out.append(expr)
     elif isinstance(expr, (Cat, Alts)):
         for item in expr.items:
-            _refs(item, out)
+            collect_refs(item, out)
     elif isinstance(expr, Rep):
-        _refs(expr.item, out)
+        collect_refs(expr.item, out)
 
 
 def _check_bounds(expr: Expr) -> None:
@@ -126,7 +127,7 @@ def _recursive(rules: dict[str, Rule]) -> set[str]:
     graph: dict[str, set[str]] = {}
     for name, rule in rules.items():
         refs: list[Ref] = []
-        _refs(rule.expr, refs)
+        collect_refs(rule.expr, refs)
         graph[name] = {r.name for r in refs}
     out: set[str] = set()
     for name in graph:
@@ -169,7 +170,7 @@ def lower(source: Source) -> Lowered:
     for rule in rules.values():
         _check_bounds(rule.expr)
         refs: list[Ref] = []
-        _refs(rule.expr, refs)
+        collect_refs(rule.expr, refs)
         for r in refs:
             if r.name not in rules:
                 raise error(f"undefined rule {r.name!r}", r.pos)
@@ -178,7 +179,7 @@ def lower(source: Source) -> Lowered:
     seen = {source.start}
     while reach:
         refs = []
-        _refs(rules[reach.pop()].expr, refs)
+        collect_refs(rules[reach.pop()].expr, refs)
         for r in refs:
             if r.name not in seen:
                 seen.add(r.name)
@@ -251,7 +252,7 @@ class _Lowerer:
                     target = bases
                 refs: list[Ref] = []
                 for x in prefix:
-                    _refs(x, refs)
+                    collect_refs(x, refs)
                 if any(r.name == name for r in refs) or not all(self._is_regular(x) for x in prefix):
                     return None
                 target.append(rx.seq(*(self._as_regex(x) for x in prefix)) if prefix else rx.EMPTY)

@@ -21,7 +21,8 @@ run byte by byte, whose items scanning a terminal carry that terminal's DFA stat
 
 A state's mask (the xgrammar observation): a token either stays inside the lexemes being scanned
 (no terminal ends before its last byte, and none needs to) or it crosses a lexeme boundary.
-- inside: per scanning pair (terminal, DFA state) one vectorized walk of the vocabulary's trie
+- inside: per scanning pair (terminal, DFA state) one walk of the vocabulary's trie (the native
+  `compiler.native.live_nodes` where it is built, else vectorized numpy)
   through that terminal's DFA gives every trie node's DFA state: the tokens whose walk stays live
   (the precomputed row of that pair) and the *exit* nodes, where the terminal may end and the trie
   goes on. Both are kept per pair, and pairs are shared by all states of the grammar;
@@ -30,7 +31,7 @@ A state's mask (the xgrammar observation): a token either stays inside the lexem
   practice: the tokens that go on past a lexeme's end (`",`, `}]`) are few.
 The union, with EOS where the set accepts, is added to the grammar's `MaskTable` (rows deduplicated).
 
-Costs: a new pair costs one trie walk (numpy, about the trie's node count); a new state costs its
+Costs: a new pair costs one trie walk (over its live nodes); a new state costs its
 crossing walks in Python (the exits' subtrees that stay alive) and a row; `next_state` costs a
 dict read per byte once the memo has the step. States are never discarded (ids are held by
 processors); the mask table's byte limit (`limits.LAZY_MASK_BYTES`) bounds distinct rows.
@@ -55,7 +56,8 @@ import numpy as np
 from .. import limits
 from ..automata.byte_dfa import ByteDFA
 from ..automata.byte_nfa import build_nfa, determinize
-from ..compiler.mask_table import MaskTable
+from ..compiler import native
+from ..compiler.mask_table import MaskTable, union_ids
 from ..compiler.token_index import TokenTrie
 from ..errors import InvalidArgumentError, InvalidGrammarError, VocabularyMismatchError
 from ..regex import syntax as rx
@@ -73,7 +75,7 @@ __all__ = ["CFGGrammar"]
 SELF = -1  # an item's origin: the set holding it
 TERMINAL = 0  # the state after EOS (only EOS)
 # A subtree of at most this many nodes below a lexeme's end is walked byte by byte (a dict read per
-# node); a larger one level by level in numpy, per scanning pair.
+# node); a larger one by a trie walk per scanning pair (native, `compiler.native`, or numpy).
 SMALL_SUBTREE = 256
 # A whole-trie walk turns dense at the first level where more than this share of nodes is live.
 DENSE_SHARE = 0.25
@@ -86,7 +88,7 @@ class _Pair:
 
     __slots__ = ("exits", "inside")
 
-    def __init__(self, inside: np.ndarray, exits: list[int]):
+    def __init__(self, inside: np.ndarray, exits: np.ndarray):
         self.inside = inside
         self.exits = exits
 
@@ -141,7 +143,7 @@ class CFGGrammar:
         self.table = MaskTable(self.logits_width, limits.LAZY_MASK_BYTES)
         view = _trie_view(trie)
         self._child_start, self._child_count, self._node_byte = view.child_start, view.child_count, view.byte
-        self._end_first, self._end_more, self._descendants = view.end_first, view.end_more, view.descendants
+        self._ends_at, self._descendants = view.ends_at, view.descendants
         self._child_bytes = view.child_bytes
         self._token_bytes = vocabulary.token_bytes
         initial = self._closure([(0, 0, SELF)], [])
@@ -330,6 +332,17 @@ class CFGGrammar:
 
     # -- masks ------------------------------------------------------------------------------------
 
+    def _live(self, t: int, q: int, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """The trie nodes below `node` (-1: the root) that terminal t's DFA keeps alive from state q,
+        and their states: natively where `compiler.native` is built, else in numpy."""
+        if native.available():
+            return native.live_nodes(self._trie, self._dfas[t], q, node)
+        if node < 0:
+            levels = self._trie._levels
+            return self._walk_range(t, q, *levels[0]) if levels else (np.zeros(0, np.int64), np.zeros(0, np.int32))
+        c0 = self._child_start[node]
+        return self._walk_range(t, q, c0, c0 + self._child_count[node])
+
     def _walk_range(self, t: int, q: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Terminal t's DFA walked from state q over the trie nodes of the level range [lo, hi)
         and below (one subtree, or the whole trie): (live nodes, their states). Sparse: each
@@ -391,7 +404,7 @@ class CFGGrammar:
         live = np.flatnonzero(node_st != dead)
         return live, node_st[live]
 
-    def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(token ids ending at `nodes`, the nodes with children where terminal t may end)."""
         trie = self._trie
         first = trie.end_first.take(nodes)
@@ -402,17 +415,14 @@ class CFGGrammar:
                 ids = np.concatenate([ids, more])
         ids = np.sort(ids[ids < self.logits_width]).astype(np.int32)
         ends = self._dfas[t].accepting.take(states) & (trie.child_count.take(nodes) > 0)
-        return ids, nodes[ends].tolist()
+        return ids, nodes[ends]
 
     def _pair(self, t: int, q: int) -> _Pair:
         """The whole trie walked through terminal t's DFA from state q (module docstring)."""
         key = (t, q)
         got = self._pairs.get(key)
         if got is None:
-            levels = self._trie._levels
-            nodes, states = self._walk_range(t, q, *levels[0]) if levels else (np.zeros(0, np.int64),
-                                                                                np.zeros(0, np.int32))
-            got = self._pairs[key] = _Pair(*self._split(t, nodes, states))
+            got = self._pairs[key] = _Pair(*self._split(t, *self._live(t, q, -1)))
         return got
 
     def _ids(self, state: int) -> np.ndarray:
@@ -426,7 +436,7 @@ class CFGGrammar:
             parts.append(self._eos_ids)
         if crossing:
             parts.append(np.fromiter((t for t in crossing if t < self.logits_width), dtype=np.int32))
-        return _union(parts)
+        return union_ids(parts)
 
     def _below(self, state: int, node: int, parts: list[np.ndarray], crossing: set[int]) -> None:
         """The tokens whose bytes past trie `node` (-1: the root) set `state` allows, into `parts`
@@ -441,10 +451,9 @@ class CFGGrammar:
                 pair = self._pair(t, q)
                 inside, exits = pair.inside, pair.exits
             else:
-                c0 = self._child_start[node]
-                inside, exits = self._split(t, *self._walk_range(t, q, c0, c0 + self._child_count[node]))
+                inside, exits = self._split(t, *self._live(t, q, node))
             parts.append(inside)
-            if exits:
+            if len(exits):
                 b = branch()
                 if b >= 0:
                     self._enter(b, exits, parts, crossing)
@@ -498,10 +507,11 @@ class CFGGrammar:
         alone (no parser work inside a lexeme), the parser consulted only where the terminal may
         end and the subtree goes on."""
         child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
-        end_first, end_more, child_bytes = self._end_first, self._end_more, self._child_bytes
+        ends_at, child_bytes = self._ends_at, self._child_bytes
         for (t, q), branch in self._groups(state):
             dfa = self._dfas[t]
             memo, dead, accepting = self._byte_next[t], dfa.dead, dfa.accepting
+            after, after_first = -2, 0  # the set ending the terminal leaves, its first bytes: made once
             stack = [(node, q)]
             while stack:
                 n, qq = stack.pop()
@@ -514,26 +524,25 @@ class CFGGrammar:
                         accepting = dfa.accepting  # the DFA may have grown
                     if q2 == dead:
                         continue
-                    first = end_first[c]
-                    if first >= 0:
-                        crossing.add(first)
-                        more = end_more.get(c)
-                        if more:
-                            crossing.update(more)
+                    ends = ends_at[c]
+                    if ends:
+                        crossing.update(ends)
                     if child_count[c]:
                         stack.append((c, q2))
                         if accepting[q2]:
-                            s2 = branch()
+                            if after == -2:
+                                after = branch()
+                                after_first = self._first_bytes(after) if after >= 0 else 0
                             # Most ends lead nowhere: no child byte can start what follows.
-                            if s2 >= 0 and child_bytes[c] & self._first_bytes(s2):
-                                self._small_below(s2, c, crossing)
+                            if child_bytes[c] & after_first:
+                                self._small_below(after, c, crossing)
 
-    def _enter(self, state: int, exits: list[int], parts: list[np.ndarray], crossing: set[int]) -> None:
+    def _enter(self, state: int, exits: np.ndarray, parts: list[np.ndarray], crossing: set[int]) -> None:
         """The tokens below the `exits` nodes that `state` (a terminal just ended there) allows:
         their children's bytes stepped at once (most kill the state: one numpy pass), then the
         survivors' tokens and what lies below them."""
         trie = self._trie
-        ex = np.asarray(exits, dtype=np.int64)
+        ex = exits.astype(np.int64, copy=False)
         counts = trie.child_count.take(ex)
         total = int(counts.sum())
         if total == 0:
@@ -549,14 +558,11 @@ class CFGGrammar:
             nxt_of[b] = self._step_byte(state, b) if got is None else got
         nxt = nxt_of.take(kid_bytes)
         keep = nxt >= 0
-        end_first, end_more, child_count = self._end_first, self._end_more, self._child_count
+        ends_at, child_count = self._ends_at, self._child_count
         for c, s2 in zip(kids[keep].tolist(), nxt[keep].tolist()):
-            first = end_first[c]
-            if first >= 0:
-                crossing.add(first)
-                more = end_more.get(c)
-                if more:
-                    crossing.update(more)
+            ends = ends_at[c]
+            if ends:
+                crossing.update(ends)
             if child_count[c]:
                 self._below(s2, c, parts, crossing)
 
@@ -608,7 +614,7 @@ class CFGGrammar:
         """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs."""
         items = sum(len(s) for s in self._sets) * 100 + len(self._sets) * 250
         memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
-        pairs = sum(int(p.inside.nbytes) + 40 * len(p.exits) + 200 for p in self._pairs.values())
+        pairs = sum(int(p.inside.nbytes) + int(p.exits.nbytes) + 200 for p in self._pairs.values())
         return int(self.table.nbytes + items + memos + pairs + sum(d.nbytes for d in self._dfas)
                    )
 
@@ -621,10 +627,12 @@ class _TrieView:
         self.child_start: list[int] = trie.child_start.tolist()
         self.child_count: list[int] = trie.child_count.tolist()
         self.byte: list[int] = trie.byte.tolist()
-        self.end_first: list[int] = trie.end_first.tolist()
-        self.end_more: dict[int, list[int]] = {}
+        # Per node, the ids of the tokens ending there (most nodes: none, one shared empty tuple).
+        none: tuple[int, ...] = ()
+        ends: list[tuple[int, ...]] = [none if t < 0 else (t,) for t in trie.end_first.tolist()]
         for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
-            self.end_more.setdefault(node, []).append(extra)
+            ends[node] = (*ends[node], extra)
+        self.ends_at: list[tuple[int, ...]] = ends
         self.descendants: list[int] = _descendants(trie).tolist()
         # Per node, the bytes of its children as a 256-bit int (four 64-bit words, then joined).
         words = np.zeros((trie.num_nodes, 4), dtype=np.uint64)
@@ -655,12 +663,3 @@ def _descendants(trie: TokenTrie) -> np.ndarray:
     for a, b in reversed(trie._levels[1:]):
         np.add.at(count, trie.parent[a:b], count[a:b] + 1)
     return count
-
-
-def _union(parts: list[np.ndarray]) -> np.ndarray:
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return np.zeros(0, dtype=np.int32)
-    if len(parts) == 1:
-        return np.asarray(parts[0], dtype=np.int32)
-    return np.unique(np.concatenate(parts)).astype(np.int32)

@@ -11,8 +11,9 @@ literals: the ignored text may appear after every terminal and at the start), `%
 `start` unless `start=` names another.
 
 `%json { schema }` (llguidance's extension) stands for the schema's JSON texts, as
-`compile_json_schema` writes them (compact; recursive references unrolled to the translator's
-default depth); the keywords it cannot enforce are the grammar's `unenforced`.
+`compile_json_schema` writes them (compact; a schema whose `$ref`s cycle becomes rules of the
+grammar, `json_schema`, with no depth bound); the keywords it cannot enforce are the grammar's
+`unenforced`. Ignored text may follow it, as any terminal, but not stand inside it.
 
 Not supported (an `InvalidGrammarError` naming the place): regex flags, `%declare`, templates,
 `%llguidance`, special-token references `<…>`, imports from other modules.
@@ -33,7 +34,7 @@ from ..errors import GrammarError, InvalidGrammarError, InvalidRegexError
 from ..regex import rust
 from ..regex import syntax as rx
 from ..regex.charset import CharSet
-from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, error
+from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, collect_refs, error
 
 __all__ = ["COMMON", "parse_lark"]
 
@@ -77,6 +78,14 @@ def _is_terminal(name: str) -> bool:
     return bool(core) and core[0].isupper()
 
 
+JSON_RULES = "%json"  # the names of a recursive `%json` schema's rules start so (no Lark name can)
+
+
+def _is_lexeme(name: str) -> bool:
+    """A terminal, or a `%json` schema's rule: ignored text may follow, not stand inside."""
+    return _is_terminal(name) or name.startswith(JSON_RULES)
+
+
 class _Parser:
     def __init__(self, text: str):
         self.text = text
@@ -86,6 +95,7 @@ class _Parser:
         self.ignore: list[Expr] = []
         self.depth = 0  # open groups: newlines inside them are spaces
         self.unenforced: list[Any] = []  # schema keywords a %json terminal does not enforce
+        self.schemas = 0  # `%json` directives read so far (their rules' names)
 
     def pos(self, at: int | None = None) -> Pos:
         at = self.i if at is None else at
@@ -360,8 +370,9 @@ class _Parser:
 
     def json_schema(self, at: Pos) -> Expr:
         """`%json { schema }`: the schema's canonical JSON texts (as `compile_json_schema` writes
-        them: compact, recursion unrolled to its default depth), one terminal."""
+        them: compact), one terminal, or rules (named `JSON_RULES` ...) where its `$ref`s cycle."""
         from ..schema.translate import schema_to_regex
+        from .json_schema import schema_rules
 
         self.i += len("%json")
         while self.peek() in (" ", "\t", "\r", "\n") and self.peek():
@@ -371,10 +382,21 @@ class _Parser:
         except json.JSONDecodeError as e:
             raise error(f"%json: the schema is not valid JSON: {e.msg}", self.pos(e.pos)) from None
         self.i = end
+        prefix = f"{JSON_RULES}{self.schemas} "
+        self.schemas += 1
         try:
+            recursive = schema_rules(schema, prefix=prefix + "$ref")
+            if recursive is not None:
+                for name, rule in recursive.rules.items():
+                    self.rules[name] = Rule(rule.expr, at)
+                self.rules[prefix + "root"] = Rule(recursive.root, at)
+                self.unenforced.extend(recursive.unenforced)
+                return Ref(prefix + "root", at)
             translated = schema_to_regex(schema)
         except GrammarError as e:
             raise error(f"%json: {e}", at) from None
+        except RecursionError:
+            raise error("%json: the schema nests too deeply to translate", at) from None
         self.unenforced.extend(translated.unenforced)
         return Term(translated.ast, at)
 
@@ -442,7 +464,7 @@ class _Parser:
         for name, rule in self.rules.items():
             if _is_terminal(name):
                 refs: list[Ref] = []
-                _collect(rule.expr, refs)
+                collect_refs(rule.expr, refs)
                 for r in refs:
                     if not _is_terminal(r.name):
                         raise error(f"terminal {name!r} refers to rule {r.name!r} (terminals are regular)", r.pos)
@@ -454,7 +476,7 @@ class _Parser:
         skip = Rep(ign, 0, None, _pos_of(ign))
         rules = {}
         for name, rule in self.rules.items():
-            rules[name] = rule if _is_terminal(name) else Rule(_with_ignore(rule.expr, skip), rule.pos)
+            rules[name] = rule if _is_lexeme(name) else Rule(_with_ignore(rule.expr, skip), rule.pos)
         top = "<ignored then start>"
         rules[top] = Rule(Cat((skip, Ref(start, self.rules[start].pos)), self.rules[start].pos), self.rules[start].pos)
         return Source(rules, top, self.rules[start].pos, tuple(self.unenforced))
@@ -464,22 +486,12 @@ def _pos_of(expr: Expr) -> Pos:
     return expr.pos
 
 
-def _collect(expr: Expr, out: list[Ref]) -> None:
-    if isinstance(expr, Ref):
-        out.append(expr)
-    elif isinstance(expr, (Cat, Alts)):
-        for x in expr.items:
-            _collect(x, out)
-    elif isinstance(expr, Rep):
-        _collect(expr.item, out)
-
-
 def _with_ignore(expr: Expr, skip: Expr) -> Expr:
     """Every terminal of a rule followed by the ignored text."""
     if isinstance(expr, Term):
         return expr if expr.node == rx.EMPTY else Cat((expr, skip), expr.pos)
     if isinstance(expr, Ref):
-        return Cat((expr, skip), expr.pos) if _is_terminal(expr.name) else expr
+        return Cat((expr, skip), expr.pos) if _is_lexeme(expr.name) else expr
     if isinstance(expr, Cat):
         return Cat(tuple(_with_ignore(x, skip) for x in expr.items), expr.pos)
     if isinstance(expr, Alts):

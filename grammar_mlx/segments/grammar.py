@@ -46,7 +46,7 @@ import numpy as np
 
 from .. import limits
 from ..compiler.grammar import CompiledGrammar
-from ..compiler.mask_table import MaskTable
+from ..compiler.mask_table import MaskTable, union_ids
 from ..errors import InvalidArgumentError
 from ..runtime.processor import ALLOW_ALL
 from ..runtime.stack import walk_to
@@ -391,7 +391,7 @@ class SegmentGrammar:
                 parts.append(self._exit_ids(ex))
             if p.atom.allow_eos:
                 parts.append(self._eos_ids)
-        return _union(parts)
+        return union_ids(parts)
 
     def _exit_ids(self, ex: Exits) -> np.ndarray:
         parts = [np.array(sorted(ex.specials), dtype=np.int32)]
@@ -400,7 +400,7 @@ class SegmentGrammar:
         if ex.text is not None:
             node, inner, count = self._decode(self.start_of(ex.text))
             parts.append(self._text_ids(node, inner, count))
-        return _union(parts)
+        return union_ids(parts)
 
     def _ids(self, state: int) -> np.ndarray:
         node, inner, count = self._decode(state)
@@ -577,13 +577,13 @@ class SegmentGrammar:
             ex = n.exits
             if self._at_bound(n, count):
                 parts.append(self._kept_exits(ex, threshold))
-                return _union(parts)
+                return union_ids(parts)
             free_next = self._encode(node, 0, count + 1) if n.bounded else node
             if self._cost_of_state(free_next) <= threshold:
                 excluded = set(n.forbid) | set(ex.specials) | self._eos
                 parts.append(_without(self._all, np.array(sorted(excluded), dtype=np.int32)))
             parts.append(self._kept_exits(Exits(ex.specials, ex.eos, None), threshold))
-            return _union(parts)
+            return union_ids(parts)
         if not self._at_bound(n, count):
             for cg, ex in (n.classes or [(g, n.exits)]):
                 limit = threshold + 2 - self._exit_cost(ex)  # keep t with d(next) - 1 + cost <= threshold
@@ -595,7 +595,7 @@ class SegmentGrammar:
             own = (_without(g.allowed_tokens(inner), self._eos_ids) if not self._at_bound(n, count)
                    else np.zeros(0, dtype=np.int32))
             parts.append(_without(self._kept_exits(ex_here, threshold), own))
-        return _union(parts)
+        return union_ids(parts)
 
     def _kept_exits(self, ex: Exits, threshold: int) -> np.ndarray:
         parts = [np.array(sorted(t for t, target in ex.specials.items() if self._cost_of_state(target) <= threshold),
@@ -609,7 +609,7 @@ class SegmentGrammar:
             if ex.eos:
                 kept = _without(kept, self._eos_ids)
             parts.append(kept)
-        return _union(parts)
+        return union_ids(parts)
 
     @property
     def nbytes(self) -> int:
@@ -625,20 +625,3 @@ def _without(ids: np.ndarray, drop: np.ndarray) -> np.ndarray:
     if not len(drop) or not len(ids):
         return np.asarray(ids, dtype=np.int32)
     return np.asarray(ids[~np.isin(ids, drop)], dtype=np.int32)
-
-
-def _union(parts: list[np.ndarray]) -> np.ndarray:
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return np.zeros(0, dtype=np.int32)
-    if len(parts) == 1:
-        return np.asarray(parts[0], dtype=np.int32)
-    total = sum(len(p) for p in parts)
-    if total < 4096:
-        return np.unique(np.concatenate(parts)).astype(np.int32)
-    # Near-full rows (free text, a JSON string): one pass over a bit per id, no sort.
-    top = max(int(p.max()) for p in parts) + 1
-    marks = np.zeros(top, dtype=bool)
-    for p in parts:
-        marks[p] = True
-    return np.flatnonzero(marks).astype(np.int32)

@@ -4,6 +4,7 @@ lexeme boundaries, mask checks against next_state, and random walks through the 
 from __future__ import annotations
 
 import random
+import textwrap
 
 import numpy as np
 
@@ -16,6 +17,40 @@ TOKENS = [bytes([b]) for b in range(1, 256)] + MULTI
 EOS = len(TOKENS)
 VOCAB = Vocabulary(tuple(TOKENS) + (None,), (EOS,), "byte-level")
 WIDTH = EOS + 3  # padding ids past the tokenizer: never allowed
+
+
+# Full JSON (RFC 8259), written from the RFC in GBNF: any value at the top, whitespace anywhere.
+JSON_GBNF = r"""
+root   ::= ws value ws
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( member ( ws "," ws member )* ws )? "}"
+member ::= string ws ":" ws value
+array  ::= "[" ws ( value ( ws "," ws value )* ws )? "]"
+string ::= "\"" char* "\""
+char   ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws     ::= [ \t\n\r]*
+"""
+
+# JSON in Lark, as llguidance's docs write it (aliases and %ignore included).
+JSON_LARK = textwrap.dedent(r"""
+        ?start: value
+        ?value: object
+              | array
+              | string
+              | SIGNED_NUMBER      -> number
+              | "true"             -> true
+              | "false"            -> false
+              | "null"             -> null
+        array  : "[" [value ("," value)*] "]"
+        object : "{" [pair ("," pair)*] "}"
+        pair   : string ":" value
+        string : ESCAPED_STRING
+        %import common.ESCAPED_STRING
+        %import common.SIGNED_NUMBER
+        %import common.WS
+        %ignore WS
+    """)
 
 
 def check_row(g, state: int) -> np.ndarray:

@@ -9,23 +9,10 @@ import random
 
 import numpy as np
 import pytest
-from grammar_helpers import EOS, TOKENS, VOCAB, WIDTH, check_row, random_walk
+from grammar_helpers import EOS, JSON_GBNF, TOKENS, VOCAB, WIDTH, check_row, random_walk
 
 from grammar_mlx.errors import InvalidArgumentError
 from grammar_mlx.grammars import compile_grammar
-
-# Full JSON (RFC 8259), written from the RFC in GBNF: any value at the top, whitespace anywhere.
-JSON_GBNF = r"""
-root   ::= ws value ws
-value  ::= object | array | string | number | "true" | "false" | "null"
-object ::= "{" ws ( member ( ws "," ws member )* ws )? "}"
-member ::= string ws ":" ws value
-array  ::= "[" ws ( value ( ws "," ws value )* ws )? "]"
-string ::= "\"" char* "\""
-char   ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
-ws     ::= [ \t\n\r]*
-"""
 
 ARITH_GBNF = r"""
 root   ::= expr

@@ -10,7 +10,7 @@ import random
 
 import lark
 import pytest
-from grammar_helpers import VOCAB, WIDTH, random_walk
+from grammar_helpers import JSON_LARK, VOCAB, WIDTH, random_walk
 
 from grammar_mlx.errors import EmptyLanguageError, InvalidGrammarError
 from grammar_mlx.grammars import compile_grammar
@@ -43,24 +43,7 @@ GRAMMARS = {
         %import common.WS_INLINE
         %ignore WS_INLINE
     """,
-    "json": r"""
-        ?start: value
-        ?value: object
-              | array
-              | string
-              | SIGNED_NUMBER      -> number
-              | "true"             -> true
-              | "false"            -> false
-              | "null"             -> null
-        array  : "[" [value ("," value)*] "]"
-        object : "{" [pair ("," pair)*] "}"
-        pair   : string ":" value
-        string : ESCAPED_STRING
-        %import common.ESCAPED_STRING
-        %import common.SIGNED_NUMBER
-        %import common.WS
-        %ignore WS
-    """,
+    "json": JSON_LARK,
     "list": r"""
         start: "[" _items? "]"
         _items: _items "," item | item

@@ -5,12 +5,13 @@ history, and a BatchGenerator gives each request its solo output."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from oracle_checked import OracleChecked
 from tiny_models import QWEN_LOGITS_WIDTH as W
 from trace_recorder import run_batch, run_stream
 
-from grammar_mlx import compile_grammar
+from grammar_mlx import compile_grammar, compile_json_schema
+from grammar_mlx.grammars import CFGGrammar
 from grammar_mlx.runtime.processor import GrammarProcessor
 
 IM_END = 151645
@@ -24,6 +25,10 @@ start: value
 NAME: /[a-z]{1,6}/
 %ignore " "
 """
+# A recursive JSON Schema (a tree), through the context-free engine.
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+    "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+    "required": ["value"]}}, "$ref": "#/$defs/node"}
 
 
 @pytest.fixture(scope="module")
@@ -40,28 +45,8 @@ def grammars(qwen_tokenizer):
     return {
         "arith": compile_grammar(ARITH, qwen_tokenizer, syntax="gbnf", logits_width=W),
         "nested": compile_grammar(NESTED, qwen_tokenizer, syntax="lark", logits_width=W),
+        "tree": compile_json_schema(TREE, qwen_tokenizer, logits_width=W, use_cache=False),
     }
-
-
-class OracleChecked:
-    """Wraps a processor; checks every call's mask against the grammar's stateless replay."""
-
-    def __init__(self, grammar, proc):
-        self.g, self.proc, self.ctx, self.calls = grammar, proc, None, 0
-
-    def __call__(self, tokens, logits):
-        history = np.asarray(tokens).tolist()
-        if self.ctx is None:
-            self.ctx = len(history)
-        out = self.proc(tokens, logits)
-        state = self.g.initial_state
-        for t in history[self.ctx:]:
-            state = self.g.next_state(state, t)
-        assert state >= 0
-        allowed = np.flatnonzero(np.isfinite(np.asarray(out[0])))
-        np.testing.assert_array_equal(allowed, self.g.allowed_tokens(state))
-        self.calls += 1
-        return out
 
 
 def solo(models, g, prompt, tokenizer, **kw):
@@ -82,9 +67,10 @@ def check_prefix(g, tokens):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["arith", "nested"])
+@pytest.mark.parametrize("name", ["arith", "nested", "tree"])
 def test_speculative_is_token_identical_and_every_mask_is_the_replayed_one(name, models, grammars, qwen_tokenizer):
     g = grammars[name]
+    assert isinstance(g, CFGGrammar) and not g.unenforced
     prompt = qwen_tokenizer.encode("Write one:")
     plain, _ = solo(models, g, prompt, qwen_tokenizer)
     check_prefix(g, plain)
@@ -95,13 +81,19 @@ def test_speculative_is_token_identical_and_every_mask_is_the_replayed_one(name,
             assert out == plain, (draft, k)
             accepted[draft, k] = sum(drafted) / len(out)
     assert accepted["fully", 4] >= 0.6
-    assert max(accepted["rarely", k] for k in (1, 2, 3, 4)) < accepted["fully", 4]
+    # Rollback ran: some draft of the rarely-agreeing model was rejected. Where the grammar forces
+    # most tokens (the tree schema's keys and brackets) a draft agrees there whatever it predicts,
+    # so only the grammars with free choices also rank the drafts by agreement.
+    assert min(accepted["rarely", k] for k in (1, 2, 3, 4)) < 1
+    if name != "tree":
+        assert max(accepted["rarely", k] for k in (1, 2, 3, 4)) < accepted["fully", 4]
 
 
 @pytest.mark.slow
 def test_batch_generator_requests_match_their_solo_runs(models, grammars, qwen_tokenizer):
     prompts = [qwen_tokenizer.encode("Write one:"), qwen_tokenizer.encode("Another:")]
-    requests = [(grammars["arith"], prompts[0]), (grammars["nested"], prompts[1]), (grammars["arith"], prompts[1])]
+    requests = [(grammars["arith"], prompts[0]), (grammars["nested"], prompts[1]), (grammars["arith"], prompts[1]),
+                (grammars["tree"], prompts[0])]
     procs = [[GrammarProcessor(g)] for g, _ in requests]
     outs = run_batch(models["main"], [p for _, p in requests], procs, eos_ids=[IM_END], max_tokens=MAX_TOKENS)
     for (g, prompt), out in zip(requests, outs):

@@ -12,6 +12,7 @@ import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
+from oracle_checked import OracleChecked
 from tiny_models import QWEN_LOGITS_WIDTH as W
 from trace_recorder import run_batch, run_stream
 
@@ -75,30 +76,6 @@ def programs(qwen_tokenizer):
     }
 
 
-class OracleChecked:
-    """Wraps a processor; checks every call's mask against the grammar's stateless replay of the
-    call's history (from the first call's context on)."""
-
-    def __init__(self, grammar, proc):
-        self.g, self.proc, self.ctx, self.calls = grammar, proc, None, 0
-
-    def __call__(self, tokens, logits):
-        history = np.asarray(tokens).tolist()
-        if self.ctx is None:
-            self.ctx = len(history)
-        out = self.proc(tokens, logits)
-        state = self.g.initial_state
-        for t in history[self.ctx:]:
-            state = self.g.next_state(state, t)
-        assert state >= 0
-        m = len(history) - self.ctx
-        expected = self.g.budget_allowed_tokens(state, MAX_TOKENS - m)
-        allowed = np.flatnonzero(np.isfinite(np.asarray(out[0])))
-        np.testing.assert_array_equal(allowed, expected)
-        self.calls += 1
-        return out
-
-
 def check_output(g, tokens, tokenizer, name):
     assert tokens[-1] == IM_END and len(tokens) <= MAX_TOKENS and g.matches(tokens)
     if name == "thinking":
@@ -136,7 +113,7 @@ def _states(g, tokens):
 
 
 def solo(models, g, prompt, tokenizer, **kw):
-    proc = OracleChecked(g, GrammarProcessor(g, max_tokens=MAX_TOKENS))
+    proc = OracleChecked(g, GrammarProcessor(g, max_tokens=MAX_TOKENS), MAX_TOKENS)
     tokens, drafted = run_stream(models["main"], tokenizer, prompt, [proc], max_tokens=MAX_TOKENS, **kw)
     assert proc.calls >= len(tokens)
     return tokens, drafted

@@ -1,0 +1,231 @@
+"""Recursive JSON Schemas as context-free grammars: a `$ref` cycle without a depth bound.
+
+The regular path (`schema.translate`) unrolls a cyclic `$ref` `max_recursion_depth` times, a
+narrowing. Here the same emitter (`schema.emit.Emitter`) writes every definition on a cycle once,
+with each cyclic `Ref` left as a placeholder node in the regex AST; the ASTs become the rules of a
+`cfg.Source` (a placeholder is a rule reference, every part without one a regex terminal), which
+`cfg.lower` and the Earley engine compile as they compile GBNF or Lark. So the language is the
+schema's canonical texts exactly (the regular path's format, its other narrowings included), at
+any depth.
+
+A definition on a cycle that derives no finite text (a required property that always recurses) is
+pruned as the regular path prunes it past the bound: the branches needing it are dropped, and a
+schema left with none is `EmptyLanguageError`.
+
+`schema_rules(schema, ...)` returns None for a schema without a cycle: it keeps the regular path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from ..automata.chars import memo_scope
+from ..errors import EmptyLanguageError
+from ..regex import syntax as rx
+from ..schema.emit import Emitter, cyclic_keys
+from ..schema.ir import Node, Ref
+from ..schema.normalize import Normalizer, Unenforced
+from ..schema.translate import load_schema, whitespace_regex
+from .cfg import Alts, Cat, Expr, Pos, Rep, Rule, Term
+from .cfg import Ref as RuleRef
+
+__all__ = ["SchemaRules", "may_recurse", "schema_rules"]
+
+_AT = Pos(1, 1)  # a schema's rules have no place in a grammar text
+
+
+@dataclass(slots=True)
+class SchemaRules:
+    """A recursive schema as grammar rules: `rules` (named `prefix` + a number, one per cyclic
+    definition) and `root`, the expression of the schema's texts over them."""
+
+    rules: dict[str, Rule]
+    root: Expr
+    unenforced: tuple[Unenforced, ...]
+
+
+class _RuleEmitter(Emitter):
+    """The regular emitter, except that a cyclic `Ref` is a placeholder: a literal no JSON text
+    holds (NUL), one per definition, mapped back to the definition by identity."""
+
+    def __init__(self, table: Any, whitespace: str, cyclic: set[Hashable], strict: bool) -> None:
+        super().__init__(table, whitespace, 0, cyclic, strict)
+        self.holes: dict[int, Hashable] = {}  # id(placeholder) -> definition key
+        self.hole_of: dict[Hashable, rx.Node] = {}
+
+    def emit(self, node: Node | None, counts: Any = ()) -> rx.Node | None:
+        if isinstance(node, Ref) and node.key in self.cyclic:
+            hole = self.hole_of.get(node.key)
+            if hole is None:
+                hole = self.hole_of[node.key] = self.ast.text(f"\x00{len(self.hole_of)}\x00")
+                self.holes[id(hole)] = node.key
+            return hole
+        return super().emit(node, counts)
+
+
+def may_recurse(schema: Any) -> bool:
+    """Whether a loaded schema's `$ref`s may cycle, read from the document alone (no normalizing:
+    a schema without a cycle pays only this walk): a local pointer's target holding a `$ref` whose
+    target holds ... the first one. Other references (`$id`s, anchors, remote, dynamic) may cycle."""
+    refs: list[tuple[tuple[str, ...], tuple[str, ...]]] = []  # (where the $ref is, its target)
+    stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
+    while stack:
+        x, path = stack.pop()
+        if isinstance(x, dict):
+            if "$dynamicRef" in x or "$recursiveRef" in x:
+                return True
+            ref = x.get("$ref")
+            if ref is not None:
+                if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+                    return True
+                parts = ref[2:].split("/") if ref != "#" else []
+                refs.append((path, tuple(unquote(p).replace("~1", "/").replace("~0", "~") for p in parts)))
+            stack.extend((v, (*path, str(k))) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((v, (*path, str(i))) for i, v in enumerate(x))
+    if not refs:
+        return False
+    # A cycle among the references: edge r -> r' where r' lies inside r's target.
+    inside = [[j for j, (at, _) in enumerate(refs) if at[:len(target)] == target] for _, target in refs]
+    done: set[int] = set()
+    for root in range(len(refs)):
+        if root in done:
+            continue
+        on_path = {root}
+        work = [(root, iter(inside[root]))]
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                work.pop()
+                on_path.discard(node)
+                done.add(node)
+            elif nxt in on_path:
+                return True
+            elif nxt not in done:
+                on_path.add(nxt)
+                work.append((nxt, iter(inside[nxt])))
+    return False
+
+
+def schema_rules(schema: Any, *, whitespace: str | None = None, strict: bool = False, open_objects: bool = False,
+                 prefix: str = "$ref") -> SchemaRules | None:
+    """The rules of a schema whose `$ref`s cycle, or None when none does (the regular path's)."""
+    doc = load_schema(schema)
+    if not may_recurse(doc):
+        return None
+    ws = whitespace_regex(whitespace)
+    with memo_scope():
+        nz = Normalizer(doc, strict=strict, open_objects=open_objects)
+        root = nz.node([nz.root_loc])
+        cyclic = cyclic_keys(nz.table)
+        if not cyclic:
+            return None
+        emitter = _RuleEmitter(nz.table, ws, cyclic, strict)
+        top = emitter.emit(root)
+        bodies: dict[Hashable, rx.Node | None] = {}
+        todo = list(emitter.hole_of)
+        while todo:  # the definitions placeholders stand for, and those their bodies reach
+            key = todo.pop()
+            if key not in bodies:
+                bodies[key] = emitter.emit(nz.table[key])
+                todo.extend(k for k in emitter.hole_of if k not in bodies)
+    for key, reason in emitter.relaxed.items():
+        nz.unenforced.setdefault(key, reason)
+    unenforced = tuple(Unenforced(k, p, reason) for (k, p), reason in nz.unenforced.items())
+    names = {key: f"{prefix}{i}" for i, key in enumerate(emitter.hole_of)}
+    converter = _Converter(emitter.holes, names, _productive(bodies, emitter.holes))
+    root_expr = None if top is None else converter.expr(top)
+    if root_expr is None:
+        raise EmptyLanguageError("no JSON value satisfies the schema")
+    rules: dict[str, Rule] = {}
+    for key, body in bodies.items():
+        expr = None if body is None else converter.expr(body)
+        if expr is not None:
+            rules[names[key]] = Rule(expr, _AT)
+    return SchemaRules(rules, root_expr, unenforced)
+
+
+def _productive(bodies: dict[Hashable, rx.Node | None], holes: dict[int, Hashable]) -> set[Hashable]:
+    """The definitions deriving some finite text (a least fixpoint)."""
+    alive: set[Hashable] = set()
+    changed = True
+    while changed:
+        changed = False
+        memo: dict[int, bool] = {}
+        for key, body in bodies.items():
+            if key not in alive and body is not None and _derives(body, holes, alive, memo):
+                alive.add(key)
+                changed = True
+    return alive
+
+
+def _derives(node: rx.Node, holes: dict[int, Hashable], alive: set[Hashable], memo: dict[int, bool]) -> bool:
+    got = memo.get(id(node))
+    if got is None:
+        key = holes.get(id(node))
+        if key is not None:
+            got = key in alive
+        elif isinstance(node, rx.Seq):
+            got = all(_derives(x, holes, alive, memo) for x in node.items)
+        elif isinstance(node, rx.Alt):
+            got = any(_derives(x, holes, alive, memo) for x in node.items)
+        elif isinstance(node, rx.Repeat):
+            got = node.lo == 0 or _derives(node.item, holes, alive, memo)
+        else:
+            got = True
+        memo[id(node)] = got
+    return got
+
+
+class _Converter:
+    """A placeholder-holding regex AST as a `cfg` expression: each subtree without a placeholder one
+    `Term`, placeholders rule references, dead definitions' branches dropped (None: no text)."""
+
+    def __init__(self, holes: dict[int, Hashable], names: dict[Hashable, str], alive: set[Hashable]) -> None:
+        self.holes, self.names, self.alive = holes, names, alive
+        self.memo: dict[int, Expr | None] = {}
+        self.plain: dict[int, bool] = {}
+
+    def _plain(self, node: rx.Node) -> bool:
+        """No placeholder inside."""
+        got = self.plain.get(id(node))
+        if got is None:
+            if id(node) in self.holes:
+                got = False
+            elif isinstance(node, (rx.Seq, rx.Alt)):
+                got = all(self._plain(x) for x in node.items)
+            elif isinstance(node, rx.Repeat):
+                got = self._plain(node.item)
+            else:
+                got = True
+            self.plain[id(node)] = got
+        return got
+
+    def expr(self, node: rx.Node) -> Expr | None:
+        if id(node) in self.memo:
+            return self.memo[id(node)]
+        out: Expr | None
+        key = self.holes.get(id(node))
+        if key is not None:
+            out = RuleRef(self.names[key], _AT) if key in self.alive else None
+        elif self._plain(node):
+            out = Term(node, _AT)
+        elif isinstance(node, rx.Seq):
+            items = [self.expr(x) for x in node.items]
+            out = None if any(x is None for x in items) else Cat(tuple(x for x in items if x is not None), _AT)
+        elif isinstance(node, rx.Alt):
+            kept = tuple(x for x in (self.expr(x) for x in node.items) if x is not None)
+            out = None if not kept else kept[0] if len(kept) == 1 else Alts(kept, _AT)
+        else:
+            assert isinstance(node, rx.Repeat)
+            item = self.expr(node.item)
+            if item is None:
+                out = Term(rx.EMPTY, _AT) if node.lo == 0 else None
+            else:
+                out = Rep(item, node.lo, node.hi, _AT)
+        self.memo[id(node)] = out
+        return out

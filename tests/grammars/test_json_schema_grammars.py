@@ -1,0 +1,217 @@
+"""Recursive JSON Schemas through the context-free engine (`grammars.json_schema`): a `$ref` cycle has
+no depth bound and nothing is reported; schemas without a cycle keep the regular path; the
+recursion depth stays an option. The language is checked against the normalized schema's own
+membership (`schema.ir.conforms`, bounded only where the regular path documents a narrowing other
+than recursion: generic values) on the JSON-Schema-Test-Suite's and MaskBench's recursive schemas."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from conftest import read_corpus
+from grammar_helpers import EOS, TOKENS, VOCAB, WIDTH, check_row
+from schema_fsm import oracle
+
+from grammar_mlx import compile_json_schema, limits
+from grammar_mlx.compiler.grammar import CompiledGrammar
+from grammar_mlx.errors import EmptyLanguageError, GrammarError, InvalidArgumentError, InvalidSchemaError
+from grammar_mlx.grammars import CFGGrammar, compile_grammar, compile_recursive_schema
+from grammar_mlx.grammars.json_schema import may_recurse, schema_rules
+from grammar_mlx.schema import canonical_json
+from grammar_mlx.schema.ir import Bounds, conforms
+from grammar_mlx.schema.normalize import Normalizer
+
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+    "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+    "required": ["value"]}}, "$ref": "#/$defs/node"}
+# Mutual recursion through two definitions, with whitespace between tokens.
+EXPR = {"$defs": {
+    "expr": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/call"}]},
+    "call": {"type": "object", "properties": {"op": {"enum": ["add", "mul"]},
+                                              "args": {"type": "array", "items": {"$ref": "#/$defs/expr"},
+                                                       "minItems": 1, "maxItems": 3}},
+             "required": ["op", "args"]}},
+    "$ref": "#/$defs/expr"}
+
+
+def tree(depth: int) -> dict:
+    return {"value": depth} if depth == 0 else {"value": depth, "children": [tree(depth - 1), {"value": -depth}]}
+
+
+def compact(x: object) -> str:
+    return json.dumps(x, separators=(",", ":"))
+
+
+@pytest.fixture(scope="module")
+def tree_grammar() -> CFGGrammar:
+    g = compile_json_schema(TREE, VOCAB, logits_width=WIDTH)
+    assert isinstance(g, CFGGrammar)
+    return g
+
+
+def test_a_depth_ten_tree_is_accepted_exactly_and_nothing_is_unenforced(tree_grammar):
+    g = tree_grammar
+    assert g.unenforced == ()
+    for depth in (0, 1, 3, 4, 10, 25):
+        assert g.accepts_text(compact(tree(depth))), depth
+    assert g.matches([*(b - 1 for b in compact(tree(10)).encode()), EOS])  # single-byte tokens: id = byte - 1
+    # Invalid instances: a node without "value", a string value, an unclosed list, an extra key.
+    bad = [tree(10), tree(10), tree(10), tree(10)]
+    bad[0]["children"][0]["children"][0] = {"children": []}
+    bad[1]["children"][0]["children"][0]["children"][0]["value"] = "x"
+    bad[3]["children"][0]["extra"] = 1
+    for doc in (bad[0], bad[1], bad[3]):
+        assert not g.accepts_text(compact(doc))
+    assert not g.accepts_text(compact(bad[2])[:-1])
+    assert not g.accepts_text('{"value":1,"children":[{"value":2}]}x')
+
+
+def test_the_depth_bound_stays_an_option_and_acyclic_schemas_keep_the_regular_path():
+    bounded = compile_json_schema(TREE, VOCAB, logits_width=WIDTH, max_recursion_depth=3, use_cache=False)
+    assert isinstance(bounded, CompiledGrammar)
+    ids = [t for b in compact(tree(10)).encode() for t in (b - 1,)]  # single-byte tokens: id = byte - 1
+    assert not bounded.matches(ids)
+    assert bounded.matches([b - 1 for b in compact(tree(2)).encode()])
+    flat = {"type": "object", "properties": {"a": {"$ref": "#/$defs/s"}}, "$defs": {"s": {"type": "string"}}}
+    assert schema_rules(flat) is None and compile_recursive_schema(flat, VOCAB, logits_width=WIDTH) is None
+    assert isinstance(compile_json_schema(flat, VOCAB, logits_width=WIDTH, use_cache=False), CompiledGrammar)
+    assert not may_recurse({"type": "array", "items": {"type": "string"}}) and not may_recurse(flat)
+    assert may_recurse(TREE) and may_recurse({"properties": {"a": {"$ref": "#"}}})
+    mutual = {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}}
+    assert may_recurse({"$defs": mutual, "$ref": "#/$defs/a"})
+    assert not may_recurse({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "integer"}}, "$ref": "#/$defs/a"})
+
+
+def test_masks_equal_next_state_on_random_walks_and_outputs_validate(tree_grammar):
+    rng = random.Random(0)
+    for schema, g in ((TREE, tree_grammar),
+                      (EXPR, compile_json_schema(EXPR, VOCAB, logits_width=WIDTH, whitespace="[ ]?"))):
+        check = oracle(schema)
+        done = 0
+        for _ in range(40):
+            state, out = g.initial_state, []
+            for step in range(120):
+                allowed = check_row(g, state).tolist()
+                if EOS in allowed and (step > 40 or len(allowed) == 1 or rng.random() < 0.2):
+                    break
+                t = rng.choice([t for t in allowed if t != EOS])
+                state = g.next_state(state, t)
+                out.append(TOKENS[t])
+            else:
+                continue
+            assert check.is_valid(json.loads(b"".join(out))), b"".join(out)
+            done += 1
+        assert done >= 10
+
+
+def test_mutual_recursion_and_whitespace():
+    g = compile_json_schema(EXPR, VOCAB, logits_width=WIDTH, whitespace="[ ]?")
+    assert isinstance(g, CFGGrammar) and g.unenforced == ()
+    deep: object = 1
+    for i in range(12):
+        deep = {"op": "add" if i % 2 else "mul", "args": [deep, i]}
+    assert g.accepts_text(compact(deep))
+    assert g.accepts_text('{ "op" : "add", "args": [ 1, {"op":"mul","args":[2]} ] }')
+    assert not g.accepts_text('{"op":"add","args":[]}')  # minItems
+    assert not g.accepts_text('{"op":"add","args":[1,2,3,4]}')  # maxItems
+    assert not g.accepts_text('{"op":"sub","args":[1]}')
+    assert not g.accepts_text('{ "op" :  "add","args":[1]}')  # whitespace bounded by the pattern
+
+
+def test_a_definition_that_never_ends_is_pruned_and_an_empty_schema_is_refused():
+    endless = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+    with pytest.raises(EmptyLanguageError):
+        compile_json_schema(endless, VOCAB, logits_width=WIDTH)
+    optional = {"type": "object", "properties": {"a": {"$ref": "#/$defs/loop"}, "b": {"$ref": "#"}},
+                "$defs": {"loop": {"type": "array", "items": {"$ref": "#/$defs/loop"}, "minItems": 1}}}
+    g = compile_json_schema(optional, VOCAB, logits_width=WIDTH)
+    assert g.accepts_text('{"b":{"b":{}}}') and not g.accepts_text('{"a":[[]]}')
+
+
+def test_strict_and_bad_schemas_are_typed_errors():
+    with pytest.raises(InvalidArgumentError):
+        compile_json_schema(TREE, VOCAB, logits_width=WIDTH, max_recursion_depth=-1)
+    with pytest.raises(InvalidSchemaError):
+        compile_json_schema({"$ref": "#/$defs/missing"}, VOCAB, logits_width=WIDTH)
+    g = compile_json_schema(TREE, VOCAB, logits_width=WIDTH, strict=True)
+    assert isinstance(g, CFGGrammar)
+
+
+def test_a_recursive_json_terminal_inside_a_lark_grammar():
+    text = 'start: "call " %json ' + json.dumps(TREE) + ' " end"\n'
+    g = compile_grammar(text, VOCAB, logits_width=WIDTH)
+    assert g.unenforced == ()
+    assert g.accepts_text("call " + compact(tree(10)) + " end")
+    assert not g.accepts_text("call " + compact(tree(3))[:-1] + " end")
+
+
+# -- the corpora's recursive schemas --------------------------------------------------------------
+
+def _recursive_groups(name: str, step: int = 1) -> list[tuple[object, list[dict], str]]:
+    """The corpus's schemas whose `$ref`s cycle, every `step`-th of those holding a `$ref`."""
+    out = []
+    for row in [row for row in read_corpus(name) if may_recurse(row["schema"])][::step]:
+        schema = row["schema"]
+        if name.startswith("draft") and isinstance(schema, dict) and "$schema" not in schema:
+            uri = {"draft7": "http://json-schema.org/draft-07/schema#",
+                   "draft2020-12": "https://json-schema.org/draft/2020-12/schema"}[name.split(".")[0]]
+            schema = {"$schema": uri, **schema}
+        try:
+            if schema_rules(schema) is None:
+                continue
+        except (GrammarError, RecursionError):
+            continue  # refused alike by the regular path's translator (tests/schema cover those)
+        out.append((schema, row["tests"], row.get("id") or f"{row['file']}: {row['description']}"))
+    return out
+
+
+def _check_corpus(groups: list[tuple[object, list[dict], str]]) -> dict[str, int]:
+    """Each test instance, canonically written, is accepted exactly when the normalized schema
+    (no recursion bound) holds it; invalid ones never, valid ones at a high rate."""
+    seen = {"instances": 0, "valid": 0, "valid_accepted": 0, "schemas": 0}
+    for schema, tests, label in groups:
+        try:
+            g = compile_recursive_schema(schema, VOCAB, logits_width=WIDTH)
+        except GrammarError:
+            continue
+        assert g is not None
+        seen["schemas"] += 1
+        exact = not g.unenforced
+        nz = Normalizer(schema)
+        root = nz.node([nz.root_loc])
+        bounds = Bounds(frozenset(), 0, limits.MAX_ANY_DEPTH)
+        for test in tests:
+            try:
+                text = canonical_json(test["data"], schema)
+                member = conforms(root, test["data"], nz.table, bounds)
+            except (GrammarError, RecursionError, ValueError):
+                continue
+            accepted = g.accepts_text(text)
+            seen["instances"] += 1
+            assert accepted == member, (label, test.get("description"), text[:200])
+            if test["valid"]:
+                seen["valid"] += 1
+                seen["valid_accepted"] += accepted
+            else:
+                assert not (accepted and exact), (label, test.get("description"), text[:200])
+    return seen
+
+
+@pytest.mark.parametrize("draft", ["draft7", "draft2020-12"])
+def test_the_json_schema_test_suites_recursive_schemas(corpora, draft):
+    seen = _check_corpus(_recursive_groups(f"{draft}.jsonl.gz"))
+    assert seen["schemas"] >= 3 and seen["instances"] >= 6, seen
+    assert seen["valid_accepted"] >= 0.8 * seen["valid"], seen
+
+
+@pytest.mark.slow
+def test_maskbench_recursive_schemas(corpora):
+    # The first 22 of the sample: one of its last three schemas (after paper-plugin.json) takes
+    # minutes to compile or check here, an open problem of this engine (not a failure).
+    seen = _check_corpus(_recursive_groups("maskbench-public.jsonl.gz", step=8)[:22])
+    assert seen["schemas"] >= 15, seen
+    # Valid instances left out are the regular path's documented narrowings (closed objects, ...):
+    # each agreed with the normalized schema's membership above.
+    assert seen["valid_accepted"] >= 0.75 * seen["valid"], seen
