@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import limits
 from ..errors import InvalidRequestError
-from ..runtime.fast_forward import FastForwardMode
+from ..runtime.fast_forward import FastForward, FastForwardMode
 from ..segments import Segment
 from ..segments import tools as tool_calls
 
@@ -318,7 +318,11 @@ def check_body(raw: bytes, path: str) -> None:
 @dataclass
 class FastForwarded:
     """A constrained request's fast-forward mode, and how many of its tokens the generation thread
-    fast-forwarded (read by the handler for `usage` once generation ended)."""
+    fast-forwarded (read by the handler for `usage` once generation ended). `fast_forward`: the
+    grammar's `FastForward` when the request runs in mlx-lm's batch (`batch_forward`), and `batched`
+    whether it did."""
 
     mode: FastForwardMode
     tokens: int = 0
+    fast_forward: FastForward | None = None
+    batched: bool = False
