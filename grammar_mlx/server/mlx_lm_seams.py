@@ -59,6 +59,8 @@ __all__ = [
     "APIHandlerSeams",
 ]
 
+_log = logging.getLogger(__name__)
+
 SUPPORTED = ">=0.32,<0.33"  # as pinned in pyproject.toml
 _SUPPORTED_RANGE = ((0, 32), (0, 33))  # [low, high)
 CHECKED_VERSIONS = ("0.32.2",)  # the mlx-lm releases every seam below was read and tested against
@@ -243,10 +245,11 @@ def install_logits_hook() -> None:
     grammar get a fresh `GrammarProcessor` after their other processors (so bias and penalties can
     never revive a forbidden token), length-safe for the request's `max_tokens` unless its
     `length_safe` is off; all other arguments get exactly what mlx-lm gives them. The same function
-    serves the batched and the single (draft) paths.
+    serves the batched and the single (draft) paths. A request whose fast-forward runs in the batch
+    (its record carries a `FastForward`) has its grammar processor registered with `batch_forward`.
 
     And mlx_lm.server's `stream_generate` (the single path's loop): a request with a fast-forward
-    mode (never batched, `batchable`) runs through `grammar_mlx.decode.stream_generate`, which
+    mode on the single path (a draft, "verified", `batchable`) runs through `grammar_mlx.decode.stream_generate`, which
     feeds the text its grammar forces to the model in one pass and counts those tokens; every other
     request runs through mlx-lm's own. Raises `ModelLoadError` when the seams do not check out."""
     check_mlx_lm()
@@ -443,6 +446,9 @@ class FastForwardGenerationBatch(GenerationBatch):
             generated = batch._num_tokens[e] + len(batch._unemitted[e]) + (0 if first else 1)
             tokens = forced_after(row, None if first else fed[e], generated=generated, max_tokens=batch.max_tokens[e])
             forced.append(tokens)
+        for row in batch._rows:
+            if row is not None:
+                row.record.batch_rows = max(row.record.batch_rows, len(fed))
         feeds = [[t, *f] for t, f in zip(fed, forced)]
         width = max(len(f) for f in feeds)
         if width == 1:
@@ -514,9 +520,12 @@ class FastForwardGenerationBatch(GenerationBatch):
                 if batch._matchers[i].advance(token):
                     finish_reason = "stop"
                 if row is not None:
-                    row.record.batched = True
                     row.record.tokens += was_forced
                 if finish_reason is not None:
+                    if row is not None:
+                        _log.debug("fast-forward in the batch: a request ended (%s) after %d tokens, %d forced, "
+                                   "in steps of up to %d rows", finish_reason, batch._num_tokens[i],
+                                   row.record.tokens, row.record.batch_rows)
                     responses.append(batch.Response(uid=batch.uids[i], token=token, logprobs=logprobs,
                                                    finish_reason=finish_reason, prompt_cache=batch.extract_cache(i),
                                                    all_tokens=batch.tokens[i]))

@@ -319,10 +319,10 @@ def check_body(raw: bytes, path: str) -> None:
 class FastForwarded:
     """A constrained request's fast-forward mode, and how many of its tokens the generation thread
     fast-forwarded (read by the handler for `usage` once generation ended). `fast_forward`: the
-    grammar's `FastForward` when the request runs in mlx-lm's batch (`batch_forward`), and `batched`
-    whether it did."""
+    grammar's `FastForward` when the request runs in mlx-lm's batch (`batch_forward`), and
+    `batch_rows` the most rows its batch steps held (0: it did not run in the batch)."""
 
     mode: FastForwardMode
     tokens: int = 0
     fast_forward: FastForward | None = None
-    batched: bool = False
+    batch_rows: int = 0

@@ -93,7 +93,7 @@ def test_canonical_rows_answer_what_they_answer_alone(model, qwen_tokenizer, gra
     expected = [solo(model, qwen_tokenizer, p, g, fast_forward=True) for p, g, _ in rows]
     got, records = batched(model, qwen_tokenizer, rows)
     assert got == expected
-    assert all(r.batched and r.tokens > 0 for r in records)
+    assert all(r.batch_rows == 4 and r.tokens > 0 for r in records)
     assert all(r.tokens < len(t) for r, t in zip(records, got))
 
 
