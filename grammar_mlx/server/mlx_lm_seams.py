@@ -35,6 +35,7 @@ from mlx_lm.generate import (
     generation_stream,
 )
 
+from ..decode import position_logits
 from ..errors import ModelLoadError, ServerUnavailableError
 from ..runtime import GrammarProcessor
 from .batch_forward import batched_row_of, forced_after, register
@@ -461,10 +462,9 @@ class FastForwardGenerationBatch(GenerationBatch):
             for c in batch.prompt_cache:
                 c.prepare(lengths=lengths, right_padding=padding)
             x = mx.array([f + [0] * (width - len(f)) for f in feeds], mx.uint32)
-            out = batch.model(x, cache=batch.prompt_cache)
+            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(lengths) - 1)
             for c in batch.prompt_cache:
                 c.finalize()
-            logits = out[mx.arange(len(feeds)), mx.array(lengths) - 1]
 
         token_context = []
         processed = []
