@@ -1,9 +1,12 @@
 """Throughput and latency of `grammar_mlx.server` on loopback with the embedded SmolLM2.
 
 For each server (no draft; `--draft-layers N` truncated draft) and each number of concurrent clients,
-the same chat prompt is sent unconstrained and with a `json_schema` response_format, in alternating
-rounds (so that load from other processes hits both alike). Per cell: requests/s, p50/p95 latency,
-completion tokens/s, and the ratios constrained / unconstrained measured in the same run. Tokens/s
+the same chat prompt is sent unconstrained and with a `json_schema` response_format, once per
+`--fast-forward` mode (the request's `"fast_forward"`: canonical, verified, off), in alternating
+rounds (so that load from other processes hits all alike). Per cell: requests/s, p50/p95 latency,
+completion tokens/s, the server process's CPU seconds per completion token (its own user + system
+time over the cell, from /proc), and the ratios constrained / unconstrained per fast-forward mode
+measured in the same run. Tokens/s
 is the fairer ratio: an unconstrained reply may be longer or shorter than the JSON one (both are
 capped by the same `--max-tokens`). Every constrained reply that finished is checked against its
 schema. With one client, the answers with the draft are compared with those without (greedy: they
@@ -15,6 +18,7 @@ Bounded: `--requests` per cell (split over `--rounds`), `--cell-seconds` per cel
 for the whole run (cells past it are skipped and reported as such); servers are stopped at the end.
 
     python bench/server.py [--clients 1,4] [--requests 4] [--max-tokens 24] [--draft-layers 24]
+                           [--fast-forward canonical,off] [--out server.json]
 
 `--tool-calls`: instead, tool-call latency on a tiny random-weight qwen3 model directory with the
 genuine Qwen3 tokenizer and chat template (tests/conftest.py's `write_tiny_qwen3_dir`; its speed says
@@ -60,7 +64,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 MESSAGES = [{"role": "user", "content": "Reply with a JSON object: a short name, a color and whether it is ok."}]
-MODES = ("unconstrained", "constrained")
+FAST_FORWARD = {"canonical": "canonical", "verified": "verified", "off": False}  # the request's "fast_forward"
 
 
 class Server:
@@ -91,11 +95,22 @@ class Server:
         self.log.close()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """A process's user + system CPU seconds so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def request(url: str, mode: str, max_tokens: int, timeout: float) -> dict:
-    body = {"model": "smollm", "messages": MESSAGES, "max_tokens": max_tokens}
-    if mode == "constrained":
+    """mode: "unconstrained", or "constrained <fast-forward mode>"."""
+    body: dict = {"model": "smollm", "messages": MESSAGES, "max_tokens": max_tokens}
+    if mode != "unconstrained":
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+        body["fast_forward"] = FAST_FORWARD[mode.split()[1]]
     data = json.dumps(body).encode()
     started = time.perf_counter()
     req = urllib.request.Request(url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"})
@@ -372,12 +387,20 @@ def main() -> int:
     parser.add_argument("--total-seconds", type=float, default=600, help="time for the whole run (600)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
                         help="also time a 10 MB body's refusal, a request served meanwhile, and SIGTERM (on)")
+    parser.add_argument("--fast-forward", default="canonical,off",
+                        help="comma-separated fast-forward modes of the constrained requests (canonical,off)")
+    parser.add_argument("--out", default="server.json", help="results file under bench/results (server.json)")
     parser.add_argument("--tool-calls", action="store_true",
                         help="only the tool-call latency on a tiny qwen3 directory (see above)")
     args = parser.parse_args()
     if args.tool_calls:
         return tool_call_latency(args)
     clients_list = [int(c) for c in args.clients.split(",")]
+    fast_forwards = args.fast_forward.split(",")
+    unknown = set(fast_forwards) - set(FAST_FORWARD)
+    if unknown:
+        parser.error(f"--fast-forward: unknown {sorted(unknown)}; choose from {sorted(FAST_FORWARD)}")
+    modes = ("unconstrained", *(f"constrained {f}" for f in fast_forwards))
     run_started = time.monotonic()
     configs = [("none", ())] + ([(f"{args.draft_layers} layers", ("--draft-layers", str(args.draft_layers),
                                                                   "--num-draft-tokens", str(args.num_draft_tokens)))]
@@ -392,7 +415,7 @@ def main() -> int:
             continue
         server = Server(*options, max_tokens=args.max_tokens)
         try:
-            for mode in MODES:  # warm-up: grammar compile, prompt cache, first-use kernels
+            for mode in modes:  # warm-up: grammar compile, prompt cache, first-use kernels
                 request(server.url, mode, args.max_tokens, timeout=300)
             for clients in clients_list:
                 if time.monotonic() - run_started > args.total_seconds:
@@ -400,22 +423,28 @@ def main() -> int:
                     continue
                 per_round = max(1, args.requests // args.rounds)
                 # Each (round, mode) slice gets its share of the cell's time, so neither mode starves the other.
-                slice_seconds = args.cell_seconds / (args.rounds * len(MODES))
-                collected = {m: ([], 0.0) for m in MODES}
+                slice_seconds = args.cell_seconds / (args.rounds * len(modes))
+                collected = {m: ([], 0.0, 0.0) for m in modes}
                 for _ in range(args.rounds):
-                    for mode in MODES:
+                    for mode in modes:
                         deadline = time.monotonic() + slice_seconds
+                        cpu_before = cpu_seconds(server.proc.pid)
                         results, wall = run_cell(server.url, mode, clients, per_round, deadline, args.max_tokens)
-                        prior, prior_wall = collected[mode]
-                        collected[mode] = (prior + results, prior_wall + wall)
+                        cpu_after = cpu_seconds(server.proc.pid)
+                        cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else 0.0
+                        prior, prior_wall, prior_cpu = collected[mode]
+                        collected[mode] = (prior + results, prior_wall + wall, prior_cpu + cpu)
                 if clients == 1:
-                    answers[draft_name] = [r["text"] for m in MODES for r in collected[m][0]]
-                for mode in MODES:
-                    results, wall = collected[mode]
-                    if mode == "constrained":
+                    answers[draft_name] = [r["text"] for m in modes for r in collected[m][0]]
+                for mode in modes:
+                    results, wall, cpu = collected[mode]
+                    if mode != "unconstrained":
                         bad = [r["text"] for r in results if r["finish"] == "stop" and not valid(r["text"])]
                         invalid += len(bad)
-                    rows.append({"draft": draft_name, "clients": clients, "mode": mode, **summarize(results, wall)})
+                    summary = summarize(results, wall)
+                    if results:
+                        summary["server_cpu_ms_per_token"] = 1000 * cpu / max(sum(r["tokens"] for r in results), 1)
+                    rows.append({"draft": draft_name, "clients": clients, "mode": mode, **summary})
             if args.faults and draft_name == "none":
                 faults = fault_figures(server.url, args.max_tokens)
                 faults["sigterm_to_exit_s"] = sigterm_seconds(server, args.max_tokens)
@@ -429,26 +458,29 @@ def main() -> int:
     ratios = []
     for draft_name, _ in configs:
         for clients in clients_list:
-            u, c = find(draft_name, clients, "unconstrained"), find(draft_name, clients, "constrained")
-            if u and c:
-                ratios.append({"draft": draft_name, "clients": clients,
-                               "requests_per_s": c["requests_per_s"] / u["requests_per_s"],
-                               "tokens_per_s": c["tokens_per_s"] / u["tokens_per_s"],
-                               "p50": c["p50_s"] / u["p50_s"]})
+            u = find(draft_name, clients, "unconstrained")
+            for fast_forward in fast_forwards:
+                c = find(draft_name, clients, f"constrained {fast_forward}")
+                if u and c:
+                    ratios.append({"draft": draft_name, "clients": clients, "fast_forward": fast_forward,
+                                   "requests_per_s": c["requests_per_s"] / u["requests_per_s"],
+                                   "tokens_per_s": c["tokens_per_s"] / u["tokens_per_s"],
+                                   "p50": c["p50_s"] / u["p50_s"]})
 
-    print(f"{'draft':<10} {'clients':>7} {'mode':<14} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "
-          f"{'tok/s':>7} {'tok/req':>7}  finish")
+    print(f"{'draft':<10} {'clients':>7} {'mode':<22} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "
+          f"{'tok/s':>7} {'tok/req':>7} {'cpu ms/tok':>10}  finish")
     for r in rows:
         if "skipped" in r or not r["requests"]:
-            print(f"{r['draft']:<10} {r.get('clients', ''):>7} {r.get('mode', ''):<14} "
+            print(f"{r['draft']:<10} {r.get('clients', ''):>7} {r.get('mode', ''):<22} "
                   f"skipped: {r.get('skipped', 'no request finished within the cell time')}")
             continue
-        print(f"{r['draft']:<10} {r['clients']:>7} {r['mode']:<14} {r['requests']:>4} {r['requests_per_s']:>7.3f} "
-              f"{r['p50_s']:>7.2f} {r['p95_s']:>7.2f} {r['tokens_per_s']:>7.2f} {r['mean_tokens']:>7.1f}  "
-              f"{r['finish']}")
+        print(f"{r['draft']:<10} {r['clients']:>7} {r['mode']:<22} {r['requests']:>4} {r['requests_per_s']:>7.3f} "
+              f"{r['p50_s']:>7.2f} {r['p95_s']:>7.2f} {r['tokens_per_s']:>7.2f} {r['mean_tokens']:>7.1f} "
+              f"{r['server_cpu_ms_per_token']:>10.1f}  {r['finish']}")
     print("\nconstrained / unconstrained (same run):")
     for q in ratios:
-        print(f"  draft {q['draft']:<10} clients {q['clients']}: req/s x{q['requests_per_s']:.2f}, "
+        print(f"  draft {q['draft']:<10} clients {q['clients']} fast-forward {q['fast_forward']:<9}: "
+              f"req/s x{q['requests_per_s']:.2f}, "
               f"tok/s x{q['tokens_per_s']:.2f}, p50 latency x{q['p50']:.2f}")
     print(f"constrained replies that finished but failed their schema: {invalid}")
     exact = None
@@ -463,7 +495,7 @@ def main() -> int:
               f"SIGTERM with a stream in flight: exit in {faults['sigterm_to_exit_s']:.2f} s")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "server.json"
+    out = RESULTS / args.out
     out.write_text(json.dumps({
         "rows": rows, "ratios": ratios, "invalid_constrained": invalid, "draft_exactness": exact, "faults": faults,
         "args": vars(args),

@@ -82,7 +82,7 @@ from .runtime.fast_forward import (
 from .runtime.processor import GrammarProcessor
 
 __all__ = ["FAST_FORWARD_MODES", "FastForwardMode", "FastForwardResponse", "fast_forward_step",
-           "grammar_processor_of", "stream_generate"]
+           "grammar_processor_of", "position_logits", "stream_generate"]
 
 Source = Literal["model", "grammar", "draft"]
 
@@ -207,22 +207,40 @@ def _plain_heads() -> tuple[Callable[..., Any], ...]:
 _PLAIN_HEADS = _plain_heads()
 
 
+def _body_and_head(model: Any) -> tuple[Callable[..., mx.array], Callable[[mx.array], mx.array]] | None:
+    """(the model's body, its head) for the architectures of `_PLAIN_HEADS`, else None."""
+    if type(model).__call__ not in _PLAIN_HEADS:
+        return None
+    body, args = model.model, model.args
+    head = body.embed_tokens.as_linear if args.tie_word_embeddings else model.lm_head
+    return body, head
+
+
 def _tail_logits(model: Any) -> Callable[[mx.array, list[Any], int], mx.array] | None:
     """`(inputs (1, L), cache, tail) -> logits (1, tail, V)` computing the head at the last `tail`
     positions only, for the architectures of `_PLAIN_HEADS` (None for any other model: the caller
     slices the full logits)."""
-    if type(model).__call__ not in _PLAIN_HEADS:
+    parts = _body_and_head(model)
+    if parts is None:
         return None
-    body, args = model.model, model.args
-    if args.tie_word_embeddings:
-        head = body.embed_tokens.as_linear
-    else:
-        head = model.lm_head
+    body, head = parts
 
     def run(inputs: mx.array, cache: list[Any], tail: int) -> mx.array:
-        return cast(mx.array, head(body(inputs, cache)[:, -tail:, :]))
+        return head(body(inputs, cache)[:, -tail:, :])
 
     return run
+
+
+def position_logits(model: Any, inputs: mx.array, cache: list[Any], positions: mx.array) -> mx.array:
+    """Logits (B, V) of `inputs` (B, L) at one position per row (`positions`, (B,)): the head is
+    computed at those positions only for the architectures of `_PLAIN_HEADS`; any other model
+    computes every position's and they are gathered."""
+    rows = mx.arange(inputs.shape[0])
+    parts = _body_and_head(model)
+    if parts is None:
+        return cast(mx.array, model(inputs, cache=cache)[rows, positions])
+    body, head = parts
+    return head(body(inputs, cache)[rows, positions])
 
 
 def fast_forward_step(

@@ -625,7 +625,7 @@ def in_process(smollm_path):
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     import openai
 
-    yield SimpleNamespace(url=url, grammars=grammars,
+    yield SimpleNamespace(url=url, grammars=grammars, generator=generator,
                           client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120))
     httpd.shutdown()
     httpd.server_close()
@@ -762,3 +762,47 @@ def test_fast_forward_through_the_server_with_and_without_a_draft(servers):
     status, _, body = post(servers["plain"].url, {"messages": ORDER_ASK, "response_format": schema_format(ORDER),
                                                    "fast_forward": "always"})
     assert status == 400 and body["error"]["param"] == "fast_forward"
+
+
+@pytest.mark.slow
+def test_concurrent_constrained_clients_batch_and_each_answers_what_it_answers_alone(in_process, caplog):
+    """Four clients at once on constrained requests with the default settings (canonical fast-forward):
+    they run in mlx-lm's batch together (the generation thread's DEBUG line says so), and each answers
+    token for token what it answers alone on the single path."""
+    import logging
+
+    schemas = [{"type": "object", "properties": {f"k{i}": {"enum": [f"v{i}a", f"v{i}b"]}, "ok": {"type": "boolean"}},
+                "required": [f"k{i}", "ok"], "additionalProperties": False} for i in range(4)]
+    asks = [[{"role": "user", "content": text}] for text in ("Is it?", "Which?", "Say one.", "Yes or no?")]
+    generator = in_process.generator
+
+    def ask(i):
+        client = in_process.client
+        if i % 2:
+            text, finish, usage = stream_chat(client, schema_format(schemas[i], name=f"b{i}"), max_tokens=14,
+                                              messages=asks[i])
+            details = usage[0].model_dump().get("completion_tokens_details") or {}
+            return text, finish[0], usage[0].completion_tokens, details.get("forced_tokens")
+        reply = chat(client, schema_format(schemas[i], name=f"b{i}"), max_tokens=14, messages=asks[i])
+        return (reply.choices[0].message.content, reply.choices[0].finish_reason, reply.usage.completion_tokens,
+                _details(reply).get("forced_tokens"))
+
+    generator.batch_fast_forward = False  # alone: grammar_mlx.decode's single-request loop
+    try:
+        alone = [ask(i) for i in range(4)]
+    finally:
+        generator.batch_fast_forward = True
+    assert all(forced for *_, forced in alone), alone
+    barrier = threading.Barrier(4)
+
+    def together(i):
+        barrier.wait(30)
+        return ask(i)
+
+    caplog.set_level(logging.DEBUG, logger="grammar_mlx.server.mlx_lm_seams")
+    with ThreadPoolExecutor(4) as pool:
+        batched = [f.result(170) for f in [pool.submit(together, i) for i in range(4)]]
+    assert batched == alone
+    rows = [int(m.group(1)) for r in caplog.records
+            if (m := re.search(r"fast-forward in the batch: .* in steps of up to (\d+) rows", r.getMessage()))]
+    assert len(rows) == 4 and max(rows) > 1, rows

@@ -79,9 +79,10 @@ request extension `"length_safe": false` for one request: then a budget that end
 `finish_reason: "length"` with the partial text. Stop sequences still apply and can end the text
 early, with `finish_reason: "stop"`. Text the grammar forces is fast-forwarded (`--fast-forward
 canonical|verified|off`, the request extension `"fast_forward"`; docs/server.md): fed to the model
-in one pass, counted in `usage.completion_tokens_details.forced_tokens`; such requests are served
-one at a time, not batched. A reasoning or tool-call grammar (free text in it) whose budget
-ended text that could have gone on answers `finish_reason: "length"` (`cut_free_text`). Unknown keys
+in one pass, counted in `usage.completion_tokens_details.forced_tokens`; canonical requests are
+batched with the others (`server.batch_forward`), verified ones served one at a time. A
+reasoning or tool-call grammar (free text in it) whose budget ended text that could have gone on
+answers `finish_reason: "length"` (`cut_free_text`). Unknown keys
 inside `response_format` are refused, so that a misplaced `schema` is a 400 rather than unconstrained
 output.
 

@@ -21,13 +21,19 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from jinja2 import TemplateError
 from mlx_lm import server as mlx_server
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    KVCache,
+    LRUPromptCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
 from ..distributed import all_agree
 from ..errors import InvalidRequestError, ServerUnavailableError
-from ..runtime.fast_forward import FastForwardMode, check_mode
+from ..runtime.fast_forward import FastForwardMode, check_mode, fast_forward_for, tokenizer_encoder
 from .cache import Grammars
-from .mlx_lm_seams import ResponseGeneratorSeams, install_logits_hook
+from .mlx_lm_seams import ResponseGeneratorSeams, install_batch_generator, install_logits_hook
 from .request import FastForwarded, GrammarSpec, ServerLimits
 
 if TYPE_CHECKING:
@@ -97,7 +103,11 @@ class LoadedModelProvider(mlx_server.ModelProvider):
             self.model_key = key  # type: ignore[assignment]  # mlx-lm leaves it untyped (None until loaded)
             self.model, self.tokenizer, self.processor, self.draft_model = model, tokenizer, None, draft_model
             # mlx-lm's rule: speculative decoding does not batch; every cache must merge to batch.
-            self.is_batchable = draft_model is None and all(hasattr(c, "merge") for c in make_prompt_cache(model))
+            caches = make_prompt_cache(model)
+            self.is_batchable = draft_model is None and all(hasattr(c, "merge") for c in caches)
+            # A batch step of rows of different widths pads them as mlx-lm's batched prompt processing
+            # does: a plain KV cache per layer (batch_forward).
+            self.batches_fast_forward = self.is_batchable and all(type(c) is KVCache for c in caches)
         return self.model, self.tokenizer
 
     def load_default(self) -> None:
@@ -172,14 +182,17 @@ class GrammarResponseGenerator(ResponseGeneratorSeams):
     `shutdown()` can end each of them with an error instead of a dropped connection.
 
     `length_safe`: the server's default for constrained requests (a request's `"length_safe"` wins);
-    `fast_forward` likewise ("canonical", "verified", or None for off)."""
+    `fast_forward` likewise ("canonical", "verified", or None for off). `batch_fast_forward`: whether
+    a canonical fast-forward request runs in mlx-lm's batch (`batch_forward`) rather than alone on
+    the single path (read per request)."""
 
     model_provider: LoadedModelProvider
 
     def __init__(self, model_provider: LoadedModelProvider, prompt_cache: LRUPromptCache | None,
                  grammars: Grammars, limits: ServerLimits | None = None, *, length_safe: bool = True,
-                 fast_forward: FastForwardMode | None = "canonical") -> None:
+                 fast_forward: FastForwardMode | None = "canonical", batch_fast_forward: bool = True) -> None:
         self.grammars = grammars
+        self.batch_fast_forward = batch_fast_forward
         self.limits = limits if limits is not None else ServerLimits()
         self.length_safe = length_safe
         self.fast_forward = check_mode(fast_forward)
@@ -189,6 +202,7 @@ class GrammarResponseGenerator(ResponseGeneratorSeams):
         self._admitted = 0  # completion requests holding a place (`admit`)
         self._idle = threading.Condition()
         install_logits_hook()
+        install_batch_generator()
         prompt_cache = prompt_cache if prompt_cache is not None else ExactPromptCache()
         super().__init__(model_provider, prompt_cache)  # starts the generation thread
 
@@ -196,6 +210,12 @@ class GrammarResponseGenerator(ResponseGeneratorSeams):
                  progress_callback: Callable[[int, int], None] | None = None) -> Any:
         values = {f.name: getattr(generation_args, f.name) for f in fields(mlx_server.GenerationArguments)}
         values["model"] = SERVED_MODEL
+        record = getattr(request, "fast_forward", None)
+        grammar = getattr(request, "grammar", None)
+        tokenizer = self.model_provider.tokenizer
+        if record is not None and grammar is not None and tokenizer is not None and self._batches_fast_forward(
+                record.mode):
+            record.fast_forward = fast_forward_for(grammar, tokenizer_encoder(tokenizer))
         args = ConstrainedGenerationArguments(**values, grammar=getattr(request, "grammar", None),
                                               grammar_spec=getattr(request, "grammar_spec", None),
                                               length_safe=getattr(request, "length_safe", True),
@@ -245,10 +265,16 @@ class GrammarResponseGenerator(ResponseGeneratorSeams):
             return None
         return rqueue, req, args
 
+    def _batches_fast_forward(self, mode: FastForwardMode) -> bool:
+        # "verified" trims a row's cache where the model rejects a forced token: mlx-lm's batch cache
+        # trims every row at once, so it takes the single path.
+        return mode == "canonical" and self.batch_fast_forward and self.model_provider.batches_fast_forward
+
     def batchable(self, args: mlx_server.GenerationArguments) -> bool:
-        # Fast-forward feeds several tokens per pass to one request's cache: mlx-lm's BatchGenerator
-        # steps every row one token at a time, so such a request takes the single path.
-        return super().batchable(args) and getattr(args, "fast_forward", None) is None
+        record = getattr(args, "fast_forward", None)
+        if record is not None and record.fast_forward is None:
+            return False  # fast-forward on the single path (`_batches_fast_forward` said no)
+        return super().batchable(args)
 
     def check_available(self) -> None:
         """Raise `ServerUnavailableError` when no request can be served now."""

@@ -25,11 +25,20 @@ from importlib import metadata
 from queue import Queue
 from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
 from mlx_lm import server as mlx_server
-from mlx_lm.generate import GenerationResponse, generation_stream
+from mlx_lm.generate import (
+    BatchGenerator,
+    GenerationBatch,
+    GenerationResponse,
+    PromptProcessingBatch,
+    generation_stream,
+)
 
+from ..decode import position_logits
 from ..errors import ModelLoadError, ServerUnavailableError
 from ..runtime import GrammarProcessor
+from .batch_forward import batched_row_of, forced_after, register
 
 if TYPE_CHECKING:
     from ..request import LogitsProcessor
@@ -42,10 +51,16 @@ __all__ = [
     "Seam",
     "check_mlx_lm",
     "install_logits_hook",
+    "install_batch_generator",
+    "FastForwardBatchGenerator",
+    "FastForwardGenerationBatch",
+    "FastForwardPromptBatch",
     "GenerationRefused",
     "ResponseGeneratorSeams",
     "APIHandlerSeams",
 ]
+
+_log = logging.getLogger(__name__)
 
 SUPPORTED = ">=0.32,<0.33"  # as pinned in pyproject.toml
 _SUPPORTED_RANGE = ((0, 32), (0, 33))  # [low, high)
@@ -84,7 +99,35 @@ SEAMS: tuple[Seam, ...] = (
     Seam("mlx_lm.server.ResponseGenerator", "_share_object", "mlx-lm's broadcast from rank 0 (called)",
          ("self", "obj")),
     Seam("mlx_lm.server.ResponseGenerator", "_is_batchable",
-         "a fast-forward request takes the single path (the batch steps one token a row)", ("self", "args")),
+         "a \"verified\" fast-forward request (and with batching of fast-forward off, any) takes the single path",
+         ("self", "args")),
+    Seam("mlx_lm.server", "BatchGenerator",
+         "replaced by FastForwardBatchGenerator: a canonical fast-forward row feeds its forced tokens in the "
+         "batch step (server.batch_forward)", ("model",)),
+    Seam("mlx_lm.generate.BatchGenerator", "_prompt_batch", "replaced by an empty FastForwardPromptBatch (set)",
+         instance=True),
+    Seam("mlx_lm.generate.BatchGenerator", "_generation_batch",
+         "replaced by an empty FastForwardGenerationBatch (set)", instance=True),
+    Seam("mlx_lm.generate.PromptProcessingBatch", "generate",
+         "hands its rows to a FastForwardGenerationBatch (overridden, its body copied)", ("self", "tokens")),
+    Seam("mlx_lm.generate.GenerationBatch", "_step",
+         "a fast-forward row feeds its forced tokens in the step (overridden; mlx-lm's own when no row does)",
+         ("self",)),
+    Seam("mlx_lm.generate.GenerationBatch", "_next_tokens", "the tokens the next step feeds (read)",
+         instance=True),
+    Seam("mlx_lm.generate.GenerationBatch", "_token_context", "each row's processor history (read, fed)",
+         instance=True),
+    Seam("mlx_lm.generate.GenerationBatch", "_num_tokens", "each row's emitted tokens (read, counted)",
+         instance=True),
+    Seam("mlx_lm.generate.GenerationBatch", "_matchers", "each row's stop-sequence matcher (advanced)",
+         instance=True),
+    Seam("mlx_lm.generate.GenerationBatch", "_current_tokens", "the tokens the running step feeds (set)",
+         instance=True),
+    Seam("mlx_lm.generate.GenerationBatch", "_current_logprobs", "their log-probabilities (set)", instance=True),
+    Seam("mlx_lm.generate.GenerationBatch", "_next_logprobs", "the next step's log-probabilities (set)",
+         instance=True),
+    Seam("mlx_lm.models.cache.BatchKVCache", "prepare",
+         "right padding for a step whose rows feed different numbers of tokens", ("self",)),
     Seam("mlx_lm.server.ResponseGenerator", "_await_response",
          "a request waiting for tokens ends when the server stops", ("self", "response_queue")),
     Seam("mlx_lm.server.ResponseGenerator", "_rank", "this process's rank (read)", instance=True),
@@ -203,10 +246,11 @@ def install_logits_hook() -> None:
     grammar get a fresh `GrammarProcessor` after their other processors (so bias and penalties can
     never revive a forbidden token), length-safe for the request's `max_tokens` unless its
     `length_safe` is off; all other arguments get exactly what mlx-lm gives them. The same function
-    serves the batched and the single (draft) paths.
+    serves the batched and the single (draft) paths. A request whose fast-forward runs in the batch
+    (its record carries a `FastForward`) has its grammar processor registered with `batch_forward`.
 
     And mlx_lm.server's `stream_generate` (the single path's loop): a request with a fast-forward
-    mode (never batched, `batchable`) runs through `grammar_mlx.decode.stream_generate`, which
+    mode on the single path (a draft, "verified", `batchable`) runs through `grammar_mlx.decode.stream_generate`, which
     feeds the text its grammar forces to the model in one pass and counts those tokens; every other
     request runs through mlx-lm's own. Raises `ModelLoadError` when the seams do not check out."""
     check_mlx_lm()
@@ -221,8 +265,12 @@ def install_logits_hook() -> None:
             _serving.fast_forward = None
             if grammar is not None:
                 budget = args.max_tokens if getattr(args, "length_safe", True) else None
-                processors = [*processors, GrammarProcessor(grammar, max_tokens=budget)]
-                _serving.fast_forward = getattr(args, "fast_forward", None)
+                grammar_processor = GrammarProcessor(grammar, max_tokens=budget)
+                processors = [*processors, grammar_processor]
+                record = getattr(args, "fast_forward", None)
+                _serving.fast_forward = record
+                if record is not None and record.fast_forward is not None:
+                    register(grammar_processor, record)  # its row fast-forwards in the batch
             return processors
 
         original_stream = mlx_server.stream_generate
@@ -340,3 +388,194 @@ class APIHandlerSeams(mlx_server.APIHandler):
     def drop_buffered_headers(self) -> None:
         """Forget a status line and headers buffered but not yet sent (http.server's buffer)."""
         self._headers_buffer: list[bytes] = []
+
+
+# --- BatchGenerator: fast-forward rows ---------------------------------------------------------------
+
+
+def _one_hot_logprobs(token: int, width: int) -> mx.array:
+    """A forced token's log-probabilities: all the mass on it (as `grammar_mlx.decode` gives them)."""
+    return mx.where(mx.arange(width) == token, 0.0, -mx.inf)
+
+
+class FastForwardGenerationBatch(GenerationBatch):
+    """mlx-lm's `GenerationBatch` whose canonical fast-forward rows (`batch_forward.batched_row_of`)
+    feed the tokens their grammar forces in the same step as their sampled token (the
+    `batch_forward` docstring). A step where no row has forced tokens is mlx-lm's own `_step`.
+    `next()` emits every token a row fed, in order, ending the row at the first that finishes it."""
+
+    def __init__(self, model: Any, uids: list[int], inputs: mx.array, prompt_cache: list[Any],
+                 tokens: list[list[int]], samplers: Any, fallback_sampler: Any, logits_processors: Any,
+                 stop_sequences: Any, max_tokens: list[int]) -> None:
+        # Read by the first step, which the base constructor runs.
+        self._rows = [batched_row_of(p) for p in (logits_processors or [() for _ in uids])]
+        # Per row: the tokens fed but not yet emitted, each (token, logprobs, whether it was forced).
+        self._unemitted: list[list[tuple[int, mx.array, bool]]] = [[] for _ in uids]
+        self._first_step = True
+        super().__init__(model, uids, inputs, prompt_cache, tokens, samplers, fallback_sampler, logits_processors,
+                         stop_sequences, max_tokens)
+        self._first_step = False
+
+    def extend(self, batch: Any) -> None:
+        super().extend(batch)  # type: ignore[no-untyped-call]  # mlx-lm's, unannotated
+        self._rows.extend(batch._rows)
+        self._unemitted.extend(batch._unemitted)
+
+    def filter(self, keep: list[int]) -> None:
+        super().filter(keep)
+        self._rows = [self._rows[i] for i in keep]
+        self._unemitted = [self._unemitted[i] for i in keep]
+
+    def _step(self) -> Any:
+        batch: Any = self  # mlx-lm's attributes are unannotated
+        first = batch._first_step
+        if not any(batch._rows):
+            inputs, current = super()._step()
+            if not first:
+                for pending, token, lp in zip(batch._unemitted, inputs, current):
+                    pending.append((token, lp, False))
+            return inputs, current
+        batch._current_tokens = batch._next_tokens
+        batch._current_logprobs = batch._next_logprobs
+        inputs = batch._current_tokens
+        fed = [int(t) for t in inputs.tolist()]
+        forced: list[list[int]] = []
+        for e, row in enumerate(batch._rows):
+            if row is None:
+                forced.append([])
+                continue
+            generated = batch._num_tokens[e] + len(batch._unemitted[e]) + (0 if first else 1)
+            tokens = forced_after(row, None if first else fed[e], generated=generated, max_tokens=batch.max_tokens[e])
+            forced.append(tokens)
+        for row in batch._rows:
+            if row is not None:
+                row.record.batch_rows = max(row.record.batch_rows, len(fed))
+        feeds = [[t, *f] for t, f in zip(fed, forced)]
+        width = max(len(f) for f in feeds)
+        if width == 1:
+            logits = batch.model(inputs[:, None], cache=batch.prompt_cache)[:, -1, :]
+        else:
+            # mlx-lm's batched prompt processing (PromptProcessingBatch.prompt): right padding, then the
+            # padding rolled to the left of each row's cache.
+            lengths = [len(f) for f in feeds]
+            padding = [width - n for n in lengths]
+            for c in batch.prompt_cache:
+                c.prepare(lengths=lengths, right_padding=padding)
+            x = mx.array([f + [0] * (width - len(f)) for f in feeds], mx.uint32)
+            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(lengths) - 1)
+            for c in batch.prompt_cache:
+                c.finalize()
+
+        token_context = []
+        processed = []
+        for e in range(len(batch.uids)):
+            row_logits = logits[e : e + 1]
+            processors = batch.logits_processors[e] or ()
+            if processors:
+                buffer = batch._token_context[e]
+                if first and forced[e]:
+                    context = buffer.update_and_fetch(inputs[e : e + 1])  # the prompt: fixes the context
+                    for processor in processors:
+                        processor(context, row_logits)
+                    context = buffer.update_and_fetch(mx.array(forced[e], mx.int32))
+                else:
+                    context = buffer.update_and_fetch(mx.array(feeds[e], mx.int32))
+                token_context.append(context)
+                for processor in processors:
+                    row_logits = processor(context, row_logits)
+            processed.append(row_logits)
+        logits = mx.concatenate(processed, axis=0)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        samplers = [batch.fallback_sampler if s is None else s for s in (batch.samplers or [None] * len(batch.uids))]
+        if not samplers or all(s is samplers[0] for s in samplers):
+            sampled = (samplers[0] if samplers else batch.fallback_sampler)(logprobs)
+        else:
+            sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
+        batch._next_tokens = sampled
+        batch._next_logprobs = list(logprobs)
+        mx.async_eval(batch._next_tokens, batch._next_logprobs, token_context)
+        mx.eval(batch._current_logprobs)
+        vocabulary = logits.shape[-1]
+        for e, (feed, pending) in enumerate(zip(feeds, batch._unemitted)):
+            batch.tokens[e].extend(feed)
+            if not first:
+                pending.append((feed[0], batch._current_logprobs[e], False))
+            pending.extend((t, _one_hot_logprobs(t, vocabulary), True) for t in forced[e])
+        return fed, batch._current_logprobs
+
+    def next(self) -> list[Any]:
+        batch: Any = self  # mlx-lm's attributes are unannotated
+        if not batch.uids:
+            return []
+        batch._step()
+        keep = []
+        responses = []
+        for i, row in enumerate(batch._rows):
+            pending, batch._unemitted[i] = batch._unemitted[i], []
+            finish_reason = None
+            for token, logprobs, was_forced in pending:
+                batch._num_tokens[i] += 1
+                if batch._num_tokens[i] >= batch.max_tokens[i]:
+                    finish_reason = "length"
+                if batch._matchers[i].advance(token):
+                    finish_reason = "stop"
+                if row is not None:
+                    row.record.tokens += was_forced
+                if finish_reason is not None:
+                    if row is not None:
+                        _log.debug("fast-forward in the batch: a request ended (%s) after %d tokens, %d forced, "
+                                   "in steps of up to %d rows", finish_reason, batch._num_tokens[i],
+                                   row.record.tokens, row.record.batch_rows)
+                    responses.append(batch.Response(uid=batch.uids[i], token=token, logprobs=logprobs,
+                                                   finish_reason=finish_reason, prompt_cache=batch.extract_cache(i),
+                                                   all_tokens=batch.tokens[i]))
+                    break
+                responses.append(batch.Response(uid=batch.uids[i], token=token, logprobs=logprobs, finish_reason=None,
+                                               prompt_cache=None, all_tokens=None))
+            if finish_reason is None:
+                keep.append(i)
+        if len(keep) < len(batch.uids):
+            batch.filter(keep)
+        return responses
+
+
+class FastForwardPromptBatch(PromptProcessingBatch):
+    """mlx-lm's `PromptProcessingBatch`, handing its rows to a `FastForwardGenerationBatch`."""
+
+    def generate(self, tokens: list[list[int]]) -> FastForwardGenerationBatch:
+        # mlx-lm's body, with the generation batch's class replaced.
+        if any(len(t) > 1 for t in tokens):
+            self.prompt([t[:-1] for t in tokens])
+        last_token = mx.array([t[-1] for t in tokens])
+        generation = FastForwardGenerationBatch(self.model, self.uids, last_token, self.prompt_cache, self.tokens,
+                                                self.samplers, self.fallback_sampler, self.logits_processors,
+                                                self.stop_sequences, self.max_tokens)
+        self.uids = []
+        self.prompt_cache = []
+        self.tokens = []
+        self.samplers = []
+        self.logits_processors = []
+        self.max_tokens = []
+        return generation
+
+
+class FastForwardBatchGenerator(BatchGenerator):
+    """mlx-lm's `BatchGenerator` whose batches are `FastForwardPromptBatch` and
+    `FastForwardGenerationBatch`: the server's (`install_batch_generator`)."""
+
+    def __init__(self, model: Any, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self._prompt_batch = FastForwardPromptBatch.empty(self.model, self.sampler,
+                                                          prefill_step_size=self.prefill_step_size)
+        self._generation_batch = FastForwardGenerationBatch.empty(self.model, self.sampler)
+
+
+def install_batch_generator() -> None:
+    """mlx_lm.server builds `FastForwardBatchGenerator`s (once); raises `ModelLoadError` when the seams
+    do not check out."""
+    check_mlx_lm()
+    with _hook_lock:
+        if mlx_server.BatchGenerator is FastForwardBatchGenerator:
+            return
+        FastForwardBatchGenerator.grammar_mlx_original = mlx_server.BatchGenerator  # type: ignore[attr-defined]
+        setattr(mlx_server, "BatchGenerator", FastForwardBatchGenerator)  # noqa: B010  # a class, patched

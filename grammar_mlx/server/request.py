@@ -13,7 +13,7 @@ from typing import Any
 from .. import limits
 from ..errors import InvalidRequestError
 from ..regex.charset import escape_text
-from ..runtime.fast_forward import FastForwardMode
+from ..runtime.fast_forward import FastForward, FastForwardMode
 from ..segments import Segment
 from ..segments import tools as tool_calls
 
@@ -466,7 +466,11 @@ def check_body(raw: bytes, path: str) -> None:
 @dataclass
 class FastForwarded:
     """A constrained request's fast-forward mode, and how many of its tokens the generation thread
-    fast-forwarded (read by the handler for `usage` once generation ended)."""
+    fast-forwarded (read by the handler for `usage` once generation ended). `fast_forward`: the
+    grammar's `FastForward` when the request runs in mlx-lm's batch (`batch_forward`), and
+    `batch_rows` the most rows its batch steps held (0: it did not run in the batch)."""
 
     mode: FastForwardMode
     tokens: int = 0
+    fast_forward: FastForward | None = None
+    batch_rows: int = 0

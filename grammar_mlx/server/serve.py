@@ -149,8 +149,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast-forward", choices=("canonical", "verified", "off"), default="canonical",
                         help="text a constrained request's grammar forces is fed to the model in one pass: "
                              "canonical tokens (default), verified (kept only where the model agrees: "
-                             'plain decoding\'s tokens), or off; such requests are not batched (a request\'s '
-                             '"fast_forward" wins)')
+                             'plain decoding\'s tokens), or off (a request\'s "fast_forward" wins)')
+    parser.add_argument("--batch-fast-forward", action=argparse.BooleanOptionalAction, default=True,
+                        help="canonical fast-forward requests run in mlx-lm's batch with the others (default on); "
+                             "--no-batch-fast-forward serves each alone (verified always is)")
     parser.add_argument("--temp", type=float, default=0.0, help="default sampling temperature (0: greedy)")
     parser.add_argument("--top-p", type=float, default=1.0, help="default nucleus sampling top-p (1.0)")
     parser.add_argument("--top-k", type=int, default=0, help="default top-k (0: off)")
@@ -244,7 +246,8 @@ def serve_main(args: argparse.Namespace) -> int:
     limits = ServerLimits(max_body_bytes=max_body, context_length=context, max_queued=args.max_queued)
     generator = GrammarResponseGenerator(provider, ExactPromptCache(args.prompt_cache_size), grammars, limits,
                                          length_safe=args.length_safe,
-                                         fast_forward=None if args.fast_forward == "off" else args.fast_forward)
+                                         fast_forward=None if args.fast_forward == "off" else args.fast_forward,
+                                         batch_fast_forward=args.batch_fast_forward)
     if group.rank() != 0:
         # mlx_lm.server's split: rank 0 answers HTTP and shares each request; the others follow it
         # in their generation threads until rank 0 shares the stop. Ctrl-C reaches every rank of a

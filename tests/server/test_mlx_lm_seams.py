@@ -4,6 +4,7 @@ other module names a private mlx-lm attribute."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -51,6 +52,19 @@ def test_logits_hook_appends_a_fresh_processor_only_for_grammar_args():
     assert first[-1].max_tokens == 5 and hook(args(grammar, length_safe=False))[-1].max_tokens is None
 
 
+def test_the_server_builds_fast_forward_batch_generators():
+    from mlx_lm import server as mlx_server
+    from mlx_lm.generate import BatchGenerator
+
+    from grammar_mlx.server import mlx_lm_seams
+
+    mlx_lm_seams.install_batch_generator()
+    mlx_lm_seams.install_batch_generator()  # idempotent
+    assert mlx_server.BatchGenerator is mlx_lm_seams.FastForwardBatchGenerator
+    assert mlx_lm_seams.FastForwardBatchGenerator.grammar_mlx_original is BatchGenerator
+    assert issubclass(mlx_lm_seams.FastForwardBatchGenerator, BatchGenerator)
+
+
 # --- the start-up check of every seam --------------------------------------------------------------
 
 
@@ -77,6 +91,13 @@ def test_the_supported_range_is_the_one_pyproject_pins():
     (lambda mp, s: mp.setattr(s, "stream_generate", lambda prompt, **kw: None),
      "mlx_lm.server.stream_generate takes (prompt, kw)"),
     (lambda mp, s: mp.setattr(s.APIHandler, "_set_completion_headers", 3), "is no longer a function"),
+    (lambda mp, s: mp.delattr(sys.modules["mlx_lm.generate"].GenerationBatch, "_step"),
+     "mlx_lm.generate.GenerationBatch._step is gone"),
+    (lambda mp, s: mp.setattr(sys.modules["mlx_lm.generate"].PromptProcessingBatch, "generate",
+                              lambda self, inputs: None),
+     "mlx_lm.generate.PromptProcessingBatch.generate takes (self, inputs), the server needs (self, tokens"),
+    (lambda mp, s: mp.setattr(sys.modules["mlx_lm.models.cache"].BatchKVCache, "prepare", None),
+     "mlx_lm.models.cache.BatchKVCache.prepare is gone"),
 ])
 def test_a_seam_whose_target_changed_shape_refuses_naming_the_versions(monkeypatch, change, words):
     from mlx_lm import server as mlx_server

@@ -1,0 +1,84 @@
+"""Fast-forward inside mlx-lm's `BatchGenerator`: what one row of a batch step feeds.
+
+A constrained request whose fast-forward mode is "canonical" runs in the batch like any other
+request; at each step its row feeds the token sampled last step and, after it, the tokens its
+grammar forces there (`runtime.fast_forward`, cut by the room under `max_tokens` and by
+length-safety, exactly as `grammar_mlx.decode` cuts them on the single path), so the row's step is
+as wide as that run while the other rows feed one token (mlx-lm's batched prompt processing: right
+padding, then the padding rolled to the left of the KV cache). The step's sample for the row is
+taken at its last real position, after the grammar processor has been fed the forced tokens
+through its history, which is what the single path does: the answers are the same, token for token.
+The row's very first step feeds the prompt's last token and the text forced at the grammar's
+initial state; its processors are first called on the prompt alone, as the single path primes them.
+
+"verified" keeps the single path: its check trims a row's cache at the first rejected token, and
+mlx-lm's batch cache trims every row at once.
+
+Pure: the mlx-lm side (the batch step itself) is `mlx_lm_seams.FastForwardBatchGenerator`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..runtime.processor import GrammarProcessor
+
+if TYPE_CHECKING:
+    from .request import FastForwarded
+
+__all__ = ["BatchedRow", "batched_row_of", "forced_after", "register"]
+
+# The record of each grammar processor made for a batchable fast-forward request (`register`).
+_RECORDS: weakref.WeakKeyDictionary[GrammarProcessor, FastForwarded] = weakref.WeakKeyDictionary()
+
+
+def register(processor: GrammarProcessor, record: FastForwarded) -> None:
+    """Mark `processor` as the grammar processor of a request whose row fast-forwards in the batch."""
+    _RECORDS[processor] = record
+
+
+@dataclass
+class BatchedRow:
+    """A batch row that fast-forwards: its grammar processor and its request's record (whose
+    `fast_forward` proposes the tokens and whose `tokens` counts those emitted)."""
+
+    processor: GrammarProcessor
+    record: FastForwarded
+
+
+def batched_row_of(processors: Any) -> BatchedRow | None:
+    """The row's `BatchedRow` when its last processor is a registered grammar processor of a
+    canonical request that carries its `FastForward`, else None (the row steps one token at a time)."""
+    if not processors:
+        return None
+    last = processors[-1]
+    if not isinstance(last, GrammarProcessor):
+        return None
+    record = _RECORDS.get(last)
+    if record is None or record.mode != "canonical" or record.fast_forward is None:
+        return None
+    return BatchedRow(last, record)
+
+
+def forced_after(row: BatchedRow, token: int | None, *, generated: int, max_tokens: int) -> list[int]:
+    """The tokens the row feeds after `token` this step: the grammar's proposal from the state after
+    `token` (None: the row's first step, whose input is the prompt's last token, so the initial
+    state), with `generated` tokens generated up to and including `token` and the request's
+    `max_tokens` as the room; the processor's budget, if any, cuts it as on the single path."""
+    processor = row.processor
+    grammar = processor.compiled
+    if token is None:
+        state = grammar.initial_state
+    else:
+        state = grammar.next_state(processor.state(), token)
+        if state < 0:
+            return []  # a token the grammar forbids: the processor raises on it
+    room = max_tokens - generated
+    if room <= 0:
+        return []
+    ff = row.record.fast_forward
+    assert ff is not None  # batched_row_of admits only records that carry one
+    tokens, _ = ff.proposal(state, generated=generated, room=room, budget=processor.max_tokens)
+    return tokens

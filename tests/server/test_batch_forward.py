@@ -1,0 +1,192 @@
+"""Fast-forward in mlx-lm's BatchGenerator (server.batch_forward, mlx_lm_seams.FastForwardBatchGenerator)
+on a tiny random-weight model with the genuine Qwen3 tokenizer: each canonical row of a batch
+answers token for token what `grammar_mlx.decode.stream_generate` answers for it alone, rows that do
+not fast-forward (constrained with fast-forward off, unconstrained) answer what mlx-lm's own loop
+answers, the forced tokens are counted, and `forced_after` cuts proposals by room and budget."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import StopSequences
+from mlx_lm.generate import stream_generate as mlx_stream_generate
+from tiny_models import QWEN_LOGITS_WIDTH, tiny_llama
+
+from grammar_mlx import compile_json_schema
+from grammar_mlx.decode import stream_generate
+from grammar_mlx.runtime import GrammarProcessor
+from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder
+from grammar_mlx.server.batch_forward import BatchedRow, batched_row_of, forced_after, register
+from grammar_mlx.server.mlx_lm_seams import FastForwardBatchGenerator
+from grammar_mlx.server.request import FastForwarded
+
+SCHEMAS = [
+    {"type": "object", "properties": {"customer_full_name": {"type": "string", "maxLength": 8},
+                                      "order_status": {"enum": ["pending_payment", "processing_shipment"]}},
+     "required": ["customer_full_name", "order_status"], "additionalProperties": False},
+    {"type": "object", "properties": {"is_priority_customer": {"type": "boolean"},
+                                      "number_of_items": {"type": "integer", "minimum": 1, "maximum": 99}},
+     "required": ["is_priority_customer", "number_of_items"], "additionalProperties": False},
+]
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(1)
+
+
+@pytest.fixture(scope="module")
+def grammars(qwen_tokenizer):
+    return [compile_json_schema(s, qwen_tokenizer, logits_width=QWEN_LOGITS_WIDTH) for s in SCHEMAS]
+
+
+def prompts(tokenizer):
+    return [tokenizer.encode(t) for t in ("Answer in JSON:", "An order, as JSON, please:", "Now:", "JSON")]
+
+
+def solo(model, tokenizer, prompt, grammar, *, fast_forward, max_tokens=MAX_TOKENS, budget=MAX_TOKENS):
+    processors = [] if grammar is None else [GrammarProcessor(grammar, max_tokens=budget)]
+    if fast_forward:
+        responses = stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
+                                    logits_processors=processors, fast_forward="canonical")
+    else:
+        responses = mlx_stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
+                                        logits_processors=processors)
+    return [r.token for r in responses]
+
+
+def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS):
+    """rows: (prompt, grammar or None, fast-forward?) -> (tokens per row, records)."""
+    generator = FastForwardBatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+    processors, records = [], []
+    for _, grammar, fast_forward in rows:
+        if grammar is None:
+            processors.append([])
+            records.append(None)
+            continue
+        processor = GrammarProcessor(grammar, max_tokens=budget)
+        record = None
+        if fast_forward:
+            record = FastForwarded("canonical", fast_forward=fast_forward_for(grammar, tokenizer_encoder(tokenizer)))
+            register(processor, record)
+        processors.append([processor])
+        records.append(record)
+    stops = StopSequences([[t] for t in tokenizer.eos_token_ids])
+    uids = generator.insert([p for p, _, _ in rows], max_tokens=[max_tokens] * len(rows),
+                            logits_processors=processors, stop_sequences=[stops] * len(rows))
+    out = {u: [] for u in uids}
+    done = set()
+    while len(done) < len(uids):
+        for r in generator.next_generated():
+            assert r.uid not in done, "a token after the row finished"
+            out[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                done.add(r.uid)
+    generator.close()
+    return [out[u] for u in uids], records
+
+
+def test_canonical_rows_answer_what_they_answer_alone(model, qwen_tokenizer, grammars):
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[i], grammars[i % 2], True) for i in range(4)]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=True) for p, g, _ in rows]
+    got, records = batched(model, qwen_tokenizer, rows)
+    assert got == expected
+    assert all(r.batch_rows == 4 and r.tokens > 0 for r in records)
+    assert all(r.tokens < len(t) for r, t in zip(records, got))
+
+
+def test_mixed_rows_each_answer_what_they_answer_alone(model, qwen_tokenizer, grammars):
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[0], grammars[0], True), (ps[1], None, False), (ps[2], grammars[1], False), (ps[3], grammars[1], True)]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=ff) for p, g, ff in rows]
+    got, _ = batched(model, qwen_tokenizer, rows)
+    assert got == expected
+
+
+@pytest.mark.parametrize("max_tokens", [3, 7, 12])
+def test_a_short_max_tokens_cuts_forced_runs_as_alone(model, qwen_tokenizer, grammars, max_tokens):
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[i], grammars[i % 2], True) for i in range(3)]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=True, max_tokens=max_tokens, budget=None)
+                for p, g, _ in rows]
+    got, _ = batched(model, qwen_tokenizer, rows, max_tokens=max_tokens, budget=None)
+    assert got == expected
+    assert all(len(t) <= max_tokens for t in got)
+
+
+def test_rows_joining_a_running_batch_answer_what_they_answer_alone(model, qwen_tokenizer, grammars):
+    ps = prompts(qwen_tokenizer)
+    generator = FastForwardBatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+    stops = StopSequences([[t] for t in qwen_tokenizer.eos_token_ids])
+
+    def insert(prompt, grammar):
+        processor = GrammarProcessor(grammar, max_tokens=MAX_TOKENS)
+        register(processor, FastForwarded(
+            "canonical", fast_forward=fast_forward_for(grammar, tokenizer_encoder(qwen_tokenizer))))
+        return generator.insert([prompt], max_tokens=[MAX_TOKENS], logits_processors=[[processor]],
+                                stop_sequences=[stops])[0]
+
+    out = {insert(ps[0], grammars[0]): []}
+    late = [(ps[1], grammars[1]), (ps[2], grammars[0])]
+    steps = 0
+    done = set()
+    while len(done) < len(out) or late:
+        for r in generator.next_generated():
+            out[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                done.add(r.uid)
+        steps += 1
+        if late and steps % 3 == 0:
+            out[insert(*late.pop(0))] = []
+    generator.close()
+    expected = [solo(model, qwen_tokenizer, ps[0], grammars[0], fast_forward=True),
+                solo(model, qwen_tokenizer, ps[1], grammars[1], fast_forward=True),
+                solo(model, qwen_tokenizer, ps[2], grammars[0], fast_forward=True)]
+    assert list(out.values()) == expected
+
+
+def test_forced_after_follows_the_processor_and_cuts_by_room_and_budget(qwen_tokenizer, grammars):
+    grammar = grammars[0]
+    ff = fast_forward_for(grammar, tokenizer_encoder(qwen_tokenizer))
+    processor = GrammarProcessor(grammar, max_tokens=MAX_TOKENS)
+    row = BatchedRow(processor, FastForwarded("canonical", fast_forward=ff))
+    first = forced_after(row, None, generated=0, max_tokens=MAX_TOKENS)
+    assert first == ff.proposal(grammar.initial_state, generated=0, room=MAX_TOKENS, budget=MAX_TOKENS)[0]
+    assert qwen_tokenizer.decode(first).startswith('{"')
+    assert forced_after(row, None, generated=0, max_tokens=2) == first[:2]
+    assert forced_after(row, None, generated=5, max_tokens=5) == []
+    # After the first forced tokens are in the processor's history, the proposal follows its state.
+    prompt = mx.array(qwen_tokenizer.encode("x"))
+    processor(prompt, mx.zeros((1, QWEN_LOGITS_WIDTH)))
+    processor(mx.concatenate([prompt, mx.array(first)]), mx.zeros((1, QWEN_LOGITS_WIDTH)))
+    state = processor.state()
+    allowed = [int(t) for t in grammar.allowed_tokens(state)]
+    token = next(t for t in allowed if grammar.next_state(state, t) >= 0 and ff.canonical_tokens(
+        grammar.next_state(state, t))[0])
+    expected = ff.proposal(grammar.next_state(state, token), generated=len(first) + 1,
+                           room=MAX_TOKENS - len(first) - 1, budget=MAX_TOKENS)[0]
+    assert forced_after(row, token, generated=len(first) + 1, max_tokens=MAX_TOKENS) == expected
+    forbidden = next(t for t in range(QWEN_LOGITS_WIDTH) if grammar.next_state(state, t) < 0)
+    assert forced_after(row, forbidden, generated=len(first) + 1, max_tokens=MAX_TOKENS) == []
+
+
+def test_only_registered_canonical_grammar_processors_fast_forward_in_the_batch(qwen_tokenizer, grammars):
+    grammar = grammars[0]
+    ff = fast_forward_for(grammar, tokenizer_encoder(qwen_tokenizer))
+    unregistered = GrammarProcessor(grammar)
+    assert batched_row_of([unregistered]) is None
+    assert batched_row_of([]) is None and batched_row_of(None) is None
+    verified = GrammarProcessor(grammar)
+    register(verified, FastForwarded("verified", fast_forward=ff))
+    assert batched_row_of([verified]) is None
+    without = GrammarProcessor(grammar)
+    register(without, FastForwarded("canonical"))
+    assert batched_row_of([without]) is None
+    canonical = GrammarProcessor(grammar)
+    record = FastForwarded("canonical", fast_forward=ff)
+    register(canonical, record)
+    row = batched_row_of([canonical])
+    assert row is not None and row.processor is canonical and row.record is record
+    assert batched_row_of([canonical, unregistered]) is None  # the grammar processor must be last
