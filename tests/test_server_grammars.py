@@ -102,3 +102,41 @@ def test_two_constraints_in_one_request_are_a_400(grammar_server):
             extra_body={"guided_grammar": LIST_LARK})
     error = info.value.body
     assert (error["code"], error["param"]) == ("conflicting_constraints", "guided_grammar")
+
+
+TREE = {"$ref": "#/$defs/node", "$defs": {"node": {
+    "type": "object",
+    "properties": {"v": {"type": "integer"},
+                   "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+    "required": ["v", "kids"], "additionalProperties": False}}}
+
+
+def test_a_recursive_schema_is_served_through_the_grammar_engine(grammar_server, qwen_hf_tokenizer):
+    # A $ref cycle has no depth bound (grammars/json_schema.py): nothing is reported unenforced, and the
+    # answer is the schema's or, cut by max_tokens (a CFG has no token-budget distances), a prefix of
+    # one: the library's grammar (the served model has the Qwen3 tokenizer) walks its bytes.
+    import json
+
+    import jsonschema
+
+    from grammar_mlx import compile_json_schema
+    from grammar_mlx.grammars import CFGGrammar
+
+    grammar = compile_json_schema(TREE, qwen_hf_tokenizer)
+    assert isinstance(grammar, CFGGrammar)
+    client = grammar_server.client()
+    for _ in range(2):  # the second request takes the grammar from the server's cache
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=ASK, max_tokens=60,
+            response_format={"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}})
+        assert raw.headers.get("X-Grammar-Unenforced") is None
+        reply = raw.parse()
+        text, finish = reply.choices[0].message.content, reply.choices[0].finish_reason
+        state = grammar.initial_state
+        for token in qwen_hf_tokenizer.encode(text, add_special_tokens=False):
+            state = grammar.next_state(state, token)
+            assert state >= 0, text
+        if finish == "stop":
+            jsonschema.validate(json.loads(text), TREE)
+        else:
+            assert finish == "length", finish
