@@ -25,7 +25,6 @@ from ..errors import InvalidArgumentError
 from ..vocabulary.token_bytes import vocabulary_of
 from ..vocabulary.tokenizer import Tokenizer
 from .spec import Choice, JSONSchema, ReasoningText, Regex, Segment, Seq, Tag, TagText, Text, Token, Triggered
-from .tools import ServedTokenizer
 
 __all__ = ["Reasoning", "ReasoningState", "reasoning_state", "reasoning_tags", "with_reasoning"]
 
@@ -117,7 +116,7 @@ def _rfind(tokens: list[int], seq: tuple[int, ...], start: int) -> int:
     return -1
 
 
-def reasoning_state(tokenizer: ServedTokenizer, prompt_ids: Sequence[int] | TokenArray,
+def reasoning_state(tokenizer: Tokenizer, prompt_ids: Sequence[int] | TokenArray,
                     enable_thinking: bool | None = None, *, start: str | int | None = None,
                     end: str | int | None = None) -> ReasoningState:
     """Where generation starts relative to the thinking section: "closed" when thinking is disabled

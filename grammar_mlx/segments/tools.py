@@ -88,10 +88,6 @@ class NamedTool:
     name: str
 
 
-# `tool_format` and `is_constrained` keep `Any`: the server passes mlx-lm's
-# `ModelProvider.tokenizer`, which mypy reads as None (mlx-lm initializes it so); they become
-# `Tokenizer` once grammar_mlx/server/handler.py casts it.
-ServedTokenizer = Any
 
 
 class ToolCallingTokenizer(Tokenizer, Protocol):
@@ -215,7 +211,7 @@ def parse_parallel_tool_calls(value: object) -> bool:
     return value
 
 
-def tool_format(tokenizer: ServedTokenizer) -> str:
+def tool_format(tokenizer: Tokenizer) -> str:
     """The tool-call format of the tokenizer's chat template: mlx-lm's tool parser module name
     (`json_tools`, `mistral`, `pythonic`, ...), or `FALLBACK_FORMAT` when it has none."""
     parser = getattr(tokenizer, "tool_parser", None)
@@ -224,7 +220,7 @@ def tool_format(tokenizer: ServedTokenizer) -> str:
     return str(getattr(parser, "__module__", "")).rsplit(".", 1)[-1] or FALLBACK_FORMAT
 
 
-def is_constrained(tokenizer: ServedTokenizer, choice: ToolChoice) -> bool:
+def is_constrained(tokenizer: Tokenizer, choice: ToolChoice) -> bool:
     """Whether `tool_call_segment` constrains calls of this tokenizer's format for `choice`: the
     `json_tools` family always; the fallback format for `"required"` and a named function; any
     format for `"none"` (nothing may start a call)."""

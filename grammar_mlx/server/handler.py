@@ -58,6 +58,7 @@ from .request import (
 from .responses import RESPONSES_PATH, ResponseStore, ResponsesWriter, translate
 
 if TYPE_CHECKING:
+    from ..vocabulary.tokenizer import Tokenizer
     from .cache import ServedGrammar
 
 __all__ = ["GrammarAPIHandler", "make_server", "POST_PATHS"]
@@ -297,18 +298,23 @@ class GrammarAPIHandler(APIHandlerSeams):
                                                      fast_forward=answer.fast_forward),
                                   stop_words)
 
+    def _tokenizer(self) -> Tokenizer:
+        # mlx-lm initializes `ModelProvider.tokenizer` to None, so its type reads as None; the server
+        # loads the model before it serves, so here it is the served model's TokenizerWrapper.
+        return cast("Tokenizer", self.response_generator.model_provider.tokenizer)
+
     def _plan(self, request: mlx_server.CompletionRequest, content: GrammarSpec | None,
               answer: _Answer) -> tuple[mlx_server.CompletionRequest, _Plan]:
         """Read the request's tools and reasoning fields (refusing bad ones) before tokenizing; the
         request comes back with the fallback format's system note when its template drops tools."""
-        tokenizer = self.response_generator.model_provider.tokenizer
+        tokenizer = self._tokenizer()
         tools = tool_calls.parse_tools(self.body.get("tools"))
         if tools and request.request_type != "chat":
             raise InvalidRequestError("tools need the chat endpoint (/v1/chat/completions)", param="tools",
                                       code="unsupported_parameter")
         choice = tool_calls.parse_tool_choice(self.body.get("tool_choice"), tools)
         parallel = tool_calls.parse_parallel_tool_calls(self.body.get("parallel_tool_calls"))
-        tags = served_think_tags(tokenizer)
+        tags = served_think_tags(self.response_generator.model_provider.tokenizer)
         budget = parse_thinking_budget(self.body, tags is not None)
         defaults = getattr(self.response_generator.model_provider.cli_args, "chat_template_args", None)
         enable_thinking = parse_enable_thinking(self.chat_template_kwargs, defaults)
@@ -346,9 +352,9 @@ class GrammarAPIHandler(APIHandlerSeams):
                       answer: _Answer) -> GrammarSpec | None:
         """The grammar to compile: `content` alone (as always), or a segments program for reasoning
         and tool calls (`segment_program`)."""
-        tokenizer = self.response_generator.model_provider.tokenizer
+        tokenizer = self._tokenizer()
         state = "closed"
-        tags = served_think_tags(tokenizer)
+        tags = served_think_tags(self.response_generator.model_provider.tokenizer)
         if tags is not None:
             from ..segments.reasoning import reasoning_state
 
