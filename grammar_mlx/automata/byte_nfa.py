@@ -462,6 +462,7 @@ class Determinizer:
         marks[NUL] = 0
         self.classes = np.cumsum(marks, dtype=np.int32)  # byte -> class: intervals between bounds
         self.num_classes = int(self.classes[-1]) + 1
+        self._class_of: list[int] = self.classes.tolist()  # the same, indexed by Python ints (`_transitions`)
         self.alphabet = frozenset(range(1, 256)) if alphabet is None else frozenset(alphabet) - {NUL}
         self._closure: dict[int, tuple[int, ...]] = {}
         self._class_trans: dict[int, tuple[tuple[int, int, int], ...]] = {}
@@ -471,7 +472,7 @@ class Determinizer:
         self.all_live = self._nfa_live is None
         self._nfa_distance: array[int] | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
         # Python objects held by the memos (sets, closures, transitions), in bytes: see `nbytes`.
-        self._py_bytes = 3 * sys.getsizeof({})
+        self._py_bytes = 3 * sys.getsizeof({}) + sys.getsizeof(self._class_of)
 
     @property
     def nbytes(self) -> int:
@@ -523,10 +524,10 @@ class Determinizer:
         """q's byte ranges as (first class, last class, target)."""
         hit = self._class_trans.get(q)
         if hit is None:
-            cls = self.classes
+            cls = self._class_of
             ranges = self.nfa.trans[q]
             assert ranges is not None
-            hit = self._class_trans[q] = tuple((int(cls[lo]), int(cls[hi]), t) for lo, hi, t in ranges)
+            hit = self._class_trans[q] = tuple([(cls[lo], cls[hi], t) for lo, hi, t in ranges])
             self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(hit) + 64 * len(hit)  # 3-tuples of shared ints
         return hit
 

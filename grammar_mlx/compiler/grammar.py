@@ -58,6 +58,28 @@ SMALL_ROW = 64  # a row of at most this many tokens: a dict
 MAX_FORBIDDEN = 8192  # a row allowing all but at most this many ids: the forbidden ids, bisected
 
 
+def _gaps(tokens: np.ndarray, width: int) -> np.ndarray | None:
+    """The ids below `width` missing from `tokens` (sorted ids, more than one), from the gaps
+    between neighbours, with no vocabulary-sized mask; None unless the ids are distinct and below
+    `width` (then `tokens` is not exactly the complement of its gaps)."""
+    first, last = int(tokens[0]), int(tokens[-1])
+    if first < 0 or last >= width:
+        return None
+    steps = np.diff(tokens)
+    # Runs of missing ids: before the first token, between neighbours, after the last.
+    at = np.flatnonzero(steps > 1)
+    starts = np.concatenate(([0], tokens[at].astype(np.int64) + 1, [last + 1]))
+    ends = np.concatenate(([first], tokens[at + 1].astype(np.int64), [width]))
+    lengths = ends - starts
+    total = int(lengths.sum())
+    if total + len(tokens) != width:  # repeated ids (sorted ids leave no other way to miss)
+        return None
+    # Missing id k: its run's start plus its place in the run.
+    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    missing: np.ndarray = np.arange(total, dtype=np.int64) + offsets
+    return missing
+
+
 class CompiledGrammar:
     """A grammar's token-level automaton for one vocabulary and logits width.
 
@@ -163,11 +185,10 @@ class CompiledGrammar:
             entry = dict(zip(tokens.tolist(), nxt.tolist()))
             cost = sys.getsizeof(entry) + 2 * self._INT_BYTES * n
         elif width - n <= MAX_FORBIDDEN:
-            allowed = np.zeros(width, dtype=bool)
-            allowed[tokens] = True
-            forbidden = np.flatnonzero(~allowed).tolist()
+            gaps = _gaps(tokens, width)
             # The place arithmetic needs the row to be exactly the complement: unique ids below width.
-            entry = (forbidden, nxt) if len(forbidden) + n == width else (tokens, nxt)
+            forbidden = gaps.tolist() if gaps is not None else []
+            entry = (forbidden, nxt) if gaps is not None else (tokens, nxt)
             cost = sys.getsizeof(forbidden) + self._INT_BYTES * len(forbidden) + 2 * 112  # + array views
         else:
             entry, cost = (tokens, nxt), 2 * 112
