@@ -97,7 +97,7 @@ def _build() -> ctypes.CDLL | None:
         log.warning("native row walk not loaded (%s); using the numpy walk", exc)
         return None
     lib.gm_walk.restype = _I
-    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I]
+    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
@@ -131,8 +131,9 @@ class _TrieBuffers:
         self.end_first = np.ascontiguousarray(trie.end_first, dtype=np.int32)
         self.more_node = np.ascontiguousarray(trie.end_more_node, dtype=np.int32)
         self.more_id = np.ascontiguousarray(trie.end_more_id, dtype=np.int32)
+        self.byte = np.ascontiguousarray(trie.byte, dtype=np.int32)
         self.ptrs = tuple(a.ctypes.data for a in (self.child_start, self.child_count, self.end_first,
-                                                  self.more_node, self.more_id))
+                                                  self.more_node, self.more_id, self.byte))
         self.num_nodes = trie.num_nodes
         self.width = trie.width
         self.local = threading.local()
@@ -185,7 +186,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
     lib, buf, sc, count = walked
     nodes, states, per_token, out_tokens, out_states, _, _ = sc.ptrs
-    _, _, end_first, more_node, more_id = buf.ptrs
+    _, _, end_first, more_node, more_id, _ = buf.ptrs
     found = lib.gm_row(nodes, states, count, end_first, more_node, more_id, len(buf.more_id), per_token,
                        trie.width, out_tokens, out_states)
     return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
@@ -234,12 +235,12 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
         sc.states[:k] = st[keep]
         sc.cursor[:] = (0, k, k)
     nodes, states, _, _, _, cursor, unknown = sc.ptrs
-    child_start, child_count, _, _, _ = buf.ptrs
-    node_class = dfa.node_classes(trie).ctypes.data
+    child_start, child_count, _, _, _, node_byte = buf.ptrs
+    classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
     while True:
         seen = sc.seen_for(len(table) // width)
-        missing = lib.gm_walk(table.ctypes.data, width, dead, node_class, child_start, child_count, nodes, states,
-                              cursor, unknown, MAX_UNKNOWN, seen.ctypes.data, len(seen))
+        missing = lib.gm_walk(table.ctypes.data, width, dead, classes.ctypes.data, node_byte, child_start,
+                              child_count, nodes, states, cursor, unknown, MAX_UNKNOWN, seen.ctypes.data, len(seen))
         if missing == 0:
             break
         if missing < 0 or not pending:  # pragma: no cover - a complete DFA has no unknown row

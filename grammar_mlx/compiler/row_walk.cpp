@@ -8,7 +8,9 @@
 // state's row must be known). A DFA built on demand holds UNKNOWN (negative) in rows not
 // computed yet: a level that meets one is not kept (count goes back to hi); the distinct source
 // states whose row is missing are written to `unknown` and their number returned, so that the caller
-// computes those rows and calls again with the same cursor. 0: the walk is done.
+// computes those rows and calls again with the same cursor. 0: the walk is done. A node's column is
+// read as `classes[node_byte[node]]` (the DFA's 256-entry byte-class map and the trie's bytes), so a
+// DFA walked once (a grammar's terminal) needs no per-node class array built for it.
 //
 // gm_row turns the live pairs into the row: the ids ending at each live node (end_first, plus the
 // ids sharing a node's bytes, end_more) with their states, sorted by id. `per_token` is a scratch of
@@ -26,7 +28,7 @@
 
 extern "C" {
 
-int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t* node_class,
+int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, const int32_t* node_byte,
                 const int32_t* child_start, const int32_t* child_count, int32_t* nodes, int32_t* states,
                 int64_t* cursor, int32_t* unknown, int64_t max_unknown, uint8_t* seen, int64_t seen_len) {
     int64_t lo = cursor[0], hi = cursor[1], count = cursor[2];
@@ -34,7 +36,7 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
         const int32_t* row = table + count * width;  // the caller computed this row
         count = 0;
         for (int32_t c = 0; c < hi; ++c) {
-            const int32_t t = row[node_class[c]];
+            const int32_t t = row[classes[node_byte[c]]];
             if (t == dead) continue;
             nodes[count] = c;
             states[count] = t;
@@ -54,7 +56,7 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
             const int32_t first = child_start[n];
             const int32_t end = first + kids;
             for (int32_t c = first; c < end; ++c) {
-                const int32_t t = row[node_class[c]];
+                const int32_t t = row[classes[node_byte[c]]];
                 if (t == dead) continue;
                 if (t < 0) {  // the source row is unknown: every child of this node needs it
                     const int32_t s = states[i];

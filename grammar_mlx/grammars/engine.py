@@ -539,8 +539,8 @@ class CFGGrammar:
 
     def _enter(self, state: int, exits: np.ndarray, parts: list[np.ndarray], crossing: set[int]) -> None:
         """The tokens below the `exits` nodes that `state` (a terminal just ended there) allows:
-        their children's bytes stepped at once (most kill the state: one numpy pass), then the
-        survivors' tokens and what lies below them."""
+        their children's bytes not among the state's first bytes dropped at once (most: one numpy
+        pass, no parser step), the rest stepped, then the survivors' tokens and what lies below them."""
         trie = self._trie
         ex = exits.astype(np.int64, copy=False)
         counts = trie.child_count.take(ex)
@@ -551,6 +551,10 @@ class CFGGrammar:
         first_kid = trie.child_start.take(ex).astype(np.int64)
         kids = np.arange(total, dtype=np.int64) + np.repeat(first_kid - (ends - counts), counts)
         kid_bytes = trie.byte.take(kids)
+        first = np.unpackbits(np.frombuffer(self._first_bytes(state).to_bytes(32, "little"), dtype=np.uint8),
+                              bitorder="little").astype(bool)
+        alive = first.take(kid_bytes)
+        kids, kid_bytes = kids[alive], kid_bytes[alive]
         nxt_of = np.full(256, -1, dtype=np.int64)
         step = self._step
         for b in np.unique(kid_bytes).tolist():
