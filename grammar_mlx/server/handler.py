@@ -298,16 +298,12 @@ class GrammarAPIHandler(APIHandlerSeams):
                                                      fast_forward=answer.fast_forward),
                                   stop_words)
 
-    def _served_tokenizer(self) -> Tokenizer:
-        # mlx-lm initializes `ModelProvider.tokenizer` to None, so its type reads as None; the server
-        # loads the model before it serves, so here it is the served model's TokenizerWrapper.
-        return cast("Tokenizer", self.response_generator.model_provider.tokenizer)
-
     def _plan(self, request: mlx_server.CompletionRequest, content: GrammarSpec | None,
               answer: _Answer) -> tuple[mlx_server.CompletionRequest, _Plan]:
         """Read the request's tools and reasoning fields (refusing bad ones) before tokenizing; the
         request comes back with the fallback format's system note when its template drops tools."""
-        tokenizer = self._served_tokenizer()
+        # mlx-lm types ModelProvider.tokenizer as None (its initial value); loaded, it is the served TokenizerWrapper.
+        tokenizer = cast("Tokenizer", self.response_generator.model_provider.tokenizer)
         tools = tool_calls.parse_tools(self.body.get("tools"))
         if tools and request.request_type != "chat":
             raise InvalidRequestError("tools need the chat endpoint (/v1/chat/completions)", param="tools",
@@ -352,7 +348,7 @@ class GrammarAPIHandler(APIHandlerSeams):
                       answer: _Answer) -> GrammarSpec | None:
         """The grammar to compile: `content` alone (as always), or a segments program for reasoning
         and tool calls (`segment_program`)."""
-        tokenizer = self._served_tokenizer()
+        tokenizer = cast("Tokenizer", self.response_generator.model_provider.tokenizer)
         state = "closed"
         tags = served_think_tags(self.response_generator.model_provider.tokenizer)
         if tags is not None:
