@@ -102,6 +102,19 @@ class Server:
         os.unlink(self.log.name)
 
 
+def serving(started: dict[str, Server]):
+    """A module fixture's body: wait for every server, yield them, stop them, and check each exited
+    cleanly on SIGTERM."""
+    try:
+        for s in started.values():
+            s.wait_ready()
+        yield started
+    finally:
+        for s in started.values():
+            s.stop()
+        assert all(s.proc.returncode == 0 for s in started.values())
+
+
 @pytest.fixture(scope="module")
 def servers(smollm_path):
     pytest.importorskip("openai", reason="the openai client is a test extra")
@@ -343,11 +356,11 @@ def test_bad_response_formats_are_openai_400s(servers, response_format, code, pa
         assert (error["keyword"], error["pointer"]) == ("uniqueItems", "/properties/tags")
 
 
-def post(url: str, body: bytes | dict, path: str = "/v1/chat/completions"):
+def post(url: str, body: bytes | dict, path: str = "/v1/chat/completions", timeout: float = 60):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as r:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, dict(r.headers), json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), json.load(e)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.error
-import urllib.request
 
 import jsonschema
 import pytest
@@ -25,13 +23,8 @@ ASK = [{"role": "user", "content": "Name a city and its population as JSON."}]
 
 
 def post(served: Server, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(served.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
+    status, _, answer = test_server.post(served.url, body, path, timeout=300)
+    return status, answer
 
 
 def chat_text(served: Server, extra: dict, max_tokens: int = 40) -> str:

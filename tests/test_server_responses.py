@@ -11,7 +11,8 @@ import urllib.request
 
 import jsonschema
 import pytest
-from test_server import Server
+import test_server
+from test_server import Server, serving
 from test_server_tools import COLOR, SCHEMAS, THINK, TOOL_CALL, WEATHER
 
 pytestmark = pytest.mark.slow
@@ -32,14 +33,7 @@ def servers(qwen_model_dir, smollm_path):
                "draft": Server("resp-qwen-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
                                "--num-draft-tokens", "3", *common),
                "smol": Server("resp-smol", *common)}
-    try:
-        for s in started.values():
-            s.wait_ready()
-        yield started
-    finally:
-        for s in started.values():
-            s.stop()
-        assert all(s.proc.returncode == 0 for s in started.values())
+    yield from serving(started)
 
 
 def create(client, **kw):
@@ -55,13 +49,8 @@ def events_of(client, **kw):
 
 
 def post(server, body, path="/v1/responses"):
-    request = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
+    status, _, answer = test_server.post(server.url, body, path, timeout=120)
+    return status, answer
 
 
 def get(server, path):

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import jsonschema
 import pytest
-from test_server import Server
+from test_server import Server, serving
 
 from grammar_mlx import server
 from grammar_mlx.errors import InvalidRequestError
@@ -178,14 +178,7 @@ def qwen_servers(qwen_model_dir, qwen_thinking_dir):
                "draft": Server("qwen-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
                                "--num-draft-tokens", "3", *common),
                "thinking": Server("qwen-thinking", "--model", str(qwen_thinking_dir), *common)}
-    try:
-        for s in started.values():
-            s.wait_ready()
-        yield started
-    finally:
-        for s in started.values():
-            s.stop()
-        assert all(s.proc.returncode == 0 for s in started.values())
+    yield from serving(started)
 
 
 def create(client, **kw):
