@@ -1,0 +1,280 @@
+"""`ThenGrammar`: one grammar, then another: a thinking section (a segments program) before a
+context-free grammar, so a thinking model thinks (its budget honoured) and the answer after its end
+tag follows the grammar. A `MaskedGrammar` like its parts: the processor, the state stack, the
+history follower, speculative decoding, batching and fast-forward take it unchanged.
+
+How it works. `first` is a token automaton whose accepting states mark where `second` may start
+(for reasoning: `segments.with_reasoning` around an empty body, so `first` accepts exactly after the
+end tag, and, where the model may open its thinking itself, at the start too). In such a *handoff*
+state a token goes to `first` when `first` takes it (EOS aside), else to `second` from its initial
+state: deterministic, so `next_state` stays pure. The reasoning prefixes this module builds never
+leave the choice open: after the end tag `first` takes nothing more (or only the gap below), and at
+a "model" start it takes only the start tag, a control token, which no grammar over text takes.
+
+States are ints, interleaved so that both sides intern theirs lazily: `2 * a` is `first`'s state a,
+`2 * b + 1` is `second`'s state b (the terminal state is `second`'s, entered by EOS after it).
+
+Masks live in the grammar's own `MaskTable`: a state of either side takes the row of its side's row,
+copied once per distinct inner row (its ids re-added, deduplicated by content); a handoff state's
+row is the union of `first`'s ids (EOS aside) and `second`'s initial ids. `first`'s `ALLOW_ALL`
+(unconstrained free text) stays `ALLOW_ALL`. Cost: one dict read per token once a state's row is
+known; a new inner row costs one unpack and one pack.
+
+The gap. Models write a few spaces or newlines after the end tag (Qwen3: `</think>\\n\\n`). Where no
+token that `second` may start with begins with a space or a newline, `first` takes such a gap
+(`segments.reasoning.GAP`) after the end tag, and the answer is the text after it: stripping
+leading spaces and newlines from the content is then exact. Where `second` may start with one, there
+is no gap and the content is the grammar's text from the end tag on.
+
+Token budgets: distances and budget rows are `second`'s in `second`'s states; in `first`'s none is
+proven (a context-free `second` has no distances), so a token budget narrows nothing there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import limits
+from ..compiler.mask_table import MaskTable, union_ids
+from ..errors import InvalidArgumentError
+from ..runtime.processor import ALLOW_ALL
+from ..runtime.stack import walk_to
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from ..runtime.processor import MaskedGrammar
+    from ..segments.reasoning import Reasoning
+    from ..vocabulary.tokenizer import Tokenizer
+
+__all__ = ["ThenGrammar", "reasoning_then", "starts_with_gap"]
+
+GAP_BYTES = b" \n"  # the bytes of `segments.reasoning.GAP`
+
+
+class ThenGrammar:
+    """`first`'s language, then `second`'s (module docstring). Both share the vocabulary, the logits
+    width and the EOS ids."""
+
+    mode = "then"
+
+    def __init__(self, first: MaskedGrammar, second: MaskedGrammar) -> None:
+        for name in ("logits_width", "eos_token_ids"):
+            if getattr(first, name) != getattr(second, name):
+                raise InvalidArgumentError(f"the two grammars differ in {name}: {getattr(first, name)!r} and "
+                                           f"{getattr(second, name)!r}")
+        self.first = first
+        self.second = second
+        self.vocabulary = getattr(second, "vocabulary")
+        self.logits_width = int(getattr(second, "logits_width"))
+        self.eos_token_ids = tuple(getattr(second, "eos_token_ids"))
+        self.unenforced = (*getattr(first, "unenforced", ()), *getattr(second, "unenforced", ()))
+        self.regex = f"{getattr(first, 'regex', 'first')} then {getattr(second, 'regex', 'second')}"
+        self.initial_state = 2 * first.initial_state
+        self.terminal_state = 2 * second.terminal_state + 1
+        self._eos = frozenset(self.eos_token_ids)
+        self._eos_ids = np.array(sorted(self._eos), dtype=np.int32)
+        self._start = second.initial_state
+        self._start_accepts = bool(second.is_accepting(self._start))
+        self._handoff: dict[int, bool] = {}  # first's state -> whether second may start there
+        self.table = MaskTable(self.logits_width, limits.LAZY_MASK_BYTES)
+        self._lock = threading.RLock()
+        self._rows: dict[int, int] = {}  # state -> row
+        self._copied: dict[tuple[int, int], int] = {}  # (side, inner row) -> row
+        self._budget_rows: dict[tuple[int, int], int] = {}  # (second's state, left) -> row
+
+    def __repr__(self) -> str:
+        return f"ThenGrammar({self.first!r}, {self.second!r})"
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        first, second = getattr(self.first, "stats", {}), getattr(self.second, "stats", {})
+        compile_seconds = (first.get("compile_seconds") or 0.0) + (second.get("compile_seconds") or 0.0)
+        return {"mode": self.mode, "first": first, "second": second, "compile_seconds": compile_seconds,
+                "mask_rows": self.table.num_rows}
+
+    # -- states ----------------------------------------------------------------------------------
+
+    def _check(self, state: int) -> None:
+        if not isinstance(state, (int, np.integer)) or state < 0:
+            raise InvalidArgumentError(f"state {state!r} is not a state of this grammar")
+
+    def _opens(self, a: int) -> bool:
+        """Whether `second` may start in `first`'s state a (a is accepting)."""
+        got = self._handoff.get(a)
+        if got is None:
+            got = self._handoff[a] = bool(self.first.is_accepting(a))
+        return got
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id`, or -1 when the token is not allowed in `state`."""
+        half = state >> 1
+        if state & 1:
+            b = self.second.next_state(half, token_id)
+            return -1 if b < 0 else 2 * b + 1
+        self._check(state)
+        if not self._opens(half):
+            a = self.first.next_state(half, token_id)
+            return -1 if a < 0 else 2 * a
+        if token_id not in self._eos:
+            a = self.first.next_state(half, token_id)
+            if a >= 0:
+                return 2 * a
+        b = self.second.next_state(self._start, token_id)
+        return -1 if b < 0 else 2 * b + 1
+
+    def is_accepting(self, state: int) -> bool:
+        self._check(state)
+        if state & 1:
+            return bool(self.second.is_accepting(state >> 1))
+        return self._start_accepts and self._opens(state >> 1)
+
+    def matches(self, token_ids: Iterable[int]) -> bool:
+        """Whether the token sequence (EOS optional at the end) is a complete match."""
+        state = walk_to(self, token_ids)
+        return state >= 0 and self.is_accepting(state)
+
+    def in_second(self, state: int) -> bool:
+        """Whether `state` is past the handoff (in `second`)."""
+        return bool(state & 1)
+
+    def role(self, state: int, token: int | None = None) -> str:
+        """What a token consumed from `state` is: `first`'s role for it (a segments program's
+        "reasoning", "tag", ...) while in `first`, "content" in `second` (EOS: "tag")."""
+        if token is not None:
+            if token in self._eos:
+                return "tag"
+            nxt = self.next_state(state, int(token))
+            if nxt >= 0 and nxt & 1:
+                return "content"
+        if state & 1:
+            return "content"
+        role_of = getattr(self.first, "role", None)
+        return "content" if role_of is None else str(role_of(state >> 1, token))
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.second.token_text(token_id))
+
+    # -- masks -----------------------------------------------------------------------------------
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        """Sorted ids allowed in `state`."""
+        half = state >> 1
+        if state & 1:
+            return np.asarray(self.second.allowed_tokens(half), dtype=np.int32)
+        self._check(state)
+        own = np.asarray(self.first.allowed_tokens(half), dtype=np.int32)
+        if not self._opens(half):
+            return own
+        own = own[~np.isin(own, self._eos_ids)]
+        return union_ids([own, np.asarray(self.second.allowed_tokens(self._start), dtype=np.int32)])
+
+    def _copy(self, side: int, inner_row: int, ids: Any) -> int:
+        """Our row for an inner row (added once, by its ids)."""
+        if inner_row == ALLOW_ALL:
+            return ALLOW_ALL
+        key = (side, inner_row)
+        row = self._copied.get(key)
+        if row is None:
+            row = self._copied[key] = self.table.add(np.asarray(ids(), dtype=np.int32))
+        return row
+
+    def mask_row(self, state: int) -> int:
+        """The row of `device_masks()` holding `state`'s mask, or `ALLOW_ALL` where `first` allows
+        every id (the processor then leaves the logits as they are)."""
+        row = self._rows.get(state)
+        if row is not None:
+            return row
+        half = state >> 1
+        with self._lock:
+            if state & 1:
+                row = self._copy(1, self.second.mask_row(half), lambda: self.second.allowed_tokens(half))
+            else:
+                self._check(state)
+                if self._opens(half):
+                    ids = self.allowed_tokens(state)
+                    row = ALLOW_ALL if len(ids) == self.logits_width else self.table.add(ids)
+                else:
+                    row = self._copy(0, self.first.mask_row(half), lambda: self.first.allowed_tokens(half))
+            self._rows[state] = row
+        return row
+
+    def device_masks(self) -> mx.array:
+        """The grammar's mask table: every row `mask_row` and `budget_mask_row` returned so far."""
+        return self.table.device_masks()
+
+    # -- distances and token budgets (module docstring) ------------------------------------------
+
+    def distance(self, state: int) -> int | None:
+        """The fewest tokens to the end, EOS included, in `second`'s states where `second` knows it;
+        None in `first`'s (nothing proven)."""
+        self._check(state)
+        if state & 1:
+            distance = getattr(self.second, "distance", None)
+            return None if distance is None else distance(state >> 1)
+        return None
+
+    def distance_bound(self, state: int) -> int | None:
+        return self.distance(state)
+
+    @property
+    def min_completion_tokens(self) -> int | None:
+        return None
+
+    def budget_mask_row(self, state: int, left: int) -> int:
+        """`second`'s budget row in its states; `mask_row` in `first`'s (module docstring)."""
+        if not state & 1:
+            return self.mask_row(state)
+        half = state >> 1
+        inner = self.second.budget_mask_row(half, left)
+        with self._lock:
+            return self._copy(1, inner, lambda: _row_ids(self.second, inner))
+
+    def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
+        row = self.budget_mask_row(state, left)
+        if row == ALLOW_ALL:
+            return np.arange(self.logits_width, dtype=np.int32)
+        bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the mask table, the row caches, and both grammars."""
+        caches = (len(self._rows) + len(self._copied) + len(self._handoff)) * 200
+        return int(self.table.nbytes + caches + getattr(self.first, "nbytes", 0) + getattr(self.second, "nbytes", 0))
+
+
+def _row_ids(grammar: Any, row: int) -> np.ndarray:
+    """The ids of one of `grammar`'s rows (read from its mask table)."""
+    bits = np.unpackbits(grammar.table.rows[row].view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[: grammar.logits_width]).astype(np.int32)
+
+
+def starts_with_gap(grammar: MaskedGrammar) -> bool:
+    """Whether some token `grammar` allows first begins with a byte of the gap (a space or a newline)."""
+    token_bytes = getattr(grammar, "vocabulary").token_bytes
+    return any(token_bytes[t] and token_bytes[t][0] in GAP_BYTES
+               for t in np.asarray(grammar.allowed_tokens(grammar.initial_state)).tolist()
+               if t < len(token_bytes))
+
+
+def reasoning_then(grammar: MaskedGrammar, tokenizer: Tokenizer, reasoning: Reasoning, state: str) -> Any:
+    """`grammar` after the thinking section of a generation starting in `state` (`segments.
+    reasoning_state`: "closed" → `grammar` itself; "open" → the thinking text, its end tag, then
+    `grammar`; "model" → the model may open its thinking first, or answer at once), the thinking
+    bounded by `reasoning.budget` (then the end tag is forced). A gap of spaces and newlines may
+    follow the end tag where `grammar` cannot start with one (module docstring). `tokenizer`: the
+    served one (an mlx-lm `TokenizerWrapper`, whose think tags are read, or `reasoning`'s)."""
+    from ..segments import Regex, Seq, compile_segments, with_reasoning
+    from ..segments.reasoning import GAP
+
+    if state == "closed":
+        return grammar
+    body = Seq(()) if starts_with_gap(grammar) else Regex(GAP)
+    prefix = with_reasoning(body, tokenizer, reasoning, state, gap=False)
+    first = compile_segments(prefix, tokenizer, logits_width=getattr(grammar, "logits_width"))
+    return ThenGrammar(first, grammar)
