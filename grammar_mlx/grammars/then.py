@@ -34,44 +34,61 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .. import limits
 from ..compiler.mask_table import MaskTable, union_ids
 from ..errors import InvalidArgumentError
-from ..runtime.processor import ALLOW_ALL
+from ..runtime.processor import ALLOW_ALL, MaskedGrammar
 from ..runtime.stack import walk_to
 
 if TYPE_CHECKING:
     import mlx.core as mx
+    from typing_extensions import Unpack
 
-    from ..runtime.processor import MaskedGrammar
+    from ..compiler.build import CompileOptions
     from ..segments.reasoning import Reasoning
     from ..vocabulary.tokenizer import Tokenizer
 
-__all__ = ["ThenGrammar", "reasoning_then", "starts_with_gap"]
+__all__ = ["Part", "ThenGrammar", "reasoning_then", "starts_with_gap"]
 
 GAP_BYTES = b" \n"  # the bytes of `segments.reasoning.GAP`
 
 
+class Part(MaskedGrammar, Protocol):
+    """What `ThenGrammar` reads from each grammar (a `CFGGrammar`, a `SegmentGrammar`, a
+    `CompiledGrammar` have it all)."""
+
+    @property
+    def vocabulary(self) -> Any: ...  # .token_bytes
+
+    @property
+    def logits_width(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+
 class ThenGrammar:
     """`first`'s language, then `second`'s (module docstring). Both share the vocabulary, the logits
-    width and the EOS ids."""
+    width and the EOS ids. `gap`: `first` ends with the gap (spaces and newlines) and `second`
+    cannot start with one, so the caller may strip them from the front of `second`'s text."""
 
     mode = "then"
 
-    def __init__(self, first: MaskedGrammar, second: MaskedGrammar) -> None:
+    def __init__(self, first: Part, second: Part, *, gap: bool = False) -> None:
         for name in ("logits_width", "eos_token_ids"):
             if getattr(first, name) != getattr(second, name):
                 raise InvalidArgumentError(f"the two grammars differ in {name}: {getattr(first, name)!r} and "
                                            f"{getattr(second, name)!r}")
         self.first = first
         self.second = second
-        self.vocabulary = getattr(second, "vocabulary")
-        self.logits_width = int(getattr(second, "logits_width"))
-        self.eos_token_ids = tuple(getattr(second, "eos_token_ids"))
+        self.gap = gap
+        self.vocabulary = second.vocabulary
+        self.logits_width = int(second.logits_width)
+        self.eos_token_ids = tuple(second.eos_token_ids)
         self.unenforced = (*getattr(first, "unenforced", ()), *getattr(second, "unenforced", ()))
         self.regex = f"{getattr(first, 'regex', 'first')} then {getattr(second, 'regex', 'second')}"
         self.initial_state = 2 * first.initial_state
@@ -254,27 +271,30 @@ def _row_ids(grammar: Any, row: int) -> np.ndarray:
     return np.flatnonzero(bits[: grammar.logits_width]).astype(np.int32)
 
 
-def starts_with_gap(grammar: MaskedGrammar) -> bool:
+def starts_with_gap(grammar: Part) -> bool:
     """Whether some token `grammar` allows first begins with a byte of the gap (a space or a newline)."""
-    token_bytes = getattr(grammar, "vocabulary").token_bytes
+    token_bytes = grammar.vocabulary.token_bytes
     return any(token_bytes[t] and token_bytes[t][0] in GAP_BYTES
                for t in np.asarray(grammar.allowed_tokens(grammar.initial_state)).tolist()
                if t < len(token_bytes))
 
 
-def reasoning_then(grammar: MaskedGrammar, tokenizer: Tokenizer, reasoning: Reasoning, state: str) -> Any:
+def reasoning_then(grammar: Part, tokenizer: Tokenizer, reasoning: Reasoning, state: str,
+                   **options: Unpack[CompileOptions]) -> Part | ThenGrammar:
     """`grammar` after the thinking section of a generation starting in `state` (`segments.
     reasoning_state`: "closed" → `grammar` itself; "open" → the thinking text, its end tag, then
     `grammar`; "model" → the model may open its thinking first, or answer at once), the thinking
     bounded by `reasoning.budget` (then the end tag is forced). A gap of spaces and newlines may
     follow the end tag where `grammar` cannot start with one (module docstring). `tokenizer`: the
-    served one (an mlx-lm `TokenizerWrapper`, whose think tags are read, or `reasoning`'s)."""
+    served one (an mlx-lm `TokenizerWrapper`, whose think tags are read, or `reasoning`'s); `options`:
+    the `CompileOptions` of the thinking section's program (`segments.compile_segments`). Returns
+    `grammar` itself for "closed", else a `ThenGrammar`."""
     from ..segments import Regex, Seq, compile_segments, with_reasoning
     from ..segments.reasoning import GAP
 
     if state == "closed":
         return grammar
-    body = Seq(()) if starts_with_gap(grammar) else Regex(GAP)
-    prefix = with_reasoning(body, tokenizer, reasoning, state, gap=False)
-    first = compile_segments(prefix, tokenizer, logits_width=getattr(grammar, "logits_width"))
-    return ThenGrammar(first, grammar)
+    gap = not starts_with_gap(grammar)
+    prefix = with_reasoning(Regex(GAP) if gap else Seq(()), tokenizer, reasoning, state, gap=False)
+    first = compile_segments(prefix, tokenizer, logits_width=grammar.logits_width, **options)
+    return ThenGrammar(first, grammar, gap=gap)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -17,9 +18,10 @@ from .request import GrammarSpec
 
 if TYPE_CHECKING:
     from ..grammars import CFGGrammar
+    from ..grammars.then import ThenGrammar
     from ..segments.grammar import SegmentGrammar
 
-    ServedGrammar: TypeAlias = "CompiledGrammar | SegmentGrammar | CFGGrammar"
+    ServedGrammar: TypeAlias = "CompiledGrammar | SegmentGrammar | CFGGrammar | ThenGrammar"
 
 __all__ = ["DEFAULT_CACHE_ENTRIES", "DEFAULT_CACHE_MB", "grammar_nbytes", "GrammarCache", "Grammars"]
 
@@ -187,6 +189,18 @@ class Grammars:
                 return compile_segments(spec.segment, self.tokenizer, logits_width=self.logits_width, **options)
             except RecursionError:
                 raise InvalidSchemaError("the schema is nested too deeply to translate") from None
+        if spec.kind == "reasoning":
+            from ..grammars.then import reasoning_then
+            from ..segments import Reasoning
+
+            if spec.body is None or self.tokenizer is None:
+                raise InvalidArgumentError("a reasoning grammar needs its body and the served tokenizer")
+            body = self.get(spec.body)  # cached on its own too: the same grammar without thinking
+            args = json.loads(spec.text)
+            served: ServedGrammar = reasoning_then(  # type: ignore[assignment]  # "closed" never has a spec
+                body, self.tokenizer, Reasoning(budget=args["budget"], start=args["start"], end=args["end"]),
+                args["state"], **options)
+            return served
         if spec.kind == "grammar":
             from ..grammars import compile_grammar
 

@@ -147,6 +147,8 @@ def error_response(error: BaseException, spec: GrammarSpec | None = None) -> tup
     if isinstance(error, errors.TokenBudgetError):
         param = param or "max_tokens"
     elif param is None and spec is not None:
+        if spec.body is not None:  # the grammar after the reasoning: its own field
+            spec = spec.body
         if spec.kind == "segments":
             param = spec.origin
         elif isinstance(error, InvalidRegexError) and spec.kind == "json_schema" and spec.whitespace is not None:

@@ -38,6 +38,7 @@ from .mlx_lm_seams import APIHandlerSeams, GenerationRefused
 from .programs import (
     check_tool_schemas,
     cut_free_text,
+    reasoning_spec,
     reasoning_token_count,
     schema_unenforced,
     segment_key,
@@ -276,6 +277,8 @@ class GrammarAPIHandler(APIHandlerSeams):
             grammar = generator.grammars.get(spec) if spec is not None else None
             if grammar is not None and length_safe:
                 self._check_budget(grammar)
+            if spec is not None and spec.kind == "reasoning":  # the gap after the reasoning, where it has one
+                answer.strip_content = bool(getattr(grammar, "gap", False))
         except Exception as e:
             if not isinstance(e, GrammarError):
                 logging.exception("preparing the request failed")
@@ -360,7 +363,8 @@ class GrammarAPIHandler(APIHandlerSeams):
                 answer.think_ids = (start, end, state == "open")
         program = segment_program(tokenizer, content, plan.tools, plan.choice, plan.parallel, plan.budget, state)
         if program is None:
-            return content
+            after = reasoning_spec(tokenizer, content, plan.budget, state)
+            return content if after is None else after
         # The gap the grammar allows after the reasoning: not part of a JSON answer or of calls.
         calls_only = bool(plan.tools) and (plan.choice == "required" or isinstance(plan.choice, NamedTool))
         json_content = content is not None and content.kind == "json_schema"
@@ -377,7 +381,7 @@ class GrammarAPIHandler(APIHandlerSeams):
         if answer is None:
             return cast("dict[str, Any]", super().generate_response(text, finish_reason, *args, **kwargs))
         if answer.strip_content and not answer.content_started:
-            text = text.lstrip()
+            text = text.lstrip(" \n")  # the gap's characters (segments.reasoning.GAP)
             answer.content_started = bool(text)
         if answer.fallback_tools:
             answer.held += text

@@ -1,6 +1,8 @@
 """A request's segments program: the reasoning prefix, the tool-call program or the
 `response_format` grammar (`grammar_mlx.segments`), its cache key, and what the response path reads
-back from the generated tokens (reasoning tokens, a budget that cut free text)."""
+back from the generated tokens (reasoning tokens, a budget that cut free text). A context-free
+`response_format` (a grammar, a recursive JSON Schema) is no segment: after a thinking section it is
+`reasoning_spec`'s grammar (`grammars.then.reasoning_then`), alone otherwise."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ __all__ = [
     "served_think_tags",
     "content_segment",
     "segment_program",
+    "reasoning_spec",
+    "context_free",
     "segment_key",
     "schema_unenforced",
     "check_tool_schemas",
@@ -82,7 +86,9 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
     with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice) and not nothing_to_forbid
     thinking = state != "closed"
     if content is not None and content.kind == "grammar":
-        _check_grammar_alone(content, with_tools, state, budget)
+        _check_grammar_alone(content, with_tools)
+        return None  # alone, or after the reasoning (`reasoning_spec`)
+    if content is not None and not with_tools and context_free(content):
         return None
     body = content_segment(content)
     if with_tools:
@@ -104,18 +110,47 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
     return body if with_tools else None
 
 
-def _check_grammar_alone(content: GrammarSpec, with_tools: bool, state: str, budget: int | None) -> None:
-    # A context-free grammar is not a segment (segments lower to one regular automaton): it is served
-    # alone, from the first generated token. A model that may open its thinking itself ("model")
-    # then writes no thinking; a prompt that opened it, a budget or tools would need the grammar
-    # inside a program, which is refused rather than served unconstrained.
-    why = ("tools are offered" if with_tools else "the prompt opens a thinking section" if state == "open"
-           else "a thinking budget is given" if budget is not None and state != "closed" else None)
-    if why is not None:
+def _check_grammar_alone(content: GrammarSpec, with_tools: bool) -> None:
+    # A context-free grammar is not a segment (segments lower to one regular automaton): beside the
+    # tool-call program it cannot be the answer that is not a call, which is refused rather than
+    # served unconstrained. Reasoning before it is `reasoning_spec`'s.
+    if with_tools:
         raise InvalidRequestError(
-            f"{content.origin}: a context-free grammar constrains the whole output, but {why}; send it without "
-            'tools or thinking budget (chat_template_kwargs {"enable_thinking": false} closes the thinking)',
+            f"{content.origin}: a context-free grammar cannot be the answer beside tools (the tool-call program "
+            "holds only regular languages: a JSON Schema without recursion or a regex); send it without tools",
             param=content.origin, code="unsupported_parameter")
+
+
+def context_free(content: GrammarSpec) -> bool:
+    """Whether `content` compiles through the context-free engine: a grammar, or a JSON Schema whose
+    `$ref`s cycle (`grammars.json_schema`)."""
+    if content.kind == "grammar":
+        return True
+    return content.kind == "json_schema" and _recursive_schema(content.text, content.strict, content.whitespace,
+                                                                content.open_objects)
+
+
+@functools.lru_cache(maxsize=1024)
+def _recursive_schema(schema: str, strict: bool, whitespace: str | None, open_objects: bool) -> bool:
+    from ..grammars.json_schema import may_recurse, schema_rules
+
+    doc = json.loads(schema)
+    if not may_recurse(doc):
+        return False
+    return schema_rules(doc, whitespace=whitespace, strict=strict, open_objects=open_objects) is not None
+
+
+def reasoning_spec(tokenizer: Any, content: GrammarSpec | None, budget: int | None, state: str) -> GrammarSpec | None:
+    """The grammar of a context-free `content` after the thinking section of a generation starting
+    in `state` ("open", "model"; `budget` as in `segment_program`): a "reasoning" spec compiled by
+    `grammars.then.reasoning_then`; None when `content` is not context-free or the thinking is
+    closed (it is then served alone, from the first token)."""
+    if content is None or state == "closed" or not context_free(content):
+        return None
+    tags = served_think_tags(tokenizer)
+    start, end = tags if tags is not None else (None, None)
+    key = json.dumps({"budget": budget, "state": state, "start": start, "end": end}, sort_keys=True)
+    return GrammarSpec("reasoning", key, origin=content.origin, body=content)
 
 
 def _forbid_in_reasoning(segment: Segment, tag: Tag) -> Segment:

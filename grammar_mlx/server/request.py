@@ -68,6 +68,7 @@ class GrammarSpec:
     syntax: str | None = None  # "grammar": "lark" or "gbnf"
     start: str | None = None  # "grammar": the start rule
     whitespace_origin: str | None = field(default=None, compare=False)  # None: `origin`.whitespace
+    body: GrammarSpec | None = None  # "reasoning": the grammar after the thinking section
 
     @property
     def whitespace_param(self) -> str:

@@ -1,0 +1,133 @@
+"""grammar_mlx.server live: a context-free grammar (GBNF, Lark, a recursive JSON Schema) after a
+thinking model's reasoning (grammars/then.py through server/programs.py `reasoning_spec`), on tiny
+random-weight Qwen3 model directories driven by the real `openai` client: the hybrid template (the
+model opens `<think>` itself: steered there by a logit bias) and a template that opens it in the
+prompt (a random model never closes it: the thinking budget does). The answer after `</think>`
+parses under the grammar, the reasoning comes apart, and a draft answers what no draft answers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_server import Server, serving
+
+lark = pytest.importorskip("lark", reason="the lark library is the oracle of the grammars (test extra)")
+
+THINK = 151667
+SUM_GBNF = 'root ::= "(" term ("+" term)? ")"\nterm ::= [0-9] | "(" [0-9] "*" [0-9] ")"\n'
+SUM_LARK = 'start: "(" term ("+" term)? ")"\nterm: DIGIT | "(" DIGIT "*" DIGIT ")"\nDIGIT: /[0-9]/\n'
+# A grammar whose text may start with a space: no gap is allowed before it, nothing is stripped.
+SPACED_LARK = 'start: " "? "[" DIGIT ("," DIGIT)? "]"\nDIGIT: /[0-9]/\n'
+TREE = {"$ref": "#/$defs/node", "$defs": {"node": {
+    "type": "object",
+    "properties": {"v": {"type": "integer"},
+                   "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+    "required": ["v", "kids"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "Write a sum."}]
+
+
+@pytest.fixture(scope="module")
+def servers(qwen_model_dir, qwen_thinking_dir):
+    pytest.importorskip("openai", reason="the openai client is a test extra")
+    common = ("--no-preload-json-object",)
+    yield from serving({"hybrid": Server("cfg-hybrid", "--model", str(qwen_model_dir), *common),
+                        "draft": Server("cfg-hybrid-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
+                                        "--num-draft-tokens", "3", *common),
+                        "open": Server("cfg-open", "--model", str(qwen_thinking_dir), *common)})
+
+
+def parses(grammar_text: str, text: str) -> bool:
+    try:
+        lark.Lark(grammar_text, parser="earley", lexer="dynamic").parse(text)
+    except lark.exceptions.LarkError:
+        return False
+    return True
+
+
+def reasoning_of(message) -> str:
+    return getattr(message, "reasoning", None) or getattr(message, "reasoning_content", None) or ""
+
+
+def ask(server, **kw):
+    kw.setdefault("messages", ASK)
+    kw.setdefault("max_tokens", 60)
+    return server.client().chat.completions.create(model="m", **kw)
+
+
+@pytest.mark.slow
+def test_the_model_opens_its_thinking_then_the_gbnf_grammar(servers):
+    bias = {str(THINK): 200}  # the hybrid template leaves opening <think> to the model: steer it there
+    reply = ask(servers["hybrid"], logit_bias=bias, extra_body={"grammar": SUM_GBNF, "thinking_budget": 6})
+    message, finish = reply.choices[0].message, reply.choices[0].finish_reason
+    assert finish == "stop" and reasoning_of(message), message
+    assert parses(SUM_LARK, message.content), message.content  # the gap after </think> is not content
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 6
+    # response_format's form, streamed: the same answer.
+    chunks = list(servers["hybrid"].client().chat.completions.create(
+        model="m", messages=ASK, max_tokens=60, stream=True, logit_bias=bias, extra_body={"thinking_budget": 6},
+        response_format={"type": "grammar", "grammar": SUM_GBNF, "syntax": "gbnf"}))  # type: ignore[arg-type]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    thought = "".join(reasoning_of(c.choices[0].delta) for c in chunks if c.choices)
+    assert content == message.content and thought == reasoning_of(message)
+    # Not steered, the model may answer at once: still the grammar's answer.
+    plain = ask(servers["hybrid"], extra_body={"grammar": SUM_GBNF})
+    assert plain.choices[0].finish_reason == "stop" and parses(SUM_LARK, plain.choices[0].message.content)
+
+
+@pytest.mark.slow
+def test_a_prompt_opened_thinking_ends_at_the_budget_then_the_grammar(servers):
+    for field in ({"grammar": SUM_GBNF}, {"guided_grammar": SUM_LARK}):
+        reply = ask(servers["open"], extra_body={**field, "thinking_budget": 5})
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "stop" and reasoning_of(message), message
+        assert parses(SUM_LARK, message.content), message.content
+        assert reply.usage.completion_tokens_details.reasoning_tokens == 5
+    # A grammar that may start with a space: no gap before it, and its leading space is kept.
+    reply = ask(servers["open"], logit_bias={"220": 30},  # " "
+                extra_body={"guided_grammar": SPACED_LARK, "thinking_budget": 3})
+    content = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop" and parses(SPACED_LARK, content) and content.startswith(" ")
+
+
+@pytest.mark.slow
+def test_a_recursive_schema_after_the_thinking(servers):
+    import jsonschema
+
+    raw = servers["open"].client().chat.completions.with_raw_response.create(
+        model="m", messages=ASK, max_tokens=80, extra_body={"thinking_budget": 4},
+        response_format={"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}})
+    assert raw.headers.get("X-Grammar-Unenforced") is None  # no depth bound: nothing relaxed
+    reply = raw.parse()
+    message = reply.choices[0].message
+    assert reasoning_of(message) and reply.usage.completion_tokens_details.reasoning_tokens == 4
+    if reply.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(message.content), TREE)
+    else:  # a CFG has no token-budget distances: the budget may cut the tree
+        assert reply.choices[0].finish_reason == "length" and message.content.startswith("{")
+
+
+@pytest.mark.slow
+def test_a_draft_answers_what_no_draft_answers(servers):
+    think = {str(THINK): 200}
+    for bias, extra in ((think, {"grammar": SUM_GBNF, "thinking_budget": 6}),
+                        (think, {"grammar": SUM_GBNF, "thinking_budget": 2}),
+                        ({}, {"guided_grammar": SUM_LARK})):
+        plain = ask(servers["hybrid"], logit_bias=bias, extra_body=extra)
+        drafted = ask(servers["draft"], logit_bias=bias, extra_body=extra)
+        assert plain.choices[0].finish_reason == "stop"
+        assert plain.choices[0].message.content == drafted.choices[0].message.content
+        assert reasoning_of(plain.choices[0].message) == reasoning_of(drafted.choices[0].message)
+        assert parses(SUM_LARK, plain.choices[0].message.content)
+
+
+@pytest.mark.slow
+def test_a_grammar_beside_tools_is_a_400_saying_why(servers):
+    import openai
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(servers["hybrid"], tools=tools, extra_body={"grammar": SUM_GBNF})
+    error = info.value.body
+    assert (error["code"], error["param"]) == ("unsupported_parameter", "grammar")
+    assert "beside tools" in error["message"]
