@@ -58,9 +58,10 @@ store (`--responses-store N`, default `DEFAULT_STORE_ENTRIES`, 256; an unknown o
   second); a malformed one is a 400 `invalid_constraint` (JSON text that is not JSON:
   `invalid_schema`). A bad grammar is a 400 `invalid_grammar` with `line` and `column` (also in the
   message); cached by syntax, text and start.
-  A grammar constrains the whole output from the first token: a reasoning model does not think
-  under it, and one beside tools, a thinking budget or a prompt that opened the thinking is a 400
-  `unsupported_parameter`. It has no token-budget distances, so length-safe masking cannot steer
+  A grammar constrains the answer: a reasoning model thinks first (within its thinking budget, or
+  not at all when the template's switch closes the thinking), the grammar applying after `</think>`
+  (`programs.reasoning_spec`, `grammars.then`); a recursive JSON Schema likewise. A grammar beside
+  tools is a 400 `unsupported_parameter` (the tool-call program holds regular languages only). It has no token-budget distances, so length-safe masking cannot steer
   it to an end: a budget that ends first gives `finish_reason: "length"` with the partial text.
 - Extension `"whitespace": "<regex>"`, inside `json_schema` or beside `"type": "json_object"`: a
   bounded JSON-whitespace pattern allowed between JSON tokens, e.g. `"[ \\n]{0,2}"`; default compact.
