@@ -32,7 +32,9 @@ tokens were forced.
 `--grammar FILE` takes a context-free grammar (docs/grammars.md): GBNF for a `.gbnf` file, Lark for
 a `.lark` one, otherwise GBNF when the text holds `::=` (`--syntax` says it; `--start` names the
 start rule). Such a grammar has no token-budget distances: length-safe decoding cannot make it
-finish, so a budget that ends first is an error as with `--no-length-safe`.
+finish, so a budget that ends first is an error as with `--no-length-safe`. With `--reasoning` a
+thinking model thinks first (`--reasoning-budget`), the grammar applying after its end tag
+(`grammars.then`).
 
 Every expected failure (bad arguments, unreadable files, invalid or unsupported schemas or grammars
 (`--grammar FILE:LINE:COLUMN: ...`), a model that cannot be loaded, a token budget too small or one
@@ -440,8 +442,6 @@ def _check_sampling_and_draft(args: argparse.Namespace) -> None:
     if args.reasoning_budget is not None and not args.reasoning:
         raise _UsageError(f"--reasoning-budget {args.reasoning_budget}: it bounds a thinking model's thinking; add "
                           "--reasoning, or drop it")
-    if args.reasoning and args.grammar is not None:
-        raise _UsageError("--reasoning needs --schema or --regex (a --grammar applies from the first token)")
     if args.no_validate and args.schema is None:
         raise _UsageError("--no-validate is about the schema's validation: it needs --schema")
 
@@ -499,10 +499,10 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         # Compiled here first so that the status line can say when the prompt is read; the same
         # call in generate_with then gets this grammar from the compiler's in-process memo (a weak
-        # one: `compiled` keeps it alive until then). With reasoning the grammar depends on the
-        # prompt's ids: generate_with compiles it.
+        # one: `compiled` keeps it alive until then). With reasoning a schema's or a regex's grammar
+        # depends on the prompt's ids: generate_with compiles it (a --grammar's is composed there).
         compiled = None
-        if options.reasoning is None:
+        if options.reasoning is None or grammar:
             status("compiling the grammar ...")
             compiled = _compiled(args, schema, grammar, options, tokenizer, logits_width_of(model), compile_options)
         if progress is not None:

@@ -89,6 +89,7 @@ from .request import (
     Prompt,
     Sampler,
     Schema,
+    after_reasoning,
     body,
     clip,
     drain,
@@ -351,12 +352,12 @@ def generate_with(model: Model, tokenizer: Tokenizer, prompt: Prompt, options: O
         raise InvalidArgumentError(
             f"grammar= was compiled for logits width {grammar.logits_width}, the model's is "
             f"{logits_width_of(model)}; compile with logits_width=logits_width_of(model)")
-    if grammar is not None and options.reasoning:
-        raise InvalidArgumentError("reasoning= needs schema= or regex= (a precompiled grammar starts at the "
-                                   "first token; compile a segment program with the reasoning instead)")
     wrapper, prompt_ids = prepare(model, tokenizer, prompt, options, on_text)
     doc = None
     used: Grammar | None = grammar
+    reasoning = reasoning_of(options.reasoning)
+    if grammar is not None and reasoning is not None:  # the precompiled grammar after the thinking section
+        used = after_reasoning(grammar, wrapper, reasoning, prompt_ids, compile_options)
     if schema is not None:
         used, doc = _compile_json(schema, tokenizer, model, options, compile_options, prompt_ids)
     elif regex is not None:

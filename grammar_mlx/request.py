@@ -31,6 +31,7 @@ from .arguments import int_at_least
 from .compiler import CompiledGrammar, CompileOptions, compile_json_schema, compile_regex
 from .errors import GenerationError, GrammarViolationError, InvalidArgumentError
 from .grammars.engine import CFGGrammar
+from .grammars.then import ThenGrammar, reasoning_then
 from .models import logits_width_of
 from .protocols import Model, Tokenizer, TokenizerSource
 from .runtime import GrammarProcessor
@@ -63,6 +64,7 @@ __all__ = [
     "clip",
     "drain",
     "encode_text",
+    "after_reasoning",
     "grammar_for",
     "is_messages",
     "is_token_ids",
@@ -84,7 +86,7 @@ Schema = dict[str, Any] | bool | str | bytes | type  # what schema.load_schema r
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int] | mx.array
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
-Grammar = CompiledGrammar | SegmentGrammar | CFGGrammar
+Grammar = CompiledGrammar | SegmentGrammar | CFGGrammar | ThenGrammar
 
 
 # --- options ---------------------------------------------------------------------------------------
@@ -217,7 +219,8 @@ def grammar_for(spec: Segment, tokenizer: TokenizerSource, logits_width: int | N
     CLI's `compile` writes too), or, with `reasoning`, the body after the thinking section (a
     segment program; where generation starts is read from `prompt_ids`, which a processor needs
     given: under speculative decoding it never sees the prompt). JSON may follow the end tag after
-    a few spaces or newlines (dropped from the text); a regex's match starts right at it."""
+    a few spaces or newlines (dropped from the text); a regex's match starts right at it. A
+    recursive schema after the thinking section is `after_reasoning`'s (the context-free engine)."""
     if reasoning is None and isinstance(spec, JSONSchema):
         return compile_json_schema(spec.schema, tokenizer, logits_width=logits_width, strict=spec.strict,
                                    whitespace=spec.whitespace, open_objects=spec.open_objects, **compile_options)
@@ -226,13 +229,36 @@ def grammar_for(spec: Segment, tokenizer: TokenizerSource, logits_width: int | N
     wrapper = wrapped(cast(Tokenizer, tokenizer))  # a segment program reads the tokenizer's tags
     if reasoning is None:
         return compile_segments(spec, wrapper, logits_width=logits_width, **compile_options)
+    where = _reasoning_state(wrapper, reasoning, prompt_ids)
+    if isinstance(spec, JSONSchema):
+        from .grammars import compile_recursive_schema
+
+        recursive = compile_recursive_schema(spec.schema, tokenizer, whitespace=spec.whitespace, strict=spec.strict,
+                                             open_objects=spec.open_objects, logits_width=logits_width,
+                                             eos_token_ids=compile_options.get("eos_token_ids"))
+        if recursive is not None:
+            return after_reasoning(recursive, wrapper, reasoning, prompt_ids, compile_options)
+    return compile_segments(with_reasoning(spec, wrapper, reasoning, where, gap=isinstance(spec, JSONSchema)),
+                            wrapper, logits_width=logits_width, **compile_options)
+
+
+def _reasoning_state(wrapper: TokenizerWrapper, reasoning: Reasoning, prompt_ids: Sequence[int] | None) -> str:
     if prompt_ids is None or not is_token_ids(list(prompt_ids)):
         raise InvalidArgumentError(
             "reasoning= needs prompt_ids=, the prompt's token ids: under speculative decoding a processor never "
             "sees the prompt, so it cannot tell whether the prompt already opened the thinking")
-    where = reasoning_state(wrapper, list(prompt_ids), None, start=reasoning.start, end=reasoning.end)
-    return compile_segments(with_reasoning(spec, wrapper, reasoning, where, gap=isinstance(spec, JSONSchema)),
-                            wrapper, logits_width=logits_width, **compile_options)
+    return reasoning_state(wrapper, list(prompt_ids), None, start=reasoning.start, end=reasoning.end)
+
+
+def after_reasoning(grammar: CompiledGrammar | CFGGrammar, tokenizer: TokenizerSource, reasoning: Reasoning,
+                    prompt_ids: Sequence[int] | None, compile_options: CompileOptions) -> Grammar:
+    """A compiled grammar (a context-free one, or a regex's) after the thinking section of a
+    generation from `prompt_ids` (`grammars.then.reasoning_then`: spaces and newlines after the end
+    tag, dropped from the text, where the grammar cannot start with one)."""
+    wrapper = wrapped(cast(Tokenizer, tokenizer))
+    where = _reasoning_state(wrapper, reasoning, prompt_ids)
+    composed = reasoning_then(grammar, wrapper, reasoning, where, **compile_options)
+    return composed if isinstance(composed, ThenGrammar) else grammar  # "closed": the grammar itself
 
 
 def processor_for(grammar: Grammar, max_tokens: int | None) -> GrammarProcessor:
@@ -482,8 +508,9 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
 
     token_bytes = grammar.vocabulary.token_bytes
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    role_of = grammar.role if isinstance(grammar, SegmentGrammar) else None
-    gap = role_of is not None and json_text
+    role_of = grammar.role if isinstance(grammar, (SegmentGrammar, ThenGrammar)) else None
+    # The whitespace a model writes after its end tag: before JSON, or where a grammar has that gap.
+    gap = grammar.gap if isinstance(grammar, ThenGrammar) else role_of is not None and json_text
     thought = codecs.getincrementaldecoder("utf-8")(errors="replace")
     reasoning: list[str] = []
     chunks: list[str] = []
