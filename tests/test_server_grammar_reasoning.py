@@ -11,12 +11,9 @@ import json
 
 import pytest
 from test_server import Server, serving
-
-lark = pytest.importorskip("lark", reason="the lark library is the oracle of the grammars (test extra)")
+from test_server_grammars import SUM_GBNF, SUM_LARK, parses  # skips without the lark library
 
 THINK = 151667
-SUM_GBNF = 'root ::= "(" term ("+" term)? ")"\nterm ::= [0-9] | "(" [0-9] "*" [0-9] ")"\n'
-SUM_LARK = 'start: "(" term ("+" term)? ")"\nterm: DIGIT | "(" DIGIT "*" DIGIT ")"\nDIGIT: /[0-9]/\n'
 # A grammar whose text may start with a space: no gap is allowed before it, nothing is stripped.
 SPACED_LARK = 'start: " "? "[" DIGIT ("," DIGIT)? "]"\nDIGIT: /[0-9]/\n'
 TREE = {"$ref": "#/$defs/node", "$defs": {"node": {
@@ -35,14 +32,6 @@ def servers(qwen_model_dir, qwen_thinking_dir):
                         "draft": Server("cfg-hybrid-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
                                         "--num-draft-tokens", "3", *common),
                         "open": Server("cfg-open", "--model", str(qwen_thinking_dir), *common)})
-
-
-def parses(grammar_text: str, text: str) -> bool:
-    try:
-        lark.Lark(grammar_text, parser="earley", lexer="dynamic").parse(text)
-    except lark.exceptions.LarkError:
-        return False
-    return True
 
 
 def reasoning_of(message) -> str:

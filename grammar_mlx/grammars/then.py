@@ -70,6 +70,8 @@ class Part(MaskedGrammar, Protocol):
     @property
     def eos_token_ids(self) -> tuple[int, ...]: ...
 
+    def budget_allowed_tokens(self, state: int, left: int) -> Any: ...  # the ids of budget_mask_row
+
 
 class ThenGrammar:
     """`first`'s language, then `second`'s (module docstring). Both share the vocabulary, the logits
@@ -249,26 +251,19 @@ class ThenGrammar:
         half = state >> 1
         inner = self.second.budget_mask_row(half, left)
         with self._lock:
-            return self._copy(1, inner, lambda: _row_ids(self.second, inner))
+            return self._copy(1, inner, lambda: self.second.budget_allowed_tokens(half, left))
 
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
-        row = self.budget_mask_row(state, left)
-        if row == ALLOW_ALL:
-            return np.arange(self.logits_width, dtype=np.int32)
-        bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+        """Sorted ids that `budget_mask_row(state, left)` allows."""
+        if not state & 1:
+            return self.allowed_tokens(state)
+        return np.asarray(self.second.budget_allowed_tokens(state >> 1, left), dtype=np.int32)
 
     @property
     def nbytes(self) -> int:
         """Bytes held: the mask table, the row caches, and both grammars."""
         caches = (len(self._rows) + len(self._copied) + len(self._handoff)) * 200
         return int(self.table.nbytes + caches + getattr(self.first, "nbytes", 0) + getattr(self.second, "nbytes", 0))
-
-
-def _row_ids(grammar: Any, row: int) -> np.ndarray:
-    """The ids of one of `grammar`'s rows (read from its mask table)."""
-    bits = np.unpackbits(grammar.table.rows[row].view(np.uint8), bitorder="little")
-    return np.flatnonzero(bits[: grammar.logits_width]).astype(np.int32)
 
 
 def starts_with_gap(grammar: Part) -> bool:
