@@ -1,4 +1,4 @@
-"""Fast-forward inside mlx-lm's `BatchGenerator`: what one row of a batch step feeds.
+"""Fast-forward inside mlx-lm's `BatchGenerator` (what one row of a batch step feeds), and the step's masks.
 
 A constrained request whose fast-forward mode is "canonical" runs in the batch like any other
 request; at each step its row feeds the token sampled last step and, after it, the tokens its
