@@ -9,6 +9,8 @@ call's history is the context and gets the initial state's mask.
 history); `_process_row` masks it through `kernels.row_masker`, bound once per mask table (a lazy
 grammar's table is a new object whenever it outgrew the last; it is bound anew). Batches go
 through `kernels.apply_token_bitmask`. bench/processor.py measures the per-token path.
+`mask_row_after` is the same advance and pick without the kernel: the server's batch step
+(server.batch_forward) gathers the rows of every request's processor and masks them in one call.
 
 A grammar's `mask_row` may return `ALLOW_ALL` (a segment grammar's free text, docs/segments.md):
 every id is allowed there, and the logits are returned as they came, with no row and no kernel.
@@ -177,14 +179,23 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
     def _make_target(self, context: Any) -> StateStack:
         return StateStack.for_grammar(self.compiled)
 
-    def _process_row(self, logits: mx.array, target: StateStack) -> mx.array:
+    def mask_row_after(self, tokens: Any) -> int:
+        """The row of `compiled.device_masks()` (read it after this call) or `ALLOW_ALL` that a call
+        on the history `tokens` (one row's) applies, the row's stack brought to that history as the
+        call brings it: for a caller that masks the rows of many processors with one kernel call."""
+        return self._row_at(self.follow(tokens))
+
+    def _row_at(self, target: StateStack) -> int:
         # The row first, then the table: a lazy grammar's first visit to a state (or budget) adds its
         # mask row, and the table it returns afterwards holds every row handed out.
         max_tokens = self._max_tokens
         if max_tokens is None:
-            row = self._mask_row(target.state)
-        else:  # the stack's depth is the number of tokens generated before this position
-            row = self._budget_mask_row(target.state, max_tokens - target.depth)
+            return self._mask_row(target.state)
+        # the stack's depth is the number of tokens generated before this position
+        return self._budget_mask_row(target.state, max_tokens - target.depth)
+
+    def _process_row(self, logits: mx.array, target: StateStack) -> mx.array:
+        row = self._row_at(target)
         if row < 0:  # ALLOW_ALL: free text, nothing to mask
             return logits
         table = self._device_masks()
@@ -194,13 +205,7 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
         return self._mask_one(logits, row)
 
     def _process(self, logits: mx.array, targets: list[StateStack]) -> mx.array:
-        max_tokens = self._max_tokens
-        if max_tokens is None:
-            mask_row = self._mask_row
-            rows = [mask_row(s.state) for s in targets]  # before the table, as in _process_row
-        else:
-            budget_row = self._budget_mask_row
-            rows = [budget_row(s.state, max_tokens - s.depth) for s in targets]
+        rows = [self._row_at(s) for s in targets]  # before the table
         if min(rows) >= 0:
             return apply_token_bitmask(logits, self._device_masks(), rows)
         if max(rows) < 0:  # every row is free text (ALLOW_ALL)

@@ -211,16 +211,24 @@ class StatefulProcessor(Generic[TargetT]):
 
     def __call__(self, tokens: Any, logits: mx.array) -> mx.array:
         """`logits` for the history `tokens`, masked or modified by this processor (see the class)."""
-        single = self._single
-        if single is not None and type(tokens) is mx.array and type(logits) is mx.array:
-            # The per-token path of mlx-lm's loops, decided here only: one row, a 1-D history,
-            # (1, V) logits. The history is read through its buffer, which is cheaper than a numpy
-            # view. Anything else (and the first call) goes through _call.
-            history = memoryview(tokens)  # type: ignore[arg-type]  # mx.array has the buffer protocol
-            if history.ndim == 1 and history.format in INT_FORMATS and logits.ndim == 2 and logits.shape[0] == 1:
-                single.sync(history)
-                return self._process_row(logits, single.target)
+        if self._single is not None and type(logits) is mx.array and logits.ndim == 2 and logits.shape[0] == 1:
+            # The per-token path of mlx-lm's loops, decided here only: one row, (1, V) logits.
+            # Anything else (and the first call) goes through _call.
+            return self._process_row(logits, self.follow(tokens))
         return self._call(tokens, logits)
+
+    def follow(self, tokens: Any) -> TargetT:
+        """The one row's target brought to the history `tokens` (one row's history, as `__call__`
+        takes it; the first call's is the context): what a one-row call does before it processes
+        the logits, for a caller that processes the rows of many processors together."""
+        single = self._single
+        if single is not None and type(tokens) is mx.array:
+            # A 1-D history is read through its buffer, which is cheaper than a numpy view.
+            history = memoryview(tokens)  # type: ignore[arg-type]  # mx.array has the buffer protocol
+            if history.ndim == 1 and history.format in INT_FORMATS:
+                single.sync(history)
+                return single.target
+        return self._synced(_split_rows(tokens, 1))[0]
 
     def _call(self, tokens: Any, logits: mx.array) -> mx.array:
         if not isinstance(logits, mx.array) or logits.ndim not in (1, 2):
@@ -231,7 +239,15 @@ class StatefulProcessor(Generic[TargetT]):
         flat = logits.ndim == 1
         if flat:
             logits = logits[None]
-        rows = _split_rows(tokens, logits.shape[0])
+        targets = self._synced(_split_rows(tokens, logits.shape[0]))
+        if len(targets) == 1:
+            out = self._process_row(logits, targets[0])
+        else:
+            out = self._process(logits, targets)
+        return out[0] if flat else out
+
+    def _synced(self, rows: list[Any]) -> list[TargetT]:
+        """Every row's target brought to its history (made from it, the context, on the first call)."""
         followers = self._followers
         if followers is None:
             followers = self._followers = [
@@ -246,11 +262,7 @@ class StatefulProcessor(Generic[TargetT]):
                 )
             for follower, row in zip(followers, rows):
                 follower.sync(row)
-        if len(followers) == 1:
-            out = self._process_row(logits, followers[0].target)
-        else:
-            out = self._process(logits, [f.target for f in followers])
-        return out[0] if flat else out
+        return [f.target for f in followers]
 
     def reset(self) -> None:
         """Forget everything: the next call's history is a new context."""

@@ -171,8 +171,9 @@ shared. Refused there: a draft model (status 2 at start, mlx_lm.server's rule) a
 rank; when a rank dies, mlx.launch stops the others.
 
 Each request gets its own `GrammarProcessor`. Without a draft model, mlx-lm decodes concurrent
-requests together in a `BatchGenerator` (one processor call per sequence); with one, it serves them
-one at a time through speculative decoding, which the processor follows through rejected drafts.
+requests together in a `BatchGenerator`, whose step masks every row's grammar in one kernel call
+(`batch_forward`); with one, it serves them one at a time through speculative decoding, which the
+processor follows through rejected drafts.
 
 The package's parts: `request` (the request's fields, limits and body checks), `responses` (the
 Responses API as a translation of the chat request and answer), `programs` (reasoning

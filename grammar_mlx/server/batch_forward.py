@@ -1,4 +1,4 @@
-"""Fast-forward inside mlx-lm's `BatchGenerator`: what one row of a batch step feeds.
+"""Fast-forward inside mlx-lm's `BatchGenerator` (what one row of a batch step feeds), and the step's masks.
 
 A constrained request whose fast-forward mode is "canonical" runs in the batch like any other
 request; at each step its row feeds the token sampled last step and, after it, the tokens its
@@ -14,21 +14,33 @@ initial state; its processors are first called on the prompt alone, as the singl
 "verified" keeps the single path: its check trims a row's cache at the first rejected token, and
 mlx-lm's batch cache trims every row at once.
 
+The masks of a batch step, fast-forward or not, are applied once for all rows: each row's grammar
+processor (the last of its processors, `grammar_processor_of`) is brought to the row's history and
+picks its mask row as a call would (`GrammarProcessor.mask_row_after`), without masking; the
+row's other processors (bias, penalties, a caller's own) run on its row of logits first, as
+mlx-lm runs them; then `mask_step` applies every row's mask in one `apply_token_bitmask` call
+(a row without a grammar, or in free text, allows everything).
+
 Pure: the mlx-lm side (the batch step itself) is `mlx_lm_seams.FastForwardBatchGenerator`.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
+
+from ..kernels import apply_token_bitmask
 from ..runtime.processor import GrammarProcessor
 
 if TYPE_CHECKING:
     from .request import FastForwarded
 
-__all__ = ["BatchedRow", "batched_row_of", "forced_after", "register"]
+__all__ = ["ALL_ALLOWED", "BatchedRow", "MaskPick", "batched_row_of", "forced_after", "grammar_processor_of",
+           "mask_step", "register", "step_masks"]
 
 # The record of each grammar processor made for a batchable fast-forward request (`register`).
 _RECORDS: weakref.WeakKeyDictionary[GrammarProcessor, FastForwarded] = weakref.WeakKeyDictionary()
@@ -51,10 +63,8 @@ class BatchedRow:
 def batched_row_of(processors: Any) -> BatchedRow | None:
     """The row's `BatchedRow` when its last processor is a registered grammar processor of a
     canonical request that carries its `FastForward`, else None (the row steps one token at a time)."""
-    if not processors:
-        return None
-    last = processors[-1]
-    if not isinstance(last, GrammarProcessor):
+    last = grammar_processor_of(processors)
+    if last is None:
         return None
     record = _RECORDS.get(last)
     if record is None or record.mode != "canonical" or record.fast_forward is None:
@@ -82,3 +92,55 @@ def forced_after(row: BatchedRow, token: int | None, *, generated: int, max_toke
     assert ff is not None  # batched_row_of admits only records that carry one
     tokens, _ = ff.proposal(state, generated=generated, room=room, budget=processor.max_tokens)
     return tokens
+
+
+# --- the masks of a batch step ---------------------------------------------------------------------
+
+# One row's mask in a step: its grammar's mask table (read after the row was picked) and its row id;
+# None: every token allowed (no grammar, or the grammar's free text).
+MaskPick = tuple[mx.array, int] | None
+
+ALL_ALLOWED = 0xFFFFFFFF  # a mask word allowing its 32 tokens
+
+
+def grammar_processor_of(processors: Any) -> GrammarProcessor | None:
+    """The row's grammar processor: its last processor when that is a `GrammarProcessor` (the
+    server puts a request's last, after bias and penalties), else None."""
+    if not processors:
+        return None
+    last = processors[-1]
+    return last if isinstance(last, GrammarProcessor) else None
+
+
+def step_masks(picks: Sequence[MaskPick], vocab: int) -> tuple[mx.array, list[int]] | None:
+    """The mask table and the B row ids one `apply_token_bitmask` call of a step takes for logits
+    (B, `vocab`), one pick per batch row; None when no row masks. Rows all picked from one table:
+    that table and their ids (the kernel reads the rows from it, and its caches of that table
+    serve). Otherwise the rows gathered into one (B, words) table, row b for batch row b: a table
+    narrower than the logits padded with disallowed words (as the kernel reads it), a row that
+    allows everything all ones."""
+    masked = [pick for pick in picks if pick is not None]
+    if not masked:
+        return None
+    table = masked[0][0]
+    if len(masked) == len(picks) and all(t is table for t, _ in masked):
+        return table, [row for _, row in masked]
+    words = max(-(-vocab // 32), *(t.shape[1] for t, _ in masked))  # a wider table: the kernel says so
+    parts = []
+    for pick in picks:
+        if pick is None:
+            parts.append(mx.full((1, words), ALL_ALLOWED, dtype=mx.uint32))
+            continue
+        table, row = pick
+        part = table[row : row + 1]
+        if part.shape[1] < words:
+            part = mx.pad(part, [(0, 0), (0, words - part.shape[1])])
+        parts.append(part)
+    return mx.concatenate(parts, axis=0), list(range(len(picks)))
+
+
+def mask_step(logits: mx.array, picks: Sequence[MaskPick]) -> mx.array:
+    """The step's logits (B, V) with each row masked by its pick, in one kernel call (none when no
+    row masks)."""
+    masks = step_masks(picks, logits.shape[1])
+    return logits if masks is None else apply_token_bitmask(logits, *masks)

@@ -38,7 +38,7 @@ from mlx_lm.generate import (
 from ..decode import position_logits
 from ..errors import ModelLoadError, ServerUnavailableError
 from ..runtime import GrammarProcessor
-from .batch_forward import batched_row_of, forced_after, register
+from .batch_forward import MaskPick, batched_row_of, forced_after, grammar_processor_of, mask_step, register
 
 if TYPE_CHECKING:
     from ..request import LogitsProcessor
@@ -111,8 +111,8 @@ SEAMS: tuple[Seam, ...] = (
     Seam("mlx_lm.generate.PromptProcessingBatch", "generate",
          "hands its rows to a FastForwardGenerationBatch (overridden, its body copied)", ("self", "tokens")),
     Seam("mlx_lm.generate.GenerationBatch", "_step",
-         "a fast-forward row feeds its forced tokens in the step (overridden; mlx-lm's own when no row does)",
-         ("self",)),
+         "the rows' grammar masks are applied in one kernel call, and a fast-forward row feeds its forced tokens "
+         "in the step (overridden, its body copied; mlx-lm's own when no row has a grammar)", ("self",)),
     Seam("mlx_lm.generate.GenerationBatch", "_next_tokens", "the tokens the next step feeds (read)",
          instance=True),
     Seam("mlx_lm.generate.GenerationBatch", "_token_context", "each row's processor history (read, fed)",
@@ -399,16 +399,19 @@ def _one_hot_logprobs(token: int, width: int) -> mx.array:
 
 
 class FastForwardGenerationBatch(GenerationBatch):
-    """mlx-lm's `GenerationBatch` whose canonical fast-forward rows (`batch_forward.batched_row_of`)
-    feed the tokens their grammar forces in the same step as their sampled token (the
-    `batch_forward` docstring). A step where no row has forced tokens is mlx-lm's own `_step`.
-    `next()` emits every token a row fed, in order, ending the row at the first that finishes it."""
+    """mlx-lm's `GenerationBatch` whose rows' grammar masks are applied in one kernel call per step
+    and whose canonical fast-forward rows (`batch_forward.batched_row_of`) feed the tokens their
+    grammar forces in the same step as their sampled token (the `batch_forward` docstring). A step
+    where no row has a grammar processor is mlx-lm's own `_step`. `next()` emits every token a row
+    fed, in order, ending the row at the first that finishes it."""
 
     def __init__(self, model: Any, uids: list[int], inputs: mx.array, prompt_cache: list[Any],
                  tokens: list[list[int]], samplers: Any, fallback_sampler: Any, logits_processors: Any,
                  stop_sequences: Any, max_tokens: list[int]) -> None:
         # Read by the first step, which the base constructor runs.
-        self._rows = [batched_row_of(p) for p in (logits_processors or [() for _ in uids])]
+        processor_lists = logits_processors or [() for _ in uids]
+        self._grammars = [grammar_processor_of(p) for p in processor_lists]
+        self._rows = [batched_row_of(p) for p in processor_lists]
         # Per row: the tokens fed but not yet emitted, each (token, logprobs, whether it was forced).
         self._unemitted: list[list[tuple[int, mx.array, bool]]] = [[] for _ in uids]
         self._first_step = True
@@ -418,18 +421,20 @@ class FastForwardGenerationBatch(GenerationBatch):
 
     def extend(self, batch: Any) -> None:
         super().extend(batch)  # type: ignore[no-untyped-call]  # mlx-lm's, unannotated
+        self._grammars.extend(batch._grammars)
         self._rows.extend(batch._rows)
         self._unemitted.extend(batch._unemitted)
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
+        self._grammars = [self._grammars[i] for i in keep]
         self._rows = [self._rows[i] for i in keep]
         self._unemitted = [self._unemitted[i] for i in keep]
 
     def _step(self) -> Any:
         batch: Any = self  # mlx-lm's attributes are unannotated
         first = batch._first_step
-        if not any(batch._rows):
+        if not any(batch._grammars):
             inputs, current = super()._step()
             if not first:
                 for pending, token, lp in zip(batch._unemitted, inputs, current):
@@ -467,24 +472,39 @@ class FastForwardGenerationBatch(GenerationBatch):
                 c.finalize()
 
         token_context = []
-        processed = []
+        rows: list[mx.array] | None = None  # each row's logits, once a row has processors besides its grammar's
+        picks: list[MaskPick] = []
         for e in range(len(batch.uids)):
-            row_logits = logits[e : e + 1]
             processors = batch.logits_processors[e] or ()
-            if processors:
-                buffer = batch._token_context[e]
-                if first and forced[e]:
-                    context = buffer.update_and_fetch(inputs[e : e + 1])  # the prompt: fixes the context
-                    for processor in processors:
-                        processor(context, row_logits)
-                    context = buffer.update_and_fetch(mx.array(forced[e], mx.int32))
-                else:
-                    context = buffer.update_and_fetch(mx.array(feeds[e], mx.int32))
-                token_context.append(context)
-                for processor in processors:
-                    row_logits = processor(context, row_logits)
-            processed.append(row_logits)
-        logits = mx.concatenate(processed, axis=0)
+            if not processors:
+                picks.append(None)
+                continue
+            grammar = batch._grammars[e]
+            others = processors[:-1] if grammar is not None else processors
+            buffer = batch._token_context[e]
+            if first and forced[e]:
+                context = buffer.update_and_fetch(inputs[e : e + 1])  # the prompt: fixes the context
+                for processor in others:
+                    processor(context, logits[e : e + 1])
+                if grammar is not None:
+                    grammar.follow(context)
+                context = buffer.update_and_fetch(mx.array(forced[e], mx.int32))
+            else:
+                context = buffer.update_and_fetch(mx.array(feeds[e], mx.int32))
+            token_context.append(context)
+            if others:
+                if rows is None:
+                    rows = [logits[i : i + 1] for i in range(len(batch.uids))]
+                for processor in others:
+                    rows[e] = processor(context, rows[e])
+            if grammar is None:
+                picks.append(None)
+                continue
+            mask_row = grammar.mask_row_after(context)  # before the table, which a first visit may grow
+            picks.append(None if mask_row < 0 else (grammar.compiled.device_masks(), mask_row))
+        if rows is not None:
+            logits = mx.concatenate(rows, axis=0)
+        logits = mask_step(logits, picks)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samplers = [batch.fallback_sampler if s is None else s for s in (batch.samplers or [None] * len(batch.uids))]
         if not samplers or all(s is samplers[0] for s in samplers):

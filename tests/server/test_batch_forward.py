@@ -2,22 +2,35 @@
 on a tiny random-weight model with the genuine Qwen3 tokenizer: each canonical row of a batch
 answers token for token what `grammar_mlx.decode.stream_generate` answers for it alone, rows that do
 not fast-forward (constrained with fast-forward off, unconstrained) answer what mlx-lm's own loop
-answers, the forced tokens are counted, and `forced_after` cuts proposals by room and budget."""
+answers, the forced tokens are counted, and `forced_after` cuts proposals by room and budget. Every
+step masks all its rows in one kernel call (`mask_step`), equal bit for bit to masking each row alone."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.generate import StopSequences
 from mlx_lm.generate import stream_generate as mlx_stream_generate
 from tiny_models import QWEN_LOGITS_WIDTH, tiny_llama
 
-from grammar_mlx import compile_json_schema
+from grammar_mlx import compile_json_schema, compile_regex
 from grammar_mlx.decode import stream_generate
+from grammar_mlx.kernels import apply_token_bitmask
 from grammar_mlx.runtime import GrammarProcessor
 from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder
-from grammar_mlx.server.batch_forward import BatchedRow, batched_row_of, forced_after, register
-from grammar_mlx.server.mlx_lm_seams import FastForwardBatchGenerator
+from grammar_mlx.segments import FreeText, JSONSchema, Seq, Text, compile_segments
+from grammar_mlx.server import batch_forward
+from grammar_mlx.server.batch_forward import (
+    ALL_ALLOWED,
+    BatchedRow,
+    batched_row_of,
+    forced_after,
+    grammar_processor_of,
+    register,
+    step_masks,
+)
+from grammar_mlx.server.mlx_lm_seams import FastForwardBatchGenerator, FastForwardGenerationBatch
 from grammar_mlx.server.request import FastForwarded
 
 SCHEMAS = [
@@ -45,8 +58,8 @@ def prompts(tokenizer):
     return [tokenizer.encode(t) for t in ("Answer in JSON:", "An order, as JSON, please:", "Now:", "JSON")]
 
 
-def solo(model, tokenizer, prompt, grammar, *, fast_forward, max_tokens=MAX_TOKENS, budget=MAX_TOKENS):
-    processors = [] if grammar is None else [GrammarProcessor(grammar, max_tokens=budget)]
+def solo(model, tokenizer, prompt, grammar, *, fast_forward, max_tokens=MAX_TOKENS, budget=MAX_TOKENS, before=()):
+    processors = [*before, *([] if grammar is None else [GrammarProcessor(grammar, max_tokens=budget)])]
     if fast_forward:
         responses = stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
                                     logits_processors=processors, fast_forward="canonical")
@@ -56,13 +69,15 @@ def solo(model, tokenizer, prompt, grammar, *, fast_forward, max_tokens=MAX_TOKE
     return [r.token for r in responses]
 
 
-def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS):
-    """rows: (prompt, grammar or None, fast-forward?) -> (tokens per row, records)."""
+def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS, before=None):
+    """rows: (prompt, grammar or None, fast-forward?) -> (tokens per row, records). `before`: per row,
+    processors of its own ahead of the grammar's."""
     generator = FastForwardBatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
     processors, records = [], []
-    for _, grammar, fast_forward in rows:
+    for i, (_, grammar, fast_forward) in enumerate(rows):
+        own = list(before[i]) if before else []
         if grammar is None:
-            processors.append([])
+            processors.append(own)
             records.append(None)
             continue
         processor = GrammarProcessor(grammar, max_tokens=budget)
@@ -70,7 +85,7 @@ def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS)
         if fast_forward:
             record = FastForwarded("canonical", fast_forward=fast_forward_for(grammar, tokenizer_encoder(tokenizer)))
             register(processor, record)
-        processors.append([processor])
+        processors.append([*own, processor])
         records.append(record)
     stops = StopSequences([[t] for t in tokenizer.eos_token_ids])
     uids = generator.insert([p for p, _, _ in rows], max_tokens=[max_tokens] * len(rows),
@@ -190,3 +205,97 @@ def test_only_registered_canonical_grammar_processors_fast_forward_in_the_batch(
     row = batched_row_of([canonical])
     assert row is not None and row.processor is canonical and row.record is record
     assert batched_row_of([canonical, unregistered]) is None  # the grammar processor must be last
+
+
+# --- one kernel call per step ----------------------------------------------------------------------
+
+
+class Bias:
+    """A caller's own processor (not a grammar's): adds a fixed bias to a few tokens."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def __call__(self, history, logits):
+        return logits + mx.zeros(logits.shape[-1]).at[mx.array(self.tokens)].add(3.0)
+
+
+def counted(monkeypatch):
+    """Patched in from here on: per step of a generation batch, (rows with a grammar, the batch size
+    of each kernel call it made); a grammar processor's own per-row masking fails the test."""
+    steps = []
+    kernel = batch_forward.apply_token_bitmask
+    step = FastForwardGenerationBatch._step
+
+    def counting_kernel(logits, table, rows):
+        steps[-1][1].append(logits.shape[0])
+        return kernel(logits, table, rows)
+
+    def counting_step(self):
+        steps.append((sum(g is not None for g in self._grammars), []))
+        return step(self)
+
+    def per_row(self, logits, target):
+        raise AssertionError("a batch row was masked on its own")
+
+    monkeypatch.setattr(batch_forward, "apply_token_bitmask", counting_kernel)
+    monkeypatch.setattr(FastForwardGenerationBatch, "_step", counting_step)
+    monkeypatch.setattr(GrammarProcessor, "_process_row", per_row)
+    monkeypatch.setattr(GrammarProcessor, "_process", per_row)
+    return steps
+
+
+def test_a_mixed_batch_masks_every_row_in_one_kernel_call_per_step(model, qwen_tokenizer, grammars, monkeypatch):
+    regex = compile_regex(r"[a-z]{2,6}-[0-9]{2,3}", qwen_tokenizer, logits_width=QWEN_LOGITS_WIDTH)
+    ps = prompts(qwen_tokenizer)
+    # JSON schema, regex (behind a caller's own processor), unconstrained, fast-forward canonical.
+    rows = [(ps[0], grammars[0], False), (ps[1], regex, False), (ps[2], None, False), (ps[3], grammars[1], True)]
+    before = [(), (Bias([12, 13, 14]),), (), ()]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=ff, before=b) for (p, g, ff), b in zip(rows, before)]
+    steps = counted(monkeypatch)
+    got, records = batched(model, qwen_tokenizer, rows, before=before)
+    assert got == expected
+    assert records[3].tokens > 0  # the fast-forward row fed forced tokens in the batch
+    masked = [(grammar_rows, calls) for grammar_rows, calls in steps if grammar_rows]
+    assert masked and all(len(calls) == 1 for _, calls in masked), steps  # one call per step with a grammar
+    assert max(calls[0] for _, calls in masked) == 4  # ... over every row of the batch
+    assert all(not calls for grammar_rows, calls in steps if not grammar_rows)
+
+
+def test_free_text_and_caller_processors_keep_their_answers_in_the_batch(model, qwen_tokenizer, grammars, monkeypatch):
+    think = compile_segments(Seq((FreeText(max_tokens=5, end=Text("</think>")), JSONSchema(SCHEMAS[1]))),
+                             qwen_tokenizer, logits_width=QWEN_LOGITS_WIDTH)
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[0], think, False), (ps[1], None, False), (ps[2], grammars[0], True)]
+    before = [(), (Bias([7, 8]),), (Bias([9]),)]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=ff, before=b) for (p, g, ff), b in zip(rows, before)]
+    steps = counted(monkeypatch)
+    got, _ = batched(model, qwen_tokenizer, rows, before=before)
+    assert got == expected
+    assert all(len(calls) <= 1 for _, calls in steps)
+
+
+def test_step_masks_gather_every_row_into_one_table_equal_to_masking_each_alone(grammars):
+    rng = np.random.default_rng(0)
+    wide = mx.array(rng.integers(0, 2**32, size=(5, -(-QWEN_LOGITS_WIDTH // 32)), dtype=np.uint32))
+    narrow = mx.array(rng.integers(0, 2**32, size=(3, 100), dtype=np.uint32))  # past its 3200 ids: disallowed
+    logits = mx.array(rng.standard_normal((4, QWEN_LOGITS_WIDTH)).astype(np.float32))
+    picks = [(wide, 3), None, (narrow, 1), (wide, 0)]
+    table, rows = step_masks(picks, QWEN_LOGITS_WIDTH)
+    assert table.shape == (4, wide.shape[1]) and rows == [0, 1, 2, 3]
+    assert (np.asarray(table[1]) == ALL_ALLOWED).all()
+    got = np.asarray(apply_token_bitmask(logits, table, rows))
+    for b, pick in enumerate(picks):
+        alone = logits[b : b + 1] if pick is None else apply_token_bitmask(logits[b : b + 1], pick[0], [pick[1]])
+        assert np.array_equal(got[b], np.asarray(alone)[0], equal_nan=True), b
+    # Every row from one table: that table, read through the rows' ids.
+    same, ids = step_masks([(wide, 4), (wide, 2)], QWEN_LOGITS_WIDTH)
+    assert same is wide and ids == [4, 2]
+    assert step_masks([None, None], QWEN_LOGITS_WIDTH) is None
+
+
+def test_the_grammar_processor_of_a_row_is_its_last(grammars):
+    processor = GrammarProcessor(grammars[0])
+    assert grammar_processor_of([Bias([1]), processor]) is processor
+    assert grammar_processor_of([processor, Bias([1])]) is None
+    assert grammar_processor_of([]) is None and grammar_processor_of(None) is None
