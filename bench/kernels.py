@@ -9,7 +9,7 @@ time. The summary lists issue 24's target rows (V = 151,936, the default path) b
 
 Variants on the CPU device, each on a warm cache (first-use costs are printed separately):
   cpu-fused/whole      the default when g++ is present; a 64-row table, small enough to be
-                       cached unpacked whole (a batch is one gather)
+                       cached unpacked whole (a batch is one gather, through the widest integer view that divides V)
   cpu-fused/rows       the same path on a 2,048-row table, too large for that: hot rows are
                        cached one by one and a batch is staged through numpy
   cpu-bitwise/whole    the default without g++, same two tables

@@ -30,6 +30,7 @@ __all__ = [
     "RowEntry",
     "bitwise_where",
     "fused_where",
+    "gather_rows",
     "jit_available",
     "row_appliers",
     "row_form",
@@ -113,6 +114,20 @@ def row_form(dense: np.ndarray) -> tuple[int, mx.array]:
     if vocab - allowed <= vocab // SPARSE_BLOCKED_FRACTION:
         return BLOCKED, mx.array(np.flatnonzero(dense[0] == 0).astype(np.int32)[None])
     return DENSE, mx.array(dense)
+
+
+# Integer views a row of int8 masks is gathered through, widest first (see gather_rows).
+_GATHER_VIEWS = ((8, mx.int64), (4, mx.int32), (2, mx.int16))
+
+
+def gather_rows(masks: mx.array, row_ids: mx.array) -> mx.array:
+    """``masks[row_ids]`` for int8 masks (U, V): MLX's CPU gather copies element by element, so the
+    rows are taken through the widest integer view that divides V (the same bytes, fewer elements)."""
+    width = masks.shape[1]
+    for size, view in _GATHER_VIEWS:
+        if width % size == 0:
+            return mx.take(masks.view(view), row_ids, axis=0).view(masks.dtype)
+    return mx.take(masks, row_ids, axis=0)
 
 
 def unpack(words: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -261,7 +276,7 @@ class RowCache:
                     for r in new:
                         unpack(words[r : r + 1], whole.view[r : r + 1])
                         whole.unpacked[r] = 1
-                return mx.take(whole.array, mx.array(row_ids, dtype=mx.int32), axis=0)
+                return gather_rows(whole.array, mx.array(row_ids, dtype=mx.int32))
             index = self.row_index(table, vocab, dense=True)
             found = [self.row(table, index, vocab, r, dense=True).array for r in row_ids]
             # One numpy concatenation then one copy into MLX: mx.concatenate copies element by element
