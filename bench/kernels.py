@@ -3,11 +3,13 @@
 For V in {32,000, 128,256, 151,936} x B in {1, 8} x {float32, bfloat16}: microseconds per apply
 (including `mx.eval`) and the ratio to the floor, `mx.eval(logits + 0)` on the same device, measured
 in the same run. Variants are timed in interleaved rounds (floor, path, floor, path, ...) and the
-median round is reported, so background load hits floor and paths alike.
+median round is reported, so background load hits floor and paths alike. Column "cpu x": the same
+ratio of process CPU time (MLX's stream thread included), less hit by other processes than wall
+time. The summary lists issue 24's target rows (V = 151,936, the default path) beside the targets.
 
 Variants on the CPU device, each on a warm cache (first-use costs are printed separately):
   cpu-fused/whole      the default when g++ is present; a 64-row table, small enough to be
-                       cached unpacked whole (a batch is one gather)
+                       cached unpacked whole (a batch is one gather, through the widest integer view that divides V)
   cpu-fused/rows       the same path on a 2,048-row table, too large for that: hot rows are
                        cached one by one and a batch is staged through numpy
   cpu-bitwise/whole    the default without g++, same two tables
@@ -136,10 +138,16 @@ def first_use_us(logits: mx.array, table: mx.array, rows: list[int], repeats: in
 
 
 def time_calls(fn, iters: int) -> float:
-    start = time.perf_counter()
+    return time_calls_cpu(fn, iters)[0]
+
+
+def time_calls_cpu(fn, iters: int) -> tuple[float, float]:
+    """(wall, process CPU) microseconds per call: CPU time counts MLX's stream thread too and is
+    less hit than wall time by other processes on the machine."""
+    cpu0, start = time.process_time(), time.perf_counter()
     for _ in range(iters):
         mx.eval(fn())
-    return (time.perf_counter() - start) / iters * 1e6
+    return (time.perf_counter() - start) / iters * 1e6, (time.process_time() - cpu0) / iters * 1e6
 
 
 def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters: int) -> list[dict]:
@@ -156,13 +164,17 @@ def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters:
     for _, fn in cases:  # warm up: JIT builds, row cache fills
         time_calls(fn, 3)
     samples: dict[str, list[float]] = {name: [] for name, _ in cases}
+    cpu_samples: dict[str, list[float]] = {name: [] for name, _ in cases}
     for _ in range(rounds):
         for name, fn in cases:
-            samples[name].append(time_calls(fn, iters))
+            wall, cpu_us = time_calls_cpu(fn, iters)
+            samples[name].append(wall)
+            cpu_samples[name].append(cpu_us)
     # Ratio per round against that round's floor, then the median: robust to load that drifts.
     rows_out = []
     for name, times in samples.items():
         ratios = [t / f for t, f in zip(times, samples["floor"])]
+        cpu_ratios = [t / f for t, f in zip(cpu_samples[name], cpu_samples["floor"]) if f > 0]
         rows_out.append(
             {
                 "device": device,
@@ -172,6 +184,7 @@ def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters:
                 "variant": name,
                 "us_per_apply": round(statistics.median(times), 2),
                 "ratio_to_floor": round(statistics.median(ratios), 3),
+                "cpu_ratio_to_floor": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
             }
         )
     for layout, us in first_use.items():
@@ -187,6 +200,26 @@ def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters:
             }
         )
     return rows_out
+
+
+# Issue 24's targets: the default path (the whole-table and row-by-row layouts) at the Qwen3 width,
+# as a ratio to the floor in the same run.
+TARGET_VOCAB = 151_936
+TARGETS = {1: 1.2, 8: 1.5}
+
+
+def target_summary(results: list[dict]) -> dict:
+    """The target rows (CPU, V = TARGET_VOCAB, the default path) with their ratios and targets."""
+    path = K.default_path()
+    out: dict = {"targets": {f"B={b}": t for b, t in TARGETS.items()}}
+    for r in results:
+        if r["device"] == "cpu" and r["vocab"] == TARGET_VOCAB and r["variant"].startswith(f"{path}/"):
+            out[f"{r['dtype']} B={r['batch']} {r['variant']}"] = [r["ratio_to_floor"], r["cpu_ratio_to_floor"]]
+    return out
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 GROWTH_ROWS = (64, 512, 2048)
@@ -260,6 +293,7 @@ def main() -> None:
         print(f"\nwrote {out}")
         return
 
+    load_before = os.getloadavg()
     devices = ["cpu"]
     if any(p in ("metal", "cuda") for p in K.available_paths()):
         devices.insert(0, "gpu")
@@ -272,14 +306,16 @@ def main() -> None:
                     for dtype in DTYPES:
                         results.extend(measure(device, vocab, batch, dtype, args.rounds, args.iters))
 
-    header = f"{'device':6} {'V':>7} {'B':>2} {'dtype':8} {'variant':20} {'us/apply':>9} {'x floor':>8}"
+    header = f"{'device':6} {'V':>7} {'B':>2} {'dtype':8} {'variant':20} {'us/apply':>9} {'x floor':>8} {'cpu x':>6}"
     print(header)
     print("-" * len(header))
     for r in results:
         print(
             f"{r['device']:6} {r['vocab']:>7} {r['batch']:>2} {r['dtype']:8} {r['variant']:20} "
-            f"{r['us_per_apply']:>9.1f} {r['ratio_to_floor']:>8.2f}"
+            f"{r['us_per_apply']:>9.1f} {r['ratio_to_floor']:>8.2f} {_ratio(r.get('cpu_ratio_to_floor')):>6}"
         )
+    summary = target_summary(results)
+    print(json.dumps(summary))
     report = {
         "benchmark": "apply_token_bitmask",
         "floor": "mx.eval(logits + 0) on the same device, same run",
@@ -289,8 +325,10 @@ def main() -> None:
         "rounds": args.rounds,
         "iters_per_round": args.iters,
         "seconds": round(time.perf_counter() - started, 1),
-        "load_average_1min": round(os.getloadavg()[0], 2),  # other work on the machine skews µs more than ratios
+        # other work on the machine skews µs more than ratios: the load before and after the run
+        "load_average": [round(x, 2) for x in (*load_before, *os.getloadavg())],
         "cpu_count": os.cpu_count(),
+        "summary": summary,
         "results": results,
         "table_growth": growth,
     }

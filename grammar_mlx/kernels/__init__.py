@@ -50,7 +50,9 @@ largest B x V batch staged.
 Modules: `dispatch` (the two entry points, input checks, the choice of path, `shared_array`, the
 one row cache), `cpu` (the forms and the cache), `gpu` (the kernels' sources and launch). The
 per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read and
-the row's op(s) per call.
+the row's op(s) per call. `apply_token_bitmask` with one row takes the same bound masker, made on
+its first call for that table, width, dtype and path and kept in the row cache's per-table state
+(it holds no table, so it goes with the table), so its per-call checks are the masker's.
 
 Tables may grow in place. A table may hold rows not written yet (a lazy grammar's table has room
 for more rows than it has handed out, and writes each new row in place, through `shared_array`,

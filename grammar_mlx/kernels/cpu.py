@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -30,6 +30,7 @@ __all__ = [
     "RowEntry",
     "bitwise_where",
     "fused_where",
+    "gather_rows",
     "jit_available",
     "row_appliers",
     "row_form",
@@ -115,6 +116,20 @@ def row_form(dense: np.ndarray) -> tuple[int, mx.array]:
     return DENSE, mx.array(dense)
 
 
+# Integer views a row of int8 masks is gathered through, widest first (see gather_rows).
+_GATHER_VIEWS = ((8, mx.int64), (4, mx.int32), (2, mx.int16))
+
+
+def gather_rows(masks: mx.array, row_ids: mx.array) -> mx.array:
+    """``masks[row_ids]`` for int8 masks (U, V): MLX's CPU gather copies element by element, so the
+    rows are taken through the widest integer view that divides V (the same bytes, fewer elements)."""
+    width = masks.shape[1]
+    for size, view in _GATHER_VIEWS:
+        if width % size == 0:
+            return mx.take(masks.view(view), row_ids, axis=0).view(masks.dtype)
+    return mx.take(masks, row_ids, axis=0)
+
+
 def unpack(words: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Write the int8 masks of packed rows `words` (M, W) into `out` (M, V) and return it."""
     words = words.astype("<u4", copy=False)
@@ -154,6 +169,16 @@ class TableEntry(RowEntry):
 RowIndex = dict[int, "weakref.ref[RowEntry]"]
 
 
+class TableState(NamedTuple):
+    """What the cache keeps per live table: a weak reference to it, its row indexes by
+    ``(V, dense)``, and callers' per-table objects (`maskers`: dispatch's bound per-token maskers,
+    which must not hold the table)."""
+
+    table: weakref.ref[mx.array]
+    indexes: dict[tuple[int, bool], RowIndex]
+    maskers: dict[Any, Any]
+
+
 class RowCache:
     """Unpacked masks for the CPU paths, in one queue bounded by `max_bytes`. Entries:
 
@@ -185,7 +210,7 @@ class RowCache:
         self._share = share
         self._queue: OrderedDict[tuple[Any, ...], RowEntry] = OrderedDict()  # oldest first
         self._bytes = 0
-        self._tables: dict[int, tuple[weakref.ref[mx.array], dict[tuple[int, bool], RowIndex]]] = {}
+        self._tables: dict[int, TableState] = {}
         self._lock = threading.RLock()  # RLock: a weakref callback may run inside a locked section
         self._scratch = np.empty(0, dtype=np.int8)  # staging for unpacking and batching, see _scratch_rows
 
@@ -193,8 +218,23 @@ class RowCache:
 
     def row_index(self, table: mx.array, vocab: int, dense: bool = False) -> RowIndex:
         """The table's row index at width `vocab` (dense: rows forced to the int8 mask)."""
+        # Found without the lock (apply_token_bitmask asks on every call): dict reads are atomic, and
+        # a live table's entry is only ever replaced under the lock, never changed.
+        tracked = self._tables.get(id(table))
+        if tracked is not None and tracked.table() is table:
+            index = tracked.indexes.get((vocab, dense))
+            if index is not None:
+                return index
         with self._lock:
-            return self._track(table).setdefault((vocab, dense), {})
+            return self._track(table).indexes.setdefault((vocab, dense), {})
+
+    def maskers(self, table: mx.array) -> dict[Any, Any]:
+        """The table's dict of per-table objects (gone with the table; hold no table in it)."""
+        tracked = self._tables.get(id(table))
+        if tracked is not None and tracked.table() is table:
+            return tracked.maskers
+        with self._lock:
+            return self._track(table).maskers
 
     def row(self, table: mx.array, index: RowIndex, vocab: int, row: int, dense: bool = False) -> RowEntry:
         """The entry of `row` of `table`, `index` being `row_index(table, vocab, dense)`; `row` must be
@@ -236,7 +276,7 @@ class RowCache:
                     for r in new:
                         unpack(words[r : r + 1], whole.view[r : r + 1])
                         whole.unpacked[r] = 1
-                return mx.take(whole.array, mx.array(row_ids, dtype=mx.int32), axis=0)
+                return gather_rows(whole.array, mx.array(row_ids, dtype=mx.int32))
             index = self.row_index(table, vocab, dense=True)
             found = [self.row(table, index, vocab, r, dense=True).array for r in row_ids]
             # One numpy concatenation then one copy into MLX: mx.concatenate copies element by element
@@ -289,20 +329,20 @@ class RowCache:
 
     # -- table lifetimes -------------------------------------------------------------------------
 
-    def _track(self, table: mx.array) -> dict[tuple[int, bool], RowIndex]:
+    def _track(self, table: mx.array) -> TableState:
         table_id = id(table)
         tracked = self._tables.get(table_id)
-        if tracked is None or tracked[0]() is not table:
+        if tracked is None or tracked.table() is not table:
             if tracked is not None:  # the id belonged to a table that died before its callback ran
                 self._forget(table_id)
-            tracked = (weakref.ref(table, functools.partial(self._table_died, table_id)), {})
+            tracked = TableState(weakref.ref(table, functools.partial(self._table_died, table_id)), {}, {})
             self._tables[table_id] = tracked
-        return tracked[1]
+        return tracked
 
     def _table_died(self, table_id: int, ref: weakref.ref[mx.array]) -> None:
         with self._lock:
             tracked = self._tables.get(table_id)
-            if tracked is not None and tracked[0] is ref:
+            if tracked is not None and tracked.table is ref:
                 self._forget(table_id)
 
     def _forget(self, table_id: int) -> None:
@@ -315,8 +355,8 @@ class RowCache:
         """Drop every entry and index."""
         with self._lock:
             self._queue.clear()
-            for _, indexes in self._tables.values():
-                for index in indexes.values():
+            for tracked in self._tables.values():
+                for index in tracked.indexes.values():
                     index.clear()  # bound maskers hold these dicts
             self._tables.clear()
             self._bytes = 0

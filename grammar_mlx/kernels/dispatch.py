@@ -32,9 +32,11 @@ __all__ = [
 ]
 
 LOGIT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+_LOGIT_DTYPE_SET = frozenset(LOGIT_DTYPES)
 PATHS = ("metal", "cuda", "cpu-fused", "cpu-bitwise")
 
 Masker = Callable[[mx.array, int], mx.array]
+TableMasker = Callable[[mx.array, mx.array, int], mx.array]  # (table, logits, row)
 
 
 def apply_token_bitmask(
@@ -47,6 +49,19 @@ def apply_token_bitmask(
     one of `available_paths()` (tests, benchmarks); by default it follows the running backend.
     Raises `KernelError` on bad shapes, dtypes or row ids.
     """
+    if type(rows) is list and len(rows) == 1 and type(logits) is mx.array:
+        # One row: the per-token masker bound to this table, width and dtype (checked when it was
+        # made), kept with the table's other per-table state in the row cache.
+        bound_path = path or default_path()
+        key = (logits.shape, logits.dtype, bound_path)
+        maskers = _ROW_CACHE.maskers(mask_table) if type(mask_table) is mx.array else None
+        masker = maskers.get(key) if maskers is not None else None
+        if masker is not None:
+            return cast("TableMasker", masker)(mask_table, logits, rows[0])
+    return _apply_checked(logits, mask_table, rows, path)
+
+
+def _apply_checked(logits: mx.array, mask_table: mx.array, rows: Any, path: str | None) -> mx.array:
     row_ids = _checked_rows(logits, mask_table, rows)
     if logits.size == 0:
         return logits
@@ -55,8 +70,9 @@ def apply_token_bitmask(
         return gpu.apply(path, logits, mask_table, mx.array(row_ids, dtype=mx.uint32))
     vocab = logits.shape[1]
     if len(row_ids) == 1:
-        entry = _ROW_CACHE.row(mask_table, _ROW_CACHE.row_index(mask_table, vocab), vocab, row_ids[0])
-        return cpu.row_appliers(path, logits.dtype)[entry.form](entry.array, logits)
+        masker = _cpu_row_masker(mask_table, vocab, logits.dtype, path)
+        _ROW_CACHE.maskers(mask_table)[(logits.shape, logits.dtype, path)] = masker
+        return masker(mask_table, logits, row_ids[0])
     keep = cpu.fused_where if path == "cpu-fused" else cpu.bitwise_where
     return keep(_ROW_CACHE.masks(mask_table, row_ids, vocab), logits)
 
@@ -77,30 +93,36 @@ def row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, *, path
     shape = (1, logits_width)
     num_rows = mask_table.shape[0]
 
-    def general(logits: mx.array, row: Any) -> mx.array:
-        return apply_token_bitmask(logits, mask_table, [row], path=path)
-
     if path in ("metal", "cuda"):
         row_arrays: dict[int, mx.array] = {}  # one tiny device array per row id, made once
 
         def mask_gpu(logits: mx.array, row: int) -> mx.array:
             if not (type(row) is int and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
-                return general(logits, row)
+                return apply_token_bitmask(logits, mask_table, [row], path=path)
             rows = row_arrays.get(row)
             if rows is None:
                 rows = row_arrays[row] = mx.array([row], dtype=mx.uint32)
             return gpu.apply(path, logits, mask_table, rows)
 
         return mask_gpu
+    # partial: the returned function holds the table; the masker itself does not, so that
+    # apply_token_bitmask can keep it with the table's state in the row cache.
+    return functools.partial(_cpu_row_masker(mask_table, logits_width, dtype, path), mask_table)
 
+
+def _cpu_row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, path: str) -> TableMasker:
+    """The per-token CPU path, ``mask(table, logits, row)``, for a table already checked against
+    (1, `logits_width`) logits of `dtype`: a dict read and the row's form per call."""
+    shape = (1, logits_width)
+    num_rows = mask_table.shape[0]
     appliers = cpu.row_appliers(path, dtype)
     index = _ROW_CACHE.row_index(mask_table, logits_width)
     cached_row = _ROW_CACHE.row
 
-    def mask_cpu(logits: mx.array, row: int) -> mx.array:
+    def mask_cpu(table: mx.array, logits: mx.array, row: int) -> mx.array:
         if not (type(row) is int and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
-            return general(logits, row)  # raises the typed error for anything bad
-        entry = cached_row(mask_table, index, logits_width, row)
+            return _apply_checked(logits, table, [row], path)  # raises the typed error for anything bad
+        entry = cached_row(table, index, logits_width, row)
         return appliers[entry.form](entry.array, logits)
 
     return mask_cpu
@@ -108,7 +130,7 @@ def row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, *, path
 
 def default_path() -> str:
     """The path `apply_token_bitmask` takes on the current default device."""
-    if mx.default_device().type == mx.DeviceType.gpu:
+    if mx.default_device() != mx.cpu:  # read per call; cheaper than comparing `.type` to mx.DeviceType.gpu
         if gpu.metal_available():
             return "metal"
         if gpu.cuda_available():
@@ -201,20 +223,23 @@ def _checked_path(path: str | None) -> str:
 
 
 def _checked_rows(logits: mx.array, mask_table: mx.array, rows: Any) -> list[int]:
+    # Each property is read once: this runs on every apply_token_bitmask call.
     if not isinstance(logits, mx.array):
         raise KernelError(f"logits must be an mx.array, got {type(logits).__name__}")
-    if logits.ndim != 2:
-        raise KernelError(f"logits must be 2-D (batch, vocab), got shape {tuple(logits.shape)}")
-    if logits.dtype not in LOGIT_DTYPES:
+    shape = logits.shape
+    if len(shape) != 2:
+        raise KernelError(f"logits must be 2-D (batch, vocab), got shape {tuple(shape)}")
+    if logits.dtype not in _LOGIT_DTYPE_SET:
         raise KernelError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
     if not isinstance(mask_table, mx.array):
         raise KernelError(f"mask_table must be an mx.array, got {type(mask_table).__name__}")
-    if mask_table.ndim != 2:
-        raise KernelError(f"mask_table must be 2-D (rows, words), got shape {tuple(mask_table.shape)}")
+    table_shape = mask_table.shape
+    if len(table_shape) != 2:
+        raise KernelError(f"mask_table must be 2-D (rows, words), got shape {tuple(table_shape)}")
     if mask_table.dtype != mx.uint32:
         raise KernelError(f"mask_table must be uint32, got {mask_table.dtype}")
-    batch, vocab = logits.shape
-    num_rows, num_words = mask_table.shape
+    batch, vocab = shape
+    num_rows, num_words = table_shape
     if num_words > -(-vocab // 32):
         raise KernelError(
             f"mask_table has {num_words} words per row but logits of width {vocab} take at most "
@@ -230,6 +255,8 @@ def _checked_rows(logits: mx.array, mask_table: mx.array, rows: Any) -> list[int
 
 
 def _as_int_list(rows: Any) -> list[int]:
+    if type(rows) is list and all(type(r) is int for r in rows):
+        return rows  # read only
     if isinstance(rows, (mx.array, np.ndarray)):
         integer = mx.issubdtype(rows.dtype, mx.integer) if isinstance(rows, mx.array) else rows.dtype.kind in "iu"
         if rows.ndim != 1 or not integer:

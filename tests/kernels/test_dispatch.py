@@ -109,6 +109,33 @@ def test_empty_batch_returns_empty_logits_of_their_dtype_and_is_still_checked(pa
                                      [], path=path)
 
 
+@pytest.mark.parametrize("path", cpu_paths())
+def test_single_row_calls_after_the_first_take_the_bound_masker_and_are_checked_as_the_first(path):
+    # apply_token_bitmask keeps a bound masker per (table, logits shape, dtype, path) after its first
+    # one-row call: later calls must mask exactly, and anything the masker does not bind (another
+    # dtype, width, row id type, a bad row) must still be handled or raise as on a first call.
+    rng = np.random.default_rng(21)
+    vocab = 1001
+    table_np = make_table(rng, "random", 4, 32)
+    table = mx.array(table_np)
+    for dtype in ("float32", "bfloat16", "float32"):
+        for row in (1, 3, 1, np.int64(2), True):
+            bits = make_logit_bits(rng, dtype, 1, vocab)
+            out = dispatch.apply_token_bitmask(to_mx(bits, dtype), table, [row], path=path)
+            np.testing.assert_array_equal(to_bits(out, dtype), reference(bits, table_np, [int(row)], DTYPES[dtype][2]))
+    assert len(dispatch._ROW_CACHE.maskers(table)) == 2  # one per dtype
+    narrow = make_logit_bits(rng, "float32", 1, 40 * 32)  # another width: a table too wide for it
+    with pytest.raises(KernelError, match="larger vocabulary"):
+        dispatch.apply_token_bitmask(to_mx(narrow[:, :500], "float32"), table, [0], path=path)
+    for bad, message in ((4, "out of range"), (-1, "out of range"), ("1", "sequence of ints")):
+        with pytest.raises(KernelError, match=message):
+            dispatch.apply_token_bitmask(to_mx(make_logit_bits(rng, "float32", 1, vocab), "float32"), table, [bad],
+                                         path=path)
+    with pytest.raises(KernelError, match="unknown path"):
+        dispatch.apply_token_bitmask(to_mx(make_logit_bits(rng, "float32", 1, vocab), "float32"), table, [0],
+                                     path="cpu-nope")
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors
 
