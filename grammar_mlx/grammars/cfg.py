@@ -45,16 +45,34 @@ class Ref:
     pos: Pos
 
 
+# The composite nodes keep their hash once computed: a schema's rules are a DAG (the emitter
+# shares what repeats), hashed deeply at every memo lookup otherwise.
+
+
 @dataclass(frozen=True, slots=True)
 class Cat:
     items: tuple[Expr, ...]
     pos: Pos
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((Cat, self.items, self.pos)))
+        assert self._hash is not None
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
 class Alts:
     items: tuple[Expr, ...]
     pos: Pos
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((Alts, self.items, self.pos)))
+        assert self._hash is not None
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +81,13 @@ class Rep:
     lo: int
     hi: int | None
     pos: Pos
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((Rep, self.item, self.lo, self.hi, self.pos)))
+        assert self._hash is not None
+        return self._hash
 
 
 Expr = Term | Ref | Cat | Alts | Rep
@@ -102,24 +127,33 @@ class Lowered:
 
 
 def collect_refs(expr: Expr, out: list[Ref]) -> None:
-    """The rule references in `expr`, appended to `out`."""
-    if isinstance(expr, Ref):
-        out.append(expr)
-    elif isinstance(expr, (Cat, Alts)):
-        for item in expr.items:
-            collect_refs(item, out)
-    elif isinstance(expr, Rep):
-        collect_refs(expr.item, out)
+    """The rule references in `expr`, appended to `out` in order (a part the expression shares,
+    the same object at several places, is read once)."""
+    seen: set[int] = set()
+    stack = [expr]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Ref):
+            out.append(x)
+        elif isinstance(x, (Cat, Alts, Rep)) and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(reversed(x.items) if isinstance(x, (Cat, Alts)) else (x.item,))
 
 
 def _check_bounds(expr: Expr) -> None:
-    if isinstance(expr, Rep):
-        if expr.lo < 0 or (expr.hi is not None and expr.hi < expr.lo):
-            raise error(f"bad repetition bounds {{{expr.lo},{'' if expr.hi is None else expr.hi}}}", expr.pos)
-        _check_bounds(expr.item)
-    elif isinstance(expr, (Cat, Alts)):
-        for item in expr.items:
-            _check_bounds(item)
+    seen: set[int] = set()
+    stack = [expr]
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, (Cat, Alts, Rep)) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Rep):
+            if x.lo < 0 or (x.hi is not None and x.hi < x.lo):
+                raise error(f"bad repetition bounds {{{x.lo},{'' if x.hi is None else x.hi}}}", x.pos)
+            stack.append(x.item)
+        else:
+            stack.extend(reversed(x.items))
 
 
 def _recursive(rules: dict[str, Rule]) -> set[str]:

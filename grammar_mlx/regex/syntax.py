@@ -198,36 +198,48 @@ def repeat(item: Node, lo: int, hi: int | None) -> Node:
 
 
 def length_range(node: Node) -> tuple[int, int | None]:
-    """Shortest and longest match in code points (None: unbounded). The empty language gives (inf, 0)."""
+    """Shortest and longest match in code points (None: unbounded). The empty language gives (inf, 0).
+    Each shared part of the DAG is measured once (a schema's AST shares what its text repeats)."""
+    return _length_range(node, {})
+
+
+def _length_range(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple[int, int | None]:
     if isinstance(node, Chars):
         return (1, 1) if node.chars else (_INF, 0)
     if isinstance(node, Literal):
         return len(node.text), len(node.text)
     if isinstance(node, Anchor):
         return 0, 0
+    if isinstance(node, Bounded):
+        return node.core.length_range()
+    found = known.get(id(node))  # the node outlives the walk: its id is not reused meanwhile
+    if found is not None:
+        return found
+    result: tuple[int, int | None]
     if isinstance(node, Seq):
         lo = 0
         longest: int | None = 0
         for item in node.items:
-            a, b = length_range(item)
+            a, b = _length_range(item, known)
             lo += a
             longest = None if longest is None or b is None else longest + b
-        return lo, longest
-    if isinstance(node, Alt):
+        result = lo, longest
+    elif isinstance(node, Alt):
         if not node.items:
             return _INF, 0
-        ranges = [length_range(item) for item in node.items]
+        ranges = [_length_range(item, known) for item in node.items]
         his = [b for _, b in ranges if b is not None]
-        return min(a for a, _ in ranges), None if len(his) < len(ranges) else max(his)
-    if isinstance(node, Repeat):
-        a, b = length_range(node.item)
+        result = min(a for a, _ in ranges), None if len(his) < len(ranges) else max(his)
+    elif isinstance(node, Repeat):
+        a, b = _length_range(node.item, known)
         repeated: int | None = None if node.hi is None or b is None else b * node.hi
         if node.hi is None and b == 0:
             repeated = 0
-        return a * node.lo, repeated
-    if isinstance(node, Bounded):
-        return node.core.length_range()
-    raise AssertionError(f"not an AST node: {node!r}")
+        result = a * node.lo, repeated
+    else:
+        raise AssertionError(f"not an AST node: {node!r}")
+    known[id(node)] = result
+    return result
 
 
 _INF = 1 << 62
