@@ -62,7 +62,7 @@ def load_vocabulary(tokenizer: Any, eos_token_ids: list[int] | tuple[int, ...] |
         tokenizer = token_bytes.load_tokenizer_path(Path(tokenizer))
     if eos_token_ids is None and (known := token_bytes.remembered(tokenizer)) is not None:
         return known, "memory"
-    read: dict[str, Any] = {}  # a vocabulary dict the key was hashed from, decoded then, not read twice
+    read: dict[str, Any] = {}  # the token strings the key was hashed from, decoded then, not read twice
     fingerprint = None
     if cache_dir is not None:
         fingerprint = token_bytes.tokenizer_fingerprint(tokenizer, eos_token_ids, read=read)
@@ -76,7 +76,7 @@ def load_vocabulary(tokenizer: Any, eos_token_ids: list[int] | tuple[int, ...] |
         if eos_token_ids is None:
             token_bytes.remember(tokenizer, vocab)
         return vocab, "disk"
-    vocab = token_bytes.build_vocabulary(tokenizer, eos_token_ids, read.get("vocab"))
+    vocab = token_bytes.build_vocabulary(tokenizer, eos_token_ids, read.get("tokens"))
     cache.store(cache_dir, key, {"flat": np.frombuffer(vocab.flat, np.uint8), "lengths": vocab.lengths},
                 {"kind": "vocabulary", "eos_token_ids": list(vocab.eos_token_ids), "encoding": vocab.encoding})
     return vocab, "built"

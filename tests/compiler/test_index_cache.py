@@ -150,7 +150,7 @@ def reference_token_bytes(tokenizer) -> tuple[bytes | None, ...]:
     """`vocabulary_of`'s table, one token at a time (`_token_to_bytes` of each)."""
     hf = token_bytes._hf_of(tokenizer)
     vocab = hf.get_vocab()
-    encoding = token_bytes._encoding_of(hf, vocab)
+    encoding = token_bytes._encoding_of(hf, sorted(vocab, key=vocab.__getitem__))
     control = token_bytes._control_ids(hf) | set(token_bytes._eos_ids(tokenizer, hf))
     table: list[bytes | None] = [None] * max(max(vocab.values()) + 1, len(hf))
     for token, i in vocab.items():
