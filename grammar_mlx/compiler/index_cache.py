@@ -5,8 +5,9 @@ Two kinds of entries in the grammar cache's directory, with its file format, ato
 failure rules (`cache.py`: a read-only or full disk loses the optimization, never the compile; a
 corrupt, truncated or foreign file is rebuilt, never trusted):
 - the vocabulary of a tokenizer (`Vocabulary.flat` / `.lengths`, its EOS ids and encoding), keyed by
-  `token_bytes.tokenizer_fingerprint` (the hash of the tokenizer's `tokenizer.json` bytes and of its
-  control tokens, size and EOS ids: content, not a path). A loaded entry must also read as the live
+  `token_bytes.tokenizer_fingerprint` (the hash of the tokenizer's `tokenizer.json` bytes, or of the
+  GGUF metadata a GGUF file's tokenizer registered it was built from, and of its control tokens,
+  size and EOS ids: content, not a path). A loaded entry must also read as the live
   tokenizer does on a sample of ids (`token_bytes.agrees_with`); its fingerprint is recomputed from
   its arrays, never read from the file.
 - the token trie of a vocabulary for a logits width (`TokenTrie.ARRAYS`), keyed by the vocabulary's
