@@ -5,8 +5,9 @@ Two kinds of entries in the grammar cache's directory, with its file format, ato
 failure rules (`cache.py`: a read-only or full disk loses the optimization, never the compile; a
 corrupt, truncated or foreign file is rebuilt, never trusted):
 - the vocabulary of a tokenizer (`Vocabulary.flat` / `.lengths`, its EOS ids and encoding), keyed by
-  `token_bytes.tokenizer_fingerprint` (the hash of the tokenizer's `tokenizer.json` bytes and of its
-  control tokens, size and EOS ids: content, not a path). A loaded entry must also read as the live
+  `token_bytes.tokenizer_fingerprint` (the hash of the tokenizer's `tokenizer.json` bytes, or of the
+  GGUF metadata a GGUF file's tokenizer registered it was built from, and of its control tokens,
+  size and EOS ids: content, not a path). A loaded entry must also read as the live
   tokenizer does on a sample of ids (`token_bytes.agrees_with`); its fingerprint is recomputed from
   its arrays, never read from the file.
 - the token trie of a vocabulary for a logits width (`TokenTrie.ARRAYS`), keyed by the vocabulary's
@@ -62,7 +63,7 @@ def load_vocabulary(tokenizer: Any, eos_token_ids: list[int] | tuple[int, ...] |
         tokenizer = token_bytes.load_tokenizer_path(Path(tokenizer))
     if eos_token_ids is None and (known := token_bytes.remembered(tokenizer)) is not None:
         return known, "memory"
-    read: dict[str, Any] = {}  # a vocabulary dict the key was hashed from, decoded then, not read twice
+    read: dict[str, Any] = {}  # the token strings the key was hashed from, decoded then, not read twice
     fingerprint = None
     if cache_dir is not None:
         fingerprint = token_bytes.tokenizer_fingerprint(tokenizer, eos_token_ids, read=read)
@@ -76,7 +77,7 @@ def load_vocabulary(tokenizer: Any, eos_token_ids: list[int] | tuple[int, ...] |
         if eos_token_ids is None:
             token_bytes.remember(tokenizer, vocab)
         return vocab, "disk"
-    vocab = token_bytes.build_vocabulary(tokenizer, eos_token_ids, read.get("vocab"))
+    vocab = token_bytes.build_vocabulary(tokenizer, eos_token_ids, read.get("tokens"))
     cache.store(cache_dir, key, {"flat": np.frombuffer(vocab.flat, np.uint8), "lengths": vocab.lengths},
                 {"kind": "vocabulary", "eos_token_ids": list(vocab.eos_token_ids), "encoding": vocab.encoding})
     return vocab, "built"

@@ -21,6 +21,7 @@ Anything else raises `TokenizerError` naming the value.
 
 from __future__ import annotations
 
+import json
 import mmap
 import struct
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelLoadError, TokenizerError
+from .token_bytes import register_source
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -474,7 +476,10 @@ def build_tokenizers_object(vocab: GGUFVocab) -> Any:
 
 
 def wrap_tokenizer(vocab: GGUFVocab, tokenizer: Any) -> TokenizerWrapper:
-    """Wrap as mlx-lm does a Hugging Face checkpoint: `TokenizerWrapper(PreTrainedTokenizerFast)`."""
+    """Wrap `tokenizer` (`build_tokenizers_object(vocab)`) as mlx-lm does a Hugging Face checkpoint:
+    `TokenizerWrapper(PreTrainedTokenizerFast)`, registered as built from `vocab`
+    (`token_bytes.register_source`: the vocabulary index's key is then a hash of the GGUF metadata,
+    not of every token read back)."""
     from functools import partial
 
     from mlx_lm.tokenizer_utils import (
@@ -503,7 +508,23 @@ def wrap_tokenizer(vocab: GGUFVocab, tokenizer: Any) -> TokenizerWrapper:
         detokenizer = BPEStreamingDetokenizer
     else:
         detokenizer = partial(SPMStreamingDetokenizer, trim_space=vocab.add_space_prefix)
-    return TokenizerWrapper(hf, detokenizer, eos_token_ids=list(vocab.end_of_generation_ids))
+    wrapper = TokenizerWrapper(hf, detokenizer, eos_token_ids=list(vocab.end_of_generation_ids))
+    register_source(_source_parts(vocab), hf, wrapper)  # the wrapper forwards to hf: either may be read
+    return wrapper
+
+
+def _source_parts(vocab: GGUFVocab) -> list[bytes]:
+    """Everything `build_tokenizers_object` and `wrap_tokenizer` read from `vocab`, as bytes."""
+    def joined(strings: list[str]) -> bytes:
+        lengths = np.fromiter(map(len, strings), "<i8", len(strings)).tobytes()
+        return lengths + "".join(strings).encode("utf-8", "surrogatepass")
+
+    scalars = {"model": vocab.model, "pre": vocab.pre, "bos": vocab.bos_id, "eos": vocab.eos_id, "unk": vocab.unk_id,
+               "pad": vocab.pad_id, "add_bos": vocab.add_bos, "add_eos": vocab.add_eos,
+               "add_space_prefix": vocab.add_space_prefix, "eog": list(vocab.end_of_generation_ids)}
+    scores = b"" if vocab.scores is None else np.asarray(vocab.scores, "<f4").tobytes()
+    return [json.dumps(scalars, sort_keys=True).encode(), joined(vocab.tokens), joined(vocab.merges),
+            np.asarray(vocab.token_types, "<i4").tobytes(), scores]
 
 
 def tokenizer_from_gguf(path: str | Path) -> TokenizerWrapper:

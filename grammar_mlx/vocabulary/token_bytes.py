@@ -199,18 +199,20 @@ def remember(tokenizer: Any, vocab: Vocabulary) -> None:
 def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = None, *,
                           read: dict[str, Any] | None = None) -> str | None:
     """A key for the Vocabulary `vocabulary_of(tokenizer, eos_token_ids=...)` gives, computed without
-    decoding a token: a hash of the tokenizer's `tokenizer.json` bytes (found beside the tokenizer's
-    `name_or_path`; without one, as for a GGUF file's tokenizer, of its vocabulary in id order and
-    its decoder) and of what else the table depends on (its control and added tokens, size, EOS ids,
-    class). None when the tokenizer cannot be read so: the caller decodes it.
+    decoding a token: a hash of the tokenizer's source (the bytes of the `tokenizer.json` found
+    beside its `name_or_path`; else the digest its builder registered (`register_source`: a GGUF
+    file's tokenizer); else its token strings in id order and its decoder) and of what else the
+    table depends on (its control and added tokens, size, EOS ids, class). None when the tokenizer
+    cannot be read so: the caller decodes it.
 
     Content, not a path: another file at the same place is another key. A tokenizer changed in
     memory after loading is what `agrees_with` catches, on a sample of ids. `read`, when given,
-    receives the vocabulary dict read on the way (`read["vocab"]`), for `build_vocabulary`."""
+    receives the token strings read on the way (`read["tokens"]`), for `build_vocabulary`."""
     try:
         hf = _hf_of(tokenizer)
         source = _tokenizer_file(hf)
-        content = source.read_bytes() if source is not None else _vocabulary_content(hf, read)
+        content = (source.read_bytes() if source is not None
+                   else _registered(hf) or _vocabulary_content(hf, read))
         if content is None:
             return None
         added = sorted((int(i), str(t), bool(getattr(t, "special", False)))
@@ -228,22 +230,66 @@ def tokenizer_fingerprint(tokenizer: Any, eos_token_ids: Iterable[int] | None = 
     return h.hexdigest()
 
 
+# Digests of what a tokenizer was built from, registered by its builder (`gguf.wrap_tokenizer`):
+# hashing a source already in memory is far cheaper than reading every token back from the tokenizer.
+_SOURCES: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+
+
+def register_source(parts: Iterable[bytes], *tokenizers: Any) -> None:
+    """Record that `tokenizers` (one tokenizer and its wrappers) were built, deterministically, from
+    `parts` alone (all of them: another tokenizer from the same parts reads alike):
+    `tokenizer_fingerprint` hashes their digest instead of reading the tokenizer's vocabulary."""
+    h = hashlib.sha1(b"registered", usedforsecurity=False)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    for tokenizer in tokenizers:
+        try:
+            _SOURCES[tokenizer] = b"source:" + h.digest()
+        except TypeError:  # not weak-referenceable: fingerprinted from its vocabulary instead
+            pass
+
+
+def _registered(hf: Any) -> bytes | None:
+    try:
+        return _SOURCES.get(hf)
+    except TypeError:
+        return None
+
+
 def _vocabulary_content(hf: Any, read: dict[str, Any] | None) -> bytes | None:
     """A fast tokenizer's token strings in id order and its decoder, as bytes (what the table is
     decoded from, without decoding it)."""
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
         return None
-    vocab: dict[str, int] = hf.get_vocab()
+    tokens = _token_strings(hf)
     if read is not None:
-        read["vocab"] = vocab
-    tokens, ids = list(vocab), np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
-    order = np.argsort(ids, kind="stable")
-    ordered = [tokens[k] for k in order.tolist()]
-    # The ids and each token's length delimit the joined strings, so no two vocabularies read alike.
-    delimiters = ids[order].astype("<i8").tobytes() + np.fromiter(map(len, ordered), "<i8", len(ordered)).tobytes()
+        read["tokens"] = tokens
+    # Each token's length delimits the joined strings, so no two vocabularies read alike.
+    delimiters = np.fromiter(map(len, tokens), "<i8", len(tokens)).tobytes()
     decoder = backend.decoder.__getstate__() if backend.decoder is not None else b""
-    return b"".join((delimiters, "".join(ordered).encode("utf-8", "surrogatepass"), b"decoder:", bytes(decoder)))
+    return b"".join((delimiters, "".join(tokens).encode("utf-8", "surrogatepass"), b"decoder:", bytes(decoder)))
+
+
+def _token_strings(hf: Any) -> list[str]:
+    """Every id's token string, in id order ("" for an id without one): read id by id from a fast
+    tokenizer's backend (cheaper than `get_vocab`'s dict, and the reading `agrees_with` checks),
+    from `get_vocab` otherwise. Raises `TokenizerError`."""
+    try:
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is not None:
+            tokens = [t or "" for t in map(backend.id_to_token, range(backend.get_vocab_size(with_added_tokens=True)))]
+        else:
+            vocab: dict[str, int] = hf.get_vocab()
+            tokens = [""] * (max(vocab.values()) + 1 if vocab else 0)
+            for token, i in vocab.items():
+                tokens[i] = token
+    except Exception as exc:
+        raise TokenizerError(f"cannot read the vocabulary of {type(hf).__name__}: {exc}") from exc
+    if not any(tokens):
+        raise TokenizerError("the tokenizer has an empty vocabulary")
+    return tokens
 
 
 def _tokenizer_file(hf: Any) -> Path | None:
@@ -353,7 +399,7 @@ def _eos_ids(tokenizer: Any, hf: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def _encoding_of(hf: Any, vocab: dict[str, int]) -> str:
+def _encoding_of(hf: Any, tokens: list[str]) -> str:
     decoder = None
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is not None and backend.decoder is not None:
@@ -361,9 +407,9 @@ def _encoding_of(hf: Any, vocab: dict[str, int]) -> str:
     kinds = _decoder_kinds(decoder)
     if "ByteLevel" in kinds:
         return "byte-level"
-    if "ByteFallback" in kinds or "Metaspace" in kinds or any(t.startswith(_SPM_SPACE) for t in list(vocab)[:5000]):
+    if "ByteFallback" in kinds or "Metaspace" in kinds or any(t.startswith(_SPM_SPACE) for t in tokens[:5000]):
         return "sentencepiece"
-    if "Ġ" in "".join(list(vocab)[:5000]):
+    if "Ġ" in "".join(tokens[:5000]):
         return "byte-level"
     raise TokenizerError(f"unsupported tokenizer decoder {kinds or decoder!r}: need byte-level BPE or SentencePiece")
 
@@ -392,29 +438,23 @@ def _token_to_bytes(token: str, encoding: str) -> bytes | None:
 
 
 def build_vocabulary(tokenizer: Any, eos_token_ids: Iterable[int] | None,
-                     vocab: dict[str, int] | None = None) -> Vocabulary:
-    """`vocabulary_of` without its memo; `vocab`: the tokenizer's `get_vocab()`, when already read."""
-    vocabulary = _build(tokenizer, eos_token_ids, vocab)
+                     tokens: list[str] | None = None) -> Vocabulary:
+    """`vocabulary_of` without its memo; `tokens`: the tokenizer's token strings in id order
+    (`_token_strings`), when already read."""
+    vocabulary = _build(tokenizer, eos_token_ids, tokens)
     if eos_token_ids is None:
         remember(tokenizer, vocabulary)
     return vocabulary
 
 
-def _build(tokenizer: Any, eos_override: Iterable[int] | None, read: dict[str, int] | None = None) -> Vocabulary:
+def _build(tokenizer: Any, eos_override: Iterable[int] | None, read: list[str] | None = None) -> Vocabulary:
     hf = _hf_of(tokenizer)
-    try:
-        vocab: dict[str, int] = hf.get_vocab() if read is None else read
-    except Exception as exc:
-        raise TokenizerError(f"cannot read the vocabulary of {type(hf).__name__}: {exc}") from exc
-    if not vocab:
-        raise TokenizerError("the tokenizer has an empty vocabulary")
-    encoding = _encoding_of(hf, vocab)
+    tokens = list(_token_strings(hf) if read is None else read)
+    encoding = _encoding_of(hf, tokens)
     control = _control_ids(hf)
-    size = max(max(vocab.values()) + 1, len(hf))
+    size = max(len(tokens), len(hf))
     eos = _explicit_eos(eos_override, size) if eos_override is not None else _eos_ids(tokenizer, hf)
-    tokens = [""] * size  # "": no entry (an empty token would let the grammar loop without progress)
-    for token, i in vocab.items():
-        tokens[i] = token
+    tokens += [""] * (size - len(tokens))  # "": no entry (an empty token would let the grammar loop)
     for i in (*control, *eos):
         if 0 <= i < size:
             tokens[i] = ""

@@ -2,11 +2,12 @@
 
 mlx-lm's `TokenizerWrapper` or a Hugging Face tokenizer (the Outlines drop-in also takes an Outlines
 `TransformerTokenizer`, reading the Hugging Face tokenizer in its `.tokenizer`). The vocabulary is
-read once (`vocabulary_of`: `get_vocab`, `all_special_ids`, the EOS ids, reached through a wrapper's
-attributes); per request the package calls `encode` (a str prompt; fast-forward's canonical
-tokens) and `decode`, and reads a chat template (`has_chat_template`, `apply_chat_template`) where
-present. Everything a compile function takes for a tokenizer (`TokenizerSource`) is one of these,
-a `Vocabulary`, or a path to a tokenizer directory, `tokenizer.json` or `.gguf` file.
+read once (`vocabulary_of`: each id's token string from the fast backend's `id_to_token`, else
+`get_vocab`; `all_special_ids`, the EOS ids, reached through a wrapper's attributes); per request
+the package calls `encode` (a str prompt; fast-forward's canonical tokens) and `decode`, and reads a
+chat template (`has_chat_template`, `apply_chat_template`) where present. Everything a compile
+function takes for a tokenizer (`TokenizerSource`) is one of these, a `Vocabulary`, or a path to a
+tokenizer directory, `tokenizer.json` or `.gguf` file.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def reference_token_bytes(tokenizer) -> tuple[bytes | None, ...]:
     """`vocabulary_of`'s table, one token at a time (`_token_to_bytes` of each)."""
     hf = token_bytes._hf_of(tokenizer)
     vocab = hf.get_vocab()
-    encoding = token_bytes._encoding_of(hf, vocab)
+    encoding = token_bytes._encoding_of(hf, sorted(vocab, key=vocab.__getitem__))
     control = token_bytes._control_ids(hf) | set(token_bytes._eos_ids(tokenizer, hf))
     table: list[bytes | None] = [None] * max(max(vocab.values()) + 1, len(hf))
     for token, i in vocab.items():
@@ -358,3 +358,30 @@ def test_the_schema_compile_reads_the_index_through_a_path(qwen_hf_tokenizer, tm
     second = compile_json_schema({"type": "integer"}, qwen_hf_tokenizer.name_or_path, cache_dir=tmp_path)
     assert first.stats["vocabulary_source"] == "built" and second.stats["vocabulary_source"] == "disk"
     assert second.vocabulary.fingerprint == first.vocabulary.fingerprint
+
+
+def test_a_gguf_tokenizer_is_keyed_by_its_registered_source(smollm_path, tmp_path, monkeypatch):
+    """A GGUF file's tokenizer is keyed by the digest of the metadata it was built from (no token read
+    back): the same file gives the same key, other metadata another; its index still round-trips."""
+    import dataclasses
+
+    from grammar_mlx.vocabulary import gguf
+
+    vocab = gguf.read_vocab(gguf.read_gguf_header(smollm_path))
+    first, again = gguf.tokenizer_from_gguf(smollm_path), gguf.tokenizer_from_gguf(smollm_path)
+    fresh = token_bytes.vocabulary_of(gguf.tokenizer_from_gguf(smollm_path))
+
+    def no_reading(hf):
+        raise AssertionError("a registered tokenizer's key reads no token")
+
+    monkeypatch.setattr(token_bytes, "_token_strings", no_reading)
+    key = token_bytes.tokenizer_fingerprint(first)
+    assert key is not None and token_bytes.tokenizer_fingerprint(again) == key
+    changed = dataclasses.replace(vocab, pre="gpt-2" if vocab.pre != "gpt-2" else "qwen2")  # its pre-tokenizer
+    other = gguf.wrap_tokenizer(changed, gguf.build_tokenizers_object(changed))
+    assert token_bytes.tokenizer_fingerprint(other) not in (key, None)
+    monkeypatch.undo()
+    built, how = index_cache.load_vocabulary(first, None, tmp_path)
+    assert how == "built" and built.fingerprint == fresh.fingerprint
+    loaded, how = index_cache.load_vocabulary(again, None, tmp_path)
+    assert how == "disk" and loaded.fingerprint == fresh.fingerprint and loaded.token_bytes == fresh.token_bytes

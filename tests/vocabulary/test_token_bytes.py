@@ -120,3 +120,22 @@ def test_explicit_eos_ids_are_checked_as_an_argument():
         with pytest.raises(InvalidArgumentError, match="^eos_token_ids must be") as info:
             vocabulary_of(vocab, eos_token_ids=bad)
         assert fragment in str(info.value)
+
+
+def test_token_strings_read_id_by_id_equal_the_get_vocab_dict(qwen_hf_tokenizer, smollm_path):
+    """The token strings the vocabulary is decoded from, read id by id from the backend, are exactly
+    `get_vocab`'s (the dict the tokenizer reports), in id order."""
+    from grammar_mlx.vocabulary import token_bytes
+
+    for hf in (qwen_hf_tokenizer, tokenizer_from_gguf(smollm_path)):
+        vocab = hf.get_vocab()
+        expected = [""] * (max(vocab.values()) + 1)
+        for token, i in vocab.items():
+            expected[i] = token
+        assert token_bytes._token_strings(hf) == expected
+
+    class DictOnly:  # no fast backend: the strings come from get_vocab
+        def get_vocab(self):
+            return {"a": 0, "c": 2}
+
+    assert token_bytes._token_strings(DictOnly()) == ["a", "", "c"]
