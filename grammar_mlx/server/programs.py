@@ -103,8 +103,11 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
 
         tags = served_think_tags(tokenizer)
         start, end = tags if tags is not None else (None, None)
+        # A regex's full match starts right at the end tag (as `request.grammar_for`'s): no gap,
+        # nothing stripped, so the content is exactly the match.
+        regex_alone = not with_tools and content is not None and content.kind == "regex"
         program = with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
-                                 Reasoning(budget=budget, start=start, end=end), state)
+                                 Reasoning(budget=budget, start=start, end=end), state, gap=not regex_alone)
         trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
         return program if trigger is None else _forbid_in_reasoning(program, trigger)
     return body if with_tools else None
