@@ -137,3 +137,22 @@ def test_a_grammar_beside_tools_is_a_400_saying_why(servers):
     error = info.value.body
     assert (error["code"], error["param"]) == ("unsupported_parameter", "grammar")
     assert "beside tools" in error["message"]
+
+
+@pytest.mark.slow
+def test_a_recursive_schema_beside_tools_says_its_depth_bound(servers):
+    import openai
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}}
+    raw = servers["hybrid"].client().chat.completions.with_raw_response.create(
+        model="m", messages=ASK, max_tokens=40, tools=tools, response_format=fmt)  # type: ignore[arg-type]
+    assert json.loads(raw.headers["X-Grammar-Unenforced"]) == [["$ref", ""]]  # the cycles are unrolled
+    raw.parse()
+    strict = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE, "strict": True}}
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(servers["hybrid"], tools=tools, response_format=strict)
+    error = info.value.body
+    assert (error["code"], error["keyword"], error["param"]) == ("unsupported_schema_keyword", "$ref",
+                                                                 "response_format.json_schema.schema"), error
+    assert "max_recursion_depth" in error["message"]
