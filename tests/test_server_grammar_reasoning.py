@@ -8,6 +8,7 @@ parses under the grammar, the reasoning comes apart, and a draft answers what no
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from test_server import Server, serving
@@ -97,6 +98,22 @@ def test_a_recursive_schema_after_the_thinking(servers):
 
 
 @pytest.mark.slow
+def test_a_regex_after_the_thinking_is_the_whole_content(servers):
+    # Steered to a newline, which the model writes right after </think> where it may: the content is
+    # still exactly a full match of the regex, streamed or not (no gap before a regex, none stripped).
+    for regex in ("[a-z]{1,8}", "\n?[a-z]{1,8}"):
+        kw = {"max_tokens": 30, "logit_bias": {"198": 30}, "extra_body": {"thinking_budget": 3},  # "\n"
+              "response_format": {"type": "regex", "regex": regex}}
+        reply = ask(servers["open"], **kw)
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "stop" and reasoning_of(message), message
+        assert re.fullmatch(regex, message.content), (regex, message.content)
+        chunks = list(servers["open"].client().chat.completions.create(model="m", messages=ASK, stream=True, **kw))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert content == message.content
+
+
+@pytest.mark.slow
 def test_a_draft_answers_what_no_draft_answers(servers):
     think = {str(THINK): 200}
     for bias, extra in ((think, {"grammar": SUM_GBNF, "thinking_budget": 6}),
@@ -120,3 +137,22 @@ def test_a_grammar_beside_tools_is_a_400_saying_why(servers):
     error = info.value.body
     assert (error["code"], error["param"]) == ("unsupported_parameter", "grammar")
     assert "beside tools" in error["message"]
+
+
+@pytest.mark.slow
+def test_a_recursive_schema_beside_tools_says_its_depth_bound(servers):
+    import openai
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}}
+    raw = servers["hybrid"].client().chat.completions.with_raw_response.create(
+        model="m", messages=ASK, max_tokens=40, tools=tools, response_format=fmt)  # type: ignore[arg-type]
+    assert json.loads(raw.headers["X-Grammar-Unenforced"]) == [["$ref", ""]]  # the cycles are unrolled
+    raw.parse()
+    strict = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE, "strict": True}}
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(servers["hybrid"], tools=tools, response_format=strict)
+    error = info.value.body
+    assert (error["code"], error["keyword"], error["param"]) == ("unsupported_schema_keyword", "$ref",
+                                                                 "response_format.json_schema.schema"), error
+    assert "max_recursion_depth" in error["message"]

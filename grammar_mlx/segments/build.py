@@ -97,6 +97,9 @@ class _Builder:
         self.description = description
         inner_options = dict(options)
         inner_options.pop("timeout", None)
+        # The EOS ids go to each inner compile as resolved here (the caller's, or the vocabulary's
+        # cut at the logits width), never twice.
+        self.eos_option: tuple[int, ...] | list[int] | None = inner_options.pop("eos_token_ids", None)
         self.inner_options = inner_options
         self.nodes: list[Node] = [None]  # node 0: the terminal node
         self.node_of_atom: dict[int, int] = {}
@@ -117,14 +120,16 @@ class _Builder:
             timeout = None if remaining == float("inf") else max(remaining, 1e-3)
             g = compile_regex_ast(ast, regex, self.tokenizer if not isinstance(self.tokenizer, Vocabulary) else
                                   self.vocab, logits_width=self.width,
-                                  eos_token_ids=self.eos if self._eos_override() else None, timeout=timeout,
+                                  eos_token_ids=self._inner_eos(), timeout=timeout,
                                   **self.inner_options)
             self.grammars[regex] = g
             self.inner.append(g)
         return g
 
-    def _eos_override(self) -> bool:
-        return "eos_token_ids" not in self.inner_options and tuple(self.vocab.eos_token_ids) != self.eos
+    def _inner_eos(self) -> tuple[int, ...] | list[int] | None:
+        if self.eos_option is not None:
+            return self.eos_option
+        return self.eos if tuple(self.vocab.eos_token_ids) != self.eos else None
 
     def watch_grammar(self, watch: TextWatch, accepting: np.ndarray | None, name: str) -> CompiledGrammar:
         dfa = watch.dfa

@@ -44,6 +44,7 @@ from .programs import (
     segment_key,
     segment_program,
     served_think_tags,
+    unrolled_recursion,
 )
 from .request import (
     RETRY_AFTER_SECONDS,
@@ -365,6 +366,8 @@ class GrammarAPIHandler(APIHandlerSeams):
         if program is None:
             after = reasoning_spec(tokenizer, content, plan.budget, state)
             return content if after is None else after
+        if content is not None:  # a recursive schema here (beside tools) is unrolled: said, or refused if strict
+            plan.unenforced += unrolled_recursion(content)
         # The gap the grammar allows after the reasoning: not part of a JSON answer or of calls.
         calls_only = bool(plan.tools) and (plan.choice == "required" or isinstance(plan.choice, NamedTool))
         json_content = content is not None and content.kind == "json_schema"

@@ -2,7 +2,8 @@
 `response_format` grammar (`grammar_mlx.segments`), its cache key, and what the response path reads
 back from the generated tokens (reasoning tokens, a budget that cut free text). A context-free
 `response_format` (a grammar, a recursive JSON Schema) is no segment: after a thinking section it is
-`reasoning_spec`'s grammar (`grammars.then.reasoning_then`), alone otherwise."""
+`reasoning_spec`'s grammar (`grammars.then.reasoning_then`), alone otherwise; beside tools a
+recursive schema is unrolled into the tool-call program, which `unrolled_recursion` reports."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GrammarError, InvalidRequestError
+from ..errors import GrammarError, InvalidRequestError, UnsupportedSchemaError
 from ..runtime.stack import walk_to
 from ..schema import Unenforced, schema_to_regex
 from ..segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text
@@ -31,6 +32,7 @@ __all__ = [
     "segment_program",
     "reasoning_spec",
     "context_free",
+    "unrolled_recursion",
     "segment_key",
     "schema_unenforced",
     "check_tool_schemas",
@@ -103,8 +105,11 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
 
         tags = served_think_tags(tokenizer)
         start, end = tags if tags is not None else (None, None)
+        # A regex's full match starts right at the end tag (as `request.grammar_for`'s): no gap,
+        # nothing stripped, so the content is exactly the match.
+        regex_alone = not with_tools and content is not None and content.kind == "regex"
         program = with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
-                                 Reasoning(budget=budget, start=start, end=end), state)
+                                 Reasoning(budget=budget, start=start, end=end), state, gap=not regex_alone)
         trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
         return program if trigger is None else _forbid_in_reasoning(program, trigger)
     return body if with_tools else None
@@ -138,6 +143,21 @@ def _recursive_schema(schema: str, strict: bool, whitespace: str | None, open_ob
     if not may_recurse(doc):
         return False
     return schema_rules(doc, whitespace=whitespace, strict=strict, open_objects=open_objects) is not None
+
+
+def unrolled_recursion(content: GrammarSpec) -> tuple[Unenforced, ...]:
+    """What a recursive JSON Schema `content` loses in a segments program (beside tools: the
+    tool-call program holds only regular languages): its `$ref` cycles are unrolled to the regular
+    path's depth (`schema.translate`'s `max_recursion_depth`), so a deeper value is not allowed.
+    Reported like an unenforced keyword; a strict schema is refused (`UnsupportedSchemaError`)."""
+    if content.kind != "json_schema" or not context_free(content):
+        return ()
+    reason = ("beside tools a recursive schema is unrolled to the regular path's recursion depth "
+              "(max_recursion_depth): deeper values are not allowed (send it without tools to serve it exactly)")
+    if content.strict:
+        raise UnsupportedSchemaError(f"{content.origin}: the schema recurses through $ref: {reason}", keyword="$ref",
+                                     pointer="")
+    return (Unenforced("$ref", "", reason),)
 
 
 def reasoning_spec(tokenizer: Any, content: GrammarSpec | None, budget: int | None, state: str) -> GrammarSpec | None:

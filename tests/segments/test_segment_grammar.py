@@ -479,3 +479,18 @@ def test_concurrent_requests_share_one_grammar(qwen_tokenizer):
             continue
         bits = np.unpackbits(rows[row].view(np.uint8), bitorder="little")[:W]
         np.testing.assert_array_equal(np.flatnonzero(bits), expected)
+
+
+def test_eos_token_ids_apply_to_every_inner_grammar(qwen_tokenizer):
+    """`eos_token_ids` given to compile_segments ends the program and its inner regex (it used to
+    reach the inner compile twice: a TypeError)."""
+    spec = with_reasoning(Regex(r"[0-9]{1,3}"), qwen_tokenizer, Reasoning(budget=4), "open")
+    g = compile_segments(spec, qwen_tokenizer, logits_width=W, eos_token_ids=[151643])
+    assert g.eos_token_ids == (151643,)
+    answer = [END_THINK, *enc(qwen_tokenizer, "42")]
+    assert g.matches([*answer, 151643])
+    assert not g.matches([*answer, IM_END])
+    state = g.initial_state
+    for t in answer:
+        state = g.next_state(state, t)
+    assert 151643 in g.allowed_tokens(state).tolist() and IM_END not in g.allowed_tokens(state).tolist()

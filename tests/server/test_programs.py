@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from grammar_mlx.errors import InvalidRequestError
-from grammar_mlx.segments import JSONSchema
+from grammar_mlx.errors import InvalidRequestError, UnsupportedSchemaError
+from grammar_mlx.segments import JSONSchema, Regex, Seq
 from grammar_mlx.segments import tools as tool_calls
 from grammar_mlx.server import GrammarSpec, content_segment, segment_program
-from grammar_mlx.server.programs import context_free, reasoning_spec
+from grammar_mlx.server.programs import context_free, reasoning_spec, unrolled_recursion
 
 GRAMMAR = GrammarSpec("grammar", 'root ::= "yes" | "no"', origin="guided_grammar", syntax="gbnf")
 TREE = {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {
@@ -53,3 +53,17 @@ def test_a_grammar_beside_tools_is_refused_not_served_unconstrained(qwen_tool_to
     with pytest.raises(InvalidRequestError, match="not a segment"):
         content_segment(GRAMMAR)
     assert content_segment(FLAT) == JSONSchema({"type": "integer"})
+
+
+def test_a_recursive_schema_in_a_segments_program_is_reported_or_refused():
+    (found,) = unrolled_recursion(RECURSIVE)
+    assert (found.keyword, found.pointer) == ("$ref", "") and "max_recursion_depth" in found.reason
+    assert unrolled_recursion(FLAT) == () and unrolled_recursion(GrammarSpec("regex", "a+")) == ()
+    with pytest.raises(UnsupportedSchemaError) as info:
+        unrolled_recursion(GrammarSpec("json_schema", RECURSIVE.text, strict=True))
+    assert info.value.keyword == "$ref"
+
+
+def test_a_regex_after_the_reasoning_starts_at_the_end_tag(qwen_tool_tokenizer):
+    program = segment_program(qwen_tool_tokenizer, GrammarSpec("regex", "[a-z]+"), (), "auto", True, 4, "open")
+    assert isinstance(program, Seq) and program.items[1:] == (Regex("[a-z]+"),)  # no gap between
