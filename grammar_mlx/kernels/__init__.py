@@ -64,11 +64,15 @@ weakly and dropped when it dies) stay valid while it grows.
 
 from .cpu import jit_available as cpu_jit_available
 from .dispatch import (
+    ALL_ALLOWED,
+    MaskPick,
     apply_token_bitmask,
+    apply_token_bitmasks,
     available_paths,
     before_host_write,
     clear_row_cache,
     default_path,
+    gathered_table,
     row_masker,
     set_row_cache_limit,
     shared_array,
@@ -76,16 +80,20 @@ from .dispatch import (
 from .gpu import INPUT_NAMES, KERNEL_NAME, OUTPUT_NAMES, SOURCE_FILES, kernel_source, launch_geometry
 
 __all__ = [
+    "ALL_ALLOWED",
     "INPUT_NAMES",
     "KERNEL_NAME",
     "OUTPUT_NAMES",
     "SOURCE_FILES",
+    "MaskPick",
     "apply_token_bitmask",
+    "apply_token_bitmasks",
     "available_paths",
     "before_host_write",
     "clear_row_cache",
     "cpu_jit_available",
     "default_path",
+    "gathered_table",
     "kernel_source",
     "launch_geometry",
     "row_masker",

@@ -285,6 +285,18 @@ class RowCache:
             np.concatenate([np.asarray(m) for m in found], out=batch)
             return mx.array(batch)
 
+    def picked_masks(self, picks: Any, vocab: int) -> mx.array:
+        """The (B, vocab) dense int8 masks of `picks` (``(table, row)`` or None: all allowed), each row
+        from its own table's dense row entry, as `masks` takes a large table's rows."""
+        with self._lock:
+            # Every entry first: loading one stages its unpacking in the buffer the batch is built in.
+            found = [None if p is None else self.row(p[0], self.row_index(p[0], vocab, True), vocab, p[1], True)
+                     for p in picks]
+            batch = self._scratch_rows(len(picks), vocab)
+            for b, entry in enumerate(found):
+                batch[b] = -1 if entry is None else np.asarray(entry.array)[0]
+            return mx.array(batch)
+
     def _whole_table(self, table: mx.array, vocab: int) -> TableEntry | None:
         key = ("whole", id(table), vocab)
         entry = self._queue.get(key)
