@@ -47,7 +47,14 @@ marks its entry; eviction spares a marked entry once). Memory: the bound (`limit
 a dense row costs V + 4 W bytes, the id forms far less) plus one staging buffer as large as the
 largest B x V batch staged.
 
-Modules: `dispatch` (the two entry points, input checks, the choice of path, `shared_array`, the
+A batch whose rows follow different tables (a server step mixing grammars, or constrained and free
+rows) goes through `apply_token_bitmasks`, one (table, row id) pick per row (None: every token
+allowed): rows all of one table take that table and its caches as above; otherwise the GPU paths
+read the picked rows gathered into one table (`gathered_table`, this layout, a free row all ones)
+and the CPU paths build the batch's int8 masks from each table's dense row entries, so a table
+made for one call is never unpacked or cached.
+
+Modules: `dispatch` (the three entry points, input checks, the choice of path, `shared_array`, the
 one row cache), `cpu` (the forms and the cache), `gpu` (the kernels' sources and launch). The
 per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read and
 the row's op(s) per call. `apply_token_bitmask` with one row takes the same bound masker, made on

@@ -184,7 +184,8 @@ class RowCache:
 
     * single rows (per-token masking, B = 1), keyed ``("row", V, packed row bytes)``: the row in its
       cheapest form (`row_form`), costing the array's bytes plus 4 W for the key.
-    * dense rows for batches of a large table, keyed ``("dense", V, packed row bytes)``.
+    * dense rows for batches of a large table, and for batches whose rows come from different
+      tables (`picked_masks`), keyed ``("dense", V, packed row bytes)``.
     * whole tables for batches (B > 1), when the table has at most ``max_bytes // 4`` unpacked bytes
       (so several fit side by side), keyed ``("whole", table id, V)`` and dropped with the table:
       a `TableEntry` (a table that grows in place adds rows later: package docstring), so a batch

@@ -1,6 +1,7 @@
-"""The masking entry points: `apply_token_bitmask` (any batch) and `row_masker` (the per-token
-path, bound once to a table). They check their inputs once, choose the path (`default_path`: Metal
-or CUDA on a GPU device, else the CPU paths) and hand off to `gpu` or `cpu`. This module also holds
+"""The masking entry points: `apply_token_bitmask` (any batch of one table), `apply_token_bitmasks`
+(each row by its own table) and `row_masker` (the per-token path, bound once to a table). They
+check their inputs once, choose the path (`default_path`: Metal or CUDA on a GPU device, else the
+CPU paths) and hand off to `gpu` or `cpu`. This module also holds
 what the device allows (`shared_array`: arrays numpy writes in place) and the one CPU row cache.
 The mask layout and the paths are described once, in the package docstring."""
 
