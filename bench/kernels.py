@@ -27,7 +27,16 @@ for more rows, `kernels.shared_array`, each row written into it, a full table co
 twice the rows) against "copy per row" (a new `mx.array` of all rows for each new row, what lazy.py
 did before and still does where numpy cannot write into MLX memory). Milliseconds for all U rows.
 
+Mixed batch step (`--mixed-only`, CPU paths, float32, V in {49,152, 151,936}): B = 4 rows from two
+tables (random dense rows, sparse rows) and one free row, as the server's batch step picks them
+when its rows follow different grammars or none: "per-row" (each row masked alone, then
+concatenated: the step before one call per step), "picks" (`apply_token_bitmasks`, one call from
+each table's cached rows) and "gathered" (the rows gathered into one fresh table per call and
+masked through `apply_token_bitmask`: what the CPU paths did before `apply_token_bitmasks`).
+Interleaved rounds, best round, wall and process CPU time, and the CPU-time ratio to "per-row".
+
     python bench/kernels.py [--rounds N] [--iters N] [--out bench/results/kernels.json] [--growth-only]
+                            [--mixed-only]
 """
 
 from __future__ import annotations
@@ -273,13 +282,73 @@ def measure_growth() -> list[dict]:
     return out
 
 
+MIXED_VOCABS = (49_152, 151_936)
+
+
+def measure_mixed(rounds: int, iters: int) -> list[dict]:
+    out = []
+    for path, vocab in itertools.product([p for p in K.available_paths() if p.startswith("cpu")], MIXED_VOCABS):
+        rng = np.random.default_rng(vocab)
+        words = -(-vocab // 32)
+        dense = mx.array(rng.integers(0, 2**32, size=(64, words), dtype=np.uint32))
+        sparse_np = np.zeros((64, words), dtype=np.uint32)
+        sparse_np[:, :4] = rng.integers(0, 2**32, size=(64, 4), dtype=np.uint32)
+        sparse = mx.array(sparse_np)
+        picks = [(dense, 3), (sparse, 5), None, (dense, 7)]
+        logits = mx.array(rng.standard_normal((len(picks), vocab)).astype(np.float32))
+
+        def per_row(picks=picks, logits=logits, path=path):
+            rows = [logits[b : b + 1] for b in range(len(picks))]
+            alone = [row if p is None else K.apply_token_bitmask(row, p[0], [p[1]], path=path)
+                     for row, p in zip(rows, picks)]
+            return mx.concatenate(alone, axis=0)
+
+        def picked(picks=picks, logits=logits, path=path):
+            return K.apply_token_bitmasks(logits, picks, path=path)
+
+        def gathered(picks=picks, logits=logits, path=path, vocab=vocab):
+            return K.apply_token_bitmask(logits, K.gathered_table(picks, vocab), list(range(len(picks))), path=path)
+
+        variants = {"per-row": per_row, "picks": picked, "gathered": gathered}
+        expected = np.asarray(per_row())
+        for fn in variants.values():
+            assert np.array_equal(np.asarray(fn()), expected, equal_nan=True)
+            time_calls(fn, 5)  # warm: the caches and the compiled kernels
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                timing = time_calls_cpu(fn, iters)
+                best[name] = min(best.get(name, timing), timing, key=lambda t: t[1])
+        for name, (wall, cpu_us) in best.items():
+            out.append({"path": path, "vocab": vocab, "batch": len(picks), "variant": name, "us_wall": round(wall, 1),
+                        "us_cpu": round(cpu_us, 1), "cpu_ratio_to_per_row": round(cpu_us / best["per-row"][1], 2)})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--iters", type=int, default=25)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "kernels.json")
     parser.add_argument("--growth-only", action="store_true", help="only the table-growth measurement")
+    parser.add_argument("--mixed-only", action="store_true", help="only the mixed batch step (CPU paths)")
     args = parser.parse_args()
+
+    if args.mixed_only:
+        load = os.getloadavg()
+        mixed = measure_mixed(min(args.rounds, 5), min(args.iters, 100))
+        print(f"{'path':12} {'V':>7} {'B':>2} {'variant':9} {'us wall':>8} {'us cpu':>8} {'cpu / per-row':>13}")
+        for m in mixed:
+            print(f"{m['path']:12} {m['vocab']:>7} {m['batch']:>2} {m['variant']:9} {m['us_wall']:>8.1f} "
+                  f"{m['us_cpu']:>8.1f} {m['cpu_ratio_to_per_row']:>13.2f}")
+        out = args.out.with_name("kernels-mixed.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"benchmark": "mixed batch step", "mlx": mx.__version__,
+                                   "machine": platform.platform(),
+                                   "load_average": [round(x, 2) for x in (load + os.getloadavg())],
+                                   "results": mixed}, indent=2) + "\n")
+        print(f"\nwrote {out}")
+        return
 
     growth = measure_growth()
     print(f"{'rows':>5} {'strategy':14} {'ms total':>9} {'us/row':>8} {'tables':>6}")

@@ -47,7 +47,14 @@ marks its entry; eviction spares a marked entry once). Memory: the bound (`limit
 a dense row costs V + 4 W bytes, the id forms far less) plus one staging buffer as large as the
 largest B x V batch staged.
 
-Modules: `dispatch` (the two entry points, input checks, the choice of path, `shared_array`, the
+A batch whose rows follow different tables (a server step mixing grammars, or constrained and free
+rows) goes through `apply_token_bitmasks`, one (table, row id) pick per row (None: every token
+allowed): rows all of one table take that table and its caches as above; otherwise the GPU paths
+read the picked rows gathered into one table (`gathered_table`, this layout, a free row all ones)
+and the CPU paths build the batch's int8 masks from each table's dense row entries, so a table
+made for one call is never unpacked or cached.
+
+Modules: `dispatch` (the three entry points, input checks, the choice of path, `shared_array`, the
 one row cache), `cpu` (the forms and the cache), `gpu` (the kernels' sources and launch). The
 per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read and
 the row's op(s) per call. `apply_token_bitmask` with one row takes the same bound masker, made on
@@ -64,11 +71,15 @@ weakly and dropped when it dies) stay valid while it grows.
 
 from .cpu import jit_available as cpu_jit_available
 from .dispatch import (
+    ALL_ALLOWED,
+    MaskPick,
     apply_token_bitmask,
+    apply_token_bitmasks,
     available_paths,
     before_host_write,
     clear_row_cache,
     default_path,
+    gathered_table,
     row_masker,
     set_row_cache_limit,
     shared_array,
@@ -76,16 +87,20 @@ from .dispatch import (
 from .gpu import INPUT_NAMES, KERNEL_NAME, OUTPUT_NAMES, SOURCE_FILES, kernel_source, launch_geometry
 
 __all__ = [
+    "ALL_ALLOWED",
     "INPUT_NAMES",
     "KERNEL_NAME",
     "OUTPUT_NAMES",
     "SOURCE_FILES",
+    "MaskPick",
     "apply_token_bitmask",
+    "apply_token_bitmasks",
     "available_paths",
     "before_host_write",
     "clear_row_cache",
     "cpu_jit_available",
     "default_path",
+    "gathered_table",
     "kernel_source",
     "launch_geometry",
     "row_masker",

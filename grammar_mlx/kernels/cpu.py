@@ -184,7 +184,8 @@ class RowCache:
 
     * single rows (per-token masking, B = 1), keyed ``("row", V, packed row bytes)``: the row in its
       cheapest form (`row_form`), costing the array's bytes plus 4 W for the key.
-    * dense rows for batches of a large table, keyed ``("dense", V, packed row bytes)``.
+    * dense rows for batches of a large table, and for batches whose rows come from different
+      tables (`picked_masks`), keyed ``("dense", V, packed row bytes)``.
     * whole tables for batches (B > 1), when the table has at most ``max_bytes // 4`` unpacked bytes
       (so several fit side by side), keyed ``("whole", table id, V)`` and dropped with the table:
       a `TableEntry` (a table that grows in place adds rows later: package docstring), so a batch
@@ -283,6 +284,18 @@ class RowCache:
             # on the CPU.
             batch = self._scratch_rows(len(found), vocab)
             np.concatenate([np.asarray(m) for m in found], out=batch)
+            return mx.array(batch)
+
+    def picked_masks(self, picks: Any, vocab: int) -> mx.array:
+        """The (B, vocab) dense int8 masks of `picks` (``(table, row)`` or None: all allowed), each row
+        from its own table's dense row entry, as `masks` takes a large table's rows."""
+        with self._lock:
+            # Every entry first: loading one stages its unpacking in the buffer the batch is built in.
+            found = [None if p is None else self.row(p[0], self.row_index(p[0], vocab, True), vocab, p[1], True)
+                     for p in picks]
+            batch = self._scratch_rows(len(picks), vocab)
+            for b, entry in enumerate(found):
+                batch[b] = -1 if entry is None else np.asarray(entry.array)[0]
             return mx.array(batch)
 
     def _whole_table(self, table: mx.array, vocab: int) -> TableEntry | None:

@@ -1,6 +1,7 @@
-"""The masking entry points: `apply_token_bitmask` (any batch) and `row_masker` (the per-token
-path, bound once to a table). They check their inputs once, choose the path (`default_path`: Metal
-or CUDA on a GPU device, else the CPU paths) and hand off to `gpu` or `cpu`. This module also holds
+"""The masking entry points: `apply_token_bitmask` (any batch of one table), `apply_token_bitmasks`
+(each row by its own table) and `row_masker` (the per-token path, bound once to a table). They
+check their inputs once, choose the path (`default_path`: Metal or CUDA on a GPU device, else the
+CPU paths) and hand off to `gpu` or `cpu`. This module also holds
 what the device allows (`shared_array`: arrays numpy writes in place) and the one CPU row cache.
 The mask layout and the paths are described once, in the package docstring."""
 
@@ -19,13 +20,17 @@ from ..errors import KernelError
 from . import cpu, gpu
 
 __all__ = [
+    "ALL_ALLOWED",
     "LOGIT_DTYPES",
     "PATHS",
+    "MaskPick",
     "apply_token_bitmask",
+    "apply_token_bitmasks",
     "available_paths",
     "before_host_write",
     "clear_row_cache",
     "default_path",
+    "gathered_table",
     "row_masker",
     "set_row_cache_limit",
     "shared_array",
@@ -37,6 +42,12 @@ PATHS = ("metal", "cuda", "cpu-fused", "cpu-bitwise")
 
 Masker = Callable[[mx.array, int], mx.array]
 TableMasker = Callable[[mx.array, mx.array, int], mx.array]  # (table, logits, row)
+
+# One batch row's mask for `apply_token_bitmasks`: its own mask table and its row id there;
+# None: every token allowed.
+MaskPick = tuple[mx.array, int] | None
+
+ALL_ALLOWED = 0xFFFFFFFF  # a mask word allowing its 32 tokens
 
 
 def apply_token_bitmask(
@@ -75,6 +86,57 @@ def _apply_checked(logits: mx.array, mask_table: mx.array, rows: Any, path: str 
         return masker(mask_table, logits, row_ids[0])
     keep = cpu.fused_where if path == "cpu-fused" else cpu.bitwise_where
     return keep(_ROW_CACHE.masks(mask_table, row_ids, vocab), logits)
+
+
+def apply_token_bitmasks(logits: mx.array, picks: Sequence[MaskPick], *, path: str | None = None) -> mx.array:
+    """Return ``logits`` (B, V) with row b masked by ``picks[b]``, a (mask table, row id) pair of
+    any table, or None for a row that allows every token: equal bit for bit to masking each row
+    alone with `apply_token_bitmask`, in one call (a batch step whose rows follow different
+    grammars, or mix constrained and free rows). Rows all from one table go through
+    `apply_token_bitmask` with that table. Otherwise the GPU paths read `gathered_table` and the
+    CPU paths gather the rows' cached int8 masks from each table's own cache entries, so no table
+    is built or unpacked per call. Raises `KernelError` as `apply_token_bitmask` would for each
+    pick, and on a pick count other than B.
+    """
+    if not isinstance(logits, mx.array) or logits.ndim != 2:
+        _checked_rows(logits, mx.zeros((0, 1), dtype=mx.uint32), [])  # raises the typed error
+    batch, vocab = logits.shape
+    if len(picks) != batch:
+        raise KernelError(f"got {len(picks)} mask picks for {batch} rows of logits")
+    masked = [pick for pick in picks if pick is not None]
+    if not masked:
+        return logits
+    table = masked[0][0]
+    if len(masked) == batch and all(t is table for t, _ in masked):
+        return apply_token_bitmask(logits, table, [row for _, row in masked], path=path)
+    path = _checked_path(path)
+    if path in ("metal", "cuda"):
+        return _apply_checked(logits, gathered_table(picks, vocab), list(range(batch)), path)
+    probe = logits[:1]
+    for t, row in masked:
+        _checked_rows(probe, t, [row])
+    if logits.size == 0:
+        return logits
+    keep = cpu.fused_where if path == "cpu-fused" else cpu.bitwise_where
+    return keep(_ROW_CACHE.picked_masks(picks, vocab), logits)
+
+
+def gathered_table(picks: Sequence[MaskPick], vocab: int) -> mx.array:
+    """The picks' rows gathered into one (B, words) table, row b for pick b, for logits of width
+    `vocab`: a table narrower than the logits padded with disallowed words (as the kernel reads
+    it), a None pick all ones (every token allowed)."""
+    words = max(-(-vocab // 32), *(p[0].shape[1] for p in picks if p is not None))  # wider: the kernel says so
+    parts = []
+    for pick in picks:
+        if pick is None:
+            parts.append(mx.full((1, words), ALL_ALLOWED, dtype=mx.uint32))
+            continue
+        table, row = pick
+        part = table[row : row + 1]
+        if part.shape[1] < words:
+            part = mx.pad(part, [(0, 0), (0, words - part.shape[1])])
+        parts.append(part)
+    return mx.concatenate(parts, axis=0)
 
 
 def row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, *, path: str | None = None) -> Masker:

@@ -18,7 +18,7 @@ The masks of a batch step, fast-forward or not, are applied once for all rows: e
 processor (the last of its processors, `grammar_processor_of`) is brought to the row's history and
 picks its mask row as a call would (`GrammarProcessor.mask_row_after`), without masking; the
 row's other processors (bias, penalties, a caller's own) run on its row of logits first, as
-mlx-lm runs them; then `mask_step` applies every row's mask in one `apply_token_bitmask` call
+mlx-lm runs them; then `mask_step` applies every row's mask in one `apply_token_bitmasks` call
 (a row without a grammar, or in free text, allows everything).
 
 Pure: the mlx-lm side (the batch step itself) is `mlx_lm_seams.FastForwardBatchGenerator`.
@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from ..kernels import apply_token_bitmask
+from ..kernels import MaskPick, apply_token_bitmasks
 from ..runtime.processor import GrammarProcessor
 
 if TYPE_CHECKING:
     from .request import FastForwarded
 
-__all__ = ["ALL_ALLOWED", "BatchedRow", "MaskPick", "batched_row_of", "forced_after", "grammar_processor_of",
-           "mask_step", "register", "step_masks"]
+__all__ = ["BatchedRow", "MaskPick", "batched_row_of", "forced_after", "grammar_processor_of", "mask_step",
+           "register"]
 
 # The record of each grammar processor made for a batchable fast-forward request (`register`).
 _RECORDS: weakref.WeakKeyDictionary[GrammarProcessor, FastForwarded] = weakref.WeakKeyDictionary()
@@ -96,13 +96,6 @@ def forced_after(row: BatchedRow, token: int | None, *, generated: int, max_toke
 
 # --- the masks of a batch step ---------------------------------------------------------------------
 
-# One row's mask in a step: its grammar's mask table (read after the row was picked) and its row id;
-# None: every token allowed (no grammar, or the grammar's free text).
-MaskPick = tuple[mx.array, int] | None
-
-ALL_ALLOWED = 0xFFFFFFFF  # a mask word allowing its 32 tokens
-
-
 def grammar_processor_of(processors: Any) -> GrammarProcessor | None:
     """The row's grammar processor: its last processor when that is a `GrammarProcessor` (the
     server puts a request's last, after bias and penalties), else None."""
@@ -112,35 +105,8 @@ def grammar_processor_of(processors: Any) -> GrammarProcessor | None:
     return last if isinstance(last, GrammarProcessor) else None
 
 
-def step_masks(picks: Sequence[MaskPick], vocab: int) -> tuple[mx.array, list[int]] | None:
-    """The mask table and the B row ids one `apply_token_bitmask` call of a step takes for logits
-    (B, `vocab`), one pick per batch row; None when no row masks. Rows all picked from one table:
-    that table and their ids (the kernel reads the rows from it, and its caches of that table
-    serve). Otherwise the rows gathered into one (B, words) table, row b for batch row b: a table
-    narrower than the logits padded with disallowed words (as the kernel reads it), a row that
-    allows everything all ones."""
-    masked = [pick for pick in picks if pick is not None]
-    if not masked:
-        return None
-    table = masked[0][0]
-    if len(masked) == len(picks) and all(t is table for t, _ in masked):
-        return table, [row for _, row in masked]
-    words = max(-(-vocab // 32), *(t.shape[1] for t, _ in masked))  # a wider table: the kernel says so
-    parts = []
-    for pick in picks:
-        if pick is None:
-            parts.append(mx.full((1, words), ALL_ALLOWED, dtype=mx.uint32))
-            continue
-        table, row = pick
-        part = table[row : row + 1]
-        if part.shape[1] < words:
-            part = mx.pad(part, [(0, 0), (0, words - part.shape[1])])
-        parts.append(part)
-    return mx.concatenate(parts, axis=0), list(range(len(picks)))
-
-
 def mask_step(logits: mx.array, picks: Sequence[MaskPick]) -> mx.array:
-    """The step's logits (B, V) with each row masked by its pick, in one kernel call (none when no
-    row masks)."""
-    masks = step_masks(picks, logits.shape[1])
-    return logits if masks is None else apply_token_bitmask(logits, *masks)
+    """The step's logits (B, V) with each row masked by its pick (its grammar's mask table, read
+    after the row was picked, and its row id; None: every token allowed), in one kernel call (none
+    when no row masks)."""
+    return apply_token_bitmasks(logits, picks)

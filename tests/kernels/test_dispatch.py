@@ -314,3 +314,71 @@ def test_a_table_growing_in_place_masks_exactly(path, cache_mode):
         np.testing.assert_array_equal(to_bits(out, "bfloat16"), reference(bits, rows_np, handed, 0xFF80))
     whole = [k for k in dispatch._ROW_CACHE.keys() if k[0] == "whole"]
     assert len(whole) == (1 if cache_mode == "whole-table" else 0), "one entry for the table, however it grew"
+
+
+# ---------------------------------------------------------------------------------------------
+# apply_token_bitmasks: each row by its own table
+
+
+@pytest.mark.parametrize("path", cpu_paths())
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_rows_of_different_tables_mask_as_each_row_alone(path, dtype, cache_mode):
+    """Rows of two tables of every mask kind (one narrower than the logits), free rows (None) and a
+    repeated pick, in one call: bit for bit what each row gets alone."""
+    rng = np.random.default_rng(list(DTYPES).index(dtype))
+    vocab = 4200
+    tables = [make_table(rng, kind, NUM_ROWS, words) for kind in MASK_KINDS for words in (132, 100)]
+    device_tables = [mx.array(t) for t in tables]
+    neg_inf = DTYPES[dtype][2]
+    for trial in range(6):
+        picks = [None if rng.random() < 0.25 else (int(rng.integers(len(tables))), int(rng.integers(NUM_ROWS)))
+                 for _ in range(5)]
+        picks[4] = picks[0] if trial % 2 else picks[4]  # a row picked twice in one call
+        bits = make_logit_bits(rng, dtype, len(picks), vocab)
+        out = dispatch.apply_token_bitmasks(
+            to_mx(bits, dtype), [None if p is None else (device_tables[p[0]], p[1]) for p in picks], path=path
+        )
+        for b, pick in enumerate(picks):
+            alone = bits[b : b + 1] if pick is None else reference(bits[b : b + 1], tables[pick[0]], [pick[1]], neg_inf)
+            np.testing.assert_array_equal(to_bits(out, dtype)[b : b + 1], alone, err_msg=f"{trial}/{b}: {pick}")
+    assert not any(k[0] == "whole" and k[1] not in map(id, device_tables) for k in dispatch._ROW_CACHE.keys())
+
+
+@pytest.mark.parametrize("path", cpu_paths())
+def test_rows_all_from_one_table_take_that_table_and_no_rows_mask_nothing(path, monkeypatch):
+    table = mx.array(make_table(np.random.default_rng(3), "random", NUM_ROWS, 4))
+    logits = mx.array(np.random.default_rng(4).standard_normal((3, 128)).astype(np.float32))
+    calls = []
+    apply = dispatch.apply_token_bitmask
+    monkeypatch.setattr(dispatch, "apply_token_bitmask", lambda *a, **k: calls.append(a[1:3]) or apply(*a, **k))
+    dispatch.apply_token_bitmasks(logits, [(table, 2), (table, 0), (table, 2)], path=path)
+    assert len(calls) == 1 and calls[0][0] is table and calls[0][1] == [2, 0, 2]
+    assert dispatch.apply_token_bitmasks(logits, [None] * 3, path=path) is logits
+
+
+def test_the_gathered_table_masks_as_the_picks():
+    """What the GPU paths read for rows of different tables: the same masks as the picks."""
+    rng = np.random.default_rng(5)
+    wide, narrow = (mx.array(make_table(rng, "random", NUM_ROWS, w)) for w in (4, 2))
+    picks = [(wide, 1), None, (narrow, 3)]
+    table = dispatch.gathered_table(picks, 100)
+    assert table.shape == (3, 4) and (np.asarray(table[1]) == dispatch.ALL_ALLOWED).all()
+    logits = mx.array(rng.standard_normal((3, 100)).astype(np.float32))
+    got = np.asarray(dispatch.apply_token_bitmask(logits, table, [0, 1, 2], path="cpu-bitwise"))
+    expected = np.asarray(dispatch.apply_token_bitmasks(logits, picks, path="cpu-bitwise"))
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "picks, message",
+    [
+        ([None], "1 mask picks for 2 rows"),
+        ([(mx.zeros((3, 4), dtype=mx.int32), 0), None], "uint32"),
+        ([None, (mx.zeros((3, 5), dtype=mx.uint32), 0)], "larger vocabulary"),
+        ([(mx.zeros((3, 4), dtype=mx.uint32), 3), None], "out of range"),
+        ([(np.zeros((3, 4), dtype=np.uint32), 0), None], "mx.array"),
+    ],
+)
+def test_bad_picks_raise_kernel_error(picks, message):
+    with pytest.raises(KernelError, match=message):
+        dispatch.apply_token_bitmasks(mx.zeros((2, 100)), picks, path="cpu-bitwise")

@@ -22,13 +22,12 @@ from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder
 from grammar_mlx.segments import FreeText, JSONSchema, Seq, Text, compile_segments
 from grammar_mlx.server import batch_forward
 from grammar_mlx.server.batch_forward import (
-    ALL_ALLOWED,
     BatchedRow,
     batched_row_of,
     forced_after,
     grammar_processor_of,
+    mask_step,
     register,
-    step_masks,
 )
 from grammar_mlx.server.mlx_lm_seams import FastForwardBatchGenerator, FastForwardGenerationBatch
 from grammar_mlx.server.request import FastForwarded
@@ -224,12 +223,12 @@ def counted(monkeypatch):
     """Patched in from here on: per step of a generation batch, (rows with a grammar, the batch size
     of each kernel call it made); a grammar processor's own per-row masking fails the test."""
     steps = []
-    kernel = batch_forward.apply_token_bitmask
+    kernel = batch_forward.apply_token_bitmasks
     step = FastForwardGenerationBatch._step
 
-    def counting_kernel(logits, table, rows):
+    def counting_kernel(logits, picks):
         steps[-1][1].append(logits.shape[0])
-        return kernel(logits, table, rows)
+        return kernel(logits, picks)
 
     def counting_step(self):
         steps.append((sum(g is not None for g in self._grammars), []))
@@ -238,7 +237,7 @@ def counted(monkeypatch):
     def per_row(self, logits, target):
         raise AssertionError("a batch row was masked on its own")
 
-    monkeypatch.setattr(batch_forward, "apply_token_bitmask", counting_kernel)
+    monkeypatch.setattr(batch_forward, "apply_token_bitmasks", counting_kernel)
     monkeypatch.setattr(FastForwardGenerationBatch, "_step", counting_step)
     monkeypatch.setattr(GrammarProcessor, "_process_row", per_row)
     monkeypatch.setattr(GrammarProcessor, "_process", per_row)
@@ -275,23 +274,17 @@ def test_free_text_and_caller_processors_keep_their_answers_in_the_batch(model, 
     assert all(len(calls) <= 1 for _, calls in steps)
 
 
-def test_step_masks_gather_every_row_into_one_table_equal_to_masking_each_alone(grammars):
+def test_mask_step_masks_each_row_by_its_own_table_as_alone(grammars):
     rng = np.random.default_rng(0)
     wide = mx.array(rng.integers(0, 2**32, size=(5, -(-QWEN_LOGITS_WIDTH // 32)), dtype=np.uint32))
     narrow = mx.array(rng.integers(0, 2**32, size=(3, 100), dtype=np.uint32))  # past its 3200 ids: disallowed
     logits = mx.array(rng.standard_normal((4, QWEN_LOGITS_WIDTH)).astype(np.float32))
     picks = [(wide, 3), None, (narrow, 1), (wide, 0)]
-    table, rows = step_masks(picks, QWEN_LOGITS_WIDTH)
-    assert table.shape == (4, wide.shape[1]) and rows == [0, 1, 2, 3]
-    assert (np.asarray(table[1]) == ALL_ALLOWED).all()
-    got = np.asarray(apply_token_bitmask(logits, table, rows))
+    got = np.asarray(mask_step(logits, picks))
     for b, pick in enumerate(picks):
         alone = logits[b : b + 1] if pick is None else apply_token_bitmask(logits[b : b + 1], pick[0], [pick[1]])
         assert np.array_equal(got[b], np.asarray(alone)[0], equal_nan=True), b
-    # Every row from one table: that table, read through the rows' ids.
-    same, ids = step_masks([(wide, 4), (wide, 2)], QWEN_LOGITS_WIDTH)
-    assert same is wide and ids == [4, 2]
-    assert step_masks([None, None], QWEN_LOGITS_WIDTH) is None
+    assert mask_step(logits, [None] * 4) is logits  # no row masks: no kernel call
 
 
 def test_the_grammar_processor_of_a_row_is_its_last(grammars):
