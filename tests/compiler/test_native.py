@@ -119,6 +119,19 @@ def test_native_pack_equals_numpy(width, data):
     assert native.pack(tokens, table.words).dtype == table.pack_reference(tokens).dtype
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(width=st.integers(1, 400), data=st.data())
+def test_native_merge_equals_a_sort_of_both_rows(width, data):
+    ids = sorted(data.draw(st.sets(st.integers(0, width - 1))))
+    mine = data.draw(st.sets(st.sampled_from(ids))) if ids else set()
+    base = np.array([i for i in ids if i not in mine], dtype=np.int32)
+    tokens = np.array(sorted(mine), dtype=np.int32)
+    states = np.array([data.draw(st.integers(0, 50)) for _ in tokens], dtype=np.int32)
+    merged_ids, merged_states = native.merge(base, 99, tokens, states)
+    expected = sorted([(int(t), 99) for t in base] + list(zip(tokens.tolist(), states.tolist())))
+    assert list(zip(merged_ids.tolist(), merged_states.tolist())) == expected
+
+
 # -- the Qwen3 vocabulary: corpus schemas and wide regexes -------------------------------------------------
 
 
