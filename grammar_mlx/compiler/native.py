@@ -234,7 +234,7 @@ def _walked(trie: TokenTrie, dfa: ByteDFA, state: int, below: int
 
 def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, below: int, buf: _TrieBuffers,
                sc: _Scratch) -> int:
-    """gm_walk to its end (missing rows computed between calls); the live pairs' count in `sc`."""
+    """gm_walk to its end, one call (missing rows computed as it meets them); the pairs' count in `sc`."""
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     pending = not dfa.complete
     if pending and table[state * width] < 0:
@@ -254,17 +254,15 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     nodes, states, _, _, _, cursor = sc.ptrs
     child_start, child_count, _, _, _, node_byte = buf.ptrs
     classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
-    # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`); a walk inside a
-    # row computation (none today) would find the outer walk's DFA restored on its return.
-    outer = sc.dfa, sc.table
+    # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`; a row computation
+    # never walks a trie, which would reuse this thread's scratch).
     sc.dfa, sc.table, sc.error = dfa, table, None
     try:
         done = lib.gm_walk(table.ctypes.data, width, dead, classes.ctypes.data, node_byte, child_start,
                            child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH)
         error = sc.error
     finally:
-        sc.dfa, sc.table = outer
-        sc.error = None
+        sc.dfa = sc.table = sc.error = None
     if done == -1 and error is not None:
         raise error
     if done != 0:  # pragma: no cover - a complete DFA has no unknown row

@@ -100,6 +100,21 @@ def test_native_walk_equals_the_numpy_walk_on_random_regexes(tokens, regex, cut,
         state += 1
 
 
+def test_an_error_computing_a_row_reaches_the_walks_caller():
+    """A row the native walk has computed (through its callback) that raises, here the DFA's state
+    cap, raises from `native.walk` itself; the next walk, with room for the states, is the numpy walk's row."""
+    from grammar_mlx.errors import GrammarTooLargeError
+
+    trie = TokenTrie.build({b"abc": [0], b"abd": [1], b"x": [2]}, 3)
+    capped = determinize(build_nfa("ab[cd]x*"), 2)  # the dead state, the initial one, then one more
+    with pytest.raises(GrammarTooLargeError):
+        native.walk(trie, capped, capped.initial)
+    capped.max_states = 10_000
+    got = native.walk(trie, capped, capped.initial)
+    fresh = determinize(build_nfa("ab[cd]x*"), 10_000)
+    assert same_row(got, capped, walk_reference(trie, fresh, fresh.initial), fresh)
+
+
 def _state_of(dfa: ByteDFA, nfa_set: object) -> int:
     """The id of the state standing for `nfa_set` in an on-demand DFA, determinizing it until it has one."""
     source = dfa._source
