@@ -158,13 +158,13 @@ class ByteDFA:
             return  # the common single known row: no lock, no array
         with self._lock:
             width = self.num_classes
-            ids = np.asarray(states)
+            ids = states if isinstance(states, np.ndarray) else list(states)
             if len(ids) > 64:  # a walk's level: flag the distinct states (no sort of the level)
                 flags = np.zeros(self._num_states + 1, dtype=bool)
                 flags[ids] = True
                 todo = np.flatnonzero(flags).tolist()
-            else:
-                todo = np.unique(ids).tolist()
+            else:  # a few ids (a walk's missing rows): Python ints, no numpy call per id
+                todo = sorted(set(ids.tolist() if isinstance(ids, np.ndarray) else ids))
             for q in todo:
                 if self.table[q * width] == UNKNOWN:  # class 0 (NUL) leads to the dead state once known
                     row = self._source.compute_row(self, q)  # type: ignore[union-attr]

@@ -545,43 +545,46 @@ class Determinizer:
         return sid
 
     def compute_row(self, dfa: ByteDFA, q: int) -> np.ndarray:
-        """The row of DFA state q (under `dfa`'s lock): its successor per byte class, new states added."""
-        width = self.num_classes
-        buckets: list[list[int] | None] = [None] * width
-        transitions, closure_of, trans = self._transitions, self.closure, self.nfa.trans
+        """The row of DFA state q (under `dfa`'s lock): its successor per byte class, new states added
+        (numbered in the order of the first class leading to each)."""
         members = self._sets[q]
         assert members is not None, "a row is computed once"
-        for s in members:
-            if trans[s] is None:  # the match state
-                continue
-            for clo, chi, t in transitions(s):
-                for c in range(clo, chi + 1):
-                    b = buckets[c]
-                    if b is None:
-                        buckets[c] = [t]
-                    else:
-                        b.append(t)
-        row = np.zeros(width, dtype=np.int32)
-        by_targets: dict[tuple[int, ...], int] = {}
-        for c in range(1, width):
-            targets = buckets[c]
-            if targets is None:
-                continue
-            key = tuple(targets)
-            sid = by_targets.get(key)
-            if sid is None:
-                if len(targets) == 1:
-                    nfa_set = frozenset(closure_of(targets[0]))
-                else:
+        trans, closure_of, state = self.nfa.trans, self.closure, self.state
+        moving = [s for s in members if trans[s] is not None]  # byte states (not the match state)
+        row = [0] * self.num_classes
+        if len(moving) == 1:
+            # One byte state: its ranges are disjoint and in byte order (a class template's edges, a
+            # literal's byte), so each class has one target and the ranges come in class order.
+            by_target: dict[int, int] = {}
+            for clo, chi, t in self._transitions(moving[0]):
+                sid = by_target.get(t)
+                if sid is None:
+                    sid = by_target[t] = state(dfa, frozenset(closure_of(t)))
+                row[clo : chi + 1] = [sid] * (chi - clo + 1)
+        elif moving:
+            buckets: dict[int, list[int]] = {}
+            for s in moving:
+                for clo, chi, t in self._transitions(s):
+                    for c in range(clo, chi + 1):
+                        b = buckets.get(c)
+                        if b is None:
+                            buckets[c] = [t]
+                        else:
+                            b.append(t)
+            by_targets: dict[tuple[int, ...], int] = {}
+            for c in sorted(buckets):
+                targets = buckets[c]
+                key = tuple(targets)
+                sid = by_targets.get(key, -1)
+                if sid < 0:
                     acc: set[int] = set()
                     for t in targets:
                         acc.update(closure_of(t))
-                    nfa_set = frozenset(acc)
-                sid = by_targets[key] = self.state(dfa, nfa_set)
-            row[c] = sid
+                    sid = by_targets[key] = state(dfa, frozenset(acc))
+                row[c] = sid
         self._py_bytes -= sys.getsizeof(members)
         self._sets[q] = None
-        return row
+        return np.array(row, dtype=np.int32)
 
 
 _FAR = 2**31 - 1  # no way to the match

@@ -23,6 +23,7 @@ from ..errors import (
 )
 from ..runtime.stack import walk_to
 from ..vocabulary.token_bytes import Vocabulary
+from . import native
 from .lazy import LazyIndex
 from .mask_table import MaskTable
 
@@ -59,9 +60,16 @@ MAX_FORBIDDEN = 8192  # a row allowing all but at most this many ids: the forbid
 
 
 def _gaps(tokens: np.ndarray, width: int) -> np.ndarray | None:
-    """The ids below `width` missing from `tokens` (sorted ids, more than one), from the gaps
-    between neighbours, with no vocabulary-sized mask; None unless the ids are distinct and below
-    `width` (then `tokens` is not exactly the complement of its gaps)."""
+    """The ids below `width` missing from `tokens` (sorted ids, more than one); None unless the ids
+    are distinct and below `width` (then `tokens` is not exactly the complement of its gaps).
+    Native (one pass, `native.gaps`) where built, else `_gaps_reference` (the same ids)."""
+    if native.available():
+        return native.gaps(tokens, width)
+    return _gaps_reference(tokens, width)
+
+
+def _gaps_reference(tokens: np.ndarray, width: int) -> np.ndarray | None:
+    """`_gaps` in numpy: from the gaps between neighbours, with no vocabulary-sized mask."""
     first, last = int(tokens[0]), int(tokens[-1])
     if first < 0 or last >= width:
         return None

@@ -110,12 +110,13 @@ class MaskTable:
         return np.packbits(bits, bitorder="little").view("<u4")
 
     def add(self, tokens: np.ndarray, packed: np.ndarray | None = None) -> int:
-        """The id of the row allowing exactly `tokens`: an equal row's, or a new row written before
-        its id is returned. `packed`: the row's words where the caller has them (`pack(tokens)`)."""
+        """The id of the row allowing exactly `tokens` (sorted distinct ids): an equal row's, or a new
+        row written before its id is returned. `packed`: the row's words where the caller has them
+        (`pack(tokens)`)."""
         with self._lock:
             if packed is None:
                 packed = self.pack(tokens)
-            key = hash(packed.tobytes())
+            key = self._key(tokens, packed)
             index = self._content_index()
             same = index.get(key)
             if same is not None:
@@ -138,6 +139,14 @@ class MaskTable:
             index.setdefault(key, []).append(row)
             self.num_rows = row + 1  # last: readers see a row only once it is written
             return row
+
+    def _key(self, tokens: np.ndarray, packed: np.ndarray) -> int:
+        """A row's content hash: of its sorted distinct ids where they are fewer bytes than its words
+        (a sparse row, most of a lazy grammar's), else of its words. One mask has one id count, so it
+        has one key; a seeded table keys every row by its words (its rows come without ids)."""
+        if self._seed is None and len(tokens) < self.words:
+            return hash(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
+        return hash(packed.tobytes())
 
     def _content_index(self) -> dict[int, list[int]]:
         index = self._index

@@ -36,16 +36,18 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "live_nodes", "merge", "pack", "walk"]
+__all__ = ["available", "gaps", "live_nodes", "merge", "pack", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
-MAX_UNKNOWN = 4096  # distinct missing DFA rows reported per call (more: the next call finds them)
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
 _TRIED = False
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
+# gm_walk's callback: computes a missing DFA row, returns the table's address (NULL: it raised).
+_FETCH = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int32)
+_NO_FETCH = _FETCH()  # NULL: a complete DFA's walk (no row is missing)
 
 
 def _compiler() -> str | None:
@@ -97,11 +99,13 @@ def _build() -> ctypes.CDLL | None:
         log.warning("native row walk not loaded (%s); using the numpy walk", exc)
         return None
     lib.gm_walk.restype = _I
-    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I]
+    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _FETCH]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
     lib.gm_merge.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _I, _P, _P]
+    lib.gm_gaps.restype = _I
+    lib.gm_gaps.argtypes = [_P, _I, _I, _P]
     lib.gm_pack.restype = None
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
     return lib
@@ -155,15 +159,28 @@ class _Scratch:
         self.out_tokens = np.empty(width, np.int32)
         self.out_states = np.empty(width, np.int32)
         self.cursor = np.zeros(3, np.int64)
-        self.unknown = np.empty(MAX_UNKNOWN, np.int32)
-        self.seen = np.zeros(0, np.uint8)  # flags of missing rows (zero between calls), per DFA state
         self.ptrs = tuple(a.ctypes.data for a in (self.nodes, self.states, self.per_token, self.out_tokens,
-                                                  self.out_states, self.cursor, self.unknown))
+                                                  self.out_states, self.cursor))
+        # The DFA being walked (its rows computed by `_fetch_row`), the table last handed to the walk
+        # (kept alive while the walk reads it) and what computing a row raised: per thread, as walks are.
+        self.dfa: ByteDFA | None = None
+        self.table: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.fetch = _FETCH(self._fetch_row)
 
-    def seen_for(self, states: int) -> np.ndarray:
-        if len(self.seen) < states:
-            self.seen = np.zeros(max(states, 2 * len(self.seen)), np.uint8)
-        return self.seen
+    def _fetch_row(self, state: int) -> int | None:
+        """gm_walk's callback: the row of `state` computed, the table's address (None: it raised,
+        the error kept for the walk's caller; an exception must not cross the C frames)."""
+        try:
+            dfa = self.dfa
+            assert dfa is not None
+            dfa.ensure_rows([state])
+            table = self.table = dfa.table
+            address: int = table.ctypes.data
+            return address
+        except BaseException as exc:  # noqa: BLE001 - re-raised by `_walk_live` once the walk returns
+            self.error = exc
+            return None
 
 
 _BUFFERS: weakref.WeakKeyDictionary[TokenTrie, _TrieBuffers] = weakref.WeakKeyDictionary()
@@ -185,7 +202,7 @@ def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndar
     if walked is None:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
     lib, buf, sc, count = walked
-    nodes, states, per_token, out_tokens, out_states, _, _ = sc.ptrs
+    nodes, states, per_token, out_tokens, out_states, _ = sc.ptrs
     _, _, end_first, more_node, more_id, _ = buf.ptrs
     found = lib.gm_row(nodes, states, count, end_first, more_node, more_id, len(buf.more_id), per_token,
                        trie.width, out_tokens, out_states)
@@ -217,7 +234,7 @@ def _walked(trie: TokenTrie, dfa: ByteDFA, state: int, below: int
 
 def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, below: int, buf: _TrieBuffers,
                sc: _Scratch) -> int:
-    """gm_walk to its end (missing rows computed between calls); the live pairs' count in `sc`."""
+    """gm_walk to its end, one call (missing rows computed as it meets them); the pairs' count in `sc`."""
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     pending = not dfa.complete
     if pending and table[state * width] < 0:
@@ -234,19 +251,22 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
         sc.nodes[:k] = kids[keep]
         sc.states[:k] = st[keep]
         sc.cursor[:] = (0, k, k)
-    nodes, states, _, _, _, cursor, unknown = sc.ptrs
+    nodes, states, _, _, _, cursor = sc.ptrs
     child_start, child_count, _, _, _, node_byte = buf.ptrs
     classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
-    while True:
-        seen = sc.seen_for(len(table) // width)
-        missing = lib.gm_walk(table.ctypes.data, width, dead, classes.ctypes.data, node_byte, child_start,
-                              child_count, nodes, states, cursor, unknown, MAX_UNKNOWN, seen.ctypes.data, len(seen))
-        if missing == 0:
-            break
-        if missing < 0 or not pending:  # pragma: no cover - a complete DFA has no unknown row
-            raise AssertionError("native walk met an unknown row of a complete DFA")
-        dfa.ensure_rows(sc.unknown[:missing].copy())
-        table = dfa.table  # `ensure_rows` may have grown (replaced) it
+    # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`; a row computation
+    # never walks a trie, which would reuse this thread's scratch).
+    sc.dfa, sc.table, sc.error = dfa, table, None
+    try:
+        done = lib.gm_walk(table.ctypes.data, width, dead, classes.ctypes.data, node_byte, child_start,
+                           child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH)
+        error = sc.error
+    finally:
+        sc.dfa = sc.table = sc.error = None
+    if done == -1 and error is not None:
+        raise error
+    if done != 0:  # pragma: no cover - a complete DFA has no unknown row
+        raise AssertionError("native walk met an unknown row of a complete DFA")
     return int(sc.cursor[2])
 
 
@@ -263,6 +283,17 @@ def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndar
     lib.gm_merge(base.ctypes.data, len(base), base_state, tokens.ctypes.data, states.ctypes.data, len(tokens),
                  out_tokens.ctypes.data, out_states.ctypes.data)
     return out_tokens, out_states
+
+
+def gaps(tokens: np.ndarray, width: int) -> np.ndarray | None:
+    """`grammar._gaps_reference(tokens, width)`: the ids below `width` missing from sorted `tokens`
+    (int32), or None where an id repeats or lies outside 0..width-1; call only where `available()`."""
+    lib = library()
+    assert lib is not None, "native.gaps without the library (check available() first)"
+    ids = np.ascontiguousarray(tokens, dtype=np.int32)
+    out = np.empty(width, np.int32)  # room for any prefix the walk writes before it finds a repeat
+    count = lib.gm_gaps(ids.ctypes.data, len(ids), width, out.ctypes.data)
+    return None if count < 0 else out[:count].copy()
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:

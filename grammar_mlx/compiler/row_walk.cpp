@@ -3,20 +3,24 @@
 //
 // gm_walk expands the live nodes of a token trie level by level from a byte-DFA state: a node is
 // live when the bytes from the root to it never reach the dead state. Live (node, state) pairs are
-// appended to `nodes`/`states`; `cursor` = {lo, hi, count}: the pairs [lo, hi) are the level being
-// expanded, `count` the pairs written; {-1, level-0 nodes, start state} starts a walk (the start
-// state's row must be known). A DFA built on demand holds UNKNOWN (negative) in rows not
-// computed yet: a level that meets one is not kept (count goes back to hi); the distinct source
-// states whose row is missing are written to `unknown` and their number returned, so that the caller
-// computes those rows and calls again with the same cursor. 0: the walk is done. A node's column is
-// read as `classes[node_byte[node]]` (the DFA's 256-entry byte-class map and the trie's bytes), so a
-// DFA walked once (a grammar's terminal) needs no per-node class array built for it.
+// appended to `nodes`/`states`; `cursor` = {lo, hi, count}: the pairs [lo, hi) are the level to
+// expand first, `count` the pairs written; {-1, level-0 nodes, start state} starts a walk (the start
+// state's row must be known); on return `cursor[2]` is the pairs' count. A DFA built on demand holds
+// UNKNOWN (negative) in rows not computed yet: the walk calls `fetch(state)`, which computes that row
+// and returns the table (its memory may have moved as the DFA grew), and goes on in place, so a walk
+// is one call however many new states it meets. Returns 0 when done, -1 when `fetch` failed (NULL:
+// the caller re-raises its error), -2 for an unknown row without `fetch` (a complete DFA has none).
+// A node's column is read as `classes[node_byte[node]]` (the DFA's 256-entry byte-class map and the
+// trie's bytes), so a DFA walked once (a grammar's terminal) needs no per-node class array built for it.
 //
 // gm_row turns the live pairs into the row: the ids ending at each live node (end_first, plus the
 // ids sharing a node's bytes, end_more) with their states, sorted by id. `per_token` is a scratch of
 // `width` int32 that holds -1 everywhere on entry and on return.
 //
 // gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
+//
+// gm_gaps writes the ids below `width` that sorted `tokens` lacks (`out`: room for `width`), or
+// returns -1 where an id repeats or lies outside 0..width-1.
 //
 // gm_pack writes the packed mask (bit t of word t / 32) of sorted ids.
 
@@ -28,9 +32,11 @@
 
 extern "C" {
 
+typedef const int32_t* (*gm_fetch)(int32_t state);
+
 int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, const int32_t* node_byte,
                 const int32_t* child_start, const int32_t* child_count, int32_t* nodes, int32_t* states,
-                int64_t* cursor, int32_t* unknown, int64_t max_unknown, uint8_t* seen, int64_t seen_len) {
+                int64_t* cursor, gm_fetch fetch) {
     int64_t lo = cursor[0], hi = cursor[1], count = cursor[2];
     if (lo < 0) {  // a new walk: the root's children (level 0, nodes 0..hi-1) from state `count`
         const int32_t* row = table + count * width;  // the caller computed this row
@@ -46,39 +52,29 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
         hi = count;
     }
     while (lo < hi) {
-        int64_t missing = 0;
-        const int64_t start = count;
         for (int64_t i = lo; i < hi; ++i) {
             const int32_t n = nodes[i];
             const int32_t kids = child_count[n];
             if (kids == 0) continue;
-            const int32_t* row = table + static_cast<int64_t>(states[i]) * width;
+            const int32_t s = states[i];
+            const int32_t* row = table + static_cast<int64_t>(s) * width;
             const int32_t first = child_start[n];
             const int32_t end = first + kids;
             for (int32_t c = first; c < end; ++c) {
-                const int32_t t = row[classes[node_byte[c]]];
-                if (t == dead) continue;
-                if (t < 0) {  // the source row is unknown: every child of this node needs it
-                    const int32_t s = states[i];
-                    if ((s >= seen_len || !seen[s]) && missing < max_unknown) {
-                        if (s < seen_len) seen[s] = 1;
-                        unknown[missing++] = s;
-                    }
-                    break;
+                int32_t t = row[classes[node_byte[c]]];
+                if (t < 0) {  // the row is unknown (a DFA built on demand): have it computed, then go on
+                    if (fetch == nullptr) return -2;
+                    table = fetch(s);
+                    if (table == nullptr) return -1;  // the row source raised: the caller re-raises
+                    row = table + static_cast<int64_t>(s) * width;
+                    t = row[classes[node_byte[c]]];
+                    if (t < 0) return -2;
                 }
+                if (t == dead) continue;
                 nodes[count] = c;
                 states[count] = t;
                 ++count;
             }
-        }
-        if (missing) {
-            for (int64_t k = 0; k < missing; ++k) {
-                if (unknown[k] < seen_len) seen[unknown[k]] = 0;
-            }
-            cursor[0] = lo;
-            cursor[1] = hi;
-            cursor[2] = start;
-            return missing;
         }
         lo = hi;
         hi = count;
@@ -130,16 +126,35 @@ int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const
 
 int64_t gm_merge(const int32_t* base, int64_t base_len, int32_t base_state, const int32_t* tokens,
                  const int32_t* states, int64_t count, int32_t* out_tokens, int32_t* out_states) {
-    int64_t i = 0, j = 0, k = 0;
-    while (i < base_len || j < count) {
-        if (j == count || (i < base_len && base[i] < tokens[j])) {
-            out_tokens[k] = base[i++];
-            out_states[k++] = base_state;
-        } else {
-            out_tokens[k] = tokens[j];
-            out_states[k++] = states[j++];
-        }
+    // Few tokens into a long base (a string slice and the rest's row): copy base runs whole.
+    int64_t i = 0, k = 0;
+    for (int64_t j = 0; j < count; ++j) {
+        const int64_t stop = std::lower_bound(base + i, base + base_len, tokens[j]) - base;
+        const int64_t run = stop - i;
+        std::memcpy(out_tokens + k, base + i, static_cast<size_t>(run) * sizeof(int32_t));
+        std::fill(out_states + k, out_states + k + run, base_state);
+        k += run;
+        i = stop;
+        out_tokens[k] = tokens[j];
+        out_states[k++] = states[j];
     }
+    const int64_t run = base_len - i;
+    std::memcpy(out_tokens + k, base + i, static_cast<size_t>(run) * sizeof(int32_t));
+    std::fill(out_states + k, out_states + k + run, base_state);
+    return k + run;
+}
+
+int64_t gm_gaps(const int32_t* tokens, int64_t count, int64_t width, int32_t* out) {
+    // The ids below `width` missing from sorted `tokens`; -1 where an id repeats or is out of range.
+    int64_t k = 0;
+    int64_t next = 0;  // the smallest id not yet accounted for
+    for (int64_t j = 0; j < count; ++j) {
+        const int64_t t = tokens[j];
+        if (t < next || t >= width) return -1;
+        while (next < t) out[k++] = static_cast<int32_t>(next++);
+        next = t + 1;
+    }
+    while (next < width) out[k++] = static_cast<int32_t>(next++);
     return k;
 }
 

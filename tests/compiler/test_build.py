@@ -369,17 +369,19 @@ def test_forbidden_ids_from_the_gaps_equal_the_mask_complement(width, data):
     """The forbidden ids of a dense row (`grammar._gaps`: the runs between sorted neighbours)
     are the ids a vocabulary-sized mask leaves unset, or None where the row repeats an id or
     names one past the width (then the row is not the complement of its gaps)."""
-    from grammar_mlx.compiler.grammar import _gaps
+    from grammar_mlx.compiler import native
+    from grammar_mlx.compiler.grammar import _gaps, _gaps_reference
 
     ids = data.draw(st.lists(st.integers(0, width), min_size=2, max_size=width + 3))
     tokens = np.sort(np.array(ids, dtype=np.int32))
-    gaps = _gaps(tokens, width)
     allowed = np.zeros(width + 1, dtype=bool)
     allowed[tokens] = True
-    if len(set(ids)) != len(ids) or max(ids) >= width:
-        assert gaps is None
-    else:
-        assert gaps is not None and gaps.tolist() == np.flatnonzero(~allowed[:width]).tolist()
+    for find in (_gaps, _gaps_reference) if native.available() else (_gaps_reference,):
+        gaps = find(tokens, width)
+        if len(set(ids)) != len(ids) or max(ids) >= width:
+            assert gaps is None
+        else:
+            assert gaps is not None and gaps.tolist() == np.flatnonzero(~allowed[:width]).tolist()
 
 
 def test_the_live_memo_keys_on_the_unenforced_report(qwen_vocab, tmp_path):

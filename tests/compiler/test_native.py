@@ -100,6 +100,21 @@ def test_native_walk_equals_the_numpy_walk_on_random_regexes(tokens, regex, cut,
         state += 1
 
 
+def test_an_error_computing_a_row_reaches_the_walks_caller():
+    """A row the native walk has computed (through its callback) that raises, here the DFA's state
+    cap, raises from `native.walk` itself; the next walk, with room for the states, is the numpy walk's row."""
+    from grammar_mlx.errors import GrammarTooLargeError
+
+    trie = TokenTrie.build({b"abc": [0], b"abd": [1], b"x": [2]}, 3)
+    capped = determinize(build_nfa("ab[cd]x*"), 2)  # the dead state, the initial one, then one more
+    with pytest.raises(GrammarTooLargeError):
+        native.walk(trie, capped, capped.initial)
+    capped.max_states = 10_000
+    got = native.walk(trie, capped, capped.initial)
+    fresh = determinize(build_nfa("ab[cd]x*"), 10_000)
+    assert same_row(got, capped, walk_reference(trie, fresh, fresh.initial), fresh)
+
+
 def _state_of(dfa: ByteDFA, nfa_set: object) -> int:
     """The id of the state standing for `nfa_set` in an on-demand DFA, determinizing it until it has one."""
     source = dfa._source
@@ -117,6 +132,19 @@ def test_native_pack_equals_numpy(width, data):
     table = MaskTable(width, 1 << 20)
     assert np.array_equal(native.pack(tokens, table.words), table.pack_reference(tokens))
     assert native.pack(tokens, table.words).dtype == table.pack_reference(tokens).dtype
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(width=st.integers(1, 400), data=st.data())
+def test_native_merge_equals_a_sort_of_both_rows(width, data):
+    ids = sorted(data.draw(st.sets(st.integers(0, width - 1))))
+    mine = data.draw(st.sets(st.sampled_from(ids))) if ids else set()
+    base = np.array([i for i in ids if i not in mine], dtype=np.int32)
+    tokens = np.array(sorted(mine), dtype=np.int32)
+    states = np.array([data.draw(st.integers(0, 50)) for _ in tokens], dtype=np.int32)
+    merged_ids, merged_states = native.merge(base, 99, tokens, states)
+    expected = sorted([(int(t), 99) for t in base] + list(zip(tokens.tolist(), states.tolist())))
+    assert list(zip(merged_ids.tolist(), merged_states.tolist())) == expected
 
 
 # -- the Qwen3 vocabulary: corpus schemas and wide regexes -------------------------------------------------
