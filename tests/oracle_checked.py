@@ -30,3 +30,16 @@ class OracleChecked:
         np.testing.assert_array_equal(allowed, expected)
         self.calls += 1
         return out
+
+
+def draft_acceptance(run, plain, rare=(1, 2, 3, 4)) -> dict[tuple[str, int], float]:
+    """Runs `run(draft, k)` (-> tokens, from-draft flags) for every draft of `tiny_models.draft_set`
+    (the rarely-agreeing one at each k of `rare`), asserts each output is `plain`, and returns the
+    share of tokens each (draft, k) supplied."""
+    accepted = {}
+    for draft, ks in (("rarely", rare), ("partly", (2,)), ("fully", (4,))):
+        for k in ks:
+            out, drafted = run(draft, k)
+            assert out == plain, (draft, k)
+            accepted[draft, k] = sum(drafted) / len(out)
+    return accepted

@@ -51,3 +51,11 @@ class BiasedModel(Model):
 
     def __call__(self, inputs, cache=None, **kwargs):
         return super().__call__(inputs, cache=cache, **kwargs) + self.logit_bias
+
+
+def draft_set(seed: int = 0) -> dict[str, Model]:
+    """A main model and three drafts of it for the speculative tests: one that rarely agrees, one
+    that partly agrees, and one that always does (its twin)."""
+    main = tiny_llama(seed)
+    return {"main": main, "rarely": BiasedModel(main, seed=1), "partly": BiasedModel(main, seed=2, scale=1.5),
+            "fully": copy_of(main)}

@@ -12,7 +12,7 @@ import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
-from oracle_checked import OracleChecked
+from oracle_checked import OracleChecked, draft_acceptance
 from tiny_models import QWEN_LOGITS_WIDTH as W
 from trace_recorder import run_batch, run_stream
 
@@ -43,11 +43,9 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def models():
-    from tiny_models import BiasedModel, copy_of, tiny_llama
+    from tiny_models import draft_set
 
-    main = tiny_llama(0)
-    return {"main": main, "rarely": BiasedModel(main, seed=1), "partly": BiasedModel(main, seed=2, scale=1.5),
-            "fully": copy_of(main)}
+    return draft_set()
 
 
 @pytest.fixture(scope="module")
@@ -125,15 +123,12 @@ def test_speculative_is_token_identical_and_every_mask_is_the_replayed_one(name,
     g, prompt = programs[name]
     plain, _ = solo(models, g, prompt, qwen_tokenizer)
     check_output(g, plain, qwen_tokenizer, name)
-    accepted = {}
     # Every k for the control-token programs; the text-tag ones (the same machinery, plus watches
     # and forced completions) at k = 1 and 3.
     rare = (1, 2, 3, 4) if name in ("thinking", "tools") else (1, 3)
-    for draft, ks in (("rarely", rare), ("partly", (2,)), ("fully", (4,))):
-        for k in ks:
-            out, drafted = solo(models, g, prompt, qwen_tokenizer, draft_model=models[draft], num_draft_tokens=k)
-            assert out == plain, (draft, k)
-            accepted[draft, k] = sum(drafted) / len(out)
+    accepted = draft_acceptance(
+        lambda draft, k: solo(models, g, prompt, qwen_tokenizer, draft_model=models[draft], num_draft_tokens=k),
+        plain, rare)
     # An identical draft is kept whole (k of every k + 1 tokens, the last round cut by EOS); the
     # biased ones are rejected more often: the rollback paths ran.
     assert accepted["fully", 4] >= 0.6
