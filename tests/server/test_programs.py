@@ -88,3 +88,29 @@ def test_a_text_call_tag_cannot_open_the_choice(qwen_tool_tokenizer):
 def test_a_regex_after_the_reasoning_starts_at_the_end_tag(qwen_tool_tokenizer):
     program = segment_program(qwen_tool_tokenizer, GrammarSpec("regex", "[a-z]+"), (), "auto", True, 4, "open")
     assert isinstance(program, Seq) and program.items[1:] == (Regex("[a-z]+"),)  # no gap between
+
+
+def test_a_deep_tree_beside_tools_is_served_exactly(qwen_tool_tokenizer):
+    from tiny_models import QWEN_LOGITS_WIDTH
+
+    from grammar_mlx.grammars.then import ThenGrammar
+    from grammar_mlx.server.cache import Grammars
+    from grammar_mlx.vocabulary import vocabulary_of
+
+    tok = qwen_tool_tokenizer
+    tools = tool_calls.parse_tools([{"type": "function", "function": {"name": "f"}}])
+    grammars = Grammars(vocabulary_of(tok), QWEN_LOGITS_WIDTH, tokenizer=tok)
+    g = grammars.get(answer_spec(tok, RECURSIVE, tools, "auto", True, None, "closed"))
+    assert isinstance(g, ThenGrammar) and g.handoff == "start" and g.second.unenforced == ()
+    eos = g.eos_token_ids[0]
+    tree: dict = {}
+    for _ in range(10):  # far past the regular path's recursion depth
+        tree = {"kids": [tree, {}]}
+
+    def ids(text):
+        return tok.encode(text, add_special_tokens=False) + [eos]
+
+    deep = json.dumps(tree, separators=(",", ":"))
+    assert g.matches(ids(deep)) and not g.matches(ids(deep.replace('"kids"', '"kid"', 1)))
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    assert g.matches(ids(call)) and g.matches(ids(f"{call}\n{call}")) and not g.matches(ids(call + deep))
