@@ -4,7 +4,8 @@ along random walks that cross the end tag equals the brute force over next_state
 complete walk is, split at the end tag by hand, free thinking within the budget, the gap, and a
 sentence of the grammar. On the genuine Qwen3 tokenizer inside mlx-lm's loops: speculative decoding
 (k = 1..4) is token-identical to greedy and every processor call's mask is the stateless replay's;
-a BatchGenerator gives each request its solo output."""
+a BatchGenerator gives each request its solo output. The tool calls or a grammar (handoff "start"):
+the same brute force across the handoff, and the same speculative exactness, calls length-safe."""
 
 from __future__ import annotations
 
@@ -373,3 +374,39 @@ def test_thinking_then_the_calls_or_the_grammar(state, budget):
     assert kinds == {True, False}  # both a call and an answer after the thinking, each checked
     s = g.initial_state if state == "open" else g.next_state(g.initial_state, THINK)
     assert CALL not in g.allowed_tokens(s).tolist()  # no call inside the thinking
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steer", ["call", "answer"])
+def test_speculative_is_token_identical_across_the_calls_or_the_grammar(steer, models, qwen_tool_tokenizer):
+    # The tool calls or a recursive schema, after a prompt-opened thinking, the calls length-safe:
+    # every mask (budget rows included) is the stateless replay's, with every draft and k.
+    import mlx.core as mx
+
+    from grammar_mlx.segments import Token, compile_segments
+    from grammar_mlx.segments import tools as tool_calls
+
+    tok = qwen_tool_tokenizer
+    tools = tool_calls.parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}])
+    calls = compile_segments(tool_calls.tool_call_segment(tok, tools, "required", True), tok, logits_width=W)
+    tree = compile_json_schema(TREE, tok, logits_width=W, use_cache=False)
+    g = reasoning_then(ThenGrammar(calls, tree, handoff="start"), tok, Reasoning(budget=3), "open",
+                       forbid=(Token("<tool_call>"),))
+    call_id = tok.convert_tokens_to_ids("<tool_call>")
+    bias = mx.zeros((W,)).at[call_id].add(100.0 if steer == "call" else -100.0)
+    prompt = tok.encode("Think, then answer:") + [THINK_ID]
+    max_tokens = 48
+
+    def run(**kw):
+        proc = OracleChecked(g, GrammarProcessor(g, max_tokens=max_tokens), max_tokens=max_tokens)
+        tokens, drafted = run_stream(models["main"], tok, prompt, [lambda _, logits: logits + bias, proc],
+                                     max_tokens=max_tokens, **kw)
+        assert proc.calls >= len(tokens)
+        return tokens, drafted
+
+    plain, _ = run()
+    assert plain.index(END_THINK) == 3 and (call_id in plain) == (steer == "call")
+    if steer == "call":  # the calls are length-safe: complete within the budget
+        assert plain[-1] == IM_END and g.matches(plain)
+    draft_acceptance(lambda draft, k: run(draft_model=models[draft], num_draft_tokens=k), plain)
