@@ -19,7 +19,8 @@ tag, a control token no grammar over text takes, and never re-enter their initia
 choice is never left open there either.
 
 States are ints, interleaved so that both sides intern theirs lazily: `2 * a` is `first`'s state a,
-`2 * b + 1` is `second`'s state b (the terminal state is `second`'s, entered by EOS after it).
+`2 * b + 1` is `second`'s state b (the terminal state is `second`'s, entered by EOS after it, and
+after `first` past a "start" handoff: both terminal states allow only EOS).
 
 Masks live in the grammar's own `MaskTable`: a state of either side takes the row of its side's row,
 copied once per distinct inner row (its ids re-added, deduplicated by content); a handoff state's
