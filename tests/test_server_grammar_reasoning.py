@@ -1,9 +1,10 @@
 """grammar_mlx.server live: a context-free grammar (GBNF, Lark, a recursive JSON Schema) after a
-thinking model's reasoning (grammars/then.py through server/programs.py `reasoning_spec`), on tiny
-random-weight Qwen3 model directories driven by the real `openai` client: the hybrid template (the
-model opens `<think>` itself: steered there by a logit bias) and a template that opens it in the
-prompt (a random model never closes it: the thinking budget does). The answer after `</think>`
-parses under the grammar, the reasoning comes apart, and a draft answers what no draft answers."""
+thinking model's reasoning (grammars/then.py through server/programs.py `reasoning_spec`), and beside
+tools as the answer that is not a call (`answer_spec`), on tiny random-weight Qwen3 model directories
+driven by the real `openai` client: the hybrid template (the model opens `<think>` itself: steered
+there by a logit bias) and a template that opens it in the prompt (a random model never closes it:
+the thinking budget does). The answer after `</think>` parses under the grammar, a call steered to
+is a valid call, the reasoning comes apart, and a draft answers what no draft answers."""
 
 from __future__ import annotations
 
@@ -127,32 +128,73 @@ def test_a_draft_answers_what_no_draft_answers(servers):
         assert parses(SUM_LARK, plain.choices[0].message.content)
 
 
-@pytest.mark.slow
-def test_a_grammar_beside_tools_is_a_400_saying_why(servers):
-    import openai
+TOOL_CALL = 151657
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}}}]
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    with pytest.raises(openai.BadRequestError) as info:
-        ask(servers["hybrid"], tools=tools, extra_body={"grammar": SUM_GBNF})
-    error = info.value.body
-    assert (error["code"], error["param"]) == ("unsupported_parameter", "grammar")
-    assert "beside tools" in error["message"]
+
+def calls_of(reply):
+    return [(c.function.name, json.loads(c.function.arguments)) for c in reply.choices[0].message.tool_calls or []]
 
 
 @pytest.mark.slow
-def test_a_recursive_schema_beside_tools_says_its_depth_bound(servers):
-    import openai
+def test_a_grammar_beside_tools_is_the_answer_or_a_call(servers):
+    # Steered away from the call tag: the answer in the grammar, with or without the thinking first.
+    away = {str(TOOL_CALL): -100}
+    for bias, extra in ((away, {"grammar": SUM_GBNF, **NO_THINK}),
+                        ({**away, str(THINK): 200}, {"grammar": SUM_GBNF, "thinking_budget": 6}),
+                        (away, {"guided_grammar": SUM_LARK, **NO_THINK})):
+        reply = ask(servers["hybrid"], tools=TOOLS, logit_bias=bias, extra_body=extra)
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "stop" and not message.tool_calls, message
+        assert parses(SUM_LARK, message.content), message.content  # the gap after </think> is not content
+        assert bool(reasoning_of(message)) == ("thinking_budget" in extra)
+    # Steered to the call tag: a call of an offered function with valid arguments, the thinking first
+    # where asked (the call tag is not allowed inside it).
+    to_call = {str(TOOL_CALL): 100}
+    for bias, extra in ((to_call, {"grammar": SUM_GBNF, **NO_THINK}),
+                        ({**to_call, str(THINK): 200}, {"grammar": SUM_GBNF, "thinking_budget": 4})):
+        for parallel in (True, False):
+            reply = ask(servers["hybrid"], tools=TOOLS, logit_bias=bias, extra_body=extra, max_tokens=80,
+                        parallel_tool_calls=parallel)
+            calls = calls_of(reply)
+            assert reply.choices[0].finish_reason == "tool_calls" and calls, reply.choices[0].message
+            assert all(name == "f" and set(args) == {"n"} and isinstance(args["n"], int) for name, args in calls)
+            assert parallel or len(calls) == 1
+            assert not (reply.choices[0].message.content or "").strip()
+            assert (reply.usage.completion_tokens_details.reasoning_tokens == 4) == ("thinking_budget" in extra)
 
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}}
-    raw = servers["hybrid"].client().chat.completions.with_raw_response.create(
-        model="m", messages=ASK, max_tokens=40, tools=tools, response_format=fmt)  # type: ignore[arg-type]
-    assert json.loads(raw.headers["X-Grammar-Unenforced"]) == [["$ref", ""]]  # the cycles are unrolled
-    raw.parse()
-    strict = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE, "strict": True}}
-    with pytest.raises(openai.BadRequestError) as info:
-        ask(servers["hybrid"], tools=tools, response_format=strict)
-    error = info.value.body
-    assert (error["code"], error["keyword"], error["param"]) == ("unsupported_schema_keyword", "$ref",
-                                                                 "response_format.json_schema.schema"), error
-    assert "max_recursion_depth" in error["message"]
+
+@pytest.mark.slow
+def test_a_recursive_schema_beside_tools_has_no_depth_bound(servers):
+    import jsonschema
+
+    for strict in (False, True):  # strict too: nothing is relaxed, so nothing is refused
+        fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE, "strict": strict}}
+        for bias in ({str(TOOL_CALL): -100}, {str(TOOL_CALL): 100}):
+            raw = servers["hybrid"].client().chat.completions.with_raw_response.create(
+                model="m", messages=ASK, max_tokens=80, tools=TOOLS, response_format=fmt,  # type: ignore[arg-type]
+                logit_bias=bias, extra_body=NO_THINK)
+            assert raw.headers.get("X-Grammar-Unenforced") is None
+            reply = raw.parse()
+            finish, message = reply.choices[0].finish_reason, reply.choices[0].message
+            if bias[str(TOOL_CALL)] > 0:
+                assert finish == "tool_calls" and calls_of(reply), message
+            elif finish == "stop":
+                assert not message.tool_calls
+                jsonschema.validate(json.loads(message.content), TREE)
+            else:  # a CFG has no token-budget distances: the budget may cut the tree
+                assert finish == "length" and message.content.startswith("{")
+
+
+@pytest.mark.slow
+def test_a_draft_answers_what_no_draft_answers_beside_tools(servers):
+    for bias, extra in (({str(TOOL_CALL): -100}, {"grammar": SUM_GBNF, **NO_THINK}),
+                        ({str(TOOL_CALL): 100, str(THINK): 200}, {"grammar": SUM_GBNF, "thinking_budget": 3})):
+        plain = ask(servers["hybrid"], tools=TOOLS, logit_bias=bias, extra_body=extra, max_tokens=80)
+        drafted = ask(servers["draft"], tools=TOOLS, logit_bias=bias, extra_body=extra, max_tokens=80)
+        assert plain.choices[0].finish_reason in ("stop", "tool_calls")
+        assert plain.choices[0].message.content == drafted.choices[0].message.content
+        assert calls_of(plain) == calls_of(drafted) and reasoning_of(plain.choices[0].message) == reasoning_of(
+            drafted.choices[0].message)

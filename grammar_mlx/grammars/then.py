@@ -1,7 +1,8 @@
 """`ThenGrammar`: one grammar, then another: a thinking section (a segments program) before a
 context-free grammar, so a thinking model thinks (its budget honoured) and the answer after its end
-tag follows the grammar. A `MaskedGrammar` like its parts: the processor, the state stack, the
-history follower, speculative decoding, batching and fast-forward take it unchanged.
+tag follows the grammar; or one grammar instead of another at the start: the tool-call program or a
+context-free answer (`handoff="start"`). A `MaskedGrammar` like its parts: the processor, the state
+stack, the history follower, speculative decoding, batching and fast-forward take it unchanged.
 
 How it works. `first` is a token automaton whose accepting states mark where `second` may start
 (for reasoning: `segments.with_reasoning` around an empty body, so `first` accepts exactly after the
@@ -11,8 +12,15 @@ state: deterministic, so `next_state` stays pure. The reasoning prefixes this mo
 leave the choice open: after the end tag `first` takes nothing more (or only the gap below), and at
 a "model" start it takes only the start tag, a control token, which no grammar over text takes.
 
+With `handoff="start"` the only handoff state is `first`'s initial state, and `first`'s accepting
+states end the whole (EOS there enters the terminal state): `first` or `second`, decided by the first
+token. The tool-call programs the server builds (`segments.tools`, calls only) start with the call
+tag, a control token no grammar over text takes, and never re-enter their initial state, so the
+choice is never left open there either.
+
 States are ints, interleaved so that both sides intern theirs lazily: `2 * a` is `first`'s state a,
-`2 * b + 1` is `second`'s state b (the terminal state is `second`'s, entered by EOS after it).
+`2 * b + 1` is `second`'s state b (the terminal state is `second`'s, entered by EOS after it, and
+after `first` past a "start" handoff: both terminal states allow only EOS).
 
 Masks live in the grammar's own `MaskTable`: a state of either side takes the row of its side's row,
 copied once per distinct inner row (its ids re-added, deduplicated by content); a handoff state's
@@ -27,14 +35,15 @@ leading spaces and newlines from the content is then exact. Where `second` may s
 is no gap and the content is the grammar's text from the end tag on.
 
 Token budgets: distances and budget rows are `second`'s in `second`'s states; in `first`'s none is
-proven (a context-free `second` has no distances), so a token budget narrows nothing there.
+proven (a context-free `second` has no distances), so a token budget narrows nothing there, except
+past a "start" handoff, where what is left is `first`'s own: its distances and budget rows.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -50,6 +59,7 @@ if TYPE_CHECKING:
 
     from ..compiler.build import CompileOptions
     from ..segments.reasoning import Reasoning
+    from ..segments.spec import Tag
     from ..vocabulary.tokenizer import Tokenizer
 
 __all__ = ["Part", "ThenGrammar", "reasoning_then", "starts_with_gap"]
@@ -76,18 +86,24 @@ class Part(MaskedGrammar, Protocol):
 class ThenGrammar:
     """`first`'s language, then `second`'s (module docstring). Both share the vocabulary, the logits
     width and the EOS ids. `gap`: `first` ends with the gap (spaces and newlines) and `second`
-    cannot start with one, so the caller may strip them from the front of `second`'s text."""
+    cannot start with one, so the caller may strip them from the front of `second`'s text.
+    `handoff`: where `second` may start: "accepting" (wherever `first` is complete: `first` then
+    `second`) or "start" (at `first`'s initial state only: `first` or `second`)."""
 
     mode = "then"
 
-    def __init__(self, first: Part, second: Part, *, gap: bool = False) -> None:
+    def __init__(self, first: Part, second: Part, *, gap: bool = False,
+                 handoff: Literal["accepting", "start"] = "accepting") -> None:
         for name in ("logits_width", "eos_token_ids"):
             if getattr(first, name) != getattr(second, name):
                 raise InvalidArgumentError(f"the two grammars differ in {name}: {getattr(first, name)!r} and "
                                            f"{getattr(second, name)!r}")
+        if handoff not in ("accepting", "start"):
+            raise InvalidArgumentError(f"handoff must be 'accepting' or 'start', got {handoff!r}")
         self.first = first
         self.second = second
         self.gap = gap
+        self.handoff = handoff
         self.vocabulary = second.vocabulary
         self.logits_width = int(second.logits_width)
         self.eos_token_ids = tuple(second.eos_token_ids)
@@ -123,11 +139,22 @@ class ThenGrammar:
             raise InvalidArgumentError(f"state {state!r} is not a state of this grammar")
 
     def _opens(self, a: int) -> bool:
-        """Whether `second` may start in `first`'s state a (a is accepting)."""
+        """Whether `second` may start in `first`'s state a (a handoff state)."""
         got = self._handoff.get(a)
         if got is None:
-            got = self._handoff[a] = bool(self.first.is_accepting(a))
+            at_start = self.handoff == "start"
+            got = self._handoff[a] = a == self.first.initial_state if at_start else bool(self.first.is_accepting(a))
         return got
+
+    def _own(self, a: int) -> int:
+        """Our state for `first`'s state a (-1 stays -1): `first`'s terminal state is ours."""
+        if a < 0:
+            return -1
+        return self.terminal_state if a == self.first.terminal_state else 2 * a
+
+    def _past_start(self, state: int) -> bool:
+        """Whether `state` is `first`'s past a "start" handoff: what is left is `first`'s alone."""
+        return self.handoff == "start" and not state & 1 and not self._opens(state >> 1)
 
     def next_state(self, state: int, token_id: int) -> int:
         """The state after `token_id`, or -1 when the token is not allowed in `state`."""
@@ -137,12 +164,11 @@ class ThenGrammar:
             return -1 if b < 0 else 2 * b + 1
         self._check(state)
         if not self._opens(half):
-            a = self.first.next_state(half, token_id)
-            return -1 if a < 0 else 2 * a
+            return self._own(self.first.next_state(half, token_id))
         if token_id not in self._eos:
             a = self.first.next_state(half, token_id)
             if a >= 0:
-                return 2 * a
+                return self._own(a)
         b = self.second.next_state(self._start, token_id)
         return -1 if b < 0 else 2 * b + 1
 
@@ -150,7 +176,9 @@ class ThenGrammar:
         self._check(state)
         if state & 1:
             return bool(self.second.is_accepting(state >> 1))
-        return self._start_accepts and self._opens(state >> 1)
+        half = state >> 1
+        # Past an "accepting" handoff `first` is never complete; past a "start" one it may be.
+        return self._start_accepts if self._opens(half) else bool(self.first.is_accepting(half))
 
     def matches(self, token_ids: Iterable[int]) -> bool:
         """Whether the token sequence (EOS optional at the end) is a complete match."""
@@ -162,18 +190,18 @@ class ThenGrammar:
         return bool(state & 1)
 
     def role(self, state: int, token: int | None = None) -> str:
-        """What a token consumed from `state` is: `first`'s role for it (a segments program's
-        "reasoning", "tag", ...) while in `first`, "content" in `second` (EOS: "tag")."""
+        """What a token consumed from `state` is: the role its side gives it (a segments program's
+        "reasoning", "tag", "call", ...), "content" where that side has no roles (EOS: "tag")."""
+        side, inner = state & 1, state >> 1
         if token is not None:
             if token in self._eos:
                 return "tag"
-            nxt = self.next_state(state, int(token))
-            if nxt >= 0 and nxt & 1:
-                return "content"
-        if state & 1:
-            return "content"
-        role_of = getattr(self.first, "role", None)
-        return "content" if role_of is None else str(role_of(state >> 1, token))
+            if not side and self._opens(inner):
+                nxt = self.next_state(state, int(token))
+                if nxt >= 0 and nxt & 1:
+                    side, inner = 1, self._start
+        role_of = getattr(self.second if side else self.first, "role", None)
+        return "content" if role_of is None else str(role_of(inner, token))
 
     def token_text(self, token_id: int) -> str:
         return str(self.second.token_text(token_id))
@@ -229,11 +257,11 @@ class ThenGrammar:
     # -- distances and token budgets (module docstring) ------------------------------------------
 
     def distance(self, state: int) -> int | None:
-        """The fewest tokens to the end, EOS included, in `second`'s states where `second` knows it;
-        None in `first`'s (nothing proven)."""
+        """The fewest tokens to the end, EOS included, in `second`'s states where `second` knows it
+        (and in `first`'s past a "start" handoff, where `first` knows it); None elsewhere."""
         self._check(state)
-        if state & 1:
-            distance = getattr(self.second, "distance", None)
+        if state & 1 or self._past_start(state):
+            distance = getattr(self.second if state & 1 else self.first, "distance", None)
             return None if distance is None else distance(state >> 1)
         return None
 
@@ -245,19 +273,23 @@ class ThenGrammar:
         return None
 
     def budget_mask_row(self, state: int, left: int) -> int:
-        """`second`'s budget row in its states; `mask_row` in `first`'s (module docstring)."""
-        if not state & 1:
+        """The budget row of the side that alone decides what is left (module docstring): `second`'s
+        in its states, `first`'s past a "start" handoff; `mask_row` elsewhere."""
+        side = state & 1
+        if not side and not self._past_start(state):
             return self.mask_row(state)
-        half = state >> 1
-        inner = self.second.budget_mask_row(half, left)
+        half, part = state >> 1, self.second if side else self.first
+        inner = part.budget_mask_row(half, left)
         with self._lock:
-            return self._copy(1, inner, lambda: self.second.budget_allowed_tokens(half, left))
+            return self._copy(side, inner, lambda: part.budget_allowed_tokens(half, left))
 
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
         """Sorted ids that `budget_mask_row(state, left)` allows."""
-        if not state & 1:
+        side = state & 1
+        if not side and not self._past_start(state):
             return self.allowed_tokens(state)
-        return np.asarray(self.second.budget_allowed_tokens(state >> 1, left), dtype=np.int32)
+        part = self.second if side else self.first
+        return np.asarray(part.budget_allowed_tokens(state >> 1, left), dtype=np.int32)
 
     @property
     def nbytes(self) -> int:
@@ -274,15 +306,16 @@ def starts_with_gap(grammar: Part) -> bool:
                if t < len(token_bytes))
 
 
-def reasoning_then(grammar: Part, tokenizer: Tokenizer, reasoning: Reasoning, state: str,
-                   **options: Unpack[CompileOptions]) -> Part | ThenGrammar:
+def reasoning_then(grammar: Part, tokenizer: Tokenizer, reasoning: Reasoning, state: str, *,
+                   forbid: tuple[Tag, ...] = (), **options: Unpack[CompileOptions]) -> Part | ThenGrammar:
     """`grammar` after the thinking section of a generation starting in `state` (`segments.
     reasoning_state`: "closed" → `grammar` itself; "open" → the thinking text, its end tag, then
     `grammar`; "model" → the model may open its thinking first, or answer at once), the thinking
     bounded by `reasoning.budget` (then the end tag is forced). A gap of spaces and newlines may
     follow the end tag where `grammar` cannot start with one (module docstring). `tokenizer`: the
     served one (an mlx-lm `TokenizerWrapper`, whose think tags are read, or `reasoning`'s); `options`:
-    the `CompileOptions` of the thinking section's program (`segments.compile_segments`). Returns
+    the `CompileOptions` of the thinking section's program (`segments.compile_segments`); `forbid`:
+    tags the thinking may not hold (a call tag, where `grammar` starts calls). Returns
     `grammar` itself for "closed", else a `ThenGrammar`."""
     from ..segments import Regex, Seq, compile_segments, with_reasoning
     from ..segments.reasoning import GAP
@@ -290,6 +323,6 @@ def reasoning_then(grammar: Part, tokenizer: Tokenizer, reasoning: Reasoning, st
     if state == "closed":
         return grammar
     gap = not starts_with_gap(grammar)
-    prefix = with_reasoning(Regex(GAP) if gap else Seq(()), tokenizer, reasoning, state, gap=False)
+    prefix = with_reasoning(Regex(GAP) if gap else Seq(()), tokenizer, reasoning, state, gap=False, forbid=forbid)
     first = compile_segments(prefix, tokenizer, logits_width=grammar.logits_width, **options)
     return ThenGrammar(first, grammar, gap=gap)

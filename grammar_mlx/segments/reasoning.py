@@ -143,12 +143,13 @@ def reasoning_state(tokenizer: Tokenizer, prompt_ids: Sequence[int] | TokenArray
 
 
 def with_reasoning(body: Segment, tokenizer: Tokenizer, reasoning: Reasoning, state: str, *,
-                   gap: bool = True) -> Segment:
+                   gap: bool = True, forbid: tuple[Tag, ...] = ()) -> Segment:
     """`body` prefixed by the thinking section for a generation starting in `state`
     (`reasoning_state`): "open" → the thinking text, its end tag, then body; "model" → optionally
     (always, with `required`) the start tag and the thinking text first; "closed" → body. A short run
     of spaces and newlines may follow the end tag before a body that starts with text (`gap`; False
-    where the body's text must be the whole answer, as a regex's full match)."""
+    where the body's text must be the whole answer, as a regex's full match). `forbid`: tags that may
+    not appear in the thinking text besides the body's own triggers (a call tag)."""
     if not isinstance(reasoning, Reasoning):
         raise InvalidArgumentError(f"reasoning must be a Reasoning, got {type(reasoning).__name__}")
     if state not in ("closed", "open", "model"):
@@ -168,7 +169,7 @@ def with_reasoning(body: Segment, tokenizer: Tokenizer, reasoning: Reasoning, st
             "or plain text (give Reasoning(end=...))")
     # Calls are not constrained inside the thinking text, so a control-token trigger of the body
     # (`<tool_call>`) may not start there: it would be free text the caller reads as a call.
-    triggers = tuple(t for t in _triggers(body) if t != end_tag)
+    triggers = tuple(t for t in dict.fromkeys((*_triggers(body), *forbid)) if t != end_tag)
     thinking = ReasoningText(max_tokens=reasoning.budget, end=end_tag, forbid=triggers)
     rest: tuple[Segment, ...] = (Regex(GAP), body) if gap and _text_leading(body) else (body,)
     if state == "open":

@@ -192,15 +192,24 @@ class Grammars:
         if spec.kind == "reasoning":
             from ..grammars.then import reasoning_then
             from ..segments import Reasoning
+            from ..segments.tools import call_start_tag
 
             if spec.body is None or self.tokenizer is None:
                 raise InvalidArgumentError("a reasoning grammar needs its body and the served tokenizer")
             body = self.get(spec.body)  # cached on its own too: the same grammar without thinking
             args = json.loads(spec.text)
+            trigger = call_start_tag(self.tokenizer) if args.get("forbid_calls") else None
             served: ServedGrammar = reasoning_then(  # type: ignore[assignment]  # "closed" never has a spec
                 body, self.tokenizer, Reasoning(budget=args["budget"], start=args["start"], end=args["end"]),
-                args["state"], **options)
+                args["state"], forbid=() if trigger is None else (trigger,), **options)
             return served
+        if spec.kind == "calls":
+            from ..grammars.then import ThenGrammar
+
+            if spec.segment is None or spec.body is None:
+                raise InvalidArgumentError("a calls grammar needs its calls program and its answer")
+            calls = self.get(GrammarSpec("segments", spec.text, origin="tools", segment=spec.segment))
+            return ThenGrammar(calls, self.get(spec.body), handoff="start")
         if spec.kind == "grammar":
             from ..grammars import compile_grammar
 

@@ -21,6 +21,7 @@ from mlx_lm import server as mlx_server
 
 from .. import errors
 from ..errors import GrammarError, InvalidRequestError
+from ..grammars.then import ThenGrammar
 from ..runtime.fast_forward import FastForwardMode
 from ..runtime.processor import check_token_budget
 from ..schema import Unenforced
@@ -36,15 +37,14 @@ from .generator import (
 )
 from .mlx_lm_seams import APIHandlerSeams, GenerationRefused
 from .programs import (
+    answer_spec,
     check_tool_schemas,
     cut_free_text,
-    reasoning_spec,
     reasoning_token_count,
     schema_unenforced,
     segment_key,
     segment_program,
     served_think_tags,
-    unrolled_recursion,
 )
 from .request import (
     RETRY_AFTER_SECONDS,
@@ -364,10 +364,7 @@ class GrammarAPIHandler(APIHandlerSeams):
                 answer.think_ids = (start, end, state == "open")
         program = segment_program(tokenizer, content, plan.tools, plan.choice, plan.parallel, plan.budget, state)
         if program is None:
-            after = reasoning_spec(tokenizer, content, plan.budget, state)
-            return content if after is None else after
-        if content is not None:  # a recursive schema here (beside tools) is unrolled: said, or refused if strict
-            plan.unenforced += unrolled_recursion(content)
+            return answer_spec(tokenizer, content, plan.tools, plan.choice, plan.parallel, plan.budget, state)
         # The gap the grammar allows after the reasoning: not part of a JSON answer or of calls.
         calls_only = bool(plan.tools) and (plan.choice == "required" or isinstance(plan.choice, NamedTool))
         json_content = content is not None and content.kind == "json_schema"
@@ -436,7 +433,10 @@ class GrammarAPIHandler(APIHandlerSeams):
         if grammar is None or spec is None:
             return ()
         if spec.kind != "segments":
-            return tuple(grammar.unenforced)
+            answer: Any = grammar
+            while isinstance(answer, ThenGrammar):  # the answer's own (the calls' are the tools')
+                answer = answer.second
+            return tuple(answer.unenforced)
         if content is None or content.kind != "json_schema" or not grammar.unenforced:
             return ()
         return schema_unenforced(content.text, content.strict, content.whitespace, content.open_objects)

@@ -1,24 +1,23 @@
 """A request's segments program: the reasoning prefix, the tool-call program or the
 `response_format` grammar (`grammar_mlx.segments`), its cache key, and what the response path reads
 back from the generated tokens (reasoning tokens, a budget that cut free text). A context-free
-`response_format` (a grammar, a recursive JSON Schema) is no segment: after a thinking section it is
-`reasoning_spec`'s grammar (`grammars.then.reasoning_then`), alone otherwise; beside tools a
-recursive schema is unrolled into the tool-call program, which `unrolled_recursion` reports."""
+`response_format` (a grammar, a recursive JSON Schema) is no segment: `answer_spec` serves it alone,
+or beside tools with `auto` as the answer that is not a call (`calls_spec`: the calls program or the
+grammar, `grammars.then.ThenGrammar` with a "start" handoff), after a thinking section where there is
+one (`reasoning_spec`, `grammars.then.reasoning_then`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GrammarError, InvalidRequestError, UnsupportedSchemaError
+from ..errors import GrammarError, InvalidRequestError
 from ..runtime.stack import walk_to
 from ..schema import Unenforced, schema_to_regex
-from ..segments import Choice, FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text
+from ..segments import FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text, Token
 from ..segments import tools as tool_calls
-from ..segments.spec import ReasoningText
 from ..segments.tools import NamedTool, ToolChoice, ToolSpec
 from .request import GrammarSpec
 
@@ -30,9 +29,10 @@ __all__ = [
     "served_think_tags",
     "content_segment",
     "segment_program",
+    "answer_spec",
+    "calls_spec",
     "reasoning_spec",
     "context_free",
-    "unrolled_recursion",
     "segment_key",
     "schema_unenforced",
     "check_tool_schemas",
@@ -76,22 +76,27 @@ def content_segment(spec: GrammarSpec | None) -> Segment | None:
                       open_objects=spec.open_objects)
 
 
+def _with_tools(tokenizer: Any, tools: tuple[ToolSpec, ...], choice: ToolChoice) -> bool:
+    """Whether the request's tools are constrained (a tool-call program, or a call tag forbidden)."""
+    # `none` in a format with no call tag (the fallback's): there is nothing to forbid.
+    nothing_to_forbid = choice == "none" and tool_calls.call_start_tag(tokenizer) is None
+    return bool(tools) and tool_calls.is_constrained(tokenizer, choice) and not nothing_to_forbid
+
+
 def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[ToolSpec, ...], choice: ToolChoice,
                     parallel: bool, budget: int | None, state: str) -> Segment | None:
     """The segments program of a request, or None when it needs none (no grammar, or `content`
-    alone, compiled as it always was): the reasoning prefix for `state` ("closed", "open", "model",
-    from `reasoning_state`) with the `budget`, then the tool-call program (`tool_calls.
-    tool_call_segment`, with `content` as the answer that is not a call) or `content`, or free text.
-    Tools in a format that is not constrained leave the body free (checked by the caller)."""
-    # `none` in a format with no call tag (the fallback's): there is nothing to forbid.
-    nothing_to_forbid = choice == "none" and tool_calls.call_start_tag(tokenizer) is None
-    with_tools = bool(tools) and tool_calls.is_constrained(tokenizer, choice) and not nothing_to_forbid
+    alone, compiled as it always was, or a context-free `content`: `answer_spec`): the reasoning
+    prefix for `state` ("closed", "open", "model", from `reasoning_state`) with the `budget`, then
+    the tool-call program (`tool_calls.tool_call_segment`, with `content` as the answer that is not a
+    call) or `content`, or free text. Tools in a format that is not constrained leave the body free
+    (checked by the caller)."""
+    with_tools = _with_tools(tokenizer, tools, choice)
     thinking = state != "closed"
-    if content is not None and content.kind == "grammar":
-        _check_grammar_alone(content, with_tools)
-        return None  # alone, or after the reasoning (`reasoning_spec`)
-    if content is not None and not with_tools and context_free(content):
-        return None
+    if content is not None and context_free(content):
+        if not with_tools or choice in ("auto", "none"):
+            return None  # alone, or the calls or it: `answer_spec`
+        content = None  # required or named: calls only, there is no other answer
     body = content_segment(content)
     if with_tools:
         body = tool_calls.tool_call_segment(tokenizer, tools, choice, parallel, content=body)
@@ -108,22 +113,40 @@ def segment_program(tokenizer: Any, content: GrammarSpec | None, tools: tuple[To
         # A regex's full match starts right at the end tag (as `request.grammar_for`'s): no gap,
         # nothing stripped, so the content is exactly the match.
         regex_alone = not with_tools and content is not None and content.kind == "regex"
-        program = with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
-                                 Reasoning(budget=budget, start=start, end=end), state, gap=not regex_alone)
         trigger = tool_calls.call_start_tag(tokenizer) if with_tools else None
-        return program if trigger is None else _forbid_in_reasoning(program, trigger)
+        return with_reasoning(body if body is not None else FreeText(allow_eos=True), tokenizer,
+                              Reasoning(budget=budget, start=start, end=end), state, gap=not regex_alone,
+                              forbid=() if trigger is None else (trigger,))
     return body if with_tools else None
 
 
-def _check_grammar_alone(content: GrammarSpec, with_tools: bool) -> None:
-    # A context-free grammar is not a segment (segments lower to one regular automaton): beside the
-    # tool-call program it cannot be the answer that is not a call, which is refused rather than
-    # served unconstrained. Reasoning before it is `reasoning_spec`'s.
-    if with_tools:
+def answer_spec(tokenizer: Any, content: GrammarSpec | None, tools: tuple[ToolSpec, ...], choice: ToolChoice,
+                parallel: bool, budget: int | None, state: str) -> GrammarSpec | None:
+    """The grammar of a request that needs no segments program (`segment_program` returned None):
+    `content` (None: none), beside constrained tools with `auto` the calls or `content`
+    (`calls_spec`), after the thinking section where `state` has one (`reasoning_spec`; the call tag
+    forbidden in the thinking wherever tools are constrained)."""
+    if content is None:
+        return None
+    with_tools = _with_tools(tokenizer, tools, choice)
+    body = calls_spec(tokenizer, content, tools, parallel) if with_tools and choice == "auto" else content
+    after = reasoning_spec(tokenizer, body, budget, state, forbid_calls=with_tools)
+    return body if after is None else after
+
+
+def calls_spec(tokenizer: Any, content: GrammarSpec, tools: tuple[ToolSpec, ...], parallel: bool) -> GrammarSpec:
+    """A "calls" spec: the tool-call program (one call, or with `parallel` one or more) or the
+    context-free `content`, chosen by the first token (`grammars.then.ThenGrammar`, handoff "start").
+    The call tag must be one control token, which no grammar over text takes (else the first token
+    could start both): a text tag is a 400 `unsupported_parameter`."""
+    trigger = tool_calls.call_start_tag(tokenizer)
+    if not isinstance(trigger, Token):
         raise InvalidRequestError(
-            f"{content.origin}: a context-free grammar cannot be the answer beside tools (the tool-call program "
-            "holds only regular languages: a JSON Schema without recursion or a regex); send it without tools",
-            param=content.origin, code="unsupported_parameter")
+            f"{content.origin}: a context-free grammar beside tools needs a call tag that is one control token "
+            f"(the served model's is text: {getattr(trigger, 'literal', trigger)!r}, which the grammar's first token "
+            "could start too); send it without tools", param=content.origin, code="unsupported_parameter")
+    calls = tool_calls.tool_call_segment(tokenizer, tools, "required", parallel)
+    return GrammarSpec("calls", segment_key(calls), origin=content.origin, segment=calls, body=content)
 
 
 def context_free(content: GrammarSpec) -> bool:
@@ -145,45 +168,21 @@ def _recursive_schema(schema: str, strict: bool, whitespace: str | None, open_ob
     return schema_rules(doc, whitespace=whitespace, strict=strict, open_objects=open_objects) is not None
 
 
-def unrolled_recursion(content: GrammarSpec) -> tuple[Unenforced, ...]:
-    """What a recursive JSON Schema `content` loses in a segments program (beside tools: the
-    tool-call program holds only regular languages): its `$ref` cycles are unrolled to the regular
-    path's depth (`schema.translate`'s `max_recursion_depth`), so a deeper value is not allowed.
-    Reported like an unenforced keyword; a strict schema is refused (`UnsupportedSchemaError`)."""
-    if content.kind != "json_schema" or not context_free(content):
-        return ()
-    reason = ("beside tools a recursive schema is unrolled to the regular path's recursion depth "
-              "(max_recursion_depth): deeper values are not allowed (send it without tools to serve it exactly)")
-    if content.strict:
-        raise UnsupportedSchemaError(f"{content.origin}: the schema recurses through $ref: {reason}", keyword="$ref",
-                                     pointer="")
-    return (Unenforced("$ref", "", reason),)
-
-
-def reasoning_spec(tokenizer: Any, content: GrammarSpec | None, budget: int | None, state: str) -> GrammarSpec | None:
-    """The grammar of a context-free `content` after the thinking section of a generation starting
-    in `state` ("open", "model"; `budget` as in `segment_program`): a "reasoning" spec compiled by
-    `grammars.then.reasoning_then`; None when `content` is not context-free or the thinking is
-    closed (it is then served alone, from the first token)."""
-    if content is None or state == "closed" or not context_free(content):
+def reasoning_spec(tokenizer: Any, content: GrammarSpec | None, budget: int | None, state: str, *,
+                   forbid_calls: bool = False) -> GrammarSpec | None:
+    """The grammar of a context-free `content` (or a "calls" spec) after the thinking section of a
+    generation starting in `state` ("open", "model"; `budget` as in `segment_program`): a
+    "reasoning" spec compiled by `grammars.then.reasoning_then`, the call tag forbidden in the
+    thinking with `forbid_calls`; None when `content` is neither or the thinking is closed (it is
+    then served alone, from the first token)."""
+    if content is None or state == "closed" or not (content.kind == "calls" or context_free(content)):
         return None
     tags = served_think_tags(tokenizer)
     start, end = tags if tags is not None else (None, None)
-    key = json.dumps({"budget": budget, "state": state, "start": start, "end": end}, sort_keys=True)
-    return GrammarSpec("reasoning", key, origin=content.origin, body=content)
-
-
-def _forbid_in_reasoning(segment: Segment, tag: Tag) -> Segment:
-    # A call starts only where the grammar starts one: mlx-lm's text split would read the tag inside
-    # the reasoning as a call too (its reasoning -> tool transition). `with_reasoning` forbids the
-    # triggers of a `Triggered` body itself; a required, named or `none` program's tag is added here.
-    if isinstance(segment, ReasoningText):
-        return segment if tag in segment.forbid else dataclasses.replace(segment, forbid=(*segment.forbid, tag))
-    if isinstance(segment, Seq):
-        return Seq(tuple(_forbid_in_reasoning(s, tag) for s in segment.items))
-    if isinstance(segment, Choice):
-        return Choice(tuple(_forbid_in_reasoning(s, tag) for s in segment.options))
-    return segment
+    args: dict[str, Any] = {"budget": budget, "state": state, "start": start, "end": end}
+    if forbid_calls:
+        args["forbid_calls"] = True
+    return GrammarSpec("reasoning", json.dumps(args, sort_keys=True), origin=content.origin, body=content)
 
 
 def _segment_json(value: Any) -> Any:

@@ -52,8 +52,9 @@ RETRY_AFTER_SECONDS = 1  # the Retry-After of a 429: a decode step frees a place
 class GrammarSpec:
     """What to compile: `kind` "json_schema" (text = the schema as compact JSON), "regex", "grammar"
     (a context-free grammar: text in `syntax` "lark" or "gbnf", from rule `start`, None: the
-    syntax's default), or "segments" (`segment`, a `grammar_mlx.segments` program; text =
-    `segment_key(segment)`).
+    syntax's default), "segments" (`segment`, a `grammar_mlx.segments` program; text =
+    `segment_key(segment)`), "reasoning" (`body` after a thinking section; text = its arguments) or
+    "calls" (the tool-call program `segment`, or `body`; `programs.calls_spec`).
 
     `origin` is the request field it came from (for error messages; not part of the cache key), as
     is `segment` (its key is `text`)."""
@@ -68,7 +69,7 @@ class GrammarSpec:
     syntax: str | None = None  # "grammar": "lark" or "gbnf"
     start: str | None = None  # "grammar": the start rule
     whitespace_origin: str | None = field(default=None, compare=False)  # None: `origin`.whitespace
-    body: GrammarSpec | None = None  # "reasoning": the grammar after the thinking section
+    body: GrammarSpec | None = None  # "reasoning": the grammar after the thinking section; "calls": the answer
 
     @property
     def whitespace_param(self) -> str:

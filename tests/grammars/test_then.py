@@ -4,7 +4,8 @@ along random walks that cross the end tag equals the brute force over next_state
 complete walk is, split at the end tag by hand, free thinking within the budget, the gap, and a
 sentence of the grammar. On the genuine Qwen3 tokenizer inside mlx-lm's loops: speculative decoding
 (k = 1..4) is token-identical to greedy and every processor call's mask is the stateless replay's;
-a BatchGenerator gives each request its solo output."""
+a BatchGenerator gives each request its solo output. The tool calls or a grammar (handoff "start"):
+the same brute force across the handoff, and the same speculative exactness, calls length-safe."""
 
 from __future__ import annotations
 
@@ -255,3 +256,157 @@ def test_fast_forward_runs_across_the_end_tag(qwen_tokenizer):
     for t, expected in zip(tokens, states):
         s = g.next_state(s, t)
         assert s == expected >= 0
+
+
+# --- the tool calls or the grammar (handoff="start") ----------------------------------------------
+
+# Control tokens past the think tags: a call's begin and end tags.
+CALL, CALL_END = EOS + 3, EOS + 4
+TOOL_VOCAB = Vocabulary(tuple(TOKENS) + (None,) * 5, (EOS,), "byte-level+think+call")
+TOOL_WIDTH = CALL_END + 2
+CALL_ARGS = b"[a-z]{1,3}"
+
+
+def tool_calls_or(answer_text, state=None, budget=None):
+    """The calls (one or more, "\\n" between) or `answer_text`'s grammar, after the thinking where
+    `state` is given (the call tag forbidden there)."""
+    from grammar_mlx.segments import Regex, Repeat, Seq, Text, Token, compile_segments
+
+    cfg = compile_grammar(answer_text, TOOL_VOCAB, syntax="gbnf", logits_width=TOOL_WIDTH)
+    call = Seq((Token(CALL), Regex(CALL_ARGS.decode()), Token(CALL_END)))
+    calls = compile_segments(Repeat(call, min=1, separator=Text("\n")), TOOL_VOCAB, logits_width=TOOL_WIDTH)
+    either = ThenGrammar(calls, cfg, handoff="start")
+    if state is None:
+        return either, cfg
+    return reasoning_then(either, TOOL_VOCAB, tags(budget), state, forbid=(Token(CALL),)), cfg
+
+
+def calls_or_answer(cfg, tokens):
+    """Whether `tokens` (EOS excluded) are calls or a sentence of `cfg`, read by hand."""
+    import re
+
+    if tokens and tokens[0] == CALL:
+        text = b"".join(b"C" if t == CALL else b"E" if t == CALL_END else TOKENS[t] if t < EOS else b"?"
+                        for t in tokens)
+        return re.fullmatch(rb"C%sE(\nC%sE)*" % (CALL_ARGS, CALL_ARGS), text) is not None
+    return all(t < EOS for t in tokens) and cfg.accepts_text(b"".join(TOKENS[t] for t in tokens))
+
+
+def walk_either(g, cfg, rng, oracle, max_tokens=30):
+    s, out = g.initial_state, []
+    for step in range(max_tokens):
+        allowed = check_row(g, s)
+        row = g.mask_row(s)
+        bits = np.unpackbits(np.asarray(g.device_masks())[row].view(np.uint8), bitorder="little")
+        assert row == ALLOW_ALL or np.flatnonzero(bits[:g.logits_width]).tolist() == allowed.tolist()
+        ids = allowed.tolist()
+        if THINK in ids and step == 0 and rng.random() < 0.6:
+            t = THINK
+        elif CALL in ids and rng.random() < 0.5:
+            t = CALL
+        elif END in ids and rng.random() < 0.3:
+            t = END
+        elif CALL_END in ids and rng.random() < 0.5:
+            t = CALL_END
+        elif EOS in ids and (step > max_tokens // 2 or rng.random() < 0.2):
+            t = EOS
+        else:
+            t = rng.choice([i for i in ids if i not in (EOS, END)] or ids)
+        s = g.next_state(s, t)
+        assert s >= 0
+        if t == EOS:
+            assert s == g.terminal_state and g.allowed_tokens(s).tolist() == [EOS]
+            assert g.matches(out) and oracle(out), out
+            return out, True
+        out.append(t)
+    assert oracle(out) == g.matches(out)
+    return out, False
+
+
+def test_the_calls_or_the_grammar_masks_are_the_brute_force():
+    g, cfg = tool_calls_or(ARITH)
+    start = set(g.allowed_tokens(g.initial_state).tolist())
+    assert start == {CALL} | set(cfg.allowed_tokens(cfg.initial_state).tolist())
+    rng = random.Random("calls or arith")
+    calls = answers = ended = 0
+    for _ in range(40):
+        tokens, done = walk_either(g, cfg, rng, lambda out: calls_or_answer(cfg, out))
+        calls += bool(tokens) and tokens[0] == CALL
+        answers += bool(tokens) and tokens[0] != CALL
+        ended += done
+    assert calls >= 10 and answers >= 10 and ended >= 10
+    # Past the call tag the grammar is gone, and the calls keep their own distances and budget rows.
+    s = g.next_state(g.initial_state, CALL)
+    assert g.role(g.initial_state, CALL) != "content" and g.role(g.initial_state, ord("1") - 1) == "content"
+    assert g.distance(s) == 3 and g.distance(g.initial_state) is None
+    assert g.budget_allowed_tokens(g.next_state(s, ord("a") - 1), 2).tolist() == [CALL_END]
+    assert g.next_state(s, ord("1") - 1) == -1 and not g.is_accepting(s)
+
+
+@pytest.mark.parametrize("state,budget", [("open", 3), ("model", None)])
+def test_thinking_then_the_calls_or_the_grammar(state, budget):
+    g, cfg = tool_calls_or(ARITH, state, budget)
+    assert g.gap  # arithmetic starts with no space: the gap after the end tag, before a call too
+    rng = random.Random(f"thinking {state}")
+
+    def oracle(out):
+        rest = out  # "model" without the start tag: the gap, then the calls or the answer
+        if state == "open" or out[:1] == [THINK]:
+            i = 1 if state == "model" else 0
+            if END not in out[i:] or CALL in out[i:out.index(END, i)]:
+                return False
+            end = out.index(END, i)
+            if EOS in out[i:end] or (budget is not None and end - i > budget):
+                return False
+            rest = out[end + 1:]
+        gap, gap_bytes = 0, 0
+        while gap < len(rest) and rest[gap] < EOS and set(TOKENS[rest[gap]]) <= set(b" \n"):
+            gap_bytes += len(TOKENS[rest[gap]])
+            gap += 1
+        # Arithmetic has no spaces, so the split between the gap and the answer is sure.
+        return gap_bytes <= 4 and calls_or_answer(cfg, rest[gap:])
+
+    kinds = set()
+    for _ in range(40):
+        tokens, done = walk_either(g, cfg, rng, oracle)
+        if done and END in tokens:
+            kinds.add(CALL in tokens[tokens.index(END):])
+    assert kinds == {True, False}  # both a call and an answer after the thinking, each checked
+    s = g.initial_state if state == "open" else g.next_state(g.initial_state, THINK)
+    assert CALL not in g.allowed_tokens(s).tolist()  # no call inside the thinking
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steer", ["call", "answer"])
+def test_speculative_is_token_identical_across_the_calls_or_the_grammar(steer, models, qwen_tool_tokenizer):
+    # The tool calls or a recursive schema, after a prompt-opened thinking, the calls length-safe:
+    # every mask (budget rows included) is the stateless replay's, with every draft and k.
+    import mlx.core as mx
+
+    from grammar_mlx.segments import Token, compile_segments
+    from grammar_mlx.segments import tools as tool_calls
+
+    tok = qwen_tool_tokenizer
+    tools = tool_calls.parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}])
+    calls = compile_segments(tool_calls.tool_call_segment(tok, tools, "required", True), tok, logits_width=W)
+    tree = compile_json_schema(TREE, tok, logits_width=W, use_cache=False)
+    g = reasoning_then(ThenGrammar(calls, tree, handoff="start"), tok, Reasoning(budget=3), "open",
+                       forbid=(Token("<tool_call>"),))
+    call_id = tok.convert_tokens_to_ids("<tool_call>")
+    bias = mx.zeros((W,)).at[call_id].add(100.0 if steer == "call" else -100.0)
+    prompt = tok.encode("Think, then answer:") + [THINK_ID]
+    max_tokens = 48
+
+    def run(**kw):
+        proc = OracleChecked(g, GrammarProcessor(g, max_tokens=max_tokens), max_tokens=max_tokens)
+        tokens, drafted = run_stream(models["main"], tok, prompt, [lambda _, logits: logits + bias, proc],
+                                     max_tokens=max_tokens, **kw)
+        assert proc.calls >= len(tokens)
+        return tokens, drafted
+
+    plain, _ = run()
+    assert plain.index(END_THINK) == 3 and (call_id in plain) == (steer == "call")
+    if steer == "call":  # the calls are length-safe: complete within the budget
+        assert plain[-1] == IM_END and g.matches(plain)
+    draft_acceptance(lambda draft, k: run(draft_model=models[draft], num_draft_tokens=k), plain)

@@ -1,6 +1,6 @@
 """grammar_mlx.server.programs: what a context-free grammar (or a recursive JSON Schema) does to a
 request's program: alone when the thinking is closed, after the reasoning otherwise
-(`reasoning_spec`), a 400 beside tools."""
+(`reasoning_spec`), beside tools with `auto` the calls or it (`answer_spec`, `calls_spec`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from grammar_mlx.errors import InvalidRequestError, UnsupportedSchemaError
+from grammar_mlx.errors import InvalidRequestError
 from grammar_mlx.segments import JSONSchema, Regex, Seq
 from grammar_mlx.segments import tools as tool_calls
 from grammar_mlx.server import GrammarSpec, content_segment, segment_program
-from grammar_mlx.server.programs import context_free, reasoning_spec, unrolled_recursion
+from grammar_mlx.server.programs import answer_spec, calls_spec, context_free, reasoning_spec
 
 GRAMMAR = GrammarSpec("grammar", 'root ::= "yes" | "no"', origin="guided_grammar", syntax="gbnf")
 TREE = {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {
@@ -44,26 +44,73 @@ def test_the_reasoning_spec_carries_the_budget_the_state_and_the_tags(qwen_tool_
     assert spec == reasoning_spec(qwen_tool_tokenizer, GRAMMAR, 16, "model")
 
 
-def test_a_grammar_beside_tools_is_refused_not_served_unconstrained(qwen_tool_tokenizer):
+def test_a_grammar_beside_tools_is_the_answer_that_is_not_a_call(qwen_tool_tokenizer):
     tools = tool_calls.parse_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
-    for state in ("closed", "open"):
-        with pytest.raises(InvalidRequestError, match="beside tools") as e:
-            segment_program(qwen_tool_tokenizer, GRAMMAR, tools, "auto", True, None, state)
-        assert (e.value.param, e.value.code) == ("guided_grammar", "unsupported_parameter")
+    tok = qwen_tool_tokenizer
+    for content in (GRAMMAR, RECURSIVE):
+        for state in ("closed", "open"):
+            assert segment_program(tok, content, tools, "auto", True, None, state) is None
+        calls = answer_spec(tok, content, tools, "auto", True, None, "closed")
+        assert calls == calls_spec(tok, content, tools, True) and (calls.kind, calls.body) == ("calls", content)
+        assert calls.segment == tool_calls.tool_call_segment(tok, tools, "required", True)
+        after = answer_spec(tok, content, tools, "auto", False, 8, "open")
+        assert (after.kind, after.body) == ("reasoning", calls_spec(tok, content, tools, False))
+        assert json.loads(after.text)["forbid_calls"] is True
+        # `none`: the grammar alone (its text never holds the call tag), the tag forbidden in the thinking.
+        assert answer_spec(tok, content, tools, "none", True, None, "closed") == content
+        alone = answer_spec(tok, content, tools, "none", True, None, "open")
+        assert alone.body == content and json.loads(alone.text)["forbid_calls"] is True
+        assert "forbid_calls" not in json.loads(answer_spec(tok, content, (), "auto", True, None, "open").text)
+        # `required` and a named function: only calls, the grammar never comes.
+        program = segment_program(tok, content, tools, "required", True, None, "closed")
+        assert program == segment_program(tok, None, tools, "required", True, None, "closed")
     with pytest.raises(InvalidRequestError, match="not a segment"):
         content_segment(GRAMMAR)
     assert content_segment(FLAT) == JSONSchema({"type": "integer"})
 
 
-def test_a_recursive_schema_in_a_segments_program_is_reported_or_refused():
-    (found,) = unrolled_recursion(RECURSIVE)
-    assert (found.keyword, found.pointer) == ("$ref", "") and "max_recursion_depth" in found.reason
-    assert unrolled_recursion(FLAT) == () and unrolled_recursion(GrammarSpec("regex", "a+")) == ()
-    with pytest.raises(UnsupportedSchemaError) as info:
-        unrolled_recursion(GrammarSpec("json_schema", RECURSIVE.text, strict=True))
-    assert info.value.keyword == "$ref"
+def test_a_text_call_tag_cannot_open_the_choice(qwen_tool_tokenizer):
+    # A call tag that is text could start with the grammar's own first token: refused, not guessed.
+    class TextTag:
+        tool_parser = qwen_tool_tokenizer.tool_parser
+        tool_call_start, tool_call_end = "<call>", "</call>"
+        tool_call_start_tokens = tool_call_end_tokens = None
+
+        def __getattr__(self, name):
+            return getattr(qwen_tool_tokenizer, name)
+
+    tools = tool_calls.parse_tools([{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(InvalidRequestError, match="one control token") as e:
+        calls_spec(TextTag(), GRAMMAR, tools, True)
+    assert (e.value.param, e.value.code) == ("guided_grammar", "unsupported_parameter")
 
 
 def test_a_regex_after_the_reasoning_starts_at_the_end_tag(qwen_tool_tokenizer):
     program = segment_program(qwen_tool_tokenizer, GrammarSpec("regex", "[a-z]+"), (), "auto", True, 4, "open")
     assert isinstance(program, Seq) and program.items[1:] == (Regex("[a-z]+"),)  # no gap between
+
+
+def test_a_deep_tree_beside_tools_is_served_exactly(qwen_tool_tokenizer):
+    from tiny_models import QWEN_LOGITS_WIDTH
+
+    from grammar_mlx.grammars.then import ThenGrammar
+    from grammar_mlx.server.cache import Grammars
+    from grammar_mlx.vocabulary import vocabulary_of
+
+    tok = qwen_tool_tokenizer
+    tools = tool_calls.parse_tools([{"type": "function", "function": {"name": "f"}}])
+    grammars = Grammars(vocabulary_of(tok), QWEN_LOGITS_WIDTH, tokenizer=tok)
+    g = grammars.get(answer_spec(tok, RECURSIVE, tools, "auto", True, None, "closed"))
+    assert isinstance(g, ThenGrammar) and g.handoff == "start" and g.second.unenforced == ()
+    eos = g.eos_token_ids[0]
+    tree: dict = {}
+    for _ in range(10):  # far past the regular path's recursion depth
+        tree = {"kids": [tree, {}]}
+
+    def ids(text):
+        return tok.encode(text, add_special_tokens=False) + [eos]
+
+    deep = json.dumps(tree, separators=(",", ":"))
+    assert g.matches(ids(deep)) and not g.matches(ids(deep.replace('"kids"', '"kid"', 1)))
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    assert g.matches(ids(call)) and g.matches(ids(f"{call}\n{call}")) and not g.matches(ids(call + deep))
