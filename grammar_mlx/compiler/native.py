@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "gaps", "live_nodes", "merge", "pack", "walk"]
+__all__ = ["available", "live_nodes", "merge", "pack", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
@@ -104,8 +104,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
     lib.gm_merge.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _I, _P, _P]
-    lib.gm_gaps.restype = _I
-    lib.gm_gaps.argtypes = [_P, _I, _I, _P]
+    lib.gm_unset.restype = _I
+    lib.gm_unset.argtypes = [_P, _I, _I, _P]
     lib.gm_pack.restype = None
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
     return lib
@@ -285,15 +285,16 @@ def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndar
     return out_tokens, out_states
 
 
-def gaps(tokens: np.ndarray, width: int) -> np.ndarray | None:
-    """`grammar._gaps_reference(tokens, width)`: the ids below `width` missing from sorted `tokens`
-    (int32), or None where an id repeats or lies outside 0..width-1; call only where `available()`."""
+def unset(words: np.ndarray, width: int) -> np.ndarray:
+    """`grammar._unset_ids_reference(words, width)`: the ids below `width` whose bit is clear in
+    the packed mask `words` (bit t of word t // 32), sorted, int32; call only where `available()`."""
     lib = library()
-    assert lib is not None, "native.gaps without the library (check available() first)"
-    ids = np.ascontiguousarray(tokens, dtype=np.int32)
-    out = np.empty(width, np.int32)  # room for any prefix the walk writes before it finds a repeat
-    count = lib.gm_gaps(ids.ctypes.data, len(ids), width, out.ctypes.data)
-    return None if count < 0 else out[:count].copy()
+    assert lib is not None, "native.unset without the library (check available() first)"
+    packed = np.ascontiguousarray(words, dtype="<u4")
+    out = np.empty(width, np.int32)  # room for a mask that allows nothing
+    count = lib.gm_unset(packed.ctypes.data, len(packed), width, out.ctypes.data)
+    unset: np.ndarray = out[:count].copy()
+    return unset
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:
