@@ -165,6 +165,7 @@ class _Scratch:
         # (kept alive while the walk reads it) and what computing a row raised: per thread, as walks are.
         self.dfa: ByteDFA | None = None
         self.table: np.ndarray | None = None
+        self.address = 0  # the address of `table`'s data
         self.error: BaseException | None = None
         self.fetch = _FETCH(self._fetch_row)
 
@@ -175,9 +176,10 @@ class _Scratch:
             dfa = self.dfa
             assert dfa is not None
             dfa.ensure_rows([state])
-            table = self.table = dfa.table
-            address: int = table.ctypes.data
-            return address
+            table = dfa.table
+            if table is not self.table:  # the DFA grew: a new table (`.ctypes` costs a call per read)
+                self.table, self.address = table, table.ctypes.data
+            return self.address
         except BaseException as exc:  # noqa: BLE001 - re-raised by `_walk_live` once the walk returns
             self.error = exc
             return None
@@ -256,9 +258,9 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
     # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`; a row computation
     # never walks a trie, which would reuse this thread's scratch).
-    sc.dfa, sc.table, sc.error = dfa, table, None
+    sc.dfa, sc.table, sc.address, sc.error = dfa, table, table.ctypes.data, None
     try:
-        done = lib.gm_walk(table.ctypes.data, width, dead, classes.ctypes.data, node_byte, child_start,
+        done = lib.gm_walk(sc.address, width, dead, classes.ctypes.data, node_byte, child_start,
                            child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH)
         error = sc.error
     finally:
