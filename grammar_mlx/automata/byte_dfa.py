@@ -154,10 +154,13 @@ class ByteDFA:
         """Compute the rows of `states` (ids of existing states) that are still UNKNOWN."""
         if self._pending == 0:
             return
-        if type(states) is list and len(states) == 1 and self.table[states[0] * self.num_classes] != UNKNOWN:
-            return  # the common single known row: no lock, no array
+        if type(states) is list and len(states) == 1:  # one row (a walk's missing one): no set, no sort
+            if self.table[states[0] * self.num_classes] != UNKNOWN:
+                return  # the common single known row: no lock, no array
+            with self._lock:
+                self._compute(states[0])
+            return
         with self._lock:
-            width = self.num_classes
             ids = states if isinstance(states, np.ndarray) else list(states)
             if len(ids) > 64:  # a walk's level: flag the distinct states (no sort of the level)
                 flags = np.zeros(self._num_states + 1, dtype=bool)
@@ -166,11 +169,16 @@ class ByteDFA:
             else:  # a few ids (a walk's missing rows): Python ints, no numpy call per id
                 todo = sorted(set(ids.tolist() if isinstance(ids, np.ndarray) else ids))
             for q in todo:
-                if self.table[q * width] == UNKNOWN:  # class 0 (NUL) leads to the dead state once known
-                    row = self._source.compute_row(self, q)  # type: ignore[union-attr]
-                    self.table[q * width : (q + 1) * width] = row  # the table `compute_row` may have grown
-                    self._pending -= 1
-                    self.rows_computed += 1
+                self._compute(q)
+
+    def _compute(self, q: int) -> None:
+        """q's row from the row source, unless known (under the lock)."""
+        width = self.num_classes
+        if self.table[q * width] == UNKNOWN:  # class 0 (NUL) leads to the dead state once known
+            row = self._source.compute_row(self, q)  # type: ignore[union-attr]
+            self.table[q * width : (q + 1) * width] = row  # the table `compute_row` may have grown
+            self._pending -= 1
+            self.rows_computed += 1
 
     def add_state(self, accepting: bool, live: bool) -> int:
         """A new state of a DFA built on demand (its row UNKNOWN); for row sources, under the lock."""

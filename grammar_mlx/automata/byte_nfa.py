@@ -562,18 +562,24 @@ class Determinizer:
                     sid = by_target[t] = state(dfa, frozenset(closure_of(t)))
                 row[clo : chi + 1] = [sid] * (chi - clo + 1)
         elif moving:
-            buckets: dict[int, list[int]] = {}
-            for s in moving:
-                for clo, chi, t in self._transitions(s):
-                    for c in range(clo, chi + 1):
-                        b = buckets.get(c)
-                        if b is None:
-                            buckets[c] = [t]
-                        else:
-                            b.append(t)
+            # A sweep over the class intervals where some member's range starts or ends (a few,
+            # where the classes are many): each interval's targets are the range covering it of
+            # each member, in member order (a member's ranges are disjoint: it is one byte state).
+            spans = [sorted(self._transitions(s)) for s in moving]
+            cuts = sorted({c for ranges in spans for lo, hi, _ in ranges for c in (lo, hi + 1)})
+            at = [0] * len(spans)
             by_targets: dict[tuple[int, ...], int] = {}
-            for c in sorted(buckets):
-                targets = buckets[c]
+            for lo, end in zip(cuts, cuts[1:]):
+                targets = []
+                for i, ranges in enumerate(spans):
+                    k = at[i]
+                    while k < len(ranges) and ranges[k][1] < lo:
+                        k += 1
+                    at[i] = k
+                    if k < len(ranges) and ranges[k][0] <= lo:
+                        targets.append(ranges[k][2])
+                if not targets:
+                    continue
                 key = tuple(targets)
                 sid = by_targets.get(key, -1)
                 if sid < 0:
@@ -581,7 +587,7 @@ class Determinizer:
                     for t in targets:
                         acc.update(closure_of(t))
                     sid = by_targets[key] = state(dfa, frozenset(acc))
-                row[c] = sid
+                row[lo:end] = [sid] * (end - lo)
         self._py_bytes -= sys.getsizeof(members)
         self._sets[q] = None
         return np.array(row, dtype=np.int32)

@@ -59,33 +59,20 @@ SMALL_ROW = 64  # a row of at most this many tokens: a dict
 MAX_FORBIDDEN = 8192  # a row allowing all but at most this many ids: the forbidden ids, bisected
 
 
-def _gaps(tokens: np.ndarray, width: int) -> np.ndarray | None:
-    """The ids below `width` missing from `tokens` (sorted ids, more than one); None unless the ids
-    are distinct and below `width` (then `tokens` is not exactly the complement of its gaps).
-    Native (one pass, `native.gaps`) where built, else `_gaps_reference` (the same ids)."""
+def _unset_ids(words: np.ndarray, width: int) -> np.ndarray:
+    """The ids below `width` whose bit is clear in a packed mask row (bit t of word t // 32): the
+    forbidden ids of a state, read from its mask, a word at a time (`native.unset`) where built,
+    else `_unset_ids_reference` (the same ids)."""
     if native.available():
-        return native.gaps(tokens, width)
-    return _gaps_reference(tokens, width)
+        return native.unset(words, width)
+    return _unset_ids_reference(words, width)
 
 
-def _gaps_reference(tokens: np.ndarray, width: int) -> np.ndarray | None:
-    """`_gaps` in numpy: from the gaps between neighbours, with no vocabulary-sized mask."""
-    first, last = int(tokens[0]), int(tokens[-1])
-    if first < 0 or last >= width:
-        return None
-    steps = np.diff(tokens)
-    # Runs of missing ids: before the first token, between neighbours, after the last.
-    at = np.flatnonzero(steps > 1)
-    starts = np.concatenate(([0], tokens[at].astype(np.int64) + 1, [last + 1]))
-    ends = np.concatenate(([first], tokens[at + 1].astype(np.int64), [width]))
-    lengths = ends - starts
-    total = int(lengths.sum())
-    if total + len(tokens) != width:  # repeated ids (sorted ids leave no other way to miss)
-        return None
-    # Missing id k: its run's start plus its place in the run.
-    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    missing: np.ndarray = np.arange(total, dtype=np.int64) + offsets
-    return missing
+def _unset_ids_reference(words: np.ndarray, width: int) -> np.ndarray:
+    """`_unset_ids` in numpy."""
+    bits = np.unpackbits(np.ascontiguousarray(words, dtype="<u4").view(np.uint8), bitorder="little")[:width]
+    unset: np.ndarray = np.flatnonzero(bits == 0).astype(np.int32)
+    return unset
 
 
 class CompiledGrammar:
@@ -193,10 +180,13 @@ class CompiledGrammar:
             entry = dict(zip(tokens.tolist(), nxt.tolist()))
             cost = sys.getsizeof(entry) + 2 * self._INT_BYTES * n
         elif width - n <= MAX_FORBIDDEN:
-            gaps = _gaps(tokens, width)
-            # The place arithmetic needs the row to be exactly the complement: unique ids below width.
-            forbidden = gaps.tolist() if gaps is not None else []
-            entry = (forbidden, nxt) if gaps is not None else (tokens, nxt)
+            # Read from the state's mask (its bits are the row's ids), not from the row: a pass over
+            # the words, not over the allowed ids. The place arithmetic needs the row to be exactly
+            # the complement: the counts agree unless the row repeats an id.
+            unset = _unset_ids(self._mask_table().rows[self.mask_row(state)], width)
+            exact = len(unset) + n == width
+            forbidden = unset.tolist() if exact else []
+            entry = (forbidden, nxt) if exact else (tokens, nxt)
             cost = sys.getsizeof(forbidden) + self._INT_BYTES * len(forbidden) + 2 * 112  # + array views
         else:
             entry, cost = (tokens, nxt), 2 * 112

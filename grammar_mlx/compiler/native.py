@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "gaps", "live_nodes", "merge", "pack", "walk"]
+__all__ = ["available", "live_nodes", "merge", "pack", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
@@ -104,8 +104,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
     lib.gm_merge.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _I, _P, _P]
-    lib.gm_gaps.restype = _I
-    lib.gm_gaps.argtypes = [_P, _I, _I, _P]
+    lib.gm_unset.restype = _I
+    lib.gm_unset.argtypes = [_P, _I, _I, _P]
     lib.gm_pack.restype = None
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
     return lib
@@ -165,6 +165,7 @@ class _Scratch:
         # (kept alive while the walk reads it) and what computing a row raised: per thread, as walks are.
         self.dfa: ByteDFA | None = None
         self.table: np.ndarray | None = None
+        self.address = 0  # the address of `table`'s data
         self.error: BaseException | None = None
         self.fetch = _FETCH(self._fetch_row)
 
@@ -175,9 +176,10 @@ class _Scratch:
             dfa = self.dfa
             assert dfa is not None
             dfa.ensure_rows([state])
-            table = self.table = dfa.table
-            address: int = table.ctypes.data
-            return address
+            table = dfa.table
+            if table is not self.table:  # the DFA grew: a new table (`.ctypes` costs a call per read)
+                self.table, self.address = table, table.ctypes.data
+            return self.address
         except BaseException as exc:  # noqa: BLE001 - re-raised by `_walk_live` once the walk returns
             self.error = exc
             return None
@@ -256,9 +258,9 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
     # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`; a row computation
     # never walks a trie, which would reuse this thread's scratch).
-    sc.dfa, sc.table, sc.error = dfa, table, None
+    sc.dfa, sc.table, sc.address, sc.error = dfa, table, table.ctypes.data, None
     try:
-        done = lib.gm_walk(table.ctypes.data, width, dead, classes.ctypes.data, node_byte, child_start,
+        done = lib.gm_walk(sc.address, width, dead, classes.ctypes.data, node_byte, child_start,
                            child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH)
         error = sc.error
     finally:
@@ -285,15 +287,16 @@ def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndar
     return out_tokens, out_states
 
 
-def gaps(tokens: np.ndarray, width: int) -> np.ndarray | None:
-    """`grammar._gaps_reference(tokens, width)`: the ids below `width` missing from sorted `tokens`
-    (int32), or None where an id repeats or lies outside 0..width-1; call only where `available()`."""
+def unset(words: np.ndarray, width: int) -> np.ndarray:
+    """`grammar._unset_ids_reference(words, width)`: the ids below `width` whose bit is clear in
+    the packed mask `words` (bit t of word t // 32), sorted, int32; call only where `available()`."""
     lib = library()
-    assert lib is not None, "native.gaps without the library (check available() first)"
-    ids = np.ascontiguousarray(tokens, dtype=np.int32)
-    out = np.empty(width, np.int32)  # room for any prefix the walk writes before it finds a repeat
-    count = lib.gm_gaps(ids.ctypes.data, len(ids), width, out.ctypes.data)
-    return None if count < 0 else out[:count].copy()
+    assert lib is not None, "native.unset without the library (check available() first)"
+    packed = np.ascontiguousarray(words, dtype="<u4")
+    out = np.empty(width, np.int32)  # room for a mask that allows nothing
+    count = lib.gm_unset(packed.ctypes.data, len(packed), width, out.ctypes.data)
+    unset: np.ndarray = out[:count].copy()
+    return unset
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:

@@ -19,8 +19,8 @@
 //
 // gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
 //
-// gm_gaps writes the ids below `width` that sorted `tokens` lacks (`out`: room for `width`), or
-// returns -1 where an id repeats or lies outside 0..width-1.
+// gm_unset writes the ids below `width` whose bit is clear in a packed mask (`out`: room for
+// `width`): a word at a time, so a row allowing nearly everything costs its few clear bits.
 //
 // gm_pack writes the packed mask (bit t of word t / 32) of sorted ids.
 
@@ -144,17 +144,17 @@ int64_t gm_merge(const int32_t* base, int64_t base_len, int32_t base_state, cons
     return k + run;
 }
 
-int64_t gm_gaps(const int32_t* tokens, int64_t count, int64_t width, int32_t* out) {
-    // The ids below `width` missing from sorted `tokens`; -1 where an id repeats or is out of range.
+int64_t gm_unset(const uint32_t* words, int64_t num_words, int64_t width, int32_t* out) {
     int64_t k = 0;
-    int64_t next = 0;  // the smallest id not yet accounted for
-    for (int64_t j = 0; j < count; ++j) {
-        const int64_t t = tokens[j];
-        if (t < next || t >= width) return -1;
-        while (next < t) out[k++] = static_cast<int32_t>(next++);
-        next = t + 1;
+    for (int64_t w = 0; w < num_words; ++w) {
+        uint32_t clear = ~words[w];
+        while (clear) {
+            const int64_t t = w * 32 + __builtin_ctz(clear);
+            if (t >= width) return k;
+            out[k++] = static_cast<int32_t>(t);
+            clear &= clear - 1;
+        }
     }
-    while (next < width) out[k++] = static_cast<int32_t>(next++);
     return k;
 }
 

@@ -218,19 +218,47 @@ class TokenTrie:
         return bytes(reversed(out))
 
     def subset(self, ids: np.ndarray) -> TokenTrie:
-        """The trie of the tokens `ids` (sorted text ids of this trie) alone, same width: their
-        bytes read back from the nodes (one pass per level, deepest first), then built afresh."""
+        """The trie of the tokens `ids` (sorted text ids of this trie) alone, same width: this
+        trie's nodes on their paths, kept in place. Level order and byte order survive dropping
+        nodes, so the kept nodes, renumbered in order, are the trie `build` makes of those tokens;
+        the parents of a level-ordered trie ascend, so each node's children are found by two
+        searches in one array (no pass per level over bytes, as rebuilding would take)."""
         ids = np.asarray(ids, dtype=np.int64)
-        nodes = self.token_node[ids].astype(np.int64)
-        lens = np.searchsorted(self.level_start, nodes, side="right")  # a level-j node spells j + 1 bytes
-        rows = np.zeros((len(ids), max(1, int(lens.max(initial=0)))), dtype=np.uint8)
-        at, pos, cur = np.arange(len(ids)), lens - 1, nodes
-        while len(at):
-            rows[at, pos] = self.byte[cur]
+        keep = np.zeros(self.num_nodes, dtype=bool)
+        cur = np.unique(self.token_node[ids]).astype(np.int64)
+        while len(cur):  # up the paths, one level per step, until they join kept nodes or the root
+            cur = cur[~keep[cur]]
+            keep[cur] = True
             cur = self.parent[cur].astype(np.int64)
-            going = cur >= 0
-            at, pos, cur = at[going], pos[going] - 1, cur[going]
-        return TokenTrie._build(rows.view(f"S{rows.shape[1]}").reshape(-1), ids, lens, self.width)
+            cur = cur[cur >= 0]
+        kept = np.cumsum(keep, dtype=np.int32)  # kept nodes up to each
+        new_of = kept - 1  # a kept node's number in the subset
+        total = int(kept[-1]) if len(kept) else 0
+        parent = self.parent[keep]
+        roots = int(np.searchsorted(parent, 0))  # level 0 (parent -1) comes first
+        parent[roots:] = new_of.take(parent[roots:])
+        nodes = np.arange(total)
+        child_start = np.searchsorted(parent, nodes, side="left").astype(np.int32)
+        child_count = (np.searchsorted(parent, nodes, side="right") - child_start).astype(np.int32)
+        child_start[child_count == 0] = 0
+        level_start = np.concatenate(([0], kept[self.level_start[1:] - 1])).astype(np.int64)
+        level_start = level_start[: 1 + int(np.searchsorted(level_start, total, side="left"))]
+        token_node = np.full(self.width, total, dtype=np.int32)
+        node_of_id = new_of[self.token_node[ids]].astype(np.int32)
+        token_node[ids] = node_of_id
+        # The smallest id ending at a node first (ids ascend: a node's first occurrence), the others
+        # after, ordered by node then id as `build` orders them.
+        order = np.lexsort((ids, node_of_id))
+        by_node, by_id = node_of_id[order], ids[order].astype(np.int32)
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = by_node[1:] != by_node[:-1]
+        end_first = np.full(total, -1, dtype=np.int32)
+        end_first[by_node[first]] = by_id[first]
+        return TokenTrie({
+            "byte": self.byte[keep], "parent": parent, "child_start": child_start, "child_count": child_count,
+            "level_start": level_start, "token_node": token_node, "end_first": end_first,
+            "end_more_node": by_node[~first], "end_more_id": by_id[~first],
+        }, self.width)
 
     def string_slice(self) -> StringSlice:
         """This trie's `StringSlice` (built on the first call, then kept)."""
@@ -299,8 +327,9 @@ class StringSlice:
         # same by byte class, per DFA walked.
         self._edges = [(np.flatnonzero(table[r] != _TEXT_DEAD), table[r][table[r] != _TEXT_DEAD]) for r in range(8)]
         self._edges_of: weakref.WeakKeyDictionary[ByteDFA, list[list[tuple[int, int]]]] = weakref.WeakKeyDictionary()
-        self.words = np.zeros(-(-trie.width // 32), dtype="<u4")  # the slice's packed mask
-        np.bitwise_or.at(self.words, self.tokens >> 5, np.left_shift(1, self.tokens & 31).astype("<u4"))
+        bits = np.zeros(32 * -(-trie.width // 32), dtype=bool)
+        bits[self.tokens] = True
+        self.words = np.packbits(bits, bitorder="little").view("<u4")  # the slice's packed mask
         self.words.setflags(write=False)
 
     def loops(self, dfa: ByteDFA, state: int) -> bool:

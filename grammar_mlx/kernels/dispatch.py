@@ -219,7 +219,7 @@ def shared_array(shape: tuple[int, ...], dtype: Any) -> tuple[mx.array, np.ndarr
     parts no MLX op has been given yet (see the package docstring's rule), after `before_host_write`."""
     if not _host_writes_visible():
         return None
-    array = mx.array(np.zeros(shape, dtype=dtype))
+    array = _zeros(shape, dtype)
     view = np.array(array, copy=False)
     if not view.flags.writeable or view.shape != tuple(shape):
         return None
@@ -233,6 +233,14 @@ def before_host_write() -> None:
         mx.synchronize()
 
 
+def _zeros(shape: tuple[int, ...], dtype: Any) -> mx.array:
+    """An evaluated zeroed `mx.array` made by MLX itself: no numpy buffer of the size is made and
+    read (a table's growth touches its new memory once, not twice)."""
+    array = mx.zeros(shape, dtype=getattr(mx, np.dtype(dtype).name))
+    mx.eval(array)
+    return array
+
+
 @functools.cache
 def _host_writes_visible() -> bool:
     """Whether `np.array(a, copy=False)` of an evaluated `mx.array` aliases its memory as MLX ops on
@@ -240,7 +248,7 @@ def _host_writes_visible() -> bool:
     and Metal buffers are host memory) and for CUDA managed memory; probed rather than assumed, since
     an MLX build may keep arrays in device memory and hand numpy a copy."""
     try:
-        probe = mx.array(np.zeros((2, 8), dtype=np.uint32))
+        probe = _zeros((2, 8), np.uint32)  # made as `shared_array` makes its arrays
         view = np.array(probe, copy=False)
         if not view.flags.writeable:
             return False

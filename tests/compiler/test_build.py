@@ -364,24 +364,24 @@ def test_next_state_lookups_equal_a_search_in_the_row(qwen_vocab, mode, monkeypa
 
 
 @settings(max_examples=300, deadline=None)
-@given(width=st.integers(2, 200), data=st.data())
-def test_forbidden_ids_from_the_gaps_equal_the_mask_complement(width, data):
-    """The forbidden ids of a dense row (`grammar._gaps`: the runs between sorted neighbours)
-    are the ids a vocabulary-sized mask leaves unset, or None where the row repeats an id or
-    names one past the width (then the row is not the complement of its gaps)."""
+@given(width=st.integers(1, 200), data=st.data())
+def test_forbidden_ids_read_from_a_mask_are_its_clear_bits_below_the_width(width, data):
+    """The forbidden ids `next_state` bisects (`grammar._unset_ids`: a packed row's clear bits, a
+    word at a time natively) are the ids a vocabulary-sized mask leaves unset, padding bits past
+    the width excluded, in the native and the numpy form alike."""
     from grammar_mlx.compiler import native
-    from grammar_mlx.compiler.grammar import _gaps, _gaps_reference
+    from grammar_mlx.compiler.grammar import _unset_ids, _unset_ids_reference
+    from grammar_mlx.compiler.mask_table import MaskTable
 
-    ids = data.draw(st.lists(st.integers(0, width), min_size=2, max_size=width + 3))
-    tokens = np.sort(np.array(ids, dtype=np.int32))
-    allowed = np.zeros(width + 1, dtype=bool)
+    ids = data.draw(st.lists(st.integers(0, width - 1), max_size=width + 3))
+    tokens = np.unique(np.array(ids, dtype=np.int32))
+    allowed = np.zeros(width, dtype=bool)
     allowed[tokens] = True
-    for find in (_gaps, _gaps_reference) if native.available() else (_gaps_reference,):
-        gaps = find(tokens, width)
-        if len(set(ids)) != len(ids) or max(ids) >= width:
-            assert gaps is None
-        else:
-            assert gaps is not None and gaps.tolist() == np.flatnonzero(~allowed[:width]).tolist()
+    words = MaskTable(width, 1 << 20).pack_reference(tokens)
+    expected = np.flatnonzero(~allowed).tolist()
+    for find in (_unset_ids, _unset_ids_reference) if native.available() else (_unset_ids_reference,):
+        got = find(words, width)
+        assert got.dtype == np.int32 and got.tolist() == expected
 
 
 def test_the_live_memo_keys_on_the_unenforced_report(qwen_vocab, tmp_path):

@@ -118,6 +118,48 @@ def test_the_string_slice_engages_inside_a_json_string(qwen_vocab):
         assert np.array_equal(index.table._table[1][index.mask_row(inside)], index.table.pack_reference(tokens))
 
 
+def _trie_arrays(trie: TokenTrie) -> dict[str, list]:
+    """A trie's arrays as compared: a childless node's child_start is never read; the ids sharing a
+    node's bytes are a set of (node, id) pairs."""
+    arrays = {name: getattr(trie, name).tolist() for name in TokenTrie.ARRAYS if not name.startswith("end_more")}
+    arrays["child_start"] = np.where(trie.child_count > 0, trie.child_start, 0).tolist()
+    arrays["end_more"] = sorted(zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()))
+    return arrays
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(pieces=st.lists(st.sampled_from(ALPHABET + [b"ab", b"abc", b"ba", b"a\\n", b'"a', b"\xc3\xa9\xc3"]),
+                       min_size=1, max_size=30), data=st.data())
+def test_a_subset_trie_is_the_trie_of_its_tokens(pieces, data):
+    """`TokenTrie.subset` (the kept nodes of this trie) is the trie `build` makes of those tokens'
+    bytes: same nodes, bytes, parents, children, levels and ids (repeated pieces included)."""
+    width = len(pieces) + 2
+    by_bytes: dict[bytes, list[int]] = {}
+    for i, b in enumerate(pieces):
+        by_bytes.setdefault(b, []).append(i)
+    trie = TokenTrie.build(by_bytes, width)
+    text = np.flatnonzero(trie.token_node[:width] < trie.num_nodes)
+    drawn = data.draw(st.sets(st.sampled_from(text.tolist()))) if len(text) else set()  # NUL pieces are no text
+    ids = np.array(sorted(drawn), dtype=np.int64)
+    chosen: dict[bytes, list[int]] = {}
+    for i in ids.tolist():
+        chosen.setdefault(pieces[i], []).append(i)
+    assert _trie_arrays(trie.subset(ids)) == _trie_arrays(TokenTrie.build(chosen, width))
+
+
+def test_the_string_slice_rest_is_the_trie_of_its_tokens(qwen_vocab):
+    """On the real vocabulary: the string slice's rest, kept from the whole trie, equals the trie
+    built afresh from the bytes of the tokens outside the slice."""
+    trie = token_trie(qwen_vocab, QWEN_WIDTH)
+    sl = trie.string_slice()
+    ids = np.flatnonzero(sl.rest.token_node[:QWEN_WIDTH] < sl.rest.num_nodes)
+    chosen: dict[bytes, list[int]] = {}
+    for i in ids.tolist():
+        chosen.setdefault(qwen_vocab.token_bytes[i], []).append(i)
+    assert len(ids) + len(sl.tokens) == int(np.count_nonzero(trie.token_node[:QWEN_WIDTH] < trie.num_nodes))
+    assert _trie_arrays(sl.rest) == _trie_arrays(TokenTrie.build(chosen, QWEN_WIDTH))
+
+
 def test_trie_levels_are_consistent(qwen_vocab):
     trie = TokenTrie.build(qwen_vocab.text_tokens(), QWEN_WIDTH)
     text = [i for i, b in enumerate(qwen_vocab.token_bytes) if b and 0 not in b]

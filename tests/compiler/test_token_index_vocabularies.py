@@ -217,3 +217,53 @@ def test_the_liveness_search_is_bounded_and_only_narrows(monkeypatch):
     assert narrowed.stats["liveness_undecided"] >= 1 and narrowed.matches([4])
     exact = compile_regex("x|abcdefgh", vocab, mode="eager", use_cache=False)  # the complete search
     assert exact.allowed_tokens(exact.initial_state).tolist() == [0, 4]
+
+
+# --- the string slice against the plain walk, on real vocabularies ---------------------------------
+
+SLICE_REGEXES = [
+    r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"',  # a JSON string: its inside loops on the slice
+    r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*",?"([^"\\]|\\")*"',  # two strings, the second's inside wider
+    r'"[^"\\é]*"',  # one character less: no loop (the plain walk)
+]
+
+
+@pytest.mark.parametrize("source", ["qwen3", "falcon", "llama-spm"])
+def test_string_slice_rows_equal_the_plain_walk(source, request):
+    """Every byte-DFA state within a few bytes of the start (inside strings, after each UTF-8 lead
+    byte, in escapes), both engines: `walk` (the slice and the rest's walk where the state loops on
+    the slice, natively where built) equals the plain numpy walk over the whole trie."""
+    import numpy as np
+
+    from grammar_mlx.automata.byte_dfa import ByteDFA
+    from grammar_mlx.automata.byte_nfa import build_nfa, determinize
+    from grammar_mlx.compiler import token_index
+    from grammar_mlx.compiler.build import token_trie
+
+    if source == "qwen3":
+        vocab = vocabulary_of(request.getfixturevalue("qwen_hf_tokenizer"))
+    else:
+        vocab = request.getfixturevalue("llama_vocab")(source)
+    trie = token_trie(vocab, vocab.size)
+    sl = trie.string_slice()
+    looped = continuation = 0
+    for regex in SLICE_REGEXES:
+        for engine in ("outlines", "nfa"):
+            dfa = (ByteDFA.from_outlines(regex, 10_000) if engine == "outlines"
+                   else determinize(build_nfa(regex), 10_000, alphabet=trie.single_bytes))
+            seen, layer = {dfa.initial}, [dfa.initial]
+            for _ in range(3):  # breadth-first over every byte: lead bytes reach continuation states
+                following = []
+                for state in layer:
+                    for byte in range(1, 256):
+                        nxt = dfa.next(state, byte)
+                        if nxt != dfa.dead and nxt not in seen:
+                            seen.add(nxt)
+                            following.append(nxt)
+                            continuation += byte >= 0xC2
+                layer = following
+            for state in sorted(seen):
+                looped += sl.loops(dfa, state)
+                got, want = token_index.walk(trie, dfa, state), token_index.walk_reference(trie, dfa, state)
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (regex, engine, state)
+    assert looped and continuation, "the premise: the slice engaged, and states inside a character were compared"
