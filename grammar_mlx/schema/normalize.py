@@ -94,6 +94,8 @@ class Normalizer:
     # only widen it).
     members_only: bool = False
     _branches: int = 0
+    # Conjunctions whose distributions `_refuse_early` has already counted (not counted again).
+    _counted: set[Hashable] = field(default_factory=set)
     _oracle: Normalizer | None = None
     _exact: Normalizer | None = None  # exact membership, for listed values (`_exact_node`)
 
@@ -219,6 +221,21 @@ class Normalizer:
         return out
 
     def _conjunction(self, atoms: list[Loc]) -> Node:
+        split = self._distribution(atoms)
+        if split is None:
+            return self._flat(atoms)
+        key = _conjunction_key(atoms)
+        if key not in self._counted:
+            self._refuse_early(key, split)
+        self._spend(split.live, split.atom)
+        nodes = [NEVER if branch is None else self.node(branch) for branch in split.branches]
+        if split.keyword == "oneOf":
+            nodes = self._exclusive(split.atom, split.rest, split.locs, nodes)
+        return union(nodes, self.table)
+
+    def _distribution(self, atoms: list[Loc]) -> _Distribution | None:
+        """The first anyOf/oneOf (else if/dependencies/not with a union form) of a conjunction,
+        distributed over the rest: the conjunctions it becomes; None when it has none (`_flat`)."""
         for i, atom in enumerate(atoms):
             for kw in ("anyOf", "oneOf"):
                 if atom.has(kw):
@@ -229,12 +246,8 @@ class Normalizer:
                     locs = [atom.child(kw, j).below(atom) for j in range(len(branches))]
                     # Branches that contradict the rest (a discriminator's other values) are empty:
                     # not distributed further, they cost no budget.
-                    live = [self._satisfiable(rest + [loc]) for loc in locs]
-                    self._spend(sum(live), atom)
-                    nodes = [self.node(rest + [loc]) if ok else NEVER for loc, ok in zip(locs, live)]
-                    if kw == "oneOf":
-                        nodes = self._exclusive(atom, rest, locs, nodes)
-                    return union(nodes, self.table)
+                    live = [rest + [loc] if self._satisfiable(rest + [loc]) else None for loc in locs]
+                    return _Distribution(atom, kw, rest, locs, live)
         for i, atom in enumerate(atoms):
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
                 if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
@@ -260,10 +273,57 @@ class Normalizer:
                 rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
                 built = [[atom.built(s, f"{kw}{j}.{k}", evaluates) for k, (s, evaluates) in enumerate(alt)]
                          for j, alt in enumerate(alts)]
-                built = [b for b in built if self._satisfiable(rest + b)]
-                self._spend(len(built), atom)
-                return union([self.node(rest + b) for b in built], self.table)
-        return self._flat(atoms)
+                kept: list[list[Loc] | None] = [rest + b for b in built if self._satisfiable(rest + b)]
+                return _Distribution(atom, kw, rest, [], kept)
+        return None
+
+    def _refuse_early(self, key: Hashable, split: _Distribution) -> None:
+        """Refuse before building anything when the distributions below `split` alone exceed the
+        branch budget. The real construction spends at least these branches (it distributes every
+        one of these conjunctions, here or where a value reaches it first, plus its values' own), but
+        it builds each leaf's automata on the way, so a refusal found only there comes late. A
+        walk that stops on any other error leaves that error to the construction, in its order;
+        reports made here are undone (the construction makes them again, in its order)."""
+        reported, strict = dict(self.unenforced), self.strict
+        self.strict = False
+        spent, seen, over = self._branches + split.live, {key}, None
+        stack = [iter(split.branches)]
+        try:
+            if spent > limits.MAX_UNION_BRANCHES:
+                over = split.atom
+            while stack and over is None:
+                check_deadline(STAGE)
+                branch = next(stack[-1], _DONE)
+                if branch is _DONE:
+                    stack.pop()
+                    continue
+                if branch is None:
+                    continue
+                atoms = self._expand(branch)
+                if not atoms:
+                    continue
+                below = _conjunction_key(atoms)
+                if below in seen or below in self.table:
+                    continue
+                seen.add(below)
+                inner = self._distribution(atoms)
+                if inner is None:
+                    continue
+                spent += inner.live
+                if spent > limits.MAX_UNION_BRANCHES:
+                    over = inner.atom
+                stack.append(iter(inner.branches))
+        except CompileTimeoutError:
+            raise
+        except Exception:  # noqa: BLE001 - the construction meets it again and raises it in its place
+            return
+        finally:
+            self.strict = strict
+            self.unenforced.clear()
+            self.unenforced.update(reported)
+        if over is not None:
+            raise _over_budget(over)
+        self._counted |= seen
 
     def _satisfiable(self, locs: list[Loc]) -> bool:
         """False only where the conjunction certainly holds no value, read off cheaply: its `type`s
@@ -322,10 +382,7 @@ class Normalizer:
     def _spend(self, branches: int, atom: Loc) -> None:
         self._branches += branches
         if self._branches > limits.MAX_UNION_BRANCHES:
-            raise GrammarTooLargeError(
-                f"anyOf/oneOf/if/not/dependencies distributed over allOf exceed {limits.MAX_UNION_BRANCHES} branches "
-                f"(at {atom.pointer or '/'})"
-            )
+            raise _over_budget(atom)
 
     def _resolver(self, atom: Loc) -> _Resolve:
         """`$ref` -> the schema it names, from `atom`'s base URI (for `negation`)."""
@@ -676,6 +733,33 @@ def _within(d: Decimal, node: Number) -> bool:
     if lo is not None and (d < lo.value or (lo.exclusive and d == lo.value)):
         return False
     return hi is None or not (d > hi.value or (hi.exclusive and d == hi.value))
+
+
+@dataclass(frozen=True)
+class _Distribution:
+    """A conjunction's first union-form keyword at `atom`, distributed over the `rest` of it: one
+    conjunction per branch, None for a branch that contradicts the rest (`locs`: anyOf/oneOf's
+    branch schemas, for oneOf's exclusivity)."""
+
+    atom: Loc
+    keyword: str
+    rest: list[Loc]
+    locs: list[Loc]
+    branches: list[list[Loc] | None]
+
+    @property
+    def live(self) -> int:
+        return sum(branch is not None for branch in self.branches)
+
+
+_DONE: Any = object()  # an exhausted iterator's sentinel
+
+
+def _over_budget(atom: Loc) -> GrammarTooLargeError:
+    return GrammarTooLargeError(
+        f"anyOf/oneOf/if/not/dependencies distributed over allOf exceed {limits.MAX_UNION_BRANCHES} branches "
+        f"(at {atom.pointer or '/'})"
+    )
 
 
 def _conjunction_key(atoms: list[Loc]) -> tuple[Hashable, ...]:

@@ -176,6 +176,39 @@ def test_union_branches_are_bounded(monkeypatch):
                               {"anyOf": [{"minimum": i} for i in range(3)]}]})
 
 
+def test_a_union_budget_refusal_builds_no_string_automata(monkeypatch):
+    """Distributed anyOfs whose product is over the budget are refused before any leaf is built:
+    the refusal is counted on the distributions alone, not after the leaves' pattern intersections
+    that a depth-first construction meets first."""
+    from grammar_mlx.automata import chars
+
+    built = []
+    intersect = chars.intersect
+    monkeypatch.setattr(chars, "intersect", lambda asts: built.append(1) or intersect(asts))
+    monkeypatch.setattr(limits, "MAX_UNION_BRANCHES", 30)
+    schema = {"type": "string", "pattern": "^a", "allOf": [
+        {"anyOf": [{"pattern": f"{c}{i}"} for i in range(4)]} for c in "xyz"]}
+    with pytest.raises(GrammarTooLargeError, match=r"exceed 30 branches \(at /allOf/2\)"):
+        normalized(schema)
+    assert built == []
+    # Within the budget the same schema is built as before, every leaf once.
+    monkeypatch.setattr(limits, "MAX_UNION_BRANCHES", 84)
+    nz, node = normalized(schema)
+    assert len(built) == 64 and nz._branches == 84
+
+
+def test_the_early_refusal_leaves_no_reports_and_other_errors_to_the_construction(monkeypatch):
+    monkeypatch.setattr(limits, "MAX_UNION_BRANCHES", 5)
+    dynamic = {"$defs": {"i": {"type": "integer"}},
+               "anyOf": [{"$dynamicRef": "#/$defs/i", "minimum": i} for i in range(3)]}
+    nz, _ = normalized(dynamic)  # (3 branches: within the budget; the walk's reports undone, made once)
+    assert list(nz.unenforced) == [("$dynamicRef", f"/anyOf/{i}") for i in range(3)]
+    # An invalid schema met before the budget runs out stays the error (the walk stops there
+    # instead of counting on past it: 2 + 2 + 2 branches would be over).
+    with pytest.raises(InvalidSchemaError, match="anyOf at /allOf/1/anyOf/0 must be a non-empty array"):
+        normalized({"allOf": [{"anyOf": [{}, {"maximum": 3}]}, {"anyOf": [{"anyOf": []}, {"minimum": 1}]}]})
+
+
 def test_refs_siblings_and_drafts():
     defs = {"i": {"type": "integer"}}
     # Draft 7: a $ref's siblings are ignored; 2020-12: they apply.
