@@ -5,14 +5,16 @@ it ran on and the date, so no figure in the docs is typed by hand.
     python bench/benchmarks_page.py --check    # exit 1 if docs/benchmarks.md is not what it would write
 
 A result's date is its own `date` field where it has one, else the date of the last commit that
-changed the file (`git log`), else "not committed". What is shown of each file: its scalar fields,
-its `summary` (flattened), and every list of rows short enough to read (longer ones are counted and
-left in the JSON).
+changed the file (`git log`); a file new or changed since that commit is dated today, the date its
+commit will carry, so a page written before the commit still matches after it.
+What is shown of each file: its scalar fields, its `summary` (flattened), and every list of rows
+short enough to read (longer ones are counted and left in the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import subprocess
 import sys
@@ -31,8 +33,11 @@ _MAX_SUMMARY = 40
 def _date(path: Path, doc: Any) -> str:
     if isinstance(doc, dict) and isinstance(doc.get("date"), str):
         return doc["date"]
-    done = subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path.relative_to(REPO))], cwd=REPO,
-                          capture_output=True, text=True)
+    name = str(path.relative_to(REPO))
+    changed = subprocess.run(["git", "status", "--porcelain", "--", name], cwd=REPO, capture_output=True, text=True)
+    if changed.returncode == 0 and changed.stdout.strip():
+        return datetime.date.today().isoformat()
+    done = subprocess.run(["git", "log", "-1", "--format=%cs", "--", name], cwd=REPO, capture_output=True, text=True)
     return done.stdout.strip() or "not committed"
 
 
