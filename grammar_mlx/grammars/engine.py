@@ -632,21 +632,30 @@ class _TrieView:
         self.child_count: list[int] = trie.child_count.tolist()
         self.byte: list[int] = trie.byte.tolist()
         # Per node, the ids of the tokens ending there (most nodes: none, one shared empty tuple).
+        # (Built from the nodes that have them: leaves are most nodes, and one Python object per node
+        # is what a fresh process pays for here.)
         none: tuple[int, ...] = ()
-        ends: list[tuple[int, ...]] = [none if t < 0 else (t,) for t in trie.end_first.tolist()]
+        ends: list[tuple[int, ...]] = [none] * trie.num_nodes
+        at_end = np.flatnonzero(trie.end_first >= 0)
+        for node, first in zip(at_end.tolist(), trie.end_first[at_end].tolist()):
+            ends[node] = (first,)
         for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
             ends[node] = (*ends[node], extra)
         self.ends_at: list[tuple[int, ...]] = ends
         self.descendants: list[int] = _descendants(trie).tolist()
-        # Per node, the bytes of its children as a 256-bit int (four 64-bit words, then joined).
-        words = np.zeros((trie.num_nodes, 4), dtype=np.uint64)
+        # Per node, the bytes of its children as a 256-bit int: four little-endian 64-bit words per
+        # inner node, read as one int each; a leaf's is 0.
+        child_bytes = np.zeros(trie.num_nodes, dtype=object)
         if trie.num_levels > 1:
+            words = np.zeros((trie.num_nodes, 4), dtype="<u8")
             kids = np.arange(int(trie.level_start[1]), trie.num_nodes)
             kb = trie.byte[kids].astype(np.uint64)
             np.bitwise_or.at(words, (trie.parent[kids], (kb >> np.uint64(6)).astype(np.int64)),
                              np.left_shift(np.uint64(1), kb & np.uint64(63)))
-        w = words.tolist()
-        self.child_bytes: list[int] = [a | b << 64 | c << 128 | d << 192 for a, b, c, d in w]
+            inner = np.flatnonzero(trie.child_count > 0)
+            packed, read = words[inner].tobytes(), int.from_bytes
+            child_bytes[inner] = [read(packed[at:at + 32], "little") for at in range(0, len(packed), 32)]
+        self.child_bytes: list[int] = child_bytes.tolist()
 
 
 _VIEWS: weakref.WeakKeyDictionary[TokenTrie, _TrieView] = weakref.WeakKeyDictionary()
