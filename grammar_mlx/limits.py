@@ -28,6 +28,9 @@ A compiled grammar's memory and search (per grammar; the last four: lazy grammar
 | `LIVENESS_WALKS` | 256 | `GRAMMAR_MLX_LIVENESS_WALKS` | walks deciding whether a state is live (past it: a dead end) |
 | `DISTANCE_WALKS` | 4096 | `GRAMMAR_MLX_DISTANCE_WALKS` | walks per shortest-completion search (past it: a bound) |
 
+`LOOKUP_BYTES` also bounds a context-free grammar's `next_state` memo of (state, token) pairs (past it:
+emptied and refilled).
+
 Masking: `ROW_CACHE_BYTES` (64 MiB, `GRAMMAR_MLX_ROW_CACHE_BYTES`), unpacked mask rows the CPU
 paths keep, all grammars together (`kernels.set_row_cache_limit` changes it at run time).
 

@@ -33,8 +33,10 @@ The union, with EOS where the set accepts, is added to the grammar's `MaskTable`
 
 Costs: a new pair costs one trie walk (over its live nodes); a new state costs its
 crossing walks in Python (the exits' subtrees that stay alive) and a row; `next_state` costs a
-dict read per byte once the memo has the step. States are never discarded (ids are held by
-processors); the mask table's byte limit (`limits.LAZY_MASK_BYTES`) bounds distinct rows.
+dict read per byte once the memo has the step, and one dict read per token once its `(state, token)`
+memo has the pair (bounded by `limits.LOOKUP_BYTES`: past it, emptied and refilled). States are
+never discarded (ids are held by processors); the mask table's byte limit (`limits.LAZY_MASK_BYTES`)
+bounds distinct rows.
 
 What a token that the vocabulary cannot finish does: a terminal's DFA state counts as live when
 some *byte string* completes it, so with a vocabulary lacking some bytes a row may hold a token into
@@ -80,6 +82,9 @@ SMALL_SUBTREE = 256
 # A whole-trie walk turns dense at the first level where more than this share of nodes is live.
 DENSE_SHARE = 0.25
 _Item = tuple[int, int, int, int]
+# What one entry of `next_state`'s (state, token) memo is counted as against `limits.LOOKUP_BYTES`:
+# the dict slot, the key tuple and its two ints.
+_NEXT_ENTRY_BYTES = 160
 
 
 class _Pair:
@@ -134,6 +139,7 @@ class CFGGrammar:
         self._set_ids: dict[frozenset[_Item], int] = {}
         self._waiters: dict[int, dict[int, list[tuple[int, int, int]]]] = {}  # set -> nonterminal -> items
         self._step: dict[int, int] = {}  # set * 256 + byte -> set (-1: dead)
+        self._next: dict[tuple[int, int], int] = {}  # (set, token) -> set (-1: forbidden), bounded
         self._accepting: list[bool] = [True]
         self._pairs: dict[tuple[int, int], _Pair] = {}
         self._pair_groups: dict[int, list[tuple[tuple[int, int], Callable[[], int]]]] = {}
@@ -285,6 +291,21 @@ class CFGGrammar:
 
     def next_state(self, state: int, token_id: int) -> int:
         """The state after `token_id`, or -1 when the token is not allowed in `state`."""
+        # The (state, token) memo first: a processor's every push lands here, and a token's walk is
+        # a dict read per byte. Keyed on ints only, so a float or bool argument is checked as before.
+        if type(state) is int and type(token_id) is int:
+            key = (state, token_id)
+            got = self._next.get(key)
+            if got is None:
+                got = self._token_step(state, token_id)
+                with self._lock:
+                    if len(self._next) >= limits.LOOKUP_BYTES // _NEXT_ENTRY_BYTES:
+                        self._next.clear()  # bounded: start over rather than track recency per read
+                    self._next[key] = got
+            return got
+        return self._token_step(state, token_id)
+
+    def _token_step(self, state: int, token_id: int) -> int:
         if token_id in self._eos:
             self._check_state(state)
             return TERMINAL if self._accepting[state] else -1
@@ -618,6 +639,7 @@ class CFGGrammar:
         """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs."""
         items = sum(len(s) for s in self._sets) * 100 + len(self._sets) * 250
         memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
+        memos += len(self._next) * _NEXT_ENTRY_BYTES
         pairs = sum(int(p.inside.nbytes) + int(p.exits.nbytes) + 200 for p in self._pairs.values())
         return int(self.table.nbytes + items + memos + pairs + sum(d.nbytes for d in self._dfas)
                    )

@@ -206,10 +206,11 @@ class StateStack:
     def push(self, token: int) -> int:
         """Push one token and return the new state. A forbidden token raises
         GrammarViolationError and leaves the stack unchanged."""
-        try:
-            token = _as_index(token)
-        except TypeError:
-            raise InvalidArgumentError(f"token must be an int (a token id), got {token!r:.80}") from None
+        if type(token) is not int:  # a numpy int is converted; anything else raises
+            try:
+                token = _as_index(token)
+            except TypeError:
+                raise InvalidArgumentError(f"token must be an int (a token id), got {token!r:.80}") from None
         d = self.depth
         if d < self._top and self._tokens[d] == token:
             # Redo: the slot already holds this token and the state it leads to.

@@ -124,7 +124,9 @@ class HistoryFollower(Generic[TargetT]):
         w = self.overlap
         start = n - w if w is not None and n > w else 0
         new = history[ctx + start :]
-        if type(new) is not list:  # _as_list, inline: this runs on every token
+        if type(new) is memoryview:  # what `StatefulProcessor.follow` passes on the per-token path
+            new = new.tolist()
+        elif type(new) is not list:  # _as_list, inline
             new = new.tolist() if isinstance(new, (memoryview, np.ndarray)) else list(new)
         p = target.common_prefix(new, start)
         if p == start and 0 < start < n:

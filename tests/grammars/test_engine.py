@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from grammar_helpers import EOS, JSON_GBNF, TOKENS, VOCAB, WIDTH, check_row, random_walk
 
+from grammar_mlx import limits
 from grammar_mlx.errors import InvalidArgumentError
 from grammar_mlx.grammars import compile_grammar
+from grammar_mlx.grammars.engine import _NEXT_ENTRY_BYTES
 
 ARITH_GBNF = r"""
 root   ::= expr
@@ -216,3 +219,66 @@ def test_nesting_has_no_depth_bound(json_grammar):
         state = g.next_state(state, TOKENS.index(t))
         assert state >= 0
     check_row(g, state)
+
+
+def _walk_tokens(g, rng: random.Random, n: int) -> list[int]:
+    state, tokens = g.initial_state, []
+    for _ in range(n):
+        allowed = [t for t in g.allowed_tokens(state).tolist() if t != EOS]
+        if not allowed:
+            break
+        tokens.append(rng.choice(allowed))
+        state = g.next_state(state, tokens[-1])
+    return tokens
+
+
+def test_next_state_memo_is_exact_and_bounded(monkeypatch):
+    # The memo against the walk it remembers (`_token_step`, the unmemoized path): every (state,
+    # token) along walks, and random tokens in their states, on a first call and a second, with the
+    # default bound and with one of a few entries (emptied again and again).
+    g = compile_grammar(JSON_GBNF, VOCAB, syntax="gbnf", logits_width=WIDTH)
+    rng = random.Random(5)
+    for cap in (None, 7):
+        with monkeypatch.context() as m:
+            if cap is not None:
+                m.setattr(limits, "LOOKUP_BYTES", cap * _NEXT_ENTRY_BYTES)
+            for seed in range(4):
+                state = g.initial_state
+                for t in _walk_tokens(g, random.Random(seed), 40):
+                    for probe in [*rng.sample(range(WIDTH), 40), t, EOS, -5, WIDTH + 9]:
+                        want = g._token_step(state, probe)
+                        assert g.next_state(state, probe) == want
+                        assert g.next_state(state, probe) == want
+                    assert cap is None or len(g._next) <= cap
+                    state = g.next_state(state, t)
+    assert 0 < len(g._next) <= 7
+    # The memo is keyed on ints: numpy ints find the same states, other types are checked as before.
+    t = TOKENS.index(b"[")
+    assert g.next_state(np.int64(g.initial_state), np.int32(t)) == g.next_state(g.initial_state, t)
+    with pytest.raises(InvalidArgumentError):
+        g.next_state(float(g.initial_state), t)
+    with pytest.raises(InvalidArgumentError):
+        g.next_state(10**9, t)
+    assert (10**9, t) not in g._next
+
+
+def test_next_state_memo_shared_across_threads(monkeypatch):
+    # Threads walking one grammar whose memo is emptied while they read it: every thread finds the
+    # states of the unmemoized walk.
+    g = compile_grammar(JSON_GBNF, VOCAB, syntax="gbnf", logits_width=WIDTH)
+    walks = [_walk_tokens(g, random.Random(100 + i), 60) for i in range(6)]
+
+    def states(step, tokens):
+        out = [g.initial_state]
+        for t in tokens:
+            out.append(step(out[-1], t))
+        return out
+
+    want = [states(g._token_step, w) for w in walks]
+    monkeypatch.setattr(limits, "LOOKUP_BYTES", 16 * _NEXT_ENTRY_BYTES)
+    g._next.clear()
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        got = list(pool.map(lambda w: [states(g.next_state, w) for _ in range(20)], walks))
+    for runs, expected in zip(got, want):
+        assert all(run == expected for run in runs)
+    assert len(g._next) <= 16
