@@ -150,9 +150,15 @@ def row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, *, path
     """
     if not isinstance(logits_width, int) or logits_width < 1:
         raise KernelError(f"logits_width must be a positive int, got {logits_width!r}")
-    _checked_rows(mx.zeros((0, logits_width), dtype=dtype), mask_table, [])
     path = _checked_path(path)
     shape = (1, logits_width)
+    if path not in ("metal", "cuda") and type(mask_table) is mx.array:
+        # A masker made for this table, width and dtype before (checked then): each new processor
+        # on a grammar binds its table on its first call.
+        made = _ROW_CACHE.maskers(mask_table).get((shape, dtype, path))
+        if made is not None:
+            return functools.partial(made, mask_table)
+    _checked_rows(mx.zeros((0, logits_width), dtype=dtype), mask_table, [])
     num_rows = mask_table.shape[0]
 
     if path in ("metal", "cuda"):
@@ -167,9 +173,11 @@ def row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, *, path
             return gpu.apply(path, logits, mask_table, rows)
 
         return mask_gpu
-    # partial: the returned function holds the table; the masker itself does not, so that
-    # apply_token_bitmask can keep it with the table's state in the row cache.
-    return functools.partial(_cpu_row_masker(mask_table, logits_width, dtype, path), mask_table)
+    # partial: the returned function holds the table; the masker itself does not, so it is kept
+    # with the table's state in the row cache, for apply_token_bitmask and later row_maskers.
+    masker = _cpu_row_masker(mask_table, logits_width, dtype, path)
+    _ROW_CACHE.maskers(mask_table)[(shape, dtype, path)] = masker
+    return functools.partial(masker, mask_table)
 
 
 def _cpu_row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, path: str) -> TableMasker:

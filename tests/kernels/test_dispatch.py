@@ -239,6 +239,30 @@ def test_row_masker_takes_other_logits_through_the_general_path():
                                   reference(bits, table_np, [3], 0xFF800000))
 
 
+def test_row_masker_binds_a_table_once_per_width_and_dtype():
+    # Every processor on a grammar binds its table on its first call: a second binding of a table,
+    # width and dtype reuses the masker made by the first (or by apply_token_bitmask), masks the same,
+    # and any other binding of the table is checked as a first one.
+    rng = np.random.default_rng(19)
+    table_np = make_table(rng, "random", 4, 32)
+    table = mx.array(table_np)
+    bits = make_logit_bits(rng, "float32", 1, 1001)
+    mx.eval(dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, [1]))
+    first = dispatch.row_masker(table, 1001, mx.float32)
+    again = dispatch.row_masker(table, 1001, mx.float32)
+    assert again.func is first.func and again.args == (table,)
+    for mask in (first, again):
+        for row in (0, 3):
+            np.testing.assert_array_equal(to_bits(mask(to_mx(bits, "float32"), row), "float32"),
+                                          reference(bits, table_np, [row], 0xFF800000))
+    other = dispatch.row_masker(table, 1001, mx.float16)
+    assert other.func is not first.func
+    with pytest.raises(KernelError, match="larger vocabulary"):
+        dispatch.row_masker(table, 64, mx.float32)
+    with pytest.raises(KernelError, match="float32, bfloat16 or float16"):
+        dispatch.row_masker(table, 1001, mx.int32)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
