@@ -201,21 +201,26 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
     A schema whose `$ref`s cycle compiles to a context-free `CFGGrammar` with no depth bound
     (`grammars.json_schema`); `max_recursion_depth=n` unrolls the cycles n times into a regex instead.
     """
-    from ..grammars import compile_recursive_schema
-    from ..schema.translate import schema_to_regex
+    from ..grammars import compile_schema_rules
+    from ..grammars.json_schema import SchemaRules, rules_of
+    from ..schema.translate import check_translation_options, load_schema, translate_loaded
 
     started = time.perf_counter()
     opts = _options(**options)
     with deadline_scope(opts.deadline):
+        depth = 3 if max_recursion_depth is None else max_recursion_depth
+        check_translation_options(strict, depth, open_objects)
+        doc = load_schema(schema)  # once, for both paths
+        normalized = None
         if max_recursion_depth is None:  # cycles unbounded, through the context-free engine
-            recursive = compile_recursive_schema(schema, tokenizer, whitespace=whitespace, strict=strict,
-                                                 open_objects=open_objects, logits_width=logits_width,
-                                                 eos_token_ids=opts.eos_token_ids)
-            if recursive is not None:
-                return recursive
+            rules = rules_of(doc, whitespace=whitespace, strict=strict, open_objects=open_objects)
+            if isinstance(rules, SchemaRules):
+                return compile_schema_rules(rules, tokenizer, logits_width=logits_width,
+                                            eos_token_ids=opts.eos_token_ids, started=started)
+            normalized = rules  # a schema without a cycle: its normalization, where the regex path can reuse it
         target, index = _located(tokenizer, logits_width, opts)  # argument mistakes before a long translation
-        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects,
-                                     max_recursion_depth=3 if max_recursion_depth is None else max_recursion_depth)
+        translated = translate_loaded(doc, whitespace=whitespace, strict=strict, open_objects=open_objects,
+                                      max_recursion_depth=depth, normalized=normalized)
         opts.deadline.check("translating the schema")
         # The language is a function of the schema, the options and the translator's limits: that is
         # its cache key, so the regex text is never written on the way (only if something reads it).
