@@ -197,10 +197,12 @@ def repeat(item: Node, lo: int, hi: int | None) -> Node:
     return Repeat(item, lo, hi)
 
 
-def length_range(node: Node) -> tuple[int, int | None]:
+def length_range(node: Node, known: dict[int, tuple[int, int | None]] | None = None) -> tuple[int, int | None]:
     """Shortest and longest match in code points (None: unbounded). The empty language gives (inf, 0).
-    Each shared part of the DAG is measured once (a schema's AST shares what its text repeats)."""
-    return _length_range(node, {})
+    Each shared part of the DAG is measured once (a schema's AST shares what its text repeats);
+    `known`: the caller's memo (by node id) for several nodes of one DAG (the caller keeps the
+    nodes alive while it holds the memo)."""
+    return _length_range(node, {} if known is None else known)
 
 
 def _length_range(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple[int, int | None]:
@@ -245,8 +247,8 @@ def _length_range(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple
 _INF = 1 << 62
 
 
-def nullable(node: Node) -> bool:
-    return length_range(node)[0] == 0
+def nullable(node: Node, known: dict[int, tuple[int, int | None]] | None = None) -> bool:
+    return length_range(node, known)[0] == 0
 
 
 def max_count(node: Node) -> int:
