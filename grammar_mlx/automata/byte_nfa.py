@@ -272,12 +272,13 @@ class ByteNFA:
                 if not ready:
                     check_deadline("building the byte NFA")
                     stack.append((node, True))
-                    stack.extend((c, False) for c in children if id(c) not in fewest)
+                    stack.extend([(c, False) for c in children if id(c) not in fewest])
                     continue
+                # map, not a generator: no Python frame per child (a schema's alternations are wide)
                 if kind is Seq:
-                    fewest[id(node)] = min(_FAR, sum(fewest[id(c)] for c in children))
+                    fewest[id(node)] = min(_FAR, sum(map(fewest.__getitem__, map(id, children))))
                 elif kind is Alt:
-                    fewest[id(node)] = min((fewest[id(c)] for c in children), default=_FAR)
+                    fewest[id(node)] = min(map(fewest.__getitem__, map(id, children)), default=_FAR)
                 else:
                     lo, item = node.lo, fewest[id(children[0])]  # type: ignore[union-attr]
                     fewest[id(node)] = 0 if lo == 0 else min(_FAR, lo * item)

@@ -12,6 +12,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
@@ -201,29 +202,36 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
     A schema whose `$ref`s cycle compiles to a context-free `CFGGrammar` with no depth bound
     (`grammars.json_schema`); `max_recursion_depth=n` unrolls the cycles n times into a regex instead.
     """
-    from ..grammars import compile_recursive_schema
-    from ..schema.translate import schema_to_regex
+    from ..grammars import compile_schema_rules
+    from ..grammars.json_schema import SchemaRules, rules_of
+    from ..schema.translate import check_translation_options, load_schema, translate_loaded
 
     started = time.perf_counter()
     opts = _options(**options)
     with deadline_scope(opts.deadline):
+        depth = 3 if max_recursion_depth is None else max_recursion_depth
+        check_translation_options(strict, depth, open_objects)
+        doc = load_schema(schema)  # once, for both paths
+        normalized = None
         if max_recursion_depth is None:  # cycles unbounded, through the context-free engine
-            recursive = compile_recursive_schema(schema, tokenizer, whitespace=whitespace, strict=strict,
-                                                 open_objects=open_objects, logits_width=logits_width,
-                                                 eos_token_ids=opts.eos_token_ids)
-            if recursive is not None:
-                return recursive
+            rules = rules_of(doc, whitespace=whitespace, strict=strict, open_objects=open_objects)
+            if isinstance(rules, SchemaRules):
+                return compile_schema_rules(rules, tokenizer, logits_width=logits_width,
+                                            eos_token_ids=opts.eos_token_ids, started=started)
+            normalized = rules  # a schema without a cycle: its normalization, where the regex path can reuse it
         target, index = _located(tokenizer, logits_width, opts)  # argument mistakes before a long translation
-        translated = schema_to_regex(schema, whitespace=whitespace, strict=strict, open_objects=open_objects,
-                                     max_recursion_depth=3 if max_recursion_depth is None else max_recursion_depth)
+        translated = translate_loaded(doc, whitespace=whitespace, strict=strict, open_objects=open_objects,
+                                      max_recursion_depth=depth, normalized=normalized)
         opts.deadline.check("translating the schema")
         # The language is a function of the schema, the options and the translator's limits: that is
         # its cache key, so the regex text is never written on the way (only if something reads it).
         # Not `strict`: a strict translation that succeeds relaxed nothing, so it is the same grammar.
-        key = json.dumps({"schema": translated.schema, "whitespace": whitespace, "open_objects": open_objects,
-                          "limits": _translation_limits()}, sort_keys=True)
-        source = _Source("schema:" + key, lambda: translated.regex, translated.ast, translated.size,
-                         translated.nesting)
+        def named() -> str:
+            return "schema:" + json.dumps({"schema": translated.schema, "whitespace": whitespace,
+                                           "open_objects": open_objects, "limits": _translation_limits()},
+                                          sort_keys=True)
+
+        source = _Source(named, lambda: translated.regex, translated.ast, translated.size, translated.nesting)
         return _compile("json_schema", source, target, translated.unenforced, opts, started, index)
 
 
@@ -244,7 +252,8 @@ def compile_regex_ast(ast: RegexNode, key: str, tokenizer: TokenizerSource, *, l
                 text.append(to_regex(ast))
             return text[0]
 
-        return _compile("regex_ast", _Source("ast:" + key, written, ast, 0), target, unenforced, opts, started, index)
+        return _compile("regex_ast", _Source(lambda: "ast:" + key, written, ast, 0), target, unenforced, opts, started,
+                        index)
 
 
 @dataclass(frozen=True)
@@ -252,15 +261,20 @@ class _Source:
     """What `_compile` compiles: a regex's text, or a schema's regex AST (`ast`, compiled straight
     to the byte NFA) whose text `text()` writes only for outlines-core or a reader of `.regex`."""
 
-    key: str  # names the language in cache keys: the regex itself, or the schema with its options
+    named: Callable[[], str]  # `key`, written when a cache key needs it (a schema's is its whole JSON)
     text: Callable[[], str]
     ast: RegexNode | None = None
     size: int = 0  # the text's length (0: unknown)
     nesting: int = 0  # the text's group nesting, where known
 
+    @cached_property
+    def key(self) -> str:
+        """Names the language in cache keys: the regex itself, or the schema with its options."""
+        return self.named()
+
     @staticmethod
     def of_regex(regex: str) -> _Source:
-        return _Source(regex, lambda: regex, None, len(regex))
+        return _Source(lambda: regex, lambda: regex, None, len(regex))
 
 
 def _translation_limits() -> dict[str, float]:
@@ -332,14 +346,15 @@ def _compile_for(kind: str, source: _Source, target: tuple[Vocabulary, int, tupl
         # The NFA engine's parser checks syntax on its way; outlines-core's wrapping (?:R)\x00 would
         # balance a stray ")(" and build a DFA for a regex that is not one.
         check_syntax(source.text())
-    key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": source.key,
-                   "vocab": vocab.fingerprint, "width": width, "eos": eos})
-    # The live memo hands out the very object: its key holds everything the object is, beyond the
-    # tables the disk key covers (an `unenforced` report differs between schemas of the same regex).
-    live_key = _digest({"tables": key, "unenforced": [repr(u) for u in unenforced], "mode": mode,
-                        "engine": engine, "max_dfa_states": limits.MAX_DFA_STATES,
-                        "auto_eager_states": limits.AUTO_EAGER_MAX_STATES})
+    key = live_key = ""  # without a cache directory nothing is looked up or stored under a key
     if directory is not None:
+        key = _digest({"format": _TABLE_FORMAT, "version": __version__, "kind": kind, "grammar": source.key,
+                       "vocab": vocab.fingerprint, "width": width, "eos": eos})
+        # The live memo hands out the very object: its key holds everything the object is, beyond the
+        # tables the disk key covers (an `unenforced` report differs between schemas of the same regex).
+        live_key = _digest({"tables": key, "unenforced": [repr(u) for u in unenforced], "mode": mode,
+                            "engine": engine, "max_dfa_states": limits.MAX_DFA_STATES,
+                            "auto_eager_states": limits.AUTO_EAGER_MAX_STATES})
         live = _LIVE.get(live_key)
         if live is not None:
             return live

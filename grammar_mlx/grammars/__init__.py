@@ -15,7 +15,7 @@ from ..vocabulary.token_bytes import vocabulary_of
 from .cfg import Pos, Rule, Source, lower
 from .engine import CFGGrammar
 from .gbnf import parse_gbnf
-from .json_schema import schema_rules
+from .json_schema import SchemaRules, schema_rules
 from .lark import parse_lark
 
 __all__ = ["CFGGrammar", "compile_grammar", "compile_recursive_schema", "parse_grammar"]
@@ -79,6 +79,13 @@ def compile_recursive_schema(schema: Any, tokenizer: Any, *, whitespace: str | N
     got = schema_rules(schema, whitespace=whitespace, strict=strict, open_objects=open_objects)
     if got is None:
         return None
+    return compile_schema_rules(got, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
+                                started=started)
+
+
+def compile_schema_rules(got: SchemaRules, tokenizer: Any, *, logits_width: int | None, eos_token_ids: Any,
+                         started: float) -> CFGGrammar:
+    """A recursive schema's rules (`json_schema.rules_of`) compiled, its first mask included."""
     rules = {"<schema>": Rule(got.root, Pos(1, 1)), **got.rules}
     source = Source(rules, "<schema>", unenforced=got.unenforced)
     return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,

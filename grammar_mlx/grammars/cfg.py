@@ -193,8 +193,8 @@ def _flat(expr: Expr) -> list[tuple[Expr, ...]]:
     return [(expr,)]
 
 
-def _empty(node: rx.Node) -> bool:
-    return rx.length_range(node)[0] >= rx._INF
+def _empty(node: rx.Node, known: dict[int, tuple[int, int | None]]) -> bool:
+    return rx.length_range(node, known)[0] >= rx._INF
 
 
 def lower(source: Source) -> Lowered:
@@ -420,7 +420,8 @@ class _Lowerer:
         return n
 
     def _check_productive(self) -> None:
-        productive_t = [not _empty(t) for t in self.terminals]
+        known: dict[int, tuple[int, int | None]] = {}  # one memo: the terminals share parts (a schema's)
+        productive_t = [not _empty(t, known) for t in self.terminals]
         productive = [False] * len(self.names)
         changed = True
         while changed:

@@ -131,7 +131,8 @@ class CFGGrammar:
             except Unsupported as e:  # e.g. a class of NUL only: text never holds NUL
                 raise InvalidGrammarError(f"this part of the grammar cannot be matched: {e}", line=pos.line,
                                           column=pos.column) from None
-        self._term_nullable = [rx.nullable(node) for node in lowered.terminals]
+        known: dict[int, bool] = {}  # one memo: the terminals share parts (a schema's)
+        self._term_nullable = [rx.nullable(node, known) for node in lowered.terminals]
         self._nullable = self._nullables()
         self._byte_next: list[dict[int, int]] = [{} for _ in lowered.terminals]  # per terminal: q*256+b -> q'
         # Sets: id -> items, items -> id; id 0 is the terminal state (no items, EOS only).

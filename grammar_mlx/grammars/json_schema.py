@@ -28,11 +28,11 @@ from ..regex import syntax as rx
 from ..schema.emit import Emitter, cyclic_keys
 from ..schema.ir import Node, Ref
 from ..schema.normalize import Normalizer, Unenforced
-from ..schema.translate import load_schema, whitespace_regex
+from ..schema.translate import Normalized, load_schema, whitespace_regex
 from .cfg import Alts, Cat, Expr, Pos, Rep, Rule, Term
 from .cfg import Ref as RuleRef
 
-__all__ = ["SchemaRules", "may_recurse", "schema_rules"]
+__all__ = ["SchemaRules", "may_recurse", "rules_of", "schema_rules"]
 
 _AT = Pos(1, 1)  # a schema's rules have no place in a grammar text
 
@@ -114,7 +114,15 @@ def may_recurse(schema: Any) -> bool:
 def schema_rules(schema: Any, *, whitespace: str | None = None, strict: bool = False, open_objects: bool = False,
                  prefix: str = "$ref") -> SchemaRules | None:
     """The rules of a schema whose `$ref`s cycle, or None when none does (the regular path's)."""
-    doc = load_schema(schema)
+    got = rules_of(load_schema(schema), whitespace=whitespace, strict=strict, open_objects=open_objects, prefix=prefix)
+    return got if isinstance(got, SchemaRules) else None
+
+
+def rules_of(doc: dict[str, Any] | bool, *, whitespace: str | None = None, strict: bool = False,
+             open_objects: bool = False, prefix: str = "$ref") -> SchemaRules | Normalized | None:
+    """`schema_rules` of a document `load_schema` returned; for one without a cycle, the
+    normalization it made on the way where the regular path can take it over (`Normalized`:
+    `translate_loaded` then does not normalize again), else None."""
     if not may_recurse(doc):
         return None
     ws = whitespace_regex(whitespace)
@@ -123,7 +131,7 @@ def schema_rules(schema: Any, *, whitespace: str | None = None, strict: bool = F
         root = nz.node([nz.root_loc])
         cyclic = cyclic_keys(nz.table)
         if not cyclic:
-            return None
+            return Normalized.of(nz, root)
         emitter = _RuleEmitter(nz.table, ws, cyclic, strict)
         top = emitter.emit(root)
         bodies: dict[Hashable, rx.Node | None] = {}

@@ -242,11 +242,11 @@ def before_host_write() -> None:
 
 
 def _zeros(shape: tuple[int, ...], dtype: Any) -> mx.array:
-    """An evaluated zeroed `mx.array` made by MLX itself: no numpy buffer of the size is made and
-    read (a table's growth touches its new memory once, not twice)."""
-    array = mx.zeros(shape, dtype=getattr(mx, np.dtype(dtype).name))
-    mx.eval(array)
-    return array
+    """An evaluated zeroed `mx.array`, copied from numpy's zeros on the calling thread. Not
+    `mx.zeros` + `mx.eval`: that hands the fill to MLX's stream thread and waits for it, a thread
+    wake-up that on a busy CPU costs far more than the copy (a grammar's first mask table is a few
+    rows); numpy's zeros are untouched pages, so a large table's memory is still written once."""
+    return mx.array(np.zeros(shape, dtype=dtype))
 
 
 @functools.cache

@@ -197,10 +197,12 @@ def repeat(item: Node, lo: int, hi: int | None) -> Node:
     return Repeat(item, lo, hi)
 
 
-def length_range(node: Node) -> tuple[int, int | None]:
+def length_range(node: Node, known: dict[int, tuple[int, int | None]] | None = None) -> tuple[int, int | None]:
     """Shortest and longest match in code points (None: unbounded). The empty language gives (inf, 0).
-    Each shared part of the DAG is measured once (a schema's AST shares what its text repeats)."""
-    return _length_range(node, {})
+    Each shared part of the DAG is measured once (a schema's AST shares what its text repeats);
+    `known`: the caller's memo (by node id) for several nodes of one DAG (the caller keeps the
+    nodes alive while it holds the memo)."""
+    return _length_range(node, {} if known is None else known)
 
 
 def _length_range(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple[int, int | None]:
@@ -245,8 +247,35 @@ def _length_range(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple
 _INF = 1 << 62
 
 
-def nullable(node: Node) -> bool:
-    return length_range(node)[0] == 0
+def nullable(node: Node, known: dict[int, bool] | None = None) -> bool:
+    """Whether the empty string matches (`length_range(node)[0] == 0`), each part read only as far
+    as that needs (a sequence up to its first part that is not nullable). `known`: the caller's memo
+    by node id, as for `length_range`."""
+    return _nullable(node, {} if known is None else known)
+
+
+def _nullable(node: Node, known: dict[int, bool]) -> bool:
+    if isinstance(node, Chars):
+        return False
+    if isinstance(node, Literal):
+        return not node.text
+    if isinstance(node, Anchor):
+        return True
+    if isinstance(node, Bounded):
+        return node.core.length_range()[0] == 0
+    found = known.get(id(node))
+    if found is not None:
+        return found
+    if isinstance(node, Seq):
+        result = all(_nullable(item, known) for item in node.items)
+    elif isinstance(node, Alt):
+        result = any(_nullable(item, known) for item in node.items)
+    elif isinstance(node, Repeat):
+        result = node.lo == 0 or _nullable(node.item, known)
+    else:
+        raise AssertionError(f"not an AST node: {node!r}")
+    known[id(node)] = result
+    return result
 
 
 def max_count(node: Node) -> int:

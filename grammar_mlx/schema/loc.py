@@ -130,7 +130,12 @@ class Resources:
     def __init__(self, root: Loc) -> None:
         self._resources: dict[str, Loc] = {}
         self._root = root
-        self._index(root)
+        if isinstance(root.schema, dict) and not _names_resources(root.schema):
+            # The index would hold the root alone (every subschema has the root's base): no walk
+            # of Locs and URIs over the whole document.
+            self._resources[urldefrag(root.base)[0]] = root
+        else:
+            self._index(root)
 
     def _index(self, loc: Loc) -> None:
         # (parent, path) pairs: a child is located when it is visited, so the deadline is checked
@@ -183,6 +188,28 @@ class Resources:
         if found is None:
             raise InvalidSchemaError(f"{keyword} {ref!r} at {loc.pointer or '/'} points nowhere")
         return found
+
+
+def _names_resources(schema: Any) -> bool:
+    """Whether some subschema `Resources._index` visits holds `$id`, `id`, `$anchor` or
+    `$dynamicAnchor` (whatever its value): where none does, every one has the root's base."""
+    stack = [schema]
+    while stack:
+        check_deadline("reading the schema's $ids and anchors")
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        if "$id" in node or "id" in node or "$anchor" in node or "$dynamicAnchor" in node:
+            return True
+        for key, value in node.items():
+            if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):
+                stack.append(value)
+            elif key in SCHEMA_MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+    return False
 
 
 def _walk(doc: Loc, fragment: str) -> Loc | None:

@@ -86,6 +86,9 @@ class Normalizer:
     # Set when some object's first-property limit depends on first_choice_cost (schema.objects):
     # only then does a retry with cost 0 write another regex.
     first_choices_narrowable: bool = False
+    # Set when some object's first-property limit cut its choices at first_choice_cost: only then
+    # would a normalizer of a higher cost build other nodes (`translate.Normalized`).
+    first_choices_cut: bool = False
     # Set by the translator when the regex counts recursion once for all cyclic definitions
     # (`schema.emit.Emitter`'s shared_count): `in_grammar` bounds membership the same way.
     shared_recursion: bool = False

@@ -438,6 +438,8 @@ def _counted(nz: Normalizer, atoms: list[Loc], infos: list[_Info], properties: l
     if not extras and min_extra:
         return NEVER
     first_choices = _first_choices(properties, nz.first_choice_cost)
+    if first_choices is not None:
+        nz.first_choices_cut = True
     if first_choices != _first_choices(properties, 0):
         nz.first_choices_narrowable = True  # a retry with cost 0 would write this object differently
     return Object(tuple(properties), extras, min_extra, max_extra, nonempty, first_choices)

@@ -289,6 +289,13 @@ def schema_to_regex(
     Schema says (their values any JSON value); the default admits only the keys its `properties`
     and `patternProperties` name (a narrowing: see the module docstring).
     Checks the compile deadline in force (`grammar_mlx.limits.deadline_scope`) as it goes."""
+    check_translation_options(strict, max_recursion_depth, open_objects)
+    return translate_loaded(load_schema(schema), whitespace=whitespace, strict=strict,
+                            max_recursion_depth=max_recursion_depth, open_objects=open_objects)
+
+
+def check_translation_options(strict: object, max_recursion_depth: object, open_objects: object) -> None:
+    """`InvalidArgumentError` for an option `schema_to_regex` does not take."""
     if not isinstance(max_recursion_depth, int) or isinstance(max_recursion_depth, bool) or not (
             0 <= max_recursion_depth <= limits.MAX_REGEX_NESTING):
         raise InvalidArgumentError(
@@ -297,9 +304,30 @@ def schema_to_regex(
     if not isinstance(strict, bool):
         raise InvalidArgumentError(f"strict must be True or False, not {strict!r}")
     _check_open_objects(open_objects)
-    doc = load_schema(schema)
+
+
+@dataclass(frozen=True)
+class Normalized:
+    """A schema's normalization, made by another path (`grammars.json_schema.rules_of`) for the
+    same document and options, that `translate_loaded` can take over instead of normalizing again:
+    built as `_depth_ladder`'s first normalizer builds it (costly exact forms on, no object's
+    first-property limit cut at its cost, so none is cut at any), nothing emitted from it."""
+
+    nz: Normalizer
+    root: Node
+
+    @staticmethod
+    def of(nz: Normalizer, root: Node) -> Normalized | None:
+        """`nz` and its root node where `_depth_ladder` can take them over, else None."""
+        return None if nz.first_choices_cut or not nz.costly_exact else Normalized(nz, root)
+
+
+def translate_loaded(doc: dict[str, Any] | bool, *, whitespace: str | None, strict: bool, max_recursion_depth: int,
+                     open_objects: bool, normalized: Normalized | None = None) -> SchemaRegex:
+    """`schema_to_regex` of a document `load_schema` returned (its arguments checked), reusing
+    `normalized` (of the same document and options) where given."""
     ws = whitespace_regex(whitespace)
-    nz, translated, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects)
+    nz, translated, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects, normalized)
     if translated is None:
         raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
     ast, size, nesting, ast_size = translated
@@ -313,30 +341,32 @@ def _check_open_objects(open_objects: object) -> None:
 
 
 def _translate(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int,
-               open_objects: bool = False) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
+               open_objects: bool = False, normalized: Normalized | None = None
+               ) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
     Returns (the normalizer, the regex AST with its text's length and group nesting (None: no value), the
-    depth used).
+    depth used). `normalized`: the first normalizer, already built (`Normalized`).
 
     A retry that would write the same text is skipped: depths the failed attempt would write alike
     (`Emitter.lower_depth`), cost 0 when no object's first-property limit depends on the cost."""
     try:
         with memo_scope():
-            return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects)
+            return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects, normalized)
     except RecursionError:
         raise _too_deep("the schema") from None
 
 
 def _translate_within_cap(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int,
-                          open_objects: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
+                          open_objects: bool, normalized: Normalized | None = None
+                          ) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
     held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
     runs again without them (they are then reported, as before): they write much more. A lower
     depth (a narrowing) is preferred to dropping them (a keyword left unenforced)."""
     try:
-        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=True)
+        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=True, normalized=normalized)
     except _CostlyTooLarge:
         return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False)
 
@@ -349,7 +379,8 @@ class _CostlyTooLarge(Exception):
 
 
 def _depth_ladder(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
-                  costly: bool) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
+                  costly: bool, normalized: Normalized | None = None
+                  ) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     nz: Normalizer | None = None
     root: Node | None = None
     used = False
@@ -357,7 +388,10 @@ def _depth_ladder(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursi
     # between the choices of its first one, so n choices cost n nodes (the limit is for the text).
     for cost in (_UNLIMITED, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
-        if nz is None or table is None:
+        if nz is None and normalized is not None and costly:  # the first normalizer, built by the caller
+            nz, root = normalized.nz, normalized.root
+            nz.first_choice_cost = cost
+        elif nz is None or table is None:
             nz = Normalizer(doc, strict=strict, first_choice_cost=cost, open_objects=open_objects, costly_exact=costly)
             root = nz.node([nz.root_loc])
         else:

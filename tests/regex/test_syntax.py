@@ -18,9 +18,13 @@ from grammar_mlx.regex.charset import json_char_regex, json_text
 from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.rust import parse as parse_rust
 from grammar_mlx.regex.syntax import (
+    Alt,
+    Repeat,
+    Seq,
     full_language,
     fullmatch,
     length_range,
+    nullable,
     restrict_length,
     search_language,
     to_regex,
@@ -136,3 +140,14 @@ def test_fullmatch_is_python_re_fullmatch(pattern):
     compiled = re.compile(to_regex(node))
     for word in _FULLMATCH_WORDS:
         assert fullmatch(node, word) == (compiled.fullmatch(word) is not None), (pattern, word)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pattern=_fullmatch_patterns())
+def test_nullable_is_a_shortest_length_of_zero(pattern):
+    """`nullable`, which stops at the first part that decides, says what `length_range` says, on the
+    pattern and on it inside an empty-language alternation, a sequence and a counted repetition."""
+    node = parse_rust(pattern)
+    for x in (node, Alt((node, Alt(()))), Seq((node, Alt(()))), Repeat(Alt(()), 0, 2), Repeat(node, 2, None)):
+        assert nullable(x) == (length_range(x)[0] == 0), pattern
+        assert nullable(x) == fullmatch(x, ""), pattern

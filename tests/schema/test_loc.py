@@ -209,3 +209,36 @@ def test_a_pointer_a_nested_relative_id_cannot_hold_resolves_against_the_documen
         resolve(resources, remote, "#/definitions/publicAccess")
     with pytest.raises(InvalidSchemaError, match="points nowhere"):
         resolve(resources, public, "#/definitions/nothing")
+
+
+def _walked_index(root: Loc) -> dict[str, tuple[str, str]]:
+    """The index `Resources._index` builds by walking every subschema: URI -> (pointer, base)."""
+    resources = Resources.__new__(Resources)
+    resources._resources, resources._root = {}, root
+    resources._index(root)
+    return {uri: (loc.pointer, loc.base) for uri, loc in resources._resources.items()}
+
+
+@pytest.mark.parametrize("schema", [
+    {"properties": {"id": {"type": "string"}, "items": {"type": "array", "items": [{"type": "integer"}]}}},
+    {"$defs": {"a": {"$anchor": "x"}}, "properties": {"p": {"$ref": "#x"}}},
+    {"properties": {"p": {"items": {"$id": "http://example.com/item.json"}}}},
+    {"anyOf": [{"id": "#frag"}, {"type": "null"}]},
+    {"enum": [{"$id": "not a schema"}], "const": {"id": 1}},  # values, not subschemas: no resource
+])
+def test_the_index_without_a_walk_equals_the_walked_one(schema):
+    root = located(schema)
+    assert {uri: (loc.pointer, loc.base) for uri, loc in Resources(root)._resources.items()} == _walked_index(root)
+
+
+def test_the_index_equals_the_walked_one_over_the_corpus():
+    """Documents whose subschemas name no resource skip the walk: the index is the same."""
+    from conftest import CORPORA, read_corpus
+
+    if not (CORPORA / "maskbench-public.jsonl.gz").exists():
+        pytest.skip("corpus absent")
+    for row in read_corpus("maskbench-public.jsonl.gz")[::7]:
+        if isinstance(row["schema"], dict):
+            root = located(row["schema"], draft_of(row["schema"]) <= 7)
+            indexed = {uri: (loc.pointer, loc.base) for uri, loc in Resources(root)._resources.items()}
+            assert indexed == _walked_index(root), row["id"]
