@@ -43,6 +43,7 @@ from ..regex.syntax import (
     Repeat,
     Seq,
     alt,
+    length_range,
     repeat,
     seq,
 )
@@ -621,7 +622,9 @@ def _intersect(nodes: Sequence[Node]) -> Node:
 def bounded(node: Node, lo: int, hi: int | None) -> Node:
     """`intersect([node, length_language(lo, hi)])` without the product: the minimal DFA of `node`
     and the count, as a `Bounded` node whose (state, count) pairs are made as they are reached
-    (`LengthBound`). `AutomatonTooLarge` where `node`'s own DFA passes the budget."""
+    (`LengthBound`); `node` itself where each of its matches already has an allowed length (no
+    count to keep, and its text stays the pattern's). `AutomatonTooLarge` where `node`'s own DFA
+    passes the budget."""
     return _memoized(("bounded", node, lo, hi), lambda: _bounded(node, lo, hi))
 
 
@@ -630,6 +633,10 @@ def _bounded(node: Node, lo: int, hi: int | None) -> Node:
         assert node.plain() and isinstance(node.core, LengthBound)
         core = node.core.restricted(lo, hi)
     else:
+        shortest, longest = length_range(node)
+        nonempty = longest is None or shortest <= longest
+        if nonempty and shortest >= lo and (hi is None or (longest is not None and longest <= hi)):
+            return node
         core = LengthBound(to_dfa(node), lo, hi)
     return Bounded.of(core) if core.live(0, 0) else NEVER
 
