@@ -468,6 +468,9 @@ class Determinizer:
         self._class_trans: dict[int, tuple[tuple[int, int, int], ...]] = {}
         self._sets: list[tuple[int, ...] | None] = [None]  # NFA states of each DFA state (None once its row is done)
         self._ids: dict[frozenset[int], int] = {}
+        # NFA targets (one state, or a tuple of several) -> the DFA state of their closures' union:
+        # rows meet the same targets again and again (a string's characters, a number's digits).
+        self._by_targets: dict[int | tuple[int, ...], int] = {}
         self._nfa_live = _nfa_liveness(nfa, self.alphabet)
         self.all_live = self._nfa_live is None
         self._nfa_distance: array[int] | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
@@ -552,14 +555,15 @@ class Determinizer:
         trans, closure_of, state = self.nfa.trans, self.closure, self.state
         moving = [s for s in members if trans[s] is not None]  # byte states (not the match state)
         row = [0] * self.num_classes
+        by_targets = self._by_targets
         if len(moving) == 1:
             # One byte state: its ranges are disjoint and in byte order (a class template's edges, a
             # literal's byte), so each class has one target and the ranges come in class order.
-            by_target: dict[int, int] = {}
             for clo, chi, t in self._transitions(moving[0]):
-                sid = by_target.get(t)
-                if sid is None:
-                    sid = by_target[t] = state(dfa, frozenset(closure_of(t)))
+                sid = by_targets.get(t, -1)
+                if sid < 0:
+                    sid = by_targets[t] = state(dfa, frozenset(closure_of(t)))
+                    self._py_bytes += DICT_SLOT_BYTES
                 row[clo : chi + 1] = [sid] * (chi - clo + 1)
         elif moving:
             # A sweep over the class intervals where some member's range starts or ends (a few,
@@ -568,7 +572,6 @@ class Determinizer:
             spans = [sorted(self._transitions(s)) for s in moving]
             cuts = sorted({c for ranges in spans for lo, hi, _ in ranges for c in (lo, hi + 1)})
             at = [0] * len(spans)
-            by_targets: dict[tuple[int, ...], int] = {}
             for lo, end in zip(cuts, cuts[1:]):
                 targets = []
                 for i, ranges in enumerate(spans):
@@ -580,13 +583,14 @@ class Determinizer:
                         targets.append(ranges[k][2])
                 if not targets:
                     continue
-                key = tuple(targets)
+                key = tuple(targets) if len(targets) > 1 else targets[0]
                 sid = by_targets.get(key, -1)
                 if sid < 0:
                     acc: set[int] = set()
                     for t in targets:
                         acc.update(closure_of(t))
                     sid = by_targets[key] = state(dfa, frozenset(acc))
+                    self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(key)
                 row[lo:end] = [sid] * (end - lo)
         self._py_bytes -= sys.getsizeof(members)
         self._sets[q] = None

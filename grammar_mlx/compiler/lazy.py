@@ -92,6 +92,8 @@ STATE_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + SET_SLOT_BYTES
 DISTANCE_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES
 SUCCESSORS_OVERHEAD_BYTES = ARRAY_HEADER_BYTES + DICT_SLOT_BYTES + INT_BYTES
 BUDGET_ROW_BYTES = DICT_SLOT_BYTES + 64 + 3 * INT_BYTES
+# A sliced state's parts: two array headers, their tuple, a dict slot and the state int.
+PARTS_OVERHEAD_BYTES = 2 * ARRAY_HEADER_BYTES + 56 + DICT_SLOT_BYTES + INT_BYTES
 
 
 def _whole_row(walker: Callable[[TokenTrie, ByteDFA, int], tuple[np.ndarray, np.ndarray]]
@@ -201,13 +203,15 @@ class LazyIndex:
         self.rows_evicted = 0
         self.states_seen: set[int] = set()
         # Saved rows (`lazy_store`): where this index's entry lives (set by `lazy_store.attach`),
-        # the entry loaded from it, how many filled states it held and how many were restored; the
-        # states whose row holds the string slice (saved without it).
+        # the entry loaded from it, how many filled states it held and how many were restored.
         self.row_store: tuple[Path, str] | None = None
         self._store: RowStore | None = None
         self.store_rows = 0
         self.rows_restored = 0
-        self._sliced: set[int] = set()
+        # Per state inside a string: the row of the tokens outside the slice (EOS included where
+        # accepting); its whole row is the slice merged with it, built only when `row` asks.
+        self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._parts_bytes = 0
 
     @property
     def num_states(self) -> int:
@@ -231,7 +235,7 @@ class LazyIndex:
         """(sorted allowed ids, next state of each) of a valid state, EOS included where accepting."""
         entry = self._rows.get(state)
         if entry is None:
-            entry = self._fill(state)
+            entry = self._whole_row(state)
         else:
             self._used[state] = 1
         return entry
@@ -240,9 +244,20 @@ class LazyIndex:
         """The id of `state`'s row in the mask table (filling the state on its first visit)."""
         row = self.mask_of.get(state, -1)
         if row < 0:
-            self._fill(state)
+            with self._lock:
+                if state not in self.mask_of:
+                    self._fill(state)
             row = self.mask_of[state]
         return row
+
+    def string_parts(self, state: int) -> tuple[StringSlice, np.ndarray, np.ndarray] | None:
+        """(the string slice, the rest's sorted ids, their next states) of a state whose row is the
+        slice (every id to `state`) merged with the rest (EOS among them where accepting), or None
+        for any other state; fills the state on its first visit. The per-token lookup reads the parts
+        (`grammar.SlicedLookup`): a state's first visit never builds the merged row."""
+        self.mask_row(state)
+        parts = self._parts.get(state)
+        return None if parts is None else (self.trie.string_slice(), *parts)
 
     def device_masks(self) -> mx.array:
         """The mask table as an `mx.array` holding at least every row id handed out so far."""
@@ -330,52 +345,68 @@ class LazyIndex:
 
     # -- filling -----------------------------------------------------------------------------------
 
-    def _fill(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+    def _whole_row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """The row of a state not held: filled on its first visit (or walked again after eviction),
+        or, for a state inside a string, its slice merged with its rest (`_parts`), then held."""
         with self._lock:
             entry = self._rows.get(state)
             if entry is not None:  # another thread filled it while this one waited
+                self._used[state] = 1
                 return entry
-            started = time.perf_counter()
-            packed = None
-            if state == self.terminal:
-                tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
-            elif (restored := self._restore(state)) is not None:  # a saved row (`lazy_store`)
-                tokens, nxt, packed, sl = restored
-                self.rows_restored += 1
-                if sl is not None:
-                    self._sliced.add(state)
-            else:
-                # A state inside a string: the trie's string slice (all back to `state`) plus the
-                # walk of the other tokens, its mask the slice's words with theirs.
-                sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
-                if not self._all_live and len(nxt):
-                    keep = self._live(nxt)
-                    if not keep.all():  # tokens into dead ends: never allowed
-                        self.dead_end_tokens += int(len(keep) - np.count_nonzero(keep))
-                        tokens, nxt = tokens[keep], nxt[keep]
-                if sl is not None and not self._all_live and not self._live(np.array([state], dtype=np.int32))[0]:
-                    self.dead_end_tokens += len(sl.tokens)  # the slice leads back here: a dead end
-                    sl = None
-                if self.dfa.accepting[state]:
-                    at = np.searchsorted(tokens, self.eos)
-                    tokens = np.insert(tokens, at, self.eos)
-                    nxt = np.insert(nxt, at, np.int32(self.terminal))
-                if sl is not None:
-                    packed = sl.words | self.table.pack(tokens)
-                    tokens, nxt = sl.row(state, tokens, nxt)
-                    self._sliced.add(state)
+            if state not in self._parts:
+                self._fill(state)
+                entry = self._rows.get(state)
+                if entry is not None:
+                    return entry
+            tokens, nxt = self.trie.string_slice().row(state, *self._parts[state])
             tokens.setflags(write=False)
             nxt.setflags(write=False)
-            if state not in self.mask_of:
-                self.mask_of[state] = self.table.add(tokens, packed)
             entry = (tokens, nxt)
             self._hold(state, entry)
-            elapsed = time.perf_counter() - started
-            self.fills += 1
-            self.fill_seconds += elapsed
-            self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
-            self.states_seen.add(state)
             return entry
+
+    def _fill(self, state: int) -> None:
+        """Walk `state`'s row (or restore it) and add its mask (on its first visit), under the lock.
+        A state inside a string keeps its two parts (`_parts`: the slice's tokens need no row of
+        their own, and its mask is the slice's words with the rest's), any other state its row."""
+        started = time.perf_counter()
+        packed = None
+        if state == self.terminal:
+            tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
+            sl = None
+        elif (restored := self._restore(state)) is not None:  # a saved row (`lazy_store`)
+            tokens, nxt, packed, sl = restored
+            self.rows_restored += 1
+        else:
+            sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
+            if not self._all_live and len(nxt):
+                keep = self._live(nxt)
+                if not keep.all():  # tokens into dead ends: never allowed
+                    self.dead_end_tokens += int(len(keep) - np.count_nonzero(keep))
+                    tokens, nxt = tokens[keep], nxt[keep]
+            if sl is not None and not self._all_live and not self._live(np.array([state], dtype=np.int32))[0]:
+                self.dead_end_tokens += len(sl.tokens)  # the slice leads back here: a dead end
+                sl = None
+            if self.dfa.accepting[state]:
+                at = np.searchsorted(tokens, self.eos)
+                tokens = np.insert(tokens, at, self.eos)
+                nxt = np.insert(nxt, at, np.int32(self.terminal))
+            if sl is not None:
+                packed = sl.words | self.table.pack(tokens)
+        tokens.setflags(write=False)
+        nxt.setflags(write=False)
+        if sl is not None:
+            self._parts[state] = (tokens, nxt)
+            self._parts_bytes += tokens.nbytes + nxt.nbytes + PARTS_OVERHEAD_BYTES
+        else:
+            self._hold(state, (tokens, nxt))
+        if state not in self.mask_of:  # last: a lock-free reader of `mask_of` finds the parts there
+            self.mask_of[state] = self.table.add(tokens, packed)
+        elapsed = time.perf_counter() - started
+        self.fills += 1
+        self.fill_seconds += elapsed
+        self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
+        self.states_seen.add(state)
 
     def _restore(self, state: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, StringSlice | None] | None:
         store = self._store
@@ -669,12 +700,15 @@ class LazyIndex:
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
             + self.dfa.nbytes + (self._store.nbytes if self._store is not None else 0)
-            + len(self._sliced) * SET_SLOT_BYTES
+            + self._parts_bytes
         )
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             rows = list(self._rows.values())
+            # A sliced state whose row is not held: its row's length is the slice's plus its rest's.
+            in_slice = len(self.trie.string_slice().tokens) if self._parts else 0
+            unmerged = sum(in_slice + len(p[0]) for q, p in self._parts.items() if q not in self._rows)
             return {
                 "states_filled": len(self.states_seen),
                 "fills": self.fills,
@@ -682,7 +716,7 @@ class LazyIndex:
                 "fill_seconds_max": self.fill_seconds_max,
                 "rows_evicted": self.rows_evicted,
                 "row_bytes": self._row_bytes,
-                "num_transitions": int(sum(len(r[0]) for r in rows)),
+                "num_transitions": int(sum(len(r[0]) for r in rows) + unmerged),
                 "num_masks": self.table.num_rows,
                 "mask_bytes": self.table.num_rows * self.words * 4,
                 "mask_bytes_before_dedup": len(self.states_seen) * self.words * 4,

@@ -331,6 +331,9 @@ class StringSlice:
         bits[self.tokens] = True
         self.words = np.packbits(bits, bitorder="little").view("<u4")  # the slice's packed mask
         self.words.setflags(write=False)
+        # One byte per id, 1 in the slice: the per-token test of a sliced state's lookup (a Python
+        # index, no numpy call: `grammar.SlicedLookup`).
+        self.member = bits[: trie.width].astype(np.uint8).tobytes()
 
     def loops(self, dfa: ByteDFA, state: int) -> bool:
         """Whether every character of the slice leads `dfa` from `state` back to `state` (never to
