@@ -7,8 +7,10 @@ which computes the DFA rows a walk needs as it goes). The first time a state is 
 mask is packed, deduplicated against the rows seen so far and appended to the mask table. A
 generation visits a small fraction of the states, so it pays for those only. A state inside a string
 walks only the tokens outside the trie's string slice (`token_index.walk_parts`); its mask is the
-slice's words with theirs. Rows filled in one process can be saved and restored in the next
-(`lazy_store`, attached per grammar: stats `row_store`, `row_store_rows`, `rows_restored`).
+slice's words with theirs, and its row stays in those two parts (`string_parts`: `next_state` reads
+them, `grammar.SlicedLookup`), merged into one only when `row` asks for it. Rows filled in one
+process can be saved and restored in the next (`lazy_store`, attached per grammar: stats
+`row_store`, `row_store_rows`, `rows_restored`).
 
 Exact for every vocabulary: a token is allowed iff its bytes lead to a state from which *tokens of
 this vocabulary* can reach acceptance (a state is "live"), so every state a generation reaches has a
