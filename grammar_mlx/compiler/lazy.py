@@ -397,13 +397,15 @@ class LazyIndex:
                 packed = sl.words | self.table.pack(tokens)
         tokens.setflags(write=False)
         nxt.setflags(write=False)
+        row = self.mask_of.get(state, -1)
+        if row < 0:  # first (it may raise: nothing is kept then)
+            row = self.table.add(tokens, packed)
         if sl is not None:
             self._parts[state] = (tokens, nxt)
             self._parts_bytes += tokens.nbytes + nxt.nbytes + PARTS_OVERHEAD_BYTES
         else:
             self._hold(state, (tokens, nxt))
-        if state not in self.mask_of:  # last: a lock-free reader of `mask_of` finds the parts there
-            self.mask_of[state] = self.table.add(tokens, packed)
+        self.mask_of[state] = row  # last: a lock-free reader of `mask_of` finds the parts there
         elapsed = time.perf_counter() - started
         self.fills += 1
         self.fill_seconds += elapsed
@@ -471,7 +473,12 @@ class LazyIndex:
         """The distinct next states of `state`'s row (kept for the distance search)."""
         succ = self._succ.get(state)
         if succ is None:
-            succ = np.unique(self.row(state)[1])
+            parts = self.string_parts(state)  # a state inside a string: no merged row needed
+            if parts is None:
+                succ = np.unique(self.row(state)[1])
+            else:
+                sl, _, rest_nxt = parts
+                succ = np.unique(np.append(rest_nxt, np.int32(state)) if len(sl.tokens) else rest_nxt)
             self._succ[state] = succ
             self._succ_bytes += succ.nbytes + SUCCESSORS_OVERHEAD_BYTES
         return succ
@@ -488,7 +495,7 @@ class LazyIndex:
         while layer and (best < 0 or depth + 2 < best):  # a state of this layer is >= 2 from the end
             following = []
             for u in layer:
-                if u not in self._succ and u not in self._rows:  # a new row walk
+                if u not in self._succ and u not in self._rows and u not in self._parts:  # a new row walk
                     if walks >= self.distance_walks or (deadline is not None and deadline.expired):
                         cut = True
                         break
