@@ -399,7 +399,12 @@ class LazyIndex:
         nxt.setflags(write=False)
         row = self.mask_of.get(state, -1)
         if row < 0:  # first (it may raise: nothing is kept then)
-            row = self.table.add(tokens, packed)
+            if sl is None:
+                row = self.table.add(tokens, packed)
+            elif len(sl.tokens) + len(tokens) >= self.words:  # keyed by its words, as the whole row is
+                row = self.table.add(tokens, packed, count=len(sl.tokens) + len(tokens))
+            else:  # a row of fewer ids than words is keyed by its ids: the whole row's
+                row = self.table.add(sl.row(state, tokens, nxt)[0], packed)
         if sl is not None:
             self._parts[state] = (tokens, nxt)
             self._parts_bytes += tokens.nbytes + nxt.nbytes + PARTS_OVERHEAD_BYTES

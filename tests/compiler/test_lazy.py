@@ -404,3 +404,5 @@ def test_a_string_state_keeps_its_row_in_parts_and_next_state_reads_them(qwen_vo
     bits = np.unpackbits(np.asarray(grammar.device_masks())[row].view(np.uint8), bitorder="little")[:QWEN_WIDTH]
     assert np.array_equal(np.flatnonzero(bits), ref_tokens)
     assert index.stats()["fills"] == index.stats()["states_filled"], "merging is no fill"
+    rows = index.table.num_rows
+    assert index.table.add(tokens) == row and index.table.num_rows == rows, "the mask is keyed as its whole row"
