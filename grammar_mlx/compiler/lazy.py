@@ -143,6 +143,10 @@ class LazyIndex:
         # (string slice or None, the row of the other tokens): see `token_index.walk_parts`.
         self._walk_parts: Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]] = (
             walk_parts if backend == "numpy" else _whole_row(walk_mlx))
+        if backend == "numpy" and trie.num_nodes:
+            # The trie's slice is built once per process and vocabulary, here rather than on the
+            # first visit to a string state: a generation's call never pays for it.
+            trie.string_slice()
         self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
