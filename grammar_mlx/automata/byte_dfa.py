@@ -154,11 +154,8 @@ class ByteDFA:
         """Compute the rows of `states` (ids of existing states) that are still UNKNOWN."""
         if self._pending == 0:
             return
-        if type(states) is list and len(states) == 1:  # one row (a walk's missing one): no set, no sort
-            if self.table[states[0] * self.num_classes] != UNKNOWN:
-                return  # the common single known row: no lock, no array
-            with self._lock:
-                self._compute(states[0])
+        if type(states) is list and len(states) == 1:  # one row: no set, no sort
+            self.ensure_row(states[0])
             return
         with self._lock:
             ids = states if isinstance(states, np.ndarray) else list(states)
@@ -169,6 +166,13 @@ class ByteDFA:
             else:  # a few ids (a walk's missing rows): Python ints, no numpy call per id
                 todo = sorted(set(ids.tolist() if isinstance(ids, np.ndarray) else ids))
             for q in todo:
+                self._compute(q)
+
+    def ensure_row(self, q: int) -> None:
+        """`ensure_rows([q])` for one existing state (a walk's missing row): no list, and no lock
+        where the row is known (the common case)."""
+        if self._pending and self.table[q * self.num_classes] == UNKNOWN:
+            with self._lock:
                 self._compute(q)
 
     def _compute(self, q: int) -> None:

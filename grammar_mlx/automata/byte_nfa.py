@@ -467,8 +467,12 @@ class Determinizer:
         self.alphabet = frozenset(range(1, 256)) if alphabet is None else frozenset(alphabet) - {NUL}
         self._closure: dict[int, tuple[int, ...]] = {}
         self._class_trans: dict[int, tuple[tuple[int, int, int], ...]] = {}
-        self._sets: list[tuple[int, ...] | None] = [None]  # NFA states of each DFA state (None once its row is done)
+        # The NFA states of each DFA state (its key in `_ids`), None once its row is done.
+        self._sets: list[frozenset[int] | None] = [None]
         self._ids: dict[frozenset[int], int] = {}
+        # NFA targets (one state, or a tuple of several) -> the DFA state of their closures' union:
+        # rows meet the same targets again and again (a string's characters, a number's digits).
+        self._by_targets: dict[int | tuple[int, ...], int] = {}
         self._nfa_live = _nfa_liveness(nfa, self.alphabet)
         self.all_live = self._nfa_live is None
         self._nfa_distance: array[int] | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
@@ -502,6 +506,8 @@ class Determinizer:
         if hit is not None:
             return hit
         nfa = self.nfa
+        if nfa.eps[q] is None and q not in nfa._pending:  # a byte state (a literal's next byte): itself
+            return (q,)
         eps, pending, seen, out, stack = nfa.eps, nfa._pending, {q}, [], [q]
         while stack:
             s = stack.pop()
@@ -537,12 +543,11 @@ class Determinizer:
         sid = self._ids.get(nfa_set)
         if sid is not None:
             return sid
-        members = tuple(nfa_set)
         live = self._nfa_live
-        sid = dfa.add_state(self.nfa.match in nfa_set, live is None or any(map(live.__getitem__, members)))
+        sid = dfa.add_state(self.nfa.match in nfa_set, live is None or any(map(live.__getitem__, nfa_set)))
         self._ids[nfa_set] = sid
-        self._sets.append(members)
-        self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(nfa_set) + 32 + 8 + sys.getsizeof(members)
+        self._sets.append(nfa_set)
+        self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(nfa_set) + 32 + 8
         return sid
 
     def compute_row(self, dfa: ByteDFA, q: int) -> np.ndarray:
@@ -552,24 +557,29 @@ class Determinizer:
         assert members is not None, "a row is computed once"
         trans, closure_of, state = self.nfa.trans, self.closure, self.state
         moving = [s for s in members if trans[s] is not None]  # byte states (not the match state)
-        row = [0] * self.num_classes
+        by_targets = self._by_targets
         if len(moving) == 1:
-            # One byte state: its ranges are disjoint and in byte order (a class template's edges, a
-            # literal's byte), so each class has one target and the ranges come in class order.
-            by_target: dict[int, int] = {}
-            for clo, chi, t in self._transitions(moving[0]):
-                sid = by_target.get(t)
-                if sid is None:
-                    sid = by_target[t] = state(dfa, frozenset(closure_of(t)))
-                row[clo : chi + 1] = [sid] * (chi - clo + 1)
-        elif moving:
+            # One byte state (most rows: a literal's byte, one range): its ranges are disjoint and in
+            # byte order, so each class has one target and the ranges come in class order. Read
+            # from the NFA, not memoized: a byte state is rarely the only mover of two DFA states.
+            cls = self._class_of
+            out = np.zeros(self.num_classes, dtype=np.int32)
+            for lo, hi, t in trans[moving[0]]:  # type: ignore[union-attr]
+                sid = by_targets.get(t, -1)
+                if sid < 0:
+                    sid = by_targets[t] = state(dfa, frozenset(closure_of(t)))
+                    self._py_bytes += DICT_SLOT_BYTES
+                out[cls[lo] : cls[hi] + 1] = sid
+            self._done(q)
+            return out
+        row = [0] * self.num_classes
+        if moving:
             # A sweep over the class intervals where some member's range starts or ends (a few,
             # where the classes are many): each interval's targets are the range covering it of
             # each member, in member order (a member's ranges are disjoint: it is one byte state).
             spans = [sorted(self._transitions(s)) for s in moving]
             cuts = sorted({c for ranges in spans for lo, hi, _ in ranges for c in (lo, hi + 1)})
             at = [0] * len(spans)
-            by_targets: dict[tuple[int, ...], int] = {}
             for lo, end in zip(cuts, cuts[1:]):
                 targets = []
                 for i, ranges in enumerate(spans):
@@ -581,17 +591,21 @@ class Determinizer:
                         targets.append(ranges[k][2])
                 if not targets:
                     continue
-                key = tuple(targets)
+                key = tuple(targets) if len(targets) > 1 else targets[0]
                 sid = by_targets.get(key, -1)
                 if sid < 0:
                     acc: set[int] = set()
                     for t in targets:
                         acc.update(closure_of(t))
                     sid = by_targets[key] = state(dfa, frozenset(acc))
+                    self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(key)
                 row[lo:end] = [sid] * (end - lo)
-        self._py_bytes -= sys.getsizeof(members)
-        self._sets[q] = None
+        self._done(q)
         return np.array(row, dtype=np.int32)
+
+    def _done(self, q: int) -> None:
+        """Mark q's row computed (after it is: a row that raised can be retried)."""
+        self._sets[q] = None
 
 
 _FAR = 2**31 - 1  # no way to the match

@@ -32,10 +32,36 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from ..schema.normalize import Unenforced
+    from .token_index import StringSlice
 
 # A state's next_state lookup: {token: next} for a small row; (forbidden ids, next of each allowed)
-# for a row allowing nearly everything; (allowed ids, next of each) otherwise.
-_Lookup = dict[int, int] | tuple[list[int], np.ndarray] | tuple[np.ndarray, np.ndarray]
+# for a row allowing nearly everything; (allowed ids, next of each) otherwise; a lazy grammar's
+# state inside a string: its two parts (`SlicedLookup`).
+
+
+class SlicedLookup:
+    """`next_state`'s lookup of a lazy grammar's state inside a string, read from its two parts
+    (`LazyIndex.string_parts`): an id of the string slice leads back to the state (a byte per id,
+    `StringSlice.member`), any other is searched in the rest's few sorted ids. Made from what the
+    state's first visit computed: no whole row, no pass over the ids."""
+
+    __slots__ = ("member", "state", "tokens", "nxt")
+
+    def __init__(self, member: bytes, state: int, tokens: np.ndarray, nxt: np.ndarray) -> None:
+        self.member, self.state, self.tokens, self.nxt = member, state, tokens, nxt
+
+    def next(self, token_id: int) -> int:
+        """The state after `token_id` (0 <= token_id < the logits width), -1 where it is not allowed."""
+        if self.member[token_id]:
+            return self.state
+        tokens = self.tokens
+        i = int(tokens.searchsorted(np.int32(token_id)))
+        if i < len(tokens) and tokens[i] == token_id:
+            return int(self.nxt[i])
+        return -1
+
+
+_Lookup = dict[int, int] | tuple[list[int], np.ndarray] | tuple[np.ndarray, np.ndarray] | SlicedLookup
 
 
 class GrammarFields(TypedDict):
@@ -148,6 +174,8 @@ class CompiledGrammar:
             return target
         if not 0 <= token_id < self.logits_width:
             return -1
+        if type(entry) is SlicedLookup:
+            return entry.next(token_id)
         ids, nxt = entry
         if type(ids) is list:  # the forbidden ids
             j = bisect_left(ids, token_id)
@@ -170,12 +198,24 @@ class CompiledGrammar:
     _INT_BYTES = 32
     _SLOT_BYTES = 72 + 32 + 56  # dict entry, the state int, the entry's tuple
 
+    def _string_parts(self, state: int) -> tuple[StringSlice, np.ndarray, np.ndarray] | None:
+        """A lazy grammar's state inside a string: its row in two parts (`LazyIndex.string_parts`)."""
+        return None
+
     def _lookup(self, state: int) -> _Lookup:
+        entry: _Lookup
+        parts = self._string_parts(state)
+        if parts is not None:
+            sl, rest, rest_nxt = parts
+            entry = SlicedLookup(sl.member, state, rest, rest_nxt)
+            if self._lookup_bytes < limits.LOOKUP_BYTES:
+                self._lookups[state] = entry
+                self._lookup_bytes += 2 * 112 + 88 + self._SLOT_BYTES  # array views, the object
+            return entry
         tokens, nxt = self._row(state)
         n, width = len(tokens), self.logits_width
         if self._lookup_bytes >= limits.LOOKUP_BYTES:
             return tokens, nxt
-        entry: _Lookup
         if n <= SMALL_ROW:
             entry = dict(zip(tokens.tolist(), nxt.tolist()))
             cost = sys.getsizeof(entry) + 2 * self._INT_BYTES * n
@@ -471,7 +511,7 @@ class LazyGrammar(CompiledGrammar):
 
     def _row_dropped(self, state: int, tokens: np.ndarray, nxt: np.ndarray) -> None:
         entry = self._lookups.get(state)
-        if entry is not None and type(entry) is not dict and entry[1] is nxt:
+        if entry is not None and type(entry) is tuple and entry[1] is nxt:
             self._lookup_bytes += nxt.nbytes + (tokens.nbytes if entry[0] is tokens else 0)
 
     @property
@@ -496,6 +536,9 @@ class LazyGrammar(CompiledGrammar):
 
     def _row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.row(state)
+
+    def _string_parts(self, state: int) -> tuple[StringSlice, np.ndarray, np.ndarray] | None:
+        return self.index.string_parts(state)
 
     def is_accepting(self, state: int) -> bool:
         self._check_state(state)

@@ -7,8 +7,10 @@ which computes the DFA rows a walk needs as it goes). The first time a state is 
 mask is packed, deduplicated against the rows seen so far and appended to the mask table. A
 generation visits a small fraction of the states, so it pays for those only. A state inside a string
 walks only the tokens outside the trie's string slice (`token_index.walk_parts`); its mask is the
-slice's words with theirs. Rows filled in one process can be saved and restored in the next
-(`lazy_store`, attached per grammar: stats `row_store`, `row_store_rows`, `rows_restored`).
+slice's words with theirs, and its row stays in those two parts (`string_parts`: `next_state` reads
+them, `grammar.SlicedLookup`), merged into one only when `row` asks for it. Rows filled in one
+process can be saved and restored in the next (`lazy_store`, attached per grammar: stats
+`row_store`, `row_store_rows`, `rows_restored`).
 
 Exact for every vocabulary: a token is allowed iff its bytes lead to a state from which *tokens of
 this vocabulary* can reach acceptance (a state is "live"), so every state a generation reaches has a
@@ -92,6 +94,8 @@ STATE_OVERHEAD_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES + SET_SLOT_BYTES
 DISTANCE_BYTES = DICT_SLOT_BYTES + 2 * INT_BYTES
 SUCCESSORS_OVERHEAD_BYTES = ARRAY_HEADER_BYTES + DICT_SLOT_BYTES + INT_BYTES
 BUDGET_ROW_BYTES = DICT_SLOT_BYTES + 64 + 3 * INT_BYTES
+# A sliced state's parts: two array headers, their tuple, a dict slot and the state int.
+PARTS_OVERHEAD_BYTES = 2 * ARRAY_HEADER_BYTES + 56 + DICT_SLOT_BYTES + INT_BYTES
 
 
 def _whole_row(walker: Callable[[TokenTrie, ByteDFA, int], tuple[np.ndarray, np.ndarray]]
@@ -139,6 +143,10 @@ class LazyIndex:
         # (string slice or None, the row of the other tokens): see `token_index.walk_parts`.
         self._walk_parts: Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]] = (
             walk_parts if backend == "numpy" else _whole_row(walk_mlx))
+        if backend == "numpy" and trie.num_nodes:
+            # The trie's slice is built once per process and vocabulary, here rather than on the
+            # first visit to a string state: a generation's call never pays for it.
+            trie.string_slice()
         self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
@@ -201,13 +209,15 @@ class LazyIndex:
         self.rows_evicted = 0
         self.states_seen: set[int] = set()
         # Saved rows (`lazy_store`): where this index's entry lives (set by `lazy_store.attach`),
-        # the entry loaded from it, how many filled states it held and how many were restored; the
-        # states whose row holds the string slice (saved without it).
+        # the entry loaded from it, how many filled states it held and how many were restored.
         self.row_store: tuple[Path, str] | None = None
         self._store: RowStore | None = None
         self.store_rows = 0
         self.rows_restored = 0
-        self._sliced: set[int] = set()
+        # Per state inside a string: the row of the tokens outside the slice (EOS included where
+        # accepting); its whole row is the slice merged with it, built only when `row` asks.
+        self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._parts_bytes = 0
 
     @property
     def num_states(self) -> int:
@@ -231,7 +241,7 @@ class LazyIndex:
         """(sorted allowed ids, next state of each) of a valid state, EOS included where accepting."""
         entry = self._rows.get(state)
         if entry is None:
-            entry = self._fill(state)
+            entry = self._whole_row(state)
         else:
             self._used[state] = 1
         return entry
@@ -240,9 +250,20 @@ class LazyIndex:
         """The id of `state`'s row in the mask table (filling the state on its first visit)."""
         row = self.mask_of.get(state, -1)
         if row < 0:
-            self._fill(state)
+            with self._lock:
+                if state not in self.mask_of:
+                    self._fill(state)
             row = self.mask_of[state]
         return row
+
+    def string_parts(self, state: int) -> tuple[StringSlice, np.ndarray, np.ndarray] | None:
+        """(the string slice, the rest's sorted ids, their next states) of a state whose row is the
+        slice (every id to `state`) merged with the rest (EOS among them where accepting), or None
+        for any other state; fills the state on its first visit. The per-token lookup reads the parts
+        (`grammar.SlicedLookup`): a state's first visit never builds the merged row."""
+        self.mask_row(state)
+        parts = self._parts.get(state)
+        return None if parts is None else (self.trie.string_slice(), *parts)
 
     def device_masks(self) -> mx.array:
         """The mask table as an `mx.array` holding at least every row id handed out so far."""
@@ -330,52 +351,75 @@ class LazyIndex:
 
     # -- filling -----------------------------------------------------------------------------------
 
-    def _fill(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+    def _whole_row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """The row of a state not held: filled on its first visit (or walked again after eviction),
+        or, for a state inside a string, its slice merged with its rest (`_parts`), then held."""
         with self._lock:
             entry = self._rows.get(state)
             if entry is not None:  # another thread filled it while this one waited
+                self._used[state] = 1
                 return entry
-            started = time.perf_counter()
-            packed = None
-            if state == self.terminal:
-                tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
-            elif (restored := self._restore(state)) is not None:  # a saved row (`lazy_store`)
-                tokens, nxt, packed, sl = restored
-                self.rows_restored += 1
-                if sl is not None:
-                    self._sliced.add(state)
-            else:
-                # A state inside a string: the trie's string slice (all back to `state`) plus the
-                # walk of the other tokens, its mask the slice's words with theirs.
-                sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
-                if not self._all_live and len(nxt):
-                    keep = self._live(nxt)
-                    if not keep.all():  # tokens into dead ends: never allowed
-                        self.dead_end_tokens += int(len(keep) - np.count_nonzero(keep))
-                        tokens, nxt = tokens[keep], nxt[keep]
-                if sl is not None and not self._all_live and not self._live(np.array([state], dtype=np.int32))[0]:
-                    self.dead_end_tokens += len(sl.tokens)  # the slice leads back here: a dead end
-                    sl = None
-                if self.dfa.accepting[state]:
-                    at = np.searchsorted(tokens, self.eos)
-                    tokens = np.insert(tokens, at, self.eos)
-                    nxt = np.insert(nxt, at, np.int32(self.terminal))
-                if sl is not None:
-                    packed = sl.words | self.table.pack(tokens)
-                    tokens, nxt = sl.row(state, tokens, nxt)
-                    self._sliced.add(state)
+            if state not in self._parts:
+                self._fill(state)
+                entry = self._rows.get(state)
+                if entry is not None:
+                    return entry
+            tokens, nxt = self.trie.string_slice().row(state, *self._parts[state])
             tokens.setflags(write=False)
             nxt.setflags(write=False)
-            if state not in self.mask_of:
-                self.mask_of[state] = self.table.add(tokens, packed)
             entry = (tokens, nxt)
             self._hold(state, entry)
-            elapsed = time.perf_counter() - started
-            self.fills += 1
-            self.fill_seconds += elapsed
-            self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
-            self.states_seen.add(state)
             return entry
+
+    def _fill(self, state: int) -> None:
+        """Walk `state`'s row (or restore it) and add its mask (on its first visit), under the lock.
+        A state inside a string keeps its two parts (`_parts`: the slice's tokens need no row of
+        their own, and its mask is the slice's words with the rest's), any other state its row."""
+        started = time.perf_counter()
+        packed = None
+        if state == self.terminal:
+            tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
+            sl = None
+        elif (restored := self._restore(state)) is not None:  # a saved row (`lazy_store`)
+            tokens, nxt, packed, sl = restored
+            self.rows_restored += 1
+        else:
+            sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
+            if not self._all_live and len(nxt):
+                keep = self._live(nxt)
+                if not keep.all():  # tokens into dead ends: never allowed
+                    self.dead_end_tokens += int(len(keep) - np.count_nonzero(keep))
+                    tokens, nxt = tokens[keep], nxt[keep]
+            if sl is not None and not self._all_live and not self._live(np.array([state], dtype=np.int32))[0]:
+                self.dead_end_tokens += len(sl.tokens)  # the slice leads back here: a dead end
+                sl = None
+            if self.dfa.accepting[state]:
+                at = np.searchsorted(tokens, self.eos)
+                tokens = np.insert(tokens, at, self.eos)
+                nxt = np.insert(nxt, at, np.int32(self.terminal))
+            if sl is not None:
+                packed = sl.words | self.table.pack(tokens)
+        tokens.setflags(write=False)
+        nxt.setflags(write=False)
+        row = self.mask_of.get(state, -1)
+        if row < 0:  # first (it may raise: nothing is kept then)
+            if sl is None:
+                row = self.table.add(tokens, packed)
+            elif len(sl.tokens) + len(tokens) >= self.words:  # keyed by its words, as the whole row is
+                row = self.table.add(tokens, packed, count=len(sl.tokens) + len(tokens))
+            else:  # a row of fewer ids than words is keyed by its ids: the whole row's
+                row = self.table.add(sl.row(state, tokens, nxt)[0], packed)
+        if sl is not None:
+            self._parts[state] = (tokens, nxt)
+            self._parts_bytes += tokens.nbytes + nxt.nbytes + PARTS_OVERHEAD_BYTES
+        else:
+            self._hold(state, (tokens, nxt))
+        self.mask_of[state] = row  # last: a lock-free reader of `mask_of` finds the parts there
+        elapsed = time.perf_counter() - started
+        self.fills += 1
+        self.fill_seconds += elapsed
+        self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
+        self.states_seen.add(state)
 
     def _restore(self, state: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, StringSlice | None] | None:
         store = self._store
@@ -438,7 +482,12 @@ class LazyIndex:
         """The distinct next states of `state`'s row (kept for the distance search)."""
         succ = self._succ.get(state)
         if succ is None:
-            succ = np.unique(self.row(state)[1])
+            parts = self.string_parts(state)  # a state inside a string: no merged row needed
+            if parts is None:
+                succ = np.unique(self.row(state)[1])
+            else:
+                sl, _, rest_nxt = parts
+                succ = np.unique(np.append(rest_nxt, np.int32(state)) if len(sl.tokens) else rest_nxt)
             self._succ[state] = succ
             self._succ_bytes += succ.nbytes + SUCCESSORS_OVERHEAD_BYTES
         return succ
@@ -455,7 +504,7 @@ class LazyIndex:
         while layer and (best < 0 or depth + 2 < best):  # a state of this layer is >= 2 from the end
             following = []
             for u in layer:
-                if u not in self._succ and u not in self._rows:  # a new row walk
+                if u not in self._succ and u not in self._rows and u not in self._parts:  # a new row walk
                     if walks >= self.distance_walks or (deadline is not None and deadline.expired):
                         cut = True
                         break
@@ -669,12 +718,15 @@ class LazyIndex:
             + (self._byte_live.nbytes if self._byte_live is not None else 0)
             + sys.getsizeof(self._rows) + sys.getsizeof(self.mask_of) + sys.getsizeof(self.states_seen)
             + self.dfa.nbytes + (self._store.nbytes if self._store is not None else 0)
-            + len(self._sliced) * SET_SLOT_BYTES
+            + self._parts_bytes
         )
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             rows = list(self._rows.values())
+            # A sliced state whose row is not held: its row's length is the slice's plus its rest's.
+            in_slice = len(self.trie.string_slice().tokens) if self._parts else 0
+            unmerged = sum(in_slice + len(p[0]) for q, p in self._parts.items() if q not in self._rows)
             return {
                 "states_filled": len(self.states_seen),
                 "fills": self.fills,
@@ -682,7 +734,7 @@ class LazyIndex:
                 "fill_seconds_max": self.fill_seconds_max,
                 "rows_evicted": self.rows_evicted,
                 "row_bytes": self._row_bytes,
-                "num_transitions": int(sum(len(r[0]) for r in rows)),
+                "num_transitions": int(sum(len(r[0]) for r in rows) + unmerged),
                 "num_masks": self.table.num_rows,
                 "mask_bytes": self.table.num_rows * self.words * 4,
                 "mask_bytes_before_dedup": len(self.states_seen) * self.words * 4,

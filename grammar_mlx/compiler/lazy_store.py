@@ -9,7 +9,8 @@ successor as a canonical number) and its packed mask. A loading process maps can
 its own ids as its rows need them: 0 is its initial state, and a successor is the state reached by
 the bytes of one token leading there from the state being restored (`ByteDFA.next`, computing
 only the DFA rows on that way). A row that came from the trie's string slice (`token_index.
-StringSlice`) is stored without the slice's tokens and merged with it again on restore.
+StringSlice`) is stored without the slice's tokens and restored so (the index merges the slice in
+when its whole row is asked for).
 
 Exact: a restored row is the row a walk would give (the key covers the grammar, the tokenizer, the
 width and the EOS ids), except where a liveness search was cut off (`liveness_undecided`: a
@@ -44,7 +45,7 @@ __all__ = ["RowStore", "attach", "save", "save_all"]
 
 log = logging.getLogger("grammar_mlx.cache")
 FORMAT = 1
-# A restored row: (tokens, next states, packed mask, the string slice merged into it).
+# A restored row: (tokens, next states, packed mask, the string slice whose tokens it lacks, or None).
 Restored = tuple[np.ndarray, np.ndarray, np.ndarray, "StringSlice | None"]
 _ATTACHED: weakref.WeakSet[LazyIndex] = weakref.WeakSet()
 _ATTACHED_LOCK = threading.Lock()
@@ -92,8 +93,9 @@ class RowStore:
         return self.trusted and c is not None and bool(self.filled[c])
 
     def restore(self, index: LazyIndex, state: int) -> Restored | None:
-        """(tokens, next states, packed mask, the slice it was merged with) of a filled state, or
-        None (not in the entry, or the entry just proved untrustworthy). Under the index's lock."""
+        """(tokens, next states, packed mask, the slice) of a filled state (a sliced state's tokens
+        are those outside the slice, as `LazyIndex` keeps them: `string_parts`), or None (not in the
+        entry, or the entry just proved untrustworthy). Under the index's lock."""
         if not self.restorable(state):
             return None
         c = self.canonical[state]
@@ -122,8 +124,6 @@ class RowStore:
             states[k] = q
         nxt = states[np.searchsorted(kinds, succ)]
         sl = index.trie.string_slice() if self.sliced[c] else None
-        if sl is not None:
-            tokens, nxt = sl.row(state, tokens, nxt)
         return tokens.copy(), nxt, self.masks[self.mask[c]].copy(), sl
 
     def _distrust(self, why: str) -> None:
@@ -194,7 +194,6 @@ def _canonical(index: LazyIndex) -> dict[str, np.ndarray] | None:
     order, number = [initial], {initial: 0}
     filled, sliced, starts, tokens_out, succ_out, mask_of = [], [], [0], [], [], []
     masks: dict[int, int] = {}
-    in_slice = None
     i = 0
     while i < len(order):
         q = order[i]
@@ -205,14 +204,9 @@ def _canonical(index: LazyIndex) -> dict[str, np.ndarray] | None:
             mask_of.append(-1)
             starts.append(starts[-1])
             continue
-        tokens, nxt = index.row(q)
-        is_sliced = q in index._sliced
-        if is_sliced:
-            if in_slice is None:
-                in_slice = np.zeros(index.width, dtype=bool)
-                in_slice[index.trie.string_slice().tokens] = True
-            keep = ~in_slice[tokens]
-            tokens, nxt = tokens[keep], nxt[keep]
+        parts = index.string_parts(q)  # a sliced state: saved without the slice
+        is_sliced = parts is not None
+        tokens, nxt = index.row(q) if parts is None else parts[1:]
         kinds, inverse = np.unique(nxt, return_inverse=True)
         codes = np.empty(len(kinds), dtype=np.int32)
         for k, v in enumerate(kinds.tolist()):

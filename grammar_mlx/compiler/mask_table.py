@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import GrammarTooLargeError
+from ..errors import GrammarTooLargeError, InvalidArgumentError
 from . import native
 
 if TYPE_CHECKING:
@@ -109,14 +109,17 @@ class MaskTable:
         bits[tokens] = True
         return np.packbits(bits, bitorder="little").view("<u4")
 
-    def add(self, tokens: np.ndarray, packed: np.ndarray | None = None) -> int:
+    def add(self, tokens: np.ndarray, packed: np.ndarray | None = None, *, count: int | None = None) -> int:
         """The id of the row allowing exactly `tokens` (sorted distinct ids): an equal row's, or a new
         row written before its id is returned. `packed`: the row's words where the caller has them
-        (`pack(tokens)`)."""
+        (`pack(tokens)`). `count`: the row's number of ids where `tokens` holds only some of them
+        (with `packed`, the whole row; at least `words`: such a row is keyed by its words, `_key`)."""
         with self._lock:
             if packed is None:
                 packed = self.pack(tokens)
-            key = self._key(tokens, packed)
+            if count is not None and count < self.words:
+                raise InvalidArgumentError(f"a row given by its words needs at least {self.words} ids, not {count}")
+            key = self._key(tokens, packed) if count is None else hash(packed.tobytes())
             index = self._content_index()
             same = index.get(key)
             if same is not None:

@@ -175,7 +175,7 @@ class _Scratch:
         try:
             dfa = self.dfa
             assert dfa is not None
-            dfa.ensure_rows([state])
+            dfa.ensure_row(state)
             table = dfa.table
             if table is not self.table:  # the DFA grew: a new table (`.ctypes` costs a call per read)
                 self.table, self.address = table, table.ctypes.data
@@ -240,7 +240,7 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     table, dead, width = dfa.table, dfa.dead, dfa.num_classes
     pending = not dfa.complete
     if pending and table[state * width] < 0:
-        dfa.ensure_rows([state])
+        dfa.ensure_row(state)
         table = dfa.table
     if below < 0:
         sc.cursor[:] = (-1, trie._levels[0][1], state)  # level 0 from `state` (see gm_walk)

@@ -22,7 +22,8 @@ library is built (`native`, row_walk.cpp), `walk_reference` being the numpy path
 to. Inside a string almost every token is allowed and leads back to the same state: `StringSlice`
 sets those tokens apart once per trie (whole UTF-8 characters other than the string's delimiters),
 so where a state loops on that text (`StringSlice.loops`) its row is the slice, all back to the
-state, merged with a walk of the small trie of the other tokens (`walk_parts`), natively or not.
+state, merged with a walk of the small trie of the other tokens (`walk_parts`), natively or not
+(a lazy grammar keeps the two parts apart: `lazy.LazyIndex.string_parts`).
 `bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
 generation.
 
@@ -331,6 +332,9 @@ class StringSlice:
         bits[self.tokens] = True
         self.words = np.packbits(bits, bitorder="little").view("<u4")  # the slice's packed mask
         self.words.setflags(write=False)
+        # One byte per id, 1 in the slice: the per-token test of a sliced state's lookup (a Python
+        # index, no numpy call: `grammar.SlicedLookup`).
+        self.member = bits[: trie.width].astype(np.uint8).tobytes()
 
     def loops(self, dfa: ByteDFA, state: int) -> bool:
         """Whether every character of the slice leads `dfa` from `state` back to `state` (never to
@@ -338,7 +342,7 @@ class StringSlice:
         computing the rows it meets; False once it would follow more than `MAX_PAIRS` pairs."""
         width, dead, pending = dfa.num_classes, dfa.dead, not dfa.complete
         if pending:
-            dfa.ensure_rows([state])
+            dfa.ensure_row(state)
         if dfa.table[state * width + dfa.classes[0x61]] != state:  # "a" first: most states fail here
             return False
         edges = self._class_edges(dfa)
@@ -346,7 +350,7 @@ class StringSlice:
         while todo:
             r, q = todo.pop()
             if pending:
-                dfa.ensure_rows([q])
+                dfa.ensure_row(q)
             row = dfa.table[q * width : (q + 1) * width].tolist()
             for column, after in edges[r]:
                 nxt = row[column]

@@ -378,3 +378,31 @@ def test_the_mask_table_grows_geometrically_and_holds_every_row_handed_out(qwen_
         assert index.stats()["table_rows"] < 2 * masks + 4
     else:
         assert index.stats()["table_copies"] == masks
+
+
+def test_a_string_state_keeps_its_row_in_parts_and_next_state_reads_them(qwen_vocab, qwen_hf_tokenizer):
+    """Inside a string, a state's first visit keeps the string slice and the rest's row apart (no
+    merged row is held); next_state of every id (read from the parts: `SlicedLookup`), the whole
+    row merged on request, and the mask all equal the numpy walk of the whole trie (the reference)."""
+    grammar = compile_regex(REGEXES[3], qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    index = grammar.index
+    quote = qwen_hf_tokenizer.convert_tokens_to_ids('"')
+    q = grammar.next_state(grammar.initial_state, quote)
+    row = grammar.mask_row(q)
+    parts = index.string_parts(q)
+    assert parts is not None and q not in index._rows, "the first visit merges nothing"
+    ref_tokens, ref_nxt = token_index.walk_reference(index.trie, index.dfa, q)
+    expected = np.full(QWEN_WIDTH, -1, dtype=np.int64)
+    expected[ref_tokens] = ref_nxt
+    assert [grammar.next_state(q, t) for t in range(QWEN_WIDTH)] == expected.tolist()
+    assert grammar.next_state(q, -1) == grammar.next_state(q, QWEN_WIDTH) == -1
+    assert q not in index._rows, "next_state read the parts"
+    sl, rest, rest_nxt = parts
+    assert len(rest) < len(ref_tokens) - len(sl.tokens) + 1 and not np.isin(rest, sl.tokens).any()
+    tokens, nxt = index.row(q)
+    assert np.array_equal(tokens, ref_tokens) and np.array_equal(nxt, ref_nxt)
+    bits = np.unpackbits(np.asarray(grammar.device_masks())[row].view(np.uint8), bitorder="little")[:QWEN_WIDTH]
+    assert np.array_equal(np.flatnonzero(bits), ref_tokens)
+    assert index.stats()["fills"] == index.stats()["states_filled"], "merging is no fill"
+    rows = index.table.num_rows
+    assert index.table.add(tokens) == row and index.table.num_rows == rows, "the mask is keyed as its whole row"

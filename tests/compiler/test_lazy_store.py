@@ -65,7 +65,7 @@ def test_saved_rows_reload_equal(tmp_path, qwen_hf_tokenizer, document_tokens):
     assert lazy_store.attach(first.index, tmp_path, KEY) is False
     assert first.stats["row_store"] == "miss" and "cache_hit" not in first.index.stats()
     want = trace(first, document_tokens)
-    assert first.index._sliced  # string states took the slice, and are saved without it
+    assert first.index._parts  # string states took the slice, and are saved without it
     assert lazy_store.save(first.index)
     filled = first.stats["states_filled"]
 

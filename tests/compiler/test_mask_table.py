@@ -5,10 +5,12 @@ share one, and every row reads back as the mask of its ids."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar_mlx.compiler.mask_table import MaskTable
+from grammar_mlx.errors import InvalidArgumentError
 
 
 def unpack(row: np.ndarray, width: int) -> list[int]:
@@ -36,3 +38,19 @@ def test_a_seeded_table_finds_its_seed_rows():
     seeded = MaskTable(width, 1 << 20, seed=seed)
     assert seeded.add(sparse) == 0 and seeded.add(dense) == 1 and seeded.num_rows == 2
     assert seeded.add(np.array([5], dtype=np.int32)) == 2
+
+
+def test_a_row_given_by_its_words_and_count_is_the_row_of_all_its_ids():
+    """A lazy grammar's string state adds its mask from the words and a part of its ids (`count`:
+    all of them): it gets the id the whole row gets, either way round, and too few ids is an error."""
+    width = 200
+    table = MaskTable(width, 1 << 20)
+    dense = np.arange(2, width, 3, dtype=np.int32)  # more ids than the table's words
+    part = dense[:4]
+    got = table.add(part, table.pack(dense), count=len(dense))
+    assert table.add(dense) == got and table.num_rows == 1
+    other = MaskTable(width, 1 << 20)
+    first = other.add(dense)
+    assert other.add(part, other.pack(dense), count=len(dense)) == first and other.num_rows == 1
+    with pytest.raises(InvalidArgumentError, match="needs at least"):
+        table.add(part, table.pack(part), count=len(part))
