@@ -40,8 +40,38 @@ What a token that the vocabulary cannot finish does: a terminal's DFA state coun
 some *byte string* completes it, so with a vocabulary lacking some bytes a row may hold a token into
 a dead end (the regex compiler prunes those; this engine does not).
 
-Token budgets: distances are not computed (`distance` is None: nothing proven), so a token budget
-narrows nothing: `budget_mask_row` is `mask_row`.
+Token budgets (length-safe masking, `runtime.processor`). `distance(state)` is 1 (EOS) + the fewest
+bytes to a complete text, counting only the bytes that a token of one byte spells (an id below the
+logits width, not EOS): the text is then spelled token by token, so it is a bound the vocabulary
+realizes, an upper bound on the fewest tokens (a longer token may do it in fewer). Computed with no
+token walk, from three memos built on first use:
+- per terminal DFA state, the fewest such bytes to acceptance (the states reachable from it explored
+  over one byte per class, then relaxed to a fixpoint);
+- per rule and dot, the least yield of the rest of the rule (each nonterminal's least yield is a
+  fixpoint over its rules);
+- per set and nonterminal an item there waits on, the cost above it: the rest of a waiter's rule,
+  then the waiter's own cost above in its origin set (origins are earlier sets, so each set's costs
+  are made once, the sets below first, iteratively: a deep stack costs no recursion; items predicted
+  in the set itself are relaxed to a fixpoint).
+A set's bound is the least over its items (the rest of the lexeme, of the rule, and above). It is
+exact for the one-byte spelling, so it is consistent: a state with bound b > 1 has a one-byte
+token to a state with bound b - 1 (that byte starts a shortest text), and no byte lowers it by more
+than one. None where no completion is spellable so (a vocabulary without some byte the rest needs):
+nothing is claimed there.
+
+`budget_mask_row(state, left)` keeps the tokens of the row whose next state's bound is at most
+left - 1 (EOS where accepting), so a row is never empty while the state's bound is at most `left`,
+and every sampler that respects the rows ends within the budget. The bound after each token of a
+row (its *profile*, kept for the last `PROFILES_KEPT` states): a token that stays inside the lexemes
+being scanned reaches the set of the scanning items stepped by it, whose best item is per pair
+the terminal DFA state's bytes to acceptance plus the pair's tail (per pair, the token's end states
+come from one trie walk, shared by all states); a token below a node where a terminal may end (it
+may cross into the next lexeme) or inside no pair is stepped by `next_state` (few: what a lexeme's
+end allows). A state's largest next bound, its slack, is remembered: while `left - 1` is at least it
+the budget cuts nothing and the call costs a dict read and a compare; below it a row per
+(state, left) is made once and memoized. A state without a bound, `left <= 0` (past the budget), or
+a budget already past the bound give `mask_row`. `min_completion_tokens` is the initial state's
+bound, so `GrammarProcessor(max_tokens=)` refuses a smaller budget (`TokenBudgetError`) up front.
 """
 
 from __future__ import annotations
@@ -186,7 +216,7 @@ class CFGGrammar:
     @property
     def stats(self) -> dict[str, Any]:
         return {**self._stats, "states": len(self._sets), "lexeme_pairs": len(self._pairs),
-                "mask_rows": self.table.num_rows}
+                "mask_rows": self.table.num_rows, "budget_rows": len(self._budget_rows)}
 
     @property
     def num_states(self) -> int:
@@ -914,12 +944,16 @@ class CFGGrammar:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs."""
+        """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs,
+        and the budget bounds (per set, per pair, the profiles kept)."""
         items = sum(len(s) for s in self._sets) * 100 + len(self._sets) * 250
         memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
         pairs = sum(int(p.inside.nbytes) + int(p.exits.nbytes) + 200 for p in self._pairs.values())
-        return int(self.table.nbytes + items + memos + pairs + sum(d.nbytes for d in self._dfas)
-                   )
+        bounds = ((len(self._to_end) + len(self._slack) + len(self._budget_rows) + sum(map(len, self._tdist))
+                   + sum(map(len, self._up.values()))) * 100
+                  + sum(int(p.ids.nbytes + p.dist.nbytes + p.below.nbytes) + 200 for p in self._pair_bound.values())
+                  + sum(int(i.nbytes + b.nbytes) for i, b in self._profiles.values()))
+        return int(self.table.nbytes + items + memos + pairs + bounds + sum(d.nbytes for d in self._dfas))
 
 
 class _TrieView:

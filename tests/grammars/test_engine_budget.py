@@ -108,6 +108,12 @@ def test_known_bounds():
     assert g.distance(after) == 5
     json_g = grammar(JSON_GBNF)
     assert json_g.min_completion_tokens == 2  # "0" + EOS
+    state = json_g.initial_state
+    for depth in range(1, 301):  # a deep stack: the costs above a set are found without recursion
+        state = json_g.next_state(state, TOKENS.index(b"["))
+        assert json_g.distance(state) == depth + 1
+    row = json_g.budget_allowed_tokens(state, 301).tolist()
+    assert row == [TOKENS.index(b"]")]
 
 
 @pytest.mark.parametrize("name", ["json", "lark", "arith", "nest"])
