@@ -298,6 +298,13 @@ class ThenGrammar:
             inner = part.budget_mask_row(half, left)
             with self._lock:
                 return self._copy(side, inner, lambda: part.budget_allowed_tokens(half, left))
+        if not self._opens(half):  # `first`'s row alone: its own budget row (its per-token fast path)
+            first_left = self._first_left(state, left)
+            if first_left is None:
+                return self.mask_row(state)
+            inner = self.first.budget_mask_row(half, first_left)
+            with self._lock:
+                return self._copy(0, inner, lambda: self.first.budget_allowed_tokens(half, first_left))
         key = (state, left)
         row = self._budget_rows.get(key)
         if row is not None:
@@ -308,16 +315,24 @@ class ThenGrammar:
             self._budget_rows[key] = row
         return row
 
-    def _first_budget_ids(self, state: int, left: int) -> np.ndarray | None:
-        """The ids of a budget row in `first`'s states before any handoff is passed (None: the
-        plain row: the budget does not bind, is past, or no bound fits)."""
+    def _first_left(self, state: int, left: int) -> int | None:
+        """The budget `first`'s rows get in `first`'s state `state` (before any handoff is passed):
+        `left` less what `second`'s shortest answer takes after `first` ends (nothing for a "start"
+        handoff); None where the budget does not narrow (past it, or no bound fits)."""
         d = self.distance(state)
         if left <= 0 or d is None or d > left:
             return None
+        start = _distance(self.second, self._start)
+        return left if self.handoff == "start" or start is None else left - (start - 1)
+
+    def _first_budget_ids(self, state: int, left: int) -> np.ndarray | None:
+        """The ids of a budget row in `first`'s states before any handoff is passed (None: the
+        plain row: the budget does not bind, is past, or no bound fits)."""
+        first_left = self._first_left(state, left)
+        if first_left is None:
+            return None
         half = state >> 1
         start = _distance(self.second, self._start)
-        # `first`'s tokens: its own budget, less the tokens `second`'s shortest answer takes after it.
-        first_left = left if self.handoff == "start" else left - (0 if start is None else start - 1)
         own_d = _distance(self.first, half)
         parts = []
         opens = self._opens(half)
@@ -339,6 +354,11 @@ class ThenGrammar:
         if side or self._past_start(state):
             part = self.second if side else self.first
             return np.asarray(part.budget_allowed_tokens(state >> 1, left), dtype=np.int32)
+        if not self._opens(state >> 1):
+            first_left = self._first_left(state, left)
+            if first_left is None:
+                return self.allowed_tokens(state)
+            return np.asarray(self.first.budget_allowed_tokens(state >> 1, first_left), dtype=np.int32)
         ids = self._first_budget_ids(state, left)
         return self.allowed_tokens(state) if ids is None else ids
 
