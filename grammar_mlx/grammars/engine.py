@@ -838,8 +838,13 @@ class CFGGrammar:
             return got
         trie = self._trie
         nodes, states = self._live(t, q, -1)
-        uniq, inv = np.unique(states, return_inverse=True)
-        dist = np.array([self._term_dist(t, int(u)) for u in uniq.tolist()], dtype=np.int64)[inv]
+        # Per DFA state (small ints) through a lookup array: no sort of the walk's nodes.
+        lut = np.zeros(int(states.max()) + 1 if len(states) else 1, dtype=np.int64)
+        present = np.zeros(len(lut), dtype=bool)
+        present[states] = True
+        uniq = np.flatnonzero(present)
+        lut[uniq] = [self._term_dist(t, u) for u in uniq.tolist()]
+        dist = lut.take(states)
         ids, at = _tokens_at(trie, nodes)
         keep = ids < self.logits_width
         all_ids, all_dist = ids[keep], dist[at[keep]]
@@ -883,21 +888,16 @@ class CFGGrammar:
         with self._lock:
             ids = self.allowed_tokens(state).astype(np.int64)
             best = np.full(self.logits_width, FAR, dtype=np.int64)
-            maybe = []
+            step = np.zeros(self.logits_width, dtype=bool)  # the tokens to step (flags: no set operations)
             for key, tail in self._tails(state).items():
                 pb = self._pair_bounds(*key)
-                if len(pb.below):
-                    maybe.append(pb.below)
+                step[pb.below] = True
                 if tail < FAR and len(pb.ids):
                     best[pb.ids] = np.minimum(best[pb.ids], pb.dist + (tail + 1))
+            step[best >= FAR] = True
+            step[self._eos_ids] = False
             eos = np.isin(ids, self._eos_ids)
-            stepped = ids[(best.take(ids) >= FAR) & ~eos]
-            if maybe:
-                stepped = np.union1d(stepped, np.intersect1d(np.concatenate(maybe), ids[~eos]))
-            for tok in stepped.tolist():
-                nxt = self.next_state(state, tok)
-                b = self.distance(nxt) if nxt >= 0 else None
-                best[tok] = FAR if b is None else b
+            self._step_bounds(state, ids[step.take(ids)], best)
             bounds = best.take(ids)
             bounds[eos] = 0
             got = (ids, bounds)
@@ -906,6 +906,46 @@ class CFGGrammar:
                 self._profiles.pop(next(iter(self._profiles)))
             self._slack[state] = int(bounds.max()) if len(bounds) else 0
         return got
+
+    def _step_bounds(self, state: int, tokens: np.ndarray, best: np.ndarray) -> None:
+        """`best[t]` = `distance(next_state(state, t))` (FAR: none) for each of `tokens` (allowed in
+        `state`): one walk of the trie from the root through the parser's byte memo, entering only
+        the nodes above one of `tokens` (a dict read per node, shared by the tokens below it)."""
+        if not len(tokens):
+            return
+        trie = self._trie
+        above = np.zeros(trie.num_nodes, dtype=bool)
+        above[trie.token_node.take(tokens)] = True
+        for a, b in reversed(trie._levels[1:]):
+            part = above[a:b]
+            above[trie.parent[a:b][part]] = True
+        wanted = np.zeros(self.logits_width, dtype=bool)
+        wanted[tokens] = True
+        want, keep = wanted.tolist(), above.tolist()
+        child_start, child_count, node_byte, ends_at = (self._child_start, self._child_count, self._node_byte,
+                                                        self._ends_at)
+        step, to_end = self._step, self._to_end
+        found: dict[int, int] = {}
+        a0, b0 = trie._levels[0] if trie._levels else (0, 0)
+        stack = [(n, state) for n in range(a0, b0) if keep[n]]
+        while stack:
+            n, s = stack.pop()
+            b = node_byte[n]
+            s2 = step.get(s * 256 + b)
+            if s2 is None:
+                s2 = self._step_byte(s, b)
+            if s2 < 0:
+                continue
+            for t in ends_at[n]:
+                if t < len(want) and want[t]:
+                    d = to_end.get(s2)
+                    found[t] = (d if d is not None else self._bytes_to_end(s2)) + 1
+            c0 = child_start[n]
+            stack.extend((c, s2) for c in range(c0, c0 + child_count[n]) if keep[c])
+        if found:
+            at = np.fromiter(found, dtype=np.int64, count=len(found))
+            value = np.fromiter(found.values(), dtype=np.int64, count=len(found))
+            best[at] = np.minimum(value, FAR)
 
     def budget_mask_row(self, state: int, left: int) -> int:
         """The row allowing the tokens of `state`'s row whose next state's `distance` is at most
@@ -1009,11 +1049,12 @@ def _tokens_at(trie: TokenTrie, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarr
     at = np.flatnonzero(first >= 0)
     ids, where = [first[at].astype(np.int64)], [at]
     if len(trie.end_more_node) and len(nodes):
-        order = np.argsort(nodes, kind="stable")
-        pos = np.minimum(np.searchsorted(nodes[order], trie.end_more_node), len(nodes) - 1)
-        hit = nodes[order[pos]] == trie.end_more_node
+        index = np.full(trie.num_nodes, -1, dtype=np.int64)  # node -> its index in `nodes` (no sort)
+        index[nodes] = np.arange(len(nodes))
+        at_more = index.take(trie.end_more_node)
+        hit = at_more >= 0
         ids.append(trie.end_more_id[hit].astype(np.int64))
-        where.append(order[pos[hit]])
+        where.append(at_more[hit])
     return np.concatenate(ids), np.concatenate(where)
 
 
