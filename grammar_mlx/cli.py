@@ -31,8 +31,8 @@ tokens were forced.
 
 `--grammar FILE` takes a context-free grammar (docs/grammars.md): GBNF for a `.gbnf` file, Lark for
 a `.lark` one, otherwise GBNF when the text holds `::=` (`--syntax` says it; `--start` names the
-start rule). Such a grammar has no token-budget distances: length-safe decoding cannot make it
-finish, so a budget that ends first is an error as with `--no-length-safe`. With `--reasoning` a
+start rule). It is length-safe as a schema is (its bound counts the text spelled by one-byte
+tokens: docs/grammars.md, "Token budgets"). With `--reasoning` a
 thinking model thinks first (`--reasoning-budget`), the grammar applying after its end tag
 (`grammars.then`).
 

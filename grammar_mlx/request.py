@@ -585,9 +585,8 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
                 "model was still reasoning; raise max_tokens or give the reasoning a budget "
                 f"(Reasoning(budget=...)). Reasoning so far: {clip(thinking or '')}", text=text)
         advice = "" if options.length_safe else ", or keep length_safe on"
-        bound = "bound the output (maxLength, maxItems)"
-        if isinstance(grammar, CFGGrammar):  # no budget distances: length-safe decoding cannot end it
-            advice, bound = "", "bound the grammar's repetitions"
+        bound = "bound the grammar's repetitions" if isinstance(grammar, CFGGrammar) else \
+            "bound the output (maxLength, maxItems)"
         raise GenerationError(
             f"the token budget (max_tokens={max_tokens}) ran out after {len(token_ids)} tokens, before the "
             f"grammar completed; raise max_tokens or {bound}{advice}. Text so far: {clip(text)}", text=text)

@@ -602,7 +602,12 @@ def test_generate_and_compile_with_a_grammar_file(capsys, tmp_path, qwen_model_d
     (tmp_path / "long.gbnf").write_text("root ::= [a-z]{200,}")
     code, _, err = run_main(capsys, "generate", "--model", str(qwen_model_dir), "--grammar",
                             str(tmp_path / "long.gbnf"), "--prompt", "x", "--max-tokens", "4", "--quiet")
-    assert code == 1  # no budget distances: the budget ends first, which is an error as with --no-length-safe
+    assert code == 1  # length-safe: refused before decoding, naming the budget the grammar needs
+    assert_one_error_line(err, "max_tokens=4 is too small", "at least 201")
+    code, _, err = run_main(capsys, "generate", "--model", str(qwen_model_dir), "--grammar",
+                            str(tmp_path / "long.gbnf"), "--prompt", "x", "--max-tokens", "4", "--no-length-safe",
+                            "--quiet")
+    assert code == 1  # the grammar alone: the budget ends first, an error
     assert_one_error_line(err, "token budget (max_tokens=4) ran out", "bound the grammar's repetitions")
     code, out, err = run_main(capsys, "compile", "--model", str(qwen_model_dir), "--grammar",
                               str(tmp_path / "sum.gbnf"), "--json", "--no-progress")

@@ -10,8 +10,7 @@ from test_server import Server
 
 lark = pytest.importorskip("lark", reason="the lark library is the oracle of the Lark grammars (test extra)")
 
-# Finite languages, so that a random-weight model completes them within the budget (a CFG has no
-# token-budget distances: length-safe masking cannot make it finish, see docs/grammars.md).
+# Finite languages (the budgets below also hold recursive ones: a CFG is length-safe, docs/grammars.md).
 LIST_LARK = 'start: "[" NAME ("," NAME)? ("," NAME)? "]"\nNAME: /[a-z]{1,3}/\n'
 SUM_GBNF = 'root ::= "(" term ("+" term)? ")"\nterm ::= [0-9] | "(" [0-9] "*" [0-9] ")"\n'
 SUM_LARK = 'start: "(" term ("+" term)? ")"\nterm: DIGIT | "(" DIGIT "*" DIGIT ")"\nDIGIT: /[0-9]/\n'
@@ -67,10 +66,45 @@ def test_vllm_guided_grammar_reads_lark_and_gbnf(grammar_server):
         assert done.choices[0].finish_reason == "stop" and parses(oracle, done.choices[0].text), done.choices[0].text
 
 
-def test_a_grammar_cut_by_max_tokens_finishes_with_length(grammar_server):
-    # No completion fits in 4 tokens: no refusal (the grammar has no budget distances) and no crash.
-    done = grammar_server.client().completions.create(
-        model="m", prompt="Out:", max_tokens=4, extra_body={"grammar": "root ::= [a-z]{200,}"})
+# Unbounded nesting and repetition: a random-weight model left alone writes on past any budget.
+NESTED_GBNF = 'root ::= expr\nexpr ::= term (("+" | "*") term)*\nterm ::= [0-9]+ | "(" expr ")" | "[" expr "]"\n'
+NESTED_LARK = ('start: expr\nexpr: term (("+" | "*") term)*\nterm: DIGITS | "(" expr ")" | "[" expr "]"\n'
+               'DIGITS: /[0-9]+/\n')
+
+
+@pytest.mark.parametrize("max_tokens", [2, 5, 9])
+def test_a_recursive_grammar_completes_within_a_tight_max_tokens(grammar_server, max_tokens):
+    client = grammar_server.client()
+    done = client.completions.create(model="m", prompt="Out:", max_tokens=max_tokens,
+                                     extra_body={"grammar": NESTED_GBNF})
+    choice = done.choices[0]
+    assert choice.finish_reason == "stop" and parses(NESTED_LARK, choice.text), choice.text
+    assert done.usage.completion_tokens <= max_tokens
+    # The chat answer (the model may think first: the thinking is made to end in time for the answer).
+    chat = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=max_tokens + 4,
+        response_format={"type": "grammar", "grammar": NESTED_GBNF, "syntax": "gbnf"})  # type: ignore[arg-type]
+    message = chat.choices[0].message
+    assert chat.choices[0].finish_reason == "stop" and parses(NESTED_LARK, message.content), message
+
+
+def test_a_max_tokens_below_the_grammars_bound_is_a_400_and_length_safe_off_cuts(grammar_server):
+    import openai
+
+    client = grammar_server.client()
+    with pytest.raises(openai.BadRequestError) as info:  # 200 letters, then EOS
+        client.completions.create(model="m", prompt="Out:", max_tokens=4,
+                                  extra_body={"grammar": "root ::= [a-z]{200,}"})
+    error = info.value.body
+    assert (error["code"], error["param"]) == ("max_tokens_too_small", "max_tokens")
+    assert "at least 201" in error["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=ASK, max_tokens=1,
+                                       response_format={"type": "grammar", "grammar": SUM_GBNF, "syntax": "gbnf"})  # type: ignore[arg-type]
+    assert info.value.body["code"] == "max_tokens_too_small"
+    # length_safe off: the grammar alone, cut by the budget.
+    done = client.completions.create(model="m", prompt="Out:", max_tokens=4,
+                                     extra_body={"grammar": "root ::= [a-z]{200,}", "length_safe": False})
     assert done.choices[0].finish_reason == "length"
     assert done.choices[0].text.isalpha() and done.choices[0].text.islower()
 
@@ -113,8 +147,8 @@ TREE = {"$ref": "#/$defs/node", "$defs": {"node": {
 
 def test_a_recursive_schema_is_served_through_the_grammar_engine(grammar_server, qwen_hf_tokenizer):
     # A $ref cycle has no depth bound (grammars/json_schema.py): nothing is reported unenforced, and the
-    # answer is the schema's or, cut by max_tokens (a CFG has no token-budget distances), a prefix of
-    # one: the library's grammar (the served model has the Qwen3 tokenizer) walks its bytes.
+    # answer is the schema's, complete within max_tokens (length-safe): the library's grammar (the
+    # served model has the Qwen3 tokenizer) walks its bytes.
     import json
 
     import jsonschema
@@ -136,7 +170,5 @@ def test_a_recursive_schema_is_served_through_the_grammar_engine(grammar_server,
         for token in qwen_hf_tokenizer.encode(text, add_special_tokens=False):
             state = grammar.next_state(state, token)
             assert state >= 0, text
-        if finish == "stop":
-            jsonschema.validate(json.loads(text), TREE)
-        else:
-            assert finish == "length", finish
+        assert finish == "stop", text
+        jsonschema.validate(json.loads(text), TREE)

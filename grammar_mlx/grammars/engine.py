@@ -42,8 +42,38 @@ What a token that the vocabulary cannot finish does: a terminal's DFA state coun
 some *byte string* completes it, so with a vocabulary lacking some bytes a row may hold a token into
 a dead end (the regex compiler prunes those; this engine does not).
 
-Token budgets: distances are not computed (`distance` is None: nothing proven), so a token budget
-narrows nothing: `budget_mask_row` is `mask_row`.
+Token budgets (length-safe masking, `runtime.processor`). `distance(state)` is 1 (EOS) + the fewest
+bytes to a complete text, counting only the bytes that a token of one byte spells (an id below the
+logits width, not EOS): the text is then spelled token by token, so it is a bound the vocabulary
+realizes, an upper bound on the fewest tokens (a longer token may do it in fewer). Computed with no
+token walk, from three memos built on first use:
+- per terminal DFA state, the fewest such bytes to acceptance (the states reachable from it explored
+  over one byte per class, then relaxed to a fixpoint);
+- per rule and dot, the least yield of the rest of the rule (each nonterminal's least yield is a
+  fixpoint over its rules);
+- per set and nonterminal an item there waits on, the cost above it: the rest of a waiter's rule,
+  then the waiter's own cost above in its origin set (origins are earlier sets, so each set's costs
+  are made once, the sets below first, iteratively: a deep stack costs no recursion; items predicted
+  in the set itself are relaxed to a fixpoint).
+A set's bound is the least over its items (the rest of the lexeme, of the rule, and above). It is
+exact for the one-byte spelling, so it is consistent: a state with bound b > 1 has a one-byte
+token to a state with bound b - 1 (that byte starts a shortest text), and no byte lowers it by more
+than one. None where no completion is spellable so (a vocabulary without some byte the rest needs):
+nothing is claimed there.
+
+`budget_mask_row(state, left)` keeps the tokens of the row whose next state's bound is at most
+left - 1 (EOS where accepting), so a row is never empty while the state's bound is at most `left`,
+and every sampler that respects the rows ends within the budget. The bound after each token of a
+row (its *profile*, kept for the last `PROFILES_KEPT` states): a token that stays inside the lexemes
+being scanned reaches the set of the scanning items stepped by it, whose best item is per pair
+the terminal DFA state's bytes to acceptance plus the pair's tail (per pair, the token's end states
+come from one trie walk, shared by all states); a token below a node where a terminal may end (it
+may cross into the next lexeme) or inside no pair is stepped by `next_state` (few: what a lexeme's
+end allows). A state's largest next bound, its slack, is remembered: while `left - 1` is at least it
+the budget cuts nothing and the call costs a dict read and a compare; below it a row per
+(state, left) is made once and memoized. A state without a bound, `left <= 0` (past the budget), or
+a budget already past the bound give `mask_row`. `min_completion_tokens` is the initial state's
+bound, so `GrammarProcessor(max_tokens=)` refuses a smaller budget (`TokenBudgetError`) up front.
 """
 
 from __future__ import annotations
@@ -85,6 +115,8 @@ _Item = tuple[int, int, int, int]
 # What one entry of `next_state`'s (state, token) memo is counted as against `limits.LOOKUP_BYTES`:
 # the dict slot, the key tuple and its two ints.
 _NEXT_ENTRY_BYTES = 160
+FAR = 1 << 40  # a byte count farther than any text: no completion spellable
+PROFILES_KEPT = 64  # states whose per-token bounds are kept (a tight budget revisits a state)
 
 
 class _Pair:
@@ -96,6 +128,17 @@ class _Pair:
     def __init__(self, inside: np.ndarray, exits: np.ndarray):
         self.inside = inside
         self.exits = exits
+
+
+class _PairBounds:
+    """What one (terminal, DFA state) contributes to bounds (`CFGGrammar._pair_bounds`)."""
+
+    __slots__ = ("below", "dist", "ids")
+
+    def __init__(self, ids: np.ndarray, dist: np.ndarray, below: np.ndarray):
+        self.ids = ids
+        self.dist = dist
+        self.below = below
 
 
 class CFGGrammar:
@@ -148,6 +191,19 @@ class CFGGrammar:
         self._pair_first: dict[tuple[int, int], int] = {}
         self._rows: dict[int, int] = {}  # state -> mask row
         self.table = MaskTable(self.logits_width, limits.LAZY_MASK_BYTES)
+        # Token budgets (module docstring), all computed on first use: the one-byte tokens' bytes, per
+        # terminal its DFA states' bytes to acceptance and a byte per class, per rule suffix its least
+        # yield, per set the costs above it and its own, per pair and state the tokens' bounds.
+        self._spell_bytes: list[int] | None = None
+        self._tdist: list[dict[int, int]] = [{} for _ in lowered.terminals]
+        self._class_reps: dict[int, list[int]] = {}
+        self._suffix: list[list[int]] | None = None
+        self._up: dict[int, dict[int, int]] = {}
+        self._to_end: dict[int, int] = {}
+        self._pair_bound: dict[tuple[int, int], _PairBounds] = {}
+        self._profiles: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._slack: dict[int, int] = {}
+        self._budget_rows: dict[tuple[int, int], int] = {}
         view = _trie_view(trie)
         self._child_start, self._child_count, self._node_byte = view.child_start, view.child_count, view.byte
         self._ends_at, self._descendants = view.ends_at, view.descendants
@@ -167,7 +223,7 @@ class CFGGrammar:
     @property
     def stats(self) -> dict[str, Any]:
         return {**self._stats, "states": len(self._sets), "lexeme_pairs": len(self._pairs),
-                "mask_rows": self.table.num_rows}
+                "mask_rows": self.table.num_rows, "budget_rows": len(self._budget_rows)}
 
     @property
     def num_states(self) -> int:
@@ -614,36 +670,353 @@ class CFGGrammar:
         bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
         return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
 
-    # -- token budgets: nothing proven ------------------------------------------------------------
+    # -- token budgets (module docstring) --------------------------------------------------------
+
+    def _budget_alphabet(self) -> list[int]:
+        """The bytes that a token of one byte spells (an id below the logits width, not EOS): the
+        alphabet of every completion the bounds count."""
+        got = self._spell_bytes
+        if got is None:
+            got = []
+            levels = self._trie._levels
+            if levels:
+                for node in range(*levels[0]):
+                    if any(i < self.logits_width and i not in self._eos for i in self._ends_at[node]):
+                        got.append(self._node_byte[node])
+            self._spell_bytes = got
+        return got
+
+    def _term_dist(self, t: int, q: int) -> int:
+        """The fewest spellable bytes (`_budget_alphabet`) taking terminal t's DFA from state q to
+        acceptance (FAR: none): the states reachable from q explored once, then relaxed to a
+        fixpoint; memoized per terminal (an explored region is closed, so its values are final)."""
+        memo = self._tdist[t]
+        got = memo.get(q)
+        if got is not None:
+            return got
+        dfa = self._dfas[t]
+        reps = self._class_reps.get(t)
+        if reps is None:  # one byte per byte class: the others step alike
+            firsts: dict[int, int] = {}
+            for b in self._budget_alphabet():
+                firsts.setdefault(int(dfa.classes[b]), b)
+            reps = self._class_reps[t] = list(firsts.values())
+        edges: dict[int, list[int]] = {}
+        order = [q]
+        seen = {q}
+        for u in order:
+            if u in memo:
+                continue
+            succ = []
+            for b in reps:
+                v = self._term_next(t, u, b)
+                if v != dfa.dead:
+                    succ.append(v)
+                    if v not in seen:
+                        seen.add(v)
+                        order.append(v)
+            edges[u] = succ
+        accepting = dfa.accepting
+        value = {u: 0 if accepting[u] else FAR for u in edges}
+        changed = True
+        while changed:
+            changed = False
+            for u, succ in edges.items():
+                best = value[u]
+                for v in succ:
+                    w = memo[v] if v in memo else value[v]
+                    if w + 1 < best:
+                        best = w + 1
+                if best < value[u]:
+                    value[u] = best
+                    changed = True
+        memo.update(value)
+        return memo[q]
+
+    def _suffixes(self) -> list[list[int]]:
+        """Per rule r and dot d, the fewest spellable bytes its symbols from d on derive (FAR: none):
+        each symbol's least yield (a terminal's from its DFA's start, a nonterminal's a fixpoint over
+        its rules), summed."""
+        got = self._suffix
+        if got is not None:
+            return got
+        term = [self._term_dist(t, dfa.initial) for t, dfa in enumerate(self._dfas)]
+        sym = [FAR] * len(self._rules_of)
+
+        def cost(s: int) -> int:
+            return term[-s - 1] if s < 0 else sym[s]
+
+        changed = True
+        while changed:
+            changed = False
+            for r in range(1, len(self._rhs)):
+                c = min(FAR, sum(cost(s) for s in self._rhs[r]))
+                if c < sym[self._lhs[r]]:
+                    sym[self._lhs[r]] = c
+                    changed = True
+        suffix = []
+        for rhs in self._rhs:
+            row = [0] * (len(rhs) + 1)
+            for d in range(len(rhs) - 1, -1, -1):
+                row[d] = min(FAR, cost(rhs[d]) + row[d + 1])
+            suffix.append(row)
+        self._suffix = suffix
+        return suffix
+
+    def _origins(self, state: int) -> set[int]:
+        """The earlier sets `state`'s items go back to (rule 0's origin aside: nothing above it)."""
+        return {o for r, _, o, _ in self._sets[state] if r and o != SELF and o != state}
+
+    def _up_costs(self, state: int) -> dict[int, int]:
+        """Per nonterminal that items of `state` wait on, the fewest spellable bytes from its
+        completion there to the end of the text: over its waiters, the rest of their rule and then
+        their own completion where they started. Origins are earlier sets (ids below the set's),
+        so the sets below are done first (no recursion: a stack may be deep); waiters that started
+        in the set itself are relaxed to a fixpoint."""
+        got = self._up.get(state)
+        if got is not None:
+            return got
+        todo, order = [state], []
+        seen = {state}
+        while todo:  # the sets without costs yet, each after those it goes back to
+            x = todo.pop()
+            order.append(x)
+            for o in self._origins(x):
+                if o not in seen and o not in self._up:
+                    seen.add(o)
+                    todo.append(o)
+        suffix, lhs_of = self._suffixes(), self._lhs
+        for x in sorted(order):
+            waiters = self._waiters_of(x)
+            cost = dict.fromkeys(waiters, FAR)
+            changed = True
+            while changed:
+                changed = False
+                for sym, items in waiters.items():
+                    best = cost[sym]
+                    for r, d, o in items:
+                        c = suffix[r][d + 1]
+                        if r and c < FAR:
+                            c += (cost if o == x else self._up[o]).get(lhs_of[r], FAR)
+                        if c < best:
+                            best = c
+                    if best < cost[sym]:
+                        cost[sym] = best
+                        changed = True
+            self._up[x] = cost
+        return self._up[state]
+
+    def _bytes_to_end(self, state: int) -> int:
+        """The fewest spellable bytes after which `state` accepts (FAR: none): over its items, the
+        rest of the lexeme being scanned, the rest of the rule, the completions up the stack."""
+        got = self._to_end.get(state)
+        if got is not None:
+            return got
+        with self._lock:
+            if self._accepting[state]:
+                best = 0
+            else:
+                up = self._up_costs(state)
+                suffix, rhs_of, lhs_of = self._suffixes(), self._rhs, self._lhs
+                best = FAR
+                for r, d, o, q in self._sets[state]:
+                    if q >= 0:
+                        c = self._term_dist(-rhs_of[r][d] - 1, q) + suffix[r][d + 1]
+                    else:
+                        c = suffix[r][d]
+                    if r and c < FAR:
+                        c += (up if o == SELF or o == state else self._up[o]).get(lhs_of[r], FAR)
+                    best = min(best, c)
+            self._to_end[state] = best
+        return best
 
     def distance(self, state: int) -> int | None:
-        """Not computed for context-free grammars: None (no completion proven)."""
+        """An upper bound on the fewest tokens from `state` to the end of generation, EOS included:
+        1 + the fewest bytes to a complete text, each spelled by a token of one byte (0 in the
+        terminal state); None when no completion is spellable so. Sound for budget rows: a state
+        with a bound b > 1 has a one-byte token to a state with bound b - 1 (module docstring)."""
         self._check_state(state)
-        return 0 if state == TERMINAL else None
+        if state == TERMINAL:
+            return 0
+        d = self._bytes_to_end(state)
+        return None if d >= FAR else d + 1
 
     def distance_bound(self, state: int) -> int | None:
+        """`distance(state)`: it is already the cheap bound (no token search)."""
         return self.distance(state)
 
     @property
     def min_completion_tokens(self) -> int | None:
-        return None
+        """`distance(initial_state)`: the tokens a complete generation is sure to fit in."""
+        return self.distance(self.initial_state)
+
+    def _pair_bounds(self, t: int, q: int) -> _PairBounds:
+        """Per (terminal, DFA state): the tokens inside the terminal with the fewest spellable bytes
+        left in its lexeme after each, and the tokens below a node where the terminal may end (those
+        may also cross into the next lexeme, so their bound is not the lexeme's alone)."""
+        key = (t, q)
+        got = self._pair_bound.get(key)
+        if got is not None:
+            return got
+        trie = self._trie
+        nodes, states = self._live(t, q, -1)
+        # Per DFA state (small ints) through a lookup array: no sort of the walk's nodes.
+        lut = np.zeros(int(states.max()) + 1 if len(states) else 1, dtype=np.int64)
+        present = np.zeros(len(lut), dtype=bool)
+        present[states] = True
+        uniq = np.flatnonzero(present)
+        lut[uniq] = [self._term_dist(t, u) for u in uniq.tolist()]
+        dist = lut.take(states)
+        ids, at = _tokens_at(trie, nodes)
+        keep = ids < self.logits_width
+        all_ids, all_dist = ids[keep], dist[at[keep]]
+        ends = self._dfas[t].accepting.take(states) & (trie.child_count.take(nodes) > 0)
+        below = np.zeros(0, dtype=np.int64)
+        if ends.any():
+            flag = np.zeros(trie.num_nodes, dtype=bool)
+            is_exit = np.zeros(trie.num_nodes, dtype=bool)
+            is_exit[nodes[ends]] = True
+            for a, b in trie._levels[1:]:
+                parent = trie.parent[a:b]
+                flag[a:b] = flag[parent] | is_exit[parent]
+            below = _tokens_at(trie, np.flatnonzero(flag))[0]
+        got = self._pair_bound[key] = _PairBounds(all_ids, all_dist, below[below < self.logits_width])
+        return got
+
+    def _tails(self, state: int) -> dict[tuple[int, int], int]:
+        """Per scanning pair of `state`, the fewest spellable bytes after its lexeme ends: over the
+        pair's items, the rest of the rule and the completions up the stack."""
+        up = self._up_costs(state)
+        suffix, rhs_of, lhs_of = self._suffixes(), self._rhs, self._lhs
+        tails: dict[tuple[int, int], int] = {}
+        for r, d, o, q in self._sets[state]:
+            if q < 0:
+                continue
+            c = suffix[r][d + 1]
+            if r and c < FAR:
+                c += (up if o == SELF or o == state else self._up[o]).get(lhs_of[r], FAR)
+            key = (-rhs_of[r][d] - 1, q)
+            tails[key] = min(tails.get(key, FAR), c)
+        return tails
+
+    def _profile(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(`state`'s allowed ids, the bound after each: `distance` of its next state, FAR where
+        none). A token inside lexemes only takes the least over its pairs of the lexeme's rest plus
+        the pair's tail (exact: that is its next set's best item); any other token, one that may
+        cross a lexeme's end, is stepped (`next_state`). Kept for the last few states."""
+        got = self._profiles.get(state)
+        if got is not None:
+            return got
+        with self._lock:
+            ids = self.allowed_tokens(state).astype(np.int64)
+            best = np.full(self.logits_width, FAR, dtype=np.int64)
+            step = np.zeros(self.logits_width, dtype=bool)  # the tokens to step (flags: no set operations)
+            for key, tail in self._tails(state).items():
+                pb = self._pair_bounds(*key)
+                step[pb.below] = True
+                if tail < FAR and len(pb.ids):
+                    best[pb.ids] = np.minimum(best[pb.ids], pb.dist + (tail + 1))
+            step[best >= FAR] = True
+            step[self._eos_ids] = False
+            eos = np.isin(ids, self._eos_ids)
+            self._step_bounds(state, ids[step.take(ids)], best)
+            bounds = best.take(ids)
+            bounds[eos] = 0
+            got = (ids, bounds)
+            self._profiles[state] = got
+            while len(self._profiles) > PROFILES_KEPT:
+                self._profiles.pop(next(iter(self._profiles)))
+            self._slack[state] = int(bounds.max()) if len(bounds) else 0
+        return got
+
+    def _step_bounds(self, state: int, tokens: np.ndarray, best: np.ndarray) -> None:
+        """`best[t]` = `distance(next_state(state, t))` (FAR: none) for each of `tokens` (allowed in
+        `state`): one walk of the trie from the root through the parser's byte memo, entering only
+        the nodes above one of `tokens` (a dict read per node, shared by the tokens below it)."""
+        if not len(tokens):
+            return
+        trie = self._trie
+        above = np.zeros(trie.num_nodes, dtype=bool)
+        above[trie.token_node.take(tokens)] = True
+        for a, b in reversed(trie._levels[1:]):
+            part = above[a:b]
+            above[trie.parent[a:b][part]] = True
+        wanted = np.zeros(self.logits_width, dtype=bool)
+        wanted[tokens] = True
+        want, keep = wanted.tolist(), above.tolist()
+        child_start, child_count, node_byte, ends_at = (self._child_start, self._child_count, self._node_byte,
+                                                        self._ends_at)
+        step, to_end = self._step, self._to_end
+        found: dict[int, int] = {}
+        a0, b0 = trie._levels[0] if trie._levels else (0, 0)
+        stack = [(n, state) for n in range(a0, b0) if keep[n]]
+        while stack:
+            n, s = stack.pop()
+            b = node_byte[n]
+            s2 = step.get(s * 256 + b)
+            if s2 is None:
+                s2 = self._step_byte(s, b)
+            if s2 < 0:
+                continue
+            for t in ends_at[n]:
+                if t < len(want) and want[t]:
+                    d = to_end.get(s2)
+                    found[t] = (d if d is not None else self._bytes_to_end(s2)) + 1
+            c0 = child_start[n]
+            stack.extend((c, s2) for c in range(c0, c0 + child_count[n]) if keep[c])
+        if found:
+            at = np.fromiter(found, dtype=np.int64, count=len(found))
+            value = np.fromiter(found.values(), dtype=np.int64, count=len(found))
+            best[at] = np.minimum(value, FAR)
 
     def budget_mask_row(self, state: int, left: int) -> int:
-        """`mask_row(state)`: without distances a budget narrows nothing (module docstring)."""
-        return self.mask_row(state)
+        """The row allowing the tokens of `state`'s row whose next state's `distance` is at most
+        `left - 1` (`left`: the tokens still allowed, this one included); `mask_row(state)` where
+        that is the whole row, where `left <= 0` (past the budget), where the state has no bound
+        or the budget has already run out (no token keeps it). Memoized per (state, left); while
+        `left - 1` is at least the state's largest next bound (its slack, one profile per state)
+        the plain row at the cost of a dict read and a compare."""
+        slack = self._slack.get(state)
+        if slack is not None and left > slack:
+            return self.mask_row(state)
+        self._check_state(state)
+        if left <= 0 or state == TERMINAL:
+            return self.mask_row(state)
+        key = (state, left)
+        row = self._budget_rows.get(key)
+        if row is not None:
+            return row
+        with self._lock:
+            d = self.distance(state)
+            if d is None or d > left:
+                row = self.mask_row(state)
+            else:
+                ids, bounds = self._profile(state)
+                keep = bounds <= left - 1
+                whole = keep.all() or not keep.any()
+                row = self.mask_row(state) if whole else self.table.add(ids[keep].astype(np.int32))
+            self._budget_rows[key] = row
+        return row
 
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
-        return self.allowed_tokens(state)
+        """Sorted ids that `budget_mask_row(state, left)` allows (decoded from its row's bits)."""
+        row = self.budget_mask_row(state, left)
+        bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs."""
+        """Bytes held (upper-ish): the mask table, the sets and memos, the pairs' arrays, the DFAs,
+        and the budget bounds (per set, per pair, the profiles kept)."""
         items = sum(len(s) for s in self._sets) * 100 + len(self._sets) * 250
         memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
         memos += len(self._next) * _NEXT_ENTRY_BYTES
         pairs = sum(int(p.inside.nbytes) + int(p.exits.nbytes) + 200 for p in self._pairs.values())
-        return int(self.table.nbytes + items + memos + pairs + sum(d.nbytes for d in self._dfas)
-                   )
+        bounds = ((len(self._to_end) + len(self._slack) + len(self._budget_rows) + sum(map(len, self._tdist))
+                   + sum(map(len, self._up.values()))) * 100
+                  + sum(int(p.ids.nbytes + p.dist.nbytes + p.below.nbytes) + 200 for p in self._pair_bound.values())
+                  + sum(int(i.nbytes + b.nbytes) for i, b in self._profiles.values()))
+        return int(self.table.nbytes + items + memos + pairs + bounds + sum(d.nbytes for d in self._dfas))
 
 
 class _TrieView:
@@ -691,6 +1064,21 @@ def _trie_view(trie: TokenTrie) -> _TrieView:
         if view is None:
             view = _VIEWS[trie] = _TrieView(trie)
         return view
+
+
+def _tokens_at(trie: TokenTrie, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the ids of the tokens ending at `nodes`, the index in `nodes` of each one's node)."""
+    first = trie.end_first.take(nodes)
+    at = np.flatnonzero(first >= 0)
+    ids, where = [first[at].astype(np.int64)], [at]
+    if len(trie.end_more_node) and len(nodes):
+        index = np.full(trie.num_nodes, -1, dtype=np.int64)  # node -> its index in `nodes` (no sort)
+        index[nodes] = np.arange(len(nodes))
+        at_more = index.take(trie.end_more_node)
+        hit = at_more >= 0
+        ids.append(trie.end_more_id[hit].astype(np.int64))
+        where.append(at_more[hit])
+    return np.concatenate(ids), np.concatenate(where)
 
 
 def _descendants(trie: TokenTrie) -> np.ndarray:

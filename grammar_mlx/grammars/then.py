@@ -34,9 +34,14 @@ token that `second` may start with begins with a space or a newline, `first` tak
 leading spaces and newlines from the content is then exact. Where `second` may start with one, there
 is no gap and the content is the grammar's text from the end tag on.
 
-Token budgets: distances and budget rows are `second`'s in `second`'s states; in `first`'s none is
-proven (a context-free `second` has no distances), so a token budget narrows nothing there, except
-past a "start" handoff, where what is left is `first`'s own: its distances and budget rows.
+Token budgets: distances and budget rows are `second`'s in `second`'s states. In `first`'s, with an
+"accepting" handoff, the distance is `first`'s to its end (a handoff state, then EOS: one token
+less) plus `second`'s from its start, and the budget row is `first`'s for the budget less what
+`second`'s shortest answer needs (so the thinking ends in time for a complete answer), joined at a
+handoff state by `second`'s budget row at its start (the tokens `first` does not take). With a
+"start" handoff, at the start the nearer of the two sides, and past it `first`'s own. A bound is
+a sum of the parts' bounds, so it is as sound as theirs: the best token of the side that gives it
+brings it one nearer. None where a part has none (the plain row then).
 """
 
 from __future__ import annotations
@@ -257,39 +262,105 @@ class ThenGrammar:
     # -- distances and token budgets (module docstring) ------------------------------------------
 
     def distance(self, state: int) -> int | None:
-        """The fewest tokens to the end, EOS included, in `second`'s states where `second` knows it
-        (and in `first`'s past a "start" handoff, where `first` knows it); None elsewhere."""
+        """An upper bound on the tokens to the end, EOS included (module docstring): `second`'s in
+        its states; in `first`'s, `first`'s way to a handoff and then `second`'s from its start
+        (past a "start" handoff: `first`'s own; at it: the nearer of the two); None where a part
+        proves none."""
         self._check(state)
-        if state & 1 or self._past_start(state):
-            distance = getattr(self.second if state & 1 else self.first, "distance", None)
-            return None if distance is None else distance(state >> 1)
-        return None
+        half = state >> 1
+        if state & 1:
+            return _distance(self.second, half)
+        if self.handoff == "start":
+            own = _distance(self.first, half)
+            if not self._opens(half):
+                return own
+            start = _distance(self.second, self._start)
+            return start if own is None else own if start is None else min(own, start)
+        own, start = _distance(self.first, half), _distance(self.second, self._start)
+        return None if own is None or start is None else own - 1 + start
 
     def distance_bound(self, state: int) -> int | None:
         return self.distance(state)
 
     @property
     def min_completion_tokens(self) -> int | None:
-        return None
+        return self.distance(self.initial_state)
 
     def budget_mask_row(self, state: int, left: int) -> int:
-        """The budget row of the side that alone decides what is left (module docstring): `second`'s
-        in its states, `first`'s past a "start" handoff; `mask_row` elsewhere."""
-        side = state & 1
-        if not side and not self._past_start(state):
-            return self.mask_row(state)
-        half, part = state >> 1, self.second if side else self.first
-        inner = part.budget_mask_row(half, left)
+        """The row of the tokens after which the whole can still end within `left - 1` tokens:
+        `second`'s budget row in its states; in `first`'s, `first`'s budget row for what is left
+        once `second`'s shortest answer is set aside (nothing past a "start" handoff), and at a
+        handoff also `second`'s budget row at its start (the tokens `first` does not take).
+        `mask_row` where the budget does not bind, where `left <= 0`, or where no bound fits."""
+        side, half = state & 1, state >> 1
+        if side or self._past_start(state):
+            part = self.second if side else self.first
+            inner = part.budget_mask_row(half, left)
+            with self._lock:
+                return self._copy(side, inner, lambda: part.budget_allowed_tokens(half, left))
+        if not self._opens(half):  # `first`'s row alone: its own budget row (its per-token fast path)
+            first_left = self._first_left(state, left)
+            if first_left is None:
+                return self.mask_row(state)
+            inner = self.first.budget_mask_row(half, first_left)
+            with self._lock:
+                return self._copy(0, inner, lambda: self.first.budget_allowed_tokens(half, first_left))
+        key = (state, left)
+        row = self._budget_rows.get(key)
+        if row is not None:
+            return row
+        ids = self._first_budget_ids(state, left)
         with self._lock:
-            return self._copy(side, inner, lambda: part.budget_allowed_tokens(half, left))
+            row = self.mask_row(state) if ids is None else self.table.add(ids)
+            self._budget_rows[key] = row
+        return row
+
+    def _first_left(self, state: int, left: int) -> int | None:
+        """The budget `first`'s rows get in `first`'s state `state` (before any handoff is passed):
+        `left` less what `second`'s shortest answer takes after `first` ends (nothing for a "start"
+        handoff); None where the budget does not narrow (past it, or no bound fits)."""
+        d = self.distance(state)
+        if left <= 0 or d is None or d > left:
+            return None
+        start = _distance(self.second, self._start)
+        return left if self.handoff == "start" or start is None else left - (start - 1)
+
+    def _first_budget_ids(self, state: int, left: int) -> np.ndarray | None:
+        """The ids of a budget row in `first`'s states before any handoff is passed (None: the
+        plain row: the budget does not bind, is past, or no bound fits)."""
+        first_left = self._first_left(state, left)
+        if first_left is None:
+            return None
+        half = state >> 1
+        start = _distance(self.second, self._start)
+        own_d = _distance(self.first, half)
+        parts = []
+        opens = self._opens(half)
+        if own_d is not None and own_d <= first_left:
+            own = np.asarray(self.first.budget_allowed_tokens(half, first_left), dtype=np.int32)
+            parts.append(own[~np.isin(own, self._eos_ids)] if opens else own)
+        if opens and start is not None and start <= left:
+            theirs = np.asarray(self.second.budget_allowed_tokens(self._start, left), dtype=np.int32)
+            taken = np.asarray(self.first.allowed_tokens(half), dtype=np.int32)
+            parts.append(theirs[~np.isin(theirs, taken[~np.isin(taken, self._eos_ids)])])
+        ids = union_ids(parts) if parts else np.zeros(0, dtype=np.int32)
+        if not len(ids) or len(ids) == len(self.allowed_tokens(state)):
+            return None
+        return ids
 
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
         """Sorted ids that `budget_mask_row(state, left)` allows."""
         side = state & 1
-        if not side and not self._past_start(state):
-            return self.allowed_tokens(state)
-        part = self.second if side else self.first
-        return np.asarray(part.budget_allowed_tokens(state >> 1, left), dtype=np.int32)
+        if side or self._past_start(state):
+            part = self.second if side else self.first
+            return np.asarray(part.budget_allowed_tokens(state >> 1, left), dtype=np.int32)
+        if not self._opens(state >> 1):
+            first_left = self._first_left(state, left)
+            if first_left is None:
+                return self.allowed_tokens(state)
+            return np.asarray(self.first.budget_allowed_tokens(state >> 1, first_left), dtype=np.int32)
+        ids = self._first_budget_ids(state, left)
+        return self.allowed_tokens(state) if ids is None else ids
 
     @property
     def nbytes(self) -> int:
@@ -304,6 +375,11 @@ def starts_with_gap(grammar: Part) -> bool:
     return any(token_bytes[t] and token_bytes[t][0] in GAP_BYTES
                for t in np.asarray(grammar.allowed_tokens(grammar.initial_state)).tolist()
                if t < len(token_bytes))
+
+
+def _distance(part: Part, state: int) -> int | None:
+    distance = getattr(part, "distance", None)
+    return None if distance is None else distance(state)
 
 
 def reasoning_then(grammar: Part, tokenizer: Tokenizer, reasoning: Reasoning, state: str, *,

@@ -63,8 +63,8 @@ store (`--responses-store N`, default `DEFAULT_STORE_ENTRIES`, 256; an unknown o
   (`programs.reasoning_spec`, `grammars.then`); a recursive JSON Schema likewise. Beside tools
   with `auto` it is the answer that is not a call: the answer's first token opens a call or starts
   the grammar (`programs.answer_spec`; a call tag that is text, not one control token, is a 400
-  `unsupported_parameter`). It has no token-budget distances, so length-safe masking cannot steer
-  it to an end: a budget that ends first gives `finish_reason: "length"` with the partial text.
+  `unsupported_parameter`). It is length-safe as a schema is (below; its bound counts the text
+  spelled by one-byte tokens, docs/grammars.md): a budget under it is a 400 `max_tokens_too_small`.
 - Extension `"whitespace": "<regex>"`, inside `json_schema` or beside `"type": "json_object"`: a
   bounded JSON-whitespace pattern allowed between JSON tokens, e.g. `"[ \\n]{0,2}"`; default compact.
 - Extension `"open_objects": true` inside `json_schema`: a missing `additionalProperties` allows

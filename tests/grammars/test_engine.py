@@ -202,8 +202,12 @@ def test_protocol_pieces(json_grammar):
     assert rows.shape[1] == -(-WIDTH // 32)
     with pytest.raises(InvalidArgumentError):
         g.mask_row(10**9)
-    assert g.budget_mask_row(g.initial_state, 3) == g.mask_row(g.initial_state)
-    assert g.distance(g.initial_state) is None and g.min_completion_tokens is None
+    assert g.budget_mask_row(g.initial_state, 10**6) == g.mask_row(g.initial_state)  # a far budget
+    assert g.distance(g.initial_state) == g.min_completion_tokens == 2  # "0", EOS (see test_engine_budget.py)
+    with pytest.raises(InvalidArgumentError):
+        g.distance(10**9)
+    with pytest.raises(InvalidArgumentError):
+        g.budget_mask_row(10**9, 3)
     assert g.nbytes > 0 and g.stats["mode"] == "cfg"
 
 

@@ -106,7 +106,8 @@ def walk_checked(g, cfg, rng, state, budget, gap, max_tokens=40):
 @pytest.mark.parametrize("state,budget", [("open", 3), ("open", None), ("model", 2), ("model", None)])
 def test_masks_are_the_brute_force_on_walks_across_the_end_tag(arith, state, budget):
     g = reasoning_then(arith, VOCAB, tags(budget), state)
-    assert isinstance(g, ThenGrammar) and g.min_completion_tokens is None
+    # The end tag (where the model must think), a digit, EOS.
+    assert isinstance(g, ThenGrammar) and g.min_completion_tokens == (3 if state == "open" else 2)
     rng = random.Random(f"{state} {budget}")
     crossed = ended = 0
     for _ in range(25):
@@ -119,6 +120,44 @@ def test_masks_are_the_brute_force_on_walks_across_the_end_tag(arith, state, bud
         for t in ([THINK] if state == "model" else []) + [ord("a") - 1] * budget:
             s = g.next_state(s, t)
         assert g.allowed_tokens(s).tolist() == [END]
+
+
+def budget_brute(g, state: int, left: int) -> list[int]:
+    """{t : distance(next_state(state, t)) <= left - 1}, the plain row where that is none."""
+    allowed = g.allowed_tokens(state).tolist()
+    keep = [t for t in allowed if (d := g.distance(g.next_state(state, t))) is not None and d <= left - 1]
+    return keep or allowed
+
+
+@pytest.mark.parametrize("kind", ["open 3", "open None", "model 2", "calls"])
+def test_budget_rows_are_the_brute_force_and_walks_under_them_end_within_the_budget(arith, kind):
+    if kind == "calls":
+        g, cfg = tool_calls_or(ARITH)
+    else:
+        state, budget = kind.split()
+        g = reasoning_then(arith, VOCAB, tags(None if budget == "None" else int(budget)), state)
+    rng = random.Random(kind)
+    need = g.min_completion_tokens
+    assert need is not None and g.distance_bound(g.initial_state) == need
+    for max_tokens in range(need, need + 9):
+        for _ in range(5):
+            s, out = g.initial_state, []
+            for m in range(max_tokens):
+                left = max_tokens - m
+                d = g.distance(s)
+                assert d is not None and d <= left, (out, d, left)
+                ids = g.budget_allowed_tokens(s, left).tolist()
+                assert ids == budget_brute(g, s, left), (kind, out, left)
+                row = g.budget_mask_row(s, left)
+                if row != ALLOW_ALL:
+                    bits = np.unpackbits(np.asarray(g.device_masks())[row].view(np.uint8), bitorder="little")
+                    assert np.flatnonzero(bits[:g.logits_width]).tolist() == ids
+                t = rng.choice([i for i in ids if i != EOS] or ids) if rng.random() < 0.8 else rng.choice(ids)
+                out.append(t)
+                s = g.next_state(s, t)
+                if t == EOS:
+                    break
+            assert out[-1] == EOS and g.matches(out), (kind, max_tokens, out)
 
 
 def test_the_handoff_and_the_gap(arith):
@@ -338,7 +377,7 @@ def test_the_calls_or_the_grammar_masks_are_the_brute_force():
     # Past the call tag the grammar is gone, and the calls keep their own distances and budget rows.
     s = g.next_state(g.initial_state, CALL)
     assert g.role(g.initial_state, CALL) != "content" and g.role(g.initial_state, ord("1") - 1) == "content"
-    assert g.distance(s) == 3 and g.distance(g.initial_state) is None
+    assert g.distance(s) == 3 and g.distance(g.initial_state) == 2  # the nearer side: a digit, EOS
     assert g.budget_allowed_tokens(g.next_state(s, ord("a") - 1), 2).tolist() == [CALL_END]
     assert g.next_state(s, ord("1") - 1) == -1 and not g.is_accepting(s)
 

@@ -218,7 +218,7 @@ def test_grammars_compile_a_grammar_spec_once_per_syntax_text_and_start():
     assert isinstance(grammar, CFGGrammar) and grammar.logits_width == width
     assert grammar.matches([ord(c) - 1 for c in "1+23"])  # byte b is id b - 1
     assert not grammar.matches([ord(c) - 1 for c in "1++"])
-    assert grammar.min_completion_tokens is None  # no token-budget distances: length-safe masking is a no-op
+    assert grammar.min_completion_tokens == 2  # a digit, EOS: length-safe (grammars/engine.py)
     assert grammars.get(GrammarSpec("grammar", spec.text, syntax="gbnf", origin="grammar")) is grammar
     assert grammars.cache.stats()["hits"] == 1
     started = grammars.get(GrammarSpec("grammar", spec.text, syntax="gbnf", start="num"))
