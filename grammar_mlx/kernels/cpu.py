@@ -352,6 +352,21 @@ class RowCache:
             self._tables[table_id] = tracked
         return tracked
 
+    def carry(self, old: mx.array, new: mx.array) -> list[Any]:
+        """Make `new`, a table whose first rows are `old`'s rows (a grown copy), share `old`'s row
+        indexes, and return the keys of `old`'s per-table objects (`maskers`) for the caller to
+        bind to `new`. Sharing is exact because a row, once written, never changes: an id below
+        `old`'s rows names the same row in both tables, and `old` is never given an id past its own
+        rows. Whole-table entries are not carried (they are shaped by the table's rows)."""
+        with self._lock:
+            tracked = self._tables.get(id(old))
+            if tracked is None or tracked.table() is not old:
+                return []
+            state = self._track(new)
+            for key, index in tracked.indexes.items():
+                state.indexes.setdefault(key, index)
+            return list(tracked.maskers)
+
     def _table_died(self, table_id: int, ref: weakref.ref[mx.array]) -> None:
         with self._lock:
             tracked = self._tables.get(table_id)
