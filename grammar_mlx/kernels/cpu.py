@@ -193,10 +193,11 @@ class RowCache:
       per-row path.
 
     Content keys make a row valid for every table that holds it: a lazy grammar copies its rows into
-    a larger table object when one fills up, and they are found again without unpacking; equal rows
-    of different grammars share one entry. Each table keeps a `RowIndex` per ``(V, dense)`` so the
-    per-token lookup (`row`) is a dict read, no hashing of row bytes; the index goes when the table
-    dies (a recycled id never finds it) and holds no entry alive.
+    a larger table object when one fills up, and they are found again without unpacking (and, told
+    of the copy, `carry`, without a lookup); equal rows of different grammars share one entry.
+    Each table keeps a `RowIndex` per ``(V, dense)`` so the per-token lookup (`row`) is a dict read,
+    no hashing of row bytes; the index goes when the table dies (a recycled id never finds it) and
+    holds no entry alive.
 
     Recency, one policy for every entry and every caller: second chance. A hit only marks its entry
     used, one attribute store, because the per-token lookup runs on the cold caches a mask leaves
