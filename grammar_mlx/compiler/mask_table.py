@@ -9,7 +9,9 @@ The table the kernels read (`device_masks()`) is one `mx.array` with room for mo
 holds: a new row is written into it in place (through a numpy view of its memory,
 `kernels.shared_array`) before its id is handed out, and a full table is copied once into one of
 twice the rows, so U distinct rows make O(log U) tables (`copies`) and the kernels' per-table
-caches stay valid (the kernels package docstring, "Mask layout", states the rule). Where numpy
+caches stay valid (the kernels package docstring, "Mask layout", states the rule); a grown table
+takes over the old one's row indexes and bound maskers (`kernels.dispatch.carry_row_cache`), so
+its rows are not looked up again after the copy. Where numpy
 cannot write into an MLX array's memory (`kernels.shared_array` returns None), the table is copied
 for each new row instead. A seeded table starts at exactly its seed's rows (no spare room until the
 first added row).
@@ -89,7 +91,11 @@ class MaskTable:
             if copy is None or copy[0] != self.num_rows:
                 import mlx.core as mx
 
-                copy = self._copy = (self.num_rows, mx.array(self._table[1][: max(self.num_rows, 1)]))
+                previous = copy
+                copy = (self.num_rows, mx.array(self._table[1][: max(self.num_rows, 1)]))
+                if previous is not None:
+                    _carry(previous[1], copy[1])
+                self._copy = copy
                 self.copies += 1
             return copy[1]
 
@@ -164,7 +170,7 @@ class MaskTable:
     def _grow(self, rows: int) -> None:
         """A table of `rows` rows (at most what `max_bytes` allows) holding the rows so far."""
         rows = max(min(rows, self.max_bytes // (4 * self.words)), self.num_rows, 1)
-        old = self._table[1]
+        previous, old = self._table
         shared = None
         if self._shared is not False:
             from ..kernels.dispatch import shared_array
@@ -179,9 +185,11 @@ class MaskTable:
         else:
             table, host = None, np.zeros((rows, self.words), dtype=np.uint32)
             host[: self.num_rows] = old[: self.num_rows]
-        self._table = (table, host)  # one assignment: readers see the old table or the whole new one
         if table is not None:
+            if previous is not None:
+                _carry(previous, table)  # before the new table is seen: its first use finds the old one's caches
             self.copies += 1
+        self._table = (table, host)  # one assignment: readers see the old table or the whole new one
 
     @property
     def nbytes(self) -> int:
@@ -194,6 +202,14 @@ class MaskTable:
         index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES
         bits = 0 if self._bits is None else self._bits.nbytes
         return int(own + (copy[1].nbytes if copy is not None else 0) + index + bits)
+
+
+def _carry(old: mx.array, new: mx.array) -> None:
+    """`kernels.dispatch.carry_row_cache`: `new` holds `old`'s rows first, so the kernels' per-table
+    caches of `old` (row indexes, bound maskers) serve `new` without being rebuilt."""
+    from ..kernels.dispatch import carry_row_cache
+
+    carry_row_cache(old, new)
 
 
 def union_ids(parts: list[np.ndarray]) -> np.ndarray:

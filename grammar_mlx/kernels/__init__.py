@@ -66,7 +66,9 @@ for more rows than it has handed out, and writes each new row in place, through 
 before handing out its id: compiler/lazy.py). The rule: a row id may be passed here only once its
 row is written, and a row, once passed, never changes. Rows past those are never read, so a
 table's per-table caches (its row index and whole-table entry, keyed by the table object, held
-weakly and dropped when it dies) stay valid while it grows.
+weakly and dropped when it dies) stay valid while it grows. A table copied into a longer one when
+full hands the new object its row indexes and per-token maskers (`carry_row_cache`): the same
+rule makes an id below the old table's rows name the same row in both.
 """
 
 from .cpu import jit_available as cpu_jit_available
@@ -77,6 +79,7 @@ from .dispatch import (
     apply_token_bitmasks,
     available_paths,
     before_host_write,
+    carry_row_cache,
     clear_row_cache,
     default_path,
     gathered_table,
@@ -97,6 +100,7 @@ __all__ = [
     "apply_token_bitmasks",
     "available_paths",
     "before_host_write",
+    "carry_row_cache",
     "clear_row_cache",
     "cpu_jit_available",
     "default_path",

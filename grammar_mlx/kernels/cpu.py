@@ -193,10 +193,11 @@ class RowCache:
       per-row path.
 
     Content keys make a row valid for every table that holds it: a lazy grammar copies its rows into
-    a larger table object when one fills up, and they are found again without unpacking; equal rows
-    of different grammars share one entry. Each table keeps a `RowIndex` per ``(V, dense)`` so the
-    per-token lookup (`row`) is a dict read, no hashing of row bytes; the index goes when the table
-    dies (a recycled id never finds it) and holds no entry alive.
+    a larger table object when one fills up, and they are found again without unpacking (and, told
+    of the copy, `carry`, without a lookup); equal rows of different grammars share one entry.
+    Each table keeps a `RowIndex` per ``(V, dense)`` so the per-token lookup (`row`) is a dict read,
+    no hashing of row bytes; the index goes when the table dies (a recycled id never finds it) and
+    holds no entry alive.
 
     Recency, one policy for every entry and every caller: second chance. A hit only marks its entry
     used, one attribute store, because the per-token lookup runs on the cold caches a mask leaves
@@ -351,6 +352,21 @@ class RowCache:
             tracked = TableState(weakref.ref(table, functools.partial(self._table_died, table_id)), {}, {})
             self._tables[table_id] = tracked
         return tracked
+
+    def carry(self, old: mx.array, new: mx.array) -> list[Any]:
+        """Make `new`, a table whose first rows are `old`'s rows (a grown copy), share `old`'s row
+        indexes, and return the keys of `old`'s per-table objects (`maskers`) for the caller to
+        bind to `new`. Sharing is exact because a row, once written, never changes: an id below
+        `old`'s rows names the same row in both tables, and `old` is never given an id past its own
+        rows. Whole-table entries are not carried (they are shaped by the table's rows)."""
+        with self._lock:
+            tracked = self._tables.get(id(old))
+            if tracked is None or tracked.table() is not old:
+                return []
+            state = self._track(new)
+            for key, index in tracked.indexes.items():
+                state.indexes.setdefault(key, index)
+            return list(tracked.maskers)
 
     def _table_died(self, table_id: int, ref: weakref.ref[mx.array]) -> None:
         with self._lock:

@@ -28,6 +28,7 @@ __all__ = [
     "apply_token_bitmasks",
     "available_paths",
     "before_host_write",
+    "carry_row_cache",
     "clear_row_cache",
     "default_path",
     "gathered_table",
@@ -279,6 +280,27 @@ def set_row_cache_limit(max_bytes: int) -> None:
     if max_bytes < 0:
         raise KernelError(f"row cache limit must be >= 0 bytes, got {max_bytes}")
     _ROW_CACHE.resize(max_bytes)
+
+
+def carry_row_cache(old: mx.array, new: mx.array) -> None:
+    """Tell the kernels that `new` holds `old`'s rows as its first rows (a mask table grown into a
+    larger one: compiler/mask_table.py): `new` takes over `old`'s row indexes and CPU per-token
+    maskers, so its rows are not looked up again, nor the masker checked again, on their first
+    use through `new`. Raises `KernelError` unless both are uint32 tables of one width with `new`
+    at least as long (its first rows' contents are the caller's promise)."""
+    for name, table in (("old", old), ("new", new)):
+        if not isinstance(table, mx.array) or table.ndim != 2 or table.dtype != mx.uint32:
+            raise KernelError(f"carry_row_cache: {name} must be a 2-D uint32 mx.array mask table")
+    if new.shape[1] != old.shape[1] or new.shape[0] < old.shape[0]:
+        raise KernelError(f"carry_row_cache: a table of shape {tuple(new.shape)} cannot hold the rows of one "
+                          f"of shape {tuple(old.shape)}")
+    maskers = None
+    for key in _ROW_CACHE.carry(old, new):
+        shape, dtype, path = key
+        if maskers is None:
+            maskers = _ROW_CACHE.maskers(new)
+        if key not in maskers:  # checked against `old`'s width and dtype, which `new` shares
+            maskers[key] = _cpu_row_masker(new, shape[1], dtype, path)
 
 
 def clear_row_cache() -> None:

@@ -323,6 +323,51 @@ def test_processor_over_a_lazy_grammar_masks_exactly_while_the_table_grows(qwen_
     assert masks > 4 and len(tables) == lazy.stats["table_copies"] <= 1 + math.ceil(math.log2(masks / 4))
 
 
+def test_concurrent_processors_mask_exactly_while_their_grammars_table_grows(qwen_vocab):
+    """Threads, each with its own processor on one lazy grammar, walk different documents: the
+    table grows (new table objects, each taking over the last one's row index and masker:
+    compiler/mask_table.py) while other threads mask through older tables, and every call masks
+    exactly as the eager grammar allows."""
+    schema = {"type": "object", "properties": {f"k{i}": {"type": "integer", "maximum": 10 ** i} for i in range(6)},
+              "required": [f"k{i}" for i in range(6)]}
+    lazy = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    eager = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="eager", use_cache=False)
+    rng = random.Random(11)
+    walks = []
+    for _ in range(6):
+        q, walk = eager.initial_state, []
+        for _ in range(24):
+            text = [t for t in eager.allowed_tokens(q).tolist() if t not in eager.eos_token_ids]
+            if not text:
+                break
+            walk.append(rng.choice(text))
+            q = eager.next_state(q, walk[-1])
+        walks.append(walk)
+    logits = mx.array(np.random.default_rng(2).normal(size=(1, QWEN_WIDTH)).astype(np.float32))
+    barrier, errors, tables = threading.Barrier(len(walks)), [], set()
+
+    def run(walk):
+        try:
+            proc, q = GrammarProcessor(lazy), eager.initial_state
+            barrier.wait()
+            for n in range(len(walk) + 1):
+                out = np.asarray(proc(mx.array([1, 2, *walk[:n]]), logits))[0]
+                tables.add(id(proc._bound_table))
+                assert np.array_equal(np.flatnonzero(np.isfinite(out)), eager.allowed_tokens(q)), n
+                if n < len(walk):
+                    q = eager.next_state(q, walk[n])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in walks]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    assert lazy.stats["table_copies"] >= 3 and len(tables) >= 3, "the table grew while the threads masked"
+
+
 def packed_rows(index: LazyIndex, states) -> dict[int, np.ndarray]:
     """state -> its mask, packed as the kernels read it, from the index's own rows."""
     out = {}

@@ -54,3 +54,42 @@ def test_a_row_given_by_its_words_and_count_is_the_row_of_all_its_ids():
     assert other.add(part, other.pack(dense), count=len(dense)) == first and other.num_rows == 1
     with pytest.raises(InvalidArgumentError, match="needs at least"):
         table.add(part, table.pack(part), count=len(part))
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["in-place", "copy-per-row"])
+def test_a_grown_table_masks_exactly_and_looks_no_row_up_twice(monkeypatch, shared):
+    """Each new table object (grown when full, or, where numpy cannot write into MLX memory, copied
+    per new row) takes over the last one's row index and bound masker (`kernels.dispatch.
+    carry_row_cache`): over many growths each row id is looked up once, every masker bound on the
+    way masks every row it was given exactly, and only the first table's masker is checked."""
+    import mlx.core as mx
+
+    from grammar_mlx.kernels import dispatch
+
+    if not shared:
+        monkeypatch.setattr(dispatch, "_host_writes_visible", lambda: False)
+    dispatch.clear_row_cache()
+    width = 1001
+    rng = np.random.default_rng(7)
+    table = MaskTable(width, 1 << 20)
+    loads, checks = [], []
+    real_load, real_check = dispatch._ROW_CACHE._load_row, dispatch._checked_rows
+    monkeypatch.setattr(dispatch._ROW_CACHE, "_load_row", lambda *a: (loads.append(a[3]), real_load(*a))[1])
+    monkeypatch.setattr(dispatch, "_checked_rows", lambda *a: (checks.append(1), real_check(*a))[1])
+    rows, bound = [], []
+    for n in range(40):
+        tokens = np.sort(rng.choice(width, int(rng.integers(1, 60)), replace=False)).astype(np.int32)
+        assert table.add(tokens) == n
+        rows.append(tokens)
+        masks = table.device_masks()
+        if not bound or bound[-1][0] is not masks:
+            bound.append((masks, dispatch.row_masker(masks, width, mx.float32)))
+        logits = mx.array(rng.normal(size=(1, width)).astype(np.float32))
+        for row in {n, int(rng.integers(0, n + 1))}:
+            for _, mask in bound[-2:]:  # the table in hand and the one before (a processor not yet moved on)
+                if row < mask.args[0].shape[0]:
+                    out = np.asarray(mask(logits, row))[0]
+                    assert np.flatnonzero(np.isfinite(out)).tolist() == rows[row].tolist()
+    assert len(bound) == table.copies and len(bound) > 4
+    assert sorted(set(loads)) == sorted(loads) == list(range(40)), "each row looked up once over every table"
+    assert len(checks) == 1, "only the first table's masker was checked"

@@ -340,6 +340,60 @@ def test_a_table_growing_in_place_masks_exactly(path, cache_mode):
     assert len(whole) == (1 if cache_mode == "whole-table" else 0), "one entry for the table, however it grew"
 
 
+@pytest.mark.parametrize("path", cpu_paths())
+def test_a_grown_table_takes_over_the_old_tables_row_index_and_masker(path, monkeypatch):
+    """`carry_row_cache(old, new)`: a table copied into a longer one (a lazy grammar's, when full)
+    keeps its rows' lookups and its bound masker: binding `new` checks nothing again, its old rows
+    load no entry again, its new rows load theirs, and every row masks exactly through either
+    table; the old table's masker still refuses ids past its own rows."""
+    rng = np.random.default_rng(22)
+    vocab, words = 1001, 32
+    rows_np = np.concatenate([make_table(rng, MASK_KINDS[i % len(MASK_KINDS)], 1, words) for i in range(8)])
+    old = mx.array(rows_np[:4])
+    mask_old = dispatch.row_masker(old, vocab, mx.float32, path=path)
+    bits = make_logit_bits(rng, "float32", 1, vocab)
+    for row in range(4):
+        mx.eval(mask_old(to_mx(bits, "float32"), row))
+    new, view = dispatch.shared_array((8, words), np.uint32)
+    view[:4] = rows_np[:4]
+    loads, checks = [], []
+    real_load, real_check = dispatch._ROW_CACHE._load_row, dispatch._checked_rows
+    monkeypatch.setattr(dispatch._ROW_CACHE, "_load_row", lambda *a: (loads.append(a[3]), real_load(*a))[1])
+    monkeypatch.setattr(dispatch, "_checked_rows", lambda *a: (checks.append(1), real_check(*a))[1])
+    dispatch.carry_row_cache(old, new)
+    mask_new = dispatch.row_masker(new, vocab, mx.float32, path=path)
+    assert checks == [], "the masker bound for the old table serves the new one unchecked"
+    for row in range(8):
+        if row >= 4:
+            dispatch.before_host_write()
+            view[row] = rows_np[row]  # written, then handed out
+        bits = make_logit_bits(rng, "float32", 1, vocab)
+        for mask in (mask_new, mask_old) if row < 4 else (mask_new,):
+            np.testing.assert_array_equal(to_bits(mask(to_mx(bits, "float32"), row), "float32"),
+                                          reference(bits, rows_np, [row], 0xFF800000))
+    assert loads == [4, 5, 6, 7], "rows the old table had looked up are not looked up again"
+    monkeypatch.undo()
+    with pytest.raises(KernelError, match="out of range"):
+        mask_old(to_mx(bits, "float32"), 4)
+    with pytest.raises(KernelError, match="out of range"):
+        mask_new(to_mx(bits, "float32"), 8)
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        (mx.zeros((4, 32), dtype=mx.uint32), mx.zeros((3, 32), dtype=mx.uint32), "cannot hold"),
+        (mx.zeros((4, 32), dtype=mx.uint32), mx.zeros((8, 33), dtype=mx.uint32), "cannot hold"),
+        (mx.zeros((4, 32), dtype=mx.uint32), mx.zeros((8, 32), dtype=mx.int32), "new must be"),
+        (np.zeros((4, 32), dtype=np.uint32), mx.zeros((8, 32), dtype=mx.uint32), "old must be"),
+        (mx.zeros((4,), dtype=mx.uint32), mx.zeros((8, 32), dtype=mx.uint32), "old must be"),
+    ],
+)
+def test_carrying_to_a_table_that_cannot_hold_the_rows_raises_kernel_error(old, new, message):
+    with pytest.raises(KernelError, match=message):
+        dispatch.carry_row_cache(old, new)
+
+
 # ---------------------------------------------------------------------------------------------
 # apply_token_bitmasks: each row by its own table
 
