@@ -90,7 +90,25 @@ def class_template(ranges: tuple[tuple[int, int], ...]) -> Template:
     start first, -1 the end of the character. A state is the set of code point offsets still
     possible after the bytes read (its residual language), so equal residuals are one state: the
     DFA of `\\w` has a few hundred states, not one chain per range. Overlong forms and surrogates
-    are never encoded (the forms' bounds; the set is normalized without surrogates)."""
+    are never encoded (the forms' bounds; the set is normalized without surrogates).
+
+    ASCII members are one byte each, edges straight to the end that create no state, so the start's
+    ASCII edges are the members below 0x80 and the rest is the template of the members above
+    (`_multibyte_template`), shared by every set with the same non-ASCII part: the complements of a
+    few ASCII characters (key names, string bodies) differ only there."""
+    members = CharSet.normalize((max(lo, 1), hi) for lo, hi in ranges if hi >= 1).ranges  # no surrogate
+    ascii_edges = [(lo, min(hi, 0x7F), -1) for lo, hi in members if lo <= 0x7F]
+    upper = _window(members, 0x80, MAX_CODE_POINT - 0x7F, 0)
+    multibyte = _multibyte_template(upper) if upper else [[]]
+    if not ascii_edges and not multibyte[0]:
+        raise Unsupported("an empty character class (or one of NUL only)")
+    return [ascii_edges + multibyte[0], *multibyte[1:]]
+
+
+@lru_cache(maxsize=1024)
+def _multibyte_template(members: tuple[tuple[int, int], ...]) -> Template:
+    """`class_template` of a set of code points all above 0x7F (normalized), its start possibly
+    empty. Read-only: its rows are shared by the templates built on it."""
     states: Template = [[]]
     ids: dict[tuple[int, tuple[tuple[int, int], ...]], int] = {}
 
@@ -108,17 +126,14 @@ def class_template(ranges: tuple[tuple[int, int], ...]) -> Template:
                                      state)
         return sid
 
-    members = CharSet.normalize((max(lo, 1), hi) for lo, hi in ranges if hi >= 1).ranges  # no surrogate
     leads: list[tuple[int, tuple[tuple[int, int], ...], int]] = []
-    for first, last, k, payload, low, high in _UTF8_FORMS:
+    for first, last, k, payload, low, high in _UTF8_FORMS[1:]:
         for b in range(first, last + 1):
             base = (b & payload) << (6 * k)
             lo, hi = max(base, low), min(base + 64**k - 1, high)
             if lo <= hi:
                 leads.append((b, _window(members, lo, hi - lo + 1, base), k))
-    states[0] = _edges(1, leads, state)
-    if not states[0]:
-        raise Unsupported("an empty character class (or one of NUL only)")
+    states[0] = _edges(0xC2, leads, state)
     return states
 
 

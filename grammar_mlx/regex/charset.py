@@ -97,7 +97,24 @@ class CharSet:
         return CharSet.normalize(out)
 
     def __sub__(self, other: CharSet) -> CharSet:
-        return self & ~other
+        # One sweep over both (no complement of `other` built): pieces of a range of `self` are cut
+        # apart by what `other` removes between them, so they stay disjoint and non-adjacent.
+        if not other.ranges or not self.ranges:
+            return self
+        out: list[tuple[int, int]] = []
+        cut, j = other.ranges, 0
+        for lo, hi in self.ranges:
+            while j < len(cut) and cut[j][1] < lo:
+                j += 1
+            k, start = j, lo
+            while k < len(cut) and cut[k][0] <= hi:
+                if cut[k][0] > start:
+                    out.append((start, cut[k][0] - 1))
+                start = max(start, cut[k][1] + 1)
+                k += 1
+            if start <= hi:
+                out.append((start, hi))
+        return CharSet(tuple(out))
 
     def size(self) -> int:
         return sum(hi - lo + 1 for lo, hi in self.ranges)
