@@ -384,6 +384,21 @@ def test_raw_error_shapes_and_refused_fields(servers):
     assert status == 400 and "nested too deeply" in body["error"]["message"]
 
 
+def test_a_schema_nested_past_the_recursion_limit_is_a_400_and_the_server_keeps_serving(servers):
+    url = servers["plain"].url
+    # a $ref cycle below 3,000 optional properties: its grammar nests past Python's recursion limit
+    wide = {"type": "object", "properties": {**{f"p{i}": {"type": "integer"} for i in range(3000)},
+                                             "self": {"$ref": "#"}}}
+    for _ in range(2):  # the second answer comes from the grammar cache's remembered error
+        status, _, body = post(url, {"messages": ASK, "max_tokens": 5, "response_format": schema_format(wide)})
+        assert status == 400 and body["error"]["code"] == "grammar_too_large", body
+        assert "nests too deeply" in body["error"]["message"] and "max_recursion_depth" in body["error"]["message"]
+        assert body["error"]["param"] == "response_format.json_schema.schema"
+    status, _, body = post(url, {"messages": ASK, "max_tokens": 5,
+                                 "response_format": schema_format({"type": "integer"})})
+    assert status == 200 and body["choices"][0]["message"]["content"].lstrip("-").isdigit()
+
+
 @pytest.mark.slow
 def test_non_strict_schema_reports_unenforced_keywords(servers):
     raw = servers["plain"].client().chat.completions.with_raw_response.create(

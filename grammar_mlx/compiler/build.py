@@ -10,7 +10,8 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -179,7 +180,7 @@ def compile_regex(pattern: str, tokenizer: TokenizerSource, *, logits_width: int
     if not isinstance(pattern, str):
         raise InvalidRegexError(f"a regex must be a str, got {type(pattern).__name__}")
     opts = _options(**options)
-    with deadline_scope(opts.deadline):
+    with refusing_deep_nesting("the regex"), deadline_scope(opts.deadline):
         # The extensions (anchors at the ends, JavaScript escapes) written as regex-automata reads
         # them, for every engine and the cache key alike.
         target, index = _located(tokenizer, logits_width, opts)
@@ -208,7 +209,7 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
 
     started = time.perf_counter()
     opts = _options(**options)
-    with deadline_scope(opts.deadline):
+    with refusing_deep_nesting("the schema"), deadline_scope(opts.deadline):
         depth = 3 if max_recursion_depth is None else max_recursion_depth
         check_translation_options(strict, depth, open_objects)
         doc = load_schema(schema)  # once, for both paths
@@ -233,6 +234,21 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
 
         source = _Source(named, lambda: translated.regex, translated.ast, translated.size, translated.nesting)
         return _compile("json_schema", source, target, translated.unenforced, opts, started, index)
+
+
+@contextmanager
+def refusing_deep_nesting(what: str) -> Iterator[None]:
+    """The public compile functions' last guard: a `RecursionError` from a stage that walks its
+    input recursively and has no depth check of its own becomes `GrammarTooLargeError`, never an
+    untyped error for a caller or the server. It unwinds like any other error: locks are held in
+    `with` blocks, and the live memo and the caches take only finished grammars (the tests compile
+    again after each refusal)."""
+    try:
+        yield
+    except RecursionError:
+        raise GrammarTooLargeError(
+            f"{what} nests too deeply to compile (past Python's recursion limit in a stage that walks it "
+            "recursively); flatten it") from None
 
 
 def compile_regex_ast(ast: RegexNode, key: str, tokenizer: TokenizerSource, *, logits_width: int | None = None,

@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from ..compiler.build import _width_and_eos, token_trie
+from ..compiler.build import _width_and_eos, refusing_deep_nesting, token_trie
 from ..errors import InvalidArgumentError, InvalidGrammarError
 from ..vocabulary.token_bytes import vocabulary_of
 from .cfg import Pos, Rule, Source, lower
 from .engine import CFGGrammar
 from .gbnf import parse_gbnf
-from .json_schema import SchemaRules, schema_rules
+from .json_schema import SchemaRules, schema_rules, too_deep
 from .lark import parse_lark
 
 __all__ = ["CFGGrammar", "compile_grammar", "compile_recursive_schema", "parse_grammar"]
@@ -48,9 +48,10 @@ def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start
     (also an `EmptyLanguageError`) when its language is empty."""
     started = time.perf_counter()
     source = parse_grammar(text, syntax=syntax, start=start)
-    return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
-                          description=f"{syntax} grammar ({len(source.rules)} rules)", syntax=syntax,
-                          started=started)
+    with refusing_deep_nesting("the grammar"):
+        return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
+                              description=f"{syntax} grammar ({len(source.rules)} rules)", syntax=syntax,
+                              started=started)
 
 
 def compile_source(source: Source, tokenizer: Any, *, logits_width: int | None, eos_token_ids: Any,
@@ -88,6 +89,9 @@ def compile_schema_rules(got: SchemaRules, tokenizer: Any, *, logits_width: int 
     """A recursive schema's rules (`json_schema.rules_of`) compiled, its first mask included."""
     rules = {"<schema>": Rule(got.root, Pos(1, 1)), **got.rules}
     source = Source(rules, "<schema>", unenforced=got.unenforced)
-    return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
-                          description=f"recursive JSON Schema ({len(got.rules)} recursive definitions)",
-                          syntax="json_schema", started=started)
+    try:
+        return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
+                              description=f"recursive JSON Schema ({len(got.rules)} recursive definitions)",
+                              syntax="json_schema", started=started)
+    except RecursionError:  # the lowering walks the rules' expressions recursively
+        raise too_deep("compiling it") from None

@@ -17,13 +17,13 @@ schema left with none is `EmptyLanguageError`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Container, Hashable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 from ..automata.chars import memo_scope
-from ..errors import EmptyLanguageError
+from ..errors import EmptyLanguageError, GrammarTooLargeError
 from ..regex import syntax as rx
 from ..schema.emit import Emitter, cyclic_keys
 from ..schema.ir import Node, Ref
@@ -32,7 +32,7 @@ from ..schema.translate import Normalized, load_schema, whitespace_regex
 from .cfg import Alts, Cat, Expr, Pos, Rep, Rule, Term
 from .cfg import Ref as RuleRef
 
-__all__ = ["SchemaRules", "may_recurse", "rules_of", "schema_rules"]
+__all__ = ["SchemaRules", "may_recurse", "rules_of", "schema_rules", "too_deep"]
 
 _AT = Pos(1, 1)  # a schema's rules have no place in a grammar text
 
@@ -122,9 +122,27 @@ def rules_of(doc: dict[str, Any] | bool, *, whitespace: str | None = None, stric
              open_objects: bool = False, prefix: str = "$ref") -> SchemaRules | Normalized | None:
     """`schema_rules` of a document `load_schema` returned; for one without a cycle, the
     normalization it made on the way where the regular path can take it over (`Normalized`:
-    `translate_loaded` then does not normalize again), else None."""
+    `translate_loaded` then does not normalize again), else None. `GrammarTooLargeError` for a
+    schema the normalizer or emitter cannot follow within Python's recursion limit (a long chain of
+    `$ref`s into the cycle)."""
     if not may_recurse(doc):
         return None
+    try:
+        return _rules_of(doc, whitespace, strict, open_objects, prefix)
+    except RecursionError:
+        raise too_deep("translating it") from None
+
+
+def too_deep(stage: str) -> GrammarTooLargeError:
+    """The error for a recursive schema nested past Python's recursion limit at `stage`."""
+    return GrammarTooLargeError(
+        f"the schema's $refs cycle and it nests too deeply for {stage} as a context-free grammar (a long chain "
+        "of $refs, or of optional properties or nested keywords on the cycle); flatten the schema, or "
+        "compile it with max_recursion_depth=n, which unrolls its cycles n times into a regex instead")
+
+
+def _rules_of(doc: dict[str, Any] | bool, whitespace: str | None, strict: bool, open_objects: bool,
+              prefix: str) -> SchemaRules | Normalized | None:
     ws = whitespace_regex(whitespace)
     with memo_scope():
         nz = Normalizer(doc, strict=strict, open_objects=open_objects)
@@ -172,21 +190,50 @@ def _productive(bodies: dict[Hashable, rx.Node | None], holes: dict[int, Hashabl
 
 
 def _derives(node: rx.Node, holes: dict[int, Hashable], alive: set[Hashable], memo: dict[int, bool]) -> bool:
-    got = memo.get(id(node))
-    if got is None:
-        key = holes.get(id(node))
+    for n in _post_order(node, memo, holes):
+        key = holes.get(id(n))
         if key is not None:
             got = key in alive
-        elif isinstance(node, rx.Seq):
-            got = all(_derives(x, holes, alive, memo) for x in node.items)
-        elif isinstance(node, rx.Alt):
-            got = any(_derives(x, holes, alive, memo) for x in node.items)
-        elif isinstance(node, rx.Repeat):
-            got = node.lo == 0 or _derives(node.item, holes, alive, memo)
+        elif isinstance(n, rx.Seq):
+            got = all(memo[id(x)] for x in n.items)
+        elif isinstance(n, rx.Alt):
+            got = any(memo[id(x)] for x in n.items)
+        elif isinstance(n, rx.Repeat):
+            got = n.lo == 0 or memo[id(n.item)]
         else:
             got = True
-        memo[id(node)] = got
-    return got
+        memo[id(n)] = got
+    return memo[id(node)]
+
+
+def _post_order(root: rx.Node, done: Container[int], leaves: Container[int]) -> list[rx.Node]:
+    """The nodes under `root` (itself included) whose id is not in `done`, each once and after its
+    children; nothing below a node whose id is in `leaves`. An explicit stack, not recursion: a
+    schema's AST nests once per optional property of an object (each the tail of the one before),
+    past Python's recursion limit for a few hundred of them."""
+    order: list[rx.Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[rx.Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen or id(node) in done:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if id(node) not in leaves:
+            stack.extend((x, False) for x in reversed(_children(node)))
+    return order
+
+
+def _children(node: rx.Node) -> tuple[rx.Node, ...]:
+    if isinstance(node, (rx.Seq, rx.Alt)):
+        return node.items
+    if isinstance(node, rx.Repeat):
+        return (node.item,)
+    return ()  # a `Bounded` node's leaves are character classes, never placeholders
 
 
 class _Converter:
@@ -200,40 +247,52 @@ class _Converter:
 
     def _plain(self, node: rx.Node) -> bool:
         """No placeholder inside."""
-        got = self.plain.get(id(node))
-        if got is None:
-            if id(node) in self.holes:
+        for n in _post_order(node, self.plain, self.holes):
+            if id(n) in self.holes:
                 got = False
-            elif isinstance(node, (rx.Seq, rx.Alt)):
-                got = all(self._plain(x) for x in node.items)
-            elif isinstance(node, rx.Repeat):
-                got = self._plain(node.item)
+            elif isinstance(n, (rx.Seq, rx.Alt)):
+                got = all(self.plain[id(x)] for x in n.items)
+            elif isinstance(n, rx.Repeat):
+                got = self.plain[id(n.item)]
             else:
                 got = True
-            self.plain[id(node)] = got
-        return got
+            self.plain[id(n)] = got
+        return self.plain[id(node)]
 
     def expr(self, node: rx.Node) -> Expr | None:
-        if id(node) in self.memo:
-            return self.memo[id(node)]
-        out: Expr | None
+        self._plain(node)
+        # below a placeholder or a node without one nothing is converted: each is one expression
+        whole = _Stops(self.holes, self.plain)
+        for n in _post_order(node, self.memo, whole):
+            self.memo[id(n)] = self._one(n)
+        return self.memo[id(node)]
+
+    def _one(self, node: rx.Node) -> Expr | None:
+        """`node`'s expression, its children's already in the memo."""
         key = self.holes.get(id(node))
         if key is not None:
-            out = RuleRef(self.names[key], _AT) if key in self.alive else None
-        elif self._plain(node):
-            out = Term(node, _AT)
-        elif isinstance(node, rx.Seq):
-            items = [self.expr(x) for x in node.items]
-            out = None if any(x is None for x in items) else Cat(tuple(x for x in items if x is not None), _AT)
-        elif isinstance(node, rx.Alt):
-            kept = tuple(x for x in (self.expr(x) for x in node.items) if x is not None)
-            out = None if not kept else kept[0] if len(kept) == 1 else Alts(kept, _AT)
-        else:
-            assert isinstance(node, rx.Repeat)
-            item = self.expr(node.item)
-            if item is None:
-                out = Term(rx.EMPTY, _AT) if node.lo == 0 else None
-            else:
-                out = Rep(item, node.lo, node.hi, _AT)
-        self.memo[id(node)] = out
-        return out
+            return RuleRef(self.names[key], _AT) if key in self.alive else None
+        if self.plain[id(node)]:
+            return Term(node, _AT)
+        if isinstance(node, rx.Seq):
+            items = [self.memo[id(x)] for x in node.items]
+            return None if any(x is None for x in items) else Cat(tuple(x for x in items if x is not None), _AT)
+        if isinstance(node, rx.Alt):
+            kept = tuple(x for x in (self.memo[id(x)] for x in node.items) if x is not None)
+            return None if not kept else kept[0] if len(kept) == 1 else Alts(kept, _AT)
+        assert isinstance(node, rx.Repeat)
+        item = self.memo[id(node.item)]
+        if item is None:
+            return Term(rx.EMPTY, _AT) if node.lo == 0 else None
+        return Rep(item, node.lo, node.hi, _AT)
+
+
+@dataclass(slots=True)
+class _Stops:
+    """The ids `_Converter.expr` does not look below: placeholders, and nodes without one."""
+
+    holes: dict[int, Hashable]
+    plain: dict[int, bool]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, int) and (key in self.holes or self.plain.get(key, False))

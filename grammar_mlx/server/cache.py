@@ -218,9 +218,6 @@ class Grammars:
                                    start=spec.start, logits_width=self.logits_width)
         if spec.kind == "regex":
             return compile_regex(spec.text, self.vocabulary, logits_width=self.logits_width, **options)
-        try:
-            return compile_json_schema(spec.text, self.vocabulary, logits_width=self.logits_width,
-                                       whitespace=spec.whitespace, strict=spec.strict,
-                                       open_objects=spec.open_objects, **options)
-        except RecursionError:
-            raise InvalidSchemaError("the schema is nested too deeply to translate") from None
+        return compile_json_schema(spec.text, self.vocabulary, logits_width=self.logits_width,
+                                   whitespace=spec.whitespace, strict=spec.strict,
+                                   open_objects=spec.open_objects, **options)

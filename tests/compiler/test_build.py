@@ -496,3 +496,74 @@ def test_compile_regex_reads_anchors_and_javascript_escapes(qwen_vocab, qwen_hf_
     for pattern, text in ((r"^\d{4}$", "2026"), (r"^(?i)abc$", "aBc"), (r"a\e?b", "ab")):
         grammar = compile_regex(pattern, qwen_vocab)
         assert grammar.matches(qwen_hf_tokenizer.encode(text) + [eos]), pattern
+
+
+# -- nesting past Python's recursion limit: a typed size error, never a RecursionError --------------
+
+def _nest(levels: int, wrap, leaf: object) -> object:
+    for _ in range(levels):
+        leaf = wrap(leaf)
+    return leaf
+
+
+def _ref_chain(n: int, last: object) -> dict:
+    defs: dict = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)}
+    defs[f"d{n}"] = last
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+DEEP_SCHEMAS = {
+    "properties": (_nest(2000, lambda s: {"type": "object", "properties": {"a": s}}, {"type": "string"}),
+                   "more than 100 levels deep"),
+    "items": (_nest(2000, lambda s: {"type": "array", "items": s}, {"type": "string"}), "more than 100 levels deep"),
+    "allOf": (_nest(2000, lambda s: {"allOf": [s]}, {"type": "string"}), "more than 100 levels deep"),
+    "document": ('{"a":' * 10_000 + "1" + "}" * 10_000, "the schema text nests too deeply"),
+    "pattern": ({"type": "string", "pattern": "(" * 5000 + "a" + ")" * 5000}, "nests too deeply"),
+    "ref_chain": (_ref_chain(3000, {"type": "integer"}), "nests too deeply"),
+    "ref_chain_into_a_cycle": (_ref_chain(3000, {"$ref": "#/$defs/d0"}), "max_recursion_depth=n"),
+    "wide_cycle": ({"type": "object", "properties": {**{f"p{i}": {"type": "integer"} for i in range(3000)},
+                                                     "self": {"$ref": "#"}}}, "max_recursion_depth=n"),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_SCHEMAS))
+def test_deep_schemas_are_typed_size_errors_and_nothing_is_left_broken(qwen_vocab, name):
+    schema, message = DEEP_SCHEMAS[name]
+    with pytest.raises(GrammarTooLargeError, match=re.escape(message)):
+        compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    assert compile_json_schema({"type": "integer"}, qwen_vocab, logits_width=QWEN_WIDTH).matches([16])  # "1"
+
+
+def test_a_regex_of_5000_nested_groups_compiles(qwen_vocab):
+    grammar = compile_regex("(" * 5000 + "ab" + ")" * 5000, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy")
+    assert grammar.matches([370])  # "ab"
+
+
+def test_a_recursion_error_left_in_any_stage_is_a_typed_size_error(qwen_vocab, monkeypatch):
+    """The public compile functions' last guard (`build.refusing_deep_nesting`)."""
+    import grammar_mlx.grammars as grammars
+
+    def too_deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(build, "_compile", too_deep)
+    monkeypatch.setattr(grammars, "compile_source", too_deep)
+    for name, compile_ in (("the regex", lambda: compile_regex("a", qwen_vocab)),
+                           ("the schema", lambda: compile_json_schema({"type": "integer"}, qwen_vocab)),
+                           ("the grammar", lambda: grammars.compile_grammar('start: "a"', qwen_vocab))):
+        with pytest.raises(GrammarTooLargeError, match=f"^{name} nests too deeply to compile"):
+            compile_()
+
+
+def test_the_maskbench_schema_that_raised_recursion_error(corpora, qwen_vocab):
+    """Kubernetes kb_1161: a `$ref` cycle below a few hundred optional properties, once a bare
+    RecursionError; its way out (`max_recursion_depth`) compiles."""
+    from conftest import read_corpus
+
+    schema = next(row["schema"] for row in read_corpus("maskbench-public.jsonl.gz")
+                  if row["id"] == "Kubernetes---kb_1161_Normalized.json")
+    with pytest.raises(GrammarTooLargeError, match="max_recursion_depth=n"):
+        compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    grammar = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False,
+                                  max_recursion_depth=3)
+    assert grammar.min_completion_tokens is not None and grammar.allowed_tokens(grammar.initial_state).size
