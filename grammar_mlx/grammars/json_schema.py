@@ -28,7 +28,7 @@ from ..regex import syntax as rx
 from ..schema.emit import Emitter, cyclic_keys
 from ..schema.ir import Node, Ref
 from ..schema.normalize import Normalizer, Unenforced
-from ..schema.translate import Normalized, load_schema, whitespace_regex
+from ..schema.translate import UNLIMITED_FIRST_CHOICES, Normalized, load_schema, whitespace_regex
 from .cfg import Alts, Cat, Expr, Pos, Rep, Rule, Term
 from .cfg import Ref as RuleRef
 
@@ -145,7 +145,10 @@ def _rules_of(doc: dict[str, Any] | bool, whitespace: str | None, strict: bool, 
               prefix: str) -> SchemaRules | Normalized | None:
     ws = whitespace_regex(whitespace)
     with memo_scope():
-        nz = Normalizer(doc, strict=strict, open_objects=open_objects)
+        # No first-property limit (schema.objects._first_choices): it bounds a regex *text*, while
+        # rules and the AST share the tail of an object's optional properties between the choices of
+        # its first one, as the regular path's first try does; a limit here would narrow silently.
+        nz = Normalizer(doc, strict=strict, open_objects=open_objects, first_choice_cost=UNLIMITED_FIRST_CHOICES)
         root = nz.node([nz.root_loc])
         cyclic = cyclic_keys(nz.table)
         if not cyclic:

@@ -371,7 +371,7 @@ def _translate_within_cap(doc: dict[str, Any] | bool, ws: str, strict: bool, max
         return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False)
 
 
-_UNLIMITED = 1 << 62  # a first-choice cost no object reaches
+UNLIMITED_FIRST_CHOICES = 1 << 62  # a first-choice cost no object reaches
 
 
 class _CostlyTooLarge(Exception):
@@ -386,7 +386,7 @@ def _depth_ladder(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursi
     used = False
     # No first-property limit at first: the AST shares the tail of an object's optional properties
     # between the choices of its first one, so n choices cost n nodes (the limit is for the text).
-    for cost in (_UNLIMITED, 0):
+    for cost in (UNLIMITED_FIRST_CHOICES, 0):
         table = None if nz is None else first_property_narrowed(nz.table)
         if nz is None and normalized is not None and costly:  # the first normalizer, built by the caller
             nz, root = normalized.nz, normalized.root

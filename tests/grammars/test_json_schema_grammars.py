@@ -172,6 +172,23 @@ def test_a_cycle_below_hundreds_of_optional_properties_converts_then_is_refused_
     assert small is not None and small.accepts_text('{"p0":1,"self":{"p0":2,"self":{}}}')
 
 
+def test_any_optional_property_of_a_wide_cycle_may_come_first_as_on_the_regular_path():
+    """No first-property limit on the context-free path (it bounds a regex text, not rules): with
+    21 optional properties, the last declared one and the cycle's own may be written first, and a
+    declared order is still kept, as the regular path (the same object without the cycle) has it."""
+    g = compile_recursive_schema(_wide_cycle(20), VOCAB, logits_width=WIDTH)
+    assert g is not None and not g.unenforced
+    plain = _wide_cycle(20)
+    plain["properties"]["self"] = {"type": "object", "maxProperties": 0}
+    regular = compile_json_schema(plain, VOCAB, logits_width=WIDTH)
+    assert isinstance(regular, CompiledGrammar)
+    for text, ok in (('{"p19":2}', True), ('{"self":{}}', True), ('{"p7":1,"p19":2,"self":{}}', True),
+                     ('{"p0":1}', True), ('{"p1":1,"p0":2}', False), ('{"self":{},"p3":1}', False)):
+        assert g.accepts_text(text) is ok, text
+        assert regular.matches([b - 1 for b in text.encode()]) is ok, text  # one-byte tokens: byte b is id b - 1
+    assert g.accepts_text('{"self":{"p19":1,"self":{"self":{}}}}')
+
+
 def test_a_long_ref_chain_into_a_cycle_is_a_typed_size_error():
     defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(3000)}
     defs["d3000"] = {"$ref": "#/$defs/d0"}
