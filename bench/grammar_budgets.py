@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "grammars"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from grammars import GRAMMARS, _ours, _quantile, _walk  # noqa: E402
+from grammars import GRAMMARS, _ours, _quantile, _walk, cell  # noqa: E402
 
 FAR = 10**9
 SLACK = 8  # the tight budget: the shortest completion plus this many tokens
@@ -120,11 +120,10 @@ def main() -> None:
             f"{'tight p50':>9} {'ratio':>6} {'tight p99':>9} {'complete':>8}")
     print(head)
     for r in rows:
-        def f(x: float | None, w: int = 8, p: int = 2) -> str:
-            return f"{x:>{w}.{p}f}" if x is not None else f"{'-':>{w}}"
-        print(f"{r['grammar']:<13} {r['min_completion_tokens'] or '-':>4} {f(r['plain_p50_ms'], 9)} "
-              f"{f(r['far_p50_ms'])} {f(r['far_ratio'], 6)} {f(r['far_p99_ms'])} {f(r.get('tight_p50_ms'), 9)} "
-              f"{f(r.get('tight_ratio'), 6)} {f(r.get('tight_p99_ms'), 9)} {str(r.get('tight_complete', '-')):>8}")
+        print(f"{r['grammar']:<13} {r['min_completion_tokens'] or '-':>4} {cell(r['plain_p50_ms'], 9)} "
+              f"{cell(r['far_p50_ms'])} {cell(r['far_ratio'], 6)} {cell(r['far_p99_ms'])} "
+              f"{cell(r.get('tight_p50_ms'), 9)} {cell(r.get('tight_ratio'), 6)} {cell(r.get('tight_p99_ms'), 9)} "
+              f"{str(r.get('tight_complete', '-')):>8}")
     p99 = [r[k] for r in rows for k in ("far_p99_ms", "tight_p99_ms") if r.get(k) is not None]
     summary = {
         "far_ratio_p50": statistics.median(r["far_ratio"] for r in rows),

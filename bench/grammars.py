@@ -223,6 +223,11 @@ def measure(name: str, syntax: str, text: str, tok: Any, llg_tok: Any, tokens: i
     return row
 
 
+def cell(x: float | None, w: int = 8, p: int = 2) -> str:
+    """A table cell: x right-aligned in w columns with p decimals, "-" where there is no figure."""
+    return f"{x:>{w}.{p}f}" if x is not None else f"{'-':>{w}}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=64)
@@ -247,12 +252,10 @@ def main() -> None:
             f"{'tok p99':>8} {'cpu p99':>8} {'llg p50':>8} {'ratio':>6} {'cached':>7} {'walked':>7}")
     print(head)
     for r in rows:
-        def f(x: float | None, w: int = 8, p: int = 2) -> str:
-            return f"{x:>{w}.{p}f}" if x is not None else f"{'-':>{w}}"
-        print(f"{r['grammar']:<13} {f(r['ours_compile_ms'], 10, 1)} {f(r['llguidance_compile_ms'], 8, 1)} "
-              f"{f(r['compile_ratio'], 6)} {f(r['compile_cpu_ratio'], 9)} {f(r['ours_token_p50_ms'])} "
-              f"{f(r['ours_token_p99_ms'])} {f(r['ours_token_p99_cpu_ms'])} {f(r['llguidance_token_p50_ms'])} "
-              f"{f(r.get('token_p50_ratio'), 6)} {f(r['cached_call_ratio'], 7)} "
+        print(f"{r['grammar']:<13} {cell(r['ours_compile_ms'], 10, 1)} {cell(r['llguidance_compile_ms'], 8, 1)} "
+              f"{cell(r['compile_ratio'], 6)} {cell(r['compile_cpu_ratio'], 9)} {cell(r['ours_token_p50_ms'])} "
+              f"{cell(r['ours_token_p99_ms'])} {cell(r['ours_token_p99_cpu_ms'])} {cell(r['llguidance_token_p50_ms'])} "
+              f"{cell(r.get('token_p50_ratio'), 6)} {cell(r['cached_call_ratio'], 7)} "
               f"{r['llguidance_walked']:>3}/{r['walk_tokens']:<3}")
     token_ratios = [r["token_p50_ratio"] for r in rows if "token_p50_ratio" in r]
     p99s = [r["ours_token_p99_ms"] for r in rows if r["ours_token_p99_ms"] is not None]
