@@ -225,21 +225,26 @@ def test_rows_equal_outlines_core_on_corpus_schemas(schema_id, corpus_rows, qwen
 # -- the index: threads, memory bounds, the processor ---------------------------------------------------
 
 
+def _random_walks(grammar, rng: random.Random, count: int, length: int) -> list[list[int]]:
+    """`count` walks of up to `length` text tokens (no EOS), each token drawn from the allowed ones."""
+    walks = []
+    for _ in range(count):
+        state, walk = grammar.initial_state, []
+        for _ in range(length):
+            text = [t for t in grammar.allowed_tokens(state).tolist() if t not in grammar.eos_token_ids]
+            if not text:
+                break
+            walk.append(rng.choice(text))
+            state = grammar.next_state(state, walk[-1])
+        walks.append(walk)
+    return walks
+
+
 def test_threads_fill_each_state_once_and_agree(qwen_vocab):
     regex = REGEXES[2]
     reference = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="eager", use_cache=False)
     shared = compile_regex(regex, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
-    seqs = []
-    rng = random.Random(3)
-    for _ in range(8):
-        state, seq = reference.initial_state, []
-        for _ in range(12):
-            text = [t for t in reference.allowed_tokens(state).tolist() if t not in reference.eos_token_ids]
-            if not text:
-                break
-            seq.append(rng.choice(text))
-            state = reference.next_state(state, seq[-1])
-        seqs.append(seq)
+    seqs = _random_walks(reference, random.Random(3), 8, 12)
     barrier, errors = threading.Barrier(8), []
 
     def run(seq):
@@ -332,17 +337,7 @@ def test_concurrent_processors_mask_exactly_while_their_grammars_table_grows(qwe
               "required": [f"k{i}" for i in range(6)]}
     lazy = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
     eager = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="eager", use_cache=False)
-    rng = random.Random(11)
-    walks = []
-    for _ in range(6):
-        q, walk = eager.initial_state, []
-        for _ in range(24):
-            text = [t for t in eager.allowed_tokens(q).tolist() if t not in eager.eos_token_ids]
-            if not text:
-                break
-            walk.append(rng.choice(text))
-            q = eager.next_state(q, walk[-1])
-        walks.append(walk)
+    walks = _random_walks(eager, random.Random(11), 6, 24)
     logits = mx.array(np.random.default_rng(2).normal(size=(1, QWEN_WIDTH)).astype(np.float32))
     barrier, errors, tables = threading.Barrier(len(walks)), [], set()
 
