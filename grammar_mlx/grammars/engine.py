@@ -62,18 +62,23 @@ than one. None where no completion is spellable so (a vocabulary without some by
 nothing is claimed there.
 
 `budget_mask_row(state, left)` keeps the tokens of the row whose next state's bound is at most
-left - 1 (EOS where accepting), so a row is never empty while the state's bound is at most `left`,
-and every sampler that respects the rows ends within the budget. The bound after each token of a
-row (its *profile*, kept for the last `PROFILES_KEPT` states): a token that stays inside the lexemes
-being scanned reaches the set of the scanning items stepped by it, whose best item is per pair
-the terminal DFA state's bytes to acceptance plus the pair's tail (per pair, the token's end states
-come from one trie walk, shared by all states); a token below a node where a terminal may end (it
-may cross into the next lexeme) or inside no pair is stepped by `next_state` (few: what a lexeme's
-end allows). A state's largest next bound, its slack, is remembered: while `left - 1` is at least it
-the budget cuts nothing and the call costs a dict read and a compare; below it a row per
-(state, left) is made once and memoized. A state without a bound, `left <= 0` (past the budget), or
-a budget already past the bound give `mask_row`. `min_completion_tokens` is the initial state's
-bound, so `GrammarProcessor(max_tokens=)` refuses a smaller budget (`TokenBudgetError`) up front.
+left - 1 (EOS where accepting), so a row is never empty while the state's bound is at most `left`, and
+every sampler that respects the rows ends within the budget. The bound after each token of a row
+(its *profile*, kept for the last `PROFILES_KEPT` states) comes from the mask's own walk, with no
+token stepped: a token's next set is the union of what each walk of its bytes reaches (inside the
+lexemes being scanned, or past a lexeme's end at some node of it), so its bound, the shortest
+completion of any of those parses, is the least over those walks. Inside a pair's terminal a walk
+reaches the pair's items stepped, whose best is the terminal DFA state's bytes to acceptance plus
+the pair's tail (per pair, the inside tokens' bytes to acceptance come from one trie walk, shared by
+all states); one byte past a lexeme's end it reaches the set stepped there, whose bound is its own;
+deeper, the same again from that set. So a state's first profile costs the crossing walks of its
+mask (the same walks where the budget asks before the plain row: the row is made from them) with a
+bound read per token they reach, and a trie walk per pair new to the budget. A state's largest next
+bound, its slack, is remembered: while `left - 1` is at least it the budget cuts nothing and the
+call costs a dict read and a compare; below it a row per (state, left) is made once and memoized. A
+state without a bound, `left <= 0` (past the budget), or a budget already past the bound give
+`mask_row`. `min_completion_tokens` is the initial state's bound, so `GrammarProcessor(max_tokens=)`
+refuses a smaller budget (`TokenBudgetError`) up front.
 """
 
 from __future__ import annotations
