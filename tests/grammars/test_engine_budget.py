@@ -199,14 +199,18 @@ def test_every_bound_of_a_fresh_state_is_the_stepped_one(name, small_subtree, mo
             assert g.allowed_tokens(state).tolist() == [t for t in range(g.logits_width) if g.next_state(state, t) >= 0]
 
 
-def test_identifier_bounds_on_a_real_vocabulary(qwen_tokenizer):
-    # Qwen3's identifier-like tokens: tens of thousands below a node where an identifier may end,
-    # thousands going on past it into an operator and the next identifier. Every state along a text.
+@pytest.mark.parametrize("name, text", [("idents", "total +(beta*2) -gamma_1 = alpha\nx/z9=y\n"),
+                                        ("json", '{"k\\u00e9y": [1.5e3, "a b\\n", true]}')], ids=["idents", "json"])
+def test_bounds_on_a_real_vocabulary(name, text, qwen_tokenizer):
+    # Qwen3's tokens along a text, every state: identifiers (tens of thousands of tokens below a node
+    # where one may end, thousands going on past it into an operator and the next identifier), and
+    # JSON strings (most of the vocabulary inside, its tokens' bytes to the string's end unequal).
     from tiny_models import QWEN_LOGITS_WIDTH
 
-    g = compile_grammar(IDENTS, qwen_tokenizer, syntax="gbnf", logits_width=QWEN_LOGITS_WIDTH)
+    g = compile_grammar(IDENTS if name == "idents" else JSON_GBNF, qwen_tokenizer, syntax="gbnf",
+                        logits_width=QWEN_LOGITS_WIDTH)
     state = g.initial_state
-    for t in qwen_tokenizer.encode("total +(beta*2) -gamma_1 = alpha\nx/z9=y\n"):
+    for t in qwen_tokenizer.encode(text):
         state = g.next_state(state, t)
         assert state >= 0
         check_budget_rows(g, state)
