@@ -553,7 +553,7 @@ class CFGGrammar:
             inside, at, exits = self._split(t, nodes, states)
             parts.append(inside)
             if tails is not None and bounds is not None and tails[t, q] < FAR:
-                dist = self._lexeme_rest(t, states).take(at)
+                dist = self._lexeme_rest(t, states.take(at))
                 bounds[inside] = np.minimum(bounds.take(inside), dist + (tails[t, q] + 1))
             if len(exits):
                 b = branch()
@@ -900,7 +900,7 @@ class CFGGrammar:
         inside, at, exits = self._split(t, nodes, states)
         if pair is None:
             pair = self._pairs[t, q] = _Pair(inside, exits)
-        pair.dist = self._lexeme_rest(t, states).take(at)
+        pair.dist = self._lexeme_rest(t, states.take(at))
         return pair.dist
 
     def _lexeme_rest(self, t: int, states: np.ndarray) -> np.ndarray:
