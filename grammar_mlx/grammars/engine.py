@@ -62,18 +62,23 @@ than one. None where no completion is spellable so (a vocabulary without some by
 nothing is claimed there.
 
 `budget_mask_row(state, left)` keeps the tokens of the row whose next state's bound is at most
-left - 1 (EOS where accepting), so a row is never empty while the state's bound is at most `left`,
-and every sampler that respects the rows ends within the budget. The bound after each token of a
-row (its *profile*, kept for the last `PROFILES_KEPT` states): a token that stays inside the lexemes
-being scanned reaches the set of the scanning items stepped by it, whose best item is per pair
-the terminal DFA state's bytes to acceptance plus the pair's tail (per pair, the token's end states
-come from one trie walk, shared by all states); a token below a node where a terminal may end (it
-may cross into the next lexeme) or inside no pair is stepped by `next_state` (few: what a lexeme's
-end allows). A state's largest next bound, its slack, is remembered: while `left - 1` is at least it
-the budget cuts nothing and the call costs a dict read and a compare; below it a row per
-(state, left) is made once and memoized. A state without a bound, `left <= 0` (past the budget), or
-a budget already past the bound give `mask_row`. `min_completion_tokens` is the initial state's
-bound, so `GrammarProcessor(max_tokens=)` refuses a smaller budget (`TokenBudgetError`) up front.
+left - 1 (EOS where accepting), so a row is never empty while the state's bound is at most `left`, and
+every sampler that respects the rows ends within the budget. The bound after each token of a row
+(its *profile*, kept for the last `PROFILES_KEPT` states) comes from the mask's own walk, with no
+token stepped: a token's next set is the union of what each walk of its bytes reaches (inside the
+lexemes being scanned, or past a lexeme's end at some node of it), so its bound, the shortest
+completion of any of those parses, is the least over those walks. Inside a pair's terminal a walk
+reaches the pair's items stepped, whose best is the terminal DFA state's bytes to acceptance plus
+the pair's tail (per pair, the inside tokens' bytes to acceptance come from one trie walk, shared by
+all states); one byte past a lexeme's end it reaches the set stepped there, whose bound is its own;
+deeper, the same again from that set. So a state's first profile costs the crossing walks of its
+mask (the same walks where the budget asks before the plain row: the row is made from them) with a
+bound read per token they reach, and a trie walk per pair new to the budget. A state's largest next
+bound, its slack, is remembered: while `left - 1` is at least it the budget cuts nothing and the
+call costs a dict read and a compare; below it a row per (state, left) is made once and memoized. A
+state without a bound, `left <= 0` (past the budget), or a budget already past the bound give
+`mask_row`. `min_completion_tokens` is the initial state's bound, so `GrammarProcessor(max_tokens=)`
+refuses a smaller budget (`TokenBudgetError`) up front.
 """
 
 from __future__ import annotations
@@ -117,28 +122,21 @@ _Item = tuple[int, int, int, int]
 _NEXT_ENTRY_BYTES = 160
 FAR = 1 << 40  # a byte count farther than any text: no completion spellable
 PROFILES_KEPT = 64  # states whose per-token bounds are kept (a tight budget revisits a state)
+_SORT_MAX = 4096  # token ids up to this many are sorted; more are placed by a slot per id (`union_ids`)
 
 
 class _Pair:
-    """What one (terminal, DFA state) contributes to masks: the tokens staying inside the terminal,
-    and the trie nodes with children where the terminal may end."""
+    """What one (terminal, DFA state) contributes to masks: the tokens staying inside the terminal
+    (sorted ids), and the trie nodes with children where the terminal may end; for token budgets,
+    made on first use (`CFGGrammar._pair_dist`), the fewest spellable bytes left in the lexeme after
+    each inside token."""
 
-    __slots__ = ("exits", "inside")
+    __slots__ = ("dist", "exits", "inside")
 
     def __init__(self, inside: np.ndarray, exits: np.ndarray):
         self.inside = inside
         self.exits = exits
-
-
-class _PairBounds:
-    """What one (terminal, DFA state) contributes to bounds (`CFGGrammar._pair_bounds`)."""
-
-    __slots__ = ("below", "dist", "ids")
-
-    def __init__(self, ids: np.ndarray, dist: np.ndarray, below: np.ndarray):
-        self.ids = ids
-        self.dist = dist
-        self.below = below
+        self.dist: np.ndarray | None = None
 
 
 class CFGGrammar:
@@ -200,7 +198,7 @@ class CFGGrammar:
         self._suffix: list[list[int]] | None = None
         self._up: dict[int, dict[int, int]] = {}
         self._to_end: dict[int, int] = {}
-        self._pair_bound: dict[tuple[int, int], _PairBounds] = {}
+        self._tail_of: dict[int, dict[tuple[int, int], int]] = {}
         self._profiles: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slack: dict[int, int] = {}
         self._budget_rows: dict[tuple[int, int], int] = {}
@@ -482,59 +480,85 @@ class CFGGrammar:
         live = np.flatnonzero(node_st != dead)
         return live, node_st[live]
 
-    def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids ending at `nodes`, the nodes with children where terminal t may end)."""
+    def _split(self, t: int, nodes: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sorted ids of the tokens ending at `nodes`, below the logits width; the index in `nodes`
+        of each one's node; the nodes with children where terminal t may end)."""
         trie = self._trie
-        first = trie.end_first.take(nodes)
-        ids = first[first >= 0]
-        if len(trie.end_more_node):
-            more = trie.end_more_id[np.isin(trie.end_more_node, nodes)]
-            if len(more):
-                ids = np.concatenate([ids, more])
-        ids = np.sort(ids[ids < self.logits_width]).astype(np.int32)
+        ids, at = _tokens_at(trie, nodes)
+        keep = ids < self.logits_width
+        ids, at = ids[keep], at[keep]
+        if len(ids) < _SORT_MAX:
+            order = np.argsort(ids)
+            ids, at = ids[order], at[order]
+        else:  # most of the vocabulary (free text, an identifier): a slot per id, no sort
+            at_of = np.full(self.logits_width, -1, dtype=np.int64)
+            at_of[ids] = at
+            ids = np.flatnonzero(at_of >= 0)
+            at = at_of.take(ids)
         ends = self._dfas[t].accepting.take(states) & (trie.child_count.take(nodes) > 0)
-        return ids, nodes[ends]
+        return ids.astype(np.int32), at, nodes[ends]
 
     def _pair(self, t: int, q: int) -> _Pair:
         """The whole trie walked through terminal t's DFA from state q (module docstring)."""
         key = (t, q)
         got = self._pairs.get(key)
         if got is None:
-            got = self._pairs[key] = _Pair(*self._split(t, *self._live(t, q, -1)))
+            inside, _, exits = self._split(t, *self._live(t, q, -1))
+            got = self._pairs[key] = _Pair(inside, exits)
         return got
 
-    def _ids(self, state: int) -> np.ndarray:
-        """Sorted allowed ids of a state (EOS where accepting)."""
+    def _ids(self, state: int, bounds: np.ndarray | None = None) -> np.ndarray:
+        """Sorted allowed ids of a state (EOS where accepting): per scanning pair the tokens inside
+        its terminal, and the tokens that go past a lexeme's end (`_crossing`, which lowers `bounds`
+        where given)."""
         if state == TERMINAL:
             return self._eos_ids
-        parts: list[np.ndarray] = []
-        crossing: set[int] = set()
-        self._below(state, -1, parts, crossing)
+        parts = [self._pair(t, q).inside for (t, q), _ in self._groups(state)]
         if self._accepting[state]:
             parts.append(self._eos_ids)
+        parts.append(self._crossing(state, bounds))
+        return union_ids(parts)
+
+    def _crossing(self, state: int, bounds: np.ndarray | None) -> np.ndarray:
+        """Sorted ids of the tokens that `state` allows along a walk going past the end of a lexeme:
+        from each node where a scanning pair's terminal may end, what the set that ending it there
+        leaves allows below. Any other allowed token stays inside the lexemes being scanned (the
+        walks that cross die in it). With `bounds` (one per id), each token's is lowered to the
+        `distance` that each such walk reaches (`_profile`)."""
+        parts: list[np.ndarray] = []
+        crossing: set[int] = set()
+        for (t, q), branch in self._groups(state):
+            exits = self._pair(t, q).exits
+            if len(exits):
+                b = branch()
+                if b >= 0:
+                    self._enter(b, exits, parts, crossing, bounds)
         if crossing:
             parts.append(np.fromiter((t for t in crossing if t < self.logits_width), dtype=np.int32))
         return union_ids(parts)
 
-    def _below(self, state: int, node: int, parts: list[np.ndarray], crossing: set[int]) -> None:
-        """The tokens whose bytes past trie `node` (-1: the root) set `state` allows, into `parts`
-        (arrays) and `crossing` (ids): per scanning pair, the tokens inside its terminal, and from
-        each node where the terminal may end, the same for the set that ending it there leaves.
-        A small subtree is walked byte by byte instead (cheaper than its numpy calls)."""
-        if node >= 0 and self._descendants[node] <= SMALL_SUBTREE:
-            self._small_below(state, node, crossing)
+    def _below(self, state: int, node: int, parts: list[np.ndarray], crossing: set[int],
+               bounds: np.ndarray | None) -> None:
+        """The tokens whose bytes past trie `node` set `state` allows, into `parts` (arrays) and
+        `crossing` (ids): per scanning pair, the tokens inside its terminal, and from each node where
+        the terminal may end, the same for the set that ending it there leaves. A small subtree is
+        walked byte by byte instead (cheaper than its numpy calls). With `bounds`, a token inside a
+        pair's terminal gets the lexeme's rest plus the pair's tail (`_profile`)."""
+        if self._descendants[node] <= SMALL_SUBTREE:
+            self._small_below(state, node, crossing, bounds)
             return
+        tails = self._tails(state) if bounds is not None else None
         for (t, q), branch in self._groups(state):
-            if node < 0:
-                pair = self._pair(t, q)
-                inside, exits = pair.inside, pair.exits
-            else:
-                inside, exits = self._split(t, *self._live(t, q, node))
+            nodes, states = self._live(t, q, node)
+            inside, at, exits = self._split(t, nodes, states)
             parts.append(inside)
+            if tails is not None and bounds is not None and tails[t, q] < FAR:
+                dist = self._lexeme_rest(t, states.take(at))
+                bounds[inside] = np.minimum(bounds.take(inside), dist + (tails[t, q] + 1))
             if len(exits):
                 b = branch()
                 if b >= 0:
-                    self._enter(b, exits, parts, crossing)
+                    self._enter(b, exits, parts, crossing, bounds)
 
     def _groups(self, state: int) -> list[tuple[tuple[int, int], Callable[[], int]]]:
         """A state's scanning pairs, each with (a memoized maker of) the set that ending the pair's
@@ -580,15 +604,18 @@ class CFGGrammar:
             self._first[state] = got
         return got
 
-    def _small_below(self, state: int, node: int, crossing: set[int]) -> None:
+    def _small_below(self, state: int, node: int, crossing: set[int], bounds: np.ndarray | None) -> None:
         """`_below` for a small subtree, in Python: per scanning pair a walk of the terminal's DFA
         alone (no parser work inside a lexeme), the parser consulted only where the terminal may
         end and the subtree goes on."""
         child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
-        ends_at, child_bytes = self._ends_at, self._child_bytes
+        ends_at, child_bytes, width = self._ends_at, self._child_bytes, self.logits_width
+        tails = self._tails(state) if bounds is not None else None
         for (t, q), branch in self._groups(state):
             dfa = self._dfas[t]
             memo, dead, accepting = self._byte_next[t], dfa.dead, dfa.accepting
+            tdist = self._tdist[t]
+            tail = tails[t, q] if tails is not None else FAR  # FAR: no bounds to lower
             after, after_first = -2, 0  # the set ending the terminal leaves, its first bytes: made once
             stack = [(node, q)]
             while stack:
@@ -605,6 +632,12 @@ class CFGGrammar:
                     ends = ends_at[c]
                     if ends:
                         crossing.update(ends)
+                        if tail < FAR and bounds is not None:
+                            d = tdist.get(q2)
+                            bound = (self._term_dist(t, q2) if d is None else d) + tail + 1
+                            for i in ends:
+                                if i < width and bound < bounds[i]:
+                                    bounds[i] = bound
                     if child_count[c]:
                         stack.append((c, q2))
                         if accepting[q2]:
@@ -613,12 +646,14 @@ class CFGGrammar:
                                 after_first = self._first_bytes(after) if after >= 0 else 0
                             # Most ends lead nowhere: no child byte can start what follows.
                             if child_bytes[c] & after_first:
-                                self._small_below(after, c, crossing)
+                                self._small_below(after, c, crossing, bounds)
 
-    def _enter(self, state: int, exits: np.ndarray, parts: list[np.ndarray], crossing: set[int]) -> None:
+    def _enter(self, state: int, exits: np.ndarray, parts: list[np.ndarray], crossing: set[int],
+               bounds: np.ndarray | None) -> None:
         """The tokens below the `exits` nodes that `state` (a terminal just ended there) allows:
         their children's bytes not among the state's first bytes dropped at once (most: one numpy
-        pass, no parser step), the rest stepped, then the survivors' tokens and what lies below them."""
+        pass, no parser step), the rest stepped, then the survivors' tokens and what lies below them.
+        With `bounds`, a token ending one byte below an exit gets the `distance` of the set stepped."""
         trie = self._trie
         ex = exits.astype(np.int64, copy=False)
         counts = trie.child_count.take(ex)
@@ -640,13 +675,18 @@ class CFGGrammar:
             nxt_of[b] = self._step_byte(state, b) if got is None else got
         nxt = nxt_of.take(kid_bytes)
         keep = nxt >= 0
-        ends_at, child_count = self._ends_at, self._child_count
+        ends_at, child_count, width = self._ends_at, self._child_count, self.logits_width
         for c, s2 in zip(kids[keep].tolist(), nxt[keep].tolist()):
             ends = ends_at[c]
             if ends:
                 crossing.update(ends)
+                if bounds is not None:
+                    bound = self._bytes_to_end(s2) + 1
+                    for i in ends:
+                        if i < width and bound < bounds[i]:
+                            bounds[i] = bound
             if child_count[c]:
-                self._below(s2, c, parts, crossing)
+                self._below(s2, c, parts, crossing, bounds)
 
     def mask_row(self, state: int) -> int:
         """The row of `device_masks()` holding `state`'s mask."""
@@ -850,42 +890,35 @@ class CFGGrammar:
         """`distance(initial_state)`: the tokens a complete generation is sure to fit in."""
         return self.distance(self.initial_state)
 
-    def _pair_bounds(self, t: int, q: int) -> _PairBounds:
-        """Per (terminal, DFA state): the tokens inside the terminal with the fewest spellable bytes
-        left in its lexeme after each, and the tokens below a node where the terminal may end (those
-        may also cross into the next lexeme, so their bound is not the lexeme's alone)."""
-        key = (t, q)
-        got = self._pair_bound.get(key)
-        if got is not None:
-            return got
-        trie = self._trie
+    def _pair_dist(self, t: int, q: int) -> np.ndarray:
+        """`_pair(t, q).dist`, made on first use: one walk of the trie (the pair's own where the pair
+        is new too)."""
+        pair = self._pairs.get((t, q))
+        if pair is not None and pair.dist is not None:
+            return pair.dist
         nodes, states = self._live(t, q, -1)
-        # Per DFA state (small ints) through a lookup array: no sort of the walk's nodes.
+        inside, at, exits = self._split(t, nodes, states)
+        if pair is None:
+            pair = self._pairs[t, q] = _Pair(inside, exits)
+        pair.dist = self._lexeme_rest(t, states.take(at))
+        return pair.dist
+
+    def _lexeme_rest(self, t: int, states: np.ndarray) -> np.ndarray:
+        """Per state of terminal t's DFA in `states`, the fewest spellable bytes to its acceptance."""
+        # Per DFA state (small ints) through a lookup array: no sort of the walk's states.
         lut = np.zeros(int(states.max()) + 1 if len(states) else 1, dtype=np.int64)
         present = np.zeros(len(lut), dtype=bool)
         present[states] = True
         uniq = np.flatnonzero(present)
         lut[uniq] = [self._term_dist(t, u) for u in uniq.tolist()]
-        dist = lut.take(states)
-        ids, at = _tokens_at(trie, nodes)
-        keep = ids < self.logits_width
-        all_ids, all_dist = ids[keep], dist[at[keep]]
-        ends = self._dfas[t].accepting.take(states) & (trie.child_count.take(nodes) > 0)
-        below = np.zeros(0, dtype=np.int64)
-        if ends.any():
-            flag = np.zeros(trie.num_nodes, dtype=bool)
-            is_exit = np.zeros(trie.num_nodes, dtype=bool)
-            is_exit[nodes[ends]] = True
-            for a, b in trie._levels[1:]:
-                parent = trie.parent[a:b]
-                flag[a:b] = flag[parent] | is_exit[parent]
-            below = _tokens_at(trie, np.flatnonzero(flag))[0]
-        got = self._pair_bound[key] = _PairBounds(all_ids, all_dist, below[below < self.logits_width])
-        return got
+        return lut.take(states)
 
     def _tails(self, state: int) -> dict[tuple[int, int], int]:
         """Per scanning pair of `state`, the fewest spellable bytes after its lexeme ends: over the
-        pair's items, the rest of the rule and the completions up the stack."""
+        pair's items, the rest of the rule and the completions up the stack (memoized per state)."""
+        got = self._tail_of.get(state)
+        if got is not None:
+            return got
         up = self._up_costs(state)
         suffix, rhs_of, lhs_of = self._suffixes(), self._rhs, self._lhs
         tails: dict[tuple[int, int], int] = {}
@@ -897,77 +930,38 @@ class CFGGrammar:
                 c += (up if o == SELF or o == state else self._up[o]).get(lhs_of[r], FAR)
             key = (-rhs_of[r][d] - 1, q)
             tails[key] = min(tails.get(key, FAR), c)
+        self._tail_of[state] = tails
         return tails
 
     def _profile(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(`state`'s allowed ids, the bound after each: `distance` of its next state, FAR where
-        none). A token inside lexemes only takes the least over its pairs of the lexeme's rest plus
-        the pair's tail (exact: that is its next set's best item); any other token, one that may
-        cross a lexeme's end, is stepped (`next_state`). Kept for the last few states."""
+        none), from the mask's own walk (`_ids`; the row is made here where it is not yet). A token's
+        next set is the union of what each walk of its bytes reaches (inside the lexemes being
+        scanned, or past a lexeme's end at some node), so its bound is the least over those walks:
+        inside a pair's terminal, the lexeme's rest plus the pair's tail (exact: that is the best
+        item of the set it reaches); one byte past a lexeme's end, the stepped set's `distance`;
+        deeper, the same again from the set there (`_crossing`). Kept for the last few states."""
         got = self._profiles.get(state)
         if got is not None:
             return got
         with self._lock:
-            ids = self.allowed_tokens(state).astype(np.int64)
             best = np.full(self.logits_width, FAR, dtype=np.int64)
-            step = np.zeros(self.logits_width, dtype=bool)  # the tokens to step (flags: no set operations)
-            for key, tail in self._tails(state).items():
-                pb = self._pair_bounds(*key)
-                step[pb.below] = True
-                if tail < FAR and len(pb.ids):
-                    best[pb.ids] = np.minimum(best[pb.ids], pb.dist + (tail + 1))
-            step[best >= FAR] = True
-            step[self._eos_ids] = False
-            eos = np.isin(ids, self._eos_ids)
-            self._step_bounds(state, ids[step.take(ids)], best)
-            bounds = best.take(ids)
-            bounds[eos] = 0
+            for (t, q), tail in self._tails(state).items():
+                if tail < FAR:
+                    dist = self._pair_dist(t, q)  # first: a new pair is made by the same walk
+                    inside = self._pairs[t, q].inside
+                    best[inside] = np.minimum(best.take(inside), dist + (tail + 1))
+            ids = self._ids(state, best)
+            if state not in self._rows:
+                self._rows[state] = self.table.add(ids)
+            bounds = np.minimum(best.take(ids), FAR)
+            bounds[np.isin(ids, self._eos_ids)] = 0
             got = (ids, bounds)
             self._profiles[state] = got
             while len(self._profiles) > PROFILES_KEPT:
                 self._profiles.pop(next(iter(self._profiles)))
             self._slack[state] = int(bounds.max()) if len(bounds) else 0
         return got
-
-    def _step_bounds(self, state: int, tokens: np.ndarray, best: np.ndarray) -> None:
-        """`best[t]` = `distance(next_state(state, t))` (FAR: none) for each of `tokens` (allowed in
-        `state`): one walk of the trie from the root through the parser's byte memo, entering only
-        the nodes above one of `tokens` (a dict read per node, shared by the tokens below it)."""
-        if not len(tokens):
-            return
-        trie = self._trie
-        above = np.zeros(trie.num_nodes, dtype=bool)
-        above[trie.token_node.take(tokens)] = True
-        for a, b in reversed(trie._levels[1:]):
-            part = above[a:b]
-            above[trie.parent[a:b][part]] = True
-        wanted = np.zeros(self.logits_width, dtype=bool)
-        wanted[tokens] = True
-        want, keep = wanted.tolist(), above.tolist()
-        child_start, child_count, node_byte, ends_at = (self._child_start, self._child_count, self._node_byte,
-                                                        self._ends_at)
-        step, to_end = self._step, self._to_end
-        found: dict[int, int] = {}
-        a0, b0 = trie._levels[0] if trie._levels else (0, 0)
-        stack = [(n, state) for n in range(a0, b0) if keep[n]]
-        while stack:
-            n, s = stack.pop()
-            b = node_byte[n]
-            s2 = step.get(s * 256 + b)
-            if s2 is None:
-                s2 = self._step_byte(s, b)
-            if s2 < 0:
-                continue
-            for t in ends_at[n]:
-                if t < len(want) and want[t]:
-                    d = to_end.get(s2)
-                    found[t] = (d if d is not None else self._bytes_to_end(s2)) + 1
-            c0 = child_start[n]
-            stack.extend((c, s2) for c in range(c0, c0 + child_count[n]) if keep[c])
-        if found:
-            at = np.fromiter(found, dtype=np.int64, count=len(found))
-            value = np.fromiter(found.values(), dtype=np.int64, count=len(found))
-            best[at] = np.minimum(value, FAR)
 
     def budget_mask_row(self, state: int, left: int) -> int:
         """The row allowing the tokens of `state`'s row whose next state's `distance` is at most
@@ -1011,10 +1005,10 @@ class CFGGrammar:
         items = sum(len(s) for s in self._sets) * 100 + len(self._sets) * 250
         memos = (len(self._step) + sum(len(m) for m in self._byte_next) + len(self._rows)) * 100
         memos += len(self._next) * _NEXT_ENTRY_BYTES
-        pairs = sum(int(p.inside.nbytes) + int(p.exits.nbytes) + 200 for p in self._pairs.values())
+        pairs = sum(int(p.inside.nbytes) + int(p.exits.nbytes) + 200 + (0 if p.dist is None else int(p.dist.nbytes))
+                    for p in self._pairs.values())
         bounds = ((len(self._to_end) + len(self._slack) + len(self._budget_rows) + sum(map(len, self._tdist))
-                   + sum(map(len, self._up.values()))) * 100
-                  + sum(int(p.ids.nbytes + p.dist.nbytes + p.below.nbytes) + 200 for p in self._pair_bound.values())
+                   + sum(map(len, self._up.values())) + sum(map(len, self._tail_of.values()))) * 100
                   + sum(int(i.nbytes + b.nbytes) for i, b in self._profiles.values()))
         return int(self.table.nbytes + items + memos + pairs + bounds + sum(d.nbytes for d in self._dfas))
 
@@ -1067,17 +1061,17 @@ def _trie_view(trie: TokenTrie) -> _TrieView:
 
 
 def _tokens_at(trie: TokenTrie, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the ids of the tokens ending at `nodes`, the index in `nodes` of each one's node)."""
+    """(the ids of the tokens ending at `nodes` (distinct nodes), the index in `nodes` of each one's
+    node)."""
     first = trie.end_first.take(nodes)
     at = np.flatnonzero(first >= 0)
     ids, where = [first[at].astype(np.int64)], [at]
     if len(trie.end_more_node) and len(nodes):
-        index = np.full(trie.num_nodes, -1, dtype=np.int64)  # node -> its index in `nodes` (no sort)
-        index[nodes] = np.arange(len(nodes))
-        at_more = index.take(trie.end_more_node)
-        hit = at_more >= 0
-        ids.append(trie.end_more_id[hit].astype(np.int64))
-        where.append(at_more[hit])
+        hit = np.flatnonzero(np.isin(trie.end_more_node, nodes))
+        if len(hit):
+            order = np.argsort(nodes)
+            where.append(order[np.searchsorted(nodes, trie.end_more_node[hit], sorter=order)])
+            ids.append(trie.end_more_id[hit].astype(np.int64))
     return np.concatenate(ids), np.concatenate(where)
 
 

@@ -11,10 +11,10 @@ import json
 import random
 
 import pytest
-from grammar_helpers import EOS, JSON_GBNF, JSON_LARK, TOKENS, VOCAB, WIDTH
+from grammar_helpers import EOS, JSON_GBNF, JSON_LARK, TOKENS, VOCAB
 
 from grammar_mlx.errors import TokenBudgetError
-from grammar_mlx.grammars import compile_grammar
+from grammar_mlx.grammars import compile_grammar, engine
 from grammar_mlx.vocabulary.token_bytes import Vocabulary
 
 ARITH = r"""
@@ -25,11 +25,27 @@ factor ::= "-" factor | "(" expr ")" | [0-9]+
 """
 # Right recursion (a set per level) and a terminal whose shortest way out is long.
 NEST = 'root ::= "<" root ">" | "ab" | "x" [0-9]{3}\n'
+# Identifiers (a lexeme may end after any of their characters) between operators: most tokens of an
+# identifier could go on into the next lexeme, a few do (bench/grammars.py's "arithmetic").
+IDENTS = r"""
+root  ::= (expr "=" ws term "\n")+
+expr  ::= term ([-+*/] term)*
+term  ::= ident | num | "(" ws expr ")" ws
+ident ::= [a-z] [a-z0-9_]* ws
+num   ::= [0-9]+ ws
+ws    ::= [ \t\n]*
+"""
+# VOCAB and tokens that go on past an identifier's or a number's end, some more than once, and a few
+# ids spelling the same bytes as another (a trie node where more than one token ends).
+CROSSING = [b"x=", b"-th", b"a+b", b"ab ", b"b1_", b"x)", b" = ", b"1\n", b"\nx", b"= (", b"x2+y", b"if(",
+            b"n*2", b"a)*(b", b"q =", b"_1-", b"zz\n"]
+IDENT_TOKENS = [*TOKENS, *CROSSING, b"ab", b"x=", b"+", b"a"]
+IDENT_VOCAB = Vocabulary((*IDENT_TOKENS, None), (len(IDENT_TOKENS),), "byte-level")
 SINGLES = frozenset(range(1, 256))  # VOCAB's one-byte tokens
 
 
 def grammar(text: str, syntax: str = "gbnf", vocab: Vocabulary = VOCAB):
-    return compile_grammar(text, vocab, syntax=syntax, logits_width=WIDTH)
+    return compile_grammar(text, vocab, syntax=syntax, logits_width=len(vocab.token_bytes) + 2)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +146,75 @@ def test_every_budget_row_is_the_stepped_one_and_never_empty_within_the_bound(na
             assert got == expected_budget_row(g, state, left), (name, state, left)
             assert got  # never empty while the bound fits
             assert g.budget_mask_row(state, left) == g.budget_mask_row(state, left)  # memoized, fixed
+
+
+def check_budget_rows(g, state: int) -> None:
+    """Every budget row of `state`, each `left` from 1 to past its largest next bound, is the stepped
+    one ({t : distance(next_state(state, t)) <= left - 1}, the plain row where that is none or all
+    of it, or where the state's own bound is past `left`); the first one asked for before any row
+    of the state (the budget walk then makes the state's plain row too)."""
+    d = g.distance(state)
+    first = g.budget_allowed_tokens(state, d).tolist() if d is not None else None
+    allowed = g.allowed_tokens(state).tolist()
+    after = {t: g.distance(g.next_state(state, t)) for t in allowed}
+    top = max((b for b in after.values() if b is not None), default=0) + 2
+    for left in range(1, top + 1):
+        keep = [t for t in allowed if after[t] is not None and after[t] <= left - 1]
+        want = allowed if d is None or d > left or not keep else keep
+        assert g.budget_allowed_tokens(state, left).tolist() == want, (state, left)
+        if left == d:
+            assert first == want, state
+    assert g.budget_mask_row(state, 10**9) == g.mask_row(state)
+
+
+@pytest.mark.parametrize("small_subtree", [engine.SMALL_SUBTREE, 0])
+@pytest.mark.parametrize("name", ["json", "lark", "arith", "nest", "idents"])
+def test_every_bound_of_a_fresh_state_is_the_stepped_one(name, small_subtree, monkeypatch):
+    # States reached by next_state alone on a fresh grammar (no row yet): the budget's walk makes
+    # the row and the bounds together. With small_subtree 0 every subtree below a lexeme's end is
+    # walked through the terminals' DFAs by trie walks instead of byte by byte.
+    monkeypatch.setattr(engine, "SMALL_SUBTREE", small_subtree)
+    text, syntax, vocab = {"json": (JSON_GBNF, "gbnf", VOCAB), "lark": (JSON_LARK, "lark", VOCAB),
+                           "arith": (ARITH, "gbnf", VOCAB), "nest": (NEST, "gbnf", VOCAB),
+                           "idents": (IDENTS, "gbnf", IDENT_VOCAB)}[name]
+    walker = grammar(text, syntax, vocab)
+    rng = random.Random(5)
+    paths = []
+    for _ in range(5):
+        state, path = walker.initial_state, []
+        for _ in range(rng.randrange(1, 9)):
+            ids = [t for t in walker.allowed_tokens(state).tolist() if t not in walker.eos_token_ids]
+            if not ids:
+                break
+            path.append(rng.choice(ids))
+            state = walker.next_state(state, path[-1])
+        paths.append(path)
+    g = grammar(text, syntax, vocab)
+    for path in paths:
+        states = [g.initial_state]
+        for t in path:
+            states.append(g.next_state(states[-1], t))
+        for state in states:
+            check_budget_rows(g, state)
+            assert g.allowed_tokens(state).tolist() == [t for t in range(g.logits_width) if g.next_state(state, t) >= 0]
+
+
+@pytest.mark.parametrize("name, text", [("idents", "total +(beta*2) -gamma_1 = alpha\nx/z9=y\n"),
+                                        ("json", '{"k\\u00e9y": [1.5e3, "a b\\n", true]}')], ids=["idents", "json"])
+def test_bounds_on_a_real_vocabulary(name, text, qwen_tokenizer):
+    # Qwen3's tokens along a text, every state: identifiers (tens of thousands of tokens below a node
+    # where one may end, thousands going on past it into an operator and the next identifier), and
+    # JSON strings (most of the vocabulary inside, its tokens' bytes to the string's end unequal).
+    from tiny_models import QWEN_LOGITS_WIDTH
+
+    g = compile_grammar(IDENTS if name == "idents" else JSON_GBNF, qwen_tokenizer, syntax="gbnf",
+                        logits_width=QWEN_LOGITS_WIDTH)
+    state = g.initial_state
+    for t in qwen_tokenizer.encode(text):
+        state = g.next_state(state, t)
+        assert state >= 0
+        check_budget_rows(g, state)
+    assert g.is_accepting(state)
 
 
 def text_of(tokens: list[int]) -> bytes:
