@@ -19,9 +19,11 @@ depth: each level is one node, used twice).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from .. import limits
 from ..automata import chars as fa
@@ -59,6 +61,8 @@ STAGE = "translating the schema"  # what a deadline that passes here names
 TOO_LONG = (f"the schema's regex exceeds {limits.SCHEMA_REGEX_LENGTH} characters, each shared part counted once "
             "(recursion or nesting too deep; lower max_recursion_depth or simplify the schema)")
 
+_NONE_ID = id(None)  # a missing item among the ids of a node's children
+
 # (cyclic Ref key, times entered) along the path to a node, sorted.
 Counts = tuple[tuple[Hashable, int], ...]
 
@@ -78,12 +82,13 @@ class Builder:
     characters: a literal's text, an alternation's bars), which is what compiling it costs. Once
     `total` passes `cap`, the node being made raises `GrammarTooLargeError`."""
 
-    def __init__(self, cap: int | None = None) -> None:
+    def __init__(self, cap: int | None = None, log: list[Made] | None = None) -> None:
         self.cap = limits.SCHEMA_REGEX_LENGTH if cap is None else cap
         self.total = 0
         self.nodes: dict[tuple[Any, ...], Regex] = {}
         self.size: dict[int, int] = {id(EMPTY): 0}
         self.depth: dict[int, int] = {id(EMPTY): 0}  # group nesting of the text (`nesting_depth`)
+        self.log = log  # every node made, in order (a `Fragment`'s builder)
 
     def _made(self, key: tuple[Any, ...], node: Regex, size: int, own: int, depth: int = 0) -> Regex:
         self.total += own
@@ -92,7 +97,30 @@ class Builder:
         self.nodes[key] = node
         self.size[id(node)] = size
         self.depth[id(node)] = depth
+        if self.log is not None:
+            self.log.append((key, node, size, own, depth))
         return node
+
+    def adopt(self, fragment: Fragment) -> Regex | None:
+        """`fragment`'s root with its nodes taken into this builder, counted as if made here; None
+        (nothing taken) where this builder already holds a node of the same structure as another
+        object, where making the nodes here would have shared it: the caller then makes them."""
+        nodes = self.nodes
+        for key, node, _, _, _ in fragment.made:
+            hit = nodes.get(key)
+            if hit is not None and hit is not node:
+                return None
+        size, depth, own = self.size, self.depth, 0
+        for key, node, length, cost, nesting in fragment.made:
+            if key not in nodes:
+                nodes[key] = node
+                if length >= 0:  # (a class's entry names a node made under its own key)
+                    size[id(node)], depth[id(node)] = length, nesting
+                    own += cost
+        self.total += own
+        if self.total > self.cap:
+            raise GrammarTooLargeError(TOO_LONG)
+        return fragment.root
 
     def text(self, text: str) -> Regex:
         """The literal `text`."""
@@ -120,45 +148,40 @@ class Builder:
         if hit is None:
             text = written(chars)
             hit = self.nodes[key] = self.regex(text)
+            if self.log is not None:
+                self.log.append((key, hit, -1, 0, 0))
         return hit
 
     def seq(self, *items: Regex | None) -> Regex | None:
         """The concatenation (None: some item has no value)."""
-        kept: list[Regex] = []
-        for item in items:
-            if item is None:
-                return None
-            if item is not EMPTY:
-                kept.append(item)
-        if not kept:
-            return EMPTY
-        if len(kept) == 1:
-            return kept[0]
-        key = ("S", *map(id, kept))
+        kept = [item for item in items if item is not EMPTY]
+        if len(kept) < 2:
+            return kept[0] if kept else EMPTY  # (None when the one item is)
+        ids = tuple(map(id, kept))
+        if _NONE_ID in ids:
+            return None
+        key = ("S", ids)
         hit = self.nodes.get(key)
         if hit is not None:
             return hit
-        size, depth = self.size, self.depth
-        return self._made(key, Seq(tuple(kept)), sum(size[id(x)] for x in kept), 1, max(depth[id(x)] for x in kept))
+        return self._made(key, Seq(cast(tuple[Regex, ...], tuple(kept))), sum(map(self.size.__getitem__, ids)), 1,
+                          max(map(self.depth.__getitem__, ids)))
 
     def alt(self, items: Iterable[Regex | None]) -> Regex | None:
         """The alternation of the distinct items (None skipped; None when none is left)."""
-        distinct: dict[int, Regex] = {}
-        for item in items:
-            check_deadline(STAGE)
-            if item is not None:
-                distinct.setdefault(id(item), item)
-        if not distinct:
-            return None
-        if len(distinct) == 1:
-            return next(iter(distinct.values()))
-        key = ("A", *distinct)
+        check_deadline(STAGE)
+        distinct = {id(item): item for item in items}  # (the first of equal ids is kept: dicts keep order)
+        distinct.pop(_NONE_ID, None)
+        if len(distinct) < 2:
+            return next(iter(distinct.values())) if distinct else None
+        ids = tuple(distinct)
+        key = ("A", ids)
         hit = self.nodes.get(key)
         if hit is not None:
             return hit
-        size, depth = self.size, self.depth
-        return self._made(key, Alt(tuple(distinct.values())), sum(size[k] + 1 for k in distinct) + 3,
-                          len(distinct) + 3, 1 + max(depth[k] for k in distinct))
+        items_ = cast(tuple[Regex, ...], tuple(distinct.values()))
+        return self._made(key, Alt(items_), sum(map(self.size.__getitem__, ids)) + len(ids) + 3, len(ids) + 3,
+                          1 + max(map(self.depth.__getitem__, ids)))
 
     def repeat(self, item: Regex | None, lo: int, hi: int | None) -> Regex | None:
         """item{lo,hi} (None item: empty when lo is 0)."""
@@ -219,6 +242,31 @@ class Builder:
         return out
 
 
+# A node as a builder made it: (its key, the node, its text's length, its own cost, its nesting);
+# length -1: a key naming a node made under another key (`Builder.chars`).
+Made = tuple[tuple[Any, ...], Regex, int, int, int]
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A DAG built once by a private builder, for any builder to `adopt`: every node it made, in order."""
+
+    root: Regex
+    made: tuple[Made, ...]
+
+
+@lru_cache(maxsize=512)
+def json_fragment(ast: Regex, raw: bool) -> Fragment:
+    """The JSON texts of a string language (`Emitter.json_string`) as a `Fragment`: schemas repeat a
+    few formats and patterns, and mapping a format's AST is most of what emitting its property
+    costs. Keyed by the AST's structure (equal ASTs, equal fragments); the cap is the adopter's."""
+    log: list[Made] = []
+    builder = Builder(cap=sys.maxsize, log=log)
+    written = charset_regex if raw else json_char_regex
+    root = builder.mapped(ast, lambda chars: builder.chars(chars, written), {})
+    return Fragment(root, tuple(log))
+
+
 class UnrollTooWide(Exception):
     """Internal: counting the recursion per cyclic definition makes too many variants of the
     definitions (`Emitter.memo_budget`); the translator emits again with one shared count."""
@@ -248,6 +296,8 @@ class Emitter:
         self.relaxed: dict[tuple[str, str], str] = {}
         self.ast = Builder()
         self.ws = self.ast.regex(whitespace)
+        self._sep: Regex | None = None  # W,W (`separator`)
+        self._colon: Regex | None = None  # W:W
         self.max_depth = max_recursion_depth
         # Generic values nest at most this many containers (limits.MAX_ANY_DEPTH unless lowered).
         self.any_depth = limits.MAX_ANY_DEPTH if any_depth is None else any_depth
@@ -361,9 +411,11 @@ class Emitter:
         pattern: built once); `raw`: `ast` is already over the JSON text (a number's digits)."""
         hit = self.json_memo.get(id(ast))
         if hit is None:
-            written = charset_regex if raw else json_char_regex
-            hit = self.json_memo[id(ast)] = self.ast.mapped(
-                ast, lambda chars: self.ast.chars(chars, written), {})
+            hit = self.ast.adopt(json_fragment(ast, raw))
+            if hit is None:
+                written = charset_regex if raw else json_char_regex
+                hit = self.ast.mapped(ast, lambda chars: self.ast.chars(chars, written), {})
+            self.json_memo[id(ast)] = hit
             self.json_keep.append(ast)
         return hit
 
@@ -398,9 +450,18 @@ class Emitter:
         return out
 
     def separator(self) -> Regex:
-        out = self.ast.seq(self.ws, self.ast.text(","), self.ws)
-        assert out is not None
-        return out
+        """W,W: made once per emitter, on first use (the AST counts only what it holds)."""
+        if self._sep is None:
+            self._sep = self.ast.seq(self.ws, self.ast.text(","), self.ws)
+        assert self._sep is not None
+        return self._sep
+
+    def colon(self) -> Regex:
+        """W:W, as `separator`."""
+        if self._colon is None:
+            self._colon = self.ast.seq(self.ws, self.ast.text(":"), self.ws)
+        assert self._colon is not None
+        return self._colon
 
     def any_value(self, depth: int) -> Regex:
         if depth in self.any_memo:
@@ -514,8 +575,7 @@ class Emitter:
         return self.bracketed("[", body, "]", empty_ok)
 
     def object(self, node: Object, counts: Counts) -> Regex | None:
-        ast, w, sep = self.ast, self.ws, self.separator()
-        colon = ast.seq(w, ast.text(":"), w)
+        ast, sep, colon = self.ast, self.separator(), self.colon()
         props: list[tuple[Regex, bool, bool]] = []  # (member, required, may come first)
         values = []
         for prop in node.properties:  # every value first: a required one without any ends it here
