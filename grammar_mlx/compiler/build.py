@@ -173,7 +173,8 @@ def compile_regex(pattern: str, tokenizer: TokenizerSource, *, logits_width: int
     for `tokenizer`.
 
     `logits_width` is the model's output width (defaults to the tokenizer's size); `options` are
-    the `CompileOptions`.
+    the `CompileOptions`. Python's cyclic garbage collector is paused while it runs
+    (`collector_paused`).
     """
     from ..regex.rust import canonical
 
@@ -203,6 +204,7 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
 
     A schema whose `$ref`s cycle compiles to a context-free `CFGGrammar` with no depth bound
     (`grammars.json_schema`); `max_recursion_depth=n` unrolls the cycles n times into a regex instead.
+    Python's cyclic garbage collector is paused while it runs (`collector_paused`).
     """
     from ..grammars import compile_schema_rules
     from ..grammars.json_schema import SchemaRules, rules_of
