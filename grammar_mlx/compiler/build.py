@@ -240,7 +240,11 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
 
 
 _PAUSES = 0  # compiles running under `collector_paused` that found the collector on
+_PAUSED_SINCE = 0.0  # when the collector was last turned off or run by a pause (time.monotonic)
 _PAUSES_LOCK = threading.Lock()
+# Compiles that overlap without end (a busy server's threads) would keep the collector off for good:
+# past this many seconds off, a compile that ends while others run collects everything once.
+MAX_PAUSE_SECONDS = 2.0
 
 
 @contextmanager
@@ -259,21 +263,30 @@ def collector_paused() -> Iterator[None]:
     with the compile and leaks nothing: cycles the compile made (closures, exceptions) stay
     collectable and are collected on the collector's next runs. A collector the application turned
     off stays off; concurrent compiles share one pause (a count under a lock), so one compile's end
-    never turns it back on under another."""
-    global _PAUSES
+    never turns it back on under another, and where compiles keep overlapping, one that ends after
+    the collector has been off `MAX_PAUSE_SECONDS` runs a full collection (garbage waits that
+    long at most, compiles permitting)."""
+    global _PAUSES, _PAUSED_SINCE
     with _PAUSES_LOCK:
         paused = _PAUSES > 0 or gc.isenabled()
         if paused:
+            if _PAUSES == 0:
+                _PAUSED_SINCE = time.monotonic()
             _PAUSES += 1
             gc.disable()
     try:
         yield
     finally:
+        collect = False
         if paused:
             with _PAUSES_LOCK:
                 _PAUSES -= 1
                 if _PAUSES == 0:
                     gc.enable()
+                elif time.monotonic() - _PAUSED_SINCE > MAX_PAUSE_SECONDS:
+                    _PAUSED_SINCE, collect = time.monotonic(), True
+        if collect:  # (outside the lock: finalizers run here)
+            gc.collect()
 
 
 @contextmanager

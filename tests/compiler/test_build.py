@@ -623,3 +623,19 @@ def test_overlapping_pauses_turn_the_collector_back_on_with_the_last():
     assert not gc.isenabled()  # the other compile is still running
     second.__exit__(None, None, None)
     assert gc.isenabled()
+
+
+def test_compiles_that_keep_overlapping_still_collect(monkeypatch):
+    import gc
+    import weakref
+
+    monkeypatch.setattr(build, "MAX_PAUSE_SECONDS", 0.0)
+    first, second = build.collector_paused(), build.collector_paused()
+    first.__enter__()
+    second.__enter__()
+    cycle = weakref.ref(_Cycle())
+    assert cycle() is not None  # the collector is off: the cycle waits
+    first.__exit__(None, None, None)  # ends while the other runs, the collector off past the limit
+    assert cycle() is None and not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
