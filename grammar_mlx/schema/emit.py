@@ -19,9 +19,7 @@ depth: each level is one node, used twice).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
@@ -82,13 +80,12 @@ class Builder:
     characters: a literal's text, an alternation's bars), which is what compiling it costs. Once
     `total` passes `cap`, the node being made raises `GrammarTooLargeError`."""
 
-    def __init__(self, cap: int | None = None, log: list[Made] | None = None) -> None:
+    def __init__(self, cap: int | None = None) -> None:
         self.cap = limits.SCHEMA_REGEX_LENGTH if cap is None else cap
         self.total = 0
         self.nodes: dict[tuple[Any, ...], Regex] = {}
         self.size: dict[int, int] = {id(EMPTY): 0}
         self.depth: dict[int, int] = {id(EMPTY): 0}  # group nesting of the text (`nesting_depth`)
-        self.log = log  # every node made, in order (a `Fragment`'s builder)
 
     def _made(self, key: tuple[Any, ...], node: Regex, size: int, own: int, depth: int = 0) -> Regex:
         self.total += own
@@ -97,30 +94,7 @@ class Builder:
         self.nodes[key] = node
         self.size[id(node)] = size
         self.depth[id(node)] = depth
-        if self.log is not None:
-            self.log.append((key, node, size, own, depth))
         return node
-
-    def adopt(self, fragment: Fragment) -> Regex | None:
-        """`fragment`'s root with its nodes taken into this builder, counted as if made here; None
-        (nothing taken) where this builder already holds a node of the same structure as another
-        object, where making the nodes here would have shared it: the caller then makes them."""
-        nodes = self.nodes
-        for key, node, _, _, _ in fragment.made:
-            hit = nodes.get(key)
-            if hit is not None and hit is not node:
-                return None
-        size, depth, own = self.size, self.depth, 0
-        for key, node, length, cost, nesting in fragment.made:
-            if key not in nodes:
-                nodes[key] = node
-                if length >= 0:  # (a class's entry names a node made under its own key)
-                    size[id(node)], depth[id(node)] = length, nesting
-                    own += cost
-        self.total += own
-        if self.total > self.cap:
-            raise GrammarTooLargeError(TOO_LONG)
-        return fragment.root
 
     def text(self, text: str) -> Regex:
         """The literal `text`."""
@@ -148,8 +122,6 @@ class Builder:
         if hit is None:
             text = written(chars)
             hit = self.nodes[key] = self.regex(text)
-            if self.log is not None:
-                self.log.append((key, hit, -1, 0, 0))
         return hit
 
     def seq(self, *items: Regex | None) -> Regex | None:
@@ -240,31 +212,6 @@ class Builder:
         assert out is not None, "a mapped class is never empty"
         memo[id(ast)] = out
         return out
-
-
-# A node as a builder made it: (its key, the node, its text's length, its own cost, its nesting);
-# length -1: a key naming a node made under another key (`Builder.chars`).
-Made = tuple[tuple[Any, ...], Regex, int, int, int]
-
-
-@dataclass(frozen=True)
-class Fragment:
-    """A DAG built once by a private builder, for any builder to `adopt`: every node it made, in order."""
-
-    root: Regex
-    made: tuple[Made, ...]
-
-
-@lru_cache(maxsize=512)
-def json_fragment(ast: Regex, raw: bool) -> Fragment:
-    """The JSON texts of a string language (`Emitter.json_string`) as a `Fragment`: schemas repeat a
-    few formats and patterns, and mapping a format's AST is most of what emitting its property
-    costs. Keyed by the AST's structure (equal ASTs, equal fragments); the cap is the adopter's."""
-    log: list[Made] = []
-    builder = Builder(cap=sys.maxsize, log=log)
-    written = charset_regex if raw else json_char_regex
-    root = builder.mapped(ast, lambda chars: builder.chars(chars, written), {})
-    return Fragment(root, tuple(log))
 
 
 class UnrollTooWide(Exception):
@@ -411,11 +358,9 @@ class Emitter:
         pattern: built once); `raw`: `ast` is already over the JSON text (a number's digits)."""
         hit = self.json_memo.get(id(ast))
         if hit is None:
-            hit = self.ast.adopt(json_fragment(ast, raw))
-            if hit is None:
-                written = charset_regex if raw else json_char_regex
-                hit = self.ast.mapped(ast, lambda chars: self.ast.chars(chars, written), {})
-            self.json_memo[id(ast)] = hit
+            written = charset_regex if raw else json_char_regex
+            hit = self.json_memo[id(ast)] = self.ast.mapped(
+                ast, lambda chars: self.ast.chars(chars, written), {})
             self.json_keep.append(ast)
         return hit
 
