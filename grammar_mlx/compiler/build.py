@@ -3,6 +3,7 @@ package docstring for modes, engines, the cache and the live memo)."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -172,7 +173,8 @@ def compile_regex(pattern: str, tokenizer: TokenizerSource, *, logits_width: int
     for `tokenizer`.
 
     `logits_width` is the model's output width (defaults to the tokenizer's size); `options` are
-    the `CompileOptions`.
+    the `CompileOptions`. Python's cyclic garbage collector is paused while it runs
+    (`collector_paused`).
     """
     from ..regex.rust import canonical
 
@@ -180,7 +182,7 @@ def compile_regex(pattern: str, tokenizer: TokenizerSource, *, logits_width: int
     if not isinstance(pattern, str):
         raise InvalidRegexError(f"a regex must be a str, got {type(pattern).__name__}")
     opts = _options(**options)
-    with refusing_deep_nesting("the regex"), deadline_scope(opts.deadline):
+    with collector_paused(), refusing_deep_nesting("the regex"), deadline_scope(opts.deadline):
         # The extensions (anchors at the ends, JavaScript escapes) written as regex-automata reads
         # them, for every engine and the cache key alike.
         target, index = _located(tokenizer, logits_width, opts)
@@ -202,6 +204,7 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
 
     A schema whose `$ref`s cycle compiles to a context-free `CFGGrammar` with no depth bound
     (`grammars.json_schema`); `max_recursion_depth=n` unrolls the cycles n times into a regex instead.
+    Python's cyclic garbage collector is paused while it runs (`collector_paused`).
     """
     from ..grammars import compile_schema_rules
     from ..grammars.json_schema import SchemaRules, rules_of
@@ -209,7 +212,7 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
 
     started = time.perf_counter()
     opts = _options(**options)
-    with refusing_deep_nesting("the schema"), deadline_scope(opts.deadline):
+    with collector_paused(), refusing_deep_nesting("the schema"), deadline_scope(opts.deadline):
         depth = 3 if max_recursion_depth is None else max_recursion_depth
         check_translation_options(strict, depth, open_objects)
         doc = load_schema(schema)  # once, for both paths
@@ -236,6 +239,56 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
         return _compile("json_schema", source, target, translated.unenforced, opts, started, index)
 
 
+_PAUSES = 0  # compiles running under `collector_paused` that found the collector on
+_PAUSED_SINCE = 0.0  # when the collector was last turned off or run by a pause (time.monotonic)
+_PAUSES_LOCK = threading.Lock()
+# Compiles that overlap without end (a busy server's threads) would keep the collector off for good:
+# past this many seconds off, a compile that ends while others run collects everything once.
+MAX_PAUSE_SECONDS = 2.0
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the body (a compile), back on when the last
+    compile running under it ends, where it was on when the first began.
+
+    Why the compiler, and not the application, decides it: a compile allocates up to millions of
+    short-lived container objects (AST nodes, automaton states and sets), nearly all freed by
+    reference counting as it goes. The collector, counting allocations, still runs during it: a
+    young collection every few hundred allocations, and full ones that traverse the whole heap (the
+    tokenizer, the model's Python objects, the compile's own live structures) each time the
+    surviving objects grow by a quarter, which is most of a large schema's compile time, and
+    repeated for every unseen schema in a server. `gc.freeze()` at startup only removes the
+    startup heap from those traversals, for good, and is the application's choice; a pause ends
+    with the compile and leaks nothing: cycles the compile made (closures, exceptions) stay
+    collectable and are collected on the collector's next runs. A collector the application turned
+    off stays off; concurrent compiles share one pause (a count under a lock), so one compile's end
+    never turns it back on under another, and where compiles keep overlapping, one that ends after
+    the collector has been off `MAX_PAUSE_SECONDS` runs a full collection (garbage waits that
+    long at most, compiles permitting)."""
+    global _PAUSES, _PAUSED_SINCE
+    with _PAUSES_LOCK:
+        paused = _PAUSES > 0 or gc.isenabled()
+        if paused:
+            if _PAUSES == 0:
+                _PAUSED_SINCE = time.monotonic()
+            _PAUSES += 1
+            gc.disable()
+    try:
+        yield
+    finally:
+        collect = False
+        if paused:
+            with _PAUSES_LOCK:
+                _PAUSES -= 1
+                if _PAUSES == 0:
+                    gc.enable()
+                elif time.monotonic() - _PAUSED_SINCE > MAX_PAUSE_SECONDS:
+                    _PAUSED_SINCE, collect = time.monotonic(), True
+        if collect:  # (outside the lock: finalizers run here)
+            gc.collect()
+
+
 @contextmanager
 def refusing_deep_nesting(what: str) -> Iterator[None]:
     """The public compile functions' last guard: a `RecursionError` from a stage that walks its
@@ -259,7 +312,7 @@ def compile_regex_ast(ast: RegexNode, key: str, tokenizer: TokenizerSource, *, l
 
     started = time.perf_counter()
     opts = _options(**options)
-    with deadline_scope(opts.deadline):
+    with collector_paused(), deadline_scope(opts.deadline):
         target, index = _located(tokenizer, logits_width, opts)
         text: list[str] = []
 

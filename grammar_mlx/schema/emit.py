@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from .. import limits
 from ..automata import chars as fa
@@ -58,6 +58,8 @@ STRING = '"' + STRING_CHAR + '*"'
 STAGE = "translating the schema"  # what a deadline that passes here names
 TOO_LONG = (f"the schema's regex exceeds {limits.SCHEMA_REGEX_LENGTH} characters, each shared part counted once "
             "(recursion or nesting too deep; lower max_recursion_depth or simplify the schema)")
+
+_NONE_ID = id(None)  # a missing item among the ids of a node's children
 
 # (cyclic Ref key, times entered) along the path to a node, sorted.
 Counts = tuple[tuple[Hashable, int], ...]
@@ -124,41 +126,34 @@ class Builder:
 
     def seq(self, *items: Regex | None) -> Regex | None:
         """The concatenation (None: some item has no value)."""
-        kept: list[Regex] = []
-        for item in items:
-            if item is None:
-                return None
-            if item is not EMPTY:
-                kept.append(item)
-        if not kept:
-            return EMPTY
-        if len(kept) == 1:
-            return kept[0]
-        key = ("S", *map(id, kept))
+        kept = [item for item in items if item is not EMPTY]
+        if len(kept) < 2:
+            return kept[0] if kept else EMPTY  # (None when the one item is)
+        ids = tuple(map(id, kept))
+        if _NONE_ID in ids:
+            return None
+        key = ("S", ids)
         hit = self.nodes.get(key)
         if hit is not None:
             return hit
-        size, depth = self.size, self.depth
-        return self._made(key, Seq(tuple(kept)), sum(size[id(x)] for x in kept), 1, max(depth[id(x)] for x in kept))
+        return self._made(key, Seq(cast(tuple[Regex, ...], tuple(kept))), sum(map(self.size.__getitem__, ids)), 1,
+                          max(map(self.depth.__getitem__, ids)))
 
     def alt(self, items: Iterable[Regex | None]) -> Regex | None:
         """The alternation of the distinct items (None skipped; None when none is left)."""
-        distinct: dict[int, Regex] = {}
-        for item in items:
-            check_deadline(STAGE)
-            if item is not None:
-                distinct.setdefault(id(item), item)
-        if not distinct:
-            return None
-        if len(distinct) == 1:
-            return next(iter(distinct.values()))
-        key = ("A", *distinct)
+        check_deadline(STAGE)
+        distinct = {id(item): item for item in items}  # (the first of equal ids is kept: dicts keep order)
+        distinct.pop(_NONE_ID, None)
+        if len(distinct) < 2:
+            return next(iter(distinct.values())) if distinct else None
+        ids = tuple(distinct)
+        key = ("A", ids)
         hit = self.nodes.get(key)
         if hit is not None:
             return hit
-        size, depth = self.size, self.depth
-        return self._made(key, Alt(tuple(distinct.values())), sum(size[k] + 1 for k in distinct) + 3,
-                          len(distinct) + 3, 1 + max(depth[k] for k in distinct))
+        items_ = cast(tuple[Regex, ...], tuple(distinct.values()))
+        return self._made(key, Alt(items_), sum(map(self.size.__getitem__, ids)) + len(ids) + 3, len(ids) + 3,
+                          1 + max(map(self.depth.__getitem__, ids)))
 
     def repeat(self, item: Regex | None, lo: int, hi: int | None) -> Regex | None:
         """item{lo,hi} (None item: empty when lo is 0)."""
@@ -248,6 +243,8 @@ class Emitter:
         self.relaxed: dict[tuple[str, str], str] = {}
         self.ast = Builder()
         self.ws = self.ast.regex(whitespace)
+        self._sep: Regex | None = None  # W,W (`separator`)
+        self._colon: Regex | None = None  # W:W
         self.max_depth = max_recursion_depth
         # Generic values nest at most this many containers (limits.MAX_ANY_DEPTH unless lowered).
         self.any_depth = limits.MAX_ANY_DEPTH if any_depth is None else any_depth
@@ -398,9 +395,18 @@ class Emitter:
         return out
 
     def separator(self) -> Regex:
-        out = self.ast.seq(self.ws, self.ast.text(","), self.ws)
-        assert out is not None
-        return out
+        """W,W: made once per emitter, on first use (the AST counts only what it holds)."""
+        if self._sep is None:
+            self._sep = self.ast.seq(self.ws, self.ast.text(","), self.ws)
+        assert self._sep is not None
+        return self._sep
+
+    def colon(self) -> Regex:
+        """W:W, as `separator`."""
+        if self._colon is None:
+            self._colon = self.ast.seq(self.ws, self.ast.text(":"), self.ws)
+        assert self._colon is not None
+        return self._colon
 
     def any_value(self, depth: int) -> Regex:
         if depth in self.any_memo:
@@ -514,8 +520,7 @@ class Emitter:
         return self.bracketed("[", body, "]", empty_ok)
 
     def object(self, node: Object, counts: Counts) -> Regex | None:
-        ast, w, sep = self.ast, self.ws, self.separator()
-        colon = ast.seq(w, ast.text(":"), w)
+        ast, sep, colon = self.ast, self.separator(), self.colon()
         props: list[tuple[Regex, bool, bool]] = []  # (member, required, may come first)
         values = []
         for prop in node.properties:  # every value first: a required one without any ends it here

@@ -12,6 +12,7 @@ violation and is documented in `grammar_mlx.schema`, not reported.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -100,6 +101,8 @@ class Normalizer:
     # Conjunctions whose distributions `_refuse_early` has already counted (not counted again).
     _counted: set[Hashable] = field(default_factory=set)
     _oracle: Normalizer | None = None
+    # (id of a subschema of `root`, base URI, legacy_ref) -> its `logic.value_set` (`_value_set`)
+    _value_sets: dict[tuple[int, str, bool], tuple[Any, Values]] = field(default_factory=dict)
     _exact: Normalizer | None = None  # exact membership, for listed values (`_exact_node`)
 
     def __post_init__(self) -> None:
@@ -178,17 +181,20 @@ class Normalizer:
             return result
         return Ref(key)
 
-    def _expand(self, locs: Iterable[Loc]) -> list[Loc] | None:
-        """Flatten `$ref` and `allOf` into atomic members; None when one is `false`."""
+    def _expand(self, locs: Iterable[Loc], seen: set[Hashable] | None = None) -> list[Loc] | None:
+        """Flatten `$ref` and `allOf` into atomic members; None when one is `false`. `seen`: the
+        keys an expansion these members follow met (`_Expansion`), updated."""
         out: list[Loc] = []
-        seen: set[Hashable] = set()
+        seen = set() if seen is None else seen
         stack = list(reversed(list(locs)))
+        annotations = ANNOTATIONS if self.draft > 7 else ANNOTATIONS - CONTENT
         while stack:
             check_deadline(STAGE)
             loc = stack.pop()
-            if loc.key in seen:
+            key = loc.key
+            if key in seen:
                 continue  # A ∧ A = A (also ends $ref cycles through allOf)
-            seen.add(loc.key)
+            seen.add(key)
             schema = loc.schema
             if schema is True:
                 continue
@@ -196,7 +202,9 @@ class Normalizer:
                 return None
             if not isinstance(schema, dict):
                 raise InvalidSchemaError(f"schema at {loc.pointer or '/'} must be an object or a boolean")
-            ref_kw = next((k for k in ("$ref", "$dynamicRef", "$recursiveRef") if loc.has(k)), None)
+            ref_kw = None
+            if "$ref" in schema or "$dynamicRef" in schema or "$recursiveRef" in schema:
+                ref_kw = next((k for k in ("$ref", "$dynamicRef", "$recursiveRef") if loc.has(k)), None)
             if ref_kw is not None:
                 if ref_kw != "$ref":
                     self.report(ref_kw, loc, "dynamic scope is not tracked; resolved like $ref")
@@ -218,8 +226,7 @@ class Normalizer:
                 continue
             if self.draft == 3 and loc.has("extends"):
                 self.report("extends", loc, "draft 3 is not supported")
-            annotations = ANNOTATIONS if self.draft > 7 else ANNOTATIONS - CONTENT
-            if any(k not in annotations for k in schema if k not in loc.dropped):
+            if not schema.keys() - loc.dropped <= annotations:  # some keyword that constrains
                 out.append(loc)
         return out
 
@@ -249,18 +256,20 @@ class Normalizer:
                     locs = [atom.child(kw, j).below(atom) for j in range(len(branches))]
                     # Branches that contradict the rest (a discriminator's other values) are empty:
                     # not distributed further, they cost no budget.
-                    live = [rest + [loc] if self._satisfiable(rest + [loc]) else None for loc in locs]
+                    before = _Expansion(self, rest)
+                    live = [rest + [loc] if self._satisfiable([loc], before) else None for loc in locs]
                     return _Distribution(atom, kw, rest, locs, live)
         for i, atom in enumerate(atoms):
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
                 if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
                     continue
                 others = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
+                before = _Expansion(self, others)
 
-                def keep(alt: Alternative, others: list[Loc] = others, atom: Loc = atom, kw: str = kw) -> bool:
+                def keep(alt: Alternative, before: _Expansion = before, atom: Loc = atom, kw: str = kw) -> bool:
                     """A partial dependency alternative that may hold together with the rest."""
-                    return self._satisfiable(others + [atom.built(s, f"{kw}?{k}", evaluates)
-                                                       for k, (s, evaluates) in enumerate(alt)])
+                    return self._satisfiable([atom.built(s, f"{kw}?{k}", evaluates)
+                                              for k, (s, evaluates) in enumerate(alt)], before)
 
                 try:
                     if kw == "not":
@@ -276,7 +285,7 @@ class Normalizer:
                 rest = atoms[:i] + [atom.drop(kw)] + atoms[i + 1 :]
                 built = [[atom.built(s, f"{kw}{j}.{k}", evaluates) for k, (s, evaluates) in enumerate(alt)]
                          for j, alt in enumerate(alts)]
-                kept: list[list[Loc] | None] = [rest + b for b in built if self._satisfiable(rest + b)]
+                kept: list[list[Loc] | None] = [rest + b for b in built if self._satisfiable(b, before)]
                 return _Distribution(atom, kw, rest, [], kept)
         return None
 
@@ -328,41 +337,48 @@ class Normalizer:
             raise _over_budget(over)
         self._counted |= seen
 
-    def _satisfiable(self, locs: list[Loc]) -> bool:
+    def _satisfiable(self, locs: list[Loc], after: _Expansion | None = None) -> bool:
         """False only where the conjunction certainly holds no value, read off cheaply: its `type`s
         leave none, or leave only objects and a required property has no value its `properties`
         schemas all admit by `const`/`enum` (`logic.value_set`), or must be absent (`false`). Used to
         prune distributed alternatives: a discriminated `allOf` of n `if`/`then`s has n + 2
-        satisfiable combinations of its 2^n."""
-        atoms = self._expand(locs)
-        if atoms is None:
+        satisfiable combinations of its 2^n. `after`: the conjunction is that one's members followed
+        by `locs` (the rest of a distribution: expanded once for all its branches)."""
+        if after is None:
+            atoms = self._expand(locs)
+            return atoms is not None and self._may_hold([_Summary(atoms)])
+        first, seen = after.expanded()
+        if first is None:
             return False
-        types = set(TYPES)
-        required: set[str] = set()
-        for atom in atoms:
-            if atom.has("type"):
-                t = atom.get("type")
-                listed = t if isinstance(t, list) else [t]
-                names = {n for n in listed if isinstance(n, str)}
-                if len(names) < len(listed) or not names <= set(TYPES):
-                    return True  # (draft 3 forms; the normalizer reads them)
-                types &= names | ({"integer"} if "number" in names else set())
-            needed = atom.get("required")
-            if isinstance(needed, list):
-                required.update(n for n in needed if isinstance(n, str))
+        more = self._expand(locs, set(seen))
+        return more is not None and self._may_hold([after.summary(), _Summary(more)])
+
+    def _may_hold(self, parts: list[_Summary]) -> bool:
+        """`_satisfiable` of the conjunction of the atoms `parts` summarize."""
+        if any(part.opaque for part in parts):
+            return True
+        types = set(TYPES).intersection(*(part.types for part in parts))
         if not types:
             return False
+        required = set().union(*(part.required for part in parts))
         if types - {"object"} or not required:
             return True
         # Only the required properties' value sets decide: the others are never read.
-        values: dict[str, Values] = {}
-        for atom in atoms:
-            props = atom.get("properties")
-            if isinstance(props, dict):
-                resolve = self._resolver(atom)
-                for name in required & props.keys():
-                    values[name] = meet(values.get(name, ANY_VALUES), value_set(props[name], resolve, atom.legacy_ref))
-        return not any(is_empty(values[name]) for name in required if name in values)
+        for name in required:
+            values = [v for part in parts if (v := part.values(self, name)) is not None]
+            if values and is_empty(functools.reduce(meet, values, ANY_VALUES)):
+                return False
+        return True
+
+    def _value_set(self, schema: Any, atom: Loc) -> Values:
+        """`logic.value_set` of a subschema of the document read from `atom`, once per schema and
+        base URI (what its `$ref`s resolve against): distributing wide `allOf`s of `if`/`then`s asks
+        for the same required properties' values again for each combination."""
+        key = (id(schema), atom.base, atom.legacy_ref)
+        hit = self._value_sets.get(key)
+        if hit is None:  # (the schema is kept with its values: a schema built for a negation dies young)
+            hit = self._value_sets[key] = (schema, value_set(schema, self._resolver(atom), atom.legacy_ref))
+        return hit[1]
 
     def _closed_keys(self, node: Node) -> frozenset[str] | None:
         """The keys a node's objects may hold, when it has no extra properties (a closed object, or
@@ -657,6 +673,66 @@ class _Resolve:
         atom = self.atom
         target = self.resources.resolve(Loc({"$ref": ref}, atom.pointer, atom.base, legacy_ref=atom.legacy_ref))
         return None if target is None else target.schema
+
+
+class _Expansion:
+    """A conjunction's `Normalizer._expand` (its atoms, and the keys met on the way) and their
+    `_Summary`, made once, on first use, for the conjunctions that extend it: a distribution's
+    rest, before each branch."""
+
+    def __init__(self, nz: Normalizer, locs: list[Loc]) -> None:
+        self.nz, self.locs = nz, locs
+        self.done: tuple[list[Loc] | None, set[Hashable]] | None = None
+        self.summarized: _Summary | None = None
+
+    def expanded(self) -> tuple[list[Loc] | None, set[Hashable]]:
+        if self.done is None:
+            seen: set[Hashable] = set()
+            self.done = (self.nz._expand(self.locs, seen), seen)
+        return self.done
+
+    def summary(self) -> _Summary:
+        """The summary of the atoms (`expanded` found some)."""
+        if self.summarized is None:
+            atoms = self.expanded()[0]
+            assert atoms is not None
+            self.summarized = _Summary(atoms)
+        return self.summarized
+
+
+class _Summary:
+    """What `Normalizer._satisfiable` reads of some atoms of a conjunction: the types they leave,
+    the names they require, their `properties`; `opaque` where a `type` is in a form it does not
+    read (draft 3's: the conjunction is then taken as satisfiable)."""
+
+    def __init__(self, atoms: list[Loc]) -> None:
+        self.opaque = False
+        self.types = set(TYPES)
+        self.required: set[str] = set()
+        self.props: list[tuple[dict[str, Any], Loc]] = []
+        self._values: dict[str, Values | None] = {}
+        for atom in atoms:
+            if atom.has("type"):
+                t = atom.get("type")
+                listed = t if isinstance(t, list) else [t]
+                names = {n for n in listed if isinstance(n, str)}
+                if len(names) < len(listed) or not names <= set(TYPES):
+                    self.opaque = True  # (draft 3 forms; the normalizer reads them)
+                    return
+                self.types &= names | ({"integer"} if "number" in names else set())
+            needed = atom.get("required")
+            if isinstance(needed, list):
+                self.required.update(n for n in needed if isinstance(n, str))
+            props = atom.get("properties")
+            if isinstance(props, dict):
+                self.props.append((props, atom))
+
+    def values(self, nz: Normalizer, name: str) -> Values | None:
+        """The values these atoms' `properties` admit for `name` (None: none of them names it)."""
+        if name not in self._values:
+            found = [nz._value_set(props[name], atom) for props, atom in self.props if name in props]
+            self._values[name] = functools.reduce(meet, found, ANY_VALUES) if found else None
+        return self._values[name]
 
 
 class Narrowed(Exception):

@@ -567,3 +567,75 @@ def test_the_maskbench_schema_that_raised_recursion_error(corpora, qwen_vocab):
     grammar = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False,
                                   max_recursion_depth=3)
     assert grammar.min_completion_tokens is not None and grammar.allowed_tokens(grammar.initial_state).size
+
+
+class _Cycle:
+    """An object that refers to itself: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_collector_is_off_during_a_compile_and_on_after_and_its_cycles_are_collected(qwen_vocab, monkeypatch):
+    import gc
+    import weakref
+
+    from grammar_mlx.errors import InvalidSchemaError
+    from grammar_mlx.schema import translate
+
+    seen: list[bool] = []
+    cycles: list[weakref.ref[_Cycle]] = []
+    real = translate.translate_loaded
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        cycles.append(weakref.ref(_Cycle()))  # garbage made under the pause
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translate, "translate_loaded", spy)
+    assert gc.isenabled()
+    compile_json_schema({"type": "integer", "minimum": 3}, qwen_vocab, use_cache=False)
+    assert seen == [False] and gc.isenabled()
+    gc.collect()
+    assert cycles[0]() is None  # the pause leaked nothing: the collector frees it once back on
+    with pytest.raises(InvalidSchemaError):
+        compile_json_schema({"type": "integer", "minimum": "three"}, qwen_vocab, use_cache=False)
+    assert gc.isenabled()
+    with pytest.raises(InvalidRegexError):
+        compile_regex("(a", qwen_vocab)
+    assert gc.isenabled()
+    gc.disable()  # the application's choice stays
+    try:
+        compile_json_schema({"type": "string", "maxLength": 3}, qwen_vocab, use_cache=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_overlapping_pauses_turn_the_collector_back_on_with_the_last():
+    import gc
+
+    first, second = build.collector_paused(), build.collector_paused()
+    first.__enter__()
+    second.__enter__()
+    assert not gc.isenabled()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the other compile is still running
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def test_compiles_that_keep_overlapping_still_collect(monkeypatch):
+    import gc
+    import weakref
+
+    monkeypatch.setattr(build, "MAX_PAUSE_SECONDS", 0.0)
+    first, second = build.collector_paused(), build.collector_paused()
+    first.__enter__()
+    second.__enter__()
+    cycle = weakref.ref(_Cycle())
+    assert cycle() is not None  # the collector is off: the cycle waits
+    first.__exit__(None, None, None)  # ends while the other runs, the collector off past the limit
+    assert cycle() is None and not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
