@@ -7,7 +7,7 @@ numbers states canonically (breadth-first from the initial state over the saved 
 initial state, -1 the terminal one) and holds, per filled state, its row (token ids, each
 successor as a canonical number) and its packed mask. A loading process maps canonical numbers to
 its own ids as its rows need them: 0 is its initial state, and a successor is the state reached by
-the bytes of one token leading there from the state being restored (`ByteDFA.next`, computing
+the bytes of one token leading there from the state being restored (`ByteDFA.follow`, computing
 only the DFA rows on that way). A row that came from the trie's string slice (`token_index.
 StringSlice`) is stored without the slice's tokens and restored so (the index merges the slice in
 when its whole row is asked for).
@@ -115,9 +115,7 @@ class RowStore:
                 continue
             q = self.state_of.get(d)
             if q is None:
-                q = state
-                for byte in trie.token_bytes(int(tokens[i])):
-                    q = dfa.next(q, byte)
+                q = dfa.follow(state, trie.token_bytes(int(tokens[i])))
                 if q == dfa.dead or not self.bind(d, q):
                     self._distrust(f"canonical state {d} did not map to a state of this DFA")
                     return None
