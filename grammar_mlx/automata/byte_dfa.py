@@ -115,6 +115,7 @@ class ByteDFA:
         self.table = table
         self.accepting = accepting
         self.classes = classes
+        self._class_list: list[int] = classes.tolist()  # per byte, as Python ints (`follow`)
         self.num_classes = int(classes.max()) + 1 if len(classes) else 1
         self.initial = initial
         self.dead = dead
@@ -222,6 +223,22 @@ class ByteDFA:
     def next(self, state: int, byte: int) -> int:
         self.ensure_rows([state])
         return int(self.table[state * self.num_classes + self.classes[byte]])
+
+    def follow(self, state: int, data: bytes) -> int:
+        """The state after the bytes of `data` from `state` (the dead state once one dies), computing
+        the rows on the way: `next` byte by byte, one table read each where the row is known."""
+        width, dead = self.num_classes, self.dead
+        classes = self._class_list
+        for byte in data:
+            at = state * width + classes[byte]
+            following = self.table.item(at)
+            if following < 0:  # UNKNOWN: a DFA built on demand computes the row (its table may grow)
+                self.ensure_row(state)
+                following = self.table.item(at)
+            if following == dead:
+                return dead
+            state = following
+        return state
 
     def rows(self) -> np.ndarray:
         """The table as (rows, classes): `num_states + 1` rows (more where a DFA built on demand

@@ -478,10 +478,11 @@ class Determinizer:
         marks[NUL] = 0
         self.classes = np.cumsum(marks, dtype=np.int32)  # byte -> class: intervals between bounds
         self.num_classes = int(self.classes[-1]) + 1
-        self._class_of: list[int] = self.classes.tolist()  # the same, indexed by Python ints (`_transitions`)
+        self._class_of: list[int] = self.classes.tolist()  # the same, indexed by Python ints (`_columns`)
         self.alphabet = frozenset(range(1, 256)) if alphabet is None else frozenset(alphabet) - {NUL}
         self._closure: dict[int, tuple[int, ...]] = {}
-        self._class_trans: dict[int, tuple[tuple[int, int, int], ...]] = {}
+        self._class_targets: dict[int, list[int]] = {}
+        self._zero_row = np.zeros(self.num_classes, dtype=np.int32)
         # The NFA states of each DFA state (its key in `_ids`), None once its row is done.
         self._sets: list[frozenset[int] | None] = [None]
         self._ids: dict[frozenset[int], int] = {}
@@ -542,15 +543,19 @@ class Determinizer:
         self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(result)
         return result
 
-    def _transitions(self, q: int) -> tuple[tuple[int, int, int], ...]:
-        """q's byte ranges as (first class, last class, target)."""
-        hit = self._class_trans.get(q)
+    def _columns(self, q: int) -> list[int]:
+        """Byte state q's target per byte class (-1: none), memoized: a row of several byte states
+        reads them column by column."""
+        hit = self._class_targets.get(q)
         if hit is None:
             cls = self._class_of
             ranges = self.nfa.trans[q]
             assert ranges is not None
-            hit = self._class_trans[q] = tuple([(cls[lo], cls[hi], t) for lo, hi, t in ranges])
-            self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(hit) + 64 * len(hit)  # 3-tuples of shared ints
+            hit = [-1] * self.num_classes
+            for lo, hi, t in ranges:
+                hit[cls[lo] : cls[hi] + 1] = [t] * (cls[hi] + 1 - cls[lo])
+            self._class_targets[q] = hit
+            self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(hit)  # its ints are the NFA's own
         return hit
 
     def state(self, dfa: ByteDFA, nfa_set: frozenset[int]) -> int:
@@ -578,43 +583,41 @@ class Determinizer:
             # byte order, so each class has one target and the ranges come in class order. Read
             # from the NFA, not memoized: a byte state is rarely the only mover of two DFA states.
             cls = self._class_of
-            out = np.zeros(self.num_classes, dtype=np.int32)
+            out: np.ndarray = self._zero_row.copy()
             for lo, hi, t in trans[moving[0]]:  # type: ignore[union-attr]
                 sid = by_targets.get(t, -1)
                 if sid < 0:
                     sid = by_targets[t] = state(dfa, frozenset(closure_of(t)))
                     self._py_bytes += DICT_SLOT_BYTES
-                out[cls[lo] : cls[hi] + 1] = sid
+                first, last = cls[lo], cls[hi]
+                if first == last:  # one class (a literal's byte): an item, not a slice
+                    out[first] = sid
+                else:
+                    out[first : last + 1] = sid
             self._done(q)
             return out
         row = [0] * self.num_classes
         if moving:
-            # A sweep over the class intervals where some member's range starts or ends (a few,
-            # where the classes are many): each interval's targets are the range covering it of
-            # each member, in member order (a member's ranges are disjoint: it is one byte state).
-            spans = [sorted(self._transitions(s)) for s in moving]
-            cuts = sorted({c for ranges in spans for lo, hi, _ in ranges for c in (lo, hi + 1)})
-            at = [0] * len(spans)
-            for lo, end in zip(cuts, cuts[1:]):
-                targets = []
-                for i, ranges in enumerate(spans):
-                    k = at[i]
-                    while k < len(ranges) and ranges[k][1] < lo:
-                        k += 1
-                    at[i] = k
-                    if k < len(ranges) and ranges[k][0] <= lo:
-                        targets.append(ranges[k][2])
-                if not targets:
-                    continue
-                key = tuple(targets) if len(targets) > 1 else targets[0]
-                sid = by_targets.get(key, -1)
-                if sid < 0:
-                    acc: set[int] = set()
-                    for t in targets:
-                        acc.update(closure_of(t))
-                    sid = by_targets[key] = state(dfa, frozenset(acc))
-                    self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(key)
-                row[lo:end] = [sid] * (end - lo)
+            # Column by column: a class's targets are each member's target there, in member order;
+            # consecutive classes mostly share them (one lookup per run of equal columns).
+            previous: tuple[int, ...] | None = None
+            sid = 0
+            for c, column in enumerate(zip(*map(self._columns, moving))):
+                if column != previous:
+                    previous = column
+                    targets = [t for t in column if t >= 0]
+                    if not targets:
+                        sid = 0
+                    else:
+                        key = tuple(targets) if len(targets) > 1 else targets[0]
+                        sid = by_targets.get(key, -1)
+                        if sid < 0:
+                            acc: set[int] = set()
+                            for t in targets:
+                                acc.update(closure_of(t))
+                            sid = by_targets[key] = state(dfa, frozenset(acc))
+                            self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(key)
+                row[c] = sid
         self._done(q)
         return np.array(row, dtype=np.int32)
 

@@ -7,7 +7,7 @@ numbers states canonically (breadth-first from the initial state over the saved 
 initial state, -1 the terminal one) and holds, per filled state, its row (token ids, each
 successor as a canonical number) and its packed mask. A loading process maps canonical numbers to
 its own ids as its rows need them: 0 is its initial state, and a successor is the state reached by
-the bytes of one token leading there from the state being restored (`ByteDFA.next`, computing
+the bytes of one token leading there from the state being restored (`ByteDFA.follow`, computing
 only the DFA rows on that way). A row that came from the trie's string slice (`token_index.
 StringSlice`) is stored without the slice's tokens and restored so (the index merges the slice in
 when its whole row is asked for).
@@ -30,6 +30,7 @@ import atexit
 import logging
 import threading
 import weakref
+from bisect import bisect_right
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,12 +40,13 @@ from . import cache
 
 if TYPE_CHECKING:
     from .lazy import LazyIndex
-    from .token_index import StringSlice
+    from .token_index import StringSlice, TokenTrie
 
 __all__ = ["RowStore", "attach", "save", "save_all"]
 
 log = logging.getLogger("grammar_mlx.cache")
 FORMAT = 1
+_FEW = 32  # a restored row of at most this many tokens is mapped in Python ints (no numpy call per step)
 # A restored row: (tokens, next states, packed mask, the string slice whose tokens it lacks, or None).
 Restored = tuple[np.ndarray, np.ndarray, np.ndarray, "StringSlice | None"]
 _ATTACHED: weakref.WeakSet[LazyIndex] = weakref.WeakSet()
@@ -101,30 +103,48 @@ class RowStore:
         c = self.canonical[state]
         lo, hi = int(self.row_start[c]), int(self.row_start[c + 1])
         tokens, succ = self.tokens[lo:hi], self.succ[lo:hi]
-        dfa, trie = index.dfa, index.trie
-        # Each successor found through its shortest token: the fewest DFA rows computed on the way.
+        dfa, trie, state_of = index.dfa, index.trie, self.state_of
+        # Each successor not mapped yet is found through its shortest token (the first such in the
+        # row): the fewest DFA rows computed on the way. Successors in canonical order.
+        via = self._shortest(trie, tokens, succ)
+        for d in sorted(via):
+            q = dfa.follow(state, trie.token_bytes(via[d]))
+            if q == dfa.dead or not self.bind(d, q):
+                self._distrust(f"canonical state {d} did not map to a state of this DFA")
+                return None
+        terminal = index.terminal
+        if len(succ) <= _FEW:
+            nxt = np.array([terminal if d < 0 else state_of[d] for d in succ.tolist()], dtype=np.int32)
+        else:
+            kinds = np.unique(succ)
+            states = np.array([terminal if d < 0 else state_of[d] for d in kinds.tolist()], dtype=np.int32)
+            nxt = states[np.searchsorted(kinds, succ)]
+        sl = index.trie.string_slice() if self.sliced[c] else None
+        return tokens.copy(), nxt, self.masks[self.mask[c]].copy(), sl
+
+    def _shortest(self, trie: TokenTrie, tokens: np.ndarray, succ: np.ndarray) -> dict[int, int]:
+        """Per canonical successor (not the terminal state's -1) not mapped yet, its token of fewest
+        bytes, the first such in the row: in Python for a few tokens, else in numpy."""
+        state_of = self.state_of
+        if len(tokens) <= _FEW:
+            levels = trie.level_start.tolist()
+            token_node = trie.token_node
+            best: dict[int, tuple[int, int]] = {}
+            for t, d in zip(tokens.tolist(), succ.tolist()):
+                if d < 0 or d in state_of:
+                    continue
+                size = bisect_right(levels, token_node.item(t))  # a node's level is its bytes less one
+                known = best.get(d)
+                if known is None or size < known[0]:
+                    best[d] = (size, t)
+            return {d: t for d, (_, t) in best.items()}
         length = np.searchsorted(trie.level_start, trie.token_node[tokens], side="right")
         order = np.lexsort((length, succ))
         ordered = succ[order]
-        first = order[np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])] if len(order) else order
-        kinds = succ[first]
-        states = np.empty(len(kinds), dtype=np.int32)
-        for k, (d, i) in enumerate(zip(kinds.tolist(), first.tolist())):
-            if d < 0:
-                states[k] = index.terminal
-                continue
-            q = self.state_of.get(d)
-            if q is None:
-                q = state
-                for byte in trie.token_bytes(int(tokens[i])):
-                    q = dfa.next(q, byte)
-                if q == dfa.dead or not self.bind(d, q):
-                    self._distrust(f"canonical state {d} did not map to a state of this DFA")
-                    return None
-            states[k] = q
-        nxt = states[np.searchsorted(kinds, succ)]
-        sl = index.trie.string_slice() if self.sliced[c] else None
-        return tokens.copy(), nxt, self.masks[self.mask[c]].copy(), sl
+        first = np.ones(len(order), dtype=bool)
+        np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+        return {d: t for d, t in zip(ordered[first].tolist(), tokens[order[first]].tolist())
+                if d >= 0 and d not in state_of}
 
     def _distrust(self, why: str) -> None:
         log.warning("lazy rows entry not used further: %s", why)

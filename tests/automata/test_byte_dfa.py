@@ -143,6 +143,37 @@ def test_an_on_demand_dfa_grows_with_stable_ids_and_completes_to_the_stored_layo
     assert stored.completed() is stored
 
 
+@pytest.mark.parametrize("regex", REGEXES)
+def test_follow_is_next_byte_by_byte(regex):
+    """`follow(state, data)` is `next` over the bytes of `data` (the dead state once one dies), on a
+    DFA built on demand (computing rows on the way) and on its stored layout."""
+    rng = random.Random(regex)
+    alphabet = sorted(set(regex.encode())) + [0x00, 0x80, 0xC3, 0xA9, 0xE4, 0xB8, 0xFF]
+    dfa = determinize(build_nfa(regex), 100_000)
+    texts = [bytes(rng.choice(alphabet) for _ in range(rng.randrange(8))) for _ in range(300)]
+    starts = [dfa.initial]
+    for data in texts:
+        start = rng.choice(starts)
+        followed = dfa.follow(start, data)  # first: it meets the rows not computed yet
+        q = start
+        for b in data:
+            q = dfa.next(q, b)
+            if q == dfa.dead:
+                break
+        assert followed == q, (regex, start, data)
+        if q != dfa.dead:
+            starts.append(q)
+    stored = dfa.completed()
+    assert stored is not None
+    for data in texts:
+        q = stored.initial
+        for b in data:
+            q = stored.next(q, b)
+            if q == stored.dead:
+                break
+        assert stored.follow(stored.initial, data) == q, (regex, data)
+
+
 def test_past_max_states_adding_a_state_is_a_typed_error():
     dfa = determinize(build_nfa(r"(a|b)*a(a|b){12}"), max_states=50)
     with pytest.raises(GrammarTooLargeError, match="reached 50 states"):

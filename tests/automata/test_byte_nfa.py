@@ -304,6 +304,45 @@ def test_distances_known_on_demand_equal_a_search_of_the_whole_nfa(regex, walk):
     assert known == list(searched[: len(known)]) and list(nfa.dist) == list(searched), regex
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(regex=regexes(), walk=st.lists(st.sampled_from(ALPHABET), max_size=6).map("".join))
+def test_rows_are_the_subset_construction_byte_by_byte(regex, walk):
+    """Every computed row (one byte state's ranges, or several members' columns) equals the plain
+    subset construction: per byte, the union of the closures of every member's target over it,
+    as the DFA state of that NFA set (0: none), new states numbered in the order of the first
+    byte class leading to them."""
+    nfa = build_nfa(regex)
+    dfa = determinize(nfa, 100_000)
+    source = dfa._source
+    run(dfa, walk.encode())  # some rows first (the order states meet the memos differs)
+    seen, todo = {dfa.initial}, [dfa.initial]
+    while todo and len(seen) < 300:
+        q = todo.pop()
+        members = source._sets[q]
+        if members is None:  # computed by the walk above: its successors are still visited
+            row = dfa.rows()[q]
+        else:
+            before = dfa.num_states
+            expected = []
+            for b in range(256):
+                targets = [t for s in members if nfa.trans[s] is not None
+                           for lo, hi, t in nfa.trans[s] if lo <= b <= hi]
+                expected.append(frozenset().union(*map(source.closure, targets)) if targets else None)
+            dfa.ensure_rows([q])
+            row = dfa.rows()[q]
+            sets = {sid: nfa_set for nfa_set, sid in source._ids.items()}
+            for b in range(256):
+                got = int(row[dfa.classes[b]])
+                assert (got == 0) == (expected[b] is None), (regex, q, b)
+                assert got == 0 or sets[got] == expected[b], (regex, q, b)
+            new = [int(v) for v in row[np.sort(np.unique(row, return_index=True)[1])] if v > before]
+            assert new == list(range(before + 1, dfa.num_states + 1)), regex  # in order of first class
+        for v in np.unique(row).tolist():
+            if v != dfa.dead and v not in seen:
+                seen.add(v)
+                todo.append(v)
+
+
 def test_states_are_built_as_walks_reach_them():
     """A heavy counted repetition compiles in a few states; walks build the counts they reach."""
     nfa = build_nfa("(?:[a-z]{1,40}){1,40}")

@@ -187,3 +187,33 @@ print(json.dumps({{"stats": {{k: g.stats.get(k) for k in ("cache_hit", "row_stor
     assert second["stats"]["row_store"] == "hit" and second["stats"]["cache_hit"] is True
     assert second["stats"]["rows_restored"] > 0
     assert second["rows"] == first["rows"]
+
+
+def test_successor_tokens_are_chosen_alike_in_python_and_numpy(tmp_path, qwen_hf_tokenizer, document_tokens,
+                                                               monkeypatch):
+    """A restored row's successors are reached through their shortest tokens (the first such in the
+    row); rows of a few tokens pick them in Python, longer ones in numpy: the same picks, each a
+    token of that successor with no shorter one."""
+    first = fresh(qwen_hf_tokenizer)
+    lazy_store.attach(first.index, tmp_path, KEY)
+    trace(first, document_tokens)
+    assert lazy_store.save(first.index)
+    second = fresh(qwen_hf_tokenizer)
+    assert lazy_store.attach(second.index, tmp_path, KEY)
+    store, trie = second.index._store, second.index.trie
+    sizes = set()
+    for c in np.flatnonzero(store.filled).tolist():
+        lo, hi = int(store.row_start[c]), int(store.row_start[c + 1])
+        tokens, succ = store.tokens[lo:hi], store.succ[lo:hi]
+        sizes.add(len(tokens) > 32)
+        picks = []
+        for few in (0, 10**9):
+            monkeypatch.setattr(lazy_store, "_FEW", few)
+            picks.append(store._shortest(trie, tokens, succ))
+        assert picks[0] == picks[1]
+        length = {t: len(trie.token_bytes(t)) for t, d in zip(tokens.tolist(), succ.tolist()) if d >= 0}  # not EOS
+        for d, t in picks[0].items():
+            same = [u for u, e in zip(tokens.tolist(), succ.tolist()) if e == d]
+            assert length[t] == min(length[u] for u in same) and t == next(u for u in same if length[u] == length[t])
+        assert set(picks[0]) == {d for d in succ.tolist() if d >= 0} - set(store.state_of)
+    assert sizes == {False, True}  # both ways were compared
