@@ -615,3 +615,29 @@ def test_generate_and_compile_with_a_grammar_file(capsys, tmp_path, qwen_model_d
     report = json.loads(out)
     assert report["grammar"] == f"gbnf grammar {tmp_path / 'sum.gbnf'}" and report["mode"] == "cfg"
     assert report["first_step_allowed_tokens"] > 0 and not report["tables_complete"]
+
+
+def test_a_grammar_nested_past_the_parsers_stack_is_one_error_line(capsys, tmp_path, no_model_loads):
+    deep = tmp_path / "deep.gbnf"
+    deep.write_text("root ::= " + "(" * 5000 + '"a"' + ")" * 5000 + "\n")
+    code, out, err = run_main(capsys, "generate", "--prompt", "x", "--grammar", str(deep))
+    assert code == 1 and out == ""
+    assert_one_error_line(err, f"--grammar {deep}:1:1: the grammar nests too deeply (gbnf)")
+
+
+def test_generate_with_a_grammar_file_a_start_rule_and_a_draft(capsys, tmp_path, qwen_model_dir):
+    # Speculative decoding keeps the greedy output (the tiny model is float32), in the grammar's
+    # language from a start rule other than `root`, CRLF line endings and all.
+    lark = pytest.importorskip("lark", reason="the lark library is the oracle (test extra)")
+    oracle = lark.Lark(SUM_LARK.replace("start:", "sum:"), parser="earley", start="sum")
+    (tmp_path / "sum.gbnf").write_bytes(('root ::= "unused"\n' + SUM_GBNF.replace("root ::=", "sum ::="))
+                                        .replace("\n", "\r\n").encode())
+    outs = []
+    for extra in ((), ("--draft-layers", "1", "--num-draft-tokens", "3")):
+        code, out, err = run_main(capsys, "generate", "--model", str(qwen_model_dir), "--grammar",
+                                  str(tmp_path / "sum.gbnf"), "--start", "sum", "--prompt", "x", "--max-tokens", "12",
+                                  "--quiet", *extra)
+        assert code == 0, err
+        oracle.parse(out.rstrip("\n"))  # raises when the output is outside the grammar
+        outs.append(out)
+    assert outs[0] == outs[1]

@@ -172,3 +172,142 @@ def test_a_recursive_schema_is_served_through_the_grammar_engine(grammar_server,
             assert state >= 0, text
         assert finish == "stop", text
         jsonschema.validate(json.loads(text), TREE)
+
+
+# Every field a grammar may come in, each with a mistake: (endpoint, request fields, param, code, line, column).
+DEEP_GBNF = "root ::= " + "(" * 5000 + '"a"' + ")" * 5000  # past the parser's stack: an invalid grammar too
+BAD_GRAMMARS = [
+    ("chat", {"extra_body": {"grammar": 'root ::= "a"\nx ::= ("b"\n'}}, "grammar", "invalid_grammar", 2, 7),
+    ("completions", {"extra_body": {"guided_grammar": 'start: "a" b\n'}}, "guided_grammar", "invalid_grammar",
+     1, 12),
+    ("chat", {"extra_body": {"guided_grammar": 'root ::= b\nb ::= b "x"\n'}}, "guided_grammar",
+     "empty_start_rule", 2, 1),
+    ("completions", {"extra_body": {"response_format": {"type": "grammar", "syntax": "gbnf",
+                                                        "grammar": 'root ::= "a"{3,2}'}}},
+     "response_format.grammar", "invalid_grammar", 1, 13),
+    ("chat", {"extra_body": {"structured_outputs": {"grammar": "root ::= [a-"}}}, "structured_outputs.grammar",
+     "invalid_grammar", 1, 10),
+    ("completions", {"extra_body": {"grammar": DEEP_GBNF}}, "grammar", "invalid_grammar", 1, 1),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "fields", "param", "code", "line", "column"), BAD_GRAMMARS,
+                         ids=[f"{b[0]}-{b[2]}-{b[3]}" for b in BAD_GRAMMARS])
+def test_each_grammar_field_names_a_mistakes_place_and_the_server_stays_healthy(grammar_server, endpoint, fields,
+                                                                             param, code, line, column):
+    import openai
+
+    client = grammar_server.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        if endpoint == "chat":
+            client.chat.completions.create(model="m", messages=ASK, max_tokens=20, **fields)
+        else:
+            client.completions.create(model="m", prompt="x", max_tokens=20, **fields)
+    error = info.value.body
+    assert (error["code"], error["param"], error["line"], error["column"]) == (code, param, line, column), error
+    assert f"(line {line}, column {column})" in error["message"]
+    done = client.completions.create(model="m", prompt="Out:", max_tokens=20, extra_body={"grammar": SUM_GBNF})
+    assert done.choices[0].finish_reason == "stop" and parses(SUM_LARK, done.choices[0].text), done.choices[0].text
+
+
+@pytest.fixture(scope="module")
+def draft_server(qwen_model_dir):
+    pytest.importorskip("openai", reason="the openai client is a test extra")
+    served = Server("grammars-draft", "--model", str(qwen_model_dir), "--no-preload-json-object",
+                    "--draft-layers", "1", "--num-draft-tokens", "3")
+    try:
+        served.wait_ready()
+        yield served
+    finally:
+        served.stop()
+    assert served.proc.returncode == 0
+
+
+JSON_LARK = """?start: value
+?value: object | array | string | SIGNED_NUMBER | "true" | "false" | "null"
+array  : "[" [value ("," value)*] "]"
+object : "{" [pair ("," pair)*] "}"
+pair   : string ":" value
+string : ESCAPED_STRING
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+%import common.WS
+%ignore WS
+"""
+FLAT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+
+
+def _ask(client, endpoint: str, stream: bool, **fields) -> tuple[str, str | None]:
+    """The answer's text and finish reason, streamed or not, from either endpoint."""
+    if endpoint == "chat":
+        reply = client.chat.completions.create(model="m", messages=ASK, stream=stream, **fields)
+    else:
+        reply = client.completions.create(model="m", prompt="Out:", stream=stream, **fields)
+    if not stream:
+        choice = reply.choices[0]
+        return (choice.message.content if endpoint == "chat" else choice.text), choice.finish_reason
+    text, finish = "", None
+    for chunk in reply:
+        if chunk.choices:
+            part = chunk.choices[0].delta.content if endpoint == "chat" else chunk.choices[0].text
+            text, finish = text + (part or ""), chunk.choices[0].finish_reason or finish
+    return text, finish
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_sequence_of_grammar_schema_and_free_requests_on_a_draft_server(draft_server, stream):
+    # One speculative server, every way a grammar comes in, between plain schemas and unconstrained
+    # requests, with a tight and a loose budget: each answer is complete and in its language.
+    import json
+
+    import jsonschema
+
+    client = draft_server.client()
+    tree = {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}}
+    flat = {"type": "json_schema", "json_schema": {"name": "flat", "schema": FLAT}}
+    for max_tokens in (12, 60):
+        asks = [
+            ("chat", {"response_format": {"type": "grammar", "grammar": JSON_LARK}}, lambda t: parses(JSON_LARK, t)),
+            ("completions", {}, None),
+            ("chat", {"response_format": {"type": "grammar", "grammar": NESTED_GBNF, "syntax": "gbnf"}},
+             lambda t: parses(NESTED_LARK, t)),
+            ("chat", {"response_format": flat}, lambda t: jsonschema.validate(json.loads(t), FLAT) is None),
+            ("completions", {"extra_body": {"grammar": NESTED_GBNF}}, lambda t: parses(NESTED_LARK, t)),
+            ("chat", {"extra_body": {"grammar": SUM_GBNF}}, lambda t: parses(SUM_LARK, t)),
+            ("completions", {"extra_body": {"guided_grammar": JSON_LARK}}, lambda t: parses(JSON_LARK, t)),
+            ("chat", {"extra_body": {"guided_grammar": NESTED_GBNF}}, lambda t: parses(NESTED_LARK, t)),
+            ("chat", {"response_format": tree}, lambda t: jsonschema.validate(json.loads(t), TREE) is None),
+            ("chat", {}, None),
+        ]
+        for endpoint, fields, in_language in asks:
+            if fields.get("response_format") is tree and max_tokens < 18:  # the tree's shortest answer: a 400
+                import openai
+
+                with pytest.raises(openai.BadRequestError, match="at least 18"):
+                    _ask(client, endpoint, stream, max_tokens=max_tokens, **fields)
+                continue
+            text, finish = _ask(client, endpoint, stream, max_tokens=max_tokens, **fields)
+            if in_language is None:
+                assert finish in ("stop", "length")
+                continue
+            assert finish == "stop" and in_language(text), (endpoint, fields, text)
+
+
+def test_a_grammar_whose_only_text_is_empty_answers_nothing(grammar_server):
+    client = grammar_server.client()
+    for field in ({"grammar": 'root ::= ""'}, {"guided_grammar": 'start: ""'}):
+        done = client.completions.create(model="m", prompt="Out:", max_tokens=5, extra_body=field)
+        # (The hybrid model may write the gap a thinking section leaves before the answer: stripped.)
+        assert (done.choices[0].text, done.choices[0].finish_reason) == ("", "stop")
+
+
+@pytest.mark.xfail(strict=True, reason="the regex path beside a thinking section on /v1/completions is not "
+                   "length-safe: the thinking does not end in time for the answer (segments, not grammars)")
+def test_a_regex_after_a_thinking_section_completes_within_max_tokens_as_a_grammar_does(grammar_server):
+    # The completions prompt leaves the (hybrid) model free to open <think>; greedy, it does. The same
+    # language as a grammar ends in time (grammars.then), the regex runs out of budget.
+    client = grammar_server.client()
+    for field in ({"grammar": 'root ::= "a"?'}, {"guided_regex": "a?"}):
+        done = client.completions.create(model="m", prompt="Out:", max_tokens=5, extra_body=field)
+        assert done.choices[0].finish_reason == "stop", (field, done.usage)

@@ -29,11 +29,12 @@ def parse_grammar(text: str, *, syntax: Syntax = "lark", start: str | None = Non
         raise InvalidGrammarError(f"a grammar must be a str, got {type(text).__name__}", line=1, column=1)
     if start is not None and not isinstance(start, str):
         raise InvalidArgumentError(f"start must be a rule name (str), got {start!r:.80}")
-    if syntax == "gbnf":
-        return parse_gbnf(text, start)
-    if syntax == "lark":
-        return parse_lark(text, start)
-    raise InvalidArgumentError(f"syntax must be 'lark' or 'gbnf', got {syntax!r:.80}")
+    if syntax not in ("gbnf", "lark"):
+        raise InvalidArgumentError(f"syntax must be 'lark' or 'gbnf', got {syntax!r:.80}")
+    try:  # both parsers descend recursively into groups
+        return parse_gbnf(text, start) if syntax == "gbnf" else parse_lark(text, start)
+    except RecursionError:
+        raise InvalidGrammarError("the grammar nests too deeply", line=1, column=1) from None
 
 
 def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start: str | None = None,

@@ -296,7 +296,8 @@ class CFGGrammar:
         if sid is None:
             sid = self._set_ids[key] = len(self._sets)
             self._sets.append(key)
-            self._accepting.append(any(r == 0 and q < 0 and d == 1 for r, d, _, q in key))
+            done = len(rhs_of[0])  # rule 0 may be empty: a grammar whose only text is ""
+            self._accepting.append(any(r == 0 and q < 0 and d == done for r, d, _, q in key))
         return sid
 
     def _term_next(self, t: int, q: int, byte: int) -> int:

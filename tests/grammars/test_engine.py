@@ -286,3 +286,23 @@ def test_next_state_memo_shared_across_threads(monkeypatch):
     for runs, expected in zip(got, want):
         assert all(run == expected for run in runs)
     assert len(g._next) <= 16
+
+
+@pytest.mark.parametrize(("text", "syntax"), [('root ::= ""', "gbnf"), ('root ::= "a"{0}', "gbnf"),
+                                              ('root ::= x\nx ::= ""', "gbnf"), ('start: ""\n', "lark")])
+def test_a_grammar_whose_only_text_is_empty_allows_eos_alone(text, syntax):
+    # The start rule lowers to an empty rule 0: its start set is already complete.
+    g = compile_grammar(text, VOCAB, syntax=syntax, logits_width=WIDTH)
+    assert g.is_accepting(g.initial_state)
+    assert check_row(g, g.initial_state).tolist() == [EOS]
+    assert g.matches([]) and g.matches([EOS]) and not g.matches([TOKENS.index(b"a")])
+    assert g.min_completion_tokens == 1
+
+
+@pytest.mark.parametrize(("text", "syntax"), [("root ::= " + "(" * 5000 + '"a"' + ")" * 5000, "gbnf"),
+                                              ("start: " + "(" * 5000 + '"a"' + ")" * 5000, "lark")])
+def test_a_grammar_nested_past_the_parsers_stack_is_an_invalid_grammar(text, syntax):
+    from grammar_mlx.errors import InvalidGrammarError
+
+    with pytest.raises(InvalidGrammarError, match=r"nests too deeply \(line 1, column 1\)"):
+        compile_grammar(text, VOCAB, syntax=syntax, logits_width=WIDTH)
