@@ -330,6 +330,13 @@ class SegmentGrammar:
                 break
         return out
 
+    def free_text_at(self, state: int) -> bool:
+        """Whether a text token consumed from `state` is unconstrained text (a `FreeText` segment,
+        thinking included) rather than a grammar's (a regex, a schema): where a budget's end cuts
+        the first, the text was cut; the second has ended in an accepting state, a complete match."""
+        where = self._text_at(state)
+        return where is not None and where.grammar is None
+
     def _text_at(self, state: int) -> Position | None:
         """The text position a text token consumed from `state` belongs to (None: only tags may
         come): an entry's text; a watch's exit text once its tag is complete."""

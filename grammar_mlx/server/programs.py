@@ -22,7 +22,7 @@ from ..segments.tools import NamedTool, ToolChoice, ToolSpec
 from .request import GrammarSpec
 
 if TYPE_CHECKING:
-    from .cache import ServedGrammar
+    from ..segments.grammar import SegmentGrammar
 
 __all__ = [
     "REASONING_GAP",
@@ -244,12 +244,14 @@ def reasoning_token_count(tokens: list[int], start: int, end: int, *, open_: boo
     return count
 
 
-def cut_free_text(grammar: ServedGrammar, tokens: list[int], max_tokens: int) -> bool:
+def cut_free_text(grammar: SegmentGrammar, tokens: list[int], max_tokens: int) -> bool:
     """Whether a length-safe generation's last token, EOS at the budget's end, was forced by the
-    budget in free text (the text was cut: OpenAI's "length") rather than allowed alone by the
-    grammar (a complete JSON answer or call: "stop"): the budget row at the last token differs from
-    the grammar's own row there. Replays the tokens (the grammar's transitions are pure)."""
+    budget in free text (the text was cut: OpenAI's "length") rather than allowed by the grammar
+    (a complete JSON answer or call, or a regex's match that could have gone on: "stop", as the
+    same language given as a grammar answers): the last token was free text's and the budget row
+    there differs from the grammar's own row. Replays the tokens (the grammar's transitions are pure)."""
     if len(tokens) != max_tokens or not tokens or tokens[-1] not in grammar.eos_token_ids:
         return False
     state = walk_to(grammar, tokens[:-1])
-    return state >= 0 and bool(grammar.budget_mask_row(state, 1) != grammar.mask_row(state))
+    return (state >= 0 and grammar.free_text_at(state)
+            and bool(grammar.budget_mask_row(state, 1) != grammar.mask_row(state)))

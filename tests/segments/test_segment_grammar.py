@@ -494,3 +494,18 @@ def test_eos_token_ids_apply_to_every_inner_grammar(qwen_tokenizer):
     for t in answer:
         state = g.next_state(state, t)
     assert 151643 in g.allowed_tokens(state).tolist() and IM_END not in g.allowed_tokens(state).tolist()
+
+
+def test_free_text_at_tells_free_text_from_a_grammar(grammars, qwen_tokenizer):
+    # What the server's finish reason reads (a budget's end cuts free text, never a regex's match).
+    g = grammars["open_think_regex"]
+    thinking = g.next_state(g.initial_state, enc(qwen_tokenizer, "hm")[0])
+    assert g.free_text_at(g.initial_state) and g.free_text_at(thinking)
+    digits = g.next_state(g.next_state(thinking, END_THINK), enc(qwen_tokenizer, "4")[0])
+    assert digits >= 0 and not g.free_text_at(digits)
+    assert not g.free_text_at(g.next_state(thinking, END_THINK))
+    free = grammars["free"]
+    assert free.free_text_at(free.initial_state)
+    tools = grammars["tools"]
+    inside_call = tools.next_state(tools.initial_state, CALL)
+    assert tools.free_text_at(tools.initial_state) and not tools.free_text_at(inside_call)
