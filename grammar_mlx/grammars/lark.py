@@ -365,7 +365,10 @@ class _Parser:
                 return self.json_schema(at)
             raise error("inline directives other than %json are not supported", at)
         if c and (c.isalpha() or c == "_"):
-            return Ref(self.name(), at)
+            name = self.name()
+            if self.peek() == "{":
+                raise error(f"templates are not supported ({name!r} is used as one)", self.pos())
+            return Ref(name, at)
         raise error(f"unexpected {c!r}" if c else "unexpected end of grammar", at)
 
     def json_schema(self, at: Pos) -> Expr:

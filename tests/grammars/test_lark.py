@@ -127,6 +127,8 @@ BAD = [
     ('start: %json {"type": }\n', "not valid JSON", 1, 23),
     ('start: %json {"type": "nope"}\n', "%json", 1, 8),
     ('start: "abc\n', "unterminated string literal", 1, 8),
+    ('start: _sep{x, ","}\nx: "a"\n', "templates are not supported ('_sep' is used as one)", 1, 12),
+    ('start: x\n_sep{item}: item\nx: "a"\n', "templates are not supported", 2, 5),
 ]
 
 
