@@ -19,6 +19,7 @@ from ..schema import Unenforced, schema_to_regex
 from ..segments import FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text, Token
 from ..segments import tools as tool_calls
 from ..segments.tools import NamedTool, ToolChoice, ToolSpec
+from .cache import _fresh
 from .request import GrammarSpec
 
 if TYPE_CHECKING:
@@ -158,14 +159,30 @@ def context_free(content: GrammarSpec) -> bool:
                                                                 content.open_objects)
 
 
-@functools.lru_cache(maxsize=1024)
 def _recursive_schema(schema: str, strict: bool, whitespace: str | None, open_objects: bool) -> bool:
+    got = _recursive_schema_or_refusal(schema, strict, whitespace, open_objects)
+    if isinstance(got, GrammarError):
+        raise _fresh(got)
+    return got
+
+
+@functools.lru_cache(maxsize=1024)
+def _recursive_schema_or_refusal(schema: str, strict: bool, whitespace: str | None,
+                                 open_objects: bool) -> bool | GrammarError:
+    """Whether the schema's `$ref`s cycle, or the error refusing it: remembered as the answer is
+    (the same schema is refused the same way; its translation can take a good part of a second),
+    unless it is transient."""
     from ..grammars.json_schema import may_recurse, schema_rules
 
     doc = json.loads(schema)
     if not may_recurse(doc):
         return False
-    return schema_rules(doc, whitespace=whitespace, strict=strict, open_objects=open_objects) is not None
+    try:
+        return schema_rules(doc, whitespace=whitespace, strict=strict, open_objects=open_objects) is not None
+    except GrammarError as e:
+        if e.transient:
+            raise
+        return e
 
 
 def reasoning_spec(tokenizer: Any, content: GrammarSpec | None, budget: int | None, state: str, *,

@@ -156,8 +156,8 @@ def test_nullable_is_a_shortest_length_of_zero(pattern):
 def test_deep_asts_are_measured_decided_and_hashed_without_recursion():
     """`length_range`, `nullable` and `hashed` walk on explicit stacks: an AST 100,000 deep (a
     schema's nests once per optional property of an object) is no RecursionError."""
-    from grammar_mlx.regex.syntax import EMPTY, Chars, hashed
     from grammar_mlx.regex.charset import CharSet
+    from grammar_mlx.regex.syntax import EMPTY, Chars, hashed
 
     a, b = Chars(CharSet.of("a")), Chars(CharSet.of("b"))
     chain: Seq | Alt = Seq((a,))

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grammar_mlx.errors import InvalidRequestError
+from grammar_mlx.errors import GrammarTooLargeError, InvalidRequestError
 from grammar_mlx.segments import JSONSchema, Regex, Seq
 from grammar_mlx.segments import tools as tool_calls
 from grammar_mlx.server import GrammarSpec, content_segment, segment_program
@@ -114,3 +114,30 @@ def test_a_deep_tree_beside_tools_is_served_exactly(qwen_tool_tokenizer):
     assert g.matches(ids(deep)) and not g.matches(ids(deep.replace('"kids"', '"kid"', 1)))
     call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
     assert g.matches(ids(call)) and g.matches(ids(f"{call}\n{call}")) and not g.matches(ids(call + deep))
+
+
+def test_a_refused_recursive_schema_is_translated_once(monkeypatch):
+    """`context_free` remembers a schema's refusal as it remembers its answer: a repeated request
+    is refused at once, each time with an error of its own (handlers set `param` on it)."""
+    import grammar_mlx.grammars.json_schema as json_schema
+    from grammar_mlx.server import programs
+
+    programs._recursive_schema_or_refusal.cache_clear()  # RECURSIVE's answer from the tests before
+    translations = []
+    real = json_schema.schema_rules
+
+    def counted(*args, **kwargs):
+        translations.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(json_schema, "schema_rules", counted)
+    defs: dict = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(3000)}
+    defs["d3000"] = {"$ref": "#/$defs/d0"}  # a chain of 3,000 $refs into a cycle: refused (too deep)
+    spec = GrammarSpec("json_schema", json.dumps({"$defs": defs, "$ref": "#/$defs/d0"}))
+    errors = []
+    for _ in range(3):
+        with pytest.raises(GrammarTooLargeError, match="max_recursion_depth=n") as refused:
+            context_free(spec)
+        errors.append(refused.value)
+    assert len(translations) == 1 and errors[0] is not errors[1] and str(errors[0]) == str(errors[2])
+    assert context_free(RECURSIVE) and context_free(RECURSIVE) and len(translations) == 2
