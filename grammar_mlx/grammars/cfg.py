@@ -241,11 +241,11 @@ def _built(node: rx.Node) -> rx.Node:
     return node
 
 
-T = TypeVar("T")
-_Call = Generator[Any, Any, T]  # a generator yielding the calls it makes (`_Call`s), returning a T
+_T = TypeVar("_T")
+_Call = Generator[Any, Any, _T]  # a generator yielding the calls it makes (`_Call`s), returning a _T
 
 
-def _driven(call: _Call[T]) -> T:
+def _driven(call: _Call[_T]) -> _T:
     """Run `call` to its result: each call it yields runs in turn (on a list, not Python's stack)
     and its result is sent back, so the depth of nested calls is no limit."""
     calls: list[_Call[Any]] = [call]
