@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import GrammarError, InvalidRequestError
 from ..runtime.stack import walk_to
@@ -24,6 +24,8 @@ from .request import GrammarSpec
 
 if TYPE_CHECKING:
     from .cache import ServedGrammar
+
+_Answer = TypeVar("_Answer")
 
 __all__ = [
     "REASONING_GAP",
@@ -160,10 +162,7 @@ def context_free(content: GrammarSpec) -> bool:
 
 
 def _recursive_schema(schema: str, strict: bool, whitespace: str | None, open_objects: bool) -> bool:
-    got = _recursive_schema_or_refusal(schema, strict, whitespace, open_objects)
-    if isinstance(got, GrammarError):
-        raise _fresh(got)
-    return got
+    return _remembered(_recursive_schema_or_refusal(schema, strict, whitespace, open_objects))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -218,12 +217,30 @@ def segment_key(segment: Segment) -> str:
     return json.dumps(_segment_json(segment), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-@functools.lru_cache(maxsize=1024)
 def schema_unenforced(schema: str, strict: bool, whitespace: str | None,
-                       open_objects: bool = False) -> tuple[Unenforced, ...]:
-    # The translation alone (no automaton): cheap, and remembered for the next request.
-    return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace,
-                           open_objects=open_objects).unenforced
+                      open_objects: bool = False) -> tuple[Unenforced, ...]:
+    return _remembered(_schema_unenforced_or_refusal(schema, strict, whitespace, open_objects))
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_unenforced_or_refusal(schema: str, strict: bool, whitespace: str | None,
+                                  open_objects: bool) -> tuple[Unenforced, ...] | GrammarError:
+    # The translation alone (no automaton): cheap, and remembered for the next request, a refusal too.
+    try:
+        return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace,
+                               open_objects=open_objects).unenforced
+    except GrammarError as e:
+        if e.transient:
+            raise
+        return e
+
+
+def _remembered(got: _Answer | GrammarError) -> _Answer:
+    """A remembered answer, or a remembered refusal raised as an error object of its own (the
+    handlers set `param` on it)."""
+    if isinstance(got, GrammarError):
+        raise _fresh(got)
+    return got
 
 
 def check_tool_schemas(tools: tuple[ToolSpec, ...]) -> tuple[Unenforced, ...]:

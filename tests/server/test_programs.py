@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from grammar_mlx.errors import GrammarTooLargeError, InvalidRequestError
+from grammar_mlx.errors import GrammarTooLargeError, InvalidRequestError, InvalidSchemaError
 from grammar_mlx.segments import JSONSchema, Regex, Seq
 from grammar_mlx.segments import tools as tool_calls
+from grammar_mlx.segments.tools import ToolSpec
 from grammar_mlx.server import GrammarSpec, content_segment, segment_program
 from grammar_mlx.server.programs import answer_spec, calls_spec, context_free, reasoning_spec
 
@@ -141,3 +142,24 @@ def test_a_refused_recursive_schema_is_translated_once(monkeypatch):
         errors.append(refused.value)
     assert len(translations) == 1 and errors[0] is not errors[1] and str(errors[0]) == str(errors[2])
     assert context_free(RECURSIVE) and context_free(RECURSIVE) and len(translations) == 2
+
+
+def test_a_refused_tool_schema_is_translated_once(monkeypatch):
+    """`check_tool_schemas` remembers a tool schema's refusal too, naming its tool each time."""
+    from grammar_mlx.server import programs
+
+    programs._schema_unenforced_or_refusal.cache_clear()  # what other tests translated
+    translations = []
+    real = programs.schema_to_regex
+
+    def counted(*args, **kwargs):
+        translations.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(programs, "schema_to_regex", counted)
+    tools = (ToolSpec("ok", {"type": "object"}), ToolSpec("bad", {"type": "object", "minProperties": "two"}))
+    for _ in range(3):
+        with pytest.raises(InvalidSchemaError) as refused:
+            programs.check_tool_schemas(tools)
+        assert refused.value.param == "tools[1].function.parameters"  # type: ignore[attr-defined]
+    assert len(translations) == 2  # each schema once
