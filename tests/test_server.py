@@ -386,9 +386,10 @@ def test_raw_error_shapes_and_refused_fields(servers):
 
 def test_a_schema_nested_past_the_recursion_limit_is_a_400_and_the_server_keeps_serving(servers):
     url = servers["plain"].url
-    # a $ref cycle below 3,000 optional properties: its grammar nests past Python's recursion limit
-    wide = {"type": "object", "properties": {**{f"p{i}": {"type": "integer"} for i in range(3000)},
-                                             "self": {"$ref": "#"}}}
+    # a chain of 3,000 $refs into a cycle: its translation nests past Python's recursion limit
+    defs: dict = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(3000)}
+    defs["d3000"] = {"$ref": "#/$defs/d0"}
+    wide = {"$defs": defs, "$ref": "#/$defs/d0"}
     for _ in range(2):  # the second answer comes from the grammar cache's remembered error
         status, _, body = post(url, {"messages": ASK, "max_tokens": 5, "response_format": schema_format(wide)})
         assert status == 400 and body["error"]["code"] == "grammar_too_large", body

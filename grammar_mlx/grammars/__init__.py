@@ -94,5 +94,5 @@ def compile_schema_rules(got: SchemaRules, tokenizer: Any, *, logits_width: int 
         return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
                               description=f"recursive JSON Schema ({len(got.rules)} recursive definitions)",
                               syntax="json_schema", started=started)
-    except RecursionError:  # the lowering walks the rules' expressions recursively
+    except RecursionError:  # the lowering does not recurse on depth, but comparing two equal deep terminals does
         raise too_deep("compiling it") from None

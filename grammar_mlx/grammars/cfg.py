@@ -18,10 +18,11 @@ context-free one with every terminal replaced by its regular language.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from ..errors import EmptyGrammarError, InvalidGrammarError
+from ..errors import EmptyGrammarError, GrammarTooLargeError, InvalidGrammarError
 from ..regex import syntax as rx
 
 __all__ = ["Alts", "Cat", "Expr", "Lowered", "Pos", "Ref", "Rep", "Rule", "Source", "Term", "collect_refs", "lower"]
@@ -113,6 +114,13 @@ def error(message: str, pos: Pos) -> InvalidGrammarError:
     return InvalidGrammarError(message, line=pos.line, column=pos.column)
 
 
+def too_deep_to_parse() -> GrammarTooLargeError:
+    """The front ends' error for groups nested past Python's recursion limit (their parsers recurse
+    once per group; what they parse lowers at any depth)."""
+    return GrammarTooLargeError("the grammar nests too deeply to parse (groups inside groups past Python's "
+                                "recursion limit); flatten it, naming inner groups as rules")
+
+
 # Symbols of the lowered grammar: a nonterminal n >= 0, a terminal k as -(k + 1).
 
 
@@ -180,21 +188,79 @@ def _recursive(rules: dict[str, Rule]) -> set[str]:
 
 def _flat(expr: Expr) -> list[tuple[Expr, ...]]:
     """`expr` as alternatives of item sequences, distributing only over its alternatives,
-    optionals and a sequence's last item (what a right-linear rule needs)."""
-    if isinstance(expr, Alts):
-        return [alt for x in expr.items for alt in _flat(x)]
-    if isinstance(expr, Rep) and (expr.lo, expr.hi) == (0, 1):
-        return [*_flat(expr.item), ()]
-    if isinstance(expr, Cat) and expr.items:
-        head = expr.items[:-1]
-        return [head + tail for tail in _flat(expr.items[-1])]
-    if isinstance(expr, Term) and expr.node == rx.EMPTY:
-        return [()]
-    return [(expr,)]
+    optionals and a sequence's last item (what a right-linear rule needs). An explicit stack, in
+    the order a left-to-right recursion would give: a schema's optional properties nest each in the
+    one before, past Python's recursion limit for a few hundred."""
+    out: list[tuple[Expr, ...]] = []
+    stack: list[tuple[Expr | None, tuple[Expr, ...]]] = [(expr, ())]  # (part, items before it); None: the items alone
+    while stack:
+        x, before = stack.pop()
+        if x is None or (isinstance(x, Term) and x.node == rx.EMPTY):
+            out.append(before)
+        elif isinstance(x, Alts):
+            stack.extend((item, before) for item in reversed(x.items))
+        elif isinstance(x, Rep) and (x.lo, x.hi) == (0, 1):
+            stack.append((None, before))  # after the item's alternatives: the optional left out
+            stack.append((x.item, before))
+        elif isinstance(x, Cat) and x.items:
+            stack.append((x.items[-1], before + x.items[:-1]))
+        else:
+            out.append((*before, x))
+    return out
 
 
 def _empty(node: rx.Node, known: dict[int, tuple[int, int | None]]) -> bool:
     return rx.length_range(node, known)[0] >= rx._INF
+
+
+def _parts(x: Expr) -> tuple[Expr, ...]:
+    if isinstance(x, (Cat, Alts)):
+        return x.items
+    return (x.item,) if isinstance(x, Rep) else ()
+
+
+def _hashed(expr: Expr) -> None:
+    """Hash `expr` and its parts bottom-up, regexes included (each composite keeps its hash):
+    hashed top-down, as a memo key, a deep expression would recurse once per level."""
+    stack: list[tuple[Expr, bool]] = [(expr, False)]  # (part, its parts hashed)
+    while stack:
+        x, below = stack.pop()
+        if isinstance(x, Term):
+            rx.hashed(x.node)
+        elif isinstance(x, (Cat, Alts, Rep)) and x._hash is None:
+            if below:
+                hash(x)
+            else:
+                stack.append((x, True))
+                stack.extend((p, False) for p in _parts(x))
+
+
+def _built(node: rx.Node) -> rx.Node:
+    """A regex just composed of hashed parts, hashed now (see `_hashed`)."""
+    hash(node)
+    return node
+
+
+_T = TypeVar("_T")
+_Call = Generator[Any, Any, _T]  # a generator yielding the calls it makes (`_Call`s), returning a _T
+
+
+def _driven(call: _Call[_T]) -> _T:
+    """Run `call` to its result: each call it yields runs in turn (on a list, not Python's stack)
+    and its result is sent back, so the depth of nested calls is no limit."""
+    calls: list[_Call[Any]] = [call]
+    sent: Any = None
+    while True:
+        try:
+            sub = calls[-1].send(sent)
+        except StopIteration as done:
+            calls.pop()
+            if not calls:
+                return done.value  # type: ignore[no-any-return]
+            sent = done.value
+        else:
+            calls.append(sub)
+            sent = None
 
 
 def lower(source: Source) -> Lowered:
@@ -224,12 +290,21 @@ def lower(source: Source) -> Lowered:
 
 
 class _Lowerer:
+    """The lowering's walks keep their work on explicit stacks, never Python's: expressions nest (a
+    schema's AST once per optional property of an object, each the tail of the one before) and
+    rules reference each other (a chain of rules) past Python's recursion limit."""
+
     def __init__(self, rules: dict[str, Rule], recursive: set[str], source: Source):
         self.rules = rules
         self.recursive = recursive
         self.source = source
         self.regex: dict[str, rx.Node] = {}  # regular rules' languages
         self.regular: dict[str, bool] = {}
+        # By id of a composite expression (the rules keep them alive): its regularity (cleared with
+        # `regular`) and its regex. Without them a shared or nested part is judged and written again
+        # at every expression above it.
+        self.regular_parts: dict[int, bool] = {}
+        self.regex_parts: dict[int, rx.Node] = {}
         self.terminals: list[rx.Node] = []
         self.term_pos: list[Pos] = []
         self.term_ids: dict[rx.Node, int] = {}
@@ -240,6 +315,8 @@ class _Lowerer:
 
     def run(self) -> Lowered:
         start = self.source.start
+        for rule in self.rules.values():
+            _hashed(rule.expr)
         self._reduce_right_linear()
         for name in self.rules:
             if not self._rule_regular(name):
@@ -247,9 +324,9 @@ class _Lowerer:
                 self.names.append(name)
         for name, rule in self.rules.items():
             if name in self.nt:
-                for alt in self._alternatives(rule.expr):
+                for alt in _driven(self._alternatives(rule.expr)):
                     self.out.append((self.nt[name], alt))
-        top = self._symbols(Ref(start, self.source.start_pos))
+        top = _driven(self._symbols(Ref(start, self.source.start_pos)))
         self.out[0] = (0, top)
         self._check_productive()
         return Lowered(self.terminals, self.out, self.names, self.term_pos)
@@ -267,15 +344,19 @@ class _Lowerer:
                 node = self._right_linear(name)
                 if node is not None:
                     self.recursive.discard(name)
-                    self.regular.clear()
+                    self._forget_regular()
                     self.regex[name] = node
                     changed = True
+
+    def _forget_regular(self) -> None:
+        self.regular.clear()
+        self.regular_parts.clear()
 
     def _right_linear(self, name: str) -> rx.Node | None:
         loops: list[rx.Node] = []
         bases: list[rx.Node] = []
         self.recursive.discard(name)  # the prefixes are judged with the rule itself set aside
-        self.regular.clear()
+        self._forget_regular()
         try:
             for alt in _flat(self.rules[name].expr):
                 if alt and isinstance(alt[-1], Ref) and alt[-1].name == name:
@@ -289,46 +370,90 @@ class _Lowerer:
                     collect_refs(x, refs)
                 if any(r.name == name for r in refs) or not all(self._is_regular(x) for x in prefix):
                     return None
-                target.append(rx.seq(*(self._as_regex(x) for x in prefix)) if prefix else rx.EMPTY)
+                target.append(_built(rx.seq(*(self._as_regex(x) for x in prefix))) if prefix else rx.EMPTY)
         finally:
             self.recursive.add(name)
-            self.regular.clear()
+            self._forget_regular()
             self.regex.pop(name, None)
         if not bases:
             return None
-        return rx.seq(rx.repeat(rx.alt(*loops), 0, None), rx.alt(*bases)) if loops else rx.alt(*bases)
+        return _built(rx.seq(_built(rx.repeat(_built(rx.alt(*loops)), 0, None)), _built(rx.alt(*bases)))) if loops \
+            else _built(rx.alt(*bases))
 
     def _is_regular(self, expr: Expr) -> bool:
+        """Whether `expr` is regular: each rule it reaches is (`_rule_regular`)."""
+        stack: list[tuple[Expr, bool]] = [(expr, False)]  # (part, its parts judged)
+        while stack:
+            x, below = stack.pop()
+            if isinstance(x, Term) or self._regular_known(x) is not None:
+                continue
+            if isinstance(x, Ref):
+                body = self.rules[x.name].expr
+                if x.name in self.recursive:
+                    self.regular[x.name] = False
+                elif below:
+                    self.regular[x.name] = self._regular_known(body) is True
+                else:
+                    stack += [(x, True), (body, False)]
+            elif below:
+                self.regular_parts[id(x)] = all(self._regular_known(p) for p in _parts(x))
+            else:
+                stack.append((x, True))
+                stack.extend((p, False) for p in _parts(x))
+        return self._regular_known(expr) is True
+
+    def _regular_known(self, expr: Expr) -> bool | None:
+        """`expr`'s regularity as far as it is known (None: not yet judged)."""
         if isinstance(expr, Term):
             return True
         if isinstance(expr, Ref):
-            return self._rule_regular(expr.name)
-        if isinstance(expr, (Cat, Alts)):
-            return all(self._is_regular(x) for x in expr.items)
-        return self._is_regular(expr.item)
+            got = self.regular.get(expr.name)
+            return True if got is None and expr.name in self.regex else got  # a reduced right-linear rule
+        return self.regular_parts.get(id(expr))
 
     def _rule_regular(self, name: str) -> bool:
         """A rule on no cycle whose references are all regular (the rules below it form a DAG)."""
-        got = self.regular.get(name)
-        if got is None and name in self.regex:  # a reduced right-linear rule (or one already written)
-            return True
-        if got is None:
-            got = self.regular[name] = name not in self.recursive and self._is_regular(self.rules[name].expr)
-        return got
+        return self._is_regular(Ref(name, self.rules[name].pos))
 
     def _as_regex(self, expr: Expr) -> rx.Node:
+        """A regular expression's regex (each rule's written once, into `regex`)."""
+        stack: list[tuple[Expr, bool]] = [(expr, False)]  # (part, its parts written)
+        while stack:
+            x, below = stack.pop()
+            if isinstance(x, Term) or self._written(x) is not None:
+                continue
+            if isinstance(x, Ref):
+                body = self.rules[x.name].expr
+                if below:
+                    self.regex[x.name] = self._regex_of(body)
+                else:
+                    stack += [(x, True), (body, False)]
+            elif below:
+                self.regex_parts[id(x)] = self._composed(x)
+            else:
+                stack.append((x, True))
+                stack.extend((p, False) for p in _parts(x))
+        return self._regex_of(expr)
+
+    def _written(self, expr: Expr) -> rx.Node | None:
         if isinstance(expr, Term):
             return expr.node
         if isinstance(expr, Ref):
-            node = self.regex.get(expr.name)
-            if node is None:
-                node = self.regex[expr.name] = self._as_regex(self.rules[expr.name].expr)
-            return node
+            return self.regex.get(expr.name)
+        return self.regex_parts.get(id(expr))
+
+    def _regex_of(self, expr: Expr) -> rx.Node:
+        node = self._written(expr)
+        assert node is not None
+        return node
+
+    def _composed(self, expr: Cat | Alts | Rep) -> rx.Node:
+        """A composite expression's regex, its parts' already written."""
         if isinstance(expr, Cat):
-            return rx.seq(*(self._as_regex(x) for x in expr.items))
+            return _built(rx.seq(*(self._regex_of(x) for x in expr.items)))
         if isinstance(expr, Alts):
-            return rx.alt(*(self._as_regex(x) for x in expr.items))
-        return rx.repeat(self._as_regex(expr.item), expr.lo, expr.hi)
+            return _built(rx.alt(*(self._regex_of(x) for x in expr.items)))
+        return _built(rx.repeat(self._regex_of(expr.item), expr.lo, expr.hi))
 
     def _terminal(self, node: rx.Node, pos: Pos) -> int | None:
         """The symbol of a regular language (None: only the empty string, nothing to scan)."""
@@ -342,43 +467,53 @@ class _Lowerer:
         return -(k + 1)
 
     # -- rules -----------------------------------------------------------------------------------
+    # `_alternatives`, `_symbols` and `_helper` call each other once per level of non-regular
+    # groups and repetitions: each is a generator that yields its calls (generators) and is sent
+    # their results, run by `_driven` on a list, in the order plain recursion would run them.
 
-    def _alternatives(self, expr: Expr) -> list[tuple[int, ...]]:
-        if isinstance(expr, Alts) and not self._is_regular(expr):
-            out: list[tuple[int, ...]] = []
-            for x in expr.items:
-                out.extend(self._alternatives(x))
-            return out
-        return [self._symbols(expr)]
+    def _alternatives(self, expr: Expr) -> _Call[list[tuple[int, ...]]]:
+        out: list[tuple[int, ...]] = []
+        stack = [expr]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, Alts) and not self._is_regular(x):
+                stack.extend(reversed(x.items))
+            else:
+                out.append((yield self._symbols(x)))
+        return out
 
-    def _symbols(self, expr: Expr) -> tuple[int, ...]:
-        """One alternative: a sequence of symbols (regular runs merged into one terminal)."""
-        items = expr.items if isinstance(expr, Cat) else (expr,)
+    def _symbols(self, expr: Expr) -> _Call[tuple[int, ...]]:
+        """One alternative: a sequence of symbols (regular runs merged into one terminal; a
+        non-regular sequence inside starts and ends a run)."""
         out: list[int] = []
         run: list[rx.Node] = []
         run_pos: list[Pos] = []
 
         def flush() -> None:
             if run:
-                sym = self._terminal(rx.seq(*run), run_pos[0])
+                sym = self._terminal(_built(rx.seq(*run)), run_pos[0])
                 if sym is not None:
                     out.append(sym)
                 run.clear()
                 run_pos.clear()
 
-        for x in items:
-            if self._is_regular(x):
+        levels = [iter(expr.items if isinstance(expr, Cat) else (expr,))]
+        while levels:
+            x = next(levels[-1], None)
+            if x is None:
+                levels.pop()
+                flush()
+            elif self._is_regular(x):
                 run.append(self._as_regex(x))
                 run_pos.append(x.pos)
-                continue
-            flush()
-            if isinstance(x, Ref):
-                out.append(self.nt[x.name])
-            elif isinstance(x, Cat):
-                out.extend(self._symbols(x))
             else:
-                out.append(self._helper(x))
-        flush()
+                flush()
+                if isinstance(x, Ref):
+                    out.append(self.nt[x.name])
+                elif isinstance(x, Cat):
+                    levels.append(iter(x.items))
+                else:
+                    out.append((yield self._helper(x)))
         return tuple(out)
 
     def _new_nt(self, name: str) -> int:
@@ -386,7 +521,7 @@ class _Lowerer:
         self.names.append(name)
         return n
 
-    def _helper(self, expr: Expr) -> int:
+    def _helper(self, expr: Expr) -> _Call[int]:
         """A nonterminal for a non-regular group or repetition."""
         key = ("", expr)
         hit = self.aux.get(key)
@@ -394,11 +529,11 @@ class _Lowerer:
             return hit
         if isinstance(expr, Alts):
             n = self.aux[key] = self._new_nt(f"<group {expr.pos.line}:{expr.pos.column}>")
-            for alt in self._alternatives(expr):
+            for alt in (yield self._alternatives(expr)):
                 self.out.append((n, alt))
             return n
         assert isinstance(expr, Rep)
-        item = self._symbols(expr.item)
+        item = yield self._symbols(expr.item)
         n = self.aux[key] = self._new_nt(f"<repeat {expr.pos.line}:{expr.pos.column}>")
         # x{lo} then: unbounded -> a left-recursive star; bounded -> nested optionals.
         tail: tuple[int, ...] = ()

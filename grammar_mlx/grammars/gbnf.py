@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..regex import syntax as rx
 from ..regex.charset import ANY, MAX_CODE_POINT, CharSet
-from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, error
+from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, error, too_deep_to_parse
 
 __all__ = ["parse_gbnf"]
 
@@ -236,5 +236,9 @@ class _Parser:
 
 
 def parse_gbnf(text: str, start: str | None = None) -> Source:
-    """Parse GBNF text (module docstring); `InvalidGrammarError` with line and column on a mistake."""
-    return _Parser(text).grammar(start)
+    """Parse GBNF text (module docstring); `InvalidGrammarError` with line and column on a mistake,
+    `GrammarTooLargeError` for groups nested past Python's recursion limit."""
+    try:
+        return _Parser(text).grammar(start)
+    except RecursionError:
+        raise too_deep_to_parse() from None

@@ -30,11 +30,11 @@ import json
 from bisect import bisect_right
 from typing import Any
 
-from ..errors import GrammarError, InvalidGrammarError, InvalidRegexError
+from ..errors import GrammarError, InvalidRegexError
 from ..regex import rust
 from ..regex import syntax as rx
 from ..regex.charset import CharSet
-from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, collect_refs, error
+from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, collect_refs, error, too_deep_to_parse
 
 __all__ = ["COMMON", "parse_lark"]
 
@@ -503,8 +503,9 @@ def _with_ignore(expr: Expr, skip: Expr) -> Expr:
 
 
 def parse_lark(text: str, start: str | None = None) -> Source:
-    """Parse a Lark grammar (module docstring); `InvalidGrammarError` with line and column."""
+    """Parse a Lark grammar (module docstring); `InvalidGrammarError` with line and column,
+    `GrammarTooLargeError` for groups nested past Python's recursion limit."""
     try:
         return _Parser(text).grammar(start)
     except RecursionError:
-        raise InvalidGrammarError("the grammar nests too deeply", line=1, column=1) from None
+        raise too_deep_to_parse() from None

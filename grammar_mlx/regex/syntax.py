@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..limits import check_deadline
 from .charset import ANY, REGEX_META, CharSet, charset_regex
@@ -206,6 +206,43 @@ def length_range(node: Node, known: dict[int, tuple[int, int | None]] | None = N
 
 
 def _length_range(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple[int, int | None]:
+    # An explicit stack, each composite measured after its parts: ASTs nest past Python's recursion
+    # limit (a schema's once per optional property of an object).
+    stack: list[tuple[Node, bool]] = [(node, False)]  # (node, its parts measured)
+    while stack:
+        x, below = stack.pop()
+        if _measured(x, known) is not None:
+            continue
+        if not below:
+            stack.append((x, True))
+            stack.extend((p, False) for p in _parts(x))
+            continue
+        result: tuple[int, int | None]
+        if isinstance(x, Seq):
+            lo = 0
+            longest: int | None = 0
+            for item in x.items:
+                a, b = _range_of(item, known)
+                lo += a
+                longest = None if longest is None or b is None else longest + b
+            result = lo, longest
+        elif isinstance(x, Alt):
+            ranges = [_range_of(item, known) for item in x.items]
+            his = [b for _, b in ranges if b is not None]
+            result = min(a for a, _ in ranges), None if len(his) < len(ranges) else max(his)
+        else:
+            assert isinstance(x, Repeat)
+            a, b = _range_of(x.item, known)
+            repeated: int | None = None if x.hi is None or b is None else b * x.hi
+            if x.hi is None and b == 0:
+                repeated = 0
+            result = a * x.lo, repeated
+        known[id(x)] = result  # the node outlives the walk: its id is not reused meanwhile
+    return _range_of(node, known)
+
+
+def _measured(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple[int, int | None] | None:
+    """`node`'s length range if it needs no walk (a leaf, or measured before), else None."""
     if isinstance(node, Chars):
         return (1, 1) if node.chars else (_INF, 0)
     if isinstance(node, Literal):
@@ -214,34 +251,23 @@ def _length_range(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple
         return 0, 0
     if isinstance(node, Bounded):
         return node.core.length_range()
-    found = known.get(id(node))  # the node outlives the walk: its id is not reused meanwhile
-    if found is not None:
-        return found
-    result: tuple[int, int | None]
-    if isinstance(node, Seq):
-        lo = 0
-        longest: int | None = 0
-        for item in node.items:
-            a, b = _length_range(item, known)
-            lo += a
-            longest = None if longest is None or b is None else longest + b
-        result = lo, longest
-    elif isinstance(node, Alt):
-        if not node.items:
-            return _INF, 0
-        ranges = [_length_range(item, known) for item in node.items]
-        his = [b for _, b in ranges if b is not None]
-        result = min(a for a, _ in ranges), None if len(his) < len(ranges) else max(his)
-    elif isinstance(node, Repeat):
-        a, b = _length_range(node.item, known)
-        repeated: int | None = None if node.hi is None or b is None else b * node.hi
-        if node.hi is None and b == 0:
-            repeated = 0
-        result = a * node.lo, repeated
-    else:
+    if isinstance(node, Alt) and not node.items:
+        return _INF, 0
+    if not isinstance(node, (Seq, Alt, Repeat)):
         raise AssertionError(f"not an AST node: {node!r}")
-    known[id(node)] = result
-    return result
+    return known.get(id(node))
+
+
+def _range_of(node: Node, known: dict[int, tuple[int, int | None]]) -> tuple[int, int | None]:
+    got = _measured(node, known)
+    assert got is not None
+    return got
+
+
+def _parts(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, (Seq, Alt)):
+        return node.items
+    return (node.item,) if isinstance(node, Repeat) else ()
 
 
 _INF = 1 << 62
@@ -255,6 +281,40 @@ def nullable(node: Node, known: dict[int, bool] | None = None) -> bool:
 
 
 def _nullable(node: Node, known: dict[int, bool]) -> bool:
+    # An explicit stack of (composite, index of the part it reads), as for `_length_range`.
+    got = _decided(node, known)
+    if got is not None:
+        return got
+    stack: list[list[Any]] = [[node, 0]]
+    while True:
+        frame = stack[-1]
+        x, i = frame
+        parts = _parts(x)
+        # A sequence (a repetition: its item) is decided by its first part that is not nullable,
+        # an alternation by its first nullable one.
+        stop = isinstance(x, Alt)
+        result: bool | None = True if isinstance(x, Repeat) and x.lo == 0 else None
+        while result is None and i < len(parts):
+            part = _decided(parts[i], known)
+            if part is None:
+                break
+            if part == stop:
+                result = stop
+            i += 1
+        if result is None and i < len(parts):
+            frame[1] = i
+            stack.append([parts[i], 0])  # an undecided composite: read it first
+            continue
+        if result is None:
+            result = not stop
+        known[id(x)] = result
+        stack.pop()
+        if not stack:
+            return result
+
+
+def _decided(node: Node, known: dict[int, bool]) -> bool | None:
+    """`node`'s nullability if it needs no walk (a leaf, or decided before), else None."""
     if isinstance(node, Chars):
         return False
     if isinstance(node, Literal):
@@ -263,19 +323,24 @@ def _nullable(node: Node, known: dict[int, bool]) -> bool:
         return True
     if isinstance(node, Bounded):
         return node.core.length_range()[0] == 0
-    found = known.get(id(node))
-    if found is not None:
-        return found
-    if isinstance(node, Seq):
-        result = all(_nullable(item, known) for item in node.items)
-    elif isinstance(node, Alt):
-        result = any(_nullable(item, known) for item in node.items)
-    elif isinstance(node, Repeat):
-        result = node.lo == 0 or _nullable(node.item, known)
-    else:
+    if not isinstance(node, (Seq, Alt, Repeat)):
         raise AssertionError(f"not an AST node: {node!r}")
-    known[id(node)] = result
-    return result
+    return known.get(id(node))
+
+
+def hashed(node: Node) -> Node:
+    """`node`, its hash and its parts' computed bottom-up (each composite keeps its own): hashed
+    top-down, as a memo key, a deep AST would recurse once per level."""
+    stack: list[tuple[Node, bool]] = [(node, False)]  # (node, its parts hashed)
+    while stack:
+        x, below = stack.pop()
+        if isinstance(x, (Seq, Alt, Repeat)) and x._hash is None:
+            if below:
+                hash(x)
+            else:
+                stack.append((x, True))
+                stack.extend((p, False) for p in _parts(x))
+    return node
 
 
 def max_count(node: Node) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import GrammarError, InvalidRequestError
 from ..runtime.stack import walk_to
@@ -19,10 +19,13 @@ from ..schema import Unenforced, schema_to_regex
 from ..segments import FreeText, JSONSchema, Regex, Segment, Seq, Tag, Text, Token
 from ..segments import tools as tool_calls
 from ..segments.tools import NamedTool, ToolChoice, ToolSpec
+from .cache import _fresh
 from .request import GrammarSpec
 
 if TYPE_CHECKING:
     from ..segments.grammar import SegmentGrammar
+
+_Answer = TypeVar("_Answer")
 
 __all__ = [
     "REASONING_GAP",
@@ -158,14 +161,27 @@ def context_free(content: GrammarSpec) -> bool:
                                                                 content.open_objects)
 
 
-@functools.lru_cache(maxsize=1024)
 def _recursive_schema(schema: str, strict: bool, whitespace: str | None, open_objects: bool) -> bool:
+    return _remembered(_recursive_schema_or_refusal(schema, strict, whitespace, open_objects))
+
+
+@functools.lru_cache(maxsize=1024)
+def _recursive_schema_or_refusal(schema: str, strict: bool, whitespace: str | None,
+                                 open_objects: bool) -> bool | GrammarError:
+    """Whether the schema's `$ref`s cycle, or the error refusing it: remembered as the answer is
+    (the same schema is refused the same way; its translation can take a good part of a second),
+    unless it is transient."""
     from ..grammars.json_schema import may_recurse, schema_rules
 
     doc = json.loads(schema)
     if not may_recurse(doc):
         return False
-    return schema_rules(doc, whitespace=whitespace, strict=strict, open_objects=open_objects) is not None
+    try:
+        return schema_rules(doc, whitespace=whitespace, strict=strict, open_objects=open_objects) is not None
+    except GrammarError as e:
+        if e.transient:
+            raise
+        return e
 
 
 def reasoning_spec(tokenizer: Any, content: GrammarSpec | None, budget: int | None, state: str, *,
@@ -201,12 +217,30 @@ def segment_key(segment: Segment) -> str:
     return json.dumps(_segment_json(segment), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-@functools.lru_cache(maxsize=1024)
 def schema_unenforced(schema: str, strict: bool, whitespace: str | None,
-                       open_objects: bool = False) -> tuple[Unenforced, ...]:
-    # The translation alone (no automaton): cheap, and remembered for the next request.
-    return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace,
-                           open_objects=open_objects).unenforced
+                      open_objects: bool = False) -> tuple[Unenforced, ...]:
+    return _remembered(_schema_unenforced_or_refusal(schema, strict, whitespace, open_objects))
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_unenforced_or_refusal(schema: str, strict: bool, whitespace: str | None,
+                                  open_objects: bool) -> tuple[Unenforced, ...] | GrammarError:
+    # The translation alone (no automaton): cheap, and remembered for the next request, a refusal too.
+    try:
+        return schema_to_regex(json.loads(schema), strict=strict, whitespace=whitespace,
+                               open_objects=open_objects).unenforced
+    except GrammarError as e:
+        if e.transient:
+            raise
+        return e
+
+
+def _remembered(got: _Answer | GrammarError) -> _Answer:
+    """A remembered answer, or a remembered refusal raised as an error object of its own (the
+    handlers set `param` on it)."""
+    if isinstance(got, GrammarError):
+        raise _fresh(got)
+    return got
 
 
 def check_tool_schemas(tools: tuple[ToolSpec, ...]) -> tuple[Unenforced, ...]:

@@ -162,14 +162,15 @@ def _wide_cycle(properties: int) -> dict:
                                              "self": {"$ref": "#"}}}
 
 
-def test_a_cycle_below_hundreds_of_optional_properties_converts_then_is_refused_typed():
-    got = schema_rules(_wide_cycle(1500))  # the conversion to rules walks the AST without recursion
+def test_a_cycle_below_hundreds_of_optional_properties_compiles():
+    """Its AST nests once per property, the cycle at the deepest point: converted and lowered with
+    explicit stacks (once a GrammarTooLargeError past a few hundred properties)."""
+    got = schema_rules(_wide_cycle(1500))
     assert got is not None and got.rules
-    # the lowering of rules that deep is not (yet) iterative: a typed size error naming the way out
-    with pytest.raises(GrammarTooLargeError, match=r"nests too deeply for compiling it .*max_recursion_depth=n"):
-        compile_recursive_schema(_wide_cycle(1500), VOCAB, logits_width=WIDTH)
-    small = compile_recursive_schema(_wide_cycle(20), VOCAB, logits_width=WIDTH)  # nothing left broken
-    assert small is not None and small.accepts_text('{"p0":1,"self":{"p0":2,"self":{}}}')
+    g = compile_recursive_schema(_wide_cycle(700), VOCAB, logits_width=WIDTH)
+    assert g is not None and not g.unenforced
+    assert g.accepts_text('{"p0":1,"p699":2,"self":{"p350":2,"self":{"self":{}}}}')
+    assert not g.accepts_text('{"p1":1,"p0":2}') and not g.accepts_text('{"self":{"self":{}}')
 
 
 def test_any_optional_property_of_a_wide_cycle_may_come_first_as_on_the_regular_path():
@@ -197,6 +198,52 @@ def test_a_long_ref_chain_into_a_cycle_is_a_typed_size_error():
         schema_rules(schema)
     with pytest.raises(GrammarTooLargeError, match="nests too deeply"):
         compile_json_schema(schema, VOCAB, logits_width=WIDTH, mode="lazy")
+
+
+def _minimal(schema: dict, defs: dict) -> object:
+    """The smallest instance of a Kubernetes schema: its required properties, each minimal (the
+    first branch of a oneOf, the first enum value)."""
+    if "$ref" in schema:
+        return _minimal(defs[schema["$ref"].split("/")[-1]], defs)
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "oneOf" in schema or "anyOf" in schema:
+        return _minimal((schema.get("oneOf") or schema["anyOf"])[0], defs)
+    if schema.get("type") == "object" or "properties" in schema:
+        return {k: _minimal(schema["properties"][k], defs) for k in schema.get("required", [])}
+    return {"string": "", "integer": 0, "number": 0, "boolean": False, "array": []}.get(schema.get("type"), {})
+
+
+@pytest.mark.slow
+def test_kb_1161_compiles_unbounded_and_decides_its_texts(corpora):
+    """Kubernetes kb_1161 (a `$ref` cycle below a few hundred optional properties; once refused):
+    the corpus holds no instances for it, so: its smallest instance, the same with a CRD's schema
+    nested 6 deep in `allOf` (past the depth-3 bound of the regex), and the smallest without
+    one required property, decided as the normalized schema's membership decides them; the regex
+    of max_recursion_depth=3 agrees except on the text past its bound."""
+    schema = next(row["schema"] for row in read_corpus("maskbench-public.jsonl.gz")
+                  if row["id"] == "Kubernetes---kb_1161_Normalized.json")
+    g = compile_json_schema(schema, VOCAB, logits_width=WIDTH)
+    assert isinstance(g, CFGGrammar) and not g.unenforced
+    bounded = compile_json_schema(schema, VOCAB, logits_width=WIDTH, max_recursion_depth=3)
+    assert isinstance(bounded, CompiledGrammar)
+    smallest = _minimal(schema, schema["definitions"])
+    assert isinstance(smallest, dict)
+    props = "io_k8s_apiextensions-apiserver_pkg_apis_apiextensions_v1_JSONSchemaProps"
+    nested: dict = {"$ref": "#/definitions/leaf"}
+    for _ in range(6):
+        nested = {"allOf": [nested]}
+    deep = {**smallest, props: nested}
+    missing = dict(smallest)
+    del missing["io_k8s_api_core_v1_Pod"]
+    nz = Normalizer(schema)
+    root = nz.node([nz.root_loc])
+    bounds = Bounds(frozenset(), 0, limits.MAX_ANY_DEPTH)
+    for doc, valid, within_bound in ((smallest, True, True), (deep, True, False), (missing, False, True)):
+        assert conforms(root, doc, nz.table, bounds) is valid
+        text = canonical_json(doc, schema)
+        assert g.accepts_text(text) is valid
+        assert bounded.matches([b - 1 for b in text.encode()]) is (valid and within_bound)  # byte b is id b - 1
 
 
 # -- the corpora's recursive schemas --------------------------------------------------------------

@@ -151,3 +151,21 @@ def test_nullable_is_a_shortest_length_of_zero(pattern):
     for x in (node, Alt((node, Alt(()))), Seq((node, Alt(()))), Repeat(Alt(()), 0, 2), Repeat(node, 2, None)):
         assert nullable(x) == (length_range(x)[0] == 0), pattern
         assert nullable(x) == fullmatch(x, ""), pattern
+
+
+def test_deep_asts_are_measured_decided_and_hashed_without_recursion():
+    """`length_range`, `nullable` and `hashed` walk on explicit stacks: an AST 100,000 deep (a
+    schema's nests once per optional property of an object) is no RecursionError."""
+    from grammar_mlx.regex.charset import CharSet
+    from grammar_mlx.regex.syntax import EMPTY, Chars, hashed
+
+    a, b = Chars(CharSet.of("a")), Chars(CharSet.of("b"))
+    chain: Seq | Alt = Seq((a,))
+    tower: Seq | Alt = EMPTY
+    for _ in range(100_000):
+        chain = Seq((b, Repeat(chain, 0, 1)))  # b(b(...a?)?)?: 1 to 100,001 characters, never empty
+        tower = Alt((a, Seq((tower, Repeat(b, 0, 1)))))  # empty only through the bottom
+    assert length_range(chain) == (1, 100_001) and not nullable(chain)
+    assert length_range(tower) == (0, 100_000) and nullable(tower)
+    assert nullable(Seq((tower, chain))) is False and nullable(Alt((chain, tower))) is True
+    assert hashed(chain) is chain and hashed(tower) is tower and {chain: 1, tower: 2}[tower] == 2

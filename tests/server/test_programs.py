@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from grammar_mlx.errors import InvalidRequestError
+from grammar_mlx.errors import GrammarTooLargeError, InvalidRequestError, InvalidSchemaError
 from grammar_mlx.segments import JSONSchema, Regex, Seq
 from grammar_mlx.segments import tools as tool_calls
+from grammar_mlx.segments.tools import ToolSpec
 from grammar_mlx.server import GrammarSpec, content_segment, segment_program
 from grammar_mlx.server.programs import answer_spec, calls_spec, context_free, reasoning_spec
 
@@ -114,3 +115,51 @@ def test_a_deep_tree_beside_tools_is_served_exactly(qwen_tool_tokenizer):
     assert g.matches(ids(deep)) and not g.matches(ids(deep.replace('"kids"', '"kid"', 1)))
     call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
     assert g.matches(ids(call)) and g.matches(ids(f"{call}\n{call}")) and not g.matches(ids(call + deep))
+
+
+def test_a_refused_recursive_schema_is_translated_once(monkeypatch):
+    """`context_free` remembers a schema's refusal as it remembers its answer: a repeated request
+    is refused at once, each time with an error of its own (handlers set `param` on it)."""
+    import grammar_mlx.grammars.json_schema as json_schema
+    from grammar_mlx.server import programs
+
+    programs._recursive_schema_or_refusal.cache_clear()  # RECURSIVE's answer from the tests before
+    translations = []
+    real = json_schema.schema_rules
+
+    def counted(*args, **kwargs):
+        translations.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(json_schema, "schema_rules", counted)
+    defs: dict = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(3000)}
+    defs["d3000"] = {"$ref": "#/$defs/d0"}  # a chain of 3,000 $refs into a cycle: refused (too deep)
+    spec = GrammarSpec("json_schema", json.dumps({"$defs": defs, "$ref": "#/$defs/d0"}))
+    errors = []
+    for _ in range(3):
+        with pytest.raises(GrammarTooLargeError, match="max_recursion_depth=n") as refused:
+            context_free(spec)
+        errors.append(refused.value)
+    assert len(translations) == 1 and errors[0] is not errors[1] and str(errors[0]) == str(errors[2])
+    assert context_free(RECURSIVE) and context_free(RECURSIVE) and len(translations) == 2
+
+
+def test_a_refused_tool_schema_is_translated_once(monkeypatch):
+    """`check_tool_schemas` remembers a tool schema's refusal too, naming its tool each time."""
+    from grammar_mlx.server import programs
+
+    programs._schema_unenforced_or_refusal.cache_clear()  # what other tests translated
+    translations = []
+    real = programs.schema_to_regex
+
+    def counted(*args, **kwargs):
+        translations.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(programs, "schema_to_regex", counted)
+    tools = (ToolSpec("ok", {"type": "object"}), ToolSpec("bad", {"type": "object", "minProperties": "two"}))
+    for _ in range(3):
+        with pytest.raises(InvalidSchemaError) as refused:
+            programs.check_tool_schemas(tools)
+        assert refused.value.param == "tools[1].function.parameters"  # type: ignore[attr-defined]
+    assert len(translations) == 2  # each schema once
