@@ -289,7 +289,7 @@ def _load_schema(args: argparse.Namespace, options: Options) -> Any:
 def _load_grammar(args: argparse.Namespace) -> tuple[str, str]:
     """Read and check the --grammar file (text, syntax) before any model loads; a mistake is an
     error naming FILE:line:column."""
-    from .errors import InvalidGrammarError
+    from .errors import GrammarTooLargeError, InvalidGrammarError
     from .grammars import parse_grammar
     from .grammars.cfg import lower
     from .server.request import grammar_syntax_of
@@ -303,6 +303,9 @@ def _load_grammar(args: argparse.Namespace) -> tuple[str, str]:
         where = "stdin" if args.grammar == "-" else args.grammar
         message = str(exc).removesuffix(f" (line {exc.line}, column {exc.column})")
         raise _InputError(f"--grammar {where}:{exc.line}:{exc.column}: {message} ({syntax})") from None
+    except GrammarTooLargeError as exc:  # a limit, not a place in the file
+        where = "stdin" if args.grammar == "-" else args.grammar
+        raise _InputError(f"--grammar {where}: {exc} ({syntax})") from None
     return text, syntax
 
 

@@ -175,7 +175,6 @@ def test_a_recursive_schema_is_served_through_the_grammar_engine(grammar_server,
 
 
 # Every field a grammar may come in, each with a mistake: (endpoint, request fields, param, code, line, column).
-DEEP_GBNF = "root ::= " + "(" * 5000 + '"a"' + ")" * 5000  # past the parser's stack: an invalid grammar too
 BAD_GRAMMARS = [
     ("chat", {"extra_body": {"grammar": 'root ::= "a"\nx ::= ("b"\n'}}, "grammar", "invalid_grammar", 2, 7),
     ("completions", {"extra_body": {"guided_grammar": 'start: "a" b\n'}}, "guided_grammar", "invalid_grammar",
@@ -187,7 +186,6 @@ BAD_GRAMMARS = [
      "response_format.grammar", "invalid_grammar", 1, 13),
     ("chat", {"extra_body": {"structured_outputs": {"grammar": "root ::= [a-"}}}, "structured_outputs.grammar",
      "invalid_grammar", 1, 10),
-    ("completions", {"extra_body": {"grammar": DEEP_GBNF}}, "grammar", "invalid_grammar", 1, 1),
 ]
 
 
@@ -206,6 +204,20 @@ def test_each_grammar_field_names_a_mistakes_place_and_the_server_stays_healthy(
     error = info.value.body
     assert (error["code"], error["param"], error["line"], error["column"]) == (code, param, line, column), error
     assert f"(line {line}, column {column})" in error["message"]
+    done = client.completions.create(model="m", prompt="Out:", max_tokens=20, extra_body={"grammar": SUM_GBNF})
+    assert done.choices[0].finish_reason == "stop" and parses(SUM_LARK, done.choices[0].text), done.choices[0].text
+
+
+def test_a_grammar_nested_past_the_parsers_stack_is_too_large_and_the_server_stays_healthy(grammar_server):
+    import openai
+
+    client = grammar_server.client()
+    deep = "root ::= " + "(" * 5000 + '"a"' + ")" * 5000
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt="x", max_tokens=20, extra_body={"grammar": deep})
+    error = info.value.body
+    assert (error["code"], error["param"]) == ("grammar_too_large", "grammar"), error
+    assert "nests too deeply to parse" in error["message"]
     done = client.completions.create(model="m", prompt="Out:", max_tokens=20, extra_body={"grammar": SUM_GBNF})
     assert done.choices[0].finish_reason == "stop" and parses(SUM_LARK, done.choices[0].text), done.choices[0].text
 
