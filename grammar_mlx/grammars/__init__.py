@@ -9,8 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
+from .. import limits
 from ..compiler.build import _width_and_eos, refusing_deep_nesting, token_trie
 from ..errors import InvalidArgumentError, InvalidGrammarError
+from ..limits import Deadline, deadline_scope
 from ..vocabulary.token_bytes import vocabulary_of
 from .cfg import Pos, Rule, Source, lower, too_deep_to_parse
 from .engine import CFGGrammar
@@ -38,21 +40,25 @@ def parse_grammar(text: str, *, syntax: Syntax = "lark", start: str | None = Non
 
 
 def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start: str | None = None,
-                    logits_width: int | None = None, eos_token_ids: list[int] | tuple[int, ...] | None = None
-                    ) -> CFGGrammar:
+                    logits_width: int | None = None, eos_token_ids: list[int] | tuple[int, ...] | None = None,
+                    timeout: float | None = None) -> CFGGrammar:
     """Compile a context-free grammar for `tokenizer` (an mlx-lm or Hugging Face tokenizer, a
     `Vocabulary`, or a path). `syntax`: "lark" (default) or "gbnf"; `start`: the start rule
     (default `start` for Lark, `root` for GBNF); `logits_width`: the model's output width (default
-    the tokenizer's size); `eos_token_ids`: override the tokenizer's EOS ids.
+    the tokenizer's size); `eos_token_ids`: override the tokenizer's EOS ids; `timeout`: seconds
+    the compile (parse, lowering, terminals, first mask) may take (default
+    `limits.COMPILE_TIMEOUT`; rows built later, as generation meets them, are not bounded by it).
 
     Raises `InvalidGrammarError` (with `line` and `column`) for a bad grammar, `EmptyGrammarError`
-    (also an `EmptyLanguageError`) when its language is empty."""
+    (also an `EmptyLanguageError`) when its language is empty, `CompileTimeoutError` past `timeout`."""
     started = time.perf_counter()
-    source = parse_grammar(text, syntax=syntax, start=start)
-    with refusing_deep_nesting("the grammar"):
-        return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
-                              description=f"{syntax} grammar ({len(source.rules)} rules)", syntax=syntax,
-                              started=started)
+    deadline = Deadline(limits.COMPILE_TIMEOUT if timeout is None else timeout)  # InvalidArgumentError if not > 0
+    with deadline_scope(deadline):
+        source = parse_grammar(text, syntax=syntax, start=start)
+        with refusing_deep_nesting("the grammar"):
+            return compile_source(source, tokenizer, logits_width=logits_width, eos_token_ids=eos_token_ids,
+                                  description=f"{syntax} grammar ({len(source.rules)} rules)", syntax=syntax,
+                                  started=started)
 
 
 def compile_source(source: Source, tokenizer: Any, *, logits_width: int | None, eos_token_ids: Any,

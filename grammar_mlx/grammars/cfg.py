@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import EmptyGrammarError, GrammarTooLargeError, InvalidGrammarError
+from ..limits import check_deadline
 from ..regex import syntax as rx
 
 __all__ = ["Alts", "Cat", "Expr", "Lowered", "Pos", "Ref", "Rep", "Rule", "Source", "Term", "collect_refs", "lower"]
+
+STAGE = "lowering the grammar"  # what a compile deadline that passes here names
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,24 +168,54 @@ def _check_bounds(expr: Expr) -> None:
 
 
 def _recursive(rules: dict[str, Rule]) -> set[str]:
-    """Rules that can reach themselves through references (one search per rule: grammars are small)."""
-    graph: dict[str, set[str]] = {}
+    """Rules that can reach themselves through references: those in a strongly connected component
+    of more than one rule, or referring to themselves. One pass (Tarjan's, on an explicit stack):
+    a search per rule is quadratic in a long chain of rules."""
+    graph: dict[str, list[str]] = {}
     for name, rule in rules.items():
         refs: list[Ref] = []
         collect_refs(rule.expr, refs)
-        graph[name] = {r.name for r in refs}
+        graph[name] = [r.name for r in refs if r.name in rules]
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    component: list[str] = []
     out: set[str] = set()
-    for name in graph:
-        seen: set[str] = set()
-        todo = list(graph[name])
-        while todo:
-            n = todo.pop()
-            if n == name:
-                out.add(name)
-                break
-            if n not in seen:
-                seen.add(n)
-                todo.extend(graph[n])
+    for root in graph:
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        component.append(root)
+        on_stack.add(root)
+        work: list[tuple[str, int]] = [(root, 0)]  # (rule, next reference to follow)
+        while work:
+            name, i = work[-1]
+            refs_of = graph[name]
+            if i < len(refs_of):
+                work[-1] = (name, i + 1)
+                child = refs_of[i]
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    component.append(child)
+                    on_stack.add(child)
+                    work.append((child, 0))
+                elif child in on_stack:
+                    low[name] = min(low[name], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[name])
+            if low[name] == index[name]:
+                members = []
+                while True:
+                    m = component.pop()
+                    on_stack.discard(m)
+                    members.append(m)
+                    if m == name:
+                        break
+                if len(members) > 1 or name in refs_of:
+                    out.update(members)
     return out
 
 
@@ -319,10 +352,12 @@ class _Lowerer:
             _hashed(rule.expr)
         self._reduce_right_linear()
         for name in self.rules:
+            check_deadline(STAGE)
             if not self._rule_regular(name):
                 self.nt[name] = len(self.names)
                 self.names.append(name)
         for name, rule in self.rules.items():
+            check_deadline(STAGE)
             if name in self.nt:
                 for alt in _driven(self._alternatives(rule.expr)):
                     self.out.append((self.nt[name], alt))
@@ -419,6 +454,7 @@ class _Lowerer:
         """A regular expression's regex (each rule's written once, into `regex`)."""
         stack: list[tuple[Expr, bool]] = [(expr, False)]  # (part, its parts written)
         while stack:
+            check_deadline(STAGE)
             x, below = stack.pop()
             if isinstance(x, Term) or self._written(x) is not None:
                 continue

@@ -12,6 +12,7 @@ Characters are Unicode code points, matched as their UTF-8 bytes.
 
 from __future__ import annotations
 
+from ..limits import check_deadline
 from ..regex import syntax as rx
 from ..regex.charset import ANY, MAX_CODE_POINT, CharSet
 from .cfg import Alts, Cat, Expr, Pos, Ref, Rep, Rule, Source, Term, error, too_deep_to_parse
@@ -101,6 +102,7 @@ class _Parser:
         rules: dict[str, Rule] = {}
         self.space(True)
         while self.i < len(self.text):
+            check_deadline("parsing the grammar")
             at = self.pos()
             name = self.name()
             self.space(False)

@@ -31,6 +31,7 @@ from bisect import bisect_right
 from typing import Any
 
 from ..errors import GrammarError, InvalidRegexError
+from ..limits import check_deadline
 from ..regex import rust
 from ..regex import syntax as rx
 from ..regex.charset import CharSet
@@ -163,6 +164,7 @@ class _Parser:
     def grammar(self, start: str | None) -> Source:
         self.skip_lines()
         while self.i < len(self.text):
+            check_deadline("parsing the grammar")
             if self.peek() == "%":
                 self.directive()
             else:

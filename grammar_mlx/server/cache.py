@@ -213,9 +213,9 @@ class Grammars:
         if spec.kind == "grammar":
             from ..grammars import compile_grammar
 
-            # No compile options: the grammar engine builds its rows lazily, as they are met.
+            # The timeout bounds the compile (parse, lowering, first mask); later rows are built as they are met.
             return compile_grammar(spec.text, self.vocabulary, syntax="gbnf" if spec.syntax == "gbnf" else "lark",
-                                   start=spec.start, logits_width=self.logits_width)
+                                   start=spec.start, logits_width=self.logits_width, timeout=self.timeout)
         if spec.kind == "regex":
             return compile_regex(spec.text, self.vocabulary, logits_width=self.logits_width, **options)
         return compile_json_schema(spec.text, self.vocabulary, logits_width=self.logits_width,

@@ -334,3 +334,63 @@ def test_grammar_text_nested_100k_deep_is_a_typed_size_error(syntax, text):
 def test_groups_nested_100k_deep_lower():
     lowered = lower(_nested(100_000))
     assert len(lowered.terminals) == 5 and len(lowered.rules) == 2 * 100_000 + 4
+
+
+def _recursive_by_search(graph: dict[str, list[str]]) -> set[str]:
+    """The reference: a rule is recursive when a search from its references reaches it."""
+    out = set()
+    for name in graph:
+        seen, todo = set(), list(graph[name])
+        while todo:
+            n = todo.pop()
+            if n == name:
+                out.add(name)
+                break
+            if n not in seen:
+                seen.add(n)
+                todo.extend(graph[n])
+    return out
+
+
+def _rules_of(graph: dict[str, list[str]]) -> dict[str, Rule]:
+    at = Pos(1, 1)
+    a = Term(rx.Chars(rx.CharSet.of("a")), at)
+    return {name: Rule(Cat((a, *(Ref(r, at) for r in refs)), at) if refs else a, at)
+            for name, refs in graph.items()}
+
+
+def test_recursive_rules_equal_a_search_per_rule_on_random_graphs():
+    rng = random.Random(7)
+    for _ in range(300):
+        names = [f"r{i}" for i in range(rng.randint(1, 12))]
+        graph = {n: [rng.choice(names) for _ in range(rng.randint(0, 3))] for n in names}
+        assert cfg._recursive(_rules_of(graph)) == _recursive_by_search(graph), graph
+
+
+def test_recursive_rules_of_a_long_chain_in_one_pass():
+    # 20,000 rules in a chain: a search per rule would walk the chain from each (quadratic).
+    names = [f"r{i}" for i in range(20_000)]
+    chain = {n: [names[i + 1]] if i + 1 < len(names) else [] for i, n in enumerate(names)}
+    assert cfg._recursive(_rules_of(chain)) == set()
+    chain[names[-1]] = [names[5]]  # closes a cycle over all but the first five
+    assert cfg._recursive(_rules_of(chain)) == set(names[5:])
+
+
+@pytest.mark.parametrize("stage", ["parsing the grammar", "lowering the grammar"])
+def test_a_compile_deadline_bounds_parsing_and_lowering(stage):
+    from grammar_mlx.errors import CompileTimeoutError, InvalidArgumentError
+    from grammar_mlx.limits import Deadline, deadline_scope
+
+    chain = "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(500)) + 'r500 ::= "b"\n'
+    if stage == "parsing the grammar":
+        with pytest.raises(CompileTimeoutError, match=stage):
+            compile_grammar(chain, VOCAB, syntax="gbnf", logits_width=WIDTH, timeout=1e-9)
+    else:
+        source = parse_grammar(chain, syntax="gbnf")
+        with deadline_scope(Deadline(1e-9)), pytest.raises(CompileTimeoutError, match=stage):
+            lower(source)
+    for bad in (0, -1.0, "1", True):
+        with pytest.raises(InvalidArgumentError, match="timeout"):
+            compile_grammar(chain, VOCAB, syntax="gbnf", logits_width=WIDTH, timeout=bad)
+    g = compile_grammar(chain, VOCAB, syntax="gbnf", logits_width=WIDTH, timeout=60)
+    assert g.min_completion_tokens == 502  # 500 a, b, EOS

@@ -243,3 +243,20 @@ def test_a_grammar_error_copies_and_pickles_with_its_position():
         for twin in (copy.copy(error), pickle.loads(pickle.dumps(error))):
             assert type(twin) is type(error) and str(twin) == str(error)
             assert (twin.line, twin.column) == (error.line, error.column)
+
+
+def test_a_grammar_compile_passes_the_servers_timeout_and_is_not_cached():
+    # A 3,000-rule chain (a few seconds to lower) under a timeout it cannot meet: compile_timeout,
+    # transient, so the same grammar is compiled again (and fits) under a larger one.
+    from grammar_mlx.errors import CompileTimeoutError
+    from grammar_mlx.server import Grammars, GrammarSpec
+
+    vocabulary, width = _byte_vocabulary()
+    text = "root ::= r0\n" + "".join(f'r{i} ::= "1" r{i + 1}\n' for i in range(3000)) + 'r3000 ::= "2"\n'
+    spec = GrammarSpec("grammar", text, syntax="gbnf")
+    grammars = Grammars(vocabulary, width, timeout=1e-6)
+    for _ in range(2):
+        with pytest.raises(CompileTimeoutError, match="took longer than 1e-06 s"):
+            grammars.get(spec)
+    assert grammars.cache.stats()["hits"] == 0
+    assert Grammars(vocabulary, width).get(spec).matches([ord("1") - 1] * 3000 + [ord("2") - 1])
