@@ -140,7 +140,7 @@ def _popcount(row: np.ndarray, width: int) -> int:
 def _set_bits(row: np.ndarray, width: int) -> np.ndarray:
     """The sorted int32 ids of the set bits of the packed uint32 `row` below bit `width`: only its
     nonzero words are unpacked."""
-    nonzero = np.flatnonzero(row)
+    nonzero = np.flatnonzero(row != 0)  # through bools: numpy finds nonzero uint32 words far slower
     bits = np.flatnonzero(np.unpackbits(row[nonzero].view(np.uint8), bitorder="little"))
     ids: np.ndarray = (nonzero[bits >> 5] * 32 + (bits & 31)).astype(np.int32)
     return ids[: int(np.searchsorted(ids, width))]
