@@ -105,15 +105,45 @@ def row_appliers(path: str, dtype: mx.Dtype) -> tuple[Applier, Applier, Applier]
     return dense, allowed, blocked
 
 
-def row_form(dense: np.ndarray) -> tuple[int, mx.array]:
-    """The cheapest form of one unpacked int8 row (1, V)."""
-    vocab = dense.shape[1]
-    allowed = int(np.count_nonzero(dense))
+def row_form(words: np.ndarray, out: np.ndarray) -> tuple[int, mx.array]:
+    """The cheapest form of one packed row `words` (1, W) at the width of `out` (1, V), an int8
+    buffer the row is unpacked into unless it allows few ids: those are counted by the words'
+    popcount and read from the nonzero words alone (unpacking the whole row and finding its few
+    ids in it costs several times more)."""
+    vocab = out.shape[1]
+    row = words[0].astype("<u4", copy=False)
+    width = min(vocab, len(row) * 32)  # ids at or past `width` are disallowed (unpack)
+    allowed = _popcount(row, width)
     if allowed <= vocab // SPARSE_ALLOWED_FRACTION:
-        return ALLOWED, mx.array(np.flatnonzero(dense[0]).astype(np.int32)[None])
+        return ALLOWED, mx.array(_set_bits(row, width)[None])
+    dense = unpack(words, out)
     if vocab - allowed <= vocab // SPARSE_BLOCKED_FRACTION:
         return BLOCKED, mx.array(np.flatnonzero(dense[0] == 0).astype(np.int32)[None])
     return DENSE, mx.array(dense)
+
+
+# Set bits per byte value, for numpy without `bitwise_count` (before 2.0).
+_BYTE_POPCOUNT = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1)
+
+
+def _popcount(row: np.ndarray, width: int) -> int:
+    """Set bits of the packed uint32 `row` below bit `width`."""
+    full, tail = divmod(width, 32)
+    head = row[:full]
+    count = int(np.bitwise_count(head).sum()) if hasattr(np, "bitwise_count") else int(
+        _BYTE_POPCOUNT[head.view(np.uint8)].sum())
+    if tail:
+        count += bin(int(row[full]) & ((1 << tail) - 1)).count("1")
+    return count
+
+
+def _set_bits(row: np.ndarray, width: int) -> np.ndarray:
+    """The sorted int32 ids of the set bits of the packed uint32 `row` below bit `width`: only its
+    nonzero words are unpacked."""
+    nonzero = np.flatnonzero(row != 0)  # through bools: numpy finds nonzero uint32 words far slower
+    bits = np.flatnonzero(np.unpackbits(row[nonzero].view(np.uint8), bitorder="little"))
+    ids: np.ndarray = (nonzero[bits >> 5] * 32 + (bits & 31)).astype(np.int32)
+    return ids[: int(np.searchsorted(ids, width))]
 
 
 # Integer views a row of int8 masks is gathered through, widest first (see gather_rows).
@@ -255,8 +285,8 @@ class RowCache:
             key = ("dense" if dense else "row", vocab, words.tobytes())
             entry = self._queue.get(key)
             if entry is None:
-                unpacked = unpack(words, self._scratch_rows(1, vocab))
-                form, array = (DENSE, mx.array(unpacked)) if dense else row_form(unpacked)
+                out = self._scratch_rows(1, vocab)
+                form, array = (DENSE, mx.array(unpack(words, out))) if dense else row_form(words, out)
                 entry = RowEntry(form, array, array.nbytes + len(key[2]))
                 self._admit(key, entry)
             else:

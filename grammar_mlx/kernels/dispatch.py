@@ -237,9 +237,17 @@ def shared_array(shape: tuple[int, ...], dtype: Any) -> tuple[mx.array, np.ndarr
 
 def before_host_write() -> None:
     """Call before writing into a `shared_array` view: on a GPU, wait for the work queued so far, so
-    the host never writes memory (unified, or CUDA managed) while a kernel may be reading it."""
-    if mx.default_device().type == mx.DeviceType.gpu:
+    the host never writes memory (unified, or CUDA managed) while a kernel may be reading it. A
+    build without a GPU backend has no such kernel: it skips even the device check (a lazy grammar
+    calls this for every new mask row)."""
+    if _gpu_backend() and mx.default_device().type == mx.DeviceType.gpu:
         mx.synchronize()
+
+
+@functools.cache
+def _gpu_backend() -> bool:
+    """Whether this MLX build can run on a GPU at all (the default device can only be one then)."""
+    return gpu.metal_available() or gpu.cuda_available()
 
 
 def _zeros(shape: tuple[int, ...], dtype: Any) -> mx.array:

@@ -316,6 +316,20 @@ def test_shared_arrays_alias_mlx_memory_on_this_machine():
         assert int(mx.take(table, mx.array([2]), axis=0)[0, 4].item()) == value
 
 
+def test_before_host_write_waits_for_the_gpu_only_where_one_can_run(monkeypatch):
+    """A write into a shared table first waits for queued GPU work where the default device is a
+    GPU; an MLX build without a GPU backend never even asks for the device (a lazy grammar calls
+    this per new row)."""
+    synced, asked = [], []
+    gpu_device = type("Device", (), {"type": mx.DeviceType.gpu})()
+    monkeypatch.setattr(mx, "synchronize", lambda *a: synced.append(a))
+    monkeypatch.setattr(mx, "default_device", lambda: (asked.append(1), gpu_device)[1])
+    for backend in (False, True):
+        monkeypatch.setattr(dispatch, "_gpu_backend", lambda backend=backend: backend)
+        dispatch.before_host_write()
+        assert (len(asked), len(synced)) == ((0, 0) if not backend else (1, 1)), backend
+
+
 @pytest.mark.parametrize("path", cpu_paths())
 def test_a_table_growing_in_place_masks_exactly(path, cache_mode):
     """A table with room for more rows, written a row at a time in place before its id is used (a
