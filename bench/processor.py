@@ -31,7 +31,9 @@ the strict one. Report both.
 
 Cold rows (--cold): a *first generation*, every state visited for the first time. Each round
 compiles the schema afresh (lazy, no cache: no row filled) and replays the plain pattern once (cold
-calls), then again with a new processor on the same grammar (warm calls); the floor is timed over
+calls; the kernels' process-wide cache of unpacked rows is emptied first, as in a new process,
+else the warm-up's rows would be found there), then again with a new processor on the same grammar
+(warm calls); the floor is timed over
 the same calls. Beside it, llguidance's matcher on the same schema and tokens, also fresh per round
 (`LLMatcher.grammar_from_json_schema` + `LLMatcher`, as bench/engines.py drives it): per call
 `consume_token` + `fill_next_token_bitmask` (its "matcher"; its MLX apply is a Metal kernel, absent
@@ -291,6 +293,7 @@ def cold_child(rounds: int) -> dict:
         fresh = compile_json_schema(SCHEMA, tok, logits_width=WIDTH, mode="lazy", use_cache=False)
         if lazy_store is not None:
             lazy_store.attach(fresh.index, store_dir, key)  # a miss: the entry is written after the replay
+        kernels.clear_row_cache()  # a first generation finds no unpacked row either (a new process)
         samples["cold"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
                                                         cpu["cold"])]
         fills.append({k: fresh.stats[k] for k in ("fills", "fill_seconds", "fill_seconds_max", "byte_states_built")
@@ -304,6 +307,7 @@ def cold_child(rounds: int) -> dict:
             t0 = pc()
             hit = lazy_store.attach(again.index, store_dir, key)
             load_s = (pc() - t0) / 1e9
+            kernels.clear_row_cache()
             samples["restored"] += [t / 1e3 for t in time_round(
                 histories, logits, lambda again=again: GrammarProcessor(again), cpu["restored"])]
             restores.append({"hit": hit, "save_seconds": saved_s, "load_seconds": load_s,
