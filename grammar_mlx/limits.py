@@ -6,7 +6,8 @@ subclass `CompileTimeoutError`), never a hang or an untyped error; schema keywor
 translation cap are relaxed and reported in `unenforced` where the docstring of the limit says so.
 An environment variable that is not a number is refused at import with `InvalidArgumentError`.
 
-Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / `memory_limit=`):
+Compiling (`compile_regex`, `compile_json_schema`; each also takes `timeout=` / `memory_limit=`;
+`compile_grammar` takes `timeout=`):
 
 | name | default | environment variable | bounds |
 |---|---|---|---|
@@ -51,8 +52,9 @@ JSON Schema translation (fixed; see docs/json-schema.md for what each relaxes or
 | `CHAR_NFA_STATES`, `CHAR_DFA_STATES` | 20,000, 4,000 | the character automata of `pattern`/`format` intersections |
 | `CHAR_AST_NODES`, `CHAR_AST_DEPTH` | 20,000, 60 | the regexes those automata are written back as |
 
-The compile deadline: `compile_json_schema` / `compile_regex` start one `Deadline` and run every
-stage under it: translation and the in-process byte NFA check it cooperatively (`check_deadline()`
+The compile deadline: `compile_json_schema` / `compile_regex` / `compile_grammar` start one
+`Deadline` and run every stage under it: translation, a grammar's parsing and lowering, and the
+in-process byte NFA check it cooperatively (`check_deadline()`
 in their loops, often enough to stop within a fraction of a second of it), worker jobs are killed
 when it passes. The deadline in force is per thread (a `ContextVar`), so code deep in a stage checks
 it without threading a parameter through every call.
