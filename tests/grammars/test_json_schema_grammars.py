@@ -190,6 +190,25 @@ def test_any_optional_property_of_a_wide_cycle_may_come_first_as_on_the_regular_
     assert g.accepts_text('{"self":{"p19":1,"self":{"self":{}}}}')
 
 
+def test_canonical_json_writes_a_late_first_property_of_a_union_branch_as_the_grammars_read_it():
+    """canonical_json normalizes with no first-property limit, as both grammars do: with one it
+    found no branch of an anyOf holding {"p19":..,"p18":..} (an object of 21 optional properties
+    starting past its first dozen) and wrote the instance's own key order, which neither accepts."""
+    wide = _wide_cycle(20)
+    wide["additionalProperties"] = False
+    cyclic = {"anyOf": [wide, {"type": "string"}]}
+    flat = {"anyOf": [{**wide, "properties": {**wide["properties"], "self": {"type": "integer"}}}, {"type": "string"}]}
+    for schema, instance, text in (
+            (cyclic, {"p19": 1, "p18": 2}, '{"p18":2,"p19":1}'),
+            (cyclic, {"self": {"p19": 1, "p18": 2}, "p19": 1}, '{"p19":1,"self":{"p18":2,"p19":1}}'),
+            (flat, {"self": 3, "p19": 1, "p18": 2}, '{"p18":2,"p19":1,"self":3}')):
+        assert canonical_json(instance, schema) == text
+        g = compile_json_schema(schema, VOCAB, logits_width=WIDTH)
+        assert not g.unenforced
+        assert g.matches([b - 1 for b in text.encode()])  # one-byte tokens: byte b is id b - 1
+        assert not g.matches([b - 1 for b in json.dumps(instance, separators=(",", ":")).encode()])
+
+
 def test_a_long_ref_chain_into_a_cycle_is_a_typed_size_error():
     defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(3000)}
     defs["d3000"] = {"$ref": "#/$defs/d0"}
