@@ -253,12 +253,15 @@ def test_kb_1161_compiles_unbounded_and_decides_its_texts(corpora):
     for _ in range(6):
         nested = {"allOf": [nested]}
     deep = {**smallest, props: nested}
+    # JSONSchemaProps has 43 optional properties: any may come first, the last one too.
+    late = {**smallest, props: {"title": "", "properties": {"a": {"x-kubernetes-map-type": "atomic"}}}}
     missing = dict(smallest)
     del missing["io_k8s_api_core_v1_Pod"]
     nz = Normalizer(schema)
     root = nz.node([nz.root_loc])
     bounds = Bounds(frozenset(), 0, limits.MAX_ANY_DEPTH)
-    for doc, valid, within_bound in ((smallest, True, True), (deep, True, False), (missing, False, True)):
+    for doc, valid, within_bound in ((smallest, True, True), (deep, True, False), (late, True, True),
+                                     (missing, False, True)):
         assert conforms(root, doc, nz.table, bounds) is valid
         text = canonical_json(doc, schema)
         assert g.accepts_text(text) is valid
