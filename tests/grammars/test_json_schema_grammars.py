@@ -190,6 +190,29 @@ def test_any_optional_property_of_a_wide_cycle_may_come_first_as_on_the_regular_
     assert g.accepts_text('{"self":{"p19":1,"self":{"self":{}}}}')
 
 
+def test_a_wide_cycle_holds_the_regular_paths_language_on_random_documents():
+    """Its shared property tail lowered once (cfg): any subset of the optional properties in
+    declared order, nothing out of order, as the same object without the cycle."""
+    g = compile_recursive_schema(_wide_cycle(40), VOCAB, logits_width=WIDTH)
+    plain = _wide_cycle(40)
+    plain["properties"]["self"] = {"type": "object", "maxProperties": 0}
+    regular = compile_json_schema(plain, VOCAB, logits_width=WIDTH)
+    assert g is not None and isinstance(regular, CompiledGrammar)
+    rng = random.Random(25)
+    names = [f"p{i}" for i in range(40)] + ["self"]
+    accepted = 0
+    for _ in range(300):
+        chosen = [n for n in names if rng.random() < rng.choice((0.05, 0.3, 0.8))]
+        if rng.random() < 0.3 and len(chosen) > 1:
+            i = rng.randrange(len(chosen) - 1)
+            chosen[i], chosen[i + 1] = chosen[i + 1], chosen[i]
+        text = "{" + ",".join(f'"{n}":' + ("{}" if n == "self" else "1") for n in chosen) + "}"
+        ok = g.accepts_text(text)
+        assert ok is regular.matches([b - 1 for b in text.encode()]), text  # byte b is id b - 1
+        accepted += ok
+    assert 100 < accepted < 300
+
+
 def test_canonical_json_writes_a_late_first_property_of_a_union_branch_as_the_grammars_read_it():
     """canonical_json normalizes with no first-property limit, as both grammars do: with one it
     found no branch of an anyOf holding {"p19":..,"p18":..} (an object of 21 optional properties
