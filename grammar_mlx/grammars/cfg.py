@@ -18,7 +18,7 @@ context-free one with every terminal replaced by its regular language.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -242,6 +242,24 @@ def _flat(expr: Expr) -> list[tuple[Expr, ...]]:
     return out
 
 
+def _shared_sequences(exprs: Iterable[Expr]) -> set[int]:
+    """Ids of the sequences that are an item of composite expressions more than once."""
+    parents: dict[int, int] = {}
+    seen: set[int] = set()
+    stack = list(exprs)
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, (Cat, Alts, Rep)) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        items = x.items if isinstance(x, (Cat, Alts)) else (x.item,)
+        for item in items:
+            if isinstance(item, Cat):
+                parents[id(item)] = parents.get(id(item), 0) + 1
+        stack.extend(items)
+    return {key for key, count in parents.items() if count > 1}
+
+
 def _empty(node: rx.Node, known: dict[int, tuple[int, int | None]]) -> bool:
     return rx.length_range(node, known)[0] >= rx._INF
 
@@ -345,12 +363,18 @@ class _Lowerer:
         self.names: list[str] = ["<start>"]
         self.out: list[tuple[int, tuple[int, ...]]] = [(0, ())]  # rule 0 filled at the end
         self.aux: dict[tuple[str, Expr], int] = {}
+        # Ids of sequences that are an item of several composite expressions (a schema's object
+        # shares the tail of its optional properties between the choices of the first one): each
+        # gets one nonterminal instead of being spliced into every sequence holding it, which
+        # wrote n tails of up to n symbols for n properties.
+        self.shared: set[int] = set()
 
     def run(self) -> Lowered:
         start = self.source.start
         for rule in self.rules.values():
             _hashed(rule.expr)
         self._reduce_right_linear()
+        self.shared = _shared_sequences(rule.expr for rule in self.rules.values())
         for name in self.rules:
             check_deadline(STAGE)
             if not self._rule_regular(name):
@@ -546,7 +570,7 @@ class _Lowerer:
                 flush()
                 if isinstance(x, Ref):
                     out.append(self.nt[x.name])
-                elif isinstance(x, Cat):
+                elif isinstance(x, Cat) and id(x) not in self.shared:
                     levels.append(iter(x.items))
                 else:
                     out.append((yield self._helper(x)))
@@ -558,7 +582,7 @@ class _Lowerer:
         return n
 
     def _helper(self, expr: Expr) -> _Call[int]:
-        """A nonterminal for a non-regular group or repetition."""
+        """A nonterminal for a non-regular group, repetition or shared sequence."""
         key = ("", expr)
         hit = self.aux.get(key)
         if hit is not None:
@@ -567,6 +591,10 @@ class _Lowerer:
             n = self.aux[key] = self._new_nt(f"<group {expr.pos.line}:{expr.pos.column}>")
             for alt in (yield self._alternatives(expr)):
                 self.out.append((n, alt))
+            return n
+        if isinstance(expr, Cat):  # a shared sequence
+            n = self.aux[key] = self._new_nt(f"<sequence {expr.pos.line}:{expr.pos.column}>")
+            self.out.append((n, (yield self._symbols(expr))))
             return n
         assert isinstance(expr, Rep)
         item = yield self._symbols(expr.item)

@@ -28,7 +28,8 @@ from ..regex import syntax as rx
 from ..schema.emit import Emitter, cyclic_keys
 from ..schema.ir import Node, Ref
 from ..schema.normalize import Normalizer, Unenforced
-from ..schema.translate import UNLIMITED_FIRST_CHOICES, Normalized, load_schema, whitespace_regex
+from ..schema.objects import UNLIMITED_FIRST_CHOICES
+from ..schema.translate import Normalized, load_schema, whitespace_regex
 from .cfg import Alts, Cat, Expr, Pos, Rep, Rule, Term
 from .cfg import Ref as RuleRef
 

@@ -52,7 +52,7 @@ from .loc import ROOT_URI, Loc, Resources, draft_of, rebase
 from .logic import ANY_VALUES, Alternative, Values, alternatives, is_empty, meet, negation, value_set
 from .logic import INERT as ANNOTATIONS
 from .numbers import build_number, multiple_node
-from .objects import MAX_FIRST_CHOICE_COST, build_object, minus_names
+from .objects import UNLIMITED_FIRST_CHOICES, build_object, minus_names
 from .strings import build_string
 
 
@@ -75,7 +75,7 @@ class Normalizer:
     root: Any  # the schema document (JSON)
     strict: bool = False
     open_objects: bool = False  # absent additionalProperties next to properties: allow extra keys
-    first_choice_cost: int = MAX_FIRST_CHOICE_COST  # see schema.objects._first_choices
+    first_choice_cost: int = UNLIMITED_FIRST_CHOICES  # see schema.objects._first_choices
     # Exact forms whose regex is much larger than the inexact one: overlapping oneOf branches made
     # exclusive (`_exclusive`), uniqueItems and contains counted (`schema.arrays`). `costly_used` is
     # set when one was built: translation retries without them when the regex does not fit.
@@ -602,7 +602,7 @@ class Normalizer:
         if self.members_only:
             return None
         if self._exact is None:
-            self._exact = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
+            self._exact = Normalizer(self.root, strict=False, open_objects=True,
                                      costly_exact=True, members_only=True)
         return _unnarrowed_node(self._exact, locs, quiet=True)
 
@@ -613,7 +613,7 @@ class Normalizer:
         for every value of that schema, so a listed value it rejects certainly satisfies `not`
         (and one it accepts is left out: at worst a narrowing)."""
         if self._oracle is None:
-            self._oracle = Normalizer(self.root, strict=False, open_objects=True, first_choice_cost=10**12,
+            self._oracle = Normalizer(self.root, strict=False, open_objects=True,
                                       costly_exact=False, members_only=True)
         return _unnarrowed_node(self._oracle, [atom.child("not").below(atom)], quiet=False)
 

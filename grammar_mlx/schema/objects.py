@@ -49,7 +49,9 @@ if TYPE_CHECKING:
 
 MAX_KEY_REGIONS = 64
 STAGE = "translating the schema"  # what a deadline that passes here names
-MAX_FIRST_CHOICE_COST = 256  # properties x leading optional choices kept exact (see _first_choices)
+# No first-property limit, the default: every writer of a table (the regular path's first try, the
+# context-free path, canonical_json) must agree on which objects it holds (see _first_choices).
+UNLIMITED_FIRST_CHOICES = 1 << 62  # a first-choice cost no object reaches
 MIN_FIRST_CHOICES = 2
 # Extra property names may hold any character; those JSON must escape (quote, backslash, controls)
 # are written as `json.dumps` writes them (the emitter writes every key language canonically escaped):

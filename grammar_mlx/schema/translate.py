@@ -128,7 +128,7 @@ from .emit import Emitter, UnrollTooWide, cyclic_keys
 from .ir import Bounds, Node, conforms, serialize
 from .metaschema import check_metaschema
 from .normalize import Normalizer, Unenforced
-from .objects import first_property_narrowed
+from .objects import UNLIMITED_FIRST_CHOICES, first_property_narrowed
 
 # Object/array nesting of a schema document (const/enum values included): the translator recurses
 # once or more per level (the metaschema walk does not; its jsonschema fallback does).
@@ -371,9 +371,6 @@ def _translate_within_cap(doc: dict[str, Any] | bool, ws: str, strict: bool, max
         return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False)
 
 
-UNLIMITED_FIRST_CHOICES = 1 << 62  # a first-choice cost no object reaches
-
-
 class _CostlyTooLarge(Exception):
     """No depth fits, with costly exact forms in the regex."""
 
@@ -482,7 +479,10 @@ def byte_automaton(regex: str) -> ByteDFA:
 def _normalized(schema_text: str, open_objects: bool) -> tuple[Normalizer, Node]:
     """The normalizer of a schema and its root node (what `canonical_json` writes with)."""
     with memo_scope():
-        nz = Normalizer(json.loads(schema_text), strict=False, open_objects=open_objects)
+        # No first-property limit, as both grammars' tables: a limit here made a union branch fail
+        # to hold an object that starts late, and the object was written in the instance's key order.
+        nz = Normalizer(json.loads(schema_text), strict=False, open_objects=open_objects,
+                        first_choice_cost=UNLIMITED_FIRST_CHOICES)
         return nz, nz.node([nz.root_loc])
 
 

@@ -190,6 +190,48 @@ def test_any_optional_property_of_a_wide_cycle_may_come_first_as_on_the_regular_
     assert g.accepts_text('{"self":{"p19":1,"self":{"self":{}}}}')
 
 
+def test_a_wide_cycle_holds_the_regular_paths_language_on_random_documents():
+    """Its shared property tail lowered once (cfg): any subset of the optional properties in
+    declared order, nothing out of order, as the same object without the cycle."""
+    g = compile_recursive_schema(_wide_cycle(40), VOCAB, logits_width=WIDTH)
+    plain = _wide_cycle(40)
+    plain["properties"]["self"] = {"type": "object", "maxProperties": 0}
+    regular = compile_json_schema(plain, VOCAB, logits_width=WIDTH)
+    assert g is not None and isinstance(regular, CompiledGrammar)
+    rng = random.Random(25)
+    names = [f"p{i}" for i in range(40)] + ["self"]
+    accepted = 0
+    for _ in range(300):
+        chosen = [n for n in names if rng.random() < rng.choice((0.05, 0.3, 0.8))]
+        if rng.random() < 0.3 and len(chosen) > 1:
+            i = rng.randrange(len(chosen) - 1)
+            chosen[i], chosen[i + 1] = chosen[i + 1], chosen[i]
+        text = "{" + ",".join(f'"{n}":' + ("{}" if n == "self" else "1") for n in chosen) + "}"
+        ok = g.accepts_text(text)
+        assert ok is regular.matches([b - 1 for b in text.encode()]), text  # byte b is id b - 1
+        accepted += ok
+    assert 100 < accepted < 300
+
+
+def test_canonical_json_writes_a_late_first_property_of_a_union_branch_as_the_grammars_read_it():
+    """canonical_json normalizes with no first-property limit, as both grammars do: with one it
+    found no branch of an anyOf holding {"p19":..,"p18":..} (an object of 21 optional properties
+    starting past its first dozen) and wrote the instance's own key order, which neither accepts."""
+    wide = _wide_cycle(20)
+    wide["additionalProperties"] = False
+    cyclic = {"anyOf": [wide, {"type": "string"}]}
+    flat = {"anyOf": [{**wide, "properties": {**wide["properties"], "self": {"type": "integer"}}}, {"type": "string"}]}
+    for schema, instance, text in (
+            (cyclic, {"p19": 1, "p18": 2}, '{"p18":2,"p19":1}'),
+            (cyclic, {"self": {"p19": 1, "p18": 2}, "p19": 1}, '{"p19":1,"self":{"p18":2,"p19":1}}'),
+            (flat, {"self": 3, "p19": 1, "p18": 2}, '{"p18":2,"p19":1,"self":3}')):
+        assert canonical_json(instance, schema) == text
+        g = compile_json_schema(schema, VOCAB, logits_width=WIDTH)
+        assert not g.unenforced
+        assert g.matches([b - 1 for b in text.encode()])  # one-byte tokens: byte b is id b - 1
+        assert not g.matches([b - 1 for b in json.dumps(instance, separators=(",", ":")).encode()])
+
+
 def test_a_long_ref_chain_into_a_cycle_is_a_typed_size_error():
     defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(3000)}
     defs["d3000"] = {"$ref": "#/$defs/d0"}
@@ -234,12 +276,15 @@ def test_kb_1161_compiles_unbounded_and_decides_its_texts(corpora):
     for _ in range(6):
         nested = {"allOf": [nested]}
     deep = {**smallest, props: nested}
+    # JSONSchemaProps has 43 optional properties: any may come first, the last one too.
+    late = {**smallest, props: {"title": "", "properties": {"a": {"x-kubernetes-map-type": "atomic"}}}}
     missing = dict(smallest)
     del missing["io_k8s_api_core_v1_Pod"]
     nz = Normalizer(schema)
     root = nz.node([nz.root_loc])
     bounds = Bounds(frozenset(), 0, limits.MAX_ANY_DEPTH)
-    for doc, valid, within_bound in ((smallest, True, True), (deep, True, False), (missing, False, True)):
+    for doc, valid, within_bound in ((smallest, True, True), (deep, True, False), (late, True, True),
+                                     (missing, False, True)):
         assert conforms(root, doc, nz.table, bounds) is valid
         text = canonical_json(doc, schema)
         assert g.accepts_text(text) is valid
