@@ -195,6 +195,7 @@ class CFGGrammar:
         self._spell_bytes: list[int] | None = None
         self._tdist: list[dict[int, int]] = [{} for _ in lowered.terminals]
         self._class_reps: dict[int, list[int]] = {}
+        self._all_bytes: bool | None = None  # `_every_byte_spellable`, once asked
         self._suffix: list[list[int]] | None = None
         self._up: dict[int, dict[int, int]] = {}
         self._to_end: dict[int, int] = {}
@@ -727,52 +728,58 @@ class CFGGrammar:
             self._spell_bytes = got
         return got
 
+    def _every_byte_spellable(self) -> bool:
+        """Whether every byte but NUL is a one-byte token (byte-level vocabularies): then the
+        bounds' alphabet is the terminal DFAs' own, whose distances their NFAs know."""
+        got = self._all_bytes
+        if got is None:
+            got = self._all_bytes = set(range(1, 256)) <= set(self._budget_alphabet())
+        return got
+
     def _term_dist(self, t: int, q: int) -> int:
         """The fewest spellable bytes (`_budget_alphabet`) taking terminal t's DFA from state q to
-        acceptance (FAR: none): the states reachable from q explored once, then relaxed to a
-        fixpoint; memoized per terminal (an explored region is closed, so its values are final)."""
+        acceptance (FAR: none): a breadth-first search from q that stops at the first level no
+        shorter path can come from (every byte costs one; a state already known adds its own
+        distance), so it explores only the states nearer than the answer, not everything q reaches
+        (a terminal's whole DFA, for a large regular part of a schema); memoized per (t, q)."""
         memo = self._tdist[t]
         got = memo.get(q)
         if got is not None:
             return got
         dfa = self._dfas[t]
+        if self._every_byte_spellable():  # the DFA's own alphabet: its NFA's distances, no search
+            d = dfa.member_distance(q)  # (None once q's row is computed: then the search below)
+            if d is not None:
+                memo[q] = got = FAR if d < 0 else d
+                return got
         reps = self._class_reps.get(t)
         if reps is None:  # one byte per byte class: the others step alike
             firsts: dict[int, int] = {}
             for b in self._budget_alphabet():
                 firsts.setdefault(int(dfa.classes[b]), b)
             reps = self._class_reps[t] = list(firsts.values())
-        edges: dict[int, list[int]] = {}
-        order = [q]
-        seen = {q}
-        for u in order:
-            if u in memo:
-                continue
-            succ = []
-            for b in reps:
-                v = self._term_next(t, u, b)
-                if v != dfa.dead:
-                    succ.append(v)
-                    if v not in seen:
+        dead = dfa.dead
+        best, depth = FAR, 0
+        level, seen = [q], {q}
+        while level and depth < best:
+            following: list[int] = []
+            for u in level:
+                if dfa.accepting[u]:  # (read each time: stepping may grow the DFA's arrays)
+                    best = min(best, depth)
+                    break
+                known = memo.get(u) if u != q else None
+                if known is not None:
+                    best = min(best, depth + known)
+                    continue
+                for b in reps:
+                    v = self._term_next(t, u, b)
+                    if v != dead and v not in seen:
                         seen.add(v)
-                        order.append(v)
-            edges[u] = succ
-        accepting = dfa.accepting
-        value = {u: 0 if accepting[u] else FAR for u in edges}
-        changed = True
-        while changed:
-            changed = False
-            for u, succ in edges.items():
-                best = value[u]
-                for v in succ:
-                    w = memo[v] if v in memo else value[v]
-                    if w + 1 < best:
-                        best = w + 1
-                if best < value[u]:
-                    value[u] = best
-                    changed = True
-        memo.update(value)
-        return memo[q]
+                        following.append(v)
+            level = following
+            depth += 1
+        memo[q] = best
+        return best
 
     def _suffixes(self) -> list[list[int]]:
         """Per rule r and dot d, the fewest spellable bytes its symbols from d on derive (FAR: none):
