@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from ..errors import EmptyGrammarError, GrammarTooLargeError, InvalidGrammarError
 from ..limits import check_deadline
 from ..regex import syntax as rx
+from ..schema.emit import nodes_on_cycles
 
 __all__ = ["Alts", "Cat", "Expr", "Lowered", "Pos", "Ref", "Rep", "Rule", "Source", "Term", "collect_refs", "lower"]
 
@@ -168,55 +169,14 @@ def _check_bounds(expr: Expr) -> None:
 
 
 def _recursive(rules: dict[str, Rule]) -> set[str]:
-    """Rules that can reach themselves through references: those in a strongly connected component
-    of more than one rule, or referring to themselves. One pass (Tarjan's, on an explicit stack):
-    a search per rule is quadratic in a long chain of rules."""
-    graph: dict[str, list[str]] = {}
-    for name, rule in rules.items():
+    """Rules that can reach themselves through references (one strongly-connected-components pass:
+    a search per rule is quadratic in a long chain of rules)."""
+    def refs_of(name: str) -> list[str]:
         refs: list[Ref] = []
-        collect_refs(rule.expr, refs)
-        graph[name] = [r.name for r in refs if r.name in rules]
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    component: list[str] = []
-    out: set[str] = set()
-    for root in graph:
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        component.append(root)
-        on_stack.add(root)
-        work: list[tuple[str, int]] = [(root, 0)]  # (rule, next reference to follow)
-        while work:
-            name, i = work[-1]
-            refs_of = graph[name]
-            if i < len(refs_of):
-                work[-1] = (name, i + 1)
-                child = refs_of[i]
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    component.append(child)
-                    on_stack.add(child)
-                    work.append((child, 0))
-                elif child in on_stack:
-                    low[name] = min(low[name], index[child])
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[name])
-            if low[name] == index[name]:
-                members = []
-                while True:
-                    m = component.pop()
-                    on_stack.discard(m)
-                    members.append(m)
-                    if m == name:
-                        break
-                if len(members) > 1 or name in refs_of:
-                    out.update(members)
-    return out
+        collect_refs(rules[name].expr, refs)
+        return [r.name for r in refs if r.name in rules]
+
+    return nodes_on_cycles(rules, refs_of, STAGE)
 
 
 def _flat(expr: Expr) -> list[tuple[Expr, ...]]:

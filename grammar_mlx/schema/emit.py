@@ -19,9 +19,9 @@ depth: each level is one node, used twice).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from .. import limits
 from ..automata import chars as fa
@@ -63,6 +63,8 @@ _NONE_ID = id(None)  # a missing item among the ids of a node's children
 
 # (cyclic Ref key, times entered) along the path to a node, sorted.
 Counts = tuple[tuple[Hashable, int], ...]
+
+H = TypeVar("H", bound=Hashable)  # a graph node (`nodes_on_cycles`)
 
 
 @lru_cache(maxsize=4096)
@@ -632,30 +634,33 @@ def nesting_depth(node: Regex) -> int:
 
 
 def cyclic_keys(table: Table) -> set[Hashable]:
-    """Keys of the table that lie on a cycle of Ref edges (Tarjan's strongly connected components).
-    A node's edges are read when the search first reaches it, not kept for the whole table."""
+    """Keys of the table that lie on a cycle of Ref edges."""
+    return nodes_on_cycles(table, lambda key: _refs(table[key]) if key in table else (), STAGE)
 
-    def edges(key: Hashable) -> Iterator[Hashable]:
-        return iter(_refs(table[key]) if key in table else ())
 
-    index: dict[Hashable, int] = {}
-    low: dict[Hashable, int] = {}
-    on_stack: set[Hashable] = set()
-    stack: list[Hashable] = []
-    cyclic: set[Hashable] = set()
-    looped: set[Hashable] = set()
+def nodes_on_cycles(nodes: Iterable[H], edges: Callable[[H], Iterable[H]], stage: str) -> set[H]:
+    """The nodes that lie on a cycle of `edges` (Tarjan's strongly connected components, on an
+    explicit stack: a chain of references may be far longer than Python's recursion limit). A
+    node's edges are read when the search first reaches it, not kept for the whole graph; the
+    deadline in force is checked as it goes, naming `stage`."""
+    index: dict[H, int] = {}
+    low: dict[H, int] = {}
+    on_stack: set[H] = set()
+    stack: list[H] = []
+    cyclic: set[H] = set()
+    looped: set[H] = set()
     counter = 0
-    for root in table:
-        check_deadline(STAGE)
+    for root in nodes:
+        check_deadline(stage)
         if root in index:
             continue
-        work = [(root, edges(root))]
+        work = [(root, iter(edges(root)))]
         index[root] = low[root] = counter
         counter += 1
         stack.append(root)
         on_stack.add(root)
         while work:
-            check_deadline(STAGE)
+            check_deadline(stage)
             v, it = work[-1]
             advanced = False
             for w in it:
@@ -666,7 +671,7 @@ def cyclic_keys(table: Table) -> set[Hashable]:
                     counter += 1
                     stack.append(w)
                     on_stack.add(w)
-                    work.append((w, edges(w)))
+                    work.append((w, iter(edges(w))))
                     advanced = True
                     break
                 if w in on_stack:
@@ -677,7 +682,7 @@ def cyclic_keys(table: Table) -> set[Hashable]:
             if work:
                 low[work[-1][0]] = min(low[work[-1][0]], low[v])
             if low[v] == index[v]:
-                component: list[Hashable] = []
+                component: list[H] = []
                 while True:
                     x = stack.pop()
                     on_stack.discard(x)
