@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "grammars"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from grammar_helpers import JSON_GBNF, JSON_LARK  # noqa: E402
+from grammar_helpers import ARITHMETIC, JSON_GBNF, JSON_LARK  # noqa: E402
 
 WIDTH = 151_936
 
@@ -59,14 +59,6 @@ number ::= ( "-"? ( [0-9] | [1-9] [0-9]{0,15} ) ) ( "." [0-9]+ )? ( [eE] [-+]? [
 ws     ::= | " " | "\n" [ \t]{0,20}
 """
 
-ARITHMETIC = r"""
-root  ::= (expr "=" ws term "\n")+
-expr  ::= term ([-+*/] term)*
-term  ::= ident | num | "(" ws expr ")" ws
-ident ::= [a-z] [a-z0-9_]* ws
-num   ::= [0-9]+ ws
-ws    ::= [ \t\n]*
-"""
 
 LIST = r"""
 root ::= item+

@@ -81,3 +81,14 @@ def random_walk(g, rng: random.Random, max_tokens: int = 60, check: bool = True)
         out.append(TOKENS[t])
         state = nxt
     return None
+
+# Identifiers between operators (a lexeme may end after any of their characters, so most tokens of
+# an identifier could go on into the next one): test_engine_budget's and bench/grammars.py's "arithmetic".
+ARITHMETIC = r"""
+root  ::= (expr "=" ws term "\n")+
+expr  ::= term ([-+*/] term)*
+term  ::= ident | num | "(" ws expr ")" ws
+ident ::= [a-z] [a-z0-9_]* ws
+num   ::= [0-9]+ ws
+ws    ::= [ \t\n]*
+"""

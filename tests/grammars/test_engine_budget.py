@@ -11,7 +11,7 @@ import json
 import random
 
 import pytest
-from grammar_helpers import EOS, JSON_GBNF, JSON_LARK, TOKENS, VOCAB
+from grammar_helpers import ARITHMETIC, EOS, JSON_GBNF, JSON_LARK, TOKENS, VOCAB
 
 from grammar_mlx.errors import TokenBudgetError
 from grammar_mlx.grammars import compile_grammar, engine
@@ -25,16 +25,6 @@ factor ::= "-" factor | "(" expr ")" | [0-9]+
 """
 # Right recursion (a set per level) and a terminal whose shortest way out is long.
 NEST = 'root ::= "<" root ">" | "ab" | "x" [0-9]{3}\n'
-# Identifiers (a lexeme may end after any of their characters) between operators: most tokens of an
-# identifier could go on into the next lexeme, a few do (bench/grammars.py's "arithmetic").
-IDENTS = r"""
-root  ::= (expr "=" ws term "\n")+
-expr  ::= term ([-+*/] term)*
-term  ::= ident | num | "(" ws expr ")" ws
-ident ::= [a-z] [a-z0-9_]* ws
-num   ::= [0-9]+ ws
-ws    ::= [ \t\n]*
-"""
 # VOCAB and tokens that go on past an identifier's or a number's end, some more than once, and a few
 # ids spelling the same bytes as another (a trie node where more than one token ends).
 CROSSING = [b"x=", b"-th", b"a+b", b"ab ", b"b1_", b"x)", b" = ", b"1\n", b"\nx", b"= (", b"x2+y", b"if(",
@@ -176,7 +166,7 @@ def test_every_bound_of_a_fresh_state_is_the_stepped_one(name, small_subtree, mo
     monkeypatch.setattr(engine, "SMALL_SUBTREE", small_subtree)
     text, syntax, vocab = {"json": (JSON_GBNF, "gbnf", VOCAB), "lark": (JSON_LARK, "lark", VOCAB),
                            "arith": (ARITH, "gbnf", VOCAB), "nest": (NEST, "gbnf", VOCAB),
-                           "idents": (IDENTS, "gbnf", IDENT_VOCAB)}[name]
+                           "idents": (ARITHMETIC, "gbnf", IDENT_VOCAB)}[name]
     walker = grammar(text, syntax, vocab)
     rng = random.Random(5)
     paths = []
@@ -207,7 +197,7 @@ def test_bounds_on_a_real_vocabulary(name, text, qwen_tokenizer):
     # JSON strings (most of the vocabulary inside, its tokens' bytes to the string's end unequal).
     from tiny_models import QWEN_LOGITS_WIDTH
 
-    g = compile_grammar(IDENTS if name == "idents" else JSON_GBNF, qwen_tokenizer, syntax="gbnf",
+    g = compile_grammar(ARITHMETIC if name == "idents" else JSON_GBNF, qwen_tokenizer, syntax="gbnf",
                         logits_width=QWEN_LOGITS_WIDTH)
     state = g.initial_state
     for t in qwen_tokenizer.encode(text):
