@@ -6,7 +6,7 @@ tests/server/test_request.py."""
 from __future__ import annotations
 
 import pytest
-from test_server import Server
+from test_server import Server, serving
 
 lark = pytest.importorskip("lark", reason="the lark library is the oracle of the Lark grammars (test extra)")
 
@@ -21,12 +21,8 @@ ASK = [{"role": "user", "content": "Write something."}]
 def grammar_server(qwen_model_dir):
     pytest.importorskip("openai", reason="the openai client is a test extra")
     served = Server("grammars", "--model", str(qwen_model_dir), "--no-preload-json-object")
-    try:
-        served.wait_ready()
-        yield served
-    finally:
-        served.stop()
-    assert served.proc.returncode == 0
+    for started in serving({"plain": served}):  # (serving waits for it, then stops and checks it)
+        yield started["plain"]
 
 
 def parses(grammar_text: str, text: str) -> bool:
@@ -227,12 +223,8 @@ def draft_server(qwen_model_dir):
     pytest.importorskip("openai", reason="the openai client is a test extra")
     served = Server("grammars-draft", "--model", str(qwen_model_dir), "--no-preload-json-object",
                     "--draft-layers", "1", "--num-draft-tokens", "3")
-    try:
-        served.wait_ready()
-        yield served
-    finally:
-        served.stop()
-    assert served.proc.returncode == 0
+    for started in serving({"draft": served}):
+        yield started["draft"]
 
 
 JSON_LARK = """?start: value
