@@ -14,7 +14,7 @@ from ..compiler.build import _width_and_eos, refusing_deep_nesting, token_trie
 from ..errors import InvalidArgumentError, InvalidGrammarError
 from ..limits import Deadline, deadline_scope
 from ..vocabulary.token_bytes import vocabulary_of
-from .cfg import Pos, Rule, Source, lower, too_deep_to_parse
+from .cfg import Pos, Rule, Source, lower
 from .engine import CFGGrammar
 from .gbnf import parse_gbnf
 from .json_schema import SchemaRules, schema_rules, too_deep
@@ -33,10 +33,8 @@ def parse_grammar(text: str, *, syntax: Syntax = "lark", start: str | None = Non
         raise InvalidArgumentError(f"start must be a rule name (str), got {start!r:.80}")
     if syntax not in ("gbnf", "lark"):
         raise InvalidArgumentError(f"syntax must be 'lark' or 'gbnf', got {syntax!r:.80}")
-    try:  # both parsers descend recursively into groups (and say so themselves: this is a backstop)
-        return parse_gbnf(text, start) if syntax == "gbnf" else parse_lark(text, start)
-    except RecursionError:
-        raise too_deep_to_parse() from None
+    # (Both parsers descend recursively into groups; each turns a RecursionError into `too_deep_to_parse`.)
+    return parse_gbnf(text, start) if syntax == "gbnf" else parse_lark(text, start)
 
 
 def compile_grammar(text: str, tokenizer: Any, *, syntax: Syntax = "lark", start: str | None = None,
