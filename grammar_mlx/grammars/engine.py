@@ -767,7 +767,7 @@ class CFGGrammar:
                 if dfa.accepting[u]:  # (read each time: stepping may grow the DFA's arrays)
                     best = min(best, depth)
                     break
-                known = memo.get(u) if u != q else None
+                known = memo.get(u)  # (never q itself: asked above)
                 if known is not None:
                     best = min(best, depth + known)
                     continue
