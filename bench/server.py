@@ -18,7 +18,7 @@ Bounded: `--requests` per cell (split over `--rounds`), `--cell-seconds` per cel
 for the whole run (cells past it are skipped and reported as such); servers are stopped at the end.
 
     python bench/server.py [--clients 1,4] [--requests 4] [--max-tokens 24] [--draft-layers 24]
-                           [--fast-forward canonical,off] [--out server.json]
+                           [--fast-forward canonical,off] [--schema color|person] [--out server.json]
 
 `--tool-calls`: instead, tool-call latency on a tiny random-weight qwen3 model directory with the
 genuine Qwen3 tokenizer and chat template (tests/conftest.py's `write_tiny_qwen3_dir`; its speed says
@@ -64,6 +64,24 @@ SCHEMA = {
     "additionalProperties": False,
 }
 MESSAGES = [{"role": "user", "content": "Reply with a JSON object: a short name, a color and whether it is ok."}]
+# `--schema person`: the 8-field person object of issue 24's measurement (more keys for fast-forward to force).
+PERSON = {
+    "type": "object",
+    "properties": {
+        "first_name": {"type": "string", "maxLength": 16},
+        "last_name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "email": {"type": "string", "maxLength": 32},
+        "city": {"type": "string", "maxLength": 16},
+        "country": {"type": "string", "maxLength": 16},
+        "occupation": {"type": "string", "maxLength": 16},
+        "married": {"type": "boolean"},
+    },
+    "required": ["first_name", "last_name", "age", "email", "city", "country", "occupation", "married"],
+    "additionalProperties": False,
+}
+PERSON_MESSAGES = [{"role": "user", "content": "Describe a fictional person as a JSON object."}]
+SCHEMAS = {"color": (SCHEMA, MESSAGES), "person": (PERSON, PERSON_MESSAGES)}
 FAST_FORWARD = {"canonical": "canonical", "verified": "verified", "off": False}  # the request's "fast_forward"
 
 
@@ -389,10 +407,14 @@ def main() -> int:
                         help="also time a 10 MB body's refusal, a request served meanwhile, and SIGTERM (on)")
     parser.add_argument("--fast-forward", default="canonical,off",
                         help="comma-separated fast-forward modes of the constrained requests (canonical,off)")
+    parser.add_argument("--schema", choices=sorted(SCHEMAS), default="color",
+                        help="the constrained requests' schema and the prompt: color (3 fields) or person (8)")
     parser.add_argument("--out", default="server.json", help="results file under bench/results (server.json)")
     parser.add_argument("--tool-calls", action="store_true",
                         help="only the tool-call latency on a tiny qwen3 directory (see above)")
     args = parser.parse_args()
+    global SCHEMA, MESSAGES
+    SCHEMA, MESSAGES = SCHEMAS[args.schema]
     if args.tool_calls:
         return tool_call_latency(args)
     clients_list = [int(c) for c in args.clients.split(",")]
