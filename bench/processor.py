@@ -31,20 +31,20 @@ the strict one. Report both.
 
 Cold rows (--cold): a *first generation*, every state visited for the first time. Each round
 compiles the schema afresh (lazy, no cache: no row filled) and replays the plain pattern once (cold
-calls; the kernels' process-wide cache of unpacked rows is emptied first, as in a new process,
-else the warm-up's rows would be found there), then again with a new processor on the same grammar
-(warm calls); the floor is timed over
-the same calls. Beside it, llguidance's matcher on the same schema and tokens, also fresh per round
-(`LLMatcher.grammar_from_json_schema` + `LLMatcher`, as bench/engines.py drives it): per call
-`consume_token` + `fill_next_token_bitmask` (its "matcher"; its MLX apply is a Metal kernel, absent
-on Linux, and ours includes applying the mask, so the comparison leans its way). Every call of
-every round is pooled: mean, p50, p90, p99, cold and warm apart. Restored calls: after each cold
-replay its rows are saved (compiler/lazy_store.py, to a temporary directory), and a grammar compiled
-afresh loads them and replays the pattern (what a new process compiling the same grammar meets).
-`--baseline DIR` also measures another checkout's package (e.g. main's) in the same run: each code
-base is measured in a child process of its own (the package imported from that root), one after the
-other. The rows go to the
-"cold" key of the results file (the other keys are kept).
+calls; the kernels' process-wide cache of unpacked rows is emptied first, as in a new process, else
+the warm-up's rows would be found there), then again with a new processor on the same grammar (warm
+calls: a second request in the same process, so timed before the restored calls below empty the row
+cache again); the floor is timed over the same calls. Beside it, llguidance's matcher on the same
+schema and tokens, also fresh per round (`LLMatcher.grammar_from_json_schema` + `LLMatcher`, as
+bench/engines.py drives it): per call `consume_token` + `fill_next_token_bitmask` (its "matcher";
+its MLX apply is a Metal kernel, absent on Linux, and ours includes applying the mask, so the
+comparison leans its way). Every call of every round is pooled: mean, p50, p90, p99, cold and warm
+apart. Restored calls: after each cold replay its rows are saved (compiler/lazy_store.py, to a
+temporary directory), and a grammar compiled afresh loads them and replays the pattern (what a new
+process compiling the same grammar meets). `--baseline DIR` also measures another checkout's package
+(e.g. main's) in the same run: each code base is measured in a child process of its own (the package
+imported from that root), one after the other. The rows go to the "cold" key of the results file
+(the other keys are kept).
 
     python bench/processor.py [--rounds N] [--cpu N] [--max-tokens N] [--out bench/results/processor.json]
     python bench/processor.py --cold [--rounds N] [--baseline /work/main] [--cpu N]
@@ -298,6 +298,10 @@ def cold_child(rounds: int) -> dict:
                                                         cpu["cold"])]
         fills.append({k: fresh.stats[k] for k in ("fills", "fill_seconds", "fill_seconds_max", "byte_states_built")
                       if k in fresh.stats})
+        # Warm before the restored calls: those empty the process-wide row cache (a new process's),
+        # which a second request in this process never meets.
+        samples["warm"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
+                                                        cpu["warm"])]
         if lazy_store is not None:
             # A fresh grammar (as in a new process) with the rows the cold replay saved.
             t0 = pc()
@@ -313,8 +317,6 @@ def cold_child(rounds: int) -> dict:
             restores.append({"hit": hit, "save_seconds": saved_s, "load_seconds": load_s,
                              **{k: again.stats[k] for k in ("rows_restored", "fills", "fill_seconds",
                                                             "byte_states_built", "row_store_rows")}})
-        samples["warm"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
-                                                        cpu["warm"])]
         samples["floor"] += [t / 1e3 for t in time_floor(histories, logits)]
         spec = llguidance.LLMatcher.grammar_from_json_schema(schema_text, defaults={"whitespace_flexible": False})
         matcher = llguidance.LLMatcher(llg_tok, spec)
