@@ -319,12 +319,14 @@ class RowCache:
             self._track(table)  # the whole table's entry is keyed by the table's id: drop it with the table
             whole = self._whole_table(table, vocab)
             if whole is not None:
-                new = [r for r in dict.fromkeys(row_ids) if not whole.unpacked[r]]
-                if new:  # rows this entry has not seen (handed out since, or never batched): unpack them in place
+                unpacked = whole.unpacked
+                if not all(map(unpacked.__getitem__, row_ids)):
+                    # Rows this entry has not seen (handed out since, or never batched): unpack them in place.
                     words = np.asarray(table)
-                    for r in new:
-                        unpack(words[r : r + 1], whole.view[r : r + 1])
-                        whole.unpacked[r] = 1
+                    for r in dict.fromkeys(row_ids):
+                        if not unpacked[r]:
+                            unpack(words[r : r + 1], whole.view[r : r + 1])
+                            unpacked[r] = 1
                 return gather_rows(whole.array, mx.array(row_ids, dtype=mx.int32))
             index = self.row_index(table, vocab, dense=True)
             return stack_rows([self.row(table, index, vocab, r, dense=True).array for r in row_ids])
