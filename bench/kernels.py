@@ -11,7 +11,7 @@ Variants on the CPU device, each on a warm cache (first-use costs are printed se
   cpu-fused/whole      the default when g++ is present; a 64-row table, small enough to be
                        cached unpacked whole (a batch is one gather, through the widest integer view that divides V)
   cpu-fused/rows       the same path on a 2,048-row table, too large for that: hot rows are
-                       cached one by one and a batch is staged through numpy
+                       cached one by one and a batch concatenates them
   cpu-bitwise/whole    the default without g++, same two tables
   cpu-bitwise/rows
   np-unpack+where      the issue's reference point: np.unpackbits per call, then a compiled where

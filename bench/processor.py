@@ -31,20 +31,21 @@ the strict one. Report both.
 
 Cold rows (--cold): a *first generation*, every state visited for the first time. Each round
 compiles the schema afresh (lazy, no cache: no row filled) and replays the plain pattern once (cold
-calls; the kernels' process-wide cache of unpacked rows is emptied first, as in a new process,
-else the warm-up's rows would be found there), then again with a new processor on the same grammar
-(warm calls); the floor is timed over
-the same calls. Beside it, llguidance's matcher on the same schema and tokens, also fresh per round
-(`LLMatcher.grammar_from_json_schema` + `LLMatcher`, as bench/engines.py drives it): per call
-`consume_token` + `fill_next_token_bitmask` (its "matcher"; its MLX apply is a Metal kernel, absent
-on Linux, and ours includes applying the mask, so the comparison leans its way). Every call of
-every round is pooled: mean, p50, p90, p99, cold and warm apart. Restored calls: after each cold
-replay its rows are saved (compiler/lazy_store.py, to a temporary directory), and a grammar compiled
-afresh loads them and replays the pattern (what a new process compiling the same grammar meets).
-`--baseline DIR` also measures another checkout's package (e.g. main's) in the same run: each code
-base is measured in a child process of its own (the package imported from that root), one after the
-other. The rows go to the
-"cold" key of the results file (the other keys are kept).
+calls; the kernels' process-wide cache of unpacked rows is emptied first, as in a new process, else
+the warm-up's rows would be found there), then again with a new processor on the same grammar (warm
+calls: a second request in the same process, so timed before the restored calls below empty the row
+cache again); the floor is timed over the same calls. Beside it, llguidance's matcher on the same
+schema and tokens, also fresh per round (`LLMatcher.grammar_from_json_schema` + `LLMatcher`, as
+bench/engines.py drives it): per call `consume_token` + `fill_next_token_bitmask` (its "matcher";
+its MLX apply is a Metal kernel, absent on Linux, and ours includes applying the mask, so the
+comparison leans its way). Every call of every round is pooled: mean, p50, p90, p99, cold and warm
+apart; beside the pooled mean over the floor's, the median round's (a round's mean call over its own
+floor's). Restored calls: after each cold replay its rows are saved (compiler/lazy_store.py, to a
+temporary directory), and a grammar compiled afresh loads them and replays the pattern (what a new
+process compiling the same grammar meets). `--baseline DIR` also measures another checkout's package
+(e.g. main's) in the same run: each code base is measured in a child process of its own (the package
+imported from that root), one after the other. The rows go to the "cold" key of the results file
+(the other keys are kept).
 
     python bench/processor.py [--rounds N] [--cpu N] [--max-tokens N] [--out bench/results/processor.json]
     python bench/processor.py --cold [--rounds N] [--baseline /work/main] [--cpu N]
@@ -298,6 +299,10 @@ def cold_child(rounds: int) -> dict:
                                                         cpu["cold"])]
         fills.append({k: fresh.stats[k] for k in ("fills", "fill_seconds", "fill_seconds_max", "byte_states_built")
                       if k in fresh.stats})
+        # Warm before the restored calls: those empty the process-wide row cache (a new process's),
+        # which a second request in this process never meets.
+        samples["warm"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
+                                                        cpu["warm"])]
         if lazy_store is not None:
             # A fresh grammar (as in a new process) with the rows the cold replay saved.
             t0 = pc()
@@ -313,8 +318,6 @@ def cold_child(rounds: int) -> dict:
             restores.append({"hit": hit, "save_seconds": saved_s, "load_seconds": load_s,
                              **{k: again.stats[k] for k in ("rows_restored", "fills", "fill_seconds",
                                                             "byte_states_built", "row_store_rows")}})
-        samples["warm"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
-                                                        cpu["warm"])]
         samples["floor"] += [t / 1e3 for t in time_floor(histories, logits)]
         spec = llguidance.LLMatcher.grammar_from_json_schema(schema_text, defaults={"whitespace_flexible": False})
         matcher = llguidance.LLMatcher(llg_tok, spec)
@@ -333,7 +336,22 @@ def cold_child(rounds: int) -> dict:
     return {"package": str(Path(grammar_mlx.__file__).parent), "native": _native_state(),
             "document_tokens": len(tokens), "rounds": rounds, "fills": fills, "restores": restores,
             **{k: summary(v) for k, v in samples.items()},
+            # Each round's mean call, per kind (a round's calls of every kind are equally many).
+            "round_means": {k: [statistics.fmean(part) for part in _chunks(v, rounds)] for k, v in samples.items()},
             "cpu": {k: summary([t / 1e3 for t in v]) for k, v in cpu.items()}}
+
+
+def _chunks(values: list[float], count: int) -> list[list[float]]:
+    """`values` cut into `count` equal runs, in order."""
+    size = len(values) // count
+    return [values[i * size : (i + 1) * size] for i in range(count)]
+
+
+def _round_ratio(result: dict, kind: str) -> float:
+    """The median over rounds of the kind's mean call over that round's mean floor call: each round's
+    floor is timed right after its replays, so load that comes and goes hits both alike."""
+    means = result["round_means"]
+    return statistics.median(a / f for a, f in zip(means[kind], means["floor"]))
 
 
 def _native_state() -> bool | None:
@@ -370,7 +388,8 @@ def cold_main(args) -> None:
           f"{results['this']['document_tokens']}-token document, {args.rounds} rounds pooled, load average "
           f"{load_avg[0]:.2f}")
     print(f"{'code':>9} {'calls':>11} | {'mean us':>8} {'p50':>7} {'p90':>7} {'p99':>8} {'max':>8} | "
-          f"{'mean/floor':>10} {'mean/llg':>8} {'p99/llg':>7} | {'cpu mean':>8} {'cpu p99':>8} {'cpu/llg':>7}")
+          f"{'mean/floor':>10} {'rounds':>6} {'mean/llg':>8} {'p99/llg':>7} | {'cpu mean':>8} {'cpu p99':>8} "
+          f"{'cpu/llg':>7}")
     rows = []
     for name, r in results.items():
         floor, llg = r["floor"]["mean_us"], r["llg_matcher"]
@@ -380,7 +399,10 @@ def cold_main(args) -> None:
             m = r[kind]
             c = r.get("cpu", {}).get(kind)
             llg_cpu = results["this"]["cpu"]["llg_matcher"]
-            rows.append({"code": name, "calls": kind, **m, "mean_over_floor": m["mean_us"] / floor,
+            round_ratio = _round_ratio(r, kind)
+            # "calls" names the kind of calls (summary's count of them goes under "count").
+            rows.append({"code": name, **m, "calls": kind, "count": m["calls"], "mean_over_floor": m["mean_us"] / floor,
+                         "round_mean_over_floor": round_ratio,
                          "mean_over_llg_matcher": m["mean_us"] / llg["mean_us"],
                          "p99_over_llg_matcher": m["p99_us"] / llg["p99_us"],
                          "cpu": c, "cpu_mean_over_llg_matcher": c["mean_us"] / llg_cpu["mean_us"] if c else None})
@@ -388,13 +410,16 @@ def cold_main(args) -> None:
                         else f"{'':>8} {'':>8} {'':>7}")
             print(f"{name:>9} {kind:>11} | {m['mean_us']:>8.0f} {m['p50_us']:>7.0f} {m['p90_us']:>7.0f} "
                   f"{m['p99_us']:>8.0f} {m['max_us']:>8.0f} | {m['mean_us'] / floor:>10.2f} "
-                  f"{m['mean_us'] / llg['mean_us']:>8.2f} {m['p99_us'] / llg['p99_us']:>7.2f} | {cpu_text}")
+                  f"{round_ratio:>6.2f} {m['mean_us'] / llg['mean_us']:>8.2f} "
+                  f"{m['p99_us'] / llg['p99_us']:>7.2f} | {cpu_text}")
     print("cold = a fresh lazy grammar's first replay (every state's first visit), warm = a second replay "
           "of the same grammar; restored = a fresh grammar's first replay with the rows the cold replay saved "
           "(compiler/lazy_store.py, as a new process would load them); floor = mx.eval(logits + 0); "
           "llg = llguidance's matcher (consume + fill "
           "bitmask; no mask applied, which ours includes); ratios against the same child's floor and "
-          "llguidance; cpu = the calling thread's CPU time per call (what machine load does not inflate; "
+          "llguidance; rounds = the median over rounds of a round's mean call over its mean floor call (spikes "
+          "of other processes' load land in one round, not in both figures of every round); "
+          "cpu = the calling thread's CPU time per call (what machine load does not inflate; "
           "MLX evaluates on its own thread, so ours excludes part of applying the mask). "
           "Targets: cold mean <= 3x floor and <= 0.5x llg, cold p99 <= 2 ms, warm <= 1.6x floor.")
     out = Path(args.out)

@@ -504,7 +504,8 @@ class LazyGrammar(CompiledGrammar):
         self.terminal_state = index.terminal
         self._known_mask_row = index.mask_of.get  # mask_row's per-token path: a filled state's row
         self._known_slack = index.slack.get  # budget_mask_row's: a state's slack, once known
-        self.device_masks = index.device_masks  # type: ignore[method-assign]  # per token: one frame less
+        # Per token: the table's own method, two frames less (an index keeps its one MaskTable for life).
+        self.device_masks = index.table.device_masks  # type: ignore[method-assign]
         # A lookup shares its row's arrays with the index; once the index drops the row, the lookup
         # alone keeps them, and they count here (weakly bound: no cycle keeps the grammar alive).
         index.on_evict = weakref.WeakMethod(self._row_dropped)

@@ -107,7 +107,8 @@ class MaskTable:
         return self.pack_reference(tokens)
 
     def pack_reference(self, tokens: np.ndarray) -> np.ndarray:
-        """`pack` in numpy."""
+        """`pack` in numpy (raising as `native.pack` does for an id past the words)."""
+        native.check_pack_ids(tokens, self.words)
         bits = self._bits
         if bits is None:
             bits = self._bits = np.zeros(self.words * 32, dtype=bool)

@@ -9,9 +9,10 @@ Built with the system's C++ compiler (`$CXX`, else g++, else c++) into the gramm
 (`cache.default_cache_dir()/native`, keyed by a hash of the source and the platform), atomically,
 once per machine; loaded with ctypes. Where no compiler is found, the build fails, or
 `GRAMMAR_MLX_NATIVE=0`, `available()` is False and the numpy path runs (same rows). Nothing here
-raises to a caller: a failed build is logged once and remembered.
+raises to a caller but a bad argument (`InvalidArgumentError`): a failed build is logged once and
+remembered.
 
-This module imports only the standard library and numpy (the compile worker loads token_index,
+This module imports only the standard library, numpy and the errors (the compile worker loads token_index,
 which imports it lazily, without the package's `__init__`).
 """
 
@@ -32,11 +33,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
+
 if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "live_nodes", "merge", "pack", "unset", "walk"]
+__all__ = ["available", "check_pack_ids", "live_nodes", "merge", "pack", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
@@ -106,7 +109,7 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_merge.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _I, _P, _P]
     lib.gm_unset.restype = _I
     lib.gm_unset.argtypes = [_P, _I, _I, _P]
-    lib.gm_pack.restype = None
+    lib.gm_pack.restype = _I
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
     return lib
 
@@ -301,10 +304,29 @@ def unset(words: np.ndarray, width: int) -> np.ndarray:
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:
     """The packed mask (`words` little-endian uint32, bit t of word t // 32) allowing `tokens`
-    (sorted or not, ids below 32 * words); call only where `available()`."""
+    (a 1-D integer array, sorted or not); call only where `available()`. Raises
+    `InvalidArgumentError` for an id outside 0 .. 32 * words - 1 (the words hold no bit for it)."""
     lib = library()
     assert lib is not None, "native.pack without the library (check available() first)"
-    ids = np.ascontiguousarray(tokens, dtype=np.int32)
+    if type(words) is not int or words < 0:
+        raise InvalidArgumentError(f"pack: words must be an int >= 0, got {words!r:.80}")
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"pack: tokens must be a 1-D integer array, got shape {ids.shape} of {ids.dtype}")
+    if ids.dtype != np.int32:  # checked before the cast, which would wrap a wider id into range
+        check_pack_ids(ids, words)
+        ids = ids.astype(np.int32)
+    ids = np.ascontiguousarray(ids)
     out = np.empty(words, dtype="<u4")
-    lib.gm_pack(ids.ctypes.data, len(ids), out.ctypes.data, words)
+    bad = lib.gm_pack(ids.ctypes.data, len(ids), out.ctypes.data, words)
+    if bad >= 0:
+        check_pack_ids(ids[bad : bad + 1], words)
     return out
+
+
+def check_pack_ids(ids: np.ndarray, words: int) -> None:
+    """`InvalidArgumentError` unless every id of the integer array `ids` has a bit in `words` words
+    (what `pack` checks, for the numpy reference)."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 32 * words):
+        bad = int(ids[(ids < 0) | (ids >= 32 * words)][0])
+        raise InvalidArgumentError(f"pack: token id {bad} is outside the {32 * words} ids that {words} words hold")

@@ -22,7 +22,8 @@
 // gm_unset writes the ids below `width` whose bit is clear in a packed mask (`out`: room for
 // `width`): a word at a time, so a row allowing nearly everything costs its few clear bits.
 //
-// gm_pack writes the packed mask (bit t of word t / 32) of sorted ids.
+// gm_pack writes the packed mask (bit t of word t / 32) of ids in any order. Returns -1, or the
+// index of the first id outside 0 .. 32 * num_words - 1 (nothing is written past the words then).
 
 #include <algorithm>
 #include <cstdint>
@@ -158,12 +159,15 @@ int64_t gm_unset(const uint32_t* words, int64_t num_words, int64_t width, int32_
     return k;
 }
 
-void gm_pack(const int32_t* tokens, int64_t count, uint32_t* words, int64_t num_words) {
+int64_t gm_pack(const int32_t* tokens, int64_t count, uint32_t* words, int64_t num_words) {
     std::memset(words, 0, static_cast<size_t>(num_words) * sizeof(uint32_t));
+    const uint64_t limit = static_cast<uint64_t>(num_words) * 32u;
     for (int64_t i = 0; i < count; ++i) {
-        const uint32_t t = static_cast<uint32_t>(tokens[i]);
+        const uint32_t t = static_cast<uint32_t>(tokens[i]);  // a negative id wraps past the limit
+        if (t >= limit) return i;
         words[t >> 5] |= 1u << (t & 31u);
     }
+    return -1;
 }
 
 }  // extern "C"

@@ -42,10 +42,10 @@ The CPU row cache (`cpu.RowCache`) keys single rows by their content, so a row i
 every table that holds it (a lazy grammar's table, copied into a larger one when full; equal rows
 of different grammars share an entry); a table of at most a quarter of the bound also gets a
 whole-table entry for batches, an unpacked copy filled a row at a time on the first batch that uses
-the row (then a batch is one gather). One recency policy serves every entry: second chance (a hit
-marks its entry; eviction spares a marked entry once). Memory: the bound (`limits.ROW_CACHE_BYTES`;
-a dense row costs V + 4 W bytes, the id forms far less) plus one staging buffer as large as the
-largest B x V batch staged.
+the row (then a batch is one gather; a larger table's batch concatenates its rows' entries). One
+recency policy serves every entry: second chance (a hit marks its entry; eviction spares a marked
+entry once). Memory: the bound (`limits.ROW_CACHE_BYTES`; a dense row costs V + 4 W bytes, the id
+forms far less) plus one staging row of V bytes (unpacking).
 
 A batch whose rows follow different tables (a server step mixing grammars, or constrained and free
 rows) goes through `apply_token_bitmasks`, one (table, row id) pick per row (None: every token

@@ -34,6 +34,7 @@ __all__ = [
     "jit_available",
     "row_appliers",
     "row_form",
+    "stack_rows",
     "unpack",
 ]
 
@@ -146,18 +147,34 @@ def _set_bits(row: np.ndarray, width: int) -> np.ndarray:
     return ids[: int(np.searchsorted(ids, width))]
 
 
-# Integer views a row of int8 masks is gathered through, widest first (see gather_rows).
+# Integer views rows of int8 masks are copied through, widest first (see gather_rows).
 _GATHER_VIEWS = ((8, mx.int64), (4, mx.int32), (2, mx.int16))
+
+
+def _wide_view(width: int) -> mx.Dtype | None:
+    """The widest integer dtype whose size divides `width` bytes (None: only int8 does)."""
+    for size, view in _GATHER_VIEWS:
+        if width % size == 0:
+            return view
+    return None
 
 
 def gather_rows(masks: mx.array, row_ids: mx.array) -> mx.array:
     """``masks[row_ids]`` for int8 masks (U, V): MLX's CPU gather copies element by element, so the
     rows are taken through the widest integer view that divides V (the same bytes, fewer elements)."""
-    width = masks.shape[1]
-    for size, view in _GATHER_VIEWS:
-        if width % size == 0:
-            return mx.take(masks.view(view), row_ids, axis=0).view(masks.dtype)
-    return mx.take(masks, row_ids, axis=0)
+    view = _wide_view(masks.shape[1])
+    if view is None:
+        return mx.take(masks, row_ids, axis=0)
+    return mx.take(masks.view(view), row_ids, axis=0).view(masks.dtype)
+
+
+def stack_rows(rows: list[mx.array]) -> mx.array:
+    """The int8 mask rows (1, V) stacked into (B, V), through the widest integer view that divides
+    V, as `gather_rows` takes them (MLX concatenates element by element)."""
+    view = _wide_view(rows[0].shape[1])
+    if view is None:
+        return mx.concatenate(rows, axis=0)
+    return mx.concatenate([r.view(view) for r in rows], axis=0).view(mx.int8)
 
 
 def unpack(words: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -244,7 +261,7 @@ class RowCache:
         self._bytes = 0
         self._tables: dict[int, TableState] = {}
         self._lock = threading.RLock()  # RLock: a weakref callback may run inside a locked section
-        self._scratch = np.empty(0, dtype=np.int8)  # staging for unpacking and batching, see _scratch_rows
+        self._scratch = np.empty(0, dtype=np.int8)  # staging for unpacking, see _scratch_rows
 
     # -- single rows -----------------------------------------------------------------------------
 
@@ -302,32 +319,32 @@ class RowCache:
             self._track(table)  # the whole table's entry is keyed by the table's id: drop it with the table
             whole = self._whole_table(table, vocab)
             if whole is not None:
-                new = [r for r in dict.fromkeys(row_ids) if not whole.unpacked[r]]
-                if new:  # rows this entry has not seen (handed out since, or never batched): unpack them in place
+                unpacked = whole.unpacked
+                if not all(map(unpacked.__getitem__, row_ids)):
+                    # Rows this entry has not seen (handed out since, or never batched): unpack them in place.
                     words = np.asarray(table)
-                    for r in new:
-                        unpack(words[r : r + 1], whole.view[r : r + 1])
-                        whole.unpacked[r] = 1
+                    for r in dict.fromkeys(row_ids):
+                        if not unpacked[r]:
+                            unpack(words[r : r + 1], whole.view[r : r + 1])
+                            unpacked[r] = 1
                 return gather_rows(whole.array, mx.array(row_ids, dtype=mx.int32))
             index = self.row_index(table, vocab, dense=True)
-            found = [self.row(table, index, vocab, r, dense=True).array for r in row_ids]
-            # One numpy concatenation then one copy into MLX: mx.concatenate copies element by element
-            # on the CPU.
-            batch = self._scratch_rows(len(found), vocab)
-            np.concatenate([np.asarray(m) for m in found], out=batch)
-            return mx.array(batch)
+            return stack_rows([self.row(table, index, vocab, r, dense=True).array for r in row_ids])
 
     def picked_masks(self, picks: Any, vocab: int) -> mx.array:
         """The (B, vocab) dense int8 masks of `picks` (``(table, row)`` or None: all allowed), each row
         from its own table's dense row entry, as `masks` takes a large table's rows."""
         with self._lock:
-            # Every entry first: loading one stages its unpacking in the buffer the batch is built in.
-            found = [None if p is None else self.row(p[0], self.row_index(p[0], vocab, True), vocab, p[1], True)
-                     for p in picks]
-            batch = self._scratch_rows(len(picks), vocab)
-            for b, entry in enumerate(found):
-                batch[b] = -1 if entry is None else np.asarray(entry.array)[0]
-            return mx.array(batch)
+            free = None
+            rows = []
+            for p in picks:
+                if p is None:
+                    if free is None:
+                        free = mx.full((1, vocab), -1, dtype=mx.int8)
+                    rows.append(free)
+                else:
+                    rows.append(self.row(p[0], self.row_index(p[0], vocab, True), vocab, p[1], True).array)
+            return stack_rows(rows)
 
     def _whole_table(self, table: mx.array, vocab: int) -> TableEntry | None:
         key = ("whole", id(table), vocab)
@@ -345,8 +362,8 @@ class RowCache:
         return whole if key in self._queue else None
 
     def _scratch_rows(self, count: int, vocab: int) -> np.ndarray:
-        # Reused staging memory: a fresh multi-page numpy array per call pays page faults that are a
-        # large part of the whole masking time. mx.array() copies out of it.
+        # Reused staging memory for unpacking: a fresh multi-page numpy array per call pays page faults
+        # that are a large part of the whole masking time. mx.array() copies out of it.
         if self._scratch.size < count * vocab:
             self._scratch = np.empty(count * vocab, dtype=np.int8)
         return self._scratch[: count * vocab].reshape(count, vocab)

@@ -362,8 +362,11 @@ def _checked_rows(logits: mx.array, mask_table: mx.array, rows: Any) -> list[int
     return row_ids
 
 
+_INT_ONLY = frozenset((int,))
+
+
 def _as_int_list(rows: Any) -> list[int]:
-    if type(rows) is list and all(type(r) is int for r in rows):
+    if type(rows) is list and _INT_ONLY.issuperset(map(type, rows)):  # every r an int (no bool), in C
         return rows  # read only
     if isinstance(rows, (mx.array, np.ndarray)):
         integer = mx.issubdtype(rows.dtype, mx.integer) if isinstance(rows, mx.array) else rows.dtype.kind in "iu"

@@ -26,6 +26,7 @@ from grammar_mlx.compiler import native, token_index
 from grammar_mlx.compiler.lazy import _whole_row
 from grammar_mlx.compiler.mask_table import MaskTable
 from grammar_mlx.compiler.token_index import TokenTrie, walk_reference
+from grammar_mlx.errors import InvalidArgumentError
 from grammar_mlx.schema import canonical_json
 
 QWEN_WIDTH = 151_936
@@ -132,6 +133,36 @@ def test_native_pack_equals_numpy(width, data):
     table = MaskTable(width, 1 << 20)
     assert np.array_equal(native.pack(tokens, table.words), table.pack_reference(tokens))
     assert native.pack(tokens, table.words).dtype == table.pack_reference(tokens).dtype
+
+
+@pytest.mark.parametrize("bad", [64, 65, 1 << 20, -1, -(1 << 31)])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_pack_refuses_an_id_past_its_words(bad, dtype):
+    """An id without a bit in the words (past them, or negative) is a typed error from the native
+    pack and the numpy reference alike, naming the id, wherever it stands among valid ids; nothing
+    is written out of bounds (the words of a valid call after it are still exact)."""
+    table = MaskTable(64, 1 << 20)  # 2 words: ids 0..63
+    tokens = np.array([3, bad, 40], dtype=dtype)
+    for pack in (native.pack, table.pack_reference):
+        with pytest.raises(InvalidArgumentError, match=f"token id {bad} is outside the 64 ids"):
+            pack(tokens, table.words) if pack is native.pack else pack(tokens)
+    good = np.array([0, 31, 63], dtype=np.int32)
+    assert native.pack(good, 2).tolist() == [0x80000001, 0x80000000]
+
+
+def test_pack_refuses_wider_ids_that_a_cast_would_wrap_into_range():
+    """int64 ids are checked before the cast to int32, which would wrap 2**32 + 5 to 5."""
+    with pytest.raises(InvalidArgumentError, match=f"token id {(1 << 32) + 5} is outside"):
+        native.pack(np.array([(1 << 32) + 5], dtype=np.int64), 2)
+    assert native.pack(np.array([5, 63], dtype=np.int64), 2).tolist() == [1 << 5, 1 << 31]
+
+
+@pytest.mark.parametrize("tokens, words", [(np.array([[1, 2]], dtype=np.int32), 2),
+                                           (np.array([1.0]), 2), (np.array([1], dtype=np.int32), -1),
+                                           (np.array([1], dtype=np.int32), 2.0)])
+def test_pack_refuses_bad_arguments(tokens, words):
+    with pytest.raises(InvalidArgumentError, match="pack: "):
+        native.pack(tokens, words)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

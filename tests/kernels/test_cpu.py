@@ -45,6 +45,16 @@ def test_gather_rows_takes_the_rows_whatever_the_width_divides_by(vocab):
     np.testing.assert_array_equal(np.asarray(out), masks[row_ids])
 
 
+@pytest.mark.parametrize("vocab", [4096, 4100, 4098, 4097, 1])
+def test_stack_rows_stacks_the_rows_whatever_the_width_divides_by(vocab):
+    rng = np.random.default_rng(vocab)
+    masks = np.where(rng.random((7, vocab)) < 0.5, -1, 0).astype(np.int8)
+    row_ids = [6, 0, 3, 3, 1]
+    out = cpu.stack_rows([mx.array(masks[r : r + 1]) for r in row_ids])
+    assert out.dtype == mx.int8 and out.shape == (5, vocab)
+    np.testing.assert_array_equal(np.asarray(out), masks[row_ids])
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("path", cpu_paths())
 def test_cpu_path_matches_reference_bit_for_bit(path, dtype, cache_mode):
