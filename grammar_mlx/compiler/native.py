@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "check_pack_ids", "live_nodes", "merge", "pack", "unset", "walk"]
+__all__ = ["available", "check_pack_ids", "live_nodes", "merge", "pack", "row_ids", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
@@ -109,6 +109,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_merge.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _I, _P, _P]
     lib.gm_unset.restype = _I
     lib.gm_unset.argtypes = [_P, _I, _I, _P]
+    lib.gm_row_ids.restype = _I
+    lib.gm_row_ids.argtypes = [_P, _I, _I, _I, _P, _P]
     lib.gm_pack.restype = _I
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
     return lib
@@ -300,6 +302,24 @@ def unset(words: np.ndarray, width: int) -> np.ndarray:
     count = lib.gm_unset(packed.ctypes.data, len(packed), width, out.ctypes.data)
     unset: np.ndarray = out[:count].copy()
     return unset
+
+
+def row_ids(words: np.ndarray, width: int, max_set: int, max_clear: int) -> tuple[int, np.ndarray | int]:
+    """The sparse form of the packed mask `words` (contiguous uint32, bit t of word t // 32) below
+    bit `width` (at most 32 * len(words)): (1, the set ids) where at most `max_set` bits are set,
+    else (2, the clear ids) where at most `max_clear` are clear (negative: never), else (0, the set
+    bits' count); ids sorted, int32. One pass to count, one to read the ids; call only where
+    `available()`."""
+    lib = library()
+    assert lib is not None, "native.row_ids without the library (check available() first)"
+    assert words.dtype == np.uint32 and words.flags.c_contiguous and 0 <= width <= 32 * len(words)
+    out = np.empty(max(max_set, max_clear, 0), np.int32)
+    form = np.zeros(1, np.int64)
+    # `__array_interface__`: a pointer for less than `.ctypes` costs (a kernel's per-row path)
+    found = lib.gm_row_ids(words.__array_interface__["data"][0], width, max_set, max_clear,
+                           out.__array_interface__["data"][0], form.__array_interface__["data"][0])
+    kind = int(form[0])
+    return (kind, out[:found]) if kind else (0, int(found))
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:
