@@ -468,7 +468,7 @@ def determinize(nfa: ByteNFA, max_states: int = limits.MAX_DFA_STATES,
 class Determinizer:
     """The row source of a DFA built on demand from a byte NFA (`ByteDFA.on_demand`): which NFA
     states each DFA state stands for (until its row is computed), the memoized epsilon closures
-    and per-state class transitions, and the NFA's liveness over the alphabet."""
+    and per-state class spans (`_spans`), and the NFA's liveness over the alphabet."""
 
     def __init__(self, nfa: ByteNFA, alphabet: Iterable[int] | None):
         self.nfa = nfa

@@ -3,7 +3,8 @@
 `token_index.walk` (numpy) is the reference: `walk`, `pack` here compute the same rows and masks
 (tests/compiler/test_native.py holds them equal on random regexes and corpus schemas), in one loop
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
-over its live trie nodes.
+over its live trie nodes. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
+kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference).
 
 Built with the system's C++ compiler (`$CXX`, else g++, else c++) into the grammar cache directory
 (`cache.default_cache_dir()/native`, keyed by a hash of the source and the platform), atomically,
