@@ -598,22 +598,17 @@ class Determinizer:
         if moving:
             # Segment by segment: between two class boundaries of the members' ranges every member
             # has one target (or none), so a segment is one lookup, in class order (new states are
-            # numbered by the first class leading to each). A class's targets are the members',
-            # in member order.
+            # numbered by the first class leading to each). A segment's targets are the members',
+            # in member order (each member's spans are disjoint: one target per segment at most).
             spans = list(map(self._spans, moving))
             starts = sorted({c for member in spans for first, last, _ in member for c in (first, last + 1)})
-            at = [0] * len(spans)  # per member, its first span not yet passed
-            for k, a in enumerate(starts):
-                if a >= num_classes:
-                    break
-                targets = []
-                for j, member in enumerate(spans):
-                    i = at[j]
-                    while i < len(member) and member[i][1] < a:
-                        i += 1
-                    at[j] = i
-                    if i < len(member) and member[i][0] <= a:
-                        targets.append(member[i][2])
+            place = {c: k for k, c in enumerate(starts)}
+            segments: list[list[int]] = [[] for _ in starts]
+            for member in spans:
+                for first, last, t in member:
+                    for k in range(place[first], place[last + 1]):
+                        segments[k].append(t)
+            for k, targets in enumerate(segments):
                 if not targets:
                     continue
                 key = tuple(targets) if len(targets) > 1 else targets[0]
@@ -624,7 +619,7 @@ class Determinizer:
                         acc.update(closure_of(t))
                     sid = by_targets[key] = state(dfa, frozenset(acc))
                     self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(key)
-                b = starts[k + 1] if k + 1 < len(starts) else num_classes
+                a, b = starts[k], starts[k + 1]  # a segment with targets ends at some span's end
                 row[a:b] = [sid] * (b - a)
         self._done(q)
         return np.array(row, dtype=np.int32)
