@@ -172,14 +172,14 @@ class ByteDFA:
     def ensure_row(self, q: int) -> None:
         """`ensure_rows([q])` for one existing state (a walk's missing row): no list, and no lock
         where the row is known (the common case)."""
-        if self._pending and self.table[q * self.num_classes] == UNKNOWN:
+        if self._pending and self.table.item(q * self.num_classes) == UNKNOWN:
             with self._lock:
                 self._compute(q)
 
     def _compute(self, q: int) -> None:
         """q's row from the row source, unless known (under the lock)."""
         width = self.num_classes
-        if self.table[q * width] == UNKNOWN:  # class 0 (NUL) leads to the dead state once known
+        if self.table.item(q * width) == UNKNOWN:  # class 0 (NUL) leads to the dead state once known
             row = self._source.compute_row(self, q)  # type: ignore[union-attr]
             self.table[q * width : (q + 1) * width] = row  # the table `compute_row` may have grown
             self._pending -= 1

@@ -468,7 +468,7 @@ def determinize(nfa: ByteNFA, max_states: int = limits.MAX_DFA_STATES,
 class Determinizer:
     """The row source of a DFA built on demand from a byte NFA (`ByteDFA.on_demand`): which NFA
     states each DFA state stands for (until its row is computed), the memoized epsilon closures
-    and per-state class transitions, and the NFA's liveness over the alphabet."""
+    and per-state class spans (`_spans`), and the NFA's liveness over the alphabet."""
 
     def __init__(self, nfa: ByteNFA, alphabet: Iterable[int] | None):
         self.nfa = nfa
@@ -478,10 +478,10 @@ class Determinizer:
         marks[NUL] = 0
         self.classes = np.cumsum(marks, dtype=np.int32)  # byte -> class: intervals between bounds
         self.num_classes = int(self.classes[-1]) + 1
-        self._class_of: list[int] = self.classes.tolist()  # the same, indexed by Python ints (`_columns`)
+        self._class_of: list[int] = self.classes.tolist()  # the same, indexed by Python ints (`_spans`)
         self.alphabet = frozenset(range(1, 256)) if alphabet is None else frozenset(alphabet) - {NUL}
         self._closure: dict[int, tuple[int, ...]] = {}
-        self._class_targets: dict[int, list[int]] = {}
+        self._class_spans: dict[int, list[tuple[int, int, int]]] = {}
         self._zero_row = np.zeros(self.num_classes, dtype=np.int32)
         # The NFA states of each DFA state (its key in `_ids`), None once its row is done.
         self._sets: list[frozenset[int] | None] = [None]
@@ -543,19 +543,16 @@ class Determinizer:
         self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(result)
         return result
 
-    def _columns(self, q: int) -> list[int]:
-        """Byte state q's target per byte class (-1: none), memoized: a row of several byte states
-        reads them column by column."""
-        hit = self._class_targets.get(q)
+    def _spans(self, q: int) -> list[tuple[int, int, int]]:
+        """Byte state q's ranges as (first class, last class, target), in class order (memoized: a
+        row of several byte states reads them together)."""
+        hit = self._class_spans.get(q)
         if hit is None:
             cls = self._class_of
             ranges = self.nfa.trans[q]
             assert ranges is not None
-            hit = [-1] * self.num_classes
-            for lo, hi, t in ranges:
-                hit[cls[lo] : cls[hi] + 1] = [t] * (cls[hi] + 1 - cls[lo])
-            self._class_targets[q] = hit
-            self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(hit)  # its ints are the NFA's own
+            hit = self._class_spans[q] = [(cls[lo], cls[hi], t) for lo, hi, t in ranges]
+            self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(hit) + len(hit) * _SPAN_BYTES
         return hit
 
     def state(self, dfa: ByteDFA, nfa_set: frozenset[int]) -> int:
@@ -596,28 +593,34 @@ class Determinizer:
                     out[first : last + 1] = sid
             self._done(q)
             return out
-        row = [0] * self.num_classes
+        num_classes = self.num_classes
+        row = [0] * num_classes
         if moving:
-            # Column by column: a class's targets are each member's target there, in member order;
-            # consecutive classes mostly share them (one lookup per run of equal columns).
-            previous: tuple[int, ...] | None = None
-            sid = 0
-            for c, column in enumerate(zip(*map(self._columns, moving))):
-                if column != previous:
-                    previous = column
-                    targets = [t for t in column if t >= 0]
-                    if not targets:
-                        sid = 0
-                    else:
-                        key = tuple(targets) if len(targets) > 1 else targets[0]
-                        sid = by_targets.get(key, -1)
-                        if sid < 0:
-                            acc: set[int] = set()
-                            for t in targets:
-                                acc.update(closure_of(t))
-                            sid = by_targets[key] = state(dfa, frozenset(acc))
-                            self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(key)
-                row[c] = sid
+            # Segment by segment: between two class boundaries of the members' ranges every member
+            # has one target (or none), so a segment is one lookup, in class order (new states are
+            # numbered by the first class leading to each). A segment's targets are the members',
+            # in member order (each member's spans are disjoint: one target per segment at most).
+            spans = list(map(self._spans, moving))
+            starts = sorted({c for member in spans for first, last, _ in member for c in (first, last + 1)})
+            place = {c: k for k, c in enumerate(starts)}
+            segments: list[list[int]] = [[] for _ in starts]
+            for member in spans:
+                for first, last, t in member:
+                    for k in range(place[first], place[last + 1]):
+                        segments[k].append(t)
+            for k, targets in enumerate(segments):
+                if not targets:
+                    continue
+                key = tuple(targets) if len(targets) > 1 else targets[0]
+                sid = by_targets.get(key, -1)
+                if sid < 0:
+                    acc: set[int] = set()
+                    for t in targets:
+                        acc.update(closure_of(t))
+                    sid = by_targets[key] = state(dfa, frozenset(acc))
+                    self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(key)
+                a, b = starts[k], starts[k + 1]  # a segment with targets ends at some span's end
+                row[a:b] = [sid] * (b - a)
         self._done(q)
         return np.array(row, dtype=np.int32)
 
@@ -627,6 +630,7 @@ class Determinizer:
 
 
 _FAR = 2**31 - 1  # no way to the match
+_SPAN_BYTES = 64  # a (first class, last class, target) tuple of small ints
 
 
 def _usable_prefix(alphabet: frozenset[int]) -> list[int]:

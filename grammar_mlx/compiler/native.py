@@ -3,7 +3,8 @@
 `token_index.walk` (numpy) is the reference: `walk`, `pack` here compute the same rows and masks
 (tests/compiler/test_native.py holds them equal on random regexes and corpus schemas), in one loop
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
-over its live trie nodes.
+over its live trie nodes. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
+kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference).
 
 Built with the system's C++ compiler (`$CXX`, else g++, else c++) into the grammar cache directory
 (`cache.default_cache_dir()/native`, keyed by a hash of the source and the platform), atomically,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "check_pack_ids", "live_nodes", "merge", "pack", "unset", "walk"]
+__all__ = ["available", "check_pack_ids", "live_nodes", "merge", "pack", "row_ids", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("row_walk.cpp")
@@ -109,6 +110,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_merge.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _I, _P, _P]
     lib.gm_unset.restype = _I
     lib.gm_unset.argtypes = [_P, _I, _I, _P]
+    lib.gm_row_ids.restype = _I
+    lib.gm_row_ids.argtypes = [_P, _I, _I, _I, _P, _P]
     lib.gm_pack.restype = _I
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
     return lib
@@ -123,6 +126,13 @@ def library() -> ctypes.CDLL | None:
                 _LIB = _build()
                 _TRIED = True
     return _LIB
+
+
+def _address(array: np.ndarray) -> int:
+    """The address of a contiguous array's data: `__array_interface__` costs about half what
+    `.ctypes.data` does, and the per-token path passes several arrays per call."""
+    address: int = array.__array_interface__["data"][0]
+    return address
 
 
 def available() -> bool:
@@ -181,7 +191,7 @@ class _Scratch:
             dfa.ensure_row(state)
             table = dfa.table
             if table is not self.table:  # the DFA grew: a new table (`.ctypes` costs a call per read)
-                self.table, self.address = table, table.ctypes.data
+                self.table, self.address = table, _address(table)
             return self.address
         except BaseException as exc:  # noqa: BLE001 - re-raised by `_walk_live` once the walk returns
             self.error = exc
@@ -261,9 +271,9 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
     # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`; a row computation
     # never walks a trie, which would reuse this thread's scratch).
-    sc.dfa, sc.table, sc.address, sc.error = dfa, table, table.ctypes.data, None
+    sc.dfa, sc.table, sc.address, sc.error = dfa, table, _address(table), None
     try:
-        done = lib.gm_walk(sc.address, width, dead, classes.ctypes.data, node_byte, child_start,
+        done = lib.gm_walk(sc.address, width, dead, _address(classes), node_byte, child_start,
                            child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH)
         error = sc.error
     finally:
@@ -285,8 +295,8 @@ def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndar
     states = np.ascontiguousarray(states, dtype=np.int32)
     n = len(base) + len(tokens)
     out_tokens, out_states = np.empty(n, np.int32), np.empty(n, np.int32)
-    lib.gm_merge(base.ctypes.data, len(base), base_state, tokens.ctypes.data, states.ctypes.data, len(tokens),
-                 out_tokens.ctypes.data, out_states.ctypes.data)
+    lib.gm_merge(_address(base), len(base), base_state, _address(tokens), _address(states), len(tokens),
+                 _address(out_tokens), _address(out_states))
     return out_tokens, out_states
 
 
@@ -297,9 +307,25 @@ def unset(words: np.ndarray, width: int) -> np.ndarray:
     assert lib is not None, "native.unset without the library (check available() first)"
     packed = np.ascontiguousarray(words, dtype="<u4")
     out = np.empty(width, np.int32)  # room for a mask that allows nothing
-    count = lib.gm_unset(packed.ctypes.data, len(packed), width, out.ctypes.data)
+    count = lib.gm_unset(_address(packed), len(packed), width, _address(out))
     unset: np.ndarray = out[:count].copy()
     return unset
+
+
+def row_ids(words: np.ndarray, width: int, max_set: int, max_clear: int) -> tuple[int, np.ndarray | int]:
+    """The sparse form of the packed mask `words` (contiguous uint32, bit t of word t // 32) below
+    bit `width` (at most 32 * len(words)): (1, the set ids) where at most `max_set` bits are set,
+    else (2, the clear ids) where at most `max_clear` are clear (negative: never), else (0, the set
+    bits' count); ids sorted, int32. One pass to count, one to read the ids; call only where
+    `available()`."""
+    lib = library()
+    assert lib is not None, "native.row_ids without the library (check available() first)"
+    assert words.dtype == np.uint32 and words.flags.c_contiguous and 0 <= width <= 32 * len(words)
+    out = np.empty(max(max_set, max_clear, 0), np.int32)
+    form = np.zeros(1, np.int64)
+    found = lib.gm_row_ids(_address(words), width, max_set, max_clear, _address(out), _address(form))
+    kind = int(form[0])
+    return (kind, out[:found]) if kind else (0, int(found))
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:
@@ -318,7 +344,7 @@ def pack(tokens: np.ndarray, words: int) -> np.ndarray:
         ids = ids.astype(np.int32)
     ids = np.ascontiguousarray(ids)
     out = np.empty(words, dtype="<u4")
-    bad = lib.gm_pack(ids.ctypes.data, len(ids), out.ctypes.data, words)
+    bad = lib.gm_pack(_address(ids), len(ids), _address(out), words)
     if bad >= 0:
         check_pack_ids(ids[bad : bad + 1], words)
     return out

@@ -24,6 +24,12 @@
 //
 // gm_pack writes the packed mask (bit t of word t / 32) of ids in any order. Returns -1, or the
 // index of the first id outside 0 .. 32 * num_words - 1 (nothing is written past the words then).
+//
+// gm_row_ids counts the set bits of a packed mask below bit `width` and, where they are at most
+// `max_set`, writes their ids (`*form` = 1), else where the clear ones are at most `max_clear` (-1:
+// never), theirs (`*form` = 2), else writes nothing (`*form` = 0); returns the ids written, or the
+// count when none are (`out`: room for max(max_set, max_clear) ids). The sparse forms of a row the
+// CPU kernels cache (kernels/cpu.py `row_form`).
 
 #include <algorithm>
 #include <cstdint>
@@ -157,6 +163,68 @@ int64_t gm_unset(const uint32_t* words, int64_t num_words, int64_t width, int32_
         }
     }
     return k;
+}
+
+// Set bits of words[0..n): the popcnt instruction where the CPU has one (x86-64 checks at run time;
+// aarch64 always has one), else a portable bit count.
+static int64_t count_portable(const uint32_t* words, int64_t n) {
+    int64_t count = 0;
+    for (int64_t w = 0; w < n; ++w) {
+        uint32_t x = words[w];
+        x = x - ((x >> 1) & 0x55555555u);
+        x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+        count += static_cast<int64_t>((((x + (x >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
+    }
+    return count;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("popcnt"))) static int64_t count_popcnt(const uint32_t* words, int64_t n) {
+    int64_t count = 0;
+    for (int64_t w = 0; w < n; ++w) count += __builtin_popcount(words[w]);
+    return count;
+}
+
+static int64_t count_bits(const uint32_t* words, int64_t n) {
+    static const bool popcnt = __builtin_cpu_supports("popcnt");
+    return popcnt ? count_popcnt(words, n) : count_portable(words, n);
+}
+#elif defined(__aarch64__)
+static int64_t count_bits(const uint32_t* words, int64_t n) {
+    int64_t count = 0;
+    for (int64_t w = 0; w < n; ++w) count += __builtin_popcount(words[w]);
+    return count;
+}
+#else
+static int64_t count_bits(const uint32_t* words, int64_t n) { return count_portable(words, n); }
+#endif
+
+int64_t gm_row_ids(const uint32_t* words, int64_t width, int64_t max_set, int64_t max_clear, int32_t* out,
+                   int64_t* form) {
+    const int64_t full = width / 32, tail = width % 32;
+    const uint32_t tail_mask = tail ? (1u << tail) - 1u : 0u;
+    int64_t count = count_bits(words, full);
+    if (tail) {
+        const uint32_t last = words[full] & tail_mask;
+        count += count_portable(&last, 1);
+    }
+    if (count <= max_set || width - count <= max_clear) {
+        const bool set = count <= max_set;
+        const uint32_t flip = set ? 0u : ~0u;  // read the clear bits as set ones
+        *form = set ? 1 : 2;
+        int64_t k = 0;
+        for (int64_t w = 0; w < full; ++w) {
+            for (uint32_t bits = words[w] ^ flip; bits; bits &= bits - 1)
+                out[k++] = static_cast<int32_t>(w * 32 + __builtin_ctz(bits));
+        }
+        if (tail) {
+            for (uint32_t bits = (words[full] ^ flip) & tail_mask; bits; bits &= bits - 1)
+                out[k++] = static_cast<int32_t>(full * 32 + __builtin_ctz(bits));
+        }
+        return k;
+    }
+    *form = 0;
+    return count;
 }
 
 int64_t gm_pack(const int32_t* tokens, int64_t count, uint32_t* words, int64_t num_words) {

@@ -114,6 +114,25 @@ def row_form(words: np.ndarray, out: np.ndarray) -> tuple[int, mx.array]:
     vocab = out.shape[1]
     row = words[0].astype("<u4", copy=False)
     width = min(vocab, len(row) * 32)  # ids at or past `width` are disallowed (unpack)
+    bits = _native_bits()
+    if bits is None:
+        return _row_form_numpy(words, row, width, out)
+    # Natively, one pass counts the set bits and one more reads the few set (or clear) ones. A row
+    # forbids `vocab - width` columns past the table besides its clear bits.
+    form, ids = bits.row_ids(np.ascontiguousarray(row), width, vocab // SPARSE_ALLOWED_FRACTION,
+                             vocab // SPARSE_BLOCKED_FRACTION - (vocab - width))
+    if form == ALLOWED:
+        return ALLOWED, mx.array(ids[None])
+    if form == BLOCKED:
+        if vocab > width:
+            ids = np.concatenate([ids, np.arange(width, vocab, dtype=np.int32)])
+        return BLOCKED, mx.array(ids[None])
+    return DENSE, mx.array(unpack(words, out))
+
+
+def _row_form_numpy(words: np.ndarray, row: np.ndarray, width: int, out: np.ndarray) -> tuple[int, mx.array]:
+    """`row_form` without the native library (the same forms and arrays)."""
+    vocab = out.shape[1]
     allowed = _popcount(row, width)
     if allowed <= vocab // SPARSE_ALLOWED_FRACTION:
         return ALLOWED, mx.array(_set_bits(row, width)[None])
@@ -121,6 +140,15 @@ def row_form(words: np.ndarray, out: np.ndarray) -> tuple[int, mx.array]:
     if vocab - allowed <= vocab // SPARSE_BLOCKED_FRACTION:
         return BLOCKED, mx.array(np.flatnonzero(dense[0] == 0).astype(np.int32)[None])
     return DENSE, mx.array(dense)
+
+
+@functools.cache
+def _native_bits() -> Any:
+    """`compiler.native` where its library is built (its bit counting and id reading), else None.
+    Imported on first use: the kernels load without the compiler package."""
+    from ..compiler import native
+
+    return native if native.available() else None
 
 
 # Set bits per byte value, for numpy without `bitwise_count` (before 2.0).

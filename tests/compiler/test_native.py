@@ -165,6 +165,25 @@ def test_pack_refuses_bad_arguments(tokens, words):
         native.pack(tokens, words)
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(width=st.integers(0, 300), spare=st.integers(0, 40), max_set=st.integers(0, 40), max_clear=st.integers(-5, 40),
+       data=st.data())
+def test_native_row_ids_equal_numpy(width, spare, max_set, max_clear, data):
+    # Bits past `width` (a row's padding, or ids of a wider table) neither count nor appear.
+    words = max(1, -(-(width + spare) // 32))
+    ids = np.array(sorted(data.draw(st.sets(st.integers(0, 32 * words - 1)))), dtype=np.int32)
+    row = MaskTable(32 * words, 1 << 20).pack_reference(ids)
+    allowed = ids[ids < width]
+    blocked = np.setdiff1d(np.arange(width, dtype=np.int32), allowed)
+    form, got = native.row_ids(row, width, max_set, max_clear)
+    if len(allowed) <= max_set:
+        assert form == 1 and got.dtype == np.int32 and got.tolist() == allowed.tolist()
+    elif len(blocked) <= max_clear:
+        assert form == 2 and got.dtype == np.int32 and got.tolist() == blocked.tolist()
+    else:
+        assert (form, got) == (0, len(allowed))
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(width=st.integers(1, 400), data=st.data())
 def test_native_merge_equals_a_sort_of_both_rows(width, data):

@@ -110,12 +110,17 @@ def reference_row_form(words: np.ndarray, vocab: int) -> tuple[int, np.ndarray]:
     return cpu.DENSE, dense[None].copy()
 
 
-@pytest.mark.parametrize("popcount", ["bitwise_count", "byte table"])
+@pytest.mark.parametrize("popcount", ["native", "bitwise_count", "byte table"])
 def test_row_form_from_the_packed_words_equals_the_unpacked_reference(monkeypatch, popcount):
     # Counted from the words' popcount and, when sparse, read from the nonzero words alone: padding
     # bits past V (32 W > V) must neither count nor appear, columns past the table (V > 32 W) are
     # forbidden, and every density around both thresholds lands in the reference's form.
-    if popcount == "byte table":  # numpy before 2.0
+    if popcount == "native":
+        if cpu._native_bits() is None:
+            pytest.skip("the native library is not built here")
+    else:  # the numpy path, with numpy's popcount or (numpy before 2.0) the byte table
+        monkeypatch.setattr(cpu, "_native_bits", lambda: None)
+    if popcount == "byte table":
         monkeypatch.delattr(np, "bitwise_count", raising=False)
     rng = np.random.default_rng(23)
     cases = 0
