@@ -607,15 +607,24 @@ def intersect(nodes: Sequence[Node]) -> Node:
 def _intersect(nodes: Sequence[Node]) -> Node:
     # Length languages (`length_language`) are counters, not automata: each one bounds the product
     # with a count of characters read (`with_length`), the others are multiplied first.
+    # A single language whose every match already has an allowed length is its own intersection
+    # (as in `bounded`): no round trip through a DFA, whose regex by state elimination can be far
+    # larger than the pattern (a `(?:[^a])*b...` search automaton's is exponential in its length).
     lengths = [b for b in map(_length_bounds, nodes) if b is not None]
     others = [node for node in nodes if _length_bounds(node) is None]
+    lo = max((b[0] for b in lengths), default=0)
+    his = [b[1] for b in lengths if b[1] is not None]
+    hi = min(his) if his else None
+    if len(others) == 1:
+        shortest, longest = length_range(others[0])
+        if (longest is None or shortest <= longest) and shortest >= lo and (
+                hi is None or (longest is not None and longest <= hi)):
+            return others[0]
     dfa = to_dfa(others[0]) if others else to_dfa(universal())
     for node in others[1:]:
         dfa = product(dfa, to_dfa(node), "and")
     if lengths:
-        lo = max(b[0] for b in lengths)
-        his = [b[1] for b in lengths if b[1] is not None]
-        dfa = with_length(dfa, lo, min(his) if his else None)
+        dfa = with_length(dfa, lo, hi)
     return to_ast(dfa)
 
 

@@ -6,7 +6,7 @@ import itertools
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from grammar_mlx.automata import chars as fa
@@ -170,6 +170,8 @@ def _equivalent(x: fa.DFA, y: fa.DFA) -> bool:
 
 @settings(max_examples=200, deadline=None)
 @given(pattern=_patterns(), lo=st.integers(0, 4), span=st.one_of(st.none(), st.integers(-1, 3)))
+# A search automaton whose regex by state elimination passes the NFA budget when written back.
+@example(pattern="(?:[^a])*b[^a][a-é]b[^a]", lo=0, span=None)
 def test_length_counter_is_the_product_with_the_length_language(pattern, lo, span):
     """`with_length` (a counter, pairs that cannot finish in time never made) accepts exactly what
     the product with the length language's DFA accepts, and `intersect` with a length language
