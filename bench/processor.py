@@ -283,7 +283,8 @@ def cold_child(rounds: int) -> dict:
         from grammar_mlx.compiler import lazy_store
     except ImportError:
         lazy_store = None
-    kinds = ("cold", "warm", "restored", "llg_matcher") if lazy_store is not None else ("cold", "warm", "llg_matcher")
+    llg_kinds = ("llg_matcher", "llg_processor")
+    kinds = ("cold", "warm", *(("restored",) if lazy_store is not None else ()), *llg_kinds)
     samples: dict[str, list[float]] = {k: [] for k in (*kinds, "floor")}
     cpu: dict[str, list[int]] = {k: [] for k in kinds}  # the calling thread's CPU ns
     fills, restores = [], []
@@ -330,6 +331,17 @@ def cold_child(rounds: int) -> dict:
             cpu["llg_matcher"].append(tt() - c0)
         if matcher.is_error():
             sys.exit(f"llguidance refused the document: {matcher.get_error()}")
+        # llguidance as a processor on this backend: its bitmask applied by our CPU kernel (its own
+        # MLX apply is a Metal kernel), a new mask each call as its matcher hands one out.
+        matcher = llguidance.LLMatcher(llg_tok, spec)
+        for i in range(len(tokens) + 1):
+            c0, t0 = tt(), pc()
+            if i:
+                matcher.consume_token(tokens[i - 1])
+            lnp.fill_next_token_bitmask(matcher, bitmask, 0)
+            mx.eval(kernels.apply_token_bitmask(logits, mx.array(bitmask).view(mx.uint32), [0]))
+            samples["llg_processor"].append((pc() - t0) / 1e3)
+            cpu["llg_processor"].append(tt() - c0)
     import grammar_mlx
 
     shutil.rmtree(store_dir, ignore_errors=True)
@@ -387,13 +399,14 @@ def cold_main(args) -> None:
     print(f"First generation (cold rows) vs warm, per GrammarProcessor call, B=1, V={WIDTH:,}, "
           f"{results['this']['document_tokens']}-token document, {args.rounds} rounds pooled, load average "
           f"{load_avg[0]:.2f}")
-    print(f"{'code':>9} {'calls':>11} | {'mean us':>8} {'p50':>7} {'p90':>7} {'p99':>8} {'max':>8} | "
-          f"{'mean/floor':>10} {'rounds':>6} {'mean/llg':>8} {'p99/llg':>7} | {'cpu mean':>8} {'cpu p99':>8} "
-          f"{'cpu/llg':>7}")
+    print(f"{'code':>9} {'calls':>13} | {'mean us':>8} {'p50':>7} {'p90':>7} {'p99':>8} {'max':>8} | "
+          f"{'mean/floor':>10} {'rounds':>6} {'mean/llg':>8} {'p99/llg':>7} {'/llg_p':>6} | {'cpu mean':>8} "
+          f"{'cpu p99':>8} {'cpu/llg':>7}")
     rows = []
     for name, r in results.items():
         floor, llg = r["floor"]["mean_us"], r["llg_matcher"]
-        for kind in ("cold", "warm", "restored", "llg_matcher", "floor"):
+        llg_processor = results["this"].get("llg_processor")
+        for kind in ("cold", "warm", "restored", "llg_matcher", "llg_processor", "floor"):
             if (name != "this" and kind.startswith("llg")) or kind not in r:
                 continue
             m = r[kind]
@@ -405,19 +418,23 @@ def cold_main(args) -> None:
                          "round_mean_over_floor": round_ratio,
                          "mean_over_llg_matcher": m["mean_us"] / llg["mean_us"],
                          "p99_over_llg_matcher": m["p99_us"] / llg["p99_us"],
+                         "mean_over_llg_processor": m["mean_us"] / llg_processor["mean_us"] if llg_processor else None,
                          "cpu": c, "cpu_mean_over_llg_matcher": c["mean_us"] / llg_cpu["mean_us"] if c else None})
             cpu_text = (f"{c['mean_us']:>8.0f} {c['p99_us']:>8.0f} {c['mean_us'] / llg_cpu['mean_us']:>7.2f}" if c
                         else f"{'':>8} {'':>8} {'':>7}")
-            print(f"{name:>9} {kind:>11} | {m['mean_us']:>8.0f} {m['p50_us']:>7.0f} {m['p90_us']:>7.0f} "
+            print(f"{name:>9} {kind:>13} | {m['mean_us']:>8.0f} {m['p50_us']:>7.0f} {m['p90_us']:>7.0f} "
                   f"{m['p99_us']:>8.0f} {m['max_us']:>8.0f} | {m['mean_us'] / floor:>10.2f} "
                   f"{round_ratio:>6.2f} {m['mean_us'] / llg['mean_us']:>8.2f} "
-                  f"{m['p99_us'] / llg['p99_us']:>7.2f} | {cpu_text}")
+                  f"{m['p99_us'] / llg['p99_us']:>7.2f} "
+                  f"{m['mean_us'] / llg_processor['mean_us'] if llg_processor else float('nan'):>6.2f} | {cpu_text}")
     print("cold = a fresh lazy grammar's first replay (every state's first visit), warm = a second replay "
           "of the same grammar; restored = a fresh grammar's first replay with the rows the cold replay saved "
           "(compiler/lazy_store.py, as a new process would load them); floor = mx.eval(logits + 0); "
           "llg = llguidance's matcher (consume + fill "
-          "bitmask; no mask applied, which ours includes); ratios against the same child's floor and "
-          "llguidance; rounds = the median over rounds of a round's mean call over its mean floor call (spikes "
+          "bitmask; no mask applied, which ours includes); llg_p = llguidance as a processor here: its matcher "
+          "and its bitmask applied by our CPU kernel (its MLX apply is a Metal kernel), a new mask each call; "
+          "ratios against the same child's floor and llguidance; rounds = the median over rounds of a round's "
+          "mean call over its mean floor call (spikes "
           "of other processes' load land in one round, not in both figures of every round); "
           "cpu = the calling thread's CPU time per call (what machine load does not inflate; "
           "MLX evaluates on its own thread, so ours excludes part of applying the mask). "
