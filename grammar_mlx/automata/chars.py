@@ -549,22 +549,9 @@ def to_ast(dfa: DFA) -> Node:
             if x in remaining:
                 heapq.heappush(heap, cost(x))
     result = succ[start].get(final, NEVER)
-    if depth(result, limits.CHAR_AST_DEPTH) > limits.CHAR_AST_DEPTH:
+    if _measure(result, sizes)[1] > limits.CHAR_AST_DEPTH:  # (memoized: a tree walk repeats shared parts)
         raise AutomatonTooLarge(f"regex from automaton nests deeper than {limits.CHAR_AST_DEPTH}")
     return result
-
-
-def depth(node: Node, limit: int) -> int:
-    """Nesting depth of the AST, counted up to just past `limit`."""
-    best, stack = 0, [(node, 1)]
-    while stack and best <= limit:
-        item, d = stack.pop()
-        best = max(best, d)
-        if isinstance(item, (Seq, Alt)):
-            stack.extend((x, d + 1) for x in item.items)
-        elif isinstance(item, Repeat):
-            stack.append((item.item, d + 1))
-    return best
 
 
 def _measure(node: Node, memo: dict[int, tuple[Node, int, int]]) -> tuple[int, int]:
