@@ -139,7 +139,9 @@ class Ours(Engine):
         self.gm, self.build = gm, build
         self.vocab = gm.vocabulary_of(tokenizer)
         self.width, self.mode, self.timeout, self.open_objects = width, mode, timeout, open_objects
-        build.token_trie(self.vocab, width)  # the vocabulary's trie, built once before forking
+        # The vocabulary's state, built once before forking (as llguidance's tokenizer is): its trie
+        # and the trie's string slice (which the first lazy grammar of a process builds otherwise).
+        build.token_trie(self.vocab, width).string_slice()
         self.name = "ours" if mode == "auto" else f"ours-{mode}"
         if open_objects:
             self.name += "-open"

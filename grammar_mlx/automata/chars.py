@@ -197,6 +197,25 @@ def _split(groups: Sequence[tuple[CharSet, Label]]) -> list[tuple[CharSet, froze
 
 
 def to_dfa(node: Node) -> DFA:
+    """The minimal DFA of `node` (DFAs are never changed once made: within `memo_scope`, one per
+    distinct AST, as a schema distributes one pattern over many branches and intersects it with
+    each of their others)."""
+    memo = _DFAS.get()
+    if memo is None:
+        return _to_dfa(node)
+    hit = memo.get(node)
+    if hit is None:
+        try:
+            hit = _to_dfa(node)
+        except AutomatonTooLarge as e:
+            hit = str(e)
+        memo[node] = hit
+    if isinstance(hit, str):
+        raise AutomatonTooLarge(hit)
+    return hit
+
+
+def _to_dfa(node: Node) -> DFA:
     nfa = _NFA()
     start, final = nfa.build(node)
     closures: dict[frozenset[int], frozenset[int]] = {}
@@ -549,22 +568,9 @@ def to_ast(dfa: DFA) -> Node:
             if x in remaining:
                 heapq.heappush(heap, cost(x))
     result = succ[start].get(final, NEVER)
-    if depth(result, limits.CHAR_AST_DEPTH) > limits.CHAR_AST_DEPTH:
+    if _measure(result, sizes)[1] > limits.CHAR_AST_DEPTH:  # (memoized: a tree walk repeats shared parts)
         raise AutomatonTooLarge(f"regex from automaton nests deeper than {limits.CHAR_AST_DEPTH}")
     return result
-
-
-def depth(node: Node, limit: int) -> int:
-    """Nesting depth of the AST, counted up to just past `limit`."""
-    best, stack = 0, [(node, 1)]
-    while stack and best <= limit:
-        item, d = stack.pop()
-        best = max(best, d)
-        if isinstance(item, (Seq, Alt)):
-            stack.extend((x, d + 1) for x in item.items)
-        elif isinstance(item, Repeat):
-            stack.append((item.item, d + 1))
-    return best
 
 
 def _measure(node: Node, memo: dict[int, tuple[Node, int, int]]) -> tuple[int, int]:
@@ -847,19 +853,25 @@ _MEMO: ContextVar[dict[tuple[Hashable, ...], tuple[bool, Node | str]] | None] = 
     "grammar_mlx_automata_memo", default=None)
 
 
+# AST -> its DFA (`to_dfa`), or why its budget ran out
+_DFAS: ContextVar[dict[Node, DFA | str] | None] = ContextVar("grammar_mlx_automata_dfas", default=None)
+
+
 @contextmanager
 def memo_scope() -> Iterator[None]:
-    """Within the body, `intersect` and `minus` remember their results (budget failures included):
-    a schema distributes one pattern over many branches (anyOf, not, if) and intersects the same
-    languages again and again. The memo lives as long as the body: nothing is kept across schemas."""
+    """Within the body, `intersect` and `minus` remember their results and `to_dfa` its DFAs (budget
+    failures included): a schema distributes one pattern over many branches (anyOf, not, if) and
+    intersects the same languages again and again. The memo lives as long as the body: nothing is
+    kept across schemas."""
     if _MEMO.get() is not None:
         yield
         return
-    token = _MEMO.set({})
+    token, dfas = _MEMO.set({}), _DFAS.set({})
     try:
         yield
     finally:
         _MEMO.reset(token)
+        _DFAS.reset(dfas)
 
 
 def _memoized(key: tuple[Hashable, ...], compute: Callable[[], Node]) -> Node:

@@ -344,14 +344,23 @@ def hashed(node: Node) -> Node:
 
 
 def max_count(node: Node) -> int:
-    """The largest counted repetition bound in the AST (what drives automaton size)."""
-    if isinstance(node, Repeat):
-        return max(node.lo, node.hi or 0, max_count(node.item))
-    if isinstance(node, (Seq, Alt)):
-        return max((max_count(item) for item in node.items), default=0)
-    if isinstance(node, Bounded):  # a counter, not a repetition: its automaton grows only as it is walked
-        return max(node.core.lo, node.core.hi or 0)
-    return 0
+    """The largest counted repetition bound in the AST (what drives automaton size). Each shared
+    part of the DAG is visited once (a tree walk repeats it at every use), without recursion."""
+    best, stack = 0, [node]
+    seen: set[int] = set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))  # (every node stays alive inside `node` meanwhile: its id is not reused)
+        if isinstance(x, Repeat):
+            best = max(best, x.lo, x.hi or 0)
+            stack.append(x.item)
+        elif isinstance(x, (Seq, Alt)):
+            stack.extend(x.items)
+        elif isinstance(x, Bounded):  # a counter, not a repetition: its automaton grows only as it is walked
+            best = max(best, x.core.lo, x.core.hi or 0)
+    return best
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,9 +523,12 @@ def full_language(node: Node) -> Node:
 # Length restriction: `pattern` together with `minLength` / `maxLength`.
 
 
-def restrict_length(node: Node, lo: int, hi: int | None) -> Node | None:
-    """`node` ∩ {strings of length lo..hi}, or None when that is not expressible by this rewrite."""
-    a, b = length_range(node)
+def restrict_length(node: Node, lo: int, hi: int | None,
+                    known: dict[int, tuple[int, int | None]] | None = None) -> Node | None:
+    """`node` ∩ {strings of length lo..hi}, or None when that is not expressible by this rewrite.
+    `known`: `length_range`'s memo, shared by the rewrite's steps (each measures parts of `node`)."""
+    known = {} if known is None else known
+    a, b = length_range(node, known)
     if a >= lo and (hi is None or (b is not None and b <= hi)):
         return node
     if (hi is not None and a > hi) or (b is not None and b < lo):
@@ -524,22 +536,22 @@ def restrict_length(node: Node, lo: int, hi: int | None) -> Node | None:
     if isinstance(node, Bounded) and node.plain():
         return Bounded.of(node.core.restricted(lo, hi))
     if isinstance(node, Alt):
-        parts = [restrict_length(item, lo, hi) for item in node.items]
+        parts = [restrict_length(item, lo, hi, known) for item in node.items]
         kept = [p for p in parts if p is not None]
         return None if len(kept) < len(parts) else alt(*kept)
     if isinstance(node, Seq):
-        ranges = [length_range(item) for item in node.items]
+        ranges = [length_range(item, known) for item in node.items]
         variable = [i for i, (x, y) in enumerate(ranges) if x != y]
         if len(variable) != 1:
             return None
         k = variable[0]
         fixed = sum(x for i, (x, _) in enumerate(ranges) if i != k)
-        inner = restrict_length(node.items[k], max(0, lo - fixed), None if hi is None else hi - fixed)
+        inner = restrict_length(node.items[k], max(0, lo - fixed), None if hi is None else hi - fixed, known)
         if inner is None:
             return None
         return seq(*node.items[:k], inner, *node.items[k + 1 :])
     if isinstance(node, Repeat):
-        a1, b1 = length_range(node.item)
+        a1, b1 = length_range(node.item, known)
         if a1 != b1 or a1 == 0:
             return None
         new_lo = max(node.lo, -(-lo // a1))

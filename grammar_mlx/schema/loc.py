@@ -8,7 +8,7 @@ not fetched (the front end reports it).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
@@ -50,7 +50,9 @@ class Loc:
 
     def below(self, parent: Loc) -> Loc:
         """This schema, reached in place from `parent`."""
-        return replace(self, origin=parent.origin + (parent.pointer,), evaluates=self.evaluates and parent.evaluates)
+        # (the constructor, not dataclasses.replace: a conjunction's expansion makes thousands)
+        return Loc(self.schema, self.pointer, self.base, self.dropped, parent.origin + (parent.pointer,),
+                   self.legacy_ref, self.tag, self.evaluates and parent.evaluates)
 
     def has(self, keyword: str) -> bool:
         return keyword not in self.dropped and keyword in self.schema
@@ -59,7 +61,8 @@ class Loc:
         return default if keyword in self.dropped else self.schema.get(keyword, default)
 
     def drop(self, *keywords: str) -> Loc:
-        return replace(self, dropped=self.dropped | frozenset(keywords))
+        return Loc(self.schema, self.pointer, self.base, self.dropped | frozenset(keywords), self.origin,
+                   self.legacy_ref, self.tag, self.evaluates)
 
     def child(self, *path: str | int) -> Loc:
         node, pointer = self.schema, self.pointer
@@ -129,6 +132,7 @@ class Resources:
 
     def __init__(self, root: Loc) -> None:
         self._resources: dict[str, Loc] = {}
+        self._resolved: dict[tuple[str, str], Loc | None] = {}  # (base URI, reference) -> its target
         self._root = root
         if isinstance(root.schema, dict) and not _names_resources(root.schema):
             # The index would hold the root alone (every subschema has the root's base): no walk
@@ -168,6 +172,14 @@ class Resources:
         ref = loc.get(keyword)
         if not isinstance(ref, str):
             raise InvalidSchemaError(f"{keyword} at {loc.pointer or '/'} must be a string")
+        key = (loc.base, ref)  # all a target depends on (a schema repeats its references)
+        if key in self._resolved:
+            return self._resolved[key]
+        found = self._resolve(loc, keyword, ref)
+        self._resolved[key] = found
+        return found
+
+    def _resolve(self, loc: Loc, keyword: str, ref: str) -> Loc | None:
         target = _join(loc.base, ref)
         doc_uri, fragment = urldefrag(target)
         fragment = unquote(fragment)

@@ -62,6 +62,22 @@ def test_budgets_raise_instead_of_hanging():
         fa.minus(fa.universal(), chain)  # the regex of the complement nests too deep
 
 
+def test_memo_scope_makes_one_dfa_per_ast_and_remembers_budget_failures(monkeypatch):
+    built: list[object] = []
+    real = fa._to_dfa
+    monkeypatch.setattr(fa, "_to_dfa", lambda node: built.append(node) or real(node))
+    a, b = _language("^(a|ab)(c|bcd)$"), _language("^(a|ab)(c|bcd)$")  # equal, distinct objects
+    with fa.memo_scope():
+        first = fa.to_dfa(a)
+        assert fa.to_dfa(b) is first and len(built) == 1
+        for _ in range(2):  # the failure is remembered, and raised again
+            with pytest.raises(fa.AutomatonTooLarge):
+                fa.to_dfa(_language("^[ab]{1,5000}$"))
+        assert len(built) == 2
+    assert fa.to_dfa(a) is not first and len(built) == 3  # nothing kept past the scope
+    assert [first.accepts(w) for w in ("abcd", "ac", "ab")] == [True, True, False]
+
+
 def _moore(dfa: fa.DFA) -> dict[int, int]:
     """Reference: Moore's round-by-round refinement over live states, classes numbered by least state."""
     reverse = {s: set() for s in range(len(dfa.trans))}
