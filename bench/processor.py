@@ -321,27 +321,21 @@ def cold_child(rounds: int) -> dict:
                                                             "byte_states_built", "row_store_rows")}})
         samples["floor"] += [t / 1e3 for t in time_floor(histories, logits)]
         spec = llguidance.LLMatcher.grammar_from_json_schema(schema_text, defaults={"whitespace_flexible": False})
-        matcher = llguidance.LLMatcher(llg_tok, spec)
-        for i in range(len(tokens) + 1):
-            c0, t0 = tt(), pc()
-            if i:
-                matcher.consume_token(tokens[i - 1])
-            lnp.fill_next_token_bitmask(matcher, bitmask, 0)
-            samples["llg_matcher"].append((pc() - t0) / 1e3)
-            cpu["llg_matcher"].append(tt() - c0)
-        if matcher.is_error():
-            sys.exit(f"llguidance refused the document: {matcher.get_error()}")
-        # llguidance as a processor on this backend: its bitmask applied by our CPU kernel (its own
-        # MLX apply is a Metal kernel), a new mask each call as its matcher hands one out.
-        matcher = llguidance.LLMatcher(llg_tok, spec)
-        for i in range(len(tokens) + 1):
-            c0, t0 = tt(), pc()
-            if i:
-                matcher.consume_token(tokens[i - 1])
-            lnp.fill_next_token_bitmask(matcher, bitmask, 0)
-            mx.eval(kernels.apply_token_bitmask(logits, mx.array(bitmask).view(mx.uint32), [0]))
-            samples["llg_processor"].append((pc() - t0) / 1e3)
-            cpu["llg_processor"].append(tt() - c0)
+        # llg_processor: llguidance as a processor on this backend, its bitmask applied by our CPU
+        # kernel (its own MLX apply is a Metal kernel), a new mask each call as its matcher hands one out.
+        for kind in llg_kinds:
+            matcher = llguidance.LLMatcher(llg_tok, spec)
+            for i in range(len(tokens) + 1):
+                c0, t0 = tt(), pc()
+                if i:
+                    matcher.consume_token(tokens[i - 1])
+                lnp.fill_next_token_bitmask(matcher, bitmask, 0)
+                if kind == "llg_processor":
+                    mx.eval(kernels.apply_token_bitmask(logits, mx.array(bitmask).view(mx.uint32), [0]))
+                samples[kind].append((pc() - t0) / 1e3)
+                cpu[kind].append(tt() - c0)
+            if matcher.is_error():
+                sys.exit(f"llguidance refused the document: {matcher.get_error()}")
     import grammar_mlx
 
     shutil.rmtree(store_dir, ignore_errors=True)
@@ -403,15 +397,14 @@ def cold_main(args) -> None:
           f"{'mean/floor':>10} {'rounds':>6} {'mean/llg':>8} {'p99/llg':>7} {'/llg_p':>6} | {'cpu mean':>8} "
           f"{'cpu p99':>8} {'cpu/llg':>7}")
     rows = []
+    llg_cpu, llg_processor = results["this"]["cpu"]["llg_matcher"], results["this"].get("llg_processor")
     for name, r in results.items():
         floor, llg = r["floor"]["mean_us"], r["llg_matcher"]
-        llg_processor = results["this"].get("llg_processor")
         for kind in ("cold", "warm", "restored", "llg_matcher", "llg_processor", "floor"):
             if (name != "this" and kind.startswith("llg")) or kind not in r:
                 continue
             m = r[kind]
             c = r.get("cpu", {}).get(kind)
-            llg_cpu = results["this"]["cpu"]["llg_matcher"]
             round_ratio = _round_ratio(r, kind)
             # "calls" names the kind of calls (summary's count of them goes under "count").
             rows.append({"code": name, **m, "calls": kind, "count": m["calls"], "mean_over_floor": m["mean_us"] / floor,
