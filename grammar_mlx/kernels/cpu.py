@@ -289,7 +289,7 @@ class RowCache:
         self._bytes = 0
         self._tables: dict[int, TableState] = {}
         self._lock = threading.RLock()  # RLock: a weakref callback may run inside a locked section
-        self._scratch = np.empty(0, dtype=np.int8)  # staging for unpacking, see _scratch_rows
+        self._scratch = np.empty(0, dtype=np.int8)  # staging for unpacking, see _scratch_row
 
     # -- single rows -----------------------------------------------------------------------------
 
@@ -330,7 +330,7 @@ class RowCache:
             key = ("dense" if dense else "row", vocab, words.tobytes())
             entry = self._queue.get(key)
             if entry is None:
-                out = self._scratch_rows(1, vocab)
+                out = self._scratch_row(vocab)
                 form, array = (DENSE, mx.array(unpack(words, out))) if dense else row_form(words, out)
                 entry = RowEntry(form, array, array.nbytes + len(key[2]))
                 self._admit(key, entry)
@@ -389,12 +389,12 @@ class RowCache:
         self._admit(key, whole)
         return whole if key in self._queue else None
 
-    def _scratch_rows(self, count: int, vocab: int) -> np.ndarray:
+    def _scratch_row(self, vocab: int) -> np.ndarray:
         # Reused staging memory for unpacking: a fresh multi-page numpy array per call pays page faults
         # that are a large part of the whole masking time. mx.array() copies out of it.
-        if self._scratch.size < count * vocab:
-            self._scratch = np.empty(count * vocab, dtype=np.int8)
-        return self._scratch[: count * vocab].reshape(count, vocab)
+        if self._scratch.size < vocab:
+            self._scratch = np.empty(vocab, dtype=np.int8)
+        return self._scratch[:vocab].reshape(1, vocab)
 
     # -- the bound -------------------------------------------------------------------------------
 
