@@ -621,11 +621,8 @@ def _intersect(nodes: Sequence[Node]) -> Node:
     lo = max((b[0] for b in lengths), default=0)
     his = [b[1] for b in lengths if b[1] is not None]
     hi = min(his) if his else None
-    if len(others) == 1:
-        shortest, longest = length_range(others[0])
-        if (longest is None or shortest <= longest) and shortest >= lo and (
-                hi is None or (longest is not None and longest <= hi)):
-            return others[0]
+    if len(others) == 1 and _lengths_allowed(others[0], lo, hi):
+        return others[0]
     dfa = to_dfa(others[0]) if others else to_dfa(universal())
     for node in others[1:]:
         dfa = product(dfa, to_dfa(node), "and")
@@ -648,12 +645,18 @@ def _bounded(node: Node, lo: int, hi: int | None) -> Node:
         assert node.plain() and isinstance(node.core, LengthBound)
         core = node.core.restricted(lo, hi)
     else:
-        shortest, longest = length_range(node)
-        nonempty = longest is None or shortest <= longest
-        if nonempty and shortest >= lo and (hi is None or (longest is not None and longest <= hi)):
+        if _lengths_allowed(node, lo, hi):
             return node
         core = LengthBound(to_dfa(node), lo, hi)
     return Bounded.of(core) if core.live(0, 0) else NEVER
+
+
+def _lengths_allowed(node: Node, lo: int, hi: int | None) -> bool:
+    """Whether `node` matches something and each of its matches has lo..hi characters (hi None: at
+    least lo): then it is its own intersection with that length language."""
+    shortest, longest = length_range(node)
+    nonempty = longest is None or shortest <= longest
+    return nonempty and shortest >= lo and (hi is None or (longest is not None and longest <= hi))
 
 
 class LengthBound:
