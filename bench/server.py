@@ -49,11 +49,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 
-SCHEMA = {
+COLOR = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": 12},
@@ -63,7 +64,7 @@ SCHEMA = {
     "required": ["name", "color", "ok"],
     "additionalProperties": False,
 }
-MESSAGES = [{"role": "user", "content": "Reply with a JSON object: a short name, a color and whether it is ok."}]
+COLOR_MESSAGES = [{"role": "user", "content": "Reply with a JSON object: a short name, a color and whether it is ok."}]
 # `--schema person`: the 8-field person object of issue 24's measurement (more keys for fast-forward to force).
 PERSON = {
     "type": "object",
@@ -81,7 +82,16 @@ PERSON = {
     "additionalProperties": False,
 }
 PERSON_MESSAGES = [{"role": "user", "content": "Describe a fictional person as a JSON object."}]
-SCHEMAS = {"color": (SCHEMA, MESSAGES), "person": (PERSON, PERSON_MESSAGES)}
+
+
+class Workload(NamedTuple):
+    """What the requests ask: the constrained ones' schema, and every request's messages."""
+
+    schema: dict
+    messages: list[dict]
+
+
+WORKLOADS = {"color": Workload(COLOR, COLOR_MESSAGES), "person": Workload(PERSON, PERSON_MESSAGES)}
 FAST_FORWARD = {"canonical": "canonical", "verified": "verified", "off": False}  # the request's "fast_forward"
 
 
@@ -122,12 +132,12 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def request(url: str, mode: str, max_tokens: int, timeout: float) -> dict:
+def request(url: str, work: Workload, mode: str, max_tokens: int, timeout: float) -> dict:
     """mode: "unconstrained", or "constrained <fast-forward mode>"."""
-    body: dict = {"model": "smollm", "messages": MESSAGES, "max_tokens": max_tokens}
+    body: dict = {"model": "smollm", "messages": work.messages, "max_tokens": max_tokens}
     if mode != "unconstrained":
         body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+                                   "json_schema": {"name": "x", "schema": work.schema, "strict": True}}
         body["fast_forward"] = FAST_FORWARD[mode.split()[1]]
     data = json.dumps(body).encode()
     started = time.perf_counter()
@@ -154,14 +164,14 @@ def post_raw(url: str, data: bytes, timeout: float = 120) -> int:
         return e.code
 
 
-def fault_figures(url: str, max_tokens: int) -> dict:
+def fault_figures(url: str, work: Workload, max_tokens: int) -> dict:
     """A 10 MB body (over the embedded model's 1 MiB default limit): how long its 413 takes, and what
     it does to a small request served meanwhile (latency with refusals sent back to back vs alone)."""
     huge = json.dumps({"messages": [{"role": "user", "content": "x " * 5_000_000}]}).encode()
     started = time.perf_counter()
     status = post_raw(url, huge)
     refuse_s = time.perf_counter() - started
-    alone = [request(url, "unconstrained", max_tokens, timeout=300)["latency"] for _ in range(2)]
+    alone = [request(url, work, "unconstrained", max_tokens, timeout=300)["latency"] for _ in range(2)]
     stop = threading.Event()
     refused = [0]
 
@@ -173,7 +183,7 @@ def fault_figures(url: str, max_tokens: int) -> dict:
     thread = threading.Thread(target=hammer)
     thread.start()
     try:
-        during = [request(url, "unconstrained", max_tokens, timeout=300)["latency"] for _ in range(2)]
+        during = [request(url, work, "unconstrained", max_tokens, timeout=300)["latency"] for _ in range(2)]
     finally:
         stop.set()
         thread.join()
@@ -183,9 +193,9 @@ def fault_figures(url: str, max_tokens: int) -> dict:
             "during_over_alone": statistics.median(during) / statistics.median(alone)}
 
 
-def sigterm_seconds(server: Server, max_tokens: int) -> float:
+def sigterm_seconds(server: Server, work: Workload, max_tokens: int) -> float:
     """Seconds from SIGTERM to the process's exit with a streamed request in flight."""
-    body = json.dumps({"model": "smollm", "messages": MESSAGES, "max_tokens": max(max_tokens, 200),
+    body = json.dumps({"model": "smollm", "messages": work.messages, "max_tokens": max(max_tokens, 200),
                        "stream": True}).encode()
     req = urllib.request.Request(server.url + "/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})
@@ -199,7 +209,7 @@ def sigterm_seconds(server: Server, max_tokens: int) -> float:
         return time.perf_counter() - started
 
 
-def valid(text: str) -> bool:
+def valid(text: str, schema: dict) -> bool:
     try:
         instance = json.loads(text)
     except json.JSONDecodeError:
@@ -207,11 +217,12 @@ def valid(text: str) -> bool:
     try:
         import jsonschema
     except ImportError:
-        return isinstance(instance, dict) and set(instance) == set(SCHEMA["required"])
-    return jsonschema.Draft202012Validator(SCHEMA).is_valid(instance)
+        return isinstance(instance, dict) and set(instance) == set(schema["required"])
+    return jsonschema.Draft202012Validator(schema).is_valid(instance)
 
 
-def run_cell(url: str, mode: str, clients: int, count: int, deadline: float, max_tokens: int) -> tuple[list, float]:
+def run_cell(url: str, work: Workload, mode: str, clients: int, count: int, deadline: float,
+             max_tokens: int) -> tuple[list, float]:
     """`count` requests over `clients` threads (each sends its next one when the last returns)."""
     results: list[dict] = []
     errors: list[str] = []
@@ -225,7 +236,7 @@ def run_cell(url: str, mode: str, clients: int, count: int, deadline: float, max
                     return
                 issued[0] += 1
             try:
-                r = request(url, mode, max_tokens, timeout=max(deadline - time.monotonic(), 1) + 60)
+                r = request(url, work, mode, max_tokens, timeout=max(deadline - time.monotonic(), 1) + 60)
             except (OSError, RuntimeError) as e:
                 with lock:
                     errors.append(str(e))
@@ -407,14 +418,13 @@ def main() -> int:
                         help="also time a 10 MB body's refusal, a request served meanwhile, and SIGTERM (on)")
     parser.add_argument("--fast-forward", default="canonical,off",
                         help="comma-separated fast-forward modes of the constrained requests (canonical,off)")
-    parser.add_argument("--schema", choices=sorted(SCHEMAS), default="color",
+    parser.add_argument("--schema", choices=sorted(WORKLOADS), default="color",
                         help="the constrained requests' schema and the prompt: color (3 fields) or person (8)")
     parser.add_argument("--out", default="server.json", help="results file under bench/results (server.json)")
     parser.add_argument("--tool-calls", action="store_true",
                         help="only the tool-call latency on a tiny qwen3 directory (see above)")
     args = parser.parse_args()
-    global SCHEMA, MESSAGES
-    SCHEMA, MESSAGES = SCHEMAS[args.schema]
+    work = WORKLOADS[args.schema]
     if args.tool_calls:
         return tool_call_latency(args)
     clients_list = [int(c) for c in args.clients.split(",")]
@@ -438,7 +448,7 @@ def main() -> int:
         server = Server(*options, max_tokens=args.max_tokens)
         try:
             for mode in modes:  # warm-up: grammar compile, prompt cache, first-use kernels
-                request(server.url, mode, args.max_tokens, timeout=300)
+                request(server.url, work, mode, args.max_tokens, timeout=300)
             for clients in clients_list:
                 if time.monotonic() - run_started > args.total_seconds:
                     rows.append({"draft": draft_name, "clients": clients, "skipped": "total time budget spent"})
@@ -451,7 +461,7 @@ def main() -> int:
                     for mode in modes:
                         deadline = time.monotonic() + slice_seconds
                         cpu_before = cpu_seconds(server.proc.pid)
-                        results, wall = run_cell(server.url, mode, clients, per_round, deadline, args.max_tokens)
+                        results, wall = run_cell(server.url, work, mode, clients, per_round, deadline, args.max_tokens)
                         cpu_after = cpu_seconds(server.proc.pid)
                         cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else 0.0
                         prior, prior_wall, prior_cpu = collected[mode]
@@ -461,15 +471,16 @@ def main() -> int:
                 for mode in modes:
                     results, wall, cpu = collected[mode]
                     if mode != "unconstrained":
-                        bad = [r["text"] for r in results if r["finish"] == "stop" and not valid(r["text"])]
+                        bad = [r["text"] for r in results
+                               if r["finish"] == "stop" and not valid(r["text"], work.schema)]
                         invalid += len(bad)
                     summary = summarize(results, wall)
                     if results:
                         summary["server_cpu_ms_per_token"] = 1000 * cpu / max(sum(r["tokens"] for r in results), 1)
                     rows.append({"draft": draft_name, "clients": clients, "mode": mode, **summary})
             if args.faults and draft_name == "none":
-                faults = fault_figures(server.url, args.max_tokens)
-                faults["sigterm_to_exit_s"] = sigterm_seconds(server, args.max_tokens)
+                faults = fault_figures(server.url, work, args.max_tokens)
+                faults["sigterm_to_exit_s"] = sigterm_seconds(server, work, args.max_tokens)
         finally:
             server.stop()
 
