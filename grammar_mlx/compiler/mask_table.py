@@ -51,7 +51,9 @@ class MaskTable:
         self.limit_name = limit_name
         self._seed = seed
         self.num_rows = 0 if seed is None else len(seed)  # rows handed out (written)
-        self._index: dict[int, list[int]] | None = {} if seed is None else None  # hash of a packed row -> rows
+        self._index: dict[int, list[int]] | None = {} if seed is None else None  # see _words_index
+        self._by_ids: dict[bytes, int] = {}  # a sparse row's ids (int32 bytes) -> its row (unseeded tables)
+        self._ids_bytes = 0  # the bytes of those keys
         # (mx.array or None, numpy array of the rows): the array's memory when shared (rows written
         # in place), else a host copy that `device_masks` copies per new row.
         self._table: tuple[mx.array | None, np.ndarray] = (
@@ -120,17 +122,26 @@ class MaskTable:
         """The id of the row allowing exactly `tokens` (sorted distinct ids): an equal row's, or a new
         row written before its id is returned. `packed`: the row's words where the caller has them
         (`pack(tokens)`). `count`: the row's number of ids where `tokens` holds only some of them
-        (with `packed`, the whole row; at least `words`: such a row is keyed by its words, `_key`)."""
+        (with `packed`, the whole row; at least `words`: such a row is keyed by its words).
+
+        A row of fewer ids than words (a sparse row, most of a lazy grammar's) is keyed by its ids,
+        any other by its words; one mask has one id count, so it has one key. A seeded table keys
+        every row by its words (its seed rows come without ids). A new sparse row's ids go to the
+        kernels too (`kernels.note_row_ids`), so its first mask reads no words."""
         with self._lock:
-            if packed is None:
-                packed = self.pack(tokens)
             if count is not None and count < self.words:
                 raise InvalidArgumentError(f"a row given by its words needs at least {self.words} ids, not {count}")
-            key = self._key(tokens, packed) if count is None else hash(packed.tobytes())
-            index = self._content_index()
-            same = index.get(key)
-            if same is not None:
-                for row in same:  # equal hashes: compare the rows themselves
+            ids = self._sparse_ids(tokens) if count is None and len(tokens) < self.words else None
+            if ids is not None and self._seed is None:
+                row = self._by_ids.get(ids)
+                if row is not None:  # equal bytes of sorted distinct ids: the same mask
+                    return row
+            if packed is None:
+                packed = self.pack(tokens)
+            key = 0
+            if ids is None or self._seed is not None:
+                key = hash(packed.tobytes())
+                for row in self._words_index().get(key, ()):  # equal hashes: compare the rows themselves
                     if np.array_equal(self._table[1][row], packed):
                         return row
             row = self.num_rows
@@ -142,23 +153,34 @@ class MaskTable:
                 self._grow(max(4, 2 * row))
             table, host = self._table
             if table is not None:
-                from ..kernels.dispatch import before_host_write
+                from ..kernels.dispatch import before_host_write, note_row_ids
 
                 before_host_write()
+                if ids is not None:
+                    note_row_ids(table, row, np.frombuffer(ids, dtype=np.int32))
             host[row] = packed  # in place: row ids from `row` on were never handed out
-            index.setdefault(key, []).append(row)
+            if ids is not None and self._seed is None:
+                self._by_ids[ids] = row
+                self._ids_bytes += len(ids)
+            else:
+                self._words_index().setdefault(key, []).append(row)
             self.num_rows = row + 1  # last: readers see a row only once it is written
             return row
 
-    def _key(self, tokens: np.ndarray, packed: np.ndarray) -> int:
-        """A row's content hash: of its sorted distinct ids where they are fewer bytes than its words
-        (a sparse row, most of a lazy grammar's), else of its words. One mask has one id count, so it
-        has one key; a seeded table keys every row by its words (its rows come without ids)."""
-        if self._seed is None and len(tokens) < self.words:
-            return hash(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
-        return hash(packed.tobytes())
+    def _sparse_ids(self, tokens: np.ndarray) -> bytes:
+        """The bytes of a sparse row's ids as int32: its key. Ids outside the words are `pack`'s to
+        reject (no key holds one, so such a row is never found); a wider id is checked before the
+        cast, which would wrap it into range."""
+        ids = np.asarray(tokens)
+        if ids.dtype != np.int32 or ids.ndim != 1:
+            if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"tokens must be a 1-D integer array, got shape {ids.shape} of {ids.dtype}")
+            native.check_pack_ids(ids, self.words)
+            ids = ids.astype(np.int32)
+        return ids.tobytes()
 
-    def _content_index(self) -> dict[int, list[int]]:
+    def _words_index(self) -> dict[int, list[int]]:
+        """Rows keyed by their words: hash of the packed row -> the rows with that hash."""
         index = self._index
         if index is None:  # a seeded table: index its rows on the first add
             index = {}
@@ -200,7 +222,7 @@ class MaskTable:
         host = self._table[1]
         copy = self._copy
         own = 0 if host is self._seed else host.nbytes
-        index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES
+        index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES + self._ids_bytes
         bits = 0 if self._bits is None else self._bits.nbytes
         return int(own + (copy[1].nbytes if copy is not None else 0) + index + bits)
 
