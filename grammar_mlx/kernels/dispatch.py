@@ -326,7 +326,7 @@ def note_row_ids(mask_table: mx.array, row: int, ids: np.ndarray) -> None:
         raise KernelError("note_row_ids: mask_table must be a 2-D uint32 mx.array mask table")
     num_rows, words = mask_table.shape
     if type(row) is not int or not 0 <= row < num_rows:
-        raise KernelError(f"note_row_ids: row id {row!r:.80} is out of range for a mask table of {num_rows} rows")
+        raise KernelError(f"note_row_ids: row must be an int id below the table's {num_rows} rows, got {row!r:.80}")
     if not isinstance(ids, np.ndarray) or ids.ndim != 1 or ids.dtype != np.int32:
         raise KernelError("note_row_ids: ids must be a 1-D int32 numpy array")
     if not _ascending_below(ids, 32 * words):
