@@ -61,7 +61,7 @@ class MaskTable:
         self.num_rows = 0 if seed is None else len(seed)  # rows handed out (written)
         self._index: dict[int, list[int]] | None = {} if seed is None else None  # see _words_index
         self._by_ids: dict[bytes, int] = {}  # a sparse row's ids (int32 bytes) -> its row (unseeded tables)
-        self._ids_bytes = 0  # the bytes of those keys
+        self._ids_bytes = 0  # the bytes of sparse rows' ids (those keys, or noted: see add)
         # (mx.array or None, numpy array of the rows): the array's memory when shared (rows written
         # in place), else a host copy that `device_masks` copies per new row.
         self._table: tuple[mx.array | None, np.ndarray] = (
@@ -178,9 +178,10 @@ class MaskTable:
                     words[t >> 5] |= 1 << (t & 31)
             if ids is not None and self._seed is None:
                 self._by_ids[ids] = row
-                self._ids_bytes += len(ids)
             else:
                 self._words_index().setdefault(key, []).append(row)
+            if ids is not None:  # held as the row's key, or by the kernels as its noted ids
+                self._ids_bytes += len(ids)
             self.num_rows = row + 1  # last: readers see a row only once it is written
             return row
 
@@ -242,12 +243,12 @@ class MaskTable:
     @property
     def nbytes(self) -> int:
         """Bytes held beyond the seed (which its owner counts): the table as allocated (shared with
-        the device, or a host copy plus the fallback's device copy), the content index, the packing
-        buffer."""
+        the device, or a host copy plus the fallback's device copy), the content index and sparse
+        rows' ids (keys, noted ids), the packing buffer."""
         host = self._table[1]
         copy = self._copy
         own = 0 if host is self._seed else host.nbytes
-        index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES + self._ids_bytes
+        index = (0 if self._index is None else self.num_rows * ROW_INDEX_BYTES) + self._ids_bytes
         bits = 0 if self._bits is None else self._bits.nbytes
         return int(own + (copy[1].nbytes if copy is not None else 0) + index + bits)
 

@@ -169,3 +169,11 @@ def test_new_sparse_rows_tell_the_kernels_their_ids(monkeypatch, shared):
         out = np.asarray(mask(logits, row))[0]
         assert np.flatnonzero(np.isfinite(out)).tolist() == tokens.tolist()
     assert len(scanned) == (1 if shared else len(rows)), "only the dense row's words are read"
+
+
+def test_a_sparse_rows_ids_count_in_the_tables_bytes():
+    width = 32_000  # 1,000 words
+    short, long = MaskTable(width, 1 << 24), MaskTable(width, 1 << 24)
+    short.add(np.arange(10, dtype=np.int32))
+    long.add(np.arange(510, dtype=np.int32))
+    assert long.nbytes - short.nbytes == 500 * 4
