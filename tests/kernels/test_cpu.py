@@ -221,7 +221,8 @@ def test_row_cache_never_serves_a_dead_tables_rows_to_a_new_table(cache_mode):
         del table, out
         gc.collect()
         # The dead table's index and whole-table entry are gone; single rows stay, keyed by content.
-        assert dispatch._ROW_CACHE._tables == {}
+        # (Other tests' live tables may keep their noted ids through clear_row_cache.)
+        assert all(t.table() is not None for t in dispatch._ROW_CACHE._tables.values())
         assert set(dispatch._ROW_CACHE.keys()) == seen_rows
         assert dispatch._ROW_CACHE.nbytes == len(seen_rows) * (300 + 40)  # random rows are dense
 
