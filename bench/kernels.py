@@ -7,7 +7,8 @@ median round is reported, so background load hits floor and paths alike. Column 
 ratio of process CPU time (MLX's stream thread included), less hit by other processes than wall
 time. The summary lists issue 24's target rows (V = 151,936, the default path) beside the targets.
 
-Variants on the CPU device, each on a warm cache (first-use costs are printed separately):
+Variants on the CPU device, each on a warm cache (first-use costs are printed separately: the
+random rows of both tables, and at B = 1 a sparse row with its ids noted by its writer or read):
   cpu-fused/whole      the default when g++ is present; a 64-row table, small enough to be
                        cached unpacked whole (a batch is one gather, through the widest integer view that divides V)
   cpu-fused/rows       the same path on a 2,048-row table, too large for that: hot rows are
@@ -146,6 +147,29 @@ def first_use_us(logits: mx.array, table: mx.array, rows: list[int], repeats: in
     return statistics.median(times)
 
 
+def first_use_sparse_us(logits: mx.array, repeats: int = 5) -> dict[str, float]:
+    """B = 1: a call that finds nothing cached, on a row allowing 16 ids (a JSON structure state's):
+    "noted", its ids handed over by the table's writer (`kernels.note_row_ids`: a lazy grammar's new
+    rows), or "read" from its words. A fresh table each time (the masker's binding included)."""
+    vocab = logits.shape[1]
+    ids = np.sort(np.random.default_rng(vocab).choice(vocab, 16, replace=False)).astype(np.int32)
+    bits = np.zeros(-(-vocab // 32) * 32, dtype=np.uint8)
+    bits[ids] = 1
+    row = np.packbits(bits, bitorder="little").view("<u4")[None].astype(np.uint32)
+    out = {}
+    for name in ("noted", "read"):
+        times = []
+        for _ in range(repeats):
+            table = mx.array(row)
+            if name == "noted":
+                K.note_row_ids(table, 0, ids)
+            K.clear_row_cache()  # noted ids stay: they are the table's
+            times.append(time_calls(lambda table=table: K.apply_token_bitmask(logits, table, [0]), 1))
+        out[f"allowed k=16 {name}"] = statistics.median(times)
+    K.clear_row_cache()
+    return out
+
+
 def time_calls(fn, iters: int) -> float:
     return time_calls_cpu(fn, iters)[0]
 
@@ -169,6 +193,8 @@ def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters:
     rows = rng.choice(SMALL_TABLE_ROWS, size=batch, replace=False).tolist()
     mx.eval(logits, *(t for t, _ in tables.values()))
     first_use = {layout: first_use_us(logits, t, rows) for layout, (t, _) in tables.items()} if device == "cpu" else {}
+    if device == "cpu" and batch == 1:
+        first_use.update(first_use_sparse_us(logits))
     cases = variants(device, logits, tables, rows)
     for _, fn in cases:  # warm up: JIT builds, row cache fills
         time_calls(fn, 3)

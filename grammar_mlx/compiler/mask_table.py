@@ -11,7 +11,9 @@ holds: a new row is written into it in place (through a numpy view of its memory
 twice the rows, so U distinct rows make O(log U) tables (`copies`) and the kernels' per-table
 caches stay valid (the kernels package docstring, "Mask layout", states the rule); a grown table
 takes over the old one's row indexes and bound maskers (`kernels.dispatch.carry_row_cache`), so
-its rows are not looked up again after the copy. Where numpy
+its rows are not looked up again after the copy. A new row allowing fewer ids than it has words
+(most of a lazy grammar's) is keyed by its ids, and the kernels are told them (`kernels.
+note_row_ids`), so its first mask is built from them rather than read from its words. Where numpy
 cannot write into an MLX array's memory (`kernels.shared_array` returns None), the table is copied
 for each new row instead. A seeded table starts at exactly its seed's rows (no spare room until the
 first added row).
@@ -21,7 +23,10 @@ Threads: `add` runs under the table's lock; `device_masks` reads without one in 
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +39,9 @@ if TYPE_CHECKING:
 
 # A distinct row's slot in the content index (hash int, row id, the list holding it), upper-ish.
 ROW_INDEX_BYTES = 72 + 2 * 32 + 64
+# A new sparse row of at most this many ids has its bits set one by one in the zeroed row: below
+# that a Python loop costs less than `native.pack`'s call and the copy of its row-sized result.
+FEW_IDS = 16
 
 
 class MaskTable:
@@ -51,7 +59,9 @@ class MaskTable:
         self.limit_name = limit_name
         self._seed = seed
         self.num_rows = 0 if seed is None else len(seed)  # rows handed out (written)
-        self._index: dict[int, list[int]] | None = {} if seed is None else None  # hash of a packed row -> rows
+        self._index: dict[int, list[int]] | None = {} if seed is None else None  # see _words_index
+        self._by_ids: dict[bytes, int] = {}  # a sparse row's ids (int32 bytes) -> its row (unseeded tables)
+        self._ids_bytes = 0  # the bytes of sparse rows' ids (those keys, or noted: see add)
         # (mx.array or None, numpy array of the rows): the array's memory when shared (rows written
         # in place), else a host copy that `device_masks` copies per new row.
         self._table: tuple[mx.array | None, np.ndarray] = (
@@ -120,17 +130,30 @@ class MaskTable:
         """The id of the row allowing exactly `tokens` (sorted distinct ids): an equal row's, or a new
         row written before its id is returned. `packed`: the row's words where the caller has them
         (`pack(tokens)`). `count`: the row's number of ids where `tokens` holds only some of them
-        (with `packed`, the whole row; at least `words`: such a row is keyed by its words, `_key`)."""
+        (with `packed`, the whole row; at least `words`: such a row is keyed by its words).
+
+        A row of fewer ids than words (a sparse row, most of a lazy grammar's) is keyed by its ids,
+        any other by its words; one mask has one id count, so it has one key. A seeded table keys
+        every row by its words (its seed rows come without ids). A new sparse row's ids go to the
+        kernels too (`kernels.note_row_ids`), so its first mask reads no words."""
         with self._lock:
-            if packed is None:
-                packed = self.pack(tokens)
             if count is not None and count < self.words:
                 raise InvalidArgumentError(f"a row given by its words needs at least {self.words} ids, not {count}")
-            key = self._key(tokens, packed) if count is None else hash(packed.tobytes())
-            index = self._content_index()
-            same = index.get(key)
-            if same is not None:
-                for row in same:  # equal hashes: compare the rows themselves
+            ids = self._sparse_ids(tokens) if count is None and len(tokens) < self.words else None
+            if ids is not None and self._seed is None:
+                row = self._by_ids.get(ids)
+                if row is not None:  # equal bytes of sorted distinct ids: the same mask
+                    return row
+            few = None  # a new sparse row of a few ids: its bits are set in place, unpacked (below)
+            if packed is None:
+                if ids is not None and self._seed is None and len(ids) <= 4 * FEW_IDS:  # 4 bytes an id
+                    few = self._few_ids(ids)
+                else:
+                    packed = self.pack(tokens)
+            key = 0
+            if packed is not None and (ids is None or self._seed is not None):
+                key = hash(packed.tobytes())
+                for row in self._words_index().get(key, ()):  # equal hashes: compare the rows themselves
                     if np.array_equal(self._table[1][row], packed):
                         return row
             row = self.num_rows
@@ -142,23 +165,50 @@ class MaskTable:
                 self._grow(max(4, 2 * row))
             table, host = self._table
             if table is not None:
-                from ..kernels.dispatch import before_host_write
-
-                before_host_write()
-            host[row] = packed  # in place: row ids from `row` on were never handed out
-            index.setdefault(key, []).append(row)
+                kernels = _kernels()
+                kernels.before_host_write()
+                if ids is not None:
+                    kernels.note_row_ids(table, row, np.frombuffer(ids, dtype=np.int32))
+            # In place: row ids from `row` on were never handed out (and their rows are all zeros).
+            if packed is not None:
+                host[row] = packed
+            else:
+                words = host[row]
+                for t in few or ():
+                    words[t >> 5] |= 1 << (t & 31)
+            if ids is not None and self._seed is None:
+                self._by_ids[ids] = row
+            else:
+                self._words_index().setdefault(key, []).append(row)
+            if ids is not None:  # held as the row's key, or by the kernels as its noted ids
+                self._ids_bytes += len(ids)
             self.num_rows = row + 1  # last: readers see a row only once it is written
             return row
 
-    def _key(self, tokens: np.ndarray, packed: np.ndarray) -> int:
-        """A row's content hash: of its sorted distinct ids where they are fewer bytes than its words
-        (a sparse row, most of a lazy grammar's), else of its words. One mask has one id count, so it
-        has one key; a seeded table keys every row by its words (its rows come without ids)."""
-        if self._seed is None and len(tokens) < self.words:
-            return hash(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
-        return hash(packed.tobytes())
+    def _few_ids(self, ids: bytes) -> list[int]:
+        """A sparse row's few ids (int32 bytes) as ints, each checked to have a bit in the words as
+        `pack` checks it (raising its error)."""
+        listed: list[int] = np.frombuffer(ids, dtype=np.int32).tolist()
+        if listed and (listed[0] < 0 or listed[-1] >= 32 * self.words):
+            native.check_pack_ids(np.frombuffer(ids, dtype=np.int32), self.words)
+        return listed
 
-    def _content_index(self) -> dict[int, list[int]]:
+    def _sparse_ids(self, tokens: np.ndarray) -> bytes:
+        """The bytes of a sparse row's ids as int32 (its key), checked sorted and distinct (one mask,
+        one key). Ids outside the words are `pack`'s to reject (no key holds one, so such a row is
+        never found); a wider id is checked before the cast, which would wrap it into range."""
+        ids = np.asarray(tokens)
+        if ids.dtype != np.int32 or ids.ndim != 1:
+            if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"tokens must be a 1-D integer array, got shape {ids.shape} of {ids.dtype}")
+            native.check_pack_ids(ids, self.words)
+            ids = ids.astype(np.int32)
+        if len(ids) > 1 and not _ascending(ids):
+            raise InvalidArgumentError("tokens must be sorted distinct ids")
+        return ids.tobytes()
+
+    def _words_index(self) -> dict[int, list[int]]:
+        """Rows keyed by their words: hash of the packed row -> the rows with that hash."""
         index = self._index
         if index is None:  # a seeded table: index its rows on the first add
             index = {}
@@ -174,9 +224,7 @@ class MaskTable:
         previous, old = self._table
         shared = None
         if self._shared is not False:
-            from ..kernels.dispatch import shared_array
-
-            shared = shared_array((rows, self.words), np.uint32)
+            shared = _kernels().shared_array((rows, self.words), np.uint32)
             self._shared = shared is not None
         if shared is not None:
             table, host = shared
@@ -195,22 +243,37 @@ class MaskTable:
     @property
     def nbytes(self) -> int:
         """Bytes held beyond the seed (which its owner counts): the table as allocated (shared with
-        the device, or a host copy plus the fallback's device copy), the content index, the packing
-        buffer."""
+        the device, or a host copy plus the fallback's device copy), the content index and sparse
+        rows' ids (keys, noted ids), the packing buffer."""
         host = self._table[1]
         copy = self._copy
         own = 0 if host is self._seed else host.nbytes
-        index = 0 if self._index is None else self.num_rows * ROW_INDEX_BYTES
+        index = (0 if self._index is None else self.num_rows * ROW_INDEX_BYTES) + self._ids_bytes
         bits = 0 if self._bits is None else self._bits.nbytes
         return int(own + (copy[1].nbytes if copy is not None else 0) + index + bits)
+
+
+def _ascending(ids: np.ndarray) -> bool:
+    """Whether the int array `ids` is strictly ascending."""
+    if len(ids) <= FEW_IDS:  # as Python ints: cheaper than numpy's calls for a few
+        listed = ids.tolist()
+        return all(map(operator.lt, listed, listed[1:]))
+    return bool((ids[1:] > ids[:-1]).all())
+
+
+@functools.cache
+def _kernels() -> ModuleType:
+    """`kernels.dispatch`, imported on first use (the compiler loads without MLX), then found by a
+    cached call rather than an import statement per new row."""
+    from ..kernels import dispatch
+
+    return dispatch
 
 
 def _carry(old: mx.array, new: mx.array) -> None:
     """`kernels.dispatch.carry_row_cache`: `new` holds `old`'s rows first, so the kernels' per-table
     caches of `old` (row indexes, bound maskers) serve `new` without being rebuilt."""
-    from ..kernels.dispatch import carry_row_cache
-
-    carry_row_cache(old, new)
+    _kernels().carry_row_cache(old, new)
 
 
 def union_ids(parts: list[np.ndarray]) -> np.ndarray:

@@ -38,14 +38,17 @@ scattered in), any other the dense mask above. The forms copy bits and never com
 they are exact too; JSON structure states allow a handful of tokens and string states forbid a few
 thousand, and both forms cost less than the dense mask there (bench/kernels.py, "form/...").
 
-The CPU row cache (`cpu.RowCache`) keys single rows by their content, so a row is found again in
-every table that holds it (a lazy grammar's table, copied into a larger one when full; equal rows
-of different grammars share an entry); a table of at most a quarter of the bound also gets a
-whole-table entry for batches, an unpacked copy filled a row at a time on the first batch that uses
-the row (then a batch is one gather; a larger table's batch concatenates its rows' entries). One
-recency policy serves every entry: second chance (a hit marks its entry; eviction spares a marked
-entry once). Memory: the bound (`limits.ROW_CACHE_BYTES`; a dense row costs V + 4 W bytes, the id
-forms far less) plus one staging row of V bytes (unpacking).
+The CPU row cache (`cpu.RowCache`) keys rows by their content (a sparse row by its ids, any other
+by its words), so a row is found again in every table that holds it (a lazy grammar's table,
+copied into a larger one when full; equal rows of different grammars share an entry). A table's
+writer may hand over a new row's ids with the row (`note_row_ids`: a lazy grammar's new rows),
+so its first mask needs no pass over its words. A table of at most a quarter of the bound also
+gets a whole-table entry for batches, an unpacked copy filled a row at a time on the first batch
+that uses the row (then a batch is one gather; a larger table's batch concatenates its rows'
+entries). One recency policy serves every entry: second chance (a hit marks its entry; eviction
+spares a marked entry once). Memory: the bound (`limits.ROW_CACHE_BYTES`; a dense row costs V + 4 W
+bytes, the id forms far less) plus one staging row of V bytes (unpacking); noted ids are their
+writer's (a lazy grammar's table holds them as its rows' keys) and go with their table.
 
 A batch whose rows follow different tables (a server step mixing grammars, or constrained and free
 rows) goes through `apply_token_bitmasks`, one (table, row id) pick per row (None: every token
@@ -83,6 +86,7 @@ from .dispatch import (
     clear_row_cache,
     default_path,
     gathered_table,
+    note_row_ids,
     row_masker,
     set_row_cache_limit,
     shared_array,
@@ -107,6 +111,7 @@ __all__ = [
     "gathered_table",
     "kernel_source",
     "launch_geometry",
+    "note_row_ids",
     "row_masker",
     "set_row_cache_limit",
     "shared_array",

@@ -34,6 +34,7 @@ __all__ = [
     "jit_available",
     "row_appliers",
     "row_form",
+    "sparse_form",
     "stack_rows",
     "unpack",
 ]
@@ -108,38 +109,48 @@ def row_appliers(path: str, dtype: mx.Dtype) -> tuple[Applier, Applier, Applier]
 
 def row_form(words: np.ndarray, out: np.ndarray) -> tuple[int, mx.array]:
     """The cheapest form of one packed row `words` (1, W) at the width of `out` (1, V), an int8
-    buffer the row is unpacked into unless it allows few ids: those are counted by the words'
-    popcount and read from the nonzero words alone (unpacking the whole row and finding its few
-    ids in it costs several times more)."""
-    vocab = out.shape[1]
-    row = words[0].astype("<u4", copy=False)
+    buffer the row is unpacked into if it is dense: `sparse_form`'s ids, else the int8 mask."""
+    form, ids = sparse_form(words[0], out.shape[1])
+    return (DENSE, mx.array(unpack(words, out))) if ids is None else (form, mx.array(ids[None]))
+
+
+def sparse_form(words: np.ndarray, vocab: int) -> tuple[int, np.ndarray | None]:
+    """The sparse form of one packed row `words` (W,) for logits of width `vocab`: (ALLOWED, its
+    allowed ids) where at most V / 64 are allowed, (BLOCKED, its forbidden ids) where at most
+    V / 24 are forbidden, else (DENSE, None); ids sorted int32. Counted by the words' popcount and
+    read from the words alone (unpacking the whole row and finding its few ids in it costs several
+    times more)."""
+    row = words.astype("<u4", copy=False)
     width = min(vocab, len(row) * 32)  # ids at or past `width` are disallowed (unpack)
     bits = _native_bits()
     if bits is None:
-        return _row_form_numpy(words, row, width, out)
+        return _sparse_form_numpy(row, width, vocab)
     # Natively, one pass counts the set bits and one more reads the few set (or clear) ones. A row
     # forbids `vocab - width` columns past the table besides its clear bits.
     form, ids = bits.row_ids(np.ascontiguousarray(row), width, vocab // SPARSE_ALLOWED_FRACTION,
                              vocab // SPARSE_BLOCKED_FRACTION - (vocab - width))
     if form == ALLOWED:
-        return ALLOWED, mx.array(ids[None])
+        return ALLOWED, ids
     if form == BLOCKED:
-        if vocab > width:
-            ids = np.concatenate([ids, np.arange(width, vocab, dtype=np.int32)])
-        return BLOCKED, mx.array(ids[None])
-    return DENSE, mx.array(unpack(words, out))
+        return BLOCKED, _past_width(ids, width, vocab)
+    return DENSE, None
 
 
-def _row_form_numpy(words: np.ndarray, row: np.ndarray, width: int, out: np.ndarray) -> tuple[int, mx.array]:
-    """`row_form` without the native library (the same forms and arrays)."""
-    vocab = out.shape[1]
+def _sparse_form_numpy(row: np.ndarray, width: int, vocab: int) -> tuple[int, np.ndarray | None]:
+    """`sparse_form` without the native library (the same forms and ids)."""
     allowed = _popcount(row, width)
     if allowed <= vocab // SPARSE_ALLOWED_FRACTION:
-        return ALLOWED, mx.array(_set_bits(row, width)[None])
-    dense = unpack(words, out)
+        return ALLOWED, _set_bits(row, width)
     if vocab - allowed <= vocab // SPARSE_BLOCKED_FRACTION:
-        return BLOCKED, mx.array(np.flatnonzero(dense[0] == 0).astype(np.int32)[None])
-    return DENSE, mx.array(dense)
+        return BLOCKED, _past_width(_set_bits(~row, width), width, vocab)
+    return DENSE, None
+
+
+def _past_width(blocked: np.ndarray, width: int, vocab: int) -> np.ndarray:
+    """The forbidden ids `blocked` (all below `width`) with the columns from `width` to `vocab`."""
+    if vocab > width:
+        return np.concatenate([blocked, np.arange(width, vocab, dtype=np.int32)])
+    return blocked
 
 
 @functools.cache
@@ -215,6 +226,10 @@ def unpack(words: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+# The first item of a row entry's key, by the row's form (see `RowCache`).
+_FORM_KEYS = ("dense", "allowed", "blocked")
+
+
 class RowEntry:
     """One cache entry: a row in its `form` (or a whole table, `TableEntry`), its cost against the
     bound, and whether it was used since eviction last passed it (see `RowCache`)."""
@@ -246,21 +261,24 @@ RowIndex = dict[int, "weakref.ref[RowEntry]"]
 
 class TableState(NamedTuple):
     """What the cache keeps per live table: a weak reference to it, its row indexes by
-    ``(V, dense)``, and callers' per-table objects (`maskers`: dispatch's bound per-token maskers,
-    which must not hold the table)."""
+    ``(V, dense)``, callers' per-table objects (`maskers`: dispatch's bound per-token maskers,
+    which must not hold the table), and the allowed ids its writer noted for its sparse rows
+    (`note_ids`; row id -> sorted int32 ids)."""
 
     table: weakref.ref[mx.array]
     indexes: dict[tuple[int, bool], RowIndex]
     maskers: dict[Any, Any]
+    ids: dict[int, np.ndarray]
 
 
 class RowCache:
     """Unpacked masks for the CPU paths, in one queue bounded by `max_bytes`. Entries:
 
-    * single rows (per-token masking, B = 1), keyed ``("row", V, packed row bytes)``: the row in its
-      cheapest form (`row_form`), costing the array's bytes plus 4 W for the key.
-    * dense rows for batches of a large table, and for batches whose rows come from different
-      tables (`picked_masks`), keyed ``("dense", V, packed row bytes)``.
+    * rows in their cheapest form for per-token masking (B = 1, `sparse_form`): a sparse row keyed
+      ``("allowed", V, its ids' bytes)`` or ``("blocked", V, its ids' bytes)``, any other dense,
+      keyed ``("dense", V, packed row bytes)``. The same dense entries serve batches of a large
+      table and batches whose rows come from different tables (`picked_masks`). An entry costs
+      its array's bytes plus its key's.
     * whole tables for batches (B > 1), when the table has at most ``max_bytes // 4`` unpacked bytes
       (so several fit side by side), keyed ``("whole", table id, V)`` and dropped with the table:
       a `TableEntry` (a table that grows in place adds rows later: package docstring), so a batch
@@ -324,20 +342,42 @@ class RowCache:
                 return entry
         return self._load_row(table, index, vocab, row, dense)
 
+    def note_ids(self, table: mx.array, row: int, ids: np.ndarray) -> None:
+        """Keep `ids`, the sorted distinct int32 ids that row `row` of `table` allows (exactly its set
+        bits: the caller's promise), for the row's first use: a row allowing few of V tokens then
+        takes its sparse form from them without reading its words (`_load_row`)."""
+        with self._lock:
+            self._track(table).ids[row] = ids
+
     def _load_row(self, table: mx.array, index: RowIndex, vocab: int, row: int, dense: bool) -> RowEntry:
         with self._lock:
-            words = np.asarray(table)[row : row + 1]
-            key = ("dense" if dense else "row", vocab, words.tobytes())
+            form, data = self._content(table, vocab, row, dense)
+            content = data.tobytes()
+            key = (_FORM_KEYS[form], vocab, content)
             entry = self._queue.get(key)
             if entry is None:
-                out = self._scratch_row(vocab)
-                form, array = (DENSE, mx.array(unpack(words, out))) if dense else row_form(words, out)
-                entry = RowEntry(form, array, array.nbytes + len(key[2]))
+                array = mx.array(unpack(data[None], self._scratch_row(vocab)) if form == DENSE else data[None])
+                entry = RowEntry(form, array, array.nbytes + len(content))
                 self._admit(key, entry)
             else:
                 entry.used = True
             index[row] = weakref.ref(entry)
             return entry
+
+    def _content(self, table: mx.array, vocab: int, row: int, dense: bool) -> tuple[int, np.ndarray]:
+        """The row's form (DENSE where `dense`) and what its entry is keyed by: the ids of a sparse
+        form (few, so cheaper to hash than the words; noted ones need no words read at all), the
+        packed words of a dense row."""
+        if not dense:
+            ids = self._track(table).ids.get(row)
+            if ids is not None and len(ids) <= vocab // SPARSE_ALLOWED_FRACTION and (not len(ids) or ids[-1] < vocab):
+                return ALLOWED, ids
+        words = np.asarray(table)[row]
+        if not dense:
+            form, ids = sparse_form(words, vocab)
+            if ids is not None:
+                return form, ids
+        return DENSE, words
 
     # -- batches ---------------------------------------------------------------------------------
 
@@ -424,14 +464,14 @@ class RowCache:
         if tracked is None or tracked.table() is not table:
             if tracked is not None:  # the id belonged to a table that died before its callback ran
                 self._forget(table_id)
-            tracked = TableState(weakref.ref(table, functools.partial(self._table_died, table_id)), {}, {})
+            tracked = TableState(weakref.ref(table, functools.partial(self._table_died, table_id)), {}, {}, {})
             self._tables[table_id] = tracked
         return tracked
 
     def carry(self, old: mx.array, new: mx.array) -> list[Any]:
         """Make `new`, a table whose first rows are `old`'s rows (a grown copy), share `old`'s row
-        indexes, and return the keys of `old`'s per-table objects (`maskers`) for the caller to
-        bind to `new`. Sharing is exact because a row, once written, never changes: an id below
+        indexes and noted ids, and return the keys of `old`'s per-table objects (`maskers`) for the
+        caller to bind to `new`. Sharing is exact because a row, once written, never changes: an id below
         `old`'s rows names the same row in both tables, and `old` is never given an id past its own
         rows. Whole-table entries are not carried (they are shaped by the table's rows)."""
         with self._lock:
@@ -441,6 +481,10 @@ class RowCache:
             state = self._track(new)
             for key, index in tracked.indexes.items():
                 state.indexes.setdefault(key, index)
+            if state.ids:
+                state.ids.update(tracked.ids)
+            else:  # the usual case (a table is carried before it gets rows of its own): share the dict
+                self._tables[id(new)] = state._replace(ids=tracked.ids)
             return list(tracked.maskers)
 
     def _table_died(self, table_id: int, ref: weakref.ref[mx.array]) -> None:
@@ -456,13 +500,14 @@ class RowCache:
             self._bytes -= self._queue.pop(key).cost
 
     def clear(self) -> None:
-        """Drop every entry and index."""
+        """Drop every entry and index (noted ids stay: they describe their tables, as written)."""
         with self._lock:
             self._queue.clear()
             for tracked in self._tables.values():
                 for index in tracked.indexes.values():
                     index.clear()  # bound maskers hold these dicts
-            self._tables.clear()
+            self._tables = {table_id: TableState(tracked.table, {}, {}, tracked.ids)
+                            for table_id, tracked in self._tables.items() if tracked.ids}
             self._bytes = 0
             self._scratch = np.empty(0, dtype=np.int8)
 

@@ -32,6 +32,7 @@ __all__ = [
     "clear_row_cache",
     "default_path",
     "gathered_table",
+    "note_row_ids",
     "row_masker",
     "set_row_cache_limit",
     "shared_array",
@@ -309,6 +310,36 @@ def carry_row_cache(old: mx.array, new: mx.array) -> None:
             maskers = _ROW_CACHE.maskers(new)
         if key not in maskers:  # checked against `old`'s width and dtype, which `new` shares
             maskers[key] = _cpu_row_masker(new, shape[1], dtype, path)
+
+
+def note_row_ids(mask_table: mx.array, row: int, ids: np.ndarray) -> None:
+    """Tell the CPU paths which tokens row `row` of `mask_table` allows, as its writer knows them:
+    `ids`, 1-D int32, sorted and distinct, exactly the row's set bits (the caller's promise, as
+    the row's contents are `carry_row_cache`'s). A row allowing few tokens then takes its sparse
+    form from them on its first use, without its packed words being read (a lazy grammar's new
+    rows: compiler/mask_table.py). Call before the row id is first passed. Kept with the table's
+    other per-table state until the table dies, and carried to a grown copy (`carry_row_cache`);
+    keep `ids` small (a row's few ids) and never change them. Raises `KernelError` on a table that
+    is not a 2-D uint32 `mx.array`, a row id outside it, or ids that are not sorted distinct int32
+    ids of its bits."""
+    if not isinstance(mask_table, mx.array) or mask_table.ndim != 2 or mask_table.dtype != mx.uint32:
+        raise KernelError("note_row_ids: mask_table must be a 2-D uint32 mx.array mask table")
+    num_rows, words = mask_table.shape
+    if type(row) is not int or not 0 <= row < num_rows:
+        raise KernelError(f"note_row_ids: row must be an int id below the table's {num_rows} rows, got {row!r:.80}")
+    if not isinstance(ids, np.ndarray) or ids.ndim != 1 or ids.dtype != np.int32:
+        raise KernelError("note_row_ids: ids must be a 1-D int32 numpy array")
+    if not _ascending_below(ids, 32 * words):
+        raise KernelError(f"note_row_ids: ids must be sorted, distinct and from 0 to {32 * words - 1} (the row's bits)")
+    _ROW_CACHE.note_ids(mask_table, row, ids)
+
+
+def _ascending_below(ids: np.ndarray, bound: int) -> bool:
+    """Whether the int array `ids` is strictly ascending, from 0 and below `bound`."""
+    if len(ids) <= 64:  # a few ids (the usual note): compared as Python ints, cheaper than numpy's calls
+        listed = ids.tolist()
+        return not listed or (listed[0] >= 0 and listed[-1] < bound and all(map(operator.lt, listed, listed[1:])))
+    return bool(ids[0] >= 0 and ids[-1] < bound and (ids[1:] > ids[:-1]).all())
 
 
 def clear_row_cache() -> None:

@@ -93,3 +93,87 @@ def test_a_grown_table_masks_exactly_and_looks_no_row_up_twice(monkeypatch, shar
     assert len(bound) == table.copies and len(bound) > 4
     assert sorted(set(loads)) == sorted(loads) == list(range(40)), "each row looked up once over every table"
     assert len(checks) == 1, "only the first table's masker was checked"
+
+
+def test_sparse_rows_are_found_by_their_ids_and_a_few_ids_are_set_in_place(monkeypatch):
+    """A sparse row is keyed by its ids: found again without packing; a new one of a few ids has
+    its bits set in the zeroed row (no pack either), a larger one is packed; each reads back as
+    the mask of its ids, and a dense row is still found by its words."""
+    from grammar_mlx.compiler import mask_table
+
+    width = 1000  # 32 words
+    table = MaskTable(width, 1 << 20)
+    packs = []
+    real_pack = MaskTable.pack
+    monkeypatch.setattr(MaskTable, "pack", lambda self, t: (packs.append(len(t)), real_pack(self, t))[1])
+    few = np.array([0, 31, 32, 999], dtype=np.int32)
+    some = np.arange(1, 1 + 2 * (mask_table.FEW_IDS + 1), 2, dtype=np.int32)
+    dense = np.arange(0, width, 7, dtype=np.int32)
+    ids = [table.add(few), table.add(some), table.add(dense)]
+    assert ids == [0, 1, 2] and packs == [len(some), len(dense)]
+    assert [table.add(few), table.add(some.astype(np.int64)), table.add(dense)] == ids
+    assert packs == [len(some), len(dense), len(dense)], "only the dense row is packed to be found"
+    for row, tokens in zip(ids, (few, some, dense)):
+        assert unpack(table.rows[row], width) == tokens.tolist()
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        (np.array([5, 3], dtype=np.int32), "sorted distinct"),
+        (np.array([3, 3], dtype=np.int32), "sorted distinct"),
+        (np.arange(20, dtype=np.int32)[::-1].copy(), "sorted distinct"),  # past FEW_IDS, below the words
+        (np.array([3, 1024], dtype=np.int32), "outside the 1024 ids"),
+        (np.array([-1, 3], dtype=np.int32), "outside the 1024 ids"),
+        (np.array([3, 2**32 + 5], dtype=np.int64), "outside the 1024 ids"),
+        (np.array([[3]], dtype=np.int32), "1-D integer"),
+        (np.array([3.0]), "1-D integer"),
+    ],
+)
+def test_bad_tokens_raise_and_leave_the_table_as_it_was(tokens, message):
+    table = MaskTable(1000, 1 << 20)
+    first = table.add(np.array([5], dtype=np.int32))
+    with pytest.raises(InvalidArgumentError, match=message):
+        table.add(tokens)
+    assert table.num_rows == 1 and table.add(np.array([5], dtype=np.int32)) == first
+    assert table.add(np.array([3], dtype=np.int32)) == 1 and unpack(table.rows[1], 1000) == [3]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["in-place", "copy-per-row"])
+def test_new_sparse_rows_tell_the_kernels_their_ids(monkeypatch, shared):
+    """A new sparse row's ids go to the kernels (`kernels.note_row_ids`) with the row, so its first
+    mask reads no words; a dense row's do not (a row given by its words has only some of them),
+    nor where the table is copied per new row (no device table to note them on)."""
+    import mlx.core as mx
+
+    from grammar_mlx.kernels import cpu, dispatch
+
+    if not shared:
+        monkeypatch.setattr(dispatch, "_host_writes_visible", lambda: False)
+    dispatch.clear_row_cache()
+    width = 2000  # 63 words; a row of up to 31 ids takes the allowed form
+    table = MaskTable(width, 1 << 20)
+    rows = [np.array([3, 64], dtype=np.int32), np.arange(0, width, 2, dtype=np.int32),
+            np.arange(100, 120, dtype=np.int32), np.zeros(0, dtype=np.int32)]  # the third packed, not set in place
+    ids = [table.add(tokens) for tokens in rows]
+    masks = table.device_masks()
+    tracked = dispatch._ROW_CACHE._tables.get(id(masks))
+    noted = {} if tracked is None else {r: a.tolist() for r, a in tracked.ids.items()}
+    assert noted == ({ids[0]: [3, 64], ids[2]: list(range(100, 120)), ids[3]: []} if shared else {})
+    scanned = []
+    real_form = cpu.sparse_form
+    monkeypatch.setattr(cpu, "sparse_form", lambda words, v: (scanned.append(1), real_form(words, v))[1])
+    logits = mx.array(np.random.default_rng(8).normal(size=(1, width)).astype(np.float32))
+    mask = dispatch.row_masker(masks, width, mx.float32)
+    for row, tokens in zip(ids, rows):
+        out = np.asarray(mask(logits, row))[0]
+        assert np.flatnonzero(np.isfinite(out)).tolist() == tokens.tolist()
+    assert len(scanned) == (1 if shared else len(rows)), "only the dense row's words are read"
+
+
+def test_a_sparse_rows_ids_count_in_the_tables_bytes():
+    width = 32_000  # 1,000 words
+    short, long = MaskTable(width, 1 << 24), MaskTable(width, 1 << 24)
+    short.add(np.arange(10, dtype=np.int32))
+    long.add(np.arange(510, dtype=np.int32))
+    assert long.nbytes - short.nbytes == 500 * 4

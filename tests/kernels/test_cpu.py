@@ -214,14 +214,15 @@ def test_row_cache_never_serves_a_dead_tables_rows_to_a_new_table(cache_mode):
             bits = make_logit_bits(rng, "float32", len(rows), 300)
             out = dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, rows)
             np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, rows, 0xFF800000))
-        if i % 3 != 1:
-            seen_rows.add(("row", 300, table_np[1].tobytes()))
+        if i % 3 != 1:  # a dense single row: the entry a batch takes too
+            seen_rows.add(("dense", 300, table_np[1].tobytes()))
         if cache_mode == "row-by-row" and i % 3 != 2:  # the batch's rows, dense
             seen_rows.update(("dense", 300, table_np[r].tobytes()) for r in (0, 2))
         del table, out
         gc.collect()
         # The dead table's index and whole-table entry are gone; single rows stay, keyed by content.
-        assert dispatch._ROW_CACHE._tables == {}
+        # (Other tests' live tables may keep their noted ids through clear_row_cache.)
+        assert all(t.table() is not None for t in dispatch._ROW_CACHE._tables.values())
         assert set(dispatch._ROW_CACHE.keys()) == seen_rows
         assert dispatch._ROW_CACHE.nbytes == len(seen_rows) * (300 + 40)  # random rows are dense
 

@@ -3,6 +3,7 @@ checks and errors, the choice of path, and arrays numpy writes in place (tables 
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -23,12 +24,13 @@ from mask_cases import (
     make_logit_bits,
     make_table,
     reference,
+    row_with,
     to_bits,
     to_mx,
 )
 
 from grammar_mlx.errors import KernelError
-from grammar_mlx.kernels import dispatch, gpu
+from grammar_mlx.kernels import cpu, dispatch, gpu
 
 # The kernels tests' fixtures (mask_cases), bound here so pytest finds them by name.
 fresh_row_cache = mask_cases.fresh_row_cache
@@ -406,6 +408,119 @@ def test_a_grown_table_takes_over_the_old_tables_row_index_and_masker(path, monk
 def test_carrying_to_a_table_that_cannot_hold_the_rows_raises_kernel_error(old, new, message):
     with pytest.raises(KernelError, match=message):
         dispatch.carry_row_cache(old, new)
+
+
+# ---------------------------------------------------------------------------------------------
+# note_row_ids: a row's ids from its writer
+
+
+def _noting_case(rng: np.random.Generator):
+    """A table (V = 4200 over 132 words: 32 padding bits) whose rows are (ids, noted): a few ids
+    noted and the same ids not, too many ids for the allowed form, ids in the padding (ignored by
+    the mask, so a note naming them is not taken), and no ids at all."""
+    vocab, words = 4200, 132
+    few = np.sort(rng.choice(vocab, 7, replace=False)).astype(np.int32)
+    many = np.sort(rng.choice(vocab, vocab // 64 + 1, replace=False)).astype(np.int32)
+    padded = np.array([5, 4199, 4210], dtype=np.int32)
+    rows = [(few, True), (few, False), (many, True), (padded, True), (np.zeros(0, dtype=np.int32), True)]
+    table_np = np.stack([row_with(vocab, words, ids) for ids, _ in rows])
+    return vocab, rows, table_np
+
+
+@pytest.mark.parametrize("path", cpu_paths())
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_noted_rows_take_their_allowed_form_from_their_ids_and_mask_exactly(path, dtype, monkeypatch):
+    vocab, rows, table_np = _noting_case(np.random.default_rng(31))
+    table = mx.array(table_np)
+    for r, (ids, noted) in enumerate(rows):
+        if noted:
+            dispatch.note_row_ids(table, r, ids)
+    scanned = []
+    real_form = cpu.sparse_form
+    monkeypatch.setattr(cpu, "sparse_form", lambda words, v: (scanned.append(1), real_form(words, v))[1])
+    mask = dispatch.row_masker(table, vocab, DTYPES[dtype][0], path=path)
+    rng = np.random.default_rng(32)
+    for r in range(len(rows)):
+        for apply in (lambda x, r=r: mask(x, r), lambda x, r=r: dispatch.apply_token_bitmask(x, table, [r], path=path)):
+            bits = make_logit_bits(rng, dtype, 1, vocab)
+            np.testing.assert_array_equal(to_bits(apply(to_mx(bits, dtype)), dtype),
+                                          reference(bits, table_np, [r], DTYPES[dtype][2]), err_msg=str(r))
+    # Read from the words: the row not noted (its entry is the noted row's: keyed by the same ids),
+    # too many ids for V / 64 and ids past V.
+    assert len(scanned) == 3
+    index = dispatch._ROW_CACHE.row_index(table, vocab)
+    entries = [index[r]() for r in range(len(rows))]
+    assert entries[0] is entries[1] and [e.form for e in entries] == [cpu.ALLOWED, cpu.ALLOWED, cpu.DENSE,
+                                                                      cpu.ALLOWED, cpu.ALLOWED]
+    np.testing.assert_array_equal(np.asarray(entries[3].array)[0], [5, 4199])
+    assert ("allowed", vocab, rows[0][0].tobytes()) in dispatch._ROW_CACHE.keys()
+
+
+def test_noted_ids_follow_a_grown_table_outlive_a_cleared_cache_and_go_with_the_table(monkeypatch):
+    vocab, rows, table_np = _noting_case(np.random.default_rng(33))
+    old = mx.array(table_np[:2])
+    dispatch.note_row_ids(old, 0, rows[0][0])
+    new, view = dispatch.shared_array((4, table_np.shape[1]), np.uint32)
+    view[:2] = table_np[:2]
+    dispatch.carry_row_cache(old, new)
+    dispatch.before_host_write()
+    view[2] = table_np[4]
+    dispatch.note_row_ids(new, 2, rows[4][0])
+    dispatch.clear_row_cache()
+    scanned = []
+    real_form = cpu.sparse_form
+    monkeypatch.setattr(cpu, "sparse_form", lambda words, v: (scanned.append(1), real_form(words, v))[1])
+    bits = make_logit_bits(np.random.default_rng(34), "float32", 1, vocab)
+    for table, r, want in ((new, 0, table_np[0]), (new, 2, table_np[4]), (old, 0, table_np[0])):
+        out = dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, [r])
+        np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, want[None], [0], 0xFF800000))
+    assert scanned == [], "every row used was noted, through either table"
+    del old, new, view, table, out
+    gc.collect()
+    assert all(t.table() is not None for t in dispatch._ROW_CACHE._tables.values()), "the notes died with the tables"
+
+
+def test_a_dense_row_has_one_entry_for_single_rows_and_batches(monkeypatch):
+    unpacked = []
+    real_unpack = cpu.unpack
+    monkeypatch.setattr(cpu, "unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    rng = np.random.default_rng(35)
+    vocab = 300
+    table_np = make_table(rng, "random", 2, 10)
+    table, other = mx.array(table_np), mx.array(table_np[::-1].copy())
+    bits = make_logit_bits(rng, "float32", 2, vocab)
+    single = dispatch.apply_token_bitmask(to_mx(bits[:1], "float32"), table, [0])
+    picked = dispatch.apply_token_bitmasks(to_mx(bits, "float32"), [(table, 0), (other, 0)])
+    np.testing.assert_array_equal(to_bits(single, "float32"), reference(bits[:1], table_np, [0], 0xFF800000))
+    np.testing.assert_array_equal(to_bits(picked, "float32"), reference(bits, table_np, [0, 1], 0xFF800000))
+    assert unpacked == [1, 1], "row 0 once for the single row and the batch, row 1 once"
+    assert sorted(k[0] for k in dispatch._ROW_CACHE.keys()) == ["dense", "dense"]
+
+
+@pytest.mark.parametrize(
+    "table, row, ids, message",
+    [
+        (np.zeros((4, 2), dtype=np.uint32), 0, np.array([1], dtype=np.int32), "mask_table must be"),
+        (mx.zeros((4, 2), dtype=mx.int32), 0, np.array([1], dtype=np.int32), "mask_table must be"),
+        (mx.zeros((4,), dtype=mx.uint32), 0, np.array([1], dtype=np.int32), "mask_table must be"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 4, np.array([1], dtype=np.int32), "row must be an int"),
+        (mx.zeros((4, 2), dtype=mx.uint32), -1, np.array([1], dtype=np.int32), "row must be an int"),
+        (mx.zeros((4, 2), dtype=mx.uint32), np.int64(0), np.array([1], dtype=np.int32), "row must be an int"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, np.array([1], dtype=np.int64), "1-D int32"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, np.array([[1]], dtype=np.int32), "1-D int32"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, [1], "1-D int32"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, np.array([3, 1], dtype=np.int32), "sorted, distinct"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, np.array([1, 1], dtype=np.int32), "sorted, distinct"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, np.array([-1, 1], dtype=np.int32), "sorted, distinct"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, np.array([1, 64], dtype=np.int32), "from 0 to 63"),
+        (mx.zeros((4, 2), dtype=mx.uint32), 0, np.arange(100, dtype=np.int32)[::-1].copy(), "sorted, distinct"),
+    ],
+)
+def test_bad_notes_raise_kernel_error(table, row, ids, message):
+    with pytest.raises(KernelError, match=message):
+        dispatch.note_row_ids(table, row, ids)
+    tracked = dispatch._ROW_CACHE._tables.get(id(table))
+    assert tracked is None or not tracked.ids, "nothing noted"
 
 
 # ---------------------------------------------------------------------------------------------
