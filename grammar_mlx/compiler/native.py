@@ -1,17 +1,21 @@
-"""The token-row walk and mask packing as native code (row_walk.cpp), built from source on first use.
+"""The token-row walk, mask packing and subset construction as native code (row_walk.cpp,
+subset.cpp), built from source on first use.
 
 `token_index.walk` (numpy) is the reference: `walk`, `pack` here compute the same rows and masks
 (tests/compiler/test_native.py holds them equal on random regexes and corpus schemas), in one loop
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
 over its live trie nodes. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
-kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference).
+kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference). `Subset` is
+the on-demand subset construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer`
+is its reference and drives it): a walk over a DFA built on demand computes the rows it meets in
+place, returning to Python only when the NFA must be built further or the DFA's arrays grown.
 
-Built with the system's C++ compiler (`$CXX`, else g++, else c++) into the grammar cache directory
-(`cache.default_cache_dir()/native`, keyed by a hash of the source and the platform), atomically,
-once per machine; loaded with ctypes. Where no compiler is found, the build fails, or
-`GRAMMAR_MLX_NATIVE=0`, `available()` is False and the numpy path runs (same rows). Nothing here
-raises to a caller but a bad argument (`InvalidArgumentError`): a failed build is logged once and
-remembered.
+Built (both sources, one library) with the system's C++ compiler (`$CXX`, else g++, else c++) into
+the grammar cache directory (`cache.default_cache_dir()/native`, keyed by a hash of the sources and
+the platform), atomically, once per machine; loaded with ctypes. Where no compiler is found, the
+build fails, or `GRAMMAR_MLX_NATIVE=0`, `available()` is False and the numpy path runs (same rows).
+Nothing here raises to a caller but a bad argument (`InvalidArgumentError`) and what building the
+NFA or the DFA further raised (`Subset`): a failed build is logged once and remembered.
 
 This module imports only the standard library, numpy and the errors (the compile worker loads token_index,
 which imports it lazily, without the package's `__init__`).
@@ -29,6 +33,7 @@ import subprocess
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,18 +45,21 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["available", "check_pack_ids", "live_nodes", "merge", "pack", "row_ids", "unset", "walk"]
+__all__ = ["Subset", "available", "check_pack_ids", "live_nodes", "merge", "pack", "row_ids", "unset", "walk"]
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("row_walk.cpp")
+SOURCES = (Path(__file__).with_name("row_walk.cpp"), Path(__file__).with_name("subset.cpp"))
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
 _TRIED = False
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 # gm_walk's callback: computes a missing DFA row, returns the table's address (NULL: it raised).
-_FETCH = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int32)
+_FETCH = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
 _NO_FETCH = _FETCH()  # NULL: a complete DFA's walk (no row is missing)
+# GmSubset's callbacks (subset.cpp): build what a pending NFA state's closure reaches; grow the arrays.
+_EXPAND = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
+_GROW = ctypes.CFUNCTYPE(ctypes.c_int32)
 
 
 def _compiler() -> str | None:
@@ -74,9 +82,9 @@ def _build() -> ctypes.CDLL | None:
     if os.environ.get("GRAMMAR_MLX_NATIVE", "1").strip().lower() in ("0", "false", "off", "no"):
         return None
     cxx = _compiler()
-    if cxx is None or not SOURCE.exists():
+    if cxx is None or not all(path.exists() for path in SOURCES):
         return None
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     tag = hashlib.sha256(source + platform.platform().encode() + cxx.encode()).hexdigest()[:16]
     directory = _build_dir()
     target = directory / f"row_walk-{tag}.so"
@@ -86,7 +94,7 @@ def _build() -> ctypes.CDLL | None:
             fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
             os.close(fd)
             try:
-                subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-std=c++11", "-o", tmp, str(SOURCE)],
+                subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-std=c++11", "-o", tmp, *map(str, SOURCES)],
                                check=True, capture_output=True, timeout=120)
                 os.replace(tmp, target)  # atomic: a concurrent build writes the same file
             finally:
@@ -103,7 +111,21 @@ def _build() -> ctypes.CDLL | None:
         log.warning("native row walk not loaded (%s); using the numpy walk", exc)
         return None
     lib.gm_walk.restype = _I
-    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _FETCH]
+    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _P, _P]
+    lib.gm_subset_new.restype = _P
+    lib.gm_subset_new.argtypes = [ctypes.c_int32, ctypes.c_int32, _P, _EXPAND, _GROW]
+    lib.gm_subset_free.restype = None
+    lib.gm_subset_free.argtypes = [_P]
+    lib.gm_subset_push.restype = None
+    lib.gm_subset_push.argtypes = [_P, _P, _I]
+    lib.gm_subset_start.restype = ctypes.c_int32
+    lib.gm_subset_start.argtypes = [_P, ctypes.c_int32]
+    lib.gm_subset_fetch.restype = _P
+    lib.gm_subset_fetch.argtypes = [_P, ctypes.c_int32]
+    lib.gm_subset_members.restype = _I
+    lib.gm_subset_members.argtypes = [_P, ctypes.c_int32, ctypes.c_int32, _P, _I]
+    lib.gm_subset_bytes.restype = _I
+    lib.gm_subset_bytes.argtypes = [_P]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
@@ -182,7 +204,7 @@ class _Scratch:
         self.error: BaseException | None = None
         self.fetch = _FETCH(self._fetch_row)
 
-    def _fetch_row(self, state: int) -> int | None:
+    def _fetch_row(self, _ctx: int | None, state: int) -> int | None:
         """gm_walk's callback: the row of `state` computed, the table's address (None: it raised,
         the error kept for the walk's caller; an exception must not cross the C frames)."""
         try:
@@ -199,6 +221,115 @@ class _Scratch:
 
 
 _BUFFERS: weakref.WeakKeyDictionary[TokenTrie, _TrieBuffers] = weakref.WeakKeyDictionary()
+
+# subset.cpp's `io` slots.
+IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY, IO_MAX_STATES, IO_STATES, IO_ROWS, IO_ERROR = range(8)
+
+
+class Subset:
+    """A native subset construction (subset.cpp's GmSubset) for `automata.byte_nfa.Determinizer`,
+    which pushes the NFA states into it (`push`) and builds what a closure meets pending (`expand`,
+    called back from the native side). It writes rows, accepting and live flags straight into the
+    bound `ByteDFA`'s arrays (`bind`), has them grown through `ByteDFA._grow`, and tells the DFA its
+    new counts after each call (`finish`, which raises what failed). Call only where `available()`,
+    under the DFA's lock."""
+
+    def __init__(self, num_classes: int, all_live: bool, expand: Callable[[int], None]) -> None:
+        lib = library()
+        assert lib is not None, "native.Subset without the library (check available() first)"
+        self._lib = lib
+        self.io = np.zeros(8, np.int64)
+        self.dfa: ByteDFA | None = None
+        self.error: BaseException | None = None
+        self._expand_py = expand
+        self._callbacks = (_EXPAND(self._expand), _GROW(self._grow))
+        self.handle: int = lib.gm_subset_new(num_classes, int(all_live), _address(self.io), *self._callbacks)
+        weakref.finalize(self, lib.gm_subset_free, self.handle)
+        # gm_walk's fetch for this DFA: the native row computation, this subset its context.
+        self.fetch = ctypes.cast(lib.gm_subset_fetch, ctypes.c_void_p).value
+
+    def bind(self, dfa: ByteDFA) -> None:
+        """Write into `dfa`'s arrays (its dead state made, no other state yet)."""
+        self.dfa = dfa
+        self._arrays()
+
+    def _arrays(self) -> None:
+        dfa = self.dfa
+        assert dfa is not None
+        self.io[[IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY]] = (
+            _address(dfa.table), _address(dfa.accepting), _address(dfa.live), len(dfa.accepting))
+
+    def _expand(self, nfa_state: int) -> int:
+        try:
+            self._expand_py(nfa_state)
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - raised by `finish` once the native call returns
+            self.error = exc
+            return 1
+
+    def _grow(self) -> int:
+        try:
+            assert self.dfa is not None
+            self.dfa._grow()
+            self._arrays()
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - raised by `finish` once the native call returns
+            self.error = exc
+            return 1
+
+    def push(self, records: np.ndarray) -> None:
+        """NFA state records (int32; see subset.cpp's gm_subset_push)."""
+        self._lib.gm_subset_push(self.handle, _address(records), len(records))
+
+    def begin(self) -> None:
+        """Before a call that may add states: the DFA's current cap."""
+        assert self.dfa is not None
+        self.io[IO_MAX_STATES] = self.dfa.max_states
+
+    def start(self, nfa_state: int) -> int:
+        """The DFA state of `nfa_state`'s closure (the initial state)."""
+        self.begin()
+        sid: int = self._lib.gm_subset_start(self.handle, nfa_state)
+        self.finish()
+        return sid
+
+    def row(self, state: int) -> None:
+        """Compute `state`'s row into the table (if it is unknown)."""
+        self.begin()
+        self._lib.gm_subset_fetch(self.handle, state)
+        self.finish()
+
+    def finish(self) -> None:
+        """After a call: the DFA's counts brought up to date, then the error it met raised."""
+        dfa, io = self.dfa, self.io
+        assert dfa is not None
+        dfa._grown(int(io[IO_STATES]), 1 + int(io[IO_ROWS]))
+        code = int(io[IO_ERROR])
+        if code:
+            io[IO_ERROR] = 0
+            error, self.error = self.error, None
+            if code == 2:
+                raise dfa.too_large()
+            raise error if error is not None else AssertionError("the native subset construction failed")
+
+    @property
+    def num_states(self) -> int:
+        """DFA states made so far (the dead one not counted)."""
+        return int(self.io[IO_STATES])
+
+    def members(self, state: int, ever: bool = False) -> list[int] | None:
+        """The NFA states of DFA state `state` while its row is unknown (None after), or ever (`ever`)."""
+        out = np.empty(16, np.int32)
+        count = self._lib.gm_subset_members(self.handle, state, int(ever), _address(out), len(out))
+        if count > len(out):
+            out = np.empty(count, np.int32)
+            count = self._lib.gm_subset_members(self.handle, state, int(ever), _address(out), len(out))
+        return None if count < 0 else out[:count].tolist()
+
+    @property
+    def nbytes(self) -> int:
+        """The native side's heap, roughly (its vectors and hash tables)."""
+        return int(self._lib.gm_subset_bytes(self.handle)) + self.io.nbytes
 
 
 def _buffers(trie: TokenTrie) -> _TrieBuffers:
@@ -269,12 +400,24 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     nodes, states, _, _, _, cursor = sc.ptrs
     child_start, child_count, _, _, _, node_byte = buf.ptrs
     classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
+    subset = dfa.subset if pending else None
+    if subset is not None:  # missing rows computed natively, without a return to Python per row
+        with dfa._lock:
+            subset.begin()
+            try:
+                done = lib.gm_walk(_address(dfa.table), width, dead, _address(classes), node_byte, child_start,
+                                   child_count, nodes, states, cursor, subset.fetch, subset.handle)
+            finally:
+                subset.finish()
+        if done != 0:  # pragma: no cover - a failed row raised in `finish`
+            raise AssertionError("native walk met an unknown row it could not compute")
+        return int(sc.cursor[2])
     # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`; a row computation
     # never walks a trie, which would reuse this thread's scratch).
     sc.dfa, sc.table, sc.address, sc.error = dfa, table, _address(table), None
     try:
         done = lib.gm_walk(sc.address, width, dead, _address(classes), node_byte, child_start,
-                           child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH)
+                           child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH, None)
         error = sc.error
     finally:
         sc.dfa = sc.table = sc.error = None

@@ -6,10 +6,12 @@
 // appended to `nodes`/`states`; `cursor` = {lo, hi, count}: the pairs [lo, hi) are the level to
 // expand first, `count` the pairs written; {-1, level-0 nodes, start state} starts a walk (the start
 // state's row must be known); on return `cursor[2]` is the pairs' count. A DFA built on demand holds
-// UNKNOWN (negative) in rows not computed yet: the walk calls `fetch(state)`, which computes that row
+// UNKNOWN (negative) in rows not computed yet: the walk calls `fetch(ctx, state)`, which computes that row
 // and returns the table (its memory may have moved as the DFA grew), and goes on in place, so a walk
-// is one call however many new states it meets. Returns 0 when done, -1 when `fetch` failed (NULL:
-// the caller re-raises its error), -2 for an unknown row without `fetch` (a complete DFA has none).
+// is one call however many new states it meets: `fetch` is a Python callback (ctx unused) or, for a
+// DFA whose subset construction is native, gm_subset_fetch (subset.cpp) with its GmSubset as ctx.
+// Returns 0 when done, -1 when `fetch` failed (NULL: the caller re-raises its error), -2 for an
+// unknown row without `fetch` (a complete DFA has none).
 // A node's column is read as `classes[node_byte[node]]` (the DFA's 256-entry byte-class map and the
 // trie's bytes), so a DFA walked once (a grammar's terminal) needs no per-node class array built for it.
 //
@@ -39,11 +41,11 @@
 
 extern "C" {
 
-typedef const int32_t* (*gm_fetch)(int32_t state);
+typedef const int32_t* (*gm_fetch)(void* ctx, int32_t state);
 
 int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, const int32_t* node_byte,
                 const int32_t* child_start, const int32_t* child_count, int32_t* nodes, int32_t* states,
-                int64_t* cursor, gm_fetch fetch) {
+                int64_t* cursor, gm_fetch fetch, void* ctx) {
     int64_t lo = cursor[0], hi = cursor[1], count = cursor[2];
     if (lo < 0) {  // a new walk: the root's children (level 0, nodes 0..hi-1) from state `count`
         const int32_t* row = table + count * width;  // the caller computed this row
@@ -71,7 +73,7 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
                 int32_t t = row[classes[node_byte[c]]];
                 if (t < 0) {  // the row is unknown (a DFA built on demand): have it computed, then go on
                     if (fetch == nullptr) return -2;
-                    table = fetch(s);
+                    table = fetch(ctx, s);
                     if (table == nullptr) return -1;  // the row source raised: the caller re-raises
                     row = table + static_cast<int64_t>(s) * width;
                     t = row[classes[node_byte[c]]];

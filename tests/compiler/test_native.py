@@ -42,7 +42,7 @@ def names(dfa: ByteDFA) -> dict[int, object]:
     source = getattr(dfa, "_source", None)
     if source is None:
         return {q: q for q in range(dfa.num_states + 1)}
-    named: dict[int, object] = {sid: nfa_set for nfa_set, sid in source._ids.items()}
+    named: dict[int, object] = dict(source.state_sets())
     named[dfa.dead] = "dead"
     return named
 
@@ -120,10 +120,10 @@ def _state_of(dfa: ByteDFA, nfa_set: object) -> int:
     """The id of the state standing for `nfa_set` in an on-demand DFA, determinizing it until it has one."""
     source = dfa._source
     q = 1
-    while nfa_set not in source._ids:
+    while nfa_set not in (ids := {s: sid for sid, s in source.state_sets().items()}):
         dfa.ensure_rows([q])
         q += 1
-    return source._ids[nfa_set]
+    return ids[nfa_set]
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
