@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import TokenTrie
 
-__all__ = ["Subset", "available", "check_pack_ids", "live_nodes", "merge", "pack", "row_ids", "unset", "walk"]
+__all__ = ["Subset", "available", "check_pack_ids", "live_nodes", "loops", "merge", "pack", "row_ids", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCES = (Path(__file__).with_name("row_walk.cpp"), Path(__file__).with_name("subset.cpp"))
@@ -126,6 +126,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_subset_members.argtypes = [_P, ctypes.c_int32, ctypes.c_int32, _P, _I]
     lib.gm_subset_bytes.restype = _I
     lib.gm_subset_bytes.argtypes = [_P]
+    lib.gm_loops.restype = _I
+    lib.gm_loops.argtypes = [_P, _I, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P, _P, _I, _P, _P, _P]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
@@ -426,6 +428,34 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     if done != 0:  # pragma: no cover - a complete DFA has no unknown row
         raise AssertionError("native walk met an unknown row of a complete DFA")
     return int(sc.cursor[2])
+
+
+def loops(dfa: ByteDFA, state: int, edges: np.ndarray, starts: np.ndarray, max_pairs: int) -> bool:
+    """`token_index.StringSlice.loops` (the same answer) for a complete DFA or one whose rows `Subset`
+    computes: `edges` the (byte class, next position) pairs of the slice's character positions, int32,
+    flat, position r's from pair `starts[r]` to `starts[r + 1]`; call only where `available()`."""
+    lib = library()
+    assert lib is not None, "native.loops without the library (check available() first)"
+    pending = not dfa.complete
+    if pending:
+        dfa.ensure_row(state)
+    pairs = np.empty(2 * max_pairs, np.int32)
+    args = (dfa.num_classes, dfa.dead, state, int(dfa.classes[0x61]), _address(edges), _address(starts), max_pairs,
+            _address(pairs))
+    subset = dfa.subset if pending else None
+    if subset is None:
+        assert not pending, "native.loops over a DFA whose rows Python computes"
+        found = lib.gm_loops(_address(dfa.table), *args, None, None)
+    else:
+        with dfa._lock:
+            subset.begin()
+            try:
+                found = lib.gm_loops(_address(dfa.table), *args, subset.fetch, subset.handle)
+            finally:
+                subset.finish()
+    if found < 0:  # pragma: no cover - a failed row raised in `finish`
+        raise AssertionError("native loops met an unknown row it could not compute")
+    return bool(found)
 
 
 def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

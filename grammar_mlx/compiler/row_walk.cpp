@@ -19,6 +19,13 @@
 // ids sharing a node's bytes, end_more) with their states, sorted by id. `per_token` is a scratch of
 // `width` int32 that holds -1 everywhere on entry and on return.
 //
+// gm_loops is token_index.StringSlice.loops: whether every character of the string slice leads the
+// DFA from `state` back to `state` without the dead state on the way, a search over (position in a
+// character, DFA state) pairs; `edges` holds per position r the (column, next position) pairs
+// edges[2 * edge_start[r] ..] up to edge_start[r + 1]. Not once more than `max_pairs` pairs are met
+// (`pairs`: room for 2 * max_pairs). Rows unknown are computed with `fetch(ctx, state)` as gm_walk's
+// are (NULL: a complete DFA). Returns 1 or 0, -1 when `fetch` failed, -2 for an unknown row without it.
+//
 // gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
 //
 // gm_unset writes the ids below `width` whose bit is clear in a packed mask (`out`: room for
@@ -92,6 +99,44 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
     cursor[1] = hi;
     cursor[2] = count;
     return 0;
+}
+
+int64_t gm_loops(const int32_t* table, int64_t width, int32_t dead, int32_t state, int32_t column_a,
+                 const int32_t* edges, const int32_t* edge_start, int64_t max_pairs, int32_t* pairs, gm_fetch fetch,
+                 void* ctx) {
+    int64_t seen = 0, todo = 0;  // pairs[0, 2 * seen): the pairs met; the last `todo` of them to expand
+    for (;;) {
+        const int32_t q = seen == 0 ? state : pairs[2 * (seen - todo) + 1];
+        const int32_t r = seen == 0 ? 0 : pairs[2 * (seen - todo)];
+        if (table[static_cast<int64_t>(q) * width] < 0) {  // unknown: have it computed
+            if (fetch == nullptr) return -2;
+            table = fetch(ctx, q);
+            if (table == nullptr) return -1;
+        }
+        const int32_t* row = table + static_cast<int64_t>(q) * width;
+        if (seen == 0) {
+            if (row[column_a] != state) return 0;  // "a" first: most states fail here
+            pairs[0] = 0;
+            pairs[1] = state;
+            seen = 1;
+            todo = 1;
+        }
+        --todo;
+        for (int32_t e = edge_start[r]; e < edge_start[r + 1]; ++e) {
+            const int32_t next = row[edges[2 * e]], after = edges[2 * e + 1];
+            if (next == dead || (after == 0 && next != state)) return 0;
+            if (after == 0) continue;
+            bool met = false;
+            for (int64_t k = 0; k < seen && !met; ++k) met = pairs[2 * k] == after && pairs[2 * k + 1] == next;
+            if (met) continue;
+            if (seen >= max_pairs) return 0;
+            pairs[2 * seen] = after;
+            pairs[2 * seen + 1] = next;
+            ++seen;
+            ++todo;
+        }
+        if (todo == 0) return 1;
+    }
 }
 
 int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const int32_t* end_first,

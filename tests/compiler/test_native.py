@@ -126,6 +126,31 @@ def _state_of(dfa: ByteDFA, nfa_set: object) -> int:
     return ids[nfa_set]
 
 
+LOOP_REGEXES = [JSON_STRING, CYRILLIC, r'x[^"]*', r'"[ -~]*"', r'"([^"]{2})*"', r'"[^é"\\]*"', r'"(a|[^a"]{1,3})*"',
+                r'[^"]*"(é|[^é"])*"']
+
+
+@pytest.mark.parametrize("regex", LOOP_REGEXES)
+@pytest.mark.parametrize("engine", ["nfa", "outlines"])
+@pytest.mark.parametrize("max_pairs", [1, 3, 64])
+def test_native_loops_equal_the_python_loops(regex, engine, max_pairs, monkeypatch):
+    """`StringSlice.loops` natively (computing the rows it meets, with the search's pair cap) gives
+    the Python search's answer for every state."""
+    trie = TokenTrie.build({b"a": [0], b"\xc3\xa9": [1], b'"': [2], b"x": [3]}, 4)
+    sl = trie.string_slice()
+    monkeypatch.setattr(sl, "MAX_PAIRS", max_pairs)
+    dfa = ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
+    assert engine == "outlines" or dfa.subset is not None
+    state, looped = 0 if engine == "outlines" else 1, 0
+    while state <= dfa.num_states - (engine == "outlines"):
+        got = sl.loops(dfa, state)  # natively: rows computed as the search meets them
+        assert got == sl.loops_reference(dfa, state), (regex, state)
+        looped += got
+        state += 1
+    if max_pairs == 64 and regex in (JSON_STRING, LOOP_REGEXES[-1]):  # strings of any text: some state loops
+        assert looped, regex
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(width=st.integers(1, 300), data=st.data())
 def test_native_pack_equals_numpy(width, data):
