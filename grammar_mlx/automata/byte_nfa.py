@@ -54,6 +54,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import lru_cache
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -512,7 +513,7 @@ class Determinizer:
             from ..compiler import native as native_rows  # (automata imports no compiler module at load)
 
             if native_rows.available():
-                self.subset = native_rows.Subset(self.num_classes, self.all_live, self._expand)
+                self.subset = native_rows.Subset(self.classes, self.all_live, self._expand)
             elif native:
                 raise InvalidArgumentError("the native subset construction needs the native library (a C++ compiler)")
         self._pushed = 0  # NFA states mirrored into `subset` (ids below)
@@ -529,15 +530,14 @@ class Determinizer:
     def _push(self, built: list[int]) -> None:
         """Mirror into `subset` the NFA states made since the last push, and `built`: states it holds
         as pending that are built since. Records as subset.cpp's gm_subset_push reads them."""
-        nfa, cls, live, mirrored = self.nfa, self._class_of, self._nfa_live, self._mirrored_pending
+        nfa, live, mirrored = self.nfa, self._nfa_live, self._mirrored_pending
         trans, eps, pending = nfa.trans, nfa.eps, nfa._pending
         out: list[int] = []
         for s in (*built, *range(self._pushed, len(trans))):
             ranges = trans[s]
             if ranges is not None:
                 out += (s, 0, 3 * len(ranges))
-                for lo, hi, t in ranges:
-                    out += (cls[lo], cls[hi], t)
+                out.extend(chain.from_iterable(ranges))
             elif s in pending:
                 out += (s, 3, 0)
                 mirrored.add(s)
@@ -550,7 +550,7 @@ class Determinizer:
                 out.append(live[s])
         self._pushed = len(trans)
         assert self.subset is not None
-        self.subset.push(np.array(out, dtype=np.int32))
+        self.subset.push(array("i", out))
 
     def _expand(self, q: int) -> None:
         """`subset`'s callback for a pending state q that a closure met: build every pending state

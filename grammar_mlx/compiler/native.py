@@ -33,6 +33,7 @@ import subprocess
 import tempfile
 import threading
 import weakref
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,7 +44,7 @@ from ..errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
-    from .token_index import TokenTrie
+    from .token_index import StringSlice, TokenTrie
 
 __all__ = ["Subset", "available", "check_pack_ids", "live_nodes", "loops", "merge", "pack", "row_ids", "unset", "walk"]
 
@@ -113,7 +114,7 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_walk.restype = _I
     lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _P, _P]
     lib.gm_subset_new.restype = _P
-    lib.gm_subset_new.argtypes = [ctypes.c_int32, ctypes.c_int32, _P, _EXPAND, _GROW]
+    lib.gm_subset_new.argtypes = [_P, ctypes.c_int32, _P, _EXPAND, _GROW]
     lib.gm_subset_free.restype = None
     lib.gm_subset_free.argtypes = [_P]
     lib.gm_subset_push.restype = None
@@ -127,7 +128,9 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_subset_bytes.restype = _I
     lib.gm_subset_bytes.argtypes = [_P]
     lib.gm_loops.restype = _I
-    lib.gm_loops.argtypes = [_P, _I, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P, _P, _I, _P, _P, _P]
+    lib.gm_loops.argtypes = [_P, _I, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P, _P, _I, _P, _P]
+    lib.gm_walk_parts.restype = _I
+    lib.gm_walk_parts.argtypes = [_P, _I, ctypes.c_int32, _P, ctypes.c_int32, _P, _P, _P, _P, _P, _P]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
@@ -178,6 +181,11 @@ class _TrieBuffers:
         self.num_nodes = trie.num_nodes
         self.width = trie.width
         self.local = threading.local()
+        # gm_walk_parts's descriptor of the trie (see row_walk.cpp).
+        child_start, child_count, end_first, more_node, more_id, node_byte = self.ptrs
+        self.desc = np.array([node_byte, child_start, child_count, end_first, more_node, more_id, len(self.more_id),
+                              trie._levels[0][1] if trie.num_nodes else 0], dtype=np.int64)
+        self.desc_address = _address(self.desc)
 
     def scratch(self) -> _Scratch:
         s = getattr(self.local, "scratch", None)
@@ -198,6 +206,10 @@ class _Scratch:
         self.cursor = np.zeros(3, np.int64)
         self.ptrs = tuple(a.ctypes.data for a in (self.nodes, self.states, self.per_token, self.out_tokens,
                                                   self.out_states, self.cursor))
+        self.desc = np.array([*self.ptrs[:5], width], dtype=np.int64)  # gm_walk_parts's (see row_walk.cpp)
+        self.desc_address = _address(self.desc)
+        self.looped = np.zeros(1, np.int64)
+        self.looped_address = _address(self.looped)
         # The DFA being walked (its rows computed by `_fetch_row`), the table last handed to the walk
         # (kept alive while the walk reads it) and what computing a row raised: per thread, as walks are.
         self.dfa: ByteDFA | None = None
@@ -236,7 +248,7 @@ class Subset:
     new counts after each call (`finish`, which raises what failed). Call only where `available()`,
     under the DFA's lock."""
 
-    def __init__(self, num_classes: int, all_live: bool, expand: Callable[[int], None]) -> None:
+    def __init__(self, classes: np.ndarray, all_live: bool, expand: Callable[[int], None]) -> None:
         lib = library()
         assert lib is not None, "native.Subset without the library (check available() first)"
         self._lib = lib
@@ -245,7 +257,8 @@ class Subset:
         self.error: BaseException | None = None
         self._expand_py = expand
         self._callbacks = (_EXPAND(self._expand), _GROW(self._grow))
-        self.handle: int = lib.gm_subset_new(num_classes, int(all_live), _address(self.io), *self._callbacks)
+        classes = np.ascontiguousarray(classes, dtype=np.int32)  # byte -> class (copied there)
+        self.handle: int = lib.gm_subset_new(_address(classes), int(all_live), _address(self.io), *self._callbacks)
         weakref.finalize(self, lib.gm_subset_free, self.handle)
         # gm_walk's fetch for this DFA: the native row computation, this subset its context.
         self.fetch = ctypes.cast(lib.gm_subset_fetch, ctypes.c_void_p).value
@@ -279,9 +292,10 @@ class Subset:
             self.error = exc
             return 1
 
-    def push(self, records: np.ndarray) -> None:
-        """NFA state records (int32; see subset.cpp's gm_subset_push)."""
-        self._lib.gm_subset_push(self.handle, _address(records), len(records))
+    def push(self, records: array[int]) -> None:
+        """NFA state records (see subset.cpp's gm_subset_push)."""
+        assert records.itemsize == 4
+        self._lib.gm_subset_push(self.handle, records.buffer_info()[0], len(records))
 
     def begin(self) -> None:
         """Before a call that may add states: the DFA's current cap."""
@@ -346,15 +360,77 @@ def _buffers(trie: TokenTrie) -> _TrieBuffers:
 
 def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
     """`token_index.walk(trie, dfa, state)` (the same row), natively; call only where `available()`."""
-    walked = _walked(trie, dfa, state, -1)
-    if walked is None:
-        return np.zeros(0, np.int32), np.zeros(0, np.int32)
-    lib, buf, sc, count = walked
-    nodes, states, per_token, out_tokens, out_states, _ = sc.ptrs
-    _, _, end_first, more_node, more_id, _ = buf.ptrs
-    found = lib.gm_row(nodes, states, count, end_first, more_node, more_id, len(buf.more_id), per_token,
-                       trie.width, out_tokens, out_states)
-    return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+    return walk_parts(trie, None, dfa, state)[1:]
+
+
+def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
+               ) -> tuple[bool, np.ndarray, np.ndarray]:
+    """`token_index.walk_parts` in one native call: (whether `state` loops on the string slice `sl`
+    of `trie`, the row of `sl.rest` if so, else of `trie`); without a slice, `walk`'s row. Call only
+    where `available()`."""
+    lib = library()
+    assert lib is not None, "native walk without the library (check available() first)"
+    if trie.num_nodes == 0:
+        return False, np.zeros(0, np.int32), np.zeros(0, np.int32)
+    buf = _buffers(trie)
+    sc = buf.scratch()
+    slice_address = None
+    if sl is not None:
+        slice_address = _slice_desc(sl, dfa)
+    found = _run(dfa, sc, lambda table, fetch, ctx: lib.gm_walk_parts(
+        table, dfa.num_classes, dfa.dead, _address(dfa.classes), state, fetch, ctx, buf.desc_address,
+        sc.desc_address, slice_address, sc.looped_address))
+    return bool(sc.looped[0]), sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+
+
+_SLICES: weakref.WeakKeyDictionary[ByteDFA, tuple[StringSlice, np.ndarray, int]] = weakref.WeakKeyDictionary()
+
+
+def _slice_desc(sl: StringSlice, dfa: ByteDFA) -> int:
+    """The address of gm_walk_parts's descriptor of `sl` over `dfa` (made once per DFA and slice)."""
+    held = _SLICES.get(dfa)
+    if held is None or held[0] is not sl:
+        edges, starts = sl.flat_edges(dfa)
+        rest = _buffers(sl.rest).desc_address if sl.rest.num_nodes else 0
+        desc = np.array([_address(edges), _address(starts), int(dfa.classes[0x61]), sl.MAX_PAIRS, rest], np.int64)
+        held = _SLICES[dfa] = (sl, desc, _address(desc))
+        desc.flags.writeable = False
+    return held[2]
+
+
+def _run(dfa: ByteDFA, sc: _Scratch, call: Callable[[int, int | None, int | None], int]) -> int:
+    """`call(table address, fetch, ctx)`, a native call reading `dfa`'s rows, with the rows it meets
+    unknown computed: by `dfa.subset` natively (under the DFA's lock), by the thread's Python callback
+    (`_Scratch._fetch_row`) for a DFA whose rows Python computes, by no one for a complete DFA. Raises
+    what computing a row raised; else returns the call's result, which is never -2 (a missing row)."""
+    if dfa.complete:
+        result = call(_address(dfa.table), None, None)
+    elif (subset := dfa.subset) is not None:
+        with dfa._lock:
+            subset.begin()
+            try:
+                result = call(int(subset.io[IO_TABLE]), subset.fetch, subset.handle)
+            finally:
+                subset.finish()  # raises the row computation's error
+    else:
+        table = dfa.table
+        sc.dfa, sc.table, sc.address, sc.error = dfa, table, _address(table), None
+        try:
+            result = call(sc.address, _address_of(sc.fetch), None)
+            error = sc.error
+        finally:
+            sc.dfa = sc.table = sc.error = None
+        if error is not None:
+            raise error
+    if result < 0:  # pragma: no cover - a failed row raised above; a complete DFA has every row
+        raise AssertionError("a native walk met an unknown row it could not compute")
+    return result
+
+
+def _address_of(callback: object) -> int:
+    """The address of a ctypes callback (a function pointer argument)."""
+    address: int = ctypes.cast(callback, ctypes.c_void_p).value  # type: ignore[arg-type, assignment]
+    return address
 
 
 def live_nodes(trie: TokenTrie, dfa: ByteDFA, state: int, below: int = -1) -> tuple[np.ndarray, np.ndarray]:
@@ -431,31 +507,25 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
 
 
 def loops(dfa: ByteDFA, state: int, edges: np.ndarray, starts: np.ndarray, max_pairs: int) -> bool:
-    """`token_index.StringSlice.loops` (the same answer) for a complete DFA or one whose rows `Subset`
-    computes: `edges` the (byte class, next position) pairs of the slice's character positions, int32,
-    flat, position r's from pair `starts[r]` to `starts[r + 1]`; call only where `available()`."""
+    """`token_index.StringSlice.loops` (the same answer): `edges` the (byte class, next position)
+    pairs of the slice's character positions, int32, flat, position r's from pair `starts[r]` to
+    `starts[r + 1]`; call only where `available()`."""
     lib = library()
     assert lib is not None, "native.loops without the library (check available() first)"
-    pending = not dfa.complete
-    if pending:
-        dfa.ensure_row(state)
-    pairs = np.empty(2 * max_pairs, np.int32)
-    args = (dfa.num_classes, dfa.dead, state, int(dfa.classes[0x61]), _address(edges), _address(starts), max_pairs,
-            _address(pairs))
-    subset = dfa.subset if pending else None
-    if subset is None:
-        assert not pending, "native.loops over a DFA whose rows Python computes"
-        found = lib.gm_loops(_address(dfa.table), *args, None, None)
-    else:
-        with dfa._lock:
-            subset.begin()
-            try:
-                found = lib.gm_loops(_address(dfa.table), *args, subset.fetch, subset.handle)
-            finally:
-                subset.finish()
-    if found < 0:  # pragma: no cover - a failed row raised in `finish`
-        raise AssertionError("native loops met an unknown row it could not compute")
-    return bool(found)
+    column_a, edges_address, starts_address = int(dfa.classes[0x61]), _address(edges), _address(starts)
+    return bool(_run(dfa, _scratch(), lambda table, fetch, ctx: lib.gm_loops(
+        table, dfa.num_classes, dfa.dead, state, column_a, edges_address, starts_address, max_pairs, fetch, ctx)))
+
+
+_LOCAL = threading.local()
+
+
+def _scratch() -> _Scratch:
+    """A thread's scratch for calls that read no trie (its Python row callback only)."""
+    sc = getattr(_LOCAL, "scratch", None)
+    if sc is None:
+        sc = _LOCAL.scratch = _Scratch(0, 0)
+    return sc
 
 
 def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

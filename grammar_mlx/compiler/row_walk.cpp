@@ -22,9 +22,15 @@
 // gm_loops is token_index.StringSlice.loops: whether every character of the string slice leads the
 // DFA from `state` back to `state` without the dead state on the way, a search over (position in a
 // character, DFA state) pairs; `edges` holds per position r the (column, next position) pairs
-// edges[2 * edge_start[r] ..] up to edge_start[r + 1]. Not once more than `max_pairs` pairs are met
-// (`pairs`: room for 2 * max_pairs). Rows unknown are computed with `fetch(ctx, state)` as gm_walk's
-// are (NULL: a complete DFA). Returns 1 or 0, -1 when `fetch` failed, -2 for an unknown row without it.
+// edges[2 * edge_start[r] ..] up to edge_start[r + 1]. Not once more than `max_pairs` pairs are met.
+// Rows unknown are computed with `fetch(ctx, state)` as gm_walk's are (NULL: a complete DFA). Returns
+// 1 or 0, -1 when `fetch` failed, -2 for an unknown row without it.
+//
+// gm_walk_parts is token_index.walk_parts in one call: with a string slice (`slice`, else NULL), its
+// loop test, then the row (gm_walk and gm_row) of the slice's rest trie where `state` loops on the
+// slice (`*looped` = 1), else of the whole trie. Tries and the thread's scratch come as descriptors
+// of addresses (native.py `_TrieBuffers`, `_Scratch`, `walk_parts`). Returns the row's length, or
+// -1 / -2 as gm_walk.
 //
 // gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
 //
@@ -102,8 +108,8 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
 }
 
 int64_t gm_loops(const int32_t* table, int64_t width, int32_t dead, int32_t state, int32_t column_a,
-                 const int32_t* edges, const int32_t* edge_start, int64_t max_pairs, int32_t* pairs, gm_fetch fetch,
-                 void* ctx) {
+                 const int32_t* edges, const int32_t* edge_start, int64_t max_pairs, gm_fetch fetch, void* ctx) {
+    std::vector<int32_t> pairs(2 * static_cast<size_t>(std::max<int64_t>(max_pairs, 1)));
     int64_t seen = 0, todo = 0;  // pairs[0, 2 * seen): the pairs met; the last `todo` of them to expand
     for (;;) {
         const int32_t q = seen == 0 ? state : pairs[2 * (seen - todo) + 1];
@@ -176,6 +182,52 @@ int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const
         }
     }
     return found;
+}
+
+// A trie descriptor: {node_byte, child_start, child_count, end_first, more_node, more_id, more_len,
+// level-0 nodes}; a scratch: {nodes, states, per_token, out_tokens, out_states, width}; a slice:
+// {edges, edge_start, column_a, max_pairs, the rest trie's descriptor (0: the rest has no nodes)}.
+static int64_t walk_row(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, int32_t state,
+                        gm_fetch fetch, void* ctx, const int64_t* trie, const int64_t* scratch) {
+    if (table[static_cast<int64_t>(state) * width] < 0) {  // the start's row first (gm_walk needs it)
+        if (fetch == nullptr) return -2;
+        table = fetch(ctx, state);
+        if (table == nullptr) return -1;
+    }
+    int32_t* nodes = reinterpret_cast<int32_t*>(scratch[0]);
+    int32_t* states = reinterpret_cast<int32_t*>(scratch[1]);
+    int64_t cursor[3] = {-1, trie[7], state};
+    const int64_t done = gm_walk(table, width, dead, classes, reinterpret_cast<const int32_t*>(trie[0]),
+                                 reinterpret_cast<const int32_t*>(trie[1]), reinterpret_cast<const int32_t*>(trie[2]),
+                                 nodes, states, cursor, fetch, ctx);
+    if (done != 0) return done;
+    return gm_row(nodes, states, cursor[2], reinterpret_cast<const int32_t*>(trie[3]),
+                  reinterpret_cast<const int32_t*>(trie[4]), reinterpret_cast<const int32_t*>(trie[5]), trie[6],
+                  reinterpret_cast<int32_t*>(scratch[2]), scratch[5], reinterpret_cast<int32_t*>(scratch[3]),
+                  reinterpret_cast<int32_t*>(scratch[4]));
+}
+
+int64_t gm_walk_parts(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, int32_t state,
+                      gm_fetch fetch, void* ctx, const int64_t* trie, const int64_t* scratch, const int64_t* slice,
+                      int64_t* looped) {
+    *looped = 0;
+    if (slice != nullptr) {
+        const int64_t loops = gm_loops(table, width, dead, state, static_cast<int32_t>(slice[2]),
+                                       reinterpret_cast<const int32_t*>(slice[0]),
+                                       reinterpret_cast<const int32_t*>(slice[1]), slice[3], fetch, ctx);
+        if (loops < 0) return loops;
+        if (loops == 1) {
+            *looped = 1;
+            if (slice[4] == 0) return 0;
+            if (fetch != nullptr) table = fetch(ctx, state);  // known now: the current table
+            if (table == nullptr) return -1;
+            return walk_row(table, width, dead, classes, state, fetch, ctx, reinterpret_cast<const int64_t*>(slice[4]),
+                            scratch);
+        }
+        if (fetch != nullptr) table = fetch(ctx, state);
+        if (table == nullptr) return -1;
+    }
+    return walk_row(table, width, dead, classes, state, fetch, ctx, trie, scratch);
 }
 
 int64_t gm_merge(const int32_t* base, int64_t base_len, int32_t base_state, const int32_t* tokens,

@@ -3,7 +3,8 @@
 // Python construction stays the reference and the fallback, and the tests hold the two equal).
 //
 // A GmSubset mirrors the part of the byte NFA built so far: per NFA state its kind (a byte state
-// with (first class, last class, target) spans in class order, a split with epsilon targets, the
+// with (first class, last class, target) spans in class order, pushed as (first byte, last byte,
+// target) ranges and read through the byte classes; a split with epsilon targets, the
 // match state, or pending: not built yet) and, where some states cannot reach the match over the
 // alphabet, its liveness. Python pushes states as it builds them (gm_subset_push: records of
 // {state, kind, count, payload...}). An epsilon closure that meets a pending state calls `expand`
@@ -53,6 +54,7 @@ typedef std::unordered_map<std::vector<int32_t>, int32_t, SetHash> SetIds;
 
 struct GmSubset {
     int32_t num_classes;
+    int32_t classes[256];
     bool all_live;
     int64_t* io;
     gm_expand expand;
@@ -226,9 +228,10 @@ bool compute_row(GmSubset* d, int32_t q) {
 
 extern "C" {
 
-GmSubset* gm_subset_new(int32_t num_classes, int32_t all_live, int64_t* io, gm_expand expand, gm_grow grow) {
+GmSubset* gm_subset_new(const int32_t* classes, int32_t all_live, int64_t* io, gm_expand expand, gm_grow grow) {
     GmSubset* d = new GmSubset();
-    d->num_classes = num_classes;
+    std::copy(classes, classes + 256, d->classes);
+    d->num_classes = *std::max_element(classes, classes + 256) + 1;
     d->all_live = all_live != 0;
     d->io = io;
     d->expand = expand;
@@ -241,8 +244,8 @@ GmSubset* gm_subset_new(int32_t num_classes, int32_t all_live, int64_t* io, gm_e
 
 void gm_subset_free(GmSubset* d) { delete d; }
 
-// Records {state, kind, count, payload[count]} (byte: spans as first, last, target; split: targets;
-// a live flag follows each record where the subset is not all live).
+// Records {state, kind, count, payload[count]} (byte: ranges as first byte, last byte, target;
+// split: targets; a live flag follows each record where the subset is not all live).
 void gm_subset_push(GmSubset* d, const int32_t* records, int64_t length) {
     int64_t i = 0;
     while (i < length) {
@@ -262,6 +265,12 @@ void gm_subset_push(GmSubset* d, const int32_t* records, int64_t length) {
         d->kind[s] = static_cast<int8_t>(k);
         std::vector<int32_t>& into = k == KIND_BYTE ? d->spans[s] : d->eps[s];
         into.assign(payload, payload + n);
+        if (k == KIND_BYTE) {
+            for (int32_t j = 0; j < n; j += 3) {
+                into[j] = d->classes[into[j]];
+                into[j + 1] = d->classes[into[j + 1]];
+            }
+        }
         d->bytes += static_cast<int64_t>(n) * 4 + 64;
         if (!d->all_live) d->live[s] = static_cast<uint8_t>(records[i++]);
     }

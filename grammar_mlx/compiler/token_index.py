@@ -342,8 +342,8 @@ class StringSlice:
         """Whether every character of the slice leads `dfa` from `state` back to `state` (never to
         the dead state on the way): a search over (position in a character, grammar state) pairs,
         computing the rows it meets; False once it would follow more than `MAX_PAIRS` pairs."""
-        if native.available() and (dfa.complete or dfa.subset is not None):
-            edges, starts = self._flat_edges(dfa)
+        if native.available():
+            edges, starts = self.flat_edges(dfa)
             return native.loops(dfa, state, edges, starts, self.MAX_PAIRS)
         return self.loops_reference(dfa, state)
 
@@ -380,7 +380,7 @@ class StringSlice:
                 sorted(set(zip(dfa.classes[byte].tolist(), after.tolist()))) for byte, after in self._edges]
         return edges
 
-    def _flat_edges(self, dfa: ByteDFA) -> tuple[np.ndarray, np.ndarray]:
+    def flat_edges(self, dfa: ByteDFA) -> tuple[np.ndarray, np.ndarray]:
         """`_class_edges` as `native.loops` reads them: the pairs flat, and where each position's start."""
         flat = self._flat_of.get(dfa)
         if flat is None:
@@ -410,8 +410,11 @@ def walk_parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice |
     """`walk`'s row in two parts: (the trie's string slice where `state` loops on it, else None;
     the row of the other tokens). With a slice, the row is `slice.row(state, *rest)`: the slice's
     tokens, all to `state`, merged with the rest's walk; without one, the rest is the whole row."""
-    inner = native.walk if native.available() else walk_reference
     sl = trie.string_slice()
+    if native.available():
+        looped, tokens, nxt = native.walk_parts(trie, sl, dfa, state)
+        return (sl if looped else None), tokens, nxt
+    inner = walk_reference
     if sl.loops(dfa, state):
         if sl.rest.num_nodes == 0:
             return sl, np.zeros(0, np.int32), np.zeros(0, np.int32)
