@@ -16,8 +16,9 @@
 // trie's bytes), so a DFA walked once (a grammar's terminal) needs no per-node class array built for it.
 //
 // gm_row turns the live pairs into the row: the ids ending at each live node (end_first, plus the
-// ids sharing a node's bytes, end_more) with their states, sorted by id. `per_token` is a scratch of
-// `width` int32 that holds -1 everywhere on entry and on return.
+// ids sharing a node's bytes, end_more) with their states, sorted by id (a sort for a few ids, a
+// bitmap read in order for more, a pass over `per_token` for most of the vocabulary). `per_token`
+// is a scratch of `width` int32 that holds -1 everywhere on entry and on return.
 //
 // gm_loops is token_index.StringSlice.loops: whether every character of the string slice leads the
 // DFA from `state` back to `state` without the dead state on the way, a search over (position in a
@@ -171,6 +172,18 @@ int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const
                 out_tokens[j] = static_cast<int32_t>(t);
                 out_states[j] = s;
                 ++j;
+                per_token[t] = -1;
+            }
+        }
+    } else if (found > 64) {  // many: a bitmap of the ids read in order is cheaper than a sort
+        std::vector<uint64_t> bits(static_cast<size_t>(width / 64 + 1), 0u);
+        for (int64_t j = 0; j < found; ++j) bits[out_tokens[j] >> 6] |= uint64_t(1) << (out_tokens[j] & 63);
+        int64_t j = 0;
+        for (size_t w = 0; w < bits.size(); ++w) {
+            for (uint64_t b = bits[w]; b; b &= b - 1) {
+                const int64_t t = static_cast<int64_t>(w) * 64 + __builtin_ctzll(b);
+                out_tokens[j] = static_cast<int32_t>(t);
+                out_states[j++] = per_token[t];
                 per_token[t] = -1;
             }
         }

@@ -101,6 +101,26 @@ def test_native_walk_equals_the_numpy_walk_on_random_regexes(tokens, regex, cut,
         state += 1
 
 
+@pytest.mark.parametrize("regex", ["[a-c]*", "[a-m]*", "[a-z]*", "[a-z]?x"])
+@pytest.mark.parametrize("engine", ["outlines", "nfa"])
+def test_native_rows_of_every_size_equal_the_numpy_walk(regex, engine):
+    """Rows of a few ids (sorted), of more (read from a bitmap) and of most of the vocabulary (one
+    pass over the ids), with ids scattered over a wide vocabulary and several ids on one node."""
+    rng = random.Random(regex)
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    texts = [a.encode() for a in letters] + [(a + b).encode() for a in letters for b in letters]
+    ids = rng.sample(range(5000), len(texts) + 40)
+    groups = {text: [i] for text, i in zip(texts, ids)}
+    for k, i in enumerate(ids[len(texts):]):
+        groups[texts[k * 7]].append(i)
+    trie = TokenTrie.build(groups, 5000)
+    dfa = ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
+    got = native.walk(trie, dfa, dfa.initial)
+    want = walk_reference(trie, dfa, dfa.initial)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), regex
+    assert len(got[0]) > 0
+
+
 def test_an_error_computing_a_row_reaches_the_walks_caller():
     """A row the native walk has computed (through its callback) that raises, here the DFA's state
     cap, raises from `native.walk` itself; the next walk, with room for the states, is the numpy walk's row."""
