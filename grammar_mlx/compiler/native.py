@@ -4,7 +4,8 @@ subset.cpp), built from source on first use.
 `token_index.walk` (numpy) is the reference: `walk`, `pack` here compute the same rows and masks
 (tests/compiler/test_native.py holds them equal on random regexes and corpus schemas), in one loop
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
-over its live trie nodes. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
+over its live trie nodes; `walk_parts` is a first visit's whole walk (the string slice's loop test,
+`loops`, then the row) in one call. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
 kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference). `Subset` is
 the on-demand subset construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer`
 is its reference and drives it): a walk over a DFA built on demand computes the rows it meets in
@@ -374,9 +375,8 @@ def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
         return False, np.zeros(0, np.int32), np.zeros(0, np.int32)
     buf = _buffers(trie)
     sc = buf.scratch()
-    slice_address = None
-    if sl is not None:
-        slice_address = _slice_desc(sl, dfa)
+    held = None if sl is None else _slice_desc(sl, dfa)  # (held here: its arrays live through the call)
+    slice_address = None if held is None else held[2]
     found = _run(dfa, sc, lambda table, fetch, ctx: lib.gm_walk_parts(
         table, dfa.num_classes, dfa.dead, _address(dfa.classes), state, fetch, ctx, buf.desc_address,
         sc.desc_address, slice_address, sc.looped_address))
@@ -386,16 +386,15 @@ def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
 _SLICES: weakref.WeakKeyDictionary[ByteDFA, tuple[StringSlice, np.ndarray, int]] = weakref.WeakKeyDictionary()
 
 
-def _slice_desc(sl: StringSlice, dfa: ByteDFA) -> int:
-    """The address of gm_walk_parts's descriptor of `sl` over `dfa` (made once per DFA and slice)."""
+def _slice_desc(sl: StringSlice, dfa: ByteDFA) -> tuple[StringSlice, np.ndarray, int]:
+    """(`sl`, gm_walk_parts's descriptor of `sl` over `dfa`, its address), made once per DFA and slice."""
     held = _SLICES.get(dfa)
     if held is None or held[0] is not sl:
-        edges, starts = sl.flat_edges(dfa)
-        rest = _buffers(sl.rest).desc_address if sl.rest.num_nodes else 0
+        edges, starts = sl.flat_edges(dfa)  # kept by `sl` as long as `dfa` lives
+        rest = _buffers(sl.rest).desc_address if sl.rest.num_nodes else 0  # kept while `sl.rest` lives
         desc = np.array([_address(edges), _address(starts), int(dfa.classes[0x61]), sl.MAX_PAIRS, rest], np.int64)
         held = _SLICES[dfa] = (sl, desc, _address(desc))
-        desc.flags.writeable = False
-    return held[2]
+    return held
 
 
 def _run(dfa: ByteDFA, sc: _Scratch, call: Callable[[int, int | None, int | None], int]) -> int:
