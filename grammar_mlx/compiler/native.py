@@ -237,6 +237,20 @@ class _Scratch:
 
 _BUFFERS: weakref.WeakKeyDictionary[TokenTrie, _TrieBuffers] = weakref.WeakKeyDictionary()
 
+
+def _callback(subset: Callable[[], Subset | None], method: str, *args: int) -> int:
+    """A GmSubset callback: 0, or 1 with what it raised kept for `Subset.finish` (an exception must
+    not cross the C frames)."""
+    me = subset()
+    if me is None:  # pragma: no cover - the native side is freed with its Subset
+        return 1
+    try:
+        getattr(me, method)(*args)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - raised by `finish` once the native call returns
+        me.error = exc
+        return 1
+
 # subset.cpp's `io` slots.
 IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY, IO_MAX_STATES, IO_STATES, IO_ROWS, IO_ERROR = range(8)
 
@@ -247,51 +261,49 @@ class Subset:
     called back from the native side). It writes rows, accepting and live flags straight into the
     bound `ByteDFA`'s arrays (`bind`), has them grown through `ByteDFA._grow`, and tells the DFA its
     new counts after each call (`finish`, which raises what failed). Call only where `available()`,
-    under the DFA's lock."""
+    under the DFA's lock. It holds the DFA and `expand`'s owner weakly (they own it: no cycle, so
+    the native side is freed with the DFA)."""
 
     def __init__(self, classes: np.ndarray, all_live: bool, expand: Callable[[int], None]) -> None:
         lib = library()
         assert lib is not None, "native.Subset without the library (check available() first)"
         self._lib = lib
         self.io = np.zeros(8, np.int64)
-        self.dfa: ByteDFA | None = None
+        self._dfa: Callable[[], ByteDFA | None] = lambda: None
         self.error: BaseException | None = None
-        self._expand_py = expand
-        self._callbacks = (_EXPAND(self._expand), _GROW(self._grow))
+        self._expand_py = weakref.WeakMethod(expand)
+        me = weakref.ref(self)
+        self._callbacks = (_EXPAND(lambda q: _callback(me, "_expand", q)), _GROW(lambda: _callback(me, "_grow")))
         classes = np.ascontiguousarray(classes, dtype=np.int32)  # byte -> class (copied there)
         self.handle: int = lib.gm_subset_new(_address(classes), int(all_live), _address(self.io), *self._callbacks)
         weakref.finalize(self, lib.gm_subset_free, self.handle)
         # gm_walk's fetch for this DFA: the native row computation, this subset its context.
         self.fetch = ctypes.cast(lib.gm_subset_fetch, ctypes.c_void_p).value
 
+    @property
+    def dfa(self) -> ByteDFA:
+        dfa = self._dfa()
+        assert dfa is not None, "native.Subset of a DFA that is gone"
+        return dfa
+
     def bind(self, dfa: ByteDFA) -> None:
         """Write into `dfa`'s arrays (its dead state made, no other state yet)."""
-        self.dfa = dfa
+        self._dfa = weakref.ref(dfa)
         self._arrays()
 
     def _arrays(self) -> None:
         dfa = self.dfa
-        assert dfa is not None
         self.io[[IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY]] = (
             _address(dfa.table), _address(dfa.accepting), _address(dfa.live), len(dfa.accepting))
 
-    def _expand(self, nfa_state: int) -> int:
-        try:
-            self._expand_py(nfa_state)
-            return 0
-        except BaseException as exc:  # noqa: BLE001 - raised by `finish` once the native call returns
-            self.error = exc
-            return 1
+    def _expand(self, nfa_state: int) -> None:
+        expand = self._expand_py()
+        assert expand is not None, "native.Subset of a determinizer that is gone"
+        expand(nfa_state)
 
-    def _grow(self) -> int:
-        try:
-            assert self.dfa is not None
-            self.dfa._grow()
-            self._arrays()
-            return 0
-        except BaseException as exc:  # noqa: BLE001 - raised by `finish` once the native call returns
-            self.error = exc
-            return 1
+    def _grow(self) -> None:
+        self.dfa._grow()
+        self._arrays()
 
     def push(self, records: array[int]) -> None:
         """NFA state records (see subset.cpp's gm_subset_push)."""
@@ -300,7 +312,6 @@ class Subset:
 
     def begin(self) -> None:
         """Before a call that may add states: the DFA's current cap."""
-        assert self.dfa is not None
         self.io[IO_MAX_STATES] = self.dfa.max_states
 
     def start(self, nfa_state: int) -> int:
@@ -319,7 +330,6 @@ class Subset:
     def finish(self) -> None:
         """After a call: the DFA's counts brought up to date, then the error it met raised."""
         dfa, io = self.dfa, self.io
-        assert dfa is not None
         dfa._grown(int(io[IO_STATES]), 1 + int(io[IO_ROWS]))
         code = int(io[IO_ERROR])
         if code:

@@ -136,6 +136,25 @@ def test_an_error_computing_a_row_reaches_the_walks_caller():
     assert same_row(got, capped, walk_reference(trie, fresh, fresh.initial), fresh)
 
 
+def test_a_dfa_and_its_native_subset_construction_are_freed_without_the_cycle_collector():
+    """No reference cycle: a grammar's automaton goes when its last user lets it go."""
+    import gc
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        dfa = determinize(build_nfa(r'"([^"\\]|\\n)*"x{1,5}'), 10_000)
+        native.walk(TokenTrie.build({b'"': [0], b"ab": [1], b"x": [2]}, 3), dfa, dfa.initial)
+        assert dfa.subset is not None
+        gone = [weakref.ref(dfa), weakref.ref(dfa.subset), weakref.ref(dfa._source)]
+        del dfa
+        assert all(ref() is None for ref in gone)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _state_of(dfa: ByteDFA, nfa_set: object) -> int:
     """The id of the state standing for `nfa_set` in an on-demand DFA, determinizing it until it has one."""
     source = dfa._source
