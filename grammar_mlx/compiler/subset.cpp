@@ -291,8 +291,10 @@ const int32_t* gm_subset_fetch(void* ctx, int32_t q) {
 }
 
 // DFA state q's NFA states while its row is unknown (`all` false), or ever (`all` true): the count
-// (written to `out` where it fits `cap`), -1 once its row is computed (`all` false).
+// (written to `out` where it fits `cap`), -1 once its row is computed (`all` false) or for an id
+// that is no state.
 int64_t gm_subset_members(GmSubset* d, int32_t q, int32_t all, int32_t* out, int64_t cap) {
+    if (q < 0 || static_cast<size_t>(q) >= d->members.size()) return -1;  // no such state (yet)
     const std::vector<int32_t>* set = all ? d->named[q] : (d->done[q] ? nullptr : &d->members[q]);
     if (set == nullptr) return -1;
     const int64_t n = static_cast<int64_t>(set->size());
