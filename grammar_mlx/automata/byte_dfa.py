@@ -59,8 +59,15 @@ class TokenTrie(Protocol):
 class RowSource(Protocol):
     """What computes a DFA's rows on demand (`automata.byte_nfa.Determinizer`)."""
 
-    def compute_row(self, dfa: ByteDFA, state: int) -> np.ndarray:
-        """The row of `state`: its successor per byte class, new states added with `add_state`."""
+    def compute_row(self, dfa: ByteDFA, state: int) -> np.ndarray | None:
+        """The row of `state`: its successor per byte class, new states added with `add_state`; or
+        None where the source wrote the row into the table itself, new states with it, and told
+        the DFA its counts (`_grown`): a native one (`subset`)."""
+        ...
+
+    @property
+    def subset(self) -> Any:
+        """The native subset construction computing the rows (`compiler.native.Subset`), or None."""
         ...
 
     @property
@@ -147,6 +154,12 @@ class ByteDFA:
         return self._source is not None
 
     @property
+    def subset(self) -> Any:
+        """The native subset construction computing this DFA's rows (`compiler.native.Subset`: a
+        native walk has it compute the rows it meets), or None."""
+        return None if self._source is None else self._source.subset
+
+    @property
     def complete(self) -> bool:
         """Whether every row is known (nothing left for `ensure_rows` to compute)."""
         return self._pending == 0
@@ -181,17 +194,28 @@ class ByteDFA:
         width = self.num_classes
         if self.table.item(q * width) == UNKNOWN:  # class 0 (NUL) leads to the dead state once known
             row = self._source.compute_row(self, q)  # type: ignore[union-attr]
-            self.table[q * width : (q + 1) * width] = row  # the table `compute_row` may have grown
-            self._pending -= 1
-            self.rows_computed += 1
+            if row is not None:  # (None: written in place, counts told)
+                self.table[q * width : (q + 1) * width] = row  # the table `compute_row` may have grown
+                self._pending -= 1
+                self.rows_computed += 1
+
+    def _grown(self, num_states: int, rows_computed: int) -> None:
+        """The counts after a native row source added states and rows in place (under the lock)."""
+        self._pending = num_states + 1 - rows_computed
+        self.rows_computed = rows_computed
+        self._num_states = num_states  # last: a reader never sees a state that is not there yet
+
+    def too_large(self) -> GrammarTooLargeError:
+        """The error of a state past `max_states`."""
+        return GrammarTooLargeError(
+            f"the lazily built byte DFA reached {self.max_states:,} states (GRAMMAR_MLX_MAX_DFA_STATES); "
+            "the grammar's automaton is too large for this generation")
 
     def add_state(self, accepting: bool, live: bool) -> int:
         """A new state of a DFA built on demand (its row UNKNOWN); for row sources, under the lock."""
         sid = self._num_states + 1
         if sid > self.max_states:
-            raise GrammarTooLargeError(
-                f"the lazily built byte DFA reached {self.max_states:,} states (GRAMMAR_MLX_MAX_DFA_STATES); "
-                "the grammar's automaton is too large for this generation")
+            raise self.too_large()
         if sid == len(self.accepting):
             self._grow()
         self.accepting[sid] = accepting

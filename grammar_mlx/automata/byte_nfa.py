@@ -6,7 +6,8 @@ AST of `regex.syntax`; a JSON Schema arrives as that AST) into a Thompson NFA ov
 itself built on demand (`ByteNFA`: one pass over the AST, then states as closures reach them),
 and DFA states (epsilon-closed sets of NFA states) are created only when a token walk reaches them:
 the automaton costs what a generation visits. `determinize` returns an `automata.byte_dfa.ByteDFA` built on
-demand, whose rows a `Determinizer` computes (the ByteDFA's row source).
+demand, whose rows a `Determinizer` computes (the ByteDFA's row source): in native code where the
+library of `compiler.native` is built (`Determinizer.subset`, the same rows), else here.
 
 Semantics are Rust regex-automata's in its default (Unicode) mode, what outlines-core compiles (see
 `regex.rust`): each character class is compiled as the UTF-8 encodings of its code points, a
@@ -53,16 +54,21 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import lru_cache
+from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import limits
-from ..errors import GrammarTooLargeError
+from ..errors import GrammarTooLargeError, InvalidArgumentError
 from ..limits import check_deadline
 from ..regex.charset import MAX_CODE_POINT, CharSet
 from ..regex.rust import Unsupported, parse
 from ..regex.syntax import Alt, Anchor, Bounded, Chars, Literal, Node, Repeat, Seq
 from .byte_dfa import NUL, ByteDFA
+
+if TYPE_CHECKING:
+    from ..compiler.native import Subset
 
 __all__ = ["ByteNFA", "Determinizer", "build_nfa", "class_template", "determinize"]
 
@@ -454,23 +460,31 @@ def build_nfa(pattern: str | Node, max_states: int = limits.MAX_NFA_STATES) -> B
 
 
 def determinize(nfa: ByteNFA, max_states: int = limits.MAX_DFA_STATES,
-                alphabet: Iterable[int] | None = None) -> ByteDFA:
+                alphabet: Iterable[int] | None = None, native: bool | None = None) -> ByteDFA:
     """The DFA of `nfa` by subset construction on demand: a `ByteDFA` holding the dead state (0)
     and the initial state (1), whose other rows `Determinizer` computes as walks need them (see
     `ByteDFA.ensure_rows`); `max_states` bounds its states. `alphabet`: the bytes `live` is
-    decided over (the vocabulary's single-byte tokens; None: every byte but NUL)."""
-    source = Determinizer(nfa, alphabet)
+    decided over (the vocabulary's single-byte tokens; None: every byte but NUL). `native`: the
+    construction in native code (None: where the library is built; the same DFA either way)."""
+    source = Determinizer(nfa, alphabet, native)
     dfa = ByteDFA.on_demand(source.classes, source, max_states, alphabet, all_live=source.all_live)
-    dfa.initial = source.state(dfa, frozenset(source.closure(nfa.start)))
+    dfa.initial = source.start(dfa)
     return dfa
 
 
 class Determinizer:
     """The row source of a DFA built on demand from a byte NFA (`ByteDFA.on_demand`): which NFA
     states each DFA state stands for (until its row is computed), the memoized epsilon closures
-    and per-state class spans (`_spans`), and the NFA's liveness over the alphabet."""
+    and per-state class spans (`_spans`), and the NFA's liveness over the alphabet.
 
-    def __init__(self, nfa: ByteNFA, alphabet: Iterable[int] | None):
+    Native (`native`, where `compiler.native` is built): the sets, closures and rows are the native
+    side's (`compiler.native.Subset`, subset.cpp), which a native walk calls for the rows it meets
+    without a return to Python per row. The NFA stays Python's: its states are mirrored there as
+    they are built (`_push`), and a closure that meets a pending state has it built here (`_expand`).
+    Each row, state number and flag equals this class's own construction (the reference, and the
+    fallback): tests/automata/test_byte_nfa.py holds the two equal."""
+
+    def __init__(self, nfa: ByteNFA, alphabet: Iterable[int] | None, native: bool | None = None):
         self.nfa = nfa
         starts = nfa.class_starts()
         marks = np.zeros(256, dtype=np.int32)
@@ -494,6 +508,72 @@ class Determinizer:
         self._nfa_distance: array[int] | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
         # Python objects held by the memos (sets, closures, transitions), in bytes: see `nbytes`.
         self._py_bytes = 3 * sys.getsizeof({}) + sys.getsizeof(self._class_of)
+        self.subset: Subset | None = None
+        if native is None or native:
+            from ..compiler import native as native_rows  # (automata imports no compiler module at load)
+
+            if native_rows.available():
+                self.subset = native_rows.Subset(self.classes, self.all_live, self._expand)
+            elif native:
+                raise InvalidArgumentError("the native subset construction needs the native library (a C++ compiler)")
+        self._pushed = 0  # NFA states mirrored into `subset` (ids below)
+        self._mirrored_pending: set[int] = set()  # of those, the ones mirrored as pending
+
+    def start(self, dfa: ByteDFA) -> int:
+        """The initial state of `dfa` (just made on demand from this source): the start's closure."""
+        if self.subset is None:
+            return self.state(dfa, frozenset(self.closure(self.nfa.start)))
+        self.subset.bind(dfa)
+        self._push([])
+        return self.subset.start(self.nfa.start)
+
+    def _push(self, built: list[int]) -> None:
+        """Mirror into `subset` the NFA states made since the last push, and `built`: states it holds
+        as pending that are built since. Records as subset.cpp's gm_subset_push reads them."""
+        nfa, live, mirrored = self.nfa, self._nfa_live, self._mirrored_pending
+        trans, eps, pending = nfa.trans, nfa.eps, nfa._pending
+        out: list[int] = []
+        for s in (*built, *range(self._pushed, len(trans))):
+            ranges = trans[s]
+            if ranges is not None:
+                out += (s, 0, 3 * len(ranges))
+                out.extend(chain.from_iterable(ranges))
+            elif s in pending:
+                out += (s, 3, 0)
+                mirrored.add(s)
+            elif eps[s] is not None:
+                targets = eps[s]
+                out += (s, 1, len(targets), *targets)
+            else:  # the match state
+                out += (s, 2, 0)
+            if live is not None:
+                out.append(live[s])
+        self._pushed = len(trans)
+        assert self.subset is not None
+        self.subset.push(array("i", out))
+
+    def _expand(self, q: int) -> None:
+        """`subset`'s callback for a pending state q that a closure met: build every pending state
+        that q's closure reaches through states the subset does not know built, and push them."""
+        nfa, mirrored, base = self.nfa, self._mirrored_pending, self._pushed
+        eps, pending = nfa.eps, nfa._pending
+        stack, seen, built = [q], {q}, []
+        while stack:
+            s = stack.pop()
+            if s < base:
+                if s not in mirrored:  # mirrored as built: the subset follows it itself
+                    continue
+                mirrored.discard(s)
+                built.append(s)
+            if s in pending:
+                nfa.expand(s)
+            targets = eps[s]
+            if targets is not None:
+                for t in targets:
+                    if t not in seen:
+                        seen.add(t)
+                        stack.append(t)
+        self._push(built)
 
     @property
     def nbytes(self) -> int:
@@ -501,13 +581,19 @@ class Determinizer:
         per dict entry), the NFA's lists (`NFA_STATE_BYTES` per state, measured) and its liveness flags."""
         live = len(self._nfa_live) + 56 if self._nfa_live is not None else 0
         distance = self._nfa_distance.itemsize * len(self._nfa_distance) + 64 if self._nfa_distance is not None else 0
-        return int(self._py_bytes + sys.getsizeof(self._sets) + live + distance + NFA_STATE_BYTES * len(self.nfa))
+        held = self._py_bytes + sys.getsizeof(self._sets)
+        if self.subset is not None:
+            held += self.subset.nbytes + sys.getsizeof(self._mirrored_pending)
+        return int(held + live + distance + NFA_STATE_BYTES * len(self.nfa))
 
     def member_distance(self, q: int) -> int | None:
         """The fewest bytes of the alphabet from DFA state q to acceptance (-1: none), from its NFA
         states (`_nfa_distances`, computed on first use), or None once q's row is computed (its NFA
         states are no longer kept; its row is known instead)."""
-        members = self._sets[q] if q < len(self._sets) else None
+        if self.subset is not None:
+            members: Iterable[int] | None = self.subset.members(q)
+        else:
+            members = self._sets[q] if q < len(self._sets) else None
         if members is None:
             return None
         if self._nfa_distance is None:
@@ -567,9 +653,20 @@ class Determinizer:
         self._py_bytes += DICT_SLOT_BYTES + sys.getsizeof(nfa_set) + 32 + 8
         return sid
 
-    def compute_row(self, dfa: ByteDFA, q: int) -> np.ndarray:
+    def state_sets(self) -> dict[int, frozenset[int]]:
+        """Every DFA state's set of NFA states, by id (the dead state's left out)."""
+        if self.subset is None:
+            return {sid: nfa_set for nfa_set, sid in self._ids.items()}
+        return {sid: frozenset(self.subset.members(sid, ever=True) or ())
+                for sid in range(1, self.subset.num_states + 1)}
+
+    def compute_row(self, dfa: ByteDFA, q: int) -> np.ndarray | None:
         """The row of DFA state q (under `dfa`'s lock): its successor per byte class, new states added
-        (numbered in the order of the first class leading to each)."""
+        (numbered in the order of the first class leading to each). Native: written into the
+        table by `subset` (None returned)."""
+        if self.subset is not None:
+            self.subset.row(q)
+            return None
         members = self._sets[q]
         assert members is not None, "a row is computed once"
         trans, closure_of, state = self.nfa.trans, self.closure, self.state

@@ -1,17 +1,22 @@
-"""The token-row walk and mask packing as native code (row_walk.cpp), built from source on first use.
+"""The token-row walk, mask packing and subset construction as native code (row_walk.cpp,
+subset.cpp), built from source on first use.
 
 `token_index.walk` (numpy) is the reference: `walk`, `pack` here compute the same rows and masks
 (tests/compiler/test_native.py holds them equal on random regexes and corpus schemas), in one loop
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
-over its live trie nodes. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
-kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference).
+over its live trie nodes; `walk_parts` is a first visit's whole walk (the string slice's loop test,
+`loops`, then the row) in one call. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
+kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference). `Subset` is
+the on-demand subset construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer`
+is its reference and drives it): a walk over a DFA built on demand computes the rows it meets in
+place, returning to Python only when the NFA must be built further or the DFA's arrays grown.
 
-Built with the system's C++ compiler (`$CXX`, else g++, else c++) into the grammar cache directory
-(`cache.default_cache_dir()/native`, keyed by a hash of the source and the platform), atomically,
-once per machine; loaded with ctypes. Where no compiler is found, the build fails, or
-`GRAMMAR_MLX_NATIVE=0`, `available()` is False and the numpy path runs (same rows). Nothing here
-raises to a caller but a bad argument (`InvalidArgumentError`): a failed build is logged once and
-remembered.
+Built (both sources, one library) with the system's C++ compiler (`$CXX`, else g++, else c++) into
+the grammar cache directory (`cache.default_cache_dir()/native`, keyed by a hash of the sources and
+the platform), atomically, once per machine; loaded with ctypes. Where no compiler is found, the
+build fails, or `GRAMMAR_MLX_NATIVE=0`, `available()` is False and the numpy path runs (same rows).
+Nothing here raises to a caller but a bad argument (`InvalidArgumentError`) and what building the
+NFA or the DFA further raised (`Subset`): a failed build is logged once and remembered.
 
 This module imports only the standard library, numpy and the errors (the compile worker loads token_index,
 which imports it lazily, without the package's `__init__`).
@@ -29,6 +34,8 @@ import subprocess
 import tempfile
 import threading
 import weakref
+from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,20 +45,23 @@ from ..errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
-    from .token_index import TokenTrie
+    from .token_index import StringSlice, TokenTrie
 
-__all__ = ["available", "check_pack_ids", "live_nodes", "merge", "pack", "row_ids", "unset", "walk"]
+__all__ = ["Subset", "available", "check_pack_ids", "live_nodes", "loops", "merge", "pack", "row_ids", "unset", "walk"]
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("row_walk.cpp")
+SOURCES = (Path(__file__).with_name("row_walk.cpp"), Path(__file__).with_name("subset.cpp"))
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
 _TRIED = False
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 # gm_walk's callback: computes a missing DFA row, returns the table's address (NULL: it raised).
-_FETCH = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int32)
+_FETCH = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
 _NO_FETCH = _FETCH()  # NULL: a complete DFA's walk (no row is missing)
+# GmSubset's callbacks (subset.cpp): build what a pending NFA state's closure reaches; grow the arrays.
+_EXPAND = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
+_GROW = ctypes.CFUNCTYPE(ctypes.c_int32)
 
 
 def _compiler() -> str | None:
@@ -74,9 +84,9 @@ def _build() -> ctypes.CDLL | None:
     if os.environ.get("GRAMMAR_MLX_NATIVE", "1").strip().lower() in ("0", "false", "off", "no"):
         return None
     cxx = _compiler()
-    if cxx is None or not SOURCE.exists():
+    if cxx is None or not all(path.exists() for path in SOURCES):
         return None
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     tag = hashlib.sha256(source + platform.platform().encode() + cxx.encode()).hexdigest()[:16]
     directory = _build_dir()
     target = directory / f"row_walk-{tag}.so"
@@ -86,7 +96,7 @@ def _build() -> ctypes.CDLL | None:
             fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
             os.close(fd)
             try:
-                subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-std=c++11", "-o", tmp, str(SOURCE)],
+                subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-std=c++11", "-o", tmp, *map(str, SOURCES)],
                                check=True, capture_output=True, timeout=120)
                 os.replace(tmp, target)  # atomic: a concurrent build writes the same file
             finally:
@@ -103,7 +113,25 @@ def _build() -> ctypes.CDLL | None:
         log.warning("native row walk not loaded (%s); using the numpy walk", exc)
         return None
     lib.gm_walk.restype = _I
-    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _FETCH]
+    lib.gm_walk.argtypes = [_P, _I, ctypes.c_int32, _P, _P, _P, _P, _P, _P, _P, _P, _P]
+    lib.gm_subset_new.restype = _P
+    lib.gm_subset_new.argtypes = [_P, ctypes.c_int32, _P, _EXPAND, _GROW]
+    lib.gm_subset_free.restype = None
+    lib.gm_subset_free.argtypes = [_P]
+    lib.gm_subset_push.restype = None
+    lib.gm_subset_push.argtypes = [_P, _P, _I]
+    lib.gm_subset_start.restype = ctypes.c_int32
+    lib.gm_subset_start.argtypes = [_P, ctypes.c_int32]
+    lib.gm_subset_fetch.restype = _P
+    lib.gm_subset_fetch.argtypes = [_P, ctypes.c_int32]
+    lib.gm_subset_members.restype = _I
+    lib.gm_subset_members.argtypes = [_P, ctypes.c_int32, ctypes.c_int32, _P, _I]
+    lib.gm_subset_bytes.restype = _I
+    lib.gm_subset_bytes.argtypes = [_P]
+    lib.gm_loops.restype = _I
+    lib.gm_loops.argtypes = [_P, _I, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P, _P, _I, _P, _P]
+    lib.gm_walk_parts.restype = _I
+    lib.gm_walk_parts.argtypes = [_P, _I, ctypes.c_int32, _P, ctypes.c_int32, _P, _P, _P, _P, _P, _P]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
@@ -154,6 +182,11 @@ class _TrieBuffers:
         self.num_nodes = trie.num_nodes
         self.width = trie.width
         self.local = threading.local()
+        # gm_walk_parts's descriptor of the trie (see row_walk.cpp).
+        child_start, child_count, end_first, more_node, more_id, node_byte = self.ptrs
+        self.desc = np.array([node_byte, child_start, child_count, end_first, more_node, more_id, len(self.more_id),
+                              trie._levels[0][1] if trie.num_nodes else 0], dtype=np.int64)
+        self.desc_address = _address(self.desc)
 
     def scratch(self) -> _Scratch:
         s = getattr(self.local, "scratch", None)
@@ -174,6 +207,10 @@ class _Scratch:
         self.cursor = np.zeros(3, np.int64)
         self.ptrs = tuple(a.ctypes.data for a in (self.nodes, self.states, self.per_token, self.out_tokens,
                                                   self.out_states, self.cursor))
+        self.desc = np.array([*self.ptrs[:5], width], dtype=np.int64)  # gm_walk_parts's (see row_walk.cpp)
+        self.desc_address = _address(self.desc)
+        self.looped = np.zeros(1, np.int64)
+        self.looped_address = _address(self.looped)
         # The DFA being walked (its rows computed by `_fetch_row`), the table last handed to the walk
         # (kept alive while the walk reads it) and what computing a row raised: per thread, as walks are.
         self.dfa: ByteDFA | None = None
@@ -182,7 +219,7 @@ class _Scratch:
         self.error: BaseException | None = None
         self.fetch = _FETCH(self._fetch_row)
 
-    def _fetch_row(self, state: int) -> int | None:
+    def _fetch_row(self, _ctx: int | None, state: int) -> int | None:
         """gm_walk's callback: the row of `state` computed, the table's address (None: it raised,
         the error kept for the walk's caller; an exception must not cross the C frames)."""
         try:
@@ -201,6 +238,127 @@ class _Scratch:
 _BUFFERS: weakref.WeakKeyDictionary[TokenTrie, _TrieBuffers] = weakref.WeakKeyDictionary()
 
 
+def _callback(subset: Callable[[], Subset | None], method: str, *args: int) -> int:
+    """A GmSubset callback: 0, or 1 with what it raised kept for `Subset.finish` (an exception must
+    not cross the C frames)."""
+    me = subset()
+    if me is None:  # pragma: no cover - the native side is freed with its Subset
+        return 1
+    try:
+        getattr(me, method)(*args)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - raised by `finish` once the native call returns
+        me.error = exc
+        return 1
+
+# subset.cpp's `io` slots.
+IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY, IO_MAX_STATES, IO_STATES, IO_ROWS, IO_ERROR = range(8)
+
+
+class Subset:
+    """A native subset construction (subset.cpp's GmSubset) for `automata.byte_nfa.Determinizer`,
+    which pushes the NFA states into it (`push`) and builds what a closure meets pending (`expand`,
+    called back from the native side). It writes rows, accepting and live flags straight into the
+    bound `ByteDFA`'s arrays (`bind`), has them grown through `ByteDFA._grow`, and tells the DFA its
+    new counts after each call (`finish`, which raises what failed). Call only where `available()`,
+    under the DFA's lock. It holds the DFA and `expand`'s owner weakly (they own it: no cycle, so
+    the native side is freed with the DFA)."""
+
+    def __init__(self, classes: np.ndarray, all_live: bool, expand: Callable[[int], None]) -> None:
+        lib = library()
+        assert lib is not None, "native.Subset without the library (check available() first)"
+        self._lib = lib
+        self.io = np.zeros(8, np.int64)
+        self._dfa: Callable[[], ByteDFA | None] = lambda: None
+        self.error: BaseException | None = None
+        self._expand_py = weakref.WeakMethod(expand)
+        me = weakref.ref(self)
+        self._callbacks = (_EXPAND(lambda q: _callback(me, "_expand", q)), _GROW(lambda: _callback(me, "_grow")))
+        classes = np.ascontiguousarray(classes, dtype=np.int32)  # byte -> class (copied there)
+        self.handle: int = lib.gm_subset_new(_address(classes), int(all_live), _address(self.io), *self._callbacks)
+        weakref.finalize(self, lib.gm_subset_free, self.handle)
+        # gm_walk's fetch for this DFA: the native row computation, this subset its context.
+        self.fetch = ctypes.cast(lib.gm_subset_fetch, ctypes.c_void_p).value
+
+    @property
+    def dfa(self) -> ByteDFA:
+        dfa = self._dfa()
+        assert dfa is not None, "native.Subset of a DFA that is gone"
+        return dfa
+
+    def bind(self, dfa: ByteDFA) -> None:
+        """Write into `dfa`'s arrays (its dead state made, no other state yet)."""
+        self._dfa = weakref.ref(dfa)
+        self._arrays()
+
+    def _arrays(self) -> None:
+        dfa = self.dfa
+        self.io[[IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY]] = (
+            _address(dfa.table), _address(dfa.accepting), _address(dfa.live), len(dfa.accepting))
+
+    def _expand(self, nfa_state: int) -> None:
+        expand = self._expand_py()
+        assert expand is not None, "native.Subset of a determinizer that is gone"
+        expand(nfa_state)
+
+    def _grow(self) -> None:
+        self.dfa._grow()
+        self._arrays()
+
+    def push(self, records: array[int]) -> None:
+        """NFA state records (see subset.cpp's gm_subset_push)."""
+        assert records.itemsize == 4
+        self._lib.gm_subset_push(self.handle, records.buffer_info()[0], len(records))
+
+    def begin(self) -> None:
+        """Before a call that may add states: the DFA's current cap."""
+        self.io[IO_MAX_STATES] = self.dfa.max_states
+
+    def start(self, nfa_state: int) -> int:
+        """The DFA state of `nfa_state`'s closure (the initial state)."""
+        self.begin()
+        sid: int = self._lib.gm_subset_start(self.handle, nfa_state)
+        self.finish()
+        return sid
+
+    def row(self, state: int) -> None:
+        """Compute `state`'s row into the table (if it is unknown)."""
+        self.begin()
+        self._lib.gm_subset_fetch(self.handle, state)
+        self.finish()
+
+    def finish(self) -> None:
+        """After a call: the DFA's counts brought up to date, then the error it met raised."""
+        dfa, io = self.dfa, self.io
+        dfa._grown(int(io[IO_STATES]), 1 + int(io[IO_ROWS]))
+        code = int(io[IO_ERROR])
+        if code:
+            io[IO_ERROR] = 0
+            error, self.error = self.error, None
+            if code == 2:
+                raise dfa.too_large()
+            raise error if error is not None else AssertionError("the native subset construction failed")
+
+    @property
+    def num_states(self) -> int:
+        """DFA states made so far (the dead one not counted)."""
+        return int(self.io[IO_STATES])
+
+    def members(self, state: int, ever: bool = False) -> list[int] | None:
+        """The NFA states of DFA state `state` while its row is unknown (None after), or ever (`ever`)."""
+        out = np.empty(16, np.int32)
+        count = self._lib.gm_subset_members(self.handle, state, int(ever), _address(out), len(out))
+        if count > len(out):
+            out = np.empty(count, np.int32)
+            count = self._lib.gm_subset_members(self.handle, state, int(ever), _address(out), len(out))
+        return None if count < 0 else out[:count].tolist()
+
+    @property
+    def nbytes(self) -> int:
+        """The native side's heap, roughly (its vectors and hash tables)."""
+        return int(self._lib.gm_subset_bytes(self.handle)) + self.io.nbytes
+
+
 def _buffers(trie: TokenTrie) -> _TrieBuffers:
     b = _BUFFERS.get(trie)
     if b is None:
@@ -213,15 +371,75 @@ def _buffers(trie: TokenTrie) -> _TrieBuffers:
 
 def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
     """`token_index.walk(trie, dfa, state)` (the same row), natively; call only where `available()`."""
-    walked = _walked(trie, dfa, state, -1)
-    if walked is None:
-        return np.zeros(0, np.int32), np.zeros(0, np.int32)
-    lib, buf, sc, count = walked
-    nodes, states, per_token, out_tokens, out_states, _ = sc.ptrs
-    _, _, end_first, more_node, more_id, _ = buf.ptrs
-    found = lib.gm_row(nodes, states, count, end_first, more_node, more_id, len(buf.more_id), per_token,
-                       trie.width, out_tokens, out_states)
-    return sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+    return walk_parts(trie, None, dfa, state)[1:]
+
+
+def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
+               ) -> tuple[bool, np.ndarray, np.ndarray]:
+    """`token_index.walk_parts` in one native call: (whether `state` loops on the string slice `sl`
+    of `trie`, the row of `sl.rest` if so, else of `trie`); without a slice, `walk`'s row. Call only
+    where `available()`."""
+    lib = library()
+    assert lib is not None, "native walk without the library (check available() first)"
+    if trie.num_nodes == 0:
+        return False, np.zeros(0, np.int32), np.zeros(0, np.int32)
+    buf = _buffers(trie)
+    sc = buf.scratch()
+    held = None if sl is None else _slice_desc(sl, dfa)  # (held here: its arrays live through the call)
+    slice_address = None if held is None else held[2]
+    found = _run(dfa, sc, lambda table, fetch, ctx: lib.gm_walk_parts(
+        table, dfa.num_classes, dfa.dead, _address(dfa.classes), state, fetch, ctx, buf.desc_address,
+        sc.desc_address, slice_address, sc.looped_address))
+    return bool(sc.looped[0]), sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+
+
+_SLICES: weakref.WeakKeyDictionary[ByteDFA, tuple[StringSlice, np.ndarray, int]] = weakref.WeakKeyDictionary()
+
+
+def _slice_desc(sl: StringSlice, dfa: ByteDFA) -> tuple[StringSlice, np.ndarray, int]:
+    """(`sl`, gm_walk_parts's descriptor of `sl` over `dfa`, its address), made once per DFA and slice."""
+    held = _SLICES.get(dfa)
+    if held is None or held[0] is not sl:
+        edges, starts = sl.flat_edges(dfa)  # kept by `sl` as long as `dfa` lives
+        rest = _buffers(sl.rest).desc_address if sl.rest.num_nodes else 0  # kept while `sl.rest` lives
+        desc = np.array([_address(edges), _address(starts), int(dfa.classes[0x61]), sl.MAX_PAIRS, rest], np.int64)
+        held = _SLICES[dfa] = (sl, desc, _address(desc))
+    return held
+
+
+def _run(dfa: ByteDFA, sc: _Scratch, call: Callable[[int, int | None, int | None], int]) -> int:
+    """`call(table address, fetch, ctx)`, a native call reading `dfa`'s rows, with the rows it meets
+    unknown computed: by `dfa.subset` natively (under the DFA's lock), by the thread's Python callback
+    (`_Scratch._fetch_row`) for a DFA whose rows Python computes, by no one for a complete DFA. Raises
+    what computing a row raised; else returns the call's result, which is never -2 (a missing row)."""
+    if dfa.complete:
+        result = call(_address(dfa.table), None, None)
+    elif (subset := dfa.subset) is not None:
+        with dfa._lock:
+            subset.begin()
+            try:
+                result = call(int(subset.io[IO_TABLE]), subset.fetch, subset.handle)
+            finally:
+                subset.finish()  # raises the row computation's error
+    else:
+        table = dfa.table
+        sc.dfa, sc.table, sc.address, sc.error = dfa, table, _address(table), None
+        try:
+            result = call(sc.address, _address_of(sc.fetch), None)
+            error = sc.error
+        finally:
+            sc.dfa = sc.table = sc.error = None
+        if error is not None:
+            raise error
+    if result < 0:  # pragma: no cover - a failed row raised above; a complete DFA has every row
+        raise AssertionError("a native walk met an unknown row it could not compute")
+    return result
+
+
+def _address_of(callback: object) -> int:
+    """The address of a ctypes callback (a function pointer argument)."""
+    address: int = ctypes.cast(callback, ctypes.c_void_p).value  # type: ignore[arg-type, assignment]
+    return address
 
 
 def live_nodes(trie: TokenTrie, dfa: ByteDFA, state: int, below: int = -1) -> tuple[np.ndarray, np.ndarray]:
@@ -269,12 +487,24 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     nodes, states, _, _, _, cursor = sc.ptrs
     child_start, child_count, _, _, _, node_byte = buf.ptrs
     classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
+    subset = dfa.subset if pending else None
+    if subset is not None:  # missing rows computed natively, without a return to Python per row
+        with dfa._lock:
+            subset.begin()
+            try:
+                done = lib.gm_walk(_address(dfa.table), width, dead, _address(classes), node_byte, child_start,
+                                   child_count, nodes, states, cursor, subset.fetch, subset.handle)
+            finally:
+                subset.finish()
+        if done != 0:  # pragma: no cover - a failed row raised in `finish`
+            raise AssertionError("native walk met an unknown row it could not compute")
+        return int(sc.cursor[2])
     # Missing rows are computed as the walk meets them (`_Scratch._fetch_row`; a row computation
     # never walks a trie, which would reuse this thread's scratch).
     sc.dfa, sc.table, sc.address, sc.error = dfa, table, _address(table), None
     try:
         done = lib.gm_walk(sc.address, width, dead, _address(classes), node_byte, child_start,
-                           child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH)
+                           child_count, nodes, states, cursor, sc.fetch if pending else _NO_FETCH, None)
         error = sc.error
     finally:
         sc.dfa = sc.table = sc.error = None
@@ -283,6 +513,28 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
     if done != 0:  # pragma: no cover - a complete DFA has no unknown row
         raise AssertionError("native walk met an unknown row of a complete DFA")
     return int(sc.cursor[2])
+
+
+def loops(dfa: ByteDFA, state: int, edges: np.ndarray, starts: np.ndarray, max_pairs: int) -> bool:
+    """`token_index.StringSlice.loops` (the same answer): `edges` the (byte class, next position)
+    pairs of the slice's character positions, int32, flat, position r's from pair `starts[r]` to
+    `starts[r + 1]`; call only where `available()`."""
+    lib = library()
+    assert lib is not None, "native.loops without the library (check available() first)"
+    column_a, edges_address, starts_address = int(dfa.classes[0x61]), _address(edges), _address(starts)
+    return bool(_run(dfa, _scratch(), lambda table, fetch, ctx: lib.gm_loops(
+        table, dfa.num_classes, dfa.dead, state, column_a, edges_address, starts_address, max_pairs, fetch, ctx)))
+
+
+_LOCAL = threading.local()
+
+
+def _scratch() -> _Scratch:
+    """A thread's scratch for calls that read no trie (its Python row callback only)."""
+    sc = getattr(_LOCAL, "scratch", None)
+    if sc is None:
+        sc = _LOCAL.scratch = _Scratch(0, 0)
+    return sc
 
 
 def merge(base: np.ndarray, base_state: int, tokens: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,16 +6,32 @@
 // appended to `nodes`/`states`; `cursor` = {lo, hi, count}: the pairs [lo, hi) are the level to
 // expand first, `count` the pairs written; {-1, level-0 nodes, start state} starts a walk (the start
 // state's row must be known); on return `cursor[2]` is the pairs' count. A DFA built on demand holds
-// UNKNOWN (negative) in rows not computed yet: the walk calls `fetch(state)`, which computes that row
+// UNKNOWN (negative) in rows not computed yet: the walk calls `fetch(ctx, state)`, which computes that row
 // and returns the table (its memory may have moved as the DFA grew), and goes on in place, so a walk
-// is one call however many new states it meets. Returns 0 when done, -1 when `fetch` failed (NULL:
-// the caller re-raises its error), -2 for an unknown row without `fetch` (a complete DFA has none).
+// is one call however many new states it meets: `fetch` is a Python callback (ctx unused) or, for a
+// DFA whose subset construction is native, gm_subset_fetch (subset.cpp) with its GmSubset as ctx.
+// Returns 0 when done, -1 when `fetch` failed (NULL: the caller re-raises its error), -2 for an
+// unknown row without `fetch` (a complete DFA has none).
 // A node's column is read as `classes[node_byte[node]]` (the DFA's 256-entry byte-class map and the
 // trie's bytes), so a DFA walked once (a grammar's terminal) needs no per-node class array built for it.
 //
 // gm_row turns the live pairs into the row: the ids ending at each live node (end_first, plus the
-// ids sharing a node's bytes, end_more) with their states, sorted by id. `per_token` is a scratch of
-// `width` int32 that holds -1 everywhere on entry and on return.
+// ids sharing a node's bytes, end_more) with their states, sorted by id (a sort for a few ids, a
+// bitmap read in order for more, a pass over `per_token` for most of the vocabulary). `per_token`
+// is a scratch of `width` int32 that holds -1 everywhere on entry and on return.
+//
+// gm_loops is token_index.StringSlice.loops: whether every character of the string slice leads the
+// DFA from `state` back to `state` without the dead state on the way, a search over (position in a
+// character, DFA state) pairs; `edges` holds per position r the (column, next position) pairs
+// edges[2 * edge_start[r] ..] up to edge_start[r + 1]. Not once more than `max_pairs` pairs are met.
+// Rows unknown are computed with `fetch(ctx, state)` as gm_walk's are (NULL: a complete DFA). Returns
+// 1 or 0, -1 when `fetch` failed, -2 for an unknown row without it.
+//
+// gm_walk_parts is token_index.walk_parts in one call: with a string slice (`slice`, else NULL), its
+// loop test, then the row (gm_walk and gm_row) of the slice's rest trie where `state` loops on the
+// slice (`*looped` = 1), else of the whole trie. Tries and the thread's scratch come as descriptors
+// of addresses (native.py `_TrieBuffers`, `_Scratch`, `walk_parts`). Returns the row's length, or
+// -1 / -2 as gm_walk.
 //
 // gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
 //
@@ -39,11 +55,11 @@
 
 extern "C" {
 
-typedef const int32_t* (*gm_fetch)(int32_t state);
+typedef const int32_t* (*gm_fetch)(void* ctx, int32_t state);
 
 int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, const int32_t* node_byte,
                 const int32_t* child_start, const int32_t* child_count, int32_t* nodes, int32_t* states,
-                int64_t* cursor, gm_fetch fetch) {
+                int64_t* cursor, gm_fetch fetch, void* ctx) {
     int64_t lo = cursor[0], hi = cursor[1], count = cursor[2];
     if (lo < 0) {  // a new walk: the root's children (level 0, nodes 0..hi-1) from state `count`
         const int32_t* row = table + count * width;  // the caller computed this row
@@ -71,7 +87,7 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
                 int32_t t = row[classes[node_byte[c]]];
                 if (t < 0) {  // the row is unknown (a DFA built on demand): have it computed, then go on
                     if (fetch == nullptr) return -2;
-                    table = fetch(s);
+                    table = fetch(ctx, s);
                     if (table == nullptr) return -1;  // the row source raised: the caller re-raises
                     row = table + static_cast<int64_t>(s) * width;
                     t = row[classes[node_byte[c]]];
@@ -90,6 +106,44 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
     cursor[1] = hi;
     cursor[2] = count;
     return 0;
+}
+
+int64_t gm_loops(const int32_t* table, int64_t width, int32_t dead, int32_t state, int32_t column_a,
+                 const int32_t* edges, const int32_t* edge_start, int64_t max_pairs, gm_fetch fetch, void* ctx) {
+    std::vector<int32_t> pairs(2 * static_cast<size_t>(std::max<int64_t>(max_pairs, 1)));
+    int64_t seen = 0, todo = 0;  // pairs[0, 2 * seen): the pairs met; the last `todo` of them to expand
+    for (;;) {
+        const int32_t q = seen == 0 ? state : pairs[2 * (seen - todo) + 1];
+        const int32_t r = seen == 0 ? 0 : pairs[2 * (seen - todo)];
+        if (table[static_cast<int64_t>(q) * width] < 0) {  // unknown: have it computed
+            if (fetch == nullptr) return -2;
+            table = fetch(ctx, q);
+            if (table == nullptr) return -1;
+        }
+        const int32_t* row = table + static_cast<int64_t>(q) * width;
+        if (seen == 0) {
+            if (row[column_a] != state) return 0;  // "a" first: most states fail here
+            pairs[0] = 0;
+            pairs[1] = state;
+            seen = 1;
+            todo = 1;
+        }
+        --todo;
+        for (int32_t e = edge_start[r]; e < edge_start[r + 1]; ++e) {
+            const int32_t next = row[edges[2 * e]], after = edges[2 * e + 1];
+            if (next == dead || (after == 0 && next != state)) return 0;
+            if (after == 0) continue;
+            bool met = false;
+            for (int64_t k = 0; k < seen && !met; ++k) met = pairs[2 * k] == after && pairs[2 * k + 1] == next;
+            if (met) continue;
+            if (seen >= max_pairs) return 0;
+            pairs[2 * seen] = after;
+            pairs[2 * seen + 1] = next;
+            ++seen;
+            ++todo;
+        }
+        if (todo == 0) return 1;
+    }
 }
 
 int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const int32_t* end_first,
@@ -121,6 +175,18 @@ int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const
                 per_token[t] = -1;
             }
         }
+    } else if (found > 64) {  // many: a bitmap of the ids read in order is cheaper than a sort
+        std::vector<uint64_t> bits(static_cast<size_t>(width / 64 + 1), 0u);
+        for (int64_t j = 0; j < found; ++j) bits[out_tokens[j] >> 6] |= uint64_t(1) << (out_tokens[j] & 63);
+        int64_t j = 0;
+        for (size_t w = 0; w < bits.size(); ++w) {
+            for (uint64_t b = bits[w]; b; b &= b - 1) {
+                const int64_t t = static_cast<int64_t>(w) * 64 + __builtin_ctzll(b);
+                out_tokens[j] = static_cast<int32_t>(t);
+                out_states[j++] = per_token[t];
+                per_token[t] = -1;
+            }
+        }
     } else {
         std::sort(out_tokens, out_tokens + found);
         for (int64_t j = 0; j < found; ++j) {
@@ -129,6 +195,52 @@ int64_t gm_row(const int32_t* nodes, const int32_t* states, int64_t count, const
         }
     }
     return found;
+}
+
+// A trie descriptor: {node_byte, child_start, child_count, end_first, more_node, more_id, more_len,
+// level-0 nodes}; a scratch: {nodes, states, per_token, out_tokens, out_states, width}; a slice:
+// {edges, edge_start, column_a, max_pairs, the rest trie's descriptor (0: the rest has no nodes)}.
+static int64_t walk_row(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, int32_t state,
+                        gm_fetch fetch, void* ctx, const int64_t* trie, const int64_t* scratch) {
+    if (table[static_cast<int64_t>(state) * width] < 0) {  // the start's row first (gm_walk needs it)
+        if (fetch == nullptr) return -2;
+        table = fetch(ctx, state);
+        if (table == nullptr) return -1;
+    }
+    int32_t* nodes = reinterpret_cast<int32_t*>(scratch[0]);
+    int32_t* states = reinterpret_cast<int32_t*>(scratch[1]);
+    int64_t cursor[3] = {-1, trie[7], state};
+    const int64_t done = gm_walk(table, width, dead, classes, reinterpret_cast<const int32_t*>(trie[0]),
+                                 reinterpret_cast<const int32_t*>(trie[1]), reinterpret_cast<const int32_t*>(trie[2]),
+                                 nodes, states, cursor, fetch, ctx);
+    if (done != 0) return done;
+    return gm_row(nodes, states, cursor[2], reinterpret_cast<const int32_t*>(trie[3]),
+                  reinterpret_cast<const int32_t*>(trie[4]), reinterpret_cast<const int32_t*>(trie[5]), trie[6],
+                  reinterpret_cast<int32_t*>(scratch[2]), scratch[5], reinterpret_cast<int32_t*>(scratch[3]),
+                  reinterpret_cast<int32_t*>(scratch[4]));
+}
+
+int64_t gm_walk_parts(const int32_t* table, int64_t width, int32_t dead, const int32_t* classes, int32_t state,
+                      gm_fetch fetch, void* ctx, const int64_t* trie, const int64_t* scratch, const int64_t* slice,
+                      int64_t* looped) {
+    *looped = 0;
+    if (slice != nullptr) {
+        const int64_t loops = gm_loops(table, width, dead, state, static_cast<int32_t>(slice[2]),
+                                       reinterpret_cast<const int32_t*>(slice[0]),
+                                       reinterpret_cast<const int32_t*>(slice[1]), slice[3], fetch, ctx);
+        if (loops < 0) return loops;
+        if (loops == 1) {
+            *looped = 1;
+            if (slice[4] == 0) return 0;
+            if (fetch != nullptr) table = fetch(ctx, state);  // known now: the current table
+            if (table == nullptr) return -1;
+            return walk_row(table, width, dead, classes, state, fetch, ctx, reinterpret_cast<const int64_t*>(slice[4]),
+                            scratch);
+        }
+        if (fetch != nullptr) table = fetch(ctx, state);
+        if (table == nullptr) return -1;
+    }
+    return walk_row(table, width, dead, classes, state, fetch, ctx, trie, scratch);
 }
 
 int64_t gm_merge(const int32_t* base, int64_t base_len, int32_t base_state, const int32_t* tokens,

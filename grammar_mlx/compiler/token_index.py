@@ -21,8 +21,9 @@ ops, for a GPU. `walk` runs the same row as one native loop over the live nodes 
 library is built (`native`, row_walk.cpp), `walk_reference` being the numpy path it is tested equal
 to. Inside a string almost every token is allowed and leads back to the same state: `StringSlice`
 sets those tokens apart once per trie (whole UTF-8 characters other than the string's delimiters),
-so where a state loops on that text (`StringSlice.loops`) its row is the slice, all back to the
-state, merged with a walk of the small trie of the other tokens (`walk_parts`), natively or not
+so where a state loops on that text (`StringSlice.loops`, a native search where the library is
+built and the DFA's rows are complete or native: `native.loops`) its row is the slice, all back to
+the state, merged with a walk of the small trie of the other tokens (`walk_parts`), natively or not
 (a lazy grammar keeps the two parts apart: `lazy.LazyIndex.string_parts`).
 `bench/compile.py --legacy` measures a state's first visit, `bench/processor.py --cold` a first
 generation.
@@ -328,6 +329,7 @@ class StringSlice:
         # same by byte class, per DFA walked.
         self._edges = [(np.flatnonzero(table[r] != _TEXT_DEAD), table[r][table[r] != _TEXT_DEAD]) for r in range(8)]
         self._edges_of: weakref.WeakKeyDictionary[ByteDFA, list[list[tuple[int, int]]]] = weakref.WeakKeyDictionary()
+        self._flat_of: weakref.WeakKeyDictionary[ByteDFA, tuple[np.ndarray, np.ndarray]] = weakref.WeakKeyDictionary()
         bits = np.zeros(32 * -(-trie.width // 32), dtype=bool)
         bits[self.tokens] = True
         self.words = np.packbits(bits, bitorder="little").view("<u4")  # the slice's packed mask
@@ -340,6 +342,13 @@ class StringSlice:
         """Whether every character of the slice leads `dfa` from `state` back to `state` (never to
         the dead state on the way): a search over (position in a character, grammar state) pairs,
         computing the rows it meets; False once it would follow more than `MAX_PAIRS` pairs."""
+        if native.available():
+            edges, starts = self.flat_edges(dfa)
+            return native.loops(dfa, state, edges, starts, self.MAX_PAIRS)
+        return self.loops_reference(dfa, state)
+
+    def loops_reference(self, dfa: ByteDFA, state: int) -> bool:
+        """`loops` in Python: the reference `native.loops` is tested equal to, and its fallback."""
         width, dead, pending = dfa.num_classes, dfa.dead, not dfa.complete
         if pending:
             dfa.ensure_row(state)
@@ -371,6 +380,16 @@ class StringSlice:
                 sorted(set(zip(dfa.classes[byte].tolist(), after.tolist()))) for byte, after in self._edges]
         return edges
 
+    def flat_edges(self, dfa: ByteDFA) -> tuple[np.ndarray, np.ndarray]:
+        """`_class_edges` as `native.loops` reads them: the pairs flat, and where each position's start."""
+        flat = self._flat_of.get(dfa)
+        if flat is None:
+            edges = self._class_edges(dfa)
+            pairs = np.array([pair for position in edges for pair in position], dtype=np.int32).ravel()
+            starts = np.cumsum([0, *map(len, edges)], dtype=np.int32)
+            flat = self._flat_of[dfa] = (pairs, starts)
+        return flat
+
     def row(self, state: int, tokens: np.ndarray, nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`state`'s row: `rest`'s row (`tokens`, `nxt`, sorted) merged with the slice, all to `state`."""
         if native.available():
@@ -391,8 +410,11 @@ def walk_parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice |
     """`walk`'s row in two parts: (the trie's string slice where `state` loops on it, else None;
     the row of the other tokens). With a slice, the row is `slice.row(state, *rest)`: the slice's
     tokens, all to `state`, merged with the rest's walk; without one, the rest is the whole row."""
-    inner = native.walk if native.available() else walk_reference
     sl = trie.string_slice()
+    if native.available():
+        looped, tokens, nxt = native.walk_parts(trie, sl, dfa, state)
+        return (sl if looped else None), tokens, nxt
+    inner = walk_reference
     if sl.loops(dfa, state):
         if sl.rest.num_nodes == 0:
             return sl, np.zeros(0, np.int32), np.zeros(0, np.int32)

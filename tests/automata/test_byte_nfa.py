@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from grammar_mlx import CompileTimeoutError, GrammarTooLargeError
 from grammar_mlx.automata.byte_dfa import ByteDFA
 from grammar_mlx.automata.byte_nfa import _nfa_distances, build_nfa, class_template, determinize
+from grammar_mlx.compiler import native
 from grammar_mlx.regex.rust import Unsupported, parse
 from grammar_mlx.regex.syntax import Chars
 
@@ -312,7 +313,7 @@ def test_rows_are_the_subset_construction_byte_by_byte(regex, walk):
     as the DFA state of that NFA set (0: none), new states numbered in the order of the first
     byte class leading to them."""
     nfa = build_nfa(regex)
-    dfa = determinize(nfa, 100_000)
+    dfa = determinize(nfa, 100_000, native=False)  # the Python construction: the reference
     source = dfa._source
     run(dfa, walk.encode())  # some rows first (the order states meet the memos differs)
     seen, todo = {dfa.initial}, [dfa.initial]
@@ -341,6 +342,35 @@ def test_rows_are_the_subset_construction_byte_by_byte(regex, walk):
             if v != dfa.dead and v not in seen:
                 seen.add(v)
                 todo.append(v)
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native subset construction is not built")
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(regex=regexes(), walks=st.lists(st.lists(st.sampled_from(ALPHABET), max_size=8).map("".join), max_size=4),
+       dropped=st.sets(st.sampled_from(sorted({b for c in ALPHABET for b in c.encode()})), max_size=3),
+       rows=st.integers(0, 120))
+def test_native_subset_construction_equals_the_python_one(regex, walks, dropped, rows):
+    """The native construction (`compiler.native.Subset`) gives the Python one's DFA: the same rows
+    and state numbers, accepting and live flags, NFA sets and distances of states not computed yet,
+    whatever order walks and row requests reach the states in (the NFA built as they go)."""
+    alphabet = frozenset(range(1, 256)) - dropped
+    fast = determinize(build_nfa(regex), 100_000, alphabet=alphabet, native=True)
+    slow = determinize(build_nfa(regex), 100_000, alphabet=alphabet, native=False)
+    assert fast.subset is not None and slow.subset is None
+    for dfa in (fast, slow):
+        for walk in walks:
+            run(dfa, walk.encode())
+        dfa.ensure_rows(range(1, min(rows, dfa.num_states) + 1))
+    n = slow.num_states
+    assert fast.num_states == n and fast.complete == slow.complete, regex
+    width = slow.num_classes
+    assert np.array_equal(fast.table[: (n + 1) * width], slow.table[: (n + 1) * width]), regex
+    assert np.array_equal(fast.accepting[: n + 1], slow.accepting[: n + 1]), regex
+    assert np.array_equal(fast.live[: n + 1], slow.live[: n + 1]), regex
+    assert fast.all_live == slow.all_live
+    assert [fast.member_distance(q) for q in range(n + 1)] == [slow.member_distance(q) for q in range(n + 1)]
+    assert fast._source.state_sets() == slow._source.state_sets(), regex
+    assert fast.nbytes > 0
 
 
 def test_states_are_built_as_walks_reach_them():

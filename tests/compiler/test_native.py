@@ -42,7 +42,7 @@ def names(dfa: ByteDFA) -> dict[int, object]:
     source = getattr(dfa, "_source", None)
     if source is None:
         return {q: q for q in range(dfa.num_states + 1)}
-    named: dict[int, object] = {sid: nfa_set for nfa_set, sid in source._ids.items()}
+    named: dict[int, object] = dict(source.state_sets())
     named[dfa.dead] = "dead"
     return named
 
@@ -101,6 +101,26 @@ def test_native_walk_equals_the_numpy_walk_on_random_regexes(tokens, regex, cut,
         state += 1
 
 
+@pytest.mark.parametrize("regex", ["[a-c]*", "[a-m]*", "[a-z]*", "[a-z]?x"])
+@pytest.mark.parametrize("engine", ["outlines", "nfa"])
+def test_native_rows_of_every_size_equal_the_numpy_walk(regex, engine):
+    """Rows of a few ids (sorted), of more (read from a bitmap) and of most of the vocabulary (one
+    pass over the ids), with ids scattered over a wide vocabulary and several ids on one node."""
+    rng = random.Random(regex)
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    texts = [a.encode() for a in letters] + [(a + b).encode() for a in letters for b in letters]
+    ids = rng.sample(range(5000), len(texts) + 40)
+    groups = {text: [i] for text, i in zip(texts, ids)}
+    for k, i in enumerate(ids[len(texts):]):
+        groups[texts[k * 7]].append(i)
+    trie = TokenTrie.build(groups, 5000)
+    dfa = ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
+    got = native.walk(trie, dfa, dfa.initial)
+    want = walk_reference(trie, dfa, dfa.initial)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), regex
+    assert len(got[0]) > 0
+
+
 def test_an_error_computing_a_row_reaches_the_walks_caller():
     """A row the native walk has computed (through its callback) that raises, here the DFA's state
     cap, raises from `native.walk` itself; the next walk, with room for the states, is the numpy walk's row."""
@@ -116,14 +136,58 @@ def test_an_error_computing_a_row_reaches_the_walks_caller():
     assert same_row(got, capped, walk_reference(trie, fresh, fresh.initial), fresh)
 
 
+def test_a_dfa_and_its_native_subset_construction_are_freed_without_the_cycle_collector():
+    """No reference cycle: a grammar's automaton goes when its last user lets it go."""
+    import gc
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        dfa = determinize(build_nfa(r'"([^"\\]|\\n)*"x{1,5}'), 10_000)
+        native.walk(TokenTrie.build({b'"': [0], b"ab": [1], b"x": [2]}, 3), dfa, dfa.initial)
+        assert dfa.subset is not None
+        gone = [weakref.ref(dfa), weakref.ref(dfa.subset), weakref.ref(dfa._source)]
+        del dfa
+        assert all(ref() is None for ref in gone)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _state_of(dfa: ByteDFA, nfa_set: object) -> int:
     """The id of the state standing for `nfa_set` in an on-demand DFA, determinizing it until it has one."""
     source = dfa._source
     q = 1
-    while nfa_set not in source._ids:
+    while nfa_set not in (ids := {s: sid for sid, s in source.state_sets().items()}):
         dfa.ensure_rows([q])
         q += 1
-    return source._ids[nfa_set]
+    return ids[nfa_set]
+
+
+LOOP_REGEXES = [JSON_STRING, CYRILLIC, r'x[^"]*', r'"[ -~]*"', r'"([^"]{2})*"', r'"[^é"\\]*"', r'"(a|[^a"]{1,3})*"',
+                r'[^"]*"(é|[^é"])*"']
+
+
+@pytest.mark.parametrize("regex", LOOP_REGEXES)
+@pytest.mark.parametrize("engine", ["nfa", "outlines"])
+@pytest.mark.parametrize("max_pairs", [1, 3, 64])
+def test_native_loops_equal_the_python_loops(regex, engine, max_pairs, monkeypatch):
+    """`StringSlice.loops` natively (computing the rows it meets, with the search's pair cap) gives
+    the Python search's answer for every state."""
+    trie = TokenTrie.build({b"a": [0], b"\xc3\xa9": [1], b'"': [2], b"x": [3]}, 4)
+    sl = trie.string_slice()
+    monkeypatch.setattr(sl, "MAX_PAIRS", max_pairs)
+    dfa = ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
+    assert engine == "outlines" or dfa.subset is not None
+    state, looped = 0 if engine == "outlines" else 1, 0
+    while state <= dfa.num_states - (engine == "outlines"):
+        got = sl.loops(dfa, state)  # natively: rows computed as the search meets them
+        assert got == sl.loops_reference(dfa, state), (regex, state)
+        looped += got
+        state += 1
+    if max_pairs == 64 and regex in (JSON_STRING, LOOP_REGEXES[-1]):  # strings of any text: some state loops
+        assert looped, regex
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
