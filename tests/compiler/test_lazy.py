@@ -339,7 +339,8 @@ def test_concurrent_processors_mask_exactly_while_their_grammars_table_grows(qwe
     eager = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="eager", use_cache=False)
     walks = _random_walks(eager, random.Random(11), 6, 24)
     logits = mx.array(np.random.default_rng(2).normal(size=(1, QWEN_WIDTH)).astype(np.float32))
-    barrier, errors, tables = threading.Barrier(len(walks)), [], set()
+    # Tables seen, held by id: a table that died could hand its id to a later one.
+    barrier, errors, tables = threading.Barrier(len(walks)), [], {}
 
     def run(walk):
         try:
@@ -347,7 +348,7 @@ def test_concurrent_processors_mask_exactly_while_their_grammars_table_grows(qwe
             barrier.wait()
             for n in range(len(walk) + 1):
                 out = np.asarray(proc(mx.array([1, 2, *walk[:n]]), logits))[0]
-                tables.add(id(proc._bound_table))
+                tables[id(proc._bound_table)] = proc._bound_table
                 assert np.array_equal(np.flatnonzero(np.isfinite(out)), eager.allowed_tokens(q)), n
                 if n < len(walk):
                     q = eager.next_state(q, walk[n])
