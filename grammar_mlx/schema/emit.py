@@ -128,6 +128,21 @@ class Builder:
 
     def seq(self, *items: Regex | None) -> Regex | None:
         """The concatenation (None: some item has no value)."""
+        if len(items) == 2:  # most of an object's members and tails: no list, no maps
+            a, b = items
+            if a is EMPTY:
+                return b
+            if b is EMPTY:
+                return a
+            if a is None or b is None:
+                return None
+            ids: tuple[int, ...] = (id(a), id(b))
+            key = ("S", ids)
+            hit = self.nodes.get(key)
+            if hit is not None:
+                return hit
+            size, depth = self.size, self.depth
+            return self._made(key, Seq((a, b)), size[ids[0]] + size[ids[1]], 1, max(depth[ids[0]], depth[ids[1]]))
         kept = [item for item in items if item is not EMPTY]
         if len(kept) < 2:
             return kept[0] if kept else EMPTY  # (None when the one item is)
