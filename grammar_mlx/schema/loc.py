@@ -29,7 +29,10 @@ def draft_of(schema: Any) -> int:
     return 2020
 
 
-@dataclass(frozen=True, slots=True)
+# Never changed once made, but not `frozen`: a frozen dataclass sets each field through
+# object.__setattr__, three times the cost of making one, and a schema's normalization makes a few
+# per subschema. Hashed and compared by its fields, as a frozen one.
+@dataclass(slots=True, unsafe_hash=True)
 class Loc:
     """A subschema, where it sits (JSON pointer), its base URI, and keywords already accounted for."""
 
