@@ -236,7 +236,8 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
                                            "open_objects": open_objects, "limits": _translation_limits()},
                                           sort_keys=True)
 
-        source = _Source(named, lambda: translated.regex, translated.ast, translated.size, translated.nesting)
+        # The grammar keeps the writer of its text, not the parsed schema: the schema is freed here.
+        source = _Source(named, translated.regex_writer(), translated.ast, translated.size, translated.nesting)
         return _compile("json_schema", source, target, translated.unenforced, opts, started, index)
 
 

@@ -103,7 +103,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
@@ -157,15 +157,26 @@ class SchemaRegex:
         what outlines-core compiles. `GrammarTooLargeError` when it would be over
         limits.MAX_REGEX_LENGTH characters (the AST shares what the text repeats: it may be far
         larger) or nest over limits.MAX_REGEX_NESTING groups; compiling needs no text."""
-        if self.size > limits.MAX_REGEX_LENGTH:
-            raise GrammarTooLargeError(
-                f"the schema's regex text would have about {self.size:,} characters, over limits.MAX_REGEX_LENGTH = "
-                f"{limits.MAX_REGEX_LENGTH:,} (its AST, {self.ast_size:,}, compiles as it is)")
-        if self.nesting > limits.MAX_REGEX_NESTING:
-            raise GrammarTooLargeError(
-                f"the schema's regex text nests {self.nesting} groups deep, over limits.MAX_REGEX_NESTING = "
-                f"{limits.MAX_REGEX_NESTING} (its AST compiles as it is)")
-        return to_regex(self.ast)
+        return _regex_text(self.ast, self.size, self.nesting, self.ast_size)
+
+    def regex_writer(self) -> Callable[[], str]:
+        """`regex` as a function holding the AST and its sizes only, not the parsed schema: what a
+        compiled grammar keeps to write its `.regex` on demand (the schema is freed with the compile)."""
+        ast, size, nesting, ast_size = self.ast, self.size, self.nesting, self.ast_size
+        return lambda: _regex_text(ast, size, nesting, ast_size)
+
+
+def _regex_text(ast: Regex, size: int, nesting: int, ast_size: int) -> str:
+    """`SchemaRegex.regex` of an AST of text length `size`, group nesting `nesting` and own size `ast_size`."""
+    if size > limits.MAX_REGEX_LENGTH:
+        raise GrammarTooLargeError(
+            f"the schema's regex text would have about {size:,} characters, over limits.MAX_REGEX_LENGTH = "
+            f"{limits.MAX_REGEX_LENGTH:,} (its AST, {ast_size:,}, compiles as it is)")
+    if nesting > limits.MAX_REGEX_NESTING:
+        raise GrammarTooLargeError(
+            f"the schema's regex text nests {nesting} groups deep, over limits.MAX_REGEX_NESTING = "
+            f"{limits.MAX_REGEX_NESTING} (its AST compiles as it is)")
+    return to_regex(ast)
 
 
 def load_schema(schema: object) -> dict[str, Any] | bool:
