@@ -75,6 +75,12 @@ def _parsed(text: str) -> tuple[Regex, int]:
     return node, nesting_depth(node)
 
 
+@lru_cache(maxsize=4096)
+def _char_set(c: str) -> CharSet:
+    """One character's set, made once (literal text is mapped a character at a time)."""
+    return CharSet.of(c)
+
+
 class Builder:
     """Hash-consed regex AST construction: each node is made once per structure (children compared
     by identity, which hash-consing makes structural). `size[id(node)]` is the length of its regex
@@ -215,7 +221,7 @@ class Builder:
         if type(ast) is Chars:
             out = leaf(ast.chars)
         elif type(ast) is Text:
-            out = self.seq(*(leaf(CharSet.of(c)) for c in ast.text))
+            out = self.seq(*(leaf(_char_set(c)) for c in ast.text))
         elif type(ast) is Seq:
             out = self.seq(*(self.mapped(x, leaf, memo) for x in ast.items))
         elif type(ast) is Alt:
