@@ -216,16 +216,17 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
         depth = 3 if max_recursion_depth is None else max_recursion_depth
         check_translation_options(strict, depth, open_objects)
         doc = load_schema(schema)  # once, for both paths
-        normalized = None
+        normalized, acyclic = None, False
         if max_recursion_depth is None:  # cycles unbounded, through the context-free engine
             rules = rules_of(doc, whitespace=whitespace, strict=strict, open_objects=open_objects)
             if isinstance(rules, SchemaRules):
                 return compile_schema_rules(rules, tokenizer, logits_width=logits_width,
                                             eos_token_ids=opts.eos_token_ids, started=started)
-            normalized = rules  # a schema without a cycle: its normalization, where the regex path can reuse it
+            # A schema without a cycle: its normalization, where the regex path can reuse it.
+            normalized, acyclic = rules, True
         target, index = _located(tokenizer, logits_width, opts)  # argument mistakes before a long translation
         translated = translate_loaded(doc, whitespace=whitespace, strict=strict, open_objects=open_objects,
-                                      max_recursion_depth=depth, normalized=normalized)
+                                      max_recursion_depth=depth, normalized=normalized, acyclic=acyclic)
         opts.deadline.check("translating the schema")
         # The language is a function of the schema, the options and the translator's limits: that is
         # its cache key, so the regex text is never written on the way (only if something reads it).
@@ -235,7 +236,8 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
                                            "open_objects": open_objects, "limits": _translation_limits()},
                                           sort_keys=True)
 
-        source = _Source(named, lambda: translated.regex, translated.ast, translated.size, translated.nesting)
+        # The grammar keeps the writer of its text, not the parsed schema: the schema is freed here.
+        source = _Source(named, translated.regex_writer(), translated.ast, translated.size, translated.nesting)
         return _compile("json_schema", source, target, translated.unenforced, opts, started, index)
 
 

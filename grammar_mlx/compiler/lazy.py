@@ -56,6 +56,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -202,7 +203,6 @@ class LazyIndex:
         # search over the byte DFA's rows restricted to the classes of those bytes.
         self._u1: dict[int, int] = {self.terminal: 0}
         self._u1_all: np.ndarray | None = None  # a complete DFA's U1 of every state (computed on first use)
-        self._byte_cols = np.unique(dfa.classes[np.array(sorted(trie.single_bytes), dtype=np.int64)])
         self.fills = 0
         self.fill_seconds = 0.0
         self.fill_seconds_max = 0.0
@@ -218,6 +218,12 @@ class LazyIndex:
         # accepting); its whole row is the slice merged with it, built only when `row` asks.
         self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._parts_bytes = 0
+
+    @cached_property
+    def _byte_cols(self) -> np.ndarray:
+        """The DFA's classes of the single-byte tokens (U1's search), on first use: a compile never
+        pays for them."""
+        return np.unique(self.dfa.classes[np.array(sorted(self.trie.single_bytes), dtype=np.int64)])
 
     @property
     def num_states(self) -> int:

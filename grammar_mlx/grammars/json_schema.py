@@ -71,6 +71,8 @@ def may_recurse(schema: Any) -> bool:
     """Whether a loaded schema's `$ref`s may cycle, read from the document alone (no normalizing:
     a schema without a cycle pays only this walk): a local pointer's target holding a `$ref` whose
     target holds ... the first one. Other references (`$id`s, anchors, remote, dynamic) may cycle."""
+    if not _holds_reference(schema):  # most schemas: one walk without the paths below
+        return False
     refs: list[tuple[tuple[str, ...], tuple[str, ...]]] = []  # (where the $ref is, its target)
     stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
     while stack:
@@ -109,6 +111,20 @@ def may_recurse(schema: Any) -> bool:
             elif nxt not in done:
                 on_path.add(nxt)
                 work.append((nxt, iter(inside[nxt])))
+    return False
+
+
+def _holds_reference(schema: Any) -> bool:
+    """Whether some object of the document has a `$ref`, `$dynamicRef` or `$recursiveRef` key."""
+    stack = [schema]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if "$ref" in x or "$dynamicRef" in x or "$recursiveRef" in x:
+                return True
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
     return False
 
 

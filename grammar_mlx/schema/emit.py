@@ -75,6 +75,12 @@ def _parsed(text: str) -> tuple[Regex, int]:
     return node, nesting_depth(node)
 
 
+@lru_cache(maxsize=4096)
+def _char_set(c: str) -> CharSet:
+    """One character's set, made once (literal text is mapped a character at a time)."""
+    return CharSet.of(c)
+
+
 class Builder:
     """Hash-consed regex AST construction: each node is made once per structure (children compared
     by identity, which hash-consing makes structural). `size[id(node)]` is the length of its regex
@@ -128,6 +134,21 @@ class Builder:
 
     def seq(self, *items: Regex | None) -> Regex | None:
         """The concatenation (None: some item has no value)."""
+        if len(items) == 2:  # most of an object's members and tails: no list, no maps
+            a, b = items
+            if a is EMPTY:
+                return b
+            if b is EMPTY:
+                return a
+            if a is None or b is None:
+                return None
+            ids: tuple[int, ...] = (id(a), id(b))
+            key = ("S", ids)
+            hit = self.nodes.get(key)
+            if hit is not None:
+                return hit
+            size, depth = self.size, self.depth
+            return self._made(key, Seq((a, b)), size[ids[0]] + size[ids[1]], 1, max(depth[ids[0]], depth[ids[1]]))
         kept = [item for item in items if item is not EMPTY]
         if len(kept) < 2:
             return kept[0] if kept else EMPTY  # (None when the one item is)
@@ -200,7 +221,7 @@ class Builder:
         if type(ast) is Chars:
             out = leaf(ast.chars)
         elif type(ast) is Text:
-            out = self.seq(*(leaf(CharSet.of(c)) for c in ast.text))
+            out = self.seq(*(leaf(_char_set(c)) for c in ast.text))
         elif type(ast) is Seq:
             out = self.seq(*(self.mapped(x, leaf, memo) for x in ast.items))
         elif type(ast) is Alt:

@@ -40,24 +40,26 @@ def to_decimal(x: int | float | Decimal) -> Decimal:
 
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+# Nodes are never changed once made, but not `frozen` (a frozen dataclass sets each field through
+# object.__setattr__, three times the cost of making one); compared and hashed by identity.
+@dataclass(slots=True, eq=False)
 class Never:
     """No value at all."""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class AnyValue:
     """Every JSON value (the regex bounds container nesting)."""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Literal:
     """One of finitely many values (`enum`, `const`, booleans, null), written as given."""
 
     values: tuple[Any, ...]  # JSON values
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Number:
     """Numbers within the bounds; with `step`, only its multiples, and none of the `excluded` steps'
     multiples, then written as the character-level AST `text` (canonical integers, or positional
@@ -75,7 +77,7 @@ class Number:
         return self.lo is not None or self.hi is not None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class String:
     """`ast` None: any string of `min_len`..`max_len` code points, every JSON escape allowed.
     Otherwise the strings of the character-level AST (lengths already folded in), canonically escaped."""
@@ -102,7 +104,7 @@ def _python_regex(ast: Regex) -> re.Pattern[str]:
     return re.compile(to_regex(ast))
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Contains:
     """`contains` counted: each position's items split into those matching the `contains` schema
     and those not (two nodes whose union is the position's node), between `lo` and `hi` matching."""
@@ -114,7 +116,7 @@ class Contains:
     pointer: str = ""  # of the schema holding `contains` (reported if the emitter relaxes it)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Distinct:
     """`uniqueItems` over finite item domains: the values each position may take (those of the
     position's node, each spelled as that node writes it); no two items of the array equal."""
@@ -124,7 +126,7 @@ class Distinct:
     pointer: str = ""  # of the schema holding `uniqueItems`
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Array:
     prefix: tuple[Node, ...]  # positional item nodes
     rest: Node | None  # node for items after the prefix; None: no more items
@@ -140,14 +142,14 @@ class Array:
         return self.contains.prefix[i] if i < len(self.contains.prefix) else self.contains.rest
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Property:
     name: str
     value: Node
     required: bool
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Extra:
     """Properties beyond the declared ones: keys in `key` (a String node), values in `value`."""
 
@@ -155,7 +157,7 @@ class Extra:
     value: Node
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Object:
     properties: tuple[Property, ...]  # in canonical (declaration) order
     extras: tuple[Extra, ...]  # with pairwise disjoint key languages that exclude the declared names
@@ -168,12 +170,12 @@ class Object:
     first_choices: int | None = None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Union:
     items: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Ref:
     """A named node of the table (a `$ref` target); where the schema recurses, the graph cycles here."""
 

@@ -29,7 +29,10 @@ def draft_of(schema: Any) -> int:
     return 2020
 
 
-@dataclass(frozen=True, slots=True)
+# Never changed once made, but not `frozen`: a frozen dataclass sets each field through
+# object.__setattr__, three times the cost of making one, and a schema's normalization makes a few
+# per subschema. Hashed and compared by its fields, as a frozen one.
+@dataclass(slots=True, unsafe_hash=True)
 class Loc:
     """A subschema, where it sits (JSON pointer), its base URI, and keywords already accounted for."""
 
@@ -135,11 +138,23 @@ class Resources:
         self._resolved: dict[tuple[str, str], Loc | None] = {}  # (base URI, reference) -> its target
         self._root = root
         if isinstance(root.schema, dict) and not _names_resources(root.schema):
-            # The index would hold the root alone (every subschema has the root's base): no walk
-            # of Locs and URIs over the whole document.
-            self._resources[urldefrag(root.base)[0]] = root
+            # Only the root may name a resource (its `$id`, an anchor): every subschema has the
+            # root's base, so the index holds the root's own entries: no walk of Locs and URIs
+            # over the whole document.
+            self._add(root)
         else:
             self._index(root)
+
+    def _add(self, cur: Loc) -> None:
+        """The entries of one subschema (a JSON object): its base, its `#name` id, its anchors."""
+        node = cur.schema
+        self._resources.setdefault(urldefrag(cur.base)[0], cur)
+        ident = node.get("$id", node.get("id"))
+        if isinstance(ident, str) and ident.startswith("#") and len(ident) > 1:
+            self._resources.setdefault(_join(cur.base, ident), cur)
+        for key in ("$anchor", "$dynamicAnchor"):
+            if isinstance(node.get(key), str):
+                self._resources.setdefault(urldefrag(cur.base)[0] + "#" + node[key], cur)
 
     def _index(self, loc: Loc) -> None:
         # (parent, path) pairs: a child is located when it is visited, so the deadline is checked
@@ -155,13 +170,7 @@ class Resources:
                 continue
             if not isinstance(node, dict):
                 continue
-            self._resources.setdefault(urldefrag(cur.base)[0], cur)
-            ident = node.get("$id", node.get("id"))
-            if isinstance(ident, str) and ident.startswith("#") and len(ident) > 1:
-                self._resources.setdefault(_join(cur.base, ident), cur)
-            for key in ("$anchor", "$dynamicAnchor"):
-                if isinstance(node.get(key), str):
-                    self._resources.setdefault(urldefrag(cur.base)[0] + "#" + node[key], cur)
+            self._add(cur)
             for key, value in node.items():
                 if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):
                     stack.append((cur, (key,)))
@@ -202,10 +211,10 @@ class Resources:
         return found
 
 
-def _names_resources(schema: Any) -> bool:
-    """Whether some subschema `Resources._index` visits holds `$id`, `id`, `$anchor` or
-    `$dynamicAnchor` (whatever its value): where none does, every one has the root's base."""
-    stack = [schema]
+def _names_resources(schema: dict[str, Any]) -> bool:
+    """Whether some subschema `Resources._index` visits below the root holds `$id`, `id`, `$anchor`
+    or `$dynamicAnchor` (whatever its value): where none does, every one has the root's base."""
+    stack: list[Any] = [schema]
     while stack:
         check_deadline("reading the schema's $ids and anchors")
         node = stack.pop()
@@ -214,7 +223,7 @@ def _names_resources(schema: Any) -> bool:
             continue
         if not isinstance(node, dict):
             continue
-        if "$id" in node or "id" in node or "$anchor" in node or "$dynamicAnchor" in node:
+        if node is not schema and ("$id" in node or "id" in node or "$anchor" in node or "$dynamicAnchor" in node):
             return True
         for key, value in node.items():
             if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):

@@ -67,6 +67,7 @@ class Unenforced:
 
 T = TypeVar("T")
 CONTENT = frozenset({"contentEncoding", "contentMediaType"})  # assertions in draft 7
+ANNOTATIONS_DRAFT7 = ANNOTATIONS - CONTENT  # what constrains nothing up to draft 7
 STAGE = "translating the schema"  # what a deadline that passes here names
 
 
@@ -187,7 +188,7 @@ class Normalizer:
         out: list[Loc] = []
         seen = set() if seen is None else seen
         stack = list(reversed(list(locs)))
-        annotations = ANNOTATIONS if self.draft > 7 else ANNOTATIONS - CONTENT
+        annotations = ANNOTATIONS if self.draft > 7 else ANNOTATIONS_DRAFT7
         while stack:
             check_deadline(STAGE)
             loc = stack.pop()

@@ -103,6 +103,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
@@ -156,15 +157,26 @@ class SchemaRegex:
         what outlines-core compiles. `GrammarTooLargeError` when it would be over
         limits.MAX_REGEX_LENGTH characters (the AST shares what the text repeats: it may be far
         larger) or nest over limits.MAX_REGEX_NESTING groups; compiling needs no text."""
-        if self.size > limits.MAX_REGEX_LENGTH:
-            raise GrammarTooLargeError(
-                f"the schema's regex text would have about {self.size:,} characters, over limits.MAX_REGEX_LENGTH = "
-                f"{limits.MAX_REGEX_LENGTH:,} (its AST, {self.ast_size:,}, compiles as it is)")
-        if self.nesting > limits.MAX_REGEX_NESTING:
-            raise GrammarTooLargeError(
-                f"the schema's regex text nests {self.nesting} groups deep, over limits.MAX_REGEX_NESTING = "
-                f"{limits.MAX_REGEX_NESTING} (its AST compiles as it is)")
-        return to_regex(self.ast)
+        return _regex_text(self.ast, self.size, self.nesting, self.ast_size)
+
+    def regex_writer(self) -> Callable[[], str]:
+        """`regex` as a function holding the AST and its sizes only, not the parsed schema: what a
+        compiled grammar keeps to write its `.regex` on demand (the schema is freed with the compile)."""
+        ast, size, nesting, ast_size = self.ast, self.size, self.nesting, self.ast_size
+        return lambda: _regex_text(ast, size, nesting, ast_size)
+
+
+def _regex_text(ast: Regex, size: int, nesting: int, ast_size: int) -> str:
+    """`SchemaRegex.regex` of an AST of text length `size`, group nesting `nesting` and own size `ast_size`."""
+    if size > limits.MAX_REGEX_LENGTH:
+        raise GrammarTooLargeError(
+            f"the schema's regex text would have about {size:,} characters, over limits.MAX_REGEX_LENGTH = "
+            f"{limits.MAX_REGEX_LENGTH:,} (its AST, {ast_size:,}, compiles as it is)")
+    if nesting > limits.MAX_REGEX_NESTING:
+        raise GrammarTooLargeError(
+            f"the schema's regex text nests {nesting} groups deep, over limits.MAX_REGEX_NESTING = "
+            f"{limits.MAX_REGEX_NESTING} (its AST compiles as it is)")
+    return to_regex(ast)
 
 
 def load_schema(schema: object) -> dict[str, Any] | bool:
@@ -209,38 +221,61 @@ def _check_json_value(value: object, what: str, error: type[Exception], *, text:
     `text` a lone surrogate in a string or key (not
     Unicode: the regex could not be encoded as UTF-8). `error` is the class raised, `too_deep` the
     one for the depth limit."""
-    big = _integer_limit()
     stack: list[tuple[object, Path, int]] = [(value, None, 1)]  # (value, its path, container depth)
     while stack:
         check_deadline("reading the schema")
         item, path, depth = stack.pop()
-        if depth > limits.MAX_SCHEMA_DEPTH and isinstance(item, (dict, list)):
-            raise too_deep(f"the {what} nests objects and arrays more than {limits.MAX_SCHEMA_DEPTH} levels deep (at "
-                           f"{_pointer(path, 120)}); the limit is limits.MAX_SCHEMA_DEPTH = {limits.MAX_SCHEMA_DEPTH}")
-        if isinstance(item, str):
-            if text and not item.isascii():
-                _check_unicode(item, path, what, "string", error)
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
+            if depth > limits.MAX_SCHEMA_DEPTH:
+                raise _nested_too_deep(what, path, too_deep)
             for key, child in item.items():
                 if not isinstance(key, str):
                     raise error(f"{what} at {_pointer(path)}: key {key!r} is not a string")
                 if text and not key.isascii():
                     _check_unicode(key, (path, key), what, "key", error)
-                stack.append((child, (path, key), depth + 1))
+                # Strings and containers inline (most of a schema); other scalars by `_check_scalar`.
+                if type(child) is str:
+                    if text and not child.isascii():
+                        _check_unicode(child, (path, key), what, "string", error)
+                elif isinstance(child, (dict, list)):
+                    stack.append((child, (path, key), depth + 1))
+                else:
+                    _check_scalar(child, (path, key), what, error, text)
         elif isinstance(item, list):
-            stack.extend((child, (path, i), depth + 1) for i, child in enumerate(item))
-        elif item is None or isinstance(item, bool):
-            continue
-        elif isinstance(item, int):
-            if not -big < item < big:
-                raise error(f"{what} at {_pointer(path)}: an integer of more than {limits.MAX_INTEGER_DIGITS} digits")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                spelled = "NaN" if item != item else "Infinity" if item > 0 else "-Infinity"
-                raise error(f"{what} at {_pointer(path)}: {spelled} is not a JSON number (NaN and Infinity are not "
-                            "JSON; a literal such as 1e400 is beyond the float range and reads as Infinity)")
+            if depth > limits.MAX_SCHEMA_DEPTH:
+                raise _nested_too_deep(what, path, too_deep)
+            for i, child in enumerate(item):
+                if isinstance(child, (dict, list)):
+                    stack.append((child, (path, i), depth + 1))
+                else:
+                    _check_scalar(child, (path, i), what, error, text)
         else:
-            raise error(f"{what} at {_pointer(path)}: a Python {type(item).__name__} is not a JSON value")
+            _check_scalar(item, path, what, error, text)
+
+
+def _check_scalar(item: object, path: Path, what: str, error: type[Exception], text: bool) -> None:
+    """`_check_json_value` of a value that is no object or array."""
+    if isinstance(item, str):
+        if text and not item.isascii():
+            _check_unicode(item, path, what, "string", error)
+    elif item is None or isinstance(item, bool):
+        return
+    elif isinstance(item, int):
+        big = _integer_limit()
+        if not -big < item < big:
+            raise error(f"{what} at {_pointer(path)}: an integer of more than {limits.MAX_INTEGER_DIGITS} digits")
+    elif isinstance(item, float):
+        if not math.isfinite(item):
+            spelled = "NaN" if item != item else "Infinity" if item > 0 else "-Infinity"
+            raise error(f"{what} at {_pointer(path)}: {spelled} is not a JSON number (NaN and Infinity are not "
+                        "JSON; a literal such as 1e400 is beyond the float range and reads as Infinity)")
+    else:
+        raise error(f"{what} at {_pointer(path)}: a Python {type(item).__name__} is not a JSON value")
+
+
+def _nested_too_deep(what: str, path: Path, too_deep: type[Exception]) -> Exception:
+    return too_deep(f"the {what} nests objects and arrays more than {limits.MAX_SCHEMA_DEPTH} levels deep (at "
+                    f"{_pointer(path, 120)}); the limit is limits.MAX_SCHEMA_DEPTH = {limits.MAX_SCHEMA_DEPTH}")
 
 
 @lru_cache(maxsize=1)
@@ -323,11 +358,13 @@ class Normalized:
 
 
 def translate_loaded(doc: dict[str, Any] | bool, *, whitespace: str | None, strict: bool, max_recursion_depth: int,
-                     open_objects: bool, normalized: Normalized | None = None) -> SchemaRegex:
+                     open_objects: bool, normalized: Normalized | None = None, acyclic: bool = False) -> SchemaRegex:
     """`schema_to_regex` of a document `load_schema` returned (its arguments checked), reusing
-    `normalized` (of the same document and options) where given."""
+    `normalized` (of the same document and options) where given. `acyclic`: the caller has found
+    that the document's `$ref`s cannot cycle (`grammars.json_schema.rules_of` gave no rules), so no
+    definition lies on a cycle and the search for those (`cyclic_keys`) is skipped."""
     ws = whitespace_regex(whitespace)
-    nz, translated, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects, normalized)
+    nz, translated, _ = _translate(doc, ws, strict, max_recursion_depth, open_objects, normalized, acyclic)
     if translated is None:
         raise EmptyLanguageError("no JSON value satisfies the schema (within the recursion bound)")
     ast, size, nesting, ast_size = translated
@@ -341,34 +378,36 @@ def _check_open_objects(open_objects: object) -> None:
 
 
 def _translate(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int,
-               open_objects: bool = False, normalized: Normalized | None = None
+               open_objects: bool = False, normalized: Normalized | None = None, acyclic: bool = False
                ) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """Normalize and emit within limits.SCHEMA_REGEX_LENGTH: at `max_recursion_depth`, else at the largest lower
     depth that fits (recursive schemas grow exponentially with depth), else with wide all-optional
     objects starting at their first property (their regex is then linear, not quadratic).
     Returns (the normalizer, the regex AST with its text's length and group nesting (None: no value), the
-    depth used). `normalized`: the first normalizer, already built (`Normalized`).
+    depth used). `normalized`: the first normalizer, already built (`Normalized`); `acyclic`: no
+    definition is cyclic (`translate_loaded`).
 
     A retry that would write the same text is skipped: depths the failed attempt would write alike
     (`Emitter.lower_depth`), cost 0 when no object's first-property limit depends on the cost."""
     try:
         with memo_scope():
-            return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects, normalized)
+            return _translate_within_cap(doc, ws, strict, max_recursion_depth, open_objects, normalized, acyclic)
     except RecursionError:
         raise _too_deep("the schema") from None
 
 
 def _translate_within_cap(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int,
-                          open_objects: bool, normalized: Normalized | None = None
+                          open_objects: bool, normalized: Normalized | None = None, acyclic: bool = False
                           ) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     """`_translate`'s loop over first-choice costs and depths. When no depth fits and the regex
     held costly exact forms (`Normalizer.costly_exact`: exclusive oneOf, counted arrays), the loop
     runs again without them (they are then reported, as before): they write much more. A lower
     depth (a narrowing) is preferred to dropping them (a keyword left unenforced)."""
     try:
-        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=True, normalized=normalized)
+        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=True, normalized=normalized,
+                             acyclic=acyclic)
     except _CostlyTooLarge:
-        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False)
+        return _depth_ladder(doc, ws, strict, max_recursion_depth, open_objects, costly=False, acyclic=acyclic)
 
 
 class _CostlyTooLarge(Exception):
@@ -376,7 +415,7 @@ class _CostlyTooLarge(Exception):
 
 
 def _depth_ladder(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursion_depth: int, open_objects: bool, *,
-                  costly: bool, normalized: Normalized | None = None
+                  costly: bool, normalized: Normalized | None = None, acyclic: bool = False
                   ) -> tuple[Normalizer, tuple[Regex, int, int, int] | None, tuple[int, int]]:
     nz: Normalizer | None = None
     root: Node | None = None
@@ -395,7 +434,7 @@ def _depth_ladder(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursi
             nz = copy.copy(nz)
             nz.table, nz.first_choice_cost = table, cost
         used = used or nz.costly_used
-        cyclic = cyclic_keys(nz.table)
+        cyclic: set[Hashable] = set() if acyclic else cyclic_keys(nz.table)
         depths: tuple[int, int] | None = (max_recursion_depth, limits.MAX_ANY_DEPTH)
         shared = False  # one recursion count for all cyclic definitions (`Emitter`'s UnrollTooWide)
         while depths is not None:

@@ -637,3 +637,17 @@ def test_compiles_that_keep_overlapping_still_collect(monkeypatch):
     assert cycle() is None and not gc.isenabled()
     second.__exit__(None, None, None)
     assert gc.isenabled()
+
+
+def test_a_schema_grammar_keeps_its_regex_writer_not_the_parsed_schema(qwen_vocab):
+    import weakref
+
+    class Doc(dict):  # a dict that a weak reference can watch
+        pass
+
+    doc = Doc({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["a"]})
+    gone = weakref.ref(doc)
+    grammar = compile_json_schema(doc, qwen_vocab, use_cache=False)
+    del doc
+    assert gone() is None, "the compiled grammar holds the schema it was compiled from"
+    assert re.fullmatch(grammar.regex, '{"a":"xyz"}') and not re.fullmatch(grammar.regex, '{"a":"wxyz"}')

@@ -88,6 +88,11 @@ def test_the_depth_bound_stays_an_option_and_acyclic_schemas_keep_the_regular_pa
     mutual = {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}}
     assert may_recurse({"$defs": mutual, "$ref": "#/$defs/a"})
     assert not may_recurse({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "integer"}}, "$ref": "#/$defs/a"})
+    # Without any reference key the walk stops early; a reference anywhere is still found.
+    assert not may_recurse({"enum": ["$ref", {"a": "#"}], "items": [{"const": "$dynamicRef"}]})
+    assert may_recurse({"items": [{"anyOf": [{"$dynamicRef": "#node"}]}]})
+    assert may_recurse({"properties": {"a": {"items": {"$recursiveRef": "#"}}}})
+    assert may_recurse({"items": [{"$ref": "#/items"}]})
 
 
 def test_masks_equal_next_state_on_random_walks_and_outputs_validate(tree_grammar):

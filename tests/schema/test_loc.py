@@ -225,6 +225,11 @@ def _walked_index(root: Loc) -> dict[str, tuple[str, str]]:
     {"properties": {"p": {"items": {"$id": "http://example.com/item.json"}}}},
     {"anyOf": [{"id": "#frag"}, {"type": "null"}]},
     {"enum": [{"$id": "not a schema"}], "const": {"id": 1}},  # values, not subschemas: no resource
+    # Only the root names resources: its own entries, no walk.
+    {"$id": "http://example.com/root.json", "properties": {"a": {"type": "string"}}},
+    {"id": "#top", "$anchor": "here", "items": {"$ref": "#here"}},
+    {"$id": "urn:example:x", "$dynamicAnchor": "d", "$defs": {"p": {"$ref": "#d"}}},
+    {"$id": "http://example.com/a/", "properties": {"b": {"$id": "b.json", "$anchor": "bee"}}},
 ])
 def test_the_index_without_a_walk_equals_the_walked_one(schema):
     root = located(schema)

@@ -723,3 +723,60 @@ def test_many_mutually_recursive_definitions_share_one_count_in_regex_and_in_gra
         text = canonical_json(value, schema)
         assert (compiled.fullmatch(text) is not None) == in_grammar(value, schema, max_recursion_depth=1), text
         assert in_grammar(value, schema, max_recursion_depth=1) == (length <= 2), text
+
+
+def _translated(doc, *, normalized=None, acyclic=False):
+    from grammar_mlx.schema.translate import translate_loaded
+
+    got = translate_loaded(doc, whitespace=None, strict=False, max_recursion_depth=3, open_objects=False,
+                           normalized=normalized, acyclic=acyclic)
+    return got.regex, got.unenforced
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "integer"}}}},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "integer", "minimum": 2}},
+     "properties": {"x": {"$ref": "#/$defs/a"}, "y": {"allOf": [{"$ref": "#/$defs/b"}, {"maximum": 9}]}}},
+    {"anyOf": [{"$ref": "#/definitions/s"}, {"type": "null"}],
+     "definitions": {"s": {"type": "string", "maxLength": 3}}},
+])
+def test_an_acyclic_translation_skips_the_cycle_search_and_writes_the_same_regex(schema):
+    from grammar_mlx.grammars.json_schema import SchemaRules, rules_of
+
+    doc = load_schema(schema)
+    rules = rules_of(doc)
+    assert not isinstance(rules, SchemaRules)
+    assert _translated(doc, normalized=rules, acyclic=True) == _translated(load_schema(schema))
+
+
+def test_no_schema_without_rules_has_a_cyclic_definition_over_the_corpus():
+    """What `acyclic` relies on: where `rules_of` finds the `$ref`s cannot cycle, no normalizer
+    table the translation makes has a key on a cycle."""
+    from conftest import CORPORA, read_corpus
+
+    import grammar_mlx.schema.translate as translate
+    from grammar_mlx.grammars.json_schema import SchemaRules, rules_of
+
+    if not (CORPORA / "maskbench-public.jsonl.gz").exists():
+        pytest.skip("corpus absent")
+    found: list[set] = []
+    search = translate.cyclic_keys
+
+    def recorded(table):
+        found.append(search(table))
+        return found[-1]
+
+    translate.cyclic_keys = recorded
+    try:
+        for row in read_corpus("maskbench-public.jsonl.gz")[::11]:
+            try:
+                doc = load_schema(row["schema"])
+                with deadline_scope(Deadline(5.0)):
+                    if isinstance(rules_of(doc), SchemaRules):
+                        continue
+                    _translated(doc)
+            except GrammarError:
+                continue
+            assert not any(found), row["id"]
+    finally:
+        translate.cyclic_keys = search
