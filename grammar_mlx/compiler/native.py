@@ -385,7 +385,12 @@ def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
         return False, np.zeros(0, np.int32), np.zeros(0, np.int32)
     buf = _buffers(trie)
     sc = buf.scratch()
-    held = None if sl is None else _slice_desc(sl, dfa)  # (held here: its arrays live through the call)
+    # The slice's descriptor is made on the first walk from a state that loops on "a" (the first thing
+    # gm_loops tests, and what most states fail): a grammar whose walks meet no such state never
+    # pays for its per-DFA edges. Without it the whole trie is walked, as after a failed loop test.
+    held = None  # (held here: its arrays live through the call)
+    if sl is not None and (_SLICES.get(dfa) is not None or dfa.next(state, 0x61) == state):
+        held = _slice_desc(sl, dfa)
     slice_address = None if held is None else held[2]
     found = _run(dfa, sc, lambda table, fetch, ctx: lib.gm_walk_parts(
         table, dfa.num_classes, dfa.dead, _address(dfa.classes), state, fetch, ctx, buf.desc_address,

@@ -168,7 +168,10 @@ class CFGGrammar:
         self._dfas: list[ByteDFA] = []
         for node, pos in zip(lowered.terminals, lowered.term_pos):
             try:
-                self._dfas.append(determinize(build_nfa(node), limits.MAX_DFA_STATES))
+                # The Python construction: a grammar has many small terminal DFAs, and the native
+                # one's set-up per DFA costs more than it saves on their few rows (bench: first masks
+                # of the corpus's grammar-compiled schemas).
+                self._dfas.append(determinize(build_nfa(node), limits.MAX_DFA_STATES, native=False))
             except Unsupported as e:  # e.g. a class of NUL only: text never holds NUL
                 raise InvalidGrammarError(f"this part of the grammar cannot be matched: {e}", line=pos.line,
                                           column=pos.column) from None
