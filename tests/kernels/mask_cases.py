@@ -97,6 +97,20 @@ def cpu_paths() -> list[str]:
     return [p for p in dispatch.available_paths() if p.startswith("cpu")]
 
 
+def spy(monkeypatch, module, name: str) -> list:
+    """Wrap `module.name` so each call appends its first argument's length to the returned list
+    (how many rows an `unpack`, a `sparse_form` was asked for), then runs the real function."""
+    calls: list = []
+    real = getattr(module, name)
+
+    def wrapper(first, *rest):
+        calls.append(len(first))
+        return real(first, *rest)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
 def row_with(vocab: int, words: int, allowed: np.ndarray) -> np.ndarray:
     bits = np.zeros(words * 32, dtype=np.uint8)
     bits[allowed] = 1

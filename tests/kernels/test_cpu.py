@@ -20,6 +20,7 @@ from mask_cases import (
     make_table,
     reference,
     row_with,
+    spy,
     to_bits,
     to_mx,
 )
@@ -230,9 +231,7 @@ def test_row_cache_never_serves_a_dead_tables_rows_to_a_new_table(cache_mode):
 def test_rows_are_found_by_content_in_every_table_that_holds_them(monkeypatch):
     # A lazy grammar copies its rows into a new, longer table when one is full: rows it had must not
     # be unpacked again, a row of another content at the same id must be.
-    unpacked = []
-    real_unpack = cpu.unpack
-    monkeypatch.setattr(cpu, "unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    unpacked = spy(monkeypatch, cpu, "unpack")
     rng = np.random.default_rng(15)
     grown = make_table(rng, "random", 4, 10)
     other = grown.copy()
@@ -270,9 +269,7 @@ def test_a_tables_row_index_keeps_no_mask_alive():
 def test_row_masker_hits_keep_a_row_recent(monkeypatch):
     # One hit between new rows is enough: a row in steady use survives a stream of new rows through
     # a cache that holds three.
-    unpacked = []
-    real_unpack = cpu.unpack
-    monkeypatch.setattr(cpu, "unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    unpacked = spy(monkeypatch, cpu, "unpack")
     rng = np.random.default_rng(20)
     vocab = 640
     table_np = make_table(rng, "random", 12, 20)
@@ -289,9 +286,7 @@ def test_row_masker_hits_keep_a_row_recent(monkeypatch):
 def test_row_masker_and_apply_share_one_row_cache(monkeypatch):
     # The per-token path has no cache of its own: a row row_masker unpacked is the entry a single-row
     # apply_token_bitmask finds (and the reverse), and a hit from either spares it at eviction.
-    unpacked = []
-    real_unpack = cpu.unpack
-    monkeypatch.setattr(cpu, "unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    unpacked = spy(monkeypatch, cpu, "unpack")
     rng = np.random.default_rng(25)
     vocab = 640
     table_np = make_table(rng, "random", 6, 20)

@@ -25,6 +25,7 @@ from mask_cases import (
     make_table,
     reference,
     row_with,
+    spy,
     to_bits,
     to_mx,
 )
@@ -435,9 +436,7 @@ def test_noted_rows_take_their_allowed_form_from_their_ids_and_mask_exactly(path
     for r, (ids, noted) in enumerate(rows):
         if noted:
             dispatch.note_row_ids(table, r, ids)
-    scanned = []
-    real_form = cpu.sparse_form
-    monkeypatch.setattr(cpu, "sparse_form", lambda words, v: (scanned.append(1), real_form(words, v))[1])
+    scanned = spy(monkeypatch, cpu, "sparse_form")
     mask = dispatch.row_masker(table, vocab, DTYPES[dtype][0], path=path)
     rng = np.random.default_rng(32)
     for r in range(len(rows)):
@@ -467,9 +466,7 @@ def test_noted_ids_follow_a_grown_table_outlive_a_cleared_cache_and_go_with_the_
     view[2] = table_np[4]
     dispatch.note_row_ids(new, 2, rows[4][0])
     dispatch.clear_row_cache()
-    scanned = []
-    real_form = cpu.sparse_form
-    monkeypatch.setattr(cpu, "sparse_form", lambda words, v: (scanned.append(1), real_form(words, v))[1])
+    scanned = spy(monkeypatch, cpu, "sparse_form")
     bits = make_logit_bits(np.random.default_rng(34), "float32", 1, vocab)
     for table, r, want in ((new, 0, table_np[0]), (new, 2, table_np[4]), (old, 0, table_np[0])):
         out = dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, [r])
@@ -481,9 +478,7 @@ def test_noted_ids_follow_a_grown_table_outlive_a_cleared_cache_and_go_with_the_
 
 
 def test_a_dense_row_has_one_entry_for_single_rows_and_batches(monkeypatch):
-    unpacked = []
-    real_unpack = cpu.unpack
-    monkeypatch.setattr(cpu, "unpack", lambda words, out: (unpacked.append(len(words)), real_unpack(words, out))[1])
+    unpacked = spy(monkeypatch, cpu, "unpack")
     rng = np.random.default_rng(35)
     vocab = 300
     table_np = make_table(rng, "random", 2, 10)
