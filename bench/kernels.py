@@ -16,7 +16,7 @@ random rows of both tables, and at B = 1 a sparse row with its ids noted by its 
   cpu-bitwise/whole    the default without g++, same two tables
   cpu-bitwise/rows
   np-unpack+where      the issue's reference point: np.unpackbits per call, then a compiled where
-  form/...             B = 1 only: the forms a cached row takes on the CPU (kernels.cpu.row_form): the
+  form/...             B = 1 only: the forms a cached row takes on the CPU (kernels.cpu.sparse_form): the
                        allowed ids (fill -inf, gather, scatter), the forbidden ids (copy, scatter
                        -inf), at the size thresholds that choose them, and the dense int8 mask
   row_masker/3 forms   B = 1 only: the bound per-token path cycling through one row of each form
@@ -102,7 +102,7 @@ def variants(device: str, logits: mx.array, tables: dict[str, tuple[mx.array, np
 
 
 def form_variants(logits: mx.array):
-    """B = 1: the forms a cached row takes (kernels.cpu.row_form) at their size thresholds, applied
+    """B = 1: the forms a cached row takes (kernels.cpu.sparse_form) at their size thresholds, applied
     directly, and the bound per-token path (kernels.row_masker) on a table with one row per form."""
     vocab = logits.shape[1]
     path = K.default_path()

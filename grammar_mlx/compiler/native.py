@@ -6,7 +6,7 @@ subset.cpp), built from source on first use.
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
 over its live trie nodes; `walk_parts` is a first visit's whole walk (the string slice's loop test,
 `loops`, then the row) in one call. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
-kernels' sparse row forms (`kernels.cpu.row_form`, whose numpy path is its reference). `Subset` is
+kernels' sparse row forms (`kernels.cpu.sparse_form`, whose numpy path is its reference). `Subset` is
 the on-demand subset construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer`
 is its reference and drives it): a walk over a DFA built on demand computes the rows it meets in
 place, returning to Python only when the NFA must be built further or the DFA's arrays grown.

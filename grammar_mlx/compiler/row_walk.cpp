@@ -45,7 +45,7 @@
 // `max_set`, writes their ids (`*form` = 1), else where the clear ones are at most `max_clear` (-1:
 // never), theirs (`*form` = 2), else writes nothing (`*form` = 0); returns the ids written, or the
 // count when none are (`out`: room for max(max_set, max_clear) ids). The sparse forms of a row the
-// CPU kernels cache (kernels/cpu.py `row_form`).
+// CPU kernels cache (kernels/cpu.py `sparse_form`).
 
 #include <algorithm>
 #include <cstdint>

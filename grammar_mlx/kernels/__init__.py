@@ -31,7 +31,7 @@ Paths
 * ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse (an unfused `mx.where` is far slower
   than a copy), so the same three integer ops run as three vectorised passes.
 
-On both CPU paths a single row (B = 1) takes the cheapest of three forms (`cpu.row_form`): a row
+On both CPU paths a single row (B = 1) takes the cheapest of three forms (`cpu.sparse_form`): a row
 that allows at most V/64 tokens keeps their ids (the output is a fill of -inf with those logits
 scattered in), one that forbids at most V/24 keeps the forbidden ids (a copy of the logits with -inf
 scattered in), any other the dense mask above. The forms copy bits and never compute with them, so

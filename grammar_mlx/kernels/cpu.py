@@ -33,7 +33,6 @@ __all__ = [
     "gather_rows",
     "jit_available",
     "row_appliers",
-    "row_form",
     "sparse_form",
     "stack_rows",
     "unpack",
@@ -105,13 +104,6 @@ def row_appliers(path: str, dtype: mx.Dtype) -> tuple[Applier, Applier, Applier]
 
     dense = fused_where if path == "cpu-fused" else bitwise_where
     return dense, allowed, blocked
-
-
-def row_form(words: np.ndarray, out: np.ndarray) -> tuple[int, mx.array]:
-    """The cheapest form of one packed row `words` (1, W) at the width of `out` (1, V), an int8
-    buffer the row is unpacked into if it is dense: `sparse_form`'s ids, else the int8 mask."""
-    form, ids = sparse_form(words[0], out.shape[1])
-    return (DENSE, mx.array(unpack(words, out))) if ids is None else (form, mx.array(ids[None]))
 
 
 def sparse_form(words: np.ndarray, vocab: int) -> tuple[int, np.ndarray | None]:

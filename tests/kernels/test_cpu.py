@@ -101,7 +101,8 @@ def test_non_contiguous_logits(path, layout, cache_mode):
 
 
 def reference_row_form(words: np.ndarray, vocab: int) -> tuple[int, np.ndarray]:
-    """`cpu.row_form` from the whole unpacked row: its count, then its allowed or forbidden ids."""
+    """`cpu.sparse_form` from the whole unpacked row: its count, then its allowed or forbidden ids
+    (the dense mask itself where neither)."""
     dense = cpu.unpack(words, np.empty((1, vocab), dtype=np.int8))[0]
     allowed = int(np.count_nonzero(dense))
     if allowed <= vocab // cpu.SPARSE_ALLOWED_FRACTION:
@@ -112,7 +113,7 @@ def reference_row_form(words: np.ndarray, vocab: int) -> tuple[int, np.ndarray]:
 
 
 @pytest.mark.parametrize("popcount", ["native", "bitwise_count", "byte table"])
-def test_row_form_from_the_packed_words_equals_the_unpacked_reference(monkeypatch, popcount):
+def test_sparse_form_from_the_packed_words_equals_the_unpacked_reference(monkeypatch, popcount):
     # Counted from the words' popcount and, when sparse, read from the nonzero words alone: padding
     # bits past V (32 W > V) must neither count nor appear, columns past the table (V > 32 W) are
     # forbidden, and every density around both thresholds lands in the reference's form.
@@ -129,11 +130,14 @@ def test_row_form_from_the_packed_words_equals_the_unpacked_reference(monkeypatc
         for words in sorted({-(-vocab // 32), max(1, vocab // 32 - 1), vocab // 32 + 2}):
             for density in (0, 1e-4, 0.01, 1 / 64, 0.5, 1 - 1 / 24, 0.97, 0.99, 1):
                 row = row_with(vocab, words, np.flatnonzero(rng.random(words * 32) < density))[None]
-                form, array = cpu.row_form(row, np.empty((1, vocab), dtype=np.int8))
+                form, ids = cpu.sparse_form(row[0], vocab)
                 want_form, want = reference_row_form(row, vocab)
-                got = np.array(array)
-                assert (form, got.dtype, got.shape) == (want_form, want.dtype, want.shape), (vocab, words, density)
-                np.testing.assert_array_equal(got, want, err_msg=f"{vocab} {words} {density}")
+                assert form == want_form, (vocab, words, density)
+                if form == cpu.DENSE:
+                    assert ids is None, (vocab, words, density)
+                else:
+                    assert (ids.dtype, ids[None].shape) == (want.dtype, want.shape), (vocab, words, density)
+                    np.testing.assert_array_equal(ids[None], want, err_msg=f"{vocab} {words} {density}")
                 cases += 1
     assert cases > 200
 
@@ -158,7 +162,7 @@ def test_every_row_form_matches_reference(path, dtype):
     table_np = np.stack([row_with(vocab, words, allowed) for allowed, _ in rows.values()])
     table = mx.array(table_np)
     for r, (name, (_, form)) in enumerate(rows.items()):
-        assert cpu.row_form(table_np[r : r + 1], np.empty((1, vocab), dtype=np.int8))[0] == form, name
+        assert cpu.sparse_form(table_np[r], vocab)[0] == form, name
     mask = dispatch.row_masker(table, vocab, DTYPES[dtype][0], path=path)
     for r, name in enumerate(rows):
         for apply, layout in itertools.product(
