@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import mlx.core as mx
 import numpy as np
@@ -30,12 +30,12 @@ __all__ = [
     "RowEntry",
     "bitwise_where",
     "fused_where",
-    "gather_rows",
     "jit_available",
     "row_appliers",
     "sparse_form",
     "stack_rows",
     "unpack",
+    "wide_row",
 ]
 
 Applier = Callable[[mx.array, mx.array], mx.array]
@@ -178,34 +178,27 @@ def _set_bits(row: np.ndarray, width: int) -> np.ndarray:
     return ids[: int(np.searchsorted(ids, width))]
 
 
-# Integer views rows of int8 masks are copied through, widest first (see gather_rows).
-_GATHER_VIEWS = ((8, mx.int64), (4, mx.int32), (2, mx.int16))
+# Integer views rows of int8 masks are concatenated through, widest first (see wide_row).
+_STACK_VIEWS = ((8, mx.int64), (4, mx.int32), (2, mx.int16))
 
 
-def _wide_view(width: int) -> mx.Dtype | None:
-    """The widest integer dtype whose size divides `width` bytes (None: only int8 does)."""
-    for size, view in _GATHER_VIEWS:
+def wide_row(row: mx.array) -> mx.array:
+    """The int8 mask row (1, V) seen through the widest integer dtype whose size divides V (itself
+    where only int8 does), for `stack_rows`: MLX concatenates element by element, so the fewer and
+    wider the elements the faster."""
+    width = row.shape[1]
+    for size, view in _STACK_VIEWS:
         if width % size == 0:
-            return view
-    return None
-
-
-def gather_rows(masks: mx.array, row_ids: mx.array) -> mx.array:
-    """``masks[row_ids]`` for int8 masks (U, V): MLX's CPU gather copies element by element, so the
-    rows are taken through the widest integer view that divides V (the same bytes, fewer elements)."""
-    view = _wide_view(masks.shape[1])
-    if view is None:
-        return mx.take(masks, row_ids, axis=0)
-    return mx.take(masks.view(view), row_ids, axis=0).view(masks.dtype)
+            return row.view(view)
+    return row
 
 
 def stack_rows(rows: list[mx.array]) -> mx.array:
-    """The int8 mask rows (1, V) stacked into (B, V), through the widest integer view that divides
-    V, as `gather_rows` takes them (MLX concatenates element by element)."""
-    view = _wide_view(rows[0].shape[1])
-    if view is None:
-        return mx.concatenate(rows, axis=0)
-    return mx.concatenate([r.view(view) for r in rows], axis=0).view(mx.int8)
+    """The mask rows `rows`, each `wide_row` of an int8 (1, V) row, stacked into (B, V) int8. The
+    views are the callers' to keep (a cached row's is made once: each is an op more to run per call);
+    a whole table's batch needs none, MLX's gather copying whole rows (`RowCache.masks`)."""
+    stacked = mx.concatenate(rows, axis=0)
+    return stacked if stacked.dtype == mx.int8 else stacked.view(mx.int8)
 
 
 def unpack(words: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -224,15 +217,28 @@ _FORM_KEYS = ("dense", "allowed", "blocked")
 
 class RowEntry:
     """One cache entry: a row in its `form` (or a whole table, `TableEntry`), its cost against the
-    bound, and whether it was used since eviction last passed it (see `RowCache`)."""
+    bound, whether it was used since eviction last passed it (see `RowCache`), and for a dense row
+    used in batches its `wide_row` view (the same memory), made on its first batch."""
 
-    __slots__ = ("__weakref__", "array", "cost", "form", "used")
+    __slots__ = ("__weakref__", "array", "cost", "form", "used", "wide")
 
     def __init__(self, form: int, array: mx.array, cost: int) -> None:
         self.form = form
         self.array = array
         self.cost = cost
         self.used = False
+        self.wide: mx.array | None = None
+
+
+def _wide_rows(entries: list[RowEntry]) -> list[mx.array]:
+    """The entries' `wide_row` views, made and evaluated for those that have none yet (together, one
+    evaluation: later batches, on any thread, only read them)."""
+    fresh = [e for e in dict.fromkeys(entries) if e.wide is None]  # a row twice in a batch: one view
+    if fresh:
+        for e in fresh:
+            e.wide = wide_row(e.array)
+        mx.eval([e.wide for e in fresh])
+    return [cast(mx.array, e.wide) for e in entries]
 
 
 class TableEntry(RowEntry):
@@ -387,23 +393,26 @@ class RowCache:
                         if not unpacked[r]:
                             unpack(words[r : r + 1], whole.view[r : r + 1])
                             unpacked[r] = 1
-                return gather_rows(whole.array, mx.array(row_ids, dtype=mx.int32))
+                return mx.take(whole.array, mx.array(row_ids, dtype=mx.int32), axis=0)
             index = self.row_index(table, vocab, dense=True)
-            return stack_rows([self.row(table, index, vocab, r, dense=True).array for r in row_ids])
+            return stack_rows(_wide_rows([self.row(table, index, vocab, r, dense=True) for r in row_ids]))
 
     def picked_masks(self, picks: Any, vocab: int) -> mx.array:
         """The (B, vocab) dense int8 masks of `picks` (``(table, row)`` or None: all allowed), each row
         from its own table's dense row entry, as `masks` takes a large table's rows."""
         with self._lock:
             free = None
+            entries = [self.row(p[0], self.row_index(p[0], vocab, True), vocab, p[1], True)
+                       for p in picks if p is not None]
+            wide = iter(_wide_rows(entries))
             rows = []
             for p in picks:
                 if p is None:
                     if free is None:
-                        free = mx.full((1, vocab), -1, dtype=mx.int8)
+                        free = wide_row(mx.full((1, vocab), -1, dtype=mx.int8))
                     rows.append(free)
                 else:
-                    rows.append(self.row(p[0], self.row_index(p[0], vocab, True), vocab, p[1], True).array)
+                    rows.append(next(wide))
             return stack_rows(rows)
 
     def _whole_table(self, table: mx.array, vocab: int) -> TableEntry | None:

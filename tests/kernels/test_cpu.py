@@ -37,21 +37,11 @@ cache_mode = mask_cases.cache_mode
 
 
 @pytest.mark.parametrize("vocab", [4096, 4100, 4098, 4097, 1])  # divisible by 8, 4, 2, none; one column
-def test_gather_rows_takes_the_rows_whatever_the_width_divides_by(vocab):
-    rng = np.random.default_rng(vocab)
-    masks = np.where(rng.random((7, vocab)) < 0.5, -1, 0).astype(np.int8)
-    row_ids = [6, 0, 3, 3, 1]
-    out = cpu.gather_rows(mx.array(masks), mx.array(row_ids, dtype=mx.int32))
-    assert out.dtype == mx.int8 and out.shape == (5, vocab)
-    np.testing.assert_array_equal(np.asarray(out), masks[row_ids])
-
-
-@pytest.mark.parametrize("vocab", [4096, 4100, 4098, 4097, 1])
 def test_stack_rows_stacks_the_rows_whatever_the_width_divides_by(vocab):
     rng = np.random.default_rng(vocab)
     masks = np.where(rng.random((7, vocab)) < 0.5, -1, 0).astype(np.int8)
     row_ids = [6, 0, 3, 3, 1]
-    out = cpu.stack_rows([mx.array(masks[r : r + 1]) for r in row_ids])
+    out = cpu.stack_rows([cpu.wide_row(mx.array(masks[r : r + 1])) for r in row_ids])
     assert out.dtype == mx.int8 and out.shape == (5, vocab)
     np.testing.assert_array_equal(np.asarray(out), masks[row_ids])
 
@@ -387,3 +377,27 @@ def test_row_cache_keys_on_the_logits_width():
         bits = make_logit_bits(rng, "bfloat16", 1, vocab)
         out = dispatch.apply_token_bitmask(to_mx(bits, "bfloat16"), table, [1])
         np.testing.assert_array_equal(to_bits(out, "bfloat16"), reference(bits, table_np, [1], 0xFF80))
+
+
+@pytest.mark.parametrize("vocab", [4096, 4100, 4098, 4097])  # each of the views, and none
+def test_a_cached_rows_batch_view_is_made_once_and_batches_stay_exact(monkeypatch, vocab):
+    views = spy(monkeypatch, cpu, "wide_row")
+    rng = np.random.default_rng(vocab)
+    words = -(-vocab // 32)
+    table_np = make_table(rng, "random", 5, words)
+    table_np[1] = 0  # none allowed: dense=True keeps it an int8 row all the same
+    table_np[2] = 0xFFFFFFFF
+    table, other = mx.array(table_np), mx.array(make_table(rng, "sparse", 3, words))
+    dispatch._ROW_CACHE.whole_table_bytes = 0  # batches of `table` take its rows one by one
+    for rows in ([0, 1, 2, 0], [2, 0, 1, 3], [3, 3, 0, 1]):
+        bits = make_logit_bits(rng, "float32", len(rows), vocab)
+        out = dispatch.apply_token_bitmask(to_mx(bits, "float32"), table, rows)
+        np.testing.assert_array_equal(to_bits(out, "float32"), reference(bits, table_np, rows, 0xFF800000))
+    assert len(views) == 4, "one view per distinct row (0, 1, 2, then 3), none on the later batches"
+    picks = [(table, 3), None, (other, 2), (table, 0)]
+    bits = make_logit_bits(rng, "float32", len(picks), vocab)
+    out = dispatch.apply_token_bitmasks(to_mx(bits, "float32"), picks)
+    want = np.stack([reference(bits[b : b + 1], np.asarray(t), [r], 0xFF800000)[0] if p is not None else bits[b]
+                     for b, p in enumerate(picks) for t, r in [p or (table, 0)]])
+    np.testing.assert_array_equal(to_bits(out, "float32"), want)
+    assert len(views) == 6, "then one for the other table's row and one for the free row"
