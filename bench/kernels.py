@@ -10,7 +10,7 @@ time. The summary lists issue 24's target rows (V = 151,936, the default path) b
 Variants on the CPU device, each on a warm cache (first-use costs are printed separately: the
 random rows of both tables, and at B = 1 a sparse row with its ids noted by its writer or read):
   cpu-fused/whole      the default when g++ is present; a 64-row table, small enough to be
-                       cached unpacked whole (a batch is one gather, through the widest integer view that divides V)
+                       cached unpacked whole (a batch is one gather of its int8 rows)
   cpu-fused/rows       the same path on a 2,048-row table, too large for that: hot rows are
                        cached one by one and a batch concatenates them
   cpu-bitwise/whole    the default without g++, same two tables
@@ -20,6 +20,10 @@ random rows of both tables, and at B = 1 a sparse row with its ids noted by its 
                        allowed ids (fill -inf, gather, scatter), the forbidden ids (copy, scatter
                        -inf), at the size thresholds that choose them, and the dense int8 mask
   row_masker/3 forms   B = 1 only: the bound per-token path cycling through one row of each form
+  parts/gather         B > 1 only: the two ops a whole-table batch runs, alone: the gather of its B
+  parts/keep           int8 mask rows (2 bytes moved per token) and the masking of the logits by
+                       gathered masks (read 4 + 1, write 4 bytes per float32 token; the floor
+                       moves 4 + 4), on the default path (B = 1 runs the latter alone: form/dense)
 On a GPU device: metal or cuda (the 2,048-row table; the kernel reads it in place).
 
 Table growth (a lazy grammar's mask table gaining U distinct rows one at a time, each row's table
@@ -98,7 +102,20 @@ def variants(device: str, logits: mx.array, tables: dict[str, tuple[mx.array, np
         out.append(("np-unpack+where", lambda: np_unpack_where(logits, large_np, rows)))
     if logits.shape[0] == 1:
         out.extend(form_variants(logits))
+    else:
+        out.extend(part_variants(logits, tables["whole"][1], rows))
     return out
+
+
+def part_variants(logits: mx.array, table_np: np.ndarray, rows: list[int]):
+    """B > 1: the gather and the masking a whole-table batch runs, each alone (see the docstring)."""
+    vocab = logits.shape[1]
+    whole = mx.array(cpu.unpack(table_np, np.empty((len(table_np), vocab), dtype=np.int8)))
+    row_ids = mx.array(rows, dtype=mx.int32)
+    masks = mx.take(whole, row_ids, axis=0)
+    mx.eval(whole, masks)
+    keep = cpu.fused_where if K.default_path() == "cpu-fused" else cpu.bitwise_where
+    return [("parts/gather", lambda: mx.take(whole, row_ids, axis=0)), ("parts/keep", lambda: keep(masks, logits))]
 
 
 def form_variants(logits: mx.array):
