@@ -254,16 +254,17 @@ class ByteNFA:
 
     def _new(self, ranges: list[tuple[int, int, int]] | None, targets: list[int] | None, dist: int) -> int:
         trans = self.trans
-        if len(trans) % _CHECK_EVERY == 0:
+        q = len(trans)
+        if q % _CHECK_EVERY == 0:
             check_deadline("building the byte NFA")
-        if len(trans) >= self.max_states:
+        if q >= self.max_states:
             raise GrammarTooLargeError(
                 f"the regex's byte NFA needs over {self.max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); states are "
                 "built as generation reaches them, counted repetitions one count at a time: use smaller bounds")
         trans.append(ranges)
         self.eps.append(targets)
-        self.dist.append(min(dist, _FAR))
-        return len(trans) - 1
+        self.dist.append(dist if dist < _FAR else _FAR)
+        return q
 
     # -- the AST pass ----------------------------------------------------------------------------
 
@@ -533,19 +534,23 @@ class Determinizer:
         nfa, live, mirrored = self.nfa, self._nfa_live, self._mirrored_pending
         trans, eps, pending = nfa.trans, nfa.eps, nfa._pending
         out: list[int] = []
+        add = out.extend
         for s in (*built, *range(self._pushed, len(trans))):
             ranges = trans[s]
             if ranges is not None:
-                out += (s, 0, 3 * len(ranges))
-                out.extend(chain.from_iterable(ranges))
+                if len(ranges) == 1:  # most byte states: a literal's byte, one range
+                    add((s, 0, 3, *ranges[0]))
+                else:
+                    add((s, 0, 3 * len(ranges)))
+                    add(chain.from_iterable(ranges))
             elif s in pending:
-                out += (s, 3, 0)
+                add((s, 3, 0))
                 mirrored.add(s)
             elif eps[s] is not None:
                 targets = eps[s]
-                out += (s, 1, len(targets), *targets)
+                add((s, 1, len(targets), *targets))
             else:  # the match state
-                out += (s, 2, 0)
+                add((s, 2, 0))
             if live is not None:
                 out.append(live[s])
         self._pushed = len(trans)

@@ -129,7 +129,7 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_subset_bytes.restype = _I
     lib.gm_subset_bytes.argtypes = [_P]
     lib.gm_loops.restype = _I
-    lib.gm_loops.argtypes = [_P, _I, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P, _P, _I, _P, _P]
+    lib.gm_loops.argtypes = [_P, _I, ctypes.c_int32, ctypes.c_int32, _P, _P, _P, _I, _P, _P]
     lib.gm_walk_parts.restype = _I
     lib.gm_walk_parts.argtypes = [_P, _I, ctypes.c_int32, _P, ctypes.c_int32, _P, _P, _P, _P, _P, _P]
     lib.gm_row.restype = _I
@@ -385,30 +385,29 @@ def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
         return False, np.zeros(0, np.int32), np.zeros(0, np.int32)
     buf = _buffers(trie)
     sc = buf.scratch()
-    # The slice's descriptor is made on the first walk from a state that loops on "a" (the first thing
-    # gm_loops tests, and what most states fail): a grammar whose walks meet no such state never
-    # pays for its per-DFA edges. Without it the whole trie is walked, as after a failed loop test.
-    held = None  # (held here: its arrays live through the call)
-    if sl is not None and (_SLICES.get(dfa) is not None or dfa.next(state, 0x61) == state):
-        held = _slice_desc(sl, dfa)
-    slice_address = None if held is None else held[2]
+    # The slice's descriptor (made once per slice): gm_loops reads its byte edges through this DFA's
+    # classes and tests "a" first, which most states fail, natively. Without a slice the whole trie is walked.
+    held = None if sl is None else _slice_desc(sl)  # (held here: its arrays live through the call)
+    slice_address = None if held is None else held[1]
     found = _run(dfa, sc, lambda table, fetch, ctx: lib.gm_walk_parts(
         table, dfa.num_classes, dfa.dead, _address(dfa.classes), state, fetch, ctx, buf.desc_address,
         sc.desc_address, slice_address, sc.looped_address))
     return bool(sc.looped[0]), sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
 
 
-_SLICES: weakref.WeakKeyDictionary[ByteDFA, tuple[StringSlice, np.ndarray, int]] = weakref.WeakKeyDictionary()
+_SLICES: weakref.WeakKeyDictionary[StringSlice, tuple[np.ndarray, int]] = weakref.WeakKeyDictionary()
 
 
-def _slice_desc(sl: StringSlice, dfa: ByteDFA) -> tuple[StringSlice, np.ndarray, int]:
-    """(`sl`, gm_walk_parts's descriptor of `sl` over `dfa`, its address), made once per DFA and slice."""
-    held = _SLICES.get(dfa)
-    if held is None or held[0] is not sl:
-        edges, starts = sl.flat_edges(dfa)  # kept by `sl` as long as `dfa` lives
+def _slice_desc(sl: StringSlice) -> tuple[np.ndarray, int]:
+    """(gm_walk_parts's descriptor of `sl`, its address), made once per slice: the addresses of its
+    byte edges and where each position's start (`StringSlice.byte_edges`, kept by `sl`), the loop
+    test's pair cap, and the descriptor of its rest trie (0: none)."""
+    held = _SLICES.get(sl)
+    if held is None:
+        edges, starts = sl.byte_edges
         rest = _buffers(sl.rest).desc_address if sl.rest.num_nodes else 0  # kept while `sl.rest` lives
-        desc = np.array([_address(edges), _address(starts), int(dfa.classes[0x61]), sl.MAX_PAIRS, rest], np.int64)
-        held = _SLICES[dfa] = (sl, desc, _address(desc))
+        desc = np.array([_address(edges), _address(starts), sl.MAX_PAIRS, rest], np.int64)
+        held = _SLICES[sl] = (desc, _address(desc))
     return held
 
 
@@ -521,14 +520,16 @@ def _walk_live(lib: ctypes.CDLL, trie: TokenTrie, dfa: ByteDFA, state: int, belo
 
 
 def loops(dfa: ByteDFA, state: int, edges: np.ndarray, starts: np.ndarray, max_pairs: int) -> bool:
-    """`token_index.StringSlice.loops` (the same answer): `edges` the (byte class, next position)
-    pairs of the slice's character positions, int32, flat, position r's from pair `starts[r]` to
-    `starts[r + 1]`; call only where `available()`."""
+    """`token_index.StringSlice.loops` (the same answer): `edges` the (byte, next position) pairs of
+    the slice's character positions (`StringSlice.byte_edges`), int32, flat, position r's from pair
+    `starts[r]` to `starts[r + 1]`, in byte order; call only where `available()`."""
     lib = library()
     assert lib is not None, "native.loops without the library (check available() first)"
-    column_a, edges_address, starts_address = int(dfa.classes[0x61]), _address(edges), _address(starts)
+    classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
+    edges_address, starts_address = _address(edges), _address(starts)
     return bool(_run(dfa, _scratch(), lambda table, fetch, ctx: lib.gm_loops(
-        table, dfa.num_classes, dfa.dead, state, column_a, edges_address, starts_address, max_pairs, fetch, ctx)))
+        table, dfa.num_classes, dfa.dead, state, _address(classes), edges_address, starts_address, max_pairs,
+        fetch, ctx)))
 
 
 _LOCAL = threading.local()

@@ -22,8 +22,10 @@
 //
 // gm_loops is token_index.StringSlice.loops: whether every character of the string slice leads the
 // DFA from `state` back to `state` without the dead state on the way, a search over (position in a
-// character, DFA state) pairs; `edges` holds per position r the (column, next position) pairs
-// edges[2 * edge_start[r] ..] up to edge_start[r + 1]. Not once more than `max_pairs` pairs are met.
+// character, DFA state) pairs; `edges` holds per position r the (byte, next position) pairs
+// edges[2 * edge_start[r] ..] up to edge_start[r + 1], in byte order, read through the DFA's byte
+// classes (`classes`), so the slice's edges serve every DFA as they are (a run of bytes of one class
+// with one next position is one test). Not once more than `max_pairs` pairs are met.
 // Rows unknown are computed with `fetch(ctx, state)` as gm_walk's are (NULL: a complete DFA). Returns
 // 1 or 0, -1 when `fetch` failed, -2 for an unknown row without it.
 //
@@ -108,8 +110,9 @@ int64_t gm_walk(const int32_t* table, int64_t width, int32_t dead, const int32_t
     return 0;
 }
 
-int64_t gm_loops(const int32_t* table, int64_t width, int32_t dead, int32_t state, int32_t column_a,
+int64_t gm_loops(const int32_t* table, int64_t width, int32_t dead, int32_t state, const int32_t* classes,
                  const int32_t* edges, const int32_t* edge_start, int64_t max_pairs, gm_fetch fetch, void* ctx) {
+    const int32_t column_a = classes[0x61];
     std::vector<int32_t> pairs(2 * static_cast<size_t>(std::max<int64_t>(max_pairs, 1)));
     int64_t seen = 0, todo = 0;  // pairs[0, 2 * seen): the pairs met; the last `todo` of them to expand
     for (;;) {
@@ -129,8 +132,13 @@ int64_t gm_loops(const int32_t* table, int64_t width, int32_t dead, int32_t stat
             todo = 1;
         }
         --todo;
+        int32_t last_column = -1, last_after = -1;
         for (int32_t e = edge_start[r]; e < edge_start[r + 1]; ++e) {
-            const int32_t next = row[edges[2 * e]], after = edges[2 * e + 1];
+            const int32_t column = classes[edges[2 * e]], after = edges[2 * e + 1];
+            if (column == last_column && after == last_after) continue;  // the same test as the last byte's
+            last_column = column;
+            last_after = after;
+            const int32_t next = row[column];
             if (next == dead || (after == 0 && next != state)) return 0;
             if (after == 0) continue;
             bool met = false;
@@ -225,16 +233,15 @@ int64_t gm_walk_parts(const int32_t* table, int64_t width, int32_t dead, const i
                       int64_t* looped) {
     *looped = 0;
     if (slice != nullptr) {
-        const int64_t loops = gm_loops(table, width, dead, state, static_cast<int32_t>(slice[2]),
-                                       reinterpret_cast<const int32_t*>(slice[0]),
-                                       reinterpret_cast<const int32_t*>(slice[1]), slice[3], fetch, ctx);
+        const int64_t loops = gm_loops(table, width, dead, state, classes, reinterpret_cast<const int32_t*>(slice[0]),
+                                       reinterpret_cast<const int32_t*>(slice[1]), slice[2], fetch, ctx);
         if (loops < 0) return loops;
         if (loops == 1) {
             *looped = 1;
-            if (slice[4] == 0) return 0;
+            if (slice[3] == 0) return 0;
             if (fetch != nullptr) table = fetch(ctx, state);  // known now: the current table
             if (table == nullptr) return -1;
-            return walk_row(table, width, dead, classes, state, fetch, ctx, reinterpret_cast<const int64_t*>(slice[4]),
+            return walk_row(table, width, dead, classes, state, fetch, ctx, reinterpret_cast<const int64_t*>(slice[3]),
                             scratch);
         }
         if (fetch != nullptr) table = fetch(ctx, state);

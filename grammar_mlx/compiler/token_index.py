@@ -329,7 +329,11 @@ class StringSlice:
         # same by byte class, per DFA walked.
         self._edges = [(np.flatnonzero(table[r] != _TEXT_DEAD), table[r][table[r] != _TEXT_DEAD]) for r in range(8)]
         self._edges_of: weakref.WeakKeyDictionary[ByteDFA, list[list[tuple[int, int]]]] = weakref.WeakKeyDictionary()
-        self._flat_of: weakref.WeakKeyDictionary[ByteDFA, tuple[np.ndarray, np.ndarray]] = weakref.WeakKeyDictionary()
+        # The same flat, as `native.loops` reads them through any DFA's classes: (byte, next position)
+        # pairs, position r's from pair starts[r] on, in byte order.
+        self.byte_edges: tuple[np.ndarray, np.ndarray] = (
+            np.concatenate([np.stack([byte, after], axis=1) for byte, after in self._edges]).astype(np.int32).ravel(),
+            np.cumsum([0, *(len(byte) for byte, _ in self._edges)], dtype=np.int32))
         bits = np.zeros(32 * -(-trie.width // 32), dtype=bool)
         bits[self.tokens] = True
         self.words = np.packbits(bits, bitorder="little").view("<u4")  # the slice's packed mask
@@ -343,8 +347,7 @@ class StringSlice:
         the dead state on the way): a search over (position in a character, grammar state) pairs,
         computing the rows it meets; False once it would follow more than `MAX_PAIRS` pairs."""
         if native.available():
-            edges, starts = self.flat_edges(dfa)
-            return native.loops(dfa, state, edges, starts, self.MAX_PAIRS)
+            return native.loops(dfa, state, *self.byte_edges, self.MAX_PAIRS)
         return self.loops_reference(dfa, state)
 
     def loops_reference(self, dfa: ByteDFA, state: int) -> bool:
@@ -379,16 +382,6 @@ class StringSlice:
             edges = self._edges_of[dfa] = [
                 sorted(set(zip(dfa.classes[byte].tolist(), after.tolist()))) for byte, after in self._edges]
         return edges
-
-    def flat_edges(self, dfa: ByteDFA) -> tuple[np.ndarray, np.ndarray]:
-        """`_class_edges` as `native.loops` reads them: the pairs flat, and where each position's start."""
-        flat = self._flat_of.get(dfa)
-        if flat is None:
-            edges = self._class_edges(dfa)
-            pairs = np.array([pair for position in edges for pair in position], dtype=np.int32).ravel()
-            starts = np.cumsum([0, *map(len, edges)], dtype=np.int32)
-            flat = self._flat_of[dfa] = (pairs, starts)
-        return flat
 
     def row(self, state: int, tokens: np.ndarray, nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`state`'s row: `rest`'s row (`tokens`, `nxt`, sorted) merged with the slice, all to `state`."""

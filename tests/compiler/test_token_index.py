@@ -118,6 +118,18 @@ def test_the_string_slice_engages_inside_a_json_string(qwen_vocab):
         assert np.array_equal(index.table._table[1][index.mask_row(inside)], index.table.pack_reference(tokens))
 
 
+def test_byte_edges_are_the_text_table_flat():
+    """`byte_edges` (what the native loop test reads through a DFA's classes) holds, per character
+    position, every byte that continues a character with the position it leads to, in byte order."""
+    trie = TokenTrie.build({b: [i] for i, b in enumerate(ALPHABET)}, len(ALPHABET))
+    pairs, starts = trie.string_slice().byte_edges
+    table = token_index._text_table()
+    assert pairs.dtype == np.int32 and starts.dtype == np.int32 and len(starts) == token_index._TEXT_DEAD + 1
+    for r in range(token_index._TEXT_DEAD):
+        want = [[b, int(table[r, b])] for b in range(256) if table[r, b] != token_index._TEXT_DEAD]
+        assert pairs.reshape(-1, 2)[starts[r] : starts[r + 1]].tolist() == want, r
+
+
 def _trie_arrays(trie: TokenTrie) -> dict[str, list]:
     """A trie's arrays as compared: a childless node's child_start is never read; the ids sharing a
     node's bytes are a set of (node, id) pairs."""
