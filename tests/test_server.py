@@ -5,15 +5,11 @@ with faults injected. The unit tests of the package's modules are in tests/serve
 from __future__ import annotations
 
 import json
-import os
 import re
-import select
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +17,7 @@ from types import SimpleNamespace
 
 import jsonschema
 import pytest
+from conftest import Server
 
 from grammar_mlx import server
 from grammar_mlx.models import logits_width_of
@@ -36,105 +33,18 @@ COLOR = {"type": "object", "properties": {"color": {"enum": ["red", "green", "bl
 ASK = [{"role": "user", "content": "Reply with a JSON object: a color and whether it is ok."}]
 
 
-class Server:
-    def __init__(self, name: str, *options: str, env: dict[str, str] | None = None):
-        self.name = name
-        self.log = tempfile.NamedTemporaryFile(prefix=f"grammar-mlx-{name}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grammar_mlx.server", "--host", "127.0.0.1", "--port", "0", "--max-tokens", "40",
-             "--log-level", "WARNING", *options],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=self.log,
-            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-        self.url = None
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        line = b""
-        while not line.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.proc.poll() is not None:
-                self.fail(f"did not start: {line!r}")
-            ready, _, _ = select.select([self.proc.stdout], [], [], min(remaining, 1.0))
-            if ready:
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
-                if not chunk and self.proc.poll() is not None:
-                    self.fail("exited")
-                line += chunk
-        match = re.search(rb"listening on http://(127\.0\.0\.1|0\.0\.0\.0):(\d+)", line)
-        if match is None:
-            self.fail(f"unexpected first line {line!r}")
-        self.url = f"http://127.0.0.1:{match.group(2).decode()}"  # a server on every address answers here too
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if json.load(r) == {"status": "ok"}:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.fail("/health never said ok")
-
-    def fail(self, why: str):
-        self.stop()
-        raise AssertionError(f"{self.name} server {why}; log:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return self.log_text()[-4000:]
-
-    def log_text(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")
-
-    def client(self, api_key: str = "unused"):
-        import openai
-
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.log.close()
-        os.unlink(self.log.name)
+@pytest.fixture
+def servers(smollm_servers):
+    """The session's plain and draft SmolLM2 servers (tests/conftest.py)."""
+    return smollm_servers
 
 
-def serving(started: dict[str, Server]):
-    """A module fixture's body: wait for every server, yield them, stop them, and check each exited
-    cleanly on SIGTERM."""
-    try:
-        for s in started.values():
-            s.wait_ready()
-        yield started
-    finally:
-        for s in started.values():
-            s.stop()
-        assert all(s.proc.returncode == 0 for s in started.values())
-
-
-@pytest.fixture(scope="module")
-def servers(smollm_path):
-    pytest.importorskip("openai", reason="the openai client is a test extra")
-    # Both start at once: model loads overlap.
-    plain = Server("plain")
-    # A shallow draft is often wrong: many answers end on the verifier's own token, which is what
-    # the draft/no-draft sequence test needs to meet (see server.ExactPromptCache).
-    draft = Server("draft", "--draft-layers", "8", "--num-draft-tokens", "3", "--no-preload-json-object")
-    try:
-        plain.wait_ready()
-        draft.wait_ready()
-        yield {"plain": plain, "draft": draft}
-    finally:
-        for s in (plain, draft):
-            if s.proc.poll() is not None and s.proc.returncode not in (0, -signal.SIGTERM):
-                print(s.tail())
-        plain.stop()
-        draft.stop()
-        # The server exits cleanly on SIGTERM (it does not just die).
-        assert plain.proc.returncode == 0 and draft.proc.returncode == 0
+def on_each(servers, ask, names=("plain", "draft")):
+    """`ask(server)` on each named server at once: {name: its answer}. The servers are separate
+    processes, each decoding on its own core; each still sees its requests in the same order."""
+    with ThreadPoolExecutor(len(names)) as pool:
+        futures = {name: pool.submit(ask, servers[name]) for name in names}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def schema_format(schema, strict=True, name="out"):
@@ -216,7 +126,8 @@ def answer_sequence(server) -> list[tuple]:
 def test_draft_answers_exactly_what_no_draft_answers_across_a_request_sequence(servers):
     # mlx-lm's speculative path stored prompt caches whose keys named tokens the KV cache did not
     # hold; the next request reusing one lost a token of its context and answered differently.
-    plain, draft = answer_sequence(servers["plain"]), answer_sequence(servers["draft"])
+    answers = on_each(servers, answer_sequence)
+    plain, draft = answers["plain"], answers["draft"]
     for i, (a, b) in enumerate(zip(plain, draft)):
         assert a == b, (i, a, b)
     assert not any(text.startswith("<|im_start|>") for text, _ in draft)
@@ -226,13 +137,15 @@ def test_draft_answers_exactly_what_no_draft_answers_across_a_request_sequence(s
 def test_a_prompt_equal_to_a_cached_prompt_and_answer_is_served(servers):
     # Such a prompt is an exact prompt-cache hit with nothing left to process: mlx-lm's batch path
     # killed its generation thread on it (every later request failed), its speculative path failed it.
-    for name in ("plain", "draft"):
-        client = servers[name].client()
+    def ask(served):
+        client = served.client()
         first = client.completions.create(model="smollm", prompt="Once upon a time", max_tokens=4)
         again = client.completions.create(model="smollm", prompt="Once upon a time" + first.choices[0].text,
                                           max_tokens=4)
-        assert again.usage.completion_tokens == 4, name
+        assert again.usage.completion_tokens == 4, served.name
         assert chat(client, None, max_tokens=2).usage.completion_tokens <= 2  # still serving
+
+    on_each(servers, ask)
 
 
 @pytest.mark.slow
@@ -291,17 +204,18 @@ def test_length_safe_budgets_complete_with_and_without_a_draft(servers):
     # digits until the budget ends), the same tokens with a draft (batched and speculative paths).
     import openai
 
-    replies = {}
-    for name in ("plain", "draft"):
-        client = servers[name].client()
+    def ask(served):
+        client = served.client()
         reply = chat(client, schema_format(CITY), max_tokens=20, messages=TOKYO)
         choice = reply.choices[0]
-        assert choice.finish_reason == "stop", (name, choice.message.content)
+        assert choice.finish_reason == "stop", (served.name, choice.message.content)
         jsonschema.validate(json.loads(choice.message.content), CITY)
         assert reply.usage.completion_tokens <= 20
         text, finish, _ = stream_chat(client, schema_format(CITY), max_tokens=20, messages=TOKYO)
         assert (text, finish) == (choice.message.content, ["stop"])
-        replies[name] = choice.message.content
+        return choice.message.content
+
+    replies = on_each(servers, ask)
     assert replies["draft"] == replies["plain"]
 
     client = servers["plain"].client()
@@ -770,9 +684,8 @@ def test_fast_forward_through_the_server_with_and_without_a_draft(servers):
     """Constrained requests fast-forward the text their grammar forces by default (canonical): the
     answer is schema-valid and `usage` says how many tokens were forced; "verified" answers token for
     token what plain decoding (`"fast_forward": false`) answers; a draft changes none of it."""
-    answers = {}
-    for name in ("plain", "draft"):
-        client = servers[name].client()
+    def ask(served):
+        client, answers = served.client(), {}
         for mode in ("canonical", "verified", False):
             extra = {} if mode == "canonical" else {"fast_forward": mode}
             reply = chat(client, schema_format(ORDER), max_tokens=90, messages=ORDER_ASK, extra_body=extra)
@@ -784,7 +697,10 @@ def test_fast_forward_through_the_server_with_and_without_a_draft(servers):
                 assert forced is None
             else:
                 assert forced is not None and 0 < forced < reply.usage.completion_tokens, (mode, forced)
-            answers[name, mode] = (content, reply.usage.completion_tokens, forced)
+            answers[served.name, mode] = (content, reply.usage.completion_tokens, forced)
+        return answers
+
+    answers = {key: value for each in on_each(servers, ask).values() for key, value in each.items()}
     for mode in ("canonical", "verified", False):
         assert answers["plain", mode][:2] == answers["draft", mode][:2], mode
     assert answers["plain", "verified"][:2] == answers["plain", False][:2]

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_server import Server
+from conftest import Server
 
 KEY = "sk-test-right-0123456789"
 FILE_KEY = "sk-test-from-file-4567"

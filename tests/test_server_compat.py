@@ -10,9 +10,9 @@ import re
 import jsonschema
 import pytest
 import test_server
-from test_server import Server
+from conftest import Server
 
-servers = test_server.servers  # the plain and draft SmolLM2 servers, a pair of this module's own
+servers = test_server.servers  # the session's plain and draft SmolLM2 servers
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                          "population": {"type": "integer", "minimum": 0, "maximum": 99999}},
@@ -57,8 +57,9 @@ def check(kind: str, text: str) -> None:
 
 @pytest.mark.slow
 def test_vllm_and_llama_cpp_bodies_constrain_exactly_with_and_without_a_draft(servers):
-    for name, extra, kind in BODIES:
-        plain, draft = chat_text(servers["plain"], extra), chat_text(servers["draft"], extra)
+    # Each server answers every body in turn; the two servers at once.
+    answers = test_server.on_each(servers, lambda served: [chat_text(served, extra) for _, extra, _ in BODIES])
+    for (name, _, kind), plain, draft in zip(BODIES, answers["plain"], answers["draft"]):
         check(kind, plain)
         assert draft == plain, (name, plain, draft)
 

@@ -12,7 +12,6 @@ import json
 import re
 
 import pytest
-from test_server import Server, serving
 from test_server_grammars import SUM_GBNF, SUM_LARK, parses  # skips without the lark library
 
 THINK = 151667
@@ -26,14 +25,10 @@ TREE = {"$ref": "#/$defs/node", "$defs": {"node": {
 ASK = [{"role": "user", "content": "Write a sum."}]
 
 
-@pytest.fixture(scope="module")
-def servers(qwen_model_dir, qwen_thinking_dir):
-    pytest.importorskip("openai", reason="the openai client is a test extra")
-    common = ("--no-preload-json-object",)
-    yield from serving({"hybrid": Server("cfg-hybrid", "--model", str(qwen_model_dir), *common),
-                        "draft": Server("cfg-hybrid-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
-                                        "--num-draft-tokens", "3", *common),
-                        "open": Server("cfg-open", "--model", str(qwen_thinking_dir), *common)})
+@pytest.fixture
+def servers(qwen_servers):
+    """The session's tiny-Qwen3 servers (tests/conftest.py) by their part here."""
+    return {"hybrid": qwen_servers["plain"], "draft": qwen_servers["draft"], "open": qwen_servers["thinking"]}
 
 
 def reasoning_of(message) -> str:

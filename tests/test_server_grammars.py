@@ -6,7 +6,6 @@ tests/server/test_request.py."""
 from __future__ import annotations
 
 import pytest
-from test_server import Server, serving
 
 lark = pytest.importorskip("lark", reason="the lark library is the oracle of the Lark grammars (test extra)")
 
@@ -17,12 +16,9 @@ SUM_LARK = 'start: "(" term ("+" term)? ")"\nterm: DIGIT | "(" DIGIT "*" DIGIT "
 ASK = [{"role": "user", "content": "Write something."}]
 
 
-@pytest.fixture(scope="module")
-def grammar_server(qwen_model_dir):
-    pytest.importorskip("openai", reason="the openai client is a test extra")
-    served = Server("grammars", "--model", str(qwen_model_dir), "--no-preload-json-object")
-    for started in serving({"plain": served}):  # (serving waits for it, then stops and checks it)
-        yield started["plain"]
+@pytest.fixture
+def grammar_server(qwen_servers):
+    return qwen_servers["plain"]  # the session's (tests/conftest.py)
 
 
 def parses(grammar_text: str, text: str) -> bool:
@@ -218,13 +214,9 @@ def test_a_grammar_nested_past_the_parsers_stack_is_too_large_and_the_server_sta
     assert done.choices[0].finish_reason == "stop" and parses(SUM_LARK, done.choices[0].text), done.choices[0].text
 
 
-@pytest.fixture(scope="module")
-def draft_server(qwen_model_dir):
-    pytest.importorskip("openai", reason="the openai client is a test extra")
-    served = Server("grammars-draft", "--model", str(qwen_model_dir), "--no-preload-json-object",
-                    "--draft-layers", "1", "--num-draft-tokens", "3")
-    for started in serving({"draft": served}):
-        yield started["draft"]
+@pytest.fixture
+def draft_server(qwen_servers):
+    return qwen_servers["draft"]  # the session's: a one-layer draft, 3 draft tokens
 
 
 JSON_LARK = """?start: value

@@ -12,7 +12,7 @@ import urllib.request
 import jsonschema
 import pytest
 import test_server
-from test_server import Server, serving
+from conftest import Server, serving
 from test_server_tools import COLOR, SCHEMAS, THINK, TOOL_CALL, WEATHER
 
 pytestmark = pytest.mark.slow
@@ -26,14 +26,12 @@ ASK = "What is the weather in Paris?"
 
 
 @pytest.fixture(scope="module")
-def servers(qwen_model_dir, smollm_path):
-    pytest.importorskip("openai", reason="the openai client is a test extra")
-    common = ("--no-preload-json-object",)
-    started = {"plain": Server("resp-qwen", "--model", str(qwen_model_dir), "--responses-store", "2", *common),
-               "draft": Server("resp-qwen-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
-                               "--num-draft-tokens", "3", *common),
-               "smol": Server("resp-smol", *common)}
-    yield from serving(started)
+def servers(qwen_model_dir, qwen_servers, smollm_servers):
+    """This module's own server (a store of 2 responses, so that eviction can be seen) beside the
+    session's tiny-Qwen3 draft server and plain SmolLM2 server (tests/conftest.py)."""
+    plain = Server("resp-qwen", "--model", str(qwen_model_dir), "--responses-store", "2", "--no-preload-json-object")
+    for started in serving({"plain": plain}):
+        yield {**started, "draft": qwen_servers["draft"], "smol": smollm_servers["plain"]}
 
 
 def create(client, **kw):

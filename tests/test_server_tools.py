@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import jsonschema
 import pytest
-from test_server import Server, serving
 
 from grammar_mlx import server
 from grammar_mlx.errors import InvalidRequestError
@@ -170,15 +169,7 @@ def test_tool_schemas_are_checked_one_by_one(qwen_tool_tokenizer):
 # --- served model directories ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def qwen_servers(qwen_model_dir, qwen_thinking_dir):
-    pytest.importorskip("openai", reason="the openai client is a test extra")
-    common = ("--no-preload-json-object",)
-    started = {"plain": Server("qwen", "--model", str(qwen_model_dir), *common),
-               "draft": Server("qwen-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
-                               "--num-draft-tokens", "3", *common),
-               "thinking": Server("qwen-thinking", "--model", str(qwen_thinking_dir), *common)}
-    yield from serving(started)
+# (qwen_servers: the session's plain, draft and thinking servers, tests/conftest.py)
 
 
 def create(client, **kw):
