@@ -108,6 +108,7 @@ class Normalizer:
     # made no report: `_refuse_early` walks the distributions the construction then makes again.
     _splits: dict[tuple[Hashable, ...], tuple[list[Loc], _Distribution | None]] = field(default_factory=dict)
     _reports: int = 0  # calls of `report` and `too_large` so far (made or not, raised or not)
+    _walking: bool = False  # inside `_refuse_early`'s walk
     _exact: Normalizer | None = None  # exact membership, for listed values (`_exact_node`)
 
     def __post_init__(self) -> None:
@@ -253,15 +254,18 @@ class Normalizer:
     def _distribution(self, atoms: list[Loc]) -> _Distribution | None:
         """The first anyOf/oneOf (else if/dependencies/not with a union form) of a conjunction,
         distributed over the rest: the conjunctions it becomes; None when it has none (`_flat`).
-        Made once per conjunction where making it reported nothing (a report is made again, in
-        its place, by each call: `_refuse_early` undoes its own)."""
+        Those `_refuse_early` makes are kept where making them reported nothing (a report is made
+        again, in its place, by each call: `_refuse_early` undoes its own) and taken by the
+        construction."""
+        if not self._splits and not self._walking:  # (no walk has run: nothing to find, nothing kept)
+            return self._distributed(atoms)
         key = _atoms_key(atoms)
         hit = self._splits.get(key)
         if hit is not None:
             return hit[1]
         reported = self._reports
         split = self._distributed(atoms)
-        if self._reports == reported:
+        if self._walking and self._reports == reported:
             self._splits[key] = (atoms, split)  # (the atoms kept: their schemas' ids stay theirs)
         return split
 
@@ -317,7 +321,7 @@ class Normalizer:
         walk that stops on any other error leaves that error to the construction, in its order;
         reports made here are undone (the construction makes them again, in its order)."""
         reported, strict = dict(self.unenforced), self.strict
-        self.strict = False
+        self.strict, self._walking = False, True
         spent, seen, over = self._branches + split.live, {key}, None
         stack = [iter(split.branches)]
         try:
@@ -350,7 +354,7 @@ class Normalizer:
         except Exception:  # noqa: BLE001 - the construction meets it again and raises it in its place
             return
         finally:
-            self.strict = strict
+            self.strict, self._walking = strict, False
             self.unenforced.clear()
             self.unenforced.update(reported)
         if over is not None:
