@@ -179,11 +179,8 @@ def _edges(first: int, items: list[tuple[int, tuple[tuple[int, int], ...], int]]
 def _literal_bits(text: str) -> tuple[int, int, int]:
     """(UTF-8 length, class-boundary bits, byte bits) of a literal (`ByteNFA.prepare`)."""
     data = text.encode("utf-8")
-    edges = seen = 0
-    for c in data:
-        edges |= (1 << c) | (1 << (c + 1))
-        seen |= 1 << c
-    return len(data), edges, seen
+    seen = sum(map((1).__lshift__, set(data)))  # (distinct bits: the sum is their union)
+    return len(data), seen | (seen << 1), seen
 
 
 @lru_cache(maxsize=1024)
@@ -271,49 +268,69 @@ class ByteNFA:
     def prepare(self, root: Node) -> None:
         """One pass over the AST (a DAG: each node once, no recursion): the byte class boundaries and
         edge ranges of everything the NFA may ever build, and each node's fewest bytes. Raises
-        `Unsupported` for anchors and classes of no encodable character, before anything is built."""
+        `Unsupported` for anchors and classes of no encodable character, before anything is built.
+
+        A node stays on the stack until its children are known; leaves (literals, classes) are
+        read where their parent meets them, so a node whose children are all leaves or known is
+        done in one visit (most of a schema's)."""
         self.root = root
-        fewest, stack = self._fewest, [(root, False)]
+        fewest, stack = self._fewest, [root]
         while stack:
-            node, ready = stack.pop()
-            if id(node) in fewest:
+            node = stack[-1]
+            key = id(node)
+            if key in fewest:
+                stack.pop()
                 continue
             kind = type(node)
-            if kind is Literal:
-                length, edges, seen = _literal_bits(node.text)  # type: ignore[union-attr]
-                self._bounds |= edges
-                self._literal |= seen
-                fewest[id(node)] = length
-            elif kind is Chars:
-                _, dists = self._template(node.chars.ranges)  # type: ignore[union-attr]
-                fewest[id(node)] = dists[0]
-            elif kind is Anchor:
-                raise Unsupported("anchors")
-            elif kind is Seq or kind is Alt or kind is Repeat:
+            if kind is Seq or kind is Alt or kind is Repeat:
                 children = (node.item,) if kind is Repeat else node.items  # type: ignore[union-attr]
-                if not ready:
-                    check_deadline("building the byte NFA")
-                    stack.append((node, True))
-                    stack.extend([(c, False) for c in children if id(c) not in fewest])
-                    continue
-                # map, not a generator: no Python frame per child (a schema's alternations are wide)
-                if kind is Seq:
-                    fewest[id(node)] = min(_FAR, sum(map(fewest.__getitem__, map(id, children))))
-                elif kind is Alt:
-                    fewest[id(node)] = min(map(fewest.__getitem__, map(id, children)), default=_FAR)
-                else:
-                    lo, item = node.lo, fewest[id(children[0])]  # type: ignore[union-attr]
-                    fewest[id(node)] = 0 if lo == 0 else min(_FAR, lo * item)
             elif kind is Bounded:
-                if not ready:
-                    check_deadline("building the byte NFA")
-                    stack.append((node, True))
-                    stack.extend((c, False) for c in node.leaves if id(c) not in fewest)  # type: ignore[union-attr]
-                    continue
-                costs = self._costs[id(node)] = tuple(fewest[id(c)] for c in node.leaves)  # type: ignore[union-attr]
-                fewest[id(node)] = min(_FAR, node.core.fewest(0, 0, costs))  # type: ignore[union-attr]
+                children = node.leaves  # type: ignore[union-attr]
             else:
-                raise TypeError(f"not a regex AST node: {node!r}")
+                self._leaf(node)
+                stack.pop()
+                continue
+            waiting = False
+            for child in children:
+                if id(child) not in fewest:
+                    child_kind = type(child)
+                    if child_kind is Literal or child_kind is Chars:
+                        self._leaf(child)
+                    else:
+                        if not waiting:
+                            check_deadline("building the byte NFA")
+                            waiting = True
+                        stack.append(child)
+            if waiting:
+                continue
+            stack.pop()
+            # map, not a generator: no Python frame per child (a schema's alternations are wide)
+            if kind is Seq:
+                fewest[key] = min(_FAR, sum(map(fewest.__getitem__, map(id, children))))
+            elif kind is Alt:
+                fewest[key] = min(map(fewest.__getitem__, map(id, children)), default=_FAR)
+            elif kind is Repeat:
+                lo, item = node.lo, fewest[id(children[0])]  # type: ignore[union-attr]
+                fewest[key] = 0 if lo == 0 else min(_FAR, lo * item)
+            else:
+                costs = self._costs[key] = tuple(fewest[id(c)] for c in children)
+                fewest[key] = min(_FAR, node.core.fewest(0, 0, costs))  # type: ignore[union-attr]
+
+    def _leaf(self, node: Node) -> None:
+        """`prepare` of a literal or a class: its byte ranges and fewest bytes."""
+        kind = type(node)
+        if kind is Literal:
+            length, edges, seen = _literal_bits(node.text)  # type: ignore[union-attr]
+            self._bounds |= edges
+            self._literal |= seen
+            self._fewest[id(node)] = length
+        elif kind is Chars:
+            _, dists = self._template(node.chars.ranges)  # type: ignore[union-attr]
+            self._fewest[id(node)] = dists[0]
+        elif kind is Anchor:
+            raise Unsupported("anchors")
+        else:
+            raise TypeError(f"not a regex AST node: {node!r}")
 
     def _template(self, ranges: tuple[tuple[int, int], ...]) -> tuple[Template, list[int]]:
         """The class template of `ranges` and its states' fewest bytes to the end (`_class_template`),

@@ -208,9 +208,8 @@ class CFGGrammar:
         self._budget_rows: dict[tuple[int, int], int] = {}
         view = _trie_view(trie)
         self._child_start, self._child_count, self._node_byte = view.child_start, view.child_count, view.byte
-        self._ends_at, self._descendants = view.ends_at, view.descendants
-        self._child_bytes = view.child_bytes
-        self._token_bytes = vocabulary.token_bytes
+        self._end_first, self._end_more, self._descendants = view.end_first, view.end_more, view.descendants
+        self._view = view
         initial = self._closure([(0, 0, SELF)], [])
         if initial < 0:  # cannot happen for a productive grammar; kept as a guard
             raise VocabularyMismatchError("the grammar's start matches nothing")
@@ -371,9 +370,10 @@ class CFGGrammar:
             return TERMINAL if self._accepting[state] else -1
         if state == TERMINAL:
             return -1
-        if not 0 <= token_id < self.logits_width or token_id >= len(self._token_bytes):
+        token_bytes = self.vocabulary.token_bytes  # (built on first use: most schemas never step a token here)
+        if not 0 <= token_id < self.logits_width or token_id >= len(token_bytes):
             return -1
-        data = self._token_bytes[token_id]
+        data = token_bytes[token_id]
         if not data:
             return -1
         self._check_state(state)
@@ -614,7 +614,8 @@ class CFGGrammar:
         alone (no parser work inside a lexeme), the parser consulted only where the terminal may
         end and the subtree goes on."""
         child_start, child_count, node_byte = self._child_start, self._child_count, self._node_byte
-        ends_at, child_bytes, width = self._ends_at, self._child_bytes, self.logits_width
+        end_first, end_more, width = self._end_first, self._end_more, self.logits_width
+        child_bits = self._view.child_bits
         tails = self._tails(state) if bounds is not None else None
         for (t, q), branch in self._groups(state):
             dfa = self._dfas[t]
@@ -634,8 +635,9 @@ class CFGGrammar:
                         accepting = dfa.accepting  # the DFA may have grown
                     if q2 == dead:
                         continue
-                    ends = ends_at[c]
-                    if ends:
+                    e = end_first[c]
+                    if e >= 0:
+                        ends = end_more[c] if c in end_more else (e,)
                         crossing.update(ends)
                         if tail < FAR and bounds is not None:
                             d = tdist.get(q2)
@@ -650,7 +652,7 @@ class CFGGrammar:
                                 after = branch()
                                 after_first = self._first_bytes(after) if after >= 0 else 0
                             # Most ends lead nowhere: no child byte can start what follows.
-                            if child_bytes[c] & after_first:
+                            if child_bits(c) & after_first:
                                 self._small_below(after, c, crossing, bounds)
 
     def _enter(self, state: int, exits: np.ndarray, parts: list[np.ndarray], crossing: set[int],
@@ -680,14 +682,15 @@ class CFGGrammar:
             nxt_of[b] = self._step_byte(state, b) if got is None else got
         nxt = nxt_of.take(kid_bytes)
         keep = nxt >= 0
-        ends_at, child_count, width = self._ends_at, self._child_count, self.logits_width
+        end_first, end_more, child_count, width = self._end_first, self._end_more, self._child_count, self.logits_width
         for c, s2 in zip(kids[keep].tolist(), nxt[keep].tolist()):
-            ends = ends_at[c]
-            if ends:
-                crossing.update(ends)
+            e = end_first[c]
+            if e >= 0:
+                ids = end_more[c] if c in end_more else (e,)
+                crossing.update(ids)
                 if bounds is not None:
                     bound = self._bytes_to_end(s2) + 1
-                    for i in ends:
+                    for i in ids:
                         if i < width and bound < bounds[i]:
                             bounds[i] = bound
             if child_count[c]:
@@ -726,7 +729,7 @@ class CFGGrammar:
             levels = self._trie._levels
             if levels:
                 for node in range(*levels[0]):
-                    if any(i < self.logits_width and i not in self._eos for i in self._ends_at[node]):
+                    if any(i < self.logits_width and i not in self._eos for i in self._view.ends_at(node)):
                         got.append(self._node_byte[node])
             self._spell_bytes = got
         return got
@@ -1025,38 +1028,40 @@ class CFGGrammar:
 
 
 class _TrieView:
-    """A trie's arrays as Python lists (the byte-by-byte walks read them per node), and each node's
-    count of descendants; one per trie, shared by its grammars."""
+    """A trie's arrays as Python lists (the byte-by-byte walks read them per node), each node's
+    count of descendants, and the ids of the tokens ending at a node; one per trie, shared by its
+    grammars. Built by the first grammar-compiled schema of a process, so only what a list of
+    ints costs: no Python object per node (a tuple of ids, a set of child bytes) made up front."""
 
     def __init__(self, trie: TokenTrie):
         self.child_start: list[int] = trie.child_start.tolist()
         self.child_count: list[int] = trie.child_count.tolist()
         self.byte: list[int] = trie.byte.tolist()
-        # Per node, the ids of the tokens ending there (most nodes: none, one shared empty tuple).
-        # (Built from the nodes that have them: leaves are most nodes, and one Python object per node
-        # is what a fresh process pays for here.)
-        none: tuple[int, ...] = ()
-        ends: list[tuple[int, ...]] = [none] * trie.num_nodes
-        at_end = np.flatnonzero(trie.end_first >= 0)
-        for node, first in zip(at_end.tolist(), trie.end_first[at_end].tolist()):
-            ends[node] = (first,)
+        # The first id of a token ending at each node (-1: none), and for the few nodes where more
+        # than one does (vocabularies with duplicate byte strings), all of them.
+        self.end_first: list[int] = trie.end_first.tolist()
+        more: dict[int, tuple[int, ...]] = {}
         for node, extra in zip(trie.end_more_node.tolist(), trie.end_more_id.tolist()):
-            ends[node] = (*ends[node], extra)
-        self.ends_at: list[tuple[int, ...]] = ends
+            more[node] = (*more.get(node, (self.end_first[node],)), extra)
+        self.end_more = more
         self.descendants: list[int] = _descendants(trie).tolist()
-        # Per node, the bytes of its children as a 256-bit int: four little-endian 64-bit words per
-        # inner node, read as one int each; a leaf's is 0.
-        child_bytes = np.zeros(trie.num_nodes, dtype=object)
-        if trie.num_levels > 1:
-            words = np.zeros((trie.num_nodes, 4), dtype="<u8")
-            kids = np.arange(int(trie.level_start[1]), trie.num_nodes)
-            kb = trie.byte[kids].astype(np.uint64)
-            np.bitwise_or.at(words, (trie.parent[kids], (kb >> np.uint64(6)).astype(np.int64)),
-                             np.left_shift(np.uint64(1), kb & np.uint64(63)))
-            inner = np.flatnonzero(trie.child_count > 0)
-            packed, read = words[inner].tobytes(), int.from_bytes
-            child_bytes[inner] = [read(packed[at:at + 32], "little") for at in range(0, len(packed), 32)]
-        self.child_bytes: list[int] = child_bytes.tolist()
+        self._child_bits: dict[int, int] = {}
+
+    def ends_at(self, node: int) -> tuple[int, ...]:
+        """The ids of the tokens ending at `node` (the walks inline this)."""
+        first = self.end_first[node]
+        return () if first < 0 else self.end_more.get(node, (first,))
+
+    def child_bits(self, node: int) -> int:
+        """The bytes of `node`'s children as a 256-bit int (0 for a leaf), made when first asked."""
+        got = self._child_bits.get(node)
+        if got is None:
+            got = 0
+            c0 = self.child_start[node]
+            for b in self.byte[c0:c0 + self.child_count[node]]:
+                got |= 1 << b
+            self._child_bits[node] = got  # (two threads may both make it: the same int)
+        return got
 
 
 _VIEWS: weakref.WeakKeyDictionary[TokenTrie, _TrieView] = weakref.WeakKeyDictionary()

@@ -74,7 +74,9 @@ def may_recurse(schema: Any) -> bool:
     if not _holds_reference(schema):  # most schemas: one walk without the paths below
         return False
     refs: list[tuple[tuple[str, ...], tuple[str, ...]]] = []  # (where the $ref is, its target)
-    stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
+    # Containers only (scalars hold no $ref), each with its path as a linked (parent, key) pair:
+    # written out as a tuple only where a $ref is.
+    stack: list[tuple[Any, Any]] = [(schema, None)]
     while stack:
         x, path = stack.pop()
         if isinstance(x, dict):
@@ -85,10 +87,10 @@ def may_recurse(schema: Any) -> bool:
                 if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
                     return True
                 parts = ref[2:].split("/") if ref != "#" else []
-                refs.append((path, tuple(unquote(p).replace("~1", "/").replace("~0", "~") for p in parts)))
-            stack.extend((v, (*path, str(k))) for k, v in x.items())
+                refs.append((_path_of(path), tuple(unquote(p).replace("~1", "/").replace("~0", "~") for p in parts)))
+            stack.extend((v, (path, str(k))) for k, v in x.items() if isinstance(v, (dict, list)))
         elif isinstance(x, list):
-            stack.extend((v, (*path, str(i))) for i, v in enumerate(x))
+            stack.extend((v, (path, str(i))) for i, v in enumerate(x) if isinstance(v, (dict, list)))
     if not refs:
         return False
     # A cycle among the references: edge r -> r' where r' lies inside r's target.
@@ -126,6 +128,15 @@ def _holds_reference(schema: Any) -> bool:
         elif isinstance(x, list):
             stack.extend(x)
     return False
+
+
+def _path_of(linked: Any) -> tuple[str, ...]:
+    """A linked path (`may_recurse`: (parent, key) pairs from the root, None at it) as a tuple."""
+    keys: list[str] = []
+    while linked is not None:
+        linked, key = linked
+        keys.append(key)
+    return tuple(reversed(keys))
 
 
 def schema_rules(schema: Any, *, whitespace: str | None = None, strict: bool = False, open_objects: bool = False,

@@ -10,6 +10,7 @@ both readings, so an output is valid under either.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -256,6 +257,7 @@ def _class_body(chars: CharSet) -> str:
 
 
 _SHORT_ESCAPES = {0x22: '"', 0x5C: "\\", 8: "b", 12: "f", 10: "n", 13: "r", 9: "t"}
+_ESCAPED = re.compile('[\\x00-\\x1f"\\\\]')  # what `json_text` escapes: the short escapes and controls
 
 
 @lru_cache(maxsize=4096)
@@ -285,6 +287,8 @@ def json_char_regex(chars: CharSet) -> str:
 
 def json_text(text: str) -> str:
     """The canonical JSON-string body of `text` (no quotes)."""
+    if _ESCAPED.search(text) is None:  # most names and values: written as they are
+        return text
     out = []
     for c in text:
         cp = ord(c)

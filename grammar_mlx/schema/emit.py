@@ -476,21 +476,20 @@ class Emitter:
         if hi is not None and hi < lo:
             return None
 
-        def tail(i: int) -> Regex | None:
-            """The items after the first i, given that i were written (i >= 1); each optional
-            position is a group holding all later ones."""
-            if hi is not None and i >= hi:
-                return EMPTY
-            if i < len(prefix):
-                after = ast.seq(sep, prefix[i], tail(i + 1))
-                return ast.optional(after) if i >= lo else after
-            if rest is not None:
-                return ast.repeat(ast.seq(sep, rest), max(lo - i, 0), None if hi is None else hi - i)
-            return EMPTY
-
         body: Regex | None
         if prefix and (hi is None or hi >= 1):
-            body = ast.seq(prefix[0], tail(1))
+            # The items after the first i, given that i were written, for i from the last prefix
+            # position (or hi) down to 1; each optional position is a group holding all later ones.
+            # (A loop, not a recursive closure: that would be a reference cycle holding the whole
+            # AST until the cyclic collector runs.)
+            end = len(prefix) if hi is None else min(hi, len(prefix))
+            tail: Regex | None = EMPTY
+            if (hi is None or end < hi) and rest is not None:
+                tail = ast.repeat(ast.seq(sep, rest), max(lo - end, 0), None if hi is None else hi - end)
+            for i in range(end - 1, 0, -1):
+                after = ast.seq(sep, prefix[i], tail)
+                tail = ast.optional(after) if i >= lo else after
+            body = ast.seq(prefix[0], tail)
         elif rest is not None and (hi is None or hi >= 1):
             body = ast.seq(rest, ast.repeat(ast.seq(sep, rest), max(lo - 1, 0), None if hi is None else hi - 1))
         else:

@@ -104,6 +104,11 @@ class Normalizer:
     _oracle: Normalizer | None = None
     # (id of a subschema of `root`, base URI, legacy_ref) -> its `logic.value_set` (`_value_set`)
     _value_sets: dict[tuple[int, str, bool], tuple[Any, Values]] = field(default_factory=dict)
+    # A conjunction's atoms (`_atoms_key`) -> (the atoms, their `_distribution`), for the calls that
+    # made no report: `_refuse_early` walks the distributions the construction then makes again.
+    _splits: dict[tuple[Hashable, ...], tuple[list[Loc], _Distribution | None]] = field(default_factory=dict)
+    _reports: int = 0  # calls of `report` and `too_large` so far (made or not, raised or not)
+    _walking: bool = False  # inside `_refuse_early`'s walk
     _exact: Normalizer | None = None  # exact membership, for listed values (`_exact_node`)
 
     def __post_init__(self) -> None:
@@ -116,6 +121,7 @@ class Normalizer:
 
     def report(self, keyword: str, loc: Loc | str, reason: str) -> None:
         pointer = loc if isinstance(loc, str) else loc.pointer
+        self._reports += 1
         if self.strict:
             raise UnsupportedSchemaError(
                 f"{keyword!r} at {pointer or '/'} cannot be enforced: {reason}", keyword=keyword, pointer=pointer
@@ -129,6 +135,7 @@ class Normalizer:
 
     def too_large(self, keyword: str, loc: Loc, reason: str) -> None:
         """A size guard: relaxed and reported, or in strict mode a GrammarTooLargeError."""
+        self._reports += 1
         if self.strict:
             raise GrammarTooLargeError(f"{keyword!r} at {loc.pointer or '/'}: {reason}")
         self.unenforced.setdefault((keyword, loc.pointer), reason)
@@ -246,7 +253,23 @@ class Normalizer:
 
     def _distribution(self, atoms: list[Loc]) -> _Distribution | None:
         """The first anyOf/oneOf (else if/dependencies/not with a union form) of a conjunction,
-        distributed over the rest: the conjunctions it becomes; None when it has none (`_flat`)."""
+        distributed over the rest: the conjunctions it becomes; None when it has none (`_flat`).
+        Those `_refuse_early` makes are kept where making them reported nothing (a report is made
+        again, in its place, by each call: `_refuse_early` undoes its own) and taken by the
+        construction."""
+        if not self._splits and not self._walking:  # (no walk has run: nothing to find, nothing kept)
+            return self._distributed(atoms)
+        key = _atoms_key(atoms)
+        hit = self._splits.get(key)
+        if hit is not None:
+            return hit[1]
+        reported = self._reports
+        split = self._distributed(atoms)
+        if self._walking and self._reports == reported:
+            self._splits[key] = (atoms, split)  # (the atoms kept: their schemas' ids stay theirs)
+        return split
+
+    def _distributed(self, atoms: list[Loc]) -> _Distribution | None:
         for i, atom in enumerate(atoms):
             for kw in ("anyOf", "oneOf"):
                 if atom.has(kw):
@@ -298,7 +321,7 @@ class Normalizer:
         walk that stops on any other error leaves that error to the construction, in its order;
         reports made here are undone (the construction makes them again, in its order)."""
         reported, strict = dict(self.unenforced), self.strict
-        self.strict = False
+        self.strict, self._walking = False, True
         spent, seen, over = self._branches + split.live, {key}, None
         stack = [iter(split.branches)]
         try:
@@ -331,7 +354,7 @@ class Normalizer:
         except Exception:  # noqa: BLE001 - the construction meets it again and raises it in its place
             return
         finally:
-            self.strict = strict
+            self.strict, self._walking = strict, False
             self.unenforced.clear()
             self.unenforced.update(reported)
         if over is not None:
@@ -840,6 +863,12 @@ def _over_budget(atom: Loc) -> GrammarTooLargeError:
         f"anyOf/oneOf/if/not/dependencies distributed over allOf exceed {limits.MAX_UNION_BRANCHES} branches "
         f"(at {atom.pointer or '/'})"
     )
+
+
+def _atoms_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
+    """Names a conjunction's atoms with everything a `Loc` is (its schema by identity): equal keys,
+    equal atoms, so the same distribution."""
+    return tuple((a.key, id(a.schema), a.base, a.origin, a.legacy_ref, a.evaluates) for a in atoms)
 
 
 def _conjunction_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
