@@ -238,7 +238,11 @@ class ByteNFA:
         self._fewest: dict[int, int] = {}  # id(node) -> the fewest bytes of its text (`_FAR`: none)
         self._costs: dict[int, tuple[int, ...]] = {}  # id(Bounded node) -> its leaves' fewest bytes
         self.root: Node | None = None  # the AST the pending states point into (kept alive: ids)
-        self.match = self._new(None, None, 0)
+        # Once `start_log` is called: every state as made, and every pending state as expanded, as
+        # records for the native subset construction (subset.cpp's gm_subset_push), appended where
+        # they are made so that mirroring them there costs no pass over the states in Python.
+        self.log: array[int] | None = None
+        self.match = self._new(None, 0)
         self.start = -1
 
     def __len__(self) -> int:
@@ -249,7 +253,8 @@ class ByteNFA:
         """How many states are not built yet."""
         return len(self._pending)
 
-    def _new(self, ranges: list[tuple[int, int, int]] | None, targets: list[int] | None, dist: int) -> int:
+    def _new(self, ranges: list[tuple[int, int, int]] | None, dist: int) -> int:
+        """A byte state of `ranges`, or (None) a state pending or the match state."""
         trans = self.trans
         q = len(trans)
         if q % _CHECK_EVERY == 0:
@@ -259,9 +264,37 @@ class ByteNFA:
                 f"the regex's byte NFA needs over {self.max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); states are "
                 "built as generation reaches them, counted repetitions one count at a time: use smaller bounds")
         trans.append(ranges)
-        self.eps.append(targets)
+        self.eps.append(None)
         self.dist.append(dist if dist < _FAR else _FAR)
+        log = self.log
+        if log is not None:  # a split is logged when expanded; None made now is pending
+            if ranges is None:
+                log.extend((q, 3, 0))
+            elif len(ranges) == 1:  # most byte states: a literal's byte, one range
+                log.extend((q, 0, 3, *ranges[0]))
+            else:
+                log.extend((q, 0, 3 * len(ranges)))
+                log.extend(chain.from_iterable(ranges))
         return q
+
+    def start_log(self) -> array[int]:
+        """`log`, started (with a record of every state so far) on the first call."""
+        log = self.log
+        if log is None:
+            log = array("i")
+            for s, ranges in enumerate(self.trans):
+                if ranges is not None:
+                    log.extend((s, 0, 3 * len(ranges)))
+                    log.extend(chain.from_iterable(ranges))
+                elif s in self._pending:
+                    log.extend((s, 3, 0))
+                elif (targets := self.eps[s]) is not None:
+                    log.extend((s, 1, len(targets)))
+                    log.extend(targets)
+                else:  # the match state
+                    log.extend((s, 2, 0))
+            self.log = log
+        return log
 
     # -- the AST pass ----------------------------------------------------------------------------
 
@@ -377,7 +410,7 @@ class ByteNFA:
         elif type(node) is Seq and not node.items:
             start = nxt
         else:
-            start = self._new(None, None, self._fewest[id(node)] + self.dist[nxt])
+            start = self._new(None, self._fewest[id(node)] + self.dist[nxt])
             self._pending[start] = (node, 0, None, nxt)
         self._memo[key] = start
         return start
@@ -390,7 +423,7 @@ class ByteNFA:
         key = (id(node), lo, -1 if hi is None else hi, nxt)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._new(None, None, lo * self._fewest[id(node.item)] + self.dist[nxt])
+            hit = self._new(None, lo * self._fewest[id(node.item)] + self.dist[nxt])
             self._pending[hit] = (node, lo, hi, nxt)
             self._memo[key] = hit
         return hit
@@ -402,7 +435,7 @@ class ByteNFA:
         hit = self._memo.get(key)
         if hit is None:
             fewest = node.core.fewest(state, count, self._costs[id(node)])
-            hit = self._new(None, None, fewest + self.dist[nxt])
+            hit = self._new(None, fewest + self.dist[nxt])
             self._pending[hit] = (node, state, count, nxt)
             self._memo[key] = hit
         return hit
@@ -435,6 +468,10 @@ class ByteNFA:
             else:
                 targets = [self.compile(item, self._repeat(node, 0, hi - 1, nxt)), nxt]
         self.eps[q] = targets
+        log = self.log
+        if log is not None:
+            log.extend((q, 1, len(targets)))
+            log.extend(targets)
 
     def expand_all(self) -> None:
         """Build every pending state (the passes that read the whole NFA need it)."""
@@ -448,13 +485,13 @@ class ByteNFA:
         base = len(self.trans) - 1  # template states are numbered from 1; the first is the start
         after = self.dist[nxt]
         for rows, d in zip(template, dists):
-            self._new([(lo, hi, nxt if t < 0 else base + t) for lo, hi, t in rows], None, d + after)
+            self._new([(lo, hi, nxt if t < 0 else base + t) for lo, hi, t in rows], d + after)
         return base + 1
 
     def _chain(self, data: bytes, nxt: int) -> int:
         after = self.dist[nxt]
         for i, b in enumerate(reversed(data), 1):
-            nxt = self._new([(b, b, nxt)], None, after + i)
+            nxt = self._new([(b, b, nxt)], after + i)
         return nxt
 
 
@@ -498,7 +535,8 @@ class Determinizer:
     Native (`native`, where `compiler.native` is built): the sets, closures and rows are the native
     side's (`compiler.native.Subset`, subset.cpp), which a native walk calls for the rows it meets
     without a return to Python per row. The NFA stays Python's: its states are mirrored there as
-    they are built (`_push`), and a closure that meets a pending state has it built here (`_expand`).
+    they are built (the NFA's `log`, read there from where it left off), and a closure that meets a
+    pending state has it built here (`_expand`).
     Each row, state number and flag equals this class's own construction (the reference, and the
     fallback): tests/automata/test_byte_nfa.py holds the two equal."""
 
@@ -534,68 +572,45 @@ class Determinizer:
                 self.subset = native_rows.Subset(self.classes, self.all_live, self._expand)
             elif native:
                 raise InvalidArgumentError("the native subset construction needs the native library (a C++ compiler)")
-        self._pushed = 0  # NFA states mirrored into `subset` (ids below)
-        self._mirrored_pending: set[int] = set()  # of those, the ones mirrored as pending
+        # The NFA's log (`ByteNFA.log`), which `subset` has read up to `_logged`.
+        self._log = nfa.start_log() if self.subset is not None else None
+        self._logged = 0
 
     def start(self, dfa: ByteDFA) -> int:
         """The initial state of `dfa` (just made on demand from this source): the start's closure."""
         if self.subset is None:
             return self.state(dfa, frozenset(self.closure(self.nfa.start)))
         self.subset.bind(dfa)
-        self._push([])
+        assert self._log is not None
+        self.subset.push(self._log, 0)
+        self._logged = len(self._log)
+        if self._nfa_live is not None:  # (the whole NFA is built then: no state is made later)
+            self.subset.set_live(self._nfa_live)
         return self.subset.start(self.nfa.start)
-
-    def _push(self, built: list[int]) -> None:
-        """Mirror into `subset` the NFA states made since the last push, and `built`: states it holds
-        as pending that are built since. Records as subset.cpp's gm_subset_push reads them."""
-        nfa, live, mirrored = self.nfa, self._nfa_live, self._mirrored_pending
-        trans, eps, pending = nfa.trans, nfa.eps, nfa._pending
-        out: list[int] = []
-        add = out.extend
-        for s in (*built, *range(self._pushed, len(trans))):
-            ranges = trans[s]
-            if ranges is not None:
-                if len(ranges) == 1:  # most byte states: a literal's byte, one range
-                    add((s, 0, 3, *ranges[0]))
-                else:
-                    add((s, 0, 3 * len(ranges)))
-                    add(chain.from_iterable(ranges))
-            elif s in pending:
-                add((s, 3, 0))
-                mirrored.add(s)
-            elif eps[s] is not None:
-                targets = eps[s]
-                add((s, 1, len(targets), *targets))
-            else:  # the match state
-                add((s, 2, 0))
-            if live is not None:
-                out.append(live[s])
-        self._pushed = len(trans)
-        assert self.subset is not None
-        self.subset.push(array("i", out))
 
     def _expand(self, q: int) -> None:
         """`subset`'s callback for a pending state q that a closure met: build every pending state
-        that q's closure reaches through states the subset does not know built, and push them."""
-        nfa, mirrored, base = self.nfa, self._mirrored_pending, self._pushed
+        that q's closure reaches through states the subset does not know built, and hand it the
+        log's records made since it last read it (it reads them once this returns)."""
+        nfa, log = self.nfa, self._log
+        assert log is not None and self.subset is not None
         eps, pending = nfa.eps, nfa._pending
-        stack, seen, built = [q], {q}, []
+        base = len(eps)  # the states the subset read (or reads now): those not pending it follows itself
+        stack, seen = [q], {q}
         while stack:
             s = stack.pop()
-            if s < base:
-                if s not in mirrored:  # mirrored as built: the subset follows it itself
-                    continue
-                mirrored.discard(s)
-                built.append(s)
             if s in pending:
                 nfa.expand(s)
+            elif s < base:
+                continue
             targets = eps[s]
             if targets is not None:
                 for t in targets:
                     if t not in seen:
                         seen.add(t)
                         stack.append(t)
-        self._push(built)
+        self.subset.stage(log, self._logged)
+        self._logged = len(log)
 
     @property
     def nbytes(self) -> int:
@@ -605,7 +620,7 @@ class Determinizer:
         distance = self._nfa_distance.itemsize * len(self._nfa_distance) + 64 if self._nfa_distance is not None else 0
         held = self._py_bytes + sys.getsizeof(self._sets)
         if self.subset is not None:
-            held += self.subset.nbytes + sys.getsizeof(self._mirrored_pending)
+            held += self.subset.nbytes + (self._log.itemsize * len(self._log) if self._log is not None else 0)
         return int(held + live + distance + NFA_STATE_BYTES * len(self.nfa))
 
     def member_distance(self, q: int) -> int | None:

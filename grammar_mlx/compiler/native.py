@@ -120,6 +120,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_subset_free.argtypes = [_P]
     lib.gm_subset_push.restype = None
     lib.gm_subset_push.argtypes = [_P, _P, _I]
+    lib.gm_subset_live.restype = None
+    lib.gm_subset_live.argtypes = [_P, _P, _I]
     lib.gm_subset_start.restype = ctypes.c_int32
     lib.gm_subset_start.argtypes = [_P, ctypes.c_int32]
     lib.gm_subset_fetch.restype = _P
@@ -252,7 +254,8 @@ def _callback(subset: Callable[[], Subset | None], method: str, *args: int) -> i
         return 1
 
 # subset.cpp's `io` slots.
-IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY, IO_MAX_STATES, IO_STATES, IO_ROWS, IO_ERROR = range(8)
+(IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY, IO_MAX_STATES, IO_STATES, IO_ROWS, IO_ERROR, IO_LOG,
+ IO_LOG_LENGTH) = range(10)
 
 
 class Subset:
@@ -268,12 +271,23 @@ class Subset:
         lib = library()
         assert lib is not None, "native.Subset without the library (check available() first)"
         self._lib = lib
-        self.io = np.zeros(8, np.int64)
+        self.io = np.zeros(10, np.int64)
         self._dfa: Callable[[], ByteDFA | None] = lambda: None
         self.error: BaseException | None = None
-        self._expand_py = weakref.WeakMethod(expand)
         me = weakref.ref(self)
-        self._callbacks = (_EXPAND(lambda q: _callback(me, "_expand", q)), _GROW(lambda: _callback(me, "_grow")))
+        expand_ref = weakref.WeakMethod(expand)
+
+        def on_expand(q: int) -> int:  # (a closure, not `_callback`: called for every pending state met)
+            try:
+                expand_ref()(q)  # type: ignore[misc]
+                return 0
+            except BaseException as exc:  # noqa: BLE001 - raised by `finish` once the native call returns
+                subset = me()
+                if subset is not None:
+                    subset.error = exc
+                return 1
+
+        self._callbacks = (_EXPAND(on_expand), _GROW(lambda: _callback(me, "_grow")))
         classes = np.ascontiguousarray(classes, dtype=np.int32)  # byte -> class (copied there)
         self.handle: int = lib.gm_subset_new(_address(classes), int(all_live), _address(self.io), *self._callbacks)
         weakref.finalize(self, lib.gm_subset_free, self.handle)
@@ -296,19 +310,26 @@ class Subset:
         self.io[[IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY]] = (
             _address(dfa.table), _address(dfa.accepting), _address(dfa.live), len(dfa.accepting))
 
-    def _expand(self, nfa_state: int) -> None:
-        expand = self._expand_py()
-        assert expand is not None, "native.Subset of a determinizer that is gone"
-        expand(nfa_state)
-
     def _grow(self) -> None:
         self.dfa._grow()
         self._arrays()
 
-    def push(self, records: array[int]) -> None:
-        """NFA state records (see subset.cpp's gm_subset_push)."""
-        assert records.itemsize == 4
-        self._lib.gm_subset_push(self.handle, records.buffer_info()[0], len(records))
+    def push(self, log: array[int], start: int) -> None:
+        """Read the NFA's records `log[start:]` (see subset.cpp's gm_subset_push)."""
+        assert log.itemsize == 4
+        self._lib.gm_subset_push(self.handle, log.buffer_info()[0] + 4 * start, len(log) - start)
+
+    def stage(self, log: array[int], start: int) -> None:
+        """From the expand callback: have the native side read `log[start:]` once it returns (one
+        native call fewer per callback than `push`)."""
+        assert log.itemsize == 4
+        self.io[IO_LOG] = log.buffer_info()[0] + 4 * start
+        self.io[IO_LOG_LENGTH] = len(log) - start
+
+    def set_live(self, live: bytearray) -> None:
+        """The liveness of every NFA state (0/1 per state; the NFA is built whole)."""
+        flags = np.frombuffer(live, dtype=np.uint8)
+        self._lib.gm_subset_live(self.handle, _address(flags), len(flags))
 
     def begin(self) -> None:
         """Before a call that may add states: the DFA's current cap."""

@@ -6,9 +6,11 @@
 // with (first class, last class, target) spans in class order, pushed as (first byte, last byte,
 // target) ranges and read through the byte classes; a split with epsilon targets, the
 // match state, or pending: not built yet) and, where some states cannot reach the match over the
-// alphabet, its liveness. Python pushes states as it builds them (gm_subset_push: records of
-// {state, kind, count, payload...}). An epsilon closure that meets a pending state calls `expand`
-// (Python builds what that state's closure reaches and pushes it) and goes on.
+// alphabet, its liveness (gm_subset_live: the NFA is then built whole). Python logs states as it
+// builds them (`ByteNFA.log`: records of {state, kind, count, payload...}, a later record of a
+// state replacing its earlier one) and pushes the log (gm_subset_push). An epsilon closure that
+// meets a pending state calls `expand` (Python builds what that state's closure reaches and stages
+// the log's new records in io: address and length), reads the staged records and goes on.
 //
 // DFA states are sets of NFA states (sorted), numbered 1, 2, ... in the order they are found (the
 // dead state is 0); a row is computed as the Python one is: one byte state's spans, or the segments
@@ -16,7 +18,7 @@
 // closures' union, new states numbered in the order of the first class leading to each. The rows,
 // accepting and live flags go straight into the ByteDFA's numpy arrays, whose addresses `io` holds:
 // io = {table, accepting, live, capacity (states the arrays hold), max_states, num_states, rows
-// computed, error}. When a new state needs more room, `grow` has Python replace the arrays (and
+// computed, error, staged records' address, their count}. When a new state needs more room, `grow` has Python replace the arrays (and
 // update io). A row's class 0 (NUL: always the dead state) is written last, with release order:
 // lock-free readers take a row as known once that entry is no longer UNKNOWN.
 //
@@ -32,7 +34,8 @@
 namespace {
 
 enum : int8_t { KIND_BYTE = 0, KIND_SPLIT = 1, KIND_MATCH = 2, KIND_PENDING = 3 };
-enum : int64_t { IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY, IO_MAX_STATES, IO_STATES, IO_ROWS, IO_ERROR };
+enum : int64_t { IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY, IO_MAX_STATES, IO_STATES, IO_ROWS, IO_ERROR, IO_LOG,
+                 IO_LOG_LENGTH };
 
 typedef int32_t (*gm_expand)(int32_t nfa_state);
 typedef int32_t (*gm_grow)(void);
@@ -84,6 +87,45 @@ bool fail(GmSubset* d, int64_t code) {
     return false;
 }
 
+void resize(GmSubset* d, size_t size) {
+    d->kind.resize(size, KIND_PENDING);
+    d->spans.resize(size);
+    d->eps.resize(size);
+    d->closure.resize(size);
+    d->closed.resize(size, 0);
+    d->stamp.resize(size, 0u);
+    d->live.resize(size, 0);
+}
+
+void push(GmSubset* d, const int32_t* records, int64_t length) {
+    int64_t i = 0;
+    while (i < length) {
+        const int32_t s = records[i], k = records[i + 1], n = records[i + 2];
+        const int32_t* payload = records + i + 3;
+        i += 3 + n;
+        if (static_cast<size_t>(s) >= d->kind.size()) resize(d, static_cast<size_t>(s) + 1);
+        d->kind[s] = static_cast<int8_t>(k);
+        std::vector<int32_t>& into = k == KIND_BYTE ? d->spans[s] : d->eps[s];
+        into.assign(payload, payload + n);
+        if (k == KIND_BYTE) {
+            for (int32_t j = 0; j < n; j += 3) {
+                into[j] = d->classes[into[j]];
+                into[j + 1] = d->classes[into[j + 1]];
+            }
+        }
+        d->bytes += static_cast<int64_t>(n) * 4 + 64;
+    }
+}
+
+// After `expand` returned: the records it staged read.
+void take_staged(GmSubset* d) {
+    const int64_t n = d->io[IO_LOG_LENGTH];
+    if (n > 0) {
+        d->io[IO_LOG_LENGTH] = 0;
+        push(d, reinterpret_cast<const int32_t*>(d->io[IO_LOG]), n);
+    }
+}
+
 // The closure of NFA state q (byte states and the match state reachable by epsilon moves, sorted)
 // into d->closure[q]; false when expanding a pending state failed.
 bool close(GmSubset* d, int32_t q) {
@@ -102,7 +144,8 @@ bool close(GmSubset* d, int32_t q) {
             const int32_t s = stack.back();
             stack.pop_back();
             if (d->kind[s] == KIND_PENDING) {
-                if (d->expand(s) != 0) return fail(d, 1);  // pushes states: the vectors may move
+                if (d->expand(s) != 0) return fail(d, 1);
+                take_staged(d);  // new states: the vectors may move
                 if (d->kind[s] == KIND_PENDING) return fail(d, 1);
             }
             if (d->kind[s] != KIND_SPLIT) {
@@ -245,35 +288,13 @@ GmSubset* gm_subset_new(const int32_t* classes, int32_t all_live, int64_t* io, g
 void gm_subset_free(GmSubset* d) { delete d; }
 
 // Records {state, kind, count, payload[count]} (byte: ranges as first byte, last byte, target;
-// split: targets; a live flag follows each record where the subset is not all live).
-void gm_subset_push(GmSubset* d, const int32_t* records, int64_t length) {
-    int64_t i = 0;
-    while (i < length) {
-        const int32_t s = records[i], k = records[i + 1], n = records[i + 2];
-        const int32_t* payload = records + i + 3;
-        i += 3 + n;
-        if (static_cast<size_t>(s) >= d->kind.size()) {
-            const size_t size = static_cast<size_t>(s) + 1;
-            d->kind.resize(size, KIND_PENDING);
-            d->spans.resize(size);
-            d->eps.resize(size);
-            d->closure.resize(size);
-            d->closed.resize(size, 0);
-            d->stamp.resize(size, 0u);
-            d->live.resize(size, 0);
-        }
-        d->kind[s] = static_cast<int8_t>(k);
-        std::vector<int32_t>& into = k == KIND_BYTE ? d->spans[s] : d->eps[s];
-        into.assign(payload, payload + n);
-        if (k == KIND_BYTE) {
-            for (int32_t j = 0; j < n; j += 3) {
-                into[j] = d->classes[into[j]];
-                into[j + 1] = d->classes[into[j + 1]];
-            }
-        }
-        d->bytes += static_cast<int64_t>(n) * 4 + 64;
-        if (!d->all_live) d->live[s] = static_cast<uint8_t>(records[i++]);
-    }
+// split: targets), a later record of a state replacing the earlier one.
+void gm_subset_push(GmSubset* d, const int32_t* records, int64_t length) { push(d, records, length); }
+
+// Liveness of NFA states 0 .. n - 1 (where not all live: the NFA is built whole by then).
+void gm_subset_live(GmSubset* d, const uint8_t* live, int64_t n) {
+    if (static_cast<size_t>(n) > d->kind.size()) resize(d, static_cast<size_t>(n));
+    std::copy(live, live + n, d->live.begin());
 }
 
 // The DFA state of NFA state q's closure (the initial state); -1 on failure.
