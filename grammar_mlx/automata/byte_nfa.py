@@ -7,7 +7,11 @@ itself built on demand (`ByteNFA`: one pass over the AST, then states as closure
 and DFA states (epsilon-closed sets of NFA states) are created only when a token walk reaches them:
 the automaton costs what a generation visits. `determinize` returns an `automata.byte_dfa.ByteDFA` built on
 demand, whose rows a `Determinizer` computes (the ByteDFA's row source): in native code where the
-library of `compiler.native` is built (`Determinizer.subset`, the same rows), else here.
+library of `compiler.native` is built (`Determinizer.subset`, the same rows), else here. Natively,
+the NFA's states that closures reach are built there too (`ByteNFA.hand_off`: the same states in
+the same order, from the AST as tables), for every node kind but `Bounded` (whose NFAs Python
+builds, called back); reading the NFA's lists here (`trans`, `eps`, `dist`, or building on) first
+brings them up to date (`ByteNFA.sync`) and builds here from then on.
 
 Semantics are Rust regex-automata's in its default (Unicode) mode, what outlines-core compiles (see
 `regex.rust`): each character class is compiled as the UTF-8 encodings of its code points, a
@@ -53,7 +57,7 @@ import sys
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -210,6 +214,13 @@ def _class_template(ranges: tuple[tuple[int, int], ...]
 # --- the NFA --------------------------------------------------------------------------------------
 
 
+def nfa_too_large(max_states: int) -> GrammarTooLargeError:
+    """The error of an NFA that needs more than `max_states` states."""
+    return GrammarTooLargeError(
+        f"the regex's byte NFA needs over {max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); states are "
+        "built as generation reaches them, counted repetitions one count at a time: use smaller bounds")
+
+
 class ByteNFA:
     """A Thompson NFA over bytes, built on demand. State q is a byte state (`trans[q]`: list of (lo, hi, target)
     byte ranges, none containing NUL), a split (`eps[q]`: epsilon targets), the match state, or pending: a part
@@ -221,9 +232,14 @@ class ByteNFA:
     distance over any alphabet every edge's range meets."""
 
     def __init__(self, max_states: int = limits.MAX_NFA_STATES):
-        self.trans: list[list[tuple[int, int, int]] | None] = []
-        self.eps: list[list[int] | None] = []
-        self.dist = array("i")
+        self._trans: list[list[tuple[int, int, int]] | None] = []
+        self._eps: list[list[int] | None] = []
+        self._dist = array("i")
+        # The native builder building this NFA since `hand_off` (its states not in the lists above
+        # until `sync`), and whether one may (not where a Python construction reads the lists).
+        self._builder: Subset | None = None
+        self.native_building = True
+        self._order: list[Node] = []  # the builder's node numbers (`_native_plan`)
         self.max_states = int(max_states)
         # Bit b: a byte range starts or ends at b (the class boundaries; NUL alone in class 0), and
         # bit b of `_literal`: some literal has byte b. With the class templates' ranges, every byte
@@ -246,26 +262,47 @@ class ByteNFA:
         self.start = -1
 
     def __len__(self) -> int:
-        return len(self.trans)
+        if self._builder is not None:
+            return self._builder.nfa_states()
+        return len(self._trans)
 
     @property
     def pending(self) -> int:
         """How many states are not built yet."""
+        if self._builder is not None:
+            return self._builder.nfa_states(pending=True)
         return len(self._pending)
+
+    @property
+    def trans(self) -> list[list[tuple[int, int, int]] | None]:
+        """Per state, a byte state's (lo, hi, target) ranges, else None."""
+        self.sync()
+        return self._trans
+
+    @property
+    def eps(self) -> list[list[int] | None]:
+        """Per state, a split's epsilon targets, else None."""
+        self.sync()
+        return self._eps
+
+    @property
+    def dist(self) -> array[int]:
+        """Per state, the fewest bytes to the match (`_FAR`: none)."""
+        self.sync()
+        return self._dist
+
 
     def _new(self, ranges: list[tuple[int, int, int]] | None, dist: int) -> int:
         """A byte state of `ranges`, or (None) a state pending or the match state."""
-        trans = self.trans
+        trans = self._trans
         q = len(trans)
         if q % _CHECK_EVERY == 0:
             check_deadline("building the byte NFA")
         if q >= self.max_states:
-            raise GrammarTooLargeError(
-                f"the regex's byte NFA needs over {self.max_states:,} states (GRAMMAR_MLX_MAX_NFA_STATES); states are "
-                "built as generation reaches them, counted repetitions one count at a time: use smaller bounds")
+            raise nfa_too_large(self.max_states)
         trans.append(ranges)
-        self.eps.append(None)
-        self.dist.append(dist if dist < _FAR else _FAR)
+        self._eps.append(None)
+        self._dist.append(dist if dist < _FAR else _FAR)
         log = self.log
         if log is not None:  # a split is logged when expanded; None made now is pending
             if ranges is None:
@@ -279,22 +316,96 @@ class ByteNFA:
 
     def start_log(self) -> array[int]:
         """`log`, started (with a record of every state so far) on the first call."""
+        self.sync()
         log = self.log
         if log is None:
             log = array("i")
-            for s, ranges in enumerate(self.trans):
+            for s, ranges in enumerate(self._trans):
                 if ranges is not None:
                     log.extend((s, 0, 3 * len(ranges)))
                     log.extend(chain.from_iterable(ranges))
                 elif s in self._pending:
                     log.extend((s, 3, 0))
-                elif (targets := self.eps[s]) is not None:
+                elif (targets := self._eps[s]) is not None:
                     log.extend((s, 1, len(targets)))
                     log.extend(targets)
                 else:  # the match state
                     log.extend((s, 2, 0))
             self.log = log
         return log
+
+    # -- the native builder ------------------------------------------------------------------------
+
+    def hand_off(self, builder: Subset) -> bool:
+        """Have `builder` (a native subset construction that has read `log`) build the states its
+        closures meet from here on, as `expand` would (the same states, in the same order), until
+        `sync`: False where it cannot (a node it does not build, a Python construction reading
+        this NFA, or another builder building it)."""
+        if not self.native_building or self._builder is not None or self.root is None:
+            return False
+        plan = _native_plan(self)
+        if plan is None:
+            return False
+        order, tables = plan
+        index = {id(node): i for i, node in enumerate(order)}
+        pending = [(s, index[id(node)], lo, -1 if hi is None else hi, nxt)
+                   for s, (node, lo, hi, nxt) in self._pending.items()]
+        memo = [(index[key[0]], _COMPILED, _COMPILED, key[1], state) if len(key) == 2 else
+                (index[key[0]], key[1], key[2], key[3], state) for key, state in self._memo.items()]
+        builder.start_building(tables, self._dist, pending, memo, self.max_states)
+        self._order = order
+        self._builder = builder
+        return True
+
+    def sync(self) -> None:
+        """Bring the lists up to date with what the native builder made, and build here from now on."""
+        builder = self._builder
+        if builder is None:
+            return
+        records: list[int] = builder.export().tolist()
+        builder.stop_building()
+        self._builder = None
+        trans, eps, dist, pending, memo, order, log = (self._trans, self._eps, self._dist, self._pending, self._memo,
+                                                       self._order, self.log)
+        i, end = 0, len(records)
+        while i < end:
+            kind = records[i]
+            if kind == 0:  # a byte state
+                s, d, n = records[i + 1 : i + 4]
+                flat = records[i + 4 : i + 4 + n]
+                ranges = list(zip(flat[0::3], flat[1::3], flat[2::3]))
+                assert s == len(trans)
+                trans.append(ranges)
+                eps.append(None)
+                dist.append(d)
+                if log is not None:
+                    log.extend((s, 0, n))
+                    log.extend(flat)
+                i += 4 + n
+            elif kind == 3:  # a pending state
+                s, d, node, lo, hi, nxt = records[i + 1 : i + 7]
+                assert s == len(trans)
+                trans.append(None)
+                eps.append(None)
+                dist.append(d)
+                pending[s] = (order[node], lo, None if hi == -1 else hi, nxt)
+                if log is not None:
+                    log.extend((s, 3, 0))
+                i += 7
+            elif kind == 1:  # a pending state built
+                s, n = records[i + 1 : i + 3]
+                targets = records[i + 3 : i + 3 + n]
+                eps[s] = targets
+                del pending[s]
+                if log is not None:
+                    log.extend((s, 1, n))
+                    log.extend(targets)
+                i += 3 + n
+            else:  # a memo entry
+                node, lo, hi, nxt, state = records[i + 1 : i + 6]
+                key = (id(order[node]), nxt) if lo == _COMPILED else (id(order[node]), lo, hi, nxt)
+                memo[key] = state
+                i += 6
 
     # -- the AST pass ----------------------------------------------------------------------------
 
@@ -395,6 +506,8 @@ class ByteNFA:
         way): the shared parts of a schema's DAG, such as the tail of an object's optional
         properties, are one set of states. Literals and classes are built at once, the rest is a
         pending state until reached."""
+        if self._builder is not None:
+            self.sync()
         if type(node) is Repeat:
             return self._repeat(node, node.lo, node.hi, nxt)
         if type(node) is Bounded:
@@ -410,7 +523,7 @@ class ByteNFA:
         elif type(node) is Seq and not node.items:
             start = nxt
         else:
-            start = self._new(None, self._fewest[id(node)] + self.dist[nxt])
+            start = self._new(None, self._fewest[id(node)] + self._dist[nxt])
             self._pending[start] = (node, 0, None, nxt)
         self._memo[key] = start
         return start
@@ -423,7 +536,7 @@ class ByteNFA:
         key = (id(node), lo, -1 if hi is None else hi, nxt)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._new(None, lo * self._fewest[id(node.item)] + self.dist[nxt])
+            hit = self._new(None, lo * self._fewest[id(node.item)] + self._dist[nxt])
             self._pending[hit] = (node, lo, hi, nxt)
             self._memo[key] = hit
         return hit
@@ -435,7 +548,7 @@ class ByteNFA:
         hit = self._memo.get(key)
         if hit is None:
             fewest = node.core.fewest(state, count, self._costs[id(node)])
-            hit = self._new(None, fewest + self.dist[nxt])
+            hit = self._new(None, fewest + self._dist[nxt])
             self._pending[hit] = (node, state, count, nxt)
             self._memo[key] = hit
         return hit
@@ -443,6 +556,8 @@ class ByteNFA:
     def expand(self, q: int) -> None:
         """Build pending state q one level down: it becomes a split into what it stands for (whose
         parts are built, or pending in turn)."""
+        if self._builder is not None:
+            self.sync()
         node, lo, hi, nxt = self._pending.pop(q)
         if type(node) is Seq:
             start = nxt
@@ -467,7 +582,7 @@ class ByteNFA:
                 targets = [self.compile(item, q), nxt]  # q is the loop
             else:
                 targets = [self.compile(item, self._repeat(node, 0, hi - 1, nxt)), nxt]
-        self.eps[q] = targets
+        self._eps[q] = targets
         log = self.log
         if log is not None:
             log.extend((q, 1, len(targets)))
@@ -475,6 +590,7 @@ class ByteNFA:
 
     def expand_all(self) -> None:
         """Build every pending state (the passes that read the whole NFA need it)."""
+        self.sync()
         while self._pending:
             self.expand(next(iter(self._pending)))
 
@@ -482,14 +598,14 @@ class ByteNFA:
         """One character of the code point set: its minimal byte DFA (`class_template`) ending at
         `nxt`, instantiated from the template (relative state numbers, -1 = `nxt`)."""
         template, dists = self._template(ranges)
-        base = len(self.trans) - 1  # template states are numbered from 1; the first is the start
-        after = self.dist[nxt]
+        base = len(self._trans) - 1  # template states are numbered from 1; the first is the start
+        after = self._dist[nxt]
         for rows, d in zip(template, dists):
             self._new([(lo, hi, nxt if t < 0 else base + t) for lo, hi, t in rows], d + after)
         return base + 1
 
     def _chain(self, data: bytes, nxt: int) -> int:
-        after = self.dist[nxt]
+        after = self._dist[nxt]
         for i, b in enumerate(reversed(data), 1):
             nxt = self._new([(b, b, nxt)], after + i)
         return nxt
@@ -575,6 +691,11 @@ class Determinizer:
         # The NFA's log (`ByteNFA.log`), which `subset` has read up to `_logged`.
         self._log = nfa.start_log() if self.subset is not None else None
         self._logged = 0
+        if self.subset is None:  # the construction here reads the NFA's lists: no native builder then
+            nfa.sync()
+            nfa.native_building = False
+        else:
+            self.subset.nfa_too_large = partial(nfa_too_large, nfa.max_states)
 
     def start(self, dfa: ByteDFA) -> int:
         """The initial state of `dfa` (just made on demand from this source): the start's closure."""
@@ -586,15 +707,20 @@ class Determinizer:
         self._logged = len(self._log)
         if self._nfa_live is not None:  # (the whole NFA is built then: no state is made later)
             self.subset.set_live(self._nfa_live)
+        else:  # the states closures meet built natively (where the builder knows every node kind)
+            self.nfa.hand_off(self.subset)
         return self.subset.start(self.nfa.start)
 
     def _expand(self, q: int) -> None:
         """`subset`'s callback for a pending state q that a closure met: build every pending state
         that q's closure reaches through states the subset does not know built, and hand it the
         log's records made since it last read it (it reads them once this returns)."""
+        if q < 0:  # the native builder's deadline check
+            check_deadline("building the byte NFA")
+            return
         nfa, log = self.nfa, self._log
         assert log is not None and self.subset is not None
-        eps, pending = nfa.eps, nfa._pending
+        eps, pending = nfa.eps, nfa._pending  # (`eps` brings the lists up to date where a builder built)
         base = len(eps)  # the states the subset read (or reads now): those not pending it follows itself
         stack, seen = [q], {q}
         while stack:
@@ -621,12 +747,15 @@ class Determinizer:
         held = self._py_bytes + sys.getsizeof(self._sets)
         if self.subset is not None:
             held += self.subset.nbytes + (self._log.itemsize * len(self._log) if self._log is not None else 0)
-        return int(held + live + distance + NFA_STATE_BYTES * len(self.nfa))
+        return int(held + live + distance + NFA_STATE_BYTES * len(self.nfa._trans))  # (the builder's: native)
 
     def member_distance(self, q: int) -> int | None:
         """The fewest bytes of the alphabet from DFA state q to acceptance (-1: none), from its NFA
         states (`_nfa_distances`, computed on first use), or None once q's row is computed (its NFA
         states are no longer kept; its row is known instead)."""
+        if self.subset is not None and self.nfa._builder is self.subset:  # its distances, while it builds
+            best = self.subset.member_distance(q)
+            return None if best is None else -1 if best == _FAR else best
         if self.subset is not None:
             members: Iterable[int] | None = self.subset.members(q)
         else:
@@ -764,6 +893,71 @@ class Determinizer:
 
 
 _FAR = 2**31 - 1  # no way to the match
+_COMPILED = -5  # a memo key's lo and hi where it is a node's compile key (subset.cpp's COMPILED)
+_NODE_KINDS = {Seq: 0, Alt: 1, Repeat: 2, Literal: 3, Chars: 4}  # subset.cpp's NODE_*
+
+
+def _native_plan(nfa: ByteNFA) -> tuple[list[Node], tuple[np.ndarray, ...]] | None:
+    """The AST of `nfa` as subset.cpp's builder reads it (see gm_builder_start): the nodes in their
+    numbering, and the tables (nodes, children, literal bytes, templates, template states, ranges),
+    int32; None where a node is of a kind the builder does not build (`Bounded`)."""
+    assert nfa.root is not None
+    order: list[Node] = [nfa.root]
+    index = {id(nfa.root): 0}
+    rows: list[tuple[int, int, int, int, int]] = []
+    children: list[int] = []
+    data = bytearray()
+    templates: dict[tuple[tuple[int, int], ...], int] = {}
+    tpl: list[int] = [0]
+    tstate: list[int] = []
+    ranges: list[int] = []
+    fewest = nfa._fewest
+
+    def number(child: Node) -> int:
+        at = index.get(id(child))
+        if at is None:
+            at = index[id(child)] = len(order)
+            order.append(child)
+        return at
+
+    i = 0
+    while i < len(order):  # (order grows as nodes are numbered: a breadth-first pass over the DAG)
+        node = order[i]
+        i += 1
+        kind = _NODE_KINDS.get(type(node))
+        if kind is None:
+            return None
+        if kind <= 1:
+            items = node.items  # type: ignore[union-attr]
+            row = (kind, len(children), len(items), 0)
+            children.extend(map(number, items))
+        elif kind == 2:
+            hi = node.hi  # type: ignore[union-attr]
+            row = (kind, number(node.item), node.lo, -1 if hi is None else hi)  # type: ignore[union-attr]
+        elif kind == 3:
+            text = node.text.encode("utf-8")  # type: ignore[union-attr]
+            row = (kind, len(data), len(text), 0)
+            data += text
+        else:
+            key = node.chars.ranges  # type: ignore[union-attr]
+            t = templates.get(key)
+            if t is None:
+                t = templates[key] = len(templates)
+                template, dists = nfa._templates[key]
+                for edges, d in zip(template, dists):
+                    tstate.extend((len(ranges) // 3, d))
+                    for edge in edges:
+                        ranges.extend(edge)
+                tpl.append(len(tstate) // 2)
+            row = (kind, t, 0, 0)
+        rows.append((*row, fewest[id(node)]))
+    tstate.extend((len(ranges) // 3, 0))
+
+    def table(values: list[int] | list[tuple[int, int, int, int, int]]) -> np.ndarray:
+        return np.array(values, dtype=np.int32).reshape(-1)
+
+    return order, (table(rows), table(children), np.frombuffer(bytes(data), np.uint8).astype(np.int32),
+                   table(tpl), table(tstate), table(ranges))
 _SPAN_BYTES = 64  # a (first class, last class, target) tuple of small ints
 
 

@@ -35,7 +35,7 @@ import tempfile
 import threading
 import weakref
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -122,6 +122,16 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_subset_push.argtypes = [_P, _P, _I]
     lib.gm_subset_live.restype = None
     lib.gm_subset_live.argtypes = [_P, _P, _I]
+    lib.gm_builder_start.restype = None
+    lib.gm_builder_start.argtypes = [_P, _P, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _P, _I, _I]
+    lib.gm_builder_export.restype = _I
+    lib.gm_builder_export.argtypes = [_P, _P, _I]
+    lib.gm_builder_stop.restype = None
+    lib.gm_builder_stop.argtypes = [_P]
+    lib.gm_builder_states.restype = _I
+    lib.gm_builder_states.argtypes = [_P, ctypes.c_int32]
+    lib.gm_builder_member_dist.restype = _I
+    lib.gm_builder_member_dist.argtypes = [_P, ctypes.c_int32]
     lib.gm_subset_start.restype = ctypes.c_int32
     lib.gm_subset_start.argtypes = [_P, ctypes.c_int32]
     lib.gm_subset_fetch.restype = _P
@@ -274,6 +284,7 @@ class Subset:
         self.io = np.zeros(10, np.int64)
         self._dfa: Callable[[], ByteDFA | None] = lambda: None
         self.error: BaseException | None = None
+        self.nfa_too_large: Callable[[], BaseException] | None = None  # the error of io[7] = 3 (the NFA's cap)
         me = weakref.ref(self)
         expand_ref = weakref.WeakMethod(expand)
 
@@ -326,6 +337,43 @@ class Subset:
         self.io[IO_LOG] = log.buffer_info()[0] + 4 * start
         self.io[IO_LOG_LENGTH] = len(log) - start
 
+    def start_building(self, tables: tuple[np.ndarray, ...], dist: array[int], pending: Sequence[tuple[int, ...]],
+                       memo: Sequence[tuple[int, ...]], max_states: int) -> None:
+        """The native builder takes over building the NFA (`automata.byte_nfa.ByteNFA.hand_off`):
+        `tables` its AST (`byte_nfa._native_plan`), `dist` per state made, the pending states as
+        (state, node, lo, hi, continuation), the memo as (node, lo, hi, continuation, state)."""
+        nodes, children, data, tpl, tstate, ranges = (np.ascontiguousarray(t, dtype=np.int32) for t in tables)
+        distances = np.frombuffer(dist, dtype=np.int32) if len(dist) else np.zeros(1, np.int32)
+        waiting = np.array(pending, dtype=np.int32).reshape(-1, 5)
+        memos = np.array(memo, dtype=np.int32).reshape(-1, 5)
+        held = (nodes, children, data, tpl, tstate, ranges, distances, waiting, memos)  # alive through the call
+        self._lib.gm_builder_start(
+            self.handle, _address(nodes), len(nodes) // 5, _address(children), len(children), _address(data),
+            len(data), _address(tpl), len(tpl) - 1, _address(tstate), _address(ranges), len(ranges) // 3,
+            _address(distances), len(dist), _address(waiting), len(waiting), _address(memos), len(memos), max_states)
+        del held
+
+    def export(self) -> np.ndarray:
+        """The native builder's records since the last call (see subset.cpp's gm_builder_export)."""
+        count = self._lib.gm_builder_export(self.handle, 0, 0)
+        out = np.empty(max(count, 1), np.int32)
+        self._lib.gm_builder_export(self.handle, _address(out), count)
+        return out[:count]
+
+    def stop_building(self) -> None:
+        self._lib.gm_builder_stop(self.handle)
+
+    def nfa_states(self, pending: bool = False) -> int:
+        """NFA states made (or, `pending`, left pending) while the native builder builds."""
+        return int(self._lib.gm_builder_states(self.handle, int(pending)))
+
+    def member_distance(self, state: int) -> int | None:
+        """The fewest bytes from DFA state `state`'s NFA states to the match, by the native
+        builder's distances (while it builds; `automata.byte_nfa._FAR`: none), None where the row
+        is computed."""
+        d = int(self._lib.gm_builder_member_dist(self.handle, state))
+        return None if d == -2 else d
+
     def set_live(self, live: bytearray) -> None:
         """The liveness of every NFA state (0/1 per state; the NFA is built whole)."""
         flags = np.frombuffer(live, dtype=np.uint8)
@@ -358,6 +406,8 @@ class Subset:
             error, self.error = self.error, None
             if code == 2:
                 raise dfa.too_large()
+            if code == 3 and self.nfa_too_large is not None:
+                raise self.nfa_too_large()
             raise error if error is not None else AssertionError("the native subset construction failed")
 
     @property

@@ -27,11 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grammar_mlx import CompileTimeoutError, GrammarTooLargeError
+from grammar_mlx.automata import chars as fa
 from grammar_mlx.automata.byte_dfa import ByteDFA
-from grammar_mlx.automata.byte_nfa import _nfa_distances, build_nfa, class_template, determinize
+from grammar_mlx.automata.byte_nfa import _native_plan, _nfa_distances, build_nfa, class_template, determinize
 from grammar_mlx.compiler import native
+from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.rust import Unsupported, parse
-from grammar_mlx.regex.syntax import Chars
+from grammar_mlx.regex.syntax import Chars, search_language
 
 
 def run(dfa, data: bytes) -> tuple[bool, int]:
@@ -354,9 +356,12 @@ def test_native_subset_construction_equals_the_python_one(regex, walks, dropped,
     and state numbers, accepting and live flags, NFA sets and distances of states not computed yet,
     whatever order walks and row requests reach the states in (the NFA built as they go)."""
     alphabet = frozenset(range(1, 256)) - dropped
-    fast = determinize(build_nfa(regex), 100_000, alphabet=alphabet, native=True)
-    slow = determinize(build_nfa(regex), 100_000, alphabet=alphabet, native=False)
+    fast_nfa, slow_nfa = build_nfa(regex), build_nfa(regex)
+    fast = determinize(fast_nfa, 100_000, alphabet=alphabet, native=True)
+    slow = determinize(slow_nfa, 100_000, alphabet=alphabet, native=False)
     assert fast.subset is not None and slow.subset is None
+    # The native builder builds the NFA where every state is live (else it is built whole at once).
+    assert (fast_nfa._builder is not None) == fast.all_live and slow_nfa._builder is None
     for dfa in (fast, slow):
         for walk in walks:
             run(dfa, walk.encode())
@@ -371,6 +376,59 @@ def test_native_subset_construction_equals_the_python_one(regex, walks, dropped,
     assert [fast.member_distance(q) for q in range(n + 1)] == [slow.member_distance(q) for q in range(n + 1)]
     assert fast._source.state_sets() == slow._source.state_sets(), regex
     assert fast.nbytes > 0
+    assert len(fast_nfa) == len(slow_nfa) and fast_nfa.pending == slow_nfa.pending, regex
+    # What the native builder made, brought into the lists, is what Python made: the same states,
+    # the same pending parts and memo; and both build on from there alike.
+    for _ in range(2):
+        assert fast_nfa.trans == slow_nfa.trans and fast_nfa.eps == slow_nfa.eps, regex
+        assert list(fast_nfa.dist) == list(slow_nfa.dist) and _parts(fast_nfa) == _parts(slow_nfa), regex
+        assert fast_nfa._builder is None
+        fast_nfa.expand_all()
+        slow_nfa.expand_all()
+
+
+def _parts(nfa):
+    """An NFA's pending states and memo, with the AST's nodes numbered (two parses are two ASTs)."""
+    order = _native_plan(nfa)[0]
+    number = {id(node): i for i, node in enumerate(order)}
+    memo = {(number[key[0]], *key[1:]): state for key, state in nfa._memo.items()}
+    pending = {s: (number[id(node)], *rest) for s, (node, *rest) in nfa._pending.items()}
+    return memo, pending
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native subset construction is not built")
+def test_the_native_builder_builds_without_python():
+    """A walk over a JSON-like regex meets pending states that the native builder builds, with no
+    call to Python's `expand`; an NFA with a `Bounded` node is built by Python (its callbacks)."""
+    nfa = build_nfa(r'\{"a":(?:[0-9]+|"(?:[^"\\]|\\.)*"),"b":\[(?:true|false)(?:,(?:true|false))*\]\}')
+    dfa = determinize(nfa, 100_000)
+    assert nfa._builder is not None
+    calls = []
+    original = nfa.expand
+    nfa.expand = lambda q: calls.append(q) or original(q)
+    text = b'{"a":"x\\"y","b":[true,false]}'
+    assert run(dfa, text) == (True, len(text)) and run(dfa, text[:-1]) == (False, len(text) - 1)
+    assert not calls and nfa._builder is not None and len(nfa) > 30
+    words = fa.bounded(search_language(parse_ecma("^(?:a+_)*a+$")), 5, 90)
+    bounded = build_nfa(words)
+    dfa = determinize(bounded, 100_000)
+    assert bounded._builder is None and run(dfa, b"a_a_a") == (True, 5)
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native subset construction is not built")
+def test_the_native_builder_checks_the_deadline_and_the_cap():
+    """The builder checks the compile deadline every few thousand states (by a callback) and the
+    NFA's cap: typed errors, raised by the walk that meets them."""
+    from grammar_mlx.limits import Deadline, deadline_scope
+
+    dfa = determinize(build_nfa("(?:[a-z]{1,40}|x){1,4000}"), 1_000_000)
+    assert dfa._source.nfa._builder is not None
+    deadline = Deadline(0.05)
+    time.sleep(0.06)
+    with deadline_scope(deadline), pytest.raises(CompileTimeoutError, match="byte NFA"):
+        q = dfa.initial
+        for _ in range(40_000):
+            q = dfa.next(q, ord("a"))
 
 
 def test_states_are_built_as_walks_reach_them():
