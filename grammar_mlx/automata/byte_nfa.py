@@ -909,8 +909,8 @@ def _native_plan(nfa: ByteNFA) -> tuple[list[Node], tuple[np.ndarray, ...]] | No
     data = bytearray()
     templates: dict[tuple[tuple[int, int], ...], int] = {}
     tpl: list[int] = [0]
-    tstate: list[int] = []
-    ranges: list[int] = []
+    tstate: list[np.ndarray] = []
+    ranges: list[np.ndarray] = []
     fewest = nfa._fewest
 
     def number(child: Node) -> int:
@@ -943,21 +943,38 @@ def _native_plan(nfa: ByteNFA) -> tuple[list[Node], tuple[np.ndarray, ...]] | No
             t = templates.get(key)
             if t is None:
                 t = templates[key] = len(templates)
-                template, dists = nfa._templates[key]
-                for edges, d in zip(template, dists):
-                    tstate.extend((len(ranges) // 3, d))
-                    for edge in edges:
-                        ranges.extend(edge)
-                tpl.append(len(tstate) // 2)
+                states, edges = _template_tables(key)
+                states = states.copy()
+                states[::2] += sum(map(len, ranges)) // 3  # its first edges, after the templates' before it
+                tstate.append(states)
+                ranges.append(edges)
+                tpl.append(tpl[-1] + len(states) // 2)
             row = (kind, t, 0, 0)
         rows.append((*row, fewest[id(node)]))
-    tstate.extend((len(ranges) // 3, 0))
+    tstate.append(np.array([sum(map(len, ranges)) // 3, 0], dtype=np.int32))
 
     def table(values: list[int] | list[tuple[int, int, int, int, int]]) -> np.ndarray:
         return np.array(values, dtype=np.int32).reshape(-1)
 
     return order, (table(rows), table(children), np.frombuffer(bytes(data), np.uint8).astype(np.int32),
-                   table(tpl), table(tstate), table(ranges))
+                   table(tpl), np.concatenate(tstate), np.concatenate(ranges) if ranges else np.zeros(0, np.int32))
+
+
+@lru_cache(maxsize=1024)
+def _template_tables(ranges: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The class template of `ranges` as the native builder reads it: per template state (its first
+    edge, counted from the template's first; its fewest bytes to the character's end), and the
+    edges as (lo, hi, relative target). Read-only (the same classes recur in every schema)."""
+    template, dists, _, _ = _class_template(ranges)
+    states: list[int] = []
+    edges: list[int] = []
+    first = 0
+    for rows, d in zip(template, dists):
+        states.extend((first, d))
+        for edge in rows:
+            edges.extend(edge)
+        first += len(rows)
+    return np.array(states, dtype=np.int32), np.array(edges, dtype=np.int32)
 _SPAN_BYTES = 64  # a (first class, last class, target) tuple of small ints
 
 
