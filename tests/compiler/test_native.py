@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from grammar_mlx import compile_json_schema, compile_regex, vocabulary_of
 from grammar_mlx.automata.byte_dfa import ByteDFA
-from grammar_mlx.automata.byte_nfa import build_nfa, determinize
+from grammar_mlx.automata.byte_nfa import ByteNFA, build_nfa, determinize
 from grammar_mlx.compiler import native, token_index
 from grammar_mlx.compiler.lazy import _whole_row
 from grammar_mlx.compiler.mask_table import MaskTable
@@ -313,6 +313,35 @@ def test_native_rows_equal_numpy_rows_on_corpus_schemas(schema_id, corpus_rows, 
         ids = qwen_hf_tokenizer.encode(canonical_json(test["data"], schema), add_special_tokens=False)
         checked += _compare_generation(fast, slow, ids, rng, steps=20)
     assert checked >= 5
+
+
+@pytest.mark.parametrize("schema_id", SCHEMA_IDS)
+def test_native_nfa_builder_equals_python_on_corpus_schemas(schema_id, corpus_rows, qwen_vocab, monkeypatch):
+    """A schema's byte NFA built by the native builder (subset.cpp, `ByteNFA.hand_off`) and by
+    Python (`expand`, called back): after walking the bytes of the corpus' instances, the same DFA
+    (rows, state numbers, NFA sets) and, brought back into Python, the same NFA lists."""
+    schema = corpus_rows[schema_id]["schema"]
+    fast = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    with monkeypatch.context() as m:
+        m.setattr(ByteNFA, "hand_off", lambda self, builder: False)
+        slow = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+    fd, sd = fast.index.dfa, slow.index.dfa
+    fn, sn = fd._source.nfa, sd._source.nfa
+    assert fn._builder is not None and sn._builder is None and sd.subset is not None
+    for test in corpus_rows[schema_id]["tests"]:
+        data = canonical_json(test["data"], schema).encode()
+        for dfa in (fd, sd):
+            q = dfa.initial
+            for b in data:
+                q = dfa.next(q, b)
+                if q == dfa.dead:
+                    break
+    n = sd.num_states
+    assert fd.num_states == n and n > 5
+    assert np.array_equal(fd.table[: (n + 1) * sd.num_classes], sd.table[: (n + 1) * sd.num_classes])
+    assert fd._source.state_sets() == sd._source.state_sets()
+    assert len(fn) == len(sn) and fn.pending == sn.pending
+    assert fn.trans == sn.trans and fn.eps == sn.eps and list(fn.dist) == list(sn.dist)
 
 
 @pytest.mark.parametrize("regex", [JSON_STRING, CYRILLIC, r"[a-z ]{0,40}\d+"])
