@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import bisect
 import sys
+import threading
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -240,6 +241,7 @@ class ByteNFA:
         self._builder: Subset | None = None
         self.native_building = True
         self._order: list[Node] = []  # the builder's node numbers (`_native_plan`)
+        self._sync_lock = threading.Lock()
         self.max_states = int(max_states)
         # Bit b: a byte range starts or ends at b (the class boundaries; NUL alone in class 0), and
         # bit b of `_literal`: some literal has byte b. With the class templates' ranges, every byte
@@ -359,12 +361,16 @@ class ByteNFA:
 
     def sync(self) -> None:
         """Bring the lists up to date with what the native builder made, and build here from now on."""
-        builder = self._builder
-        if builder is None:
+        if self._builder is None:
             return
-        records: list[int] = builder.export().tolist()
-        builder.stop_building()
-        self._builder = None
+        with self._sync_lock:  # (readers in two threads: one replays, the other waits for the lists)
+            builder = self._builder
+            if builder is not None:
+                self._replay(builder.stop_building().tolist())
+                self._builder = None
+
+    def _replay(self, records: list[int]) -> None:
+        """`sync`: the native builder's records (subset.cpp's gm_builder_export) into the lists."""
         trans, eps, dist, pending, memo, order, log = (self._trans, self._eps, self._dist, self._pending, self._memo,
                                                        self._order, self.log)
         i, end = 0, len(records)

@@ -24,6 +24,7 @@ which imports it lazily, without the package's `__init__`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -353,15 +354,17 @@ class Subset:
             _address(distances), len(dist), _address(waiting), len(waiting), _address(memos), len(memos), max_states)
         del held
 
-    def export(self) -> np.ndarray:
-        """The native builder's records since the last call (see subset.cpp's gm_builder_export)."""
-        count = self._lib.gm_builder_export(self.handle, 0, 0)
-        out = np.empty(max(count, 1), np.int32)
-        self._lib.gm_builder_export(self.handle, _address(out), count)
+    def stop_building(self) -> np.ndarray:
+        """Stop the native builder (Python builds the NFA from here on): the records of what it made
+        (see subset.cpp's gm_builder_export), taken under the DFA's lock (a walk in another thread
+        may be building)."""
+        dfa = self._dfa()
+        with dfa._lock if dfa is not None else contextlib.nullcontext():
+            count = self._lib.gm_builder_export(self.handle, 0, 0)
+            out = np.empty(max(count, 1), np.int32)
+            self._lib.gm_builder_export(self.handle, _address(out), count)
+            self._lib.gm_builder_stop(self.handle)
         return out[:count]
-
-    def stop_building(self) -> None:
-        self._lib.gm_builder_stop(self.handle)
 
     def nfa_states(self, pending: bool = False) -> int:
         """NFA states made (or, `pending`, left pending) while the native builder builds."""
