@@ -21,13 +21,15 @@
 // closures' union, new states numbered in the order of the first class leading to each. The rows,
 // accepting and live flags go straight into the ByteDFA's numpy arrays, whose addresses `io` holds:
 // io = {table, accepting, live, capacity (states the arrays hold), max_states, num_states, rows
-// computed, error, staged records' address, their count}. When a new state needs more room, `grow` has Python replace the arrays (and
-// update io). A row's class 0 (NUL: always the dead state) is written last, with release order:
-// lock-free readers take a row as known once that entry is no longer UNKNOWN.
+// computed, error, staged records' address, their count}. When a new state needs more room, `grow`
+// has Python replace the arrays (and update io). A row's class 0 (NUL: always the dead state) is
+// written last, with release order: lock-free readers take a row as known once that entry is no
+// longer UNKNOWN.
 //
 // Errors: a callback that raised (Python keeps the exception) sets io[7] = 1, a state past
-// max_states io[7] = 2, an NFA state past the builder's cap io[7] = 3; the call in progress returns -1 (or NULL) and nothing half-made is kept
-// (a row is written only once complete), so it can be retried.
+// max_states io[7] = 2, an NFA state past the builder's cap io[7] = 3; the call in progress returns
+// -1 (or NULL) and no half-made row is kept (a row is written only once complete), so it can be
+// retried (NFA states made before the error are kept, as Python keeps its own).
 
 #include <algorithm>
 #include <cstdint>
@@ -268,7 +270,8 @@ int32_t compile_node(GmSubset* d, int32_t node, int32_t nxt) {
                 rs.push_back(b->ranges[3 * j + 1]);
                 rs.push_back(t < 0 ? nxt : base + t);
             }
-            if (new_state(d, rs.data(), static_cast<int32_t>(rs.size() / 3), b->tstate[2 * i + 1] + after) < 0) return -1;
+            const int32_t n_ranges = static_cast<int32_t>(rs.size() / 3);
+            if (new_state(d, rs.data(), n_ranges, b->tstate[2 * i + 1] + after) < 0) return -1;
         }
         start = base + 1;
     } else if (n[0] == NODE_SEQ && n[2] == 0) {
