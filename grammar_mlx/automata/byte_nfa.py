@@ -900,6 +900,7 @@ class Determinizer:
 
 _FAR = 2**31 - 1  # no way to the match
 _COMPILED = -5  # a memo key's lo and hi where it is a node's compile key (subset.cpp's COMPILED)
+_COUNT_LIMIT = 2**30  # the largest repeat count the native builder takes (int32, with room for its sums)
 _NODE_KINDS = {Seq: 0, Alt: 1, Repeat: 2, Literal: 3, Chars: 4}  # subset.cpp's NODE_*
 
 
@@ -938,8 +939,10 @@ def _native_plan(nfa: ByteNFA) -> tuple[list[Node], tuple[np.ndarray, ...]] | No
             row = (kind, len(children), len(items), 0)
             children.extend(map(number, items))
         elif kind == 2:
-            hi = node.hi  # type: ignore[union-attr]
-            row = (kind, number(node.item), node.lo, -1 if hi is None else hi)  # type: ignore[union-attr]
+            lo, hi = node.lo, node.hi  # type: ignore[union-attr]
+            if max(lo, hi or 0) > _COUNT_LIMIT:  # (counts past int32: Python builds them)
+                return None
+            row = (kind, number(node.item), lo, -1 if hi is None else hi)  # type: ignore[union-attr]
         elif kind == 3:
             text = node.text.encode("utf-8")  # type: ignore[union-attr]
             row = (kind, len(data), len(text), 0)

@@ -399,7 +399,8 @@ def _parts(nfa):
 @pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native subset construction is not built")
 def test_the_native_builder_builds_without_python():
     """A walk over a JSON-like regex meets pending states that the native builder builds, with no
-    call to Python's `expand`; an NFA with a `Bounded` node is built by Python (its callbacks)."""
+    call to Python's `expand`; an NFA with a `Bounded` node, or a count past int32, is built by
+    Python (its callbacks)."""
     nfa = build_nfa(r'\{"a":(?:[0-9]+|"(?:[^"\\]|\\.)*"),"b":\[(?:true|false)(?:,(?:true|false))*\]\}')
     dfa = determinize(nfa, 100_000)
     assert nfa._builder is not None
@@ -413,6 +414,9 @@ def test_the_native_builder_builds_without_python():
     bounded = build_nfa(words)
     dfa = determinize(bounded, 100_000)
     assert bounded._builder is None and run(dfa, b"a_a_a") == (True, 5)
+    huge = build_nfa("a{2000000000}")  # a count past what the builder's int32 sums hold: Python's
+    dfa = determinize(huge, 100_000)
+    assert huge._builder is None and run(dfa, b"aaa") == (False, 3)
 
 
 @pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native subset construction is not built")
