@@ -40,7 +40,12 @@ bench/engines.py drives it): per call `consume_token` + `fill_next_token_bitmask
 its MLX apply is a Metal kernel, absent on Linux, and ours includes applying the mask, so the
 comparison leans its way). Every call of every round is pooled: mean, p50, p90, p99, cold and warm
 apart; beside the pooled mean over the floor's, the median round's (a round's mean call over its own
-floor's). Restored calls: after each cold replay its rows are saved (compiler/lazy_store.py, to a
+floor's). Cold and warm calls are also split into the processor call and the `mx.eval` after it
+(the "call" key): a first visit's Python work (the row walk, the table) lands in the call, and
+makes the eval after it slower too: pinned, an eval that follows a long stretch of Python is
+slower whatever that Python did (a busy-wait of the same length slows it alike), the more so the
+more primitives it dispatches to MLX's stream thread.
+Restored calls: after each cold replay its rows are saved (compiler/lazy_store.py, to a
 temporary directory), and a grammar compiled afresh loads them and replays the pattern (what a new
 process compiling the same grammar meets). `--baseline DIR` also measures another checkout's package
 (e.g. main's) in the same run: each code base is measured in a child process of its own (the package
@@ -149,23 +154,28 @@ def speculative_histories(prompt, tokens, k=4):
     return calls
 
 
-def time_each(items, fn, cpu: list[int] | None = None) -> list[int]:
-    """ns per `mx.eval(fn(item))`, each timed alone; `cpu` gets the calling thread's CPU ns of each."""
+def time_each(items, fn, cpu: list[int] | None = None, calls: list[int] | None = None) -> list[int]:
+    """ns per `mx.eval(fn(item))`, each timed alone; `cpu` gets the calling thread's CPU ns of each,
+    `calls` the ns of `fn(item)` alone (before its `mx.eval`)."""
     pc, tt = time.perf_counter_ns, time.thread_time_ns
     times = []
     for item in items:
         c0, t0 = tt(), pc()
-        mx.eval(fn(item))
+        out = fn(item)
+        if calls is not None:
+            calls.append(pc() - t0)
+        mx.eval(out)
         times.append(pc() - t0)
         if cpu is not None:
             cpu.append(tt() - c0)
     return times
 
 
-def time_round(histories, logits, make_proc, cpu: list[int] | None = None) -> list[int]:
+def time_round(histories, logits, make_proc, cpu: list[int] | None = None,
+               calls: list[int] | None = None) -> list[int]:
     """ns per call, each timed alone (a fresh processor: its first call, the context, included)."""
     proc = make_proc()
-    return time_each(histories, lambda h: proc(h, logits), cpu)
+    return time_each(histories, lambda h: proc(h, logits), cpu, calls)
 
 
 def time_floor(histories, logits) -> list[int]:
@@ -287,6 +297,7 @@ def cold_child(rounds: int) -> dict:
     kinds = ("cold", "warm", *(("restored",) if lazy_store is not None else ()), *llg_kinds)
     samples: dict[str, list[float]] = {k: [] for k in (*kinds, "floor")}
     cpu: dict[str, list[int]] = {k: [] for k in kinds}  # the calling thread's CPU ns
+    calls: dict[str, list[int]] = {k: [] for k in ("cold", "warm")}  # the processor call's ns, before mx.eval
     fills, restores = [], []
     pc, tt = time.perf_counter_ns, time.thread_time_ns
     store_dir = Path(tempfile.mkdtemp(prefix="grammar-mlx-bench-rows-"))
@@ -297,13 +308,13 @@ def cold_child(rounds: int) -> dict:
             lazy_store.attach(fresh.index, store_dir, key)  # a miss: the entry is written after the replay
         kernels.clear_row_cache()  # a first generation finds no unpacked row either (a new process)
         samples["cold"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
-                                                        cpu["cold"])]
+                                                        cpu["cold"], calls["cold"])]
         fills.append({k: fresh.stats[k] for k in ("fills", "fill_seconds", "fill_seconds_max", "byte_states_built")
                       if k in fresh.stats})
         # Warm before the restored calls: those empty the process-wide row cache (a new process's),
         # which a second request in this process never meets.
         samples["warm"] += [t / 1e3 for t in time_round(histories, logits, lambda fresh=fresh: GrammarProcessor(fresh),
-                                                        cpu["warm"])]
+                                                        cpu["warm"], calls["warm"])]
         if lazy_store is not None:
             # A fresh grammar (as in a new process) with the rows the cold replay saved.
             t0 = pc()
@@ -344,7 +355,8 @@ def cold_child(rounds: int) -> dict:
             **{k: summary(v) for k, v in samples.items()},
             # Each round's mean call, per kind (a round's calls of every kind are equally many).
             "round_means": {k: [statistics.fmean(part) for part in _chunks(v, rounds)] for k, v in samples.items()},
-            "cpu": {k: summary([t / 1e3 for t in v]) for k, v in cpu.items()}}
+            "cpu": {k: summary([t / 1e3 for t in v]) for k, v in cpu.items()},
+            "call": {k: summary([t / 1e3 for t in v]) for k, v in calls.items()}}
 
 
 def _chunks(values: list[float], count: int) -> list[list[float]]:
@@ -432,6 +444,12 @@ def cold_main(args) -> None:
           "cpu = the calling thread's CPU time per call (what machine load does not inflate; "
           "MLX evaluates on its own thread, so ours excludes part of applying the mask). "
           "Targets: cold mean <= 3x floor and <= 0.5x llg, cold p99 <= 2 ms, warm <= 1.6x floor.")
+    for name, r in results.items():
+        split = r.get("call")
+        if split:
+            print(f"{name:>9} mean us, the processor call / the mx.eval after it: " + ", ".join(
+                f"{kind} {split[kind]['mean_us']:.0f} / {r[kind]['mean_us'] - split[kind]['mean_us']:.0f}"
+                for kind in ("cold", "warm")) + f" (floor {r['floor']['mean_us']:.0f})")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(out.read_text()) if out.exists() else {"bench": "processor"}

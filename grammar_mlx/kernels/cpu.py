@@ -90,17 +90,39 @@ SPARSE_ALLOWED_FRACTION = 64
 SPARSE_BLOCKED_FRACTION = 24
 
 
+# Broadcasts of -inf kept per applier (below), each a view of one scalar: past this many (distinct
+# blocked-row lengths) they are dropped and made again.
+NEG_INF_VIEWS = 256
+
+
 @functools.cache
 def row_appliers(path: str, dtype: mx.Dtype) -> tuple[Applier, Applier, Applier]:
-    """``appliers[form](array, logits)`` masks (1, V) logits of `dtype` by one cached row."""
+    """``appliers[form](array, logits)`` masks (1, V) logits of `dtype` by one cached row.
+
+    The sparse forms read -inf from broadcasts of one scalar held here by shape (a view: no memory
+    of its own), evaluated when made (once per shape; then any thread's graph may read them): each
+    mask is then one primitive fewer to dispatch to MLX's stream thread (a scatter, or a fill, a
+    gather and a scatter), which counts where an eval follows a long stretch of Python on a core
+    shared with that thread: a first visit's (bench/processor.py --cold)."""
     neg_inf = mx.array(-math.inf, dtype=dtype)
+    views: dict[tuple[int, ...], mx.array] = {}
+
+    def neg_inf_like(shape: tuple[int, ...]) -> mx.array:
+        view = views.get(shape)
+        if view is None:
+            if len(views) >= NEG_INF_VIEWS:
+                views.clear()
+            view = mx.broadcast_to(neg_inf, shape)
+            mx.eval(view)
+            views[shape] = view
+        return view
 
     def allowed(ids: mx.array, logits: mx.array) -> mx.array:
         kept = mx.take_along_axis(logits, ids, axis=1)
-        return mx.put_along_axis(mx.full(logits.shape, neg_inf), ids, kept, axis=1)
+        return mx.put_along_axis(mx.full(logits.shape, neg_inf_like(logits.shape)), ids, kept, axis=1)
 
     def blocked(ids: mx.array, logits: mx.array) -> mx.array:
-        return mx.put_along_axis(logits, ids, neg_inf, axis=1)
+        return mx.put_along_axis(logits, ids, neg_inf_like(ids.shape), axis=1)
 
     dense = fused_where if path == "cpu-fused" else bitwise_where
     return dense, allowed, blocked

@@ -173,6 +173,29 @@ def test_every_row_form_matches_reference(path, dtype):
             )
 
 
+@pytest.mark.parametrize("path", cpu_paths())
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_sparse_forms_stay_exact_past_the_kept_neg_inf_views(monkeypatch, path, dtype):
+    # The appliers keep a broadcast of -inf per shape (blocked ids' lengths, logits widths), at most
+    # NEG_INF_VIEWS of them: rows of more distinct lengths than that, at two widths, each masked
+    # twice (a view made, then a view found), stay bit for bit the reference.
+    monkeypatch.setattr(cpu, "NEG_INF_VIEWS", 2)
+    appliers = cpu.row_appliers(path, DTYPES[dtype][0])
+    rng = np.random.default_rng(23)
+    for vocab in (300, 301):
+        words = -(-vocab // 32)
+        for count in range(1, 7):
+            for form in (cpu.ALLOWED, cpu.BLOCKED):
+                ids = np.sort(rng.choice(vocab, count, replace=False)).astype(np.int32)
+                allowed = ids if form == cpu.ALLOWED else np.setdiff1d(np.arange(vocab), ids)
+                table_np = row_with(vocab, words, allowed)[None]
+                for _ in range(2):
+                    bits = make_logit_bits(rng, dtype, 1, vocab)
+                    out = appliers[form](mx.array(ids[None]), to_mx(bits, dtype))
+                    np.testing.assert_array_equal(to_bits(out, dtype), reference(bits, table_np, [0], DTYPES[dtype][2]),
+                                                  err_msg=f"{vocab} {count} {form}")
+
+
 # ---------------------------------------------------------------------------------------------
 # The row cache
 
