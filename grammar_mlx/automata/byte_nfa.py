@@ -8,6 +8,7 @@ and DFA states (epsilon-closed sets of NFA states) are created only when a token
 the automaton costs what a generation visits. `determinize` returns an `automata.byte_dfa.ByteDFA` built on
 demand, whose rows a `Determinizer` computes (the ByteDFA's row source): in native code where the
 library of `compiler.native` is built (`Determinizer.subset`, the same rows), else here. Natively,
+from the second native call on (the first, the first mask's walk, needs few of the AST's states),
 the NFA's states that closures reach are built there too (`ByteNFA.hand_off`: the same states in
 the same order, from the AST as tables), for every node kind but `Bounded` (whose NFAs Python
 builds, called back); reading the NFA's lists here (`trans`, `eps`, `dist`, or building on) first
@@ -55,6 +56,7 @@ from __future__ import annotations
 import bisect
 import sys
 import threading
+import weakref
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -713,9 +715,14 @@ class Determinizer:
         self._logged = len(self._log)
         if self._nfa_live is not None:  # (the whole NFA is built then: no state is made later)
             self.subset.set_live(self._nfa_live)
-        else:  # the states closures meet built natively (where the builder knows every node kind)
-            self.nfa.hand_off(self.subset)
+        else:  # the states closures meet built natively (where the builder knows every node kind) from
+            # the second native call on: the first, the first mask's walk, needs few of the AST's states,
+            # which Python builds for less than handing the whole AST over costs (`_native_plan`).
+            self.subset.hand_off_later = weakref.WeakMethod(self._hand_off)
         return self.subset.start(self.nfa.start)
+
+    def _hand_off(self) -> None:
+        self.nfa.hand_off(self.subset)  # type: ignore[arg-type]
 
     def _expand(self, q: int) -> None:
         """`subset`'s callback for a pending state q that a closure met: build every pending state

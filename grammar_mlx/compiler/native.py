@@ -286,6 +286,9 @@ class Subset:
         self._dfa: Callable[[], ByteDFA | None] = lambda: None
         self.error: BaseException | None = None
         self.nfa_too_large: Callable[[], BaseException] | None = None  # the error of io[7] = 3 (the NFA's cap)
+        # Hands the NFA's building over at the next call after a row is computed (held weakly: the
+        # Determinizer owns this object), set by `automata.byte_nfa.Determinizer.start`.
+        self.hand_off_later: weakref.WeakMethod[Callable[[], None]] | None = None
         me = weakref.ref(self)
         expand_ref = weakref.WeakMethod(expand)
 
@@ -383,8 +386,14 @@ class Subset:
         self._lib.gm_subset_live(self.handle, _address(flags), len(flags))
 
     def begin(self) -> None:
-        """Before a call that may add states: the DFA's current cap."""
+        """Before a call that may add states: the DFA's current cap; once a row is computed, the
+        NFA handed to the native builder where that waits (`hand_off_later`)."""
         self.io[IO_MAX_STATES] = self.dfa.max_states
+        if self.hand_off_later is not None and self.io[IO_ROWS]:
+            later, self.hand_off_later = self.hand_off_later, None
+            hand_off = later()
+            if hand_off is not None:
+                hand_off()
 
     def start(self, nfa_state: int) -> int:
         """The DFA state of `nfa_state`'s closure (the initial state)."""

@@ -356,16 +356,20 @@ def test_native_subset_construction_equals_the_python_one(regex, walks, dropped,
     and state numbers, accepting and live flags, NFA sets and distances of states not computed yet,
     whatever order walks and row requests reach the states in (the NFA built as they go)."""
     alphabet = frozenset(range(1, 256)) - dropped
-    fast_nfa, slow_nfa = build_nfa(regex), build_nfa(regex)
+    fast_nfa, slow_nfa, called_nfa = build_nfa(regex), build_nfa(regex), build_nfa(regex)
     fast = determinize(fast_nfa, 100_000, alphabet=alphabet, native=True)
     slow = determinize(slow_nfa, 100_000, alphabet=alphabet, native=False)
+    called = determinize(called_nfa, 100_000, alphabet=alphabet, native=True)
+    called_nfa.native_building = False  # the native construction, every NFA state built by Python (called back)
     assert fast.subset is not None and slow.subset is None
-    # The native builder builds the NFA where every state is live (else it is built whole at once).
-    assert (fast_nfa._builder is not None) == fast.all_live and slow_nfa._builder is None
-    for dfa in (fast, slow):
+    # The first native call's states are Python's (the builder takes over at the next one).
+    assert fast_nfa._builder is None and slow_nfa._builder is None
+    for dfa in (fast, slow, called):
         for walk in walks:
             run(dfa, walk.encode())
         dfa.ensure_rows(range(1, min(rows, dfa.num_states) + 1))
+    # The native builder builds only NFAs whose states are all live (else the NFA is built whole at once).
+    assert (fast_nfa._builder is None or fast.all_live) and slow_nfa._builder is None
     n = slow.num_states
     assert fast.num_states == n and fast.complete == slow.complete, regex
     width = slow.num_classes
@@ -376,15 +380,17 @@ def test_native_subset_construction_equals_the_python_one(regex, walks, dropped,
     assert [fast.member_distance(q) for q in range(n + 1)] == [slow.member_distance(q) for q in range(n + 1)]
     assert fast._source.state_sets() == slow._source.state_sets(), regex
     assert fast.nbytes > 0
-    assert len(fast_nfa) == len(slow_nfa) and fast_nfa.pending == slow_nfa.pending, regex
-    # What the native builder made, brought into the lists, is what Python made: the same states,
-    # the same pending parts and memo; and both build on from there alike.
+    assert called._source.state_sets() == slow._source.state_sets(), regex
+    assert len(fast_nfa) == len(slow_nfa) == len(called_nfa) and fast_nfa.pending == called_nfa.pending, regex
+    # What the native builder made, brought into the lists, is what Python's `expand` makes called back
+    # by the same native construction: the same states, the same pending parts and memo; and both
+    # build on from there alike.
     for _ in range(2):
-        assert fast_nfa.trans == slow_nfa.trans and fast_nfa.eps == slow_nfa.eps, regex
-        assert list(fast_nfa.dist) == list(slow_nfa.dist) and _parts(fast_nfa) == _parts(slow_nfa), regex
+        assert fast_nfa.trans == called_nfa.trans and fast_nfa.eps == called_nfa.eps, regex
+        assert list(fast_nfa.dist) == list(called_nfa.dist) and _parts(fast_nfa) == _parts(called_nfa), regex
         assert fast_nfa._builder is None
         fast_nfa.expand_all()
-        slow_nfa.expand_all()
+        called_nfa.expand_all()
 
 
 def _parts(nfa):
@@ -403,7 +409,8 @@ def test_the_native_builder_builds_without_python():
     Python (its callbacks)."""
     nfa = build_nfa(r'\{"a":(?:[0-9]+|"(?:[^"\\]|\\.)*"),"b":\[(?:true|false)(?:,(?:true|false))*\]\}')
     dfa = determinize(nfa, 100_000)
-    assert nfa._builder is not None
+    assert nfa._builder is None  # the first native call (a first mask's walk) builds in Python
+    dfa.next(dfa.initial, ord("{"))
     calls = []
     original = nfa.expand
     nfa.expand = lambda q: calls.append(q) or original(q)
@@ -426,6 +433,7 @@ def test_the_native_builder_checks_the_deadline_and_the_cap():
     from grammar_mlx.limits import Deadline, deadline_scope
 
     dfa = determinize(build_nfa("(?:[a-z]{1,40}|x){1,4000}"), 1_000_000)
+    dfa.next(dfa.next(dfa.initial, ord("a")), ord("a"))  # the second row's call hands the building over
     assert dfa._source.nfa._builder is not None
     deadline = Deadline(0.05)
     time.sleep(0.06)
