@@ -243,13 +243,20 @@ _FINITE = json.JSONDecoder(parse_float=_finite_float, parse_constant=_not_finite
 
 def _plain_text(text: str) -> bool:
     """Whether the document `_FINITE` read from `text` certainly passes `_check_json_value` (so
-    its walk is skipped: most schemas): fewer brackets than limits.MAX_SCHEMA_DEPTH (so no deeper
+    its walk is skipped: most schemas): at most limits.MAX_SCHEMA_DEPTH brackets (so no deeper
     nesting), no surrogate escape and no lone surrogate (so Unicode strings), and integers as long
     as the interpreter reads them within limits.MAX_INTEGER_DIGITS."""
     return (text.count("{") + text.count("[") <= limits.MAX_SCHEMA_DEPTH
             and "\\ud" not in text and "\\uD" not in text
-            and 0 < sys.get_int_max_str_digits() <= limits.MAX_INTEGER_DIGITS
+            and _int_digits_limited()
             and (text.isascii() or _encodes(text)))
+
+
+def _int_digits_limited() -> bool:
+    """Whether the interpreter reads integers of at most limits.MAX_INTEGER_DIGITS digits (its
+    int <-> str limit: Python 3.11, 3.10.7; json.loads refuses longer ones)."""
+    limit = getattr(sys, "get_int_max_str_digits", None)
+    return limit is not None and 0 < limit() <= limits.MAX_INTEGER_DIGITS
 
 
 def _encodes(text: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 import time
 
 import pytest
@@ -592,6 +593,12 @@ def test_plain_json_text_is_read_without_the_walk(text, plain):
     assert _plain_text(text) is plain
     if plain:
         _check_json_value(json.loads(text), "schema", InvalidSchemaError, text=True)
+        default = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)  # integers of any length: only the walk can refuse them
+        try:
+            assert not _plain_text(text)
+        finally:
+            sys.set_int_max_str_digits(default)
 
 
 @pytest.mark.parametrize("schema", [
