@@ -207,7 +207,7 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
     Python's cyclic garbage collector is paused while it runs (`collector_paused`).
     """
     from ..grammars import compile_schema_rules
-    from ..grammars.json_schema import SchemaRules, rules_of
+    from ..grammars.json_schema import SchemaRules, rules_of, text_without_reference
     from ..schema.translate import check_translation_options, load_schema, translate_loaded
 
     started = time.perf_counter()
@@ -218,7 +218,9 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
         doc = load_schema(schema)  # once, for both paths
         normalized, acyclic = None, False
         if max_recursion_depth is None:  # cycles unbounded, through the context-free engine
-            rules = rules_of(doc, whitespace=whitespace, strict=strict, open_objects=open_objects)
+            # (text without a reference cannot cycle: `rules_of` would find that walking the document)
+            rules = None if text_without_reference(schema) else rules_of(
+                doc, whitespace=whitespace, strict=strict, open_objects=open_objects)
             if isinstance(rules, SchemaRules):
                 return compile_schema_rules(rules, tokenizer, logits_width=logits_width,
                                             eos_token_ids=opts.eos_token_ids, started=started)

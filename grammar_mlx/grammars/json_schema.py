@@ -116,6 +116,14 @@ def may_recurse(schema: Any) -> bool:
     return False
 
 
+def text_without_reference(schema: Any) -> bool:
+    """Whether `schema` is JSON text that certainly has no `$ref`, `$dynamicRef` or `$recursiveRef`
+    key (none spelled out, and no escape that could spell one): `may_recurse` of its document is
+    then False, known without walking it."""
+    return (isinstance(schema, str) and "$ref" not in schema and "$dynamicRef" not in schema
+            and "$recursiveRef" not in schema and "\\u" not in schema)
+
+
 def _holds_reference(schema: Any) -> bool:
     """Whether some object of the document has a `$ref`, `$dynamicRef` or `$recursiveRef` key."""
     stack = [schema]

@@ -142,13 +142,23 @@ class Builder:
                 return a
             if a is None or b is None:
                 return None
-            ids: tuple[int, ...] = (id(a), id(b))
-            key = ("S", ids)
-            hit = self.nodes.get(key)
+            ia, ib = id(a), id(b)
+            key: tuple[str, tuple[int, ...]] = ("S", (ia, ib))
+            nodes = self.nodes
+            hit = nodes.get(key)
             if hit is not None:
                 return hit
+            # `_made`, inlined: the commonest node of a schema's AST
+            self.total += 1
+            if self.total > self.cap:
+                raise GrammarTooLargeError(TOO_LONG)
+            node = nodes[key] = Seq((a, b))
             size, depth = self.size, self.depth
-            return self._made(key, Seq((a, b)), size[ids[0]] + size[ids[1]], 1, max(depth[ids[0]], depth[ids[1]]))
+            iq = id(node)
+            size[iq] = size[ia] + size[ib]
+            da, db = depth[ia], depth[ib]
+            depth[iq] = da if da > db else db
+            return node
         kept = [item for item in items if item is not EMPTY]
         if len(kept) < 2:
             return kept[0] if kept else EMPTY  # (None when the one item is)

@@ -26,9 +26,13 @@ from .ir import (
 )
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+_PLAIN = frozenset({String, Number, Array, Object, Literal})  # what `union` of one node returns as it is
 
 
 def union(nodes: Iterable[Node], table: Table) -> Node:
+    if type(nodes) is list and len(nodes) == 1 and type(nodes[0]) in _PLAIN:
+        only: Node = nodes[0]
+        return only  # one type's node (most of a schema's leaves): itself, as below
     flat: list[Node] = []
     for node in nodes:
         resolved = table.get(node.key) if isinstance(node, Ref) else node

@@ -69,6 +69,11 @@ T = TypeVar("T")
 CONTENT = frozenset({"contentEncoding", "contentMediaType"})  # assertions in draft 7
 ANNOTATIONS_DRAFT7 = ANNOTATIONS - CONTENT  # what constrains nothing up to draft 7
 STAGE = "translating the schema"  # what a deadline that passes here names
+# The keywords `_distributed` distributes over, and those `_flat` reads beyond `type`: an atom that
+# holds none of them (most of a schema's leaves) skips their loops, read once per atom.
+_UNIONS = frozenset({"anyOf", "oneOf"})
+_DISTRIBUTED = frozenset({"if", "dependentRequired", "dependentSchemas", "dependencies", "not"})
+_FLAT = frozenset({"enum", "const", "not", "if", "dependencies", "dependentRequired", "dependentSchemas"})
 
 
 @dataclass
@@ -234,7 +239,8 @@ class Normalizer:
                 continue
             if self.draft == 3 and loc.has("extends"):
                 self.report("extends", loc, "draft 3 is not supported")
-            if not schema.keys() - loc.dropped <= annotations:  # some keyword that constrains
+            # Some keyword that constrains (no set made where nothing is dropped, the common case)
+            if not (schema.keys() - loc.dropped if loc.dropped else schema.keys()) <= annotations:
                 out.append(loc)
         return out
 
@@ -271,6 +277,8 @@ class Normalizer:
 
     def _distributed(self, atoms: list[Loc]) -> _Distribution | None:
         for i, atom in enumerate(atoms):
+            if atom.schema.keys().isdisjoint(_UNIONS):
+                continue
             for kw in ("anyOf", "oneOf"):
                 if atom.has(kw):
                     branches = atom.get(kw)
@@ -284,6 +292,8 @@ class Normalizer:
                     live = [rest + [loc] if self._satisfiable([loc], before) else None for loc in locs]
                     return _Distribution(atom, kw, rest, locs, live)
         for i, atom in enumerate(atoms):
+            if atom.schema.keys().isdisjoint(_DISTRIBUTED):
+                continue
             for kw in ("if", "dependentRequired", "dependentSchemas", "dependencies", "not"):
                 if not atom.has(kw) or (kw == "not" and _native_not(atom.get(kw))):
                     continue
@@ -526,8 +536,9 @@ class Normalizer:
                 self.report("disallow", atom, "draft 3 is not supported")
         if "number" in types:
             types.discard("integer")  # number already holds the integers
+        listing = [atom for atom in atoms if not atom.schema.keys().isdisjoint(_FLAT)]
         values = None
-        for atom in atoms:
+        for atom in listing:
             for kw in ("enum", "const"):
                 if atom.has(kw):
                     new = atom.get(kw) if kw == "enum" else [atom.get(kw)]
@@ -541,7 +552,7 @@ class Normalizer:
         excluded: list[Any] = []  # values of `not: {enum: [...]}` / `not: {const: ...}`
         # `not` without a union form, next to enum/const: decided value by value (`_member`).
         decided: list[tuple[Loc, Node]] = []
-        for atom in atoms:
+        for atom in listing:
             if atom.has("not"):
                 # (Not in an oracle itself: its nodes may only widen, and an oracle's "member" may be wrong.)
                 negated = (None if values is None or self.members_only or _native_not(atom.get("not"))
@@ -874,7 +885,11 @@ def _atoms_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
 def _conjunction_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
     """Names a conjunction. Where `unevaluated*` is present, which atoms lie in place below which
     matters too (as indices, so a recursive schema still meets its own key again)."""
-    if not any(a.has("unevaluatedProperties") or a.has("unevaluatedItems") for a in atoms):
+    if len(atoms) == 1:  # (most conjunctions: no generator)
+        a = atoms[0]
+        if not (a.has("unevaluatedProperties") or a.has("unevaluatedItems")):
+            return (a.key,)
+    elif not any(a.has("unevaluatedProperties") or a.has("unevaluatedItems") for a in atoms):
         return tuple(a.key for a in atoms)
     return tuple((a.key, tuple(i for i, b in enumerate(atoms) if b is not a and b.pointer in a.origin))
                  for a in atoms)

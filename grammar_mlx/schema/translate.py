@@ -103,6 +103,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -192,9 +193,15 @@ def load_schema(schema: object) -> dict[str, Any] | bool:
             schema = bytes(schema).decode("utf-8")
         except UnicodeDecodeError as e:
             raise InvalidSchemaError(f"schema bytes are not UTF-8: {e}") from None
+    plain = False  # JSON text that certainly holds nothing `_check_json_value` refuses
     if isinstance(schema, str):
+        text = schema
         try:
-            schema = json.loads(schema)
+            try:
+                schema = _FINITE.decode(text)
+                plain = _plain_text(text)
+            except _NotFinite:  # (read again: `_check_json_value` names where)
+                schema = json.loads(text)
         except json.JSONDecodeError as e:
             raise InvalidSchemaError(f"schema is not valid JSON: {e}") from None
         except ValueError as e:  # an integer past the interpreter's digit limit
@@ -205,12 +212,59 @@ def load_schema(schema: object) -> dict[str, Any] | bool:
         raise InvalidSchemaError(
             f"a schema is a JSON object or boolean (or JSON text, or a Pydantic model), not {type(schema).__name__}"
         )
-    _check_json_value(schema, "schema", InvalidSchemaError, text=True)
+    if not plain:
+        _check_json_value(schema, "schema", InvalidSchemaError, text=True)
     try:
         check_metaschema(schema)
     except RecursionError:
         raise _too_deep("the schema") from None
     return schema
+
+
+class _NotFinite(Exception):
+    """Internal: JSON text with NaN, Infinity or a number beyond the float range (`_FINITE`)."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite()
+    return value
+
+
+def _not_finite(text: str) -> float:
+    raise _NotFinite()
+
+
+# `json.loads` that stops at a non-finite number (NaN, Infinity, 1e400): JSON text read by it
+# holds only finite numbers, string keys and JSON types.
+_FINITE = json.JSONDecoder(parse_float=_finite_float, parse_constant=_not_finite)
+
+
+def _plain_text(text: str) -> bool:
+    """Whether the document `_FINITE` read from `text` certainly passes `_check_json_value` (so
+    its walk is skipped: most schemas): at most limits.MAX_SCHEMA_DEPTH brackets (so no deeper
+    nesting), no surrogate escape and no lone surrogate (so Unicode strings), and integers as long
+    as the interpreter reads them within limits.MAX_INTEGER_DIGITS."""
+    return (text.count("{") + text.count("[") <= limits.MAX_SCHEMA_DEPTH
+            and "\\ud" not in text and "\\uD" not in text
+            and _int_digits_limited()
+            and (text.isascii() or _encodes(text)))
+
+
+def _int_digits_limited() -> bool:
+    """Whether the interpreter reads integers of at most limits.MAX_INTEGER_DIGITS digits (its
+    int <-> str limit: Python 3.11, 3.10.7; json.loads refuses longer ones)."""
+    limit = getattr(sys, "get_int_max_str_digits", None)
+    return limit is not None and 0 < limit() <= limits.MAX_INTEGER_DIGITS
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_json_value(value: object, what: str, error: type[Exception], *, text: bool = False,

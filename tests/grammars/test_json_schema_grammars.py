@@ -24,7 +24,7 @@ from grammar_mlx.errors import (
     InvalidSchemaError,
 )
 from grammar_mlx.grammars import CFGGrammar, compile_grammar, compile_recursive_schema
-from grammar_mlx.grammars.json_schema import may_recurse, schema_rules
+from grammar_mlx.grammars.json_schema import may_recurse, schema_rules, text_without_reference
 from grammar_mlx.schema import canonical_json
 from grammar_mlx.schema.ir import Bounds, conforms
 from grammar_mlx.schema.normalize import Normalizer
@@ -93,6 +93,26 @@ def test_the_depth_bound_stays_an_option_and_acyclic_schemas_keep_the_regular_pa
     assert may_recurse({"items": [{"anyOf": [{"$dynamicRef": "#node"}]}]})
     assert may_recurse({"properties": {"a": {"items": {"$recursiveRef": "#"}}}})
     assert may_recurse({"items": [{"$ref": "#/items"}]})
+
+
+@pytest.mark.parametrize(("text", "without", "recurses"), [
+    ('{"type": "array", "items": {"type": "string"}}', True, False),
+    ('{"properties": {"a": {"$ref": "#"}}}', False, True),
+    ('{"items": [{"anyOf": [{"$dynamicRef": "#node"}]}]}', False, True),
+    ('{"properties": {"a": {"items": {"$recursiveRef": "#"}}}}', False, True),
+    ('{"properties": {"a": {"\\u0024ref": "#"}}}', False, True),  # an escape may spell a reference key
+    ('{"enum": ["$ref"]}', False, False),  # the text alone cannot tell a key from a string: the walk decides
+])
+def test_text_without_reference_implies_no_cycle(text, without, recurses):
+    """Text the shortcut passes holds no reference, so `may_recurse` of it is False: compile_json_schema
+    skips `rules_of` for it (the same grammar either way)."""
+    assert text_without_reference(text) is without
+    assert not text_without_reference(json.loads(text))  # a document, not text: the walk decides
+    assert may_recurse(json.loads(text)) is recurses
+    if without:
+        by_text = compile_json_schema(text, VOCAB, logits_width=WIDTH, use_cache=False)
+        by_walk = compile_json_schema(json.loads(text), VOCAB, logits_width=WIDTH, use_cache=False)
+        assert isinstance(by_text, CompiledGrammar) and by_text.regex == by_walk.regex
 
 
 def test_masks_equal_next_state_on_random_walks_and_outputs_validate(tree_grammar):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 import time
 
 import pytest
@@ -565,6 +566,8 @@ def test_ref_chains_past_the_recursion_limit_are_typed():
     ({"type": "object", "properties": {"\ud800x": {"type": "integer"}}}, "/properties/\\ud800x"),
     ({"type": "string", "pattern": "^\ud800$"}, "/pattern"),
     ('{"type": "string", "pattern": "\\ud800"}', "/pattern"),
+    ('{"enum": ["ok", "\\uDFFF"]}', "/enum/1"),
+    ('{"const": "a\ud800"}', "/const"),  # JSON text holding the lone surrogate itself
     (b'{"const": "\\udc00"}', "/const"),
 ])
 def test_lone_surrogates_raise_invalid_schema_error_naming_where(schema, pointer):
@@ -572,6 +575,30 @@ def test_lone_surrogates_raise_invalid_schema_error_naming_where(schema, pointer
         schema_to_regex(schema)
     assert f"at {pointer}:" in str(info.value)
     str(info.value).encode("utf-8")  # the message itself is valid text (a server can send it)
+
+
+@pytest.mark.parametrize(("text", "plain"), [
+    ('{"type": "object", "properties": {"a": {"minimum": 1.5, "maximum": 1e300}}}', True),
+    ('{"description": "caf\u00e9 \\u00e9"}', True),  # non-ASCII, and an escape of no surrogate
+    ('{"const": "\\ud83d\\ude00"}', False),  # a surrogate escape (here a pair): the walk decides
+    ('{"const": "\ud800"}', False),
+    ("[" * 50 + "]" * 50, True),
+    ("[" * 60 + "{}" * 41 + "]" * 60, False),  # more brackets than MAX_SCHEMA_DEPTH (not that deep)
+])
+def test_plain_json_text_is_read_without_the_walk(text, plain):
+    """JSON text `_plain_text` passes holds nothing `_check_json_value` refuses (load_schema then skips
+    the walk); where it does not pass, the walk decides as before."""
+    from grammar_mlx.schema.translate import _check_json_value, _plain_text
+
+    assert _plain_text(text) is plain
+    if plain:
+        _check_json_value(json.loads(text), "schema", InvalidSchemaError, text=True)
+        default = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)  # integers of any length: only the walk can refuse them
+        try:
+            assert not _plain_text(text)
+        finally:
+            sys.set_int_max_str_digits(default)
 
 
 @pytest.mark.parametrize("schema", [
