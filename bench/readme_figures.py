@@ -2,7 +2,7 @@
 a few times (with its draft flags as written, and without them), and the test suite when asked.
 
     python bench/readme_figures.py             # the main job, --runs times each way (default 3)
-    python bench/readme_figures.py --suite     # also times `python -m pytest -q` (long: the whole suite)
+    python bench/readme_figures.py --suite     # also times `python -m pytest -q -n 2` (long: the whole suite)
     python bench/readme_figures.py --render    # only rewrite the README's block from the JSON
 
 The job is the last step of the README's first command (what runs after the installs), run with this
@@ -96,7 +96,7 @@ def run_job(argv: list[str], runs: int) -> list[dict]:
 
 def run_suite() -> dict:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2"], cwd=REPO, capture_output=True, text=True)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     return {"seconds": round(time.perf_counter() - started, 1), "returncode": done.returncode, "summary": summary,
@@ -130,7 +130,8 @@ def render(doc: dict) -> str:
                      + ", ".join(f"{g} ({f})" for g, f in tokens) + " |")
     suite = doc.get("suite")
     if suite:
-        lines += ["", f"The test suite (`python -m pytest -q`): {suite['seconds'] / 60:.0f} min, {suite['summary']}."]
+        lines += ["", f"The test suite (`python -m pytest -q -n 2`): {suite['seconds'] / 60:.0f} min, "
+                  f"{suite['summary']}."]
     lines.append(END)
     return "\n".join(lines)
 

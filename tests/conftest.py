@@ -295,3 +295,48 @@ def qwen_servers(qwen_model_dir, qwen_thinking_dir):
                         "draft": Server("qwen-draft", "--model", str(qwen_model_dir), "--draft-layers", "1",
                                         "--num-draft-tokens", "3", *common),
                         "thinking": Server("qwen-thinking", "--model", str(qwen_thinking_dir), *common)})
+
+
+
+# --- pytest-xdist: the README's test command runs the suite on two processes (`-n 2`) ---------------
+
+# The modules that drive the session's live servers: one work unit, so that the servers start once.
+LIVE_SERVER_MODULES = ("tests/test_server.py", "tests/test_server_compat.py", "tests/test_server_grammar_reasoning.py",
+                       "tests/test_server_grammars.py", "tests/test_server_responses.py", "tests/test_server_tools.py")
+LIVE_SERVERS = "the live servers"
+# The longest units (a real model for minutes each): handed out first, so that both workers finish together.
+LONGEST_FIRST = (LIVE_SERVERS, "tests/test_generate.py", "tests/test_distributed.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """Which tests one worker runs together: a module (its module fixtures, a loaded model or the
+    distributed ranks, are set up once) or the live-server modules (the servers start once)."""
+    module = nodeid.split("::", 1)[0]
+    return LIVE_SERVERS if module in LIVE_SERVER_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n N` hands out work units (`work_unit`), the longest first; an explicit `--dist` other
+    than `load` is the caller's."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the units in the workers' collection order (below)
+    return WorkUnits(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    used = {item.nodeid.split("::", 1)[0] for item in items
+            if {"smollm_servers", "qwen_servers"} & set(getattr(item, "fixturenames", ()))}
+    if not used <= set(LIVE_SERVER_MODULES):
+        raise pytest.UsageError(f"{sorted(used - set(LIVE_SERVER_MODULES))} drive the live servers: list them in "
+                                "LIVE_SERVER_MODULES (tests/conftest.py), or under -n they start servers of their own")
+    if hasattr(config, "workerinput"):  # an xdist worker: the longest units first, each in the file's order
+        rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))

@@ -28,7 +28,7 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_test_command_lints_and_type_checks_before_the_tests():
     steps = [step.strip() for step in readme_commands()[1].split("&&")]
-    assert steps.index("ruff check .") < steps.index("mypy") < steps.index("python -m pytest -q"), steps
+    assert steps.index("ruff check .") < steps.index("mypy") < steps.index("python -m pytest -q -n 2"), steps
 
 
 def test_main_job_names_files_that_exist():
