@@ -214,6 +214,13 @@ def _class_template(ranges: tuple[tuple[int, int], ...]
     return template, dists, edges, frozenset(spans)
 
 
+@lru_cache(maxsize=1024)
+def _spans_meet(spans: frozenset[tuple[int, int]], alphabet: int) -> bool:
+    """Whether every byte range of `spans` (a class template's: the same few in every schema) holds
+    a byte of `alphabet` (bit b: byte b)."""
+    return all(alphabet >> lo & ((2 << (hi - lo)) - 1) for lo, hi in spans)
+
+
 # --- the NFA --------------------------------------------------------------------------------------
 
 
@@ -498,8 +505,7 @@ class ByteNFA:
     def every_edge_meets(self, alphabet: int) -> bool:
         """Whether every byte range an edge may have (a literal's byte, a class template's range)
         holds a byte of `alphabet` (bit b: byte b)."""
-        return not self._literal & ~alphabet and all(alphabet >> lo & ((2 << (hi - lo)) - 1)
-                                                     for spans in self._template_ranges for lo, hi in spans)
+        return not self._literal & ~alphabet and all(_spans_meet(spans, alphabet) for spans in self._template_ranges)
 
     # -- building ----------------------------------------------------------------------------------
 
