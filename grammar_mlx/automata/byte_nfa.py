@@ -639,6 +639,10 @@ def build_nfa(pattern: str | Node, max_states: int = limits.MAX_NFA_STATES) -> B
 # --- on-demand determinization ----------------------------------------------------------------
 
 
+# A Determinizer's memos when empty: three dicts and the classes as a list of 256 ints.
+_MEMO_BASE_BYTES = 3 * sys.getsizeof({}) + sys.getsizeof(np.zeros(256, dtype=np.int32).tolist())
+
+
 @lru_cache(maxsize=256)
 def _byte_classes(bounds: int) -> tuple[np.ndarray, list[int]]:
     """byte -> class of the class boundaries `bounds` (`ByteNFA._bounds`: bit b, a byte range starts
@@ -697,7 +701,7 @@ class Determinizer:
         self.all_live = self._nfa_live is None
         self._nfa_distance: array[int] | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
         # Python objects held by the memos (sets, closures, transitions), in bytes: see `nbytes`.
-        self._py_bytes = 3 * sys.getsizeof({}) + sys.getsizeof(self._class_of)
+        self._py_bytes = _MEMO_BASE_BYTES
         self.subset: Subset | None = None
         if native is None or native:
             from ..compiler import native as native_rows  # (automata imports no compiler module at load)
