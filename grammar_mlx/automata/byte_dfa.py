@@ -48,6 +48,16 @@ NUL = 0  # the compile sentinel byte: never part of a match
 TEXT_BYTES = frozenset(range(1, 256))
 
 
+def text_alphabet(alphabet: Iterable[int] | None) -> frozenset[int]:
+    """`alphabet` without NUL (None: every byte but NUL); a frozenset without NUL is itself (a
+    trie's `single_bytes`: its hash, computed once, serves every compile's lookups)."""
+    if alphabet is None:
+        return TEXT_BYTES
+    if type(alphabet) is frozenset and NUL not in alphabet:
+        return alphabet
+    return frozenset(alphabet) - {NUL}
+
+
 class TokenTrie(Protocol):
     """What a DFA reads from a vocabulary's token trie (`compiler.token_index.TokenTrie` is one):
     each node's last byte, to map the nodes to byte classes (`ByteDFA.node_classes`)."""
@@ -129,7 +139,7 @@ class ByteDFA:
         self._num_states = num_states
         self._source: RowSource | None = source
         self.max_states = max_states
-        self.alphabet = TEXT_BYTES if alphabet is None else frozenset(alphabet) - {NUL}
+        self.alphabet = text_alphabet(alphabet)
         self._live: np.ndarray | None = live  # a complete DFA computes it on first use
         self._all_live: bool | None = None
         self._pending = 0  # states whose row is UNKNOWN

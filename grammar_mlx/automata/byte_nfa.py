@@ -72,7 +72,7 @@ from ..limits import check_deadline
 from ..regex.charset import MAX_CODE_POINT, CharSet
 from ..regex.rust import Unsupported, parse
 from ..regex.syntax import Alt, Anchor, Bounded, Chars, Literal, Node, Repeat, Seq
-from .byte_dfa import NUL, ByteDFA
+from .byte_dfa import NUL, ByteDFA, text_alphabet
 
 if TYPE_CHECKING:
     from ..compiler.native import Subset
@@ -212,6 +212,13 @@ def _class_template(ranges: tuple[tuple[int, int], ...]
     for i in range(len(template)):
         fewest(i)
     return template, dists, edges, frozenset(spans)
+
+
+@lru_cache(maxsize=1024)
+def _spans_meet(spans: frozenset[tuple[int, int]], alphabet: int) -> bool:
+    """Whether every byte range of `spans` (a class template's: the same few in every schema) holds
+    a byte of `alphabet` (bit b: byte b)."""
+    return all(alphabet >> lo & ((2 << (hi - lo)) - 1) for lo, hi in spans)
 
 
 # --- the NFA --------------------------------------------------------------------------------------
@@ -495,16 +502,10 @@ class ByteNFA:
             self._template_ranges.append(spans)
         return hit
 
-    def class_starts(self) -> np.ndarray:
-        """The bytes (0..255) where a byte range of the NFA starts or ends: the class boundaries."""
-        bits = np.unpackbits(np.frombuffer(self._bounds.to_bytes(33, "little"), dtype=np.uint8), bitorder="little")
-        return np.flatnonzero(bits[:256])
-
     def every_edge_meets(self, alphabet: int) -> bool:
         """Whether every byte range an edge may have (a literal's byte, a class template's range)
         holds a byte of `alphabet` (bit b: byte b)."""
-        return not self._literal & ~alphabet and all(alphabet >> lo & ((2 << (hi - lo)) - 1)
-                                                     for spans in self._template_ranges for lo, hi in spans)
+        return not self._literal & ~alphabet and all(_spans_meet(spans, alphabet) for spans in self._template_ranges)
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -638,6 +639,23 @@ def build_nfa(pattern: str | Node, max_states: int = limits.MAX_NFA_STATES) -> B
 # --- on-demand determinization ----------------------------------------------------------------
 
 
+# A Determinizer's memos when empty: three dicts and the classes as a list of 256 ints.
+_MEMO_BASE_BYTES = 3 * sys.getsizeof({}) + sys.getsizeof(np.zeros(256, dtype=np.int32).tolist())
+
+
+@lru_cache(maxsize=256)
+def _byte_classes(bounds: int) -> tuple[np.ndarray, list[int]]:
+    """byte -> class of the class boundaries `bounds` (`ByteNFA._bounds`: bit b, a byte range starts
+    or ends at b; NUL alone in class 0), as a read-only array and as a list. Schemas share a few
+    boundary sets (JSON's punctuation, string characters, digits): made once each."""
+    bits = np.unpackbits(np.frombuffer(bounds.to_bytes(33, "little"), dtype=np.uint8), bitorder="little")[:256]
+    bits[NUL] = 0
+    classes = np.cumsum(bits, dtype=np.int32)
+    classes.setflags(write=False)
+    return classes, classes.tolist()
+
+
+
 def determinize(nfa: ByteNFA, max_states: int = limits.MAX_DFA_STATES,
                 alphabet: Iterable[int] | None = None, native: bool | None = None) -> ByteDFA:
     """The DFA of `nfa` by subset construction on demand: a `ByteDFA` holding the dead state (0)
@@ -666,14 +684,10 @@ class Determinizer:
 
     def __init__(self, nfa: ByteNFA, alphabet: Iterable[int] | None, native: bool | None = None):
         self.nfa = nfa
-        starts = nfa.class_starts()
-        marks = np.zeros(256, dtype=np.int32)
-        marks[starts] = 1
-        marks[NUL] = 0
-        self.classes = np.cumsum(marks, dtype=np.int32)  # byte -> class: intervals between bounds
-        self.num_classes = int(self.classes[-1]) + 1
-        self._class_of: list[int] = self.classes.tolist()  # the same, indexed by Python ints (`_spans`)
-        self.alphabet = frozenset(range(1, 256)) if alphabet is None else frozenset(alphabet) - {NUL}
+        # byte -> class: intervals between bounds (read-only, shared), and indexed by Python ints (`_spans`)
+        self.classes, self._class_of = _byte_classes(nfa._bounds)
+        self.num_classes = self._class_of[-1] + 1
+        self.alphabet = text_alphabet(alphabet)
         self._closure: dict[int, tuple[int, ...]] = {}
         self._class_spans: dict[int, list[tuple[int, int, int]]] = {}
         self._zero_row = np.zeros(self.num_classes, dtype=np.int32)
@@ -687,7 +701,7 @@ class Determinizer:
         self.all_live = self._nfa_live is None
         self._nfa_distance: array[int] | None = None  # per NFA state, bytes of the alphabet to the match (on first use)
         # Python objects held by the memos (sets, closures, transitions), in bytes: see `nbytes`.
-        self._py_bytes = 3 * sys.getsizeof({}) + sys.getsizeof(self._class_of)
+        self._py_bytes = _MEMO_BASE_BYTES
         self.subset: Subset | None = None
         if native is None or native:
             from ..compiler import native as native_rows  # (automata imports no compiler module at load)

@@ -281,7 +281,11 @@ class LazyIndex:
         """`VocabularyMismatchError` unless tokens of this vocabulary can reach acceptance from the
         initial state (what compiling a lazy grammar checks)."""
         with self._lock:
-            if self._live(np.array([self.dfa.initial], dtype=np.int32))[0]:
+            initial = self.dfa.initial
+            byte_live = self._byte_live
+            if (self.dfa.live if byte_live is None else byte_live)[initial]:  # (most: live over single bytes)
+                return
+            if self._live(np.array([initial], dtype=np.int32))[0]:
                 return
             undecided = self.dfa.initial in self._cut_off
         detail = (f"no way was found within {self.liveness_walks} row walks (GRAMMAR_MLX_LIVENESS_WALKS)" if undecided

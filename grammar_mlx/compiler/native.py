@@ -60,6 +60,7 @@ _I = ctypes.c_int64
 # gm_walk's callback: computes a missing DFA row, returns the table's address (NULL: it raised).
 _FETCH = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
 _NO_FETCH = _FETCH()  # NULL: a complete DFA's walk (no row is missing)
+_SUBSET_FETCH: int | None = None  # gm_subset_fetch's address, a `Subset`'s `fetch` (set as the library loads)
 # GmSubset's callbacks (subset.cpp): build what a pending NFA state's closure reaches; grow the arrays.
 _EXPAND = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
 _GROW = ctypes.CFUNCTYPE(ctypes.c_int32)
@@ -155,6 +156,8 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_row_ids.argtypes = [_P, _I, _I, _I, _P, _P]
     lib.gm_pack.restype = _I
     lib.gm_pack.argtypes = [_P, _I, _P, _I]
+    global _SUBSET_FETCH
+    _SUBSET_FETCH = ctypes.cast(lib.gm_subset_fetch, ctypes.c_void_p).value
     return lib
 
 
@@ -305,9 +308,15 @@ class Subset:
         self._callbacks = (_EXPAND(on_expand), _GROW(lambda: _callback(me, "_grow")))
         classes = np.ascontiguousarray(classes, dtype=np.int32)  # byte -> class (copied there)
         self.handle: int = lib.gm_subset_new(_address(classes), int(all_live), _address(self.io), *self._callbacks)
-        weakref.finalize(self, lib.gm_subset_free, self.handle)
         # gm_walk's fetch for this DFA: the native row computation, this subset its context.
-        self.fetch = ctypes.cast(lib.gm_subset_fetch, ctypes.c_void_p).value
+        self.fetch = _SUBSET_FETCH
+
+    def __del__(self) -> None:
+        # (not weakref.finalize: registering one costs as much as the rest of this constructor,
+        # and nothing else refers to the handle once this object is gone)
+        handle = getattr(self, "handle", None)
+        if handle is not None:
+            self._lib.gm_subset_free(handle)
 
     @property
     def dfa(self) -> ByteDFA:
@@ -321,9 +330,11 @@ class Subset:
         self._arrays()
 
     def _arrays(self) -> None:
-        dfa = self.dfa
-        self.io[[IO_TABLE, IO_ACCEPTING, IO_LIVE, IO_CAPACITY]] = (
-            _address(dfa.table), _address(dfa.accepting), _address(dfa.live), len(dfa.accepting))
+        dfa, io = self.dfa, self.io  # (item by item: a fancy-indexed assignment costs several times more)
+        io[IO_TABLE] = _address(dfa.table)
+        io[IO_ACCEPTING] = _address(dfa.accepting)
+        io[IO_LIVE] = _address(dfa.live)
+        io[IO_CAPACITY] = len(dfa.accepting)
 
     def _grow(self) -> None:
         self.dfa._grow()
