@@ -417,15 +417,25 @@ def test_read_tables_never_blocks_and_never_raises(tmp_path):
 # not match what its own metadata says was written, or on a key that reads as absent once it was
 # written (a rename replaces a file whole: there is never a moment without one), and it keeps going
 # until it has read entries written by every other contender: the contention is proved, not hoped for.
+# Then it marks itself done (a file in a directory of its own) and goes on writing until every
+# contender is done: one that started late (a loaded machine) still meets writers that started early.
 CONTENDER = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 from grammar_mlx.compiler.cache import load, store
 
 directory, me, contenders, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
 seen, written, reads, deadline, n = set(), set(), 0, time.monotonic() + float(sys.argv[5]), 0
-while len(seen) < contenders - 1 or n < 50:
+done = [os.path.join(sys.argv[6], f"done-{c}") for c in range(contenders)]
+while True:
+    if len(seen) == contenders - 1 and n >= 50:
+        if not os.path.exists(done[me]):
+            open(done[me], "w").close()
+        if all(map(os.path.exists, done)):
+            break
     if time.monotonic() > deadline:
+        if len(seen) == contenders - 1:
+            sys.exit(f"contender {me}: saw every writer, but not every contender did within the bound")
         sys.exit(f"contender {me}: saw writers {sorted(seen)} only, after {n} rounds")
     key = keys[n % len(keys)]
     size = 1 + (n * 7919 + me * 104729) % 200_000
@@ -458,8 +468,11 @@ def test_concurrent_writers_and_readers_in_several_processes(tmp_path):
     import sys
 
     keys = ",".join(f"{i:02x}{'0' * 62}" for i in range(3))  # shared keys, one subdirectory each
-    procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(tmp_path), str(me), str(CONTENDERS), keys,
-                               str(CONTENTION_BOUND)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cache, markers = tmp_path / "cache", tmp_path / "done"
+    markers.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(cache), str(me), str(CONTENDERS), keys,
+                               str(CONTENTION_BOUND), str(markers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
              for me in range(CONTENDERS)]
     results = []
     for proc in procs:
@@ -469,10 +482,10 @@ def test_concurrent_writers_and_readers_in_several_processes(tmp_path):
     for me, result in enumerate(results):
         assert result["seen"] == [w for w in range(CONTENDERS) if w != me]
     # One complete file per key, no temporary file left behind.
-    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    files = sorted(p for p in cache.rglob("*") if p.is_file())
     assert [p.name for p in files] == [f"{k}.gmx" for k in keys.split(",")]
     for path in files:
-        assert load(tmp_path, path.stem) is not None
+        assert load(cache, path.stem) is not None
 
 
 def test_entries_get_the_umasks_permissions_not_owner_only(tmp_path):
