@@ -282,21 +282,22 @@ class LazyIndex:
         initial state (what compiling a lazy grammar checks)."""
         with self._lock:
             initial = self.dfa.initial
-            byte_live = self._byte_live
-            if (self.dfa.live if byte_live is None else byte_live)[initial]:  # (most: live over single bytes)
+            if self._byte_flags()[initial] or self._token_live(initial):  # (most: live over single bytes)
                 return
-            if self._live(np.array([initial], dtype=np.int32))[0]:
-                return
-            undecided = self.dfa.initial in self._cut_off
+            undecided = initial in self._cut_off
         detail = (f"no way was found within {self.liveness_walks} row walks (GRAMMAR_MLX_LIVENESS_WALKS)" if undecided
                   else "no sequence of its tokens spells a string the grammar accepts")
         raise VocabularyMismatchError(
             "the vocabulary is incompatible with the regex: the grammar needs text that no token can produce "
             f"(e.g. a NUL character, or bytes the vocabulary lacks): {detail}")
 
-    def _byte_live_of(self, states: np.ndarray) -> np.ndarray:
+    def _byte_flags(self) -> np.ndarray:
+        """Per state, whether the single-byte tokens lead it to acceptance."""
         byte_live = self._byte_live
-        live: np.ndarray = self.dfa.live[states] if byte_live is None else byte_live[states]
+        return self.dfa.live if byte_live is None else byte_live
+
+    def _byte_live_of(self, states: np.ndarray) -> np.ndarray:
+        live: np.ndarray = self._byte_flags()[states]
         return live
 
     def _live(self, states: np.ndarray) -> np.ndarray:
