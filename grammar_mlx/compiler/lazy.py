@@ -65,6 +65,7 @@ from .. import limits
 from ..automata.byte_dfa import ByteDFA
 from ..errors import InvalidArgumentError, VocabularyMismatchError
 from ..limits import check_deadline
+from . import native
 from .mask_table import MaskTable
 from .token_index import StringSlice, TokenTrie, walk, walk_mlx, walk_parts
 
@@ -104,6 +105,15 @@ def _whole_row(walker: Callable[[TokenTrie, ByteDFA, int], tuple[np.ndarray, np.
     """A row walk as `walk_parts` answers: no slice, the whole row."""
     def parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
         return (None, *walker(trie, dfa, state))
+    return parts
+
+
+def _native_parts(walker: native.Walker, sl: StringSlice
+                  ) -> Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]]:
+    """`walk_parts` of the walker's own trie and DFA (the arguments are those)."""
+    def parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
+        looped, tokens, nxt = walker(state)
+        return (sl if looped else None), tokens, nxt
     return parts
 
 
@@ -147,7 +157,9 @@ class LazyIndex:
         if backend == "numpy" and trie.num_nodes:
             # The trie's slice is built once per process and vocabulary, here rather than on the
             # first visit to a string state: a generation's call never pays for it.
-            trie.string_slice()
+            sl = trie.string_slice()
+            if native.available():  # the same walk with its constant arguments taken once
+                self._walk_parts = _native_parts(native.Walker(trie, sl, dfa), sl)
         self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
@@ -388,6 +400,7 @@ class LazyIndex:
         their own, and its mask is the slice's words with the rest's), any other state its row."""
         started = time.perf_counter()
         packed = None
+        walked = False  # whether `tokens` is the walk's row (its ids need no check: `MaskTable.add`)
         if state == self.terminal:
             tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
             sl = None
@@ -396,6 +409,7 @@ class LazyIndex:
             self.rows_restored += 1
         else:
             sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
+            walked = True
             if not self._all_live and len(nxt):
                 keep = self._live(nxt)
                 if not keep.all():  # tokens into dead ends: never allowed
@@ -415,11 +429,11 @@ class LazyIndex:
         row = self.mask_of.get(state, -1)
         if row < 0:  # first (it may raise: nothing is kept then)
             if sl is None:
-                row = self.table.add(tokens, packed)
+                row = self.table.add(tokens, packed, walked=walked)
             elif len(sl.tokens) + len(tokens) >= self.words:  # keyed by its words, as the whole row is
                 row = self.table.add(tokens, packed, count=len(sl.tokens) + len(tokens))
             else:  # a row of fewer ids than words is keyed by its ids: the whole row's
-                row = self.table.add(sl.row(state, tokens, nxt)[0], packed)
+                row = self.table.add(sl.row(state, tokens, nxt)[0], packed, walked=walked)
         if sl is not None:
             self._parts[state] = (tokens, nxt)
             self._parts_bytes += tokens.nbytes + nxt.nbytes + PARTS_OVERHEAD_BYTES

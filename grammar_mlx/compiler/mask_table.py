@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 # A distinct row's slot in the content index (hash int, row id, the list holding it), upper-ish.
 ROW_INDEX_BYTES = 72 + 2 * 32 + 64
-# A new sparse row of at most this many ids has its bits set one by one in the zeroed row: below
-# that a Python loop costs less than `native.pack`'s call and the copy of its row-sized result.
+# At most this many ids: a new sparse row's bits set one by one in the zeroed row where the native
+# library is not built, and an id array checked ascending as Python ints.
 FEW_IDS = 16
 
 
@@ -126,28 +126,36 @@ class MaskTable:
         bits[tokens] = True
         return np.packbits(bits, bitorder="little").view("<u4")
 
-    def add(self, tokens: np.ndarray, packed: np.ndarray | None = None, *, count: int | None = None) -> int:
+    def add(self, tokens: np.ndarray, packed: np.ndarray | None = None, *, count: int | None = None,
+            walked: bool = False) -> int:
         """The id of the row allowing exactly `tokens` (sorted distinct ids): an equal row's, or a new
         row written before its id is returned. `packed`: the row's words where the caller has them
         (`pack(tokens)`). `count`: the row's number of ids where `tokens` holds only some of them
         (with `packed`, the whole row; at least `words`: such a row is keyed by its words).
+        `walked`: `tokens` is a row as a walk made it (contiguous int32, sorted, distinct, below
+        `width`), not checked again (a lazy grammar's first visits; every other caller's ids are).
 
         A row of fewer ids than words (a sparse row, most of a lazy grammar's) is keyed by its ids,
         any other by its words; one mask has one id count, so it has one key. A seeded table keys
-        every row by its words (its seed rows come without ids). A new sparse row's ids go to the
-        kernels too (`kernels.note_row_ids`), so its first mask reads no words."""
+        every row by its words (its seed rows come without ids). A new sparse row's words are
+        written from its ids in place, and its ids go to the kernels too (`kernels.note_row_ids`),
+        so its first mask reads no words."""
         with self._lock:
             if count is not None and count < self.words:
                 raise InvalidArgumentError(f"a row given by its words needs at least {self.words} ids, not {count}")
-            ids = self._sparse_ids(tokens) if count is None and len(tokens) < self.words else None
-            if ids is not None and self._seed is None:
-                row = self._by_ids.get(ids)
-                if row is not None:  # equal bytes of sorted distinct ids: the same mask
-                    return row
-            few = None  # a new sparse row of a few ids: its bits are set in place, unpacked (below)
+            ids = None
+            if count is None and len(tokens) < self.words:
+                ids = tokens.tobytes() if walked else self._sparse_ids(tokens)
+                if self._seed is None:
+                    row = self._by_ids.get(ids)
+                    if row is not None:  # equal bytes of sorted distinct ids: the same mask
+                        return row
+            listed = None  # a new sparse row's ids, its words written from them (below)
             if packed is None:
-                if ids is not None and self._seed is None and len(ids) <= 4 * FEW_IDS:  # 4 bytes an id
-                    few = self._few_ids(ids)
+                if ids is not None and self._seed is None:
+                    listed = np.frombuffer(ids, dtype=np.int32)
+                    if not walked and len(listed) and (listed[0] < 0 or listed[-1] >= 32 * self.words):
+                        native.check_pack_ids(listed, self.words)  # (sorted: its ends are its extremes)
                 else:
                     packed = self.pack(tokens)
             key = 0
@@ -169,13 +177,11 @@ class MaskTable:
                 kernels.before_host_write()
                 if ids is not None:
                     kernels.note_row_ids(table, row, np.frombuffer(ids, dtype=np.int32))
-            # In place: row ids from `row` on were never handed out (and their rows are all zeros).
+            # In place: row ids from `row` on were never handed out.
             if packed is not None:
                 host[row] = packed
-            else:
-                words = host[row]
-                for t in few or ():
-                    words[t >> 5] |= 1 << (t & 31)
+            elif listed is not None:
+                self._write_ids(host[row], listed)
             if ids is not None and self._seed is None:
                 self._by_ids[ids] = row
             else:
@@ -185,13 +191,18 @@ class MaskTable:
             self.num_rows = row + 1  # last: readers see a row only once it is written
             return row
 
-    def _few_ids(self, ids: bytes) -> list[int]:
-        """A sparse row's few ids (int32 bytes) as ints, each checked to have a bit in the words as
-        `pack` checks it (raising its error)."""
-        listed: list[int] = np.frombuffer(ids, dtype=np.int32).tolist()
-        if listed and (listed[0] < 0 or listed[-1] >= 32 * self.words):
-            native.check_pack_ids(np.frombuffer(ids, dtype=np.int32), self.words)
-        return listed
+    def _write_ids(self, words: np.ndarray, ids: np.ndarray) -> None:
+        """Write the packed row of `ids` (sorted int32, checked to have bits in the words) into
+        `words`, a row never handed out: natively where built, else (the words all zeros) a few ids'
+        bits one by one (a Python loop costs less than `pack`'s call and the copy of its row-sized
+        result), more packed."""
+        if native.available():
+            native.set_bits(ids, words)
+        elif len(ids) <= FEW_IDS:
+            for t in ids.tolist():
+                words[t >> 5] |= 1 << (t & 31)
+        else:
+            words[:] = self.pack_reference(ids)
 
     def _sparse_ids(self, tokens: np.ndarray) -> bytes:
         """The bytes of a sparse row's ids as int32 (its key), checked sorted and distinct (one mask,

@@ -5,7 +5,8 @@ subset.cpp), built from source on first use.
 (tests/compiler/test_native.py holds them equal on random regexes and corpus schemas), in one loop
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
 over its live trie nodes; `walk_parts` is a first visit's whole walk (the string slice's loop test,
-`loops`, then the row) in one call. `row_ids` reads a packed mask's few set (or clear) ids for the CPU
+`loops`, then the row) in one call, and `Walker` the same for one lazy index, its constant arguments
+taken once. `set_bits` writes a walked row's packed mask in place (a new mask-table row). `row_ids` reads a packed mask's few set (or clear) ids for the CPU
 kernels' sparse row forms (`kernels.cpu.sparse_form`, whose numpy path is its reference). `Subset` is
 the on-demand subset construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer`
 is its reference and drives it): a walk over a DFA built on demand computes the rows it meets in
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import StringSlice, TokenTrie
 
-__all__ = ["Subset", "available", "check_pack_ids", "live_nodes", "loops", "merge", "pack", "row_ids", "unset", "walk"]
+__all__ = ["Subset", "Walker", "available", "check_pack_ids", "live_nodes", "loops", "merge", "pack", "row_ids",
+           "set_bits", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCES = (Path(__file__).with_name("row_walk.cpp"), Path(__file__).with_name("subset.cpp"))
@@ -146,6 +148,10 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_loops.argtypes = [_P, _I, ctypes.c_int32, ctypes.c_int32, _P, _P, _P, _I, _P, _P]
     lib.gm_walk_parts.restype = _I
     lib.gm_walk_parts.argtypes = [_P, _I, ctypes.c_int32, _P, ctypes.c_int32, _P, _P, _P, _P, _P, _P]
+    lib.gm_walk_with.restype = _I
+    lib.gm_walk_with.argtypes = [_P, _P, ctypes.c_int32]
+    lib.gm_set_bits.restype = None
+    lib.gm_set_bits.argtypes = [_P, _I, _P, _I]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
@@ -489,6 +495,55 @@ def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
     return bool(sc.looped[0]), sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
 
 
+class Walker:
+    """`walk_parts(trie, sl, dfa, state)` for one (trie, slice, DFA), with the arguments that do not
+    change between walks taken once (row_walk.cpp's gm_walk_with descriptor): a lazy index's first
+    visits call it, where each Python step is paid on caches the last mask left cold. Call only
+    where `available()`, on a trie with nodes."""
+
+    def __init__(self, trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA) -> None:
+        lib = library()
+        assert lib is not None, "native.Walker without the library (check available() first)"
+        assert trie.num_nodes, "native.Walker of an empty trie"
+        self._fn = lib.gm_walk_with
+        self._trie, self._sl, self._dfa = trie, sl, dfa
+        self._buf = _buffers(trie)
+        self._slice = None if sl is None else _slice_desc(sl)  # held: the descriptor's arrays live as long
+        self._classes = np.ascontiguousarray(dfa.classes, dtype=np.int32)  # int32 already: no copy
+        self._subset: Subset | None = None  # the subset the descriptor names (0 in it: none)
+        self.desc = np.array([0, 0, dfa.num_classes, dfa.dead, _address(self._classes), self._buf.desc_address,
+                              0 if self._slice is None else self._slice[1], 0], dtype=np.int64)
+        self._desc_address = _address(self.desc)
+
+    def __call__(self, state: int) -> tuple[bool, np.ndarray, np.ndarray]:
+        """(whether `state` loops on the slice, the row of the slice's rest if so, else the
+        trie's), as `walk_parts` answers."""
+        dfa, desc = self._dfa, self.desc
+        sc = self._buf.scratch()
+        if dfa.complete:
+            desc[0] = _address(dfa.table)
+            desc[1] = 0
+            result = self._fn(self._desc_address, sc.desc_address, state)
+        else:
+            subset = dfa.subset
+            if subset is None:  # rows computed in Python (`_Scratch._fetch_row`)
+                return walk_parts(self._trie, self._sl, dfa, state)
+            if subset is not self._subset:
+                desc[1] = _address(subset.io)
+                desc[7] = subset.handle
+                self._subset = subset
+            with dfa._lock:
+                subset.begin()
+                try:
+                    result = self._fn(self._desc_address, sc.desc_address, state)
+                finally:
+                    subset.finish()  # raises the row computation's error
+        if result < 0:  # pragma: no cover - a failed row raised above; a complete DFA has every row
+            raise AssertionError("a native walk met an unknown row it could not compute")
+        found = result >> 1
+        return bool(result & 1), sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+
+
 _SLICES: weakref.WeakKeyDictionary[StringSlice, tuple[np.ndarray, int]] = weakref.WeakKeyDictionary()
 
 
@@ -678,6 +733,14 @@ def row_ids(words: np.ndarray, width: int, max_set: int, max_clear: int) -> tupl
     found = lib.gm_row_ids(_address(words), width, max_set, max_clear, _address(out), _address(form))
     kind = int(form[0])
     return (kind, out[:found]) if kind else (0, int(found))
+
+
+def set_bits(ids: np.ndarray, words: np.ndarray) -> None:
+    """Write into `words` (contiguous uint32) the packed row of `ids` (contiguous int32, each
+    below 32 * len(words): a walk's row, not checked here); call only where `available()`."""
+    lib = library()
+    assert lib is not None, "native.set_bits without the library (check available() first)"
+    lib.gm_set_bits(_address(ids), len(ids), _address(words), len(words))
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:

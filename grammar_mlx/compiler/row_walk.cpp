@@ -35,6 +35,15 @@
 // of addresses (native.py `_TrieBuffers`, `_Scratch`, `walk_parts`). Returns the row's length, or
 // -1 / -2 as gm_walk.
 //
+// gm_walk_with is gm_walk_parts with its per-walker arguments in a descriptor (native.py `Walker`,
+// made once per lazy index): {a complete DFA's table (with no subset), the native subset's `io`
+// (0: none; the table is then io's and rows are computed by gm_subset_fetch), width, dead, classes,
+// trie descriptor, slice descriptor (0: none), the subset's handle}. Returns 2 * the row's length +
+// whether `state` looped on the slice, or -1 / -2 as gm_walk.
+//
+// gm_set_bits writes a packed row (bit t of word t / 32) of `count` ids, each below 32 * num_words
+// (the caller's promise: the ids a walk produced), over whatever the words held.
+//
 // gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
 //
 // gm_unset writes the ids below `width` whose bit is clear in a packed mask (`out`: room for
@@ -248,6 +257,24 @@ int64_t gm_walk_parts(const int32_t* table, int64_t width, int32_t dead, const i
         if (table == nullptr) return -1;
     }
     return walk_row(table, width, dead, classes, state, fetch, ctx, trie, scratch);
+}
+
+const int32_t* gm_subset_fetch(void* ctx, int32_t q);  // subset.cpp
+
+int64_t gm_walk_with(const int64_t* d, const int64_t* scratch, int32_t state) {
+    const int64_t* io = reinterpret_cast<const int64_t*>(d[1]);
+    const int32_t* table = reinterpret_cast<const int32_t*>(io != nullptr ? io[0] : d[0]);
+    int64_t looped = 0;
+    const int64_t found = gm_walk_parts(table, d[2], static_cast<int32_t>(d[3]), reinterpret_cast<const int32_t*>(d[4]),
+                                        state, io != nullptr ? gm_subset_fetch : nullptr, reinterpret_cast<void*>(d[7]),
+                                        reinterpret_cast<const int64_t*>(d[5]), scratch,
+                                        reinterpret_cast<const int64_t*>(d[6]), &looped);
+    return found < 0 ? found : 2 * found + looped;
+}
+
+void gm_set_bits(const int32_t* ids, int64_t count, uint32_t* words, int64_t num_words) {
+    std::memset(words, 0, static_cast<size_t>(num_words) * sizeof(uint32_t));
+    for (int64_t i = 0; i < count; ++i) words[ids[i] >> 5] |= 1u << (ids[i] & 31);
 }
 
 int64_t gm_merge(const int32_t* base, int64_t base_len, int32_t base_state, const int32_t* tokens,

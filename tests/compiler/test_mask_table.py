@@ -95,12 +95,17 @@ def test_a_grown_table_masks_exactly_and_looks_no_row_up_twice(monkeypatch, shar
     assert len(checks) == 1, "only the first table's masker was checked"
 
 
-def test_sparse_rows_are_found_by_their_ids_and_a_few_ids_are_set_in_place(monkeypatch):
-    """A sparse row is keyed by its ids: found again without packing; a new one of a few ids has
-    its bits set in the zeroed row (no pack either), a larger one is packed; each reads back as
-    the mask of its ids, and a dense row is still found by its words."""
-    from grammar_mlx.compiler import mask_table
+@pytest.mark.parametrize("built", [True, False], ids=["native", "numpy"])
+def test_sparse_rows_are_found_by_their_ids_and_written_from_them(monkeypatch, built):
+    """A sparse row is keyed by its ids: found again without packing; a new one has its words
+    written from its ids in place (natively, or without the library a few ids' bits one by one and
+    more packed by the reference); each reads back as the mask of its ids, and a dense row is still
+    found by its words."""
+    from grammar_mlx.compiler import mask_table, native
 
+    if built and not native.available():
+        pytest.skip("the native library is not built here")
+    monkeypatch.setattr(native, "available", lambda: built)
     width = 1000  # 32 words
     table = MaskTable(width, 1 << 20)
     packs = []
@@ -110,11 +115,25 @@ def test_sparse_rows_are_found_by_their_ids_and_a_few_ids_are_set_in_place(monke
     some = np.arange(1, 1 + 2 * (mask_table.FEW_IDS + 1), 2, dtype=np.int32)
     dense = np.arange(0, width, 7, dtype=np.int32)
     ids = [table.add(few), table.add(some), table.add(dense)]
-    assert ids == [0, 1, 2] and packs == [len(some), len(dense)]
+    assert ids == [0, 1, 2] and packs == [len(dense)]
     assert [table.add(few), table.add(some.astype(np.int64)), table.add(dense)] == ids
-    assert packs == [len(some), len(dense), len(dense)], "only the dense row is packed to be found"
+    assert packs == [len(dense), len(dense)], "only the dense row is packed to be found"
     for row, tokens in zip(ids, (few, some, dense)):
         assert unpack(table.rows[row], width) == tokens.tolist()
+
+
+def test_walked_rows_are_the_rows_of_checked_ones():
+    """`add(..., walked=True)` (a walk's ids, not checked again) makes the same rows, ids and
+    dedup as the checked path, over sparse rows of every size and a dense one."""
+    width = 5000  # 157 words
+    rng = np.random.default_rng(3)
+    rows = [np.sort(rng.choice(width, size=n, replace=False)).astype(np.int32) for n in (0, 1, 5, 16, 17, 64, 150, 400)]
+    rows += [rows[3], rows[6]]  # found again
+    checked, walked = MaskTable(width, 1 << 22), MaskTable(width, 1 << 22)
+    assert [checked.add(r) for r in rows] == [walked.add(r, walked=True) for r in rows]
+    assert np.array_equal(checked.rows, walked.rows)
+    for row, tokens in zip([checked.add(r) for r in rows], rows):
+        assert unpack(checked.rows[row], width) == tokens.tolist()
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 from conftest import read_corpus
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from grammar_mlx import compile_json_schema, compile_regex, vocabulary_of
@@ -119,6 +119,38 @@ def test_native_rows_of_every_size_equal_the_numpy_walk(regex, engine):
     want = walk_reference(trie, dfa, dfa.initial)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), regex
     assert len(got[0]) > 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    tokens=st.lists(st.lists(st.sampled_from([*ALPHABET, b'"', b"\\", b"u", b"n"]), min_size=1, max_size=5)
+                    .map(b"".join), min_size=1, max_size=60),
+    regex=st.one_of(regexes(), st.sampled_from([JSON_STRING, f"\\[({JSON_STRING},)*\\]", "[a-c]*"])),
+    engine=st.sampled_from(["outlines", "nfa"]),
+)
+def test_a_walker_walks_as_walk_parts(tokens, regex, engine):
+    """`native.Walker` (a lazy index's walk, its arguments taken once) answers as `walk_parts`:
+    the slice's loop test and the row, on a complete DFA and on one built on demand (whose rows
+    it has computed as it meets them)."""
+    groups: dict[bytes, list[int]] = {}
+    for i, b in enumerate(tokens):
+        groups.setdefault(b, []).append(i)
+    trie = TokenTrie.build(groups, len(tokens))
+    assume(trie.num_nodes > 0)  # (NUL tokens only: no walk)
+    sl = trie.string_slice()
+
+    def make() -> ByteDFA:
+        return ByteDFA.from_outlines(regex, 10_000) if engine == "outlines" else determinize(build_nfa(regex), 10_000)
+
+    fast, slow = make(), make()
+    walker = native.Walker(trie, sl, fast)
+    state = 0 if engine == "outlines" else 1
+    while state <= fast.num_states - (engine == "outlines"):
+        looped, *got = walker(state)
+        slow_state = state if engine == "outlines" else _state_of(slow, names(fast)[state])
+        want_looped, *want = native.walk_parts(trie, sl, slow, slow_state)
+        assert looped == want_looped and same_row(tuple(got), fast, tuple(want), slow), (regex, state)
+        state += 1
 
 
 def test_an_error_computing_a_row_reaches_the_walks_caller():
