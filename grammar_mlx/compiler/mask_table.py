@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 # A distinct row's slot in the content index (hash int, row id, the list holding it), upper-ish.
 ROW_INDEX_BYTES = 72 + 2 * 32 + 64
-# At most this many ids: a new sparse row's bits set one by one in the zeroed row where the native
-# library is not built, and an id array checked ascending as Python ints.
+# At most this many ids: a new sparse row's bits set one by one in the zeroed row (cheaper than a
+# native call's arguments), and an id array checked ascending as Python ints.
 FEW_IDS = 16
 
 
@@ -192,15 +192,15 @@ class MaskTable:
             return row
 
     def _write_ids(self, words: np.ndarray, ids: np.ndarray) -> None:
-        """Write the packed row of `ids` (sorted int32, checked to have bits in the words) into
-        `words`, a row never handed out: natively where built, else (the words all zeros) a few ids'
-        bits one by one (a Python loop costs less than `pack`'s call and the copy of its row-sized
-        result), more packed."""
-        if native.available():
-            native.set_bits(ids, words)
-        elif len(ids) <= FEW_IDS:
+        """Set the bits of `ids` (sorted int32, checked to have bits in the words) in `words`, a row
+        never handed out (all zeros, so only the row's own bits are written): a few ids' bits one
+        by one (a Python loop costs less than a native call's arguments), more natively where built,
+        else packed."""
+        if len(ids) <= FEW_IDS:
             for t in ids.tolist():
                 words[t >> 5] |= 1 << (t & 31)
+        elif native.available():
+            native.set_bits(ids, words)
         else:
             words[:] = self.pack_reference(ids)
 

@@ -6,11 +6,12 @@ subset.cpp), built from source on first use.
 per row instead of a few numpy passes per trie level, so a state's first visit costs about one pass
 over its live trie nodes; `walk_parts` is a first visit's whole walk (the string slice's loop test,
 `loops`, then the row) in one call, and `Walker` the same for one lazy index, its constant arguments
-taken once. `set_bits` writes a walked row's packed mask in place (a new mask-table row). `row_ids` reads a packed mask's few set (or clear) ids for the CPU
-kernels' sparse row forms (`kernels.cpu.sparse_form`, whose numpy path is its reference). `Subset` is
-the on-demand subset construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer`
-is its reference and drives it): a walk over a DFA built on demand computes the rows it meets in
-place, returning to Python only when the NFA must be built further or the DFA's arrays grown.
+taken once. `set_bits` sets a row's bits in place (a new mask-table row, zeros until then).
+`row_ids` reads a packed mask's few set (or clear) ids for the CPU kernels' sparse row forms
+(`kernels.cpu.sparse_form`, whose numpy path is its reference). `Subset` is the on-demand subset
+construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer` is its reference and
+drives it): a walk over a DFA built on demand computes the rows it meets in place, returning to
+Python only when the NFA must be built further or the DFA's arrays grown.
 
 Built (both sources, one library) with the system's C++ compiler (`$CXX`, else g++, else c++) into
 the grammar cache directory (`cache.default_cache_dir()/native`, keyed by a hash of the sources and
@@ -151,7 +152,7 @@ def _build() -> ctypes.CDLL | None:
     lib.gm_walk_with.restype = _I
     lib.gm_walk_with.argtypes = [_P, _P, ctypes.c_int32]
     lib.gm_set_bits.restype = None
-    lib.gm_set_bits.argtypes = [_P, _I, _P, _I]
+    lib.gm_set_bits.argtypes = [_P, _I, _P]
     lib.gm_row.restype = _I
     lib.gm_row.argtypes = [_P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _P]
     lib.gm_merge.restype = _I
@@ -736,11 +737,12 @@ def row_ids(words: np.ndarray, width: int, max_set: int, max_clear: int) -> tupl
 
 
 def set_bits(ids: np.ndarray, words: np.ndarray) -> None:
-    """Write into `words` (contiguous uint32) the packed row of `ids` (contiguous int32, each
-    below 32 * len(words): a walk's row, not checked here); call only where `available()`."""
+    """Set in `words` (contiguous uint32, all zeros: a new mask-table row) the bits of `ids`
+    (contiguous int32, each below 32 * len(words): checked by the caller, or a walk's row); call
+    only where `available()`."""
     lib = library()
     assert lib is not None, "native.set_bits without the library (check available() first)"
-    lib.gm_set_bits(_address(ids), len(ids), _address(words), len(words))
+    lib.gm_set_bits(_address(ids), len(ids), _address(words))
 
 
 def pack(tokens: np.ndarray, words: int) -> np.ndarray:

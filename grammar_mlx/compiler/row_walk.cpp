@@ -41,8 +41,9 @@
 // trie descriptor, slice descriptor (0: none), the subset's handle}. Returns 2 * the row's length +
 // whether `state` looped on the slice, or -1 / -2 as gm_walk.
 //
-// gm_set_bits writes a packed row (bit t of word t / 32) of `count` ids, each below 32 * num_words
-// (the caller's promise: the ids a walk produced), over whatever the words held.
+// gm_set_bits sets the bits (bit t of word t / 32) of `count` ids, each below 32 * num_words (the
+// caller's promise, checked or as a walk produced them), in words that are zero: a new mask-table
+// row, where a row's own bits are all that is written (the other words stay untouched in memory).
 //
 // gm_merge merges two sorted, disjoint rows: `base` (every id to `base_state`) and tokens/states.
 //
@@ -272,8 +273,7 @@ int64_t gm_walk_with(const int64_t* d, const int64_t* scratch, int32_t state) {
     return found < 0 ? found : 2 * found + looped;
 }
 
-void gm_set_bits(const int32_t* ids, int64_t count, uint32_t* words, int64_t num_words) {
-    std::memset(words, 0, static_cast<size_t>(num_words) * sizeof(uint32_t));
+void gm_set_bits(const int32_t* ids, int64_t count, uint32_t* words) {
     for (int64_t i = 0; i < count; ++i) words[ids[i] >> 5] |= 1u << (ids[i] & 31);
 }
 
