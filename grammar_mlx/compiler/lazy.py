@@ -51,6 +51,7 @@ within the threshold: extra rows of the same table. docs/compiled-grammar.md, "T
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -100,20 +101,14 @@ BUDGET_ROW_BYTES = DICT_SLOT_BYTES + 64 + 3 * INT_BYTES
 PARTS_OVERHEAD_BYTES = 2 * ARRAY_HEADER_BYTES + 56 + DICT_SLOT_BYTES + INT_BYTES
 
 
-def _whole_row(walker: Callable[[TokenTrie, ByteDFA, int], tuple[np.ndarray, np.ndarray]]
-               ) -> Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]]:
-    """A row walk as `walk_parts` answers: no slice, the whole row."""
-    def parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
+_Parts = Callable[[int], tuple["StringSlice | None", np.ndarray, np.ndarray]]
+
+
+def _whole_row(walker: Callable[[TokenTrie, ByteDFA, int], tuple[np.ndarray, np.ndarray]], trie: TokenTrie,
+               dfa: ByteDFA) -> _Parts:
+    """A row walk of `trie` over `dfa` as `walk_parts` answers: no slice, the whole row."""
+    def parts(state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
         return (None, *walker(trie, dfa, state))
-    return parts
-
-
-def _native_parts(walker: native.Walker, sl: StringSlice
-                  ) -> Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]]:
-    """`walk_parts` of the walker's own trie and DFA (the arguments are those)."""
-    def parts(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
-        looped, tokens, nxt = walker(state)
-        return (sl if looped else None), tokens, nxt
     return parts
 
 
@@ -151,15 +146,15 @@ class LazyIndex:
         self.dfa = dfa
         self.trie = trie
         self.backend = backend
-        # (string slice or None, the row of the other tokens): see `token_index.walk_parts`.
-        self._walk_parts: Callable[[TokenTrie, ByteDFA, int], tuple[StringSlice | None, np.ndarray, np.ndarray]] = (
-            walk_parts if backend == "numpy" else _whole_row(walk_mlx))
+        # A state's (string slice or None, the row of the other tokens): see `token_index.walk_parts`.
+        self._walk_parts: _Parts = (functools.partial(walk_parts, trie, dfa) if backend == "numpy"
+                                    else _whole_row(walk_mlx, trie, dfa))
         if backend == "numpy" and trie.num_nodes:
             # The trie's slice is built once per process and vocabulary, here rather than on the
             # first visit to a string state: a generation's call never pays for it.
             sl = trie.string_slice()
-            if native.available():  # the same walk with its constant arguments taken once
-                self._walk_parts = _native_parts(native.Walker(trie, sl, dfa), sl)
+            if native.available():  # the same walk, its constant arguments taken once
+                self._walk_parts = native.Walker(trie, sl, dfa)
         self.eos = np.array(sorted(set(eos_token_ids)), dtype=np.int32)
         self.width = int(logits_width)
         self.words = -(-self.width // 32)
@@ -404,11 +399,11 @@ class LazyIndex:
         if state == self.terminal:
             tokens, nxt = self.eos.copy(), np.full(len(self.eos), self.terminal, dtype=np.int32)
             sl = None
-        elif (restored := self._restore(state)) is not None:  # a saved row (`lazy_store`)
+        elif self._store is not None and (restored := self._store.restore(self, state)) is not None:  # a saved row
             tokens, nxt, packed, sl = restored
             self.rows_restored += 1
         else:
-            sl, tokens, nxt = self._walk_parts(self.trie, self.dfa, state)
+            sl, tokens, nxt = self._walk_parts(state)
             walked = True
             if not self._all_live and len(nxt):
                 keep = self._live(nxt)
@@ -445,10 +440,6 @@ class LazyIndex:
         self.fill_seconds += elapsed
         self.fill_seconds_max = max(self.fill_seconds_max, elapsed)
         self.states_seen.add(state)
-
-    def _restore(self, state: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, StringSlice | None] | None:
-        store = self._store
-        return None if store is None else store.restore(self, state)
 
     def _hold(self, state: int, entry: tuple[np.ndarray, np.ndarray]) -> None:
         size = entry[0].nbytes + entry[1].nbytes

@@ -497,10 +497,10 @@ def walk_parts(trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA, state: int
 
 
 class Walker:
-    """`walk_parts(trie, sl, dfa, state)` for one (trie, slice, DFA), with the arguments that do not
-    change between walks taken once (row_walk.cpp's gm_walk_with descriptor): a lazy index's first
-    visits call it, where each Python step is paid on caches the last mask left cold. Call only
-    where `available()`, on a trie with nodes."""
+    """`token_index.walk_parts(trie, dfa, state)` (`walk_parts` here, with `sl` its slice) for one
+    (trie, slice, DFA), with the arguments that do not change between walks taken once (row_walk.cpp's
+    gm_walk_with descriptor): a lazy index's first visits call it, where each Python step is paid
+    on caches the last mask left cold. Call only where `available()`, on a trie with nodes."""
 
     def __init__(self, trie: TokenTrie, sl: StringSlice | None, dfa: ByteDFA) -> None:
         lib = library()
@@ -516,9 +516,9 @@ class Walker:
                               0 if self._slice is None else self._slice[1], 0], dtype=np.int64)
         self._desc_address = _address(self.desc)
 
-    def __call__(self, state: int) -> tuple[bool, np.ndarray, np.ndarray]:
-        """(whether `state` loops on the slice, the row of the slice's rest if so, else the
-        trie's), as `walk_parts` answers."""
+    def __call__(self, state: int) -> tuple[StringSlice | None, np.ndarray, np.ndarray]:
+        """(the slice where `state` loops on it, else None; the row of the slice's rest if so,
+        else the trie's), as `token_index.walk_parts` answers."""
         dfa, desc = self._dfa, self.desc
         sc = self._buf.scratch()
         if dfa.complete:
@@ -528,7 +528,8 @@ class Walker:
         else:
             subset = dfa.subset
             if subset is None:  # rows computed in Python (`_Scratch._fetch_row`)
-                return walk_parts(self._trie, self._sl, dfa, state)
+                looped, tokens, nxt = walk_parts(self._trie, self._sl, dfa, state)
+                return (self._sl if looped else None), tokens, nxt
             if subset is not self._subset:
                 desc[1] = _address(subset.io)
                 desc[7] = subset.handle
@@ -542,7 +543,7 @@ class Walker:
         if result < 0:  # pragma: no cover - a failed row raised above; a complete DFA has every row
             raise AssertionError("a native walk met an unknown row it could not compute")
         found = result >> 1
-        return bool(result & 1), sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
+        return (self._sl if result & 1 else None), sc.out_tokens[:found].copy(), sc.out_states[:found].copy()
 
 
 _SLICES: weakref.WeakKeyDictionary[StringSlice, tuple[np.ndarray, int]] = weakref.WeakKeyDictionary()
