@@ -8,7 +8,7 @@ budget_mask_row`). An eager grammar seeds the table with its complete `masks` (r
 The table the kernels read (`device_masks()`) is one `mx.array` with room for more rows than it
 holds: a new row is written into it in place (through a numpy view of its memory,
 `kernels.shared_array`) before its id is handed out, and a full table is copied once into one of
-twice the rows, so U distinct rows make O(log U) tables (`copies`) and the kernels' per-table
+twice the rows (at least `GROWN_ROWS`), so U distinct rows make O(log U) tables (`copies`) and the kernels' per-table
 caches stay valid (the kernels package docstring, "Mask layout", states the rule); a grown table
 takes over the old one's row indexes and bound maskers (`kernels.dispatch.carry_row_cache`), so
 its rows are not looked up again after the copy. A new row allowing fewer ids than it has words
@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 
 # A distinct row's slot in the content index (hash int, row id, the list holding it), upper-ish.
 ROW_INDEX_BYTES = 72 + 2 * 32 + 64
+# A table's rows when it is made (a lazy grammar's first masks: a compile pays for no more), and
+# when it first fills up: a generation meets a few dozen distinct masks, so its table grows once
+# there rather than at each doubling on the way (each a zeroed table, a copy, its caches carried);
+# twice the rows from then on.
+FIRST_ROWS = 4
+GROWN_ROWS = 32
 # At most this many ids: a new sparse row's bits set one by one in the zeroed row (cheaper than a
 # native call's arguments), and an id array checked ascending as Python ints.
 FEW_IDS = 16
@@ -94,7 +100,7 @@ class MaskTable:
             return copy[1]
         with self._lock:
             if self._shared is None:  # no device table yet: decide how tables are kept
-                self._grow(max(4, self.num_rows) if self._seed is None else self.num_rows)
+                self._grow(max(FIRST_ROWS, self.num_rows) if self._seed is None else self.num_rows)
             if self._table[0] is not None:
                 return self._table[0]
             copy = self._copy
@@ -169,8 +175,8 @@ class MaskTable:
                 raise GrammarTooLargeError(
                     f"the grammar's mask table reached its limit of {self.max_bytes / 2**20:.0f} MiB "
                     f"({row:,} distinct masks; {self.limit_name})")
-            if row == self.capacity:  # full: twice the rows, amortized O(1) copies per row
-                self._grow(max(4, 2 * row))
+            if row == self.capacity:  # full (or none yet: a first mask's few rows)
+                self._grow(max(GROWN_ROWS, 2 * row) if row else FIRST_ROWS)
             table, host = self._table
             if table is not None:
                 kernels = _kernels()

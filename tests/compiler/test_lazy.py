@@ -328,11 +328,15 @@ def test_processor_over_a_lazy_grammar_masks_exactly_while_the_table_grows(qwen_
     assert masks > 4 and len(tables) == lazy.stats["table_copies"] <= 1 + math.ceil(math.log2(masks / 4))
 
 
-def test_concurrent_processors_mask_exactly_while_their_grammars_table_grows(qwen_vocab):
+def test_concurrent_processors_mask_exactly_while_their_grammars_table_grows(qwen_vocab, monkeypatch):
     """Threads, each with its own processor on one lazy grammar, walk different documents: the
     table grows (new table objects, each taking over the last one's row index and masker:
     compiler/mask_table.py) while other threads mask through older tables, and every call masks
-    exactly as the eager grammar allows."""
+    exactly as the eager grammar allows. (Tables grow by doubling from 4 rows here, so this
+    grammar's few dozen masks grow it several times.)"""
+    from grammar_mlx.compiler import mask_table
+
+    monkeypatch.setattr(mask_table, "GROWN_ROWS", 4)
     schema = {"type": "object", "properties": {f"k{i}": {"type": "integer", "maximum": 10 ** i} for i in range(6)},
               "required": [f"k{i}" for i in range(6)]}
     lazy = compile_json_schema(schema, qwen_vocab, logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)

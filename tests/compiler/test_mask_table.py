@@ -61,10 +61,14 @@ def test_a_grown_table_masks_exactly_and_looks_no_row_up_twice(monkeypatch, shar
     """Each new table object (grown when full, or, where numpy cannot write into MLX memory, copied
     per new row) takes over the last one's row index and bound masker (`kernels.dispatch.
     carry_row_cache`): over many growths each row id is looked up once, every masker bound on the
-    way masks every row it was given exactly, and only the first table's masker is checked."""
+    way masks every row it was given exactly, and only the first table's masker is checked.
+    (Tables grow by doubling from 4 rows here, so 40 rows grow it several times.)"""
     import mlx.core as mx
 
+    from grammar_mlx.compiler import mask_table
     from grammar_mlx.kernels import dispatch
+
+    monkeypatch.setattr(mask_table, "GROWN_ROWS", 4)
 
     if not shared:
         monkeypatch.setattr(dispatch, "_host_writes_visible", lambda: False)
@@ -93,6 +97,25 @@ def test_a_grown_table_masks_exactly_and_looks_no_row_up_twice(monkeypatch, shar
     assert len(bound) == table.copies and len(bound) > 4
     assert sorted(set(loads)) == sorted(loads) == list(range(40)), "each row looked up once over every table"
     assert len(checks) == 1, "only the first table's masker was checked"
+
+
+def test_a_full_table_grows_to_at_least_grown_rows_then_doubles():
+    """The first device table holds the rows so far (at least 4); once full it grows to
+    `GROWN_ROWS` rows, then doubles: one copy for a generation's few dozen masks."""
+    from grammar_mlx.compiler import mask_table
+
+    table = MaskTable(1000, 1 << 20)
+    table.add(np.array([0], dtype=np.int32))
+    table.device_masks()
+    sizes = [table.capacity]
+    for n in range(1, 2 * mask_table.GROWN_ROWS + 1):
+        assert table.add(np.array([n], dtype=np.int32)) == n
+        if table.capacity != sizes[-1]:
+            sizes.append(table.capacity)
+    if table._table[0] is None:  # numpy cannot write into MLX memory here: copied per row instead
+        pytest.skip("tables are not shared with numpy on this build")
+    assert sizes == [4, mask_table.GROWN_ROWS, 2 * mask_table.GROWN_ROWS, 4 * mask_table.GROWN_ROWS]
+    assert table.copies == len(sizes)
 
 
 @pytest.mark.parametrize("built", [True, False], ids=["native", "numpy"])
