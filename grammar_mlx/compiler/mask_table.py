@@ -159,7 +159,7 @@ class MaskTable:
             listed = None  # a new sparse row's ids, its words written from them (below)
             if packed is None:
                 if ids is not None and self._seed is None:
-                    listed = np.frombuffer(ids, dtype=np.int32)
+                    listed = tokens if walked else np.frombuffer(ids, dtype=np.int32)
                     if not walked and len(listed) and (listed[0] < 0 or listed[-1] >= 32 * self.words):
                         native.check_pack_ids(listed, self.words)  # (sorted: its ends are its extremes)
                 else:
@@ -182,7 +182,8 @@ class MaskTable:
                 kernels = _kernels()
                 kernels.before_host_write()
                 if ids is not None:
-                    kernels.note_row_ids(table, row, np.frombuffer(ids, dtype=np.int32))
+                    noted = listed if listed is not None else np.frombuffer(ids, dtype=np.int32)
+                    kernels.note_row_ids(table, row, noted)
             # In place: row ids from `row` on were never handed out.
             if packed is not None:
                 host[row] = packed
