@@ -1,7 +1,7 @@
 """The masking entry points: `apply_token_bitmask` (any batch of one table), `apply_token_bitmasks`
 (each row by its own table) and `row_masker` (the per-token path, bound once to a table). They
 check their inputs once, choose the path (`default_path`: Metal or CUDA on a GPU device, else the
-CPU paths) and hand off to `gpu` or `cpu`. This module also holds
+CPU paths, cpu-native first) and hand off to `gpu`, `native`'s primitive or `cpu`. This module also holds
 what the device allows (`shared_array`: arrays numpy writes in place) and the one CPU row cache.
 The mask layout and the paths are described once, in the package docstring."""
 
@@ -98,10 +98,11 @@ def apply_token_bitmasks(logits: mx.array, picks: Sequence[MaskPick], *, path: s
     any table, or None for a row that allows every token: equal bit for bit to masking each row
     alone with `apply_token_bitmask`, in one call (a batch step whose rows follow different
     grammars, or mix constrained and free rows). Rows all from one table go through
-    `apply_token_bitmask` with that table. Otherwise the GPU paths read `gathered_table` and the
-    CPU paths gather the rows' cached int8 masks from each table's own cache entries, so no table
-    is built or unpacked per call. Raises `KernelError` as `apply_token_bitmask` would for each
-    pick, and on a pick count other than B.
+    `apply_token_bitmask` with that table. Otherwise the GPU paths read `gathered_table`,
+    cpu-native reads each row's words through its own table, and the cached CPU paths gather the
+    rows' int8 masks from each table's own cache entries, so no table is built or unpacked per
+    call. Raises `KernelError` as `apply_token_bitmask` would for each pick, and on a pick count
+    other than B.
     """
     if not isinstance(logits, mx.array) or logits.ndim != 2:
         _checked_rows(logits, mx.zeros((0, 1), dtype=mx.uint32), [])  # raises the typed error
