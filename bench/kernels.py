@@ -23,6 +23,7 @@ its ids noted by its writer or read):
                        allowed ids (fill -inf, gather, scatter), the forbidden ids (copy, scatter
                        -inf), at the size thresholds that choose them, and the dense int8 mask
   row_masker/3 forms   B = 1 only: the bound per-token path (cached path) cycling through one row of each form
+  row_masker/native    B = 1 only: the same rows through the per-token path on cpu-native
   parts/gather         B > 1 only: the two ops a whole-table batch runs, alone: the gather of its B
   parts/keep           int8 mask rows (2 bytes moved per token) and the masking of the logits by
                        gathered masks (read 4 + 1, write 4 bytes per float32 token; the floor
@@ -162,6 +163,10 @@ def form_variants(logits: mx.array):
     masker = K.row_masker(table, vocab, logits.dtype, path=path)
     cycle = itertools.cycle(range(len(table_rows)))
     out.append(("row_masker/3 forms", lambda: masker(logits, next(cycle))))
+    if "cpu-native" in K.available_paths():  # the same rows through the per-token path on cpu-native
+        native = K.row_masker(table, vocab, logits.dtype, path="cpu-native")
+        native_cycle = itertools.cycle(range(len(table_rows)))
+        out.append(("row_masker/native", lambda: native(logits, next(native_cycle))))
     return out
 
 
