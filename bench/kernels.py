@@ -7,23 +7,27 @@ median round is reported, so background load hits floor and paths alike. Column 
 ratio of process CPU time (MLX's stream thread included), less hit by other processes than wall
 time. The summary lists issue 24's target rows (V = 151,936, the default path) beside the targets.
 
-Variants on the CPU device, each on a warm cache (first-use costs are printed separately: the
-random rows of both tables, and at B = 1 a sparse row with its ids noted by its writer or read):
-  cpu-fused/whole      the default when g++ is present; a 64-row table, small enough to be
+Variants on the CPU device, each on a warm cache (first-use costs are printed separately, on the
+default path and on the cached one: the random rows of both tables, and at B = 1 a sparse row with
+its ids noted by its writer or read):
+  cpu-native/whole     the default where the cpu-native primitive builds (g++ and nanobind): one
+  cpu-native/rows      pass reading the packed words through the row ids, no cache; same two tables
+  cpu-fused/whole      the default without it when g++ is present; a 64-row table, small enough to be
                        cached unpacked whole (a batch is one gather of its int8 rows)
   cpu-fused/rows       the same path on a 2,048-row table, too large for that: hot rows are
                        cached one by one and a batch concatenates them
   cpu-bitwise/whole    the default without g++, same two tables
   cpu-bitwise/rows
   np-unpack+where      the issue's reference point: np.unpackbits per call, then a compiled where
-  form/...             B = 1 only: the forms a cached row takes on the CPU (kernels.cpu.sparse_form): the
+  form/...             B = 1 only: the forms a cached row takes on the cached CPU paths (kernels.cpu.sparse_form): the
                        allowed ids (fill -inf, gather, scatter), the forbidden ids (copy, scatter
                        -inf), at the size thresholds that choose them, and the dense int8 mask
-  row_masker/3 forms   B = 1 only: the bound per-token path cycling through one row of each form
+  row_masker/3 forms   B = 1 only: the bound per-token path (cached path) cycling through one row of each form
+  row_masker/native    B = 1 only: the same rows through the per-token path on cpu-native
   parts/gather         B > 1 only: the two ops a whole-table batch runs, alone: the gather of its B
   parts/keep           int8 mask rows (2 bytes moved per token) and the masking of the logits by
                        gathered masks (read 4 + 1, write 4 bytes per float32 token; the floor
-                       moves 4 + 4), on the default path (B = 1 runs the latter alone: form/dense)
+                       moves 4 + 4), on the cached path (B = 1 runs the latter alone: form/dense)
 On a GPU device: metal or cuda (the 2,048-row table; the kernel reads it in place).
 
 Table growth (a lazy grammar's mask table gaining U distinct rows one at a time, each row's table
@@ -40,8 +44,11 @@ each table's cached rows) and "gathered" (the rows gathered into one fresh table
 masked through `apply_token_bitmask`: what the CPU paths did before `apply_token_bitmasks`).
 Interleaved rounds, best round, wall and process CPU time, and the CPU-time ratio to "per-row".
 
-    python bench/kernels.py [--rounds N] [--iters N] [--out bench/results/kernels.json] [--growth-only]
-                            [--mixed-only]
+--runs N repeats the whole measurement N times in one process; the summary (the target rows) is then
+the median of the runs' ratios, each run's summary kept beside it, and "results" are the last run's.
+
+    python bench/kernels.py [--rounds N] [--iters N] [--runs N] [--out bench/results/kernels.json]
+                            [--growth-only] [--mixed-only]
 """
 
 from __future__ import annotations
@@ -107,6 +114,11 @@ def variants(device: str, logits: mx.array, tables: dict[str, tuple[mx.array, np
     return out
 
 
+def cached_path() -> str:
+    """The CPU path with the row cache and forms that runs here (the default without cpu-native)."""
+    return "cpu-fused" if cpu.jit_available() else "cpu-bitwise"
+
+
 def part_variants(logits: mx.array, table_np: np.ndarray, rows: list[int]):
     """B > 1: the gather and the masking a whole-table batch runs, each alone (see the docstring)."""
     vocab = logits.shape[1]
@@ -114,7 +126,7 @@ def part_variants(logits: mx.array, table_np: np.ndarray, rows: list[int]):
     row_ids = mx.array(rows, dtype=mx.int32)
     masks = mx.take(whole, row_ids, axis=0)
     mx.eval(whole, masks)
-    keep = cpu.fused_where if K.default_path() == "cpu-fused" else cpu.bitwise_where
+    keep = cpu.fused_where if cached_path() == "cpu-fused" else cpu.bitwise_where
     return [("parts/gather", lambda: mx.take(whole, row_ids, axis=0)), ("parts/keep", lambda: keep(masks, logits))]
 
 
@@ -122,7 +134,7 @@ def form_variants(logits: mx.array):
     """B = 1: the forms a cached row takes (kernels.cpu.sparse_form) at their size thresholds, applied
     directly, and the bound per-token path (kernels.row_masker) on a table with one row per form."""
     vocab = logits.shape[1]
-    path = K.default_path()
+    path = cached_path()
     appliers = cpu.row_appliers(path, logits.dtype)
     rng = np.random.default_rng(vocab)
     few, many = vocab // cpu.SPARSE_ALLOWED_FRACTION, vocab // cpu.SPARSE_BLOCKED_FRACTION
@@ -151,20 +163,24 @@ def form_variants(logits: mx.array):
     masker = K.row_masker(table, vocab, logits.dtype, path=path)
     cycle = itertools.cycle(range(len(table_rows)))
     out.append(("row_masker/3 forms", lambda: masker(logits, next(cycle))))
+    if "cpu-native" in K.available_paths():  # the same rows through the per-token path on cpu-native
+        native = K.row_masker(table, vocab, logits.dtype, path="cpu-native")
+        native_cycle = itertools.cycle(range(len(table_rows)))
+        out.append(("row_masker/native", lambda: native(logits, next(native_cycle))))
     return out
 
 
-def first_use_us(logits: mx.array, table: mx.array, rows: list[int], repeats: int = 5) -> float:
+def first_use_us(logits: mx.array, table: mx.array, rows: list[int], path: str, repeats: int = 5) -> float:
     """A call that finds nothing cached: unpacking (whole table or rows) plus the masking."""
     times = []
     for _ in range(repeats):
         K.clear_row_cache()
-        times.append(time_calls(lambda: K.apply_token_bitmask(logits, table, rows), 1))
+        times.append(time_calls(lambda: K.apply_token_bitmask(logits, table, rows, path=path), 1))
     K.clear_row_cache()
     return statistics.median(times)
 
 
-def first_use_sparse_us(logits: mx.array, repeats: int = 5) -> dict[str, float]:
+def first_use_sparse_us(logits: mx.array, path: str, repeats: int = 5) -> dict[str, float]:
     """B = 1: a call that finds nothing cached, on a row allowing 16 ids (a JSON structure state's):
     "noted", its ids handed over by the table's writer (`kernels.note_row_ids`: a lazy grammar's new
     rows), or "read" from its words. A fresh table each time (the masker's binding included)."""
@@ -181,8 +197,8 @@ def first_use_sparse_us(logits: mx.array, repeats: int = 5) -> dict[str, float]:
             if name == "noted":
                 K.note_row_ids(table, 0, ids)
             K.clear_row_cache()  # noted ids stay: they are the table's
-            times.append(time_calls(lambda table=table: K.apply_token_bitmask(logits, table, [0]), 1))
-        out[f"allowed k=16 {name}"] = statistics.median(times)
+            times.append(time_calls(lambda table=table: K.apply_token_bitmask(logits, table, [0], path=path), 1))
+        out[f"allowed k=16 {name} {path}"] = statistics.median(times)
     K.clear_row_cache()
     return out
 
@@ -209,9 +225,13 @@ def measure(device: str, vocab: int, batch: int, dtype: str, rounds: int, iters:
     logits = mx.array(rng.standard_normal((batch, vocab)).astype(np.float32)).astype(DTYPES[dtype])
     rows = rng.choice(SMALL_TABLE_ROWS, size=batch, replace=False).tolist()
     mx.eval(logits, *(t for t, _ in tables.values()))
-    first_use = {layout: first_use_us(logits, t, rows) for layout, (t, _) in tables.items()} if device == "cpu" else {}
-    if device == "cpu" and batch == 1:
-        first_use.update(first_use_sparse_us(logits))
+    first_use = {}
+    if device == "cpu":
+        for path in dict.fromkeys((K.default_path(), cached_path())):
+            for layout, (table, _) in tables.items():
+                first_use[f"{layout} {path}"] = first_use_us(logits, table, rows, path)
+            if batch == 1:
+                first_use.update(first_use_sparse_us(logits, path))
     cases = variants(device, logits, tables, rows)
     for _, fn in cases:  # warm up: JIT builds, row cache fills
         time_calls(fn, 3)
@@ -261,12 +281,24 @@ TARGETS = {1: 1.2, 8: 1.5}
 
 
 def target_summary(results: list[dict]) -> dict:
-    """The target rows (CPU, V = TARGET_VOCAB, the default path) with their ratios and targets."""
-    path = K.default_path()
+    """The target rows (CPU, V = TARGET_VOCAB, the default path and the cached one) with their
+    ratios and targets."""
+    paths = tuple(f"{p}/" for p in dict.fromkeys((K.default_path(), cached_path())))
     out: dict = {"targets": {f"B={b}": t for b, t in TARGETS.items()}}
     for r in results:
-        if r["device"] == "cpu" and r["vocab"] == TARGET_VOCAB and r["variant"].startswith(f"{path}/"):
+        if r["device"] == "cpu" and r["vocab"] == TARGET_VOCAB and r["variant"].startswith(paths):
             out[f"{r['dtype']} B={r['batch']} {r['variant']}"] = [r["ratio_to_floor"], r["cpu_ratio_to_floor"]]
+    return out
+
+
+def median_summary(summaries: list[dict]) -> dict:
+    """The runs' target summaries in one: each row's [wall, cpu] ratios the median over the runs."""
+    out: dict = {"targets": summaries[0]["targets"]}
+    for key in summaries[0]:
+        if key != "targets":
+            pairs = [s[key] for s in summaries if key in s]
+            values = [[p[i] for p in pairs if p[i] is not None] for i in range(2)]
+            out[key] = [round(statistics.median(v), 3) if v else None for v in values]
     return out
 
 
@@ -372,6 +404,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--iters", type=int, default=25)
+    parser.add_argument("--runs", type=int, default=1, help="whole measurements; the summary is their median")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "kernels.json")
     parser.add_argument("--growth-only", action="store_true", help="only the table-growth measurement")
     parser.add_argument("--mixed-only", action="store_true", help="only the mixed batch step (CPU paths)")
@@ -409,14 +442,17 @@ def main() -> None:
     devices = ["cpu"]
     if any(p in ("metal", "cuda") for p in K.available_paths()):
         devices.insert(0, "gpu")
-    results = []
     started = time.perf_counter()
-    for device in devices:
-        with mx.stream(mx.gpu if device == "gpu" else mx.cpu):
-            for vocab in VOCABS:
-                for batch in BATCHES:
-                    for dtype in DTYPES:
-                        results.extend(measure(device, vocab, batch, dtype, args.rounds, args.iters))
+    summaries = []
+    for _ in range(args.runs):
+        results = []
+        for device in devices:
+            with mx.stream(mx.gpu if device == "gpu" else mx.cpu):
+                for vocab in VOCABS:
+                    for batch in BATCHES:
+                        for dtype in DTYPES:
+                            results.extend(measure(device, vocab, batch, dtype, args.rounds, args.iters))
+        summaries.append(target_summary(results))
 
     header = f"{'device':6} {'V':>7} {'B':>2} {'dtype':8} {'variant':20} {'us/apply':>9} {'x floor':>8} {'cpu x':>6}"
     print(header)
@@ -426,7 +462,7 @@ def main() -> None:
             f"{r['device']:6} {r['vocab']:>7} {r['batch']:>2} {r['dtype']:8} {r['variant']:20} "
             f"{r['us_per_apply']:>9.1f} {r['ratio_to_floor']:>8.2f} {_ratio(r.get('cpu_ratio_to_floor')):>6}"
         )
-    summary = target_summary(results)
+    summary = median_summary(summaries)
     print(json.dumps(summary))
     report = {
         "benchmark": "apply_token_bitmask",
@@ -434,13 +470,16 @@ def main() -> None:
         "mlx": mx.__version__,
         "machine": platform.platform(),
         "default_path": K.default_path(),
+        "cpu_native_error": K.cpu_native_error(),
         "rounds": args.rounds,
         "iters_per_round": args.iters,
         "seconds": round(time.perf_counter() - started, 1),
         # other work on the machine skews µs more than ratios: the load before and after the run
         "load_average": [round(x, 2) for x in (*load_before, *os.getloadavg())],
         "cpu_count": os.cpu_count(),
+        "runs": args.runs,
         "summary": summary,
+        "summary_per_run": summaries if args.runs > 1 else None,
         "results": results,
         "table_growth": growth,
     }

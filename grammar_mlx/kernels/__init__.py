@@ -22,7 +22,16 @@ Paths
   (kernel bodies, shipped inside the wheel) run through `mx.fast.metal_kernel` /
   `mx.fast.cuda_kernel`. The kernel reads the mask words straight from the device-resident table
   through the row ids, so only B row ids cross to the device per call. Each kernel is built once.
-* ``cpu-fused`` (`cpu`): MLX's CPU backend. Masks are unpacked into int8 rows (0 = disallowed, -1 =
+* ``cpu-native`` (`native`): MLX's CPU backend, the default there where it builds. An MLX custom
+  primitive (`token_bitmask_cpu.cpp`, bound with nanobind into mlx.core's nanobind domain) reads
+  the packed words through the row ids (each batch row through its own table, for
+  `apply_token_bitmasks`) and writes the output in one pass over the logits, copying their bits or
+  writing -inf; nothing is unpacked or cached, so a row's first use costs what its later ones do.
+  The row ids are host ints held by the primitive: a call makes no array but its output, and its
+  eval runs on MLX's stream thread with no Python. Built with ``g++`` and the `nanobind` package on
+  first use, once per cache directory (`native`); where it cannot be (no compiler, no nanobind, a
+  failed build, ``GRAMMAR_MLX_NATIVE=0``) `cpu_native_error()` says why and the two paths below run.
+* ``cpu-fused`` (`cpu`): MLX's CPU backend without cpu-native. Masks are unpacked into int8 rows (0 = disallowed, -1 =
   allowed) held in a bounded cache shared by all tables (`set_row_cache_limit`), and the logits are
   masked through their integer view, ``((x ^ NEG_INF) & mask) ^ NEG_INF`` (the int8 mask widens by
   sign: -1 keeps x, 0 gives the bits of -inf; exact for every value). One `mx.compile`d function
@@ -31,19 +40,21 @@ Paths
 * ``cpu-bitwise``: without ``g++`` MLX's compile cannot fuse (an unfused `mx.where` is far slower
   than a copy), so the same three integer ops run as three vectorised passes.
 
-On both CPU paths a single row (B = 1) takes the cheapest of three forms (`cpu.sparse_form`): a row
-that allows at most V/64 tokens keeps their ids (the output is a fill of -inf with those logits
-scattered in), one that forbids at most V/24 keeps the forbidden ids (a copy of the logits with -inf
-scattered in), any other the dense mask above. The forms copy bits and never compute with them, so
-they are exact too; JSON structure states allow a handful of tokens and string states forbid a few
-thousand, and both forms cost less than the dense mask there (bench/kernels.py, "form/...").
+On the two cached CPU paths (cpu-fused, cpu-bitwise) a single row (B = 1) takes the cheapest of
+three forms (`cpu.sparse_form`): a row that allows at most V/64 tokens keeps their ids (the output
+is a fill of -inf with those logits scattered in), one that forbids at most V/24 keeps the
+forbidden ids (a copy of the logits with -inf scattered in), any other the dense mask above. The
+forms copy bits and never compute with them, so they are exact too; JSON structure states allow a
+handful of tokens and string states forbid a few thousand, and both forms cost less than the dense
+mask there (bench/kernels.py, "form/...").
 
-The CPU row cache (`cpu.RowCache`) keys rows by their content (a sparse row by its ids, any other
-by its words), so a row is found again in every table that holds it (a lazy grammar's table,
-copied into a larger one when full; equal rows of different grammars share an entry). A table's
-writer may hand over a new row's ids with the row (`note_row_ids`: a lazy grammar's new rows),
-so its first mask needs no pass over its words. A table of at most a quarter of the bound also
-gets a whole-table entry for batches, an unpacked copy filled a row at a time on the first batch
+The cached paths' row cache (`cpu.RowCache`; cpu-native has none) keys rows by their content (a
+sparse row by its ids, any other by its words), so a row is found again in every table that holds
+it (a lazy grammar's table, copied into a larger one when full; equal rows of different grammars
+share an entry). A table's writer may hand over a new row's ids with the row (`note_row_ids`: a
+lazy grammar's new rows), so its first mask needs no pass over its words (cpu-native reads the
+words in any case and ignores them). A table of at most a quarter of the bound also gets a
+whole-table entry for batches, an unpacked copy filled a row at a time on the first batch
 that uses the row (then a batch is one gather; a larger table's batch concatenates its rows'
 entries). One recency policy serves every entry: second chance (a hit marks its entry; eviction
 spares a marked entry once). Memory: the bound (`limits.ROW_CACHE_BYTES`; a dense row costs V + 4 W
@@ -53,12 +64,13 @@ writer's (a lazy grammar's table holds them as its rows' keys) and go with their
 A batch whose rows follow different tables (a server step mixing grammars, or constrained and free
 rows) goes through `apply_token_bitmasks`, one (table, row id) pick per row (None: every token
 allowed): rows all of one table take that table and its caches as above; otherwise the GPU paths
-read the picked rows gathered into one table (`gathered_table`, this layout, a free row all ones)
-and the CPU paths build the batch's int8 masks from each table's dense row entries, so a table
-made for one call is never unpacked or cached.
+read the picked rows gathered into one table (`gathered_table`, this layout, a free row all ones),
+cpu-native reads each row through its own table, and the cached CPU paths build the batch's int8
+masks from each table's dense row entries, so a table made for one call is never unpacked or cached.
 
 Modules: `dispatch` (the three entry points, input checks, the choice of path, `shared_array`, the
-one row cache), `cpu` (the forms and the cache), `gpu` (the kernels' sources and launch). The
+one row cache), `native` (building and loading cpu-native's primitive), `cpu` (the forms and the
+cache), `gpu` (the kernels' sources and launch). The
 per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read and
 the row's op(s) per call. `apply_token_bitmask` with one row takes the same bound masker, made on
 its first call for that table, width, dtype and path and kept in the row cache's per-table state
@@ -84,6 +96,7 @@ from .dispatch import (
     before_host_write,
     carry_row_cache,
     clear_row_cache,
+    cpu_native_error,
     default_path,
     gathered_table,
     note_row_ids,
@@ -107,6 +120,7 @@ __all__ = [
     "carry_row_cache",
     "clear_row_cache",
     "cpu_jit_available",
+    "cpu_native_error",
     "default_path",
     "gathered_table",
     "kernel_source",

@@ -1,7 +1,7 @@
 """The masking entry points: `apply_token_bitmask` (any batch of one table), `apply_token_bitmasks`
 (each row by its own table) and `row_masker` (the per-token path, bound once to a table). They
 check their inputs once, choose the path (`default_path`: Metal or CUDA on a GPU device, else the
-CPU paths) and hand off to `gpu` or `cpu`. This module also holds
+CPU paths, cpu-native first) and hand off to `gpu`, `native`'s primitive or `cpu`. This module also holds
 what the device allows (`shared_array`: arrays numpy writes in place) and the one CPU row cache.
 The mask layout and the paths are described once, in the package docstring."""
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import KernelError
-from . import cpu, gpu
+from . import cpu, gpu, native
 
 __all__ = [
     "ALL_ALLOWED",
@@ -30,6 +30,7 @@ __all__ = [
     "before_host_write",
     "carry_row_cache",
     "clear_row_cache",
+    "cpu_native_error",
     "default_path",
     "gathered_table",
     "note_row_ids",
@@ -40,7 +41,7 @@ __all__ = [
 
 LOGIT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 _LOGIT_DTYPE_SET = frozenset(LOGIT_DTYPES)
-PATHS = ("metal", "cuda", "cpu-fused", "cpu-bitwise")
+PATHS = ("metal", "cuda", "cpu-native", "cpu-fused", "cpu-bitwise")
 
 Masker = Callable[[mx.array, int], mx.array]
 TableMasker = Callable[[mx.array, mx.array, int], mx.array]  # (table, logits, row)
@@ -86,6 +87,8 @@ def _apply_checked(logits: mx.array, mask_table: mx.array, rows: Any, path: str 
         masker = _cpu_row_masker(mask_table, vocab, logits.dtype, path)
         _ROW_CACHE.maskers(mask_table)[(logits.shape, logits.dtype, path)] = masker
         return masker(mask_table, logits, row_ids[0])
+    if path == "cpu-native":
+        return _native().apply_rows(logits, mask_table, row_ids)
     keep = cpu.fused_where if path == "cpu-fused" else cpu.bitwise_where
     return keep(_ROW_CACHE.masks(mask_table, row_ids, vocab), logits)
 
@@ -95,10 +98,11 @@ def apply_token_bitmasks(logits: mx.array, picks: Sequence[MaskPick], *, path: s
     any table, or None for a row that allows every token: equal bit for bit to masking each row
     alone with `apply_token_bitmask`, in one call (a batch step whose rows follow different
     grammars, or mix constrained and free rows). Rows all from one table go through
-    `apply_token_bitmask` with that table. Otherwise the GPU paths read `gathered_table` and the
-    CPU paths gather the rows' cached int8 masks from each table's own cache entries, so no table
-    is built or unpacked per call. Raises `KernelError` as `apply_token_bitmask` would for each
-    pick, and on a pick count other than B.
+    `apply_token_bitmask` with that table. Otherwise the GPU paths read `gathered_table`,
+    cpu-native reads each row's words through its own table, and the cached CPU paths gather the
+    rows' int8 masks from each table's own cache entries, so no table is built or unpacked per
+    call. Raises `KernelError` as `apply_token_bitmask` would for each pick, and on a pick count
+    other than B.
     """
     if not isinstance(logits, mx.array) or logits.ndim != 2:
         _checked_rows(logits, mx.zeros((0, 1), dtype=mx.uint32), [])  # raises the typed error
@@ -119,8 +123,31 @@ def apply_token_bitmasks(logits: mx.array, picks: Sequence[MaskPick], *, path: s
         _checked_rows(probe, t, [row])
     if logits.size == 0:
         return logits
+    if path == "cpu-native":
+        return _native_picks(logits, picks)
     keep = cpu.fused_where if path == "cpu-fused" else cpu.bitwise_where
     return keep(_ROW_CACHE.picked_masks(picks, vocab), logits)
+
+
+def _native_picks(logits: mx.array, picks: Sequence[MaskPick]) -> mx.array:
+    """`apply_token_bitmasks` on the cpu-native path: the distinct tables go in as they are (the
+    primitive reads each row's words through its own table), so nothing is gathered or unpacked."""
+    tables: list[mx.array] = []
+    slots: dict[int, int] = {}
+    which, rows = [], []
+    for pick in picks:
+        if pick is None:
+            which.append(-1)
+            rows.append(0)
+            continue
+        table, row = pick
+        slot = slots.get(id(table))
+        if slot is None:
+            slot = slots[id(table)] = len(tables)
+            tables.append(table)
+        which.append(slot)
+        rows.append(row)
+    return _native().apply_picks(logits, tables, which, rows)
 
 
 def gathered_table(picks: Sequence[MaskPick], vocab: int) -> mx.array:
@@ -184,9 +211,19 @@ def row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, *, path
 
 def _cpu_row_masker(mask_table: mx.array, logits_width: int, dtype: mx.Dtype, path: str) -> TableMasker:
     """The per-token CPU path, ``mask(table, logits, row)``, for a table already checked against
-    (1, `logits_width`) logits of `dtype`: a dict read and the row's form per call."""
+    (1, `logits_width`) logits of `dtype`: on cpu-native the primitive reading the row's words,
+    on the other CPU paths a dict read and the row's form per call."""
     shape = (1, logits_width)
     num_rows = mask_table.shape[0]
+    if path == "cpu-native":
+        apply_rows = _native().apply_rows
+
+        def mask_native(table: mx.array, logits: mx.array, row: int) -> mx.array:
+            if not (type(row) is int and 0 <= row < num_rows and logits.shape == shape and logits.dtype == dtype):
+                return _apply_checked(logits, table, [row], path)  # raises the typed error for anything bad
+            return apply_rows(logits, table, [row])
+
+        return mask_native
     appliers = cpu.row_appliers(path, dtype)
     index = _ROW_CACHE.row_index(mask_table, logits_width)
     cached_row = _ROW_CACHE.row
@@ -207,15 +244,31 @@ def default_path() -> str:
             return "metal"
         if gpu.cuda_available():
             return "cuda"
+    if native.module() is not None:
+        return "cpu-native"
     return "cpu-fused" if cpu.jit_available() else "cpu-bitwise"
 
 
 def available_paths() -> list[str]:
-    """Every path that can run here (the CPU ones always can)."""
+    """Every path that can run here (cpu-bitwise always can; `cpu_native_error` says why cpu-native
+    cannot, where it is missing)."""
     paths = [p for p, ok in (("metal", gpu.metal_available()), ("cuda", gpu.cuda_available())) if ok]
+    if native.module() is not None:
+        paths.append("cpu-native")
     if cpu.jit_available():
         paths.append("cpu-fused")
     return [*paths, "cpu-bitwise"]
+
+
+def cpu_native_error() -> str | None:
+    """Why the cpu-native path (the primitive built from `token_bitmask_cpu.cpp` on first use) does
+    not run here, e.g. no compiler or no nanobind; None where it does. Builds it on the first call."""
+    return native.error()
+
+
+def _native() -> native.Extension:
+    """The cpu-native extension module; `_checked_path` let the path through, so it is built."""
+    return cast(native.Extension, native.module())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +409,9 @@ def _checked_path(path: str | None) -> str:
     if path in ("metal", "cuda"):
         if not (gpu.metal_available() if path == "metal" else gpu.cuda_available()):
             raise KernelError(f"path {path!r} needs an MLX build with the {path} backend; this one has none")
+    elif path == "cpu-native":
+        if native.module() is None:
+            raise KernelError(f"path 'cpu-native' cannot run here: {native.error()}")
     elif path not in PATHS:
         raise KernelError(f"unknown path {path!r}; expected one of {PATHS}")
     return path

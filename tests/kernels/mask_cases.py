@@ -4,7 +4,7 @@ kind, the numpy reference every path is compared with, bit for bit, and the test
 The fixtures live here, not in a tests/kernels/conftest.py: a second module named `conftest` would
 replace tests/conftest.py under that name, which other tests import helpers from. Each test module
 binds them at module level (``fresh_row_cache = mask_cases.fresh_row_cache``), where pytest finds
-fixtures by name."""
+fixtures by name. `cached_default` is bound where a module's tests of the row cache name no path."""
 
 from __future__ import annotations
 
@@ -95,6 +95,19 @@ def to_bits(out: mx.array, dtype: str) -> np.ndarray:
 
 def cpu_paths() -> list[str]:
     return [p for p in dispatch.available_paths() if p.startswith("cpu")]
+
+
+def cached_paths() -> list[str]:
+    """The CPU paths that go through the row cache and the row forms (cpu-native reads the packed
+    words itself and uses neither)."""
+    return [p for p in cpu_paths() if p != "cpu-native"]
+
+
+@pytest.fixture
+def cached_default(monkeypatch):
+    """Make the default path the one this machine takes without the cpu-native primitive (cpu-fused
+    with g++, else cpu-bitwise): for tests of the row cache through calls that name no path."""
+    monkeypatch.setattr(dispatch, "default_path", lambda: cached_paths()[0])
 
 
 def spy(monkeypatch, module, name: str) -> list:

@@ -1,6 +1,8 @@
 """grammar_mlx.kernels.cpu: the CPU paths bit for bit against the numpy reference (every dtype, mask
 kind, width and layout), the three single-row forms, and the row cache (bound, content keys, table
-lifetimes, the one recency policy)."""
+lifetimes, the one recency policy). The forms and the cache serve the cpu-fused and cpu-bitwise
+paths (cpu-native reads the packed words itself: test_native.py), so calls here that name no path
+take the default this machine has without cpu-native (`cached_default`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from mask_cases import (
     DTYPES,
     NUM_ROWS,
     all_cases,
+    cached_paths,
     cpu_paths,
     make_logit_bits,
     make_table,
@@ -31,6 +34,12 @@ from grammar_mlx.kernels import cpu, dispatch
 # The kernels tests' fixtures (mask_cases), bound here so pytest finds them by name.
 fresh_row_cache = mask_cases.fresh_row_cache
 cache_mode = mask_cases.cache_mode
+cached_default = mask_cases.cached_default
+
+
+@pytest.fixture(autouse=True)
+def default_without_native(cached_default):
+    """Every test here: a call naming no path takes a path with the row cache (module docstring)."""
 
 # ---------------------------------------------------------------------------------------------
 # The CPU paths
@@ -173,7 +182,7 @@ def test_every_row_form_matches_reference(path, dtype):
             )
 
 
-@pytest.mark.parametrize("path", cpu_paths())
+@pytest.mark.parametrize("path", cached_paths())
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_sparse_forms_stay_exact_past_the_kept_neg_inf_views(monkeypatch, path, dtype):
     # The appliers keep a broadcast of -inf per shape (blocked ids' lengths, logits widths), at most
