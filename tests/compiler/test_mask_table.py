@@ -56,8 +56,19 @@ def test_a_row_given_by_its_words_and_count_is_the_row_of_all_its_ids():
         table.add(part, table.pack(part), count=len(part))
 
 
+@pytest.fixture
+def cached_default(monkeypatch):
+    """The default CPU path the one that reads rows through the kernels' row cache (and the ids a
+    table notes): these tests watch that cache, which cpu-native, reading a row's words itself,
+    does not use (tests/kernels/mask_cases.py binds the same for the kernels' tests)."""
+    from grammar_mlx.kernels import dispatch
+
+    cached = [p for p in dispatch.available_paths() if p.startswith("cpu") and p != "cpu-native"]
+    monkeypatch.setattr(dispatch, "default_path", lambda: cached[0])
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["in-place", "copy-per-row"])
-def test_a_grown_table_masks_exactly_and_looks_no_row_up_twice(monkeypatch, shared):
+def test_a_grown_table_masks_exactly_and_looks_no_row_up_twice(monkeypatch, shared, cached_default):
     """Each new table object (grown when full, or, where numpy cannot write into MLX memory, copied
     per new row) takes over the last one's row index and bound masker (`kernels.dispatch.
     carry_row_cache`): over many growths each row id is looked up once, every masker bound on the
@@ -182,7 +193,7 @@ def test_bad_tokens_raise_and_leave_the_table_as_it_was(tokens, message):
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["in-place", "copy-per-row"])
-def test_new_sparse_rows_tell_the_kernels_their_ids(monkeypatch, shared):
+def test_new_sparse_rows_tell_the_kernels_their_ids(monkeypatch, shared, cached_default):
     """A new sparse row's ids go to the kernels (`kernels.note_row_ids`) with the row, so its first
     mask reads no words; a dense row's do not (a row given by its words has only some of them),
     nor where the table is copied per new row (no device table to note them on)."""
