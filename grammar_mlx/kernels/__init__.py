@@ -22,14 +22,14 @@ Paths
   (kernel bodies, shipped inside the wheel) run through `mx.fast.metal_kernel` /
   `mx.fast.cuda_kernel`. The kernel reads the mask words straight from the device-resident table
   through the row ids, so only B row ids cross to the device per call. Each kernel is built once.
-* ``cpu-native`` (`native`): MLX's CPU backend, the default there where it builds. An MLX custom
+* ``cpu-native`` (`cpu_native`): MLX's CPU backend, the default there where it builds. An MLX custom
   primitive (`token_bitmask_cpu.cpp`, bound with nanobind into mlx.core's nanobind domain) reads
   the packed words through the row ids (each batch row through its own table, for
   `apply_token_bitmasks`) and writes the output in one pass over the logits, copying their bits or
   writing -inf; nothing is unpacked or cached, so a row's first use costs what its later ones do.
   The row ids are host ints held by the primitive: a call makes no array but its output, and its
   eval runs on MLX's stream thread with no Python. Built with ``g++`` and the `nanobind` package on
-  first use, once per cache directory (`native`); where it cannot be (no compiler, no nanobind, a
+  first use, once per cache directory (`cpu_native`); where it cannot be (no compiler, no nanobind, a
   failed build, ``GRAMMAR_MLX_NATIVE=0``) `cpu_native_error()` says why and the two paths below run.
 * ``cpu-fused`` (`cpu`): MLX's CPU backend without cpu-native. Masks are unpacked into int8 rows (0 = disallowed, -1 =
   allowed) held in a bounded cache shared by all tables (`set_row_cache_limit`), and the logits are
@@ -69,7 +69,7 @@ cpu-native reads each row through its own table, and the cached CPU paths build 
 masks from each table's dense row entries, so a table made for one call is never unpacked or cached.
 
 Modules: `dispatch` (the three entry points, input checks, the choice of path, `shared_array`, the
-one row cache), `native` (building and loading cpu-native's primitive), `cpu` (the forms and the
+one row cache), `cpu_native` (building and loading cpu-native's primitive), `cpu` (the forms and the
 cache), `gpu` (the kernels' sources and launch). The
 per-token path is `row_masker`: a table bound once to a logits width and dtype, then a dict read and
 the row's op(s) per call. `apply_token_bitmask` with one row takes the same bound masker, made on

@@ -1,7 +1,7 @@
 """The masking entry points: `apply_token_bitmask` (any batch of one table), `apply_token_bitmasks`
 (each row by its own table) and `row_masker` (the per-token path, bound once to a table). They
 check their inputs once, choose the path (`default_path`: Metal or CUDA on a GPU device, else the
-CPU paths, cpu-native first) and hand off to `gpu`, `native`'s primitive or `cpu`. This module also holds
+CPU paths, cpu-native first) and hand off to `gpu`, `cpu_native`'s primitive or `cpu`. This module also holds
 what the device allows (`shared_array`: arrays numpy writes in place) and the one CPU row cache.
 The mask layout and the paths are described once, in the package docstring."""
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import KernelError
-from . import cpu, gpu, native
+from . import cpu, cpu_native, gpu
 
 __all__ = [
     "ALL_ALLOWED",
@@ -244,7 +244,7 @@ def default_path() -> str:
             return "metal"
         if gpu.cuda_available():
             return "cuda"
-    if native.module() is not None:
+    if cpu_native.module() is not None:
         return "cpu-native"
     return "cpu-fused" if cpu.jit_available() else "cpu-bitwise"
 
@@ -253,7 +253,7 @@ def available_paths() -> list[str]:
     """Every path that can run here (cpu-bitwise always can; `cpu_native_error` says why cpu-native
     cannot, where it is missing)."""
     paths = [p for p, ok in (("metal", gpu.metal_available()), ("cuda", gpu.cuda_available())) if ok]
-    if native.module() is not None:
+    if cpu_native.module() is not None:
         paths.append("cpu-native")
     if cpu.jit_available():
         paths.append("cpu-fused")
@@ -263,12 +263,12 @@ def available_paths() -> list[str]:
 def cpu_native_error() -> str | None:
     """Why the cpu-native path (the primitive built from `token_bitmask_cpu.cpp` on first use) does
     not run here, e.g. no compiler or no nanobind; None where it does. Builds it on the first call."""
-    return native.error()
+    return cpu_native.error()
 
 
-def _native() -> native.Extension:
+def _native() -> cpu_native.Extension:
     """The cpu-native extension module; `_checked_path` let the path through, so it is built."""
-    return cast(native.Extension, native.module())
+    return cast(cpu_native.Extension, cpu_native.module())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,8 +410,8 @@ def _checked_path(path: str | None) -> str:
         if not (gpu.metal_available() if path == "metal" else gpu.cuda_available()):
             raise KernelError(f"path {path!r} needs an MLX build with the {path} backend; this one has none")
     elif path == "cpu-native":
-        if native.module() is None:
-            raise KernelError(f"path 'cpu-native' cannot run here: {native.error()}")
+        if cpu_native.module() is None:
+            raise KernelError(f"path 'cpu-native' cannot run here: {cpu_native.error()}")
     elif path not in PATHS:
         raise KernelError(f"unknown path {path!r}; expected one of {PATHS}")
     return path

@@ -6,7 +6,7 @@
 // r allows token t iff bit t % 32 of word t // 32 is set; columns past 32 * W are disallowed and
 // padding bits past V are ignored. A batch row whose table index is -1 allows every token.
 //
-// Built at first use by kernels/native.py (g++, with nanobind's sources, linked against the
+// Built at first use by kernels/cpu_native.py (g++, with nanobind's sources, linked against the
 // libmlx the running mlx.core loaded) and imported as a Python module whose functions take and
 // return mlx.core arrays: it joins mlx.core's nanobind domain ("mlx"), so the array type caster
 // is mlx's own. The row ids and table picks live in the primitive (host ints), so a call makes

@@ -1,7 +1,7 @@
 """grammar_mlx.kernels.cpu: the CPU paths bit for bit against the numpy reference (every dtype, mask
 kind, width and layout), the three single-row forms, and the row cache (bound, content keys, table
 lifetimes, the one recency policy). The forms and the cache serve the cpu-fused and cpu-bitwise
-paths (cpu-native reads the packed words itself: test_native.py), so calls here that name no path
+paths (cpu-native reads the packed words itself: test_cpu_native.py), so calls here that name no path
 take the default this machine has without cpu-native (`cached_default`)."""
 
 from __future__ import annotations

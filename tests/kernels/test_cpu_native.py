@@ -1,4 +1,4 @@
-"""grammar_mlx.kernels.native: the cpu-native primitive (token_bitmask_cpu.cpp) bit for bit against the
+"""grammar_mlx.kernels.cpu_native: the cpu-native primitive (token_bitmask_cpu.cpp) bit for bit against the
 numpy reference at a real vocabulary's width, through each entry point (batches, single rows, mixed
 tables), on MLX's other streams and threads; that it touches no row cache; and the build: once per
 cache directory, atomic, and every way it can fail leaves the cpu-fused / cpu-bitwise paths with
@@ -23,7 +23,7 @@ import pytest
 from mask_cases import DTYPES, cached_paths, make_logit_bits, make_table, reference, spy, to_bits, to_mx
 
 from grammar_mlx.errors import KernelError
-from grammar_mlx.kernels import cpu, dispatch, native
+from grammar_mlx.kernels import cpu, cpu_native, dispatch
 
 fresh_row_cache = mask_cases.fresh_row_cache
 
@@ -175,15 +175,15 @@ def test_the_primitive_checks_its_own_inputs(call, message):
     """The entry points check first (KernelError); the primitive refuses bad input by itself too,
     so no call can make it read outside a table."""
     with pytest.raises(ValueError, match=message):
-        call(native.module(), mx.zeros((2, 64)), mx.zeros((4, 2), dtype=mx.uint32))
+        call(cpu_native.module(), mx.zeros((2, 64)), mx.zeros((4, 2), dtype=mx.uint32))
 
 
 def test_without_the_primitive_the_cached_paths_take_over(monkeypatch):
     """A failed build leaves cpu-fused / cpu-bitwise, the reason readable, and every entry point
     exact; naming cpu-native then raises KernelError with the reason."""
-    monkeypatch.setattr(native, "_TRIED", True)
-    monkeypatch.setattr(native, "_MODULE", None)
-    monkeypatch.setattr(native, "_ERROR", "g++ failed (exit 1): boom")
+    monkeypatch.setattr(cpu_native, "_TRIED", True)
+    monkeypatch.setattr(cpu_native, "_MODULE", None)
+    monkeypatch.setattr(cpu_native, "_ERROR", "g++ failed (exit 1): boom")
     assert dispatch.cpu_native_error() == "g++ failed (exit 1): boom"
     assert "cpu-native" not in dispatch.available_paths()
     assert dispatch.default_path() == cached_paths()[0]
@@ -207,7 +207,7 @@ def test_without_the_primitive_the_cached_paths_take_over(monkeypatch):
 
 @pytest.mark.parametrize("problem", ["disabled", "no nanobind", "no compiler", "compiler fails", "no headers"])
 def test_each_build_problem_is_named(problem, monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "_build_dir", lambda: tmp_path)
+    monkeypatch.setattr(cpu_native, "_build_dir", lambda: tmp_path)
     if problem == "disabled":
         monkeypatch.setenv("GRAMMAR_MLX_NATIVE", "0")
         expected = "disabled by GRAMMAR_MLX_NATIVE=0"
@@ -217,20 +217,20 @@ def test_each_build_problem_is_named(problem, monkeypatch, tmp_path):
     elif problem == "no compiler":
         if importlib.util.find_spec("nanobind") is None:
             pytest.skip("needs nanobind to reach the compiler check")
-        monkeypatch.setattr(native, "_compiler", lambda: None)
+        monkeypatch.setattr(cpu_native, "_compiler", lambda: None)
         expected = "no C\\+\\+ compiler"
     elif problem == "compiler fails":
         if importlib.util.find_spec("nanobind") is None:
             pytest.skip("needs nanobind to reach the compiler")
-        monkeypatch.setattr(native, "_compiler", lambda: "false")  # exits 1, prints nothing
+        monkeypatch.setattr(cpu_native, "_compiler", lambda: "false")  # exits 1, prints nothing
         expected = "false failed \\(exit 1\\)"
     else:
         if importlib.util.find_spec("nanobind") is None or shutil.which("g++") is None:
             pytest.skip("needs nanobind and g++ to reach the header check")
         monkeypatch.setattr(mx, "__file__", str(tmp_path / "core.so"))
         expected = "ships no C\\+\\+ headers or libmlx"
-    with pytest.raises(native._Unavailable, match=expected):
-        native._load()
+    with pytest.raises(cpu_native._Unavailable, match=expected):
+        cpu_native._load()
     assert [p.name for p in tmp_path.iterdir()] == [], "a failed build leaves nothing behind"
 
 
@@ -242,11 +242,11 @@ def test_a_fresh_cache_builds_once_atomically_then_loads(tmp_path):
     script = textwrap.dedent(
         """
         import mlx.core as mx
-        from grammar_mlx.kernels import dispatch, native
+        from grammar_mlx.kernels import cpu_native, dispatch
         assert dispatch.cpu_native_error() is None, dispatch.cpu_native_error()
         out = dispatch.apply_token_bitmask(mx.array([[1.0, 2.0, 3.0]]), mx.array([[5]], dtype=mx.uint32), [0])
         assert out.tolist() == [[1.0, float("-inf"), 3.0]], out.tolist()
-        print(native.build_seconds())
+        print(cpu_native.build_seconds())
         """
     )
     env = {**os.environ, "GRAMMAR_MLX_CACHE_DIR": str(tmp_path),
