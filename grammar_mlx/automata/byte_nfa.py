@@ -426,21 +426,88 @@ class ByteNFA:
     # -- the AST pass ----------------------------------------------------------------------------
 
     def prepare(self, root: Node) -> None:
-        """One pass over the AST (a DAG: each node once, no recursion): the byte class boundaries and
-        edge ranges of everything the NFA may ever build, and each node's fewest bytes. Raises
-        `Unsupported` for anchors and classes of no encodable character, before anything is built.
+        """One pass over the AST (a DAG: each node once): the byte class boundaries and edge ranges
+        of everything the NFA may ever build, and each node's fewest bytes. Raises `Unsupported` for
+        anchors and classes of no encodable character, before anything is built. A sub-AST whose
+        pass is made once for all (`share`) is taken from there, not walked.
 
-        A node stays on the stack until its children are known; leaves (literals, classes) are
-        read where their parent meets them, so a node whose children are all leaves or known is
-        done in one visit (most of a schema's). A sub-AST whose pass is made once for all (`share`)
-        is taken from there, not walked."""
+        The pass recurses (`_visit`: a schema's AST is a few dozen nodes deep, and a call per node
+        costs less than a stack of nodes visited twice); past Python's recursion limit (a long chain
+        of optional properties nests a node per property) the walk on an explicit stack (`_walk`)
+        goes on from what the recursion has done."""
         self.root = root
-        fewest, leaf, shared = self._fewest, self._leaf, _SHARED.get
-        cost = fewest.__getitem__
-        hit = shared(id(root))
+        hit = _SHARED.get(id(root))
         if hit is not None:
             self._take(hit)
             return
+        if id(root) in self._fewest:
+            return
+        try:
+            self._recurse(root)
+        except RecursionError:
+            self._walk(root)
+
+    def _recurse(self, root: Node) -> None:
+        """`prepare`'s pass by recursion (one call per node not done yet). A node's fewest bytes are
+        stored once its children's are, so a pass cut short leaves only finished nodes. The deadline
+        is checked per alternation (a schema's AST has one every few nodes, its size is capped, and
+        a chain of sequences and repetitions past the recursion limit goes on in `_walk`, which
+        checks it)."""
+        fewest, leaf, costs_of = self._fewest, self._leaf, self._costs
+        known, shared = fewest.get, _SHARED.get
+
+        def visit(node: Node) -> int:
+            hit = shared(id(node))
+            if hit is not None:
+                self._take(hit)
+                return fewest[id(node)]
+            kind = type(node)
+            if kind is Seq:
+                total = 0
+                for child in node.items:  # type: ignore[union-attr]
+                    c = known(id(child))
+                    total += visit(child) if c is None else c
+                if total > _FAR:
+                    total = _FAR
+            elif kind is Alt:
+                check_deadline("building the byte NFA")
+                total = _FAR
+                for child in node.items:  # type: ignore[union-attr]
+                    c = known(id(child))
+                    if c is None:
+                        c = visit(child)
+                    if c < total:
+                        total = c
+            elif kind is Repeat:
+                child = node.item  # type: ignore[union-attr]
+                c = known(id(child))
+                if c is None:
+                    c = visit(child)
+                lo = node.lo  # type: ignore[union-attr]
+                total = 0 if lo == 0 else min(_FAR, lo * c)
+            elif kind is Bounded:
+                costs = []
+                for child in node.leaves:  # type: ignore[union-attr]
+                    c = known(id(child))
+                    costs.append(visit(child) if c is None else c)
+                cost = costs_of[id(node)] = tuple(costs)
+                total = min(_FAR, node.core.fewest(0, 0, cost))  # type: ignore[union-attr]
+            else:
+                leaf(node)  # a literal or a class (anything else raises)
+                return fewest[id(node)]
+            fewest[id(node)] = total
+            return total
+
+        visit(root)
+
+    def _walk(self, root: Node) -> None:
+        """`prepare`'s pass on an explicit stack, from what is known (for any depth).
+
+        A node stays on the stack until its children are known; leaves (literals, classes) are
+        read where their parent meets them, so a node whose children are all leaves or known is
+        done in one visit (most of a schema's)."""
+        fewest, leaf, shared = self._fewest, self._leaf, _SHARED.get
+        cost = fewest.__getitem__
         stack = [root]
         pop, push = stack.pop, stack.append
         opened = 0  # nodes met with children still to do: a deadline check every so many
@@ -493,14 +560,15 @@ class ByteNFA:
                 fewest[key] = min(_FAR, node.core.fewest(0, 0, costs))  # type: ignore[union-attr]
 
     def _take(self, shared: _Prepared) -> None:
-        """`prepare` of a shared sub-AST (`share`): its pass, made once, added to this NFA's."""
+        """`prepare` of a shared sub-AST (`share`): its pass, made once, added to this NFA's (the
+        nodes' fewest bytes last: a pass cut short before them meets the sub-AST again)."""
         _, fewest, costs, bounds, literal, templates = shared
-        self._fewest.update(fewest)
         self._costs.update(costs)
         self._bounds |= bounds
         self._literal |= literal
         for ranges in templates:
             self._template(ranges)
+        self._fewest.update(fewest)
 
     def _leaf(self, node: Node) -> None:
         """`prepare` of a literal or a class: its byte ranges and fewest bytes."""
@@ -524,9 +592,10 @@ class ByteNFA:
         hit = self._templates.get(ranges)
         if hit is None:
             template, dists, edges, spans = _class_template(ranges)
-            hit = self._templates[ranges] = (template, dists)
             self._bounds |= edges
             self._template_ranges.append(spans)
+            # last: a pass cut short here (`prepare`'s RecursionError) meets the class again
+            hit = self._templates[ranges] = (template, dists)
         return hit
 
     def every_edge_meets(self, alphabet: int) -> bool:

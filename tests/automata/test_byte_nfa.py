@@ -34,7 +34,7 @@ from grammar_mlx.automata.byte_nfa import _native_plan, _nfa_distances, build_nf
 from grammar_mlx.compiler import native
 from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.rust import Unsupported, parse
-from grammar_mlx.regex.syntax import Alt, Anchor, Chars, Literal, Seq, search_language
+from grammar_mlx.regex.syntax import Alt, Anchor, Chars, Literal, Repeat, Seq, search_language
 
 
 def run(dfa, data: bytes) -> tuple[bool, int]:
@@ -340,6 +340,29 @@ def test_a_shared_sub_ast_the_nfa_refuses_is_refused_where_held():
     assert id(node) not in byte_nfa._SHARED
     with pytest.raises(Unsupported):
         build_nfa(Seq((Literal("x"), node)))
+
+
+@pytest.mark.parametrize("depth", [10, 5_000])
+def test_the_recursive_pass_equals_the_walk_at_any_depth(depth):
+    """`prepare` recurses, and past Python's recursion limit goes on with the walk on a stack from
+    where it was cut: the pass is the walk's either way (a chain of optional properties nests a
+    node per property), and so is the DFA."""
+    digit, word = parse("[0-9]"), parse("[a-zé]{2,3}|x")
+    chain = Seq((Literal("}"),))
+    for i in range(depth):
+        item = Seq((Literal(","), digit if i % 3 else word, Literal(chr(0x41 + i % 26))))
+        chain = Seq((Repeat(item, 0, 1), chain))
+    walked = byte_nfa.ByteNFA()
+    walked._walk(chain)
+    passed = byte_nfa.ByteNFA()
+    passed.prepare(chain)
+    assert _pass(passed) == _pass(walked)
+    dfa = determinize(build_nfa(chain), native=False)
+    last = depth - 1  # the outermost item: its text, then the end
+    text = "," + ("1" if last % 3 else "ab") + chr(0x41 + last % 26) + "}"
+    assert dfa.accepting[dfa.follow(dfa.initial, text.encode())]
+    assert dfa.accepting[dfa.follow(dfa.initial, b"}")]
+    assert dfa.follow(dfa.initial, text.encode() + b"}") == dfa.dead
 
 
 def test_deadline_stops_the_nfa_build():
