@@ -112,28 +112,34 @@ class ByteDFA:
 
     @classmethod
     def on_demand(cls, classes: np.ndarray, source: RowSource, max_states: int, alphabet: Iterable[int] | None,
-                  all_live: bool) -> ByteDFA:
+                  all_live: bool, class_list: list[int] | None = None) -> ByteDFA:
         """An empty DFA (the dead state 0 only) whose rows `source` computes; the caller adds the
         initial state (`add_state`) and sets `initial`. `max_states`: past it, `add_state` raises
-        `GrammarTooLargeError`. `all_live`: the source knows every state to be live over `alphabet`."""
+        `GrammarTooLargeError`. `all_live`: the source knows every state to be live over `alphabet`.
+        `class_list`: `classes` as a list of Python ints where the caller has it (read, never
+        changed: it may be shared)."""
         classes = np.ascontiguousarray(classes, dtype=np.int32)
         width = int(classes.max()) + 1
         table = np.full(16 * width, UNKNOWN, dtype=np.int32)
         table[:width] = 0  # the dead state loops to itself
         dfa = cls.__new__(cls)
         dfa._setup(table, np.zeros(16, dtype=bool), np.zeros(16, dtype=bool), classes, 0, 0, 0, source,
-                   int(max_states), alphabet)
+                   int(max_states), alphabet, class_list, width)
         dfa._all_live = bool(all_live)
         return dfa
 
     def _setup(self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray | None, classes: np.ndarray,
                initial: int, dead: int, num_states: int, source: RowSource | None, max_states: int,
-               alphabet: Iterable[int] | None) -> None:
+               alphabet: Iterable[int] | None, class_list: list[int] | None = None,
+               num_classes: int | None = None) -> None:
         self.table = table
         self.accepting = accepting
         self.classes = classes
-        self._class_list: list[int] = classes.tolist()  # per byte, as Python ints (`follow`)
-        self.num_classes = int(classes.max()) + 1 if len(classes) else 1
+        # per byte, as Python ints (`follow`)
+        self._class_list: list[int] = classes.tolist() if class_list is None else class_list
+        if num_classes is None:
+            num_classes = int(classes.max()) + 1 if len(classes) else 1
+        self.num_classes = num_classes
         self.initial = initial
         self.dead = dead
         self._num_states = num_states

@@ -77,11 +77,12 @@ from .byte_dfa import NUL, ByteDFA, text_alphabet
 if TYPE_CHECKING:
     from ..compiler.native import Subset
 
-__all__ = ["ByteNFA", "Determinizer", "build_nfa", "class_template", "determinize"]
+__all__ = ["ByteNFA", "Determinizer", "build_nfa", "class_template", "determinize", "share"]
 
 NFA_STATE_BYTES = 260  # per NFA state, as CPython stores its lists and tuples (measured with tracemalloc)
 DICT_SLOT_BYTES = 72  # a dict entry at its worst load: hash index, (hash, key, value) entry, overallocation
 _CHECK_EVERY = 1 << 14  # NFA states between two deadline checks
+_PREPARE_CHECK_MASK = (1 << 10) - 1  # `prepare`: a deadline check every 1,024 inner nodes opened
 
 # An NFA template: states numbered from 1, each a list of (lo, hi, target) byte ranges, -1 the target
 # that continues after the template.
@@ -425,55 +426,149 @@ class ByteNFA:
     # -- the AST pass ----------------------------------------------------------------------------
 
     def prepare(self, root: Node) -> None:
-        """One pass over the AST (a DAG: each node once, no recursion): the byte class boundaries and
-        edge ranges of everything the NFA may ever build, and each node's fewest bytes. Raises
-        `Unsupported` for anchors and classes of no encodable character, before anything is built.
+        """One pass over the AST (a DAG: each node once): the byte class boundaries and edge ranges
+        of everything the NFA may ever build, and each node's fewest bytes. Raises `Unsupported` for
+        anchors and classes of no encodable character, before anything is built. A sub-AST whose
+        pass is made once for all (`share`) is taken from there, not walked.
+
+        The pass recurses (`_visit`: a schema's AST is a few dozen nodes deep, and a call per node
+        costs less than a stack of nodes visited twice); past Python's recursion limit (a long chain
+        of optional properties nests a node per property) the walk on an explicit stack (`_walk`)
+        goes on from what the recursion has done."""
+        self.root = root
+        hit = _SHARED.get(id(root))
+        if hit is not None:
+            self._take(hit)
+            return
+        if id(root) in self._fewest:
+            return
+        try:
+            self._recurse(root)
+        except RecursionError:
+            self._walk(root)
+
+    def _recurse(self, root: Node) -> None:
+        """`prepare`'s pass by recursion (one call per node not done yet). A node's fewest bytes are
+        stored once its children's are, so a pass cut short leaves only finished nodes. The deadline
+        is checked per alternation (a schema's AST has one every few nodes, its size is capped, and
+        a chain of sequences and repetitions past the recursion limit goes on in `_walk`, which
+        checks it)."""
+        fewest, leaf, costs_of = self._fewest, self._leaf, self._costs
+        known, shared = fewest.get, _SHARED.get
+
+        def visit(node: Node) -> int:
+            hit = shared(id(node))
+            if hit is not None:
+                self._take(hit)
+                return fewest[id(node)]
+            kind = type(node)
+            if kind is Seq:
+                total = 0
+                for child in node.items:  # type: ignore[union-attr]
+                    c = known(id(child))
+                    total += visit(child) if c is None else c
+                if total > _FAR:
+                    total = _FAR
+            elif kind is Alt:
+                check_deadline("building the byte NFA")
+                total = _FAR
+                for child in node.items:  # type: ignore[union-attr]
+                    c = known(id(child))
+                    if c is None:
+                        c = visit(child)
+                    if c < total:
+                        total = c
+            elif kind is Repeat:
+                child = node.item  # type: ignore[union-attr]
+                c = known(id(child))
+                if c is None:
+                    c = visit(child)
+                lo = node.lo  # type: ignore[union-attr]
+                total = 0 if lo == 0 else min(_FAR, lo * c)
+            elif kind is Bounded:
+                costs = []
+                for child in node.leaves:  # type: ignore[union-attr]
+                    c = known(id(child))
+                    costs.append(visit(child) if c is None else c)
+                cost = costs_of[id(node)] = tuple(costs)
+                total = min(_FAR, node.core.fewest(0, 0, cost))  # type: ignore[union-attr]
+            else:
+                leaf(node)  # a literal or a class (anything else raises)
+                return fewest[id(node)]
+            fewest[id(node)] = total
+            return total
+
+        visit(root)
+
+    def _walk(self, root: Node) -> None:
+        """`prepare`'s pass on an explicit stack, from what is known (for any depth).
 
         A node stays on the stack until its children are known; leaves (literals, classes) are
         read where their parent meets them, so a node whose children are all leaves or known is
         done in one visit (most of a schema's)."""
-        self.root = root
-        fewest, stack = self._fewest, [root]
+        fewest, leaf, shared = self._fewest, self._leaf, _SHARED.get
+        cost = fewest.__getitem__
+        stack = [root]
+        pop, push = stack.pop, stack.append
+        opened = 0  # nodes met with children still to do: a deadline check every so many
         while stack:
             node = stack[-1]
             key = id(node)
             if key in fewest:
-                stack.pop()
+                pop()
                 continue
             kind = type(node)
-            if kind is Seq or kind is Alt or kind is Repeat:
-                children = (node.item,) if kind is Repeat else node.items  # type: ignore[union-attr]
+            if kind is Seq or kind is Alt:
+                children = node.items  # type: ignore[union-attr]
+            elif kind is Repeat:
+                children = (node.item,)  # type: ignore[union-attr]
             elif kind is Bounded:
                 children = node.leaves  # type: ignore[union-attr]
             else:
-                self._leaf(node)
-                stack.pop()
+                leaf(node)
+                pop()
                 continue
-            waiting = False
+            depth = len(stack)
             for child in children:
                 if id(child) not in fewest:
                     child_kind = type(child)
                     if child_kind is Literal or child_kind is Chars:
-                        self._leaf(child)
+                        leaf(child)
+                    elif (hit := shared(id(child))) is not None:
+                        self._take(hit)
                     else:
-                        if not waiting:
-                            check_deadline("building the byte NFA")
-                            waiting = True
-                        stack.append(child)
-            if waiting:
+                        push(child)
+            if len(stack) != depth:
+                opened += 1
+                if not opened & _PREPARE_CHECK_MASK:
+                    check_deadline("building the byte NFA")
                 continue
-            stack.pop()
+            pop()
             # map, not a generator: no Python frame per child (a schema's alternations are wide)
             if kind is Seq:
-                fewest[key] = min(_FAR, sum(map(fewest.__getitem__, map(id, children))))
+                # most of a schema's sequences are pairs (a member and the rest): no maps then
+                total = cost(id(children[0])) + cost(id(children[1])) if len(children) == 2 else sum(
+                    map(cost, map(id, children)))
+                fewest[key] = total if total < _FAR else _FAR
             elif kind is Alt:
-                fewest[key] = min(map(fewest.__getitem__, map(id, children)), default=_FAR)
+                fewest[key] = min(map(cost, map(id, children)), default=_FAR)
             elif kind is Repeat:
-                lo, item = node.lo, fewest[id(children[0])]  # type: ignore[union-attr]
-                fewest[key] = 0 if lo == 0 else min(_FAR, lo * item)
+                lo = node.lo  # type: ignore[union-attr]
+                fewest[key] = 0 if lo == 0 else min(_FAR, lo * cost(id(children[0])))
             else:
-                costs = self._costs[key] = tuple(fewest[id(c)] for c in children)
+                costs = self._costs[key] = tuple(map(cost, map(id, children)))
                 fewest[key] = min(_FAR, node.core.fewest(0, 0, costs))  # type: ignore[union-attr]
+
+    def _take(self, shared: _Prepared) -> None:
+        """`prepare` of a shared sub-AST (`share`): its pass, made once, added to this NFA's (the
+        nodes' fewest bytes last: a pass cut short before them meets the sub-AST again)."""
+        _, fewest, costs, bounds, literal, templates = shared
+        self._costs.update(costs)
+        self._bounds |= bounds
+        self._literal |= literal
+        for ranges in templates:
+            self._template(ranges)
+        self._fewest.update(fewest)
 
     def _leaf(self, node: Node) -> None:
         """`prepare` of a literal or a class: its byte ranges and fewest bytes."""
@@ -497,9 +592,10 @@ class ByteNFA:
         hit = self._templates.get(ranges)
         if hit is None:
             template, dists, edges, spans = _class_template(ranges)
-            hit = self._templates[ranges] = (template, dists)
             self._bounds |= edges
             self._template_ranges.append(spans)
+            # last: a pass cut short here (`prepare`'s RecursionError) meets the class again
+            hit = self._templates[ranges] = (template, dists)
         return hit
 
     def every_edge_meets(self, alphabet: int) -> bool:
@@ -620,6 +716,31 @@ class ByteNFA:
         return nxt
 
 
+# `share`: id(node) -> (node, its nodes' fewest bytes, its `Bounded` nodes' costs, class boundaries,
+# literal bytes, class templates' ranges): `ByteNFA.prepare`'s pass over a sub-AST many ASTs hold.
+_Prepared = tuple[Node, dict[int, int], dict[int, tuple[int, ...]], int, int, tuple[tuple[tuple[int, int], ...], ...]]
+_SHARED: dict[int, _Prepared] = {}
+_SHARED_MAX = 4096  # sub-ASTs held (past it the registry starts again: `share` is only a shortcut)
+
+
+def share(node: Node) -> None:
+    """Make `prepare`'s pass over `node` once for every NFA whose AST holds it: a sub-AST made once
+    per process and held by many ASTs (the schema translator's own small regexes, JSON's string
+    body in every schema). `prepare` then takes it from here instead of walking it again; the result
+    is the same. Holds `node` (the ids in its pass stay valid). A node the pass refuses (an anchor)
+    is left to be refused where an AST holds it."""
+    if type(node) is not Seq and type(node) is not Alt and type(node) is not Repeat:
+        return  # a leaf is read where it is met, for less
+    nfa = ByteNFA()
+    try:
+        nfa.prepare(node)
+    except Unsupported:
+        return
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.clear()
+    _SHARED[id(node)] = (node, nfa._fewest, nfa._costs, nfa._bounds, nfa._literal, tuple(nfa._templates))
+
+
 def build_nfa(pattern: str | Node, max_states: int = limits.MAX_NFA_STATES) -> ByteNFA:
     """Parse (`regex.rust.parse`) `pattern` (or take an AST of `regex.syntax`, such as a schema's:
     no text on the way) and prepare its NFA, built on demand from the start state; `InvalidRegexError`
@@ -664,7 +785,7 @@ def determinize(nfa: ByteNFA, max_states: int = limits.MAX_DFA_STATES,
     decided over (the vocabulary's single-byte tokens; None: every byte but NUL). `native`: the
     construction in native code (None: where the library is built; the same DFA either way)."""
     source = Determinizer(nfa, alphabet, native)
-    dfa = ByteDFA.on_demand(source.classes, source, max_states, alphabet, all_live=source.all_live)
+    dfa = ByteDFA.on_demand(source.classes, source, max_states, alphabet, source.all_live, source._class_of)
     dfa.initial = source.start(dfa)
     return dfa
 

@@ -25,6 +25,7 @@ from typing import Any, TypeVar, cast
 
 from .. import limits
 from ..automata import chars as fa
+from ..automata.byte_nfa import share
 from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
 from ..regex.charset import CharSet, charset_regex, json_char_regex, json_text
@@ -70,8 +71,10 @@ H = TypeVar("H", bound=Hashable)  # a graph node (`nodes_on_cycles`)
 @lru_cache(maxsize=4096)
 def _parsed(text: str) -> tuple[Regex, int]:
     """A small regex of the translator's own (a number range, a JSON character class) as an AST,
-    with its group nesting."""
+    with its group nesting; the byte NFA's pass over it made once (`byte_nfa.share`): every schema
+    holds a few of these."""
     node = parse_regex(text)
+    share(node)
     return node, nesting_depth(node)
 
 

@@ -27,13 +27,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grammar_mlx import CompileTimeoutError, GrammarTooLargeError
+from grammar_mlx.automata import byte_nfa
 from grammar_mlx.automata import chars as fa
 from grammar_mlx.automata.byte_dfa import ByteDFA
-from grammar_mlx.automata.byte_nfa import _native_plan, _nfa_distances, build_nfa, class_template, determinize
+from grammar_mlx.automata.byte_nfa import _native_plan, _nfa_distances, build_nfa, class_template, determinize, share
 from grammar_mlx.compiler import native
 from grammar_mlx.regex.ecma import parse_ecma
 from grammar_mlx.regex.rust import Unsupported, parse
-from grammar_mlx.regex.syntax import Chars, search_language
+from grammar_mlx.regex.syntax import Alt, Anchor, Chars, Literal, Repeat, Seq, search_language
 
 
 def run(dfa, data: bytes) -> tuple[bool, int]:
@@ -281,6 +282,87 @@ def test_constructs_left_to_outlines_core(regex):
     (it would have no edge), where outlines-core reports an empty language."""
     with pytest.raises(Unsupported):
         build_nfa(regex)
+
+
+def _pass(nfa: byte_nfa.ByteNFA) -> tuple[object, ...]:
+    """What `prepare` leaves for the build: fewest bytes per node, costs, class boundaries, literal
+    bytes, class templates (and their ranges, as a set: liveness reads them in any order)."""
+    return (nfa._fewest, nfa._costs, nfa._bounds, nfa._literal, set(nfa._templates),
+            set(nfa._template_ranges))
+
+
+@pytest.mark.parametrize("inner", [r"[^\"\\]|\\u[0-9a-fA-F]{4}", r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?",
+                                   r"(?:ab|é[α-ω]{2,5})*x", r"[\u{10000}-\u{10FFFF}]+|\d{3}"])
+def test_a_shared_sub_ast_prepares_as_a_walk_over_it(inner):
+    """`share` makes the pass over a sub-AST once for all: an AST holding it (twice, and beside
+    nodes of its own) gets the same pass, and the same DFA, as one walked without the registry."""
+    node = parse(inner)
+    own = parse("[a-c]+z")
+    outer = Seq((Literal('"'), Alt((node, own)), node, Literal('"')))
+    walked = byte_nfa.ByteNFA()
+    walked.prepare(outer)
+    share(node)
+    try:
+        assert id(node) in byte_nfa._SHARED
+        taken = byte_nfa.ByteNFA()
+        taken.prepare(outer)
+        assert _pass(taken) == _pass(walked)
+        shared_root = byte_nfa.ByteNFA()
+        shared_root.prepare(node)  # the AST is the shared node itself
+        alone = byte_nfa.ByteNFA()
+        byte_nfa._SHARED.pop(id(node))
+        alone.prepare(node)
+        assert _pass(shared_root) == _pass(alone)
+        share(node)
+        a, b = determinize(build_nfa(outer), native=False), determinize(walked_nfa(outer), native=False)
+        for text in ('"ab"', '"\\u00e9x"', '"-1.5"', '"az"'):
+            assert a.follow(a.initial, text.encode()) == b.follow(b.initial, text.encode())
+        assert np.array_equal(a.classes, b.classes)
+    finally:
+        byte_nfa._SHARED.pop(id(node), None)
+
+
+def walked_nfa(ast):
+    """`build_nfa` of `ast` with the shared passes out of the way (each node walked)."""
+    saved = dict(byte_nfa._SHARED)
+    byte_nfa._SHARED.clear()
+    try:
+        return build_nfa(ast)
+    finally:
+        byte_nfa._SHARED.update(saved)
+
+
+def test_a_shared_sub_ast_the_nfa_refuses_is_refused_where_held():
+    """An anchor (which the byte NFA leaves to outlines-core) in a sub-AST offered for sharing:
+    nothing is kept, and an AST holding it is refused as before."""
+    node = Seq((Literal("a"), parse("(?:b|c)"), Anchor(end=True)))
+    share(node)
+    assert id(node) not in byte_nfa._SHARED
+    with pytest.raises(Unsupported):
+        build_nfa(Seq((Literal("x"), node)))
+
+
+@pytest.mark.parametrize("depth", [10, 5_000])
+def test_the_recursive_pass_equals_the_walk_at_any_depth(depth):
+    """`prepare` recurses, and past Python's recursion limit goes on with the walk on a stack from
+    where it was cut: the pass is the walk's either way (a chain of optional properties nests a
+    node per property), and so is the DFA."""
+    digit, word = parse("[0-9]"), parse("[a-zé]{2,3}|x")
+    chain = Seq((Literal("}"),))
+    for i in range(depth):
+        item = Seq((Literal(","), digit if i % 3 else word, Literal(chr(0x41 + i % 26))))
+        chain = Seq((Repeat(item, 0, 1), chain))
+    walked = byte_nfa.ByteNFA()
+    walked._walk(chain)
+    passed = byte_nfa.ByteNFA()
+    passed.prepare(chain)
+    assert _pass(passed) == _pass(walked)
+    dfa = determinize(build_nfa(chain), native=False)
+    last = depth - 1  # the outermost item: its text, then the end
+    text = "," + ("1" if last % 3 else "ab") + chr(0x41 + last % 26) + "}"
+    assert dfa.accepting[dfa.follow(dfa.initial, text.encode())]
+    assert dfa.accepting[dfa.follow(dfa.initial, b"}")]
+    assert dfa.follow(dfa.initial, text.encode() + b"}") == dfa.dead
 
 
 def test_deadline_stops_the_nfa_build():
