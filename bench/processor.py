@@ -38,7 +38,11 @@ cache again); the floor is timed over the same calls. Beside it, llguidance's ma
 schema and tokens, also fresh per round (`LLMatcher.grammar_from_json_schema` + `LLMatcher`, as
 bench/engines.py drives it): per call `consume_token` + `fill_next_token_bitmask` (its "matcher";
 its MLX apply is a Metal kernel, absent on Linux, and ours includes applying the mask, so the
-comparison leans its way). Every call of every round is pooled: mean, p50, p90, p99, cold and warm
+comparison leans its way); as a processor, "llg_processor" (its bitmask applied by our own CPU kernel,
+a new mask each call: since the cpu-native kernel that is as cheap as ours, so this comparison
+differs from ours by the row fill alone) and "llg_numpy" (applied by the CPU path llguidance ships,
+`llguidance.numpy.apply_token_bitmask_inplace` on a host copy of the logits).
+Every call of every round is pooled: mean, p50, p90, p99, cold and warm
 apart; beside the pooled mean over the floor's, the median round's (a round's mean call over its own
 floor's). Cold and warm calls are also split into the processor call and the `mx.eval` after it
 (the "call" key): a first visit's Python work (the row walk, the table) lands in the call, and
@@ -279,6 +283,7 @@ def cold_child(rounds: int) -> dict:
     import llguidance
     import llguidance.hf
     import llguidance.numpy as lnp
+    import numpy as np
 
     grammar, prompt, tokens = load("lazy")  # also warms the process: kernels, the trie, the tokenizer
     tok = grammar_tokenizer()
@@ -293,7 +298,7 @@ def cold_child(rounds: int) -> dict:
         from grammar_mlx.compiler import lazy_store
     except ImportError:
         lazy_store = None
-    llg_kinds = ("llg_matcher", "llg_processor")
+    llg_kinds = ("llg_matcher", "llg_processor", "llg_numpy")
     kinds = ("cold", "warm", *(("restored",) if lazy_store is not None else ()), *llg_kinds)
     samples: dict[str, list[float]] = {k: [] for k in (*kinds, "floor")}
     cpu: dict[str, list[int]] = {k: [] for k in kinds}  # the calling thread's CPU ns
@@ -334,6 +339,8 @@ def cold_child(rounds: int) -> dict:
         spec = llguidance.LLMatcher.grammar_from_json_schema(schema_text, defaults={"whitespace_flexible": False})
         # llg_processor: llguidance as a processor on this backend, its bitmask applied by our CPU
         # kernel (its own MLX apply is a Metal kernel), a new mask each call as its matcher hands one out.
+        # llg_numpy: the same with the CPU apply llguidance ships (llguidance.numpy, on a host copy of
+        # the logits, handed back to MLX).
         for kind in llg_kinds:
             matcher = llguidance.LLMatcher(llg_tok, spec)
             for i in range(len(tokens) + 1):
@@ -343,6 +350,10 @@ def cold_child(rounds: int) -> dict:
                 lnp.fill_next_token_bitmask(matcher, bitmask, 0)
                 if kind == "llg_processor":
                     mx.eval(kernels.apply_token_bitmask(logits, mx.array(bitmask).view(mx.uint32), [0]))
+                elif kind == "llg_numpy":
+                    host = np.array(logits)
+                    lnp.apply_token_bitmask_inplace(host, bitmask)
+                    mx.eval(mx.array(host))
                 samples[kind].append((pc() - t0) / 1e3)
                 cpu[kind].append(tt() - c0)
             if matcher.is_error():
@@ -406,13 +417,14 @@ def cold_main(args) -> None:
           f"{results['this']['document_tokens']}-token document, {args.rounds} rounds pooled, load average "
           f"{load_avg[0]:.2f}")
     print(f"{'code':>9} {'calls':>13} | {'mean us':>8} {'p50':>7} {'p90':>7} {'p99':>8} {'max':>8} | "
-          f"{'mean/floor':>10} {'rounds':>6} {'mean/llg':>8} {'p99/llg':>7} {'/llg_p':>6} | {'cpu mean':>8} "
-          f"{'cpu p99':>8} {'cpu/llg':>7}")
+          f"{'mean/floor':>10} {'rounds':>6} {'mean/llg':>8} {'p99/llg':>7} {'/llg_p':>6} {'/llg_np':>7} | "
+          f"{'cpu mean':>8} {'cpu p99':>8} {'cpu/llg':>7}")
     rows = []
     llg_cpu, llg_processor = results["this"]["cpu"]["llg_matcher"], results["this"].get("llg_processor")
+    llg_numpy = results["this"].get("llg_numpy")
     for name, r in results.items():
         floor, llg = r["floor"]["mean_us"], r["llg_matcher"]
-        for kind in ("cold", "warm", "restored", "llg_matcher", "llg_processor", "floor"):
+        for kind in ("cold", "warm", "restored", "llg_matcher", "llg_processor", "llg_numpy", "floor"):
             if (name != "this" and kind.startswith("llg")) or kind not in r:
                 continue
             m = r[kind]
@@ -424,6 +436,7 @@ def cold_main(args) -> None:
                          "mean_over_llg_matcher": m["mean_us"] / llg["mean_us"],
                          "p99_over_llg_matcher": m["p99_us"] / llg["p99_us"],
                          "mean_over_llg_processor": m["mean_us"] / llg_processor["mean_us"] if llg_processor else None,
+                         "mean_over_llg_numpy": m["mean_us"] / llg_numpy["mean_us"] if llg_numpy else None,
                          "cpu": c, "cpu_mean_over_llg_matcher": c["mean_us"] / llg_cpu["mean_us"] if c else None})
             cpu_text = (f"{c['mean_us']:>8.0f} {c['p99_us']:>8.0f} {c['mean_us'] / llg_cpu['mean_us']:>7.2f}" if c
                         else f"{'':>8} {'':>8} {'':>7}")
@@ -431,13 +444,16 @@ def cold_main(args) -> None:
                   f"{m['p99_us']:>8.0f} {m['max_us']:>8.0f} | {m['mean_us'] / floor:>10.2f} "
                   f"{round_ratio:>6.2f} {m['mean_us'] / llg['mean_us']:>8.2f} "
                   f"{m['p99_us'] / llg['p99_us']:>7.2f} "
-                  f"{m['mean_us'] / llg_processor['mean_us'] if llg_processor else float('nan'):>6.2f} | {cpu_text}")
+                  f"{m['mean_us'] / llg_processor['mean_us'] if llg_processor else float('nan'):>6.2f} "
+                  f"{m['mean_us'] / llg_numpy['mean_us'] if llg_numpy else float('nan'):>7.2f} | {cpu_text}")
     print("cold = a fresh lazy grammar's first replay (every state's first visit), warm = a second replay "
           "of the same grammar; restored = a fresh grammar's first replay with the rows the cold replay saved "
           "(compiler/lazy_store.py, as a new process would load them); floor = mx.eval(logits + 0); "
           "llg = llguidance's matcher (consume + fill "
           "bitmask; no mask applied, which ours includes); llg_p = llguidance as a processor here: its matcher "
-          "and its bitmask applied by our CPU kernel (its MLX apply is a Metal kernel), a new mask each call; "
+          "and its bitmask applied by our CPU kernel (its MLX apply is a Metal kernel), a new mask each call "
+          "(since cpu-native, as cheap a kernel as ours: the stricter comparison); llg_np = the same with the "
+          "CPU apply llguidance ships (llguidance.numpy on a host copy of the logits); "
           "ratios against the same child's floor and llguidance; rounds = the median over rounds of a round's "
           "mean call over its mean floor call (spikes "
           "of other processes' load land in one round, not in both figures of every round); "
