@@ -32,8 +32,9 @@ A compiled grammar's memory and search (per grammar; the last four: lazy grammar
 `LOOKUP_BYTES` also bounds a context-free grammar's `next_state` memo of (state, token) pairs (past it:
 emptied and refilled).
 
-Masking: `ROW_CACHE_BYTES` (64 MiB, `GRAMMAR_MLX_ROW_CACHE_BYTES`), unpacked mask rows the CPU
-paths keep, all grammars together (`kernels.set_row_cache_limit` changes it at run time).
+Masking: `ROW_CACHE_BYTES` (64 MiB, `GRAMMAR_MLX_ROW_CACHE_BYTES`), unpacked mask rows the cached CPU
+paths (cpu-fused, cpu-bitwise: where cpu-native cannot be built) keep, all grammars together
+(`kernels.set_row_cache_limit` changes it at run time).
 
 JSON Schema translation (fixed; see docs/json-schema.md for what each relaxes or refuses):
 
