@@ -70,37 +70,85 @@ class _RuleEmitter(Emitter):
 def may_recurse(schema: Any) -> bool:
     """Whether a loaded schema's `$ref`s may cycle, read from the document alone (no normalizing:
     a schema without a cycle pays only this walk): a local pointer's target holding a `$ref` whose
-    target holds ... the first one. Other references (`$id`s, anchors, remote, dynamic) may cycle."""
-    if not _holds_reference(schema):  # most schemas: one walk without the paths below
+    target holds ... the first one. Other references (`$id`s, anchors, remote, dynamic) may cycle.
+
+    Read as a graph over the distinct targets (T -> T' where a `$ref` inside T points at T'; a
+    cycle there is one among the `$ref`s): one walk without paths collects the targets, then one
+    walk of each target's subtree its edges. Where one target lies inside another, those subtree
+    walks would cover the inner one again per outer one: the walk with every `$ref`'s path decides."""
+    targets: set[tuple[str, ...]] = set()
+    if not _local_targets(schema, targets):
+        return True
+    if not targets:  # most schemas
         return False
-    refs: list[tuple[tuple[str, ...], tuple[str, ...]]] = []  # (where the $ref is, its target)
-    # Containers only (scalars hold no $ref), each with its path as a linked (parent, key) pair:
-    # written out as a tuple only where a $ref is.
-    stack: list[tuple[Any, Any]] = [(schema, None)]
+    ordered = sorted(targets)  # a target inside another sorts right after it, or after one inside it too
+    if any(inner[:len(outer)] == outer for outer, inner in zip(ordered, ordered[1:])):
+        return _may_recurse_by_paths(schema)
+    edges: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    for target in ordered:
+        inside: set[tuple[str, ...]] = set()
+        _local_targets(_resolved(schema, target), inside)  # (no other reference: the document has none)
+        edges[target] = inside
+    return _has_cycle({t: list(e) for t, e in edges.items()})
+
+
+def _local_targets(schema: Any, targets: set[tuple[str, ...]]) -> bool:
+    """Add to `targets` the pointer (its unescaped parts) of every `$ref` in `schema`; False (at
+    once) at a reference that is not a local pointer, or a dynamic or recursive one."""
+    stack = [schema]
     while stack:
-        x, path = stack.pop()
+        x = stack.pop()
         if isinstance(x, dict):
             if "$dynamicRef" in x or "$recursiveRef" in x:
-                return True
+                return False
             ref = x.get("$ref")
             if ref is not None:
-                if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
-                    return True
-                parts = ref[2:].split("/") if ref != "#" else []
-                refs.append((_path_of(path), tuple(unquote(p).replace("~1", "/").replace("~0", "~") for p in parts)))
-            stack.extend((v, (path, str(k))) for k, v in x.items() if isinstance(v, (dict, list)))
+                pointer = _pointer_parts(ref)
+                if pointer is None:
+                    return False
+                targets.add(pointer)
+            stack.extend(v for v in x.values() if isinstance(v, (dict, list)))
         elif isinstance(x, list):
-            stack.extend((v, (path, str(i))) for i, v in enumerate(x) if isinstance(v, (dict, list)))
-    if not refs:
-        return False
-    # A cycle among the references: edge r -> r' where r' lies inside r's target.
-    inside = [[j for j, (at, _) in enumerate(refs) if at[:len(target)] == target] for _, target in refs]
-    done: set[int] = set()
-    for root in range(len(refs)):
+            stack.extend(v for v in x if isinstance(v, (dict, list)))
+    return True
+
+
+def _pointer_parts(ref: object) -> tuple[str, ...] | None:
+    """A local JSON pointer's parts, unescaped; None for any other reference."""
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+        return None
+    if ref == "#":
+        return ()
+    return tuple(unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/"))
+
+
+def _resolved(schema: Any, pointer: tuple[str, ...]) -> Any:
+    """The value at `pointer` (a list index spelled as `str` writes it), or None where there is none."""
+    x = schema
+    for part in pointer:
+        if isinstance(x, dict):
+            x = x.get(part)
+        elif isinstance(x, list):
+            try:
+                i = int(part)
+            except ValueError:
+                return None
+            if str(i) != part or not 0 <= i < len(x):
+                return None
+            x = x[i]
+        else:
+            return None
+    return x
+
+
+def _has_cycle(edges: dict[Any, list[Any]]) -> bool:
+    """Whether the directed graph `edges` (node -> successors) has a cycle."""
+    done: set[Any] = set()
+    for root in edges:
         if root in done:
             continue
         on_path = {root}
-        work = [(root, iter(inside[root]))]
+        work = [(root, iter(edges.get(root, ())))]
         while work:
             node, it = work[-1]
             nxt = next(it, None)
@@ -112,8 +160,33 @@ def may_recurse(schema: Any) -> bool:
                 return True
             elif nxt not in done:
                 on_path.add(nxt)
-                work.append((nxt, iter(inside[nxt])))
+                work.append((nxt, iter(edges.get(nxt, ()))))
     return False
+
+
+def _may_recurse_by_paths(schema: Any) -> bool:
+    """`may_recurse` from every `$ref`'s own path: a cycle among the references, edge r -> r' where
+    r' lies inside r's target."""
+    refs: list[tuple[tuple[str, ...], tuple[str, ...]]] = []  # (where the $ref is, its target)
+    # Containers only (scalars hold no $ref), each with its path as a linked (parent, key) pair:
+    # written out as a tuple only where a $ref is.
+    stack: list[tuple[Any, Any]] = [(schema, None)]
+    while stack:
+        x, path = stack.pop()
+        if isinstance(x, dict):
+            if "$dynamicRef" in x or "$recursiveRef" in x:
+                return True
+            ref = x.get("$ref")
+            if ref is not None:
+                pointer = _pointer_parts(ref)
+                if pointer is None:
+                    return True
+                refs.append((_path_of(path), pointer))
+            stack.extend((v, (path, str(k))) for k, v in x.items() if isinstance(v, (dict, list)))
+        elif isinstance(x, list):
+            stack.extend((v, (path, str(i))) for i, v in enumerate(x) if isinstance(v, (dict, list)))
+    return _has_cycle({r: [j for j, (at, _) in enumerate(refs) if at[:len(target)] == target]
+                       for r, (_, target) in enumerate(refs)})
 
 
 def text_without_reference(schema: Any) -> bool:
@@ -122,20 +195,6 @@ def text_without_reference(schema: Any) -> bool:
     then False, known without walking it."""
     return (isinstance(schema, str) and "$ref" not in schema and "$dynamicRef" not in schema
             and "$recursiveRef" not in schema and "\\u" not in schema)
-
-
-def _holds_reference(schema: Any) -> bool:
-    """Whether some object of the document has a `$ref`, `$dynamicRef` or `$recursiveRef` key."""
-    stack = [schema]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            if "$ref" in x or "$dynamicRef" in x or "$recursiveRef" in x:
-                return True
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
-    return False
 
 
 def _path_of(linked: Any) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from ..errors import GrammarTooLargeError
 from ..limits import check_deadline
 from ..regex.charset import CharSet, charset_regex, json_char_regex, json_text
 from ..regex.rust import parse as parse_regex
-from ..regex.syntax import EMPTY, Alt, Bounded, Chars, Repeat, Seq
+from ..regex.syntax import EMPTY, Alt, Bounded, Chars, Repeat, Seq, hashed
 from ..regex.syntax import NEVER as NO_NAME
 from ..regex.syntax import Literal as Text
 from ..regex.syntax import Node as Regex
@@ -162,6 +162,18 @@ class Builder:
             da, db = depth[ia], depth[ib]
             depth[iq] = da if da > db else db
             return node
+        if len(items) == 3 and items[0] is not EMPTY and items[1] is not EMPTY and items[2] is not EMPTY:
+            # an object's member (key, colon, value): no list, no maps
+            ids: tuple[int, ...] = (id(items[0]), id(items[1]), id(items[2]))
+            if _NONE_ID in ids:
+                return None
+            key = ("S", ids)
+            hit = self.nodes.get(key)
+            if hit is not None:
+                return hit
+            size, depth = self.size, self.depth
+            return self._made(key, Seq(cast(tuple[Regex, ...], items)), size[ids[0]] + size[ids[1]] + size[ids[2]], 1,
+                              max(depth[ids[0]], depth[ids[1]], depth[ids[2]]))
         kept = [item for item in items if item is not EMPTY]
         if len(kept) < 2:
             return kept[0] if kept else EMPTY  # (None when the one item is)
@@ -215,7 +227,7 @@ class Builder:
             return hit
         written = node.write
         # Written out as text (export only): each class as its leaf.
-        write = leaf if written is None else (lambda chars: self.mapped(written(chars), leaf, {}))
+        write = leaf if written is None else (lambda chars: self.mapped(hashed(written(chars)), leaf, {}))
         own = 8 * node.core.edges + sum(self.size[id(x)] for x in leaves)
         return self._made(key, Bounded(node.core, leaves, write), own, own,
                           1 + max((self.depth[id(x)] for x in leaves), default=0))
@@ -223,13 +235,21 @@ class Builder:
     def optional(self, item: Regex | None) -> Regex:
         return self.repeat(item, 0, 1) or EMPTY
 
-    def mapped(self, ast: Regex, leaf: Callable[[CharSet], Regex], memo: dict[int, Regex]) -> Regex:
-        """`ast` (a character-level AST) with each class replaced by `leaf(chars)` and each literal
-        character by `leaf` of it: the same shape, over other text (JSON-encoded characters, array
-        item symbols). `memo` (by node identity) is the caller's, one per `leaf`."""
+    def mapped(self, ast: Regex, leaf: Callable[[CharSet], Regex], memo: dict[Any, Regex]) -> Regex:
+        """`ast` (a character-level AST, `hashed`) with each class replaced by `leaf(chars)` and each
+        literal character by `leaf` of it: the same shape, over other text (JSON-encoded characters,
+        array item symbols). `memo` is the caller's, one per `leaf`: by node identity, and for a
+        composite also by structure, since a parsed pattern or format repeats equal parts as
+        distinct objects (the result, hash-consed, is the one object either way)."""
         hit = memo.get(id(ast))
         if hit is not None:
             return hit
+        composite = type(ast) is Seq or type(ast) is Alt or type(ast) is Repeat
+        if composite:
+            hit = memo.get(ast)
+            if hit is not None:
+                memo[id(ast)] = hit
+                return hit
         out: Regex | None
         if type(ast) is Chars:
             out = leaf(ast.chars)
@@ -247,6 +267,8 @@ class Builder:
             raise AssertionError(f"not a character-level AST node: {ast!r}")
         assert out is not None, "a mapped class is never empty"
         memo[id(ast)] = out
+        if composite:
+            memo[ast] = out
         return out
 
 
@@ -396,7 +418,7 @@ class Emitter:
         if hit is None:
             written = charset_regex if raw else json_char_regex
             hit = self.json_memo[id(ast)] = self.ast.mapped(
-                ast, lambda chars: self.ast.chars(chars, written), {})
+                hashed(ast), lambda chars: self.ast.chars(chars, written), {})
             self.json_keep.append(ast)
         return hit
 
@@ -542,7 +564,7 @@ class Emitter:
             if _written_length(sequences, lambda chars: 8 * chars.size()) > limits.COUNTED_ARRAY_LENGTH:
                 raise fa.AutomatonTooLarge(f"its AST exceeds limits.COUNTED_ARRAY_LENGTH = "
                                            f"{limits.COUNTED_ARRAY_LENGTH} characters")
-            body = ast.mapped(sequences, symbol_ast, {})
+            body = ast.mapped(hashed(sequences), symbol_ast, {})
         except fa.AutomatonTooLarge as e:
             # Too large to write: the plain array, the keyword reported (strict: refused).
             keyword = "contains" if node.contains is not None else "uniqueItems"

@@ -393,9 +393,19 @@ def _names_complement(names: list[str], chars: CharSet) -> Regex:
                 continue
             for c in kids:
                 alts.append(seq(literal(prefix + c), walk(node[c])))
-            return alt(*alts)
+            return _trie_alt(alts)
 
     return walk(trie)
+
+
+def _trie_alt(alts: list[Regex]) -> Regex:
+    """`alt(*alts)` for `_names_complement`'s alternatives at one trie node, without its merging,
+    deduplication and nullability walk: they are distinct sequences, each starting with a class
+    (the stop, the other characters, each child's character), but for the empty one at a node no
+    name ends at."""
+    rest = [a for a in alts if not (type(a) is Seq and not a.items)]
+    inner = rest[0] if len(rest) == 1 else Alt(tuple(rest))
+    return inner if len(rest) == len(alts) else Repeat(inner, 0, 1)
 
 
 def _counted(nz: Normalizer, atoms: list[Loc], infos: list[_Info], properties: list[Property],

@@ -95,6 +95,39 @@ def test_the_depth_bound_stays_an_option_and_acyclic_schemas_keep_the_regular_pa
     assert may_recurse({"items": [{"$ref": "#/items"}]})
 
 
+_TARGETS = [  # documents for both ways of `may_recurse` (by distinct targets, by each $ref's path)
+    {"$defs": {"a": {"$ref": "#/$defs/a"}}},  # a target holding its own $ref
+    {"$defs": {"a": {"items": {"$ref": "#/$defs/b"}}, "b": {"$ref": "#/$defs/c"}, "c": {"type": "null"}}},
+    {"$defs": {"a": {"items": {"$ref": "#/$defs/b"}}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}},
+    {"items": [{"$ref": "#/items/1"}, {"$ref": "#/items/0"}]},  # list indices
+    {"items": [{"$ref": "#/items/01"}, {"$ref": "#/items/0"}]},  # "01" is no index
+    {"items": [{"$ref": "#/items/-0"}, {"$ref": "#/items/0"}]},
+    {"items": [{"$ref": "#/items/5"}, {"$ref": "#/items/0"}]},  # past the end
+    {"$defs": {"a/b": {"$ref": "#/$defs/a~1b"}}},  # escapes
+    {"$defs": {"a b": {"$ref": "#/$defs/a%20b"}, "~": {"$ref": "#/$defs/~0"}}},
+    {"$defs": {"a": {"const": 1, "items": {"$ref": "#/$defs/a/const"}}}},  # into a scalar
+    {"$defs": {"a": {"$ref": "#/$defs/a/x/y"}}},  # past the document
+    # nested targets: decided by each $ref's path
+    {"$defs": {"a": {"properties": {"b": {"$ref": "#/$defs/a"}}}}, "$ref": "#/$defs/a/properties/b"},
+    {"$defs": {"a": {"properties": {"b": {"type": "string"}}}}, "items": [
+        {"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a/properties/b"}]},
+    {"properties": {"a": {"items": {"$ref": "#/properties/a/items"}}}, "items": {"$ref": "#"}},
+]
+
+
+@pytest.mark.parametrize("doc", _TARGETS)
+def test_may_recurse_by_targets_is_by_paths(doc: dict) -> None:
+    """The walk per distinct target decides as the walk with every `$ref`'s path does."""
+    from grammar_mlx.grammars.json_schema import _may_recurse_by_paths
+    assert may_recurse(doc) == _may_recurse_by_paths(doc)
+
+
+def test_may_recurse_of_targets() -> None:
+    """What the documents above hold: a cycle through a list index, an escape, its own target."""
+    got = [may_recurse(doc) for doc in _TARGETS]
+    assert got == [True, False, True, True, False, False, False, True, True, False, False, True, False, True]
+
+
 @pytest.mark.parametrize(("text", "without", "recurses"), [
     ('{"type": "array", "items": {"type": "string"}}', True, False),
     ('{"properties": {"a": {"$ref": "#"}}}', False, True),

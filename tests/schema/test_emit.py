@@ -16,10 +16,11 @@ import pytest
 
 from grammar_mlx import limits
 from grammar_mlx.errors import GrammarTooLargeError
-from grammar_mlx.regex.charset import CharSet
+from grammar_mlx.regex.charset import CharSet, charset_regex
 from grammar_mlx.regex.rust import parse
 from grammar_mlx.regex.syntax import NEVER as NO_STRING
-from grammar_mlx.regex.syntax import Alt, Chars, alt, literal, repeat, seq, to_regex
+from grammar_mlx.regex.syntax import Alt, Chars, alt, hashed, literal, repeat, seq, to_regex
+from grammar_mlx.regex.syntax import Node as Regex
 from grammar_mlx.schema.emit import (
     STRING,
     Builder,
@@ -365,3 +366,23 @@ def test_the_builder_shares_equal_structure_and_writes_each_repeat_form():
     small = Builder(cap=20)
     with pytest.raises(GrammarTooLargeError):
         small.seq(*(small.text(f"part{i}") for i in range(10)))
+
+
+def test_mapped_maps_equal_parts_once() -> None:
+    """A parsed pattern repeats equal parts as distinct objects: `Builder.mapped` maps each
+    structure once (its class leaves asked once), and the result is the one it makes for the same
+    AST with those parts shared."""
+    def part() -> Alt:
+        return Alt((seq(*literal("ab").items, Chars(CharSet.of("x"))), repeat(literal("cd"), 0, None)))
+    copies, shared = hashed(seq(part(), Chars(CharSet.of("-")), part())), part()
+    asked: list[CharSet] = []
+
+    def leaf(chars: CharSet) -> Regex:
+        asked.append(chars)
+        return builder.chars(chars, charset_regex)
+
+    builder = Builder()
+    got = builder.mapped(copies, leaf, {})
+    assert len(asked) == len(set(asked)) == 6  # a, b, x, c, d, -
+    assert got is builder.mapped(hashed(seq(shared, Chars(CharSet.of("-")), shared)), leaf, {})
+    assert to_regex(got) == to_regex(copies)

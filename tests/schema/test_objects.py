@@ -378,3 +378,33 @@ def test_pattern_property_regions_hold_under_both_readings():
         assert not accepted or check.is_valid(instance), instance
     assert re.fullmatch(regex.regex, canonical_json({"b": "x", "é": "y", "7": 7}, schema))  # é: no digit
     assert not re.fullmatch(regex.regex, canonical_json({"a\n": "x"}, schema))  # Python's `^a$` matches "a\n"
+
+
+def test_a_names_complement_trie_alternation_is_alt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_trie_alt` builds what `regex.syntax.alt` builds from a trie node's alternatives (it only
+    skips alt's merging, deduplication and nullability walk), over names with shared prefixes, a
+    name that is a prefix of another, the empty name, and characters JSON escapes."""
+    import random
+
+    from grammar_mlx.regex.charset import JSON_SPECIAL
+    from grammar_mlx.regex.syntax import alt
+    from grammar_mlx.schema import objects
+
+    exact = objects._trie_alt
+    seen: list[int] = []
+
+    def checked(alts: list) -> object:
+        got, want = exact(alts), alt(*alts)
+        assert got == want and type(got) is type(want)
+        seen.append(len(alts))
+        return got
+
+    monkeypatch.setattr(objects, "_trie_alt", checked)
+    rnd = random.Random(7)
+    for _ in range(300):
+        letters = rnd.choice(["ab", "abc", "ab\"\n", "aé_-"])
+        count = rnd.randint(1, 8)
+        names = sorted({"".join(rnd.choice(letters) for _ in range(rnd.randint(0, 5))) for _ in range(count)})
+        objects._names_complement(names, objects.EXTRA_KEY_CHARS)
+        objects._names_complement(names, objects.EXTRA_KEY_CHARS - JSON_SPECIAL)
+    assert max(seen) > 3
