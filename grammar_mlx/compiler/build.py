@@ -206,25 +206,13 @@ def compile_json_schema(schema: Any, tokenizer: TokenizerSource, *, logits_width
     (`grammars.json_schema`); `max_recursion_depth=n` unrolls the cycles n times into a regex instead.
     Python's cyclic garbage collector is paused while it runs (`collector_paused`).
     """
-    started = time.perf_counter()
-    opts = _options(**options)
-    with collector_paused():
-        # The pause ends once the body's frame is gone: the schema's parse, normalization and
-        # translation are freed by then (what the grammar does not hold), so the collection that
-        # the compile's allocations may set off right after it traverses only what survives.
-        return _compiled_schema(schema, tokenizer, logits_width, whitespace, strict, open_objects,
-                                max_recursion_depth, opts, started)
-
-
-def _compiled_schema(schema: Any, tokenizer: TokenizerSource, logits_width: int | None, whitespace: str | None,
-                     strict: bool, open_objects: bool, max_recursion_depth: int | None, opts: _Options,
-                     started: float) -> CompiledGrammar | CFGGrammar:
-    """`compile_json_schema`'s body, under its collector pause."""
     from ..grammars import compile_schema_rules
     from ..grammars.json_schema import SchemaRules, rules_of, text_without_reference
     from ..schema.translate import check_translation_options, load_schema, translate_loaded
 
-    with refusing_deep_nesting("the schema"), deadline_scope(opts.deadline):
+    started = time.perf_counter()
+    opts = _options(**options)
+    with collector_paused(), refusing_deep_nesting("the schema"), deadline_scope(opts.deadline):
         depth = 3 if max_recursion_depth is None else max_recursion_depth
         check_translation_options(strict, depth, open_objects)
         doc = load_schema(schema)  # once, for both paths

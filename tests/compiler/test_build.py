@@ -610,43 +610,6 @@ def test_the_collector_is_off_during_a_compile_and_on_after_and_its_cycles_are_c
         gc.enable()
 
 
-def test_the_collector_comes_back_on_after_the_parsed_schema_is_freed(qwen_vocab, monkeypatch):
-    # The collection the compile's allocations set off once the collector is back on must not
-    # traverse the compile's temporaries (the parse, the translation): they are freed first.
-    import gc
-    import weakref
-
-    from grammar_mlx.schema import translate
-
-    class Doc(dict):  # a dict that a weak reference can watch
-        pass
-
-    parsed: list[weakref.ref[Doc]] = []
-    load = translate.load_schema
-
-    def watched_load(schema):
-        doc = Doc(load(schema))
-        parsed.append(weakref.ref(doc))
-        return doc
-
-    seen = []
-
-    class Watch:  # the collector, with its re-enabling watched
-        def __getattr__(self, name):
-            return getattr(gc, name)
-
-        def enable(self):
-            seen.append(parsed[-1]() is None)
-            gc.enable()
-
-    monkeypatch.setattr(translate, "load_schema", watched_load)
-    monkeypatch.setattr(build, "gc", Watch())
-    grammar = compile_json_schema('{"type": "object", "properties": {"a": {"type": "string"}}}', qwen_vocab,
-                                  use_cache=False)
-    assert seen == [True] and gc.isenabled()
-    assert grammar.allowed_tokens(grammar.initial_state).size
-
-
 def test_overlapping_pauses_turn_the_collector_back_on_with_the_last():
     import gc
 
