@@ -112,15 +112,18 @@ class ByteDFA:
 
     @classmethod
     def on_demand(cls, classes: np.ndarray, source: RowSource, max_states: int, alphabet: Iterable[int] | None,
-                  all_live: bool, class_list: list[int] | None = None) -> ByteDFA:
+                  all_live: bool, class_list: list[int] | None = None,
+                  num_classes: int | None = None) -> ByteDFA:
         """An empty DFA (the dead state 0 only) whose rows `source` computes; the caller adds the
         initial state (`add_state`) and sets `initial`. `max_states`: past it, `add_state` raises
         `GrammarTooLargeError`. `all_live`: the source knows every state to be live over `alphabet`.
         `class_list`: `classes` as a list of Python ints where the caller has it (read, never
-        changed: it may be shared)."""
+        changed: it may be shared); `num_classes`: the classes' count (their largest + 1) where the
+        caller knows it (a reduction over the classes less per compile)."""
         classes = np.ascontiguousarray(classes, dtype=np.int32)
-        width = int(classes.max()) + 1
-        table = np.full(16 * width, UNKNOWN, dtype=np.int32)
+        width = int(classes.max()) + 1 if num_classes is None else int(num_classes)
+        table = np.empty(16 * width, dtype=np.int32)
+        table.fill(UNKNOWN)
         table[:width] = 0  # the dead state loops to itself
         dfa = cls.__new__(cls)
         dfa._setup(table, np.zeros(16, dtype=bool), np.zeros(16, dtype=bool), classes, 0, 0, 0, source,

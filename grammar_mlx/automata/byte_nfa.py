@@ -785,7 +785,8 @@ def determinize(nfa: ByteNFA, max_states: int = limits.MAX_DFA_STATES,
     decided over (the vocabulary's single-byte tokens; None: every byte but NUL). `native`: the
     construction in native code (None: where the library is built; the same DFA either way)."""
     source = Determinizer(nfa, alphabet, native)
-    dfa = ByteDFA.on_demand(source.classes, source, max_states, alphabet, source.all_live, source._class_of)
+    dfa = ByteDFA.on_demand(source.classes, source, max_states, alphabet, source.all_live, source._class_of,
+                            source.num_classes)
     dfa.initial = source.start(dfa)
     return dfa
 

@@ -410,3 +410,11 @@ def test_walk_takes_the_numpy_path_without_the_library(monkeypatch):
     got = token_index.walk(trie, dfa, dfa.initial)
     assert calls and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert got[0].tolist() == [0, 1]
+
+
+def test_address_is_the_arrays_data_address_for_every_kind_of_array():
+    base = np.arange(12, dtype=np.int32)
+    frozen = base.copy()
+    frozen.setflags(write=False)
+    for array in (base, base[3:], frozen, frozen[5:], np.zeros(0, np.int32), base[:0], np.zeros((3, 4), np.uint32)):
+        assert native._address(array) == array.__array_interface__["data"][0]
