@@ -470,6 +470,10 @@ class FastForwardGenerationBatch(GenerationBatch):
             logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(lengths) - 1)
             for c in batch.prompt_cache:
                 c.finalize()
+        # The forward starts now: the rows' host work below (histories, processors, mask rows) runs
+        # while it computes rather than before it (a grammar step cannot build its forward ahead, as
+        # mlx-lm's does: what it feeds depends on the token sampled last).
+        mx.async_eval(logits)
 
         token_context = []
         rows: list[mx.array] | None = None  # each row's logits, once a row has processors besides its grammar's
