@@ -546,6 +546,25 @@ def test_sigterm_ends_requests_in_flight_with_an_error_then_done_and_exits(smoll
         s.stop()
 
 
+@pytest.mark.slow
+def test_a_server_on_the_cpu_builds_its_masking_primitive_before_it_says_ready(smollm_path, tmp_path):
+    """On MLX's CPU backend the first constrained request must not wait for the cpu-native build:
+    with an empty cache directory, the built primitive is there when the server first answers."""
+    import mlx.core as mx
+
+    from grammar_mlx.kernels import dispatch
+
+    if mx.default_device() != mx.cpu or dispatch.cpu_native_error() is not None:
+        pytest.skip(f"no cpu-native path here: {dispatch.cpu_native_error() or 'not the CPU backend'}")
+    s = Server("fresh-cache", "--no-preload-json-object", env={"GRAMMAR_MLX_CACHE_DIR": str(tmp_path)})
+    try:
+        s.wait_ready()
+        built = sorted(p.name for p in (tmp_path / "native").iterdir())
+        assert len(built) == 1 and built[0].startswith("token_bitmask_cpu-"), built
+    finally:
+        s.stop()
+
+
 @pytest.fixture(scope="module")
 def in_process(smollm_path):
     """The server in this process (so that a test can inject faults), with small limits."""

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 
+from .. import kernels
 from ..compiler.cache import default_cache_dir
 from ..compiler.index_cache import load_vocabulary
 from ..compiler.pool import _POOL
@@ -226,6 +227,9 @@ def serve_main(args: argparse.Namespace) -> int:
         if draft is not None and logits_width_of(draft) != width:
             raise ModelLoadError("the draft model's output width differs from the model's")
         vocabulary = served_vocabulary(tokenizer, args.cache_dir)
+        # The masking path chosen now, not by the first constrained request: on MLX's CPU backend
+        # that builds the cpu-native primitive where no build is cached yet (once per cache directory).
+        kernels.default_path()
         loaded = True
     except GrammarError as e:
         print(f"error: {e}", file=sys.stderr)
