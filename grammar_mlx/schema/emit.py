@@ -19,7 +19,7 @@ depth: each level is one node, used twice).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
@@ -162,22 +162,14 @@ class Builder:
             da, db = depth[ia], depth[ib]
             depth[iq] = da if da > db else db
             return node
+        kept: Sequence[Regex | None]
         if len(items) == 3 and items[0] is not EMPTY and items[1] is not EMPTY and items[2] is not EMPTY:
-            # an object's member (key, colon, value): no list, no maps
-            ids: tuple[int, ...] = (id(items[0]), id(items[1]), id(items[2]))
-            if _NONE_ID in ids:
-                return None
-            key = ("S", ids)
-            hit = self.nodes.get(key)
-            if hit is not None:
-                return hit
-            size, depth = self.size, self.depth
-            return self._made(key, Seq(cast(tuple[Regex, ...], items)), size[ids[0]] + size[ids[1]] + size[ids[2]], 1,
-                              max(depth[ids[0]], depth[ids[1]], depth[ids[2]]))
-        kept = [item for item in items if item is not EMPTY]
-        if len(kept) < 2:
-            return kept[0] if kept else EMPTY  # (None when the one item is)
-        ids = tuple(map(id, kept))
+            kept = items  # an object's member (key, colon, value): taken as it is, no list
+        else:
+            kept = [item for item in items if item is not EMPTY]
+            if len(kept) < 2:
+                return kept[0] if kept else EMPTY  # (None when the one item is)
+        ids: tuple[int, ...] = tuple(map(id, kept))
         if _NONE_ID in ids:
             return None
         key = ("S", ids)
