@@ -69,14 +69,16 @@ _EXPAND = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
 _GROW = ctypes.CFUNCTYPE(ctypes.c_int32)
 
 
-def _compiler() -> str | None:
+def find_compiler() -> str | None:
+    """The C++ compiler native code here is built with ($CXX, g++ or c++ on PATH); None where none is."""
     for name in (os.environ.get("CXX"), "g++", "c++"):
         if name and shutil.which(name):
             return name
     return None
 
 
-def _build_dir() -> Path:
+def build_dir() -> Path:
+    """Where built native libraries are kept: the grammar cache directory's `native`."""
     try:
         from .cache import default_cache_dir
 
@@ -88,12 +90,12 @@ def _build_dir() -> Path:
 def _build() -> ctypes.CDLL | None:
     if os.environ.get("GRAMMAR_MLX_NATIVE", "1").strip().lower() in ("0", "false", "off", "no"):
         return None
-    cxx = _compiler()
+    cxx = find_compiler()
     if cxx is None or not all(path.exists() for path in SOURCES):
         return None
     source = b"".join(path.read_bytes() for path in SOURCES)
     tag = hashlib.sha256(source + platform.platform().encode() + cxx.encode()).hexdigest()[:16]
-    directory = _build_dir()
+    directory = build_dir()
     target = directory / f"row_walk-{tag}.so"
     if not target.exists():
         try:

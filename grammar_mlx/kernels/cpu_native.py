@@ -7,7 +7,7 @@ package (a dependency, its version pinned in pyproject.toml to one whose interna
 mlx.core's) with ``NB_DOMAIN=mlx``, and linked against the ``libmlx.so`` of the installed `mlx`
 (its headers ship in the wheel). Built with plain compiler calls (nanobind's `nb_combined.cpp` and
 the source, in parallel, then one link: no CMake) into the grammar cache directory
-(`compiler.cache.default_cache_dir()/native`), keyed by a hash of the source, the mlx and nanobind
+(`compiler.native.build_dir()`, beside the row walk's library), keyed by a hash of the source, the mlx and nanobind
 versions and location, the compiler's version and the interpreter's extension suffix; installed
 atomically, so concurrent first uses build at most once each and never read a partial file.
 
@@ -133,11 +133,13 @@ def _probe(loaded: Extension) -> None:
 
 def _built() -> Path:
     """The library's path, built first where the cache has none."""
+    from ..compiler import native as compiler_native  # (not at import: the compiler package imports kernels)
+
     try:
         import nanobind
     except ImportError:
         raise _Unavailable("the nanobind package is not installed") from None
-    cxx = _compiler()
+    cxx = compiler_native.find_compiler()
     if cxx is None:
         raise _Unavailable("no C++ compiler ($CXX, g++ or c++) on PATH")
     mlx_dir = Path(mx.__file__).resolve().parent
@@ -154,7 +156,7 @@ def _built() -> Path:
     identity = "\0".join([mlx_version, str(mlx_dir), nanobind.__version__, _compiler_version(cxx), suffix,
                           sys.version])
     tag = hashlib.sha256(source + identity.encode()).hexdigest()[:16]
-    directory = _build_dir()
+    directory = compiler_native.build_dir()
     target = directory / f"token_bitmask_cpu-{tag}{suffix}"
     if target.exists():
         return target
@@ -205,13 +207,6 @@ def _run_all(commands: list[list[str]]) -> None:
         raise _Unavailable(failure)
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "g++", "c++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
 def _compiler_version(cxx: str) -> str:
     """The compiler's identity for the cache key (its path and ``--version`` banner)."""
     try:
@@ -220,11 +215,3 @@ def _compiler_version(cxx: str) -> str:
         raise _Unavailable(f"{cxx} --version failed: {exc}") from None
     return f"{shutil.which(cxx)} {banner.decode(errors='replace').splitlines()[:1]}"
 
-
-def _build_dir() -> Path:
-    try:
-        from ..compiler.cache import default_cache_dir
-
-        return default_cache_dir() / "native"
-    except Exception:  # noqa: BLE001 - the cache module is optional here, as in compiler/native.py
-        return Path(tempfile.gettempdir()) / "grammar_mlx-native"

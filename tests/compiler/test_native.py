@@ -392,10 +392,10 @@ def test_native_rows_equal_numpy_rows_on_dense_regexes(regex, engine, qwen_vocab
 
 
 def test_no_compiler_means_no_library_and_the_numpy_walk(monkeypatch):
-    monkeypatch.setattr(native, "_compiler", lambda: None)
+    monkeypatch.setattr(native, "find_compiler", lambda: None)
     assert native._build() is None
     monkeypatch.setenv("GRAMMAR_MLX_NATIVE", "0")
-    monkeypatch.setattr(native, "_compiler", lambda: "g++")
+    monkeypatch.setattr(native, "find_compiler", lambda: "g++")
     assert native._build() is None
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from mask_cases import DTYPES, cached_paths, make_logit_bits, make_table, reference, spy, to_bits, to_mx
 
+from grammar_mlx.compiler import native as compiler_native
 from grammar_mlx.errors import KernelError
 from grammar_mlx.kernels import cpu, cpu_native, dispatch
 
@@ -207,7 +208,7 @@ def test_without_the_primitive_the_cached_paths_take_over(monkeypatch):
 
 @pytest.mark.parametrize("problem", ["disabled", "no nanobind", "no compiler", "compiler fails", "no headers"])
 def test_each_build_problem_is_named(problem, monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_native, "_build_dir", lambda: tmp_path)
+    monkeypatch.setattr(compiler_native, "build_dir", lambda: tmp_path)
     if problem == "disabled":
         monkeypatch.setenv("GRAMMAR_MLX_NATIVE", "0")
         expected = "disabled by GRAMMAR_MLX_NATIVE=0"
@@ -217,12 +218,12 @@ def test_each_build_problem_is_named(problem, monkeypatch, tmp_path):
     elif problem == "no compiler":
         if importlib.util.find_spec("nanobind") is None:
             pytest.skip("needs nanobind to reach the compiler check")
-        monkeypatch.setattr(cpu_native, "_compiler", lambda: None)
+        monkeypatch.setattr(compiler_native, "find_compiler", lambda: None)
         expected = "no C\\+\\+ compiler"
     elif problem == "compiler fails":
         if importlib.util.find_spec("nanobind") is None:
             pytest.skip("needs nanobind to reach the compiler")
-        monkeypatch.setattr(cpu_native, "_compiler", lambda: "false")  # exits 1, prints nothing
+        monkeypatch.setattr(compiler_native, "find_compiler", lambda: "false")  # exits 1, prints nothing
         expected = "false failed \\(exit 1\\)"
     else:
         if importlib.util.find_spec("nanobind") is None or shutil.which("g++") is None:
