@@ -148,6 +148,7 @@ def _multibyte_template(members: tuple[tuple[int, int], ...]) -> Template:
             if lo <= hi:
                 leads.append((b, _window(members, lo, hi - lo + 1, base), k))
     states[0] = _edges(0xC2, leads, state)
+    del state  # (it calls itself through its closure: a cycle, left to the cyclic collector otherwise)
     return states
 
 
@@ -212,6 +213,7 @@ def _class_template(ranges: tuple[tuple[int, int], ...]
 
     for i in range(len(template)):
         fewest(i)
+    del fewest  # (it calls itself through its closure: a cycle, left to the cyclic collector otherwise)
     return template, dists, edges, frozenset(spans)
 
 
@@ -498,7 +500,12 @@ class ByteNFA:
             fewest[id(node)] = total
             return total
 
-        visit(root)
+        try:
+            visit(root)
+        finally:
+            # `visit` calls itself through its closure: a cycle through `self` that would leave the
+            # whole NFA (its AST, states, memo) to the cyclic collector once the grammar is dropped.
+            del visit
 
     def _walk(self, root: Node) -> None:
         """`prepare`'s pass on an explicit stack, from what is known (for any depth).
