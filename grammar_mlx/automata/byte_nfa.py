@@ -148,7 +148,6 @@ def _multibyte_template(members: tuple[tuple[int, int], ...]) -> Template:
             if lo <= hi:
                 leads.append((b, _window(members, lo, hi - lo + 1, base), k))
     states[0] = _edges(0xC2, leads, state)
-    del state  # (it calls itself through its closure: a cycle, left to the cyclic collector otherwise)
     return states
 
 
@@ -213,7 +212,6 @@ def _class_template(ranges: tuple[tuple[int, int], ...]
 
     for i in range(len(template)):
         fewest(i)
-    del fewest  # (it calls itself through its closure: a cycle, left to the cyclic collector otherwise)
     return template, dists, edges, frozenset(spans)
 
 
@@ -505,7 +503,7 @@ class ByteNFA:
         finally:
             # `visit` calls itself through its closure: a cycle through `self` that would leave the
             # whole NFA (its AST, states, memo) to the cyclic collector once the grammar is dropped.
-            del visit
+            visit = _visited
 
     def _walk(self, root: Node) -> None:
         """`prepare`'s pass on an explicit stack, from what is known (for any depth).
@@ -728,6 +726,11 @@ class ByteNFA:
 _Prepared = tuple[Node, dict[int, int], dict[int, tuple[int, ...]], int, int, tuple[tuple[tuple[int, int], ...], ...]]
 _SHARED: dict[int, _Prepared] = {}
 _SHARED_MAX = 4096  # sub-ASTs held (past it the registry starts again: `share` is only a shortcut)
+
+
+def _visited(node: Node) -> int:
+    """What `ByteNFA._recurse`'s `visit` is once its pass is over (breaking its closure's cycle)."""
+    raise AssertionError("the AST pass is over")
 
 
 def share(node: Node) -> None:
