@@ -498,7 +498,12 @@ class ByteNFA:
             fewest[id(node)] = total
             return total
 
-        visit(root)
+        try:
+            visit(root)
+        finally:
+            # `visit` calls itself through its closure: a cycle through `self` that would leave the
+            # whole NFA (its AST, states, memo) to the cyclic collector once the grammar is dropped.
+            visit = _visited
 
     def _walk(self, root: Node) -> None:
         """`prepare`'s pass on an explicit stack, from what is known (for any depth).
@@ -721,6 +726,11 @@ class ByteNFA:
 _Prepared = tuple[Node, dict[int, int], dict[int, tuple[int, ...]], int, int, tuple[tuple[tuple[int, int], ...], ...]]
 _SHARED: dict[int, _Prepared] = {}
 _SHARED_MAX = 4096  # sub-ASTs held (past it the registry starts again: `share` is only a shortcut)
+
+
+def _visited(node: Node) -> int:
+    """What `ByteNFA._recurse`'s `visit` is once its pass is over (breaking its closure's cycle)."""
+    raise AssertionError("the AST pass is over")
 
 
 def share(node: Node) -> None:

@@ -651,3 +651,27 @@ def test_a_schema_grammar_keeps_its_regex_writer_not_the_parsed_schema(qwen_voca
     del doc
     assert gone() is None, "the compiled grammar holds the schema it was compiled from"
     assert re.fullmatch(grammar.regex, '{"a":"xyz"}') and not re.fullmatch(grammar.regex, '{"a":"wxyz"}')
+
+
+def test_a_dropped_lazy_grammar_is_freed_without_the_cyclic_collector(qwen_vocab):
+    """A lazy grammar, its index, DFA and NFA make no reference cycle: dropped, they are freed at
+    once (a cycle would leave them in the young generation, for a later compile's collection to pay)."""
+    import gc
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        grammar = compile_json_schema({"type": "object", "properties": {"a": {"type": "string"}, "b": {
+            "type": "array", "items": {"type": "integer"}}}, "required": ["a"]}, qwen_vocab,
+            logits_width=QWEN_WIDTH, mode="lazy", use_cache=False)
+        grammar.mask_row(grammar.initial_state)
+        grammar.device_masks()
+        assert isinstance(grammar, LazyGrammar)
+        dfa = grammar.index.dfa
+        dropped = [weakref.ref(grammar), weakref.ref(grammar.index), weakref.ref(dfa), weakref.ref(dfa._source.nfa)]
+        del grammar, dfa
+        assert [r() for r in dropped] == [None, None, None, None]
+    finally:
+        if enabled:
+            gc.enable()
