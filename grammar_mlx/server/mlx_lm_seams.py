@@ -113,14 +113,16 @@ SEAMS: tuple[Seam, ...] = (
          "hands its rows to a FastForwardGenerationBatch (overridden, its body copied)", ("self", "tokens")),
     Seam("mlx_lm.generate.GenerationBatch", "_step",
          "the rows' grammar masks are applied in one kernel call, and a fast-forward row feeds its forced tokens "
-         "in the step (overridden, its body copied; mlx-lm's own when no row has a grammar)", ("self",)),
+         "in the step, and a step that finishes every row feeds nothing (overridden, its body copied; mlx-lm's own "
+         "when no row has a grammar)", ("self",)),
     Seam("mlx_lm.generate.GenerationBatch", "_next_tokens", "the tokens the next step feeds (read)",
          instance=True),
     Seam("mlx_lm.generate.GenerationBatch", "_token_context", "each row's processor history (read, fed)",
          instance=True),
     Seam("mlx_lm.generate.GenerationBatch", "_num_tokens", "each row's emitted tokens (read, counted)",
          instance=True),
-    Seam("mlx_lm.generate.GenerationBatch", "_matchers", "each row's stop-sequence matcher (advanced)",
+    Seam("mlx_lm.generate.GenerationBatch", "_matchers",
+         "each row's stop-sequence matcher (advanced; a copy advanced to see whether a step finishes the row)",
          instance=True),
     Seam("mlx_lm.generate.GenerationBatch", "_current_tokens", "the tokens the running step feeds (set)",
          instance=True),
@@ -420,7 +422,7 @@ class FastForwardGenerationBatch(GenerationBatch):
         # Per row: the tokens fed but not yet emitted, each (token, logprobs, whether it was forced).
         self._unemitted: list[list[tuple[int, mx.array, bool]]] = [[] for _ in uids]
         self._first_step = True
-        self._fed = True  # whether the last step fed its tokens to the model (see _finishing)
+        self._fed = True  # whether the last step fed its tokens to the model (see _last_step)
         super().__init__(model, uids, inputs, prompt_cache, tokens, samplers, fallback_sampler, logits_processors,
                          stop_sequences, max_tokens)
         self._first_step = False
