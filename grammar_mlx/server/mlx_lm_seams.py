@@ -15,6 +15,7 @@ seams all check out is served, with one warning.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import re
@@ -112,14 +113,16 @@ SEAMS: tuple[Seam, ...] = (
          "hands its rows to a FastForwardGenerationBatch (overridden, its body copied)", ("self", "tokens")),
     Seam("mlx_lm.generate.GenerationBatch", "_step",
          "the rows' grammar masks are applied in one kernel call, and a fast-forward row feeds its forced tokens "
-         "in the step (overridden, its body copied; mlx-lm's own when no row has a grammar)", ("self",)),
+         "in the step, and a step that finishes every row feeds nothing (overridden, its body copied; mlx-lm's own "
+         "when no row has a grammar)", ("self",)),
     Seam("mlx_lm.generate.GenerationBatch", "_next_tokens", "the tokens the next step feeds (read)",
          instance=True),
     Seam("mlx_lm.generate.GenerationBatch", "_token_context", "each row's processor history (read, fed)",
          instance=True),
     Seam("mlx_lm.generate.GenerationBatch", "_num_tokens", "each row's emitted tokens (read, counted)",
          instance=True),
-    Seam("mlx_lm.generate.GenerationBatch", "_matchers", "each row's stop-sequence matcher (advanced)",
+    Seam("mlx_lm.generate.GenerationBatch", "_matchers",
+         "each row's stop-sequence matcher (advanced; a copy advanced to see whether a step finishes the row)",
          instance=True),
     Seam("mlx_lm.generate.GenerationBatch", "_current_tokens", "the tokens the running step feeds (set)",
          instance=True),
@@ -403,7 +406,11 @@ class FastForwardGenerationBatch(GenerationBatch):
     and whose canonical fast-forward rows (`batch_forward.batched_row_of`) feed the tokens their
     grammar forces in the same step as their sampled token (the `batch_forward` docstring). A step
     where no row has a grammar processor is mlx-lm's own `_step`. `next()` emits every token a row
-    fed, in order, ending the row at the first that finishes it."""
+    fed, in order, ending the row at the first that finishes it.
+
+    A step whose every row finishes on what it emits (its EOS, a stop sequence, `max_tokens`) runs no
+    forward: mlx-lm's step feeds the last token to the model before it is emitted, and nothing reads
+    those logits. The rows' caches and `tokens` then end before the tokens of that step."""
 
     def __init__(self, model: Any, uids: list[int], inputs: mx.array, prompt_cache: list[Any],
                  tokens: list[list[int]], samplers: Any, fallback_sampler: Any, logits_processors: Any,
@@ -415,6 +422,7 @@ class FastForwardGenerationBatch(GenerationBatch):
         # Per row: the tokens fed but not yet emitted, each (token, logprobs, whether it was forced).
         self._unemitted: list[list[tuple[int, mx.array, bool]]] = [[] for _ in uids]
         self._first_step = True
+        self._fed = True  # whether the last step fed its tokens to the model (see _last_step)
         super().__init__(model, uids, inputs, prompt_cache, tokens, samplers, fallback_sampler, logits_processors,
                          stop_sequences, max_tokens)
         self._first_step = False
@@ -431,10 +439,44 @@ class FastForwardGenerationBatch(GenerationBatch):
         self._rows = [self._rows[i] for i in keep]
         self._unemitted = [self._unemitted[i] for i in keep]
 
+    def _finishing(self, emits: list[list[int]]) -> bool:
+        """Whether every row finishes on one of the tokens it is to emit next (`emits`, per row, after
+        those it holds unemitted), as `next()` will decide: `max_tokens` reached or a stop sequence
+        matched (on copies of the rows' matchers)."""
+        batch: Any = self  # mlx-lm's attributes are unannotated
+        for e, tokens in enumerate(emits):
+            count = batch._num_tokens[e]
+            matcher = copy.copy(batch._matchers[e])
+            for token in [t for t, _, _ in batch._unemitted[e]] + tokens:
+                count += 1
+                if count >= batch.max_tokens[e] or matcher.advance(token):
+                    break
+            else:
+                return False
+        return True
+
+    def _last_step(self, fed: list[int], forced: list[list[int]]) -> Any:
+        """The step of a batch whose every row finishes on what it emits now: the tokens sampled last
+        step (their log-probabilities evaluated) and the forced ones are emitted, nothing is fed."""
+        batch: Any = self  # mlx-lm's attributes are unannotated
+        batch._fed = False
+        mx.eval(batch._current_logprobs)
+        vocabulary = batch._current_logprobs[0].shape[-1]
+        for e, pending in enumerate(batch._unemitted):
+            pending.append((fed[e], batch._current_logprobs[e], False))
+            pending.extend((t, _one_hot_logprobs(t, vocabulary), True) for t in forced[e])
+        return fed, batch._current_logprobs
+
     def _step(self) -> Any:
         batch: Any = self  # mlx-lm's attributes are unannotated
         first = batch._first_step
         if not any(batch._grammars):
+            if not first:
+                fed = [int(t) for t in batch._next_tokens.tolist()]  # sampled last step: computed by now
+                if self._finishing([[t] for t in fed]):
+                    batch._current_tokens = batch._next_tokens
+                    batch._current_logprobs = batch._next_logprobs
+                    return self._last_step(fed, [[] for _ in fed])
             inputs, current = super()._step()
             if not first:
                 for pending, token, lp in zip(batch._unemitted, inputs, current):
@@ -456,6 +498,23 @@ class FastForwardGenerationBatch(GenerationBatch):
             if row is not None:
                 row.record.batch_rows = max(row.record.batch_rows, len(fed))
         feeds = [[t, *f] for t, f in zip(fed, forced)]
+        if not first and self._finishing(feeds):
+            return self._last_step(fed, forced)
+        # Each row's processor history, evaluated before the forward is queued: read after it (as a
+        # processor reads it), it would wait for the forward to finish in the stream, and the rows'
+        # host work below is to run while the forward computes.
+        primes: list[mx.array | None] = [None] * len(feeds)  # the first step's prompt history
+        histories: list[mx.array | None] = [None] * len(feeds)
+        for e, feed in enumerate(feeds):
+            if not batch.logits_processors or not batch.logits_processors[e]:
+                continue
+            buffer = batch._token_context[e]
+            if first and forced[e]:
+                primes[e] = buffer.update_and_fetch(inputs[e : e + 1])  # the prompt: fixes the context
+                histories[e] = buffer.update_and_fetch(mx.array(forced[e], mx.int32))
+            else:
+                histories[e] = buffer.update_and_fetch(mx.array(feed, mx.int32))
+        mx.eval([h for h in primes + histories if h is not None])
         width = max(len(f) for f in feeds)
         if width == 1:
             logits = batch.model(inputs[:, None], cache=batch.prompt_cache)[:, -1, :]
@@ -470,9 +529,9 @@ class FastForwardGenerationBatch(GenerationBatch):
             logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(lengths) - 1)
             for c in batch.prompt_cache:
                 c.finalize()
-        # The forward starts now: the rows' host work below (histories, processors, mask rows) runs
-        # while it computes rather than before it (a grammar step cannot build its forward ahead, as
-        # mlx-lm's does: what it feeds depends on the token sampled last).
+        # The forward starts now: the rows' host work below (processors, mask rows) runs while it
+        # computes rather than before it (a grammar step cannot build its forward ahead, as mlx-lm's
+        # does: what it feeds depends on the token sampled last).
         mx.async_eval(logits)
 
         token_context = []
@@ -485,16 +544,13 @@ class FastForwardGenerationBatch(GenerationBatch):
                 continue
             grammar = batch._grammars[e]
             others = processors[:-1] if grammar is not None else processors
-            buffer = batch._token_context[e]
-            if first and forced[e]:
-                context = buffer.update_and_fetch(inputs[e : e + 1])  # the prompt: fixes the context
+            prime = primes[e]
+            if prime is not None:
                 for processor in others:
-                    processor(context, logits[e : e + 1])
+                    processor(prime, logits[e : e + 1])
                 if grammar is not None:
-                    grammar.follow(context)
-                context = buffer.update_and_fetch(mx.array(forced[e], mx.int32))
-            else:
-                context = buffer.update_and_fetch(mx.array(feeds[e], mx.int32))
+                    grammar.follow(prime)
+            context = histories[e]
             token_context.append(context)
             if others:
                 if rows is None:
@@ -532,6 +588,7 @@ class FastForwardGenerationBatch(GenerationBatch):
         if not batch.uids:
             return []
         batch._step()
+        fed, batch._fed = batch._fed, True
         keep = []
         responses = []
         for i, row in enumerate(batch._rows):
@@ -558,6 +615,8 @@ class FastForwardGenerationBatch(GenerationBatch):
                                                prompt_cache=None, all_tokens=None))
             if finish_reason is None:
                 keep.append(i)
+        if keep and not fed:
+            raise RuntimeError("a batch step fed nothing to the model but not every row finished")
         if len(keep) < len(batch.uids):
             batch.filter(keep)
         return responses

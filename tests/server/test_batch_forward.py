@@ -206,6 +206,45 @@ def test_only_registered_canonical_grammar_processors_fast_forward_in_the_batch(
     assert batched_row_of([canonical, unregistered]) is None  # the grammar processor must be last
 
 
+@pytest.mark.parametrize("kind", ["canonical", "constrained", "unconstrained"])
+def test_the_step_that_finishes_every_row_feeds_nothing(model, qwen_tokenizer, grammars, kind):
+    """A row's last token (its EOS, or its `max_tokens`-th) is emitted without a forward when it
+    finishes every row of the batch: the row's cache and `all_tokens` end before it (mlx-lm's step
+    feeds it, for nothing); the answer is the same."""
+    prompt = prompts(qwen_tokenizer)[0]
+    grammar = None if kind == "unconstrained" else grammars[0]
+
+    def run():
+        generator = FastForwardBatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+        processors = []
+        if grammar is not None:
+            processor = GrammarProcessor(grammar, max_tokens=MAX_TOKENS)
+            if kind == "canonical":
+                register(processor, FastForwarded("canonical", fast_forward=fast_forward_for(
+                    grammar, tokenizer_encoder(qwen_tokenizer))))
+            processors = [processor]
+        stops = StopSequences([[t] for t in qwen_tokenizer.eos_token_ids])
+        uid = generator.insert([prompt], max_tokens=[MAX_TOKENS], logits_processors=[processors],
+                               stop_sequences=[stops])[0]
+        responses = []
+        while not responses or responses[-1].finish_reason is None:
+            responses += [r for r in generator.next_generated() if r.uid == uid]
+        generator.close()
+        return responses
+
+    responses = run()
+    tokens = [r.token for r in responses]
+    last = responses[-1]
+    assert last.finish_reason in ("stop", "length")
+    assert last.all_tokens[-(len(tokens) - 1):] == tokens[:-1]  # the last token was not fed
+    assert last.prompt_cache[0].offset == len(last.all_tokens)
+    if kind != "unconstrained":
+        assert tokens == solo(model, qwen_tokenizer, prompt, grammar, fast_forward=kind == "canonical")
+    else:
+        assert tokens == solo(model, qwen_tokenizer, prompt, None, fast_forward=False)
+    assert all(float(r.logprobs[r.token]) > -mx.inf for r in responses)
+
+
 # --- one kernel call per step ----------------------------------------------------------------------
 
 
