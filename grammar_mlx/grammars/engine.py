@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -139,6 +139,18 @@ class _Pair:
         self.dist: np.ndarray | None = None
 
 
+class _Branch:
+    """The set that ending a scanning pair's terminal leaves: its seeds, and the set once made
+    (`CFGGrammar._branch`). Plain data, not a closure over the grammar, which holds it: a closure
+    would make every grammar a reference cycle, freed only by the cyclic collector."""
+
+    __slots__ = ("made", "seeds")
+
+    def __init__(self, seeds: list[tuple[int, int, int]]):
+        self.seeds = seeds
+        self.made: int | None = None
+
+
 class CFGGrammar:
     """The compiled automaton of a context-free grammar (module docstring). Built by
     `compile_grammar`; satisfies `runtime.processor.MaskedGrammar`, so `GrammarProcessor`, the state
@@ -187,7 +199,7 @@ class CFGGrammar:
         self._next: dict[tuple[int, int], int] = {}  # (set, token) -> set (-1: forbidden), bounded
         self._accepting: list[bool] = [True]
         self._pairs: dict[tuple[int, int], _Pair] = {}
-        self._pair_groups: dict[int, list[tuple[tuple[int, int], Callable[[], int]]]] = {}
+        self._pair_groups: dict[int, list[tuple[tuple[int, int], _Branch]]] = {}
         self._first: dict[int, int] = {}  # state -> the bytes it can take (bits)
         self._pair_first: dict[tuple[int, int], int] = {}
         self._rows: dict[int, int] = {}  # state -> mask row
@@ -535,7 +547,7 @@ class CFGGrammar:
         for (t, q), branch in self._groups(state):
             exits = self._pair(t, q).exits
             if len(exits):
-                b = branch()
+                b = self._branch(branch)
                 if b >= 0:
                     self._enter(b, exits, parts, crossing, bounds)
         if crossing:
@@ -561,13 +573,13 @@ class CFGGrammar:
                 dist = self._lexeme_rest(t, states.take(at))
                 bounds[inside] = np.minimum(bounds.take(inside), dist + (tails[t, q] + 1))
             if len(exits):
-                b = branch()
+                b = self._branch(branch)
                 if b >= 0:
                     self._enter(b, exits, parts, crossing, bounds)
 
-    def _groups(self, state: int) -> list[tuple[tuple[int, int], Callable[[], int]]]:
-        """A state's scanning pairs, each with (a memoized maker of) the set that ending the pair's
-        terminal leaves: the items waiting on it, advanced and closed."""
+    def _groups(self, state: int) -> list[tuple[tuple[int, int], _Branch]]:
+        """A state's scanning pairs, each with the set that ending the pair's terminal leaves (made
+        on first ask, `_branch`): the items waiting on it, advanced and closed."""
         got = self._pair_groups.get(state)
         if got is not None:
             return got
@@ -576,19 +588,15 @@ class CFGGrammar:
             if q >= 0:
                 t = -self._rhs[r][d] - 1
                 seeds_of.setdefault((t, q), []).append((r, d + 1, state if o == SELF else o))
-        got = [(key, self._branch_maker(seeds)) for key, seeds in seeds_of.items()]
+        got = [(key, _Branch(seeds)) for key, seeds in seeds_of.items()]
         self._pair_groups[state] = got
         return got
 
-    def _branch_maker(self, seeds: list[tuple[int, int, int]]) -> Callable[[], int]:
-        made: list[int] = []
-
-        def branch() -> int:
-            if not made:
-                made.append(self._closure(seeds, []))
-            return made[0]
-
-        return branch
+    def _branch(self, branch: _Branch) -> int:
+        made = branch.made
+        if made is None:
+            made = branch.made = self._closure(branch.seeds, [])
+        return made
 
     def _first_bytes(self, state: int) -> int:
         """The bytes that do not kill `state`, as a 256-bit int: those some scanning item's DFA
@@ -649,7 +657,7 @@ class CFGGrammar:
                         stack.append((c, q2))
                         if accepting[q2]:
                             if after == -2:
-                                after = branch()
+                                after = self._branch(branch)
                                 after_first = self._first_bytes(after) if after >= 0 else 0
                             # Most ends lead nowhere: no child byte can start what follows.
                             if child_bits(c) & after_first:

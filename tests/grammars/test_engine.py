@@ -307,3 +307,26 @@ def test_a_grammar_nested_past_the_parsers_stack_is_too_large(text, syntax):
 
     with pytest.raises(GrammarTooLargeError, match="nests too deeply to parse"):
         compile_grammar(text, VOCAB, syntax=syntax, logits_width=WIDTH)
+
+
+def test_a_dropped_grammar_is_freed_without_the_cyclic_collector():
+    """A grammar that has made masks (its pairs' branch sets included) is no reference cycle:
+    dropped, it is freed at once, not left in the young generation for a later compile's
+    collection to pay."""
+    import gc
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        g = compile_grammar(JSON_GBNF, VOCAB, syntax="gbnf", logits_width=WIDTH)
+        rng = random.Random(3)
+        for _ in range(5):
+            random_walk(g, rng, max_tokens=30, check=False)
+        assert g._pair_groups, "the walks made branch sets"
+        gone = weakref.ref(g)
+        del g
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()
