@@ -320,6 +320,7 @@ class Emitter:
         self.json_memo: dict[int, Regex] = {}  # id(character-level AST) -> its JSON-string AST
         self.json_keep: list[Regex] = []  # keeps those ASTs alive, so their ids are not reused
         self.literal_memo: dict[str, Regex] = {}  # dumps(value) -> its AST
+        self.plain_memo: dict[tuple[int, int | None], Regex | None] = {}  # a plain string's bounds -> its AST
         # What the text so far read of max_recursion_depth: a cyclic Ref's bound, a generic value's
         # (which reads min(depth, limits.MAX_ANY_DEPTH)). See `lower_depth`.
         self.bounded_recursion = False
@@ -415,8 +416,13 @@ class Emitter:
 
     def string(self, node: String) -> Regex | None:
         """A string node's JSON texts (a property key's too)."""
-        if node.ast is None:
-            return self.quoted(self.ast.repeat(self.ast.regex(STRING_CHAR), node.min_len, node.max_len))
+        if node.ast is None:  # (most strings: by their bounds, made once per emitter)
+            bounds = (node.min_len, node.max_len)
+            hit = self.plain_memo.get(bounds)
+            if hit is None:
+                hit = self.plain_memo[bounds] = self.quoted(
+                    self.ast.repeat(self.ast.regex(STRING_CHAR), node.min_len, node.max_len))
+            return hit
         if node.ast == NO_NAME:
             return None
         return self.quoted(self.json_string(node.ast))

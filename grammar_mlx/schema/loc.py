@@ -29,6 +29,9 @@ def draft_of(schema: Any) -> int:
     return 2020
 
 
+_KEPT: frozenset[str] = frozenset()  # no keyword dropped (a child's `dropped`)
+
+
 # Never changed once made, but not `frozen`: a frozen dataclass sets each field through
 # object.__setattr__, three times the cost of making one, and a schema's normalization makes a few
 # per subschema. Hashed and compared by its fields, as a frozen one.
@@ -71,8 +74,14 @@ class Loc:
         node, pointer = self.schema, self.pointer
         for part in path:
             node = node[part]
-            pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
-        return Loc(node, pointer, rebase(self.base, node, self.legacy_ref), legacy_ref=self.legacy_ref, tag=self.tag)
+            text = part if type(part) is str else str(part)
+            if "~" in text or "/" in text:  # (most names have neither: no copies)
+                text = text.replace("~", "~0").replace("/", "~1")
+            pointer += "/" + text
+        # (`rebase` reads only an `$id` / `id`: a subschema without either keeps the base)
+        base = rebase(self.base, node, self.legacy_ref) if isinstance(node, dict) and (
+            "$id" in node or "id" in node) else self.base
+        return Loc(node, pointer, base, _KEPT, (), self.legacy_ref, self.tag)
 
     def built(self, schema: Any, tag: str, evaluates: bool = True) -> Loc:
         """A schema the front end built for a keyword of this one, in place below it. `evaluates`:

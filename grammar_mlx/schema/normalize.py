@@ -74,6 +74,8 @@ STAGE = "translating the schema"  # what a deadline that passes here names
 _UNIONS = frozenset({"anyOf", "oneOf"})
 _DISTRIBUTED = frozenset({"if", "dependentRequired", "dependentSchemas", "dependencies", "not"})
 _FLAT = frozenset({"enum", "const", "not", "if", "dependencies", "dependentRequired", "dependentSchemas"})
+# What `Normalizer._types` reads a single type name as (`number` holds the integers).
+_TYPE_SETS = {t: frozenset({t, "integer"} if t == "number" else {t}) for t in TYPES}
 
 
 @dataclass
@@ -583,8 +585,12 @@ class Normalizer:
                     self.report("not", atom, f"excluding the listed strings is too large ({e})")
             return node
 
-    def _types(self, atom: Loc) -> set[str]:
+    def _types(self, atom: Loc) -> set[str] | frozenset[str]:
         t = atom.get("type")
+        if type(t) is str:  # (most: one type's set, shared; callers do not change it)
+            named = _TYPE_SETS.get(t)
+            if named is not None:
+                return named
         names = t if isinstance(t, list) else [t]
         out: set[str] = set()
         for name in names:
