@@ -262,7 +262,10 @@ class Builder:
         elif type(ast) is Text:
             out = self.seq(*(leaf(_char_set(c)) for c in ast.text))
         elif type(ast) is Seq:
-            out = self.seq(*(self.mapped(x, leaf, memo) for x in ast.items))
+            # A class item straight to its leaf, past the memo (`leaf` makes one node per class
+            # itself): a names' complement is runs of classes, one per character of each prefix.
+            out = self.seq(*(leaf(x.chars) if type(x) is Chars else self.mapped(x, leaf, memo)
+                             for x in ast.items))
         elif type(ast) is Alt:
             out = self.alt(self.mapped(x, leaf, memo) for x in ast.items)
         elif type(ast) is Repeat:
@@ -433,8 +436,14 @@ class Emitter:
         hit = self.json_memo.get(id(ast))
         if hit is None:
             written = charset_regex if raw else json_char_regex
-            hit = self.json_memo[id(ast)] = self.ast.mapped(
-                hashed(ast), lambda chars: self.ast.chars(chars, written), {})
+            classes, made = self.ast.classes, self.ast.chars
+
+            def leaf(chars: CharSet) -> Regex:
+                """`Builder.chars`, its lookup inlined (a leaf per class of the AST)."""
+                node = classes.get((chars, written))
+                return node if node is not None else made(chars, written)
+
+            hit = self.json_memo[id(ast)] = self.ast.mapped(hashed(ast), leaf, {})
             self.json_keep.append(ast)
         return hit
 
