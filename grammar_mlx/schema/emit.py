@@ -262,10 +262,18 @@ class Builder:
         elif type(ast) is Text:
             out = self.seq(*(leaf(_char_set(c)) for c in ast.text))
         elif type(ast) is Seq:
-            # A class item straight to its leaf, past the memo (`leaf` makes one node per class
-            # itself): a names' complement is runs of classes, one per character of each prefix.
-            out = self.seq(*(leaf(x.chars) if type(x) is Chars else self.mapped(x, leaf, memo)
-                             for x in ast.items))
+            # Items found in the memo without a call: a names' complement is runs of the same
+            # character nodes, one per character of each prefix of each name.
+            parts: list[Regex | None] = []
+            for x in ast.items:
+                got = memo.get(id(x))
+                if got is None:
+                    if type(x) is Chars:  # (its leaf, memoized here as `mapped` would)
+                        got = memo[id(x)] = leaf(x.chars)
+                    else:
+                        got = self.mapped(x, leaf, memo)
+                parts.append(got)
+            out = self.seq(*parts)
         elif type(ast) is Alt:
             out = self.alt(self.mapped(x, leaf, memo) for x in ast.items)
         elif type(ast) is Repeat:
