@@ -199,6 +199,15 @@ class Normalizer:
     def _expand(self, locs: Iterable[Loc], seen: set[Hashable] | None = None) -> list[Loc] | None:
         """Flatten `$ref` and `allOf` into atomic members; None when one is `false`. `seen`: the
         keys an expansion these members follow met (`_Expansion`), updated."""
+        if seen is None and type(locs) is list and len(locs) == 1 and self.draft != 3:
+            # One subschema with nothing to follow (most conjunctions: a property's value): itself,
+            # unless it only annotates. The loop below decides the same.
+            loc = locs[0]
+            schema = loc.schema
+            if type(schema) is dict and not loc.dropped and "$ref" not in schema and "allOf" not in schema and (
+                    "$dynamicRef" not in schema and "$recursiveRef" not in schema):
+                check_deadline(STAGE)
+                return [] if schema.keys() <= (ANNOTATIONS if self.draft > 7 else ANNOTATIONS_DRAFT7) else [loc]
         out: list[Loc] = []
         seen = set() if seen is None else seen
         stack = list(reversed(list(locs)))
