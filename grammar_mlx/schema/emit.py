@@ -373,12 +373,14 @@ class Emitter:
                 counts = tuple(kv for kv in counts if reach is None or kv[0] in reach or (
                     kv[0] == SHARED and self.shared_count and bool(reach)))
             memo_key = (key, counts)
-            if memo_key not in self.memo:
-                if len(self.memo) >= self.memo_budget and not self.shared_count:
-                    raise UnrollTooWide()
-                self.memo[memo_key] = None  # a cycle back here before completion is empty
-                self.memo[memo_key] = self.emit(self.table[key], counts)
-            return self.memo[memo_key]
+            memo = self.memo
+            if memo_key in memo:
+                return memo[memo_key]
+            if len(memo) >= self.memo_budget and not self.shared_count:
+                raise UnrollTooWide()
+            memo[memo_key] = None  # a cycle back here before completion is empty
+            out = memo[memo_key] = self.emit(self.table[key], counts)
+            return out
         return self._emit(node, counts)
 
     def _emit(self, node: Node | None, counts: Counts) -> Regex | None:
@@ -653,7 +655,8 @@ class Emitter:
         for i in range(len(props) - 1, -1, -1):
             member, required, _ = props[i]
             led = ast.pair(sep, member)
-            after[i] = ast.seq(led if required else ast.optional(led), after[i + 1])  # type: ignore[assignment]
+            here, rest = led if required else ast.optional(led), after[i + 1]
+            after[i] = here if rest is EMPTY else ast.pair(here, rest)
 
         # The extra properties come last, after whichever declared one came first: one tail for all
         # those alternatives ((A|B)X is AX|BX).
@@ -662,7 +665,8 @@ class Emitter:
         extras_first: Regex | None = None  # the alternative where an extra property comes first
         for i, (member, required, first_ok) in enumerate(props):
             if first_ok:
-                alternatives.append(ast.seq(member, after[i + 1]))
+                rest = after[i + 1]
+                alternatives.append(member if rest is EMPTY else ast.pair(member, rest))
             if required:
                 empty_ok = False
                 break

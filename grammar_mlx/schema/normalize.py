@@ -188,10 +188,11 @@ class Normalizer:
         if not atoms:
             return ANY
         key = _conjunction_key(atoms)
-        if key not in self.table:
-            self.table[key] = None  # in progress: a cycle back to here is a Ref
-            self.table[key] = self._conjunction(atoms)
-        result = self.table[key]
+        table = self.table
+        result = table.get(key, _ABSENT)
+        if result is _ABSENT:
+            table[key] = None  # in progress: a cycle back to here is a Ref
+            result = table[key] = self._conjunction(atoms)
         if isinstance(result, (Never, AnyValue, Literal)) and result is not None:
             return result
         return Ref(key)
@@ -201,12 +202,11 @@ class Normalizer:
         keys an expansion these members follow met (`_Expansion`), updated."""
         if seen is None and type(locs) is list and len(locs) == 1 and self.draft != 3:
             # One subschema with nothing to follow (most conjunctions: a property's value): itself,
-            # unless it only annotates. The loop below decides the same.
+            # unless it only annotates (as the loop below decides; the caller has checked the deadline).
             loc = locs[0]
             schema = loc.schema
             if type(schema) is dict and not loc.dropped and "$ref" not in schema and "allOf" not in schema and (
                     "$dynamicRef" not in schema and "$recursiveRef" not in schema):
-                check_deadline(STAGE)
                 return [] if schema.keys() <= (ANNOTATIONS if self.draft > 7 else ANNOTATIONS_DRAFT7) else [loc]
         out: list[Loc] = []
         seen = set() if seen is None else seen
@@ -882,6 +882,7 @@ class _Distribution:
 
 
 _DONE: Any = object()  # an exhausted iterator's sentinel
+_ABSENT: Any = object()  # a conjunction not in the table yet (None there: in progress)
 
 
 def _over_budget(atom: Loc) -> GrammarTooLargeError:
@@ -902,8 +903,10 @@ def _conjunction_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
     matters too (as indices, so a recursive schema still meets its own key again)."""
     if len(atoms) == 1:  # (most conjunctions: no generator)
         a = atoms[0]
-        if not (a.has("unevaluatedProperties") or a.has("unevaluatedItems")):
-            return (a.key,)
+        schema = a.schema
+        if ("unevaluatedProperties" not in schema and "unevaluatedItems" not in schema) or not (
+                a.has("unevaluatedProperties") or a.has("unevaluatedItems")):
+            return ((a.pointer, a.dropped, a.tag),)  # (`a.key`, written out)
     elif not any(a.has("unevaluatedProperties") or a.has("unevaluatedItems") for a in atoms):
         return tuple(a.key for a in atoms)
     return tuple((a.key, tuple(i for i, b in enumerate(atoms) if b is not a and b.pointer in a.origin))
