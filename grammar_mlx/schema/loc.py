@@ -224,15 +224,19 @@ def _names_resources(schema: dict[str, Any]) -> bool:
     """Whether some subschema `Resources._index` visits below the root holds `$id`, `id`, `$anchor`
     or `$dynamicAnchor` (whatever its value): where none does, every one has the root's base."""
     stack: list[Any] = [schema]
+    budget = 1  # (checked first, then every _DEADLINE_STRIDE subschemas)
     while stack:
-        check_deadline("reading the schema's $ids and anchors")
+        budget -= 1
+        if not budget:  # (a clock read per subschema was a good part of the walk)
+            check_deadline("reading the schema's $ids and anchors")
+            budget = _DEADLINE_STRIDE
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
             continue
         if not isinstance(node, dict):
             continue
-        if node is not schema and ("$id" in node or "id" in node or "$anchor" in node or "$dynamicAnchor" in node):
+        if node is not schema and not _NAMING.isdisjoint(node):
             return True
         for key, value in node.items():
             if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):
@@ -240,6 +244,10 @@ def _names_resources(schema: dict[str, Any]) -> bool:
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 stack.extend(value.values())
     return False
+
+
+_NAMING = frozenset({"$id", "id", "$anchor", "$dynamicAnchor"})  # what names a resource (`_names_resources`)
+_DEADLINE_STRIDE = 256  # subschemas `_names_resources` visits between two deadline checks
 
 
 def _walk(doc: Loc, fragment: str) -> Loc | None:
