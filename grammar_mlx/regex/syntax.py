@@ -141,11 +141,11 @@ NEVER = Alt(())
 
 
 def literal(text: str) -> Seq:
-    return Seq(tuple(map(_char_node, text)))
+    return Seq(tuple(map(char_node, text)))
 
 
 @lru_cache(maxsize=8192)
-def _char_node(c: str) -> Chars:
+def char_node(c: str) -> Chars:
     """One character's node, made once (nodes are never changed: shared freely), as key
     complements spell every prefix of every name."""
     return Chars(CharSet.of(c))

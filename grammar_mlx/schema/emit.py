@@ -94,45 +94,55 @@ class Builder:
     def __init__(self, cap: int | None = None) -> None:
         self.cap = limits.SCHEMA_REGEX_LENGTH if cap is None else cap
         self.total = 0
-        self.nodes: dict[tuple[Any, ...], Regex] = {}
+        # The nodes made, one map per kind (keys without a kind tag: no nested tuple per lookup):
+        # literals and the translator's regexes by text, classes by (set, writer), sequences and
+        # alternations by their items' ids, repetitions by (item id, lo, hi), bounded nodes by
+        # (core id, leaf ids).
+        self.texts: dict[str, Regex] = {}
+        self.regexes: dict[str, Regex] = {}
+        self.classes: dict[tuple[CharSet, Callable[[CharSet], str]], Regex] = {}
+        self.seqs: dict[tuple[int, ...], Regex] = {}
+        self.alts: dict[tuple[int, ...], Regex] = {}
+        self.repeats: dict[tuple[int, int, int | None], Regex] = {}
+        self.bounds: dict[tuple[int, ...], Regex] = {}
         self.size: dict[int, int] = {id(EMPTY): 0}
         self.depth: dict[int, int] = {id(EMPTY): 0}  # group nesting of the text (`nesting_depth`)
 
-    def _made(self, key: tuple[Any, ...], node: Regex, size: int, own: int, depth: int = 0) -> Regex:
+    def _made(self, nodes: dict[Any, Regex], key: Any, node: Regex, size: int, own: int, depth: int = 0) -> Regex:
         self.total += own
         if self.total > self.cap:
             raise GrammarTooLargeError(TOO_LONG)
-        self.nodes[key] = node
+        nodes[key] = node
         self.size[id(node)] = size
         self.depth[id(node)] = depth
         return node
 
     def text(self, text: str) -> Regex:
         """The literal `text`."""
+        hit = self.texts.get(text)
+        if hit is not None:
+            return hit
         if not text:
             return EMPTY
-        key = ("T", text)
-        hit = self.nodes.get(key)
         size = len(text) + (len(text) >> 3)
-        return hit if hit is not None else self._made(key, Text(text), size, size)
+        return self._made(self.texts, text, Text(text), size, size)
 
     def regex(self, text: str) -> Regex:
         """The translator's own regex text (a few dozen characters: number ranges, character classes)."""
-        if not text:
-            return EMPTY
-        key = ("R", text)
-        hit = self.nodes.get(key)
+        hit = self.regexes.get(text)
         if hit is not None:
             return hit
+        if not text:
+            return EMPTY
         node, depth = _parsed(text)
-        return self._made(key, node, len(text), len(text), depth)
+        return self._made(self.regexes, text, node, len(text), len(text), depth)
 
     def chars(self, chars: CharSet, written: Callable[[CharSet], str]) -> Regex:
-        key = ("C", chars, written)
-        hit = self.nodes.get(key)
+        key = (chars, written)
+        hit = self.classes.get(key)
         if hit is None:
             text = written(chars)
-            hit = self.nodes[key] = self.regex(text)
+            hit = self.classes[key] = self.regex(text)
         return hit
 
     def seq(self, *items: Regex | None) -> Regex | None:
@@ -145,23 +155,7 @@ class Builder:
                 return a
             if a is None or b is None:
                 return None
-            ia, ib = id(a), id(b)
-            key: tuple[str, tuple[int, ...]] = ("S", (ia, ib))
-            nodes = self.nodes
-            hit = nodes.get(key)
-            if hit is not None:
-                return hit
-            # `_made`, inlined: the commonest node of a schema's AST
-            self.total += 1
-            if self.total > self.cap:
-                raise GrammarTooLargeError(TOO_LONG)
-            node = nodes[key] = Seq((a, b))
-            size, depth = self.size, self.depth
-            iq = id(node)
-            size[iq] = size[ia] + size[ib]
-            da, db = depth[ia], depth[ib]
-            depth[iq] = da if da > db else db
-            return node
+            return self.pair(a, b)
         kept: Sequence[Regex | None]
         if len(items) == 3 and items[0] is not EMPTY and items[1] is not EMPTY and items[2] is not EMPTY:
             kept = items  # an object's member (key, colon, value): taken as it is, no list
@@ -172,12 +166,32 @@ class Builder:
         ids: tuple[int, ...] = tuple(map(id, kept))
         if _NONE_ID in ids:
             return None
-        key = ("S", ids)
-        hit = self.nodes.get(key)
+        hit = self.seqs.get(ids)
         if hit is not None:
             return hit
-        return self._made(key, Seq(cast(tuple[Regex, ...], tuple(kept))), sum(map(self.size.__getitem__, ids)), 1,
-                          max(map(self.depth.__getitem__, ids)))
+        return self._made(self.seqs, ids, Seq(cast(tuple[Regex, ...], tuple(kept))),
+                          sum(map(self.size.__getitem__, ids)), 1, max(map(self.depth.__getitem__, ids)))
+
+    def pair(self, a: Regex, b: Regex) -> Regex:
+        """`seq(a, b)` of two nodes, neither empty nor None: the commonest node of a schema's AST
+        (an object's members and tails), made without the general path's list and maps."""
+        ia, ib = id(a), id(b)
+        key = (ia, ib)
+        seqs = self.seqs
+        hit = seqs.get(key)
+        if hit is not None:
+            return hit
+        # `_made`, inlined
+        self.total += 1
+        if self.total > self.cap:
+            raise GrammarTooLargeError(TOO_LONG)
+        node = seqs[key] = Seq((a, b))
+        size, depth = self.size, self.depth
+        iq = id(node)
+        size[iq] = size[ia] + size[ib]
+        da, db = depth[ia], depth[ib]
+        depth[iq] = da if da > db else db
+        return node
 
     def alt(self, items: Iterable[Regex | None]) -> Regex | None:
         """The alternation of the distinct items (None skipped; None when none is left)."""
@@ -187,13 +201,12 @@ class Builder:
         if len(distinct) < 2:
             return next(iter(distinct.values())) if distinct else None
         ids = tuple(distinct)
-        key = ("A", ids)
-        hit = self.nodes.get(key)
+        hit = self.alts.get(ids)
         if hit is not None:
             return hit
         items_ = cast(tuple[Regex, ...], tuple(distinct.values()))
-        return self._made(key, Alt(items_), sum(map(self.size.__getitem__, ids)) + len(ids) + 3, len(ids) + 3,
-                          1 + max(map(self.depth.__getitem__, ids)))
+        return self._made(self.alts, ids, Alt(items_), sum(map(self.size.__getitem__, ids)) + len(ids) + 3,
+                          len(ids) + 3, 1 + max(map(self.depth.__getitem__, ids)))
 
     def repeat(self, item: Regex | None, lo: int, hi: int | None) -> Regex | None:
         """item{lo,hi} (None item: empty when lo is 0)."""
@@ -201,27 +214,28 @@ class Builder:
             return EMPTY
         if item is None:
             return EMPTY if lo == 0 else None
-        if (lo, hi) == (1, 1):
+        if lo == 1 and hi == 1:
             return item
-        key = ("X", id(item), lo, hi)
-        hit = self.nodes.get(key)
+        key = (id(item), lo, hi)
+        hit = self.repeats.get(key)
         if hit is not None:
             return hit
         grouped = type(item) is Seq or (type(item) is Text and len(item.text) > 1)
-        return self._made(key, Repeat(item, lo, hi), self.size[id(item)] + 10, 10, self.depth[id(item)] + grouped)
+        return self._made(self.repeats, key, Repeat(item, lo, hi), self.size[id(item)] + 10, 10,
+                          self.depth[id(item)] + grouped)
 
     def bounded(self, node: Bounded, leaves: tuple[Regex, ...], leaf: Callable[[CharSet], Regex]) -> Regex:
         """`node` with its classes written as `leaves` (its DFA and count shared, not copied). Costs
         the DAG its DFA's edges: the byte NFA makes its pairs with the count as they are reached."""
-        key = ("B", id(node.core), *map(id, leaves))
-        hit = self.nodes.get(key)
+        key = (id(node.core), *map(id, leaves))
+        hit = self.bounds.get(key)
         if hit is not None:
             return hit
         written = node.write
         # Written out as text (export only): each class as its leaf.
         write = leaf if written is None else (lambda chars: self.mapped(hashed(written(chars)), leaf, {}))
         own = 8 * node.core.edges + sum(self.size[id(x)] for x in leaves)
-        return self._made(key, Bounded(node.core, leaves, write), own, own,
+        return self._made(self.bounds, key, Bounded(node.core, leaves, write), own, own,
                           1 + max((self.depth[id(x)] for x in leaves), default=0))
 
     def optional(self, item: Regex | None) -> Regex:
@@ -248,7 +262,18 @@ class Builder:
         elif type(ast) is Text:
             out = self.seq(*(leaf(_char_set(c)) for c in ast.text))
         elif type(ast) is Seq:
-            out = self.seq(*(self.mapped(x, leaf, memo) for x in ast.items))
+            # Items found in the memo without a call: a names' complement is runs of the same
+            # character nodes, one per character of each prefix of each name.
+            parts: list[Regex | None] = []
+            for x in ast.items:
+                got = memo.get(id(x))
+                if got is None:
+                    if type(x) is Chars:  # (its leaf, memoized here as `mapped` would)
+                        got = memo[id(x)] = leaf(x.chars)
+                    else:
+                        got = self.mapped(x, leaf, memo)
+                parts.append(got)
+            out = self.seq(*parts)
         elif type(ast) is Alt:
             out = self.alt(self.mapped(x, leaf, memo) for x in ast.items)
         elif type(ast) is Repeat:
@@ -306,6 +331,7 @@ class Emitter:
         self.json_memo: dict[int, Regex] = {}  # id(character-level AST) -> its JSON-string AST
         self.json_keep: list[Regex] = []  # keeps those ASTs alive, so their ids are not reused
         self.literal_memo: dict[str, Regex] = {}  # dumps(value) -> its AST
+        self.plain_memo: dict[tuple[int, int | None], Regex | None] = {}  # a plain string's bounds -> its AST
         # What the text so far read of max_recursion_depth: a cyclic Ref's bound, a generic value's
         # (which reads min(depth, limits.MAX_ANY_DEPTH)). See `lower_depth`.
         self.bounded_recursion = False
@@ -347,35 +373,41 @@ class Emitter:
                 counts = tuple(kv for kv in counts if reach is None or kv[0] in reach or (
                     kv[0] == SHARED and self.shared_count and bool(reach)))
             memo_key = (key, counts)
-            if memo_key not in self.memo:
-                if len(self.memo) >= self.memo_budget and not self.shared_count:
-                    raise UnrollTooWide()
-                self.memo[memo_key] = None  # a cycle back here before completion is empty
-                self.memo[memo_key] = self.emit(self.table[key], counts)
-            return self.memo[memo_key]
+            memo = self.memo
+            if memo_key in memo:
+                return memo[memo_key]
+            if len(memo) >= self.memo_budget and not self.shared_count:
+                raise UnrollTooWide()
+            memo[memo_key] = None  # a cycle back here before completion is empty
+            out = memo[memo_key] = self.emit(self.table[key], counts)
+            return out
         return self._emit(node, counts)
 
     def _emit(self, node: Node | None, counts: Counts) -> Regex | None:
-        if isinstance(node, Never):
-            return None
-        if isinstance(node, AnyValue):
-            self.bounded_any = True
-            return self.any_value(self.any_depth)
-        if isinstance(node, Literal):
-            return self.ast.alt(self.literal(v) for v in node.values)
-        if isinstance(node, Number):
+        # By exact type, commonest first (the IR's node classes have no subclasses): an
+        # isinstance chain costs an object seven failed checks.
+        kind = type(node)
+        if kind is Object:
+            return self.object(node, counts)  # type: ignore[arg-type]
+        if kind is String:
+            return self.string(node)  # type: ignore[arg-type]
+        if kind is Union:
+            return self.ast.alt(self.emit(item, counts) for item in node.items)  # type: ignore[union-attr]
+        if kind is Literal:
+            return self.ast.alt(self.literal(v) for v in node.values)  # type: ignore[union-attr]
+        if kind is Number:
+            assert isinstance(node, Number)
             if node.text is not None:
                 return self.json_string(node.text, raw=True)
             text = range_regex(node.lo, node.hi, integer=node.integer)
             return None if text is None else self.ast.regex(text)
-        if isinstance(node, String):
-            return self.string(node)
-        if isinstance(node, Union):
-            return self.ast.alt(self.emit(item, counts) for item in node.items)
-        if isinstance(node, Array):
-            return self.array(node, counts)
-        if isinstance(node, Object):
-            return self.object(node, counts)
+        if kind is Array:
+            return self.array(node, counts)  # type: ignore[arg-type]
+        if kind is AnyValue:
+            self.bounded_any = True
+            return self.any_value(self.any_depth)
+        if kind is Never:
+            return None
         raise AssertionError(f"not an IR node: {node!r}")
 
     def lower_depth(self) -> tuple[int, int] | None:
@@ -397,8 +429,13 @@ class Emitter:
 
     def string(self, node: String) -> Regex | None:
         """A string node's JSON texts (a property key's too)."""
-        if node.ast is None:
-            return self.quoted(self.ast.repeat(self.ast.regex(STRING_CHAR), node.min_len, node.max_len))
+        if node.ast is None:  # (most strings: by their bounds, made once per emitter)
+            bounds = (node.min_len, node.max_len)
+            hit = self.plain_memo.get(bounds)
+            if hit is None:
+                hit = self.plain_memo[bounds] = self.quoted(
+                    self.ast.repeat(self.ast.regex(STRING_CHAR), node.min_len, node.max_len))
+            return hit
         if node.ast == NO_NAME:
             return None
         return self.quoted(self.json_string(node.ast))
@@ -409,12 +446,23 @@ class Emitter:
         hit = self.json_memo.get(id(ast))
         if hit is None:
             written = charset_regex if raw else json_char_regex
-            hit = self.json_memo[id(ast)] = self.ast.mapped(
-                hashed(ast), lambda chars: self.ast.chars(chars, written), {})
+            classes, made = self.ast.classes, self.ast.chars
+
+            def leaf(chars: CharSet) -> Regex:
+                """`Builder.chars`, its lookup inlined (a leaf per class of the AST)."""
+                node = classes.get((chars, written))
+                return node if node is not None else made(chars, written)
+
+            hit = self.json_memo[id(ast)] = self.ast.mapped(hashed(ast), leaf, {})
             self.json_keep.append(ast)
         return hit
 
     def literal(self, v: Any) -> Regex:
+        kind = type(v)
+        if kind is str:  # (the builder keeps literals by text: no memo of its own, no json.dumps)
+            return self.ast.text('"' + json_text(v) + '"')
+        if kind is int:  # (what json.dumps writes of an int, exactly; bool is not int here)
+            return self.ast.text(str(v))
         text = dumps(v) if not isinstance(v, (list, dict, str)) else None
         if text is not None:
             return self.ast.text(text)
@@ -424,7 +472,7 @@ class Emitter:
             return hit
         ast, w = self.ast, self.ws
         out: Regex | None
-        if isinstance(v, str):
+        if isinstance(v, str):  # (a str subclass)
             out = ast.text('"' + json_text(v) + '"')
         elif isinstance(v, list):
             items: list[Regex | None] = []
@@ -606,8 +654,9 @@ class Emitter:
         after: list[Regex] = [EMPTY] * (len(props) + 1)
         for i in range(len(props) - 1, -1, -1):
             member, required, _ = props[i]
-            led = ast.seq(sep, member)
-            after[i] = ast.seq(led if required else ast.optional(led), after[i + 1])  # type: ignore[assignment]
+            led = ast.pair(sep, member)
+            here, rest = led if required else ast.optional(led), after[i + 1]
+            after[i] = here if rest is EMPTY else ast.pair(here, rest)
 
         # The extra properties come last, after whichever declared one came first: one tail for all
         # those alternatives ((A|B)X is AX|BX).
@@ -616,7 +665,8 @@ class Emitter:
         extras_first: Regex | None = None  # the alternative where an extra property comes first
         for i, (member, required, first_ok) in enumerate(props):
             if first_ok:
-                alternatives.append(ast.seq(member, after[i + 1]))
+                rest = after[i + 1]
+                alternatives.append(member if rest is EMPTY else ast.pair(member, rest))
             if required:
                 empty_ok = False
                 break

@@ -29,6 +29,9 @@ def draft_of(schema: Any) -> int:
     return 2020
 
 
+_KEPT: frozenset[str] = frozenset()  # no keyword dropped (a child's `dropped`)
+
+
 # Never changed once made, but not `frozen`: a frozen dataclass sets each field through
 # object.__setattr__, three times the cost of making one, and a schema's normalization makes a few
 # per subschema. Hashed and compared by its fields, as a frozen one.
@@ -71,8 +74,14 @@ class Loc:
         node, pointer = self.schema, self.pointer
         for part in path:
             node = node[part]
-            pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
-        return Loc(node, pointer, rebase(self.base, node, self.legacy_ref), legacy_ref=self.legacy_ref, tag=self.tag)
+            text = part if type(part) is str else str(part)
+            if "~" in text or "/" in text:  # (most names have neither: no copies)
+                text = text.replace("~", "~0").replace("/", "~1")
+            pointer += "/" + text
+        # (`rebase` reads only an `$id` / `id`: a subschema without either keeps the base)
+        base = rebase(self.base, node, self.legacy_ref) if isinstance(node, dict) and (
+            "$id" in node or "id" in node) else self.base
+        return Loc(node, pointer, base, _KEPT, (), self.legacy_ref, self.tag)
 
     def built(self, schema: Any, tag: str, evaluates: bool = True) -> Loc:
         """A schema the front end built for a keyword of this one, in place below it. `evaluates`:
@@ -215,15 +224,19 @@ def _names_resources(schema: dict[str, Any]) -> bool:
     """Whether some subschema `Resources._index` visits below the root holds `$id`, `id`, `$anchor`
     or `$dynamicAnchor` (whatever its value): where none does, every one has the root's base."""
     stack: list[Any] = [schema]
+    budget = 1  # (checked first, then every _DEADLINE_STRIDE subschemas)
     while stack:
-        check_deadline("reading the schema's $ids and anchors")
+        budget -= 1
+        if not budget:  # (a clock read per subschema was a good part of the walk)
+            check_deadline("reading the schema's $ids and anchors")
+            budget = _DEADLINE_STRIDE
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
             continue
         if not isinstance(node, dict):
             continue
-        if node is not schema and ("$id" in node or "id" in node or "$anchor" in node or "$dynamicAnchor" in node):
+        if node is not schema and not _NAMING.isdisjoint(node):
             return True
         for key, value in node.items():
             if key in SCHEMA_VALUED or (key in SCHEMA_LISTS and isinstance(value, list)):
@@ -231,6 +244,10 @@ def _names_resources(schema: dict[str, Any]) -> bool:
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 stack.extend(value.values())
     return False
+
+
+_NAMING = frozenset({"$id", "id", "$anchor", "$dynamicAnchor"})  # what names a resource (`_names_resources`)
+_DEADLINE_STRIDE = 256  # subschemas `_names_resources` visits between two deadline checks
 
 
 def _walk(doc: Loc, fragment: str) -> Loc | None:

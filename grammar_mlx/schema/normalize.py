@@ -74,6 +74,8 @@ STAGE = "translating the schema"  # what a deadline that passes here names
 _UNIONS = frozenset({"anyOf", "oneOf"})
 _DISTRIBUTED = frozenset({"if", "dependentRequired", "dependentSchemas", "dependencies", "not"})
 _FLAT = frozenset({"enum", "const", "not", "if", "dependencies", "dependentRequired", "dependentSchemas"})
+# What `Normalizer._types` reads a single type name as (`number` holds the integers).
+_TYPE_SETS = {t: frozenset({t, "integer"} if t == "number" else {t}) for t in TYPES}
 
 
 @dataclass
@@ -186,10 +188,11 @@ class Normalizer:
         if not atoms:
             return ANY
         key = _conjunction_key(atoms)
-        if key not in self.table:
-            self.table[key] = None  # in progress: a cycle back to here is a Ref
-            self.table[key] = self._conjunction(atoms)
-        result = self.table[key]
+        table = self.table
+        result = table.get(key, _ABSENT)
+        if result is _ABSENT:
+            table[key] = None  # in progress: a cycle back to here is a Ref
+            result = table[key] = self._conjunction(atoms)
         if isinstance(result, (Never, AnyValue, Literal)) and result is not None:
             return result
         return Ref(key)
@@ -197,6 +200,14 @@ class Normalizer:
     def _expand(self, locs: Iterable[Loc], seen: set[Hashable] | None = None) -> list[Loc] | None:
         """Flatten `$ref` and `allOf` into atomic members; None when one is `false`. `seen`: the
         keys an expansion these members follow met (`_Expansion`), updated."""
+        if seen is None and type(locs) is list and len(locs) == 1 and self.draft != 3:
+            # One subschema with nothing to follow (most conjunctions: a property's value): itself,
+            # unless it only annotates (as the loop below decides; the caller has checked the deadline).
+            loc = locs[0]
+            schema = loc.schema
+            if type(schema) is dict and not loc.dropped and "$ref" not in schema and "allOf" not in schema and (
+                    "$dynamicRef" not in schema and "$recursiveRef" not in schema):
+                return [] if schema.keys() <= (ANNOTATIONS if self.draft > 7 else ANNOTATIONS_DRAFT7) else [loc]
         out: list[Loc] = []
         seen = set() if seen is None else seen
         stack = list(reversed(list(locs)))
@@ -583,8 +594,12 @@ class Normalizer:
                     self.report("not", atom, f"excluding the listed strings is too large ({e})")
             return node
 
-    def _types(self, atom: Loc) -> set[str]:
+    def _types(self, atom: Loc) -> set[str] | frozenset[str]:
         t = atom.get("type")
+        if type(t) is str:  # (most: one type's set, shared; callers do not change it)
+            named = _TYPE_SETS.get(t)
+            if named is not None:
+                return named
         names = t if isinstance(t, list) else [t]
         out: set[str] = set()
         for name in names:
@@ -867,6 +882,7 @@ class _Distribution:
 
 
 _DONE: Any = object()  # an exhausted iterator's sentinel
+_ABSENT: Any = object()  # a conjunction not in the table yet (None there: in progress)
 
 
 def _over_budget(atom: Loc) -> GrammarTooLargeError:
@@ -887,8 +903,10 @@ def _conjunction_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
     matters too (as indices, so a recursive schema still meets its own key again)."""
     if len(atoms) == 1:  # (most conjunctions: no generator)
         a = atoms[0]
-        if not (a.has("unevaluatedProperties") or a.has("unevaluatedItems")):
-            return (a.key,)
+        schema = a.schema
+        if ("unevaluatedProperties" not in schema and "unevaluatedItems" not in schema) or not (
+                a.has("unevaluatedProperties") or a.has("unevaluatedItems")):
+            return ((a.pointer, a.dropped, a.tag),)  # (`a.key`, written out)
     elif not any(a.has("unevaluatedProperties") or a.has("unevaluatedItems") for a in atoms):
         return tuple(a.key for a in atoms)
     return tuple((a.key, tuple(i for i, b in enumerate(atoms) if b is not a and b.pointer in a.origin))

@@ -38,6 +38,19 @@ def range_regex(lo: Bound | None, hi: Bound | None, *, integer: bool) -> str | N
     """Regex for the numbers in [lo, hi] (either side open when None); None when the range is empty."""
     if lo is None and hi is None:
         return INTEGER if integer else NUMBER
+    return _range_regex(_spelled(lo), _spelled(hi), integer, lo, hi)
+
+
+def _spelled(bound: Bound | None) -> tuple[str, bool] | None:
+    """A bound as its decimal's exact spelling (1 and 1.0 are equal Decimals, spelled apart)."""
+    return None if bound is None else (str(bound.value), bound.exclusive)
+
+
+@lru_cache(maxsize=1024)
+def _range_regex(lo_key: tuple[str, bool] | None, hi_key: tuple[str, bool] | None, integer: bool,
+                 lo: Bound | None, hi: Bound | None) -> str | None:
+    """`range_regex`, once per process for bounds of one spelling (the keys): schemas repeat a few
+    ranges (ports, percentages, counts), and each property's emit asked for its text again."""
     if integer:
         ilo = None if lo is None else _int_above(lo)
         ihi = None if hi is None else _int_below(hi)

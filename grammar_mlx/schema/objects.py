@@ -22,7 +22,7 @@ from ..limits import check_deadline
 from ..regex.charset import ANY as ANY_CHAR
 from ..regex.charset import JSON_SPECIAL, NOTHING, CharSet
 from ..regex.syntax import NEVER as NO_STRING
-from ..regex.syntax import Alt, Bounded, Chars, Repeat, Seq, alt, literal, repeat, restrict_length, seq
+from ..regex.syntax import Alt, Bounded, Chars, Repeat, Seq, alt, char_node, literal, repeat, restrict_length, seq
 from ..regex.syntax import Literal as RegexLiteral
 from ..regex.syntax import Node as Regex
 from .ir import (
@@ -342,7 +342,8 @@ def _region_value(nz: Normalizer, infos: list[_Info], matched: frozenset[tuple[i
 def minus_names(ast: Regex, names: list[str]) -> Regex:
     """`ast` without the given names."""
     language = String(ast)
-    names = [n for n in names if language.matches(n)]
+    # (any key's language holds every ASCII name: asked of the others only)
+    names = [n for n in names if (ast is EXTRA_KEY and n.isascii()) or language.matches(n)]
     if not names:
         return ast
     if ast == EXTRA_KEY:
@@ -351,8 +352,14 @@ def minus_names(ast: Regex, names: list[str]) -> Regex:
         # Keys holding a character JSON escapes are no name: written apart, so that each class of
         # the names' trie stays one regex class (an escape alternative in each would multiply it).
         anything = repeat(Chars(EXTRA_KEY_CHARS), 0, None)
-        return alt(_names_complement(names, EXTRA_KEY_CHARS - JSON_SPECIAL),
-                   seq(anything, Chars(JSON_SPECIAL), anything))
+        names_ast = _names_complement(names, EXTRA_KEY_CHARS - JSON_SPECIAL)
+        escaped = Seq((anything, Chars(JSON_SPECIAL), anything))
+        # `alt(names_ast, escaped)` made directly: the trie's alternatives are distinct sequences,
+        # none empty and none a class (`_trie_alt`), and none starts with a repetition as
+        # `escaped` does, so alt's merging and deduplication (a hash of the whole trie) find nothing.
+        if type(names_ast) is Alt:
+            return Alt(names_ast.items + (escaped,)) if names_ast.items else escaped
+        return Alt((names_ast, escaped))
     try:
         return fa.minus(ast, alt(*(literal(n) for n in names)))
     except fa.AutomatonTooLarge:
@@ -379,23 +386,37 @@ def _names_complement(names: list[str], chars: CharSet) -> Regex:
     def walk(node: dict[str | None, Any]) -> Regex:
         check_deadline(STAGE)
         alts: list[Regex] = []
-        prefix = ""
+        # The characters read so far in this run, as `literal(prefix)`'s items (grown one at a
+        # time, not spelled again per prefix); the sequences below are what `seq` flattens them to.
+        run: tuple[Regex, ...] = ()
         while True:
             if None not in node:
-                alts.append(literal(prefix))  # stopping here is not a name
-            kids = [c for c in node if c is not None]
-            other = chars - CharSet.of(*kids) if kids else chars
+                alts.append(Seq(run))  # stopping here is not a name
+            kids = tuple(c for c in node if c is not None)
+            other = _other_chars(chars, kids)
             if other:
-                alts.append(seq(literal(prefix), Chars(other), anything))
+                alts.append(Seq(run + (Chars(other), anything)))
             if len(kids) == 1:
-                prefix += kids[0]
+                run += (char_node(kids[0]),)
                 node = node[kids[0]]
                 continue
             for c in kids:
-                alts.append(seq(literal(prefix + c), walk(node[c])))
+                below = walk(node[c])
+                if below == NO_STRING:
+                    alts.append(NO_STRING)
+                else:
+                    items = run + (char_node(c),) + (below.items if type(below) is Seq else (below,))
+                    alts.append(Seq(items) if len(items) != 1 else items[0])
             return _trie_alt(alts)
 
     return walk(trie)
+
+
+@lru_cache(maxsize=4096)
+def _other_chars(chars: CharSet, kids: tuple[str, ...]) -> CharSet:
+    """The characters of `chars` that are none of `kids` (a trie node's other characters: names
+    share their letters, asked again at every node)."""
+    return chars - CharSet.of(*kids) if kids else chars
 
 
 def _trie_alt(alts: list[Regex]) -> Regex:

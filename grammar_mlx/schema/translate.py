@@ -276,8 +276,12 @@ def _check_json_value(value: object, what: str, error: type[Exception], *, text:
     Unicode: the regex could not be encoded as UTF-8). `error` is the class raised, `too_deep` the
     one for the depth limit."""
     stack: list[tuple[object, Path, int]] = [(value, None, 1)]  # (value, its path, container depth)
+    budget = 1  # (checked first, then every _DEADLINE_STRIDE containers)
     while stack:
-        check_deadline("reading the schema")
+        budget -= 1
+        if not budget:  # (not a clock read per container)
+            check_deadline("reading the schema")
+            budget = _DEADLINE_STRIDE
         item, path, depth = stack.pop()
         if isinstance(item, dict):
             if depth > limits.MAX_SCHEMA_DEPTH:
@@ -305,6 +309,9 @@ def _check_json_value(value: object, what: str, error: type[Exception], *, text:
                     _check_scalar(child, (path, i), what, error, text)
         else:
             _check_scalar(item, path, what, error, text)
+
+
+_DEADLINE_STRIDE = 256  # containers `_check_json_value` reads between two deadline checks
 
 
 def _check_scalar(item: object, path: Path, what: str, error: type[Exception], text: bool) -> None:

@@ -332,3 +332,19 @@ def test_largest_cycle_of_character_automata():
     assert fa.largest_cycle(fa.to_dfa(parse_rust("(abc)*(de)*"))) == 3
     assert fa.largest_cycle(_multiple_dfa(Fraction(7), True)) == 7
     assert fa.largest_cycle(_multiple_dfa(Fraction("0.25"), False)) == 1  # a decimal step: the digits after
+
+
+def test_range_regex_is_remembered_per_spelling_of_its_bounds() -> None:
+    """The process-wide memo keys a bound by its decimal's spelling: equal Decimals spelled apart
+    (1 and 1.0, 0 and -0) each get the text computed for their own spelling."""
+    from grammar_mlx.schema import numbers
+
+    compute = numbers._range_regex.__wrapped__
+    for lo, hi in [("1", "2.5"), ("1.0", "2.5"), ("0", "10"), ("-0", "10"), ("-1.50", "-1.5"), ("0.1", None)]:
+        for integer in (False, True):
+            for exclusive in (False, True):
+                low = Bound(Decimal(lo), exclusive)
+                high = None if hi is None else Bound(Decimal(hi), False)
+                want = compute(None, None, integer, low, high)
+                assert range_regex(low, high, integer=integer) == want
+                assert range_regex(low, high, integer=integer) == want  # (remembered)

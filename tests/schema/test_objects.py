@@ -408,3 +408,67 @@ def test_a_names_complement_trie_alternation_is_alt(monkeypatch: pytest.MonkeyPa
         objects._names_complement(names, objects.EXTRA_KEY_CHARS)
         objects._names_complement(names, objects.EXTRA_KEY_CHARS - JSON_SPECIAL)
     assert max(seen) > 3
+
+
+def _spelled_complement(names: list[str], chars: object) -> object:
+    """`objects._names_complement` as it was first written: every prefix spelled by `literal` and
+    joined by `seq` and `alt` (the reference its run-by-run construction must equal)."""
+    from typing import Any
+
+    from grammar_mlx.regex.charset import CharSet
+    from grammar_mlx.regex.syntax import Chars, alt, repeat, seq
+
+    trie: dict[Any, Any] = {}
+    for name in names:
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[None] = True
+    anything = repeat(Chars(chars), 0, None)
+
+    def walk(node: dict[Any, Any]) -> object:
+        alts: list[Any] = []
+        prefix = ""
+        while True:
+            if None not in node:
+                alts.append(literal(prefix))
+            kids = [c for c in node if c is not None]
+            other = chars - CharSet.of(*kids) if kids else chars  # type: ignore[operator]
+            if other:
+                alts.append(seq(literal(prefix), Chars(other), anything))
+            if len(kids) == 1:
+                prefix += kids[0]
+                node = node[kids[0]]
+                continue
+            for c in kids:
+                alts.append(seq(literal(prefix + c), walk(node[c])))
+            return alt(*alts)
+
+    return walk(trie)
+
+
+def test_a_names_complement_equals_its_spelled_construction() -> None:
+    """`minus_names` on the extra-key language builds, node for node, what spelling each prefix
+    with `literal` and joining with `seq` / `alt` builds (its trie runs are grown a character at a
+    time and the last alternation made directly): over names with shared prefixes, a name that is
+    a prefix of another, the empty name, characters JSON escapes and non-ASCII ones."""
+    import random
+
+    from grammar_mlx.regex.charset import JSON_SPECIAL
+    from grammar_mlx.regex.syntax import Chars, alt, repeat, seq
+    from grammar_mlx.schema import objects
+
+    rnd = random.Random(11)
+    for _ in range(300):
+        letters = rnd.choice(["ab", "abc", "ab\"\n", "aé_-", "xyz/~"])
+        names = sorted({"".join(rnd.choice(letters) for _ in range(rnd.randint(0, 6)))
+                        for _ in range(rnd.randint(1, 8))})
+        for chars in (objects.EXTRA_KEY_CHARS, objects.EXTRA_KEY_CHARS - JSON_SPECIAL):
+            got, want = objects._names_complement(names, chars), _spelled_complement(names, chars)
+            assert got == want and type(got) is type(want), names
+        if not any(ord(c) in JSON_SPECIAL for n in names for c in n):
+            anything = repeat(Chars(objects.EXTRA_KEY_CHARS), 0, None)
+            want = alt(_spelled_complement(names, objects.EXTRA_KEY_CHARS - JSON_SPECIAL),
+                       seq(anything, Chars(JSON_SPECIAL), anything))
+            got = minus_names(EXTRA_KEY, names)
+            assert got == want and type(got) is type(want), names
