@@ -257,6 +257,7 @@ def _rules_of(doc: dict[str, Any] | bool, whitespace: str | None, strict: bool, 
             if key not in bodies:
                 bodies[key] = emitter.emit(nz.table[key])
                 todo.extend(k for k in emitter.hole_of if k not in bodies)
+        emitter.ast.release()  # the rules' ASTs made: no cycle through them (`Builder.release`)
     for key, reason in emitter.relaxed.items():
         nz.unenforced.setdefault(key, reason)
     unenforced = tuple(Unenforced(k, p, reason) for (k, p), reason in nz.unenforced.items())

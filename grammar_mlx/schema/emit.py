@@ -108,6 +108,18 @@ class Builder:
         self.size: dict[int, int] = {id(EMPTY): 0}
         self.depth: dict[int, int] = {id(EMPTY): 0}  # group nesting of the text (`nesting_depth`)
 
+    def release(self) -> None:
+        """Forget the nodes made (the maps, sizes, total), keeping the AST: a bounded node's text
+        writer (`bounded`), held by the AST for export, holds this builder, whose maps hold the
+        AST: a cycle only the cyclic collector frees, at a later compile's expense. A writer
+        called after this makes its nodes afresh."""
+        for nodes in (self.texts, self.regexes, self.classes, self.seqs, self.alts, self.repeats, self.bounds):
+            nodes.clear()
+        self.size.clear()
+        self.depth.clear()
+        self.size[id(EMPTY)] = self.depth[id(EMPTY)] = 0
+        self.total = 0
+
     def _made(self, nodes: dict[Any, Regex], key: Any, node: Regex, size: int, own: int, depth: int = 0) -> Regex:
         self.total += own
         if self.total > self.cap:

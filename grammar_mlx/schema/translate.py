@@ -518,6 +518,8 @@ def _depth_ladder(doc: dict[str, Any] | bool, ws: str, strict: bool, max_recursi
                     if used:
                         raise _CostlyTooLarge() from None
                     raise
+            finally:  # (after the return value is read)
+                emitter.ast.release()
     raise AssertionError("unreachable")
 
 
