@@ -194,6 +194,11 @@ def deadline_scope(deadline: Deadline | None) -> Iterator[Deadline | None]:
         _CURRENT.reset(token)
 
 
+# Nodes a document walk (schema checks, metaschema, $id scan) visits between two deadline checks:
+# a clock read per node was a good part of such a walk.
+DEADLINE_STRIDE = 256
+
+
 def check_deadline(stage: str = "") -> None:
     """Raise `CompileTimeoutError` if the deadline in force on this thread has passed (cheap:
     a context-variable read and a clock read)."""

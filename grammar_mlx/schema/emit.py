@@ -470,12 +470,11 @@ class Emitter:
         return hit
 
     def literal(self, v: Any) -> Regex:
-        kind = type(v)
-        if kind is str:  # (the builder keeps literals by text: no memo of its own, no json.dumps)
+        if isinstance(v, str):  # (the builder keeps literals by text: no memo of its own, no json.dumps)
             return self.ast.text('"' + json_text(v) + '"')
-        if kind is int:  # (what json.dumps writes of an int, exactly; bool is not int here)
+        if type(v) is int:  # (what json.dumps writes of an int, exactly; bool is not int here)
             return self.ast.text(str(v))
-        text = dumps(v) if not isinstance(v, (list, dict, str)) else None
+        text = dumps(v) if not isinstance(v, (list, dict)) else None
         if text is not None:
             return self.ast.text(text)
         key = dumps(v)
@@ -484,9 +483,7 @@ class Emitter:
             return hit
         ast, w = self.ast, self.ws
         out: Regex | None
-        if isinstance(v, str):  # (a str subclass)
-            out = ast.text('"' + json_text(v) + '"')
-        elif isinstance(v, list):
+        if isinstance(v, list):
             items: list[Regex | None] = []
             for i, x in enumerate(v):
                 if i:

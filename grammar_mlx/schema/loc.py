@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
 from ..errors import InvalidSchemaError
-from ..limits import check_deadline
+from ..limits import DEADLINE_STRIDE, check_deadline
 
 ROOT_URI = "urn:grammar-mlx:root"
 
@@ -224,12 +224,12 @@ def _names_resources(schema: dict[str, Any]) -> bool:
     """Whether some subschema `Resources._index` visits below the root holds `$id`, `id`, `$anchor`
     or `$dynamicAnchor` (whatever its value): where none does, every one has the root's base."""
     stack: list[Any] = [schema]
-    budget = 1  # (checked first, then every _DEADLINE_STRIDE subschemas)
+    budget = 1  # (checked first, then every DEADLINE_STRIDE subschemas)
     while stack:
         budget -= 1
         if not budget:  # (a clock read per subschema was a good part of the walk)
             check_deadline("reading the schema's $ids and anchors")
-            budget = _DEADLINE_STRIDE
+            budget = DEADLINE_STRIDE
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
@@ -247,7 +247,6 @@ def _names_resources(schema: dict[str, Any]) -> bool:
 
 
 _NAMING = frozenset({"$id", "id", "$anchor", "$dynamicAnchor"})  # what names a resource (`_names_resources`)
-_DEADLINE_STRIDE = 256  # subschemas `_names_resources` visits between two deadline checks
 
 
 def _walk(doc: Loc, fragment: str) -> Loc | None:

@@ -37,13 +37,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import GrammarError, InvalidSchemaError
-from ..limits import check_deadline
+from ..limits import DEADLINE_STRIDE, check_deadline
 
 __all__ = ["FastVerdict", "check_metaschema", "fast_verdict"]
 
 _STAGE = "checking the schema against its metaschema"
-# Nodes and list items between deadline checks (a clock read each).
-_DEADLINE_STRIDE = 512
 
 # --- keyword kinds (what a keyword's value must be) -------------------------------------------------
 _SCHEMA = 0  # a schema: an object (draft 4), or an object or boolean (6 and later)
@@ -250,13 +248,13 @@ def _walk(schema: object, draft: _Draft) -> str | None:
     table = draft.keywords
     boolean_schemas = draft.boolean_schemas
     stack: list[tuple[object, Path]] = [(schema, None)]
-    budget = _DEADLINE_STRIDE
+    budget = DEADLINE_STRIDE
     while stack:
         node, path = stack.pop()
         budget -= 1
         if budget <= 0:
             check_deadline(_STAGE)
-            budget = _DEADLINE_STRIDE
+            budget = DEADLINE_STRIDE
         if not isinstance(node, dict):
             if isinstance(node, bool) and boolean_schemas:
                 continue

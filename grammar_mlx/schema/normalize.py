@@ -906,7 +906,7 @@ def _conjunction_key(atoms: list[Loc]) -> tuple[Hashable, ...]:
         schema = a.schema
         if ("unevaluatedProperties" not in schema and "unevaluatedItems" not in schema) or not (
                 a.has("unevaluatedProperties") or a.has("unevaluatedItems")):
-            return ((a.pointer, a.dropped, a.tag),)  # (`a.key`, written out)
+            return (a.key,)
     elif not any(a.has("unevaluatedProperties") or a.has("unevaluatedItems") for a in atoms):
         return tuple(a.key for a in atoms)
     return tuple((a.key, tuple(i for i, b in enumerate(atoms) if b is not a and b.pointer in a.origin))

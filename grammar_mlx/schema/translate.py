@@ -123,7 +123,7 @@ from ..errors import (
     InvalidRegexError,
     InvalidSchemaError,
 )
-from ..limits import check_deadline
+from ..limits import DEADLINE_STRIDE, check_deadline
 from ..regex.syntax import Node as Regex
 from ..regex.syntax import to_regex
 from .emit import Emitter, UnrollTooWide, cyclic_keys
@@ -276,12 +276,12 @@ def _check_json_value(value: object, what: str, error: type[Exception], *, text:
     Unicode: the regex could not be encoded as UTF-8). `error` is the class raised, `too_deep` the
     one for the depth limit."""
     stack: list[tuple[object, Path, int]] = [(value, None, 1)]  # (value, its path, container depth)
-    budget = 1  # (checked first, then every _DEADLINE_STRIDE containers)
+    budget = 1  # (checked first, then every DEADLINE_STRIDE containers)
     while stack:
         budget -= 1
         if not budget:  # (not a clock read per container)
             check_deadline("reading the schema")
-            budget = _DEADLINE_STRIDE
+            budget = DEADLINE_STRIDE
         item, path, depth = stack.pop()
         if isinstance(item, dict):
             if depth > limits.MAX_SCHEMA_DEPTH:
@@ -309,9 +309,6 @@ def _check_json_value(value: object, what: str, error: type[Exception], *, text:
                     _check_scalar(child, (path, i), what, error, text)
         else:
             _check_scalar(item, path, what, error, text)
-
-
-_DEADLINE_STRIDE = 256  # containers `_check_json_value` reads between two deadline checks
 
 
 def _check_scalar(item: object, path: Path, what: str, error: type[Exception], text: bool) -> None:
