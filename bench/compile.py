@@ -13,7 +13,9 @@ subset of an earlier run).
 
 `--process warm` (the default): every engine runs in its own persistent worker process (forked once
 after its tokenizer state is built, warmed with one small schema), takes the schemas one at a time
-and times itself with perf_counter; the engines take each schema in turn, never two at once.
+and times itself with perf_counter; the engines take each schema in turn, never two at once, the
+first of them rotating schema by schema (the one right after a schema's fresh children, on cold
+caches, is not always the same engine).
 `--process fresh`: each schema in a fresh child forked from the parent (tokenizer state built,
 nothing compiled, no warm-up), what an unseen schema costs a new process; `--process warm,fresh`:
 both, reported apart (engine names `NAME@fresh`). A schema not done within
@@ -218,8 +220,8 @@ def main() -> None:
           + "   (ms; E error, T timeout; * inexact)")
     rows: list[dict[str, Any]] = []
     try:
-        for row in rows_in:
-            result = measure(workers, schema_text(row), args.timeout)
+        for i, row in enumerate(rows_in):
+            result = measure(workers, schema_text(row), args.timeout, first=i)
             rows.append({"id": row["id"], "subset": row["subset"], **result})
             print(f"{row['id'][:40]:<40} {row['subset'][:22]:<22}" + "".join(f"{show(result[n]):>12}" for n in names),
                   flush=True)

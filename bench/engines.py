@@ -542,13 +542,17 @@ def versions(engines: list[Engine]) -> dict[str, str]:
 
 
 def measure(workers: list[Worker], text: str, timeout: float, instances: list[list[int]] | None = None,
-            walks: tuple[list[int], int, list[int]] | None = None) -> dict[str, dict[str, Any]]:
-    """Each engine in turn (never two at once): compile `text` and the first mask within `timeout`;
+            walks: tuple[list[int], int, list[int]] | None = None, first: int = 0) -> dict[str, dict[str, Any]]:
+    """Each engine in turn (never two at once), starting with `workers[first % len(workers)]` (callers
+    pass the schema's index: the worker that runs right after the previous schema's, its fresh children
+    killed and the machine's caches cold, is a different one each schema, not always the first):
+    compile `text` and the first mask within `timeout`;
     then, when `instances` are given and it compiled, which of them it accepts, and when `walks`
     (byte tokens, text token limit, seeds) are, its random walks (each within `timeout` again). {engine: its reply,
     with `status` "ok" / "timeout" / "error", `accepted` and `walks`}."""
     out: dict[str, dict[str, Any]] = {}
-    for worker in workers:
+    start = first % len(workers)
+    for worker in workers[start:] + workers[:start]:
         status, reply = worker.call("compile", text, timeout)
         if status != "ok":
             reply = {"compiled": False, "exact": False, "first_mask_s": None,

@@ -270,10 +270,10 @@ def main() -> None:
           + "   (valid accepted / valid; E error, T timeout, * inexact, !N invalid accepted)")
     rows: list[dict[str, Any]] = []
     try:
-        for row in rows_in:
+        for i, row in enumerate(rows_in):
             ids, valid, unwritable = instances(row, tokenizer)
             walks = (byte_tokens, text_limit, seeds) if seeds else None
-            result = measure(workers, schema_text(row), args.timeout, ids, walks)
+            result = measure(workers, schema_text(row), args.timeout, ids, walks, first=i)
             if any(r.get("walks") for r in result.values()):
                 try:
                     check = oracle(row["schema"])
