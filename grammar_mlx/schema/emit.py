@@ -35,6 +35,7 @@ from ..regex.syntax import NEVER as NO_NAME
 from ..regex.syntax import Literal as Text
 from ..regex.syntax import Node as Regex
 from .arrays import contains_sequences, contains_symbols, distinct_sequences, distinct_symbols
+from .formats import is_format_language
 from .ir import (
     AnyValue,
     Array,
@@ -82,6 +83,36 @@ def _parsed(text: str) -> tuple[Regex, int]:
 def _char_set(c: str) -> CharSet:
     """One character's set, made once (literal text is mapped a character at a time)."""
     return CharSet.of(c)
+
+
+def _json_string(builder: Builder, ast: Regex, written: Callable[[CharSet], str]) -> Regex:
+    """`ast` (character-level) mapped by `builder` over JSON text, each class written by `written`."""
+    classes, made = builder.classes, builder.chars
+
+    def leaf(chars: CharSet) -> Regex:
+        """`Builder.chars`, its lookup inlined (a leaf per class of the AST)."""
+        node = classes.get((chars, written))
+        return node if node is not None else made(chars, written)
+
+    return builder.mapped(hashed(ast), leaf, {})
+
+
+# A string format's JSON-string AST (`Emitter.json_string`), made once per process in a builder of
+# its own, its byte NFA pass made once too (`share`): (the AST, its builder's total, its size, its
+# group nesting), by the id of the format's language, which `formats.format_language` keeps alive.
+# Schemas repeat a handful of formats, and mapping one was a large share of a small schema's emit.
+# A builder that takes it is charged that total, its own nodes shared with the format's or not.
+_FORMAT_STRINGS: dict[int, tuple[Regex, int, int, int]] = {}
+
+
+def _format_string(ast: Regex) -> tuple[Regex, int, int, int]:
+    hit = _FORMAT_STRINGS.get(id(ast))
+    if hit is None:
+        builder = Builder()
+        node = _json_string(builder, ast, json_char_regex)
+        share(node)
+        hit = _FORMAT_STRINGS[id(ast)] = (node, builder.total, builder.size[id(node)], builder.depth[id(node)])
+    return hit
 
 
 class Builder:
@@ -249,6 +280,16 @@ class Builder:
         own = 8 * node.core.edges + sum(self.size[id(x)] for x in leaves)
         return self._made(self.bounds, key, Bounded(node.core, leaves, write), own, own,
                           1 + max((self.depth[id(x)] for x in leaves), default=0))
+
+    def adopt(self, node: Regex, cost: int, size: int, depth: int) -> Regex:
+        """`node`, made by another builder (`_format_string`: once per process), charged to `total`
+        what it cost there, its size and group nesting known here."""
+        self.total += cost
+        if self.total > self.cap:
+            raise GrammarTooLargeError(TOO_LONG)
+        self.size[id(node)] = size
+        self.depth[id(node)] = depth
+        return node
 
     def optional(self, item: Regex | None) -> Regex:
         return self.repeat(item, 0, 1) or EMPTY
@@ -457,15 +498,11 @@ class Emitter:
         pattern: built once); `raw`: `ast` is already over the JSON text (a number's digits)."""
         hit = self.json_memo.get(id(ast))
         if hit is None:
-            written = charset_regex if raw else json_char_regex
-            classes, made = self.ast.classes, self.ast.chars
-
-            def leaf(chars: CharSet) -> Regex:
-                """`Builder.chars`, its lookup inlined (a leaf per class of the AST)."""
-                node = classes.get((chars, written))
-                return node if node is not None else made(chars, written)
-
-            hit = self.json_memo[id(ast)] = self.ast.mapped(hashed(ast), leaf, {})
+            if not raw and is_format_language(ast):
+                hit = self.ast.adopt(*_format_string(ast))
+            else:
+                hit = _json_string(self.ast, ast, charset_regex if raw else json_char_regex)
+            self.json_memo[id(ast)] = hit
             self.json_keep.append(ast)
         return hit
 

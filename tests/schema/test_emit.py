@@ -16,7 +16,7 @@ import pytest
 
 from grammar_mlx import limits
 from grammar_mlx.errors import GrammarTooLargeError
-from grammar_mlx.regex.charset import CharSet, charset_regex
+from grammar_mlx.regex.charset import CharSet, charset_regex, json_char_regex
 from grammar_mlx.regex.rust import parse
 from grammar_mlx.regex.syntax import NEVER as NO_STRING
 from grammar_mlx.regex.syntax import Alt, Chars, alt, hashed, literal, repeat, seq, to_regex
@@ -26,9 +26,11 @@ from grammar_mlx.schema.emit import (
     Builder,
     Emitter,
     UnrollTooWide,
+    _json_string,
     cyclic_keys,
     nesting_depth,
 )
+from grammar_mlx.schema.formats import format_language
 from grammar_mlx.schema.ir import (
     ANY,
     BOOLEAN,
@@ -386,3 +388,25 @@ def test_mapped_maps_equal_parts_once() -> None:
     assert len(asked) == len(set(asked)) == 6  # a, b, x, c, d, -
     assert got is builder.mapped(hashed(seq(shared, Chars(CharSet.of("-")), shared)), leaf, {})
     assert to_regex(got) == to_regex(copies)
+
+
+def test_a_format_is_mapped_once_per_process_and_charged_alike() -> None:
+    """Every emitter's strings of one format share its JSON-string AST (made once per process), as
+    a fresh mapping writes it; each builder is charged the same for it, whatever it made before,
+    and a builder whose cap it passes refuses it."""
+    fmt = format_language("date-time")
+    first = Emitter({}, "", 3)
+    before = first.ast.total
+    made = first.json_string(fmt)
+    charge = first.ast.total - before
+    second = Emitter({}, "", 3)
+    written(second, Object((Property("a", String(None, 0, 9), True),), ()))  # classes the format shares
+    before = second.ast.total
+    assert second.json_string(fmt) is made and second.ast.total - before == charge > 0
+    assert to_regex(second.emit(String(fmt))) == '"' + to_regex(_json_string(Builder(), fmt, json_char_regex)) + '"'
+    dates = re.compile(to_regex(second.emit(String(fmt))))
+    assert dates.fullmatch('"2026-12-06T04:30:00Z"') and not dates.fullmatch('"2026-12-06"')
+    small = Emitter({}, "", 3)
+    small.ast.cap = small.ast.total + charge - 1
+    with pytest.raises(GrammarTooLargeError):
+        small.json_string(fmt)
