@@ -12,6 +12,8 @@ taken once. `set_bits` sets a row's bits in place (a new mask-table row, zeros u
 construction of a byte NFA's DFA (subset.cpp; `automata.byte_nfa.Determinizer` is its reference and
 drives it): a walk over a DFA built on demand computes the rows it meets in place, returning to
 Python only when the NFA must be built further or the DFA's arrays grown.
+`prepare` loads the library and makes a trie's walk buffers with its string slice (vocabulary
+state, not a cost of each process's first compile).
 
 Built (both sources, one library) with the system's C++ compiler (`$CXX`, else g++, else c++) into
 the grammar cache directory (`cache.default_cache_dir()/native`, keyed by a hash of the sources and
@@ -50,8 +52,8 @@ if TYPE_CHECKING:
     from ..automata.byte_dfa import ByteDFA
     from .token_index import StringSlice, TokenTrie
 
-__all__ = ["Subset", "Walker", "available", "check_pack_ids", "live_nodes", "loops", "merge", "pack", "row_ids",
-           "set_bits", "unset", "walk"]
+__all__ = ["Subset", "Walker", "available", "check_pack_ids", "live_nodes", "loops", "merge", "pack", "prepare",
+           "row_ids", "set_bits", "unset", "walk"]
 
 log = logging.getLogger(__name__)
 SOURCES = (Path(__file__).with_name("row_walk.cpp"), Path(__file__).with_name("subset.cpp"))
@@ -87,6 +89,16 @@ def build_dir() -> Path:
         return Path(tempfile.gettempdir()) / "grammar_mlx-native"
 
 
+def _platform_tag() -> str:
+    """The system, its release, the machine and the C library: what a built library is keyed by
+    besides its sources and compiler. Not `platform.platform()`, which runs `uname -p` in a
+    subprocess, a cost each new process would pay at its first compile."""
+    libc = ""
+    if hasattr(os, "confstr") and "CS_GNU_LIBC_VERSION" in os.confstr_names:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    return "-".join((platform.system(), platform.release(), platform.machine(), libc))
+
+
 def _build() -> ctypes.CDLL | None:
     if os.environ.get("GRAMMAR_MLX_NATIVE", "1").strip().lower() in ("0", "false", "off", "no"):
         return None
@@ -94,7 +106,7 @@ def _build() -> ctypes.CDLL | None:
     if cxx is None or not all(path.exists() for path in SOURCES):
         return None
     source = b"".join(path.read_bytes() for path in SOURCES)
-    tag = hashlib.sha256(source + platform.platform().encode() + cxx.encode()).hexdigest()[:16]
+    tag = hashlib.sha256(source + _platform_tag().encode() + cxx.encode()).hexdigest()[:16]
     directory = build_dir()
     target = directory / f"row_walk-{tag}.so"
     if not target.exists():
@@ -481,6 +493,17 @@ def _buffers(trie: TokenTrie) -> _TrieBuffers:
             if b is None:
                 b = _BUFFERS[trie] = _TrieBuffers(trie)
     return b
+
+
+def prepare(trie: TokenTrie, sl: StringSlice) -> None:
+    """Loads the library and makes what every walk of `trie` and of its string slice `sl` reads
+    (their int32 arrays and descriptors, this thread's scratch buffers), where the library is
+    built: vocabulary state, made with the slice (`TokenTrie.string_slice`) rather than by the
+    first grammar each process compiles."""
+    if not available() or trie.num_nodes == 0:
+        return
+    _buffers(trie).scratch()
+    _slice_desc(sl)
 
 
 def walk(trie: TokenTrie, dfa: ByteDFA, state: int) -> tuple[np.ndarray, np.ndarray]:

@@ -263,13 +263,16 @@ class TokenTrie:
         }, self.width)
 
     def string_slice(self) -> StringSlice:
-        """This trie's `StringSlice` (built on the first call, then kept)."""
+        """This trie's `StringSlice` (built on the first call, then kept), with the native walk's
+        state for both made at the same time (`native.prepare`)."""
         sl = self._slice
         if sl is None:
             with _SLICE_LOCK:
                 sl = self._slice
                 if sl is None:
-                    sl = self._slice = StringSlice(self)
+                    sl = StringSlice(self)
+                    native.prepare(self, sl)
+                    self._slice = sl
         return sl
 
     def scratch(self) -> tuple[np.ndarray, np.ndarray]:

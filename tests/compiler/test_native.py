@@ -418,3 +418,35 @@ def test_address_is_the_arrays_data_address_for_every_kind_of_array():
     frozen.setflags(write=False)
     for array in (base, base[3:], frozen, frozen[5:], np.zeros(0, np.int32), base[:0], np.zeros((3, 4), np.uint32)):
         assert native._address(array) == array.__array_interface__["data"][0]
+
+
+def test_loading_the_built_library_runs_no_subprocess():
+    """A new process loads the built library without starting a process (`platform.platform()`
+    runs `uname -p`, a cost each process paid at its first compile): a fresh interpreter, its
+    subprocesses recorded, loads it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import subprocess\n"
+        "started = []\n"
+        "real = subprocess.Popen.__init__\n"
+        "def record(self, args, *rest, **kw):\n"
+        "    started.append(args)\n"
+        "    real(self, args, *rest, **kw)\n"
+        "subprocess.Popen.__init__ = record\n"
+        "from grammar_mlx.compiler import native\n"
+        "assert native.available()\n"
+        "print(started)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_string_slice_is_made_with_the_native_walks_buffers():
+    """The trie's and its slice's walk buffers are vocabulary state, made with the slice, not by
+    the first walk of each process."""
+    trie = TokenTrie.build({b"ab": [0], b'"': [1], b"x": [2], b"\xc3\xa9": [3]}, 4)
+    assert trie not in native._BUFFERS
+    sl = trie.string_slice()
+    assert trie in native._BUFFERS and sl in native._SLICES
+    assert getattr(native._BUFFERS[trie].local, "scratch", None) is not None
