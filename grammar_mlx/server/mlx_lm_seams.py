@@ -554,7 +554,11 @@ class FastForwardGenerationBatch(GenerationBatch):
             if feed:
                 histories[e] = buffer.update_and_fetch(mx.array(feed, mx.int32))
         mx.eval([h for h in primes + histories if h is not None])
-        if width == 1:
+        # The head is computed only for the rows that sample this step (a carrying row's logits
+        # are not read: it stands in with the first sampling row's).
+        sampling = [e for e, carry in enumerate(batch._carry) if not carry]
+        read = None if len(sampling) == len(feeds) else mx.array(sampling)
+        if width == 1 and read is None:
             logits = batch.model(mx.array(feeds, mx.uint32), cache=batch.prompt_cache)[:, -1, :]
         else:
             # mlx-lm's batched prompt processing (PromptProcessingBatch.prompt): right padding, then the
@@ -564,9 +568,13 @@ class FastForwardGenerationBatch(GenerationBatch):
             for c in batch.prompt_cache:
                 c.prepare(lengths=lengths, right_padding=padding)
             x = mx.array([f + [0] * (width - len(f)) for f in feeds], mx.uint32)
-            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(lengths) - 1)
+            positions = [lengths[e] - 1 for e in sampling]
+            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(positions), read)
             for c in batch.prompt_cache:
                 c.finalize()
+            if read is not None:
+                slot = {e: i for i, e in enumerate(sampling)}
+                logits = logits[mx.array([slot.get(e, 0) for e in range(len(feeds))])]
         # The forward starts now: the rows' host work below (processors, mask rows) runs while it
         # computes rather than before it (a grammar step cannot build its forward ahead, as mlx-lm's
         # does: what it feeds depends on the token sampled last).

@@ -22,7 +22,7 @@ from grammar_mlx.kernels import apply_token_bitmask
 from grammar_mlx.runtime import GrammarProcessor
 from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder
 from grammar_mlx.segments import FreeText, JSONSchema, Seq, Text, compile_segments
-from grammar_mlx.server import batch_forward
+from grammar_mlx.server import batch_forward, mlx_lm_seams
 from grammar_mlx.server.batch_forward import (
     BatchedRow,
     batched_row_of,
@@ -297,8 +297,8 @@ def counted_positions(model, monkeypatch):
 def test_a_longer_forced_run_is_carried_and_each_row_answers_as_alone(model, qwen_tokenizer, grammars, monkeypatch,
                                                                       canonical_max_tokens):
     """A canonical row beside rows that decode one token a step feeds its forced runs a token a step
-    (no padding computed), sampling nothing until the run is fed; it finishes inside a carried run
-    when `max_tokens` cuts it there. Every row answers what it answers alone, and each row's cache
+    (no padding computed), sampling nothing until the run is fed (its head not computed); it finishes
+    inside a carried run when `max_tokens` cuts it there. Every row answers what it answers alone, and each row's cache
     and `all_tokens` at its finish hold exactly the prompt and the tokens it emitted."""
     ps = prompts(qwen_tokenizer)
     rows = [(ps[0], grammars[0], True), (ps[1], None, False), (ps[2], grammars[1], False)]
@@ -306,12 +306,23 @@ def test_a_longer_forced_run_is_carried_and_each_row_answers_as_alone(model, qwe
     expected = [solo(model, qwen_tokenizer, p, g, fast_forward=ff, max_tokens=m, budget=None)
                 for (p, g, ff), m in zip(rows, limits)]
     forwards = counted_positions(model, monkeypatch)
+    reads = []  # per forward through position_logits: (rows fed, rows whose head was computed)
+    position_logits = mlx_lm_seams.position_logits
+
+    def reading(model_, inputs, cache, positions, rows=None):
+        reads.append((inputs.shape[0], inputs.shape[0] if rows is None else rows.size))
+        if rows is None:
+            return position_logits(model_, inputs, cache, positions)
+        return position_logits(model_, inputs, cache, positions, rows)
+
+    monkeypatch.setattr(mlx_lm_seams, "position_logits", reading)
     finals = []
     got, records = batched(model, qwen_tokenizer, rows, max_tokens=limits, budget=None, finals=finals)
     assert got == expected
     assert records[0].tokens > 0  # forced tokens were fed in the batch
     shapes = [shape for step in forwards for shape in step]
     assert shapes and all(width == 1 for rows_, width in shapes if rows_ > 1), shapes  # nothing padded
+    assert any(read < fed for fed, read in reads), reads  # a carrying row's head is not computed
     for (prompt, _, _), tokens, final in zip(rows, got, finals):
         if final.all_tokens[len(prompt):] != tokens:  # finished by a step that fed nothing
             assert tokens[: len(final.all_tokens) - len(prompt)] == final.all_tokens[len(prompt):]
