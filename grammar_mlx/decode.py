@@ -231,11 +231,13 @@ def _tail_logits(model: Any) -> Callable[[mx.array, list[Any], int], mx.array] |
     return run
 
 
-def position_logits(model: Any, inputs: mx.array, cache: list[Any], positions: mx.array) -> mx.array:
-    """Logits (B, V) of `inputs` (B, L) at one position per row (`positions`, (B,)): the head is
-    computed at those positions only for the architectures of `_PLAIN_HEADS`; any other model
-    computes every position's and they are gathered."""
-    rows = mx.arange(inputs.shape[0])
+def position_logits(model: Any, inputs: mx.array, cache: list[Any], positions: mx.array,
+                    rows: mx.array | None = None) -> mx.array:
+    """Logits (R, V) of `inputs` (B, L) at one position per row read (`rows`, (R,), default every
+    row; `positions`, (R,)): the head is computed at those positions of those rows only for the
+    architectures of `_PLAIN_HEADS`; any other model computes every position's and they are gathered."""
+    if rows is None:
+        rows = mx.arange(inputs.shape[0])
     parts = _body_and_head(model)
     if parts is None:
         return cast(mx.array, model(inputs, cache=cache)[rows, positions])

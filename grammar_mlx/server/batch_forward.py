@@ -11,6 +11,12 @@ through its history, which is what the single path does: the answers are the sam
 The row's very first step feeds the prompt's last token and the text forced at the grammar's
 initial state; its processors are first called on the prompt alone, as the single path primes them.
 
+A step computes every row at the width of its widest feed (right padding), and a forward costs
+about linear in the positions it computes, padding included: so when the rows' feeds differ, the
+step's width is `step_width`'s (the one that feeds the most tokens per unit of cost), and a row whose
+feed is wider feeds its first tokens and carries the rest to the next steps, sampling nothing until
+its run is fed. A batch of one row feeds its whole run in one step, as the single path does.
+
 "verified" keeps the single path: its check trims a row's cache at the first rejected token, and
 mlx-lm's batch cache trims every row at once.
 
@@ -39,8 +45,8 @@ from ..runtime.processor import GrammarProcessor
 if TYPE_CHECKING:
     from .request import FastForwarded
 
-__all__ = ["BatchedRow", "MaskPick", "batched_row_of", "forced_after", "grammar_processor_of", "mask_step",
-           "register"]
+__all__ = ["STEP_OVERHEAD", "BatchedRow", "MaskPick", "batched_row_of", "forced_after", "grammar_processor_of",
+           "mask_step", "register", "step_width"]
 
 # The record of each grammar processor made for a batchable fast-forward request (`register`).
 _RECORDS: weakref.WeakKeyDictionary[GrammarProcessor, FastForwarded] = weakref.WeakKeyDictionary()
@@ -92,6 +98,25 @@ def forced_after(row: BatchedRow, token: int | None, *, generated: int, max_toke
     assert ff is not None  # batched_row_of admits only records that carry one
     tokens, _ = ff.proposal(state, generated=generated, room=room, budget=processor.max_tokens)
     return tokens
+
+
+# A forward's fixed cost in units of what one more position (one row, one token) costs it, fitted
+# to the embedded SmolLM2's batch step on CPU (the figures are in bench/results and the commit).
+STEP_OVERHEAD = 0.8
+
+
+def step_width(lengths: Sequence[int], overhead: float = STEP_OVERHEAD) -> int:
+    """How many positions a batch step computes per row when its rows have `lengths` tokens to feed
+    (each at least 1): the width W that feeds the most tokens, sum(min(n, W)), per unit of the
+    forward's cost, `overhead` + rows * W (padding is computed like any position); the wider on a tie.
+    With one row, or every row as wide, it is the widest feed: nothing is padded."""
+    rows = len(lengths)
+    best, best_rate = 1, -1.0
+    for width in sorted(set(lengths)):  # the rate is monotone between two feed lengths
+        rate = sum(min(n, width) for n in lengths) / (overhead + rows * width)
+        if rate >= best_rate:
+            best, best_rate = width, rate
+    return best
 
 
 # --- the masks of a batch step ---------------------------------------------------------------------

@@ -39,7 +39,15 @@ from mlx_lm.generate import (
 from ..decode import position_logits
 from ..errors import ModelLoadError, ServerUnavailableError
 from ..runtime import GrammarProcessor
-from .batch_forward import MaskPick, batched_row_of, forced_after, grammar_processor_of, mask_step, register
+from .batch_forward import (
+    MaskPick,
+    batched_row_of,
+    forced_after,
+    grammar_processor_of,
+    mask_step,
+    register,
+    step_width,
+)
 
 if TYPE_CHECKING:
     from ..request import LogitsProcessor
@@ -408,6 +416,12 @@ class FastForwardGenerationBatch(GenerationBatch):
     where no row has a grammar processor is mlx-lm's own `_step`. `next()` emits every token a row
     fed, in order, ending the row at the first that finishes it.
 
+    When the rows' feeds differ in length, the step is `batch_forward.step_width` wide: a row with a
+    longer run feeds its first tokens and carries the rest (`_carry`) to the next steps, where it
+    feeds them before anything else; it samples nothing (no processor, no mask) until the step that
+    feeds the last of its run. Tokens are emitted as they are fed, so a row's cache and `tokens` hold
+    what it emitted.
+
     A step whose every row finishes on what it emits (its EOS, a stop sequence, `max_tokens`) runs no
     forward: mlx-lm's step feeds the last token to the model before it is emitted, and nothing reads
     those logits. The rows' caches and `tokens` then end before the tokens of that step."""
@@ -421,8 +435,10 @@ class FastForwardGenerationBatch(GenerationBatch):
         self._rows = [batched_row_of(p) for p in processor_lists]
         # Per row: the tokens fed but not yet emitted, each (token, logprobs, whether it was forced).
         self._unemitted: list[list[tuple[int, mx.array, bool]]] = [[] for _ in uids]
+        # Per row: the forced tokens of its run that a narrower step left to the next ones.
+        self._carry: list[list[int]] = [[] for _ in uids]
         self._first_step = True
-        self._fed = True  # whether the last step fed its tokens to the model (see _last_step)
+        self._fed = True  # whether the last step fed its tokens to the model (a step that finishes every row does not)
         super().__init__(model, uids, inputs, prompt_cache, tokens, samplers, fallback_sampler, logits_processors,
                          stop_sequences, max_tokens)
         self._first_step = False
@@ -432,12 +448,14 @@ class FastForwardGenerationBatch(GenerationBatch):
         self._grammars.extend(batch._grammars)
         self._rows.extend(batch._rows)
         self._unemitted.extend(batch._unemitted)
+        self._carry.extend(batch._carry)
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
         self._grammars = [self._grammars[i] for i in keep]
         self._rows = [self._rows[i] for i in keep]
         self._unemitted = [self._unemitted[i] for i in keep]
+        self._carry = [self._carry[i] for i in keep]
 
     def _finishing(self, emits: list[list[int]]) -> bool:
         """Whether every row finishes on one of the tokens it is to emit next (`emits`, per row, after
@@ -455,17 +473,20 @@ class FastForwardGenerationBatch(GenerationBatch):
                 return False
         return True
 
-    def _last_step(self, fed: list[int], forced: list[list[int]]) -> Any:
-        """The step of a batch whose every row finishes on what it emits now: the tokens sampled last
-        step (their log-probabilities evaluated) and the forced ones are emitted, nothing is fed."""
+    def _emit(self, runs: list[list[int]], sampled: list[bool], counts: list[int], *, first: bool,
+              vocabulary: int) -> None:
+        """Queue each row's first `counts[e]` tokens of its run for `next()`: a run that starts with
+        the token sampled last step (`sampled[e]`) emits it with its log-probabilities (evaluated by
+        now), except on the first step (the prompt's last token, emitted before); the rest are forced
+        (all the mass on them)."""
         batch: Any = self  # mlx-lm's attributes are unannotated
-        batch._fed = False
-        mx.eval(batch._current_logprobs)
-        vocabulary = batch._current_logprobs[0].shape[-1]
-        for e, pending in enumerate(batch._unemitted):
-            pending.append((fed[e], batch._current_logprobs[e], False))
-            pending.extend((t, _one_hot_logprobs(t, vocabulary), True) for t in forced[e])
-        return fed, batch._current_logprobs
+        for e, (run, pending) in enumerate(zip(runs, batch._unemitted)):
+            start = 0
+            if sampled[e]:
+                start = 1
+                if not first:
+                    pending.append((run[0], batch._current_logprobs[e], False))
+            pending.extend((t, _one_hot_logprobs(t, vocabulary), True) for t in run[start:counts[e]])
 
     def _step(self) -> Any:
         batch: Any = self  # mlx-lm's attributes are unannotated
@@ -476,7 +497,11 @@ class FastForwardGenerationBatch(GenerationBatch):
                 if self._finishing([[t] for t in fed]):
                     batch._current_tokens = batch._next_tokens
                     batch._current_logprobs = batch._next_logprobs
-                    return self._last_step(fed, [[] for _ in fed])
+                    mx.eval(batch._current_logprobs)
+                    batch._fed = False
+                    self._emit([[t] for t in fed], [True] * len(fed), [1] * len(fed), first=False,
+                               vocabulary=batch._current_logprobs[0].shape[-1])
+                    return fed, batch._current_logprobs
             inputs, current = super()._step()
             if not first:
                 for pending, token, lp in zip(batch._unemitted, inputs, current):
@@ -485,21 +510,35 @@ class FastForwardGenerationBatch(GenerationBatch):
         batch._current_tokens = batch._next_tokens
         batch._current_logprobs = batch._next_logprobs
         inputs = batch._current_tokens
-        fed = [int(t) for t in inputs.tolist()]
-        forced: list[list[int]] = []
+        last = [int(t) for t in inputs.tolist()]  # sampled last step (the first step: the prompt's last token)
+        # Each row's run from here: what it carries, else its sampled token and what the grammar forces after it.
+        runs: list[list[int]] = []
+        sampled: list[bool] = []
         for e, row in enumerate(batch._rows):
-            if row is None:
-                forced.append([])
+            if batch._carry[e]:
+                runs.append(batch._carry[e])
+                sampled.append(False)
                 continue
-            generated = batch._num_tokens[e] + len(batch._unemitted[e]) + (0 if first else 1)
-            tokens = forced_after(row, None if first else fed[e], generated=generated, max_tokens=batch.max_tokens[e])
-            forced.append(tokens)
+            forced: list[int] = []
+            if row is not None:
+                generated = batch._num_tokens[e] + len(batch._unemitted[e]) + (0 if first else 1)
+                forced = forced_after(row, None if first else last[e], generated=generated,
+                                      max_tokens=batch.max_tokens[e])
+            runs.append([last[e], *forced])
+            sampled.append(True)
         for row in batch._rows:
             if row is not None:
-                row.record.batch_rows = max(row.record.batch_rows, len(fed))
-        feeds = [[t, *f] for t, f in zip(fed, forced)]
-        if not first and self._finishing(feeds):
-            return self._last_step(fed, forced)
+                row.record.batch_rows = max(row.record.batch_rows, len(runs))
+        if not first and self._finishing(runs):
+            mx.eval(batch._current_logprobs)
+            batch._fed = False
+            self._emit(runs, sampled, [len(r) for r in runs], first=False,
+                       vocabulary=batch._current_logprobs[0].shape[-1])
+            batch._carry = [[] for _ in runs]
+            return last, batch._current_logprobs
+        width = step_width([len(r) for r in runs])
+        feeds = [r[:width] for r in runs]
+        batch._carry = [r[width:] for r in runs]
         # Each row's processor history, evaluated before the forward is queued: read after it (as a
         # processor reads it), it would wait for the forward to finish in the stream, and the rows'
         # host work below is to run while the forward computes.
@@ -509,15 +548,18 @@ class FastForwardGenerationBatch(GenerationBatch):
             if not batch.logits_processors or not batch.logits_processors[e]:
                 continue
             buffer = batch._token_context[e]
-            if first and forced[e]:
-                primes[e] = buffer.update_and_fetch(inputs[e : e + 1])  # the prompt: fixes the context
-                histories[e] = buffer.update_and_fetch(mx.array(forced[e], mx.int32))
-            else:
+            if first and len(runs[e]) > 1:
+                primes[e] = buffer.update_and_fetch(mx.array(feed[:1], mx.int32))  # the prompt: fixes the context
+                feed = feed[1:]
+            if feed:
                 histories[e] = buffer.update_and_fetch(mx.array(feed, mx.int32))
         mx.eval([h for h in primes + histories if h is not None])
-        width = max(len(f) for f in feeds)
-        if width == 1:
-            logits = batch.model(inputs[:, None], cache=batch.prompt_cache)[:, -1, :]
+        # The head is computed only for the rows that sample this step (a carrying row's logits
+        # are not read: it stands in with the first sampling row's).
+        sampling = [e for e, carry in enumerate(batch._carry) if not carry]
+        read = None if len(sampling) == len(feeds) else mx.array(sampling)
+        if width == 1 and read is None:
+            logits = batch.model(mx.array(feeds, mx.uint32), cache=batch.prompt_cache)[:, -1, :]
         else:
             # mlx-lm's batched prompt processing (PromptProcessingBatch.prompt): right padding, then the
             # padding rolled to the left of each row's cache.
@@ -526,9 +568,13 @@ class FastForwardGenerationBatch(GenerationBatch):
             for c in batch.prompt_cache:
                 c.prepare(lengths=lengths, right_padding=padding)
             x = mx.array([f + [0] * (width - len(f)) for f in feeds], mx.uint32)
-            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(lengths) - 1)
+            positions = [lengths[e] - 1 for e in sampling]
+            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(positions), read)
             for c in batch.prompt_cache:
                 c.finalize()
+            if read is not None:
+                slot = {e: i for i, e in enumerate(sampling)}
+                logits = logits[mx.array([slot.get(e, 0) for e in range(len(feeds))])]
         # The forward starts now: the rows' host work below (processors, mask rows) runs while it
         # computes rather than before it (a grammar step cannot build its forward ahead, as mlx-lm's
         # does: what it feeds depends on the token sampled last).
@@ -551,6 +597,9 @@ class FastForwardGenerationBatch(GenerationBatch):
                 if grammar is not None:
                     grammar.follow(prime)
             context = histories[e]
+            if batch._carry[e] or context is None:  # its sample is not taken: nothing to process or mask
+                picks.append(None)
+                continue
             token_context.append(context)
             if others:
                 if rows is None:
@@ -568,20 +617,17 @@ class FastForwardGenerationBatch(GenerationBatch):
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samplers = [batch.fallback_sampler if s is None else s for s in (batch.samplers or [None] * len(batch.uids))]
         if not samplers or all(s is samplers[0] for s in samplers):
-            sampled = (samplers[0] if samplers else batch.fallback_sampler)(logprobs)
+            sampled_next = (samplers[0] if samplers else batch.fallback_sampler)(logprobs)
         else:
-            sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
-        batch._next_tokens = sampled
+            sampled_next = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
+        batch._next_tokens = sampled_next
         batch._next_logprobs = list(logprobs)
         mx.async_eval(batch._next_tokens, batch._next_logprobs, token_context)
         mx.eval(batch._current_logprobs)
-        vocabulary = logits.shape[-1]
-        for e, (feed, pending) in enumerate(zip(feeds, batch._unemitted)):
+        for e, feed in enumerate(feeds):
             batch.tokens[e].extend(feed)
-            if not first:
-                pending.append((feed[0], batch._current_logprobs[e], False))
-            pending.extend((t, _one_hot_logprobs(t, vocabulary), True) for t in forced[e])
-        return fed, batch._current_logprobs
+        self._emit(runs, sampled, [len(f) for f in feeds], first=first, vocabulary=logits.shape[-1])
+        return last, batch._current_logprobs
 
     def next(self) -> list[Any]:
         batch: Any = self  # mlx-lm's attributes are unannotated

@@ -2,8 +2,10 @@
 on a tiny random-weight model with the genuine Qwen3 tokenizer: each canonical row of a batch
 answers token for token what `grammar_mlx.decode.stream_generate` answers for it alone, rows that do
 not fast-forward (constrained with fast-forward off, unconstrained) answer what mlx-lm's own loop
-answers, the forced tokens are counted, and `forced_after` cuts proposals by room and budget. Every
-step masks all its rows in one kernel call (`mask_step`), equal bit for bit to masking each row alone."""
+answers, the forced tokens are counted, and `forced_after` cuts proposals by room and budget. A step
+whose rows feed runs of different lengths is `step_width` wide, the longer runs carried to the next
+steps: no padding is computed where it does not pay, and the answers stay the same. Every step masks
+all its rows in one kernel call (`mask_step`), equal bit for bit to masking each row alone."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from grammar_mlx.kernels import apply_token_bitmask
 from grammar_mlx.runtime import GrammarProcessor
 from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder
 from grammar_mlx.segments import FreeText, JSONSchema, Seq, Text, compile_segments
-from grammar_mlx.server import batch_forward
+from grammar_mlx.server import batch_forward, mlx_lm_seams
 from grammar_mlx.server.batch_forward import (
     BatchedRow,
     batched_row_of,
@@ -28,6 +30,7 @@ from grammar_mlx.server.batch_forward import (
     grammar_processor_of,
     mask_step,
     register,
+    step_width,
 )
 from grammar_mlx.server.mlx_lm_seams import FastForwardBatchGenerator, FastForwardGenerationBatch
 from grammar_mlx.server.request import FastForwarded
@@ -68,9 +71,11 @@ def solo(model, tokenizer, prompt, grammar, *, fast_forward, max_tokens=MAX_TOKE
     return [r.token for r in responses]
 
 
-def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS, before=None):
+def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS, before=None, finals=None):
     """rows: (prompt, grammar or None, fast-forward?) -> (tokens per row, records). `before`: per row,
-    processors of its own ahead of the grammar's."""
+    processors of its own ahead of the grammar's; `max_tokens`: one for all rows or one per row;
+    `finals`: a list that gets each row's finishing response, in row order."""
+    limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(rows)
     generator = FastForwardBatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
     processors, records = [], []
     for i, (_, grammar, fast_forward) in enumerate(rows):
@@ -87,17 +92,19 @@ def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS,
         processors.append([*own, processor])
         records.append(record)
     stops = StopSequences([[t] for t in tokenizer.eos_token_ids])
-    uids = generator.insert([p for p, _, _ in rows], max_tokens=[max_tokens] * len(rows),
+    uids = generator.insert([p for p, _, _ in rows], max_tokens=limits,
                             logits_processors=processors, stop_sequences=[stops] * len(rows))
     out = {u: [] for u in uids}
-    done = set()
+    done = {}
     while len(done) < len(uids):
         for r in generator.next_generated():
             assert r.uid not in done, "a token after the row finished"
             out[r.uid].append(r.token)
             if r.finish_reason is not None:
-                done.add(r.uid)
+                done[r.uid] = r
     generator.close()
+    if finals is not None:
+        finals.extend(done[u] for u in uids)
     return [out[u] for u in uids], records
 
 
@@ -243,6 +250,110 @@ def test_the_step_that_finishes_every_row_feeds_nothing(model, qwen_tokenizer, g
     else:
         assert tokens == solo(model, qwen_tokenizer, prompt, None, fast_forward=False)
     assert all(float(r.logprobs[r.token]) > -mx.inf for r in responses)
+
+
+# --- the width of a step -----------------------------------------------------------------------------
+
+
+def test_step_width_feeds_the_most_tokens_per_unit_of_cost():
+    assert step_width([1]) == 1
+    assert step_width([9]) == 9  # one row feeds its whole run in one step
+    assert step_width([6, 6, 6, 6]) == 6  # nothing to pad
+    assert step_width([10, 1, 1, 1]) == 1  # 40 positions for 13 tokens: the long run is carried
+    assert step_width([6, 1]) == 1
+    assert step_width([5, 5, 5, 1], overhead=0.5) == 1
+    assert step_width([5, 5, 5, 1], overhead=4.0) == 5  # a dear fixed cost pays for some padding
+    assert step_width([10, 1, 1, 1], overhead=100.0) == 10
+    assert step_width([3, 2, 1], overhead=2.0) == 2  # in between: 5 tokens for 2 + 6 beats 3/5 and 6/11
+
+
+def counted_positions(model, monkeypatch):
+    """Patched in from here on: per step of a generation batch, the (rows, width) of each forward it ran."""
+    forwards = []
+    body = type(model.model)
+    forward = body.__call__
+    step = FastForwardGenerationBatch._step
+    stepping = []
+
+    def counting_forward(self, inputs, *args, **kwargs):
+        if stepping:
+            forwards[-1].append(tuple(inputs.shape[:2]))
+        return forward(self, inputs, *args, **kwargs)
+
+    def counting_step(self):
+        forwards.append([])
+        stepping.append(True)
+        try:
+            return step(self)
+        finally:
+            stepping.pop()
+
+    monkeypatch.setattr(body, "__call__", counting_forward)
+    monkeypatch.setattr(FastForwardGenerationBatch, "_step", counting_step)
+    return forwards
+
+
+@pytest.mark.parametrize("canonical_max_tokens", [2, 4, 6, MAX_TOKENS])
+def test_a_longer_forced_run_is_carried_and_each_row_answers_as_alone(model, qwen_tokenizer, grammars, monkeypatch,
+                                                                      canonical_max_tokens):
+    """A canonical row beside rows that decode one token a step feeds its forced runs a token a step
+    (no padding computed), sampling nothing until the run is fed (its head not computed); it finishes
+    inside a carried run when `max_tokens` cuts it there. Every row answers what it answers alone, and each row's cache
+    and `all_tokens` at its finish hold exactly the prompt and the tokens it emitted."""
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[0], grammars[0], True), (ps[1], None, False), (ps[2], grammars[1], False)]
+    limits = [canonical_max_tokens, MAX_TOKENS, MAX_TOKENS]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=ff, max_tokens=m, budget=None)
+                for (p, g, ff), m in zip(rows, limits)]
+    forwards = counted_positions(model, monkeypatch)
+    reads = []  # per forward through position_logits: (rows fed, rows whose head was computed)
+    position_logits = mlx_lm_seams.position_logits
+
+    def reading(model_, inputs, cache, positions, rows=None):
+        reads.append((inputs.shape[0], inputs.shape[0] if rows is None else rows.size))
+        if rows is None:
+            return position_logits(model_, inputs, cache, positions)
+        return position_logits(model_, inputs, cache, positions, rows)
+
+    monkeypatch.setattr(mlx_lm_seams, "position_logits", reading)
+    finals = []
+    got, records = batched(model, qwen_tokenizer, rows, max_tokens=limits, budget=None, finals=finals)
+    assert got == expected
+    assert records[0].tokens > 0  # forced tokens were fed in the batch
+    shapes = [shape for step in forwards for shape in step]
+    assert shapes and all(width == 1 for rows_, width in shapes if rows_ > 1), shapes  # nothing padded
+    assert any(read < fed for fed, read in reads), reads  # a carrying row's head is not computed
+    for (prompt, _, _), tokens, final in zip(rows, got, finals):
+        if final.all_tokens[len(prompt):] != tokens:  # finished by a step that fed nothing
+            assert tokens[: len(final.all_tokens) - len(prompt)] == final.all_tokens[len(prompt):]
+            assert final.all_tokens[: len(prompt)] == prompt
+        assert final.prompt_cache[0].offset == len(final.all_tokens)
+    assert finals[0].finish_reason == "length" or canonical_max_tokens == MAX_TOKENS
+    if canonical_max_tokens < MAX_TOKENS:  # it finished while the others ran on: everything it emitted was fed
+        assert finals[0].all_tokens == rows[0][0] + got[0]
+
+
+def test_rows_with_runs_of_different_lengths_answer_as_alone(model, qwen_tokenizer, grammars, monkeypatch):
+    """Canonical rows whose forced runs differ (other schemas, other points in their answers):
+    steps narrower than the widest run, and every row's answer its own."""
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[i], grammars[i % 2], True) for i in range(4)]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=True) for p, g, _ in rows]
+    forwards = counted_positions(model, monkeypatch)
+    carried = []
+    step = FastForwardGenerationBatch._step  # the counting one
+
+    def noting_step(self):
+        result = step(self)
+        carried.append(any(self._carry))
+        return result
+
+    monkeypatch.setattr(FastForwardGenerationBatch, "_step", noting_step)
+    got, records = batched(model, qwen_tokenizer, rows)
+    assert got == expected
+    assert any(carried)
+    assert all(r.tokens > 0 for r in records)
+    assert forwards
 
 
 # --- one kernel call per step ----------------------------------------------------------------------
