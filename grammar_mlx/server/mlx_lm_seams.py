@@ -488,6 +488,18 @@ class FastForwardGenerationBatch(GenerationBatch):
                     pending.append((run[0], batch._current_logprobs[e], False))
             pending.extend((t, _one_hot_logprobs(t, vocabulary), True) for t in run[start:counts[e]])
 
+    def _last_step(self, last: list[int], runs: list[list[int]], sampled: list[bool]) -> Any:
+        """The step of a batch whose every row finishes on what it emits now (`runs`, whole): the
+        tokens sampled last step (`last`, their log-probabilities evaluated) and the forced ones are
+        emitted, nothing is fed, nothing is left carried."""
+        batch: Any = self  # mlx-lm's attributes are unannotated
+        mx.eval(batch._current_logprobs)
+        batch._fed = False
+        self._emit(runs, sampled, [len(r) for r in runs], first=False,
+                   vocabulary=batch._current_logprobs[0].shape[-1])
+        batch._carry = [[] for _ in runs]
+        return last, batch._current_logprobs
+
     def _step(self) -> Any:
         batch: Any = self  # mlx-lm's attributes are unannotated
         first = batch._first_step
@@ -497,11 +509,7 @@ class FastForwardGenerationBatch(GenerationBatch):
                 if self._finishing([[t] for t in fed]):
                     batch._current_tokens = batch._next_tokens
                     batch._current_logprobs = batch._next_logprobs
-                    mx.eval(batch._current_logprobs)
-                    batch._fed = False
-                    self._emit([[t] for t in fed], [True] * len(fed), [1] * len(fed), first=False,
-                               vocabulary=batch._current_logprobs[0].shape[-1])
-                    return fed, batch._current_logprobs
+                    return self._last_step(fed, [[t] for t in fed], [True] * len(fed))
             inputs, current = super()._step()
             if not first:
                 for pending, token, lp in zip(batch._unemitted, inputs, current):
@@ -530,12 +538,7 @@ class FastForwardGenerationBatch(GenerationBatch):
             if row is not None:
                 row.record.batch_rows = max(row.record.batch_rows, len(runs))
         if not first and self._finishing(runs):
-            mx.eval(batch._current_logprobs)
-            batch._fed = False
-            self._emit(runs, sampled, [len(r) for r in runs], first=False,
-                       vocabulary=batch._current_logprobs[0].shape[-1])
-            batch._carry = [[] for _ in runs]
-            return last, batch._current_logprobs
+            return self._last_step(last, runs, sampled)
         width = step_width([len(r) for r in runs])
         feeds = [r[:width] for r in runs]
         batch._carry = [r[width:] for r in runs]
