@@ -6,7 +6,8 @@ the same chat prompt is sent unconstrained and with a `json_schema` response_for
 rounds (so that load from other processes hits all alike). Per cell: requests/s, p50/p95 latency,
 completion tokens/s, the server process's CPU seconds per completion token (its own user + system
 time over the cell, from /proc), and the ratios constrained / unconstrained per fast-forward mode
-measured in the same run. Tokens/s
+measured in the same run, each beside its ceiling on this machine (`forward_cost`, `ceiling`: the
+share of tokens forced, and what a step costs here, bound how far fast-forward can go). Tokens/s
 is the fairer ratio: an unconstrained reply may be longer or shorter than the JSON one (both are
 capped by the same `--max-tokens`). Every constrained reply that finished is checked against its
 schema. With one client, the answers with the draft are compared with those without (greedy: they
@@ -149,8 +150,48 @@ def request(url: str, work: Workload, mode: str, max_tokens: int, timeout: float
         raise RuntimeError(f"HTTP {e.code}: {e.read()[:500].decode(errors='replace')}") from None
     latency = time.perf_counter() - started
     choice = reply["choices"][0]
+    details = reply["usage"].get("completion_tokens_details") or {}
     return {"latency": latency, "tokens": reply["usage"]["completion_tokens"], "finish": choice["finish_reason"],
-            "text": choice["message"]["content"] or ""}
+            "forced": details.get("forced_tokens", 0), "text": choice["message"]["content"] or ""}
+
+
+def forward_cost(work: Workload, repeats: int = 5) -> dict:
+    """This machine's cost of one decode step on the embedded model, fitted as `fixed + per_position·W`
+    ms for a step that feeds W positions and reads the head at the last (as a fast-forward row's step
+    does): medians at W = 1 and 4 after the workload's prompt, measured in this process before any
+    server starts. A forced token saves a step's fixed part and still costs a position, so the
+    tokens/s a constrained reply can reach over an unconstrained one is bounded by
+    `ceiling(fixed, per_position, forced / tokens)`: the bound `ratios` print beside the measured ratio."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from grammar_mlx.decode import position_logits
+    from grammar_mlx.models import default_model
+
+    model, tokenizer = default_model()
+    prompt = mx.array([tokenizer.apply_chat_template(work.messages, add_generation_prompt=True)])
+    medians = {}
+    for width in (1, 4):
+        times = []
+        for _ in range(repeats):
+            cache = make_prompt_cache(model)
+            mx.eval(model(prompt, cache=cache))
+            step = mx.array([[prompt[0, -1].item()] * width])
+            started = time.perf_counter()
+            mx.eval(position_logits(model, step, cache, mx.array([width - 1])))
+            times.append(time.perf_counter() - started)
+        medians[width] = 1000 * statistics.median(times)
+    per_position = (medians[4] - medians[1]) / 3
+    return {"fixed_ms": medians[1] - per_position, "per_position_ms": per_position,
+            "step_ms": {str(w): t for w, t in medians.items()}}
+
+
+def ceiling(fixed: float, per_position: float, forced_share: float) -> float:
+    """The most tokens/s replies whose `forced_share` of tokens is fast-forwarded can reach over ones
+    decoded token by token, when a step costs `fixed + per_position·W` (every token a position, only
+    the sampled ones a step) and nothing else costs: 1 / (1 - forced_share·fixed / (fixed + per_position)).
+    For B rows in a batch pass `fixed / B`: a batch step's fixed part is shared (`batch_forward.step_width`)."""
+    return 1 / (1 - forced_share * fixed / (fixed + per_position))
 
 
 def post_raw(url: str, data: bytes, timeout: float = 120) -> int:
@@ -421,6 +462,8 @@ def main() -> int:
     parser.add_argument("--schema", choices=sorted(WORKLOADS), default="color",
                         help="the constrained requests' schema and the prompt: color (3 fields) or person (8)")
     parser.add_argument("--out", default="server.json", help="results file under bench/results (server.json)")
+    parser.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
+                        help="first fit this machine's decode step cost and print each ratio's ceiling (on)")
     parser.add_argument("--tool-calls", action="store_true",
                         help="only the tool-call latency on a tiny qwen3 directory (see above)")
     args = parser.parse_args()
@@ -437,6 +480,10 @@ def main() -> int:
     configs = [("none", ())] + ([(f"{args.draft_layers} layers", ("--draft-layers", str(args.draft_layers),
                                                                   "--num-draft-tokens", str(args.num_draft_tokens)))]
                                 if args.draft_layers else [])
+    cost = forward_cost(work) if args.ceiling else None
+    if cost:
+        print(f"decode step on this machine: {cost['fixed_ms']:.0f} ms + {cost['per_position_ms']:.0f} ms "
+              f"per position fed (W = 1: {cost['step_ms']['1']:.0f} ms, W = 4: {cost['step_ms']['4']:.0f} ms)")
     rows = []
     invalid = 0
     answers: dict[str, list[str]] = {}  # single-client answers in order, per draft: greedy, so they must agree
@@ -476,7 +523,9 @@ def main() -> int:
                         invalid += len(bad)
                     summary = summarize(results, wall)
                     if results:
-                        summary["server_cpu_ms_per_token"] = 1000 * cpu / max(sum(r["tokens"] for r in results), 1)
+                        tokens = max(sum(r["tokens"] for r in results), 1)
+                        summary["server_cpu_ms_per_token"] = 1000 * cpu / tokens
+                        summary["forced_share"] = sum(r["forced"] for r in results) / tokens
                     rows.append({"draft": draft_name, "clients": clients, "mode": mode, **summary})
             if args.faults and draft_name == "none":
                 faults = fault_figures(server.url, work, args.max_tokens)
@@ -498,7 +547,9 @@ def main() -> int:
                     ratios.append({"draft": draft_name, "clients": clients, "fast_forward": fast_forward,
                                    "requests_per_s": c["requests_per_s"] / u["requests_per_s"],
                                    "tokens_per_s": c["tokens_per_s"] / u["tokens_per_s"],
-                                   "p50": c["p50_s"] / u["p50_s"]})
+                                   "p50": c["p50_s"] / u["p50_s"], "forced_share": c["forced_share"],
+                                   "tokens_per_s_ceiling": ceiling(cost["fixed_ms"] / clients, cost["per_position_ms"],
+                                                                   c["forced_share"]) if cost else None})
 
     print(f"{'draft':<10} {'clients':>7} {'mode':<22} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "
           f"{'tok/s':>7} {'tok/req':>7} {'cpu ms/tok':>10}  finish")
@@ -514,7 +565,8 @@ def main() -> int:
     for q in ratios:
         print(f"  draft {q['draft']:<10} clients {q['clients']} fast-forward {q['fast_forward']:<9}: "
               f"req/s x{q['requests_per_s']:.2f}, "
-              f"tok/s x{q['tokens_per_s']:.2f}, p50 latency x{q['p50']:.2f}")
+              f"tok/s x{q['tokens_per_s']:.2f}, p50 latency x{q['p50']:.2f}, forced {q['forced_share']:.0%}"
+              + (f" (tok/s ceiling x{q['tokens_per_s_ceiling']:.2f})" if q["tokens_per_s_ceiling"] else ""))
     print(f"constrained replies that finished but failed their schema: {invalid}")
     exact = None
     if len(answers) == 2:
@@ -530,7 +582,8 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / args.out
     out.write_text(json.dumps({
-        "rows": rows, "ratios": ratios, "invalid_constrained": invalid, "draft_exactness": exact, "faults": faults,
+        "rows": rows, "ratios": ratios, "decode_step_cost": cost, "invalid_constrained": invalid,
+        "draft_exactness": exact, "faults": faults,
         "args": vars(args),
         "environment": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
                         "platform": platform.platform()},
