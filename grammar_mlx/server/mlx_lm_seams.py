@@ -46,6 +46,7 @@ from .batch_forward import (
     grammar_processor_of,
     mask_step,
     register,
+    step_overhead,
     step_width,
 )
 
@@ -539,7 +540,7 @@ class FastForwardGenerationBatch(GenerationBatch):
                 row.record.batch_rows = max(row.record.batch_rows, len(runs))
         if not first and self._finishing(runs):
             return self._last_step(last, runs, sampled)
-        width = step_width([len(r) for r in runs])
+        width = step_width([len(r) for r in runs], step_overhead())
         feeds = [r[:width] for r in runs]
         batch._carry = [r[width:] for r in runs]
         # Each row's processor history, evaluated before the forward is queued: read after it (as a

@@ -24,12 +24,14 @@ from grammar_mlx.runtime.fast_forward import fast_forward_for, tokenizer_encoder
 from grammar_mlx.segments import FreeText, JSONSchema, Seq, Text, compile_segments
 from grammar_mlx.server import batch_forward, mlx_lm_seams
 from grammar_mlx.server.batch_forward import (
+    STEP_OVERHEAD,
     BatchedRow,
     batched_row_of,
     forced_after,
     grammar_processor_of,
     mask_step,
     register,
+    step_overhead,
     step_width,
 )
 from grammar_mlx.server.mlx_lm_seams import FastForwardBatchGenerator, FastForwardGenerationBatch
@@ -256,15 +258,26 @@ def test_the_step_that_finishes_every_row_feeds_nothing(model, qwen_tokenizer, g
 
 
 def test_step_width_feeds_the_most_tokens_per_unit_of_cost():
-    assert step_width([1]) == 1
-    assert step_width([9]) == 9  # one row feeds its whole run in one step
-    assert step_width([6, 6, 6, 6]) == 6  # nothing to pad
-    assert step_width([10, 1, 1, 1]) == 1  # 40 positions for 13 tokens: the long run is carried
-    assert step_width([6, 1]) == 1
+    cpu = STEP_OVERHEAD["cpu"]
+    assert step_width([1], cpu) == 1
+    assert step_width([9], cpu) == 9  # one row feeds its whole run in one step
+    assert step_width([6, 6, 6, 6], cpu) == 6  # nothing to pad
+    assert step_width([10, 1, 1, 1], cpu) == 1  # 40 positions for 13 tokens: the long run is carried
+    assert step_width([6, 1], cpu) == 1
     assert step_width([5, 5, 5, 1], overhead=0.5) == 1
     assert step_width([5, 5, 5, 1], overhead=4.0) == 5  # a dear fixed cost pays for some padding
     assert step_width([10, 1, 1, 1], overhead=100.0) == 10
     assert step_width([3, 2, 1], overhead=2.0) == 2  # in between: 5 tokens for 2 + 6 beats 3/5 and 6/11
+
+
+def test_step_overhead_is_the_device_types():
+    cpu, gpu = mx.Device(mx.cpu), mx.Device(mx.gpu)
+    assert step_overhead(cpu) == STEP_OVERHEAD["cpu"]
+    assert step_overhead(gpu) == STEP_OVERHEAD["gpu"]
+    assert step_overhead() == step_overhead(mx.default_device())
+    # On a GPU padding is cheap beside a step: four rows feed their runs in one step, none carried.
+    assert step_width([5, 1, 1, 1], step_overhead(gpu)) == 5
+    assert step_width([5, 1, 1, 1], step_overhead(cpu)) == 1
 
 
 def counted_positions(model, monkeypatch):
