@@ -155,13 +155,15 @@ def request(url: str, work: Workload, mode: str, max_tokens: int, timeout: float
             "forced": details.get("forced_tokens", 0), "text": choice["message"]["content"] or ""}
 
 
-def forward_cost(work: Workload, repeats: int = 5) -> dict:
-    """This machine's cost of one decode step on the embedded model, fitted as `fixed + per_position·W`
-    ms for a step that feeds W positions and reads the head at the last (as a fast-forward row's step
-    does): medians at W = 1 and 4 after the workload's prompt, measured in this process before any
-    server starts. A forced token saves a step's fixed part and still costs a position, so the
-    tokens/s a constrained reply can reach over an unconstrained one is bounded by
-    `ceiling(fixed, per_position, forced / tokens)`: the bound `ratios` print beside the measured ratio."""
+def forward_cost(work: Workload, repeats: int = 9) -> dict:
+    """This machine's cost of one decode step on the embedded model, measured in this process before
+    any server starts, after the workload's prompt (fed once per batch size; each timed step is
+    trimmed off the cache again): medians of a step that feeds B rows W tokens each and reads the
+    head at each row's last position (`decode.position_logits`, as a fast-forward step does) at
+    (B, W) = (1, 1), (1, 4), (4, 1), fitted as `step + head·B + per_position·B·W` ms. A forced token
+    saves its head and a share of a step and still costs a position, so the tokens/s constrained
+    replies can reach over unconstrained ones is bounded by `ceiling(step / clients + head,
+    per_position, forced share)`: the bound `ratios` print beside the measured ratio."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -169,28 +171,33 @@ def forward_cost(work: Workload, repeats: int = 5) -> dict:
     from grammar_mlx.models import default_model
 
     model, tokenizer = default_model()
-    prompt = mx.array([tokenizer.apply_chat_template(work.messages, add_generation_prompt=True)])
-    medians = {}
-    for width in (1, 4):
-        times = []
-        for _ in range(repeats):
-            cache = make_prompt_cache(model)
-            mx.eval(model(prompt, cache=cache))
-            step = mx.array([[prompt[0, -1].item()] * width])
+    prompt = tokenizer.apply_chat_template(work.messages, add_generation_prompt=True)
+    caches = {}
+    for rows in (1, 4):
+        caches[rows] = make_prompt_cache(model)
+        mx.eval(model(mx.array([prompt] * rows), cache=caches[rows]))
+    shapes = ((1, 1), (1, 4), (4, 1))
+    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    for round_ in range(repeats + 1):  # shapes interleaved, so that drift in the machine hits each alike
+        for rows, width in shapes:
             started = time.perf_counter()
-            mx.eval(position_logits(model, step, cache, mx.array([width - 1])))
-            times.append(time.perf_counter() - started)
-        medians[width] = 1000 * statistics.median(times)
-    per_position = (medians[4] - medians[1]) / 3
-    return {"fixed_ms": medians[1] - per_position, "per_position_ms": per_position,
-            "step_ms": {str(w): t for w, t in medians.items()}}
+            mx.eval(position_logits(model, mx.array([prompt[-width:]] * rows), caches[rows],
+                                    mx.array([width - 1] * rows)))
+            if round_:  # the first round, untimed, warms each shape
+                times[rows, width].append(time.perf_counter() - started)
+            for c in caches[rows]:
+                c.trim(width)
+    medians = {shape: 1000 * statistics.median(t) for shape, t in times.items()}
+    per_position = (medians[1, 4] - medians[1, 1]) / 3
+    head = (medians[4, 1] - medians[1, 4]) / 3
+    return {"step_ms": medians[1, 1] - per_position - head, "head_ms": head, "per_position_ms": per_position,
+            "measured_ms": {f"B={b} W={w}": t for (b, w), t in medians.items()}}
 
 
 def ceiling(fixed: float, per_position: float, forced_share: float) -> float:
     """The most tokens/s replies whose `forced_share` of tokens is fast-forwarded can reach over ones
-    decoded token by token, when a step costs `fixed + per_position·W` (every token a position, only
-    the sampled ones a step) and nothing else costs: 1 / (1 - forced_share·fixed / (fixed + per_position)).
-    For B rows in a batch pass `fixed / B`: a batch step's fixed part is shared (`batch_forward.step_width`)."""
+    decoded token by token, when a sampled token costs `fixed` + `per_position` and a forced one
+    `per_position` alone, and nothing else costs: 1 / (1 - forced_share·fixed / (fixed + per_position))."""
     return 1 / (1 - forced_share * fixed / (fixed + per_position))
 
 
@@ -482,8 +489,9 @@ def main() -> int:
                                 if args.draft_layers else [])
     cost = forward_cost(work) if args.ceiling else None
     if cost:
-        print(f"decode step on this machine: {cost['fixed_ms']:.0f} ms + {cost['per_position_ms']:.0f} ms "
-              f"per position fed (W = 1: {cost['step_ms']['1']:.0f} ms, W = 4: {cost['step_ms']['4']:.0f} ms)")
+        print(f"decode step on this machine: {cost['step_ms']:.0f} ms + {cost['head_ms']:.0f} ms per row sampled + "
+              f"{cost['per_position_ms']:.0f} ms per position fed ("
+              + ", ".join(f"{k}: {v:.0f} ms" for k, v in cost["measured_ms"].items()) + ")")
     rows = []
     invalid = 0
     answers: dict[str, list[str]] = {}  # single-client answers in order, per draft: greedy, so they must agree
@@ -548,8 +556,9 @@ def main() -> int:
                                    "requests_per_s": c["requests_per_s"] / u["requests_per_s"],
                                    "tokens_per_s": c["tokens_per_s"] / u["tokens_per_s"],
                                    "p50": c["p50_s"] / u["p50_s"], "forced_share": c["forced_share"],
-                                   "tokens_per_s_ceiling": ceiling(cost["fixed_ms"] / clients, cost["per_position_ms"],
-                                                                   c["forced_share"]) if cost else None})
+                                   "tokens_per_s_ceiling": ceiling(cost["step_ms"] / clients + cost["head_ms"],
+                                                                   cost["per_position_ms"], c["forced_share"])
+                                   if cost else None})
 
     print(f"{'draft':<10} {'clients':>7} {'mode':<22} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "
           f"{'tok/s':>7} {'tok/req':>7} {'cpu ms/tok':>10}  finish")
