@@ -369,6 +369,32 @@ def test_rows_with_runs_of_different_lengths_answer_as_alone(model, qwen_tokeniz
     assert forwards
 
 
+def test_where_padding_is_cheap_a_step_pads_the_shorter_feeds_and_each_row_answers_as_alone(
+        model, qwen_tokenizer, grammars, monkeypatch):
+    """With a GPU's step overhead (`STEP_OVERHEAD["gpu"]`) a step is as wide as its longest run: the
+    rows that feed fewer tokens are right-padded (mlx-lm's prompt padding, rolled to the left of the
+    cache), nothing is carried, and canonical, decoding and unconstrained rows answer as alone."""
+    monkeypatch.setattr(mlx_lm_seams, "step_overhead", lambda: STEP_OVERHEAD["gpu"])
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[0], grammars[0], True), (ps[1], None, False), (ps[2], grammars[1], False), (ps[3], grammars[1], True)]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=ff) for p, g, ff in rows]
+    forwards = counted_positions(model, monkeypatch)
+    carried = []
+    step = FastForwardGenerationBatch._step  # the counting one
+
+    def noting_step(self):
+        result = step(self)
+        carried.append(any(self._carry))
+        return result
+
+    monkeypatch.setattr(FastForwardGenerationBatch, "_step", noting_step)
+    got, records = batched(model, qwen_tokenizer, rows)
+    assert got == expected
+    assert not any(carried)
+    assert any(rows_ > 1 and width > 1 for step_ in forwards for rows_, width in step_)  # padded steps ran
+    assert records[0].tokens > 0 and records[3].tokens > 0
+
+
 # --- one kernel call per step ----------------------------------------------------------------------
 
 
