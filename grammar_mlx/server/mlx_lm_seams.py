@@ -405,6 +405,15 @@ class APIHandlerSeams(mlx_server.APIHandler):
 # --- BatchGenerator: fast-forward rows ---------------------------------------------------------------
 
 
+def _finish_reason(count: int, max_tokens: int, matcher: Any, token: int) -> str | None:
+    """How a batch row ends on `token`, its `count`-th generated token, as mlx-lm's
+    `GenerationBatch.next` decides: "stop" when its stop-sequence `matcher` (advanced here) matches,
+    else "length" at `max_tokens`, else None."""
+    if matcher.advance(token):
+        return "stop"
+    return "length" if count >= max_tokens else None
+
+
 def _one_hot_logprobs(token: int, width: int) -> mx.array:
     """A forced token's log-probabilities: all the mass on it (as `grammar_mlx.decode` gives them)."""
     return mx.where(mx.arange(width) == token, 0.0, -mx.inf)
@@ -468,7 +477,7 @@ class FastForwardGenerationBatch(GenerationBatch):
             matcher = copy.copy(batch._matchers[e])
             for token in [t for t, _, _ in batch._unemitted[e]] + tokens:
                 count += 1
-                if count >= batch.max_tokens[e] or matcher.advance(token):
+                if _finish_reason(count, batch.max_tokens[e], matcher, token) is not None:
                     break
             else:
                 return False
@@ -646,10 +655,7 @@ class FastForwardGenerationBatch(GenerationBatch):
             finish_reason = None
             for token, logprobs, was_forced in pending:
                 batch._num_tokens[i] += 1
-                if batch._num_tokens[i] >= batch.max_tokens[i]:
-                    finish_reason = "length"
-                if batch._matchers[i].advance(token):
-                    finish_reason = "stop"
+                finish_reason = _finish_reason(batch._num_tokens[i], batch.max_tokens[i], batch._matchers[i], token)
                 if row is not None:
                     row.record.tokens += was_forced
                 if finish_reason is not None:
