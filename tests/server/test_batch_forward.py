@@ -346,15 +346,11 @@ def test_a_longer_forced_run_is_carried_and_each_row_answers_as_alone(model, qwe
         assert finals[0].all_tokens == rows[0][0] + got[0]
 
 
-def test_rows_with_runs_of_different_lengths_answer_as_alone(model, qwen_tokenizer, grammars, monkeypatch):
-    """Canonical rows whose forced runs differ (other schemas, other points in their answers):
-    steps narrower than the widest run, and every row's answer its own."""
-    ps = prompts(qwen_tokenizer)
-    rows = [(ps[i], grammars[i % 2], True) for i in range(4)]
-    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=True) for p, g, _ in rows]
-    forwards = counted_positions(model, monkeypatch)
+def noted_carries(monkeypatch):
+    """Patched in from here on (after `counted_positions`, if both): per step, whether a row carried
+    part of its run to the next step."""
     carried = []
-    step = FastForwardGenerationBatch._step  # the counting one
+    step = FastForwardGenerationBatch._step
 
     def noting_step(self):
         result = step(self)
@@ -362,6 +358,17 @@ def test_rows_with_runs_of_different_lengths_answer_as_alone(model, qwen_tokeniz
         return result
 
     monkeypatch.setattr(FastForwardGenerationBatch, "_step", noting_step)
+    return carried
+
+
+def test_rows_with_runs_of_different_lengths_answer_as_alone(model, qwen_tokenizer, grammars, monkeypatch):
+    """Canonical rows whose forced runs differ (other schemas, other points in their answers):
+    steps narrower than the widest run, and every row's answer its own."""
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[i], grammars[i % 2], True) for i in range(4)]
+    expected = [solo(model, qwen_tokenizer, p, g, fast_forward=True) for p, g, _ in rows]
+    forwards = counted_positions(model, monkeypatch)
+    carried = noted_carries(monkeypatch)
     got, records = batched(model, qwen_tokenizer, rows)
     assert got == expected
     assert any(carried)
@@ -379,15 +386,7 @@ def test_where_padding_is_cheap_a_step_pads_the_shorter_feeds_and_each_row_answe
     rows = [(ps[0], grammars[0], True), (ps[1], None, False), (ps[2], grammars[1], False), (ps[3], grammars[1], True)]
     expected = [solo(model, qwen_tokenizer, p, g, fast_forward=ff) for p, g, ff in rows]
     forwards = counted_positions(model, monkeypatch)
-    carried = []
-    step = FastForwardGenerationBatch._step  # the counting one
-
-    def noting_step(self):
-        result = step(self)
-        carried.append(any(self._carry))
-        return result
-
-    monkeypatch.setattr(FastForwardGenerationBatch, "_step", noting_step)
+    carried = noted_carries(monkeypatch)
     got, records = batched(model, qwen_tokenizer, rows)
     assert got == expected
     assert not any(carried)
