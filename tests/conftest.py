@@ -331,12 +331,23 @@ def pytest_xdist_make_scheduler(config, log):
     return WorkUnits(config, log)
 
 
+UNLISTED = pytest.StashKey[str]()
+
+
 def pytest_collection_modifyitems(config, items):
-    used = {item.nodeid.split("::", 1)[0] for item in items
-            if {"smollm_servers", "qwen_servers"} & set(getattr(item, "fixturenames", ()))}
-    if not used <= set(LIVE_SERVER_MODULES):
-        raise pytest.UsageError(f"{sorted(used - set(LIVE_SERVER_MODULES))} drive the live servers: list them in "
-                                "LIVE_SERVER_MODULES (tests/conftest.py), or under -n they start servers of their own")
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if module not in LIVE_SERVER_MODULES and {"smollm_servers", "qwen_servers"} & set(
+                getattr(item, "fixturenames", ())):
+            # Failed at setup rather than refused at collection: under xdist a collection error in
+            # a worker shows as an INTERNALERROR traceback instead of this message.
+            item.stash[UNLISTED] = (f"{module} drives the live servers: list it in LIVE_SERVER_MODULES "
+                                    "(tests/conftest.py), or under -n its worker starts servers of its own")
     if hasattr(config, "workerinput"):  # an xdist worker: the longest units first, each in the file's order
         rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))
+
+
+def pytest_runtest_setup(item):
+    if UNLISTED in item.stash:
+        pytest.fail(item.stash[UNLISTED], pytrace=False)
