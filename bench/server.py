@@ -157,37 +157,19 @@ def request(url: str, work: Workload, mode: str, max_tokens: int, timeout: float
 
 def forward_cost(work: Workload, repeats: int = 9) -> dict:
     """This machine's cost of one decode step on the embedded model, measured in this process before
-    any server starts, after the workload's prompt (fed once per batch size; each timed step is
-    trimmed off the cache again): medians of a step that feeds B rows W tokens each and reads the
-    head at each row's last position (`decode.position_logits`, as a fast-forward step does) at
-    (B, W) = (1, 1), (1, 4), (4, 1), fitted as `step + head·B + per_position·B·W` ms. A forced token
+    any server starts, after the workload's prompt (bench/device_check.py's `decode_step_ms`: B rows
+    fed W tokens each, the head read at each row's last position) at (B, W) = (1, 1), (1, 4), (4, 1),
+    fitted as `step + head·B + per_position·B·W` ms. A forced token
     saves its head and a share of a step and still costs a position, so the tokens/s constrained
     replies can reach over unconstrained ones is bounded by `ceiling(step / clients + head,
     per_position, forced share)`: the bound `ratios` print beside the measured ratio."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
+    from device_check import decode_step_ms
 
-    from grammar_mlx.decode import position_logits
     from grammar_mlx.models import default_model
 
     model, tokenizer = default_model()
     prompt = tokenizer.apply_chat_template(work.messages, add_generation_prompt=True)
-    caches = {}
-    for rows in (1, 4):
-        caches[rows] = make_prompt_cache(model)
-        mx.eval(model(mx.array([prompt] * rows), cache=caches[rows]))
-    shapes = ((1, 1), (1, 4), (4, 1))
-    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
-    for round_ in range(repeats + 1):  # shapes interleaved, so that drift in the machine hits each alike
-        for rows, width in shapes:
-            started = time.perf_counter()
-            mx.eval(position_logits(model, mx.array([prompt[-width:]] * rows), caches[rows],
-                                    mx.array([width - 1] * rows)))
-            if round_:  # the first round, untimed, warms each shape
-                times[rows, width].append(time.perf_counter() - started)
-            for c in caches[rows]:
-                c.trim(width)
-    medians = {shape: 1000 * statistics.median(t) for shape, t in times.items()}
+    medians = decode_step_ms(model, prompt, [(1, 1), (1, 4), (4, 1)], repeats)
     per_position = (medians[1, 4] - medians[1, 1]) / 3
     head = (medians[4, 1] - medians[1, 4]) / 3
     return {"step_ms": medians[1, 1] - per_position - head, "head_ms": head, "per_position_ms": per_position,
