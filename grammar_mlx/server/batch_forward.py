@@ -11,11 +11,13 @@ through its history, which is what the single path does: the answers are the sam
 The row's very first step feeds the prompt's last token and the text forced at the grammar's
 initial state; its processors are first called on the prompt alone, as the single path primes them.
 
-A step computes every row at the width of its widest feed (right padding), and a forward costs
-about linear in the positions it computes, padding included: so when the rows' feeds differ, the
-step's width is `step_width`'s (the one that feeds the most tokens per unit of cost), and a row whose
-feed is wider feeds its first tokens and carries the rest to the next steps, sampling nothing until
-its run is fed. A batch of one row feeds its whole run in one step, as the single path does.
+A step computes every row at one width (right padding), and a forward's cost is a fixed part plus
+a part that grows with the positions it computes, padding included, in a ratio that depends on the
+device (`STEP_OVERHEAD`): so when the rows' feeds differ, the step's width is `step_width`'s (the
+one that feeds the most tokens per unit of cost: on a CPU mostly the shortest feed, on a GPU the
+longest), and a row whose feed is wider feeds its first tokens and carries the rest to the next
+steps, sampling nothing until its run is fed. A batch of one row feeds its whole run in one step, as
+the single path does.
 
 "verified" keeps the single path: its check trims a row's cache at the first rejected token, and
 mlx-lm's batch cache trims every row at once.
