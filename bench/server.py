@@ -7,7 +7,8 @@ rounds (so that load from other processes hits all alike). Per cell: requests/s,
 completion tokens/s, the server process's CPU seconds per completion token (its own user + system
 time over the cell, from /proc), and the ratios constrained / unconstrained per fast-forward mode
 measured in the same run, each beside its ceiling on this machine (`forward_cost`, `ceiling`: the
-share of tokens forced, and what a step costs here, bound how far fast-forward can go). Tokens/s
+shares of tokens forced and sampled from a head computed at a sparse grammar row's ids alone, both
+from `usage`, and what a step costs here, bound how far a constrained reply can go). Tokens/s
 is the fairer ratio: an unconstrained reply may be longer or shorter than the JSON one (both are
 capped by the same `--max-tokens`). Every constrained reply that finished is checked against its
 schema. With one client, the answers with the draft are compared with those without (greedy: they
@@ -152,17 +153,19 @@ def request(url: str, work: Workload, mode: str, max_tokens: int, timeout: float
     choice = reply["choices"][0]
     details = reply["usage"].get("completion_tokens_details") or {}
     return {"latency": latency, "tokens": reply["usage"]["completion_tokens"], "finish": choice["finish_reason"],
-            "forced": details.get("forced_tokens", 0), "text": choice["message"]["content"] or ""}
+            "forced": details.get("forced_tokens", 0), "sparse": details.get("sparse_head_tokens"),
+            "text": choice["message"]["content"] or ""}
 
 
 def forward_cost(work: Workload, repeats: int = 9) -> dict:
     """This machine's cost of one decode step on the embedded model, measured in this process before
     any server starts, after the workload's prompt (bench/device_check.py's `decode_step_ms`: B rows
     fed W tokens each, the head read at each row's last position) at (B, W) = (1, 1), (1, 4), (4, 1),
-    fitted as `step + head·B + per_position·B·W` ms. A forced token
-    saves its head and a share of a step and still costs a position, so the tokens/s constrained
-    replies can reach over unconstrained ones is bounded by `ceiling(step / clients + head,
-    per_position, forced share)`: the bound `ratios` print beside the measured ratio."""
+    fitted as `step + head·B + per_position·B·W` ms. A forced token saves its head and a share of a
+    step and still costs a position, a token sampled at a sparse grammar row saves its head (computed
+    at the row's ids alone), so the tokens/s constrained replies can reach over unconstrained ones is
+    bounded by `ceiling(step / clients, head, per_position, forced share, sparse share)`: the bound
+    `ratios` print beside the measured ratio."""
     from device_check import decode_step_ms
 
     from grammar_mlx.models import default_model
@@ -176,11 +179,14 @@ def forward_cost(work: Workload, repeats: int = 9) -> dict:
             "measured_ms": {f"B={b} W={w}": t for (b, w), t in medians.items()}}
 
 
-def ceiling(fixed: float, per_position: float, forced_share: float) -> float:
-    """The most tokens/s replies whose `forced_share` of tokens is fast-forwarded can reach over ones
-    decoded token by token, when a sampled token costs `fixed` + `per_position` and a forced one
-    `per_position` alone, and nothing else costs: 1 / (1 - forced_share·fixed / (fixed + per_position))."""
-    return 1 / (1 - forced_share * fixed / (fixed + per_position))
+def ceiling(step: float, head: float, per_position: float, forced_share: float, sparse_share: float) -> float:
+    """The most tokens/s replies can reach over ones decoded token by token with the whole head, when
+    `forced_share` of their tokens is fast-forwarded and `sparse_share` sampled from a head computed
+    at a sparse row's ids alone: a sampled token costs `step` + `head` + `per_position`, a forced one
+    `per_position` alone, a sparse one all but `head` (its few ids cost next to nothing), and nothing
+    else costs."""
+    whole = step + head + per_position
+    return whole / (whole - forced_share * (step + head) - sparse_share * head)
 
 
 def post_raw(url: str, data: bytes, timeout: float = 120) -> int:
@@ -516,6 +522,9 @@ def main() -> int:
                         tokens = max(sum(r["tokens"] for r in results), 1)
                         summary["server_cpu_ms_per_token"] = 1000 * cpu / tokens
                         summary["forced_share"] = sum(r["forced"] for r in results) / tokens
+                        sparse = [r["sparse"] for r in results]
+                        # Counted where fast-forward is on (usage has no count with it off).
+                        summary["sparse_share"] = None if None in sparse else sum(sparse) / tokens
                     rows.append({"draft": draft_name, "clients": clients, "mode": mode, **summary})
             if args.faults and draft_name == "none":
                 faults = fault_figures(server.url, work, args.max_tokens)
@@ -538,9 +547,11 @@ def main() -> int:
                                    "requests_per_s": c["requests_per_s"] / u["requests_per_s"],
                                    "tokens_per_s": c["tokens_per_s"] / u["tokens_per_s"],
                                    "p50": c["p50_s"] / u["p50_s"], "forced_share": c["forced_share"],
-                                   "tokens_per_s_ceiling": ceiling(cost["step_ms"] / clients + cost["head_ms"],
-                                                                   cost["per_position_ms"], c["forced_share"])
-                                   if cost else None})
+                                   "sparse_share": c["sparse_share"],
+                                   "tokens_per_s_ceiling": ceiling(cost["step_ms"] / clients, cost["head_ms"],
+                                                                   cost["per_position_ms"], c["forced_share"],
+                                                                   c["sparse_share"])
+                                   if cost and c["sparse_share"] is not None else None})
 
     print(f"{'draft':<10} {'clients':>7} {'mode':<22} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "
           f"{'tok/s':>7} {'tok/req':>7} {'cpu ms/tok':>10}  finish")
@@ -557,6 +568,7 @@ def main() -> int:
         print(f"  draft {q['draft']:<10} clients {q['clients']} fast-forward {q['fast_forward']:<9}: "
               f"req/s x{q['requests_per_s']:.2f}, "
               f"tok/s x{q['tokens_per_s']:.2f}, p50 latency x{q['p50']:.2f}, forced {q['forced_share']:.0%}"
+              + (f", sparse head {q['sparse_share']:.0%}" if q["sparse_share"] is not None else "")
               + (f" (tok/s ceiling x{q['tokens_per_s_ceiling']:.2f})" if q["tokens_per_s_ceiling"] else ""))
     print(f"constrained replies that finished but failed their schema: {invalid}")
     exact = None

@@ -33,6 +33,11 @@ without one (greedy: token for token).
 Where only the last positions' logits are read (a canonical pass, a plain step), models whose
 `__call__` is the body then the tied embedding or `lm_head` (mlx-lm's llama, qwen2, qwen3) compute
 the head at those positions only; any other model computes every position's and the loop slices.
+Where, besides, the grammar processor is the only one and its row at that position is sparse
+(fewer allowed ids than the row has mask words: a key's quote, a digit, an enum's or a boolean's
+first token), the head is computed at those ids alone, each logit bit for bit the whole head's,
+every other id -inf (`position_logits`): the masked logits, and so the output, are the same, and
+the head's cost (a vocabulary-wide matmul) is spent on a few dozen ids.
 
 Anything else (no grammar processor last, `fast_forward` off, `input_embeddings`, a prompt cache
 that cannot be trimmed where trimming is needed) goes to mlx-lm's own `stream_generate` unchanged.
@@ -44,7 +49,8 @@ the prompt and the tokens yielded (the draft's share of a shared cache may hold 
 mlx-lm: `server.tokens_held` reads the least). Responses are `FastForwardResponse`s, mlx-lm's
 `GenerationResponse` with one more field: `from_grammar`, true for a fast-forwarded token;
 `from_draft` is true for every token that did not cost a decode step of its own (fast-forwarded
-or an accepted draft token). A canonical forced token's `logprobs` put all the mass on it (the
+or an accepted draft token); `sparse_head` for a token sampled from a head computed at its row's ids
+alone. A canonical forced token's `logprobs` put all the mass on it (the
 grammar chose it; no distribution was computed there).
 """
 
@@ -57,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.generate import (
     DEFAULT_QUANTIZED_KV_START,
     GenerationResponse,
@@ -81,18 +88,20 @@ from .runtime.fast_forward import (
 )
 from .runtime.processor import GrammarProcessor
 
-__all__ = ["FAST_FORWARD_MODES", "FastForwardMode", "FastForwardResponse", "fast_forward_step",
-           "grammar_processor_of", "position_logits", "stream_generate"]
+__all__ = ["FAST_FORWARD_MODES", "FastForwardMode", "FastForwardResponse", "computes_sparse_heads",
+           "fast_forward_step", "grammar_processor_of", "position_logits", "stream_generate"]
 
 Source = Literal["model", "grammar", "draft"]
 
 
 @dataclass
 class FastForwardResponse(GenerationResponse):
-    """mlx-lm's `GenerationResponse`, and whether the token was fast-forwarded (the module
-    docstring)."""
+    """mlx-lm's `GenerationResponse`, whether the token was fast-forwarded (the module docstring),
+    and whether it was sampled from logits whose head was computed at its grammar row's ids alone
+    (`sparse_head`: `position_logits`)."""
 
     from_grammar: bool = False
+    sparse_head: bool = False
 
 
 def grammar_processor_of(logits_processors: Sequence[Any] | None) -> GrammarProcessor | None:
@@ -157,12 +166,12 @@ def stream_generate(
     eos = set(tokenizer.eos_token_ids)
     steps = fast_forward_step(prompt, model, ff, mode=mode, budget=processor.max_tokens, draft_model=draft_model,
                               stream=stream, max_tokens=max_tokens, eos_token_ids=eos, **kwargs)
-    token, logprobs, source, n = 0, mx.array([]), "model", 0
+    token, logprobs, source, sparse, n = 0, mx.array([]), "model", False, 0
     prompt_tps = 0.0
     with wired_limit(module, [stream]):
         tic = time.perf_counter()
         try:
-            for n, (token, logprobs, source) in enumerate(steps):
+            for n, (token, logprobs, source, sparse) in enumerate(steps):
                 if n == 0:
                     prompt_time = time.perf_counter() - tic
                     prompt_tps = prompt.size / prompt_time
@@ -176,7 +185,7 @@ def stream_generate(
                     text=detokenizer.last_segment, token=token, logprobs=logprobs, from_draft=source != "model",
                     prompt_tokens=prompt.size, prompt_tps=prompt_tps, generation_tokens=n + 1,
                     generation_tps=(n + 1) / (time.perf_counter() - tic), peak_memory=mx.get_peak_memory() / 1e9,
-                    finish_reason=None, from_grammar=source == "grammar")
+                    finish_reason=None, from_grammar=source == "grammar", sparse_head=sparse)
         finally:
             steps.close()  # trims what was fed past the last token taken: the cache is final below
         detokenizer.finalize()
@@ -184,7 +193,7 @@ def stream_generate(
             text=detokenizer.last_segment, token=token, logprobs=logprobs, from_draft=source != "model",
             prompt_tokens=prompt.size, prompt_tps=prompt_tps, generation_tokens=n + 1,
             generation_tps=(n + 1) / (time.perf_counter() - tic), peak_memory=mx.get_peak_memory() / 1e9,
-            finish_reason="stop" if token in eos else "length", from_grammar=source == "grammar")
+            finish_reason="stop" if token in eos else "length", from_grammar=source == "grammar", sparse_head=sparse)
 
 
 def _item(token: mx.array) -> int:
@@ -207,13 +216,15 @@ def _plain_heads() -> tuple[Callable[..., Any], ...]:
 _PLAIN_HEADS = _plain_heads()
 
 
-def _body_and_head(model: Any) -> tuple[Callable[..., mx.array], Callable[[mx.array], mx.array]] | None:
-    """(the model's body, its head) for the architectures of `_PLAIN_HEADS`, else None."""
+def _body_and_head(model: Any) -> tuple[Callable[..., mx.array], Callable[[mx.array], mx.array], Any] | None:
+    """(the model's body, its head, the head's module) for the architectures of `_PLAIN_HEADS`, else
+    None."""
     if type(model).__call__ not in _PLAIN_HEADS:
         return None
     body, args = model.model, model.args
-    head = body.embed_tokens.as_linear if args.tie_word_embeddings else model.lm_head
-    return body, head
+    if args.tie_word_embeddings:
+        return body, body.embed_tokens.as_linear, body.embed_tokens
+    return body, model.lm_head, model.lm_head
 
 
 def _tail_logits(model: Any) -> Callable[[mx.array, list[Any], int], mx.array] | None:
@@ -223,7 +234,7 @@ def _tail_logits(model: Any) -> Callable[[mx.array, list[Any], int], mx.array] |
     parts = _body_and_head(model)
     if parts is None:
         return None
-    body, head = parts
+    body, head, _ = parts
 
     def run(inputs: mx.array, cache: list[Any], tail: int) -> mx.array:
         return head(body(inputs, cache)[:, -tail:, :])
@@ -231,18 +242,75 @@ def _tail_logits(model: Any) -> Callable[[mx.array, list[Any], int], mx.array] |
     return run
 
 
+# The head modules whose logits at a few ids are computed from those ids' weight rows alone, as
+# their own call computes every id's (`_head_at`).
+_SPARSE_HEADS = (nn.Linear, nn.Embedding, nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
+def computes_sparse_heads(model: Any) -> bool:
+    """Whether `position_logits` computes a row's head at its `allowed` ids alone for `model` (a
+    plain-head architecture whose head is one of `_SPARSE_HEADS`)."""
+    parts = _body_and_head(model)
+    return parts is not None and type(parts[2]) in _SPARSE_HEADS
+
+
+def _head_at(module: Any, hidden: mx.array, ids: mx.array) -> mx.array:
+    """The head's logits (1, k) of `hidden` (1, D) at `ids` (k,) alone: the module's own call (a
+    linear layer's, or a tied embedding's `as_linear`) on its weight rows `ids`, so each value is
+    the one the whole head computes there, bit for bit (a dot product of the hidden state and the
+    id's row; `bench/device_check.py` checks it on a device)."""
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        biases = module.get("biases")
+        out = mx.quantized_matmul(hidden, module["weight"][ids], scales=module["scales"][ids],
+                                  biases=None if biases is None else biases[ids], transpose=True,
+                                  group_size=module.group_size, bits=module.bits, mode=module.mode)
+        return out + module["bias"][ids] if "bias" in module else out
+    weight: mx.array = module["weight"][ids]
+    if "bias" in module:
+        return mx.addmm(module["bias"][ids], hidden, weight.T)
+    return hidden @ weight.T
+
+
+def _head_logits(head: Callable[[mx.array], mx.array], module: Any, hidden: mx.array,
+                 allowed: Sequence[mx.array | None] | None) -> mx.array:
+    """The head's logits (R, V) of `hidden` (R, D): a row with ids in `allowed` is computed at
+    those ids only and is -inf elsewhere (what masking it to them leaves), the other rows in one
+    call of the whole head."""
+    if allowed is None or type(module) not in _SPARSE_HEADS or all(ids is None for ids in allowed):
+        return head(hidden)
+    dense = [r for r, ids in enumerate(allowed) if ids is None]
+    whole = iter(head(hidden[mx.array(dense)]) if dense else ())
+    width = module["weight"].shape[0]
+    rows = []
+    for r, ids in enumerate(allowed):
+        if ids is None:
+            rows.append(next(whole))
+            continue
+        values = _head_at(module, hidden[r : r + 1], ids)[0]
+        row = mx.full((width,), -mx.inf, dtype=values.dtype)
+        row[ids] = values
+        rows.append(row)
+    return mx.stack(rows)
+
+
 def position_logits(model: Any, inputs: mx.array, cache: list[Any], positions: mx.array,
-                    rows: mx.array | None = None) -> mx.array:
+                    rows: mx.array | None = None, allowed: Sequence[mx.array | None] | None = None) -> mx.array:
     """Logits (R, V) of `inputs` (B, L) at one position per row read (`rows`, (R,), default every
     row; `positions`, (R,)): the head is computed at those positions of those rows only for the
-    architectures of `_PLAIN_HEADS`; any other model computes every position's and they are gathered."""
+    architectures of `_PLAIN_HEADS`; any other model computes every position's and they are gathered.
+
+    `allowed`: per row read, the ids its logits are masked to next (a grammar's sparse row,
+    `GrammarProcessor.sparse_ids`), or None. Where the head is a plain linear layer or tied embedding
+    (`_SPARSE_HEADS`) such a row's head is computed at those ids alone, every other id -inf, so the
+    masked logits are the ones the whole head gives, at a fraction of its cost; elsewhere `allowed`
+    is not read. The caller masks every row as it would have (a mask leaves such a row as it is)."""
     if rows is None:
         rows = mx.arange(inputs.shape[0])
     parts = _body_and_head(model)
     if parts is None:
         return cast(mx.array, model(inputs, cache=cache)[rows, positions])
-    body, head = parts
-    return head(body(inputs, cache)[rows, positions])
+    body, head, module = parts
+    return _head_logits(head, module, body(inputs, cache)[rows, positions], allowed)
 
 
 def fast_forward_step(
@@ -266,12 +334,13 @@ def fast_forward_step(
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
     prompt_progress_callback: Callable[[int, int], None] | None = None,
     num_draft_tokens: int = 2,
-) -> Generator[tuple[int, mx.array, Source], None, None]:
+) -> Generator[tuple[int, mx.array, Source, bool], None, None]:
     """The loop behind `stream_generate`, shaped like mlx-lm's `generate_step`: yields (token,
-    logprobs, source), source "model" (sampled at a step of its own), "grammar" (fast-forwarded) or
-    "draft" (a draft model's token the model accepted). `ff` is the grammar's `FastForward`, `budget`
-    the grammar processor's token budget (None: none), `eos_token_ids` the tokens after which the
-    caller stops (the loop feeds them and ends)."""
+    logprobs, source, sparse), source "model" (sampled at a step of its own), "grammar"
+    (fast-forwarded) or "draft" (a draft model's token the model accepted), sparse: sampled from
+    logits whose head was computed at its grammar row's ids alone (`position_logits`). `ff` is the
+    grammar's `FastForward`, `budget` the grammar processor's token budget (None: none),
+    `eos_token_ids` the tokens after which the caller stops (the loop feeds them and ends)."""
     grammar = ff.grammar
     processors = list(logits_processors or ())
     sample = sampler or greedy_sampler
@@ -289,6 +358,12 @@ def fast_forward_step(
                                  kv_group_size=kv_group_size, kv_bits=kv_bits)
     progress = prompt_progress_callback or (lambda *_: None)
     tail_logits = _tail_logits(model)
+    # The grammar processor when it is the only one: a step's logits are then only masked by its
+    # row, which a sparse row lets the head compute at its ids alone (`position_logits`).
+    only_grammar = None
+    if len(processors) == 1 and isinstance(processors[0], GrammarProcessor) and computes_sparse_heads(model):
+        only_grammar = processors[0]
+    sparse_sampled = False  # whether the last forward computed its head at a sparse row's ids
     num_draft_tokens = max(1, int(num_draft_tokens or 2))
 
     history = list(prompt_ids)  # what the processors see: the prompt, then every token kept
@@ -300,11 +375,20 @@ def fast_forward_step(
     # doubles after a proposal kept whole and drops to one past the agreement after a rejection.
     verify_cap = max(1, ff.max_tokens)
 
-    def forward(inputs: list[int], tail: int) -> mx.array:
-        """Feed `inputs` to the model; logits (tail, V) at its last `tail` positions."""
-        nonlocal model_held
+    def forward(inputs: list[int], tail: int, after: list[int] | None = None) -> mx.array:
+        """Feed `inputs` to the model; logits (tail, V) at its last `tail` positions. `after`: with
+        `tail` 1, the history the logits are masked after, where the grammar processor is the only
+        one and has been called: its row's sparse ids (if any) are the only logits computed."""
+        nonlocal model_held, sparse_sampled
         x = mx.array(inputs, mx.uint32)[None]
-        if tail < len(inputs) and tail_logits is not None:
+        sparse_sampled = False
+        if tail == 1:
+            ids = None
+            if after is not None and only_grammar is not None and primed:
+                ids = only_grammar.sparse_ids(only_grammar.mask_row_after(mx.array(after)))
+                sparse_sampled = ids is not None
+            logits = position_logits(model, x, model_cache, mx.array([len(inputs) - 1]), allowed=[ids])[None]
+        elif tail < len(inputs) and tail_logits is not None:
             logits = tail_logits(x, model_cache, tail)
         else:
             logits = model(x, cache=model_cache)
@@ -397,6 +481,7 @@ def fast_forward_step(
             y = prompt_ids[-1]  # the token to feed next
             y_logprobs: mx.array = mx.array([])
             y_source: Source = "model"
+            y_sparse = False
             y_out = False  # whether y is generated (to be yielded) or the prompt's last token
             state = grammar.initial_state  # after every generated token, y included
             generated = 0  # generated tokens, y included
@@ -407,7 +492,7 @@ def fast_forward_step(
                     forward([y], tail=1)
                     mx.async_eval([c.state for c in model_cache])
                     yielded += 1
-                    yield y, y_logprobs, y_source
+                    yield y, y_logprobs, y_source, y_sparse
                     return
                 proposal, after = forced(state, generated)
                 if mode == "verified" and len(proposal) > verify_cap:
@@ -428,19 +513,21 @@ def fast_forward_step(
                         drafted, forces = draft(q, g, room, proposal)
                 base = len(history)
                 s_source: Source = "model"
+                s_sparse = False
                 if proposal and mode == "canonical" and not drafted:
-                    logits = forward([y, *proposal], tail=1 if primed else 1 + len(proposal))
+                    logits = forward([y, *proposal], tail=1 if primed else 1 + len(proposal), after=history + proposal)
                     if not primed:  # the processors' first call: the context, then the proposal
                         process(history, logits[:1])
                     s, s_logprobs = process(history + proposal, logits[-1:])
+                    s_sparse = sparse_sampled
                     mx.async_eval(s, s_logprobs)
                     if y_out:
                         yielded += 1
-                        yield y, y_logprobs, y_source
+                        yield y, y_logprobs, y_source, y_sparse
                     width = logits.shape[-1]
                     for t in proposal:
                         yielded += 1
-                        yield t, forced_logprobs(t, width), "grammar"
+                        yield t, forced_logprobs(t, width), "grammar", False
                     kept = proposal
                     states = after
                     s_token = _item(s)
@@ -481,7 +568,7 @@ def fast_forward_step(
                         trim_draft(base + n)
                     if y_out:
                         yielded += 1
-                        yield y, y_logprobs, y_source
+                        yield y, y_logprobs, y_source, y_sparse
                     kept = chain[:n]
                     states = []
                     q = state
@@ -491,14 +578,16 @@ def fast_forward_step(
                     width = logits.shape[-1]
                     for i, t in enumerate(kept):
                         yielded += 1
-                        yield t, (forced_logprobs(t, width) if i < start else logprob_rows[i - start]), sources[i]
+                        lp = forced_logprobs(t, width) if i < start else logprob_rows[i - start]
+                        yield t, lp, sources[i], False
                 else:  # a plain step
-                    logits = forward([y], tail=1)
+                    logits = forward([y], tail=1, after=history)
                     s, s_logprobs = process(history, logits)
+                    s_sparse = sparse_sampled
                     mx.async_eval(s, s_logprobs)
                     if y_out:
                         yielded += 1
-                        yield y, y_logprobs, y_source
+                        yield y, y_logprobs, y_source, y_sparse
                     kept, states = [], []
                     s_token = _item(s)
                 history.extend(kept)
@@ -512,7 +601,7 @@ def fast_forward_step(
                     mx.clear_cache()
                 if max_tokens >= 0 and generated >= max_tokens:
                     return  # the caller has taken its last token (the last of the proposal)
-                y, y_logprobs, y_source, y_out = s_token, s_logprobs, s_source, True
+                y, y_logprobs, y_source, y_sparse, y_out = s_token, s_logprobs, s_source, s_sparse, True
                 history.append(y)
                 generated += 1
                 nxt = grammar.next_state(state, y)

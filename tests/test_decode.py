@@ -233,3 +233,136 @@ def test_a_regex_and_a_sampler(model, qwen_tokenizer, prompt):
         out = run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=mode,
                   sampler=make_sampler(temp=1.0))
         assert grammar.matches(tokens(out)) and out[-1].finish_reason == "stop"
+
+
+# -- the head at a sparse row's ids (position_logits' `allowed`) --------------------------------------
+
+SMALL_VOCAB = 2048
+
+
+def _with_head(kind: str):
+    """A tiny llama of SMALL_VOCAB ids whose head is `kind`: a tied embedding or an lm_head, plain or
+    quantized, with or without a bias."""
+    import mlx.nn as nn
+    from mlx_lm.models.llama import Model
+    from tiny_models import tiny_args
+
+    args = tiny_args(SMALL_VOCAB)
+    args.tie_word_embeddings = kind.startswith("tied")
+    mx.random.seed(5)
+    model = Model(args)
+    if kind == "tied quantized":
+        model.model.embed_tokens = nn.QuantizedEmbedding.from_embedding(model.model.embed_tokens, group_size=32, bits=4)
+    elif kind.startswith("linear"):
+        model.lm_head = nn.Linear(args.hidden_size, SMALL_VOCAB, bias=kind.endswith("bias"))
+    elif kind == "quantized linear with bias":
+        model.lm_head = nn.QuantizedLinear.from_linear(nn.Linear(args.hidden_size, SMALL_VOCAB, bias=True),
+                                                       group_size=32, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+def _logits(model, allowed):
+    from grammar_mlx.decode import position_logits
+
+    inputs = mx.array([[5, 9, 200, 7], [31, 4, 8, 1900], [77, 78, 79, 80]])
+    return position_logits(model, inputs, make_prompt_cache(model), mx.array([3, 1, 2]), allowed=allowed)
+
+
+@pytest.mark.parametrize("kind", ["tied", "tied quantized", "linear", "linear with bias", "quantized linear with bias"])
+def test_a_sparse_rows_head_is_computed_at_its_ids_alone_bit_for_bit(kind):
+    """Rows given ids get the whole head's logits at those ids, bit for bit, and -inf at every other
+    id (what masking them leaves); a row given None gets the whole head's row."""
+    model = _with_head(kind)
+    whole = _logits(model, None)
+    ids = [mx.array([0, 3, 17, 1024, SMALL_VOCAB - 1], mx.int32), None, mx.array([42], mx.int32)]
+    sparse = _logits(model, ids)
+    assert sparse.shape == whole.shape and sparse.dtype == whole.dtype
+    assert mx.array_equal(sparse[1], whole[1]).item()
+    for r in (0, 2):
+        assert mx.array_equal(sparse[r][ids[r]], whole[r][ids[r]]).item()
+        outside = mx.ones(SMALL_VOCAB, mx.bool_)
+        outside[ids[r]] = False
+        assert mx.all(mx.where(outside, sparse[r] == -mx.inf, True)).item()
+
+
+def test_a_head_of_another_kind_or_model_computes_every_id():
+    """A head whose module is a subclass (its call may differ: an adapter, a scale) and a model
+    outside the plain-head architectures compute every id's logits whatever `allowed` says."""
+    import mlx.nn as nn
+
+    class Scaled(nn.Linear):
+        def __call__(self, x):
+            return 2 * super().__call__(x)
+
+    model = _with_head("linear")
+    model.lm_head = Scaled(model.args.hidden_size, SMALL_VOCAB)
+    mx.eval(model.parameters())
+    ids = [mx.array([1, 2], mx.int32)] * 3
+    assert mx.array_equal(_logits(model, ids), _logits(model, None)).item()
+    biased = BiasedModel(tiny_llama(1), seed=3)
+    from grammar_mlx.decode import position_logits
+
+    inputs = mx.array([[5, 9]])
+    got = position_logits(biased, inputs, make_prompt_cache(biased), mx.array([1]),
+                          allowed=[mx.array([1, 2], mx.int32)])
+    assert mx.all(mx.isfinite(got)).item()
+
+
+def _counting_sparse_heads(monkeypatch):
+    from grammar_mlx import decode
+
+    calls = []
+    head_at = decode._head_at
+
+    def counting(module, hidden, ids):
+        calls.append(ids.size)
+        return head_at(module, hidden, ids)
+
+    monkeypatch.setattr(decode, "_head_at", counting)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["canonical", "verified"])
+def test_generation_with_sparse_heads_is_generation_without_bit_for_bit(model, qwen_tokenizer, prompt, grammar,
+                                                                        monkeypatch, mode):
+    """Tokens and log-probabilities of a generation whose sparse rows' heads are computed at their
+    ids alone equal those of one computing every id (greedy, and sampled from the same seed)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from grammar_mlx import decode
+
+    def generate(**kwargs):
+        mx.random.seed(3)
+        return run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=mode, **kwargs)
+
+    calls = _counting_sparse_heads(monkeypatch)
+    for kwargs in ({}, {"sampler": make_sampler(temp=1.0)}):
+        calls.clear()
+        sparse = generate(**kwargs)
+        assert calls and max(calls) < QWEN_LOGITS_WIDTH // 32, "no step computed a sparse row's head"
+        assert 0 < sum(r.sparse_head for r in sparse) <= len(calls)
+        assert not any(r.sparse_head and r.from_grammar for r in sparse)
+        monkeypatch.setattr(decode, "_SPARSE_HEADS", ())
+        whole = generate(**kwargs)
+        assert not any(r.sparse_head for r in whole)
+        monkeypatch.undo()
+        calls = _counting_sparse_heads(monkeypatch)
+        assert tokens(sparse) == tokens(whole)
+        assert all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(sparse, whole))
+
+
+def test_a_caller_processor_besides_the_grammar_keeps_the_whole_head(model, qwen_tokenizer, prompt, grammar,
+                                                                     monkeypatch):
+    """A processor of the caller's may read any id's logit: with one, no head is computed sparse."""
+    calls = _counting_sparse_heads(monkeypatch)
+    seen = []
+
+    def caller(tokens_, logits):
+        seen.append(mx.all(mx.isfinite(logits)).item())
+        return logits
+
+    out = list(stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=MAX_TOKENS,
+                               logits_processors=[caller, GrammarProcessor(grammar, max_tokens=MAX_TOKENS)]))
+    assert grammar.matches(tokens(out)) and seen and all(seen)
+    assert calls == []

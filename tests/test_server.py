@@ -701,7 +701,8 @@ def _details(reply) -> dict:
 @pytest.mark.slow
 def test_fast_forward_through_the_server_with_and_without_a_draft(servers):
     """Constrained requests fast-forward the text their grammar forces by default (canonical): the
-    answer is schema-valid and `usage` says how many tokens were forced; "verified" answers token for
+    answer is schema-valid and `usage` says how many tokens were forced and how many were sampled
+    from a head computed at the grammar's allowed ids alone; "verified" answers token for
     token what plain decoding (`"fast_forward": false`) answers; a draft changes none of it."""
     def ask(served):
         client, answers = served.client(), {}
@@ -712,10 +713,16 @@ def test_fast_forward_through_the_server_with_and_without_a_draft(servers):
             assert reply.choices[0].finish_reason == "stop", content
             jsonschema.validate(json.loads(content), ORDER)
             forced = _details(reply).get("forced_tokens")
+            sparse = _details(reply).get("sparse_head_tokens")
             if mode is False:
-                assert forced is None
+                assert forced is None and sparse is None
             else:
                 assert forced is not None and 0 < forced < reply.usage.completion_tokens, (mode, forced)
+                # Sampled at a sparse row (an enum's, a boolean's) from a head computed there alone: the
+                # batch path does where the grammar is the row's only processor; the draft path's chains
+                # verify drafted tokens with the whole head.
+                assert sparse is not None and 0 <= sparse <= reply.usage.completion_tokens - forced, (mode, sparse)
+                assert sparse > 0 or served.name == "draft", (mode, sparse)
             answers[served.name, mode] = (content, reply.usage.completion_tokens, forced)
         return answers
 

@@ -303,6 +303,10 @@ class CompiledGrammar:
         bits = np.unpackbits(self._mask_table().rows[row].view(np.uint8), bitorder="little")
         return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
 
+    def sparse_ids(self, row: int) -> mx.array | None:
+        """The ids a sparse row of `device_masks()` allows, else None (`MaskTable.sparse_ids`)."""
+        return self._mask_table().sparse_ids(row)
+
     def _mask_table(self) -> MaskTable:
         raise NotImplementedError
 

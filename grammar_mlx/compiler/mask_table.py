@@ -76,6 +76,9 @@ class MaskTable:
         self._shared: bool | None = None  # whether tables are shared with numpy (decided on first use)
         self.copies = 0  # device tables made by growing (or, unshared, per new row)
         self._bits: np.ndarray | None = None  # the packing buffer, made on the first add
+        # row -> its ids as an int32 mx.array where it is sparse, else None (`sparse_ids`)
+        self._row_ids: dict[int, mx.array | None] = {}
+        self._row_ids_bytes = 0
         self._lock = threading.RLock()
 
     @property
@@ -114,6 +117,29 @@ class MaskTable:
                 self._copy = copy
                 self.copies += 1
             return copy[1]
+
+    def sparse_ids(self, row: int) -> mx.array | None:
+        """The ids row `row` allows (sorted, int32 `mx.array`) when they are fewer than its words (a
+        sparse row; an empty row is not one), else None: what a decode step reads to compute the
+        model's head at those ids only (`decode.position_logits`). Read from the row's words once
+        per row (rows never change), so a row's ids cost at most its own bytes again (`nbytes`)."""
+        try:
+            return self._row_ids[row]
+        except KeyError:
+            pass
+        if not 0 <= row < self.num_rows:
+            raise InvalidArgumentError(f"row must be a row id below the table's {self.num_rows} rows, got {row!r:.80}")
+        ids = np.flatnonzero(np.unpackbits(self.rows[row].view(np.uint8), bitorder="little")[: self.width])
+        found = None
+        if 0 < len(ids) < self.words:
+            import mlx.core as mx
+
+            found = mx.array(ids.astype(np.int32))
+        with self._lock:
+            if row not in self._row_ids:
+                self._row_ids[row] = found
+                self._row_ids_bytes += 4 * len(ids) if found is not None else 0
+        return self._row_ids[row]
 
     def pack(self, tokens: np.ndarray) -> np.ndarray:
         """The packed row allowing exactly `tokens` (ids below `width`); call under the lock. Native
@@ -262,11 +288,11 @@ class MaskTable:
     def nbytes(self) -> int:
         """Bytes held beyond the seed (which its owner counts): the table as allocated (shared with
         the device, or a host copy plus the fallback's device copy), the content index and sparse
-        rows' ids (keys, noted ids), the packing buffer."""
+        rows' ids (keys, noted ids, `sparse_ids`), the packing buffer."""
         host = self._table[1]
         copy = self._copy
         own = 0 if host is self._seed else host.nbytes
-        index = (0 if self._index is None else self.num_rows * ROW_INDEX_BYTES) + self._ids_bytes
+        index = (0 if self._index is None else self.num_rows * ROW_INDEX_BYTES) + self._ids_bytes + self._row_ids_bytes
         bits = 0 if self._bits is None else self._bits.nbytes
         return int(own + (copy[1].nbytes if copy is not None else 0) + index + bits)
 

@@ -259,6 +259,10 @@ class ThenGrammar:
         """The grammar's mask table: every row `mask_row` and `budget_mask_row` returned so far."""
         return self.table.device_masks()
 
+    def sparse_ids(self, row: int) -> mx.array | None:
+        """The ids a sparse row of `device_masks()` allows, else None (`MaskTable.sparse_ids`)."""
+        return self.table.sparse_ids(row)
+
     # -- distances and token budgets (module docstring) ------------------------------------------
 
     def distance(self, state: int) -> int | None:

@@ -135,6 +135,10 @@ def budget_steered_positions(compiled: MaskedGrammar, tokens: Sequence[int], max
                for generated, (_, before, _) in enumerate(walk(compiled, tokens)))
 
 
+def _no_ids(row: int) -> None:
+    return None
+
+
 def _no_budget(state: int, left: int) -> int:
     raise AssertionError("budget rows are read only when a processor has a token budget")
 
@@ -172,6 +176,8 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
         self._budget_mask_row: Callable[[int, int], int] = (
             compiled.budget_mask_row if max_tokens is not None else _no_budget)
         self._device_masks = compiled.device_masks
+        # A grammar's optional `sparse_ids(row)` (`MaskTable.sparse_ids`), read by decode steps.
+        self._sparse_ids: Callable[[int], mx.array | None] = getattr(compiled, "sparse_ids", _no_ids)
         # kernels.row_masker bound to the last table seen (bound before its first use: no table is None).
         self._bound_table: mx.array | None = None
         self._mask_one: Callable[[mx.array, int], mx.array]
@@ -184,6 +190,13 @@ class GrammarProcessor(StatefulProcessor[StateStack]):
         on the history `tokens` (one row's) applies, the row's stack brought to that history as the
         call brings it: for a caller that masks the rows of many processors with one kernel call."""
         return self._row_at(self.follow(tokens))
+
+    def sparse_ids(self, row: int) -> mx.array | None:
+        """The ids that `row` (a `mask_row_after` answer) allows, when it is a sparse row of the
+        grammar's table (fewer ids than the row has words), else None (`ALLOW_ALL`, a denser row, a
+        grammar without `sparse_ids`): a decode step whose logits are only masked by this row may
+        compute the model's head at those ids alone (`decode.position_logits`)."""
+        return None if row < 0 else self._sparse_ids(row)
 
     def _row_at(self, target: StateStack) -> int:
         # The row first, then the table: a lazy grammar's first visit to a state (or budget) adds its

@@ -453,6 +453,10 @@ class SegmentGrammar:
         """The grammar's mask table: every row `mask_row` and `budget_mask_row` returned so far."""
         return self.table.device_masks()
 
+    def sparse_ids(self, row: int) -> mx.array | None:
+        """The ids a sparse row of `device_masks()` allows, else None (`MaskTable.sparse_ids`)."""
+        return self.table.sparse_ids(row)
+
     def allowed_tokens(self, state: int) -> np.ndarray:
         """Sorted ids allowed in `state`."""
         return self._ids(state)

@@ -410,8 +410,9 @@ class GrammarAPIHandler(APIHandlerSeams):
 
     def _add_token_details(self, usage: dict[str, Any]) -> None:
         """`usage.completion_tokens_details`: `reasoning_tokens` (OpenAI's) for a thinking model's
-        request, and the extension `forced_tokens` (fast-forwarded from the grammar) for a
-        constrained one."""
+        request, and the extensions `forced_tokens` (fast-forwarded from the grammar) and
+        `sparse_head_tokens` (sampled from a head computed at the grammar's allowed ids alone) for a
+        constrained one with fast-forward."""
         answer = getattr(self, "_answer", None)
         if answer is None:
             return
@@ -421,6 +422,7 @@ class GrammarAPIHandler(APIHandlerSeams):
             details["reasoning_tokens"] = reasoning_token_count(answer.tokens, start, end, open_=open_)
         if answer.fast_forward is not None:
             details["forced_tokens"] = answer.fast_forward.tokens
+            details["sparse_head_tokens"] = answer.fast_forward.sparse_tokens
         if details:
             usage["completion_tokens_details"] = details
 

@@ -36,7 +36,7 @@ from mlx_lm.generate import (
     generation_stream,
 )
 
-from ..decode import position_logits
+from ..decode import computes_sparse_heads, position_logits
 from ..errors import ModelLoadError, ServerUnavailableError
 from ..runtime import GrammarProcessor
 from .batch_forward import (
@@ -300,6 +300,7 @@ def install_logits_hook() -> None:
             for response in fast_forward_stream(model, tokenizer, prompt, max_tokens, draft_model, stream,
                                                 fast_forward=record.mode, **kwargs):
                 record.tokens += bool(getattr(response, "from_grammar", False))
+                record.sparse_tokens += bool(getattr(response, "sparse_head", False))
                 yield response
 
         make_logits_processors.__dict__.update(grammar_mlx_hook=True, grammar_mlx_original=original)
@@ -414,6 +415,11 @@ def _finish_reason(count: int, max_tokens: int, matcher: Any, token: int) -> str
     return "length" if count >= max_tokens else None
 
 
+# How a token a batch row emits was chosen: sampled from the whole head's logits, forced by the
+# grammar, or sampled from logits whose head was computed at the row's sparse ids alone.
+_SAMPLED, _FORCED, _SPARSE = 0, 1, 2
+
+
 def _one_hot_logprobs(token: int, width: int) -> mx.array:
     """A forced token's log-probabilities: all the mass on it (as `grammar_mlx.decode` gives them)."""
     return mx.where(mx.arange(width) == token, 0.0, -mx.inf)
@@ -443,8 +449,13 @@ class FastForwardGenerationBatch(GenerationBatch):
         processor_lists = logits_processors or [() for _ in uids]
         self._grammars = [grammar_processor_of(p) for p in processor_lists]
         self._rows = [batched_row_of(p) for p in processor_lists]
-        # Per row: the tokens fed but not yet emitted, each (token, logprobs, whether it was forced).
-        self._unemitted: list[list[tuple[int, mx.array, bool]]] = [[] for _ in uids]
+        # Per row: the tokens fed but not yet emitted, each (token, logprobs, how it was chosen:
+        # _SAMPLED, _FORCED or _SPARSE).
+        self._unemitted: list[list[tuple[int, mx.array, int]]] = [[] for _ in uids]
+        # Per row: whether the token it sampled last step came from a head computed at its grammar
+        # row's sparse ids alone (`decode.position_logits`).
+        self._sparse_last: list[bool] = [False for _ in uids]
+        self._sparse_heads = computes_sparse_heads(model)  # whether `allowed` ids reach the head
         # Per row: the forced tokens of its run that a narrower step left to the next ones.
         self._carry: list[list[int]] = [[] for _ in uids]
         self._first_step = True
@@ -458,6 +469,7 @@ class FastForwardGenerationBatch(GenerationBatch):
         self._grammars.extend(batch._grammars)
         self._rows.extend(batch._rows)
         self._unemitted.extend(batch._unemitted)
+        self._sparse_last.extend(batch._sparse_last)
         self._carry.extend(batch._carry)
 
     def filter(self, keep: list[int]) -> None:
@@ -465,6 +477,7 @@ class FastForwardGenerationBatch(GenerationBatch):
         self._grammars = [self._grammars[i] for i in keep]
         self._rows = [self._rows[i] for i in keep]
         self._unemitted = [self._unemitted[i] for i in keep]
+        self._sparse_last = [self._sparse_last[i] for i in keep]
         self._carry = [self._carry[i] for i in keep]
 
     def _finishing(self, emits: list[list[int]]) -> bool:
@@ -495,8 +508,8 @@ class FastForwardGenerationBatch(GenerationBatch):
             if sampled[e]:
                 start = 1
                 if not first:
-                    pending.append((run[0], batch._current_logprobs[e], False))
-            pending.extend((t, _one_hot_logprobs(t, vocabulary), True) for t in run[start:counts[e]])
+                    pending.append((run[0], batch._current_logprobs[e], _SPARSE if batch._sparse_last[e] else _SAMPLED))
+            pending.extend((t, _one_hot_logprobs(t, vocabulary), _FORCED) for t in run[start:counts[e]])
 
     def _last_step(self, last: list[int], runs: list[list[int]], sampled: list[bool]) -> Any:
         """The step of a batch whose every row finishes on what it emits now (`runs`, whole): the
@@ -523,7 +536,8 @@ class FastForwardGenerationBatch(GenerationBatch):
             inputs, current = super()._step()
             if not first:
                 for pending, token, lp in zip(batch._unemitted, inputs, current):
-                    pending.append((token, lp, False))
+                    pending.append((token, lp, _SAMPLED))
+            batch._sparse_last = [False] * len(batch.uids)
             return inputs, current
         batch._current_tokens = batch._next_tokens
         batch._current_logprobs = batch._next_logprobs
@@ -571,8 +585,31 @@ class FastForwardGenerationBatch(GenerationBatch):
         # are not read: it stands in with the first sampling row's).
         sampling = [e for e, carry in enumerate(batch._carry) if not carry]
         read = None if len(sampling) == len(feeds) else mx.array(sampling)
-        if width == 1 and read is None:
+        # A sampling row whose grammar is its only processor is masked by its grammar's row alone:
+        # that row is found now, and where it is sparse the head is computed at its ids only.
+        early_rows: dict[int, int] = {}
+        allowed: list[mx.array | None] = []
+        for e in sampling:
+            grammar = batch._grammars[e]
+            context = histories[e]
+            if (not batch._sparse_heads or grammar is None or context is None
+                    or len(batch.logits_processors[e]) != 1):
+                allowed.append(None)
+                continue
+            if primes[e] is not None:
+                grammar.follow(primes[e])
+            early_rows[e] = grammar.mask_row_after(context)
+            allowed.append(grammar.sparse_ids(early_rows[e]))
+        sparse_next = [False] * len(feeds)
+        for e, ids in zip(sampling, allowed):
+            sparse_next[e] = ids is not None
+        if not any(sparse_next):
+            allowed = []
+        if width == 1 and read is None and not allowed:
             logits = batch.model(mx.array(feeds, mx.uint32), cache=batch.prompt_cache)[:, -1, :]
+        elif width == 1 and read is None:
+            logits = position_logits(batch.model, mx.array(feeds, mx.uint32), batch.prompt_cache,
+                                     mx.zeros(len(feeds), mx.int32), allowed=allowed)
         else:
             # mlx-lm's batched prompt processing (PromptProcessingBatch.prompt): right padding, then the
             # padding rolled to the left of each row's cache.
@@ -582,7 +619,8 @@ class FastForwardGenerationBatch(GenerationBatch):
                 c.prepare(lengths=lengths, right_padding=padding)
             x = mx.array([f + [0] * (width - len(f)) for f in feeds], mx.uint32)
             positions = [lengths[e] - 1 for e in sampling]
-            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(positions), read)
+            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(positions), read,
+                                     allowed=allowed or None)
             for c in batch.prompt_cache:
                 c.finalize()
             if read is not None:
@@ -603,6 +641,11 @@ class FastForwardGenerationBatch(GenerationBatch):
                 continue
             grammar = batch._grammars[e]
             others = processors[:-1] if grammar is not None else processors
+            early_row = early_rows.get(e)
+            if early_row is not None:
+                picks.append(None if early_row < 0 else (grammar.compiled.device_masks(), early_row))
+                token_context.append(histories[e])
+                continue
             prime = primes[e]
             if prime is not None:
                 for processor in others:
@@ -640,6 +683,7 @@ class FastForwardGenerationBatch(GenerationBatch):
         for e, feed in enumerate(feeds):
             batch.tokens[e].extend(feed)
         self._emit(runs, sampled, [len(f) for f in feeds], first=first, vocabulary=logits.shape[-1])
+        batch._sparse_last = sparse_next
         return last, batch._current_logprobs
 
     def next(self) -> list[Any]:
@@ -653,11 +697,12 @@ class FastForwardGenerationBatch(GenerationBatch):
         for i, row in enumerate(batch._rows):
             pending, batch._unemitted[i] = batch._unemitted[i], []
             finish_reason = None
-            for token, logprobs, was_forced in pending:
+            for token, logprobs, chosen in pending:
                 batch._num_tokens[i] += 1
                 finish_reason = _finish_reason(batch._num_tokens[i], batch.max_tokens[i], batch._matchers[i], token)
                 if row is not None:
-                    row.record.tokens += was_forced
+                    row.record.tokens += chosen == _FORCED
+                    row.record.sparse_tokens += chosen == _SPARSE
                 if finish_reason is not None:
                     if row is not None:
                         _log.debug("fast-forward in the batch: a request ended (%s) after %d tokens, %d forced, "

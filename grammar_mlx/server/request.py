@@ -467,12 +467,15 @@ def check_body(raw: bytes, path: str) -> None:
 
 @dataclass
 class FastForwarded:
-    """A constrained request's fast-forward mode, and how many of its tokens the generation thread
-    fast-forwarded (read by the handler for `usage` once generation ended). `fast_forward`: the
-    grammar's `FastForward` when the request runs in mlx-lm's batch (`batch_forward`), and
-    `batch_rows` the most rows its batch steps held (0: it did not run in the batch)."""
+    """A constrained request's fast-forward mode, how many of its tokens the generation thread
+    fast-forwarded (`tokens`) and how many it sampled from a head computed at the grammar row's ids
+    alone (`sparse_tokens`; `decode.position_logits`), read by the handler for `usage` once
+    generation ended. `fast_forward`: the grammar's `FastForward` when the request runs in mlx-lm's
+    batch (`batch_forward`), and `batch_rows` the most rows its batch steps held (0: it did not run
+    in the batch)."""
 
     mode: FastForwardMode
     tokens: int = 0
+    sparse_tokens: int = 0
     fast_forward: FastForward | None = None
     batch_rows: int = 0

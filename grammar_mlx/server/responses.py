@@ -382,8 +382,9 @@ def _usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     details = chat_usage.get("completion_tokens_details") or {}
     output_details = {"reasoning_tokens": details.get("reasoning_tokens", 0)}
-    if "forced_tokens" in details:
-        output_details["forced_tokens"] = details["forced_tokens"]
+    for extension in ("forced_tokens", "sparse_head_tokens"):
+        if extension in details:
+            output_details[extension] = details[extension]
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"input_tokens": chat_usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},

@@ -230,3 +230,29 @@ def test_a_sparse_rows_ids_count_in_the_tables_bytes():
     short.add(np.arange(10, dtype=np.int32))
     long.add(np.arange(510, dtype=np.int32))
     assert long.nbytes - short.nbytes == 500 * 4
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_sparse_ids_are_a_sparse_rows_ids_and_none_for_denser_or_empty_rows(seeded):
+    """`sparse_ids`: a row of fewer ids than words gives its ids (once read, the same array and no
+    more bytes), a row of as many ids as words or more gives None, so does an empty row; any table
+    (seeded rows come without ids); a row id never handed out raises."""
+    width = 320  # 10 words
+    rows = [np.array([3, 64, 319], dtype=np.int32), np.arange(10, dtype=np.int32), np.zeros(0, dtype=np.int32),
+            np.arange(0, 320, 2, dtype=np.int32)]
+    if seeded:
+        table = MaskTable(width, 1 << 20, seed=np.stack([MaskTable(width, 1 << 20).pack(r) for r in rows]))
+        ids = list(range(len(rows)))
+    else:
+        table = MaskTable(width, 1 << 20)
+        ids = [table.add(r) for r in rows]
+    before = table.nbytes
+    first = table.sparse_ids(ids[0])
+    assert first is not None and first.tolist() == [3, 64, 319]
+    assert table.nbytes == before + 3 * 4
+    assert table.sparse_ids(ids[0]) is first and table.nbytes == before + 3 * 4
+    assert table.sparse_ids(ids[1]) is None  # 10 ids, 10 words: not sparse
+    assert table.sparse_ids(ids[2]) is None
+    assert table.sparse_ids(ids[3]) is None
+    with pytest.raises(InvalidArgumentError, match="row id below the table's 4 rows"):
+        table.sparse_ids(4)

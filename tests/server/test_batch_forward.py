@@ -73,10 +73,12 @@ def solo(model, tokenizer, prompt, grammar, *, fast_forward, max_tokens=MAX_TOKE
     return [r.token for r in responses]
 
 
-def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS, before=None, finals=None):
+def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS, before=None, finals=None,
+            logprobs=None):
     """rows: (prompt, grammar or None, fast-forward?) -> (tokens per row, records). `before`: per row,
     processors of its own ahead of the grammar's; `max_tokens`: one for all rows or one per row;
-    `finals`: a list that gets each row's finishing response, in row order."""
+    `finals`: a list that gets each row's finishing response, in row order; `logprobs`: a list that
+    gets each row's tokens' log-probabilities, in row order."""
     limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(rows)
     generator = FastForwardBatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
     processors, records = [], []
@@ -97,16 +99,20 @@ def batched(model, tokenizer, rows, *, max_tokens=MAX_TOKENS, budget=MAX_TOKENS,
     uids = generator.insert([p for p, _, _ in rows], max_tokens=limits,
                             logits_processors=processors, stop_sequences=[stops] * len(rows))
     out = {u: [] for u in uids}
+    rows_logprobs = {u: [] for u in uids}
     done = {}
     while len(done) < len(uids):
         for r in generator.next_generated():
             assert r.uid not in done, "a token after the row finished"
             out[r.uid].append(r.token)
+            rows_logprobs[r.uid].append(r.logprobs)
             if r.finish_reason is not None:
                 done[r.uid] = r
     generator.close()
     if finals is not None:
         finals.extend(done[u] for u in uids)
+    if logprobs is not None:
+        logprobs.extend(rows_logprobs[u] for u in uids)
     return [out[u] for u in uids], records
 
 
@@ -322,11 +328,9 @@ def test_a_longer_forced_run_is_carried_and_each_row_answers_as_alone(model, qwe
     reads = []  # per forward through position_logits: (rows fed, rows whose head was computed)
     position_logits = mlx_lm_seams.position_logits
 
-    def reading(model_, inputs, cache, positions, rows=None):
+    def reading(model_, inputs, cache, positions, rows=None, allowed=None):
         reads.append((inputs.shape[0], inputs.shape[0] if rows is None else rows.size))
-        if rows is None:
-            return position_logits(model_, inputs, cache, positions)
-        return position_logits(model_, inputs, cache, positions, rows)
+        return position_logits(model_, inputs, cache, positions, rows, allowed=allowed)
 
     monkeypatch.setattr(mlx_lm_seams, "position_logits", reading)
     finals = []
@@ -480,3 +484,42 @@ def test_the_grammar_processor_of_a_row_is_its_last(grammars):
     assert grammar_processor_of([Bias([1]), processor]) is processor
     assert grammar_processor_of([processor, Bias([1])]) is None
     assert grammar_processor_of([]) is None and grammar_processor_of(None) is None
+
+
+def test_sparse_heads_leave_every_rows_tokens_and_logprobs_as_they_were(model, qwen_tokenizer, grammars,
+                                                                        monkeypatch):
+    """A batch step computes the head of a row whose grammar is its only processor at its sparse
+    row's ids alone (`position_logits`' `allowed`); every row of a mixed batch (canonical, a grammar
+    without fast-forward, free text, a grammar behind a caller's processor, which keeps the whole
+    head) answers the same tokens with the same log-probabilities, bit for bit, as when every head
+    is whole."""
+    from grammar_mlx import decode
+
+    ps = prompts(qwen_tokenizer)
+    rows = [(ps[0], grammars[0], True), (ps[1], None, False), (ps[2], grammars[1], False), (ps[3], grammars[1], True)]
+    seen = []
+
+    def caller(tokens, logits):
+        seen.append(mx.all(mx.isfinite(logits)).item())
+        return logits
+
+    before = [[], [], [], [caller]]
+    sizes = []
+    head_at = decode._head_at
+
+    def counting(module, hidden, ids):
+        sizes.append(ids.size)
+        return head_at(module, hidden, ids)
+
+    monkeypatch.setattr(decode, "_head_at", counting)
+    sparse_logprobs, whole_logprobs = [], []
+    sparse, records = batched(model, qwen_tokenizer, rows, before=before, logprobs=sparse_logprobs)
+    assert sizes and max(sizes) < QWEN_LOGITS_WIDTH // 32, "no row's head was computed sparse"
+    assert seen and all(seen), "the caller's processor saw a sparse row"
+    assert 0 < records[0].sparse_tokens <= len(sparse[0]) - records[0].tokens and records[3].sparse_tokens == 0
+    monkeypatch.setattr(decode, "_SPARSE_HEADS", ())
+    whole, records = batched(model, qwen_tokenizer, rows, before=before, logprobs=whole_logprobs)
+    assert records[0].sparse_tokens == 0
+    assert sparse == whole
+    for got, expected in zip(sparse_logprobs, whole_logprobs):
+        assert all(mx.array_equal(a, b).item() for a, b in zip(got, expected))
