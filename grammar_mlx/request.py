@@ -370,6 +370,7 @@ class GenerationStats:
     min_completion_tokens: int | None = None  # with length-safe decoding: the grammar's shortest completion
     budget_steered_tokens: int = 0  # positions whose mask the budget narrowed (0 without length-safe decoding)
     forced_tokens: int = 0  # tokens fast-forwarded (written from the grammar, no decode step of their own)
+    sparse_head_tokens: int = 0  # tokens sampled from a head computed at the grammar row's ids alone
     fast_forward: str | None = None  # the fast-forward mode used ("canonical", "verified"), None when off
 
     @property
@@ -406,6 +407,8 @@ class GenerationStats:
         if self.fast_forward is not None:
             share = self.forced_tokens / self.generated_tokens if self.generated_tokens else 0.0
             parts.append(f"forced {self.forced_tokens}/{self.generated_tokens} ({share:.0%}, {self.fast_forward})")
+            if self.sparse_head_tokens:
+                parts.append(f"sparse head {self.sparse_head_tokens} tok")
         if self.budget_steered_tokens:
             parts.append(f"budget steered {self.budget_steered_tokens} tok")
         parts.append(f"finish {self.finish_reason}")
@@ -517,6 +520,7 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
     token_ids: list[int] = []
     from_draft: list[bool] = []
     from_grammar: list[bool] = []
+    sparse_head = 0
     state = grammar.initial_state
     finish = "length"
     first: float | None = None
@@ -526,7 +530,7 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
         responses = stream_generate(cast(Any, model), wrapper, mx.array(model_input), **kwargs)
 
     def tokens() -> Iterator[int]:
-        nonlocal first
+        nonlocal first, sparse_head
         for response in responses:
             if first is None:
                 first = time.perf_counter()
@@ -534,6 +538,7 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
             token_ids.append(int(response.token))
             from_grammar.append(forced)
             from_draft.append(bool(response.from_draft) and not forced)
+            sparse_head += bool(getattr(response, "sparse_head", False))
             yield token_ids[-1]
 
     try:
@@ -577,7 +582,7 @@ def stream(model: Model, wrapper: TokenizerWrapper, prompt_ids: list[int], gramm
         num_draft_tokens=num_draft_tokens if draft_model is not None else None,
         compile_seconds=grammar.stats.get("compile_seconds"), cache_hit=grammar.stats.get("cache_hit"),
         min_completion_tokens=grammar_processor.min_completion_tokens, budget_steered_tokens=steered,
-        forced_tokens=sum(from_grammar), fast_forward=mode)
+        forced_tokens=sum(from_grammar), sparse_head_tokens=sparse_head, fast_forward=mode)
     if finish != "stop" and not grammar.is_accepting(state):
         if role_of is not None and role_of(state) == "reasoning":
             raise GenerationError(

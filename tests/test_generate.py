@@ -527,3 +527,9 @@ def test_fast_forward_on_the_embedded_model(smollm):
         "temperature_unit": "celsius", "wind_direction": "south_west", "precipitation_expected": True}
     assert canonical.stats.forced_tokens > len(canonical.token_ids) // 2
     assert verified.token_ids == plain.token_ids and verified.stats.forced_tokens > 0
+    # The embedded model's quantized tied head, computed at sparse rows' ids alone (an enum's first
+    # token, a boolean), and counted; plain decoding is mlx-lm's own loop, the whole head each step.
+    assert plain.stats.sparse_head_tokens == 0
+    for out in (canonical, verified):
+        assert 0 < out.stats.sparse_head_tokens <= len(out.token_ids) - out.stats.forced_tokens
+    assert f"sparse head {canonical.stats.sparse_head_tokens} tok" in canonical.stats.summary()
