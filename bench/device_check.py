@@ -415,28 +415,31 @@ def check_speculative(device_name: str) -> tuple[list[dict], list[str], list[str
 # --- 6. what a batch decode step costs on the device ------------------------------------------------
 
 
-def decode_step_ms(model, prompt: list[int], shapes: list[tuple[int, int]], repeats: int) -> dict:
-    """Median ms of one decode step per (B, W) in `shapes`: B rows fed W tokens each after `prompt`,
-    the head read at each row's last position (`decode.position_logits`, as a fast-forward batch step
-    reads it). Each B's cache is filled with the prompt once and each timed step trimmed off again;
-    the shapes are interleaved over `repeats` rounds (drift in the machine hits each alike) after an
-    untimed round that warms each shape. bench/server.py's ceiling uses it too."""
+def decode_step_ms(model, prompt: list[int], shapes: list[tuple[int, ...]], repeats: int) -> dict:
+    """Median ms of one decode step per (B, W) or (B, W, K) in `shapes`: B rows fed W tokens each
+    after `prompt`, the head read at each row's last position (`decode.position_logits`, as a
+    fast-forward batch step reads it), at K ids per row where K is given (a sparse grammar row's head).
+    Each B's cache is filled with the prompt once and each timed step trimmed off again; the shapes
+    are interleaved over `repeats` rounds (drift in the machine hits each alike) after an untimed
+    round that warms each shape. bench/server.py's ceiling uses it too."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from grammar_mlx.decode import position_logits
 
     caches = {}
-    for rows in sorted({b for b, _ in shapes}):
+    for rows in sorted({shape[0] for shape in shapes}):
         caches[rows] = make_prompt_cache(model)
         mx.eval(model(mx.array([prompt] * rows), cache=caches[rows]))
-    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    times: dict[tuple[int, ...], list[float]] = {shape: [] for shape in shapes}
     for round_ in range(repeats + 1):
-        for rows, width in shapes:
+        for shape in shapes:
+            rows, width = shape[:2]
+            allowed = [mx.arange(0, 32 * shape[2], 32, dtype=mx.int32)] * rows if len(shape) > 2 else None
             started = time.perf_counter()
             mx.eval(position_logits(model, mx.array([prompt[-width:]] * rows), caches[rows],
-                                    mx.array([width - 1] * rows)))
+                                    mx.array([width - 1] * rows), allowed=allowed))
             if round_:
-                times[rows, width].append(time.perf_counter() - started)
+                times[shape].append(time.perf_counter() - started)
             for c in caches[rows]:
                 c.trim(width)
     return {shape: 1000 * statistics.median(t) for shape, t in times.items()}

@@ -157,36 +157,44 @@ def request(url: str, work: Workload, mode: str, max_tokens: int, timeout: float
             "text": choice["message"]["content"] or ""}
 
 
+# The ids of the sparse head timed for the ceiling: a grammar's sparse rows in these workloads (a
+# key's quote, a digit, a boolean) allow a few dozen at most.
+SPARSE_IDS = 32
+
+
 def forward_cost(work: Workload, repeats: int = 9) -> dict:
     """This machine's cost of one decode step on the embedded model, measured in this process before
     any server starts, after the workload's prompt (bench/device_check.py's `decode_step_ms`: B rows
     fed W tokens each, the head read at each row's last position) at (B, W) = (1, 1), (1, 4), (4, 1),
-    fitted as `step + head·B + per_position·B·W` ms. A forced token saves its head and a share of a
-    step and still costs a position, a token sampled at a sparse grammar row saves its head (computed
-    at the row's ids alone), so the tokens/s constrained replies can reach over unconstrained ones is
-    bounded by `ceiling(step / clients, head, per_position, forced share, sparse share)`: the bound
-    `ratios` print beside the measured ratio."""
+    fitted as `step + head·B + per_position·B·W` ms, and at (1, 1) with the head at SPARSE_IDS ids
+    (`sparse_saving`: what that saves). A forced token saves its head and a share of a step and
+    still costs a position, a token sampled at a sparse grammar row saves `sparse_saving`, so the
+    tokens/s constrained replies can reach over unconstrained ones is bounded by `ceiling(step /
+    clients, head, per_position, forced share, sparse share, sparse_saving)`: the bound `ratios`
+    print beside the measured ratio."""
     from device_check import decode_step_ms
 
     from grammar_mlx.models import default_model
 
     model, tokenizer = default_model()
     prompt = tokenizer.apply_chat_template(work.messages, add_generation_prompt=True)
-    medians = decode_step_ms(model, prompt, [(1, 1), (1, 4), (4, 1)], repeats)
+    medians = decode_step_ms(model, prompt, [(1, 1), (1, 4), (4, 1), (1, 1, SPARSE_IDS)], repeats)
     per_position = (medians[1, 4] - medians[1, 1]) / 3
     head = (medians[4, 1] - medians[1, 4]) / 3
     return {"step_ms": medians[1, 1] - per_position - head, "head_ms": head, "per_position_ms": per_position,
-            "measured_ms": {f"B={b} W={w}": t for (b, w), t in medians.items()}}
+            "sparse_saving_ms": medians[1, 1] - medians[1, 1, SPARSE_IDS],
+            "measured_ms": {" ".join(f"{k}={v}" for k, v in zip("BWK", shape)): t for shape, t in medians.items()}}
 
 
-def ceiling(step: float, head: float, per_position: float, forced_share: float, sparse_share: float) -> float:
+def ceiling(step: float, head: float, per_position: float, forced_share: float, sparse_share: float,
+            sparse_saving: float) -> float:
     """The most tokens/s replies can reach over ones decoded token by token with the whole head, when
     `forced_share` of their tokens is fast-forwarded and `sparse_share` sampled from a head computed
     at a sparse row's ids alone: a sampled token costs `step` + `head` + `per_position`, a forced one
-    `per_position` alone, a sparse one all but `head` (its few ids cost next to nothing), and nothing
-    else costs."""
+    `per_position` alone, a sparse one `sparse_saving` less than a sampled one, and nothing else
+    costs."""
     whole = step + head + per_position
-    return whole / (whole - forced_share * (step + head) - sparse_share * head)
+    return whole / (whole - forced_share * (step + head) - sparse_share * sparse_saving)
 
 
 def post_raw(url: str, data: bytes, timeout: float = 120) -> int:
@@ -478,7 +486,8 @@ def main() -> int:
     cost = forward_cost(work) if args.ceiling else None
     if cost:
         print(f"decode step on this machine: {cost['step_ms']:.0f} ms + {cost['head_ms']:.0f} ms per row sampled + "
-              f"{cost['per_position_ms']:.0f} ms per position fed ("
+              f"{cost['per_position_ms']:.0f} ms per position fed, {cost['sparse_saving_ms']:.0f} ms less for a row "
+              f"sampled at {SPARSE_IDS} ids ("
               + ", ".join(f"{k}: {v:.0f} ms" for k, v in cost["measured_ms"].items()) + ")")
     rows = []
     invalid = 0
@@ -550,7 +559,7 @@ def main() -> int:
                                    "sparse_share": c["sparse_share"],
                                    "tokens_per_s_ceiling": ceiling(cost["step_ms"] / clients, cost["head_ms"],
                                                                    cost["per_position_ms"], c["forced_share"],
-                                                                   c["sparse_share"])
+                                                                   c["sparse_share"], cost["sparse_saving_ms"])
                                    if cost and c["sparse_share"] is not None else None})
 
     print(f"{'draft':<10} {'clients':>7} {'mode':<22} {'reqs':>4} {'req/s':>7} {'p50 s':>7} {'p95 s':>7} "

@@ -56,7 +56,8 @@ class MaskedGrammar(StackGrammar, Protocol):
     """What a `GrammarProcessor` reads from its grammar: `CompiledGrammar` (compile_json_schema,
     compile_regex) is one. Besides `StackGrammar`'s transition function: the state's mask row, the
     mask table holding every row handed out so far (layout: the `grammar_mlx.kernels` docstring),
-    acceptance and the terminal state (entered by EOS, allowing only EOS)."""
+    acceptance and the terminal state (entered by EOS, allowing only EOS). Optional:
+    `sparse_ids(row)`, a sparse row's ids (`MaskTable.sparse_ids`; read by decode steps)."""
 
     @property
     def terminal_state(self) -> int: ...

@@ -438,6 +438,11 @@ class FastForwardGenerationBatch(GenerationBatch):
     feeds the last of its run. Tokens are emitted as they are fed, so a row's cache and `tokens` hold
     what it emitted.
 
+    A sampling row whose grammar processor is its only one has its mask row found before the
+    forward; where that row is sparse, the row's head is computed at its ids alone
+    (`decode.position_logits`' `allowed`: the same masked logits), and its request's record counts
+    the token (`FastForwarded.sparse_tokens`).
+
     A step whose every row finishes on what it emits (its EOS, a stop sequence, `max_tokens`) runs no
     forward: mlx-lm's step feeds the last token to the model before it is emitted, and nothing reads
     those logits. The rows' caches and `tokens` then end before the tokens of that step."""
