@@ -299,9 +299,7 @@ class CompiledGrammar:
 
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
         """Sorted ids that `budget_mask_row(state, left)` allows (decoded from its row's bits)."""
-        row = self.budget_mask_row(state, left)
-        bits = np.unpackbits(self._mask_table().rows[row].view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+        return self._mask_table().row_ids(self.budget_mask_row(state, left))
 
     def sparse_ids(self, row: int) -> mx.array | None:
         """The ids a sparse row of `device_masks()` allows, else None (`MaskTable.sparse_ids`)."""

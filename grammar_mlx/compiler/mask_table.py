@@ -118,6 +118,13 @@ class MaskTable:
                 self.copies += 1
             return copy[1]
 
+    def row_ids(self, row: int) -> np.ndarray:
+        """The sorted ids (int32) row `row` allows, read from its words."""
+        if not 0 <= row < self.num_rows:
+            raise InvalidArgumentError(f"row must be a row id below the table's {self.num_rows} rows, got {row!r:.80}")
+        bits = np.unpackbits(self.rows[row].view(np.uint8), bitorder="little")[: self.width]
+        return np.flatnonzero(bits).astype(np.int32)
+
     def sparse_ids(self, row: int) -> mx.array | None:
         """The ids row `row` allows (sorted, int32 `mx.array`) when they are fewer than its words (a
         sparse row; an empty row is not one), else None: what a decode step reads to compute the
@@ -127,14 +134,12 @@ class MaskTable:
             return self._row_ids[row]
         except KeyError:
             pass
-        if not 0 <= row < self.num_rows:
-            raise InvalidArgumentError(f"row must be a row id below the table's {self.num_rows} rows, got {row!r:.80}")
-        ids = np.flatnonzero(np.unpackbits(self.rows[row].view(np.uint8), bitorder="little")[: self.width])
+        ids = self.row_ids(row)
         found = None
         if 0 < len(ids) < self.words:
             import mlx.core as mx
 
-            found = mx.array(ids.astype(np.int32))
+            found = mx.array(ids)
         with self._lock:
             if row not in self._row_ids:
                 self._row_ids[row] = found

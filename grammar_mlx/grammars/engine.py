@@ -726,9 +726,7 @@ class CFGGrammar:
 
     def allowed_tokens(self, state: int) -> np.ndarray:
         """Sorted ids allowed in `state` (decoded from its mask row)."""
-        row = self.mask_row(state)
-        bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+        return self.table.row_ids(self.mask_row(state))
 
     # -- token budgets (module docstring) --------------------------------------------------------
 
@@ -1020,9 +1018,7 @@ class CFGGrammar:
 
     def budget_allowed_tokens(self, state: int, left: int) -> np.ndarray:
         """Sorted ids that `budget_mask_row(state, left)` allows (decoded from its row's bits)."""
-        row = self.budget_mask_row(state, left)
-        bits = np.unpackbits(self.table.rows[row].view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits[: self.logits_width]).astype(np.int32)
+        return self.table.row_ids(self.budget_mask_row(state, left))
 
     @property
     def nbytes(self) -> int:

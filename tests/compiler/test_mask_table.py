@@ -236,7 +236,8 @@ def test_a_sparse_rows_ids_count_in_the_tables_bytes():
 def test_sparse_ids_are_a_sparse_rows_ids_and_none_for_denser_or_empty_rows(seeded):
     """`sparse_ids`: a row of fewer ids than words gives its ids (once read, the same array and no
     more bytes), a row of as many ids as words or more gives None, so does an empty row; any table
-    (seeded rows come without ids); a row id never handed out raises."""
+    (seeded rows come without ids); `row_ids` reads every row's ids; a row id never handed out
+    raises."""
     width = 320  # 10 words
     rows = [np.array([3, 64, 319], dtype=np.int32), np.arange(10, dtype=np.int32), np.zeros(0, dtype=np.int32),
             np.arange(0, 320, 2, dtype=np.int32)]
@@ -252,7 +253,9 @@ def test_sparse_ids_are_a_sparse_rows_ids_and_none_for_denser_or_empty_rows(seed
     assert table.nbytes == before + 3 * 4
     assert table.sparse_ids(ids[0]) is first and table.nbytes == before + 3 * 4
     assert table.sparse_ids(ids[1]) is None  # 10 ids, 10 words: not sparse
+    assert [table.row_ids(i).tolist() for i in ids] == [r.tolist() for r in rows]
     assert table.sparse_ids(ids[2]) is None
     assert table.sparse_ids(ids[3]) is None
-    with pytest.raises(InvalidArgumentError, match="row id below the table's 4 rows"):
-        table.sparse_ids(4)
+    for read in (table.sparse_ids, table.row_ids):
+        with pytest.raises(InvalidArgumentError, match="row id below the table's 4 rows"):
+            read(4)
