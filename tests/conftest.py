@@ -74,6 +74,23 @@ def read_corpus(name: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+@pytest.fixture
+def sparse_head_calls(monkeypatch):
+    """The id counts of the heads `decode.position_logits` computes at a sparse row's ids alone,
+    appended as each is computed (`decode._head_at` wrapped for the test)."""
+    from grammar_mlx import decode
+
+    calls: list[int] = []
+    head_at = decode._head_at
+
+    def counting(module, hidden, ids):
+        calls.append(ids.size)
+        return head_at(module, hidden, ids)
+
+    monkeypatch.setattr(decode, "_head_at", counting)
+    return calls
+
+
 @pytest.fixture(scope="session")
 def qwen_hf_tokenizer():
     path = qwen_tokenizer_dir()

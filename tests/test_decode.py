@@ -309,23 +309,9 @@ def test_a_head_of_another_kind_or_model_computes_every_id():
     assert mx.all(mx.isfinite(got)).item()
 
 
-def _counting_sparse_heads(monkeypatch):
-    from grammar_mlx import decode
-
-    calls = []
-    head_at = decode._head_at
-
-    def counting(module, hidden, ids):
-        calls.append(ids.size)
-        return head_at(module, hidden, ids)
-
-    monkeypatch.setattr(decode, "_head_at", counting)
-    return calls
-
-
 @pytest.mark.parametrize("mode", ["canonical", "verified"])
 def test_generation_with_sparse_heads_is_generation_without_bit_for_bit(model, qwen_tokenizer, prompt, grammar,
-                                                                        monkeypatch, mode):
+                                                                        monkeypatch, sparse_head_calls, mode):
     """Tokens and log-probabilities of a generation whose sparse rows' heads are computed at their
     ids alone equal those of one computing every id (greedy, and sampled from the same seed)."""
     from mlx_lm.sample_utils import make_sampler
@@ -336,26 +322,25 @@ def test_generation_with_sparse_heads_is_generation_without_bit_for_bit(model, q
         mx.random.seed(3)
         return run(stream_generate, model, qwen_tokenizer, prompt, grammar, fast_forward=mode, **kwargs)
 
-    calls = _counting_sparse_heads(monkeypatch)
+    heads = decode._SPARSE_HEADS
     for kwargs in ({}, {"sampler": make_sampler(temp=1.0)}):
-        calls.clear()
+        sparse_head_calls.clear()
+        monkeypatch.setattr(decode, "_SPARSE_HEADS", heads)
         sparse = generate(**kwargs)
+        calls = list(sparse_head_calls)
         assert calls and max(calls) < QWEN_LOGITS_WIDTH // 32, "no step computed a sparse row's head"
         assert 0 < sum(r.sparse_head for r in sparse) <= len(calls)
         assert not any(r.sparse_head and r.from_grammar for r in sparse)
         monkeypatch.setattr(decode, "_SPARSE_HEADS", ())
         whole = generate(**kwargs)
         assert not any(r.sparse_head for r in whole)
-        monkeypatch.undo()
-        calls = _counting_sparse_heads(monkeypatch)
         assert tokens(sparse) == tokens(whole)
         assert all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(sparse, whole))
 
 
 def test_a_caller_processor_besides_the_grammar_keeps_the_whole_head(model, qwen_tokenizer, prompt, grammar,
-                                                                     monkeypatch):
+                                                                     sparse_head_calls):
     """A processor of the caller's may read any id's logit: with one, no head is computed sparse."""
-    calls = _counting_sparse_heads(monkeypatch)
     seen = []
 
     def caller(tokens_, logits):
@@ -365,4 +350,4 @@ def test_a_caller_processor_besides_the_grammar_keeps_the_whole_head(model, qwen
     out = list(stream_generate(model, qwen_tokenizer, mx.array(prompt), max_tokens=MAX_TOKENS,
                                logits_processors=[caller, GrammarProcessor(grammar, max_tokens=MAX_TOKENS)]))
     assert grammar.matches(tokens(out)) and seen and all(seen)
-    assert calls == []
+    assert sparse_head_calls == []

@@ -487,7 +487,7 @@ def test_the_grammar_processor_of_a_row_is_its_last(grammars):
 
 
 def test_sparse_heads_leave_every_rows_tokens_and_logprobs_as_they_were(model, qwen_tokenizer, grammars,
-                                                                        monkeypatch):
+                                                                        monkeypatch, sparse_head_calls):
     """A batch step computes the head of a row whose grammar is its only processor at its sparse
     row's ids alone (`position_logits`' `allowed`); every row of a mixed batch (canonical, a grammar
     without fast-forward, free text, a grammar behind a caller's processor, which keeps the whole
@@ -504,16 +504,9 @@ def test_sparse_heads_leave_every_rows_tokens_and_logprobs_as_they_were(model, q
         return logits
 
     before = [[], [], [], [caller]]
-    sizes = []
-    head_at = decode._head_at
-
-    def counting(module, hidden, ids):
-        sizes.append(ids.size)
-        return head_at(module, hidden, ids)
-
-    monkeypatch.setattr(decode, "_head_at", counting)
     sparse_logprobs, whole_logprobs = [], []
     sparse, records = batched(model, qwen_tokenizer, rows, before=before, logprobs=sparse_logprobs)
+    sizes = sparse_head_calls
     assert sizes and max(sizes) < QWEN_LOGITS_WIDTH // 32, "no row's head was computed sparse"
     assert seen and all(seen), "the caller's processor saw a sparse row"
     assert 0 < records[0].sparse_tokens <= len(sparse[0]) - records[0].tokens and records[3].sparse_tokens == 0
