@@ -608,11 +608,7 @@ class FastForwardGenerationBatch(GenerationBatch):
         sparse_next = [False] * len(feeds)
         for e, ids in zip(sampling, allowed):
             sparse_next[e] = ids is not None
-        if not any(sparse_next):
-            allowed = []
-        if width == 1 and read is None and not allowed:
-            logits = batch.model(mx.array(feeds, mx.uint32), cache=batch.prompt_cache)[:, -1, :]
-        elif width == 1 and read is None:
+        if width == 1 and read is None:
             logits = position_logits(batch.model, mx.array(feeds, mx.uint32), batch.prompt_cache,
                                      mx.zeros(len(feeds), mx.int32), allowed=allowed)
         else:
@@ -624,8 +620,7 @@ class FastForwardGenerationBatch(GenerationBatch):
                 c.prepare(lengths=lengths, right_padding=padding)
             x = mx.array([f + [0] * (width - len(f)) for f in feeds], mx.uint32)
             positions = [lengths[e] - 1 for e in sampling]
-            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(positions), read,
-                                     allowed=allowed or None)
+            logits = position_logits(batch.model, x, batch.prompt_cache, mx.array(positions), read, allowed=allowed)
             for c in batch.prompt_cache:
                 c.finalize()
             if read is not None:
