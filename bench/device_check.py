@@ -641,13 +641,17 @@ def main() -> int:
         print(f"  ({name}: {time.perf_counter() - t0:.1f} s)")
         return value
 
+    def checked_part(name: str, key: str, fn, columns: list[str]) -> None:
+        """A part whose `fn` returns (rows, mismatches): rows under `key`, mismatches to the failures."""
+        value = part(name, fn)
+        if value is not None:
+            result[key], fails = value
+            result["failures"] += fails
+            print(table(result[key], columns), end="")
+
     print("\n1. mask exactness against numpy (bit for bit)")
     exact_paths = gpu + [p for p in env["paths"] if p.startswith("cpu")]
-    masks = part("masks", lambda: check_masks(exact_paths))
-    if masks is not None:
-        result["masks"], fails = masks
-        result["failures"] += fails
-        print(table(result["masks"], ["path", "cases", "mismatches", "seconds"]), end="")
+    checked_part("masks", "masks", lambda: check_masks(exact_paths), ["path", "cases", "mismatches", "seconds"])
 
     print(f"\n2. time per apply / time of logits + 0, medians of {args.rounds} interleaved rounds")
     timed_paths = gpu if gpu else [K.default_path()]
@@ -661,12 +665,8 @@ def main() -> int:
     device = mx.gpu if gpu else mx.cpu
     print(f"\n3. walk_mlx on the {device_name} against the numpy walk ({WALK_VOCAB:,}-token synthetic vocabulary)")
     with mx.stream(device):
-        walk = part("walk", lambda: check_walk(device_name))
-    if walk is not None:
-        result["walk"], fails = walk
-        result["failures"] += fails
-        print(table(result["walk"], ["device", "engine", "regex", "dense_share", "states", "mismatches", "seconds"]),
-              end="")
+        checked_part("walk", "walk", lambda: check_walk(device_name),
+                     ["device", "engine", "regex", "dense_share", "states", "mismatches", "seconds"])
 
     print(f"\n4. constrained speculative decoding on the {device_name}: draft vs no draft, greedy")
     with mx.stream(device):
@@ -681,12 +681,8 @@ def main() -> int:
                                             "identical", "grammar_complete", "seconds", "no_draft_seconds"]), end="")
 
     print("\n5. a lazy grammar's mask table growing in place while each path masks with it")
-    growing = part("growing table", lambda: check_growing_table(exact_paths))
-    if growing is not None:
-        result["growing_table"], fails = growing
-        result["failures"] += fails
-        print(table(result["growing_table"], ["path", "in_place", "cases", "mismatches", "mask_rows", "tables",
-                                              "seconds"]), end="")
+    checked_part("growing table", "growing_table", lambda: check_growing_table(exact_paths),
+                 ["path", "in_place", "cases", "mismatches", "mask_rows", "tables", "seconds"])
 
     print(f"\n6. a batch decode step's cost on the {device_name}: fixed + per position (batch_forward.STEP_OVERHEAD)")
     with mx.stream(device):
@@ -700,12 +696,8 @@ def main() -> int:
 
     print(f"\n7. the head at a sparse row's ids alone on the {device_name}: bit for bit the whole head's there")
     with mx.stream(device):
-        sparse_head = part("sparse head", lambda: check_sparse_head(device_name))
-    if sparse_head is not None:
-        result["sparse_head"], fails = sparse_head
-        result["failures"] += fails
-        print(table(result["sparse_head"], ["head", "vocab", "rows_checked", "mismatches", "whole_ms", "sparse_45_ms",
-                                            "ratio"]), end="")
+        checked_part("sparse head", "sparse_head", lambda: check_sparse_head(device_name),
+                     ["head", "vocab", "rows_checked", "mismatches", "whole_ms", "sparse_45_ms", "ratio"])
 
     result["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
